@@ -1,0 +1,46 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrNotFound is returned when a record does not exist or has expired.
+	ErrNotFound = errors.New("idem: not found")
+
+	// ErrLeaseLost is returned by Complete, Release and CompleteTx when the
+	// caller's fencing token no longer holds the key: its lease ended and
+	// another holder took the key over, or the key was completed or released.
+	ErrLeaseLost = errors.New("idem: lease lost: the key is held under another token")
+
+	// ErrInvalidKey is matched (with errors.Is) by every *KeyError.
+	ErrInvalidKey = errors.New("idem: invalid idempotency key")
+
+	// ErrInvalidArgument is matched (with errors.Is) by every *ArgumentError.
+	ErrInvalidArgument = errors.New("idem: invalid argument")
+)
+
+// KeyError says why an idempotency key was refused.
+type KeyError struct {
+	// Reason names what is wrong, in words a client developer can act on.
+	Reason string
+}
+
+func (e *KeyError) Error() string { return "invalid idempotency key: " + e.Reason }
+
+// Is makes errors.Is(err, ErrInvalidKey) true.
+func (e *KeyError) Is(target error) bool { return target == ErrInvalidKey }
+
+// ArgumentError reports a malformed argument to a Store or other API.
+type ArgumentError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ArgumentError) Error() string {
+	return fmt.Sprintf("idem: invalid %s: %s", e.Field, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalidArgument) true.
+func (e *ArgumentError) Is(target error) bool { return target == ErrInvalidArgument }

@@ -1,0 +1,250 @@
+package idem
+
+import (
+	"context"
+	"net/http"
+	"time"
+)
+
+// Token is a fencing token: it identifies one holder of a key's lease. Every
+// successful Claim of a key returns a token greater than any token issued for
+// that key before, so a holder whose lease was taken over can be told apart
+// from the new holder, and its late Complete or Release is refused.
+type Token int64
+
+// State is the state of a Record.
+type State int
+
+const (
+	// StateInFlight means a holder has claimed the key and has not yet
+	// completed or released it.
+	StateInFlight State = iota + 1
+	// StateCompleted means the holder completed the key; the record holds the
+	// response every duplicate gets.
+	StateCompleted
+)
+
+func (s State) String() string {
+	switch s {
+	case StateInFlight:
+		return "in_flight"
+	case StateCompleted:
+		return "completed"
+	default:
+		return "unknown"
+	}
+}
+
+// Response is what a Store keeps of the first execution's answer, to be
+// replayed to every duplicate.
+type Response struct {
+	// Status is the HTTP status code (or, outside HTTP, any code the caller
+	// gives it meaning).
+	Status int
+	// Header holds the headers to replay. Callers filter it before storing:
+	// a Store keeps what it is given.
+	Header http.Header
+	// Body is the response body. It is empty when BodyOmitted is set.
+	Body []byte
+	// BodyOmitted reports that the body was too large to keep, so a replay
+	// can say so instead of sending an empty body as if it were the answer.
+	BodyOmitted bool
+}
+
+// Record is one idempotency key as a Store keeps it.
+type Record struct {
+	Scope       Scope
+	Key         Key
+	Fingerprint Fingerprint
+	State       State
+	// Token is the fencing token of the current (or last) holder.
+	Token Token
+	// Response is set when State is StateCompleted.
+	Response *Response
+	// CreatedAt is when the key was (last) claimed anew.
+	CreatedAt time.Time
+	// LeaseExpiresAt is when an in-flight holder's lease ends; after it a
+	// Claim with the same fingerprint takes the key over with a new token.
+	LeaseExpiresAt time.Time
+	// ExpiresAt is when the record stops counting: after it the key can be
+	// claimed anew and Purge may delete the record.
+	ExpiresAt time.Time
+	// CompletedAt is when the record was completed; zero while in flight.
+	CompletedAt time.Time
+}
+
+// Outcome says what a Claim found.
+type Outcome int
+
+const (
+	// Acquired: the caller now holds the key, under Claim.Token, until
+	// Claim.Record.LeaseExpiresAt. It must Complete or Release it.
+	Acquired Outcome = iota + 1
+	// InFlight: another holder has the key and its lease is live. The caller
+	// must not run the effect; it may wait and claim again.
+	InFlight
+	// Completed: the key was completed; Claim.Record.Response is the stored
+	// answer to replay.
+	Completed
+	// Mismatch: the key exists (in flight or completed) with a different
+	// fingerprint. The request is a client bug or an attack and is refused.
+	Mismatch
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Acquired:
+		return "acquired"
+	case InFlight:
+		return "in_flight"
+	case Completed:
+		return "completed"
+	case Mismatch:
+		return "mismatch"
+	default:
+		return "unknown"
+	}
+}
+
+// ClaimRequest is the argument of Store.Claim.
+type ClaimRequest struct {
+	Scope       Scope
+	Key         Key
+	Fingerprint Fingerprint
+	// Lease is how long the claimant holds the key before another claimant
+	// with the same fingerprint may take it over. Must be positive.
+	Lease time.Duration
+	// TTL is how long the record lives, counted from the claim. Must be
+	// positive.
+	TTL time.Duration
+}
+
+// Validate reports whether the request is well formed, naming what is not.
+func (r ClaimRequest) Validate() error {
+	switch {
+	case r.Key == "":
+		return &ArgumentError{Field: "Key", Reason: "must not be empty"}
+	case r.Fingerprint == "":
+		return &ArgumentError{Field: "Fingerprint", Reason: "must not be empty"}
+	case r.Lease <= 0:
+		return &ArgumentError{Field: "Lease", Reason: "must be positive"}
+	case r.TTL <= 0:
+		return &ArgumentError{Field: "TTL", Reason: "must be positive"}
+	case r.TTL < r.Lease:
+		return &ArgumentError{Field: "TTL", Reason: "must not be shorter than Lease"}
+	}
+	return nil
+}
+
+// Claim is the result of Store.Claim.
+type Claim struct {
+	Outcome Outcome
+	// Token is the caller's fencing token when Outcome is Acquired; zero
+	// otherwise.
+	Token Token
+	// Record is the key's record as the claim left it (Acquired) or found it.
+	Record Record
+	// TookOver reports, with Acquired, that the key was in flight under an
+	// expired lease and the caller took it over: an earlier holder may have
+	// crashed in the middle of the effect.
+	TookOver bool
+}
+
+// Ref names one held key: the scope, the key and the holder's token.
+type Ref struct {
+	Scope Scope
+	Key   Key
+	Token Token
+}
+
+// Store keeps idempotency records. Implementations are safe for concurrent
+// use by many goroutines and, where the backend is shared, by many processes.
+//
+// Time: a Store decides lease and TTL expiry by its own clock (an injected
+// Clock for embedded stores, the server's clock for shared ones), never by
+// the caller's.
+//
+// Ambiguous failures: when a method returns an error other than the
+// sentinel errors documented for it, the caller cannot know whether the
+// change was made (the write may have committed and only its
+// acknowledgement was lost). Each method says what the caller may then do.
+type Store interface {
+	// Claim atomically claims req.Key within req.Scope, or reports why it
+	// cannot. Exactly one of any number of concurrent callers gets Acquired
+	// for a free key. An absent or expired key is claimed anew; an in-flight
+	// key whose lease ended is taken over (Acquired, TookOver, new token)
+	// when the fingerprint matches. A fingerprint that differs from the
+	// record's gives Mismatch, whatever the record's state.
+	//
+	// Returns an *ArgumentError (matching ErrInvalidArgument) for a malformed
+	// request, having changed nothing. On any other error the claim may or
+	// may not have been made: the caller must not run the effect. Claiming
+	// again is safe; if the lost claim was made, the retry sees InFlight
+	// until that lease ends, then takes the key over.
+	Claim(ctx context.Context, req ClaimRequest) (Claim, error)
+
+	// Complete stores resp as the key's answer and marks it completed, if
+	// ref.Token still holds the key. Completing again with the same token
+	// and a completed record succeeds without change, so a retry after an
+	// ambiguous failure is safe.
+	//
+	// Returns ErrLeaseLost when the key is held under another token, was
+	// released, or expired and was claimed anew: the caller's effect raced
+	// with another holder's and nothing was stored.
+	Complete(ctx context.Context, ref Ref, resp Response) error
+
+	// Release gives up the key without storing an answer, so the next Claim
+	// runs the effect again. Releasing a key that is already gone succeeds,
+	// so a retry after an ambiguous failure is safe.
+	//
+	// Returns ErrLeaseLost when the key is held under another token or was
+	// completed.
+	Release(ctx context.Context, ref Ref) error
+
+	// Get returns the key's record. Returns ErrNotFound when there is none
+	// or it has expired.
+	Get(ctx context.Context, scope Scope, key Key) (Record, error)
+
+	// Purge deletes at most limit records whose TTL has passed and that no
+	// live lease holds, and returns how many it deleted. A small limit keeps
+	// each call short, so purging never blocks claims for long; call it
+	// until it returns fewer than limit. An error may follow a partial purge;
+	// calling again is safe.
+	Purge(ctx context.Context, limit int) (int, error)
+}
+
+// TxWork is the caller's effect, run by TxStore.CompleteTx inside the
+// store's transaction. The context it receives carries the transaction (each
+// store documents how to reach it). It returns the answer to keep and
+// whether to keep it: keep=false, or a non-nil error, rolls the whole
+// transaction back.
+type TxWork func(ctx context.Context) (resp Response, keep bool, err error)
+
+// TxStore is a Store whose records live in the same database as the
+// caller's own data, so that the effect and the key's completion commit in
+// one transaction: a crash can never leave "charged but not recorded" nor
+// "recorded but not charged".
+type TxStore interface {
+	Store
+
+	// CompleteTx runs work inside one transaction and, when work returns
+	// keep=true and no error, completes ref with the response in that same
+	// transaction and commits. When work returns keep=false or an error, or
+	// the completion is refused, everything work wrote is rolled back and
+	// the key stays claimed: the caller then releases it.
+	//
+	// Returns work's error unchanged; ErrLeaseLost (the effect was rolled
+	// back) when ref.Token no longer holds the key. On any other error the
+	// commit may or may not have happened (a lost acknowledgement): the key
+	// must not be released; Get tells which it was.
+	CompleteTx(ctx context.Context, ref Ref, work TxWork) (kept bool, err error)
+}
+
+// Waiter is implemented by stores that can tell a waiting duplicate when a
+// key may have changed, so it need not poll tightly.
+type Waiter interface {
+	// WaitChange returns when the key may have changed state (completed,
+	// released or taken over), when ctx is done, or at the store's own
+	// discretion; the caller then claims again. Spurious returns are allowed.
+	WaitChange(ctx context.Context, scope Scope, key Key) error
+}
