@@ -32,7 +32,7 @@ const FingerprintVersion = "v1"
 func NewFingerprint(method, path, rawQuery, contentType string, body []byte) Fingerprint {
 	h := sha256.New()
 	field(h, []byte(FingerprintVersion))
-	field(h, []byte(strings.ToUpper(method)))
+	field(h, []byte(method)) // methods are case-sensitive (RFC 9110, 9.1)
 	field(h, []byte(path))
 	field(h, []byte(canonicalQuery(rawQuery)))
 	if isJSONType(contentType) {

@@ -85,7 +85,7 @@ func parseSFString(v string) (string, error) {
 			}
 			return b.String(), nil
 		case c < 0x20 || c > 0x7e:
-			return "", &KeyError{Reason: fmt.Sprintf("character %s at position %d is not visible ASCII", printable(c), i)}
+			return "", &KeyError{Reason: fmt.Sprintf("character %s at position %d of the quoted string is not visible ASCII (0x21-0x7E)", printable(c), i)}
 		default:
 			b.WriteByte(c)
 		}
@@ -97,13 +97,13 @@ func checkKey(v string) error {
 	if v == "" {
 		return &KeyError{Reason: "empty"}
 	}
-	if len(v) > MaxKeyLen {
-		return &KeyError{Reason: fmt.Sprintf("%d characters long; at most %d are allowed", len(v), MaxKeyLen)}
-	}
 	for i := 0; i < len(v); i++ {
 		if c := v[i]; c < 0x21 || c > 0x7e {
-			return &KeyError{Reason: fmt.Sprintf("character %s at position %d is not visible ASCII (0x21-0x7E)", printable(c), i)}
+			return &KeyError{Reason: fmt.Sprintf("character %s at position %d is not visible ASCII (0x21-0x7E)", printable(c), i+1)}
 		}
+	}
+	if len(v) > MaxKeyLen {
+		return &KeyError{Reason: fmt.Sprintf("%d characters long; at most %d are allowed", len(v), MaxKeyLen)}
 	}
 	return nil
 }
