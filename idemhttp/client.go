@@ -1,0 +1,164 @@
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// Transport is the client's half: an http.RoundTripper that gives every
+// unsafe request an idempotency key and retries it safely.
+//
+// A request with a protected method and no Idempotency-Key header gets a
+// fresh random key (a UUID v4); the same key is sent on every attempt, so
+// the server runs the operation once however many attempts reach it. An
+// attempt is retried when its outcome is unknown or transient: a network
+// error (the request may or may not have arrived: the lost acknowledgement),
+// 409 (still in flight), 425, 429, 500, 502, 503 and 504. Retry-After is
+// honoured, up to Policy.Cap. Everything else, 422 included, is returned as
+// it is. Requests without a protected method pass through untouched, as do
+// requests whose body cannot be replayed (no GetBody).
+type Transport struct {
+	// Base performs each attempt. Defaults to http.DefaultTransport.
+	Base http.RoundTripper
+	// Policy bounds and spaces the attempts. Defaults to 4 attempts, 100ms
+	// base, 5s cap, full jitter.
+	Policy idem.RetryPolicy
+	// Methods are those given keys and retried. Defaults to POST and PATCH.
+	Methods []string
+	// NewKey makes a key. Defaults to a random UUID v4.
+	NewKey func() string
+	// Sleep waits between attempts, returning early with ctx's error.
+	// Defaults to a timer; tests inject one that does not wait.
+	Sleep func(ctx context.Context, d time.Duration) error
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	if !t.protects(req.Method) || (req.Body != nil && req.Body != http.NoBody && req.GetBody == nil) {
+		return base.RoundTrip(req)
+	}
+	policy := t.Policy
+	if policy.MaxAttempts == 0 {
+		policy.MaxAttempts = 4
+	}
+	if policy.Cap == 0 {
+		policy.Cap = 5 * time.Second
+	}
+	req = req.Clone(req.Context())
+	if req.Header.Get(HeaderKey) == "" {
+		newKey := t.NewKey
+		if newKey == nil {
+			newKey = NewKey
+		}
+		req.Header.Set(HeaderKey, newKey())
+	}
+	ctx := req.Context()
+	var prev time.Duration
+	for attempt := 1; ; attempt++ {
+		if attempt > 1 && req.GetBody != nil {
+			body, err := req.GetBody()
+			if err != nil {
+				return nil, fmt.Errorf("idemhttp: replaying the request body: %w", err)
+			}
+			req.Body = body
+		}
+		resp, err := base.RoundTrip(req)
+		retry, after := retryable(resp, err)
+		if !retry || attempt >= policy.MaxAttempts || ctx.Err() != nil {
+			return resp, err
+		}
+		delay := policy.Delay(attempt, prev)
+		if after > 0 {
+			delay = min(max(delay, after), policy.Cap)
+		}
+		prev = delay
+		if resp != nil {
+			// Drain a little so the connection can be reused, then close.
+			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+		}
+		if err := t.sleep(ctx, delay); err != nil {
+			return nil, err
+		}
+	}
+}
+
+func (t *Transport) protects(method string) bool {
+	methods := t.Methods
+	if len(methods) == 0 {
+		methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	for _, m := range methods {
+		if strings.EqualFold(m, method) {
+			return true
+		}
+	}
+	return false
+}
+
+func (t *Transport) sleep(ctx context.Context, d time.Duration) error {
+	if t.Sleep != nil {
+		return t.Sleep(ctx, d)
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// retryable says whether an attempt's outcome calls for another attempt
+// with the same key, and the delay the server asked for.
+func retryable(resp *http.Response, err error) (bool, time.Duration) {
+	if err != nil {
+		// A cancelled or expired request is the caller's decision.
+		return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded), 0
+	}
+	switch resp.StatusCode {
+	case http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests,
+		http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+	default:
+		return false, 0
+	}
+	// A 409 that is not about a request in flight is a real conflict.
+	if resp.StatusCode == http.StatusConflict && resp.Header.Get("Retry-After") == "" {
+		return false, 0
+	}
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s >= 0 {
+		return true, time.Duration(s) * time.Second
+	}
+	return true, 0
+}
+
+// NewKey returns a random UUID v4, the usual idempotency key.
+func NewKey() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	var s bytes.Buffer
+	for i, c := range b {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			s.WriteByte('-')
+		}
+		fmt.Fprintf(&s, "%02x", c)
+	}
+	return s.String()
+}

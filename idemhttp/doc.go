@@ -1,0 +1,67 @@
+// Package idemhttp makes unsafe HTTP requests idempotent with the
+// Idempotency-Key header (draft-ietf-httpapi-idempotency-key-header).
+//
+// A client makes one unique key per intended operation and sends it with
+// every attempt of that operation. The middleware claims the key atomically
+// in an idem.Store the moment the request arrives, runs the handler at most
+// once per key, keeps the answer, and replays it to every duplicate:
+//
+//	m, err := idemhttp.New(&idemhttp.Config{Store: store})
+//	if err != nil { … }
+//	mux.Handle("POST /v1/payments", m.Handler(payments))
+//
+// What each request gets:
+//
+//   - no key where one is required: 400; a malformed key: 400; a body over
+//     MaxBodyBytes: 413. These run nothing and keep nothing.
+//   - the first request with a key: the handler runs. Its answer is kept if
+//     it is deterministic (2xx, 3xx and 4xx by default, see DefaultKeep) and
+//     replayed to every later duplicate with Idempotent-Replayed: true. A
+//     transient failure (5xx, a panic, a timeout, a store error) keeps
+//     nothing and releases the key, so a retry really runs again.
+//   - a duplicate while the first is still running: it waits (InflightWait,
+//     5s by default) and gets the first's answer; if the first is still
+//     running after that, 409 with Retry-After.
+//   - the same key with a different request (method, path, query or body;
+//     JSON bodies compared canonically, so key order and white space do not
+//     matter): 422, whether the first is finished or still running.
+//   - the store unreachable: 503 with Retry-After. The middleware fails
+//     closed: it never runs the handler unprotected.
+//
+// Errors are RFC 9457 problem+json documents whose type is a stable URN
+// (the Problem… constants).
+//
+// # Two forms
+//
+// With a plain idem.Store (idemmem, a shared key store), the key is claimed,
+// the handler runs, and the answer is stored afterwards. A crash between the
+// effect and that store leaves the key in flight until its lease ends; a
+// retry then runs the handler again, so effects outside the store should
+// themselves be keyed (pass the key downstream: KeyFromContext).
+//
+// With an idem.TxStore (idemsqlite), the handler runs inside the store's
+// transaction: its writes to that database and the kept answer commit
+// together, and nothing reaches the client before the commit. "Charged but
+// not recorded" and "recorded but not charged" cannot happen. An execution
+// that outlives its lease and was taken over is refused at commit and its
+// writes are rolled back (fencing), so even then the effect happens once.
+//
+// # Leases and fencing
+//
+// Each claim holds the key under a lease (Config.Lease) and a fencing token.
+// If the process dies mid-request, the lease ends and a retry takes the key
+// over with a new token; the handler's context is cancelled before its lease
+// ends so a well-behaved handler never outlives it. A completion that
+// arrives after its lease was taken over is refused and logged.
+//
+// # Replayed headers
+//
+// Only Content-Type, Content-Language, Location and Config.ReplayHeaders are
+// kept and replayed. Set-Cookie, Authorization and other credentials never
+// are: a replay goes to whoever presents the key.
+//
+// # Observability
+//
+// Every protected request ends in one Outcome, counted (Counts; see package
+// idemprom for Prometheus) and logged through log/slog with the key redacted.
+package idemhttp

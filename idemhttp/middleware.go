@@ -1,0 +1,659 @@
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// Header names.
+const (
+	// HeaderKey carries the client's idempotency key.
+	HeaderKey = "Idempotency-Key"
+	// HeaderReplayed is set to "true" on every replayed response.
+	HeaderReplayed = "Idempotent-Replayed"
+	// HeaderBodyOmitted is set to "true" on a replay whose original body was
+	// too large to keep (see Config.MaxResponseBytes).
+	HeaderBodyOmitted = "Idempotent-Body-Omitted"
+)
+
+// Defaults of Config.
+const (
+	DefaultTTL              = 24 * time.Hour
+	DefaultLease            = time.Minute
+	DefaultInflightWait     = 5 * time.Second
+	DefaultMaxBodyBytes     = 1 << 20
+	DefaultMaxResponseBytes = 1 << 20
+)
+
+// neverReplayed are headers that identify or authenticate a client: a
+// replay must never hand them to whoever presents the key next.
+var neverReplayed = map[string]bool{
+	"Set-Cookie":          true,
+	"Authorization":       true,
+	"Proxy-Authorization": true,
+	"Proxy-Authenticate":  true,
+	"Www-Authenticate":    true,
+	"Cookie":              true,
+}
+
+// Config configures a Middleware. The zero value of every field but Store
+// means its default.
+type Config struct {
+	// Store keeps the keys. Required. When it implements idem.TxStore and
+	// SeparateTx is false, the handler runs inside Store.CompleteTx, so its
+	// writes to the store's database and the stored response commit
+	// together, and nothing reaches the client before that commit.
+	Store idem.Store
+
+	// SeparateTx forces the two-step form (claim, run, complete) even with a
+	// TxStore. Defaults to false.
+	SeparateTx bool
+
+	// Optional lets requests without a key through, unprotected. Defaults to
+	// false: a request without a key gets 400.
+	Optional bool
+
+	// Methods are the methods the middleware protects; others pass through
+	// untouched. Defaults to POST and PATCH.
+	Methods []string
+
+	// Scope returns who owns the request's key (a tenant, an API key). Keys
+	// never cross scopes. An error answers 400 and runs nothing. Defaults to
+	// one global scope.
+	Scope func(r *http.Request) (idem.Scope, error)
+
+	// TTL is how long a key is remembered from its claim. Defaults to 24h.
+	TTL time.Duration
+
+	// Lease is how long an execution holds its key before a retry may take
+	// it over (after a crash, say). The handler's context is cancelled when
+	// 90% of it has passed, so a well-behaved handler finishes inside its
+	// lease. Defaults to 1m.
+	Lease time.Duration
+
+	// InflightWait is how long a duplicate waits for the first execution to
+	// finish before it gets 409 with Retry-After. Negative means not at all.
+	// Defaults to 5s.
+	InflightWait time.Duration
+
+	// MaxBodyBytes caps the request body the middleware reads to fingerprint
+	// it; a larger body gets 413 and runs nothing. Defaults to 1 MiB.
+	MaxBodyBytes int64
+
+	// MaxResponseBytes caps the response body kept for replay. Defaults to
+	// 1 MiB. A larger response is never silently truncated:
+	//   - with the same-transaction form the transaction is rolled back, the
+	//     key released, and the client gets 500 (response-too-large);
+	//   - otherwise the effect has happened: the client gets the whole
+	//     response, and the key is completed with the status and headers but
+	//     no body; replays then carry Idempotent-Body-Omitted: true.
+	MaxResponseBytes int
+
+	// ReplayHeaders are response headers kept and replayed besides
+	// Content-Type, Content-Language and Location. Set-Cookie,
+	// Authorization and other credentials are refused by New. Defaults to none.
+	ReplayHeaders []string
+
+	// Keep decides, from the handler's status, whether an answer is kept and
+	// replayed (a deterministic outcome) or the key released so a retry runs
+	// again (a transient failure). Panics and timeouts are never kept.
+	// Defaults to DefaultKeep.
+	Keep func(r *http.Request, status int) bool
+
+	// PollInterval is the longest a waiting duplicate goes without asking the
+	// store again, for changes made by other processes when the store is not
+	// an idem.Waiter. Defaults to 250ms.
+	PollInterval time.Duration
+
+	// Logger receives one record per protected request. Keys are redacted.
+	// Defaults to a logger that discards.
+	Logger *slog.Logger
+}
+
+// DefaultKeep keeps every 2xx, 3xx and 4xx answer except those that by
+// definition ask the client to retry later: 408 Request Timeout, 425 Too
+// Early and 429 Too Many Requests. 5xx answers are transient: the key is
+// released so a retry really runs again.
+func DefaultKeep(_ *http.Request, status int) bool {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return status >= 200 && status < 500
+}
+
+// Outcome names what the middleware did with one protected request.
+type Outcome string
+
+// Outcomes, as counted by Middleware.Counts.
+const (
+	OutcomeExecuted   Outcome = "executed"    // ran and its answer was kept
+	OutcomeReplayed   Outcome = "replayed"    // a duplicate got the kept answer
+	OutcomeConflict   Outcome = "conflict"    // 409: still in flight after InflightWait
+	OutcomeMismatch   Outcome = "mismatch"    // 422: the key was used with another request
+	OutcomeReleased   Outcome = "released"    // ran and failed transiently; key released
+	OutcomeStoreError Outcome = "store_error" // the store failed; 503 or an unkept answer
+	OutcomeLeaseLost  Outcome = "lease_lost"  // the completion was refused (fencing)
+	OutcomeRejected   Outcome = "rejected"    // 400/413: missing or malformed key, body too large
+)
+
+// Outcomes lists every Outcome, in a stable order.
+var Outcomes = []Outcome{
+	OutcomeExecuted, OutcomeReplayed, OutcomeConflict, OutcomeMismatch,
+	OutcomeReleased, OutcomeStoreError, OutcomeLeaseLost, OutcomeRejected,
+}
+
+// Middleware makes unsafe requests idempotent. Create it with New; it is
+// safe for concurrent use, and one Middleware may wrap many routes.
+type Middleware struct {
+	cfg     Config
+	store   idem.Store
+	txStore idem.TxStore
+	waiter  idem.Waiter
+	methods map[string]bool
+	replay  []string
+	log     *slog.Logger
+	local   localWaits
+	counts  [8]atomic.Uint64
+}
+
+// New applies the defaults to cfg, validates it and returns a Middleware.
+func New(cfg *Config) (*Middleware, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	c := *cfg
+	if c.Store == nil {
+		return nil, errors.New("idemhttp: Config.Store is required")
+	}
+	if len(c.Methods) == 0 {
+		c.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	if c.TTL == 0 {
+		c.TTL = DefaultTTL
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	if c.InflightWait == 0 {
+		c.InflightWait = DefaultInflightWait
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if c.Keep == nil {
+		c.Keep = DefaultKeep
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 250 * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case c.TTL < 0:
+		return nil, errors.New("idemhttp: Config.TTL must not be negative")
+	case c.Lease < 0:
+		return nil, errors.New("idemhttp: Config.Lease must not be negative")
+	case c.TTL < c.Lease:
+		return nil, fmt.Errorf("idemhttp: Config.TTL (%s) must not be shorter than Config.Lease (%s)", c.TTL, c.Lease)
+	case c.MaxBodyBytes < 0:
+		return nil, errors.New("idemhttp: Config.MaxBodyBytes must not be negative")
+	case c.MaxResponseBytes < 0:
+		return nil, errors.New("idemhttp: Config.MaxResponseBytes must not be negative")
+	case c.PollInterval < 0:
+		return nil, errors.New("idemhttp: Config.PollInterval must not be negative")
+	}
+	m := &Middleware{cfg: c, store: c.Store, methods: map[string]bool{}, log: c.Logger}
+	for _, meth := range c.Methods {
+		m.methods[strings.ToUpper(meth)] = true
+	}
+	m.replay = []string{"Content-Type", "Content-Language", "Location"}
+	for _, h := range c.ReplayHeaders {
+		ch := http.CanonicalHeaderKey(h)
+		if neverReplayed[ch] {
+			return nil, fmt.Errorf("idemhttp: Config.ReplayHeaders: %s must never be replayed to another caller", ch)
+		}
+		m.replay = append(m.replay, ch)
+	}
+	if ts, ok := c.Store.(idem.TxStore); ok && !c.SeparateTx {
+		m.txStore = ts
+	}
+	if w, ok := c.Store.(idem.Waiter); ok {
+		m.waiter = w
+	}
+	m.local.m = make(map[waitKey]*waitEntry)
+	return m, nil
+}
+
+// Counts returns how many protected requests ended in each Outcome.
+func (m *Middleware) Counts() map[Outcome]uint64 {
+	out := make(map[Outcome]uint64, len(Outcomes))
+	for i, o := range Outcomes {
+		out[o] = m.counts[i].Load()
+	}
+	return out
+}
+
+func (m *Middleware) count(o Outcome) {
+	for i, x := range Outcomes {
+		if x == o {
+			m.counts[i].Add(1)
+			return
+		}
+	}
+}
+
+type ctxKey struct{}
+
+type keyInfo struct {
+	scope idem.Scope
+	key   idem.Key
+	token idem.Token
+}
+
+// KeyFromContext returns the scope and key of the protected request whose
+// handler is running, so the handler can pass the key downstream as the
+// idempotency key of the next call.
+func KeyFromContext(ctx context.Context) (idem.Scope, idem.Key, bool) {
+	ki, ok := ctx.Value(ctxKey{}).(keyInfo)
+	return ki.scope, ki.key, ok
+}
+
+// Handler wraps next so that every request with a protected method is
+// executed at most once per key.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !m.methods[r.Method] {
+			next.ServeHTTP(w, r)
+			return
+		}
+		m.serve(next, w, r)
+	})
+}
+
+func (m *Middleware) reject(w http.ResponseWriter, status int, typ, title, detail string) {
+	m.count(OutcomeRejected)
+	(&Problem{Type: typ, Title: title, Status: status, Detail: detail}).Write(w)
+}
+
+func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	values := r.Header.Values(HeaderKey)
+	if len(values) == 0 {
+		if m.cfg.Optional {
+			next.ServeHTTP(w, r)
+			return
+		}
+		m.reject(w, http.StatusBadRequest, ProblemKeyMissing, "Idempotency key missing",
+			"This request must carry an Idempotency-Key header: a unique value (a UUID, say) per intended operation, reused only to retry it.")
+		return
+	}
+	if len(values) > 1 {
+		m.reject(w, http.StatusBadRequest, ProblemKeyInvalid, "Invalid idempotency key",
+			"Send exactly one Idempotency-Key header.")
+		return
+	}
+	key, err := idem.ParseKey(values[0])
+	if err != nil {
+		var ke *idem.KeyError
+		detail := err.Error()
+		if errors.As(err, &ke) {
+			detail = "The Idempotency-Key header is " + ke.Reason + "; it must be 1 to 255 visible ASCII characters, bare or as a quoted string."
+		}
+		m.reject(w, http.StatusBadRequest, ProblemKeyInvalid, "Invalid idempotency key", detail)
+		return
+	}
+	var scope idem.Scope
+	if m.cfg.Scope != nil {
+		if scope, err = m.cfg.Scope(r); err != nil {
+			m.reject(w, http.StatusBadRequest, ProblemScope, "Cannot tell who owns this key", err.Error())
+			return
+		}
+	}
+	body, tooLarge, err := readBody(r, m.cfg.MaxBodyBytes)
+	switch {
+	case tooLarge:
+		m.reject(w, http.StatusRequestEntityTooLarge, ProblemBodyTooLarge, "Request body too large",
+			fmt.Sprintf("The request body exceeds %d bytes.", m.cfg.MaxBodyBytes))
+		return
+	case err != nil:
+		m.reject(w, http.StatusBadRequest, ProblemBodyUnreadable, "Request body unreadable", err.Error())
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	fp := idem.NewFingerprint(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"), body)
+	req := idem.ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: m.cfg.Lease, TTL: m.cfg.TTL}
+	log := m.log.With(slog.Any("scope", scope), slog.Any("key", key), slog.String("method", r.Method), slog.String("path", r.URL.Path))
+
+	ctx := r.Context()
+	deadline := time.Now().Add(m.cfg.InflightWait)
+	for attempt := 0; ; attempt++ {
+		wk := waitKey{scope, key}
+		changed, unwatch := m.local.watch(wk)
+		claim, err := m.store.Claim(ctx, req)
+		if err != nil {
+			unwatch()
+			m.count(OutcomeStoreError)
+			log.LogAttrs(ctx, slog.LevelError, "idempotency store unavailable: request refused", slog.String("error", err.Error()))
+			(&Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable,
+				Detail: "The request was not run, because its idempotency key could not be claimed. Retry with the same key.", RetryAfter: 1}).Write(w)
+			return
+		}
+		switch claim.Outcome {
+		case idem.Mismatch:
+			unwatch()
+			m.count(OutcomeMismatch)
+			log.LogAttrs(ctx, slog.LevelInfo, "idempotency key reused with a different request", slog.String("state", claim.Record.State.String()))
+			(&Problem{Type: ProblemKeyMismatch, Title: "Idempotency key reused", Status: http.StatusUnprocessableEntity,
+				Detail: "This Idempotency-Key was already used with a different request (method, path, query or body). Use a new key for a new operation."}).Write(w)
+			return
+		case idem.Completed:
+			unwatch()
+			m.count(OutcomeReplayed)
+			log.LogAttrs(ctx, slog.LevelDebug, "idempotent replay", slog.Int("status", claim.Record.Response.Status))
+			writeReplay(w, claim.Record.Response)
+			return
+		case idem.InFlight:
+			if !m.waitChange(ctx, wk, changed, deadline, attempt) {
+				unwatch()
+				if ctx.Err() != nil {
+					return // the client has gone; nobody reads an answer
+				}
+				m.count(OutcomeConflict)
+				log.LogAttrs(ctx, slog.LevelInfo, "duplicate still in flight after waiting")
+				(&Problem{Type: ProblemInFlight, Title: "Request in flight", Status: http.StatusConflict,
+					Detail: "A request with this Idempotency-Key is still being processed. Retry later with the same key to get its result.", RetryAfter: 1}).Write(w)
+				return
+			}
+			unwatch()
+			continue
+		case idem.Acquired:
+			unwatch()
+			if claim.TookOver {
+				log.LogAttrs(ctx, slog.LevelWarn, "took over an expired lease: an earlier execution may have crashed", slog.Int64("token", int64(claim.Token)))
+			}
+			m.execute(next, w, r, idem.Ref{Scope: scope, Key: key, Token: claim.Token}, log)
+			return
+		default:
+			unwatch()
+			m.count(OutcomeStoreError)
+			log.LogAttrs(ctx, slog.LevelError, "idempotency store returned an unknown outcome", slog.Int("outcome", int(claim.Outcome)))
+			(&Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1}).Write(w)
+			return
+		}
+	}
+}
+
+// readBody reads at most limit bytes; tooLarge reports a longer body.
+func readBody(r *http.Request, limit int64) (body []byte, tooLarge bool, err error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, false, nil
+	}
+	if r.ContentLength > limit {
+		return nil, true, nil
+	}
+	body, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, false, fmt.Errorf("reading the request body: %w", err)
+	}
+	if int64(len(body)) > limit {
+		return nil, true, nil
+	}
+	return body, false, nil
+}
+
+// waitChange blocks until the key may have changed, the poll interval
+// passes, the deadline passes or the client goes away. It returns false when
+// the caller should stop waiting.
+func (m *Middleware) waitChange(ctx context.Context, wk waitKey, changed <-chan struct{}, deadline time.Time, attempt int) bool {
+	left := time.Until(deadline)
+	if left <= 0 {
+		return false
+	}
+	// Ask again soon at first (most requests finish quickly), then back off.
+	step := 10 * time.Millisecond << min(attempt, 5)
+	step = min(step, m.cfg.PollInterval, left)
+	t := time.NewTimer(step)
+	defer t.Stop()
+	var storeSignal <-chan struct{}
+	if m.waiter != nil {
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		done := make(chan struct{})
+		storeSignal = done
+		go func() {
+			defer close(done)
+			m.waiter.WaitChange(wctx, wk.scope, wk.key)
+		}()
+		defer func() { cancel(); <-done }()
+	}
+	select {
+	case <-changed:
+	case <-storeSignal:
+	case <-t.C:
+	case <-ctx.Done():
+		return false
+	}
+	return true
+}
+
+// detached is the context for writing an outcome after the effect: a client
+// hanging up must not leave the key in flight.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+}
+
+func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, ref idem.Ref, log *slog.Logger) {
+	defer m.local.notify(waitKey{ref.Scope, ref.Key})
+	hctx, cancel := context.WithTimeout(r.Context(), m.cfg.Lease*9/10)
+	defer cancel()
+	hctx = context.WithValue(hctx, ctxKey{}, keyInfo{ref.Scope, ref.Key, ref.Token})
+
+	if m.txStore != nil {
+		m.executeTx(next, w, r, hctx, ref, log)
+		return
+	}
+
+	rec := newRecorder(w, m.cfg.MaxResponseBytes, true)
+	failure, abort := runHandler(next, rec, r.WithContext(hctx))
+	status := rec.statusCode()
+	if failure == "" && !rec.wroteAny && hctx.Err() != nil {
+		failure = "timed out"
+	}
+	if failure == "" && m.cfg.Keep(r, status) {
+		dctx, dcancel := detached(r.Context())
+		err := m.store.Complete(dctx, ref, m.keptResponse(rec))
+		dcancel()
+		switch {
+		case errors.Is(err, idem.ErrLeaseLost):
+			m.count(OutcomeLeaseLost)
+			log.LogAttrs(r.Context(), slog.LevelWarn, "completion refused: the lease was lost while the handler ran; another execution may have run too",
+				slog.Int("status", status), slog.Duration("lease", m.cfg.Lease))
+		case err != nil:
+			m.count(OutcomeStoreError)
+			log.LogAttrs(r.Context(), slog.LevelError, "could not store the answer; the key stays in flight until its lease ends",
+				slog.Int("status", status), slog.String("error", err.Error()))
+		default:
+			m.count(OutcomeExecuted)
+			log.LogAttrs(r.Context(), slog.LevelDebug, "executed", slog.Int("status", status))
+		}
+		rec.send(nil)
+		return
+	}
+	m.release(r.Context(), ref, log, status, failure)
+	if abort {
+		panic(http.ErrAbortHandler)
+	}
+	if failure != "" && !rec.streaming {
+		(&Problem{Type: ProblemHandlerFailed, Title: "Request failed", Status: http.StatusInternalServerError,
+			Detail: "The request " + failure + " and was not completed. Retry with the same key.", RetryAfter: 1}).Write(w)
+		return
+	}
+	rec.send(nil)
+}
+
+func (m *Middleware) executeTx(next http.Handler, w http.ResponseWriter, r *http.Request, hctx context.Context, ref idem.Ref, log *slog.Logger) {
+	rec := newRecorder(w, m.cfg.MaxResponseBytes, false)
+	var failure string
+	var abort bool
+	kept, err := m.txStore.CompleteTx(hctx, ref, func(txctx context.Context) (idem.Response, bool, error) {
+		failure, abort = runHandler(next, rec, r.WithContext(txctx))
+		if failure == "" && !rec.wroteAny && txctx.Err() != nil {
+			failure = "timed out"
+		}
+		if failure == "" && rec.overflow {
+			failure = "answered with more than the response size limit"
+		}
+		if failure != "" || !m.cfg.Keep(r, rec.statusCode()) {
+			return idem.Response{}, false, nil
+		}
+		return m.keptResponse(rec), true, nil
+	})
+	status := rec.statusCode()
+	switch {
+	case err == nil && kept:
+		m.count(OutcomeExecuted)
+		log.LogAttrs(r.Context(), slog.LevelDebug, "executed", slog.Int("status", status))
+		rec.send(nil)
+	case err == nil:
+		m.release(r.Context(), ref, log, status, failure)
+		switch {
+		case abort:
+			panic(http.ErrAbortHandler)
+		case rec.overflow && failure != "":
+			(&Problem{Type: ProblemResponseTooLarge, Title: "Response too large to keep", Status: http.StatusInternalServerError,
+				Detail: fmt.Sprintf("The answer exceeded %d bytes, the most that is kept for replay, so the request was rolled back.", m.cfg.MaxResponseBytes)}).Write(w)
+		case failure != "":
+			(&Problem{Type: ProblemHandlerFailed, Title: "Request failed", Status: http.StatusInternalServerError,
+				Detail: "The request " + failure + " and was rolled back. Retry with the same key.", RetryAfter: 1}).Write(w)
+		default:
+			rec.send(nil)
+		}
+	case errors.Is(err, idem.ErrLeaseLost):
+		m.count(OutcomeLeaseLost)
+		log.LogAttrs(r.Context(), slog.LevelWarn, "completion refused: the lease was lost while the handler ran; its effect was rolled back",
+			slog.Int("status", status), slog.Duration("lease", m.cfg.Lease))
+		(&Problem{Type: ProblemLeaseLost, Title: "Request superseded", Status: http.StatusServiceUnavailable,
+			Detail: "This execution took longer than its lease and another took over the key; its effect was rolled back. Retry with the same key to get the result.", RetryAfter: 1}).Write(w)
+	default:
+		m.afterAmbiguousCommit(w, r, ref, rec, err, log)
+	}
+}
+
+// afterAmbiguousCommit handles a CompleteTx error that is neither the
+// handler's nor a fencing refusal: the commit may or may not have happened.
+// The store is asked which; only a key that is provably not completed by
+// this execution is released.
+func (m *Middleware) afterAmbiguousCommit(w http.ResponseWriter, r *http.Request, ref idem.Ref, rec *recorder, cerr error, log *slog.Logger) {
+	dctx, cancel := detached(r.Context())
+	defer cancel()
+	record, gerr := m.store.Get(dctx, ref.Scope, ref.Key)
+	if gerr == nil && record.State == idem.StateCompleted && record.Token == ref.Token {
+		m.count(OutcomeExecuted)
+		log.LogAttrs(r.Context(), slog.LevelWarn, "commit reported an error but did commit", slog.String("error", cerr.Error()))
+		rec.send(nil)
+		return
+	}
+	m.count(OutcomeStoreError)
+	if gerr == nil && record.State == idem.StateInFlight && record.Token == ref.Token {
+		if rerr := m.store.Release(dctx, ref); rerr != nil && !errors.Is(rerr, idem.ErrLeaseLost) {
+			log.LogAttrs(r.Context(), slog.LevelError, "could not release the key; it frees itself when its lease ends", slog.String("error", rerr.Error()))
+		}
+	}
+	log.LogAttrs(r.Context(), slog.LevelError, "commit failed; nothing was kept", slog.String("error", cerr.Error()))
+	(&Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable,
+		Detail: "The request could not be committed and was rolled back. Retry with the same key.", RetryAfter: 1}).Write(w)
+}
+
+func (m *Middleware) release(ctx context.Context, ref idem.Ref, log *slog.Logger, status int, failure string) {
+	dctx, cancel := detached(ctx)
+	defer cancel()
+	attrs := []slog.Attr{slog.Int("status", status)}
+	if failure != "" {
+		attrs = append(attrs, slog.String("failure", failure))
+	}
+	if err := m.store.Release(dctx, ref); err != nil {
+		if errors.Is(err, idem.ErrLeaseLost) {
+			m.count(OutcomeLeaseLost)
+			log.LogAttrs(ctx, slog.LevelWarn, "release refused: the lease was lost while the handler ran", attrs...)
+			return
+		}
+		m.count(OutcomeStoreError)
+		log.LogAttrs(ctx, slog.LevelError, "could not release the key; it frees itself when its lease ends",
+			append(attrs, slog.String("error", err.Error()))...)
+		return
+	}
+	m.count(OutcomeReleased)
+	log.LogAttrs(ctx, slog.LevelInfo, "transient failure: key released so a retry runs again", attrs...)
+}
+
+// runHandler runs next and turns a panic into a failure description. abort
+// reports http.ErrAbortHandler, which the caller re-raises after releasing
+// the key so the connection is cut as the handler intended.
+func runHandler(next http.Handler, w http.ResponseWriter, r *http.Request) (failure string, abort bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				failure, abort = "was aborted", true
+				return
+			}
+			failure = "panicked"
+		}
+	}()
+	next.ServeHTTP(w, r)
+	return "", false
+}
+
+// keptResponse is what the store keeps of rec: status, allow-listed headers
+// and the body, or no body when it was too large.
+func (m *Middleware) keptResponse(rec *recorder) idem.Response {
+	h := make(http.Header)
+	src := rec.header
+	if rec.streaming {
+		src = rec.w.Header()
+	}
+	for _, name := range m.replay {
+		if v := src.Values(name); len(v) > 0 {
+			h[name] = append([]string(nil), v...)
+		}
+	}
+	resp := idem.Response{Status: rec.statusCode(), Header: h}
+	if rec.overflow {
+		resp.BodyOmitted = true
+	} else {
+		resp.Body = bytes.Clone(rec.buf.Bytes())
+	}
+	return resp
+}
+
+func writeReplay(w http.ResponseWriter, resp *idem.Response) {
+	if resp == nil {
+		resp = &idem.Response{Status: http.StatusOK}
+	}
+	h := w.Header()
+	for k, v := range resp.Header {
+		if !neverReplayed[http.CanonicalHeaderKey(k)] {
+			h[k] = append([]string(nil), v...)
+		}
+	}
+	h.Set(HeaderReplayed, "true")
+	if resp.BodyOmitted {
+		h.Set(HeaderBodyOmitted, "true")
+		h.Del("Content-Type")
+	}
+	w.WriteHeader(resp.Status)
+	w.Write(resp.Body)
+}

@@ -1,0 +1,264 @@
+package idemmem
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// Config configures a Store. The zero value is ready to use.
+type Config struct {
+	// Clock tells the store the time, which decides lease and TTL expiry
+	// and seeds fencing tokens. Defaults to idem.SystemClock.
+	Clock idem.Clock
+}
+
+// Store is an in-memory idem.Store and idem.Waiter. Records live in one
+// map behind one mutex: every method runs entirely under the lock, which is
+// what makes Claim atomic. The zero Store is not usable; call New.
+type Store struct {
+	clock idem.Clock
+
+	mu      sync.Mutex
+	records map[slot]*entry
+	// lastToken is the greatest token issued by this store. Tokens come
+	// from it rather than from the record, so they keep increasing after a
+	// record is released or purged, even if the clock steps back.
+	lastToken idem.Token
+}
+
+var (
+	_ idem.Store  = (*Store)(nil)
+	_ idem.Waiter = (*Store)(nil)
+)
+
+type slot struct {
+	scope idem.Scope
+	key   idem.Key
+}
+
+type entry struct {
+	rec idem.Record
+	// changed is closed when the record is completed, taken over or
+	// removed, waking every WaitChange on it.
+	changed chan struct{}
+}
+
+// New returns an empty Store. cfg may be nil.
+func New(cfg *Config) *Store {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Clock == nil {
+		c.Clock = idem.SystemClock{}
+	}
+	return &Store{clock: c.Clock, records: make(map[slot]*entry)}
+}
+
+// live reports whether the record still counts at now: its TTL has not
+// passed, or a live lease still holds it (a takeover may push the lease past
+// the TTL, and the holder must not lose the key to a newcomer meanwhile).
+func (e *entry) live(now time.Time) bool {
+	return now.Before(e.rec.ExpiresAt) || e.leaseLive(now)
+}
+
+func (e *entry) leaseLive(now time.Time) bool {
+	return e.rec.State == idem.StateInFlight && now.Before(e.rec.LeaseExpiresAt)
+}
+
+// signal wakes the waiters of the record's current state.
+func (e *entry) signal() {
+	close(e.changed)
+	e.changed = make(chan struct{})
+}
+
+// snapshot returns a copy of the record that shares no memory with the store.
+func (e *entry) snapshot() idem.Record {
+	r := e.rec
+	r.Response = copyResponse(r.Response)
+	return r
+}
+
+func copyResponse(r *idem.Response) *idem.Response {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	c.Header = r.Header.Clone()
+	c.Body = bytes.Clone(r.Body)
+	return &c
+}
+
+func (s *Store) nextToken(now time.Time) idem.Token {
+	s.lastToken = max(s.lastToken+1, idem.Token(now.UnixNano()))
+	return s.lastToken
+}
+
+// lookup returns the live entry for k, removing a dead one. s.mu is held.
+func (s *Store) lookup(k slot, now time.Time) *entry {
+	e := s.records[k]
+	if e != nil && !e.live(now) {
+		s.remove(k, e)
+		return nil
+	}
+	return e
+}
+
+func (s *Store) remove(k slot, e *entry) {
+	delete(s.records, k)
+	close(e.changed)
+}
+
+// Claim implements idem.Store.
+func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	if err := req.Validate(); err != nil {
+		return idem.Claim{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return idem.Claim{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	k := slot{req.Scope, req.Key}
+	e := s.lookup(k, now)
+	switch {
+	case e == nil:
+		e = &entry{
+			rec: idem.Record{
+				Scope:          req.Scope,
+				Key:            req.Key,
+				Fingerprint:    req.Fingerprint,
+				State:          idem.StateInFlight,
+				Token:          s.nextToken(now),
+				CreatedAt:      now,
+				LeaseExpiresAt: now.Add(req.Lease),
+				ExpiresAt:      now.Add(req.TTL),
+			},
+			changed: make(chan struct{}),
+		}
+		s.records[k] = e
+		return idem.Claim{Outcome: idem.Acquired, Token: e.rec.Token, Record: e.snapshot()}, nil
+	case e.rec.Fingerprint != req.Fingerprint:
+		return idem.Claim{Outcome: idem.Mismatch, Record: e.snapshot()}, nil
+	case e.rec.State == idem.StateCompleted:
+		return idem.Claim{Outcome: idem.Completed, Record: e.snapshot()}, nil
+	case e.leaseLive(now):
+		return idem.Claim{Outcome: idem.InFlight, Record: e.snapshot()}, nil
+	default:
+		e.rec.Token = s.nextToken(now)
+		e.rec.LeaseExpiresAt = now.Add(req.Lease)
+		e.signal()
+		return idem.Claim{Outcome: idem.Acquired, Token: e.rec.Token, Record: e.snapshot(), TookOver: true}, nil
+	}
+}
+
+// Complete implements idem.Store. It does not look at the lease: a holder
+// whose lease ended but whom nobody took over still owns the key.
+func (s *Store) Complete(ctx context.Context, ref idem.Ref, resp idem.Response) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.records[slot{ref.Scope, ref.Key}]
+	switch {
+	case e == nil || e.rec.Token != ref.Token:
+		return idem.ErrLeaseLost
+	case e.rec.State == idem.StateCompleted:
+		return nil
+	}
+	e.rec.State = idem.StateCompleted
+	e.rec.Response = copyResponse(&resp)
+	e.rec.CompletedAt = s.clock.Now()
+	e.signal()
+	return nil
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := slot{ref.Scope, ref.Key}
+	e := s.records[k]
+	switch {
+	case e == nil:
+		return nil
+	case e.rec.Token != ref.Token || e.rec.State != idem.StateInFlight:
+		return idem.ErrLeaseLost
+	}
+	s.remove(k, e)
+	return nil
+}
+
+// Get implements idem.Store.
+func (s *Store) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.Record{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.records[slot{scope, key}]
+	if e == nil || !e.live(s.clock.Now()) {
+		return idem.Record{}, idem.ErrNotFound
+	}
+	return e.snapshot(), nil
+}
+
+// Purge implements idem.Store. limit must be positive.
+func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, &idem.ArgumentError{Field: "limit", Reason: "must be positive"}
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	n := 0
+	for k, e := range s.records {
+		if n == limit {
+			break
+		}
+		if !e.live(now) {
+			s.remove(k, e)
+			n++
+		}
+	}
+	return n, nil
+}
+
+// WaitChange implements idem.Waiter. It returns at once when the key is not
+// in flight under a live lease (absent, completed, or claimable by takeover),
+// since a Claim would then make progress; otherwise it waits until the
+// record is completed, released, taken over or purged, or ctx is done. It
+// does not wake when a lease merely ends, because the store has no timer on
+// its clock: callers bound the wait with ctx.
+func (s *Store) WaitChange(ctx context.Context, scope idem.Scope, key idem.Key) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	e := s.records[slot{scope, key}]
+	now := s.clock.Now()
+	if e == nil || !e.live(now) || !e.leaseLive(now) {
+		s.mu.Unlock()
+		return nil
+	}
+	changed := e.changed
+	s.mu.Unlock()
+	select {
+	case <-changed:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

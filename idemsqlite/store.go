@@ -1,0 +1,404 @@
+package idemsqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// StoreComponent is the component under which NewStore records its schema
+// migrations in idem_schema_migrations.
+const StoreComponent = "idem_keys"
+
+// StoreConfig configures NewStore. The zero value is ready to use.
+type StoreConfig struct {
+	// Clock tells the store the time, which decides lease and TTL expiry
+	// and seeds fencing tokens. Defaults to idem.SystemClock.
+	Clock idem.Clock
+}
+
+// Store is an idem.Store and idem.TxStore whose records live in the table
+// idem_keys of a DB, next to the application's own tables.
+type Store struct {
+	db    *DB
+	clock idem.Clock
+}
+
+var (
+	_ idem.Store   = (*Store)(nil)
+	_ idem.TxStore = (*Store)(nil)
+)
+
+// NewStore applies the store's schema migrations to db (component
+// "idem_keys") and returns a Store on it. cfg may be nil.
+func NewStore(ctx context.Context, db *DB, cfg *StoreConfig) (*Store, error) {
+	if db == nil {
+		return nil, &idem.ArgumentError{Field: "db", Reason: "must not be nil"}
+	}
+	var c StoreConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Clock == nil {
+		c.Clock = idem.SystemClock{}
+	}
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("idemsqlite: %w", err)
+	}
+	if err := db.Migrate(ctx, StoreComponent, sub); err != nil {
+		return nil, err
+	}
+	return &Store{db: db, clock: c.Clock}, nil
+}
+
+const (
+	stateInFlight  = "in_flight"
+	stateCompleted = "completed"
+)
+
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// load reads the record of scope and key, expired or not.
+func load(ctx context.Context, q querier, scope idem.Scope, key idem.Key) (idem.Record, bool, error) {
+	var (
+		fingerprint, state           string
+		token                        int64
+		status, completedAt          sql.NullInt64
+		header                       sql.NullString
+		body                         []byte
+		bodyOmitted                  bool
+		createdAt, leaseEnd, expires int64
+	)
+	err := q.QueryRowContext(ctx, `SELECT fingerprint, state, token, status, header, body, body_omitted,
+		created_at, lease_expires_at, expires_at, completed_at
+		FROM idem_keys WHERE scope = ? AND key = ?`, string(scope), string(key)).
+		Scan(&fingerprint, &state, &token, &status, &header, &body, &bodyOmitted,
+			&createdAt, &leaseEnd, &expires, &completedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return idem.Record{}, false, nil
+	}
+	if err != nil {
+		return idem.Record{}, false, err
+	}
+	rec := idem.Record{
+		Scope:          scope,
+		Key:            key,
+		Fingerprint:    idem.Fingerprint(fingerprint),
+		Token:          idem.Token(token),
+		CreatedAt:      fromNanos(createdAt),
+		LeaseExpiresAt: fromNanos(leaseEnd),
+		ExpiresAt:      fromNanos(expires),
+	}
+	switch state {
+	case stateInFlight:
+		rec.State = idem.StateInFlight
+	case stateCompleted:
+		rec.State = idem.StateCompleted
+		resp := &idem.Response{Status: int(status.Int64), Body: body, BodyOmitted: bodyOmitted}
+		if header.Valid {
+			if err := json.Unmarshal([]byte(header.String), &resp.Header); err != nil {
+				return idem.Record{}, false, fmt.Errorf("stored header of %q: %w", key, err)
+			}
+		}
+		rec.Response = resp
+		rec.CompletedAt = fromNanos(completedAt.Int64)
+	default:
+		return idem.Record{}, false, fmt.Errorf("stored state %q of %q is unknown", state, key)
+	}
+	return rec, true, nil
+}
+
+func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
+
+// live reports whether a record still counts at now: its TTL has not passed,
+// or a live lease still holds it (a takeover may push the lease past the
+// TTL, and the holder must not lose the key to a newcomer meanwhile).
+func live(r idem.Record, now time.Time) bool {
+	return now.Before(r.ExpiresAt) || leaseLive(r, now)
+}
+
+func leaseLive(r idem.Record, now time.Time) bool {
+	return r.State == idem.StateInFlight && now.Before(r.LeaseExpiresAt)
+}
+
+// nextToken returns a token greater than prev (the record's, if there is
+// one) and, after a purge, greater than the purged one as long as the clock
+// did not step back by more than a TTL.
+func nextToken(prev idem.Token, now time.Time) idem.Token {
+	return max(prev+1, idem.Token(now.UnixNano()))
+}
+
+// Claim implements idem.Store. It is one write transaction on the writer
+// connection, which makes its read and its write atomic. Called with a
+// context that carries a transaction of the DB (WithTx), it joins it, and
+// the claim commits or rolls back with that transaction.
+func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	if err := req.Validate(); err != nil {
+		return idem.Claim{}, err
+	}
+	var claim idem.Claim
+	err := s.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		// The time is read once the writer is ours, so a claim that
+		// queued behind others judges leases by when it runs.
+		now := s.clock.Now()
+		rec, found, err := load(ctx, tx, req.Scope, req.Key)
+		if err != nil {
+			return err
+		}
+		if found && live(rec, now) {
+			switch {
+			case rec.Fingerprint != req.Fingerprint:
+				claim = idem.Claim{Outcome: idem.Mismatch, Record: rec}
+			case rec.State == idem.StateCompleted:
+				claim = idem.Claim{Outcome: idem.Completed, Record: rec}
+			case leaseLive(rec, now):
+				claim = idem.Claim{Outcome: idem.InFlight, Record: rec}
+			default:
+				rec.Token = nextToken(rec.Token, now)
+				rec.LeaseExpiresAt = now.Add(req.Lease)
+				if _, err := tx.ExecContext(ctx,
+					`UPDATE idem_keys SET token = ?, lease_expires_at = ? WHERE scope = ? AND key = ?`,
+					int64(rec.Token), rec.LeaseExpiresAt.UnixNano(), string(req.Scope), string(req.Key)); err != nil {
+					return err
+				}
+				claim = idem.Claim{Outcome: idem.Acquired, Token: rec.Token, Record: rec, TookOver: true}
+			}
+			return nil
+		}
+
+		var prev idem.Token
+		if found {
+			prev = rec.Token
+		}
+		rec = idem.Record{
+			Scope:          req.Scope,
+			Key:            req.Key,
+			Fingerprint:    req.Fingerprint,
+			State:          idem.StateInFlight,
+			Token:          nextToken(prev, now),
+			CreatedAt:      now,
+			LeaseExpiresAt: now.Add(req.Lease),
+			ExpiresAt:      now.Add(req.TTL),
+		}
+		// An expired record is overwritten in place: its token is the
+		// floor of the new one.
+		if _, err := tx.ExecContext(ctx, `INSERT INTO idem_keys
+			(scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (scope, key) DO UPDATE SET
+				fingerprint = excluded.fingerprint, state = excluded.state, token = excluded.token,
+				status = NULL, header = NULL, body = NULL, body_omitted = 0,
+				created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
+				expires_at = excluded.expires_at, completed_at = NULL`,
+			string(rec.Scope), string(rec.Key), string(rec.Fingerprint), stateInFlight, int64(rec.Token),
+			rec.CreatedAt.UnixNano(), rec.LeaseExpiresAt.UnixNano(), rec.ExpiresAt.UnixNano()); err != nil {
+			return err
+		}
+		claim = idem.Claim{Outcome: idem.Acquired, Token: rec.Token, Record: rec}
+		return nil
+	})
+	if err != nil {
+		return idem.Claim{}, fmt.Errorf("idemsqlite: claim: %w", err)
+	}
+	return claim, nil
+}
+
+// complete marks ref's record completed with resp, in tx. already reports
+// that the same token had completed it before, in which case nothing was
+// written.
+func (s *Store) complete(ctx context.Context, tx *sql.Tx, ref idem.Ref, resp idem.Response) (already bool, err error) {
+	var header sql.NullString
+	if resp.Header != nil {
+		b, err := json.Marshal(resp.Header)
+		if err != nil {
+			return false, fmt.Errorf("encoding the header: %w", err)
+		}
+		header = sql.NullString{String: string(b), Valid: true}
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE idem_keys
+		SET state = ?, status = ?, header = ?, body = ?, body_omitted = ?, completed_at = ?
+		WHERE scope = ? AND key = ? AND token = ? AND state = ?`,
+		stateCompleted, resp.Status, header, resp.Body, resp.BodyOmitted, s.clock.Now().UnixNano(),
+		string(ref.Scope), string(ref.Key), int64(ref.Token), stateInFlight)
+	if err != nil {
+		return false, err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return false, err
+	} else if n == 1 {
+		return false, nil
+	}
+	var (
+		state string
+		token int64
+	)
+	err = tx.QueryRowContext(ctx, `SELECT state, token FROM idem_keys WHERE scope = ? AND key = ?`,
+		string(ref.Scope), string(ref.Key)).Scan(&state, &token)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, idem.ErrLeaseLost
+	case err != nil:
+		return false, err
+	case idem.Token(token) == ref.Token && state == stateCompleted:
+		return true, nil
+	}
+	return false, idem.ErrLeaseLost
+}
+
+// Complete implements idem.Store. It does not look at the lease: a holder
+// whose lease ended but whom nobody took over still owns the key. Called
+// with a context that carries a transaction of the DB, it joins it.
+func (s *Store) Complete(ctx context.Context, ref idem.Ref, resp idem.Response) error {
+	err := s.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := s.complete(ctx, tx, ref, resp)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("idemsqlite: complete: %w", err)
+	}
+	return nil
+}
+
+// Release implements idem.Store. Called with a context that carries a
+// transaction of the DB, it joins it.
+func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
+	err := s.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx,
+			`DELETE FROM idem_keys WHERE scope = ? AND key = ? AND token = ? AND state = ?`,
+			string(ref.Scope), string(ref.Key), int64(ref.Token), stateInFlight)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 1 {
+			return err
+		}
+		var one int
+		err = tx.QueryRowContext(ctx, `SELECT 1 FROM idem_keys WHERE scope = ? AND key = ?`,
+			string(ref.Scope), string(ref.Key)).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return idem.ErrLeaseLost
+	})
+	if err != nil {
+		return fmt.Errorf("idemsqlite: release: %w", err)
+	}
+	return nil
+}
+
+// Get implements idem.Store. It reads on a reader connection, so it never
+// waits for the writer; called with a context whose transaction of the DB
+// has begun, it reads in that transaction and sees its writes.
+func (s *Store) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
+	var q querier = s.db.reader
+	if st := s.db.carried(ctx); st != nil {
+		if tx := st.begun(); tx != nil {
+			q = tx
+		}
+	}
+	rec, found, err := load(ctx, q, scope, key)
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("idemsqlite: get: %w", err)
+	}
+	if !found || !live(rec, s.clock.Now()) {
+		return idem.Record{}, idem.ErrNotFound
+	}
+	return rec, nil
+}
+
+// Purge implements idem.Store. limit must be positive. Each call is one
+// short write transaction, deleting by primary key the records a limited
+// subquery finds through the expires_at index.
+func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, &idem.ArgumentError{Field: "limit", Reason: "must be positive"}
+	}
+	var n int64
+	err := s.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		now := s.clock.Now().UnixNano()
+		res, err := tx.ExecContext(ctx, `DELETE FROM idem_keys WHERE (scope, key) IN (
+			SELECT scope, key FROM idem_keys
+			WHERE expires_at <= ? AND NOT (state = ? AND lease_expires_at > ?)
+			LIMIT ?)`, now, stateInFlight, now, limit)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("idemsqlite: purge: %w", err)
+	}
+	return int(n), nil
+}
+
+// CompleteTx implements idem.TxStore.
+//
+// work receives a context carrying a transaction of the DB that has not
+// begun yet: it begins on the writer connection when work first calls
+// WithTx (or another Store method) with that context, or for the
+// completion. A handler that waits on something before it writes therefore
+// does not hold the single writer meanwhile. work reaches the transaction
+// with db.WithTx(ctx, ...), whose fn joins it.
+//
+// When work returns keep=true and no error, the record is completed in the
+// same transaction, which then commits: the work's writes and the key's
+// completion are durable together or not at all. When work returns
+// keep=false or an error, when the completion is refused (ErrLeaseLost), or
+// when work panics (the panic goes on), the transaction is rolled back.
+//
+// A second CompleteTx with a token that already completed the key returns
+// true and rolls back what work wrote this time: the first execution's
+// effect is the one that counts, so it is not applied twice.
+//
+// Returns ErrNestedCompleteTx when ctx already carries a transaction of the
+// same DB.
+func (s *Store) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) (bool, error) {
+	if work == nil {
+		return false, &idem.ArgumentError{Field: "work", Reason: "must not be nil"}
+	}
+	if s.db.carried(ctx) != nil {
+		return false, ErrNestedCompleteTx
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	st, txCtx := s.db.newTx(ctx)
+	defer st.end(false)
+
+	resp, keep, err := work(txCtx)
+	if err != nil || !keep {
+		return false, err
+	}
+	tx, err := st.begin()
+	if err != nil {
+		return false, fmt.Errorf("idemsqlite: complete: begin: %w", err)
+	}
+	already, err := s.complete(ctx, tx, ref, resp)
+	if err != nil {
+		return false, fmt.Errorf("idemsqlite: complete: %w", err)
+	}
+	if already {
+		return true, nil
+	}
+	if err := st.end(true); err != nil {
+		return false, fmt.Errorf("idemsqlite: complete: commit: %w", err)
+	}
+	return true, nil
+}

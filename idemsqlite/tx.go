@@ -1,0 +1,162 @@
+package idemsqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// ErrNestedCompleteTx is returned by Store.CompleteTx when ctx already
+// carries a transaction of the same DB. CompleteTx must own its transaction,
+// because it rolls the work back on its own when the work fails or the lease
+// is lost.
+var ErrNestedCompleteTx = errors.New("idemsqlite: CompleteTx called with a context that already carries a transaction of the same database")
+
+// errTxEnded is returned when a context outlives the transaction it carries
+// (a goroutine that work started and that is still running after CompleteTx
+// returned).
+var errTxEnded = fmt.Errorf("the transaction carried by the context has ended: %w", sql.ErrTxDone)
+
+type txKey struct{}
+
+// txState is a transaction carried by a context: begun on the writer when
+// first needed, and committed or rolled back by whoever created it (WithTx
+// or CompleteTx), never by a callee that joined it.
+type txState struct {
+	db *DB
+	// ctx begins the transaction. It is the owner's context, so a callee's
+	// shorter deadline cannot end a transaction that outlives the call.
+	ctx context.Context
+	// outer is the transaction of another DB that the context carried
+	// already, so that transactions of two databases can nest.
+	outer *txState
+
+	mu    sync.Mutex
+	tx    *sql.Tx
+	ended bool
+}
+
+// carried returns the transaction of db that ctx carries, or nil.
+func (db *DB) carried(ctx context.Context) *txState {
+	st, _ := ctx.Value(txKey{}).(*txState)
+	for ; st != nil; st = st.outer {
+		if st.db == db {
+			return st
+		}
+	}
+	return nil
+}
+
+func (db *DB) newTx(ctx context.Context) (*txState, context.Context) {
+	outer, _ := ctx.Value(txKey{}).(*txState)
+	st := &txState{db: db, ctx: ctx, outer: outer}
+	return st, context.WithValue(ctx, txKey{}, st)
+}
+
+// begin returns the transaction, beginning it if it has not been yet.
+func (st *txState) begin() (*sql.Tx, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.ended {
+		return nil, errTxEnded
+	}
+	if st.tx == nil {
+		tx, err := st.db.writer.BeginTx(st.ctx, nil)
+		if err != nil {
+			return nil, err
+		}
+		st.tx = tx
+	}
+	return st.tx, nil
+}
+
+// begun returns the transaction if it has begun and not ended, else nil.
+func (st *txState) begun() *sql.Tx {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.ended {
+		return nil
+	}
+	return st.tx
+}
+
+// end commits or rolls back the transaction, if it began. Only the first
+// call does anything, so a deferred rollback after a commit is harmless.
+func (st *txState) end(commit bool) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.ended {
+		return nil
+	}
+	st.ended = true
+	if st.tx == nil {
+		return nil
+	}
+	if commit {
+		return st.tx.Commit()
+	}
+	return st.tx.Rollback()
+}
+
+// WithTx runs fn in a write transaction and passes it the transaction, and
+// a context that carries it.
+//
+// When ctx already carries a transaction of this DB (from an enclosing
+// WithTx or Store.CompleteTx), fn joins it: it gets that transaction (begun
+// now if nothing had begun it yet), and WithTx neither commits nor rolls
+// back; the enclosing owner does, when it ends. An error from fn is returned
+// as is, and does not by itself undo fn's writes: the owner decides, so
+// return it up to the owner.
+//
+// Otherwise WithTx begins a transaction on the writer connection, commits it
+// when fn returns nil, and rolls it back when fn returns an error (returned
+// unchanged) or panics (the panic goes on). Nested WithTx calls made with the
+// context fn receives join this transaction.
+//
+// Inside fn use only tx, and ctx for nested calls. Never use db.Writer(): the
+// transaction holds the writer's only connection, so that call would wait
+// for the transaction, which waits for fn — a deadlock. Store methods called
+// with ctx are safe: they join the transaction.
+func (db *DB) WithTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	err := db.withTx(ctx, fn)
+	if te, ok := err.(*txError); ok {
+		return fmt.Errorf("idemsqlite: %w", te)
+	}
+	return err
+}
+
+// txError is a failure to begin or commit, as opposed to an error of fn.
+type txError struct {
+	op  string
+	err error
+}
+
+func (e *txError) Error() string { return e.op + ": " + e.err.Error() }
+func (e *txError) Unwrap() error { return e.err }
+
+// withTx is WithTx for the package's own callers, which add their own
+// prefix: begin and commit failures come back as a *txError.
+func (db *DB) withTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if st := db.carried(ctx); st != nil {
+		tx, err := st.begin()
+		if err != nil {
+			return &txError{"begin", err}
+		}
+		return fn(ctx, tx)
+	}
+	st, txCtx := db.newTx(ctx)
+	defer st.end(false)
+	tx, err := st.begin()
+	if err != nil {
+		return &txError{"begin", err}
+	}
+	if err := fn(txCtx, tx); err != nil {
+		return err
+	}
+	if err := st.end(true); err != nil {
+		return &txError{"commit", err}
+	}
+	return nil
+}

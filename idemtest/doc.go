@@ -1,0 +1,52 @@
+// Package idemtest holds what backend authors test with: the conformance
+// suite every idem.Store passes, a manual Clock, and the gate for tests that
+// need an external service.
+//
+// # The Store suite
+//
+// TestStore is shaped like testing/fstest.TestFS: a backend's own test calls
+// it with a constructor, and it runs the contract of idem.Store as subtests
+// (atomic claims under 64 racing goroutines, replay of the exact response,
+// fingerprint mismatches, scopes, lease takeover with greater fencing tokens,
+// refused stale holders, TTL expiry, Purge limits, argument validation,
+// cancellation). When the store also implements idem.TxStore or idem.Waiter,
+// their contracts are checked too; otherwise those groups are skipped with
+// the reason.
+//
+// The constructor gets each subtest's *testing.T and a Clock, and must return
+// a fresh, empty store that reads time from that clock:
+//
+//	func TestStore(t *testing.T) {
+//		idemtest.TestStore(t, func(t *testing.T, clock idem.Clock) idem.Store {
+//			db := openEmptyDatabase(t) // one per subtest; closed by t.Cleanup
+//			s, err := mystore.New(db, &mystore.Config{Clock: clock})
+//			if err != nil {
+//				t.Fatal(err)
+//			}
+//			return s
+//		})
+//	}
+//
+// The suite never sleeps to let time pass: leases and TTLs end when it moves
+// the Clock, so it is fast and does not flake on a slow machine. A store must
+// therefore take every "now" from the injected clock, including the one that
+// decides whether a lease is live. Clocks start at Start, a whole second, and
+// move by whole milliseconds, so a backend that keeps milliseconds still
+// round-trips every time exactly.
+//
+// Subtests run in parallel, each on its own store. Waits for other
+// goroutines are bounded (10 s), so a broken store fails instead of hanging.
+//
+// # Tests that need a service
+//
+// RequireService decides whether a test that needs PostgreSQL, Redis, NATS or
+// RabbitMQ runs:
+//
+//	url := idemtest.RequireService(t, "PostgreSQL", "IDEM_POSTGRES_URL", "postgres://127.0.0.1:5432/test")
+//
+// It reads the URL from the environment (with a default of the standard
+// local port) and dials it. A service that does not answer skips the test with
+// the reason on a developer's machine, and fails it when
+// IDEM_REQUIRE_SERVICES=1, as in CI, so that a test cannot pass by skipping
+// there.
+package idemtest
