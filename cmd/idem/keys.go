@@ -1,0 +1,193 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemsqlite"
+)
+
+// purgeBatch keeps each purge transaction short, so a purge run beside a
+// live server never holds up its claims for long.
+const purgeBatch = 1000
+
+func (a *app) keysCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "keys",
+		Short: "Inspect and purge stored idempotency keys",
+		Args:  cobra.NoArgs,
+	}
+	cmd.AddCommand(a.keysPurgeCmd(), a.keysShowCmd())
+	return cmd
+}
+
+func (a *app) keysPurgeCmd() *cobra.Command {
+	var dbURL string
+	cmd := &cobra.Command{
+		Use:   "purge",
+		Short: "Delete expired idempotency keys now",
+		Long: `Delete every idempotency key whose time to live has passed. The server does
+this in the background as well; this is for doing it now. It is safe to run
+beside a live server.`,
+		Args: cobra.NoArgs,
+	}
+	dbFlag(cmd, &dbURL)
+	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) (err error) {
+		ctx := cmd.Context()
+		store, closeDB, err := openStore(cmd, dbURL)
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, closeDB()) }()
+		total := 0
+		for {
+			n, err := store.Purge(ctx, purgeBatch)
+			total += n
+			if err != nil {
+				return fmt.Errorf("purging after %d keys: %w", total, err)
+			}
+			if n < purgeBatch {
+				break
+			}
+		}
+		fmt.Fprintf(a.stdout, "purged %d expired idempotency keys\n", total)
+		return nil
+	})
+	return cmd
+}
+
+func (a *app) keysShowCmd() *cobra.Command {
+	var dbURL, scope string
+	cmd := &cobra.Command{
+		Use:   "show --scope TENANT KEY",
+		Short: "Show one idempotency key's record",
+		Long: `Show the record kept for one idempotency key: its state, the fingerprint of the
+request that claimed it, when it was claimed and when it expires, and the
+stored answer. The payment service scopes keys by tenant, so --scope is the
+tenant's name.`,
+		Args: cobra.ExactArgs(1),
+	}
+	dbFlag(cmd, &dbURL)
+	cmd.Flags().StringVar(&scope, "scope", "", "the key's scope: the tenant's name (required)")
+	_ = cmd.MarkFlagRequired("scope")
+	cmd.RunE = a.action(func(cmd *cobra.Command, args []string) (err error) {
+		key, err := idem.ParseKey(args[0])
+		if err != nil {
+			return &usageError{err}
+		}
+		store, closeDB, err := openStore(cmd, dbURL)
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, closeDB()) }()
+		rec, err := store.Get(cmd.Context(), idem.Scope(scope), key)
+		if errors.Is(err, idem.ErrNotFound) {
+			return fmt.Errorf("no idempotency key %q in scope %q (it was never used there, or it expired)", string(key), scope)
+		}
+		if err != nil {
+			return fmt.Errorf("reading the key: %w", err)
+		}
+		return writeRecord(a.stdout, rec, time.Now())
+	})
+	return cmd
+}
+
+// openStore opens an existing database and its idempotency store.
+func openStore(cmd *cobra.Command, dbURL string) (*idemsqlite.Store, func() error, error) {
+	db, err := openDB(dbURL, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := idemsqlite.NewStore(cmd.Context(), db, nil)
+	if err != nil {
+		return nil, nil, errors.Join(fmt.Errorf("opening the idempotency store: %w", err), db.Close())
+	}
+	return store, db.Close, nil
+}
+
+// writeRecord prints a record for a person: one field per line, times with
+// how far away they are, and the stored body indented when it is JSON.
+func writeRecord(w io.Writer, rec idem.Record, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(name, format string, args ...any) {
+		fmt.Fprintf(tw, "%s\t"+format+"\n", append([]any{name}, args...)...)
+	}
+	row("scope", "%s", string(rec.Scope))
+	row("key", "%s", string(rec.Key))
+	row("state", "%s", rec.State)
+	row("fingerprint", "%s", rec.Fingerprint)
+	row("token", "%d", rec.Token)
+	row("created", "%s", when(rec.CreatedAt, now))
+	if rec.State == idem.StateInFlight {
+		row("lease ends", "%s", when(rec.LeaseExpiresAt, now))
+	}
+	if !rec.CompletedAt.IsZero() {
+		row("completed", "%s", when(rec.CompletedAt, now))
+	}
+	row("expires", "%s", when(rec.ExpiresAt, now))
+	resp := rec.Response
+	if resp != nil {
+		row("status", "%d %s", resp.Status, http.StatusText(resp.Status))
+		for _, name := range slices.Sorted(maps.Keys(resp.Header)) {
+			for _, v := range resp.Header[name] {
+				row("header", "%s: %s", name, v)
+			}
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if resp == nil {
+		_, err := fmt.Fprintln(w, "no stored answer yet (the first request is still in flight)")
+		return err
+	}
+	_, err := fmt.Fprintf(w, "body:\n%s\n", formatBody(resp))
+	return err
+}
+
+// when formats a time in UTC with how long ago or ahead it is.
+func when(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := t.Sub(now).Round(time.Second)
+	rel := "in " + d.String()
+	if d < 0 {
+		rel = (-d).String() + " ago"
+	}
+	return fmt.Sprintf("%s (%s)", t.UTC().Format(time.RFC3339), rel)
+}
+
+// formatBody shows a stored body: JSON indented, other text as it is,
+// anything else by its size only.
+func formatBody(resp *idem.Response) string {
+	switch {
+	case resp.BodyOmitted:
+		return "  (not kept: it was larger than the store keeps)"
+	case len(resp.Body) == 0:
+		return "  (empty)"
+	}
+	var b bytes.Buffer
+	if json.Valid(resp.Body) && json.Indent(&b, resp.Body, "  ", "  ") == nil {
+		return "  " + b.String()
+	}
+	if utf8.Valid(resp.Body) && !strings.ContainsFunc(string(resp.Body), isControl) {
+		return "  " + strings.ReplaceAll(strings.TrimRight(string(resp.Body), "\n"), "\n", "\n  ")
+	}
+	return fmt.Sprintf("  (%d bytes of binary data)", len(resp.Body))
+}
+
+func isControl(r rune) bool { return r < 0x20 && r != '\n' && r != '\r' && r != '\t' || r == 0x7f }

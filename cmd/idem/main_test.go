@@ -1,0 +1,408 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// syncBuffer is a bytes.Buffer safe for a command writing on one goroutine
+// while the test reads on another.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// runCmd runs the command line to completion.
+func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(t.Context(), args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// server is an `idem serve` running on its own goroutine.
+type server struct {
+	base   string
+	stderr *syncBuffer
+	cancel context.CancelFunc
+	done   chan int
+	lines  chan struct{}
+	once   sync.Once
+	code   int
+}
+
+// startServe runs serve with args (and --addr 127.0.0.1:0 added), waits for
+// its "listening on" line and then for /healthz to answer.
+func startServe(t *testing.T, a *app, args ...string) *server {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	pr, pw := io.Pipe()
+	s := &server{stderr: &syncBuffer{}, cancel: cancel, done: make(chan int, 1), lines: make(chan struct{})}
+	a.stderr = pw
+	listening := make(chan string, 1)
+	go func() {
+		defer close(s.lines)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(s.stderr, line)
+			if addr, ok := strings.CutPrefix(line, "idem: listening on "); ok {
+				select {
+				case listening <- addr:
+				default:
+				}
+			}
+		}
+		_, _ = io.Copy(s.stderr, pr) // a line too long for the scanner
+	}()
+	go func() {
+		code := a.run(ctx, append([]string{"serve", "--addr", "127.0.0.1:0"}, args...))
+		pw.Close()
+		s.done <- code
+	}()
+	t.Cleanup(func() { s.stop() })
+
+	deadline := time.NewTimer(30 * time.Second)
+	defer deadline.Stop()
+	select {
+	case s.base = <-listening:
+	case <-s.done:
+		s.done <- -1 // keep stop from blocking; the real code is reported below
+		t.Fatalf("serve exited before listening; stderr:\n%s", s.stderr)
+	case <-deadline.C:
+		t.Fatalf("serve did not say where it listens within 30s; stderr:\n%s", s.stderr)
+	}
+	client := &http.Client{Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	for {
+		resp, err := client.Get(s.base + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return s
+			}
+		}
+		select {
+		case <-deadline.C:
+			t.Fatalf("/healthz did not answer 200 within 30s (last error %v); stderr:\n%s", err, s.stderr)
+		case <-time.After(10 * time.Millisecond): // poll interval
+		}
+	}
+}
+
+// stop cancels serve's context and returns its exit status.
+func (s *server) stop() int {
+	s.once.Do(func() {
+		s.cancel()
+		s.code = <-s.done
+		<-s.lines
+	})
+	return s.code
+}
+
+// call makes one request to the server and decodes a JSON answer into out.
+func (s *server) call(t *testing.T, method, path, apiKey, idemKey string, body any, out any) *http.Response {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(t.Context(), method, s.base+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+	}
+	if idemKey != "" {
+		req.Header.Set("Idempotency-Key", idemKey)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != nil && resp.StatusCode < 300 {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s %s: decoding %q: %v", method, path, b, err)
+		}
+	}
+	return resp
+}
+
+func newApp(env map[string]string) *app {
+	return &app{
+		stdout:    io.Discard,
+		stderr:    io.Discard,
+		lookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok },
+	}
+}
+
+type accountBody struct {
+	ID      string `json:"id"`
+	Balance int64  `json:"balance"`
+}
+
+type paymentBody struct {
+	ID     string `json:"id"`
+	Amount int64  `json:"amount"`
+	Status string `json:"status"`
+}
+
+func TestServeChargesOnceAndShutsDown(t *testing.T) {
+	t.Parallel()
+	dbURL := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	const apiKey = "test-key-1"
+	srv := startServe(t, newApp(nil), "--db", dbURL, "--api-keys", "acme:"+apiKey, "--log-level", "warn")
+
+	if resp := srv.call(t, "GET", "/v1/accounts/nope", "", "", nil, nil); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("without an API key: status %d, want 401", resp.StatusCode)
+	}
+	var acct accountBody
+	if resp := srv.call(t, "POST", "/v1/accounts", apiKey, "acct-1", map[string]any{"balance": 100000, "currency": "KRW"}, &acct); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("POST /v1/accounts: status %d, want 201", resp.StatusCode)
+	}
+	pay := map[string]any{"account_id": acct.ID, "amount": 12000, "currency": "KRW"}
+	var first, second paymentBody
+	if resp := srv.call(t, "POST", "/v1/payments", apiKey, "pay-1", pay, &first); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("POST /v1/payments: status %d, want 201", resp.StatusCode)
+	}
+	resp := srv.call(t, "POST", "/v1/payments", apiKey, "pay-1", pay, &second)
+	if resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("retry with the same key: status %d, Idempotent-Replayed %q; want 201 replayed",
+			resp.StatusCode, resp.Header.Get("Idempotent-Replayed"))
+	}
+	if first.ID == "" || second.ID != first.ID {
+		t.Errorf("retry answered payment %q, first was %q", second.ID, first.ID)
+	}
+	var after accountBody
+	srv.call(t, "GET", "/v1/accounts/"+acct.ID, apiKey, "", nil, &after)
+	if after.Balance != 100000-12000 {
+		t.Errorf("balance after a payment and its retry = %d, want %d", after.Balance, 100000-12000)
+	}
+
+	if code := srv.stop(); code != exitOK {
+		t.Fatalf("serve exit status after cancel = %d, want 0; stderr:\n%s", code, srv.stderr)
+	}
+	if strings.Contains(srv.stderr.String(), "level=ERROR") {
+		t.Errorf("serve logged errors:\n%s", srv.stderr)
+	}
+
+	// The tools read the database the server left behind.
+	code, out, errOut := runCmd(t, "keys", "show", "--db", dbURL, "--scope", "acme", "pay-1")
+	if code != exitOK {
+		t.Fatalf("keys show: exit %d, stderr %q", code, errOut)
+	}
+	for _, want := range []string{"completed", "201 Created", first.ID, "fingerprint", "v1:", "expires"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("keys show output lacks %q:\n%s", want, out)
+		}
+	}
+	code, _, errOut = runCmd(t, "keys", "show", "--db", dbURL, "--scope", "other-tenant", "pay-1")
+	if code != exitFailure || !strings.Contains(errOut, "no idempotency key") {
+		t.Errorf("keys show in another scope: exit %d, stderr %q; want 1 and 'no idempotency key'", code, errOut)
+	}
+	code, out, errOut = runCmd(t, "keys", "purge", "--db", dbURL)
+	if code != exitOK || out != "purged 0 expired idempotency keys\n" {
+		t.Errorf("keys purge of unexpired keys: exit %d, stdout %q, stderr %q; want 0 purged", code, out, errOut)
+	}
+}
+
+func TestServeAPIKeySources(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		env       map[string]string
+		args      []string
+		works     string // an API key that must be accepted; "dev" means the printed one
+		refused   string // an API key that must be refused
+		stderrHas string
+	}{
+		{
+			name:  "environment",
+			env:   map[string]string{envAPIKeys: "envco:env-key"},
+			works: "env-key",
+		},
+		{
+			name:    "flag wins over environment",
+			env:     map[string]string{envAPIKeys: "envco:env-key"},
+			args:    []string{"--api-keys", "flagco:flag-key"},
+			works:   "flag-key",
+			refused: "env-key",
+		},
+		{
+			name:      "development key when none is configured",
+			works:     "dev",
+			stderrHas: `development tenant "dev"`,
+		},
+		{
+			name:      "unsafe mode warns",
+			args:      []string{"--api-keys", "x:unsafe-key", "--unsafe-no-idempotency"},
+			works:     "unsafe-key",
+			stderrHas: "WARNING: --unsafe-no-idempotency",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			args := append([]string{"--db", "sqlite:" + filepath.Join(t.TempDir(), "idem.db")}, tc.args...)
+			srv := startServe(t, newApp(tc.env), args...)
+			key := tc.works
+			if key == "dev" {
+				key = devKeyFrom(t, srv.stderr.String())
+			}
+			if resp := srv.call(t, "POST", "/v1/accounts", key, "", map[string]any{"balance": 1, "currency": "KRW"}, nil); resp.StatusCode != http.StatusCreated {
+				t.Errorf("with key %q: status %d, want 201", tc.works, resp.StatusCode)
+			}
+			if tc.refused != "" {
+				if resp := srv.call(t, "GET", "/v1/accounts/x", tc.refused, "", nil, nil); resp.StatusCode != http.StatusUnauthorized {
+					t.Errorf("with key %q: status %d, want 401", tc.refused, resp.StatusCode)
+				}
+			}
+			if code := srv.stop(); code != exitOK {
+				t.Errorf("exit status %d, want 0", code)
+			}
+			if !strings.Contains(srv.stderr.String(), tc.stderrHas) {
+				t.Errorf("stderr lacks %q:\n%s", tc.stderrHas, srv.stderr)
+			}
+		})
+	}
+}
+
+// devKeyFrom finds the development key in serve's banner.
+func devKeyFrom(t *testing.T, stderr string) string {
+	t.Helper()
+	for line := range strings.Lines(stderr) {
+		if k, ok := strings.CutPrefix(strings.TrimSpace(line), "KEY="); ok {
+			return k
+		}
+	}
+	t.Fatalf("no development key in stderr:\n%s", stderr)
+	return ""
+}
+
+func TestServeRefusesUnsupportedDatabase(t *testing.T) {
+	t.Parallel()
+	code, _, errOut := runCmd(t, "serve", "--db", "postgres://user:s3cret@db.example/idem", "--api-keys", "a:b")
+	if code != exitFailure {
+		t.Errorf("exit status %d, want 1", code)
+	}
+	if strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "PostgreSQL is not supported") || !strings.Contains(errOut, "sqlite:PATH") {
+		t.Errorf("stderr = %q; want one line saying PostgreSQL is not supported and which schemes are", errOut)
+	}
+	if strings.Contains(errOut, "s3cret") {
+		t.Errorf("stderr leaks the database password: %q", errOut)
+	}
+}
+
+func TestDemoCommand(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := runCmd(t, "demo", "--customers", "2")
+	if code != exitOK {
+		t.Fatalf("demo: exit %d; stdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "money taken") || !strings.Contains(out, "exactly once") {
+		t.Errorf("demo output lacks the table:\n%s", out)
+	}
+}
+
+func TestKeysPurgeOnNewDatabase(t *testing.T) {
+	t.Parallel()
+	dbURL := "sqlite://" + filepath.Join(t.TempDir(), "new.db")
+
+	code, _, errOut := runCmd(t, "keys", "purge", "--db", dbURL)
+	if code != exitFailure || !strings.Contains(errOut, "does not exist") {
+		t.Errorf("keys purge before migrate: exit %d, stderr %q; want 1 and 'does not exist'", code, errOut)
+	}
+	code, out, errOut := runCmd(t, "migrate", "--db", dbURL)
+	if code != exitOK || !strings.Contains(out, "up to date") {
+		t.Fatalf("migrate: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	code, out, errOut = runCmd(t, "keys", "purge", "--db", dbURL)
+	if code != exitOK || out != "purged 0 expired idempotency keys\n" {
+		t.Errorf("keys purge: exit %d, stdout %q, stderr %q; want 0 and 'purged 0 …'", code, out, errOut)
+	}
+}
+
+func TestExitStatuses(t *testing.T) {
+	t.Parallel()
+	dbURL := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	for _, tc := range []struct {
+		args      []string
+		code      int
+		stdoutHas string
+		stderrHas string
+	}{
+		{[]string{"version"}, exitOK, "idem ", ""},
+		{[]string{"--help"}, exitOK, "idem demo", ""},
+		{[]string{"nosuch"}, exitUsage, "", `unknown command "nosuch"`},
+		{[]string{"serv"}, exitUsage, "", `did you mean "serve"?`},
+		{[]string{"serve", "--no-such-flag"}, exitUsage, "", "unknown flag: --no-such-flag"},
+		{[]string{"serve", "extra"}, exitUsage, "", "Run 'idem serve --help' for usage."},
+		{[]string{"keys", "show", "--db", dbURL, "k"}, exitUsage, "", `required flag(s) "scope" not set`},
+		{[]string{"keys", "show", "--db", dbURL, "--scope", "t"}, exitUsage, "", "accepts 1 arg(s)"},
+		{[]string{"keys", "show", "--db", dbURL, "--scope", "t", "bad key"}, exitUsage, "", "invalid idempotency key"},
+		{[]string{"demo", "--customers", "0"}, exitUsage, "", "--customers must be between 1 and 1000"},
+		{[]string{"serve", "--db", "mysql://x", "--api-keys", "a:b"}, exitFailure, "", `unsupported database scheme "mysql"`},
+		{[]string{"serve", "--db", dbURL, "--api-keys", "no-colon"}, exitFailure, "", "--api-keys: "},
+		{[]string{"serve", "--db", dbURL, "--log-level", "loud"}, exitFailure, "", `--log-level "loud"`},
+		{[]string{"keys", "show", "--db", dbURL, "--scope", "t", "k"}, exitFailure, "", "does not exist"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			t.Parallel()
+			code, out, errOut := runCmd(t, tc.args...)
+			if code != tc.code {
+				t.Errorf("exit status %d, want %d; stderr %q", code, tc.code, errOut)
+			}
+			if !strings.Contains(out, tc.stdoutHas) {
+				t.Errorf("stdout lacks %q:\n%s", tc.stdoutHas, out)
+			}
+			if !strings.Contains(errOut, tc.stderrHas) {
+				t.Errorf("stderr lacks %q:\n%s", tc.stderrHas, errOut)
+			}
+			if tc.code == exitFailure && strings.Count(errOut, "\n") != 1 {
+				t.Errorf("a failure should be one line on stderr, got %q", errOut)
+			}
+		})
+	}
+}

@@ -1,0 +1,257 @@
+package main
+
+import (
+	"context"
+	crand "crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idem-go/idem/payments"
+)
+
+// envAPIKeys is the environment variable read for API keys when --api-keys
+// is not given: secrets are better kept out of the process list.
+const envAPIKeys = "IDEM_API_KEYS"
+
+// HTTP server limits. The write timeout leaves room for the idempotency
+// middleware's in-flight wait and the handler's own time budget.
+const (
+	readHeaderTimeout = 10 * time.Second
+	readTimeout       = 30 * time.Second
+	writeTimeout      = 2 * time.Minute
+	idleTimeout       = 2 * time.Minute
+	maxHeaderBytes    = 64 << 10
+)
+
+type serveFlags struct {
+	addr            string
+	db              string
+	keyTTL          time.Duration
+	inflightWait    time.Duration
+	shutdownTimeout time.Duration
+	apiKeys         string
+	unsafe          bool
+	faults          bool
+	logLevel        string
+}
+
+func (a *app) serveCmd() *cobra.Command {
+	var f serveFlags
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the payment service over HTTP",
+		Long: `Run the reference payment service over HTTP until SIGINT or SIGTERM.
+
+Every POST needs an Idempotency-Key header: the first request with a key runs,
+every later one with the same key and body gets the first answer replayed.
+
+API keys come from --api-keys or, when it is not given, from the environment
+variable ` + envAPIKeys + `, as "tenant:key,tenant2:key2". With neither, a
+development tenant "dev" is created with a random key, printed on stderr.`,
+		Args: cobra.NoArgs,
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.addr, "addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free one)")
+	dbFlag(cmd, &f.db)
+	fl.DurationVar(&f.keyTTL, "key-ttl", 24*time.Hour, "how long an idempotency key is remembered")
+	fl.DurationVar(&f.inflightWait, "inflight-wait", 5*time.Second, "how long a duplicate waits for the first request with its key to finish")
+	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long a shutdown waits for requests in flight")
+	fl.StringVar(&f.apiKeys, "api-keys", "", `API keys, "tenant:key,tenant2:key2" (default from $`+envAPIKeys+`)`)
+	fl.BoolVar(&f.unsafe, "unsafe-no-idempotency", false, "ignore Idempotency-Key entirely: retries DOUBLE CHARGE (the lab's 'before')")
+	fl.BoolVar(&f.faults, "faults", false, "honour the Idem-Fault request header (delay=DURATION, fail-before-commit, drop-after-commit)")
+	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
+		return a.serve(cmd.Context(), &f, fl.Changed("api-keys"))
+	})
+	return cmd
+}
+
+func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (err error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
+	}
+	logger := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))
+	if _, err := parseDB(f.db); err != nil {
+		return err
+	}
+	if f.keyTTL <= 0 || f.inflightWait <= 0 || f.shutdownTimeout <= 0 {
+		return errors.New("--key-ttl, --inflight-wait and --shutdown-timeout must be positive")
+	}
+	keys, devKey, err := a.apiKeys(f.apiKeys, apiKeysFlagSet)
+	if err != nil {
+		return err
+	}
+
+	db, err := openDB(f.db, false)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := db.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("closing the database: %w", cerr))
+		}
+	}()
+	svc, err := payments.New(ctx, &payments.Config{
+		DB:           db,
+		APIKeys:      keys,
+		KeyTTL:       f.keyTTL,
+		InflightWait: f.inflightWait,
+		Unsafe:       f.unsafe,
+		Faults:       f.faults,
+		Logger:       logger,
+	})
+	if err != nil {
+		return fmt.Errorf("starting the payment service: %w", err)
+	}
+	defer func() {
+		if cerr := svc.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("stopping the payment service: %w", cerr))
+		}
+	}()
+
+	ln, err := net.Listen("tcp", f.addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", f.addr, err)
+	}
+	srv := &http.Server{
+		Handler:           svc.Handler(),
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	base := "http://" + displayAddr(ln.Addr())
+
+	if f.unsafe {
+		printUnsafeBanner(a.stderr)
+	}
+	if devKey != "" {
+		printDevKeyBanner(a.stderr, base, devKey, f.unsafe)
+	}
+	if f.faults {
+		logger.Warn("fault injection is on: requests may ask for delays, failures and dropped answers with the Idem-Fault header")
+	}
+	path, _ := parseDB(f.db)
+	logger.Info("idem serve started", "addr", ln.Addr().String(), "db", path,
+		"key_ttl", f.keyTTL, "inflight_wait", f.inflightWait, "unsafe", f.unsafe, "faults", f.faults)
+	// A plain line, not a log record: scripts and tests wait for it to learn
+	// the port when --addr asks for port 0.
+	fmt.Fprintf(a.stderr, "idem: listening on %s\n", base)
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("serving HTTP: %w", err)
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down: finishing requests in flight", "timeout", f.shutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		// Requests still running past the deadline are cut off; their keys
+		// are released or expire with their lease, so retries stay safe.
+		logger.Warn("shutdown deadline passed; closing the connections left", "err", err)
+		srv.Close()
+	}
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serving HTTP: %w", err)
+	}
+	logger.Info("stopped")
+	return nil
+}
+
+// apiKeys returns the configured API keys, from the flag when it was given,
+// else from the environment. With none, it makes a key for a development
+// tenant and returns it as devKey so it can be shown.
+func (a *app) apiKeys(flagValue string, flagSet bool) (keys map[string]string, devKey string, err error) {
+	src, from := flagValue, "--api-keys"
+	if !flagSet {
+		src, from = "", ""
+		if v, ok := a.lookupEnv(envAPIKeys); ok {
+			src, from = v, envAPIKeys
+		}
+	}
+	if strings.TrimSpace(src) == "" {
+		if flagSet {
+			return nil, "", errors.New("--api-keys is empty; give tenant:key pairs or leave the flag out for a development key")
+		}
+		devKey = "idem_dev_" + crand.Text()
+		return map[string]string{devKey: "dev"}, devKey, nil
+	}
+	keys, err = payments.ParseAPIKeys(src)
+	if err != nil {
+		// The value holds secrets: say where it came from, not what it was.
+		return nil, "", fmt.Errorf("%s: %w", from, err)
+	}
+	return keys, "", nil
+}
+
+// displayAddr is the address to show people: a wildcard listen address is
+// reached through localhost.
+func displayAddr(addr net.Addr) string {
+	tcp, ok := addr.(*net.TCPAddr)
+	if !ok || !tcp.IP.IsUnspecified() {
+		return addr.String()
+	}
+	return net.JoinHostPort("localhost", fmt.Sprint(tcp.Port))
+}
+
+func printUnsafeBanner(w io.Writer) {
+	fmt.Fprint(w, `
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+!!                                                                      !!
+!!  WARNING: --unsafe-no-idempotency is set.                            !!
+!!                                                                      !!
+!!  Idempotency-Key headers are IGNORED. Every retry and every          !!
+!!  duplicate request is executed again: customers WILL be charged      !!
+!!  twice. This mode exists to show the problem idem solves.            !!
+!!  Never point real clients or real money at it.                       !!
+!!                                                                      !!
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+
+`)
+}
+
+func printDevKeyBanner(w io.Writer, base, key string, unsafe bool) {
+	tryIt := `Try it. Send each request twice: the second answer is the first one
+  replayed (Idempotent-Replayed: true), and nothing is charged twice.`
+	if unsafe {
+		tryIt = `Try it. Send the payment twice: in this unsafe mode the key is
+  ignored, and the account is charged twice.`
+	}
+	fmt.Fprintf(w, `
+==========================================================================
+  No API keys were configured (--api-keys or $%[1]s), so a
+  development tenant "dev" was created with this key, valid until the
+  server stops:
+
+      %[2]s
+
+  %[4]s
+
+    KEY=%[2]s
+    curl -si %[3]s/v1/accounts \
+      -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \
+      -H 'Idempotency-Key: my-first-account' \
+      -d '{"balance":100000,"currency":"KRW"}'
+    curl -si %[3]s/v1/payments \
+      -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \
+      -H 'Idempotency-Key: my-first-payment' \
+      -d '{"account_id":"ACCOUNT_ID","amount":12000,"currency":"KRW"}'
+==========================================================================
+
+`, envAPIKeys, key, base, tryIt)
+}

@@ -1,0 +1,452 @@
+package payments
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/idem-go/idem/idemhttp"
+)
+
+// MaxBodyBytes is the largest request body accepted; larger ones get 413.
+const MaxBodyBytes = 1 << 20
+
+// ProblemTypePrefix starts every problem type URI this service answers
+// with; the slug after it is stable, for clients to branch on.
+const ProblemTypePrefix = "urn:idem:problem:"
+
+// HeaderMode is set to "unsafe" on every response in unsafe mode, so no one
+// mistakes a double-charging server for a protected one.
+const HeaderMode = "Idem-Mode"
+
+const (
+	defaultListLimit = 100
+	maxListLimit     = 1000
+)
+
+// routes builds the whole HTTP surface. The order of the wrappers around a
+// protected write matters: authentication first (the idempotency scope is
+// the tenant), then the fault header (refused before a key is claimed),
+// then drop-after-commit (outside the middleware, so it drops an answer
+// that was already committed), then the idempotency middleware, then the
+// handler.
+func (s *Service) routes() http.Handler {
+	v1 := http.NewServeMux()
+	v1.Handle("POST /v1/accounts", s.protect(s.accountsMW, http.HandlerFunc(s.createAccount)))
+	v1.HandleFunc("GET /v1/accounts/{id}", s.getAccount)
+	v1.Handle("POST /v1/accounts/{id}/deposits", s.protect(s.depositsMW, http.HandlerFunc(s.createDeposit)))
+	v1.HandleFunc("GET /v1/accounts/{id}/payments", s.listPayments)
+	v1.Handle("POST /v1/payments", s.protect(s.paymentsMW, http.HandlerFunc(s.createPayment)))
+	v1.HandleFunc("GET /v1/payments/{id}", s.getPayment)
+	// Method-less patterns are less specific than the ones above, so they
+	// only catch the wrong methods, which then get a problem+json 405.
+	v1.Handle("/v1/accounts", methodNotAllowed(http.MethodPost))
+	v1.Handle("/v1/accounts/{id}", methodNotAllowed(http.MethodGet, http.MethodHead))
+	v1.Handle("/v1/accounts/{id}/deposits", methodNotAllowed(http.MethodPost))
+	v1.Handle("/v1/accounts/{id}/payments", methodNotAllowed(http.MethodGet, http.MethodHead))
+	v1.Handle("/v1/payments", methodNotAllowed(http.MethodPost))
+	v1.Handle("/v1/payments/{id}", methodNotAllowed(http.MethodGet, http.MethodHead))
+	v1.HandleFunc("/v1/", notFound)
+
+	var api http.Handler = v1
+	if s.faults {
+		api = s.faultParser(s.dropAfterCommit(api))
+	}
+	api = s.authenticate(api)
+
+	root := http.NewServeMux()
+	root.HandleFunc("GET /healthz", s.healthz)
+	root.Handle("GET /metrics", s.metrics)
+	root.Handle("/v1/", api)
+	root.HandleFunc("/", notFound)
+	if !s.unsafe {
+		return root
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(HeaderMode, "unsafe")
+		root.ServeHTTP(w, r)
+	})
+}
+
+// protect puts a write behind its idempotency middleware; in unsafe mode
+// there is none, and the Idempotency-Key header is ignored.
+func (s *Service) protect(mw *idemhttp.Middleware, h http.Handler) http.Handler {
+	if mw == nil {
+		return h
+	}
+	return mw.Handler(h)
+}
+
+// --- authentication ---
+
+type tenantKey struct{}
+
+// apiKey keeps the SHA-256 of a key rather than the key, so every
+// comparison is of equal-length values and takes the same time.
+type apiKey struct {
+	sum    [sha256.Size]byte
+	tenant string
+}
+
+func (s *Service) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		token = strings.TrimSpace(token)
+		if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="payments"`)
+			writeProblem(w, http.StatusUnauthorized, "unauthorized", "Unauthorized",
+				"send an API key as 'Authorization: Bearer <key>'", nil)
+			return
+		}
+		sum := sha256.Sum256([]byte(token))
+		tenant := ""
+		// Compare with every key, without stopping at a match, so the time
+		// taken says nothing about which keys exist.
+		for _, k := range s.apiKeys {
+			if subtle.ConstantTimeCompare(sum[:], k.sum[:]) == 1 {
+				tenant = k.tenant
+			}
+		}
+		if tenant == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="payments", error="invalid_token"`)
+			writeProblem(w, http.StatusUnauthorized, "unauthorized", "Unauthorized", "the API key is not valid", nil)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
+	})
+}
+
+func tenantFrom(ctx context.Context) string {
+	t, _ := ctx.Value(tenantKey{}).(string)
+	return t
+}
+
+// --- handlers ---
+
+func (s *Service) createAccount(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Balance  int64   `json:"balance"`
+		Currency *string `json:"currency"`
+	}
+	if !s.decode(w, r, &req) {
+		return
+	}
+	var err error
+	switch {
+	case req.Currency == nil:
+		err = &FieldError{Field: "currency", Reason: "is required", Err: ErrInvalidCurrency}
+	case req.Balance < 0:
+		err = &FieldError{Field: "balance", Reason: fmt.Sprintf("must not be negative, got %d", req.Balance), Err: ErrInvalidAmount}
+	default:
+		err = validateCurrency("currency", *req.Currency)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := injectDelay(r.Context()); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	a := Account{
+		ID:        newID("acct_"),
+		Tenant:    tenantFrom(r.Context()),
+		Balance:   req.Balance,
+		Currency:  *req.Currency,
+		CreatedAt: s.now(),
+	}
+	if err := s.store.CreateAccount(r.Context(), a); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Location", "/v1/accounts/"+a.ID)
+	writeJSON(w, http.StatusCreated, a)
+}
+
+func (s *Service) getAccount(w http.ResponseWriter, r *http.Request) {
+	a, err := s.store.Account(r.Context(), tenantFrom(r.Context()), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, a)
+}
+
+func (s *Service) createDeposit(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Amount *int64 `json:"amount"`
+	}
+	if !s.decode(w, r, &req) {
+		return
+	}
+	if req.Amount == nil {
+		s.fail(w, r, &FieldError{Field: "amount", Reason: "is required", Err: ErrInvalidAmount})
+		return
+	}
+	if err := validateAmount("amount", *req.Amount); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := injectDelay(r.Context()); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	d := Deposit{
+		ID:        newID("dep_"),
+		Tenant:    tenantFrom(r.Context()),
+		AccountID: r.PathValue("id"),
+		Amount:    *req.Amount,
+		CreatedAt: s.now(),
+	}
+	balance, err := s.store.CreateDeposit(r.Context(), d)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	d.Balance = balance
+	writeJSON(w, http.StatusCreated, d)
+}
+
+func (s *Service) createPayment(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		AccountID   *string `json:"account_id"`
+		Amount      *int64  `json:"amount"`
+		Currency    *string `json:"currency"`
+		Description string  `json:"description"`
+	}
+	if !s.decode(w, r, &req) {
+		return
+	}
+	var err error
+	switch {
+	case req.AccountID == nil || *req.AccountID == "":
+		err = &FieldError{Field: "account_id", Reason: "is required"}
+	case req.Amount == nil:
+		err = &FieldError{Field: "amount", Reason: "is required", Err: ErrInvalidAmount}
+	case req.Currency == nil:
+		err = &FieldError{Field: "currency", Reason: "is required", Err: ErrInvalidCurrency}
+	default:
+		err = errors.Join(
+			validateAmount("amount", *req.Amount),
+			validateCurrency("currency", *req.Currency),
+			validateDescription(req.Description))
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := injectDelay(r.Context()); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	p := Payment{
+		ID:          newID("pay_"),
+		Tenant:      tenantFrom(r.Context()),
+		AccountID:   *req.AccountID,
+		Amount:      *req.Amount,
+		Currency:    *req.Currency,
+		Description: req.Description,
+		Status:      StatusSucceeded,
+		CreatedAt:   s.now(),
+	}
+	if err := s.store.CreatePayment(r.Context(), p); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Location", "/v1/payments/"+p.ID)
+	writeJSON(w, http.StatusCreated, p)
+}
+
+func (s *Service) getPayment(w http.ResponseWriter, r *http.Request) {
+	p, err := s.store.Payment(r.Context(), tenantFrom(r.Context()), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, p)
+}
+
+func (s *Service) listPayments(w http.ResponseWriter, r *http.Request) {
+	limit := defaultListLimit
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxListLimit {
+			s.fail(w, r, &FieldError{Field: "limit", Reason: fmt.Sprintf("must be an integer from 1 to %d, got %q", maxListLimit, v)})
+			return
+		}
+		limit = n
+	}
+	list, more, err := s.store.AccountPayments(r.Context(), tenantFrom(r.Context()), r.PathValue("id"), limit)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Data    []Payment `json:"data"`
+		HasMore bool      `json:"has_more"`
+	}{list, more})
+}
+
+func (s *Service) healthz(w http.ResponseWriter, r *http.Request) {
+	if err := s.store.Ping(r.Context()); err != nil {
+		s.logger.ErrorContext(r.Context(), "payments: health check failed", "err", err)
+		writeProblem(w, http.StatusServiceUnavailable, "unhealthy", "Unhealthy", "the database does not answer", nil)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func notFound(w http.ResponseWriter, r *http.Request) {
+	writeProblem(w, http.StatusNotFound, "not-found", "Not found", "no route for "+r.URL.Path, nil)
+}
+
+func methodNotAllowed(allowed ...string) http.Handler {
+	allow := strings.Join(allowed, ", ")
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", allow)
+		writeProblem(w, http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed",
+			fmt.Sprintf("%s is not allowed here; use %s", r.Method, allow), nil)
+	})
+}
+
+// --- encoding ---
+
+// decode reads exactly one JSON value into dst, refusing unknown fields and
+// bodies over MaxBodyBytes. On failure it has answered and returns false.
+func (s *Service) decode(w http.ResponseWriter, r *http.Request, dst any) bool {
+	body := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(dst)
+	if err == nil {
+		// A second value, or trailing garbage, makes the body ambiguous.
+		if extra := dec.Decode(&json.RawMessage{}); extra != io.EOF {
+			err = extra
+			if err == nil || !isTooLarge(err) {
+				err = errors.New("the body must hold exactly one JSON value")
+			}
+		}
+	}
+	if err == nil {
+		return true
+	}
+	if isTooLarge(err) {
+		writeProblem(w, http.StatusRequestEntityTooLarge, "body-too-large", "Request body too large",
+			fmt.Sprintf("the body must be at most %d bytes", MaxBodyBytes), nil)
+		return false
+	}
+	writeProblem(w, http.StatusBadRequest, "invalid-request", "Invalid request", describeJSONError(err), nil)
+	return false
+}
+
+func isTooLarge(err error) bool {
+	var mb *http.MaxBytesError
+	return errors.As(err, &mb)
+}
+
+func describeJSONError(err error) string {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.Is(err, io.EOF):
+		return "the body is empty; a JSON object is expected"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "the body is truncated JSON"
+	case errors.As(err, &syntax):
+		return fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, syntax)
+	case errors.As(err, &typ):
+		if typ.Field == "" {
+			return fmt.Sprintf("the body must be a JSON object, not %s", typ.Value)
+		}
+		return fmt.Sprintf("field %s must be %s, not %s", typ.Field, jsonKind(typ.Type.Kind().String()), typ.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return strings.TrimPrefix(err.Error(), "json: ")
+	default:
+		return err.Error()
+	}
+}
+
+func jsonKind(goKind string) string {
+	switch {
+	case strings.HasPrefix(goKind, "int"):
+		return "an integer"
+	case goKind == "string":
+		return "a string"
+	default:
+		return "a " + goKind
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeProblem(w, http.StatusInternalServerError, "internal", "Internal error", "the answer could not be encoded", nil)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func writeProblem(w http.ResponseWriter, status int, slug, title, detail string, extra map[string]any) {
+	p := &idemhttp.Problem{
+		Type:   ProblemTypePrefix + slug,
+		Title:  title,
+		Status: status,
+		Detail: detail,
+		Extra:  extra,
+	}
+	p.Write(w)
+}
+
+// fail answers err as a problem. Refusals the client can act on get their
+// own type; anything else is logged and answered without internals.
+func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var fe *FieldError
+	switch {
+	case errors.Is(err, ErrAccountNotFound):
+		writeProblem(w, http.StatusNotFound, "account-not-found", "Account not found",
+			"no such account for this API key", nil)
+	case errors.Is(err, ErrPaymentNotFound):
+		writeProblem(w, http.StatusNotFound, "payment-not-found", "Payment not found",
+			"no such payment for this API key", nil)
+	case errors.Is(err, ErrInsufficientFunds):
+		writeProblem(w, http.StatusPaymentRequired, "insufficient-funds", "Insufficient funds",
+			"the account's balance is smaller than the amount", nil)
+	case errors.Is(err, ErrBalanceOverflow):
+		writeProblem(w, http.StatusConflict, "balance-overflow", "Balance too large",
+			"the deposit would take the balance past the largest amount that can be held", nil)
+	case errors.Is(err, ErrCurrencyMismatch) && errors.As(err, &fe):
+		writeProblem(w, http.StatusBadRequest, "currency-mismatch", "Currency mismatch", fe.Error(),
+			map[string]any{"field": fe.Field})
+	case errors.As(err, &fe):
+		writeProblem(w, http.StatusBadRequest, "invalid-request", "Invalid request", joinedDetail(err),
+			map[string]any{"field": fe.Field})
+	case errors.Is(err, ErrTransient), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		s.logger.WarnContext(r.Context(), "payments: transient failure", "method", r.Method, "path", r.URL.Path, "err", err)
+		(&idemhttp.Problem{
+			Type:       ProblemTypePrefix + "temporarily-unavailable",
+			Title:      "Temporarily unavailable",
+			Status:     http.StatusServiceUnavailable,
+			Detail:     "the request failed before anything was committed; retry it with the same Idempotency-Key",
+			RetryAfter: 1,
+		}).Write(w)
+	default:
+		s.logger.ErrorContext(r.Context(), "payments: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeProblem(w, http.StatusInternalServerError, "internal", "Internal error",
+			"the request failed; retry it with the same Idempotency-Key", nil)
+	}
+}
+
+// joinedDetail renders one or several validation errors (errors.Join) as one
+// sentence list.
+func joinedDetail(err error) string {
+	return strings.ReplaceAll(err.Error(), "\n", "; ")
+}

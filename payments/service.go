@@ -1,0 +1,389 @@
+package payments
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idemprom"
+	"github.com/idem-go/idem/idemsqlite"
+)
+
+// Config configures a Service. The zero value of every optional field means
+// its default.
+type Config struct {
+	// DB holds the service's tables and the idempotency keys. Required.
+	// The Service does not close it.
+	DB *idemsqlite.DB
+	// APIKeys maps each bearer API key to its tenant's name. Required,
+	// non-empty. ParseAPIKeys builds it from "tenant:key,…".
+	APIKeys map[string]string
+	// KeyTTL is how long an idempotency key is remembered. Defaults to 24h.
+	KeyTTL time.Duration
+	// InflightWait is how long a duplicate waits for the first request with
+	// its key to finish before it gets 409. Defaults to 5s.
+	InflightWait time.Duration
+	// Unsafe turns idempotency protection off entirely: the
+	// Idempotency-Key header is ignored and retries charge again. It exists
+	// to show the double charge the rest of the toolkit prevents. Defaults
+	// to false.
+	Unsafe bool
+	// Faults makes the service honour the Idem-Fault request header (see
+	// HeaderFault). Never turn it on in production. Defaults to false.
+	Faults bool
+	// Clock stamps records and decides key expiry. Defaults to
+	// idem.SystemClock.
+	Clock idem.Clock
+	// Logger receives warnings and errors. Defaults to a logger that
+	// discards everything.
+	Logger *slog.Logger
+	// Registry receives the service's metrics and is served at /metrics.
+	// Defaults to a new registry with the Go and process collectors.
+	Registry *prometheus.Registry
+}
+
+// Defaults applied by New.
+const (
+	DefaultKeyTTL       = 24 * time.Hour
+	DefaultInflightWait = 5 * time.Second
+)
+
+// ErrConfig is matched by every configuration error New returns.
+var ErrConfig = errors.New("payments: invalid configuration")
+
+const (
+	purgeInterval = time.Minute
+	purgeBatch    = 1000
+)
+
+// Service is the payment service: its HTTP handler and its background key
+// purger.
+type Service struct {
+	store   storage
+	keys    *idemsqlite.Store
+	apiKeys []apiKey
+	clock   idem.Clock
+	logger  *slog.Logger
+	unsafe  bool
+	faults  bool
+
+	paymentsMW *idemhttp.Middleware
+	depositsMW *idemhttp.Middleware
+	accountsMW *idemhttp.Middleware
+
+	metrics http.Handler
+	handler http.Handler
+
+	stop      context.CancelFunc
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+// New checks cfg, applies the service's migrations, builds the idempotency
+// middleware on the same database, registers the metrics and starts the
+// purger of expired keys. Call Close to stop it.
+func New(ctx context.Context, cfg *Config) (*Service, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	c := *cfg
+	if err := c.defaults(); err != nil {
+		return nil, err
+	}
+
+	if err := migrateSQLite(ctx, c.DB); err != nil {
+		return nil, fmt.Errorf("payments: migrate: %w", err)
+	}
+	keys, err := idemsqlite.NewStore(ctx, c.DB, &idemsqlite.StoreConfig{Clock: c.Clock})
+	if err != nil {
+		return nil, fmt.Errorf("payments: idempotency store: %w", err)
+	}
+
+	s := &Service{
+		store:  &sqliteStorage{db: c.DB},
+		keys:   keys,
+		clock:  c.Clock,
+		logger: c.Logger,
+		unsafe: c.Unsafe,
+		faults: c.Faults,
+	}
+	for k, tenant := range c.APIKeys {
+		s.apiKeys = append(s.apiKeys, apiKey{sum: sha256.Sum256([]byte(k)), tenant: tenant})
+	}
+
+	var metrics collectorSet
+	if c.Unsafe {
+		c.Logger.Warn("payments: UNSAFE MODE: idempotency keys are ignored; every retry and duplicate charges again. " +
+			"This mode exists to show the double charge; never run it for real money.")
+	} else {
+		mws := []struct {
+			name     string
+			optional bool
+			dst      **idemhttp.Middleware
+		}{
+			{"payments", false, &s.paymentsMW},
+			{"deposits", false, &s.depositsMW},
+			{"accounts", true, &s.accountsMW},
+		}
+		for _, m := range mws {
+			mw, err := idemhttp.New(&idemhttp.Config{
+				Store:        keys,
+				Optional:     m.optional,
+				Scope:        scopeByTenant,
+				TTL:          c.KeyTTL,
+				InflightWait: c.InflightWait,
+				MaxBodyBytes: MaxBodyBytes,
+				Keep:         keep,
+				Logger:       c.Logger,
+			})
+			if err != nil {
+				return nil, fmt.Errorf("payments: %s idempotency middleware: %w", m.name, err)
+			}
+			metrics = append(metrics, idemprom.NewMiddlewareCollector(m.name, mw))
+			*m.dst = mw
+		}
+	}
+	// One registration, so a failure leaves nothing half-registered.
+	metrics = append(metrics, &countsCollector{store: s.store, logger: c.Logger})
+	if err := c.Registry.Register(metrics); err != nil {
+		return nil, fmt.Errorf("payments: metrics: %w", err)
+	}
+	s.metrics = promhttp.HandlerFor(c.Registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(c.Logger.Handler(), slog.LevelError)})
+	s.handler = s.routes()
+
+	pctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	s.stop = stop
+	s.done = make(chan struct{})
+	go s.purge(pctx)
+	return s, nil
+}
+
+func (c *Config) defaults() error {
+	var problems []string
+	if c.DB == nil {
+		problems = append(problems, "DB is required")
+	}
+	if len(c.APIKeys) == 0 {
+		problems = append(problems, "APIKeys must hold at least one key")
+	}
+	for k, tenant := range c.APIKeys {
+		if strings.TrimSpace(k) == "" || k != strings.TrimSpace(k) {
+			problems = append(problems, "an API key is empty or has surrounding white space")
+		}
+		if tenant == "" {
+			problems = append(problems, "an API key has an empty tenant")
+		}
+	}
+	if c.KeyTTL < 0 {
+		problems = append(problems, fmt.Sprintf("KeyTTL must not be negative, got %s", c.KeyTTL))
+	}
+	if c.InflightWait < 0 {
+		problems = append(problems, fmt.Sprintf("InflightWait must not be negative, got %s", c.InflightWait))
+	}
+	if len(problems) > 0 {
+		sort.Strings(problems)
+		return fmt.Errorf("%w: %s", ErrConfig, strings.Join(problems, "; "))
+	}
+	if c.KeyTTL == 0 {
+		c.KeyTTL = DefaultKeyTTL
+	}
+	if c.InflightWait == 0 {
+		c.InflightWait = DefaultInflightWait
+	}
+	if c.Clock == nil {
+		c.Clock = idem.SystemClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Registry == nil {
+		c.Registry = prometheus.NewRegistry()
+		c.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	return nil
+}
+
+// Handler returns the service's HTTP handler: the /v1 API, /healthz and
+// /metrics.
+func (s *Service) Handler() http.Handler { return s.handler }
+
+// Close stops the purger and waits for it. It does not close the DB.
+// Calling it again does nothing.
+func (s *Service) Close() error {
+	s.closeOnce.Do(func() {
+		s.stop()
+		<-s.done
+	})
+	return nil
+}
+
+func (s *Service) now() time.Time { return s.clock.Now().UTC() }
+
+// scopeByTenant makes every tenant's keys its own: the same key sent by two
+// tenants names two unrelated requests.
+func scopeByTenant(r *http.Request) (idem.Scope, error) {
+	t := tenantFrom(r.Context())
+	if t == "" {
+		return "", errors.New("payments: no tenant on the request; authentication must run first")
+	}
+	return idem.Scope(t), nil
+}
+
+// keep decides which answers are stored with their key. A 400 or 413 means
+// the request was refused before anything ran, so a corrected request with
+// the same key must run rather than be told it mismatches; everything else
+// follows DefaultKeep (402 and 404 are deterministic and are replayed).
+func keep(r *http.Request, status int) bool {
+	switch status {
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+		return false
+	}
+	return idemhttp.DefaultKeep(r, status)
+}
+
+// purge deletes expired keys every purgeInterval, in batches small enough
+// not to hold SQLite's writer for long.
+func (s *Service) purge(ctx context.Context) {
+	defer close(s.done)
+	t := time.NewTicker(purgeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		total, err := s.purgeExpired(ctx, purgeBatch)
+		if err != nil && ctx.Err() == nil {
+			s.logger.Warn("payments: purging expired idempotency keys failed", "err", err, "purged", total)
+		} else if total > 0 {
+			s.logger.Info("payments: purged expired idempotency keys", "count", total)
+		}
+	}
+}
+
+// purgeExpired deletes expired keys in batches of batch until a batch comes
+// back short, and returns how many it deleted.
+func (s *Service) purgeExpired(ctx context.Context, batch int) (int, error) {
+	total := 0
+	for {
+		n, err := s.keys.Purge(ctx, batch)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("purge: %w", err)
+		}
+		if n < batch {
+			return total, nil
+		}
+	}
+}
+
+// ParseAPIKeys parses "tenant:key,tenant2:key2" into the key -> tenant map
+// Config.APIKeys wants. A tenant may have several keys (to rotate them); a
+// key belongs to one tenant. White space around items is ignored.
+func ParseAPIKeys(s string) (map[string]string, error) {
+	keys := map[string]string{}
+	for item := range strings.SplitSeq(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		tenant, key, ok := strings.Cut(item, ":")
+		tenant, key = strings.TrimSpace(tenant), strings.TrimSpace(key)
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("payments: API key item %q: want tenant:key", redactItem(item))
+		case tenant == "":
+			return nil, fmt.Errorf("payments: API key item %q: the tenant is empty", redactItem(item))
+		case key == "":
+			return nil, fmt.Errorf("payments: API key for tenant %q is empty", tenant)
+		case strings.ContainsAny(key, " \t"):
+			return nil, fmt.Errorf("payments: API key for tenant %q contains white space", tenant)
+		}
+		if other, dup := keys[key]; dup {
+			return nil, fmt.Errorf("payments: the same API key is given to tenants %q and %q", other, tenant)
+		}
+		keys[key] = tenant
+	}
+	if len(keys) == 0 {
+		return nil, errors.New("payments: no API keys given; want tenant:key[,tenant:key…]")
+	}
+	return keys, nil
+}
+
+// redactItem keeps the tenant part of a malformed item for the error
+// message and hides what may be a key.
+func redactItem(item string) string {
+	tenant, _, ok := strings.Cut(item, ":")
+	if ok {
+		return tenant + ":…"
+	}
+	return "…"
+}
+
+// collectorSet registers the service's collectors in one call, so a
+// failure leaves nothing half-registered. It is also what lets the three
+// middlewares share a registry: idemprom's collectors all describe the same
+// metric (told apart by the label middleware=<name>), and a registry refuses
+// a second collector whose descriptors equal a registered one's, so
+// idemprom.RegisterMiddleware can register only one middleware per registry.
+type collectorSet []prometheus.Collector
+
+func (cs collectorSet) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range cs {
+		c.Describe(ch)
+	}
+}
+
+func (cs collectorSet) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range cs {
+		c.Collect(ch)
+	}
+}
+
+// countsCollector exports the recorded totals, read from the database at
+// each scrape.
+type countsCollector struct {
+	store  storage
+	logger *slog.Logger
+}
+
+var (
+	accountsDesc = prometheus.NewDesc("payments_accounts", "Accounts recorded.", nil, nil)
+	paymentsDesc = prometheus.NewDesc("payments_created_total",
+		"Payments recorded (committed). In unsafe mode, compare it with the requests sent to see the double charges.", nil, nil)
+	depositsDesc = prometheus.NewDesc("payments_deposits_total", "Deposits recorded (committed).", nil, nil)
+)
+
+func (c *countsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- accountsDesc
+	ch <- paymentsDesc
+	ch <- depositsDesc
+}
+
+func (c *countsCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	accounts, payments, deposits, err := c.store.Counts(ctx)
+	if err != nil {
+		c.logger.Warn("payments: reading totals for metrics failed", "err", err)
+		ch <- prometheus.NewInvalidMetric(paymentsDesc, err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(accountsDesc, prometheus.GaugeValue, float64(accounts))
+	ch <- prometheus.MustNewConstMetric(paymentsDesc, prometheus.CounterValue, float64(payments))
+	ch <- prometheus.MustNewConstMetric(depositsDesc, prometheus.CounterValue, float64(deposits))
+}
