@@ -61,7 +61,10 @@ type Record struct {
 	Token Token
 	// Response is set when State is StateCompleted.
 	Response *Response
-	// CreatedAt is when the key was (last) claimed anew.
+	// CreatedAt is when the key was (last) claimed anew. A takeover keeps
+	// it, so (Scope, Key, CreatedAt) names one generation of a key: every
+	// execution of one logical request, and nothing after the key expired
+	// and was claimed again.
 	CreatedAt time.Time
 	// LeaseExpiresAt is when an in-flight holder's lease ends; after it a
 	// Claim with the same fingerprint takes the key over with a new token.

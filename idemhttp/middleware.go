@@ -145,12 +145,13 @@ const (
 	OutcomeStoreError Outcome = "store_error" // the store failed; 503 or an unkept answer
 	OutcomeLeaseLost  Outcome = "lease_lost"  // the completion was refused (fencing)
 	OutcomeRejected   Outcome = "rejected"    // 400/413: missing or malformed key, body too large
+	OutcomeAborted    Outcome = "aborted"     // the handler aborted (http.ErrAbortHandler) outside a shared transaction; key left to its lease
 )
 
 // Outcomes lists every Outcome, in a stable order.
 var Outcomes = []Outcome{
 	OutcomeExecuted, OutcomeReplayed, OutcomeConflict, OutcomeMismatch,
-	OutcomeReleased, OutcomeStoreError, OutcomeLeaseLost, OutcomeRejected,
+	OutcomeReleased, OutcomeStoreError, OutcomeLeaseLost, OutcomeRejected, OutcomeAborted,
 }
 
 // Middleware makes unsafe requests idempotent. Create it with New; it is
@@ -164,7 +165,7 @@ type Middleware struct {
 	replay  []string
 	log     *slog.Logger
 	local   localWaits
-	counts  [8]atomic.Uint64
+	counts  [9]atomic.Uint64
 }
 
 // New applies the defaults to cfg, validates it and returns a Middleware.
@@ -259,18 +260,35 @@ func (m *Middleware) count(o Outcome) {
 
 type ctxKey struct{}
 
-type keyInfo struct {
-	scope idem.Scope
-	key   idem.Key
-	token idem.Token
+// Execution describes the protected request whose handler is running.
+type Execution struct {
+	Scope idem.Scope
+	Key   idem.Key
+	// Token is this execution's fencing token.
+	Token idem.Token
+	// ClaimedAt is the key's Record.CreatedAt: the same for every execution
+	// of one logical request (a takeover after a crash keeps it), different
+	// once the key expired and was claimed anew. (Scope, Key, ClaimedAt) is
+	// what an effect outside the key store records under a unique constraint
+	// so that a re-run finds the earlier effect instead of repeating it.
+	ClaimedAt time.Time
+	// TookOver reports that an earlier execution's lease ended before it
+	// finished: it may have crashed half-way, or be still running.
+	TookOver bool
+}
+
+// ExecutionFromContext returns the protected request's Execution.
+func ExecutionFromContext(ctx context.Context) (Execution, bool) {
+	e, ok := ctx.Value(ctxKey{}).(Execution)
+	return e, ok
 }
 
 // KeyFromContext returns the scope and key of the protected request whose
 // handler is running, so the handler can pass the key downstream as the
 // idempotency key of the next call.
 func KeyFromContext(ctx context.Context) (idem.Scope, idem.Key, bool) {
-	ki, ok := ctx.Value(ctxKey{}).(keyInfo)
-	return ki.scope, ki.key, ok
+	e, ok := ExecutionFromContext(ctx)
+	return e.Scope, e.Key, ok
 }
 
 // Handler wraps next so that every request with a protected method is
@@ -385,7 +403,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			if claim.TookOver {
 				log.LogAttrs(ctx, slog.LevelWarn, "took over an expired lease: an earlier execution may have crashed", slog.Int64("token", int64(claim.Token)))
 			}
-			m.execute(next, w, r, idem.Ref{Scope: scope, Key: key, Token: claim.Token}, log)
+			m.execute(next, w, r, Execution{Scope: scope, Key: key, Token: claim.Token, ClaimedAt: claim.Record.CreatedAt, TookOver: claim.TookOver}, log)
 			return
 		default:
 			unwatch()
@@ -456,11 +474,12 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 }
 
-func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, ref idem.Ref, log *slog.Logger) {
+func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, ex Execution, log *slog.Logger) {
+	ref := idem.Ref{Scope: ex.Scope, Key: ex.Key, Token: ex.Token}
 	defer m.local.notify(waitKey{ref.Scope, ref.Key})
 	hctx, cancel := context.WithTimeout(r.Context(), m.cfg.Lease*9/10)
 	defer cancel()
-	hctx = context.WithValue(hctx, ctxKey{}, keyInfo{ref.Scope, ref.Key, ref.Token})
+	hctx = context.WithValue(hctx, ctxKey{}, ex)
 
 	if m.txStore != nil {
 		m.executeTx(next, w, r, hctx, ref, log)
@@ -493,10 +512,19 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 		rec.send(nil)
 		return
 	}
-	m.release(r.Context(), ref, log, status, failure)
 	if abort {
+		// The handler cut the connection (http.ErrAbortHandler): like a
+		// crash, nobody knows how far its effect got, and outside a shared
+		// transaction nothing undid it. Releasing would let a retry run the
+		// effect again at once; instead the key stays in flight until its
+		// lease ends, and the retry that takes it over can find what the
+		// aborted execution did (see Execution.ClaimedAt).
+		m.count(OutcomeAborted)
+		log.LogAttrs(r.Context(), slog.LevelWarn, "handler aborted: the key stays in flight until its lease ends",
+			slog.Duration("lease", m.cfg.Lease))
 		panic(http.ErrAbortHandler)
 	}
+	m.release(r.Context(), ref, log, status, failure)
 	if failure != "" && !rec.streaming {
 		(&Problem{Type: ProblemHandlerFailed, Title: "Request failed", Status: http.StatusInternalServerError,
 			Detail: "The request " + failure + " and was not completed. Retry with the same key.", RetryAfter: 1}).Write(w)

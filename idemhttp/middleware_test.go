@@ -705,3 +705,46 @@ func TestSameTransaction(t *testing.T) {
 		t.Fatalf("failed key b: %v, want ErrNotFound (released)", err)
 	}
 }
+
+// TestAbortLeavesKeyToLease: a handler that cuts the connection is treated
+// like a crash. Outside a shared transaction its effect may have happened,
+// so the key stays in flight until its lease ends; inside one, the effect
+// was rolled back and the key is released.
+func TestAbortLeavesKeyToLease(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, b backend) {
+		store := b.open(t, idem.SystemClock{})
+		m := newMiddleware(t, idemhttp.Config{Store: store})
+		var ex atomic.Value
+		h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			e, _ := idemhttp.ExecutionFromContext(r.Context())
+			ex.Store(e)
+			panic(http.ErrAbortHandler)
+		}))
+		func() {
+			defer func() {
+				if v := recover(); v != http.ErrAbortHandler {
+					t.Errorf("recovered %v, want http.ErrAbortHandler re-raised", v)
+				}
+			}()
+			do(t, h, "POST", "/pay", "k", "{}")
+		}()
+		e := ex.Load().(idemhttp.Execution)
+		if e.Key != "k" || e.Token == 0 || e.ClaimedAt.IsZero() {
+			t.Fatalf("Execution %+v", e)
+		}
+		rec, err := store.Get(context.Background(), "", "k")
+		if b.tx {
+			if !errors.Is(err, idem.ErrNotFound) {
+				t.Fatalf("tx: key after abort: %+v, %v; want released", rec, err)
+			}
+			return
+		}
+		if err != nil || rec.State != idem.StateInFlight || rec.Token != e.Token {
+			t.Fatalf("key after abort: %+v, %v; want in flight under the aborted token", rec, err)
+		}
+		if m.Counts()[idemhttp.OutcomeAborted] != 1 {
+			t.Fatalf("counts %v", m.Counts())
+		}
+	})
+}

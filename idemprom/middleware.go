@@ -5,7 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-const requestsHelp = "Requests seen by an idempotency middleware, by outcome: executed, replayed, conflict (409 in flight), mismatch (422), released (transient failure), store_error, lease_lost, rejected (400/413)."
+const requestsHelp = "Requests seen by an idempotency middleware, by outcome: executed, replayed, conflict (409 in flight), mismatch (422), released (transient failure), store_error, lease_lost, rejected (400/413), aborted."
 
 // middlewareCollector reads the middleware's counters at scrape time, so
 // counting costs the request path one atomic add and nothing else.

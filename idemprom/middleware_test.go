@@ -32,8 +32,9 @@ func TestRegisterMiddleware(t *testing.T) {
 	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/x", nil)) // no key: rejected
 
 	want := `
-# HELP idem_http_requests_total Requests seen by an idempotency middleware, by outcome: executed, replayed, conflict (409 in flight), mismatch (422), released (transient failure), store_error, lease_lost, rejected (400/413).
+# HELP idem_http_requests_total Requests seen by an idempotency middleware, by outcome: executed, replayed, conflict (409 in flight), mismatch (422), released (transient failure), store_error, lease_lost, rejected (400/413), aborted.
 # TYPE idem_http_requests_total counter
+idem_http_requests_total{middleware="api",outcome="aborted"} 0
 idem_http_requests_total{middleware="api",outcome="conflict"} 0
 idem_http_requests_total{middleware="api",outcome="executed"} 1
 idem_http_requests_total{middleware="api",outcome="lease_lost"} 0
