@@ -748,3 +748,20 @@ func TestAbortLeavesKeyToLease(t *testing.T) {
 		}
 	})
 }
+
+func TestProblemJSON(t *testing.T) {
+	t.Parallel()
+	rr := httptest.NewRecorder()
+	(&idemhttp.Problem{Type: "urn:x", Title: "T", Status: 402, Detail: "d", RetryAfter: 3,
+		Extra: map[string]any{"balance": 5, "status": "ignored", "account": "a"}}).Write(rr)
+	want := `{"type":"urn:x","title":"T","status":402,"detail":"d","account":"a","balance":5}` + "\n"
+	if rr.Body.String() != want || rr.Code != 402 || rr.Header().Get("Retry-After") != "3" ||
+		rr.Header().Get("Content-Type") != idemhttp.ProblemContentType {
+		t.Fatalf("got %d %v %s", rr.Code, rr.Header(), rr.Body.String())
+	}
+	rr = httptest.NewRecorder()
+	(&idemhttp.Problem{Title: "T", Status: 500, Extra: map[string]any{"bad": func() {}}}).Write(rr)
+	if rr.Body.String() != `{"type":"about:blank","title":"T","status":500}`+"\n" {
+		t.Fatalf("unmarshalable extension: %s", rr.Body.String())
+	}
+}

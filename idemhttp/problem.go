@@ -1,8 +1,11 @@
 package idemhttp
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"sort"
 	"strconv"
 )
 
@@ -44,30 +47,54 @@ type Problem struct {
 	RetryAfter int
 }
 
-// MarshalJSON writes the standard members and the extensions in one object.
+// MarshalJSON writes the standard members first, in the order RFC 9457
+// lists them, then the extensions sorted by name.
 func (p *Problem) MarshalJSON() ([]byte, error) {
-	m := make(map[string]any, len(p.Extra)+5)
-	for k, v := range p.Extra {
-		m[k] = v
+	var b bytes.Buffer
+	b.WriteByte('{')
+	member := func(name string, v any) error {
+		if b.Len() > 1 {
+			b.WriteByte(',')
+		}
+		enc, err := json.Marshal(v)
+		if err != nil {
+			return fmt.Errorf("problem member %q: %w", name, err)
+		}
+		k, _ := json.Marshal(name)
+		b.Write(k)
+		b.WriteByte(':')
+		b.Write(enc)
+		return nil
 	}
-	if p.Type != "" {
-		m["type"] = p.Type
-	} else {
-		m["type"] = "about:blank"
+	typ := p.Type
+	if typ == "" {
+		typ = "about:blank"
 	}
-	m["title"] = p.Title
-	m["status"] = p.Status
+	member("type", typ)
+	member("title", p.Title)
+	member("status", p.Status)
 	if p.Detail != "" {
-		m["detail"] = p.Detail
-	} else {
-		delete(m, "detail")
+		member("detail", p.Detail)
 	}
 	if p.Instance != "" {
-		m["instance"] = p.Instance
-	} else {
-		delete(m, "instance")
+		member("instance", p.Instance)
 	}
-	return json.Marshal(m)
+	names := make([]string, 0, len(p.Extra))
+	for k := range p.Extra {
+		switch k {
+		case "type", "title", "status", "detail", "instance":
+		default:
+			names = append(names, k)
+		}
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		if err := member(k, p.Extra[k]); err != nil {
+			return nil, err
+		}
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
 }
 
 // Error makes a Problem usable as an error.
