@@ -34,9 +34,9 @@ const (
 // routes builds the whole HTTP surface. The order of the wrappers around a
 // protected write matters: authentication first (the idempotency scope is
 // the tenant), then the fault header (refused before a key is claimed),
-// then drop-after-commit (outside the middleware, so it drops an answer
-// that was already committed), then the idempotency middleware, then the
-// handler.
+// then drop-after-commit and crash-after-commit (outside the middleware, so
+// they act on an answer that was already committed), then the idempotency
+// middleware, then the handler.
 func (s *Service) routes() http.Handler {
 	v1 := http.NewServeMux()
 	v1.Handle("POST /v1/accounts", s.protect(s.accountsMW, http.HandlerFunc(s.createAccount)))
@@ -57,7 +57,7 @@ func (s *Service) routes() http.Handler {
 
 	var api http.Handler = v1
 	if s.faults {
-		api = s.faultParser(s.dropAfterCommit(api))
+		api = s.faultParser(s.afterCommit(api))
 	}
 	api = s.authenticate(api)
 
@@ -163,9 +163,10 @@ func (s *Service) createAccount(w http.ResponseWriter, r *http.Request) {
 		CreatedAt: s.now(),
 	}
 	if err := s.store.CreateAccount(r.Context(), a); err != nil {
-		s.fail(w, r, err)
+		s.failWrite(w, r, originFrom(r.Context()), err)
 		return
 	}
+	s.crashAfterOwnCommit(r)
 	w.Header().Set("Location", "/v1/accounts/"+a.ID)
 	writeJSON(w, http.StatusCreated, a)
 }
@@ -205,13 +206,18 @@ func (s *Service) createDeposit(w http.ResponseWriter, r *http.Request) {
 		Amount:    *req.Amount,
 		CreatedAt: s.now(),
 	}
-	balance, err := s.store.CreateDeposit(r.Context(), d)
+	o := originFrom(r.Context())
+	rec, err := s.store.CreateDeposit(r.Context(), d, o)
 	if err != nil {
-		s.fail(w, r, err)
+		s.failWrite(w, r, o, err)
 		return
 	}
-	d.Balance = balance
-	writeJSON(w, http.StatusCreated, d)
+	if rec.ID != d.ID {
+		s.logger.WarnContext(r.Context(), "payments: an earlier execution of this idempotency key made the deposit; answering with it, crediting nothing",
+			"deposit", rec.ID)
+	}
+	s.crashAfterOwnCommit(r)
+	writeJSON(w, http.StatusCreated, rec)
 }
 
 func (s *Service) createPayment(w http.ResponseWriter, r *http.Request) {
@@ -256,12 +262,21 @@ func (s *Service) createPayment(w http.ResponseWriter, r *http.Request) {
 		Status:      StatusSucceeded,
 		CreatedAt:   s.now(),
 	}
-	if err := s.store.CreatePayment(r.Context(), p); err != nil {
-		s.fail(w, r, err)
+	o := originFrom(r.Context())
+	rec, err := s.store.CreatePayment(r.Context(), p, o)
+	if err != nil {
+		s.failWrite(w, r, o, err)
 		return
 	}
-	w.Header().Set("Location", "/v1/payments/"+p.ID)
-	writeJSON(w, http.StatusCreated, p)
+	if rec.ID != p.ID {
+		// The key was taken over after an execution that committed the
+		// payment but never completed the key (a crash, a lost lease).
+		s.logger.WarnContext(r.Context(), "payments: an earlier execution of this idempotency key made the payment; answering with it, charging nothing",
+			"payment", rec.ID)
+	}
+	s.crashAfterOwnCommit(r)
+	w.Header().Set("Location", "/v1/payments/"+rec.ID)
+	writeJSON(w, http.StatusCreated, rec)
 }
 
 func (s *Service) getPayment(w http.ResponseWriter, r *http.Request) {
@@ -406,6 +421,22 @@ func writeProblem(w http.ResponseWriter, status int, slug, title, detail string,
 	p.Write(w)
 }
 
+// failWrite answers a failed write. In the two-store form, a write whose
+// commit may have happened must not be answered: any answer other than a
+// kept one makes the middleware release the key, and the retry would then
+// claim it anew, with a new claim time that the unique constraint does not
+// know, and charge again. Cutting the connection instead (as a crash would)
+// keeps the key in flight until its lease ends; the retry that takes it over
+// keeps the claim time and finds the payment if the commit did happen.
+func (s *Service) failWrite(w http.ResponseWriter, r *http.Request, o origin, err error) {
+	if s.twoStores && !o.none() && errors.Is(err, errOutcomeUnknown) {
+		s.logger.ErrorContext(r.Context(), "payments: the write may or may not have committed; leaving the idempotency key in flight until its lease ends, so the retry that takes it over finds out",
+			"method", r.Method, "path", r.URL.Path, "err", err)
+		panic(http.ErrAbortHandler)
+	}
+	s.fail(w, r, err)
+}
+
 // fail answers err as a problem. Refusals the client can act on get their
 // own type; anything else is logged and answered without internals.
 func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
@@ -420,6 +451,9 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, ErrInsufficientFunds):
 		writeProblem(w, http.StatusPaymentRequired, "insufficient-funds", "Insufficient funds",
 			"the account's balance is smaller than the amount", nil)
+	case errors.Is(err, ErrKeyConflict):
+		writeProblem(w, http.StatusUnprocessableEntity, "idempotency-key-conflict", "Idempotency key already used",
+			"an earlier execution of this Idempotency-Key recorded a different operation (account, amount or currency); use a new key for a new operation", nil)
 	case errors.Is(err, ErrBalanceOverflow):
 		writeProblem(w, http.StatusConflict, "balance-overflow", "Balance too large",
 			"the deposit would take the balance past the largest amount that can be held", nil)
@@ -429,6 +463,15 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &fe):
 		writeProblem(w, http.StatusBadRequest, "invalid-request", "Invalid request", joinedDetail(err),
 			map[string]any{"field": fe.Field})
+	case errors.Is(err, errOutcomeUnknown):
+		s.logger.ErrorContext(r.Context(), "payments: the write may or may not have committed", "method", r.Method, "path", r.URL.Path, "err", err)
+		(&idemhttp.Problem{
+			Type:       ProblemTypePrefix + "outcome-unknown",
+			Title:      "Outcome unknown",
+			Status:     http.StatusServiceUnavailable,
+			Detail:     "the database failed while committing: the request may or may not have taken effect; retry it with the same Idempotency-Key",
+			RetryAfter: 1,
+		}).Write(w)
 	case errors.Is(err, ErrTransient), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		s.logger.WarnContext(r.Context(), "payments: transient failure", "method", r.Method, "path", r.URL.Path, "err", err)
 		(&idemhttp.Problem{

@@ -47,6 +47,14 @@
 //	Idem-Fault: delay=300ms            the frozen screen: the request stays in flight
 //	Idem-Fault: drop-after-commit      the lost acknowledgement: charged, no answer
 //	Idem-Fault: fail-before-commit     a transient failure: 503, nothing charged
+//	Idem-Fault: crash-after-commit     the process dies (SIGKILL) right after the commit
+//
+// crash-after-commit is for tests with several processes: the replica dies
+// and the client retries on another one. Where it fires depends on where the
+// keys live (see HeaderFault): after the key's completion when it commits
+// with the payment, between the payment's commit and the key's completion
+// when the keys are in another store. Config.Crash replaces the SIGKILL in
+// tests that run in one process.
 //
 // Send the same payment twice with delay=1s: unsafe mode charges twice,
 // protected mode charges once and answers both with the same payment. Send
@@ -88,10 +96,94 @@
 //
 // # Storage
 //
-// The service keeps its accounts, payments and deposits in the same
-// idemsqlite database as the idempotency keys, with its own embedded
-// migrations. Every write goes through idemsqlite.DB.WithTx with the
-// request's context: under the idempotency middleware that joins the key's
-// transaction, so "charged but no answer stored" and "answer stored but not
-// charged" cannot happen; in unsafe mode the same call commits on its own.
+// The service keeps its accounts, payments and deposits in one database,
+// with its own embedded migrations (component "payments"): SQLite
+// (Config.DB, an idemsqlite.DB; Migrate) or PostgreSQL (Config.Postgres, an
+// idempg.DB, in its schema; MigratePostgres). Migrations are idempotent;
+// PostgreSQL's are serialised by an advisory lock, so replicas starting
+// together neither fail nor apply twice.
+//
+// Unless Config.Keys is set, the idempotency keys live in the same database
+// (idemsqlite.NewStore, idempg.NewStore), and the middleware runs every
+// protected handler inside the key store's CompleteTx. Every write goes
+// through the database's WithTx with the request's context, which joins
+// that transaction: the payment, the debit and the stored answer commit
+// together, so "charged but no answer stored" and "answer stored but not
+// charged" cannot happen, and a crash at any point leaves either everything
+// or nothing. In unsafe mode the same call commits on its own.
+//
+// On PostgreSQL every write locks the account's row (SELECT … FOR UPDATE)
+// before checking it, so concurrent payments from one account queue up and
+// the debit, still guarded by "balance >= amount", never drives a balance
+// below zero. A failure of the connection or the server inside a write
+// answers 503 (the write's transaction cannot have committed), so the retry
+// with the same key really runs.
+//
+// # Two stores
+//
+// With Config.Keys (an idemredis.Store, for example) the keys and the money
+// live in two systems that share no transaction. The middleware then claims
+// the key, runs the handler, whose writes commit on their own, and completes
+// the key afterwards. Between the handler's commit and the key's completion
+// there is a window, and the service closes it in its own database.
+//
+// Every payment and deposit records the execution of the key that made it,
+// idempotency_key and key_claimed_at (idemhttp.Execution.ClaimedAt: the key
+// record's creation time, the same for every execution of one logical
+// request, new once the key has expired and is claimed again), under a
+// UNIQUE constraint on (tenant, idempotency_key, key_claimed_at). Rows made
+// without a key (unsafe mode, a key-less account) hold NULLs there, which
+// never conflict. A write first looks for the row of its own execution; if
+// there is one it writes nothing and answers with it (201, the same id), or
+// with 422 idempotency-key-conflict if that row has another account, amount
+// or currency. (The look-up comes before the balance check so that a re-run
+// is not refused with 402 because of its own earlier debit.) Otherwise it
+// inserts its row with ON CONFLICT DO NOTHING and debits (or credits) only
+// if the row was inserted, all in one transaction: the constraint, not the
+// look-up, has the last word.
+//
+// What can still go wrong, exactly:
+//
+//   - The process dies (or loses the key store) after the payment commits and
+//     before the key is completed. The payment is made; the key stays in
+//     flight in the key store until its lease ends (Config.KeyLease, 1m by
+//     default). Retries during the lease wait (up to Config.InflightWait),
+//     then get 409 with Retry-After; none runs the handler.
+//   - After the lease, the next retry, on any replica, takes the key over: a
+//     new fencing token, the same claim time. It runs the handler again,
+//     which finds the payment through the unique constraint, charges
+//     nothing, and answers 201 with the first payment's id; the key is
+//     completed with that answer, and every later retry gets it replayed.
+//     The client's cost is the wait for the lease.
+//   - A client that never retries never learns the outcome: the payment
+//     stands (the money moved) and the key, never completed, expires with
+//     its TTL. Nothing is charged twice, but the client must reconcile by
+//     reading the account's payments (GET /v1/accounts/{id}/payments), as
+//     with any request whose answer was lost. A retry after the key's TTL is
+//     a new payment: the key has been forgotten.
+//   - An execution that outlives its lease (a stalled process, a long pause)
+//     while a retry takes the key over: both carry the same claim time, so
+//     whichever commits second meets the unique constraint and charges
+//     nothing (on PostgreSQL it waits on the account's row lock or on the
+//     first's uncommitted row first); it answers with the first's payment.
+//     The slow one's completion is refused by the key store's fencing token.
+//     The handler's context is also cancelled at 90% of the lease, so a
+//     well-behaved handler rarely gets that far.
+//   - A commit whose outcome is unknown (the connection to the database
+//     drops while committing) is treated like a crash: the connection to the
+//     client is cut and the key stays in flight until its lease ends,
+//     because releasing it would let the retry claim the key anew, with a new
+//     claim time the constraint does not know.
+//   - What the constraint cannot catch: a key store that loses a completed
+//     or in-flight record before its TTL (a Redis failover that loses the
+//     last writes, eviction under maxmemory, a FLUSHALL) makes the next retry
+//     claim the key anew, with a new claim time, so it runs as a new
+//     payment. Run Redis with persistence and without eviction of these
+//     keys. Account creation is not covered either: a re-run after a crash
+//     opens a second account.
+//
+// In the same-transaction form (keys in the service's database) none of this
+// arises: a crash before the commit leaves nothing, after it leaves both the
+// payment and the completed key. The columns are filled there too, as a
+// second line of defence.
 package payments

@@ -70,6 +70,12 @@ var (
 	ErrInvalidAmount = errors.New("payments: invalid amount")
 	// ErrInvalidCurrency: a currency that is not three upper-case letters.
 	ErrInvalidCurrency = errors.New("payments: invalid currency")
+	// ErrKeyConflict: the idempotency key's earlier execution recorded a
+	// payment (or deposit) with another account, amount or currency than
+	// this one asks for. The key store's fingerprint normally refuses such a
+	// request first; this is the database's own check, for a re-run that
+	// the key store let through.
+	ErrKeyConflict = errors.New("payments: this idempotency key already recorded a different operation")
 	// ErrTransient is matched by failures worth retrying: the work was rolled
 	// back and the same request may succeed later.
 	ErrTransient = errors.New("payments: transient failure")

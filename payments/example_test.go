@@ -10,7 +10,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
+	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/idemredis"
 	"github.com/idem-go/idem/idemsqlite"
 	"github.com/idem-go/idem/payments"
 )
@@ -135,4 +138,37 @@ func ExampleParseAPIKeys() {
 	}
 	fmt.Println(keys["sk_live_2"], keys["sk_live_3"])
 	// Output: acme globex
+}
+
+// Replicas behind a load balancer share one PostgreSQL schema. Without
+// Keys, every payment commits in one PostgreSQL transaction with its
+// idempotency key; with Keys, the keys live in Redis and the payment's
+// unique (tenant, key, claim time) constraint covers a crash between the
+// payment's commit and the key's completion (see "Two stores").
+func Example_postgres() {
+	ctx := context.Background()
+	db, err := idempg.Open(ctx, "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", &idempg.Config{Schema: "payments"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	keys, err := idemredis.Open(ctx, "redis://127.0.0.1:6379/0", &idemredis.Config{Prefix: "payments"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer keys.Close()
+
+	svc, err := payments.New(ctx, &payments.Config{
+		Postgres: db,
+		Keys:     keys, // leave out to keep the keys in PostgreSQL
+		KeyLease: 30 * time.Second,
+		APIKeys:  map[string]string{"sk_live_acme": "acme"},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer svc.Close()
+	if err := http.ListenAndServe("127.0.0.1:8080", svc.Handler()); err != nil {
+		log.Print(err)
+	}
 }

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/idem-go/idem/idemhttp"
 )
 
 // HeaderFault is the request header that asks for injected faults when
@@ -15,6 +18,25 @@ import (
 //	delay=<Go duration>   hold the request in flight that long before its transaction begins
 //	fail-before-commit    fail transiently after the writes, before the commit: 503, rolled back
 //	drop-after-commit     let the work commit, then close the connection without an answer
+//	crash-after-commit    let the work commit, then kill the process (Config.Crash) before it answers
+//
+// crash-after-commit fires at the last moment a real crash could leave the
+// most behind, which depends on where the idempotency key lives:
+//
+//   - Same transaction (the default: keys in the service's own database):
+//     the work and the key's completion commit together, so the fault fires
+//     after that commit, outside the idempotency middleware, before the
+//     answer is written. A retry is a plain replay.
+//   - Two stores (Config.Keys): the handler's writes commit on their own and
+//     the middleware completes the key afterwards, so the fault fires inside
+//     the handler right after its own commit: the payment is made and the key
+//     is still in flight. A retry waits for the lease to end, takes the key
+//     over and finds the payment through its unique constraint.
+//   - Unsafe mode (no keys at all): inside the handler, right after its own
+//     commit, as with two stores.
+//
+// It fires only when the work ran and succeeded (a 2xx answer that is not a
+// replay); a refusal or a replay commits nothing worth crashing after.
 const HeaderFault = "Idem-Fault"
 
 // maxFaultDelay bounds delay= so a typo cannot hold a request (and its key)
@@ -26,9 +48,12 @@ type faults struct {
 	delay            time.Duration
 	failBeforeCommit bool
 	dropAfterCommit  bool
+	crashAfterCommit bool
 }
 
-func (f faults) any() bool { return f.delay > 0 || f.failBeforeCommit || f.dropAfterCommit }
+func (f faults) any() bool {
+	return f.delay > 0 || f.failBeforeCommit || f.dropAfterCommit || f.crashAfterCommit
+}
 
 // errInjectedFault is what fail-before-commit makes the transaction return.
 var errInjectedFault = fmt.Errorf("injected fault fail-before-commit: %w", ErrTransient)
@@ -48,6 +73,8 @@ func parseFaults(v string) (faults, error) {
 			f.failBeforeCommit = true
 		case name == "drop-after-commit" && !hasArg:
 			f.dropAfterCommit = true
+		case name == "crash-after-commit" && !hasArg:
+			f.crashAfterCommit = true
 		case name == "delay" && hasArg:
 			d, err := time.ParseDuration(strings.TrimSpace(arg))
 			if err != nil {
@@ -58,7 +85,7 @@ func parseFaults(v string) (faults, error) {
 			}
 			f.delay = d
 		default:
-			return faults{}, fmt.Errorf("unknown fault %q (known: delay=<duration>, fail-before-commit, drop-after-commit)", item)
+			return faults{}, fmt.Errorf("unknown fault %q (known: delay=<duration>, fail-before-commit, drop-after-commit, crash-after-commit)", item)
 		}
 	}
 	return f, nil
@@ -126,42 +153,85 @@ func (s *Service) faultParser(next http.Handler) http.Handler {
 	})
 }
 
-// dropAfterCommit implements drop-after-commit. It must wrap the
-// idempotency middleware from outside: the middleware commits the work and
-// the stored answer before it writes the response, so by the time the inner
-// handler returns everything is durable, and only then is the answer thrown
-// away and the connection closed: the lost acknowledgement.
-func (s *Service) dropAfterCommit(next http.Handler) http.Handler {
+// afterCommit implements drop-after-commit, and crash-after-commit where
+// the key completes with the work (see HeaderFault). It must wrap the
+// idempotency middleware from outside: in the same-transaction form the
+// middleware commits the work and the stored answer before it writes the
+// response, so by the time the inner handler returns everything is durable.
+// Only then is the answer thrown away and the connection closed (the lost
+// acknowledgement), or the process killed.
+func (s *Service) afterCommit(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !faultsFrom(r.Context()).dropAfterCommit {
+		f := faultsFrom(r.Context())
+		crash := f.crashAfterCommit && !s.crashInHandler
+		if !f.dropAfterCommit && !crash {
 			next.ServeHTTP(w, r)
 			return
 		}
-		sink := &discardWriter{header: http.Header{}}
-		next.ServeHTTP(sink, r)
-		s.logger.InfoContext(r.Context(), "payments: dropping the connection after the work committed",
-			"method", r.Method, "path", r.URL.Path, "status", sink.status)
-		// net/http closes the connection without writing anything and
-		// without logging a stack trace for this value.
-		panic(http.ErrAbortHandler)
+		held := &heldResponse{header: http.Header{}}
+		next.ServeHTTP(held, r)
+		// A replay committed nothing now: there is nothing to crash after.
+		if crash && held.status >= 200 && held.status < 300 && held.header.Get(idemhttp.HeaderReplayed) != "true" {
+			s.crash(r, "the work and its idempotency key committed; the answer was not sent")
+		}
+		if f.dropAfterCommit {
+			s.logger.InfoContext(r.Context(), "payments: dropping the connection after the work committed",
+				"method", r.Method, "path", r.URL.Path, "status", held.status)
+			// net/http closes the connection without writing anything and
+			// without logging a stack trace for this value.
+			panic(http.ErrAbortHandler)
+		}
+		held.sendTo(w)
 	})
 }
 
-// discardWriter is the response the client never receives.
-type discardWriter struct {
-	header http.Header
-	status int
-}
-
-func (d *discardWriter) Header() http.Header { return d.header }
-
-func (d *discardWriter) WriteHeader(status int) {
-	if d.status == 0 {
-		d.status = status
+// crashAfterOwnCommit implements crash-after-commit in the two-store form:
+// the handler calls it right after its own writes committed, before the
+// middleware completes the key in the other store.
+func (s *Service) crashAfterOwnCommit(r *http.Request) {
+	if s.crashInHandler && faultsFrom(r.Context()).crashAfterCommit {
+		s.crash(r, "the work committed; the idempotency key is not completed")
 	}
 }
 
-func (d *discardWriter) Write(p []byte) (int, error) {
-	d.WriteHeader(http.StatusOK)
+// crash kills the process with Config.Crash. An injected Crash that
+// returns still leaves the client without an answer, as a dead process
+// would, and keeps a two-store key in flight: the middleware releases
+// nothing after http.ErrAbortHandler.
+func (s *Service) crash(r *http.Request, state string) {
+	s.logger.WarnContext(r.Context(), "payments: crash-after-commit: killing the process",
+		"method", r.Method, "path", r.URL.Path, "state", state)
+	s.crashFn()
+	panic(http.ErrAbortHandler)
+}
+
+// heldResponse keeps an answer until the after-commit faults decide its
+// fate.
+type heldResponse struct {
+	header http.Header
+	status int
+	body   []byte
+}
+
+func (h *heldResponse) Header() http.Header { return h.header }
+
+func (h *heldResponse) WriteHeader(status int) {
+	if h.status == 0 {
+		h.status = status
+	}
+}
+
+func (h *heldResponse) Write(p []byte) (int, error) {
+	h.WriteHeader(http.StatusOK)
+	h.body = append(h.body, p...)
 	return len(p), nil
+}
+
+func (h *heldResponse) sendTo(w http.ResponseWriter) {
+	maps.Copy(w.Header(), h.header)
+	if h.status == 0 {
+		h.status = http.StatusOK
+	}
+	w.WriteHeader(h.status)
+	_, _ = w.Write(h.body)
 }

@@ -1,6 +1,7 @@
 package payments
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemprom"
 	"github.com/idem-go/idem/idemsqlite"
 )
@@ -25,14 +27,32 @@ import (
 // Config configures a Service. The zero value of every optional field means
 // its default.
 type Config struct {
-	// DB holds the service's tables and the idempotency keys. Required.
+	// DB is a SQLite database for the service's tables and, unless Keys is
+	// set, the idempotency keys. Exactly one of DB and Postgres is required.
 	// The Service does not close it.
 	DB *idemsqlite.DB
+	// Postgres is a PostgreSQL database (its schema) for the service's
+	// tables and, unless Keys is set, the idempotency keys: then every
+	// payment commits in one PostgreSQL transaction with its key. Exactly one
+	// of DB and Postgres is required. The Service does not close it.
+	Postgres *idempg.DB
+	// Keys is a separate store for the idempotency keys (an
+	// *idemredis.Store, say) instead of the database's own. The middleware
+	// then claims the key, runs the handler, whose writes commit on their
+	// own, and completes the key afterwards, even if Keys is an
+	// idem.TxStore; see "Two stores" in the package documentation for what
+	// that costs and how the service makes up for it. The Service does not
+	// close it. Defaults to nil: the keys live in DB or Postgres.
+	Keys idem.Store
 	// APIKeys maps each bearer API key to its tenant's name. Required,
 	// non-empty. ParseAPIKeys builds it from "tenant:key,…".
 	APIKeys map[string]string
 	// KeyTTL is how long an idempotency key is remembered. Defaults to 24h.
 	KeyTTL time.Duration
+	// KeyLease is how long an execution holds its key before a retry may
+	// take it over (after a crash, say); the handler's context ends at 90%
+	// of it. Defaults to 1m (idemhttp.DefaultLease).
+	KeyLease time.Duration
 	// InflightWait is how long a duplicate waits for the first request with
 	// its key to finish before it gets 409. Defaults to 5s.
 	InflightWait time.Duration
@@ -44,8 +64,15 @@ type Config struct {
 	// Faults makes the service honour the Idem-Fault request header (see
 	// HeaderFault). Never turn it on in production. Defaults to false.
 	Faults bool
-	// Clock stamps records and decides key expiry. Defaults to
-	// idem.SystemClock.
+	// Crash is what the crash-after-commit fault calls to end the process.
+	// Tests in one process inject a function that records the call and
+	// panics with http.ErrAbortHandler; if Crash returns, the service cuts
+	// the connection without an answer anyway. Defaults to SIGKILL of this
+	// process.
+	Crash func()
+	// Clock stamps records and, for the SQLite key store, decides key
+	// expiry; idempg and idemredis stores use their own (see their
+	// Config.Clock). Defaults to idem.SystemClock.
 	Clock idem.Clock
 	// Logger receives warnings and errors. Defaults to a logger that
 	// discards everything.
@@ -72,13 +99,21 @@ const (
 // Service is the payment service: its HTTP handler and its background key
 // purger.
 type Service struct {
-	store   storage
-	keys    *idemsqlite.Store
-	apiKeys []apiKey
-	clock   idem.Clock
-	logger  *slog.Logger
-	unsafe  bool
-	faults  bool
+	store     storage
+	keys      idem.Store
+	closeKeys func()
+	apiKeys   []apiKey
+	clock     idem.Clock
+	logger    *slog.Logger
+	unsafe    bool
+	faults    bool
+	// twoStores: the keys live apart from the money (Config.Keys), so the
+	// handler's writes commit before the key completes.
+	twoStores bool
+	// crashInHandler: crash-after-commit fires inside the handler, after its
+	// own commit, rather than outside the middleware (see HeaderFault).
+	crashInHandler bool
+	crashFn        func()
 
 	paymentsMW *idemhttp.Middleware
 	depositsMW *idemhttp.Middleware
@@ -92,9 +127,10 @@ type Service struct {
 	closeOnce sync.Once
 }
 
-// New checks cfg, applies the service's migrations, builds the idempotency
-// middleware on the same database, registers the metrics and starts the
-// purger of expired keys. Call Close to stop it.
+// New checks cfg, applies the service's migrations (and the key store's,
+// when the keys live in the same database), builds the idempotency
+// middleware, registers the metrics and starts the purger of expired keys.
+// Call Close to stop it.
 func New(ctx context.Context, cfg *Config) (*Service, error) {
 	if cfg == nil {
 		cfg = &Config{}
@@ -104,22 +140,25 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 		return nil, err
 	}
 
-	if err := migrateSQLite(ctx, c.DB); err != nil {
-		return nil, fmt.Errorf("payments: migrate: %w", err)
-	}
-	keys, err := idemsqlite.NewStore(ctx, c.DB, &idemsqlite.StoreConfig{Clock: c.Clock})
-	if err != nil {
-		return nil, fmt.Errorf("payments: idempotency store: %w", err)
-	}
-
 	s := &Service{
-		store:  &sqliteStorage{db: c.DB},
-		keys:   keys,
-		clock:  c.Clock,
-		logger: c.Logger,
-		unsafe: c.Unsafe,
-		faults: c.Faults,
+		clock:          c.Clock,
+		logger:         c.Logger,
+		unsafe:         c.Unsafe,
+		faults:         c.Faults,
+		twoStores:      c.Keys != nil && !c.Unsafe,
+		crashInHandler: c.Keys != nil || c.Unsafe,
+		crashFn:        c.Crash,
+		closeKeys:      func() {},
 	}
+	if err := s.openStorage(ctx, &c); err != nil {
+		return nil, err
+	}
+	built := false
+	defer func() {
+		if !built {
+			s.closeKeys()
+		}
+	}()
 	for k, tenant := range c.APIKeys {
 		s.apiKeys = append(s.apiKeys, apiKey{sum: sha256.Sum256([]byte(k)), tenant: tenant})
 	}
@@ -140,7 +179,9 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 		}
 		for _, m := range mws {
 			mw, err := idemhttp.New(&idemhttp.Config{
-				Store:        keys,
+				Store:        s.keys,
+				SeparateTx:   s.twoStores,
+				Lease:        c.KeyLease,
 				Optional:     m.optional,
 				Scope:        scopeByTenant,
 				TTL:          c.KeyTTL,
@@ -168,13 +209,54 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 	s.stop = stop
 	s.done = make(chan struct{})
 	go s.purge(pctx)
+	built = true
 	return s, nil
+}
+
+// openStorage applies the service's migrations to its database and picks
+// the key store: c.Keys, or one on the same database, whose same-transaction
+// form commits every write with its key.
+func (s *Service) openStorage(ctx context.Context, c *Config) error {
+	switch {
+	case c.DB != nil:
+		if err := migrateSQLite(ctx, c.DB); err != nil {
+			return fmt.Errorf("payments: migrate: %w", err)
+		}
+		s.store = &sqliteStorage{db: c.DB}
+		if c.Keys == nil {
+			keys, err := idemsqlite.NewStore(ctx, c.DB, &idemsqlite.StoreConfig{Clock: c.Clock})
+			if err != nil {
+				return fmt.Errorf("payments: idempotency store: %w", err)
+			}
+			s.keys = keys
+		}
+	default:
+		if err := migratePostgres(ctx, c.Postgres); err != nil {
+			return fmt.Errorf("payments: migrate: %w", err)
+		}
+		s.store = &pgStorage{db: c.Postgres}
+		if c.Keys == nil {
+			keys, err := idempg.NewStore(ctx, c.Postgres)
+			if err != nil {
+				return fmt.Errorf("payments: idempotency store: %w", err)
+			}
+			s.keys = keys
+			s.closeKeys = keys.Close
+		}
+	}
+	if c.Keys != nil {
+		s.keys = c.Keys
+	}
+	return nil
 }
 
 func (c *Config) defaults() error {
 	var problems []string
-	if c.DB == nil {
-		problems = append(problems, "DB is required")
+	switch {
+	case c.DB == nil && c.Postgres == nil:
+		problems = append(problems, "a database is required: set DB (SQLite) or Postgres")
+	case c.DB != nil && c.Postgres != nil:
+		problems = append(problems, "DB (SQLite) and Postgres are both set; set exactly one")
 	}
 	if len(c.APIKeys) == 0 {
 		problems = append(problems, "APIKeys must hold at least one key")
@@ -190,6 +272,12 @@ func (c *Config) defaults() error {
 	if c.KeyTTL < 0 {
 		problems = append(problems, fmt.Sprintf("KeyTTL must not be negative, got %s", c.KeyTTL))
 	}
+	if c.KeyLease < 0 {
+		problems = append(problems, fmt.Sprintf("KeyLease must not be negative, got %s", c.KeyLease))
+	}
+	if ttl, lease := cmp.Or(c.KeyTTL, DefaultKeyTTL), cmp.Or(c.KeyLease, idemhttp.DefaultLease); c.KeyTTL >= 0 && c.KeyLease >= 0 && lease > ttl {
+		problems = append(problems, fmt.Sprintf("KeyLease (%s) must not be longer than KeyTTL (%s)", lease, ttl))
+	}
 	if c.InflightWait < 0 {
 		problems = append(problems, fmt.Sprintf("InflightWait must not be negative, got %s", c.InflightWait))
 	}
@@ -200,8 +288,14 @@ func (c *Config) defaults() error {
 	if c.KeyTTL == 0 {
 		c.KeyTTL = DefaultKeyTTL
 	}
+	if c.KeyLease == 0 {
+		c.KeyLease = idemhttp.DefaultLease
+	}
 	if c.InflightWait == 0 {
 		c.InflightWait = DefaultInflightWait
+	}
+	if c.Crash == nil {
+		c.Crash = killSelf
 	}
 	if c.Clock == nil {
 		c.Clock = idem.SystemClock{}
@@ -220,12 +314,14 @@ func (c *Config) defaults() error {
 // /metrics.
 func (s *Service) Handler() http.Handler { return s.handler }
 
-// Close stops the purger and waits for it. It does not close the DB.
-// Calling it again does nothing.
+// Close stops the purger and waits for it, and closes the key store New
+// opened (idempg's listener). It closes neither the database nor
+// Config.Keys. Calling it again does nothing.
 func (s *Service) Close() error {
 	s.closeOnce.Do(func() {
 		s.stop()
 		<-s.done
+		s.closeKeys()
 	})
 	return nil
 }
@@ -255,7 +351,7 @@ func keep(r *http.Request, status int) bool {
 }
 
 // purge deletes expired keys every purgeInterval, in batches small enough
-// not to hold SQLite's writer for long.
+// not to hold SQLite's writer (or PostgreSQL's row locks) for long.
 func (s *Service) purge(ctx context.Context) {
 	defer close(s.done)
 	t := time.NewTicker(purgeInterval)

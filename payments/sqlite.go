@@ -52,6 +52,28 @@ func migrateSQLite(ctx context.Context, db *idemsqlite.DB) error {
 	return db.Migrate(ctx, migrationComponent, sub)
 }
 
+// write runs fn in WithTx. A failure to begin (fn never ran) wrote
+// nothing and is transient; a failure after fn succeeded is the commit's,
+// and is marked with errOutcomeUnknown: after a failed commit nobody knows
+// whether it happened.
+func (s *sqliteStorage) write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	var ran bool
+	var fnErr error
+	err := s.db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		ran = true
+		fnErr = fn(ctx, tx)
+		return fnErr
+	})
+	switch {
+	case err == nil || fnErr != nil:
+		return err
+	case !ran:
+		return fmt.Errorf("begin: %w", errors.Join(err, ErrTransient))
+	default:
+		return fmt.Errorf("%w: %w", errOutcomeUnknown, err)
+	}
+}
+
 func formatTime(t time.Time) string { return t.UTC().Format(timeLayout) }
 
 func parseTime(s string) (time.Time, error) {
@@ -63,7 +85,7 @@ func parseTime(s string) (time.Time, error) {
 }
 
 func (s *sqliteStorage) CreateAccount(ctx context.Context, a Account) error {
-	return s.db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	return s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx,
 			`INSERT INTO accounts (id, tenant, balance, currency, created_at) VALUES (?, ?, ?, ?, ?)`,
 			a.ID, a.Tenant, a.Balance, a.Currency, formatTime(a.CreatedAt))
@@ -96,9 +118,19 @@ func (s *sqliteStorage) Account(ctx context.Context, tenant, id string) (Account
 // the transaction function and the refusal after it: a refusal has written
 // nothing, and under the idempotency middleware the enclosing transaction
 // must still commit so that the 402 or 404 answer is stored with the key.
-func (s *sqliteStorage) CreatePayment(ctx context.Context, p Payment) error {
+//
+// The order matters. The payment an earlier execution of the same origin
+// made is looked for before the balance is checked, so a re-run answers
+// with that payment rather than with a 402 caused by its own debit. The
+// payment row is inserted before the debit, and its unique constraint is
+// what finally decides: a row that is already there means nothing is
+// debited. (SQLite has one writer, so the look-up and the insert cannot
+// disagree; the insert still does not trust it.)
+func (s *sqliteStorage) CreatePayment(ctx context.Context, p Payment, o origin) (Payment, error) {
 	var refusal error
-	err := s.db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	var out Payment
+	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		refusal, out = nil, Payment{}
 		var balance int64
 		var currency string
 		err := tx.QueryRowContext(ctx,
@@ -110,6 +142,14 @@ func (s *sqliteStorage) CreatePayment(ctx context.Context, p Payment) error {
 			return nil
 		case err != nil:
 			return fmt.Errorf("read account: %w", err)
+		}
+		if existing, found, err := s.paymentOf(ctx, tx, p.Tenant, o); err != nil {
+			return err
+		} else if found {
+			out, refusal = existingPayment(existing, p)
+			return nil
+		}
+		switch {
 		case currency != p.Currency:
 			refusal = &FieldError{Field: "currency",
 				Reason: fmt.Sprintf("is %s but the account holds %s", p.Currency, currency),
@@ -119,9 +159,31 @@ func (s *sqliteStorage) CreatePayment(ctx context.Context, p Payment) error {
 			refusal = ErrInsufficientFunds
 			return nil
 		}
+		key, claimedAt := o.sqliteArgs()
+		res, err := tx.ExecContext(ctx,
+			`INSERT INTO payments (id, tenant, account_id, amount, currency, description, status, created_at, idempotency_key, key_claimed_at)
+			 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			 ON CONFLICT (tenant, idempotency_key, key_claimed_at) DO NOTHING`,
+			p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, formatTime(p.CreatedAt), key, claimedAt)
+		if err != nil {
+			return fmt.Errorf("insert payment: %w", err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return fmt.Errorf("insert payment: %w", err)
+		} else if n != 1 {
+			existing, found, err := s.paymentOf(ctx, tx, p.Tenant, o)
+			if err != nil {
+				return err
+			}
+			if !found {
+				return errors.New("insert payment: conflict on the idempotency origin, but no payment has it")
+			}
+			out, refusal = existingPayment(existing, p)
+			return nil
+		}
 		// The balance condition repeats the check above inside the write
 		// itself, so no interleaving of requests can take it below zero.
-		res, err := tx.ExecContext(ctx,
+		res, err = tx.ExecContext(ctx,
 			`UPDATE accounts SET balance = balance - ? WHERE id = ? AND tenant = ? AND balance >= ?`,
 			p.Amount, p.AccountID, p.Tenant, p.Amount)
 		if err != nil {
@@ -132,22 +194,63 @@ func (s *sqliteStorage) CreatePayment(ctx context.Context, p Payment) error {
 			return fmt.Errorf("debit account: %w", err)
 		}
 		if n != 1 {
-			refusal = ErrInsufficientFunds
-			return nil
+			// Only possible if something wrote the balance between the check
+			// and here, which the single writer rules out; failing undoes
+			// the payment row with the rest.
+			return errors.New("debit account: the balance changed during the transaction")
 		}
-		_, err = tx.ExecContext(ctx,
-			`INSERT INTO payments (id, tenant, account_id, amount, currency, description, status, created_at)
-			 VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-			p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, formatTime(p.CreatedAt))
-		if err != nil {
-			return fmt.Errorf("insert payment: %w", err)
-		}
+		out = p
 		return injectBeforeCommit(ctx)
 	})
 	if err != nil {
-		return err
+		return Payment{}, err
 	}
-	return refusal
+	if refusal != nil {
+		return Payment{}, refusal
+	}
+	return out, nil
+}
+
+// existingPayment is the answer to a payment whose origin already made one:
+// that payment, or ErrKeyConflict when it is not the same payment.
+func existingPayment(existing, p Payment) (Payment, error) {
+	if !samePayment(existing, p) {
+		return Payment{}, ErrKeyConflict
+	}
+	return existing, nil
+}
+
+func existingDeposit(existing, d Deposit) (Deposit, error) {
+	if !sameDeposit(existing, d) {
+		return Deposit{}, ErrKeyConflict
+	}
+	return existing, nil
+}
+
+// sqliteArgs are o's column values: NULLs for none.
+func (o origin) sqliteArgs() (key, claimedAt any) {
+	if o.none() {
+		return nil, nil
+	}
+	return o.key, formatTime(o.claimedAt)
+}
+
+// paymentOf returns the payment o made, if any.
+func (s *sqliteStorage) paymentOf(ctx context.Context, tx *sql.Tx, tenant string, o origin) (Payment, bool, error) {
+	if o.none() {
+		return Payment{}, false, nil
+	}
+	key, claimedAt := o.sqliteArgs()
+	p, err := scanPayment(tx.QueryRowContext(ctx,
+		`SELECT `+paymentColumns+` FROM payments WHERE tenant = ? AND idempotency_key = ? AND key_claimed_at = ?`,
+		tenant, key, claimedAt))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Payment{}, false, nil
+	}
+	if err != nil {
+		return Payment{}, false, fmt.Errorf("read the payment of the idempotency key: %w", err)
+	}
+	return p, true, nil
 }
 
 const paymentColumns = `id, tenant, account_id, amount, currency, description, status, created_at`
@@ -219,12 +322,15 @@ func (s *sqliteStorage) AccountPayments(ctx context.Context, tenant, accountID s
 	return list, more, nil
 }
 
-// CreateDeposit refuses like CreatePayment: nil from the transaction
-// function, the refusal after it.
-func (s *sqliteStorage) CreateDeposit(ctx context.Context, d Deposit) (int64, error) {
+// CreateDeposit refuses like CreatePayment, and orders its steps the same
+// way: the deposit of the same origin first, then the insert, then the
+// credit.
+func (s *sqliteStorage) CreateDeposit(ctx context.Context, d Deposit, o origin) (Deposit, error) {
 	var refusal error
-	var balance int64
-	err := s.db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	var out Deposit
+	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		refusal, out = nil, Deposit{}
+		var balance int64
 		err := tx.QueryRowContext(ctx,
 			`SELECT balance FROM accounts WHERE id = ? AND tenant = ?`, d.AccountID, d.Tenant).Scan(&balance)
 		switch {
@@ -233,35 +339,84 @@ func (s *sqliteStorage) CreateDeposit(ctx context.Context, d Deposit) (int64, er
 			return nil
 		case err != nil:
 			return fmt.Errorf("read account: %w", err)
-		case balance > math.MaxInt64-d.Amount:
+		}
+		if existing, found, err := s.depositOf(ctx, tx, d.Tenant, o); err != nil {
+			return err
+		} else if found {
+			out, refusal = existingDeposit(existing, d)
+			return nil
+		}
+		if balance > math.MaxInt64-d.Amount {
 			refusal = ErrBalanceOverflow
 			return nil
 		}
-		err = tx.QueryRowContext(ctx,
-			`UPDATE accounts SET balance = balance + ? WHERE id = ? AND tenant = ? AND balance <= ? RETURNING balance`,
-			d.Amount, d.AccountID, d.Tenant, math.MaxInt64-d.Amount).Scan(&balance)
-		if errors.Is(err, sql.ErrNoRows) {
-			refusal = ErrBalanceOverflow
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("credit account: %w", err)
-		}
-		_, err = tx.ExecContext(ctx,
-			`INSERT INTO deposits (id, tenant, account_id, amount, balance_after, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
-			d.ID, d.Tenant, d.AccountID, d.Amount, balance, formatTime(d.CreatedAt))
+		d.Balance = balance + d.Amount
+		key, claimedAt := o.sqliteArgs()
+		res, err := tx.ExecContext(ctx,
+			`INSERT INTO deposits (id, tenant, account_id, amount, balance_after, created_at, idempotency_key, key_claimed_at)
+			 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+			 ON CONFLICT (tenant, idempotency_key, key_claimed_at) DO NOTHING`,
+			d.ID, d.Tenant, d.AccountID, d.Amount, d.Balance, formatTime(d.CreatedAt), key, claimedAt)
 		if err != nil {
 			return fmt.Errorf("insert deposit: %w", err)
 		}
+		if n, err := res.RowsAffected(); err != nil {
+			return fmt.Errorf("insert deposit: %w", err)
+		} else if n != 1 {
+			existing, found, err := s.depositOf(ctx, tx, d.Tenant, o)
+			if err != nil {
+				return err
+			}
+			if !found {
+				return errors.New("insert deposit: conflict on the idempotency origin, but no deposit has it")
+			}
+			out, refusal = existingDeposit(existing, d)
+			return nil
+		}
+		var after int64
+		err = tx.QueryRowContext(ctx,
+			`UPDATE accounts SET balance = balance + ? WHERE id = ? AND tenant = ? AND balance <= ? RETURNING balance`,
+			d.Amount, d.AccountID, d.Tenant, math.MaxInt64-d.Amount).Scan(&after)
+		if err != nil {
+			return fmt.Errorf("credit account: %w", err)
+		}
+		if after != d.Balance {
+			return fmt.Errorf("credit account: the balance changed during the transaction (%d, expected %d)", after, d.Balance)
+		}
+		out = d
 		return injectBeforeCommit(ctx)
 	})
 	if err != nil {
-		return 0, err
+		return Deposit{}, err
 	}
 	if refusal != nil {
-		return 0, refusal
+		return Deposit{}, refusal
 	}
-	return balance, nil
+	return out, nil
+}
+
+// depositOf returns the deposit o made, if any.
+func (s *sqliteStorage) depositOf(ctx context.Context, tx *sql.Tx, tenant string, o origin) (Deposit, bool, error) {
+	if o.none() {
+		return Deposit{}, false, nil
+	}
+	key, claimedAt := o.sqliteArgs()
+	d := Deposit{Tenant: tenant}
+	var created string
+	err := tx.QueryRowContext(ctx,
+		`SELECT id, account_id, amount, balance_after, created_at FROM deposits
+		 WHERE tenant = ? AND idempotency_key = ? AND key_claimed_at = ?`,
+		tenant, key, claimedAt).Scan(&d.ID, &d.AccountID, &d.Amount, &d.Balance, &created)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Deposit{}, false, nil
+	}
+	if err != nil {
+		return Deposit{}, false, fmt.Errorf("read the deposit of the idempotency key: %w", err)
+	}
+	if d.CreatedAt, err = parseTime(created); err != nil {
+		return Deposit{}, false, err
+	}
+	return d, true, nil
 }
 
 // Counts reads the totals from the database rather than counting in

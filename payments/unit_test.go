@@ -3,10 +3,20 @@ package payments
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/idemsqlite"
 )
 
 func TestParseFaults(t *testing.T) {
@@ -21,6 +31,8 @@ func TestParseFaults(t *testing.T) {
 		{in: "delay=300ms,drop-after-commit", want: faults{delay: 300 * time.Millisecond, dropAfterCommit: true}},
 		{in: " fail-before-commit , delay = 1s ", want: faults{delay: time.Second, failBeforeCommit: true}},
 		{in: "drop-after-commit,,", want: faults{dropAfterCommit: true}},
+		{in: "crash-after-commit, delay=5ms", want: faults{delay: 5 * time.Millisecond, crashAfterCommit: true}},
+		{in: "crash-after-commit=now", wantErr: "unknown fault"},
 		{in: "delay=0s", want: faults{}},
 		{in: "explode", wantErr: `unknown fault "explode"`},
 		{in: "delay", wantErr: `unknown fault "delay"`},
@@ -157,7 +169,11 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		cfg  *Config
 		want string
 	}{
-		{"nil", nil, "DB is required"},
+		{"nil", nil, "a database is required: set DB (SQLite) or Postgres"},
+		{"both databases", &Config{DB: &idemsqlite.DB{}, Postgres: &idempg.DB{}}, "set exactly one"},
+		{"negative lease", &Config{KeyLease: -time.Second}, "KeyLease must not be negative"},
+		{"lease beyond TTL", &Config{KeyLease: time.Hour, KeyTTL: time.Minute}, "KeyLease (1h0m0s) must not be longer than KeyTTL (1m0s)"},
+		{"default lease beyond TTL", &Config{KeyTTL: time.Second}, "KeyLease (1m0s) must not be longer than KeyTTL (1s)"},
 		{"no keys", &Config{}, "APIKeys must hold at least one key"},
 		{"empty tenant", &Config{APIKeys: map[string]string{"k": ""}}, "empty tenant"},
 		{"negative TTL", &Config{KeyTTL: -time.Second}, "KeyTTL must not be negative"},
@@ -167,6 +183,39 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		_, err := New(context.Background(), tt.cfg)
 		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: New error = %v, want ErrConfig mentioning %q", tt.name, err, tt.want)
+		}
+	}
+}
+
+func TestPGErrorClassification(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		err       error
+		transient bool
+	}{
+		{"serialization failure", &pgconn.PgError{Code: "40001"}, true},
+		{"deadlock", &pgconn.PgError{Code: "40P01"}, true},
+		{"admin shutdown", &pgconn.PgError{Code: "57P01"}, true},
+		{"connection failure", &pgconn.PgError{Code: "08006"}, true},
+		{"too many connections", &pgconn.PgError{Code: "53300"}, true},
+		{"unique violation", &pgconn.PgError{Code: "23505"}, false},
+		{"check violation", &pgconn.PgError{Code: "23514"}, false},
+		{"undefined table", &pgconn.PgError{Code: "42P01"}, false},
+		{"no rows", pgx.ErrNoRows, false},
+		{"conn closed", fmt.Errorf("query: %w", pgconn.ErrConnClosed), true},
+		{"socket reset", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, true},
+		{"truncated answer", fmt.Errorf("receive: %w", io.ErrUnexpectedEOF), true},
+		{"deadline", context.DeadlineExceeded, true},
+		{"a bug", errors.New("cannot scan text into *int64"), false},
+	}
+	for _, tt := range tests {
+		err := pgErr("op", tt.err)
+		if got := errors.Is(err, ErrTransient); got != tt.transient {
+			t.Errorf("%s: pgErr(%v) transient = %v, want %v", tt.name, tt.err, got, tt.transient)
+		}
+		if !errors.Is(err, tt.err) || !strings.HasPrefix(err.Error(), "op: ") {
+			t.Errorf("%s: pgErr(%v) = %v; want it to wrap the error under the operation's name", tt.name, tt.err, err)
 		}
 	}
 }

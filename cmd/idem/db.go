@@ -1,14 +1,19 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/idemredis"
 	"github.com/idem-go/idem/idemsqlite"
 )
 
@@ -16,50 +21,209 @@ import (
 // file beside the working directory, so `idem serve` works with no setup.
 const defaultDB = "sqlite:idem.db"
 
-const supportedDBs = "sqlite:PATH or sqlite://PATH"
+const supportedDBs = "sqlite:PATH, sqlite://PATH or postgres://USER@HOST/DB (postgresql:// too)"
 
-// parseDB turns a --db value into the path of a SQLite file. It never
-// echoes the value back in an error: a database URL may carry a password.
-func parseDB(s string) (string, error) {
+// Defaults of the flags that go with --db and --keys.
+const (
+	defaultPGSchema   = "idem"
+	defaultKeysPrefix = "idem"
+)
+
+// dbTarget is a parsed --db value.
+type dbTarget struct {
+	// postgres is set for a PostgreSQL URL; else path names a SQLite file.
+	postgres bool
+	path     string
+	url      string
+	// shown is what messages may say: the path, or the URL with its
+	// password redacted.
+	shown string
+}
+
+// parseDB parses a --db value. It never echoes a URL with its password: a
+// database URL may carry one.
+func parseDB(s string) (dbTarget, error) {
 	scheme, rest, ok := strings.Cut(s, ":")
 	if !ok || scheme == "" || strings.ContainsAny(scheme, "/\\. ") {
-		return "", fmt.Errorf("--db needs a scheme; supported: %s (for example %s)", supportedDBs, defaultDB)
+		return dbTarget{}, fmt.Errorf("--db needs a scheme; supported: %s (for example %s)", supportedDBs, defaultDB)
 	}
 	switch strings.ToLower(scheme) {
 	case "sqlite":
 		path := strings.TrimPrefix(rest, "//")
 		if path == "" {
-			return "", fmt.Errorf("--db sqlite: needs a file path; supported: %s", supportedDBs)
+			return dbTarget{}, fmt.Errorf("--db sqlite: needs a file path; supported: %s", supportedDBs)
 		}
-		return path, nil
+		return dbTarget{path: path, shown: path}, nil
 	case "postgres", "postgresql":
-		return "", fmt.Errorf("--db: PostgreSQL is not supported yet; supported: %s", supportedDBs)
+		shown, err := redactURL(s)
+		if err != nil {
+			return dbTarget{}, fmt.Errorf("--db: %w", err)
+		}
+		return dbTarget{postgres: true, url: s, shown: shown}, nil
 	default:
-		return "", fmt.Errorf("--db: unsupported database scheme %q; supported: %s", scheme, supportedDBs)
+		return dbTarget{}, fmt.Errorf("--db: unsupported database scheme %q; supported: %s", scheme, supportedDBs)
 	}
 }
 
-// dbFlag adds the --db flag to cmd.
-func dbFlag(cmd *cobra.Command, dst *string) {
-	cmd.Flags().StringVar(dst, "db", defaultDB, "database: "+supportedDBs)
+// redactURL returns raw with its password replaced, for messages. A URL
+// that does not parse is not shown at all: net/url's error would quote it,
+// password included.
+func redactURL(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", errors.New("the URL does not parse (it is not shown, as it may hold a password)")
+	}
+	return u.Redacted(), nil
 }
 
-// openDB opens the database named by a --db value. With mustExist, a file
-// that is not there is an error instead of a new, empty database: tools
-// that inspect data should not create it by mistake.
-func openDB(dbURL string, mustExist bool) (*idemsqlite.DB, error) {
-	path, err := parseDB(dbURL)
+// scrubbed returns err with every occurrence of raw's password replaced, for
+// errors from drivers that might quote the URL they were given.
+func scrubbed(err error, raw string) error {
+	if err == nil {
+		return nil
+	}
+	u, perr := url.Parse(raw)
+	if perr != nil || u.User == nil {
+		return err
+	}
+	pw, ok := u.User.Password()
+	if !ok || pw == "" || !strings.Contains(err.Error(), pw) {
+		return err
+	}
+	return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
+}
+
+// dbFlags adds --db and --pg-schema to cmd.
+func dbFlags(cmd *cobra.Command, dbURL, pgSchema *string) {
+	cmd.Flags().StringVar(dbURL, "db", defaultDB, "database: "+supportedDBs)
+	cmd.Flags().StringVar(pgSchema, "pg-schema", defaultPGSchema, "PostgreSQL schema for the tables (with --db postgres://…)")
+}
+
+// keysFlags adds --keys and --keys-prefix to cmd.
+func keysFlags(cmd *cobra.Command, keysURL, prefix *string) {
+	cmd.Flags().StringVar(keysURL, "keys", "", "separate store for the idempotency keys: redis://HOST:PORT/DB (rediss:// too); default: the --db database")
+	cmd.Flags().StringVar(prefix, "keys-prefix", defaultKeysPrefix, "prefix of the Redis keys (with --keys redis://…)")
+}
+
+// database is an open --db database: exactly one of sqlite and pg is set.
+type database struct {
+	sqlite *idemsqlite.DB
+	pg     *idempg.DB
+	// shown names it in messages, without a password.
+	shown string
+}
+
+func (d *database) Close() error {
+	if d.pg != nil {
+		d.pg.Close()
+		return nil
+	}
+	return d.sqlite.Close()
+}
+
+// openDB opens the database named by a --db value (pgSchema is its schema
+// when it is PostgreSQL). With mustExist, a SQLite file that is not there is
+// an error instead of a new, empty database: tools that inspect data should
+// not create it by mistake.
+func openDB(ctx context.Context, dbURL, pgSchema string, mustExist bool) (*database, error) {
+	t, err := parseDB(dbURL)
 	if err != nil {
 		return nil, err
 	}
+	if t.postgres {
+		db, err := idempg.Open(ctx, t.url, &idempg.Config{Schema: pgSchema})
+		if err != nil {
+			return nil, fmt.Errorf("opening PostgreSQL %s (schema %s): %w", t.shown, pgSchema, scrubbed(err, t.url))
+		}
+		return &database{pg: db, shown: fmt.Sprintf("%s (schema %s)", t.shown, pgSchema)}, nil
+	}
 	if mustExist {
-		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("database %s does not exist (create it with 'idem migrate --db %s')", path, dbURL)
+		if _, err := os.Stat(t.path); errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("database %s does not exist (create it with 'idem migrate --db %s')", t.path, dbURL)
 		}
 	}
-	db, err := idemsqlite.Open(path, nil)
+	db, err := idemsqlite.Open(t.path, nil)
 	if err != nil {
-		return nil, fmt.Errorf("opening database %s: %w", path, err)
+		return nil, fmt.Errorf("opening database %s: %w", t.path, err)
 	}
-	return db, nil
+	return &database{sqlite: db, shown: t.path}, nil
+}
+
+// keysTarget is a parsed --keys value.
+type keysTarget struct {
+	url, shown string
+}
+
+// parseKeys parses a --keys value. Like parseDB, it never echoes a
+// password.
+func parseKeys(s string) (keysTarget, error) {
+	scheme, _, ok := strings.Cut(s, "://")
+	switch {
+	case !ok:
+		return keysTarget{}, errors.New("--keys needs a URL: redis://HOST:PORT/DB or rediss://HOST:PORT/DB")
+	case !strings.EqualFold(scheme, "redis") && !strings.EqualFold(scheme, "rediss"):
+		if strings.ContainsAny(scheme, "@:/") {
+			return keysTarget{}, errors.New("--keys: unsupported key store; supported: redis://HOST:PORT/DB, rediss://HOST:PORT/DB")
+		}
+		return keysTarget{}, fmt.Errorf("--keys: unsupported key store scheme %q; supported: redis://HOST:PORT/DB, rediss://HOST:PORT/DB", scheme)
+	}
+	shown, err := redactURL(s)
+	if err != nil {
+		return keysTarget{}, fmt.Errorf("--keys: %w", err)
+	}
+	return keysTarget{url: s, shown: shown}, nil
+}
+
+// openKeys opens the Redis key store named by a --keys value.
+func openKeys(ctx context.Context, keysURL, prefix string) (*idemredis.Store, keysTarget, error) {
+	t, err := parseKeys(keysURL)
+	if err != nil {
+		return nil, t, err
+	}
+	s, err := idemredis.Open(ctx, t.url, &idemredis.Config{Prefix: prefix})
+	if err != nil {
+		return nil, t, fmt.Errorf("opening the Redis key store %s: %w", t.shown, scrubbed(err, t.url))
+	}
+	return s, t, nil
+}
+
+// keyStore opens the idempotency key store the tools work on: the Redis
+// one when keysURL is set, else the one in the database. The returned
+// function closes what it opened, the database included.
+func keyStore(ctx context.Context, dbURL, pgSchema, keysURL, prefix string) (idem.Store, func() error, error) {
+	if keysURL != "" {
+		rs, _, err := openKeys(ctx, keysURL, prefix)
+		if err != nil {
+			return nil, nil, err
+		}
+		return rs, rs.Close, nil
+	}
+	db, err := openDB(ctx, dbURL, pgSchema, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	if db.pg != nil {
+		s, err := idempg.NewStore(ctx, db.pg)
+		if err != nil {
+			return nil, nil, errors.Join(fmt.Errorf("opening the idempotency store: %w", err), db.Close())
+		}
+		return s, func() error { s.Close(); return db.Close() }, nil
+	}
+	s, err := idemsqlite.NewStore(ctx, db.sqlite, nil)
+	if err != nil {
+		return nil, nil, errors.Join(fmt.Errorf("opening the idempotency store: %w", err), db.Close())
+	}
+	return s, db.Close, nil
+}
+
+// checkPGSchema refuses --pg-schema without a PostgreSQL --db, where it
+// would be silently ignored.
+func checkPGSchema(cmd *cobra.Command, dbURL string) error {
+	if !cmd.Flags().Changed("pg-schema") {
+		return nil
+	}
+	if t, err := parseDB(dbURL); err == nil && !t.postgres {
+		return errors.New("--pg-schema applies only to --db postgres://…")
+	}
+	return nil
 }

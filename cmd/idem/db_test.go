@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -8,42 +9,88 @@ import (
 func TestParseDB(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		in      string
-		path    string
-		errHas  string
-		secrets string // must not appear in the error
+		in       string
+		path     string
+		postgres bool
+		shown    string
+		errHas   string
+		secrets  string // must appear neither in the error nor in shown
 	}{
-		{in: "sqlite:idem.db", path: "idem.db"},
-		{in: "sqlite://idem.db", path: "idem.db"},
-		{in: "sqlite:///var/lib/idem/idem.db", path: "/var/lib/idem/idem.db"},
-		{in: "sqlite:/tmp/x.db", path: "/tmp/x.db"},
-		{in: "SQLite:dir/x.db", path: "dir/x.db"},
+		{in: "sqlite:idem.db", path: "idem.db", shown: "idem.db"},
+		{in: "sqlite://idem.db", path: "idem.db", shown: "idem.db"},
+		{in: "sqlite:///var/lib/idem/idem.db", path: "/var/lib/idem/idem.db", shown: "/var/lib/idem/idem.db"},
+		{in: "sqlite:/tmp/x.db", path: "/tmp/x.db", shown: "/tmp/x.db"},
+		{in: "SQLite:dir/x.db", path: "dir/x.db", shown: "dir/x.db"},
+		{in: "postgres://u:pw1@h/db", postgres: true, shown: "postgres://u:xxxxx@h/db", secrets: "pw1"},
+		{in: "postgresql://u:pw2@h:5433/db?sslmode=disable", postgres: true, shown: "postgresql://u:xxxxx@h:5433/db?sslmode=disable", secrets: "pw2"},
+		{in: "postgres://postgres@127.0.0.1/test", postgres: true, shown: "postgres://postgres@127.0.0.1/test"},
 		{in: "sqlite:", errHas: "needs a file path"},
 		{in: "sqlite://", errHas: "needs a file path"},
 		{in: "idem.db", errHas: "needs a scheme"},
 		{in: "./x:y.db", errHas: "needs a scheme"},
 		{in: "", errHas: "needs a scheme"},
-		{in: "postgres://u:pw1@h/db", errHas: "PostgreSQL is not supported yet", secrets: "pw1"},
-		{in: "postgresql://u:pw2@h/db", errHas: "PostgreSQL is not supported yet", secrets: "pw2"},
-		{in: "mysql://u:pw3@h/db", errHas: `unsupported database scheme "mysql"`, secrets: "pw3"},
+		{in: "postgres://u:pw%zz3@h/db", errHas: "does not parse", secrets: "pw%zz3"},
+		{in: "mysql://u:pw4@h/db", errHas: `unsupported database scheme "mysql"`, secrets: "pw4"},
 	} {
-		path, err := parseDB(tc.in)
+		got, err := parseDB(tc.in)
 		if tc.errHas == "" {
-			if err != nil || path != tc.path {
-				t.Errorf("parseDB(%q) = %q, %v; want %q", tc.in, path, err, tc.path)
+			if err != nil || got.postgres != tc.postgres || got.path != tc.path || got.shown != tc.shown {
+				t.Errorf("parseDB(%q) = %+v, %v; want postgres=%v path %q shown %q", tc.in, got, err, tc.postgres, tc.path, tc.shown)
 			}
-			continue
+			if tc.postgres && got.url != tc.in {
+				t.Errorf("parseDB(%q).url = %q, want the URL unchanged", tc.in, got.url)
+			}
+		} else if err == nil || !strings.Contains(err.Error(), tc.errHas) {
+			t.Errorf("parseDB(%q) error %v; want it to contain %q", tc.in, err, tc.errHas)
 		}
-		if err == nil {
-			t.Errorf("parseDB(%q) = %q, nil; want an error with %q", tc.in, path, tc.errHas)
-			continue
+		if err != nil && strings.Contains(tc.errHas, "scheme") && (!strings.Contains(err.Error(), "sqlite:PATH") || !strings.Contains(err.Error(), "postgres://")) {
+			t.Errorf("parseDB(%q) error %q does not name the supported schemes", tc.in, err)
 		}
-		if !strings.Contains(err.Error(), tc.errHas) || !strings.Contains(err.Error(), "sqlite:PATH") {
-			t.Errorf("parseDB(%q) error %q; want it to contain %q and name the supported schemes", tc.in, err, tc.errHas)
+		if tc.secrets != "" && (strings.Contains(got.shown, tc.secrets) || err != nil && strings.Contains(err.Error(), tc.secrets)) {
+			t.Errorf("parseDB(%q) leaks %q: shown %q, error %v", tc.in, tc.secrets, got.shown, err)
 		}
-		if tc.secrets != "" && strings.Contains(err.Error(), tc.secrets) {
-			t.Errorf("parseDB(%q) error %q leaks %q", tc.in, err, tc.secrets)
+	}
+}
+
+func TestParseKeys(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in, shown, errHas, secret string
+	}{
+		{in: "redis://127.0.0.1:6379/0", shown: "redis://127.0.0.1:6379/0"},
+		{in: "rediss://:pw1@cache.example:6380/2", shown: "rediss://:xxxxx@cache.example:6380/2", secret: "pw1"},
+		{in: "REDIS://h/0", shown: "redis://h/0"},
+		{in: "127.0.0.1:6379", errHas: "needs a URL"},
+		{in: "memcached://u:pw2@h", errHas: `unsupported key store scheme "memcached"`, secret: "pw2"},
+		{in: "redis://:pw%zz3@h/0", errHas: "does not parse", secret: "pw%zz3"},
+	} {
+		got, err := parseKeys(tc.in)
+		if tc.errHas == "" {
+			if err != nil || got.shown != tc.shown || got.url != tc.in {
+				t.Errorf("parseKeys(%q) = %+v, %v; want shown %q", tc.in, got, err, tc.shown)
+			}
+		} else if err == nil || !strings.Contains(err.Error(), tc.errHas) {
+			t.Errorf("parseKeys(%q) error %v; want it to contain %q", tc.in, err, tc.errHas)
 		}
+		if tc.secret != "" && (strings.Contains(got.shown, tc.secret) || err != nil && strings.Contains(err.Error(), tc.secret)) {
+			t.Errorf("parseKeys(%q) leaks %q: shown %q, error %v", tc.in, tc.secret, got.shown, err)
+		}
+	}
+}
+
+func TestScrubbed(t *testing.T) {
+	t.Parallel()
+	err := errors.New("dial postgres://u:hunter2@h/db: refused (hunter2)")
+	got := scrubbed(err, "postgres://u:hunter2@h/db")
+	if strings.Contains(got.Error(), "hunter2") || !strings.Contains(got.Error(), "refused") {
+		t.Errorf("scrubbed = %q", got)
+	}
+	plain := errors.New("refused")
+	if scrubbed(plain, "postgres://u@h/db") != plain || scrubbed(plain, "postgres://u:pw@h/db") != plain {
+		t.Errorf("scrubbed changed an error without a password in it")
+	}
+	if scrubbed(nil, "postgres://u:pw@h/db") != nil {
+		t.Errorf("scrubbed(nil) != nil")
 	}
 }
 

@@ -9,6 +9,16 @@
 // `idem demo` needs no flags and no setup: it is the place to start.
 // `idem <command> --help` describes each command's flags.
 //
+// Data lives in --db: a SQLite file (sqlite:idem.db, the default) or a
+// PostgreSQL schema (--db postgres://USER@HOST/DB --pg-schema idem) that
+// several `idem serve` replicas behind a load balancer can share; a key
+// claimed on one replica is then claimed for all. The idempotency keys live
+// in the same database, and commit with each payment in one transaction,
+// unless --keys redis://HOST:PORT/DB puts them in Redis (--keys-prefix).
+// `idem serve` and `idem migrate` create or update the tables; on
+// PostgreSQL several processes may do so at once. URLs are never printed
+// with their passwords.
+//
 // Configuration comes from flags, and for secrets also from the environment:
 // IDEM_API_KEYS holds the service's API keys ("tenant:key,tenant2:key2")
 // when --api-keys is not given. Only this command reads flags and the

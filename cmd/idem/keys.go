@@ -17,7 +17,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/idemsqlite"
 )
 
 // purgeBatch keeps each purge transaction short, so a purge run beside a
@@ -35,19 +34,24 @@ func (a *app) keysCmd() *cobra.Command {
 }
 
 func (a *app) keysPurgeCmd() *cobra.Command {
-	var dbURL string
+	var dbURL, pgSchema, keysURL, keysPrefix string
 	cmd := &cobra.Command{
 		Use:   "purge",
 		Short: "Delete expired idempotency keys now",
 		Long: `Delete every idempotency key whose time to live has passed. The server does
 this in the background as well; this is for doing it now. It is safe to run
-beside a live server.`,
+beside a live server. Redis (--keys) expires keys by itself, so there is
+little or nothing to purge there.`,
 		Args: cobra.NoArgs,
 	}
-	dbFlag(cmd, &dbURL)
+	dbFlags(cmd, &dbURL, &pgSchema)
+	keysFlags(cmd, &keysURL, &keysPrefix)
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) (err error) {
 		ctx := cmd.Context()
-		store, closeDB, err := openStore(cmd, dbURL)
+		if err := checkPGSchema(cmd, dbURL); err != nil {
+			return err
+		}
+		store, closeDB, err := keyStore(ctx, dbURL, pgSchema, keysURL, keysPrefix)
 		if err != nil {
 			return err
 		}
@@ -70,17 +74,18 @@ beside a live server.`,
 }
 
 func (a *app) keysShowCmd() *cobra.Command {
-	var dbURL, scope string
+	var dbURL, pgSchema, keysURL, keysPrefix, scope string
 	cmd := &cobra.Command{
 		Use:   "show --scope TENANT KEY",
 		Short: "Show one idempotency key's record",
 		Long: `Show the record kept for one idempotency key: its state, the fingerprint of the
 request that claimed it, when it was claimed and when it expires, and the
 stored answer. The payment service scopes keys by tenant, so --scope is the
-tenant's name.`,
+tenant's name. Give --keys when the server keeps its keys in Redis.`,
 		Args: cobra.ExactArgs(1),
 	}
-	dbFlag(cmd, &dbURL)
+	dbFlags(cmd, &dbURL, &pgSchema)
+	keysFlags(cmd, &keysURL, &keysPrefix)
 	cmd.Flags().StringVar(&scope, "scope", "", "the key's scope: the tenant's name (required)")
 	_ = cmd.MarkFlagRequired("scope")
 	cmd.RunE = a.action(func(cmd *cobra.Command, args []string) (err error) {
@@ -88,7 +93,10 @@ tenant's name.`,
 		if err != nil {
 			return &usageError{err}
 		}
-		store, closeDB, err := openStore(cmd, dbURL)
+		if err := checkPGSchema(cmd, dbURL); err != nil {
+			return err
+		}
+		store, closeDB, err := keyStore(cmd.Context(), dbURL, pgSchema, keysURL, keysPrefix)
 		if err != nil {
 			return err
 		}
@@ -103,19 +111,6 @@ tenant's name.`,
 		return writeRecord(a.stdout, rec, time.Now())
 	})
 	return cmd
-}
-
-// openStore opens an existing database and its idempotency store.
-func openStore(cmd *cobra.Command, dbURL string) (*idemsqlite.Store, func() error, error) {
-	db, err := openDB(dbURL, true)
-	if err != nil {
-		return nil, nil, err
-	}
-	store, err := idemsqlite.NewStore(cmd.Context(), db, nil)
-	if err != nil {
-		return nil, nil, errors.Join(fmt.Errorf("opening the idempotency store: %w", err), db.Close())
-	}
-	return store, db.Close, nil
 }
 
 // writeRecord prints a record for a person: one field per line, times with

@@ -14,10 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
+	redis.SetLogger(quietRedis{}) // as main does
 	goleak.VerifyTestMain(m)
 }
 
@@ -195,7 +197,18 @@ func TestServeChargesOnceAndShutsDown(t *testing.T) {
 	dbURL := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
 	const apiKey = "test-key-1"
 	srv := startServe(t, newApp(nil), "--db", dbURL, "--api-keys", "acme:"+apiKey, "--log-level", "warn")
+	paymentID := checkChargesOnce(t, srv, apiKey)
+	stopCleanly(t, srv)
 
+	// The tools read the database the server left behind.
+	checkKeysTools(t, paymentID, "--db", dbURL)
+}
+
+// checkChargesOnce opens an account, pays from it twice with one key and
+// checks the second answer is the first replayed and the balance was
+// debited once. It returns the payment's id.
+func checkChargesOnce(t *testing.T, srv *server, apiKey string) string {
+	t.Helper()
 	if resp := srv.call(t, "GET", "/v1/accounts/nope", "", "", nil, nil); resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("without an API key: status %d, want 401", resp.StatusCode)
 	}
@@ -221,29 +234,40 @@ func TestServeChargesOnceAndShutsDown(t *testing.T) {
 	if after.Balance != 100000-12000 {
 		t.Errorf("balance after a payment and its retry = %d, want %d", after.Balance, 100000-12000)
 	}
+	return first.ID
+}
 
+// stopCleanly stops the server and checks it exited 0 without logging an
+// error.
+func stopCleanly(t *testing.T, srv *server) {
+	t.Helper()
 	if code := srv.stop(); code != exitOK {
 		t.Fatalf("serve exit status after cancel = %d, want 0; stderr:\n%s", code, srv.stderr)
 	}
 	if strings.Contains(srv.stderr.String(), "level=ERROR") {
 		t.Errorf("serve logged errors:\n%s", srv.stderr)
 	}
+}
 
-	// The tools read the database the server left behind.
-	code, out, errOut := runCmd(t, "keys", "show", "--db", dbURL, "--scope", "acme", "pay-1")
+// checkKeysTools runs keys show and keys purge on the store a server left
+// behind (where args point), after checkChargesOnce.
+func checkKeysTools(t *testing.T, paymentID string, args ...string) {
+	t.Helper()
+	show := append([]string{"keys", "show"}, args...)
+	code, out, errOut := runCmd(t, append(show, "--scope", "acme", "pay-1")...)
 	if code != exitOK {
 		t.Fatalf("keys show: exit %d, stderr %q", code, errOut)
 	}
-	for _, want := range []string{"completed", "201 Created", first.ID, "fingerprint", "v1:", "expires"} {
+	for _, want := range []string{"completed", "201 Created", paymentID, "fingerprint", "v1:", "expires"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("keys show output lacks %q:\n%s", want, out)
 		}
 	}
-	code, _, errOut = runCmd(t, "keys", "show", "--db", dbURL, "--scope", "other-tenant", "pay-1")
+	code, _, errOut = runCmd(t, append(show, "--scope", "other-tenant", "pay-1")...)
 	if code != exitFailure || !strings.Contains(errOut, "no idempotency key") {
 		t.Errorf("keys show in another scope: exit %d, stderr %q; want 1 and 'no idempotency key'", code, errOut)
 	}
-	code, out, errOut = runCmd(t, "keys", "purge", "--db", dbURL)
+	code, out, errOut = runCmd(t, append([]string{"keys", "purge"}, args...)...)
 	if code != exitOK || out != "purged 0 expired idempotency keys\n" {
 		t.Errorf("keys purge of unexpired keys: exit %d, stdout %q, stderr %q; want 0 purged", code, out, errOut)
 	}
@@ -321,17 +345,23 @@ func devKeyFrom(t *testing.T, stderr string) string {
 	return ""
 }
 
-func TestServeRefusesUnsupportedDatabase(t *testing.T) {
+func TestServeNeverEchoesPasswords(t *testing.T) {
 	t.Parallel()
-	code, _, errOut := runCmd(t, "serve", "--db", "postgres://user:s3cret@db.example/idem", "--api-keys", "a:b")
-	if code != exitFailure {
-		t.Errorf("exit status %d, want 1", code)
-	}
-	if strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "PostgreSQL is not supported") || !strings.Contains(errOut, "sqlite:PATH") {
-		t.Errorf("stderr = %q; want one line saying PostgreSQL is not supported and which schemes are", errOut)
-	}
-	if strings.Contains(errOut, "s3cret") {
-		t.Errorf("stderr leaks the database password: %q", errOut)
+	dbURL := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	for _, args := range [][]string{
+		// Nothing listens on port 1: the connection is refused at once.
+		{"--db", "postgres://user:s3cret@127.0.0.1:1/idem?connect_timeout=2"},
+		{"--db", "postgresql://user:s3cret@127.0.0.1:1/idem?connect_timeout=2"},
+		{"--db", dbURL, "--keys", "redis://:s3cret@127.0.0.1:1/0"},
+		{"--db", "postgres://user:s3cret%zz@h/idem"},
+	} {
+		code, _, errOut := runCmd(t, append([]string{"serve", "--api-keys", "a:b"}, args...)...)
+		if code != exitFailure || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("serve %v: exit %d, stderr %q; want 1 and one line", args, code, errOut)
+		}
+		if strings.Contains(errOut, "s3cret") {
+			t.Errorf("serve %v: stderr leaks the password: %q", args, errOut)
+		}
 	}
 }
 
@@ -386,6 +416,11 @@ func TestExitStatuses(t *testing.T) {
 		{[]string{"serve", "--db", "mysql://x", "--api-keys", "a:b"}, exitFailure, "", `unsupported database scheme "mysql"`},
 		{[]string{"serve", "--db", dbURL, "--api-keys", "no-colon"}, exitFailure, "", "--api-keys: "},
 		{[]string{"serve", "--db", dbURL, "--log-level", "loud"}, exitFailure, "", `--log-level "loud"`},
+		{[]string{"serve", "--db", dbURL, "--pg-schema", "x", "--api-keys", "a:b"}, exitFailure, "", "--pg-schema applies only to --db postgres://"},
+		{[]string{"serve", "--db", dbURL, "--keys", "memcached://h", "--api-keys", "a:b"}, exitFailure, "", `unsupported key store scheme "memcached"`},
+		{[]string{"serve", "--db", dbURL, "--key-lease", "2h", "--key-ttl", "1h", "--api-keys", "a:b"}, exitFailure, "", "--key-lease (2h0m0s) must not be longer than --key-ttl"},
+		{[]string{"serve", "--db", dbURL, "--key-lease", "0s", "--api-keys", "a:b"}, exitFailure, "", "must be positive"},
+		{[]string{"migrate", "--db", dbURL, "--pg-schema", "x"}, exitFailure, "", "--pg-schema applies only"},
 		{[]string{"keys", "show", "--db", dbURL, "--scope", "t", "k"}, exitFailure, "", "does not exist"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -3,53 +3,58 @@ package main
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 
 	"github.com/spf13/cobra"
 
+	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemsqlite"
 	"github.com/idem-go/idem/payments"
 )
 
 func (a *app) migrateCmd() *cobra.Command {
-	var dbURL string
+	var dbURL, pgSchema string
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or update the database's tables",
-		Long: `Create the database if it does not exist and apply every schema migration
-(the idempotency keys' and the payment service's). Applying them again is
-harmless; 'idem serve' applies them too when it starts.`,
+		Long: `Create the database (a SQLite file, or a PostgreSQL schema) if it does not
+exist and apply every schema migration (the idempotency keys' and the payment
+service's). Applying them again is harmless, and on PostgreSQL several
+processes may migrate one schema at once (an advisory lock serialises them);
+'idem serve' applies them too when it starts.`,
 		Args: cobra.NoArgs,
 	}
-	dbFlag(cmd, &dbURL)
+	dbFlags(cmd, &dbURL, &pgSchema)
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) (err error) {
 		ctx := cmd.Context()
-		db, err := openDB(dbURL, false)
+		if err := checkPGSchema(cmd, dbURL); err != nil {
+			return err
+		}
+		db, err := openDB(ctx, dbURL, pgSchema, false)
 		if err != nil {
 			return err
 		}
 		defer func() { err = errors.Join(err, db.Close()) }()
 
-		if _, err := idemsqlite.NewStore(ctx, db, nil); err != nil {
+		if db.pg != nil {
+			store, err := idempg.NewStore(ctx, db.pg)
+			if err != nil {
+				return fmt.Errorf("migrating the idempotency keys' tables: %w", err)
+			}
+			store.Close()
+		} else if _, err := idemsqlite.NewStore(ctx, db.sqlite, nil); err != nil {
 			return fmt.Errorf("migrating the idempotency keys' tables: %w", err)
 		}
-		fmt.Fprintf(a.stdout, "%s: idempotency key tables are up to date\n", db.Path())
+		fmt.Fprintf(a.stdout, "%s: idempotency key tables are up to date\n", db.shown)
 
-		// The payment service applies its own migrations when it is built;
-		// building it with a throw-away key and closing it at once serves
-		// nothing and starts no server.
-		svc, err := payments.New(ctx, &payments.Config{
-			DB:      db,
-			APIKeys: map[string]string{"migrate-only": "migrate"},
-			Logger:  slog.New(slog.DiscardHandler),
-		})
+		if db.pg != nil {
+			err = payments.MigratePostgres(ctx, db.pg)
+		} else {
+			err = payments.Migrate(ctx, db.sqlite)
+		}
 		if err != nil {
 			return fmt.Errorf("migrating the payment service's tables: %w", err)
 		}
-		if err := svc.Close(); err != nil {
-			return err
-		}
-		fmt.Fprintf(a.stdout, "%s: payment service tables are up to date\n", db.Path())
+		fmt.Fprintf(a.stdout, "%s: payment service tables are up to date\n", db.shown)
 		return nil
 	})
 	return cmd

@@ -34,7 +34,11 @@ const (
 type serveFlags struct {
 	addr            string
 	db              string
+	pgSchema        string
+	keys            string
+	keysPrefix      string
 	keyTTL          time.Duration
+	keyLease        time.Duration
 	inflightWait    time.Duration
 	shutdownTimeout time.Duration
 	apiKeys         string
@@ -55,20 +59,33 @@ every later one with the same key and body gets the first answer replayed.
 
 API keys come from --api-keys or, when it is not given, from the environment
 variable ` + envAPIKeys + `, as "tenant:key,tenant2:key2". With neither, a
-development tenant "dev" is created with a random key, printed on stderr.`,
+development tenant "dev" is created with a random key, printed on stderr.
+
+Data lives in --db: a SQLite file, or a PostgreSQL schema (--pg-schema) that
+several replicas may share; the tables are created or updated at start.
+The idempotency keys live there too, and commit with every payment in one
+transaction, unless --keys names a Redis server for them: then a payment
+commits first and its key completes afterwards, and a crash between the two
+is caught by the payment's unique (tenant, key, claim time) constraint when
+the client retries after --key-lease.`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.addr, "addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free one)")
-	dbFlag(cmd, &f.db)
+	dbFlags(cmd, &f.db, &f.pgSchema)
+	keysFlags(cmd, &f.keys, &f.keysPrefix)
 	fl.DurationVar(&f.keyTTL, "key-ttl", 24*time.Hour, "how long an idempotency key is remembered")
+	fl.DurationVar(&f.keyLease, "key-lease", time.Minute, "how long an execution holds its key before a retry may take it over (after a crash)")
 	fl.DurationVar(&f.inflightWait, "inflight-wait", 5*time.Second, "how long a duplicate waits for the first request with its key to finish")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long a shutdown waits for requests in flight")
 	fl.StringVar(&f.apiKeys, "api-keys", "", `API keys, "tenant:key,tenant2:key2" (default from $`+envAPIKeys+`)`)
 	fl.BoolVar(&f.unsafe, "unsafe-no-idempotency", false, "ignore Idempotency-Key entirely: retries DOUBLE CHARGE (the lab's 'before')")
-	fl.BoolVar(&f.faults, "faults", false, "honour the Idem-Fault request header (delay=DURATION, fail-before-commit, drop-after-commit)")
+	fl.BoolVar(&f.faults, "faults", false, "honour the Idem-Fault request header (delay=DURATION, fail-before-commit, drop-after-commit, crash-after-commit)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
+		if err := checkPGSchema(cmd, f.db); err != nil {
+			return err
+		}
 		return a.serve(cmd.Context(), &f, fl.Changed("api-keys"))
 	})
 	return cmd
@@ -83,15 +100,23 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 	if _, err := parseDB(f.db); err != nil {
 		return err
 	}
-	if f.keyTTL <= 0 || f.inflightWait <= 0 || f.shutdownTimeout <= 0 {
-		return errors.New("--key-ttl, --inflight-wait and --shutdown-timeout must be positive")
+	if f.keys != "" {
+		if _, err := parseKeys(f.keys); err != nil {
+			return err
+		}
+	}
+	if f.keyTTL <= 0 || f.keyLease <= 0 || f.inflightWait <= 0 || f.shutdownTimeout <= 0 {
+		return errors.New("--key-ttl, --key-lease, --inflight-wait and --shutdown-timeout must be positive")
+	}
+	if f.keyLease > f.keyTTL {
+		return fmt.Errorf("--key-lease (%s) must not be longer than --key-ttl (%s)", f.keyLease, f.keyTTL)
 	}
 	keys, devKey, err := a.apiKeys(f.apiKeys, apiKeysFlagSet)
 	if err != nil {
 		return err
 	}
 
-	db, err := openDB(f.db, false)
+	db, err := openDB(ctx, f.db, f.pgSchema, false)
 	if err != nil {
 		return err
 	}
@@ -100,15 +125,32 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 			err = errors.Join(err, fmt.Errorf("closing the database: %w", cerr))
 		}
 	}()
-	svc, err := payments.New(ctx, &payments.Config{
-		DB:           db,
+	cfg := &payments.Config{
+		DB:           db.sqlite,
+		Postgres:     db.pg,
 		APIKeys:      keys,
 		KeyTTL:       f.keyTTL,
+		KeyLease:     f.keyLease,
 		InflightWait: f.inflightWait,
 		Unsafe:       f.unsafe,
 		Faults:       f.faults,
 		Logger:       logger,
-	})
+	}
+	keysShown := "the --db database"
+	if f.keys != "" {
+		rs, kt, err := openKeys(ctx, f.keys, f.keysPrefix)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if cerr := rs.Close(); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("closing the key store: %w", cerr))
+			}
+		}()
+		cfg.Keys = rs
+		keysShown = kt.shown + " (prefix " + f.keysPrefix + ")"
+	}
+	svc, err := payments.New(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("starting the payment service: %w", err)
 	}
@@ -140,11 +182,10 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 		printDevKeyBanner(a.stderr, base, devKey, f.unsafe)
 	}
 	if f.faults {
-		logger.Warn("fault injection is on: requests may ask for delays, failures and dropped answers with the Idem-Fault header")
+		logger.Warn("fault injection is on: requests may ask for delays, failures, dropped answers and a crash of this process with the Idem-Fault header")
 	}
-	path, _ := parseDB(f.db)
-	logger.Info("idem serve started", "addr", ln.Addr().String(), "db", path,
-		"key_ttl", f.keyTTL, "inflight_wait", f.inflightWait, "unsafe", f.unsafe, "faults", f.faults)
+	logger.Info("idem serve started", "addr", ln.Addr().String(), "db", db.shown, "keys", keysShown,
+		"key_ttl", f.keyTTL, "key_lease", f.keyLease, "inflight_wait", f.inflightWait, "unsafe", f.unsafe, "faults", f.faults)
 	// A plain line, not a log record: scripts and tests wait for it to learn
 	// the port when --addr asks for port 0.
 	fmt.Fprintf(a.stderr, "idem: listening on %s\n", base)

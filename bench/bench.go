@@ -1,0 +1,242 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idem-go/idem/idemhttp"
+)
+
+// Options configures Run. The zero value of every field means its default;
+// a store whose URL is empty is not measured.
+type Options struct {
+	// PostgresURL is the PostgreSQL to measure, e.g.
+	// postgres://postgres@127.0.0.1:5432/test. A schema of its own is
+	// created and dropped.
+	PostgresURL string
+	// RedisURL is the Redis to measure, e.g. redis://127.0.0.1:6379/0. Its
+	// keys live under a prefix of their own and are deleted afterwards.
+	RedisURL string
+	// Requests is the number of requests per side and round. Defaults to 2000.
+	Requests int
+	// Rounds is how many times the sides alternate; the median round counts.
+	// Defaults to 3.
+	Rounds int
+	// Concurrency is the number of requests in flight. Defaults to 8.
+	Concurrency int
+	// Out receives progress. Defaults to io.Discard.
+	Out io.Writer
+}
+
+// Result is one side's figures: the median round.
+type Result struct {
+	Requests   int
+	Elapsed    time.Duration
+	PerSecond  float64
+	P50, P99   time.Duration
+	roundRates []float64
+}
+
+// Comparison is the middleware against the hand-written minimum for one
+// store and case.
+type Comparison struct {
+	Store      string // "redis" or "postgres"
+	Case       string // "first" or "replay"
+	Middleware Result
+	Minimum    Result
+	// Ratio is Middleware.PerSecond / Minimum.PerSecond.
+	Ratio float64
+}
+
+// side is one thing being measured: do serves request i of a round.
+type side struct {
+	name  string
+	setup func(ctx context.Context, round int) error
+	do    func(ctx context.Context, round, i int) error
+}
+
+// Run measures every store that has a URL and returns the comparisons.
+func Run(ctx context.Context, opts *Options) ([]Comparison, error) {
+	o := Options{}
+	if opts != nil {
+		o = *opts
+	}
+	if o.Requests <= 0 {
+		o.Requests = 2000
+	}
+	if o.Rounds <= 0 {
+		o.Rounds = 3
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 8
+	}
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
+	if o.PostgresURL == "" && o.RedisURL == "" {
+		return nil, errors.New("bench: nothing to measure: give a PostgreSQL URL, a Redis URL or both")
+	}
+	var out []Comparison
+	if o.RedisURL != "" {
+		cs, err := runRedis(ctx, &o)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, cs...)
+	}
+	if o.PostgresURL != "" {
+		cs, err := runPostgres(ctx, &o)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, cs...)
+	}
+	return out, nil
+}
+
+// compare alternates rounds of the middleware and the minimum.
+func compare(ctx context.Context, o *Options, store, kase string, mw, min side) (Comparison, error) {
+	fmt.Fprintf(o.Out, "%s %s: %d rounds of %d requests, %d in flight\n", store, kase, o.Rounds, o.Requests, o.Concurrency)
+	var mwRounds, minRounds []Result
+	for r := 0; r < o.Rounds; r++ {
+		for _, s := range []struct {
+			side side
+			dst  *[]Result
+		}{{min, &minRounds}, {mw, &mwRounds}} {
+			if s.side.setup != nil {
+				if err := s.side.setup(ctx, r); err != nil {
+					return Comparison{}, fmt.Errorf("%s %s %s: setup: %w", store, kase, s.side.name, err)
+				}
+			}
+			res, err := measure(ctx, o, r, s.side)
+			if err != nil {
+				return Comparison{}, fmt.Errorf("%s %s %s: %w", store, kase, s.side.name, err)
+			}
+			fmt.Fprintf(o.Out, "  round %d %-10s %8.0f req/s  p50 %-9s p99 %s\n", r+1, s.side.name, res.PerSecond, round(res.P50), round(res.P99))
+			*s.dst = append(*s.dst, res)
+		}
+	}
+	c := Comparison{Store: store, Case: kase, Middleware: median(mwRounds), Minimum: median(minRounds)}
+	c.Ratio = c.Middleware.PerSecond / c.Minimum.PerSecond
+	return c, nil
+}
+
+func measure(ctx context.Context, o *Options, round int, s side) (Result, error) {
+	lat := make([]time.Duration, o.Requests)
+	var next atomic.Int64
+	var firstErr error
+	var errOnce sync.Once
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < o.Concurrency; w++ {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= o.Requests || ctx.Err() != nil {
+					return
+				}
+				t0 := time.Now()
+				if err := s.do(ctx, round, i); err != nil {
+					errOnce.Do(func() { firstErr = err })
+					return
+				}
+				lat[i] = time.Since(t0)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if firstErr != nil {
+		return Result{}, firstErr
+	}
+	if err := ctx.Err(); err != nil {
+		return Result{}, err
+	}
+	slices.Sort(lat)
+	return Result{
+		Requests:  o.Requests,
+		Elapsed:   elapsed,
+		PerSecond: float64(o.Requests) / elapsed.Seconds(),
+		P50:       lat[len(lat)/2],
+		P99:       lat[len(lat)*99/100],
+	}, nil
+}
+
+func median(rs []Result) Result {
+	s := slices.Clone(rs)
+	slices.SortFunc(s, func(a, b Result) int {
+		switch {
+		case a.PerSecond < b.PerSecond:
+			return -1
+		case a.PerSecond > b.PerSecond:
+			return 1
+		}
+		return 0
+	})
+	m := s[len(s)/2]
+	for _, r := range rs {
+		m.roundRates = append(m.roundRates, r.PerSecond)
+	}
+	return m
+}
+
+func round(d time.Duration) time.Duration {
+	switch {
+	case d > time.Millisecond:
+		return d.Round(10 * time.Microsecond)
+	default:
+		return d.Round(time.Microsecond)
+	}
+}
+
+// Print writes the comparisons as a table.
+func Print(w io.Writer, cs []Comparison) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "store\tcase\tmiddleware req/s\tp50\tp99\tminimum req/s\tp50\tp99\tratio\t")
+	for _, c := range cs {
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%.0f\t%s\t%s\t%.2fx\t\n", c.Store, c.Case,
+			c.Middleware.PerSecond, round(c.Middleware.P50), round(c.Middleware.P99),
+			c.Minimum.PerSecond, round(c.Minimum.P50), round(c.Minimum.P99), c.Ratio)
+	}
+	tw.Flush()
+}
+
+// serve runs one request through h in-process and checks the status.
+func serve(h http.Handler, key, body string, want int) error {
+	req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(idemhttp.HeaderKey, key)
+	rr := httptest.NewRecorder()
+	h.ServeHTTP(rr, req)
+	if rr.Code != want {
+		return fmt.Errorf("status %d, want %d: %s", rr.Code, want, rr.Body.String())
+	}
+	return nil
+}
+
+// answer is the trivial handler's response, written by both sides.
+const answer = `{"id":"pay_bench","status":"succeeded"}`
+
+func writeAnswer(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, answer)
+}
+
+func randomID() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

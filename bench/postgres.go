@@ -1,0 +1,141 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+
+	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idempg"
+	"github.com/jackc/pgx/v5"
+)
+
+const pgSchema = `
+CREATE TABLE bench_accounts (id int PRIMARY KEY, balance bigint NOT NULL CHECK (balance >= 0));
+CREATE TABLE bench_payments (id bigserial PRIMARY KEY, account_id int NOT NULL, amount bigint NOT NULL,
+	created_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE bench_keys (key text PRIMARY KEY, status int, body bytea, created_at timestamptz NOT NULL DEFAULT now());
+`
+
+func runPostgres(ctx context.Context, o *Options) ([]Comparison, error) {
+	schema := "idem_bench_" + randomID()
+	db, err := idempg.Open(ctx, o.PostgresURL, &idempg.Config{Schema: schema, MaxConns: int32(o.Concurrency) + 2})
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	defer db.Close()
+	defer db.Pool().Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+
+	if _, err := db.Pool().Exec(ctx, pgSchema); err != nil {
+		return nil, fmt.Errorf("bench: creating tables: %w", err)
+	}
+	if _, err := db.Pool().Exec(ctx, `INSERT INTO bench_accounts SELECT g, 1000000000 FROM generate_series(0, $1) g`, o.Concurrency*4); err != nil {
+		return nil, fmt.Errorf("bench: creating accounts: %w", err)
+	}
+	store, err := idempg.NewStore(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	defer store.Close()
+	m, err := idemhttp.New(&idemhttp.Config{Store: store, TTL: benchTTL})
+	if err != nil {
+		return nil, err
+	}
+	accounts := o.Concurrency * 4
+	// The handler does the payment's work in the key's transaction: the
+	// balance update and the payment insert; the middleware adds the claim
+	// and the key's completion.
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		acct := r.Context().Value(accountKey{}).(int)
+		err := db.WithTx(r.Context(), func(ctx context.Context, tx pgx.Tx) error {
+			return debit(ctx, tx, acct)
+		})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		writeAnswer(w)
+	}))
+	body := `{"account_id":"acct_1","amount":1,"currency":"KRW"}`
+	serveAs := func(ctx context.Context, key string, acct int) error {
+		req := httptest.NewRequestWithContext(context.WithValue(ctx, accountKey{}, acct), http.MethodPost, "/v1/payments", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(idemhttp.HeaderKey, key)
+		rr := httptest.NewRecorder()
+		h.ServeHTTP(rr, req)
+		if rr.Code != http.StatusCreated {
+			return fmt.Errorf("status %d: %s", rr.Code, rr.Body.String())
+		}
+		return nil
+	}
+
+	middlewareFirst := side{name: "middleware", do: func(ctx context.Context, round, i int) error {
+		return serveAs(ctx, fmt.Sprintf("first-%d-%d", round, i), i%accounts)
+	}}
+	minimumFirst := side{name: "minimum", do: func(ctx context.Context, round, i int) error {
+		key := fmt.Sprintf("min-%d-%d", round, i)
+		return pgx.BeginFunc(ctx, db.Pool(), func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, `INSERT INTO bench_keys (key) VALUES ($1) ON CONFLICT DO NOTHING`, key)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() != 1 {
+				return fmt.Errorf("key %s already claimed", key)
+			}
+			if err := debit(ctx, tx, i%accounts); err != nil {
+				return err
+			}
+			rr := httptest.NewRecorder()
+			writeAnswer(rr)
+			_, err = tx.Exec(ctx, `UPDATE bench_keys SET status = $2, body = $3 WHERE key = $1`, key, rr.Code, rr.Body.Bytes())
+			return err
+		})
+	}}
+	first, err := compare(ctx, o, "postgres", "first", middlewareFirst, minimumFirst)
+	if err != nil {
+		return nil, err
+	}
+
+	if err := serveAs(ctx, "replayed", 0); err != nil {
+		return nil, err
+	}
+	if err := minimumFirst.do(ctx, -1, 0); err != nil {
+		return nil, err
+	}
+	middlewareReplay := side{name: "middleware", do: func(ctx context.Context, round, i int) error {
+		return serveAs(ctx, "replayed", 0)
+	}}
+	minimumReplay := side{name: "minimum", do: func(ctx context.Context, round, i int) error {
+		var status int
+		var b []byte
+		if err := db.Pool().QueryRow(ctx, `SELECT status, body FROM bench_keys WHERE key = $1`, "min--1-0").Scan(&status, &b); err != nil {
+			return err
+		}
+		rr := httptest.NewRecorder()
+		rr.WriteHeader(status)
+		rr.Write(b)
+		return nil
+	}}
+	replay, err := compare(ctx, o, "postgres", "replay", middlewareReplay, minimumReplay)
+	if err != nil {
+		return nil, err
+	}
+	return []Comparison{first, replay}, nil
+}
+
+type accountKey struct{}
+
+func debit(ctx context.Context, tx pgx.Tx, acct int) error {
+	tag, err := tx.Exec(ctx, `UPDATE bench_accounts SET balance = balance - 1 WHERE id = $1 AND balance >= 1`, acct)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() != 1 {
+		return errors.New("insufficient funds")
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO bench_payments (account_id, amount) VALUES ($1, 1)`, acct)
+	return err
+}

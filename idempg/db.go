@@ -1,0 +1,188 @@
+package idempg
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-go/idem"
+)
+
+// DefaultSchema is the schema Open uses when Config.Schema is empty.
+const DefaultSchema = "idem"
+
+// maxSchemaLen keeps "<schema>_idem_keys", the LISTEN/NOTIFY channel, within
+// PostgreSQL's 63-byte identifier limit.
+const maxSchemaLen = 63 - len(channelSuffix)
+
+var schemaName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Config configures Open. The zero value is ready to use.
+type Config struct {
+	// Schema is the PostgreSQL schema that holds idem's tables and the
+	// application's: Open creates it if it is missing, and sets every
+	// connection's search_path to it alone, so migrations and queries use
+	// unqualified table names. It must be a plain identifier (letters,
+	// digits and underscores, not starting with a digit, at most 53
+	// bytes, not starting with "pg_"); letters keep their case. Defaults
+	// to "idem".
+	Schema string
+	// Clock, when set, decides leases and expiry: its time is passed to
+	// every statement as a parameter. Tests inject a manual clock. Defaults
+	// to nil: the database's clock (clock_timestamp()) decides, so replicas
+	// whose clocks disagree still agree on when a lease ends.
+	Clock idem.Clock
+	// MaxConns is the most connections the pool opens. The store's
+	// LISTEN connection (see Store.WaitChange) comes on top. Defaults to
+	// pgxpool's default (the larger of 4 and the number of CPUs), or to
+	// pool_max_conns in the URL.
+	MaxConns int32
+	// TxOptions are the options of the transactions that WithTx and
+	// Store.CompleteTx begin: the isolation level the application's
+	// writes run at. An empty IsoLevel means READ COMMITTED, whatever the
+	// server's default_transaction_isolation. Any level is safe for the
+	// keys: a claim commits before the work runs, and the completion is a
+	// compare-and-set on the fencing token. Defaults to READ COMMITTED,
+	// read-write.
+	TxOptions pgx.TxOptions
+}
+
+// DB is a pgx connection pool on one schema of a PostgreSQL database, with
+// transactions that a context carries (WithTx) and schema migrations
+// (Migrate). It is safe for concurrent use.
+type DB struct {
+	pool   *pgxpool.Pool
+	schema string
+	clock  idem.Clock
+	txOpts pgx.TxOptions
+}
+
+// Open connects to the PostgreSQL database at url (a postgres:// URL or a
+// key=value connection string, as pgx accepts), pings it, and creates
+// cfg.Schema if it does not exist. cfg may be nil.
+//
+// Creating the schema needs the CREATE privilege on the database only when
+// the schema is missing; concurrent Opens of one new schema from several
+// processes all succeed.
+func Open(ctx context.Context, url string, cfg *Config) (*DB, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Schema == "" {
+		c.Schema = DefaultSchema
+	}
+	if err := validateSchema(c.Schema); err != nil {
+		return nil, err
+	}
+	if c.MaxConns < 0 {
+		return nil, &idem.ArgumentError{Field: "MaxConns", Reason: "must not be negative"}
+	}
+	if c.TxOptions.IsoLevel == "" {
+		c.TxOptions.IsoLevel = pgx.ReadCommitted
+	}
+
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		// pgx redacts the password in the message.
+		return nil, &idem.ArgumentError{Field: "url", Reason: err.Error()}
+	}
+	if c.MaxConns > 0 {
+		pcfg.MaxConns = c.MaxConns
+	}
+	// Set at connection start, so no connection of the pool can ever run a
+	// statement against another schema, and no extra round trip is spent.
+	pcfg.ConnConfig.RuntimeParams["search_path"] = quoteIdent(c.Schema)
+
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("idempg: open: %w", err)
+	}
+	db := &DB{pool: pool, schema: c.Schema, clock: c.Clock, txOpts: c.TxOptions}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("idempg: open: %w", err)
+	}
+	if err := db.createSchema(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("idempg: open: schema %s: %w", c.Schema, err)
+	}
+	return db, nil
+}
+
+func validateSchema(s string) error {
+	switch {
+	case !schemaName.MatchString(s):
+		return &idem.ArgumentError{Field: "Schema", Reason: fmt.Sprintf("%q is not a plain identifier (letters, digits, underscores; not starting with a digit)", s)}
+	case len(s) > maxSchemaLen:
+		return &idem.ArgumentError{Field: "Schema", Reason: fmt.Sprintf("%q is longer than %d bytes", s, maxSchemaLen)}
+	case strings.HasPrefix(strings.ToLower(s), "pg_"):
+		return &idem.ArgumentError{Field: "Schema", Reason: fmt.Sprintf("%q: names starting with pg_ are reserved by PostgreSQL", s)}
+	}
+	return nil
+}
+
+// quoteIdent quotes a validated identifier, so that its case is kept.
+func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
+
+func (db *DB) createSchema(ctx context.Context) error {
+	var exists bool
+	if err := db.pool.QueryRow(ctx,
+		`SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, db.schema).Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		// Checked first: CREATE SCHEMA IF NOT EXISTS needs the CREATE
+		// privilege even when the schema is there.
+		return nil
+	}
+	// Two sessions running CREATE SCHEMA IF NOT EXISTS at once can both
+	// miss the other's schema and one then fails on pg_namespace's unique
+	// index; the lock makes the second wait and find it.
+	return pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey(db.schema, "")); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+quoteIdent(db.schema))
+		return err
+	})
+}
+
+// lockKey is the advisory lock key that serializes schema changes of one
+// component in one schema, across every process using the database. The
+// empty component stands for the schema itself.
+func lockKey(schema, component string) int64 {
+	h := sha256.New()
+	h.Write([]byte("idempg\x00"))
+	h.Write([]byte(schema))
+	h.Write([]byte{0})
+	h.Write([]byte(component))
+	return int64(binary.BigEndian.Uint64(h.Sum(nil)))
+}
+
+// Close closes the pool, waiting for connections in use to be given back.
+// Close every Store of the DB first.
+func (db *DB) Close() { db.pool.Close() }
+
+// Pool returns the connection pool. Its connections use the DB's schema.
+// Statements run on it directly commit on their own: inside WithTx's fn use
+// the pgx.Tx it is given instead.
+func (db *DB) Pool() *pgxpool.Pool { return db.pool }
+
+// Schema returns the schema the DB works in.
+func (db *DB) Schema() string { return db.schema }
+
+// now returns the time parameter of a statement: the injected clock's time,
+// or nil, for which the SQL reads the database's clock.
+func (db *DB) now() any {
+	if db.clock == nil {
+		return nil
+	}
+	return db.clock.Now()
+}

@@ -1,0 +1,189 @@
+package idempg
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem"
+)
+
+const createMigrationsTable = `CREATE TABLE IF NOT EXISTS idem_schema_migrations (
+	component  text        NOT NULL,
+	version    bigint      NOT NULL,
+	name       text        NOT NULL,
+	applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+	PRIMARY KEY (component, version)
+)`
+
+var migrationName = regexp.MustCompile(`^([0-9]+)_[^/]+\.sql$`)
+
+type migration struct {
+	version int64
+	name    string
+}
+
+// Migrate applies the migrations of component that are not applied yet, in
+// the DB's schema.
+//
+// migrations holds, at its root, files named NNNN_description.sql, applied
+// in the numeric order of NNNN (so 10_x.sql runs after 9_y.sql). Each file
+// runs in its own transaction together with its record in the table
+// idem_schema_migrations(component, version, name, applied_at) of the
+// schema, so a file either applies completely and is recorded, or leaves no
+// trace (PostgreSQL's DDL is transactional): a failure returns an error
+// naming the file, and the next Migrate retries it. A file may hold several
+// statements, but none that cannot run in a transaction (CREATE INDEX
+// CONCURRENTLY, VACUUM).
+//
+// Each file's transaction first takes pg_advisory_xact_lock on a key
+// derived from the schema and component, then checks whether the file is
+// applied. Several processes migrating the same schema at once (replicas
+// starting together) therefore all succeed, and each file runs once: the
+// others wait for the lock, then find it applied. Applied migrations are
+// never run again, which makes Migrate safe to call on every start; when
+// everything is applied it takes no lock.
+//
+// component names whose schema this is ("idem_keys", "payments"), so several
+// packages keep their tables in one schema with independent version
+// numbers. Other .sql names, and two files with one version, are refused
+// before anything is applied; files not ending in .sql are ignored.
+//
+// Ambiguous failure: when a COMMIT fails (a lost connection), that file may
+// or may not be applied; calling Migrate again is safe either way.
+func (db *DB) Migrate(ctx context.Context, component string, migrations fs.FS) error {
+	if component == "" {
+		return &idem.ArgumentError{Field: "component", Reason: "must not be empty"}
+	}
+	if db.carried(ctx) != nil {
+		// Each migration needs its own transaction.
+		return &idem.ArgumentError{Field: "ctx", Reason: "must not carry a transaction: Migrate runs its own"}
+	}
+	list, err := listMigrations(migrations)
+	if err != nil {
+		return fmt.Errorf("idempg: migrate %s: %w", component, err)
+	}
+	if err := db.createMigrationsTable(ctx); err != nil {
+		return fmt.Errorf("idempg: migrate %s: %w", component, err)
+	}
+	done, err := db.appliedVersions(ctx, component)
+	if err != nil {
+		return fmt.Errorf("idempg: migrate %s: %w", component, err)
+	}
+	for _, m := range list {
+		if done[m.version] {
+			continue
+		}
+		if err := db.applyMigration(ctx, component, migrations, m); err != nil {
+			return fmt.Errorf("idempg: migrate %s: %s: %w", component, m.name, err)
+		}
+	}
+	return nil
+}
+
+func listMigrations(fsys fs.FS) ([]migration, error) {
+	entries, err := fs.ReadDir(fsys, ".")
+	if err != nil {
+		return nil, err
+	}
+	var list []migration
+	seen := make(map[int64]string)
+	for _, e := range entries {
+		name := e.Name()
+		if e.IsDir() || !strings.HasSuffix(name, ".sql") {
+			continue
+		}
+		m := migrationName.FindStringSubmatch(name)
+		if m == nil {
+			return nil, fmt.Errorf("%s: a migration must be named NNNN_description.sql", name)
+		}
+		v, err := strconv.ParseInt(m[1], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s: version: %w", name, err)
+		}
+		if other, dup := seen[v]; dup {
+			return nil, fmt.Errorf("%s and %s have the same version %d", other, name, v)
+		}
+		seen[v] = name
+		list = append(list, migration{version: v, name: name})
+	}
+	slices.SortFunc(list, func(a, b migration) int { return cmp.Compare(a.version, b.version) })
+	return list, nil
+}
+
+func (db *DB) createMigrationsTable(ctx context.Context) error {
+	var exists bool
+	if err := db.pool.QueryRow(ctx,
+		`SELECT to_regclass('idem_schema_migrations') IS NOT NULL`).Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		return nil
+	}
+	// Every component shares the table, so its creation is serialized
+	// under the schema's own lock, not a component's.
+	return pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey(db.schema, "")); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, createMigrationsTable)
+		return err
+	})
+}
+
+func (db *DB) appliedVersions(ctx context.Context, component string) (map[int64]bool, error) {
+	rows, err := db.pool.Query(ctx, `SELECT version FROM idem_schema_migrations WHERE component = $1`, component)
+	if err != nil {
+		return nil, err
+	}
+	versions, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, err
+	}
+	done := make(map[int64]bool, len(versions))
+	for _, v := range versions {
+		done[v] = true
+	}
+	return done, nil
+}
+
+func (db *DB) applyMigration(ctx context.Context, component string, fsys fs.FS, m migration) error {
+	script, err := fs.ReadFile(fsys, m.name)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey(db.schema, component)); err != nil {
+			return err
+		}
+		// Checked under the lock: another process may have applied the
+		// file while this one waited.
+		var applied bool
+		if err := tx.QueryRow(ctx,
+			`SELECT EXISTS (SELECT 1 FROM idem_schema_migrations WHERE component = $1 AND version = $2)`,
+			component, m.version).Scan(&applied); err != nil {
+			return err
+		}
+		if applied {
+			return nil
+		}
+		if strings.TrimSpace(string(script)) != "" {
+			// Without arguments pgx sends the script over the simple
+			// protocol, which runs several statements.
+			if _, err := tx.Exec(ctx, string(script)); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx,
+			`INSERT INTO idem_schema_migrations (component, version, name) VALUES ($1, $2, $3)`,
+			component, m.version, m.name)
+		return err
+	})
+}

@@ -1,0 +1,560 @@
+package idempg
+
+import (
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// StoreComponent is the component under which NewStore records its schema
+// migrations in idem_schema_migrations.
+const StoreComponent = "idem_keys"
+
+// channelSuffix ends the name of the LISTEN/NOTIFY channel of a schema.
+const channelSuffix = "_idem_keys"
+
+const (
+	stateInFlight  = "in_flight"
+	stateCompleted = "completed"
+)
+
+// Store is an idem.Store, idem.TxStore and idem.Waiter whose records live in
+// the table idem_keys of a DB's schema, next to the application's tables.
+// It is safe for concurrent use, by many goroutines and many processes.
+type Store struct {
+	db      *DB
+	channel string
+	waits   *listener
+}
+
+var (
+	_ idem.Store   = (*Store)(nil)
+	_ idem.TxStore = (*Store)(nil)
+	_ idem.Waiter  = (*Store)(nil)
+)
+
+// NewStore applies the store's schema migrations to db (component
+// "idem_keys": the table idem_keys and the functions idem_claim and
+// idem_clock_us) and returns a Store on it. Call Close when done with it,
+// before closing db.
+func NewStore(ctx context.Context, db *DB) (*Store, error) {
+	if db == nil {
+		return nil, &idem.ArgumentError{Field: "db", Reason: "must not be nil"}
+	}
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("idempg: %w", err)
+	}
+	if err := db.Migrate(ctx, StoreComponent, sub); err != nil {
+		return nil, err
+	}
+	channel := db.schema + channelSuffix
+	return &Store{db: db, channel: channel, waits: newListener(db, channel)}, nil
+}
+
+// Close stops the store's LISTEN connection, and makes waiting WaitChange
+// calls return. It does not close the DB. Close is idempotent.
+func (s *Store) Close() { s.waits.close() }
+
+// notifyID is the payload that tells waiters which key changed: a short hash
+// of scope and key, so that any key fits in a notification and none is
+// revealed in the server's logs. Two keys sharing one only wake each other's
+// waiters spuriously.
+func notifyID(scope idem.Scope, key idem.Key) string {
+	h := sha256.New()
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], uint64(len(scope)))
+	h.Write(n[:])
+	h.Write([]byte(scope))
+	h.Write([]byte(key))
+	return hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// q returns what a statement runs on: the transaction ctx carries (begun now
+// if it has not been), or the pool. joined reports the former.
+func (s *Store) q(ctx context.Context) (q querier, joined bool, err error) {
+	if st := s.db.carried(ctx); st != nil {
+		tx, err := st.begin()
+		if err != nil {
+			return nil, false, &txError{"begin", err}
+		}
+		return tx, true, nil
+	}
+	return s.db.pool, false, nil
+}
+
+// micros converts a positive duration to whole microseconds, PostgreSQL's
+// precision, rounding up so that no positive lease becomes zero.
+func micros(d time.Duration) int64 {
+	return int64((d + time.Microsecond - 1) / time.Microsecond)
+}
+
+// checkText reports a string PostgreSQL's text type cannot hold.
+func checkText(field, s string) error {
+	switch {
+	case !utf8.ValidString(s):
+		return &idem.ArgumentError{Field: field, Reason: "must be valid UTF-8"}
+	case strings.IndexByte(s, 0) >= 0:
+		return &idem.ArgumentError{Field: field, Reason: "must not contain NUL bytes"}
+	}
+	return nil
+}
+
+const claimSQL = `SELECT o_outcome, o_took_over, o_fingerprint, o_state, o_token, o_status, o_header,
+	o_body, o_body_omitted, o_created_at, o_lease_expires_at, o_expires_at, o_completed_at
+	FROM idem_claim($1, $2, $3, $4, $5, $6::timestamptz, $7, $8, $9)`
+
+// Claim implements idem.Store in one round trip: a single call of the
+// function idem_claim, which the migration created (see its comment for why
+// it is atomic under READ COMMITTED across any number of connections and
+// processes).
+//
+// On its own, the claim commits with synchronous_commit off: its
+// acknowledgement does not wait for the WAL flush. Losing such a claim in a
+// server crash is harmless, because nothing is executed under it that is
+// not in a later synchronous commit (CompleteTx's transaction holds the
+// work's writes and the completion), and PostgreSQL flushes WAL in order,
+// so once that later commit is durable the claim before it is durable too;
+// if the crash took the claim, it took everything done under it, and the
+// retry runs the work once. (The package documentation says what it means
+// for effects outside the database.) Called with a context that carries a
+// transaction of the DB (WithTx), the claim joins it, keeps that
+// transaction's durability, and commits or rolls back with it.
+//
+// With Config.Clock nil, leases and expiry are judged by the database's
+// clock_timestamp() at the moment the claim runs.
+//
+// Errors other than an *idem.ArgumentError are ambiguous, as the idem.Store
+// contract says: the claim may have been made (a connection lost after the
+// server ran it). Do not run the effect; claiming again is safe.
+func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	if err := req.Validate(); err != nil {
+		return idem.Claim{}, err
+	}
+	for _, f := range []struct{ name, v string }{
+		{"Scope", string(req.Scope)}, {"Key", string(req.Key)}, {"Fingerprint", string(req.Fingerprint)},
+	} {
+		if err := checkText(f.name, f.v); err != nil {
+			return idem.Claim{}, err
+		}
+	}
+	q, joined, err := s.q(ctx)
+	if err != nil {
+		return idem.Claim{}, fmt.Errorf("idempg: claim: %w", err)
+	}
+	var (
+		outcome  string
+		tookOver bool
+		row      recordRow
+	)
+	err = q.QueryRow(ctx, claimSQL,
+		string(req.Scope), string(req.Key), string(req.Fingerprint),
+		micros(req.Lease), micros(req.TTL), s.db.now(), !joined,
+		s.channel, notifyID(req.Scope, req.Key),
+	).Scan(append([]any{&outcome, &tookOver}, row.dest()...)...)
+	if err != nil {
+		return idem.Claim{}, fmt.Errorf("idempg: claim: %w", err)
+	}
+	rec, err := row.record(req.Scope, req.Key)
+	if err != nil {
+		return idem.Claim{}, fmt.Errorf("idempg: claim: %w", err)
+	}
+	c := idem.Claim{Record: rec}
+	switch outcome {
+	case "acquired":
+		c.Outcome, c.Token, c.TookOver = idem.Acquired, rec.Token, tookOver
+	case "in_flight":
+		c.Outcome = idem.InFlight
+	case "completed":
+		c.Outcome = idem.Completed
+	case "mismatch":
+		c.Outcome = idem.Mismatch
+	default:
+		return idem.Claim{}, fmt.Errorf("idempg: claim: unknown outcome %q", outcome)
+	}
+	return c, nil
+}
+
+// recordRow is a row of idem_keys as the statements return it.
+type recordRow struct {
+	fingerprint, state                   string
+	token                                int64
+	status                               *int32
+	header, body                         []byte
+	bodyOmitted                          bool
+	createdAt, leaseExpiresAt, expiresAt time.Time
+	completedAt                          *time.Time
+}
+
+func (r *recordRow) dest() []any {
+	return []any{&r.fingerprint, &r.state, &r.token, &r.status, &r.header, &r.body, &r.bodyOmitted,
+		&r.createdAt, &r.leaseExpiresAt, &r.expiresAt, &r.completedAt}
+}
+
+const recordColumns = `fingerprint, state, token, status, header, body, body_omitted,
+	created_at, lease_expires_at, expires_at, completed_at`
+
+func (r *recordRow) record(scope idem.Scope, key idem.Key) (idem.Record, error) {
+	rec := idem.Record{
+		Scope:          scope,
+		Key:            key,
+		Fingerprint:    idem.Fingerprint(r.fingerprint),
+		Token:          idem.Token(r.token),
+		CreatedAt:      r.createdAt.UTC(),
+		LeaseExpiresAt: r.leaseExpiresAt.UTC(),
+		ExpiresAt:      r.expiresAt.UTC(),
+	}
+	switch r.state {
+	case stateInFlight:
+		rec.State = idem.StateInFlight
+	case stateCompleted:
+		rec.State = idem.StateCompleted
+		resp := &idem.Response{Body: r.body, BodyOmitted: r.bodyOmitted}
+		if r.status != nil {
+			resp.Status = int(*r.status)
+		}
+		if r.header != nil {
+			if err := json.Unmarshal(r.header, &resp.Header); err != nil {
+				return idem.Record{}, fmt.Errorf("stored header of %v: %w", key, err)
+			}
+		}
+		rec.Response = resp
+		if r.completedAt != nil {
+			rec.CompletedAt = r.completedAt.UTC()
+		}
+	default:
+		return idem.Record{}, fmt.Errorf("stored state %q of %v is unknown", r.state, key)
+	}
+	return rec, nil
+}
+
+// completeSQL completes the key if the token holds it, and tells waiters in
+// the same transaction. Its command tag counts the rows completed.
+const completeSQL = `WITH done AS (
+	UPDATE idem_keys SET state = 'completed', status = $4, header = $5, body = $6, body_omitted = $7,
+		completed_at = coalesce($8::timestamptz, clock_timestamp())
+	WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'
+	RETURNING 1)
+SELECT pg_notify($9, $10) FROM done`
+
+// complete marks ref's record completed with resp, on q. already reports
+// that the same token had completed it before, in which case nothing was
+// written.
+func (s *Store) complete(ctx context.Context, q querier, ref idem.Ref, resp idem.Response) (already bool, err error) {
+	var header any // NULL unless there is a header
+	if resp.Header != nil {
+		b, err := json.Marshal(resp.Header)
+		if err != nil {
+			return false, fmt.Errorf("encoding the header: %w", err)
+		}
+		header = json.RawMessage(b)
+	}
+	tag, err := q.Exec(ctx, completeSQL,
+		string(ref.Scope), string(ref.Key), int64(ref.Token),
+		int32(resp.Status), header, resp.Body, resp.BodyOmitted, s.db.now(),
+		s.channel, notifyID(ref.Scope, ref.Key))
+	if err != nil {
+		return false, err
+	}
+	if tag.RowsAffected() == 1 {
+		return false, nil
+	}
+	// Not in flight under this token. A later statement sees the newest
+	// committed row: the only way it can show this token completed is
+	// that this token completed it.
+	var (
+		state string
+		token int64
+	)
+	err = q.QueryRow(ctx, `SELECT state, token FROM idem_keys WHERE scope = $1 AND key = $2`,
+		string(ref.Scope), string(ref.Key)).Scan(&state, &token)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, idem.ErrLeaseLost
+	case err != nil:
+		return false, err
+	case idem.Token(token) == ref.Token && state == stateCompleted:
+		return true, nil
+	}
+	return false, idem.ErrLeaseLost
+}
+
+// Complete implements idem.Store. It does not look at the lease: a holder
+// whose lease ended but whom nobody took over still owns the key. It commits
+// durably (synchronous_commit as the server has it) and wakes the key's
+// waiters on every replica when it commits. Called with a context that
+// carries a transaction of the DB, it joins it.
+//
+// An error other than ErrLeaseLost is ambiguous (the commit may have
+// happened and only its acknowledgement been lost): calling Complete again
+// with the same token is safe, and succeeds if the first one committed.
+func (s *Store) Complete(ctx context.Context, ref idem.Ref, resp idem.Response) error {
+	q, _, err := s.q(ctx)
+	if err == nil {
+		_, err = s.complete(ctx, q, ref, resp)
+	}
+	if err != nil {
+		return fmt.Errorf("idempg: complete: %w", err)
+	}
+	return nil
+}
+
+const releaseSQL = `WITH gone AS (
+	DELETE FROM idem_keys WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'
+	RETURNING 1)
+SELECT pg_notify($4, $5) FROM gone`
+
+// Release implements idem.Store. It commits durably and wakes the key's
+// waiters. Called with a context that carries a transaction of the DB, it
+// joins it.
+//
+// An error other than ErrLeaseLost is ambiguous: calling Release again is
+// safe, and succeeds if the first one committed.
+func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
+	q, _, err := s.q(ctx)
+	if err == nil {
+		err = s.release(ctx, q, ref)
+	}
+	if err != nil {
+		return fmt.Errorf("idempg: release: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) release(ctx context.Context, q querier, ref idem.Ref) error {
+	tag, err := q.Exec(ctx, releaseSQL, string(ref.Scope), string(ref.Key), int64(ref.Token),
+		s.channel, notifyID(ref.Scope, ref.Key))
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM idem_keys WHERE scope = $1 AND key = $2)`,
+		string(ref.Scope), string(ref.Key)).Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		return idem.ErrLeaseLost
+	}
+	return nil
+}
+
+// liveSQL is true when a record counts at the statement's time: its TTL has
+// not passed, or a live lease still holds it (a takeover may push the lease
+// past the TTL, and the holder must not lose the key meanwhile).
+const liveSQL = `(expires_at > n.t OR (state = 'in_flight' AND lease_expires_at > n.t))`
+
+const getSQL = `SELECT ` + recordColumns + `
+	FROM idem_keys, (SELECT coalesce($3::timestamptz, clock_timestamp()) AS t) AS n
+	WHERE scope = $1 AND key = $2 AND ` + liveSQL
+
+// Get implements idem.Store. With Config.Clock nil, expiry is judged by the
+// database's clock. Called with a context whose transaction of the DB has
+// begun, it reads in that transaction and sees its writes.
+func (s *Store) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
+	var q querier = s.db.pool
+	if st := s.db.carried(ctx); st != nil {
+		if tx := st.begun(); tx != nil {
+			q = tx
+		}
+	}
+	var row recordRow
+	err := q.QueryRow(ctx, getSQL, string(scope), string(key), s.db.now()).Scan(row.dest()...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idem.Record{}, idem.ErrNotFound
+	}
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("idempg: get: %w", err)
+	}
+	rec, err := row.record(scope, key)
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("idempg: get: %w", err)
+	}
+	return rec, nil
+}
+
+// purgeSQL deletes up to $2 records whose TTL has passed and that no live
+// lease holds.
+//
+// The victims are found in expires_at order through its index: the time is
+// a stable expression (the injected clock's, or statement_timestamp(), the
+// statement's start on the database's clock), so it bounds the index scan
+// instead of filtering every row, and a purge with little to do reads
+// little. They are locked with SKIP LOCKED, so a row that a claim is
+// overwriting (or any transaction holds) is left for a later call instead
+// of waited for. A claim waits for a purge only when it claims anew one of
+// the expired keys that this very statement is deleting, and only until the
+// statement commits; claims of any other key never wait for it. The rows
+// are then deleted by
+// their physical address (ctid), which the row lock keeps valid until the
+// statement ends; the expiry is checked again on delete all the same.
+const purgeSQL = `WITH victims AS (
+	SELECT k.ctid FROM idem_keys AS k
+	WHERE k.expires_at <= coalesce($1::timestamptz, statement_timestamp())
+	  AND NOT (k.state = 'in_flight' AND k.lease_expires_at > coalesce($1::timestamptz, statement_timestamp()))
+	ORDER BY k.expires_at
+	LIMIT $2
+	FOR UPDATE OF k SKIP LOCKED)
+DELETE FROM idem_keys AS k
+WHERE k.ctid = ANY (ARRAY(SELECT ctid FROM victims))
+  AND k.expires_at <= coalesce($1::timestamptz, statement_timestamp())`
+
+// Purge implements idem.Store. limit must be positive. Each call is one
+// statement in its own short transaction (see purgeSQL) that locks only the
+// expired rows it deletes, skipping rows others hold, so claims of live keys
+// never wait for it. A limit of about a thousand keeps each call to some
+// milliseconds (BenchmarkClaimDuringPurge measures it). With Config.Clock
+// nil, expiry is judged by the database's clock.
+//
+// On its own, the purge is sent in one round trip as BEGIN, SET LOCAL
+// synchronous_commit TO off, the DELETE and COMMIT: a purge lost in a crash
+// only leaves expired rows for the next one, and a purge that does not wait
+// for its WAL flush spares the claims' WAL traffic a flush per batch. Called
+// with a context that carries a transaction of the DB, it joins it, keeps
+// that transaction's durability, and holds the row locks until that
+// transaction ends.
+func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, &idem.ArgumentError{Field: "limit", Reason: "must be positive"}
+	}
+	n, err := s.purge(ctx, limit)
+	if err != nil {
+		return 0, fmt.Errorf("idempg: purge: %w", err)
+	}
+	return n, nil
+}
+
+func (s *Store) purge(ctx context.Context, limit int) (int, error) {
+	if st := s.db.carried(ctx); st != nil {
+		tx, err := st.begin()
+		if err != nil {
+			return 0, &txError{"begin", err}
+		}
+		tag, err := tx.Exec(ctx, purgeSQL, s.db.now(), int64(limit))
+		return int(tag.RowsAffected()), err
+	}
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN`)
+	b.Queue(`SET LOCAL synchronous_commit TO off`)
+	b.Queue(purgeSQL, s.db.now(), int64(limit))
+	b.Queue(`COMMIT`)
+	res := s.db.pool.SendBatch(ctx, b)
+	n, err := purgeResults(res)
+	// Close reports the first error again, or one of its own; a failed
+	// batch's connection is left in a transaction, so the pool drops it.
+	if cerr := res.Close(); err == nil {
+		err = cerr
+	}
+	return n, err
+}
+
+// purgeResults reads the results of Purge's batch.
+func purgeResults(res pgx.BatchResults) (int, error) {
+	for _, stmt := range []string{"BEGIN", "SET"} {
+		if _, err := res.Exec(); err != nil {
+			return 0, fmt.Errorf("%s: %w", stmt, err)
+		}
+	}
+	tag, err := res.Exec()
+	if err != nil {
+		return 0, err
+	}
+	commit, err := res.Exec()
+	if err != nil {
+		return 0, fmt.Errorf("commit: %w", err)
+	}
+	if commit.String() == "ROLLBACK" {
+		return 0, pgx.ErrTxCommitRollback
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// CompleteTx implements idem.TxStore.
+//
+// work receives a context carrying a transaction of the DB that has not
+// begun yet: it begins (with Config.TxOptions) on a pool connection when
+// work first calls WithTx (or another Store method) with that context, or
+// for the completion. A handler that waits on something before it writes
+// therefore holds no connection meanwhile. work reaches the transaction
+// with db.WithTx(ctx, ...), whose fn joins it.
+//
+// When work returns keep=true and no error, the record is completed in the
+// same transaction (UPDATE ... WHERE token = ref.Token AND state =
+// 'in_flight', a compare-and-set), which then commits durably: the work's
+// writes and the key's completion are durable together or not at all. When
+// work returns keep=false or an error, when the completion finds the key no
+// longer held by ref.Token (ErrLeaseLost), or when work panics (the panic
+// goes on), the transaction is rolled back.
+//
+// A duplicate cannot run the work while this one is in flight, at any
+// isolation level: the claim committed before the work began, so it is
+// visible to every later claim, and the completion is fenced. If the lease
+// ends and another holder takes over and completes first, this completion
+// finds another token (ErrLeaseLost) under READ COMMITTED, or fails with a
+// serialization failure (SQLSTATE 40001) under REPEATABLE READ or
+// SERIALIZABLE; either way nothing of this work is committed.
+//
+// A second CompleteTx with a token that already completed the key returns
+// true and rolls back what work wrote this time: the first execution's
+// effect is the one that counts, so it is not applied twice.
+//
+// Errors: work's error is returned unchanged; ErrNestedCompleteTx when ctx
+// already carries a transaction of the same DB. Any other error after work
+// returned is ambiguous only when it is the COMMIT's (it says "commit": for
+// example the connection was lost during COMMIT) and is neither a
+// serialization failure (SQLSTATE 40001) nor pgx.ErrTxCommitRollback: the
+// writes and the completion may have committed, so do not release the key;
+// Get tells which (completed under ref.Token means it committed). Any other
+// error means nothing was committed and the key is still held by ref.Token,
+// unless its lease ends.
+func (s *Store) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) (bool, error) {
+	if work == nil {
+		return false, &idem.ArgumentError{Field: "work", Reason: "must not be nil"}
+	}
+	if s.db.carried(ctx) != nil {
+		return false, ErrNestedCompleteTx
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	st, txCtx := s.db.newTx(ctx)
+	defer st.end(false)
+
+	resp, keep, err := work(txCtx)
+	if err != nil || !keep {
+		return false, err
+	}
+	tx, err := st.begin()
+	if err != nil {
+		return false, fmt.Errorf("idempg: complete: begin: %w", err)
+	}
+	already, err := s.complete(ctx, tx, ref, resp)
+	if err != nil {
+		return false, fmt.Errorf("idempg: complete: %w", err)
+	}
+	if already {
+		return true, nil
+	}
+	if err := st.end(true); err != nil {
+		return false, fmt.Errorf("idempg: complete: commit: %w", err)
+	}
+	return true, nil
+}

@@ -1,0 +1,321 @@
+package idempg_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/idemtest"
+)
+
+func TestStore(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	idemtest.TestStore(t, func(t *testing.T, clock idem.Clock) idem.Store {
+		return newStore(t, openDB(t, url, idempg.Config{Clock: clock}))
+	})
+}
+
+// Many callers on many connections of several pools (as several replicas
+// would be) race for one key, judged by the database's clock: exactly one
+// gets it.
+func TestClaimManyConnections(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	schema := freshSchema(t, url)
+	const pools, perPool = 3, 24
+	stores := make([]*idempg.Store, pools)
+	for i := range stores {
+		stores[i] = newStore(t, openDB(t, url, idempg.Config{Schema: schema, MaxConns: 8}))
+	}
+	for round := range 3 {
+		req := idem.ClaimRequest{Scope: "s", Key: idem.Key(fmt.Sprintf("k-%d", round)), Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+		var (
+			mu       sync.Mutex
+			acquired []idem.Claim
+			others   []idem.Claim
+			errs     []error
+		)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range pools * perPool {
+			wg.Go(func() {
+				<-start
+				c, err := stores[i%pools].Claim(t.Context(), req)
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err != nil:
+					errs = append(errs, err)
+				case c.Outcome == idem.Acquired:
+					acquired = append(acquired, c)
+				default:
+					others = append(others, c)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		for _, err := range errs {
+			t.Error(err)
+		}
+		if len(acquired) != 1 {
+			t.Fatalf("round %d: %d claims acquired, want exactly 1", round, len(acquired))
+		}
+		for _, c := range others {
+			if c.Outcome != idem.InFlight || c.Record.Token != acquired[0].Token {
+				t.Errorf("round %d: losing claim = %v with token %d, want in_flight with the winner's %d",
+					round, c.Outcome, c.Record.Token, acquired[0].Token)
+			}
+		}
+	}
+}
+
+// With Config.Clock nil the database's clock decides: the record's times
+// are clock_timestamp() of the statement that wrote them.
+func TestDatabaseClock(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	db := openDB(t, url, idempg.Config{})
+	s := newStore(t, db)
+	req := idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: 7 * time.Second, TTL: time.Hour}
+
+	before := dbNow(t, db)
+	c := mustClaim(t, s, req)
+	after := dbNow(t, db)
+	r := c.Record
+	if r.CreatedAt.Before(before) || r.CreatedAt.After(after) {
+		t.Errorf("CreatedAt %v is not between the database's clock before (%v) and after (%v) the claim", r.CreatedAt, before, after)
+	}
+	if got := r.LeaseExpiresAt.Sub(r.CreatedAt); got != req.Lease {
+		t.Errorf("LeaseExpiresAt - CreatedAt = %v, want the lease %v", got, req.Lease)
+	}
+	if got := r.ExpiresAt.Sub(r.CreatedAt); got != req.TTL {
+		t.Errorf("ExpiresAt - CreatedAt = %v, want the TTL %v", got, req.TTL)
+	}
+	// The fencing token is the database's clock in microseconds too, so
+	// tokens issued after a crash exceed any issued (and lost) before it.
+	if c.Token < idem.Token(before.UnixMicro()) || c.Token > idem.Token(after.UnixMicro()) {
+		t.Errorf("Token %d is not between the database's clock before (%d) and after (%d) in microseconds",
+			c.Token, before.UnixMicro(), after.UnixMicro())
+	}
+
+	before = dbNow(t, db)
+	if err := s.Complete(t.Context(), refOf(c), idem.Response{Status: 201}); err != nil {
+		t.Fatal(err)
+	}
+	after = dbNow(t, db)
+	got, err := s.Get(t.Context(), req.Scope, req.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.CompletedAt.Before(before) || got.CompletedAt.After(after) {
+		t.Errorf("CompletedAt %v is not between the database's clock before (%v) and after (%v) Complete", got.CompletedAt, before, after)
+	}
+	if !got.CreatedAt.Equal(r.CreatedAt) {
+		t.Errorf("Get: CreatedAt = %v, want %v", got.CreatedAt, r.CreatedAt)
+	}
+}
+
+// With the database's clock, a lease really ends: the key is taken over no
+// sooner than the database's clock passes the lease, and a waiter is woken
+// when it does.
+func TestLeaseExpiryRealTime(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	db := openDB(t, url, idempg.Config{})
+	s := newStore(t, db)
+	const lease = 200 * time.Millisecond
+	req := idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: lease, TTL: time.Minute}
+	first := mustClaim(t, s, req)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	for {
+		c, err := s.Claim(ctx, req)
+		if err != nil {
+			t.Fatalf("Claim while waiting for the lease to end: %v", err)
+		}
+		if c.Outcome == idem.Acquired {
+			claimedAt := c.Record.LeaseExpiresAt.Add(-lease)
+			if !c.TookOver || c.Token <= first.Token {
+				t.Errorf("claim after the lease = TookOver %v, token %d; want a takeover with a token above %d", c.TookOver, c.Token, first.Token)
+			}
+			if claimedAt.Before(first.Record.LeaseExpiresAt) {
+				t.Errorf("taken over at %v, before the lease ended at %v", claimedAt, first.Record.LeaseExpiresAt)
+			}
+			return
+		}
+		if c.Outcome != idem.InFlight || c.Record.Token != first.Token {
+			t.Fatalf("Claim during the lease = %v, token %d; want in_flight under %d", c.Outcome, c.Record.Token, first.Token)
+		}
+		// Returns when the lease ends, by the store's timer: nothing else
+		// changes the key.
+		if err := s.WaitChange(ctx, req.Scope, req.Key); err != nil {
+			t.Fatalf("WaitChange: %v (the lease of %v should have ended)", err, lease)
+		}
+	}
+}
+
+// A claim made on its own commits with synchronous_commit off; a claim that
+// joins the caller's transaction leaves that transaction's setting alone.
+func TestClaimCommitsAsynchronously(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	db := openDB(t, url, idempg.Config{})
+	s := newStore(t, db)
+	ctx := t.Context()
+
+	var serverDefault string
+	if err := db.Pool().QueryRow(ctx, `SHOW synchronous_commit`).Scan(&serverDefault); err != nil {
+		t.Fatal(err)
+	}
+	if serverDefault == "off" {
+		t.Skip("the server runs with synchronous_commit=off already")
+	}
+
+	// The function as Claim calls it on its own, inside a transaction kept
+	// open to look at the setting it leaves for the COMMIT.
+	err := pgx.BeginFunc(ctx, db.Pool(), func(tx pgx.Tx) error {
+		var outcome, setting string
+		if err := tx.QueryRow(ctx, `SELECT o_outcome FROM idem_claim('s', 'k', 'fp', 1000000, 3600000000, NULL, true, 'c', 'id')`).Scan(&outcome); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&setting); err != nil {
+			return err
+		}
+		if outcome != "acquired" || setting != "off" {
+			t.Errorf("after idem_claim(async): outcome %q, synchronous_commit %q; want acquired, off", outcome, setting)
+		}
+		return errors.New("roll back")
+	})
+	if err == nil {
+		t.Fatal("the transaction committed")
+	}
+
+	err = db.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := s.Claim(ctx, idem.ClaimRequest{Scope: "s", Key: "k2", Fingerprint: "fp", Lease: time.Second, TTL: time.Hour}); err != nil {
+			return err
+		}
+		var setting string
+		if err := tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&setting); err != nil {
+			return err
+		}
+		if setting != serverDefault {
+			t.Errorf("after a joined Claim, synchronous_commit = %q, want the session's %q", setting, serverDefault)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Purge skips rows another transaction holds (SKIP LOCKED) instead of
+// waiting for them, and takes them on a later call.
+func TestPurgeSkipsLockedRows(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	clock := idemtest.NewClock(idemtest.Start)
+	db := openDB(t, url, idempg.Config{Clock: clock})
+	s := newStore(t, db)
+	ctx := t.Context()
+	for _, k := range []idem.Key{"a", "b", "c"} {
+		c := mustClaim(t, s, idem.ClaimRequest{Scope: "s", Key: k, Fingerprint: "fp", Lease: time.Second, TTL: time.Minute})
+		if err := s.Complete(ctx, refOf(c), idem.Response{Status: 200}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(2 * time.Minute)
+
+	locker, err := db.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(context.WithoutCancel(ctx))
+	if _, err := locker.Exec(ctx, `SELECT 1 FROM idem_keys WHERE scope = 's' AND key = 'b' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+
+	// Bounded, so that a purge waiting for the lock fails instead of
+	// hanging.
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if n, err := s.Purge(pctx, 10); err != nil || n != 2 {
+		t.Fatalf("Purge with b locked = %d, %v; want 2, nil", n, err)
+	}
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Purge(ctx, 10); err != nil || n != 1 {
+		t.Fatalf("Purge after b was unlocked = %d, %v; want 1, nil", n, err)
+	}
+}
+
+func TestClaimRefusesTextPostgreSQLCannotHold(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	s := newStore(t, openDB(t, url, idempg.Config{}))
+	valid := idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Second, TTL: time.Hour}
+	cases := []struct {
+		name   string
+		mutate func(*idem.ClaimRequest)
+	}{
+		{"NUL in scope", func(r *idem.ClaimRequest) { r.Scope = "a\x00b" }},
+		{"invalid UTF-8 in scope", func(r *idem.ClaimRequest) { r.Scope = "\xff" }},
+		{"NUL in key", func(r *idem.ClaimRequest) { r.Key = "a\x00" }},
+		{"invalid UTF-8 in fingerprint", func(r *idem.ClaimRequest) { r.Fingerprint = "\xc3" }},
+	}
+	for _, tc := range cases {
+		req := valid
+		tc.mutate(&req)
+		_, err := s.Claim(t.Context(), req)
+		var argErr *idem.ArgumentError
+		if !errors.As(err, &argErr) {
+			t.Errorf("%s: Claim = %v, want an *idem.ArgumentError", tc.name, err)
+		}
+	}
+	mustClaim(t, s, valid)
+}
+
+// Purge joins the caller's transaction and rolls back with it; on its own
+// it fails cleanly on a cancelled context and the pool keeps working.
+func TestPurgeTransactions(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	clock := idemtest.NewClock(idemtest.Start)
+	db := openDB(t, url, idempg.Config{Clock: clock, MaxConns: 1})
+	s := newStore(t, db)
+	ctx := t.Context()
+	for _, k := range []idem.Key{"a", "b"} {
+		mustClaim(t, s, idem.ClaimRequest{Scope: "s", Key: k, Fingerprint: "fp", Lease: time.Second, TTL: time.Minute})
+	}
+	clock.Advance(2 * time.Minute)
+
+	errUndo := errors.New("undo")
+	err := db.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		if n, err := s.Purge(ctx, 10); err != nil || n != 2 {
+			t.Errorf("Purge in a transaction = %d, %v; want 2, nil", n, err)
+		}
+		return errUndo
+	})
+	if !errors.Is(err, errUndo) {
+		t.Fatalf("WithTx = %v", err)
+	}
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if n, err := s.Purge(cancelled, 10); !errors.Is(err, context.Canceled) || n != 0 {
+		t.Errorf("Purge with a cancelled context = %d, %v; want 0, context.Canceled", n, err)
+	}
+	if n, err := s.Purge(ctx, 10); err != nil || n != 2 {
+		t.Errorf("Purge after the rolled back one = %d, %v; want 2, nil", n, err)
+	}
+}

@@ -1,0 +1,436 @@
+package payments
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math"
+	"net"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idem-go/idem/idempg"
+)
+
+//go:embed pgmigrations/*.sql
+var pgMigrationFiles embed.FS
+
+// MigratePostgres applies the service's own migrations (accounts, payments,
+// deposits) to db's schema, for tools that prepare a database without
+// running the service. It is idempotent and safe to run from several
+// processes at once (idempg.DB.Migrate serialises them). New does the same,
+// and idempg.NewStore migrates the idempotency keys' tables.
+func MigratePostgres(ctx context.Context, db *idempg.DB) error {
+	if db == nil {
+		return fmt.Errorf("%w: Postgres is required", ErrConfig)
+	}
+	if err := migratePostgres(ctx, db); err != nil {
+		return fmt.Errorf("payments: migrate: %w", err)
+	}
+	return nil
+}
+
+func migratePostgres(ctx context.Context, db *idempg.DB) error {
+	sub, err := fs.Sub(pgMigrationFiles, "pgmigrations")
+	if err != nil {
+		return err
+	}
+	return db.Migrate(ctx, migrationComponent, sub)
+}
+
+// pgStorage is storage on an idempg database: writes go through DB.WithTx
+// (joining the idempotency key's transaction when there is one), reads
+// through the pool.
+//
+// Every write locks the account's row first (SELECT … FOR UPDATE), so
+// writes to one account are serialised whatever the isolation level, and
+// the checks made under the lock still hold when the row is written.
+type pgStorage struct {
+	db *idempg.DB
+}
+
+// pgTime is the time PostgreSQL keeps of t: timestamptz has microseconds.
+// Answers are built from it, so a payment reads back exactly as it was
+// answered.
+func pgTime(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }
+
+// pgErr wraps an error from pgx. Failures of the connection or the server
+// (as opposed to an error in the statement) also match ErrTransient: the
+// statement's transaction cannot have committed, so the request may be
+// retried.
+func pgErr(op string, err error) error {
+	if isTransientPG(err) {
+		return fmt.Errorf("%s: %w", op, errors.Join(err, ErrTransient))
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+func isTransientPG(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch {
+		case strings.HasPrefix(pe.Code, "08"): // connection exception
+			return true
+		case pe.Code == "40001", pe.Code == "40P01": // serialization failure, deadlock
+			return true
+		case strings.HasPrefix(pe.Code, "57P"): // shutdown, crash, cannot connect now
+			return true
+		case pe.Code == "53300": // too many connections
+			return true
+		}
+		return false
+	}
+	if errors.Is(err, pgx.ErrNoRows) || errors.Is(err, pgx.ErrTooManyRows) {
+		return false
+	}
+	// Not an answer from the server: the connection failed, was closed
+	// under the statement, or timed out.
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	return errors.As(err, &ce) || errors.As(err, &ne) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+// write runs fn in WithTx. A failure to begin (fn never ran) wrote
+// nothing and is transient; a failure after fn succeeded is the commit's,
+// and is marked with errOutcomeUnknown: after a failed commit nobody knows
+// whether it happened.
+func (s *pgStorage) write(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	var ran bool
+	var fnErr error
+	err := s.db.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		ran = true
+		fnErr = fn(ctx, tx)
+		return fnErr
+	})
+	switch {
+	case err == nil || fnErr != nil:
+		return err
+	case !ran:
+		return pgErr("begin", err)
+	default:
+		return fmt.Errorf("%w: %w", errOutcomeUnknown, err)
+	}
+}
+
+// pgArgs are o's column values: NULLs for none.
+func (o origin) pgArgs() (key, claimedAt any) {
+	if o.none() {
+		return nil, nil
+	}
+	return o.key, pgTime(o.claimedAt)
+}
+
+func (s *pgStorage) CreateAccount(ctx context.Context, a Account) error {
+	return s.write(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx,
+			`INSERT INTO accounts (id, tenant, balance, currency, created_at) VALUES ($1, $2, $3, $4, $5)`,
+			a.ID, a.Tenant, a.Balance, a.Currency, pgTime(a.CreatedAt))
+		if err != nil {
+			return pgErr("insert account", err)
+		}
+		return injectBeforeCommit(ctx)
+	})
+}
+
+func (s *pgStorage) Account(ctx context.Context, tenant, id string) (Account, error) {
+	a := Account{ID: id, Tenant: tenant}
+	err := s.db.Pool().QueryRow(ctx,
+		`SELECT balance, currency, created_at FROM accounts WHERE id = $1 AND tenant = $2`,
+		id, tenant).Scan(&a.Balance, &a.Currency, &a.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Account{}, ErrAccountNotFound
+	}
+	if err != nil {
+		return Account{}, pgErr("read account", err)
+	}
+	a.CreatedAt = a.CreatedAt.UTC()
+	return a, nil
+}
+
+// CreatePayment orders its steps like sqliteStorage.CreatePayment: lock the
+// account, look for the payment of the same origin, check, insert the
+// payment (ON CONFLICT DO NOTHING: the constraint decides), and only when
+// the row was inserted, debit. Refusals return nil from the transaction
+// function and the refusal after it, so the key's transaction still commits
+// the refusal's answer. No statement may fail on purpose: in PostgreSQL a
+// failed statement aborts the whole transaction, the key's included.
+func (s *pgStorage) CreatePayment(ctx context.Context, p Payment, o origin) (Payment, error) {
+	p.CreatedAt = pgTime(p.CreatedAt)
+	var refusal error
+	var out Payment
+	err := s.write(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		refusal, out = nil, Payment{}
+		var balance int64
+		var currency string
+		err := tx.QueryRow(ctx,
+			`SELECT balance, currency FROM accounts WHERE id = $1 AND tenant = $2 FOR UPDATE`,
+			p.AccountID, p.Tenant).Scan(&balance, &currency)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			refusal = ErrAccountNotFound
+			return nil
+		case err != nil:
+			return pgErr("lock account", err)
+		}
+		if existing, found, err := pgPaymentOf(ctx, tx, p.Tenant, o); err != nil {
+			return err
+		} else if found {
+			out, refusal = existingPayment(existing, p)
+			return nil
+		}
+		switch {
+		case currency != p.Currency:
+			refusal = &FieldError{Field: "currency",
+				Reason: fmt.Sprintf("is %s but the account holds %s", p.Currency, currency),
+				Err:    ErrCurrencyMismatch}
+			return nil
+		case balance < p.Amount:
+			refusal = ErrInsufficientFunds
+			return nil
+		}
+		key, claimedAt := o.pgArgs()
+		tag, err := tx.Exec(ctx,
+			`INSERT INTO payments (id, tenant, account_id, amount, currency, description, status, created_at, idempotency_key, key_claimed_at)
+			 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+			 ON CONFLICT ON CONSTRAINT payments_idempotency DO NOTHING`,
+			p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, p.CreatedAt, key, claimedAt)
+		if err != nil {
+			return pgErr("insert payment", err)
+		}
+		if tag.RowsAffected() != 1 {
+			// Another execution of the same origin committed its payment
+			// after the look-up (it was not waiting on this account's lock:
+			// it paid from another account). Nothing is written yet.
+			existing, found, err := pgPaymentOf(ctx, tx, p.Tenant, o)
+			if err != nil {
+				return err
+			}
+			if !found {
+				return errors.New("insert payment: conflict on the idempotency origin, but no payment has it")
+			}
+			out, refusal = existingPayment(existing, p)
+			return nil
+		}
+		// The balance condition repeats the check inside the write, so even
+		// without the lock no interleaving could take it below zero.
+		tag, err = tx.Exec(ctx,
+			`UPDATE accounts SET balance = balance - $1 WHERE id = $2 AND tenant = $3 AND balance >= $1`,
+			p.Amount, p.AccountID, p.Tenant)
+		if err != nil {
+			return pgErr("debit account", err)
+		}
+		if tag.RowsAffected() != 1 {
+			return errors.New("debit account: the balance changed under the row lock")
+		}
+		out = p
+		return injectBeforeCommit(ctx)
+	})
+	if err != nil {
+		return Payment{}, err
+	}
+	if refusal != nil {
+		return Payment{}, refusal
+	}
+	return out, nil
+}
+
+const pgPaymentColumns = `id, tenant, account_id, amount, currency, description, status, created_at`
+
+func scanPGPayment(row pgx.Row) (Payment, error) {
+	var p Payment
+	if err := row.Scan(&p.ID, &p.Tenant, &p.AccountID, &p.Amount, &p.Currency, &p.Description, &p.Status, &p.CreatedAt); err != nil {
+		return Payment{}, err
+	}
+	p.CreatedAt = p.CreatedAt.UTC()
+	return p, nil
+}
+
+// pgPaymentOf returns the payment o made, if any.
+func pgPaymentOf(ctx context.Context, tx pgx.Tx, tenant string, o origin) (Payment, bool, error) {
+	if o.none() {
+		return Payment{}, false, nil
+	}
+	key, claimedAt := o.pgArgs()
+	p, err := scanPGPayment(tx.QueryRow(ctx,
+		`SELECT `+pgPaymentColumns+` FROM payments WHERE tenant = $1 AND idempotency_key = $2 AND key_claimed_at = $3`,
+		tenant, key, claimedAt))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Payment{}, false, nil
+	}
+	if err != nil {
+		return Payment{}, false, pgErr("read the payment of the idempotency key", err)
+	}
+	return p, true, nil
+}
+
+func (s *pgStorage) Payment(ctx context.Context, tenant, id string) (Payment, error) {
+	p, err := scanPGPayment(s.db.Pool().QueryRow(ctx,
+		`SELECT `+pgPaymentColumns+` FROM payments WHERE id = $1 AND tenant = $2`, id, tenant))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Payment{}, ErrPaymentNotFound
+	}
+	if err != nil {
+		return Payment{}, pgErr("read payment", err)
+	}
+	return p, nil
+}
+
+func (s *pgStorage) AccountPayments(ctx context.Context, tenant, accountID string, limit int) ([]Payment, bool, error) {
+	// One snapshot for the account check and the list.
+	tx, err := s.db.Pool().BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, false, pgErr("begin read", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only; nothing to undo
+	var one int
+	err = tx.QueryRow(ctx, `SELECT 1 FROM accounts WHERE id = $1 AND tenant = $2`, accountID, tenant).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, ErrAccountNotFound
+	}
+	if err != nil {
+		return nil, false, pgErr("read account", err)
+	}
+	rows, err := tx.Query(ctx,
+		`SELECT `+pgPaymentColumns+` FROM payments WHERE account_id = $1 AND tenant = $2
+		 ORDER BY created_at DESC, seq DESC LIMIT $3`, accountID, tenant, limit+1)
+	if err != nil {
+		return nil, false, pgErr("list payments", err)
+	}
+	defer rows.Close()
+	list := []Payment{}
+	for rows.Next() {
+		p, err := scanPGPayment(rows)
+		if err != nil {
+			return nil, false, pgErr("list payments", err)
+		}
+		list = append(list, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, false, pgErr("list payments", err)
+	}
+	more := len(list) > limit
+	if more {
+		list = list[:limit]
+	}
+	return list, more, nil
+}
+
+// CreateDeposit orders its steps like CreatePayment: lock, look-up, check,
+// insert (the constraint decides), credit.
+func (s *pgStorage) CreateDeposit(ctx context.Context, d Deposit, o origin) (Deposit, error) {
+	d.CreatedAt = pgTime(d.CreatedAt)
+	var refusal error
+	var out Deposit
+	err := s.write(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		refusal, out = nil, Deposit{}
+		var balance int64
+		err := tx.QueryRow(ctx,
+			`SELECT balance FROM accounts WHERE id = $1 AND tenant = $2 FOR UPDATE`, d.AccountID, d.Tenant).Scan(&balance)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			refusal = ErrAccountNotFound
+			return nil
+		case err != nil:
+			return pgErr("lock account", err)
+		}
+		if existing, found, err := pgDepositOf(ctx, tx, d.Tenant, o); err != nil {
+			return err
+		} else if found {
+			out, refusal = existingDeposit(existing, d)
+			return nil
+		}
+		if balance > math.MaxInt64-d.Amount {
+			refusal = ErrBalanceOverflow
+			return nil
+		}
+		d.Balance = balance + d.Amount
+		key, claimedAt := o.pgArgs()
+		tag, err := tx.Exec(ctx,
+			`INSERT INTO deposits (id, tenant, account_id, amount, balance_after, created_at, idempotency_key, key_claimed_at)
+			 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+			 ON CONFLICT ON CONSTRAINT deposits_idempotency DO NOTHING`,
+			d.ID, d.Tenant, d.AccountID, d.Amount, d.Balance, d.CreatedAt, key, claimedAt)
+		if err != nil {
+			return pgErr("insert deposit", err)
+		}
+		if tag.RowsAffected() != 1 {
+			existing, found, err := pgDepositOf(ctx, tx, d.Tenant, o)
+			if err != nil {
+				return err
+			}
+			if !found {
+				return errors.New("insert deposit: conflict on the idempotency origin, but no deposit has it")
+			}
+			out, refusal = existingDeposit(existing, d)
+			return nil
+		}
+		var after int64
+		err = tx.QueryRow(ctx,
+			`UPDATE accounts SET balance = balance + $1 WHERE id = $2 AND tenant = $3 AND balance <= $4 RETURNING balance`,
+			d.Amount, d.AccountID, d.Tenant, math.MaxInt64-d.Amount).Scan(&after)
+		if err != nil {
+			return pgErr("credit account", err)
+		}
+		if after != d.Balance {
+			return fmt.Errorf("credit account: the balance changed under the row lock (%d, expected %d)", after, d.Balance)
+		}
+		out = d
+		return injectBeforeCommit(ctx)
+	})
+	if err != nil {
+		return Deposit{}, err
+	}
+	if refusal != nil {
+		return Deposit{}, refusal
+	}
+	return out, nil
+}
+
+// pgDepositOf returns the deposit o made, if any.
+func pgDepositOf(ctx context.Context, tx pgx.Tx, tenant string, o origin) (Deposit, bool, error) {
+	if o.none() {
+		return Deposit{}, false, nil
+	}
+	key, claimedAt := o.pgArgs()
+	d := Deposit{Tenant: tenant}
+	err := tx.QueryRow(ctx,
+		`SELECT id, account_id, amount, balance_after, created_at FROM deposits
+		 WHERE tenant = $1 AND idempotency_key = $2 AND key_claimed_at = $3`,
+		tenant, key, claimedAt).Scan(&d.ID, &d.AccountID, &d.Amount, &d.Balance, &d.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Deposit{}, false, nil
+	}
+	if err != nil {
+		return Deposit{}, false, pgErr("read the deposit of the idempotency key", err)
+	}
+	d.CreatedAt = d.CreatedAt.UTC()
+	return d, true, nil
+}
+
+func (s *pgStorage) Counts(ctx context.Context) (accounts, payments, deposits int64, err error) {
+	err = s.db.Pool().QueryRow(ctx,
+		`SELECT (SELECT count(*) FROM accounts), (SELECT count(*) FROM payments), (SELECT count(*) FROM deposits)`).
+		Scan(&accounts, &payments, &deposits)
+	if err != nil {
+		return 0, 0, 0, pgErr("count rows", err)
+	}
+	return accounts, payments, deposits, nil
+}
+
+func (s *pgStorage) Ping(ctx context.Context) error {
+	var one int
+	if err := s.db.Pool().QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil {
+		return pgErr("ping", err)
+	}
+	return nil
+}
