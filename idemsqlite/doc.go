@@ -25,6 +25,19 @@
 // process. Foreign keys are enforced. Every connection gets these settings
 // from the DSN, including connections database/sql opens later.
 //
+// Two exceptions make first executions and replays cheaper without giving
+// any of that up:
+//   - a Claim that finds a live record (a replay, a duplicate in flight, a
+//     mismatch) is answered from the read pool and never queues for the
+//     writer; only a claim that may write goes to the writer, which reads
+//     the record again there, so exactly one claimant still wins;
+//   - a claim (and a purge) commits without a sync. Nothing ran under a
+//     claim that is not in a later, synced commit, and a synced commit
+//     fsyncs the whole WAL file, earlier unsynced frames included: once
+//     anything after the claim is durable, the claim is too. Losing a claim
+//     to a power failure only frees its key. The writer goes back to
+//     synchronous=FULL before anyone else uses it.
+//
 // # Schemas
 //
 // DB.Migrate applies numbered .sql files for a named component, each in its
