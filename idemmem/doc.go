@@ -17,6 +17,9 @@
 // clock (idemtest.Clock) instead of sleeping. Nothing is purged on its own:
 // call Purge periodically, as with every Store.
 //
+// The message side lives here too, each described on its type: Transport,
+// Inbox (with Tx, Transact and Counters), Outbox, DeadLetters and Ledger.
+//
 // Because records live in the process, idemmem cannot give the guarantees
 // of a durable store across crashes or between processes; use idemsqlite,
 // or a shared backend, for that.

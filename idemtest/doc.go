@@ -37,6 +37,10 @@
 // Subtests run in parallel, each on its own store. Waits for other
 // goroutines are bounded (10 s), so a broken store fails instead of hanging.
 //
+// TestTransport (gated by TransportFeatures), TestInbox, TestOutbox,
+// TestDeadLetters and TestLedger are suites of the same kind for the message
+// interfaces; each one's doc says what it checks and what it needs.
+//
 // # Tests that need a service
 //
 // RequireService decides whether a test that needs PostgreSQL, Redis, NATS or

@@ -1,0 +1,303 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// Handler applies one message. It runs inside the inbox's transaction: ctx
+// carries it (each inbox documents how to reach it), so the handler's writes
+// and the inbox row commit together, or not at all.
+//
+// Return nil when the message is applied, idem.Permanent(err) when it can
+// never be (malformed, the data it refers to is gone), idem.RetryAfter(err,
+// d) to be retried after d, and any other error to be retried with the
+// policy's backoff. A panic is recovered and counts as a transient failure.
+type Handler func(ctx context.Context, m idem.Message) error
+
+// OrderPolicy says what happens to the later messages of a key once one of
+// its messages has been dead-lettered.
+type OrderPolicy int
+
+const (
+	// Park holds the key back: its later messages are parked in the Ledger,
+	// in order, until the dead letter is re-driven or discarded and the key
+	// is let go. Applying them past the failed one would break the order the
+	// key stands for.
+	Park OrderPolicy = iota
+	// LetThrough applies the later messages as if the dead-lettered one had
+	// not been there. For keys whose messages carry the final state, where
+	// order does not change the outcome.
+	LetThrough
+)
+
+func (p OrderPolicy) String() string {
+	switch p {
+	case Park:
+		return "park"
+	case LetThrough:
+		return "let-through"
+	}
+	return fmt.Sprintf("OrderPolicy(%d)", int(p))
+}
+
+// Timers schedules the consumer's wake-ups: the delays of retries that wait
+// inside the consumer, and the InProgress heartbeats of held deliveries.
+// Tests that drive a manual Clock pass Timers driven by the same clock, so
+// that moving the clock fires them.
+type Timers interface {
+	// AfterFunc calls f, in a goroutine of its own, once d has passed,
+	// unless stop is called first. stop reports whether it prevented the
+	// call.
+	AfterFunc(d time.Duration, f func()) (stop func() bool)
+}
+
+// RuntimeTimers are the Go runtime's timers (time.AfterFunc).
+type RuntimeTimers struct{}
+
+// AfterFunc calls time.AfterFunc.
+func (RuntimeTimers) AfterFunc(d time.Duration, f func()) func() bool {
+	return time.AfterFunc(d, f).Stop
+}
+
+// Config configures a Consumer. Name, Topic, Subscriber, Inbox, DeadLetters
+// and Ledger are required; every other field has a default.
+type Config struct {
+	// Name is the consumer's name: its durable subscription, and the
+	// namespace of its inbox rows, ledger entries and dead letters.
+	// Required.
+	Name string
+	// Topic is what to consume. Required.
+	Topic string
+
+	// Subscriber delivers the topic's messages. Required.
+	Subscriber idem.Subscriber
+	// Inbox de-duplicates the messages, in the database the handler writes
+	// to. Required.
+	Inbox idem.Inbox
+	// DeadLetters keeps the messages that failed for good. Required.
+	DeadLetters idem.DeadLetters
+	// Ledger keeps failed attempts across restarts and the keys held back
+	// behind a dead letter. Required.
+	Ledger idem.Ledger
+
+	// DedupKey derives the key the inbox de-duplicates by, such as an event
+	// ID in the payload, so that a copy re-published under another message
+	// ID is still caught. An error, a panic or an empty key means the
+	// message is malformed: it is dead-lettered at once as permanent.
+	// Defaults to the message ID.
+	DedupKey func(idem.Message) (string, error)
+
+	// Retry bounds and spaces the attempts of failing messages. Defaults to
+	// the zero idem.RetryPolicy: 10 attempts, full jitter from 100ms, capped
+	// at 30s.
+	Retry idem.RetryPolicy
+
+	// AfterDeadLetter says what happens to a key's later messages once one
+	// of its messages is dead-lettered. Defaults to Park.
+	AfterDeadLetter OrderPolicy
+
+	// Concurrency is how many messages are handled at once. Messages of
+	// one key are always handled one at a time, in order. Defaults to 4.
+	Concurrency int
+
+	// MaxPending bounds the deliveries held in memory at once: being
+	// handled, queued behind an earlier message of their key, or waiting
+	// for a retry. When it is reached the consumer stops taking deliveries
+	// from the transport until one is settled. It is also the
+	// subscription's MaxInFlight. Defaults to 64 per unit of Concurrency.
+	MaxPending int
+
+	// AckWait is how long the transport waits for a settlement before it
+	// delivers a message again. The consumer calls InProgress on the
+	// deliveries it holds (queued behind their key, waiting for a retry, or
+	// in a long handler) every quarter of it, so that they are not
+	// delivered again meanwhile. Defaults to 30s.
+	AckWait time.Duration
+
+	// InTx runs fn in one transaction of the database the DeadLetters and
+	// Ledger live in, passing fn a context that carries it, so that a dead
+	// letter, the hold on its key and the removal of its attempts commit
+	// together. With idemsqlite, wrap DB.WithTx. Defaults to calling fn
+	// with ctx: each store call then commits on its own, and a crash
+	// between them can leave a message dead-lettered twice.
+	InTx func(ctx context.Context, fn func(ctx context.Context) error) error
+
+	// Clock dates attempts and heartbeats. Defaults to idem.SystemClock.
+	Clock idem.Clock
+	// Timers schedules retries and heartbeats; set it with Clock. Defaults
+	// to RuntimeTimers.
+	Timers Timers
+	// Logger receives failures, dead letters and settlement errors.
+	// Defaults to a logger that discards.
+	Logger *slog.Logger
+}
+
+// Stats counts what a Consumer did, since it was created.
+type Stats struct {
+	// Processed counts messages whose handler succeeded and committed.
+	Processed int64
+	// Duplicates counts deliveries the inbox had already processed: they
+	// were acknowledged without running the handler.
+	Duplicates int64
+	// Retried counts failed attempts that were scheduled to be retried.
+	Retried int64
+	// DeadLettered counts messages moved to the dead letters.
+	DeadLettered int64
+	// Parked counts messages parked behind a dead letter of their key.
+	Parked int64
+}
+
+// ErrRunning is returned by Run when the Consumer is already running.
+var ErrRunning = errors.New("consumer: already running")
+
+// ErrPanic is matched (with errors.Is) by the error a panicking handler
+// leaves; the attempt counts as a transient failure.
+var ErrPanic = errors.New("consumer: handler panicked")
+
+// Consumer applies a topic's messages exactly once, in order per key, with
+// retries and dead letters. Create it with New, start it with Run.
+type Consumer struct {
+	cfg     Config
+	log     *slog.Logger
+	running atomic.Bool
+
+	processed, duplicates, retried, deadLettered, parked atomic.Int64
+}
+
+// New applies the defaults to cfg, validates it and returns a Consumer.
+// A missing or malformed field is an *idem.ArgumentError.
+func New(cfg *Config) (*Consumer, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	c := *cfg
+	required := []struct {
+		field string
+		ok    bool
+	}{
+		{"Name", c.Name != ""},
+		{"Topic", c.Topic != ""},
+		{"Subscriber", c.Subscriber != nil},
+		{"Inbox", c.Inbox != nil},
+		{"DeadLetters", c.DeadLetters != nil},
+		{"Ledger", c.Ledger != nil},
+	}
+	for _, r := range required {
+		if !r.ok {
+			return nil, &idem.ArgumentError{Field: "consumer.Config." + r.field, Reason: "is required"}
+		}
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 4
+	}
+	if c.MaxPending == 0 {
+		c.MaxPending = 64 * max(c.Concurrency, 1)
+	}
+	if c.AckWait == 0 {
+		c.AckWait = 30 * time.Second
+	}
+	switch {
+	case c.Concurrency < 0:
+		return nil, &idem.ArgumentError{Field: "consumer.Config.Concurrency", Reason: "must not be negative"}
+	case c.MaxPending < c.Concurrency:
+		return nil, &idem.ArgumentError{Field: "consumer.Config.MaxPending", Reason: fmt.Sprintf("must be at least Concurrency (%d)", c.Concurrency)}
+	case c.AckWait < 0:
+		return nil, &idem.ArgumentError{Field: "consumer.Config.AckWait", Reason: "must not be negative"}
+	case c.AfterDeadLetter != Park && c.AfterDeadLetter != LetThrough:
+		return nil, &idem.ArgumentError{Field: "consumer.Config.AfterDeadLetter", Reason: "must be Park or LetThrough"}
+	case c.Retry.MaxAttempts < 0:
+		return nil, &idem.ArgumentError{Field: "consumer.Config.Retry.MaxAttempts", Reason: "must not be negative"}
+	}
+	if c.DedupKey == nil {
+		c.DedupKey = func(m idem.Message) (string, error) { return m.ID, nil }
+	}
+	if c.InTx == nil {
+		c.InTx = func(ctx context.Context, fn func(context.Context) error) error { return fn(ctx) }
+	}
+	if c.Clock == nil {
+		c.Clock = idem.SystemClock{}
+	}
+	if c.Timers == nil {
+		c.Timers = RuntimeTimers{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Consumer{cfg: c, log: c.Logger.With(slog.String("consumer", c.Name))}, nil
+}
+
+// Stats returns the consumer's counts so far.
+func (c *Consumer) Stats() Stats {
+	return Stats{
+		Processed:    c.processed.Load(),
+		Duplicates:   c.duplicates.Load(),
+		Retried:      c.retried.Load(),
+		DeadLettered: c.deadLettered.Load(),
+		Parked:       c.parked.Load(),
+	}
+}
+
+// Run subscribes and handles deliveries with h until ctx is done, then
+// returns nil once the handlers in flight have returned (their context is
+// cancelled). Deliveries not settled by then are not acknowledged: the
+// transport delivers them again, to this consumer's next run.
+//
+// Run returns early with an error when the subscription cannot be made or
+// its stream fails, and ErrRunning when the Consumer is already running.
+func (c *Consumer) Run(ctx context.Context, h Handler) error {
+	if h == nil {
+		return &idem.ArgumentError{Field: "consumer.Run handler", Reason: "must not be nil"}
+	}
+	if !c.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer c.running.Store(false)
+
+	stream, err := c.cfg.Subscriber.Subscribe(ctx, idem.Subscription{
+		Topic:       c.cfg.Topic,
+		Consumer:    c.cfg.Name,
+		AckWait:     c.cfg.AckWait,
+		MaxInFlight: c.cfg.MaxPending,
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("consumer %q: subscribe to %q: %w", c.cfg.Name, c.cfg.Topic, err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r := newRunner(rctx, cancel, c, h, stream)
+	err = r.run()
+	if cerr := stream.Close(); cerr != nil && !errors.Is(cerr, idem.ErrClosed) {
+		c.log.LogAttrs(ctx, slog.LevelWarn, "closing the stream failed", slog.String("error", cerr.Error()))
+	}
+	return err
+}
+
+// Info describes the delivery a Handler is processing.
+type Info struct {
+	// Consumer is the consumer's name.
+	Consumer string
+	// DedupKey is the key the inbox de-duplicates the message by.
+	DedupKey string
+	// Attempt counts the attempts to process the message, from 1, across
+	// redeliveries and consumer restarts.
+	Attempt int
+}
+
+type infoKey struct{}
+
+// InfoFromContext returns the Info of the delivery being handled, when ctx
+// is (derived from) a Handler's context.
+func InfoFromContext(ctx context.Context) (Info, bool) {
+	i, ok := ctx.Value(infoKey{}).(Info)
+	return i, ok
+}

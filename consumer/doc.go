@@ -1,0 +1,129 @@
+// Package consumer is the de-duplicating consumer: it applies each message
+// of a topic exactly once, in order per key, retries what failed
+// transiently with jittered backoff, and moves what failed for good to the
+// dead letters, with everything a person needs to decide what to do.
+//
+// It is built only on the root vocabulary (idem.Subscriber, idem.Inbox,
+// idem.DeadLetters, idem.Ledger), so the same consumer runs on every
+// transport and store:
+//
+//	c, err := consumer.New(&consumer.Config{
+//		Name:        "settlement",
+//		Topic:       "payments.succeeded",
+//		Subscriber:  transport,
+//		Inbox:       inbox,
+//		DeadLetters: deadLetters,
+//		Ledger:      ledger,
+//	})
+//	if err != nil { … }
+//	err = c.Run(ctx, func(ctx context.Context, m idem.Message) error {
+//		return addToSettlement(ctx, m) // joins the inbox's transaction
+//	})
+//
+// # One delivery
+//
+// For each delivery the consumer derives the dedup key (Config.DedupKey,
+// the message ID by default) and calls Inbox.Process with it. The handler
+// runs inside the inbox's transaction, so its writes and the inbox row
+// commit together or not at all:
+//
+//   - success: the delivery is acknowledged after the commit. A crash
+//     between the commit and the Ack causes a redelivery, which the inbox
+//     absorbs.
+//   - the inbox has the key already (idem.ErrDuplicate): acknowledged
+//     without running the handler, and counted (Stats.Duplicates).
+//   - failure: nothing was committed and no inbox row is left, so the next
+//     attempt really runs again (unlike a de-duplicator that marks a message
+//     seen before its handler runs).
+//
+// # Failures and retries
+//
+// An error marked with idem.Permanent (a malformed message, a payment that
+// does not exist) is dead-lettered at once, as is a message whose dedup key
+// cannot be derived. Every other error, a handler's panic included, is
+// transient: the attempt is recorded in the Ledger, and the message is
+// tried again after the retry policy's delay (full jitter by default, see
+// idem.RetryPolicy), or after the delay the error carries
+// (idem.RetryAfter, for rate limits). An error of the inbox or the ledger
+// is always transient, whatever it is marked: it says nothing about the
+// message.
+//
+// Attempts are numbered max(Delivery.Attempt(), attempts recorded + 1):
+// the transport's count and the Ledger both survive a restart, so a
+// message does not get a fresh set of attempts because its consumer was
+// redeployed. Once Retry.MaxAttempts attempts have failed, the message is
+// dead-lettered as exhausted. The handler reads the number with
+// InfoFromContext.
+//
+// # Order
+//
+// Messages with the same Key are handled one at a time, in the order the
+// transport delivered them, even across retries; messages of other keys go
+// on meanwhile, and messages without a key have no constraint at all. The
+// consumer keeps, per key, a queue of the deliveries it holds; only the
+// head of a queue is ever handled.
+//
+// A keyed message that failed waits for its retry inside the consumer, on
+// a timer, keeping its place at the head of its key. It is not handed back
+// to the transport with a Nack, because later messages of the key may
+// arrive before the transport delivers it again: they would have to be
+// held (or they would overtake it), and held deliveries could fill the
+// memory the consumer allows itself (Config.MaxPending) so that it could
+// not take the very delivery they wait for. With retries inside, every
+// delivery the consumer holds can make progress by itself. A message
+// without a key is Nacked with its delay instead, which frees its place.
+//
+// Deliveries held longer than a moment (queued behind their key, waiting
+// for a retry, or in a long handler) are kept alive with
+// Delivery.InProgress every quarter of Config.AckWait, so that the
+// transport does not deliver them again meanwhile. If it does anyway, the
+// new delivery queues like any other and the inbox finds it a duplicate.
+// A long retry delay therefore holds a delivery for that long: on RabbitMQ
+// keep delays under the broker's consumer_timeout.
+//
+// The order holds within one running consumer. Across a crash it holds
+// when the transport delivers the unsettled messages again before newer
+// ones, as idemmem does and RabbitMQ does with the messages of a closed
+// channel; a transport that redelivers only once AckWait has passed
+// (JetStream) may hand newer messages of a key to the next run first.
+// Several processes sharing one consumer name keep per-key order only if
+// the transport gives each key to one of them.
+//
+// # Dead letters and parked keys
+//
+// A dead letter keeps the original message, the consumer's name, every
+// attempt (time, class, error text) and the first and last failure. With
+// Config.InTx the letter, the hold on its key and the removal of its
+// recorded attempts commit in one transaction; the delivery is then
+// terminated.
+//
+// Under the Park policy (the default), a dead-lettered message holds its
+// key back: the later messages of that key are parked in the Ledger, in
+// order, and acknowledged, without reaching the handler, until the dead
+// letter is re-driven or discarded and the key is let go (Ledger.LetGo);
+// whoever lets it go publishes the parked messages again, in order. Under
+// LetThrough, they are handled as if the dead letter had not been there.
+//
+// # Resources and shutdown
+//
+// Config.Concurrency workers handle messages; at most Config.MaxPending
+// deliveries are in memory, and the consumer stops calling Stream.Next
+// when that many are, which is its backpressure. Run returns when its
+// context is cancelled, once the handlers in flight have returned (their
+// context is cancelled too). An attempt interrupted by the shutdown is not
+// recorded, and deliveries not settled are not acknowledged: the transport
+// delivers them again, to the next run.
+//
+// # Inbox rows
+//
+// An inbox row must outlive every redelivery of its message: the inbox
+// keeps it at least as long as the transport may deliver the message again
+// (each inbox documents its retention, derived from the transport's own
+// limits, such as a stream's maximum age).
+//
+// # Testing
+//
+// Time comes from Config.Clock and timers from Config.Timers, so a test
+// drives retries and heartbeats by moving a manual clock (idemtest.Clock)
+// with Timers of its own, instead of sleeping.
+package consumer

@@ -1,0 +1,166 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/consumer"
+	"github.com/idem-go/idem/idemmem"
+)
+
+// runUntil runs c until done reports true (or a minute passes), then stops
+// it.
+func runUntil(c *consumer.Consumer, h consumer.Handler, done func(consumer.Stats) bool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- c.Run(ctx, h) }()
+	for deadline := time.Now().Add(time.Minute); !done(c.Stats()) && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-stopped; err != nil {
+		fmt.Println("run:", err)
+	}
+}
+
+// An increment is not idempotent: only the inbox keeps a message delivered
+// twice, or re-published under another ID, from being counted twice. The
+// dedup key is the event ID in the body, so the copy is caught too.
+func Example() {
+	ctx := context.Background()
+	transport := idemmem.NewTransport(nil)
+	defer transport.Close()
+	totals := &idemmem.Counters{}
+
+	c, err := consumer.New(&consumer.Config{
+		Name:        "settlement",
+		Topic:       "payments.succeeded",
+		Subscriber:  transport,
+		Inbox:       idemmem.NewInbox(),
+		DeadLetters: idemmem.NewDeadLetters(nil),
+		Ledger:      idemmem.NewLedger(),
+		InTx:        idemmem.Transact,
+		DedupKey: func(m idem.Message) (string, error) {
+			var e struct {
+				EventID string `json:"event_id"`
+			}
+			err := json.Unmarshal(m.Payload, &e)
+			return e.EventID, err
+		},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	event := func(id, eventID string, amount int) idem.Message {
+		return idem.Message{
+			ID: id, Topic: "payments.succeeded", Key: "tenant-1",
+			Payload: fmt.Appendf(nil, `{"event_id":%q,"amount":%d}`, eventID, amount),
+		}
+	}
+	_ = transport.Publish(ctx,
+		event("m-1", "evt-1", 1250),
+		event("m-1", "evt-1", 1250), // delivered twice
+		event("m-2", "evt-2", 500),
+		event("m-3", "evt-1", 1250), // re-published under another ID
+	)
+
+	runUntil(c, func(ctx context.Context, m idem.Message) error {
+		var e struct{ Amount int64 }
+		if err := json.Unmarshal(m.Payload, &e); err != nil {
+			return idem.Permanent(err)
+		}
+		// Joins the inbox's transaction: counted only if it commits.
+		return totals.Add(ctx, "tenant-1", e.Amount)
+	}, func(s consumer.Stats) bool { return s.Processed+s.Duplicates == 4 })
+
+	s := c.Stats()
+	fmt.Println("total:", totals.Get("tenant-1"))
+	fmt.Println("processed:", s.Processed, "duplicates:", s.Duplicates)
+	// Output:
+	// total: 1750
+	// processed: 2 duplicates: 2
+}
+
+// A message that can never succeed is dead-lettered after one attempt,
+// with the original message and why; the later messages of its key are
+// parked behind it, in order, until it is re-driven or discarded.
+func Example_deadLetter() {
+	ctx := context.Background()
+	transport := idemmem.NewTransport(nil)
+	defer transport.Close()
+	deadLetters := idemmem.NewDeadLetters(nil)
+	ledger := idemmem.NewLedger()
+
+	c, err := consumer.New(&consumer.Config{
+		Name:        "settlement",
+		Topic:       "payments.succeeded",
+		Subscriber:  transport,
+		Inbox:       idemmem.NewInbox(),
+		DeadLetters: deadLetters,
+		Ledger:      ledger,
+		InTx:        idemmem.Transact,
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_ = transport.Publish(ctx,
+		idem.Message{ID: "m-1", Topic: "payments.succeeded", Key: "pay_1", Payload: []byte(`{"payment_id":"pay_404"}`)},
+		idem.Message{ID: "m-2", Topic: "payments.succeeded", Key: "pay_1", Payload: []byte(`{"payment_id":"pay_404"}`)},
+	)
+	runUntil(c, func(ctx context.Context, m idem.Message) error {
+		return idem.Permanent(errors.New("unknown payment pay_404"))
+	}, func(s consumer.Stats) bool { return s.DeadLettered == 1 && s.Parked == 1 })
+
+	letters, _ := deadLetters.List(ctx, idem.DeadLetterFilter{Consumer: "settlement"})
+	for _, dl := range letters {
+		fmt.Printf("%s %s: %s after %d attempt(s): %s\n", dl.ID, dl.Message.ID, dl.Class, len(dl.Attempts), dl.LastError())
+	}
+	parked, _ := ledger.LetGo(ctx, "settlement", "pay_1")
+	for _, m := range parked {
+		fmt.Println("parked:", m.ID)
+	}
+	// Output:
+	// dl-1 m-1: permanent after 1 attempt(s): unknown payment pay_404
+	// parked: m-2
+}
+
+// A transient error is retried with backoff; the handler can read which
+// attempt it is.
+func ExampleInfoFromContext() {
+	ctx := context.Background()
+	transport := idemmem.NewTransport(&idemmem.TransportConfig{Poll: time.Millisecond})
+	defer transport.Close()
+	c, err := consumer.New(&consumer.Config{
+		Name:        "settlement",
+		Topic:       "payments.succeeded",
+		Subscriber:  transport,
+		Inbox:       idemmem.NewInbox(),
+		DeadLetters: idemmem.NewDeadLetters(nil),
+		Ledger:      idemmem.NewLedger(),
+		Retry:       idem.RetryPolicy{Base: time.Millisecond, Cap: 5 * time.Millisecond},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_ = transport.Publish(ctx, idem.Message{ID: "m-1", Topic: "payments.succeeded", Key: "pay_1"})
+	runUntil(c, func(ctx context.Context, m idem.Message) error {
+		info, _ := consumer.InfoFromContext(ctx)
+		if info.Attempt <= 3 {
+			return errors.New("ledger service unavailable")
+		}
+		fmt.Println("settled on attempt", info.Attempt)
+		return nil
+	}, func(s consumer.Stats) bool { return s.Processed == 1 })
+	fmt.Println("retried:", c.Stats().Retried)
+	// Output:
+	// settled on attempt 4
+	// retried: 3
+}

@@ -1,0 +1,532 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// settleTimeout bounds an Ack, Nack or Term. Settlements use a context that
+// outlives Run's, because a handler that committed just as Run was
+// cancelled should still be acknowledged: that spares a redelivery.
+const settleTimeout = 10 * time.Second
+
+// errHeld rolls back the inbox transaction of a message whose key turned
+// out to be held back: the message is parked instead, and must leave no
+// inbox row.
+var errHeld = errors.New("consumer: key held back")
+
+// entry is one message the consumer holds in memory, from its delivery to
+// its settlement.
+type entry struct {
+	// Set at admission, then read-only.
+	msg      idem.Message
+	dedup    string
+	dedupErr error
+	ordered  bool // msg.Key != "": one at a time, in order, with its key
+	d        idem.Delivery
+
+	// Guarded by runner.mu.
+	beatAt  time.Time   // when the transport last heard about d
+	waiting bool        // waiting for an in-process retry
+	stop    func() bool // stops the retry timer while waiting
+
+	// Owned by whichever worker handles the entry; the ready channel hands
+	// it from one to the next.
+	last      int  // number of the last attempt that failed in this process
+	failed    bool // attempts were recorded in the ledger: forget them on success
+	loaded    bool // the ledger's attempts were read once
+	prevDelay time.Duration
+}
+
+// runner is one Run: the deliveries in memory, their per-key queues, and
+// the goroutines that move them along.
+type runner struct {
+	c      *Consumer
+	cfg    *Config
+	h      Handler
+	ctx    context.Context
+	cancel context.CancelFunc
+	stream idem.Stream
+
+	// slots holds one token per delivery in memory; a full slots is the
+	// backpressure that stops the reader from calling Next.
+	slots chan struct{}
+	// ready holds entries a worker may take. Its capacity is MaxPending and
+	// an entry is in it at most once, so sending never blocks.
+	ready     chan *entry
+	beatEvery time.Duration
+
+	mu     sync.Mutex
+	closed bool
+	// held is every entry in memory.
+	held map[*entry]struct{}
+	// lanes holds, per ordering key, the key's entries in delivery order.
+	// Only the head is ever ready, running or waiting for a retry.
+	lanes map[string][]*entry
+}
+
+func newRunner(ctx context.Context, cancel context.CancelFunc, c *Consumer, h Handler, stream idem.Stream) *runner {
+	return &runner{
+		c:         c,
+		cfg:       &c.cfg,
+		h:         h,
+		ctx:       ctx,
+		cancel:    cancel,
+		stream:    stream,
+		slots:     make(chan struct{}, c.cfg.MaxPending),
+		ready:     make(chan *entry, c.cfg.MaxPending),
+		beatEvery: max(c.cfg.AckWait/4, time.Millisecond),
+		held:      make(map[*entry]struct{}),
+		lanes:     make(map[string][]*entry),
+	}
+}
+
+// run takes deliveries until the context is done or the stream fails, then
+// waits for the workers and stops the timers.
+func (r *runner) run() error {
+	var wg sync.WaitGroup
+	for range r.cfg.Concurrency {
+		wg.Go(r.work)
+	}
+	wg.Go(r.heartbeat)
+	err := r.read()
+	r.cancel()
+	wg.Wait()
+
+	r.mu.Lock()
+	r.closed = true
+	for e := range r.held {
+		if e.waiting {
+			e.stop()
+		}
+	}
+	r.mu.Unlock()
+	return err
+}
+
+// read admits deliveries while there is room for them.
+func (r *runner) read() error {
+	for {
+		select {
+		case r.slots <- struct{}{}:
+		case <-r.ctx.Done():
+			return nil
+		}
+		d, err := r.stream.Next(r.ctx)
+		if err != nil {
+			<-r.slots
+			if r.ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("consumer %q: next delivery: %w", r.cfg.Name, err)
+		}
+		m := d.Message()
+		dedup, derr := r.dedupKey(m)
+		r.admit(d, m, dedup, derr)
+	}
+}
+
+func (r *runner) dedupKey(m idem.Message) (key string, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			key, err = "", fmt.Errorf("dedup key: panic: %v", p)
+		}
+	}()
+	key, err = r.cfg.DedupKey(m)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("dedup key: %w", err)
+	case key == "":
+		return "", errors.New("dedup key: empty")
+	}
+	return key, nil
+}
+
+// admit puts a delivery in memory, behind the earlier messages of its key.
+func (r *runner) admit(d idem.Delivery, m idem.Message, dedup string, derr error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	// A delivery of a message the consumer already holds is not merged with
+	// it, since nothing tells a redelivery (a heartbeat came too late) from
+	// a copy published again under the same ID, which the transport
+	// settles separately. It queues like any other; when its turn comes,
+	// the inbox finds it a duplicate, or runs it if the first failed.
+	e := &entry{msg: m, dedup: dedup, dedupErr: derr, ordered: m.Key != "", d: d, beatAt: r.cfg.Clock.Now()}
+	r.held[e] = struct{}{}
+	if !e.ordered {
+		r.ready <- e
+		return
+	}
+	q := append(r.lanes[m.Key], e)
+	r.lanes[m.Key] = q
+	if len(q) == 1 {
+		r.ready <- e
+	}
+}
+
+// done takes e out of memory, lets the next message of its key go, and
+// returns the delivery to settle.
+func (r *runner) done(e *entry) idem.Delivery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.held, e)
+	if e.ordered {
+		q := r.lanes[e.msg.Key]
+		if len(q) == 0 || q[0] != e {
+			panic("consumer: settled an entry that is not the head of its key")
+		}
+		q[0] = nil
+		q = q[1:]
+		if len(q) == 0 {
+			delete(r.lanes, e.msg.Key)
+		} else {
+			r.lanes[e.msg.Key] = q
+			r.ready <- q[0]
+		}
+	}
+	<-r.slots
+	return e.d
+}
+
+func (r *runner) work() {
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case e := <-r.ready:
+			if r.ctx.Err() != nil {
+				return
+			}
+			r.handle(e)
+		}
+	}
+}
+
+// heartbeat keeps the deliveries held in memory from being delivered again
+// after AckWait.
+func (r *runner) heartbeat() {
+	for {
+		fired := make(chan struct{})
+		stop := r.cfg.Timers.AfterFunc(r.beatEvery, func() { close(fired) })
+		select {
+		case <-r.ctx.Done():
+			stop()
+			return
+		case <-fired:
+		}
+		now := r.cfg.Clock.Now()
+		var due []idem.Delivery
+		r.mu.Lock()
+		for e := range r.held {
+			if now.Sub(e.beatAt) >= r.beatEvery {
+				due = append(due, e.d)
+				e.beatAt = now
+			}
+		}
+		r.mu.Unlock()
+		for _, d := range due {
+			if err := d.InProgress(r.ctx); err != nil && r.ctx.Err() == nil {
+				r.c.log.LogAttrs(r.ctx, slog.LevelDebug, "in-progress heartbeat failed",
+					slog.String("message_id", d.Message().ID), slog.String("error", err.Error()))
+			}
+		}
+	}
+}
+
+// handle makes one attempt at e and settles it, or schedules its retry.
+func (r *runner) handle(e *entry) {
+	d := e.d
+	n := max(d.Attempt(), e.last+1, 1)
+	if e.dedupErr != nil {
+		r.fail(e, n, e.dedupErr, idem.ClassPermanent)
+		return
+	}
+	if !e.loaded && d.Attempt() > 1 {
+		// A redelivery: earlier attempts, perhaps by an earlier run of the
+		// consumer, may be in the ledger.
+		e.loaded = true
+		prior, err := r.cfg.Ledger.Attempts(r.ctx, r.cfg.Name, e.dedup)
+		if err != nil {
+			r.log(e).LogAttrs(r.ctx, slog.LevelWarn, "reading recorded attempts failed", slog.String("error", err.Error()))
+		} else if len(prior) > 0 {
+			e.failed = true
+			n = max(n, nextNumber(prior))
+		}
+	}
+
+	park := e.ordered && r.cfg.AfterDeadLetter == Park
+	info := Info{Consumer: r.cfg.Name, DedupKey: e.dedup, Attempt: n}
+	var held, failed bool
+	var herr error
+	err := r.cfg.Inbox.Process(context.WithValue(r.ctx, infoKey{}, info), r.cfg.Name, e.dedup, func(ctx context.Context) error {
+		if park {
+			// Checked in the inbox's transaction, to spare a round trip
+			// on the common path where the key is not held.
+			_, h, err := r.cfg.Ledger.HeldBack(ctx, r.cfg.Name, e.msg.Key)
+			if err != nil {
+				return fmt.Errorf("check whether the key is held back: %w", err)
+			}
+			if h {
+				held = true
+				return errHeld
+			}
+		}
+		if herr = r.call(ctx, e); herr != nil {
+			failed = true
+			return herr
+		}
+		if e.failed || d.Attempt() > 1 {
+			if err := r.cfg.Ledger.ForgetAttempts(ctx, r.cfg.Name, e.dedup); err != nil {
+				return fmt.Errorf("forget recorded attempts: %w", err)
+			}
+		}
+		return nil
+	})
+	switch {
+	case held:
+		r.park(e, n)
+	case err == nil:
+		r.c.processed.Add(1)
+		r.settle(e, "ack")
+	case r.ctx.Err() != nil:
+		// Shutting down: the failure may be the cancellation itself. The
+		// delivery stays unsettled and comes back to the next run.
+	case failed:
+		// Classified before ErrDuplicate is looked for: a handler's error
+		// that wraps it is still the handler's failure.
+		r.fail(e, n, herr, idem.Classify(herr))
+	case errors.Is(err, idem.ErrDuplicate):
+		r.c.duplicates.Add(1)
+		if e.failed {
+			// A copy of the message was applied while this one waited for
+			// its retry: its recorded attempts are of no more use.
+			if err := r.cfg.Ledger.ForgetAttempts(r.ctx, r.cfg.Name, e.dedup); err != nil {
+				r.log(e).LogAttrs(r.ctx, slog.LevelDebug, "forgetting the attempts of a duplicate failed", slog.String("error", err.Error()))
+			}
+		}
+		r.settle(e, "ack")
+	default:
+		// The inbox or the ledger failed, not the handler: whatever the
+		// error says, another attempt may succeed.
+		r.fail(e, n, err, idem.ClassTransient)
+	}
+}
+
+// call runs the handler, turning a panic into a transient error.
+func (r *runner) call(ctx context.Context, e *entry) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.log(e).LogAttrs(ctx, slog.LevelError, "handler panicked",
+				slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
+			err = fmt.Errorf("%w: %v", ErrPanic, p)
+		}
+	}()
+	return r.h(ctx, e.msg)
+}
+
+// park keeps a message whose key is held back behind a dead letter.
+func (r *runner) park(e *entry, n int) {
+	parked := false
+	err := r.cfg.InTx(r.ctx, func(ctx context.Context) error {
+		// Asked again, in the transaction that parks, because the key may
+		// have been let go since the inbox's transaction looked.
+		_, h, err := r.cfg.Ledger.HeldBack(ctx, r.cfg.Name, e.msg.Key)
+		if err != nil || !h {
+			return err
+		}
+		if err := r.cfg.Ledger.Park(ctx, r.cfg.Name, e.msg); err != nil {
+			return err
+		}
+		parked = true
+		return nil
+	})
+	switch {
+	case r.ctx.Err() != nil:
+	case err != nil:
+		r.fail(e, n, fmt.Errorf("park behind the key's dead letter: %w", err), idem.ClassTransient)
+	case !parked:
+		r.requeue(e)
+	default:
+		r.c.parked.Add(1)
+		r.log(e).LogAttrs(r.ctx, slog.LevelInfo, "message parked behind its key's dead letter")
+		r.settle(e, "ack")
+	}
+}
+
+// fail handles a failed attempt: dead letter, or a retry.
+func (r *runner) fail(e *entry, n int, cause error, class idem.ErrorClass) {
+	maxAttempts := r.cfg.Retry.Attempts()
+	if e.dedupErr == nil {
+		// The ledger may know of attempts the transport's count missed.
+		prior, err := r.cfg.Ledger.Attempts(r.ctx, r.cfg.Name, e.dedup)
+		if err == nil {
+			n = max(n, nextNumber(prior))
+		}
+	}
+	a := idem.Attempt{Number: n, At: r.cfg.Clock.Now(), Class: class, Error: cause.Error()}
+	log := r.log(e).With(slog.Int("attempt", n), slog.String("class", string(class)), slog.String("error", a.Error))
+
+	if class == idem.ClassPermanent || n >= maxAttempts {
+		dlClass := idem.DeadPermanent
+		if class != idem.ClassPermanent {
+			dlClass = idem.DeadExhausted
+		}
+		id, err := r.deadLetter(e, dlClass, a)
+		if err == nil {
+			r.c.deadLettered.Add(1)
+			log.LogAttrs(r.ctx, slog.LevelError, "message dead-lettered",
+				slog.String("dead_letter", id), slog.String("dead_class", string(dlClass)))
+			r.settle(e, "term")
+			return
+		}
+		if r.ctx.Err() != nil {
+			return
+		}
+		// Nothing is lost: the message stays in the flow and the next
+		// attempt tries the dead letters again.
+		log.LogAttrs(r.ctx, slog.LevelError, "dead-lettering failed; retrying the message", slog.String("dl_error", err.Error()))
+	} else if r.ctx.Err() == nil {
+		if _, err := r.cfg.Ledger.RecordAttempt(r.ctx, r.cfg.Name, e.dedup, a); err != nil {
+			log.LogAttrs(r.ctx, slog.LevelWarn, "recording the attempt failed", slog.String("ledger_error", err.Error()))
+		} else {
+			e.failed = true
+		}
+	}
+	if r.ctx.Err() != nil {
+		return
+	}
+	e.last = n
+	delay, ok := idem.RetryDelay(cause)
+	if !ok {
+		delay = r.cfg.Retry.Delay(n, e.prevDelay)
+	}
+	delay = max(delay, 0)
+	e.prevDelay = delay
+	r.c.retried.Add(1)
+	log.LogAttrs(r.ctx, slog.LevelWarn, "attempt failed; retrying", slog.Duration("delay", delay))
+	r.retry(e, delay)
+}
+
+// deadLetter moves e to the dead letters, with every recorded attempt and
+// a, holds its key back under the Park policy, and forgets its attempts, in
+// one transaction where Config.InTx provides one.
+func (r *runner) deadLetter(e *entry, class idem.DeadLetterClass, a idem.Attempt) (string, error) {
+	var id string
+	err := r.cfg.InTx(r.ctx, func(ctx context.Context) error {
+		var attempts []idem.Attempt
+		if e.dedupErr == nil {
+			prior, err := r.cfg.Ledger.Attempts(ctx, r.cfg.Name, e.dedup)
+			if err != nil {
+				return fmt.Errorf("read recorded attempts: %w", err)
+			}
+			attempts = append(attempts, prior...)
+		}
+		attempts = append(attempts, a)
+		var err error
+		id, err = r.cfg.DeadLetters.Add(ctx, idem.DeadLetter{
+			Consumer:      r.cfg.Name,
+			Message:       e.msg,
+			Class:         class,
+			Attempts:      attempts,
+			FirstFailedAt: attempts[0].At,
+			LastFailedAt:  a.At,
+		})
+		if err != nil {
+			return fmt.Errorf("add dead letter: %w", err)
+		}
+		if e.ordered && r.cfg.AfterDeadLetter == Park {
+			if err := r.cfg.Ledger.HoldBack(ctx, r.cfg.Name, e.msg.Key, id); err != nil {
+				return fmt.Errorf("hold the key back: %w", err)
+			}
+		}
+		if e.dedupErr == nil {
+			if err := r.cfg.Ledger.ForgetAttempts(ctx, r.cfg.Name, e.dedup); err != nil {
+				return fmt.Errorf("forget recorded attempts: %w", err)
+			}
+		}
+		return nil
+	})
+	return id, err
+}
+
+// retry schedules e's next attempt after delay. A message without a key is
+// handed back to the transport (Nack), which frees its place in memory. A
+// message with a key waits inside the consumer, keeping its place at the
+// head of its key: were it handed back, later messages of the key could
+// arrive before it returned, and either overtake it or fill the memory
+// while waiting for a delivery that then could not be taken.
+func (r *runner) retry(e *entry, delay time.Duration) {
+	if !e.ordered {
+		d := r.done(e)
+		r.settleWith(e, d, "nack", func(ctx context.Context) error { return d.Nack(ctx, delay) })
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return
+	}
+	e.waiting = true
+	e.stop = r.cfg.Timers.AfterFunc(delay, func() { r.wake(e) })
+}
+
+// wake makes a waiting entry ready for its retry.
+func (r *runner) wake(e *entry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || !e.waiting {
+		return
+	}
+	e.waiting, e.stop = false, nil
+	r.ready <- e
+}
+
+// requeue makes e ready again at once.
+func (r *runner) requeue(e *entry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.closed {
+		r.ready <- e
+	}
+}
+
+// settle takes e out of memory and acknowledges ("ack") or terminates
+// ("term") its delivery.
+func (r *runner) settle(e *entry, what string) {
+	d := r.done(e)
+	fn := d.Ack
+	if what == "term" {
+		fn = d.Term
+	}
+	r.settleWith(e, d, what, fn)
+}
+
+// settleWith settles d with fn. A failure is logged and otherwise ignored:
+// the transport delivers the message again, and the inbox absorbs it.
+func (r *runner) settleWith(e *entry, d idem.Delivery, what string, fn func(context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), settleTimeout)
+	defer cancel()
+	if err := fn(ctx); err != nil {
+		r.log(e).LogAttrs(ctx, slog.LevelWarn, what+" failed; the message will be delivered again", slog.String("settle_error", err.Error()))
+	}
+}
+
+func (r *runner) log(e *entry) *slog.Logger {
+	return r.c.log.With(slog.String("message_id", e.msg.ID), slog.String("key", e.msg.Key))
+}
+
+// nextNumber is the number of the attempt that follows those recorded.
+func nextNumber(prior []idem.Attempt) int {
+	n := len(prior)
+	if len(prior) > 0 {
+		n = max(n, prior[len(prior)-1].Number)
+	}
+	return n + 1
+}

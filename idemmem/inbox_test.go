@@ -1,0 +1,165 @@
+package idemmem_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/idemtest"
+)
+
+// counterEffects are the suite's InboxEffects on Counters. Write refuses a
+// context without a Tx, so an inbox that did not give fn one would fail.
+type counterEffects struct{ c *idemmem.Counters }
+
+func (e counterEffects) Write(ctx context.Context, tag string) error {
+	if _, ok := idemmem.TxFromContext(ctx); !ok {
+		return errors.New("no idemmem.Tx in the context")
+	}
+	return e.c.Add(ctx, tag, 1)
+}
+
+func (e counterEffects) Count(_ context.Context, tag string) (int, error) {
+	return int(e.c.Get(tag)), nil
+}
+
+func TestInbox(t *testing.T) {
+	t.Parallel()
+	idemtest.TestInbox(t, func(t *testing.T) (idem.Inbox, idemtest.InboxEffects) {
+		return idemmem.NewInbox(), counterEffects{&idemmem.Counters{}}
+	})
+}
+
+func TestInboxPanicReleases(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	in := idemmem.NewInbox()
+	var c idemmem.Counters
+	func() {
+		defer func() { _ = recover() }()
+		_ = in.Process(ctx, "c", "k", func(ctx context.Context) error {
+			_ = c.Add(ctx, "n", 1)
+			panic("handler bug")
+		})
+	}()
+	if c.Get("n") != 0 || in.Processed("c", "k") {
+		t.Fatalf("a panicking fn left counter %d, processed %v; want 0, false", c.Get("n"), in.Processed("c", "k"))
+	}
+	// The key's lock was released: the redelivery runs.
+	if err := in.Process(ctx, "c", "k", func(ctx context.Context) error { return c.Add(ctx, "n", 1) }); err != nil {
+		t.Fatalf("Process after a panic: %v", err)
+	}
+	if c.Get("n") != 1 || !in.Processed("c", "k") {
+		t.Errorf("counter %d, processed %v; want 1, true", c.Get("n"), in.Processed("c", "k"))
+	}
+}
+
+func TestInboxWaitHonoursContext(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	in := idemmem.NewInbox()
+	inside, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error)
+	go func() {
+		done <- in.Process(ctx, "c", "k", func(context.Context) error {
+			close(inside)
+			<-release
+			return nil
+		})
+	}()
+	<-inside
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if err := in.Process(short, "c", "k", func(context.Context) error { return nil }); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Process waiting for a held key = %v, want DeadlineExceeded", err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("first Process: %v", err)
+	}
+	if err := in.Process(ctx, "c", "k", func(context.Context) error { return nil }); !errors.Is(err, idem.ErrDuplicate) {
+		t.Errorf("Process after the first committed = %v, want ErrDuplicate", err)
+	}
+}
+
+func TestInboxInvalid(t *testing.T) {
+	t.Parallel()
+	in := idemmem.NewInbox()
+	fn := func(context.Context) error { return nil }
+	for name, err := range map[string]error{
+		"no consumer":  in.Process(t.Context(), "", "k", fn),
+		"no dedup key": in.Process(t.Context(), "c", "", fn),
+		"nil fn":       in.Process(t.Context(), "c", "k", nil),
+	} {
+		if !errors.Is(err, idem.ErrInvalidArgument) {
+			t.Errorf("Process with %s = %v, want ErrInvalidArgument", name, err)
+		}
+	}
+}
+
+func TestTransact(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	boom := errors.New("boom")
+	var c idemmem.Counters
+	if err := idemmem.Transact(ctx, func(ctx context.Context) error {
+		if err := c.Add(ctx, "n", 5); err != nil {
+			return err
+		}
+		if got := c.Get("n"); got != 0 {
+			t.Errorf("a write is visible before its Tx commits: %d", got)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Get("n"); got != 5 {
+		t.Errorf("after commit: %d, want 5", got)
+	}
+
+	err := idemmem.Transact(ctx, func(ctx context.Context) error {
+		_ = c.Add(ctx, "n", 100)
+		return boom
+	})
+	if err != boom {
+		t.Errorf("Transact = %v, want fn's error unchanged", err)
+	}
+	if got := c.Get("n"); got != 5 {
+		t.Errorf("after rollback: %d, want 5", got)
+	}
+
+	// Nested: a failing inner Transact drops only its own writes; a
+	// succeeding one joins the outer, which decides.
+	_ = idemmem.Transact(ctx, func(ctx context.Context) error {
+		_ = c.Add(ctx, "n", 1)
+		_ = idemmem.Transact(ctx, func(ctx context.Context) error {
+			_ = c.Add(ctx, "n", 10)
+			return boom
+		})
+		_ = idemmem.Transact(ctx, func(ctx context.Context) error {
+			return c.Add(ctx, "n", 20)
+		})
+		if got := c.Get("n"); got != 5 {
+			t.Errorf("an inner commit applied before the outer: %d", got)
+		}
+		return nil
+	})
+	if got := c.Get("n"); got != 26 {
+		t.Errorf("after nested transactions: %d, want 26", got)
+	}
+
+	var leaked *idemmem.Tx
+	_ = idemmem.Transact(ctx, func(ctx context.Context) error {
+		leaked, _ = idemmem.TxFromContext(ctx)
+		return nil
+	})
+	if err := leaked.OnCommit(func() {}); !errors.Is(err, idemmem.ErrTxDone) {
+		t.Errorf("OnCommit after the Tx ended = %v, want ErrTxDone", err)
+	}
+	if _, ok := idemmem.TxFromContext(ctx); ok {
+		t.Error("TxFromContext found a Tx in a plain context")
+	}
+}

@@ -1,0 +1,199 @@
+package idemtest_test
+
+import (
+	"context"
+	"maps"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/idemtest"
+)
+
+// brokenCase runs one of the message suites on an implementation that is
+// wrong in one way, and names the subtest that must catch it ("" for a
+// correct implementation, on which the suite must pass).
+type brokenCase struct {
+	wantFail string
+	run      func(t *testing.T)
+}
+
+const brokenMessagingEnv = "IDEMTEST_BROKEN_MESSAGING"
+
+// brokenMessaging gathers the broken implementations of every message
+// suite, by name.
+func brokenMessaging() map[string]brokenCase {
+	all := make(map[string]brokenCase)
+	for _, m := range []map[string]brokenCase{brokenTransports, brokenInboxes, brokenOutboxes, brokenDeadLetters, brokenLedgers} {
+		maps.Copy(all, m)
+	}
+	return all
+}
+
+// TestBrokenMessaging runs the suite named by IDEMTEST_BROKEN_MESSAGING on
+// its broken implementation. TestSuitesCatchBrokenMessaging runs it in a
+// child process, because a failing suite fails the test that runs it.
+func TestBrokenMessaging(t *testing.T) {
+	name := os.Getenv(brokenMessagingEnv)
+	if name == "" {
+		t.Skip("run by TestSuitesCatchBrokenMessaging")
+	}
+	b, ok := brokenMessaging()[name]
+	if !ok {
+		t.Fatalf("no broken implementation %q", name)
+	}
+	b.run(t)
+}
+
+func TestSuitesCatchBrokenMessaging(t *testing.T) {
+	t.Parallel()
+	if os.Getenv(brokenMessagingEnv) != "" {
+		t.Skip("inside a child process")
+	}
+	for name, b := range brokenMessaging() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.CommandContext(t.Context(), os.Args[0],
+				"-test.run=^TestBrokenMessaging$", "-test.v", "-test.count=1", "-test.timeout=2m")
+			cmd.Env = append(os.Environ(), brokenMessagingEnv+"="+name)
+			out, err := cmd.CombinedOutput()
+			if b.wantFail == "" {
+				if err != nil {
+					t.Fatalf("the suite failed a correct implementation: %v\n%s", err, out)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("the suite passed an implementation that %s\n%s", name, out)
+			}
+			if want := "--- FAIL: TestBrokenMessaging/" + b.wantFail + " "; !strings.Contains(string(out), want) {
+				t.Errorf("subtest %s did not fail; output:\n%s", b.wantFail, out)
+			}
+		})
+	}
+}
+
+var transportFeatures = idemtest.TransportFeatures{
+	DelayedNack:     true,
+	AttemptCount:    true,
+	AckWait:         true,
+	InProgress:      true,
+	Term:            true,
+	OrderedPerTopic: true,
+}
+
+// brokenTransport is the reference transport with its messages,
+// subscriptions or deliveries altered.
+type brokenTransport struct {
+	*idemmem.Transport
+	publish   func(idem.Message) idem.Message
+	subscribe func(idem.Subscription) idem.Subscription
+	delivery  func(idem.Delivery) idem.Delivery
+}
+
+func (b brokenTransport) Publish(ctx context.Context, msgs ...idem.Message) error {
+	if b.publish != nil {
+		msgs = append([]idem.Message(nil), msgs...)
+		for i := range msgs {
+			msgs[i] = b.publish(msgs[i])
+		}
+	}
+	return b.Transport.Publish(ctx, msgs...)
+}
+
+func (b brokenTransport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.Stream, error) {
+	if b.subscribe != nil {
+		sub = b.subscribe(sub)
+	}
+	s, err := b.Transport.Subscribe(ctx, sub)
+	if err != nil || b.delivery == nil {
+		return s, err
+	}
+	return brokenStream{s, b.delivery}, nil
+}
+
+type brokenStream struct {
+	idem.Stream
+	delivery func(idem.Delivery) idem.Delivery
+}
+
+func (s brokenStream) Next(ctx context.Context) (idem.Delivery, error) {
+	d, err := s.Stream.Next(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.delivery(d), nil
+}
+
+type nackNoDelay struct{ idem.Delivery }
+
+func (d nackNoDelay) Nack(ctx context.Context, _ time.Duration) error { return d.Delivery.Nack(ctx, 0) }
+
+type deliveryDropsHeaders struct{ idem.Delivery }
+
+func (d deliveryDropsHeaders) Message() idem.Message {
+	m := d.Delivery.Message()
+	m.Headers = nil
+	return m
+}
+
+type ackRequeues struct{ idem.Delivery }
+
+func (d ackRequeues) Ack(ctx context.Context) error { return d.Delivery.Nack(ctx, 0) }
+
+type termRequeues struct{ idem.Delivery }
+
+func (d termRequeues) Term(ctx context.Context) error { return d.Delivery.Nack(ctx, 0) }
+
+type attemptAlwaysOne struct{ idem.Delivery }
+
+func (attemptAlwaysOne) Attempt() int { return 1 }
+
+type inProgressNoop struct{ idem.Delivery }
+
+func (inProgressNoop) InProgress(context.Context) error { return nil }
+
+func transportCase(wantFail string, b brokenTransport) brokenCase {
+	return brokenCase{wantFail, func(t *testing.T) {
+		idemtest.TestTransport(t, transportFeatures, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
+			b := b
+			b.Transport = idemmem.NewTransport(&idemmem.TransportConfig{Clock: clock, Poll: time.Millisecond})
+			t.Cleanup(func() { _ = b.Close() })
+			return b, b
+		})
+	}}
+}
+
+var brokenTransports = map[string]brokenCase{
+	"transport: none": transportCase("", brokenTransport{}),
+	"transport: nack ignores its delay": transportCase("NackDelay", brokenTransport{
+		delivery: func(d idem.Delivery) idem.Delivery { return nackNoDelay{d} }}),
+	"transport: drops headers": transportCase("RoundTrip", brokenTransport{
+		delivery: func(d idem.Delivery) idem.Delivery { return deliveryDropsHeaders{d} }}),
+	"transport: ack does not settle": transportCase("AckSettles", brokenTransport{
+		delivery: func(d idem.Delivery) idem.Delivery { return ackRequeues{d} }}),
+	"transport: term does not settle": transportCase("TermSettles", brokenTransport{
+		delivery: func(d idem.Delivery) idem.Delivery { return termRequeues{d} }}),
+	"transport: attempt always 1": transportCase("Durable", brokenTransport{
+		delivery: func(d idem.Delivery) idem.Delivery { return attemptAlwaysOne{d} }}),
+	"transport: in progress does nothing": transportCase("InProgress", brokenTransport{
+		delivery: func(d idem.Delivery) idem.Delivery { return inProgressNoop{d} }}),
+	"transport: accepts a message without ID": transportCase("Invalid", brokenTransport{
+		publish: func(m idem.Message) idem.Message {
+			if m.ID == "" {
+				m.ID = "made-up"
+			}
+			return m
+		}}),
+	"transport: one queue for every consumer name": transportCase("TwoConsumers", brokenTransport{
+		subscribe: func(s idem.Subscription) idem.Subscription {
+			if s.Consumer != "" {
+				s.Consumer = "shared"
+			}
+			return s
+		}}),
+}
