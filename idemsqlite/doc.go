@@ -1,7 +1,9 @@
 // Package idemsqlite is idem's embedded default: an idem.Store and
 // idem.TxStore kept in one SQLite file (modernc.org/sqlite, pure Go, no cgo),
 // next to the application's own tables, so that an effect and the record
-// that it happened commit in one transaction.
+// that it happened commit in one transaction. The same file holds the
+// message side: an inbox, an outbox, dead letters, a consumer's ledger, and
+// the database as the message transport.
 //
 // # One file, one writer
 //
@@ -83,4 +85,76 @@
 // transaction ends, which waits for that statement: the goroutine hangs
 // forever. The same goes for any code that opens a second transaction on
 // the writer while holding one.
+//
+// # Messages: inbox, outbox, dead letters, ledger and the embedded transport
+//
+// The message side of idem keeps its tables in the same file, under the
+// migration component "idem_messages" (any of the constructors below
+// creates them all):
+//
+//   - Inbox (NewInbox) is an idem.Inbox. Process runs in DB.WithTx: it looks
+//     for the (consumer, dedup key) row in idem_inbox, returns
+//     idem.ErrDuplicate if it is there, and otherwise inserts it and runs the
+//     handler, whose context carries the transaction. The handler writes
+//     through db.WithTx(ctx, …), which joins it, so its effect and the row
+//     commit together; when it fails, both roll back and a redelivery runs it
+//     again. The single writer connection makes the look and the insert one
+//     step for the whole process, and SQLite's write lock for every process.
+//   - Outbox (NewOutbox) is an idem.Outbox: Add joins the caller's
+//     transaction, so an event commits with the payment it announces; Claim
+//     leases the oldest entries to a relay (skipping live leases) in one
+//     write transaction; MarkSent deletes them.
+//   - DeadLetters (NewDeadLetters) keeps each letter's message (payload
+//     bytes, headers as JSON, topic, key), consumer, class, state, first and
+//     last failure, every attempt and every history event, and never
+//     deletes any. Resolve checks and changes the state in one transaction.
+//   - Ledger (NewLedger) keeps a consumer's failed attempts, the keys held
+//     back behind a dead letter, and the messages parked behind them, in
+//     parking order. Every method joins the caller's transaction, so the
+//     consumer changes them together with its inbox row or its dead letter.
+//   - Transport (NewTransport) is the database as the message transport,
+//     so a single process needs no broker: a log of published messages and,
+//     per consumer name, a cursor and the messages handed out and not
+//     settled, with their attempt counts, Nack delays and AckWaits. See
+//     Transport for its semantics. Publish and the settlements join the
+//     caller's transaction, so a service may publish in the transaction of
+//     its effect, and a consumer may acknowledge in the one of its inbox row.
+//     Transport.Purge deletes what every consumer name has settled.
+//
+// Messages keep their bytes: payloads are BLOBs, and headers a JSON object
+// (base64-encoded, behind a "base64:" prefix, when a key or value is not
+// valid UTF-8, which JSON could not carry).
+//
+// More writes commit without a sync, for the same reason as a claim: the
+// purges (Inbox.PurgeInbox, Transport.Purge), and the transport's hand-outs
+// and settlements (Ack, Nack, Term, InProgress) made outside a caller's
+// transaction. Losing a hand-out or a settlement to a power failure
+// delivers a message once more, which delivery at least once allows and the
+// inbox absorbs. Publish, the inbox row, the outbox, the ledger and the dead
+// letters are synced.
+//
+// # How long inbox rows are kept
+//
+// An inbox row must outlive every copy of its message that can still
+// arrive: once it is purged, the next copy runs the handler again. Inbox
+// rows are never deleted on their own; call Inbox.PurgeInbox(ctx,
+// time.Now().Add(-horizon), limit) in a loop, where horizon is longer than
+// the longest of:
+//
+//   - the transport's redelivery span: how long after its first delivery a
+//     message can be delivered again. With a bounded number of attempts N,
+//     a retry delay capped at C and an AckWait W, that is about N*(C+W) plus
+//     the time a consumer may be down; for a broker, add its own
+//     de-duplication window and redelivery limits;
+//   - the outbox's re-publish span: a relay that crashes between publishing
+//     and marking publishes again when its lease ends, and an outage of the
+//     relay or the broker delays that copy by the length of the outage;
+//   - any copy people make: re-publishing events by hand, or replaying a
+//     stream or a backup.
+//
+// The bounds on the first two are known; the third is not, so choose a
+// horizon of days, not minutes (a row costs a few dozen bytes), and make it
+// longer than the longest outage you plan to recover from. A dead letter
+// has no inbox row (its attempts failed), so re-driving it, however late,
+// runs the handler as it should.
 package idemsqlite
