@@ -1,0 +1,192 @@
+package deadletter
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/idem-go/idem"
+)
+
+// timeFormat is precise to the millisecond, which separates attempts, and
+// readable.
+const timeFormat = "2006-01-02 15:04:05.000Z07:00"
+
+// Render writes dl for a person to read, as `idem dlq show` prints it: the
+// letter's fields, the payload pretty-printed (JSON indented; other text
+// as it is, when it is printable UTF-8; anything else as a hex dump), the
+// headers, the attempts as a timeline and the history. Times are in UTC.
+// Returns w's error.
+func Render(w io.Writer, dl idem.DeadLetter) error {
+	var b bytes.Buffer
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	field := func(name, value string) { fmt.Fprintf(tw, "%s\t%s\n", name, oneLine(value)) }
+	field("Dead letter", dl.ID)
+	field("State", string(dl.State))
+	field("Consumer", dl.Consumer)
+	field("Class", string(dl.Class))
+	field("Message ID", dl.Message.ID)
+	field("Topic", dl.Message.Topic)
+	field("Key", orNone(dl.Message.Key))
+	field("Published", stamp(dl.Message.Time))
+	field("First failed", stamp(dl.FirstFailedAt))
+	field("Last failed", stamp(dl.LastFailedAt))
+	field("Attempts", fmt.Sprint(len(dl.Attempts)))
+	field("Last error", orNone(dl.LastError()))
+	_ = tw.Flush()
+
+	kind, body := payload(dl.Message.Payload)
+	fmt.Fprintf(&b, "\nPayload (%s, %d bytes)\n", kind, len(dl.Message.Payload))
+	b.WriteString(indent(body))
+
+	b.WriteString("\nHeaders\n")
+	if len(dl.Message.Headers) == 0 {
+		b.WriteString("  (none)\n")
+	} else {
+		tw = tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+		names := make([]string, 0, len(dl.Message.Headers))
+		for name := range dl.Message.Headers {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		for _, name := range names {
+			fmt.Fprintf(tw, "  %s:\t%s\n", name, oneLine(dl.Message.Headers[name]))
+		}
+		_ = tw.Flush()
+	}
+
+	b.WriteString("\nAttempts\n")
+	if len(dl.Attempts) == 0 {
+		b.WriteString("  (none recorded)\n")
+	} else {
+		tw = tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+		var prev time.Time
+		for i, a := range dl.Attempts {
+			gap := ""
+			if i > 0 && !prev.IsZero() && !a.At.IsZero() {
+				gap = "+" + a.At.Sub(prev).Round(time.Millisecond).String()
+			}
+			prev = a.At
+			fmt.Fprintf(tw, "  %s\t%s\t#%d\t%s\t%s\n", stamp(a.At), gap, a.Number, a.Class, oneLine(a.Error))
+		}
+		_ = tw.Flush()
+	}
+
+	b.WriteString("\nHistory\n")
+	if len(dl.History) == 0 {
+		b.WriteString("  (none)\n")
+	} else {
+		tw = tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+		for _, ev := range dl.History {
+			reason := ""
+			if ev.Reason != "" {
+				reason = "reason: " + oneLine(ev.Reason)
+			}
+			fmt.Fprintf(tw, "  %s\t%s\tby %s\t-> %s\t%s\n", stamp(ev.At), oneLine(ev.Action), oneLine(orNone(ev.Actor)), ev.State, reason)
+		}
+		_ = tw.Flush()
+	}
+	_, err := w.Write(trimLineEnds(b.Bytes()))
+	return err
+}
+
+// payload returns how p is shown and the text that shows it.
+func payload(p []byte) (kind, body string) {
+	switch {
+	case len(p) == 0:
+		return "empty", "(empty)\n"
+	case json.Valid(p):
+		var out bytes.Buffer
+		if err := json.Indent(&out, p, "", "  "); err == nil {
+			out.WriteByte('\n')
+			return "JSON", out.String()
+		}
+	case printable(p):
+		s := string(p)
+		if !strings.HasSuffix(s, "\n") {
+			s += "\n"
+		}
+		return "text", s
+	}
+	return "binary, hex dump", hex.Dump(p)
+}
+
+// printable reports whether p is UTF-8 text a terminal shows as it is:
+// no control characters but line breaks and tabs.
+func printable(p []byte) bool {
+	if !utf8.Valid(p) {
+		return false
+	}
+	for _, r := range string(p) {
+		if r == '\n' || r == '\t' || r == '\r' {
+			continue
+		}
+		if !unicode.IsPrint(r) && !unicode.IsSpace(r) {
+			return false
+		}
+	}
+	return true
+}
+
+func indent(s string) string {
+	lines := strings.SplitAfter(s, "\n")
+	var b strings.Builder
+	for _, l := range lines {
+		if l == "" {
+			continue
+		}
+		b.WriteString("  ")
+		b.WriteString(l)
+	}
+	return b.String()
+}
+
+// oneLine keeps a value on its table row, and shows the control
+// characters of a hostile or broken message as escapes rather than let
+// them act on the terminal.
+func oneLine(s string) string {
+	s = strings.NewReplacer("\r\n", " ⏎ ", "\n", " ⏎ ", "\r", " ⏎ ").Replace(s)
+	if !strings.ContainsFunc(s, unicode.IsControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			fmt.Fprintf(&b, "\\x%02x", r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "(unknown)"
+	}
+	return t.UTC().Format(timeFormat)
+}
+
+// trimLineEnds drops the spaces tabwriter leaves at the ends of lines.
+func trimLineEnds(p []byte) []byte {
+	lines := bytes.Split(p, []byte("\n"))
+	for i, l := range lines {
+		lines[i] = bytes.TrimRight(l, " ")
+	}
+	return bytes.Join(lines, []byte("\n"))
+}
