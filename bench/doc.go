@@ -18,8 +18,9 @@
 //   - "replay", for both: the middleware answering a key it already
 //     completed, which must be at least as fast as a first execution.
 //
-// Requests are served in-process (no HTTP sockets), so what is measured is
-// the store work and the middleware, not the network stack. Rounds of the
+// Requests are served in-process (no HTTP sockets), both sides through the
+// same request scaffolding, so what is measured is the store work and the
+// middleware, not the network stack. Rounds of the
 // two sides alternate so that drift on a shared machine hits both alike.
 // `idem bench` prints the table.
 package bench

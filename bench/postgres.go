@@ -60,7 +60,8 @@ func runPostgres(ctx context.Context, o *Options) ([]Comparison, error) {
 		writeAnswer(w)
 	}))
 	body := `{"account_id":"acct_1","amount":1,"currency":"KRW"}`
-	serveAs := func(ctx context.Context, key string, acct int) error {
+	// Both sides are served through the same in-process HTTP path.
+	serveWith := func(ctx context.Context, h http.Handler, key string, acct int) error {
 		req := httptest.NewRequestWithContext(context.WithValue(ctx, accountKey{}, acct), http.MethodPost, "/v1/payments", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set(idemhttp.HeaderKey, key)
@@ -71,13 +72,13 @@ func runPostgres(ctx context.Context, o *Options) ([]Comparison, error) {
 		}
 		return nil
 	}
-
-	middlewareFirst := side{name: "middleware", do: func(ctx context.Context, round, i int) error {
-		return serveAs(ctx, fmt.Sprintf("first-%d-%d", round, i), i%accounts)
-	}}
-	minimumFirst := side{name: "minimum", do: func(ctx context.Context, round, i int) error {
-		key := fmt.Sprintf("min-%d-%d", round, i)
-		return pgx.BeginFunc(ctx, db.Pool(), func(tx pgx.Tx) error {
+	serveAs := func(ctx context.Context, key string, acct int) error { return serveWith(ctx, h, key, acct) }
+	minimumHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		key := r.Header.Get(idemhttp.HeaderKey)
+		acct := ctx.Value(accountKey{}).(int)
+		rr := httptest.NewRecorder()
+		err := pgx.BeginFunc(ctx, db.Pool(), func(tx pgx.Tx) error {
 			tag, err := tx.Exec(ctx, `INSERT INTO bench_keys (key) VALUES ($1) ON CONFLICT DO NOTHING`, key)
 			if err != nil {
 				return err
@@ -85,14 +86,38 @@ func runPostgres(ctx context.Context, o *Options) ([]Comparison, error) {
 			if tag.RowsAffected() != 1 {
 				return fmt.Errorf("key %s already claimed", key)
 			}
-			if err := debit(ctx, tx, i%accounts); err != nil {
+			if err := debit(ctx, tx, acct); err != nil {
 				return err
 			}
-			rr := httptest.NewRecorder()
 			writeAnswer(rr)
 			_, err = tx.Exec(ctx, `UPDATE bench_keys SET status = $2, body = $3 WHERE key = $1`, key, rr.Code, rr.Body.Bytes())
 			return err
 		})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(rr.Code)
+		w.Write(rr.Body.Bytes())
+	})
+	minimumReplayHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var status int
+		var b []byte
+		if err := db.Pool().QueryRow(r.Context(), `SELECT status, body FROM bench_keys WHERE key = $1`, r.Header.Get(idemhttp.HeaderKey)).Scan(&status, &b); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		w.Write(b)
+	})
+
+	middlewareFirst := side{name: "middleware", do: func(ctx context.Context, round, i int) error {
+		return serveAs(ctx, fmt.Sprintf("first-%d-%d", round, i), i%accounts)
+	}}
+	minimumFirst := side{name: "minimum", do: func(ctx context.Context, round, i int) error {
+		return serveWith(ctx, minimumHandler, fmt.Sprintf("min-%d-%d", round, i), i%accounts)
 	}}
 	first, err := compare(ctx, o, "postgres", "first", middlewareFirst, minimumFirst)
 	if err != nil {
@@ -109,15 +134,7 @@ func runPostgres(ctx context.Context, o *Options) ([]Comparison, error) {
 		return serveAs(ctx, "replayed", 0)
 	}}
 	minimumReplay := side{name: "minimum", do: func(ctx context.Context, round, i int) error {
-		var status int
-		var b []byte
-		if err := db.Pool().QueryRow(ctx, `SELECT status, body FROM bench_keys WHERE key = $1`, "min--1-0").Scan(&status, &b); err != nil {
-			return err
-		}
-		rr := httptest.NewRecorder()
-		rr.WriteHeader(status)
-		rr.Write(b)
-		return nil
+		return serveWith(ctx, minimumReplayHandler, "min--1-0", 0)
 	}}
 	replay, err := compare(ctx, o, "postgres", "replay", middlewareReplay, minimumReplay)
 	if err != nil {

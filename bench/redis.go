@@ -47,22 +47,31 @@ func runRedis(ctx context.Context, o *Options) ([]Comparison, error) {
 	middlewareFirst := side{name: "middleware", do: func(ctx context.Context, round, i int) error {
 		return serve(h, fmt.Sprintf("first-%d-%d", round, i), body, http.StatusCreated)
 	}}
-	minimumFirst := side{name: "minimum", do: func(ctx context.Context, round, i int) error {
-		key := fmt.Sprintf("%s:min:%d-%d", prefix, round, i)
-		ok, err := client.SetNX(ctx, key, "in-flight", benchTTL).Result()
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("key %s already claimed", key)
+	// The minimum is served through the same in-process HTTP path as the
+	// middleware, so both sides pay the same request scaffolding.
+	minimumHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := prefix + ":min:" + r.Header.Get(idemhttp.HeaderKey)
+		ok, err := client.SetNX(r.Context(), key, "in-flight", benchTTL).Result()
+		if err != nil || !ok {
+			http.Error(w, fmt.Sprintf("claim %s: %v, %v", key, ok, err), http.StatusConflict)
+			return
 		}
 		rr := httptest.NewRecorder()
 		writeAnswer(rr)
 		b, err := json.Marshal(storedAnswer{Status: rr.Code, Body: rr.Body.Bytes()})
-		if err != nil {
-			return err
+		if err == nil {
+			err = client.Set(r.Context(), key, b, benchTTL).Err()
 		}
-		return client.Set(ctx, key, b, benchTTL).Err()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(rr.Code)
+		w.Write(rr.Body.Bytes())
+	})
+	minimumFirst := side{name: "minimum", do: func(ctx context.Context, round, i int) error {
+		return serve(minimumHandler, fmt.Sprintf("%d-%d", round, i), body, http.StatusCreated)
 	}}
 	first, err := compare(ctx, o, "redis", "first", middlewareFirst, minimumFirst)
 	if err != nil {
@@ -75,23 +84,25 @@ func runRedis(ctx context.Context, o *Options) ([]Comparison, error) {
 	if err := minimumFirst.do(ctx, -1, 0); err != nil {
 		return nil, err
 	}
-	replayKey := fmt.Sprintf("%s:min:%d-%d", prefix, -1, 0)
 	middlewareReplay := side{name: "middleware", do: func(ctx context.Context, round, i int) error {
 		return serve(h, "replayed", body, http.StatusCreated)
 	}}
-	minimumReplay := side{name: "minimum", do: func(ctx context.Context, round, i int) error {
-		b, err := client.Get(ctx, replayKey).Bytes()
-		if err != nil {
-			return err
-		}
+	minimumReplayHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := client.Get(r.Context(), prefix+":min:"+r.Header.Get(idemhttp.HeaderKey)).Bytes()
 		var a storedAnswer
-		if err := json.Unmarshal(b, &a); err != nil {
-			return err
+		if err == nil {
+			err = json.Unmarshal(b, &a)
 		}
-		rr := httptest.NewRecorder()
-		rr.WriteHeader(a.Status)
-		rr.Write(a.Body)
-		return nil
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(a.Status)
+		w.Write(a.Body)
+	})
+	minimumReplay := side{name: "minimum", do: func(ctx context.Context, round, i int) error {
+		return serve(minimumReplayHandler, "-1-0", body, http.StatusCreated)
 	}}
 	replay, err := compare(ctx, o, "redis", "replay", middlewareReplay, minimumReplay)
 	if err != nil {

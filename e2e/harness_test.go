@@ -26,7 +26,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idemredis"
 	"github.com/idem-go/idem/idemtest"
 )
 
@@ -170,11 +172,21 @@ func (e *testEnv) useRedis(url string) {
 // keeps it (a hash at "<prefix>:{<scope>}:<key>"; the tenant is the scope).
 // It is empty when there is no record.
 func (e *testEnv) redisKeyState(ctx context.Context, key string) (string, error) {
-	v, err := e.rdb.HGet(ctx, e.prefix+":{"+e.tenant+"}:"+key, "state").Result()
-	if errors.Is(err, redis.Nil) {
+	// Read through the store itself, so the test does not depend on how it
+	// lays records out in Redis.
+	store, err := idemredis.New(ctx, e.rdb, &idemredis.Config{Prefix: e.prefix})
+	if err != nil {
+		return "", err
+	}
+	defer store.Close()
+	rec, err := store.Get(ctx, idem.Scope(e.tenant), idem.Key(key))
+	if errors.Is(err, idem.ErrNotFound) {
 		return "", nil
 	}
-	return v, err
+	if err != nil {
+		return "", err
+	}
+	return rec.State.String(), nil
 }
 
 // deletePrefix deletes every key under prefix with SCAN, never a flush:

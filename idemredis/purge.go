@@ -58,7 +58,11 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 				if n == limit {
 					return n, nil
 				}
-				d, err := purgeScript.Run(ctx, s.client, []string{k}, now).Int()
+				sk, ok := seqKeyOf(s.prefix, k)
+				if !ok {
+					continue
+				}
+				d, err := purgeScript.Run(ctx, s.client, []string{k, sk}, now).Int()
 				if err != nil {
 					return n, fail("purge", err)
 				}
@@ -118,16 +122,17 @@ func (s *Store) scanners(ctx context.Context) ([]scanner, error) {
 }
 
 // deadKeys returns those of keys whose record is dead at ref: its TTL has
-// passed and no live lease holds it. Keys that are not hashes (someone
-// else's keys under the prefix) are skipped.
+// passed and no live lease holds it. It reads only the start of each value
+// (a record's body may be large). Keys that are not records (someone else's
+// keys under the prefix) are skipped.
 func (s *Store) deadKeys(ctx context.Context, keys []string, ref int64) ([]string, error) {
 	if len(keys) == 0 {
 		return nil, nil
 	}
 	pipe := s.client.Pipeline()
-	cmds := make([]*redis.SliceCmd, len(keys))
+	cmds := make([]*redis.StringCmd, len(keys))
 	for i, k := range keys {
-		cmds[i] = pipe.HMGet(ctx, k, "state", "lease_until", "expires_at")
+		cmds[i] = pipe.GetRange(ctx, k, 0, headerReadLen-1)
 	}
 	// Exec reports the first failed command; each is checked below.
 	_, _ = pipe.Exec(ctx)
@@ -140,24 +145,13 @@ func (s *Store) deadKeys(ctx context.Context, keys []string, ref int64) ([]strin
 		case err != nil:
 			return nil, fail("purge: reading records", err)
 		}
-		state, _ := v[0].(string)
-		lease, err1 := strconv.ParseInt(str(v[1]), 10, 64)
-		expires, err2 := strconv.ParseInt(str(v[2]), 10, 64)
-		if state == "" || err1 != nil || err2 != nil {
-			continue // gone since the SCAN, or not a record
+		h, err := parseHeader(v, false)
+		if err != nil {
+			continue // gone since the SCAN (empty), or not a record
 		}
-		deadline := expires
-		if state == "in_flight" {
-			deadline = max(deadline, lease)
-		}
-		if ref >= deadline {
+		if !h.liveAt(ref) {
 			dead = append(dead, keys[i])
 		}
 	}
 	return dead, nil
-}
-
-func str(v any) string {
-	s, _ := v.(string)
-	return s
 }

@@ -1,220 +1,277 @@
 package idemredis
 
-import "github.com/redis/go-redis/v9"
+import (
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // The Lua scripts are the store: each one reads and changes one record
 // atomically, because Redis runs a script without interleaving any other
 // command. Every key a script touches is passed in KEYS and carries the
-// scope's hash tag, so the scripts also run on Redis Cluster.
+// scope's hash tag, so the scripts also run on Redis Cluster. The record's
+// layout is described in record.go.
 //
-// Times are microseconds since the Unix epoch. Lua numbers are doubles, which
-// hold integers exactly up to 2^53: microsecond times fit until the year
-// 2255, nanosecond times do not fit at all. Numbers are written to Redis
-// through redis.call (which converts them exactly) or through str (Lua's
-// tostring would print 1.8934567890123e+15).
+// What a script costs, measured on Redis 7 (see doc.go, "Cost"): each
+// redis.call about a microsecond, each string.format or closure a fraction
+// of one, and every value crossing between Redis and Lua is copied. So the
+// common path of each script (a new key's claim, a completion, a replay)
+// makes as few calls as it can, builds its strings by concatenation only,
+// and leaves parsing and arithmetic to the rare paths and to the client.
 //
-// Each redis.call costs about a microsecond on top of the command, and every
-// value crossing between Redis and Lua is copied twice, so the scripts read
-// a record with one HMGET of the fields they need and return what they read
-// rather than reading it again.
+// Times are microseconds since the Unix epoch. Where Lua does arithmetic on
+// them it uses doubles, exact for integers up to 2^53: microsecond times fit
+// until the year 2255. Numbers computed in Lua are written with
+// string.format('%d'), which is exact in that range (tostring would print
+// 1.8934567890123e+15).
 
-// recordFields are a record's hash fields, in the order the claim and get
-// scripts return them (see parseRecord).
-//
-//	fingerprint   the claimant's fingerprint
-//	state         "in_flight" or "completed"
-//	token         the fencing token of the current or last holder
-//	created_at    when the key was last claimed anew
-//	lease_until   when the holder's lease ends
-//	expires_at    when the record stops counting
-//	completed_at  when it was completed (absent while in flight)
-//	status, header (JSON), body, body_omitted ("1" or "0"): the response
-const recordFields = `'fingerprint', 'state', 'token', 'created_at', 'lease_until', 'expires_at', 'completed_at', 'status', 'header', 'body', 'body_omitted'`
-
-// Positions in recordFields, 1-based as in Lua.
-const prelude = `
-local F_FP, F_STATE, F_TOKEN, F_CREATED, F_LEASE, F_EXPIRES = 1, 2, 3, 4, 5, 6
-` +
-	// now_us reads the store's time from ARGV[1]: a number from
-	// Config.Clock, or empty for the Redis server's clock. TIME is allowed
-	// before writes because Redis (5 and later by default, 7 only)
-	// replicates a script's effects, not the script.
-	`
-local function now_us(arg)
-  if arg ~= '' then return tonumber(arg) end
+// luaNow sets now to the store's time as a decimal string: ARGV[1] when
+// a Clock gave it, else the Redis server's TIME (allowed before writes
+// because Redis 7 replicates a script's effects, not the script), with its
+// microseconds zero-padded to six digits so that the two parts concatenate
+// without arithmetic.
+const luaNow = `
+local now = ARGV[1]
+if now == '' then
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local function str(n) return string.format('%.0f', n) end
-` +
-	// alive reports whether a record counts at now (its TTL has not passed
-	// or a live lease holds it), and whether its lease is live.
-	`
-local function alive(state, lease_until, expires_at, now)
-  local lease_live = state == 'in_flight' and now < tonumber(lease_until)
-  return lease_live or now < tonumber(expires_at), lease_live
+  now = t[1] .. string.sub('000000', #t[2] + 1) .. t[2]
 end
 `
 
-// claimScript claims a key or reports why it cannot.
+// luaNowNumber sets now to the store's time as a number.
+const luaNowNumber = `
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+`
+
+// luaParseRecord reads the header of the record v (see record.go) into
+// locals, and sets live (its TTL has not passed or a live lease holds it)
+// and leaseLive by the number now. An unreadable value is an error, not a
+// record to overwrite.
+const luaParseRecord = `
+local state, token, created, leased, lease, ttl, fplen, fpstart =
+  string.match(v, '^([ic])[-w](%d+) (%-?%d+) (%-?%d+) (%d+) (%d+) (%d+) ()')
+if not state then
+  return redis.error_reply('idemredis: ' .. KEYS[1] .. ' is not a record')
+end
+local leaseLive = state == 'i' and now < tonumber(leased) + tonumber(lease)
+local live = leaseLive or now < tonumber(created) + tonumber(ttl)
+`
+
+// evictionSlackMs is evictionSlack in the scripts' text.
+var evictionSlackMs = strconv.FormatInt(evictionSlack.Milliseconds(), 10)
+
+// luaChannel is the store's change channel, "<prefix>:changes", taken from
+// the record key KEYS[1] ("<prefix>:{<tag>}:<key>", whose first '{' is the
+// tag's since a prefix holds no braces), so that no script needs it as an
+// argument on the paths that do not publish.
+const luaChannel = `string.sub(KEYS[1], 1, string.find(KEYS[1], '{', 1, true) - 2) .. ':changes'`
+
+// luaWaited is true when a waiter flagged the record v (see leaseScript),
+// so that a change to it must be published.
+const luaWaited = `string.byte(v, 2) == 119` // 'w'
+
+// claimScript claims a key or returns the record that stops it.
 //
-// KEYS: record, token counter. ARGV: now, fingerprint, lease (µs), TTL (µs),
-// change channel, eviction slack (ms).
+// KEYS: record, scope's token floor. ARGV: now (empty for the server's
+// clock), the rest of a new record after its times, " <lease> <ttl>
+// <fplen> <fingerprint>" (µs), and the record's Redis lifetime (ms).
 //
-// Returns {outcome, values}: outcome is "acquired", "took_over",
-// "in_flight", "completed" or "mismatch"; values the record's recordFields
-// in order, absent ones nil.
-var claimScript = redis.NewScript(prelude + `
+// Returns "a<token> <now>" when it claimed the key anew, "t" followed by
+// the new record when it took an in-flight key over, or the record that
+// stops the claim, unchanged (which starts with 'i' or 'c'): the client
+// tells a mismatch, a completed key and an in-flight one apart itself.
+//
+// Tokens: a new record's token is the store's time, unless the scope's floor
+// (raised by Release and Purge to the token of each record they delete, and
+// by any token issued above the time) is not below it; a replaced or taken
+// over record's token is also above the previous one. So tokens increase
+// per key across releases, purges, clock steps, and Redis's own expiry of
+// a record, which happens only once the time has passed the record's end
+// (see doc.go, "Fencing tokens").
+var claimScript = redis.NewScript(luaNow + `
 local rk, sk = KEYS[1], KEYS[2]
-local now = now_us(ARGV[1])
-local fp, lease, ttl = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local slack = tonumber(ARGV[6])
-
--- Tokens come from the scope's counter, which outlives every record, and
--- are at least the time in µs: they keep increasing after a record expires,
--- is released or purged, and, with the server's clock, even after Redis
--- restarts without persistence and loses the counter. SET ... GET writes the
--- common case (the clock is ahead of the counter) in one call.
-local function next_token(floor)
-  local tok = now
-  local last = tonumber(redis.call('SET', sk, str(tok), 'GET') or '0')
-  if tok <= last or tok <= floor then
-    tok = math.max(last, floor) + 1
-    redis.call('SET', sk, str(tok))
+local v = redis.call('SET', rk, 'i-' .. now .. ' ' .. now .. ' ' .. now .. ARGV[2], 'NX', 'PX', ARGV[3], 'GET')
+if not v then
+  local floor = tonumber(redis.call('GET', sk) or '0')
+  if floor < tonumber(now) then
+    return 'a' .. now .. ' ' .. now
   end
-  return tok
+  -- The floor is ahead of the clock (a clock stepped back, or a release in
+  -- the same microsecond): issue the next token and raise the floor to it.
+  local token = string.format('%d', floor + 1)
+  redis.call('SET', sk, token)
+  redis.call('SET', rk, 'i-' .. token .. ' ' .. now .. ' ' .. now .. ARGV[2], 'KEEPTTL')
+  return 'a' .. token .. ' ' .. now
 end
 
-local floor = 0
-local rec = redis.call('HMGET', rk, ` + recordFields + `)
-if rec[F_FP] then
-  local live, lease_live = alive(rec[F_STATE], rec[F_LEASE], rec[F_EXPIRES], now)
-  if live then
-    if rec[F_FP] ~= fp then
-      return {'mismatch', rec}
-    elseif rec[F_STATE] ~= 'in_flight' then
-      return {'completed', rec}
-    elseif lease_live then
-      return {'in_flight', rec}
-    end
-    -- In flight under an ended lease, same request: take it over.
-    rec[F_TOKEN] = str(next_token(tonumber(rec[F_TOKEN])))
-    rec[F_LEASE] = str(now + lease)
-    redis.call('HSET', rk, 'token', rec[F_TOKEN], 'lease_until', rec[F_LEASE])
-    -- Keep the record in Redis until the new lease ends, if that is later
-    -- than before; never shorten its life.
-    local ms = math.ceil(lease / 1000) + slack
-    if redis.call('PTTL', rk) < ms then
-      redis.call('PEXPIRE', rk, ms)
-    end
-    redis.call('PUBLISH', ARGV[5], rk)
-    return {'took_over', rec}
+now = tonumber(now)
+` + luaParseRecord + `
+-- The next token: above the time, the floor and the record's token. One
+-- issued above the time goes into the floor, so that it is not forgotten
+-- when Redis expires the record.
+local function nextToken()
+  local floor = tonumber(redis.call('GET', sk) or '0')
+  local t = math.max(now, floor + 1, tonumber(token) + 1)
+  local s = string.format('%d', t)
+  if t > now then
+    redis.call('SET', sk, s)
   end
-  -- Dead by the store's clock but not yet evicted: replace it.
-  floor = tonumber(rec[F_TOKEN]) or 0
-  redis.call('DEL', rk)
+  return s
+end
+local nowS = string.format('%d', now)
+
+if live then
+  local reqLease, reqFp = string.match(ARGV[2], '^ (%d+) %d+ %d+ ()')
+  reqFp = string.sub(ARGV[2], reqFp)
+  if state == 'c' or leaseLive or string.sub(v, fpstart, fpstart + fplen - 1) ~= reqFp then
+    return v
+  end
+  -- In flight under an ended lease, same request: take it over. The record
+  -- keeps its creation and TTL; the lease starts now.
+  local nv = 'i-' .. nextToken() .. ' ' .. created .. ' ' .. nowS .. ' ' .. reqLease .. ' ' .. ttl .. ' ' ..
+    fplen .. ' ' .. reqFp
+  redis.call('SET', rk, nv, 'KEEPTTL')
+  -- Keep the record in Redis until the new lease ends, if that is later
+  -- than before; never shorten its life.
+  local ms = math.ceil(tonumber(reqLease) / 1000) + ` + evictionSlackMs + `
+  if redis.call('PTTL', rk) < ms then
+    redis.call('PEXPIRE', rk, ms)
+  end
+  redis.call('PUBLISH', ` + luaChannel + `, rk)
+  return 't' .. nv
 end
 
-local tok, lease_until, expires_at = str(next_token(floor)), str(now + lease), str(now + ttl)
-redis.call('HSET', rk, 'fingerprint', fp, 'state', 'in_flight', 'token', tok,
-  'created_at', str(now), 'lease_until', lease_until, 'expires_at', expires_at)
--- Let Redis evict the record by itself once nothing can need it. The TTL is
--- relative to the store's clock, so an injected clock far from real time
--- neither evicts at once nor never.
-redis.call('PEXPIRE', rk, math.ceil(math.max(ttl, lease) / 1000) + slack)
-return {'acquired', {fp, 'in_flight', tok, str(now), lease_until, expires_at}}
+-- Dead by the store's clock but not yet expired by Redis: replace it.
+local token = nextToken()
+redis.call('SET', rk, 'i-' .. token .. ' ' .. nowS .. ' ' .. nowS .. ARGV[2], 'PX', ARGV[3])
+return 'a' .. token .. ' ' .. nowS
 `)
 
 // completeScript stores the response if the token holds the key.
 //
-// KEYS: record. ARGV: now, token, status, header, body, body_omitted, change
-// channel.
+// KEYS: record. ARGV: now, "<token> ", the response as record.go lays it
+// out after the completion time.
 //
 // Returns 1 when the record is (now or already) completed under the token,
 // 0 when the token does not hold the key.
-var completeScript = redis.NewScript(prelude + `
+var completeScript = redis.NewScript(`
 local rk = KEYS[1]
-local rec = redis.call('HMGET', rk, 'token', 'state')
-if not rec[1] or rec[1] ~= ARGV[2] then
+local v = redis.call('GET', rk)
+if not v then
   return 0
 end
-if rec[2] == 'completed' then
+local p = ARGV[2]
+if string.sub(v, 3, #p + 2) ~= p then
+  return 0
+end
+if string.byte(v) ~= 105 then -- not 'i': completed under this token already
   return 1
 end
-redis.call('HSET', rk,
-  'state', 'completed',
-  'completed_at', str(now_us(ARGV[1])),
-  'status', ARGV[3],
-  'header', ARGV[4],
-  'body', ARGV[5],
-  'body_omitted', ARGV[6])
-redis.call('PUBLISH', ARGV[7], rk)
+` + luaNow + `
+redis.call('SET', rk, 'c' .. string.sub(v, 2) .. ' ' .. now .. ARGV[3], 'KEEPTTL')
+if ` + luaWaited + ` then
+  redis.call('PUBLISH', ` + luaChannel + `, rk)
+end
 return 1
 `)
 
-// releaseScript deletes the record if the token holds it in flight.
+// releaseScript deletes the record if the token holds it in flight, and
+// raises the scope's token floor to the token, so that the key's next claim
+// gets a greater one whatever the clock does.
 //
-// KEYS: record. ARGV: now (unused, kept for a uniform ARGV[1]), token,
-// change channel.
+// KEYS: record, scope's token floor. ARGV: token.
 //
 // Returns 1 when the key is gone (released now, or absent), 0 when another
 // token holds it or it was completed.
-var releaseScript = redis.NewScript(prelude + `
-local rk = KEYS[1]
-local rec = redis.call('HMGET', rk, 'token', 'state')
-if not rec[1] then
+var releaseScript = redis.NewScript(`
+local rk, sk = KEYS[1], KEYS[2]
+local v = redis.call('GET', rk)
+if not v then
   return 1
 end
-if rec[1] ~= ARGV[2] or rec[2] ~= 'in_flight' then
+local p = ARGV[1] .. ' '
+if string.byte(v) ~= 105 or string.sub(v, 3, #p + 2) ~= p then -- not 'i', or another token
   return 0
 end
 redis.call('DEL', rk)
-redis.call('PUBLISH', ARGV[3], rk)
+local floor = redis.call('GET', sk)
+if not floor or tonumber(floor) < tonumber(ARGV[1]) then
+  redis.call('SET', sk, ARGV[1])
+end
+if ` + luaWaited + ` then
+  redis.call('PUBLISH', ` + luaChannel + `, rk)
+end
 return 1
 `)
 
-// getScript returns the record's recordFields in order (absent ones nil),
-// or an empty list when it is absent or dead by the store's clock.
+// getScript returns the record, or nil when it is absent or dead by the
+// store's clock.
 //
 // KEYS: record. ARGV: now.
-var getScript = redis.NewScript(prelude + `
-local rec = redis.call('HMGET', KEYS[1], ` + recordFields + `)
-if not rec[F_FP] or not alive(rec[F_STATE], rec[F_LEASE], rec[F_EXPIRES], now_us(ARGV[1])) then
-  return {}
+var getScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then
+  return false
 end
-return rec
+` + luaNowNumber + luaParseRecord + `
+if not live then
+  return false
+end
+return v
 `)
 
 // leaseScript returns how many µs the key's lease has left when it is in
 // flight under a live lease, and 0 otherwise: WaitChange waits only in the
-// first case.
+// first case. Before it returns a wait, it flags the record (its second
+// byte becomes 'w'), so that the completion, release or takeover that ends
+// the wait publishes it; changes to records nobody waits on are not
+// published at all.
 //
 // KEYS: record. ARGV: now.
-var leaseScript = redis.NewScript(prelude + `
-local rec = redis.call('HMGET', KEYS[1], 'state', 'lease_until')
-if rec[1] ~= 'in_flight' then
+var leaseScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v or string.byte(v) ~= 105 then -- absent, or not 'i'
   return 0
 end
-local left = tonumber(rec[2]) - now_us(ARGV[1])
-if left > 0 then
-  return left
+` + luaNowNumber + luaParseRecord + `
+if not leaseLive then
+  return 0
 end
-return 0
+if not (` + luaWaited + `) then
+  redis.call('SETRANGE', KEYS[1], 1, 'w')
+end
+return tonumber(leased) + tonumber(lease) - now
 `)
 
 // purgeScript deletes the record if its TTL has passed by the store's clock
-// and no live lease holds it.
+// and no live lease holds it, raising the scope's token floor to its token
+// (see releaseScript).
 //
-// KEYS: record. ARGV: now.
+// KEYS: record, scope's token floor. ARGV: now.
 //
-// Returns 1 when it deleted the record, 0 otherwise.
-var purgeScript = redis.NewScript(prelude + `
-local rk = KEYS[1]
-local rec = redis.call('HMGET', rk, 'state', 'lease_until', 'expires_at')
-if not rec[1] or alive(rec[1], rec[2], rec[3], now_us(ARGV[1])) then
+// Returns 1 when it deleted the record, 0 otherwise (including when the key
+// holds something that is not a record).
+var purgeScript = redis.NewScript(`
+local rk, sk = KEYS[1], KEYS[2]
+local v = redis.pcall('GET', rk)
+if type(v) ~= 'string' or not string.match(v, '^[ic][-w]%d+ ') then
+  return 0 -- absent, not a string, or not a record
+end
+` + luaNowNumber + luaParseRecord + `
+if live then
   return 0
 end
 redis.call('DEL', rk)
+local floor = redis.call('GET', sk)
+if not floor or tonumber(floor) < tonumber(token) then
+  redis.call('SET', sk, token)
+end
 return 1
 `)
 

@@ -2,7 +2,6 @@ package idemredis
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -194,35 +193,81 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	if err := ctx.Err(); err != nil {
 		return idem.Claim{}, err
 	}
-	keys := []string{recordKey(s.prefix, req.Scope, req.Key), seqKey(s.prefix, req.Scope)}
-	reply, err := claimScript.Run(ctx, s.client, keys,
-		s.now(), string(req.Fingerprint), micros(req.Lease), micros(req.TTL), s.channel, evictionSlack.Milliseconds()).Slice()
+	lease, ttl := micros(req.Lease), micros(req.TTL)
+	// " <lease> <ttl> <fplen> <fingerprint>": a new record after its times
+	// (record.go).
+	suffix := make([]byte, 0, 64+len(req.Fingerprint))
+	suffix = append(suffix, ' ')
+	suffix = strconv.AppendInt(suffix, lease, 10)
+	suffix = append(suffix, ' ')
+	suffix = strconv.AppendInt(suffix, ttl, 10)
+	suffix = append(suffix, ' ')
+	suffix = strconv.AppendInt(suffix, int64(len(req.Fingerprint)), 10)
+	suffix = append(suffix, ' ')
+	suffix = append(suffix, req.Fingerprint...)
+	// Redis keeps the record until the later of its TTL and its lease has
+	// passed, and a little more (evictionSlack), in whole milliseconds.
+	lifetime := (max(ttl, lease)+999)/1000 + evictionSlack.Milliseconds()
+	reply, err := claimScript.Run(ctx, s.client,
+		[]string{recordKey(s.prefix, req.Scope, req.Key), seqKey(s.prefix, req.Scope)},
+		s.now(), suffix, lifetime).Text()
 	if err != nil {
 		return idem.Claim{}, fail("claim", err)
 	}
-	if len(reply) != 2 {
-		return idem.Claim{}, fmt.Errorf("idemredis: claim: unexpected reply %v", reply)
-	}
-	outcome, _ := reply[0].(string)
-	fields, _ := reply[1].([]any)
-	rec, err := parseRecord(req.Scope, req.Key, fields)
+	c, err := claimResult(req, lease, ttl, reply)
 	if err != nil {
 		return idem.Claim{}, fmt.Errorf("idemredis: claim: %w", err)
 	}
+	return c, nil
+}
+
+// claimResult decodes the claim script's reply (see claimScript).
+func claimResult(req idem.ClaimRequest, lease, ttl int64, reply string) (idem.Claim, error) {
+	if reply == "" {
+		return idem.Claim{}, errors.New("empty reply")
+	}
+	switch reply[0] {
+	case 'a':
+		// "a<token> <now>": a new record, made of what the request said.
+		sc := fieldReader{s: reply, pos: 1}
+		token := sc.int(' ')
+		now, err := strconv.ParseInt(reply[sc.pos:], 10, 64)
+		if sc.err != nil || err != nil {
+			return idem.Claim{}, fmt.Errorf("unexpected reply %q", reply)
+		}
+		return idem.Claim{
+			Outcome: idem.Acquired,
+			Token:   idem.Token(token),
+			Record: idem.Record{
+				Scope:          req.Scope,
+				Key:            req.Key,
+				Fingerprint:    req.Fingerprint,
+				State:          idem.StateInFlight,
+				Token:          idem.Token(token),
+				CreatedAt:      usTime(now),
+				LeaseExpiresAt: usTime(now + lease),
+				ExpiresAt:      usTime(now + ttl),
+			},
+		}, nil
+	case 't':
+		rec, err := parseRecord(req.Scope, req.Key, reply[1:])
+		if err != nil {
+			return idem.Claim{}, err
+		}
+		return idem.Claim{Outcome: idem.Acquired, Token: rec.Token, Record: rec, TookOver: true}, nil
+	}
+	rec, err := parseRecord(req.Scope, req.Key, reply)
+	if err != nil {
+		return idem.Claim{}, err
+	}
 	c := idem.Claim{Record: rec}
-	switch outcome {
-	case "acquired":
-		c.Outcome, c.Token = idem.Acquired, rec.Token
-	case "took_over":
-		c.Outcome, c.Token, c.TookOver = idem.Acquired, rec.Token, true
-	case "in_flight":
-		c.Outcome = idem.InFlight
-	case "completed":
-		c.Outcome = idem.Completed
-	case "mismatch":
+	switch {
+	case rec.Fingerprint != req.Fingerprint:
 		c.Outcome = idem.Mismatch
+	case rec.State == idem.StateCompleted:
+		c.Outcome = idem.Completed
 	default:
-		return idem.Claim{}, fmt.Errorf("idemredis: claim: unexpected outcome %q", outcome)
+		c.Outcome = idem.InFlight
 	}
 	return c, nil
 }
@@ -236,20 +281,13 @@ func (s *Store) Complete(ctx context.Context, ref idem.Ref, resp idem.Response) 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	header := ""
-	if len(resp.Header) > 0 {
-		b, err := json.Marshal(resp.Header)
-		if err != nil {
-			return fmt.Errorf("idemredis: complete: encoding the header: %w", err)
-		}
-		header = string(b)
-	}
-	omitted := "0"
-	if resp.BodyOmitted {
-		omitted = "1"
-	}
+	var tok [24]byte
+	p := append(strconv.AppendInt(tok[:0], int64(ref.Token), 10), ' ')
+	// The encoded response goes to Redis as it is: go-redis writes a []byte
+	// argument without copying it again.
+	completion := appendCompletion(make([]byte, 0, completionLen(&resp)), &resp)
 	ok, err := completeScript.Run(ctx, s.client, []string{recordKey(s.prefix, ref.Scope, ref.Key)},
-		s.now(), strconv.FormatInt(int64(ref.Token), 10), resp.Status, header, resp.Body, omitted, s.channel).Int()
+		s.now(), p, completion).Int()
 	if err != nil {
 		return fail("complete", err)
 	}
@@ -268,8 +306,9 @@ func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	ok, err := releaseScript.Run(ctx, s.client, []string{recordKey(s.prefix, ref.Scope, ref.Key)},
-		s.now(), strconv.FormatInt(int64(ref.Token), 10), s.channel).Int()
+	ok, err := releaseScript.Run(ctx, s.client,
+		[]string{recordKey(s.prefix, ref.Scope, ref.Key), seqKey(s.prefix, ref.Scope)},
+		int64(ref.Token)).Int()
 	if err != nil {
 		return fail("release", err)
 	}
@@ -285,100 +324,16 @@ func (s *Store) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.R
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, err
 	}
-	fields, err := getScript.Run(ctx, s.client, []string{recordKey(s.prefix, scope, key)}, s.now()).Slice()
+	v, err := getScript.Run(ctx, s.client, []string{recordKey(s.prefix, scope, key)}, s.now()).Text()
+	if errors.Is(err, redis.Nil) {
+		return idem.Record{}, idem.ErrNotFound
+	}
 	if err != nil {
 		return idem.Record{}, fail("get", err)
 	}
-	if len(fields) == 0 {
-		return idem.Record{}, idem.ErrNotFound
-	}
-	rec, err := parseRecord(scope, key, fields)
+	rec, err := parseRecord(scope, key, v)
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("idemredis: get: %w", err)
-	}
-	return rec, nil
-}
-
-// Positions of the values the claim and get scripts return, in the order
-// of recordFields in scripts.go.
-const (
-	fFingerprint = iota
-	fState
-	fToken
-	fCreatedAt
-	fLeaseUntil
-	fExpiresAt
-	fCompletedAt
-	fStatus
-	fHeader
-	fBody
-	fBodyOmitted
-	numFields
-)
-
-// parseRecord builds a Record from the values of recordFields, in order.
-// The list may be shorter (a new record has no response fields yet) and
-// absent fields are nil.
-func parseRecord(scope idem.Scope, key idem.Key, values []any) (idem.Record, error) {
-	if len(values) > numFields {
-		return idem.Record{}, fmt.Errorf("record has %d fields, want at most %d", len(values), numFields)
-	}
-	var v [numFields]string
-	var present [numFields]bool
-	for i, x := range values {
-		switch x := x.(type) {
-		case nil:
-		case string:
-			v[i], present[i] = x, true
-		default:
-			return idem.Record{}, fmt.Errorf("record field %d is a %T, want a string", i, x)
-		}
-	}
-	var perr error
-	num := func(i int) int64 {
-		n, err := strconv.ParseInt(v[i], 10, 64)
-		if err != nil && perr == nil {
-			perr = fmt.Errorf("record field %d = %q is not an integer", i, v[i])
-		}
-		return n
-	}
-	at := func(i int) time.Time {
-		if !present[i] {
-			return time.Time{}
-		}
-		return time.UnixMicro(num(i)).UTC()
-	}
-	rec := idem.Record{
-		Scope:          scope,
-		Key:            key,
-		Fingerprint:    idem.Fingerprint(v[fFingerprint]),
-		Token:          idem.Token(num(fToken)),
-		CreatedAt:      at(fCreatedAt),
-		LeaseExpiresAt: at(fLeaseUntil),
-		ExpiresAt:      at(fExpiresAt),
-		CompletedAt:    at(fCompletedAt),
-	}
-	switch v[fState] {
-	case "in_flight":
-		rec.State = idem.StateInFlight
-	case "completed":
-		rec.State = idem.StateCompleted
-		resp := &idem.Response{
-			Status:      int(num(fStatus)),
-			Body:        []byte(v[fBody]),
-			BodyOmitted: v[fBodyOmitted] == "1",
-		}
-		if h := v[fHeader]; h != "" {
-			if err := json.Unmarshal([]byte(h), &resp.Header); err != nil {
-				return idem.Record{}, fmt.Errorf("record header is not valid JSON: %w", err)
-			}
-		}
-		rec.Response = resp
-	default:
-		return idem.Record{}, fmt.Errorf("record state %q is unknown", v[fState])
-	}
-	if perr != nil {
-		return idem.Record{}, perr
 	}
 	return rec, nil
 }

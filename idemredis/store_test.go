@@ -107,37 +107,59 @@ func mustClaim(t *testing.T, s idem.Store, req idem.ClaimRequest, want idem.Outc
 	return c
 }
 
-// The records are where doc.go says, with the scope as the hash tag, and
-// nothing else is written but the scope's counter.
+// The records are where doc.go says, with the scope as the hash tag, as
+// strings that start with their state; nothing else is written until a
+// record is deleted, which raises the scope's token floor.
 func TestKeysInRedis(t *testing.T) {
 	t.Parallel()
 	client := newClient(t)
 	prefix := randomPrefix(t)
 	s := newStore(t, client, &idemredis.Config{Prefix: prefix})
 	ctx := t.Context()
-	for scope, want := range map[idem.Scope]string{
-		"tenant-a": prefix + ":{tenant-a}:k",
-		"":         prefix + ":{%}:k",
-		"a}b":      prefix + ":{a%7Db}:k",
-	} {
-		mustClaim(t, s, claimReq(scope, "k", time.Minute, time.Hour), idem.Acquired)
-		if typ, err := client.Type(ctx, want).Result(); err != nil || typ != "hash" {
-			t.Errorf("scope %q: TYPE %s = %q, %v; want hash", scope, want, typ, err)
+	scopes := map[idem.Scope]string{
+		"tenant-a": "tenant-a",
+		"":         "%",
+		"a}b":      "a%7Db",
+	}
+	claims := make(map[idem.Scope]idem.Claim)
+	for scope, tag := range scopes {
+		claims[scope] = mustClaim(t, s, claimReq(scope, "k", time.Minute, time.Hour), idem.Acquired)
+		want := prefix + ":{" + tag + "}:k"
+		v, err := client.Get(ctx, want).Result()
+		if err != nil || !strings.HasPrefix(v, "i") {
+			t.Errorf("scope %q: GET %s = %q, %v; want an in-flight record", scope, want, v, err)
 		}
 	}
-	var keys []string
-	iter := client.Scan(ctx, 0, prefix+":*", 100).Iterator()
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
+	listKeys := func() []string {
+		t.Helper()
+		var keys []string
+		iter := client.Scan(ctx, 0, prefix+":*", 100).Iterator()
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return keys
 	}
-	if err := iter.Err(); err != nil {
+	if keys := listKeys(); len(keys) != 3 {
+		t.Errorf("keys under the prefix: %q; want the 3 records", keys)
+	}
+
+	c := claims["a}b"]
+	if err := s.Release(ctx, idem.Ref{Scope: "a}b", Key: "k", Token: c.Token}); err != nil {
 		t.Fatal(err)
 	}
-	if len(keys) != 6 {
-		t.Errorf("keys under the prefix: %q; want 3 records and 3 counters", keys)
+	floor, err := client.Get(ctx, prefix+":seq:{a%7Db}").Int64()
+	if err != nil || floor != int64(c.Token) {
+		t.Errorf("scope floor after Release = %d, %v; want the released token %d", floor, err, c.Token)
+	}
+	keys := listKeys()
+	if len(keys) != 3 {
+		t.Errorf("keys under the prefix after a Release: %q; want 2 records and 1 floor", keys)
 	}
 	for _, k := range keys {
-		if !strings.HasPrefix(k, prefix+":{") && !strings.HasPrefix(k, prefix+":seq:{") {
+		if !strings.HasPrefix(k, prefix+":{") && k != prefix+":seq:{a%7Db}" {
 			t.Errorf("unexpected key %q", k)
 		}
 	}
@@ -253,6 +275,93 @@ func TestWaitChangeWokenByAnotherStore(t *testing.T) {
 
 // When the subscription's connection drops, changes published meanwhile
 // are lost, so every waiter is woken once it is back.
+// Changes are published only for records a WaitChange waits on: a first
+// execution nobody waits for costs no PUBLISH, and a waited-on completion
+// or release is published once the waiter has flagged the record.
+func TestChangesPublishedOnlyWhenWaited(t *testing.T) {
+	t.Parallel()
+	client := newClient(t)
+	prefix := randomPrefix(t)
+	s := newStore(t, client, &idemredis.Config{Prefix: prefix})
+	ctx := t.Context()
+	sub := newClient(t).Subscribe(ctx, prefix+":changes")
+	t.Cleanup(func() { sub.Close() })
+	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+		t.Fatal(err)
+	}
+	next := func(within time.Duration) (string, bool) {
+		t.Helper()
+		rctx, cancel := context.WithTimeout(ctx, within)
+		defer cancel()
+		m, err := sub.ReceiveMessage(rctx)
+		if err != nil {
+			return "", false
+		}
+		return m.Payload, true
+	}
+
+	// Nobody waits: claim and complete one key, release another.
+	done := mustClaim(t, s, claimReq("s", "done", time.Minute, time.Hour), idem.Acquired)
+	if err := s.Complete(ctx, idem.Ref{Scope: "s", Key: "done", Token: done.Token}, idem.Response{Status: 200}); err != nil {
+		t.Fatal(err)
+	}
+	gone := mustClaim(t, s, claimReq("s", "gone", time.Minute, time.Hour), idem.Acquired)
+	if err := s.Release(ctx, idem.Ref{Scope: "s", Key: "gone", Token: gone.Token}); err != nil {
+		t.Fatal(err)
+	}
+	// A marker published by hand: had the store published anything, it
+	// would arrive first.
+	if err := client.Publish(ctx, prefix+":changes", "marker").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := next(5 * time.Second); got != "marker" {
+		t.Errorf("first message = %q, %v; want the marker: a change nobody waited on was published", got, ok)
+	}
+
+	// A waiter on each key: both changes are published.
+	for _, tc := range []struct {
+		key    idem.Key
+		change func(idem.Claim) error
+	}{
+		{"waited-done", func(c idem.Claim) error {
+			return s.Complete(ctx, idem.Ref{Scope: "s", Key: c.Record.Key, Token: c.Token}, idem.Response{Status: 200})
+		}},
+		{"waited-gone", func(c idem.Claim) error {
+			return s.Release(ctx, idem.Ref{Scope: "s", Key: c.Record.Key, Token: c.Token})
+		}},
+	} {
+		c := mustClaim(t, s, claimReq("s", tc.key, time.Minute, time.Hour), idem.Acquired)
+		wctx, cancel := context.WithCancel(ctx)
+		waited := make(chan error, 1)
+		go func() { waited <- s.WaitChange(wctx, "s", tc.key) }()
+		// The record is flagged once the waiter has read it.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			v, err := client.GetRange(ctx, prefix+":{s}:"+string(tc.key), 1, 1).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v == "w" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the waiter did not flag the record within 5s", tc.key)
+			}
+			time.Sleep(5 * time.Millisecond) // poll interval, bounded by the deadline
+		}
+		if err := tc.change(c); err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := next(5 * time.Second); got != prefix+":{s}:"+string(tc.key) {
+			t.Errorf("%s: message = %q, %v; want the record's key", tc.key, got, ok)
+		}
+		if err := <-waited; err != nil {
+			t.Errorf("%s: WaitChange = %v, want nil", tc.key, err)
+		}
+		cancel()
+	}
+}
+
 func TestWaitChangeWokenByReconnect(t *testing.T) {
 	t.Parallel()
 	name := randomPrefix(t)
@@ -473,6 +582,63 @@ func TestTokensIncreaseAcrossExpiryAndClockSteps(t *testing.T) {
 			clock.Advance(-3 * time.Hour)
 		case 2: // expired, and replaced by the next claim
 			clock.Advance(time.Hour)
+		}
+	}
+}
+
+// With the server's clock, a key that Redis has expired (here deleted, as
+// its expiry would) is claimed anew with a greater token, and without a
+// scope floor: the clock has moved past the expired record's token.
+func TestTokensIncreaseAfterRedisExpiry(t *testing.T) {
+	t.Parallel()
+	client := newClient(t)
+	prefix := randomPrefix(t)
+	s := newStore(t, client, &idemredis.Config{Prefix: prefix})
+	req := claimReq("s", "k", time.Millisecond, time.Millisecond)
+	var last idem.Token
+	for i := range 3 {
+		c := mustClaim(t, s, req, idem.Acquired)
+		if c.Token <= last {
+			t.Fatalf("claim %d: token %d is not greater than %d", i, c.Token, last)
+		}
+		last = c.Token
+		if err := client.Del(t.Context(), prefix+":{s}:k").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, _ := client.Exists(t.Context(), prefix+":seq:{s}").Result(); n != 0 {
+		t.Errorf("a scope floor was written, but no record was released or purged")
+	}
+}
+
+// A scope floor ahead of the server's clock (left by a token issued while
+// the clock was behind) decides the next tokens, and each one issued above
+// the clock raises it, so they keep increasing.
+func TestFloorAheadOfClock(t *testing.T) {
+	t.Parallel()
+	client := newClient(t)
+	prefix := randomPrefix(t)
+	s := newStore(t, client, &idemredis.Config{Prefix: prefix})
+	ctx := t.Context()
+	ahead := time.Now().Add(time.Hour).UnixMicro()
+	if err := client.Set(ctx, prefix+":seq:{s}", ahead, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	last := idem.Token(ahead)
+	for _, key := range []idem.Key{"a", "b", "a"} {
+		c := mustClaim(t, s, claimReq("s", key, time.Minute, time.Hour), idem.Acquired)
+		if c.Token <= last {
+			t.Fatalf("claim of %s: token %d, want above %d", key, c.Token, last)
+		}
+		last = c.Token
+		if r, err := s.Get(ctx, "s", key); err != nil || r.Token != c.Token {
+			t.Fatalf("Get(%s) = token %d, %v; want the claim's token %d", key, r.Token, err, c.Token)
+		}
+		if floor, err := client.Get(ctx, prefix+":seq:{s}").Int64(); err != nil || floor != int64(c.Token) {
+			t.Errorf("floor after claiming %s = %d, %v; want the token %d", key, floor, err, c.Token)
+		}
+		if err := s.Release(ctx, idem.Ref{Scope: "s", Key: key, Token: c.Token}); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

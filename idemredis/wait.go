@@ -22,11 +22,13 @@ const readyWait = 5 * time.Second
 
 // WaitChange implements idem.Waiter. It returns at once when the key is not
 // in flight under a live lease (absent, completed, or claimable by takeover),
-// since a Claim would then make progress. Otherwise it waits until a Store
-// sharing this Redis and prefix, in any process, completes, releases or
-// takes over the key (each publishes on "<prefix>:changes"), until the lease
-// ends, or until ctx is done. After the subscription reconnects it returns
-// too, since a change may have been published while it was down.
+// since a Claim would then make progress. Otherwise it flags the record as
+// waited on and waits until a Store sharing this Redis and prefix, in any
+// process, completes, releases or takes over the key (each publishes on
+// "<prefix>:changes" a change to a flagged record; a takeover always does),
+// until the lease ends, or until ctx is done. After the subscription
+// reconnects it returns too, since a change may have been published while
+// it was down.
 //
 // The store keeps one subscription for all its waiters, started by the
 // first WaitChange and stopped by Close.
@@ -36,8 +38,10 @@ func (s *Store) WaitChange(ctx context.Context, scope idem.Scope, key idem.Key) 
 	}
 	rk := recordKey(s.prefix, scope, key)
 	// Register before reading the record, and read it only once the
-	// subscription is live: a change made after the read is then always
-	// delivered, and one made before it is seen by the read.
+	// subscription is live. The read flags the record as waited on, in the
+	// same script, and a flagged record's change is published: a change
+	// made after the read is then always delivered, and one made before it
+	// is seen by the read.
 	w, ready, closed := s.hub.watch(rk)
 	defer s.hub.unwatch(rk, w)
 	select {
