@@ -354,13 +354,18 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	fp := idem.NewFingerprint(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"), body)
 	req := idem.ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: m.cfg.Lease, TTL: m.cfg.TTL}
-	log := m.log.With(slog.Any("scope", scope), slog.Any("key", key), slog.String("method", r.Method), slog.String("path", r.URL.Path))
+	log := reqLog{l: m.log, scope: scope, key: key, method: r.Method, path: r.URL.Path}
 
 	ctx := r.Context()
 	deadline := time.Now().Add(m.cfg.InflightWait)
-	for attempt := 0; ; attempt++ {
-		wk := waitKey{scope, key}
-		changed, unwatch := m.local.watch(wk)
+	wk := waitKey{scope, key}
+	// A duplicate watches for this process's own completion of the key,
+	// but only once it has seen the key in flight: a first execution pays
+	// nothing for it.
+	var changed <-chan struct{}
+	unwatch := func() {}
+	waits := 0
+	for {
 		claim, err := m.store.Claim(ctx, req)
 		if err != nil {
 			unwatch()
@@ -385,7 +390,13 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			writeReplay(w, claim.Record.Response)
 			return
 		case idem.InFlight:
-			if !m.waitChange(ctx, wk, changed, deadline, attempt) {
+			if changed == nil {
+				// Watch from now on and look again at once, so a completion
+				// between the claim and the watch cannot be missed.
+				changed, unwatch = m.local.watch(wk)
+				continue
+			}
+			if !m.waitChange(ctx, wk, changed, deadline, waits) {
 				unwatch()
 				if ctx.Err() != nil {
 					return // the client has gone; nobody reads an answer
@@ -396,7 +407,9 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 					Detail: "A request with this Idempotency-Key is still being processed. Retry later with the same key to get its result.", RetryAfter: 1}).Write(w)
 				return
 			}
+			waits++
 			unwatch()
+			changed, unwatch = m.local.watch(wk)
 			continue
 		case idem.Acquired:
 			unwatch()
@@ -474,7 +487,7 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 }
 
-func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, ex Execution, log *slog.Logger) {
+func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, ex Execution, log reqLog) {
 	ref := idem.Ref{Scope: ex.Scope, Key: ex.Key, Token: ex.Token}
 	defer m.local.notify(waitKey{ref.Scope, ref.Key})
 	hctx, cancel := context.WithTimeout(r.Context(), m.cfg.Lease*9/10)
@@ -533,7 +546,7 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 	rec.send(nil)
 }
 
-func (m *Middleware) executeTx(next http.Handler, w http.ResponseWriter, r *http.Request, hctx context.Context, ref idem.Ref, log *slog.Logger) {
+func (m *Middleware) executeTx(next http.Handler, w http.ResponseWriter, r *http.Request, hctx context.Context, ref idem.Ref, log reqLog) {
 	rec := newRecorder(w, m.cfg.MaxResponseBytes, false)
 	var failure string
 	var abort bool
@@ -585,7 +598,7 @@ func (m *Middleware) executeTx(next http.Handler, w http.ResponseWriter, r *http
 // handler's nor a fencing refusal: the commit may or may not have happened.
 // The store is asked which; only a key that is provably not completed by
 // this execution is released.
-func (m *Middleware) afterAmbiguousCommit(w http.ResponseWriter, r *http.Request, ref idem.Ref, rec *recorder, cerr error, log *slog.Logger) {
+func (m *Middleware) afterAmbiguousCommit(w http.ResponseWriter, r *http.Request, ref idem.Ref, rec *recorder, cerr error, log reqLog) {
 	dctx, cancel := detached(r.Context())
 	defer cancel()
 	record, gerr := m.store.Get(dctx, ref.Scope, ref.Key)
@@ -606,7 +619,7 @@ func (m *Middleware) afterAmbiguousCommit(w http.ResponseWriter, r *http.Request
 		Detail: "The request could not be committed and was rolled back. Retry with the same key.", RetryAfter: 1}).Write(w)
 }
 
-func (m *Middleware) release(ctx context.Context, ref idem.Ref, log *slog.Logger, status int, failure string) {
+func (m *Middleware) release(ctx context.Context, ref idem.Ref, log reqLog, status int, failure string) {
 	dctx, cancel := detached(ctx)
 	defer cancel()
 	attrs := []slog.Attr{slog.Int("status", status)}
@@ -684,4 +697,24 @@ func writeReplay(w http.ResponseWriter, resp *idem.Response) {
 	}
 	w.WriteHeader(resp.Status)
 	w.Write(resp.Body)
+}
+
+// reqLog logs about one protected request. The request's own attributes
+// are added only to records that are actually logged, so with the level
+// off a request costs nothing to log.
+type reqLog struct {
+	l            *slog.Logger
+	scope        idem.Scope
+	key          idem.Key
+	method, path string
+}
+
+func (rl reqLog) LogAttrs(ctx context.Context, level slog.Level, msg string, attrs ...slog.Attr) {
+	if !rl.l.Enabled(ctx, level) {
+		return
+	}
+	all := make([]slog.Attr, 0, len(attrs)+4)
+	all = append(all, slog.Any("scope", rl.scope), slog.Any("key", rl.key),
+		slog.String("method", rl.method), slog.String("path", rl.path))
+	rl.l.LogAttrs(ctx, level, msg, append(all, attrs...)...)
 }
