@@ -48,8 +48,9 @@ type Config struct {
 	// writes run at. An empty IsoLevel means READ COMMITTED, whatever the
 	// server's default_transaction_isolation. Any level is safe for the
 	// keys: a claim commits before the work runs, and the completion is a
-	// compare-and-set on the fencing token. Defaults to READ COMMITTED,
-	// read-write.
+	// compare-and-set on the fencing token. BeginQuery and CommitQuery,
+	// when set, replace the statements that begin and commit them.
+	// Defaults to READ COMMITTED, read-write.
 	TxOptions pgx.TxOptions
 }
 
@@ -60,7 +61,9 @@ type DB struct {
 	pool   *pgxpool.Pool
 	schema string
 	clock  idem.Clock
-	txOpts pgx.TxOptions
+	// beginSQL and commitSQL begin and commit the transactions of WithTx
+	// and Store.CompleteTx, as Config.TxOptions say.
+	beginSQL, commitSQL string
 }
 
 // Open connects to the PostgreSQL database at url (a postgres:// URL or a
@@ -104,7 +107,10 @@ func Open(ctx context.Context, url string, cfg *Config) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idempg: open: %w", err)
 	}
-	db := &DB{pool: pool, schema: c.Schema, clock: c.Clock, txOpts: c.TxOptions}
+	db := &DB{pool: pool, schema: c.Schema, clock: c.Clock, beginSQL: beginSQL(c.TxOptions), commitSQL: "commit"}
+	if c.TxOptions.CommitQuery != "" {
+		db.commitSQL = c.TxOptions.CommitQuery
+	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("idempg: open: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -184,6 +185,22 @@ func (l *listener) listen(ctx context.Context) (listened bool) {
 	}
 }
 
+// registerSQL registers a waiter of a key in flight under a live lease
+// (see WaitChange), until that lease ends. Its command tag counts the rows
+// registered: none when the key is not in flight.
+const registerSQL = `INSERT INTO idem_waiters (scope, key, waiter, until)
+	SELECT k.scope, k.key, $3, k.lease_expires_at
+	FROM idem_keys AS k, (SELECT coalesce($4::timestamptz, clock_timestamp()) AS t) AS n
+	WHERE k.scope = $1 AND k.key = $2 AND k.state = 'in_flight' AND k.lease_expires_at > n.t
+	ON CONFLICT DO NOTHING`
+
+// unregisterSQL removes a waiter's registration.
+const unregisterSQL = `DELETE FROM idem_waiters WHERE scope = $1 AND key = $2 AND waiter = $3`
+
+// unregisterTimeout bounds the removal of a registration, which runs even
+// when the waiter's context is done.
+const unregisterTimeout = 5 * time.Second
+
 // waitSQL tells whether the key is in flight under a live lease (so waiting
 // makes sense) and how long, in microseconds, until that lease ends.
 const waitSQL = `SELECT state = 'in_flight' AND lease_expires_at > n.t,
@@ -193,8 +210,8 @@ const waitSQL = `SELECT state = 'in_flight' AND lease_expires_at > n.t,
 
 // WaitChange implements idem.Waiter with PostgreSQL's LISTEN/NOTIFY.
 // Complete, Release, CompleteTx and takeovers notify the channel
-// "<schema>_idem_keys" in their transaction, with a short hash of the scope
-// and key, so a waiter on any replica wakes when the change commits.
+// "<schema>_idem_keys" with a short hash of the scope and key, so a waiter on
+// any replica wakes when the change commits.
 //
 // WaitChange returns at once when the key is not in flight under a live
 // lease (absent, completed, or claimable by takeover), since a Claim would
@@ -204,6 +221,19 @@ const waitSQL = `SELECT state = 'in_flight' AND lease_expires_at > n.t,
 // meanwhile), or when ctx is done (returning ctx.Err()). After Close it
 // returns an error.
 //
+// Completions and releases notify only the keys that have waiters, so that
+// the commits of all the others never take the database-wide lock a NOTIFY
+// holds through its commit. A waiter therefore registers, in one round trip:
+// a transaction inserts its row in the unlogged table idem_waiters and
+// commits, then a statement of its own reads the key. A completion or
+// release looks for waiters after its own commit, in a statement of its own
+// sent in the same pipeline. So whichever comes first, nothing is missed: a
+// registration committed before that look is seen and notified, and a
+// registration committed after it is followed by a read that sees the
+// change, whatever the transactions' isolation levels. The row is deleted
+// when the waiter returns; Purge deletes rows a process that died while
+// waiting left behind, once the lease they waited for has ended.
+//
 // The store keeps one dedicated LISTEN connection, opened by the first
 // WaitChange, besides the pool. It does not work through a connection pooler
 // in transaction mode (PgBouncer), which cannot keep a LISTEN.
@@ -211,19 +241,50 @@ func (s *Store) WaitChange(ctx context.Context, scope idem.Scope, key idem.Key) 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	// Registered before reading the record, so that a change committed
-	// after the read is never missed.
+	// Listened for before registering, so that a change notified after the
+	// registration is never missed.
 	changed, unregister, err := s.waits.register(notifyID(scope, key))
 	if err != nil {
 		return err
 	}
 	defer unregister()
 
+	waiter := rand.Int64()
+	b := &pgx.Batch{}
+	b.Queue("begin")
+	b.Queue(registerSQL, string(scope), string(key), waiter, s.db.now())
+	b.Queue("commit")
+	b.Queue(waitSQL, string(scope), string(key), s.db.now())
 	var (
-		wait bool
-		left int64
+		registered, wait bool
+		left             int64
 	)
-	err = s.db.pool.QueryRow(ctx, waitSQL, string(scope), string(key), s.db.now()).Scan(&wait, &left)
+	res := s.db.pool.SendBatch(ctx, b)
+	err = func() error {
+		if _, err := res.Exec(); err != nil {
+			return err
+		}
+		tag, err := res.Exec()
+		if err != nil {
+			return err
+		}
+		registered = tag.RowsAffected() == 1
+		if _, err := res.Exec(); err != nil {
+			return err
+		}
+		return res.QueryRow().Scan(&wait, &left)
+	}()
+	if cerr := res.Close(); err == nil && !errors.Is(cerr, pgx.ErrNoRows) {
+		err = cerr
+	}
+	if registered {
+		// Also after a failure: the registration may have committed.
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unregisterTimeout)
+			defer cancel()
+			s.db.pool.Exec(ctx, unregisterSQL, string(scope), string(key), waiter)
+		}()
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
 	}
@@ -233,7 +294,9 @@ func (s *Store) WaitChange(ctx context.Context, scope idem.Scope, key idem.Key) 
 		}
 		return fmt.Errorf("idempg: wait: %w", err)
 	}
-	if !wait {
+	// Not registered: the key was not in flight when the registration
+	// looked. Claiming again tells what it is now.
+	if !wait || !registered {
 		return nil
 	}
 	timer := time.NewTimer(time.Duration(left) * time.Microsecond)

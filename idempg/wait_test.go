@@ -56,7 +56,8 @@ func TestWaitChangeWakesOnTakeover(t *testing.T) {
 	t.Parallel()
 	url := pgURL(t)
 	clock := idemtest.NewClock(idemtest.Start)
-	s := newStore(t, openDB(t, url, idempg.Config{Clock: clock}))
+	db := openDB(t, url, idempg.Config{Clock: clock})
+	s := newStore(t, db)
 	req := idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
 	first := mustClaim(t, s, req)
 
@@ -76,6 +77,23 @@ func TestWaitChangeWakesOnTakeover(t *testing.T) {
 			}
 		}
 	}()
+	// Take the key over only once the waiter is registered (it registers
+	// before it reads the key): a takeover before that would leave it
+	// rightly waiting for the new holder's lease instead.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := db.Pool().QueryRow(ctx, `SELECT count(*) FROM idem_waiters`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never registered")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	clock.Advance(req.Lease)
 	if c := mustClaim(t, s, req); !c.TookOver {
 		t.Fatal("expected a takeover")

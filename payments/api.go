@@ -43,8 +43,9 @@ func (s *Service) routes() http.Handler {
 	v1.HandleFunc("GET /v1/accounts/{id}", s.getAccount)
 	v1.Handle("POST /v1/accounts/{id}/deposits", s.protect(s.depositsMW, http.HandlerFunc(s.createDeposit)))
 	v1.HandleFunc("GET /v1/accounts/{id}/payments", s.listPayments)
-	v1.Handle("POST /v1/payments", s.protect(s.paymentsMW, http.HandlerFunc(s.createPayment)))
+	v1.Handle("POST /v1/payments", s.wakeRelay(s.protect(s.paymentsMW, http.HandlerFunc(s.createPayment))))
 	v1.HandleFunc("GET /v1/payments/{id}", s.getPayment)
+	v1.HandleFunc("GET /v1/settlement", s.getSettlement)
 	// Method-less patterns are less specific than the ones above, so they
 	// only catch the wrong methods, which then get a problem+json 405.
 	v1.Handle("/v1/accounts", methodNotAllowed(http.MethodPost))
@@ -53,6 +54,7 @@ func (s *Service) routes() http.Handler {
 	v1.Handle("/v1/accounts/{id}/payments", methodNotAllowed(http.MethodGet, http.MethodHead))
 	v1.Handle("/v1/payments", methodNotAllowed(http.MethodPost))
 	v1.Handle("/v1/payments/{id}", methodNotAllowed(http.MethodGet, http.MethodHead))
+	v1.Handle("/v1/settlement", methodNotAllowed(http.MethodGet, http.MethodHead))
 	v1.HandleFunc("/v1/", notFound)
 
 	var api http.Handler = v1

@@ -74,6 +74,7 @@
 //	                                                                           201 payment (key required)
 //	GET  /v1/payments/{id}                                                     200 payment
 //	GET  /v1/accounts/{id}/payments   ?limit=1..1000 (default 100)             200 {"data":[…],"has_more"} newest first
+//	GET  /v1/settlement                                                        200 {"currency","total","events"}
 //	GET  /healthz, GET /metrics
 //
 // Every error is an RFC 9457 application/problem+json document whose type is
@@ -93,6 +94,47 @@
 // payments_deposits_total and payments_accounts. In unsafe mode, sending N
 // duplicates and watching payments_created_total grow by N is the lab's
 // "before"; in protected mode it grows by one and outcome="replayed" by N-1.
+//
+// Dead letters (SQLite): idem_dead_letters{consumer} and
+// idem_dead_letter_oldest_age_seconds{consumer}, gauges read from the
+// database at each scrape (letters in state dead; an explicit 0 for the
+// settlement consumer before its first), so an alert on a queue of failed
+// messages is one rule; and the settlement consumer's counters since start,
+// idem_consumer_messages_total{consumer,outcome} (outcome processed,
+// duplicate, retried, dead_lettered, parked).
+//
+// # Events and settlement
+//
+// On SQLite every payment is announced: in the payment's own transaction
+// (so a payment without its event, or an event without its payment, cannot
+// commit) the service writes the event payment.succeeded (PaymentEvent:
+// {"event_id","type","payment_id","tenant","account_id","amount","currency",
+// "occurred_at"}) to the outbox (idemsqlite.Outbox), with event_id as the
+// message ID, topic payments.succeeded and the account as the ordering key. A
+// payment re-found through its idempotency origin writes no second event.
+// A relay (package outbox) started by New publishes the outbox to the
+// embedded transport (idemsqlite.Transport, on the same database) and is
+// woken after each payment answer; Close stops it.
+//
+// The consumer "settlement" (package consumer) adds each event's amount to
+// its tenant's total in the table settlements, in the transaction of its
+// inbox row (idemsqlite.Inbox). That increment is deliberately not
+// idempotent: only the inbox, keyed by the body's event_id rather than the
+// transport's ID (so a copy re-published under another ID is caught too),
+// keeps a redelivered event from counting twice. Malformed JSON, a body
+// without event_id, and an event of an unknown payment (or one disagreeing
+// with the recorded payment) are permanent (idem.Permanent): dead-lettered
+// at once. Other failures are retried up to Config.MaxAttempts with full
+// jitter between Config.RetryBase and Config.RetryCap, then dead-lettered as
+// exhausted. With Config.Faults, the message header Idem-Fault:
+// fail-times=N fails the first N attempts of an event transiently. Events
+// are ordered by account: once one is dead-lettered, the account's later
+// events are parked (the consumer's default) and settled, in order, when the
+// letter is re-driven or discarded. DeadLetterService gives the dead letters to people (`idem dlq`); a
+// re-driven letter goes back through the outbox.
+//
+// On PostgreSQL, payments emit no events: events need the PostgreSQL
+// outbox, not yet available, and GET /v1/settlement answers 501.
 //
 // # Storage
 //

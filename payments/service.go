@@ -77,6 +77,19 @@ type Config struct {
 	// Logger receives warnings and errors. Defaults to a logger that
 	// discards everything.
 	Logger *slog.Logger
+	// MaxAttempts bounds the settlement consumer's attempts at one event,
+	// the first included, before it is dead-lettered as exhausted.
+	// Defaults to 10.
+	MaxAttempts int
+	// RetryBase is the scale of the settlement consumer's first retry
+	// delay (full jitter). Defaults to 100ms.
+	RetryBase time.Duration
+	// RetryCap bounds every retry delay. Defaults to 30s.
+	RetryCap time.Duration
+	// TransportPoll is how often the embedded transport looks for messages
+	// it was not told about (redeliveries due, other processes' messages).
+	// Defaults to 50ms.
+	TransportPoll time.Duration
 	// Registry receives the service's metrics and is served at /metrics.
 	// Defaults to a new registry with the Go and process collectors.
 	Registry *prometheus.Registry
@@ -121,6 +134,11 @@ type Service struct {
 
 	metrics http.Handler
 	handler http.Handler
+
+	// pipeline announces payments and settles them: on SQLite only; nil on
+	// PostgreSQL, where events need the PostgreSQL outbox, not yet
+	// available.
+	pipeline *pipeline
 
 	stop      context.CancelFunc
 	done      chan struct{}
@@ -197,6 +215,20 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 			*m.dst = mw
 		}
 	}
+	if c.DB != nil {
+		p, err := newPipeline(ctx, c.DB, &c)
+		if err != nil {
+			return nil, err
+		}
+		s.pipeline = p
+		s.store.(*sqliteStorage).outbox = p.outbox
+		defer func() {
+			if !built {
+				p.close() //nolint:errcheck // the error New returns says more
+			}
+		}()
+		metrics = append(metrics, &pipelineCollector{p: p, clock: c.Clock, logger: c.Logger})
+	}
 	// One registration, so a failure leaves nothing half-registered.
 	metrics = append(metrics, &countsCollector{store: s.store, logger: c.Logger})
 	if err := c.Registry.Register(metrics); err != nil {
@@ -209,6 +241,9 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 	s.stop = stop
 	s.done = make(chan struct{})
 	go s.purge(pctx)
+	if s.pipeline != nil {
+		s.pipeline.start()
+	}
 	built = true
 	return s, nil
 }
@@ -278,6 +313,9 @@ func (c *Config) defaults() error {
 	if ttl, lease := cmp.Or(c.KeyTTL, DefaultKeyTTL), cmp.Or(c.KeyLease, idemhttp.DefaultLease); c.KeyTTL >= 0 && c.KeyLease >= 0 && lease > ttl {
 		problems = append(problems, fmt.Sprintf("KeyLease (%s) must not be longer than KeyTTL (%s)", lease, ttl))
 	}
+	if c.MaxAttempts < 0 || c.RetryBase < 0 || c.RetryCap < 0 || c.TransportPoll < 0 {
+		problems = append(problems, "MaxAttempts, RetryBase, RetryCap and TransportPoll must not be negative")
+	}
 	if c.InflightWait < 0 {
 		problems = append(problems, fmt.Sprintf("InflightWait must not be negative, got %s", c.InflightWait))
 	}
@@ -293,6 +331,9 @@ func (c *Config) defaults() error {
 	}
 	if c.InflightWait == 0 {
 		c.InflightWait = DefaultInflightWait
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
 	}
 	if c.Crash == nil {
 		c.Crash = killSelf
@@ -314,16 +355,21 @@ func (c *Config) defaults() error {
 // /metrics.
 func (s *Service) Handler() http.Handler { return s.handler }
 
-// Close stops the purger and waits for it, and closes the key store New
-// opened (idempg's listener). It closes neither the database nor
-// Config.Keys. Calling it again does nothing.
+// Close stops the purger, the outbox relay and the settlement consumer and
+// waits for them, and closes what New opened (the embedded transport,
+// idempg's listener). It closes neither the database nor Config.Keys.
+// Calling it again does nothing.
 func (s *Service) Close() error {
+	var err error
 	s.closeOnce.Do(func() {
 		s.stop()
 		<-s.done
+		if s.pipeline != nil {
+			err = s.pipeline.close()
+		}
 		s.closeKeys()
 	})
-	return nil
+	return err
 }
 
 func (s *Service) now() time.Time { return s.clock.Now().UTC() }

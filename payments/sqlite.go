@@ -28,11 +28,15 @@ const timeLayout = "2006-01-02T15:04:05.000000000Z"
 // reads through the read-only pool.
 type sqliteStorage struct {
 	db *idemsqlite.DB
+	// outbox, when set, receives each payment's event in the payment's
+	// transaction.
+	outbox *idemsqlite.Outbox
 }
 
 // Migrate applies the service's own migrations (accounts, payments,
-// deposits) to db, for tools that prepare a database without running the
-// service. New does the same, and idemsqlite.NewStore migrates the
+// deposits, settlements) and the message tables' (outbox, transport, inbox,
+// dead letters) to db, for tools that prepare a database without running
+// the service. New does the same, and idemsqlite.NewStore migrates the
 // idempotency keys' tables.
 func Migrate(ctx context.Context, db *idemsqlite.DB) error {
 	if db == nil {
@@ -40,6 +44,11 @@ func Migrate(ctx context.Context, db *idemsqlite.DB) error {
 	}
 	if err := migrateSQLite(ctx, db); err != nil {
 		return fmt.Errorf("payments: migrate: %w", err)
+	}
+	// The message tables are migrated by their stores' constructors; one
+	// of them migrates them all.
+	if _, err := idemsqlite.NewOutbox(ctx, db, nil); err != nil {
+		return fmt.Errorf("payments: migrate the message tables: %w", err)
 	}
 	return nil
 }
@@ -198,6 +207,18 @@ func (s *sqliteStorage) CreatePayment(ctx context.Context, p Payment, o origin) 
 			// and here, which the single writer rules out; failing undoes
 			// the payment row with the rest.
 			return errors.New("debit account: the balance changed during the transaction")
+		}
+		// The event commits with the payment, or neither does; a payment
+		// re-found through its origin (above) wrote none, so it announces
+		// nothing twice.
+		if s.outbox != nil {
+			msg, err := paymentEvent(p)
+			if err != nil {
+				return err
+			}
+			if err := s.outbox.Add(ctx, msg); err != nil {
+				return fmt.Errorf("outbox: %w", err)
+			}
 		}
 		out = p
 		return injectBeforeCommit(ctx)

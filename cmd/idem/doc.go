@@ -4,6 +4,7 @@
 //	idem demo      run the lab: retries double charge without idempotency keys, and never with them
 //	idem migrate   create or update the database's tables
 //	idem keys      inspect and purge stored idempotency keys
+//	idem dlq       list, show, re-drive and discard dead letters (ls, show, redrive, discard)
 //	idem version   print the version
 //
 // `idem demo` needs no flags and no setup: it is the place to start.
@@ -18,6 +19,13 @@
 // `idem serve` and `idem migrate` create or update the tables; on
 // PostgreSQL several processes may do so at once. URLs are never printed
 // with their passwords.
+//
+// On SQLite, `idem serve` also runs the message pipeline: each payment's
+// event goes through the outbox to the database as the transport (--broker
+// empty, the only choice for now: nats:// and amqp:// are not wired into
+// serve yet) and is settled once by the consumer "settlement", retried up
+// to --max-attempts with backoff between --retry-base and --retry-cap, and
+// dead-lettered when it cannot succeed. `idem dlq` takes the same --db.
 //
 // Configuration comes from flags, and for secrets also from the environment:
 // IDEM_API_KEYS holds the service's API keys ("tenant:key,tenant2:key2")

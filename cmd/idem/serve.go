@@ -45,6 +45,10 @@ type serveFlags struct {
 	unsafe          bool
 	faults          bool
 	logLevel        string
+	broker          string
+	maxAttempts     int
+	retryBase       time.Duration
+	retryCap        time.Duration
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -80,8 +84,12 @@ the client retries after --key-lease.`,
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long a shutdown waits for requests in flight")
 	fl.StringVar(&f.apiKeys, "api-keys", "", `API keys, "tenant:key,tenant2:key2" (default from $`+envAPIKeys+`)`)
 	fl.BoolVar(&f.unsafe, "unsafe-no-idempotency", false, "ignore Idempotency-Key entirely: retries DOUBLE CHARGE (the lab's 'before')")
-	fl.BoolVar(&f.faults, "faults", false, "honour the Idem-Fault request header (delay=DURATION, fail-before-commit, drop-after-commit, crash-after-commit)")
+	fl.BoolVar(&f.faults, "faults", false, "honour the Idem-Fault request header (delay=DURATION, fail-before-commit, drop-after-commit, crash-after-commit) and, on payment events, fail-times=N (the settlement consumer fails their first N attempts)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fl.StringVar(&f.broker, "broker", "", "where payment events travel: empty for the --db database itself (the embedded transport)")
+	fl.IntVar(&f.maxAttempts, "max-attempts", payments.DefaultMaxAttempts, "attempts of the settlement consumer at one event, the first included, before it is dead-lettered")
+	fl.DurationVar(&f.retryBase, "retry-base", 100*time.Millisecond, "scale of the settlement consumer's first retry delay (exponential backoff, full jitter)")
+	fl.DurationVar(&f.retryCap, "retry-cap", 30*time.Second, "longest retry delay of the settlement consumer")
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
 		if err := checkPGSchema(cmd, f.db); err != nil {
 			return err
@@ -107,6 +115,15 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 	}
 	if f.keyTTL <= 0 || f.keyLease <= 0 || f.inflightWait <= 0 || f.shutdownTimeout <= 0 {
 		return errors.New("--key-ttl, --key-lease, --inflight-wait and --shutdown-timeout must be positive")
+	}
+	if err := checkBroker(f.broker); err != nil {
+		return err
+	}
+	if f.maxAttempts <= 0 || f.retryBase <= 0 || f.retryCap <= 0 {
+		return errors.New("--max-attempts, --retry-base and --retry-cap must be positive")
+	}
+	if f.retryCap < f.retryBase {
+		return fmt.Errorf("--retry-cap (%s) must not be shorter than --retry-base (%s)", f.retryCap, f.retryBase)
 	}
 	if f.keyLease > f.keyTTL {
 		return fmt.Errorf("--key-lease (%s) must not be longer than --key-ttl (%s)", f.keyLease, f.keyTTL)
@@ -135,6 +152,9 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 		Unsafe:       f.unsafe,
 		Faults:       f.faults,
 		Logger:       logger,
+		MaxAttempts:  f.maxAttempts,
+		RetryBase:    f.retryBase,
+		RetryCap:     f.retryCap,
 	}
 	keysShown := "the --db database"
 	if f.keys != "" {
@@ -217,6 +237,20 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 // apiKeys returns the configured API keys, from the flag when it was given,
 // else from the environment. With none, it makes a key for a development
 // tenant and returns it as devKey so it can be shown.
+// checkBroker accepts the embedded transport only: the brokers have their
+// transports, not yet their place in serve.
+func checkBroker(b string) error {
+	switch {
+	case b == "":
+		return nil
+	case strings.HasPrefix(b, "nats://"), strings.HasPrefix(b, "amqp://"), strings.HasPrefix(b, "amqps://"):
+		scheme, _, _ := strings.Cut(b, "://")
+		return fmt.Errorf("--broker %s://…: not wired into serve yet; leave --broker out to use the database as the transport", scheme)
+	default:
+		return errors.New("--broker: want empty (the --db database), nats://HOST:PORT or amqp://USER:PASS@HOST:PORT/")
+	}
+}
+
 func (a *app) apiKeys(flagValue string, flagSet bool) (keys map[string]string, devKey string, err error) {
 	src, from := flagValue, "--api-keys"
 	if !flagSet {

@@ -1,0 +1,171 @@
+package payments
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemsqlite"
+)
+
+func TestFailTimes(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		in   string
+		n    int
+		want bool
+	}{
+		{"", 0, false},
+		{"fail-times=3", 3, true},
+		{" delay=1s , fail-times = 0", 0, true},
+		{"fail-times=x", 0, false},
+		{"fail-times=-1", 0, false},
+		{"fail-before-commit", 0, false},
+	}
+	for _, tt := range tests {
+		n, ok := failTimes(tt.in)
+		if n != tt.n || ok != tt.want {
+			t.Errorf("failTimes(%q) = %d, %v; want %d, %v", tt.in, n, ok, tt.n, tt.want)
+		}
+	}
+}
+
+func TestEventDedupKey(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		payload   string
+		key       string
+		permanent bool
+	}{
+		{`{"event_id":"evt_1","amount":3}`, "evt_1", false},
+		{`{"amount":3}`, "", true},
+		{`{`, "", true},
+		{``, "", true},
+	}
+	for _, tt := range tests {
+		key, err := eventDedupKey(idem.Message{ID: "transport-id", Payload: []byte(tt.payload)})
+		if key != tt.key || idem.IsPermanent(err) != tt.permanent || (err != nil) != tt.permanent {
+			t.Errorf("eventDedupKey(%q) = %q, %v; want %q, permanent %v", tt.payload, key, err, tt.key, tt.permanent)
+		}
+	}
+}
+
+func TestPaymentEvent(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	p := Payment{ID: "pay_1", Tenant: "acme", AccountID: "acct_1", Amount: 12, Currency: "KRW", CreatedAt: at}
+	a, err := paymentEvent(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := paymentEvent(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.ID == b.ID {
+		t.Errorf("two events share the ID %q", a.ID)
+	}
+	var ev map[string]any
+	if err := json.Unmarshal(a.Payload, &ev); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"event_id": a.ID, "type": "payment.succeeded", "payment_id": "pay_1", "tenant": "acme",
+		"account_id": "acct_1", "amount": float64(12), "currency": "KRW", "occurred_at": "2026-01-02T03:04:05Z"}
+	for k, v := range want {
+		if ev[k] != v {
+			t.Errorf("event %s = %v, want %v", k, ev[k], v)
+		}
+	}
+	if len(ev) != len(want) {
+		t.Errorf("event has fields %v, want exactly %v", ev, want)
+	}
+	if a.Topic != TopicPaymentSucceeded || a.Key != "acct_1" {
+		t.Errorf("message topic %q key %q, want %q and the account", a.Topic, a.Key, TopicPaymentSucceeded)
+	}
+}
+
+// An event for a payment that does not exist is dead-lettered at once; the
+// service's real payment settles; an event rolled back with its payment
+// (fail-before-commit) is never published.
+func TestSettlementOnSQLite(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "settle.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	svc, err := New(ctx, &Config{DB: db, APIKeys: map[string]string{"k": "acme"}, Faults: true,
+		RetryBase: time.Millisecond, RetryCap: time.Millisecond, TransportPoll: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	h := svc.Handler()
+	do := func(method, path, key, body string, hdr ...string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(method, path, strings.NewReader(body))
+		r.Header.Set("Authorization", "Bearer k")
+		if key != "" {
+			r.Header.Set("Idempotency-Key", key)
+		}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			r.Header.Set(hdr[i], hdr[i+1])
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	acct := do("POST", "/v1/accounts", "", `{"balance":100,"currency":"KRW"}`)
+	id := strings.TrimPrefix(acct.Header().Get("Location"), "/v1/accounts/")
+	if w := do("POST", "/v1/payments", "p-1", `{"account_id":"`+id+`","amount":30,"currency":"KRW"}`); w.Code != http.StatusCreated {
+		t.Fatalf("payment: %d %s", w.Code, w.Body)
+	}
+	if w := do("POST", "/v1/payments", "p-2", `{"account_id":"`+id+`","amount":5,"currency":"KRW"}`, HeaderFault, "fail-before-commit"); w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("failed payment: %d %s", w.Code, w.Body)
+	}
+	ghost, _ := json.Marshal(PaymentEvent{EventID: "evt_ghost", Type: EventPaymentSucceeded, PaymentID: "pay_none", Tenant: "acme", AccountID: id, Amount: 1, Currency: "KRW"})
+	if err := svc.pipeline.transport.Publish(ctx, idem.Message{ID: "evt_ghost", Topic: TopicPaymentSucceeded, Key: "other", Payload: ghost}); err != nil {
+		t.Fatal(err)
+	}
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s := svc.pipeline.consumer.Stats()
+		if s.Processed >= 1 && s.DeadLettered >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stats after 30s: %+v", s)
+		}
+		time.Sleep(5 * time.Millisecond) // polling, with a deadline
+	}
+	var st Settlement
+	if w := do("GET", "/v1/settlement", "", ""); w.Code != http.StatusOK || json.Unmarshal(w.Body.Bytes(), &st) != nil {
+		t.Fatalf("GET /v1/settlement: %d %s", w.Code, w.Body)
+	}
+	if st != (Settlement{Currency: "KRW", Total: 30, Events: 1}) {
+		t.Errorf("settlement = %+v, want 30 KRW over 1 event", st)
+	}
+	dls, err := svc.pipeline.letters.List(ctx, idem.DeadLetterFilter{Consumer: SettlementConsumer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dls) != 1 || dls[0].Message.ID != "evt_ghost" || dls[0].Class != idem.DeadPermanent || len(dls[0].Attempts) != 1 {
+		t.Errorf("dead letters = %+v, want the ghost event, permanent, after one attempt", dls)
+	}
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// One event published: the failed payment's rolled back with it.
+	var published int
+	if err := db.Reader().QueryRowContext(context.Background(),
+		`SELECT count(*) FROM idem_transport_messages WHERE id != 'evt_ghost'`).Scan(&published); err != nil || published != 1 {
+		t.Errorf("events published: %d, %v; want 1", published, err)
+	}
+}
