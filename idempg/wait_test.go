@@ -63,6 +63,27 @@ func TestWaitChangeWakesOnTakeover(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
+	// Start the store's listener and wait until it LISTENs: it wakes every
+	// waiter once when it starts, and that wake must not be mistaken for
+	// the takeover's.
+	if err := s.WaitChange(ctx, req.Scope, "not-in-flight"); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var n int
+		if err := db.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query LIKE 'LISTEN %' AND position($1 in query) > 0
+			AND pid <> pg_backend_pid()`, db.Schema()).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the store's listener never listened")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	done := make(chan error, 1)
 	go func() {
 		for {
