@@ -91,6 +91,7 @@ type pipeline struct {
 	db        *idemsqlite.DB
 	outbox    *idemsqlite.Outbox
 	transport *idemsqlite.Transport
+	inbox     *idemsqlite.Inbox
 	letters   *idemsqlite.DeadLetters
 	relay     *outbox.Relay
 	consumer  *consumer.Consumer
@@ -146,7 +147,7 @@ func newPipeline(ctx context.Context, db *idemsqlite.DB, c *Config) (*pipeline, 
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("payments: settlement consumer: %w", err), tr.Close())
 	}
-	return &pipeline{db: db, outbox: ob, transport: tr, letters: letters, relay: relay, consumer: cons,
+	return &pipeline{db: db, outbox: ob, transport: tr, inbox: inbox, letters: letters, relay: relay, consumer: cons,
 		faults: c.Faults, logger: c.Logger}, nil
 }
 
@@ -182,6 +183,32 @@ func (p *pipeline) start() {
 			p.logger.Error("payments: the settlement consumer stopped", "err", err)
 		}
 	}()
+}
+
+// purgeOld deletes, in batches, the inbox rows recorded before horizon and
+// the transport's messages published before it that every consumer has
+// settled, and returns how many of each it deleted.
+func (p *pipeline) purgeOld(ctx context.Context, horizon time.Time, batch int) (inbox, msgs int, err error) {
+	for {
+		n, err := p.inbox.PurgeInbox(ctx, horizon, batch)
+		inbox += n
+		if err != nil {
+			return inbox, msgs, fmt.Errorf("purging inbox rows: %w", err)
+		}
+		if n < batch {
+			break
+		}
+	}
+	for {
+		n, err := p.transport.Purge(ctx, horizon, batch)
+		msgs += n
+		if err != nil {
+			return inbox, msgs, fmt.Errorf("purging settled messages: %w", err)
+		}
+		if n < batch {
+			return inbox, msgs, nil
+		}
+	}
 }
 
 // close stops the relay and the consumer, waits for them, and closes the

@@ -169,3 +169,72 @@ func TestSettlementOnSQLite(t *testing.T) {
 		t.Errorf("events published: %d, %v; want 1", published, err)
 	}
 }
+
+// TestPurgeOldMessages: once past the retention horizon, settled messages
+// and the inbox rows that absorbed their duplicates are deleted; nothing
+// younger is.
+func TestPurgeOldMessages(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "purge.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	svc, err := New(ctx, &Config{DB: db, APIKeys: map[string]string{"k": "acme"}, TransportPoll: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	count := func(table string) int {
+		t.Helper()
+		var n int
+		if err := db.Reader().QueryRowContext(ctx, `SELECT count(*) FROM `+table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	h := svc.Handler()
+	do := func(method, path, key, body string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(method, path, strings.NewReader(body))
+		r.Header.Set("Authorization", "Bearer k")
+		if key != "" {
+			r.Header.Set("Idempotency-Key", key)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	acct := do("POST", "/v1/accounts", "", `{"balance":100,"currency":"KRW"}`)
+	id := strings.TrimPrefix(acct.Header().Get("Location"), "/v1/accounts/")
+	for _, k := range []string{"p-1", "p-2", "p-3"} {
+		if w := do("POST", "/v1/payments", k, `{"account_id":"`+id+`","amount":1,"currency":"KRW"}`); w.Code != http.StatusCreated {
+			t.Fatalf("payment: %d %s", w.Code, w.Body)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for svc.pipeline.consumer.Stats().Processed < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("stats after 30s: %+v", svc.pipeline.consumer.Stats())
+		}
+		time.Sleep(5 * time.Millisecond) // polling, with a deadline
+	}
+	if count("idem_transport_messages") != 3 || count("idem_inbox") != 3 {
+		t.Fatalf("before purging: %d messages, %d inbox rows", count("idem_transport_messages"), count("idem_inbox"))
+	}
+	// Nothing is older than an hour ago.
+	if in, msgs, err := svc.pipeline.purgeOld(ctx, time.Now().Add(-time.Hour), 2); err != nil || in+msgs != 0 {
+		t.Fatalf("purge with a past horizon: %d inbox rows, %d messages, %v", in, msgs, err)
+	}
+	// Everything settled is older than an hour from now; batches of 2.
+	in, msgs, err := svc.pipeline.purgeOld(ctx, time.Now().Add(time.Hour), 2)
+	if err != nil || in != 3 || msgs != 3 {
+		t.Fatalf("purge: %d inbox rows, %d messages, %v; want 3 and 3", in, msgs, err)
+	}
+	if count("idem_transport_messages") != 0 || count("idem_inbox") != 0 {
+		t.Fatalf("after purging: %d messages, %d inbox rows", count("idem_transport_messages"), count("idem_inbox"))
+	}
+	if _, err := New(ctx, &Config{DB: db, APIKeys: map[string]string{"k": "acme"}, MessageRetention: -time.Second}); err == nil {
+		t.Fatal("a negative MessageRetention was accepted")
+	}
+}

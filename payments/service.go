@@ -86,6 +86,13 @@ type Config struct {
 	RetryBase time.Duration
 	// RetryCap bounds every retry delay. Defaults to 30s.
 	RetryCap time.Duration
+	// MessageRetention is how long settled messages of the embedded
+	// transport and the settlement consumer's inbox rows are kept before the
+	// purger deletes them. An inbox row must outlive every redelivery of its
+	// message: on the embedded transport a settled message is never
+	// delivered again, and a copy a crashed relay publishes again arrives
+	// within the relay's lease (30s), so days are ample. Defaults to 7 days.
+	MessageRetention time.Duration
 	// TransportPoll is how often the embedded transport looks for messages
 	// it was not told about (redeliveries due, other processes' messages).
 	// Defaults to 50ms.
@@ -99,6 +106,8 @@ type Config struct {
 const (
 	DefaultKeyTTL       = 24 * time.Hour
 	DefaultInflightWait = 5 * time.Second
+	// DefaultMessageRetention is Config.MessageRetention's default.
+	DefaultMessageRetention = 7 * 24 * time.Hour
 )
 
 // ErrConfig is matched by every configuration error New returns.
@@ -118,6 +127,7 @@ type Service struct {
 	apiKeys   []apiKey
 	clock     idem.Clock
 	logger    *slog.Logger
+	retention time.Duration
 	unsafe    bool
 	faults    bool
 	// twoStores: the keys live apart from the money (Config.Keys), so the
@@ -167,6 +177,7 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 		crashInHandler: c.Keys != nil || c.Unsafe,
 		crashFn:        c.Crash,
 		closeKeys:      func() {},
+		retention:      cmp.Or(c.MessageRetention, DefaultMessageRetention),
 	}
 	if err := s.openStorage(ctx, &c); err != nil {
 		return nil, err
@@ -313,6 +324,9 @@ func (c *Config) defaults() error {
 	if ttl, lease := cmp.Or(c.KeyTTL, DefaultKeyTTL), cmp.Or(c.KeyLease, idemhttp.DefaultLease); c.KeyTTL >= 0 && c.KeyLease >= 0 && lease > ttl {
 		problems = append(problems, fmt.Sprintf("KeyLease (%s) must not be longer than KeyTTL (%s)", lease, ttl))
 	}
+	if c.MessageRetention < 0 {
+		problems = append(problems, fmt.Sprintf("MessageRetention must not be negative, got %s", c.MessageRetention))
+	}
 	if c.MaxAttempts < 0 || c.RetryBase < 0 || c.RetryCap < 0 || c.TransportPoll < 0 {
 		problems = append(problems, "MaxAttempts, RetryBase, RetryCap and TransportPoll must not be negative")
 	}
@@ -413,6 +427,14 @@ func (s *Service) purge(ctx context.Context) {
 			s.logger.Warn("payments: purging expired idempotency keys failed", "err", err, "purged", total)
 		} else if total > 0 {
 			s.logger.Info("payments: purged expired idempotency keys", "count", total)
+		}
+		if s.pipeline != nil {
+			inbox, msgs, err := s.pipeline.purgeOld(ctx, time.Now().Add(-s.retention), purgeBatch)
+			if err != nil && ctx.Err() == nil {
+				s.logger.Warn("payments: purging old messages failed", "err", err)
+			} else if inbox+msgs > 0 {
+				s.logger.Info("payments: purged old messages", "inbox_rows", inbox, "messages", msgs)
+			}
 		}
 	}
 }
