@@ -271,13 +271,7 @@ func (h *harness) apply(ctx context.Context, m idem.Message) error {
 // waitFor polls cond until it holds, failing the test after waitLimit.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	idemtest.Eventually(t, waitLimit, what, cond)
 }
 
 // advanceUntil moves the clock by step, again and again, until cond holds,

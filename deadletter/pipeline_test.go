@@ -13,6 +13,7 @@ import (
 	"github.com/idem-go/idem/consumer"
 	"github.com/idem-go/idem/deadletter"
 	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/idemtest"
 	"github.com/idem-go/idem/outbox"
 )
 
@@ -111,11 +112,5 @@ func TestRedriveThroughThePipeline(t *testing.T) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	idemtest.Eventually(t, 10*time.Second, what, cond)
 }

@@ -38,7 +38,6 @@ const (
 	startTimeout = 30 * time.Second // a replica prints its address (migrations included)
 	readyTimeout = 15 * time.Second // /healthz answers 200
 	exitTimeout  = 20 * time.Second // a signalled replica is reaped
-	pollEvery    = 20 * time.Millisecond
 	logTailLines = 300
 )
 
@@ -63,13 +62,7 @@ func requirePrerequisite(t *testing.T, format string, args ...any) {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(pollEvery)
-	}
+	idemtest.Eventually(t, timeout, what, cond)
 }
 
 // --- one test's world ---

@@ -349,13 +349,7 @@ func TestConcurrentDuplicatesExecuteOnce(t *testing.T) {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 20s")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	idemtest.Eventually(t, 20*time.Second, "the condition", cond)
 }
 
 func TestInFlightConflictAndMismatch(t *testing.T) {

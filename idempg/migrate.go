@@ -1,18 +1,15 @@
 package idempg
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"io/fs"
-	"regexp"
-	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/sqlmigrate"
 )
 
 const createMigrationsTable = `CREATE TABLE IF NOT EXISTS idem_schema_migrations (
@@ -23,12 +20,7 @@ const createMigrationsTable = `CREATE TABLE IF NOT EXISTS idem_schema_migrations
 	PRIMARY KEY (component, version)
 )`
 
-var migrationName = regexp.MustCompile(`^([0-9]+)_[^/]+\.sql$`)
-
-type migration struct {
-	version int64
-	name    string
-}
+type migration = sqlmigrate.File
 
 // Migrate applies the migrations of component that are not applied yet, in
 // the DB's schema.
@@ -66,7 +58,7 @@ func (db *DB) Migrate(ctx context.Context, component string, migrations fs.FS) e
 		// Each migration needs its own transaction.
 		return &idem.ArgumentError{Field: "ctx", Reason: "must not carry a transaction: Migrate runs its own"}
 	}
-	list, err := listMigrations(migrations)
+	list, err := sqlmigrate.List(migrations)
 	if err != nil {
 		return fmt.Errorf("idempg: migrate %s: %w", component, err)
 	}
@@ -78,44 +70,14 @@ func (db *DB) Migrate(ctx context.Context, component string, migrations fs.FS) e
 		return fmt.Errorf("idempg: migrate %s: %w", component, err)
 	}
 	for _, m := range list {
-		if done[m.version] {
+		if done[m.Version] {
 			continue
 		}
 		if err := db.applyMigration(ctx, component, migrations, m); err != nil {
-			return fmt.Errorf("idempg: migrate %s: %s: %w", component, m.name, err)
+			return fmt.Errorf("idempg: migrate %s: %s: %w", component, m.Name, err)
 		}
 	}
 	return nil
-}
-
-func listMigrations(fsys fs.FS) ([]migration, error) {
-	entries, err := fs.ReadDir(fsys, ".")
-	if err != nil {
-		return nil, err
-	}
-	var list []migration
-	seen := make(map[int64]string)
-	for _, e := range entries {
-		name := e.Name()
-		if e.IsDir() || !strings.HasSuffix(name, ".sql") {
-			continue
-		}
-		m := migrationName.FindStringSubmatch(name)
-		if m == nil {
-			return nil, fmt.Errorf("%s: a migration must be named NNNN_description.sql", name)
-		}
-		v, err := strconv.ParseInt(m[1], 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("%s: version: %w", name, err)
-		}
-		if other, dup := seen[v]; dup {
-			return nil, fmt.Errorf("%s and %s have the same version %d", other, name, v)
-		}
-		seen[v] = name
-		list = append(list, migration{version: v, name: name})
-	}
-	slices.SortFunc(list, func(a, b migration) int { return cmp.Compare(a.version, b.version) })
-	return list, nil
 }
 
 func (db *DB) createMigrationsTable(ctx context.Context) error {
@@ -155,7 +117,7 @@ func (db *DB) appliedVersions(ctx context.Context, component string) (map[int64]
 }
 
 func (db *DB) applyMigration(ctx context.Context, component string, fsys fs.FS, m migration) error {
-	script, err := fs.ReadFile(fsys, m.name)
+	script, err := fs.ReadFile(fsys, m.Name)
 	if err != nil {
 		return err
 	}
@@ -168,7 +130,7 @@ func (db *DB) applyMigration(ctx context.Context, component string, fsys fs.FS, 
 		var applied bool
 		if err := tx.QueryRow(ctx,
 			`SELECT EXISTS (SELECT 1 FROM idem_schema_migrations WHERE component = $1 AND version = $2)`,
-			component, m.version).Scan(&applied); err != nil {
+			component, m.Version).Scan(&applied); err != nil {
 			return err
 		}
 		if applied {
@@ -183,7 +145,7 @@ func (db *DB) applyMigration(ctx context.Context, component string, fsys fs.FS, 
 		}
 		_, err := tx.Exec(ctx,
 			`INSERT INTO idem_schema_migrations (component, version, name) VALUES ($1, $2, $3)`,
-			component, m.version, m.name)
+			component, m.Version, m.Name)
 		return err
 	})
 }

@@ -1,17 +1,14 @@
 package idemsqlite
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"io/fs"
-	"regexp"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/sqlmigrate"
 )
 
 const createMigrationsTable = `CREATE TABLE IF NOT EXISTS idem_schema_migrations (
@@ -21,12 +18,7 @@ const createMigrationsTable = `CREATE TABLE IF NOT EXISTS idem_schema_migrations
 	PRIMARY KEY (component, version)
 )`
 
-var migrationName = regexp.MustCompile(`^([0-9]+)_[^/]+\.sql$`)
-
-type migration struct {
-	version int64
-	name    string
-}
+type migration = sqlmigrate.File
 
 // Migrate applies the migrations of component that are not applied yet.
 //
@@ -51,7 +43,7 @@ func (db *DB) Migrate(ctx context.Context, component string, migrations fs.FS) e
 		// Each migration needs its own transaction on the writer.
 		return &idem.ArgumentError{Field: "ctx", Reason: "must not carry a transaction: Migrate runs its own"}
 	}
-	list, err := listMigrations(migrations)
+	list, err := sqlmigrate.List(migrations)
 	if err != nil {
 		return fmt.Errorf("idemsqlite: migrate %s: %w", component, err)
 	}
@@ -60,40 +52,10 @@ func (db *DB) Migrate(ctx context.Context, component string, migrations fs.FS) e
 	}
 	for _, m := range list {
 		if err := db.applyMigration(ctx, component, migrations, m); err != nil {
-			return fmt.Errorf("idemsqlite: migrate %s: %s: %w", component, m.name, err)
+			return fmt.Errorf("idemsqlite: migrate %s: %s: %w", component, m.Name, err)
 		}
 	}
 	return nil
-}
-
-func listMigrations(fsys fs.FS) ([]migration, error) {
-	entries, err := fs.ReadDir(fsys, ".")
-	if err != nil {
-		return nil, err
-	}
-	var list []migration
-	seen := make(map[int64]string)
-	for _, e := range entries {
-		name := e.Name()
-		if e.IsDir() || !strings.HasSuffix(name, ".sql") {
-			continue
-		}
-		m := migrationName.FindStringSubmatch(name)
-		if m == nil {
-			return nil, fmt.Errorf("%s: a migration must be named NNNN_description.sql", name)
-		}
-		v, err := strconv.ParseInt(m[1], 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("%s: version: %w", name, err)
-		}
-		if other, dup := seen[v]; dup {
-			return nil, fmt.Errorf("%s and %s have the same version %d", other, name, v)
-		}
-		seen[v] = name
-		list = append(list, migration{version: v, name: name})
-	}
-	slices.SortFunc(list, func(a, b migration) int { return cmp.Compare(a.version, b.version) })
-	return list, nil
 }
 
 func (db *DB) applyMigration(ctx context.Context, component string, fsys fs.FS, m migration) error {
@@ -107,13 +69,13 @@ func (db *DB) applyMigration(ctx context.Context, component string, fsys fs.FS, 
 	var applied int
 	if err := tx.QueryRowContext(ctx,
 		`SELECT count(*) FROM idem_schema_migrations WHERE component = ? AND version = ?`,
-		component, m.version).Scan(&applied); err != nil {
+		component, m.Version).Scan(&applied); err != nil {
 		return err
 	}
 	if applied > 0 {
 		return nil
 	}
-	script, err := fs.ReadFile(fsys, m.name)
+	script, err := fs.ReadFile(fsys, m.Name)
 	if err != nil {
 		return err
 	}
@@ -124,7 +86,7 @@ func (db *DB) applyMigration(ctx context.Context, component string, fsys fs.FS, 
 	}
 	if _, err := tx.ExecContext(ctx,
 		`INSERT INTO idem_schema_migrations (component, version, applied_at) VALUES (?, ?, ?)`,
-		component, m.version, time.Now().UnixNano()); err != nil {
+		component, m.Version, time.Now().UnixNano()); err != nil {
 		return err
 	}
 	return tx.Commit()

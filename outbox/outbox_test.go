@@ -86,13 +86,7 @@ func addN(t *testing.T, ob idem.Outbox, from, to int) []string {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	idemtest.Eventually(t, 10*time.Second, what, cond)
 }
 
 // drain reads n messages of topic from the transport, as consumer name.
