@@ -1,8 +1,9 @@
 // Package idempg is idem's PostgreSQL store (pgx v5): an idem.Store,
 // idem.TxStore and idem.Waiter whose records live in one schema of a
-// PostgreSQL database, next to the application's own tables. Several
-// processes (replicas behind a load balancer) share it: a key claimed by one
-// is claimed for all.
+// PostgreSQL database, next to the application's own tables, and the
+// message-side stores (Inbox, Outbox, DeadLetters, Ledger) in the same
+// schema. Several processes (replicas behind a load balancer) share it: a
+// key claimed by one is claimed for all.
 //
 //	db, err := idempg.Open(ctx, "postgres://app@db/payments", &idempg.Config{Schema: "payments"})
 //	...
@@ -30,6 +31,12 @@
 //   - idem_waiters: an unlogged table where waiting duplicates register
 //     (see "Waiting"), and the function idem_refuse_completion (see
 //     "Transactions: round trips").
+//   - the message tables (see "Messages"): idem_inbox, idem_outbox,
+//     idem_dead_letters with idem_dead_letter_attempts and
+//     idem_dead_letter_events, and idem_ledger_attempts, idem_ledger_holds
+//     and idem_ledger_parked, migrated under the component "idem_messages"
+//     by whichever of NewInbox, NewOutbox, NewDeadLetters and NewLedger
+//     runs first.
 //
 // DB.Migrate applies a component's numbered .sql files, each in its own
 // transaction with its record, under pg_advisory_xact_lock on a hash of the
@@ -264,6 +271,86 @@
 //
 //	go test -run '^$' -bench ClaimDuringPurge -benchtime 1x ./idempg/
 //
+// # Messages
+//
+// The consumer side of a message pipeline keeps its state in the database
+// its effects live in, so that one transaction holds both:
+//
+//	inbox, err := idempg.NewInbox(ctx, db) // migrates the message tables
+//	...
+//	err = inbox.Process(ctx, "settlement", msg.ID, func(ctx context.Context) error {
+//		return db.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+//			_, err := tx.Exec(ctx, `UPDATE totals SET total = total + $1`, amount)
+//			return err
+//		})
+//	})
+//
+// Inbox.Process is the inbox's transaction contract: it inserts the row
+// (consumer, dedup key) with INSERT ... ON CONFLICT DO NOTHING and runs fn
+// in the same transaction, whose context fn receives; the handler's writes
+// through DB.WithTx(ctx, ...) join it, and commit with the row or not at
+// all. A row already there means the message was processed: Process returns
+// idem.ErrDuplicate without running fn. A failing fn rolls everything back,
+// row included, and its error comes back unchanged, so a redelivery runs fn
+// again. Two deliveries of one message at once, on any replica, are
+// serialized by the primary key: under READ COMMITTED the second INSERT
+// waits for the first transaction to end, then inserts nothing (it
+// committed: a duplicate) or inserts (it rolled back: fn runs). Called with
+// a context that already carries a transaction (an enclosing WithTx),
+// Process joins it inside a savepoint, which a failing fn rolls back to.
+// Handlers must write through the context fn is given: a write on the pool,
+// or in a transaction of its own, commits whatever the inbox decides.
+//
+// Inbox rows must be kept at least as long as the transport can deliver a
+// message again: a message redelivered after its row was purged counts as
+// new and runs again. Purge with Inbox.PurgeInbox(ctx, olderThan, limit)
+// only rows older than the longest redelivery window of every transport the
+// consumer reads, with a margin: the broker's retention of unacknowledged
+// messages (JetStream's MaxAge, a RabbitMQ queue's message TTL), the time a
+// consumer may stay down and then resume, and the longest retry delay.
+//
+// The Outbox keeps the messages a transaction announces: Outbox.Add joins
+// the transaction ctx carries (the service adds the payment's event in the
+// payment's transaction), so the event exists exactly when the payment
+// does. Relays lease entries with Outbox.Claim, one statement that picks
+// the oldest entries whose lease has ended with SELECT ... ORDER BY seq
+// LIMIT n FOR UPDATE SKIP LOCKED and leases them: relays claiming at once
+// skip the rows another is leasing instead of waiting for it, so they take
+// disjoint entries and never queue behind one another; a lease that ended
+// (its relay died) makes its entries claimable again, oldest first.
+// MarkSent deletes the published entries.
+//
+// DeadLetters keeps what failed for good, with every attempt and its
+// history; Resolve is a compare-and-set on the state, so of two people
+// resolving one letter at once, one wins and the other gets
+// idem.ErrInvalidTransition. The Ledger keeps a consumer's failed attempts
+// and held-back keys. Both join the transaction ctx carries, so the
+// consumer's Config.InTx can be DB.WithTx.
+//
+// BenchmarkConsumerInbox measures a consumer (consumer.New, one message at
+// a time) on this inbox against a hand-written loop that does the same
+// writes (INSERT INTO idem_inbox ... ON CONFLICT DO NOTHING and the
+// handler's UPDATE in one transaction, then the acknowledgement), both fed
+// by an in-memory transport:
+//
+//	go test -run '^$' -bench ConsumerInbox -benchtime 5000x ./idempg/
+//
+// Both take four round trips per message: the consumer's are BEGIN with the
+// inbox's INSERT, the look for a held-back key, the handler's UPDATE and
+// COMMIT; the loop's are BEGIN, INSERT, UPDATE and COMMIT. Both wait mostly
+// on the commit's WAL flush. On the project's 2-core machine, shared with
+// other load, the consumer ran at 0.75-0.89x of the loop's rate (470-590
+// against 580-790 messages/s) over three runs.
+//
+// Times are timestamptz (microseconds). The inbox's processed_at follows
+// Config.Clock (the database's clock when nil); the outbox and dead letters
+// take a Clock of their own in their Config, which defaults to the same.
+// Headers are jsonb; those jsonb cannot hold (bytes that are not UTF-8, NUL)
+// are stored base64-encoded and come back byte for byte. Names (consumer,
+// dedup key, message ID, topic, key) must be valid UTF-8 without NUL bytes,
+// or the call fails with an *idem.ArgumentError; error texts and reasons
+// are stored with such bytes replaced by U+FFFD.
+//
 // # Errors and ambiguous failures
 //
 // Errors are wrapped with the operation ("idempg: claim: ..."), keeping the
@@ -286,5 +373,12 @@
 //     lease ends.
 //   - WithTx: a "commit" error may hide a commit; other errors do not.
 //   - Purge: some rows may be deleted; calling again is safe.
+//   - Inbox.Process: an error that says "commit" may hide a commit that
+//     happened; a redelivery finds out (idem.ErrDuplicate, or fn runs).
+//   - Outbox.Add, DeadLetters.Add on their own: may have committed; the
+//     outbox's consumers de-duplicate a message added twice, and a letter
+//     added twice is two letters.
+//   - Outbox.Claim, MarkSent: calling again is safe; an entry published and
+//     not marked sent is published again, which consumers absorb.
 //   - Migrate: the file being applied may be applied; calling again is safe.
 package idempg
