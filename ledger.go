@@ -33,5 +33,12 @@ type Ledger interface {
 	Park(ctx context.Context, consumer string, m Message) error
 	// LetGo clears the hold on key and returns the messages parked behind
 	// it, in the order they were parked, removing them.
+	//
+	// A transaction that found the key held (HeldBack) and parks behind it
+	// must not interleave with LetGo: either its parked message is among
+	// those LetGo returns, or its HeldBack finds the key let go. A ledger
+	// whose transactions do not serialise this on their own (idempg's, at
+	// READ COMMITTED) locks the hold when HeldBack reads it in a
+	// transaction.
 	LetGo(ctx context.Context, consumer, key string) ([]Message, error)
 }

@@ -153,8 +153,22 @@ func (l *Ledger) HeldBack(ctx context.Context, consumer, key string) (string, bo
 	if err := checkLedger(consumer, "key", key); err != nil {
 		return "", false, err
 	}
+	// In a transaction the hold is read FOR SHARE: a Park that follows in
+	// the same transaction then cannot interleave with a LetGo, which
+	// deletes the hold first and so waits for this transaction, or makes
+	// this read wait and find the hold gone. Without the lock a message
+	// could be parked behind a hold LetGo had already cleared, and stay
+	// parked for good.
+	q, err := l.db.writeQuerier(ctx)
+	if err != nil {
+		return "", false, fmt.Errorf("idempg: held back: %w", err)
+	}
+	lock := ""
+	if l.db.carried(ctx) != nil {
+		lock = " FOR SHARE"
+	}
 	var id string
-	err := l.db.readQuerier(ctx).QueryRow(ctx, `SELECT letter_id FROM idem_ledger_holds WHERE consumer = $1 AND key = $2`,
+	err = q.QueryRow(ctx, `SELECT letter_id FROM idem_ledger_holds WHERE consumer = $1 AND key = $2`+lock,
 		consumer, key).Scan(&id)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -191,33 +205,43 @@ func (l *Ledger) Park(ctx context.Context, consumer string, m idem.Message) erro
 	return nil
 }
 
-// letGoSQL deletes the key's hold and parked messages, returning the
-// messages, in one statement.
-const letGoSQL = `WITH hold AS (
-	DELETE FROM idem_ledger_holds WHERE consumer = $1 AND key = $2),
-parked AS (
+// LetGo's two statements. The hold goes first, in a statement of its own:
+// it waits for any transaction that read the hold FOR SHARE (HeldBack) and
+// may be parking behind it, and the second statement, which takes a new
+// snapshot at READ COMMITTED, then sees what that transaction parked.
+// One statement with both deletes would share one snapshot and miss it.
+const (
+	letGoHoldSQL   = `DELETE FROM idem_ledger_holds WHERE consumer = $1 AND key = $2`
+	letGoParkedSQL = `WITH parked AS (
 	DELETE FROM idem_ledger_parked WHERE consumer = $1 AND key = $2
 	RETURNING seq, ` + messageColumns + `)
 SELECT ` + messageColumns + ` FROM parked ORDER BY seq`
+)
 
-// LetGo implements idem.Ledger, in one statement.
+// LetGo implements idem.Ledger, in the transaction ctx carries or in one of
+// its own. It relies on READ COMMITTED, idempg's default: at REPEATABLE
+// READ its second statement would read the transaction's first snapshot and
+// could miss a message parked concurrently.
 func (l *Ledger) LetGo(ctx context.Context, consumer, key string) ([]idem.Message, error) {
 	if err := checkLedger(consumer, "key", key); err != nil {
 		return nil, err
 	}
-	q, err := l.db.writeQuerier(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("idempg: let go: %w", err)
-	}
-	rows, err := q.Query(ctx, letGoSQL, consumer, key)
-	if err != nil {
-		return nil, fmt.Errorf("idempg: let go: %w", err)
-	}
 	var out []idem.Message
-	var m messageRow
-	_, err = pgx.ForEachRow(rows, m.dest(), func() error {
-		msg, err := m.message()
-		out = append(out, msg)
+	err := l.db.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		out = nil
+		if _, err := tx.Exec(ctx, letGoHoldSQL, consumer, key); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, letGoParkedSQL, consumer, key)
+		if err != nil {
+			return err
+		}
+		var m messageRow
+		_, err = pgx.ForEachRow(rows, m.dest(), func() error {
+			msg, err := m.message()
+			out = append(out, msg)
+			return err
+		})
 		return err
 	})
 	if err != nil {
