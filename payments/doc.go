@@ -95,7 +95,7 @@
 // duplicates and watching payments_created_total grow by N is the lab's
 // "before"; in protected mode it grows by one and outcome="replayed" by N-1.
 //
-// Dead letters (SQLite): idem_dead_letters{consumer} and
+// Dead letters: idem_dead_letters{consumer} and
 // idem_dead_letter_oldest_age_seconds{consumer}, gauges read from the
 // database at each scrape (letters in state dead; an explicit 0 for the
 // settlement consumer before its first), so an alert on a queue of failed
@@ -105,20 +105,25 @@
 //
 // # Events and settlement
 //
-// On SQLite every payment is announced: in the payment's own transaction
-// (so a payment without its event, or an event without its payment, cannot
+// Every payment is announced: in the payment's own transaction (so a
+// payment without its event, or an event without its payment, cannot
 // commit) the service writes the event payment.succeeded (PaymentEvent:
 // {"event_id","type","payment_id","tenant","account_id","amount","currency",
-// "occurred_at"}) to the outbox (idemsqlite.Outbox), with event_id as the
-// message ID, topic payments.succeeded and the account as the ordering key. A
-// payment re-found through its idempotency origin writes no second event.
-// A relay (package outbox) started by New publishes the outbox to the
-// embedded transport (idemsqlite.Transport, on the same database) and is
-// woken after each payment answer; Close stops it.
+// "occurred_at"}) to the outbox of its database (idemsqlite.Outbox or
+// idempg.Outbox), with event_id as the message ID, topic payments.succeeded
+// and the account as the ordering key. A payment re-found through its
+// idempotency origin writes no second event. A relay (package outbox)
+// started by New publishes the outbox to Config.Broker, or, without one, to
+// the database's embedded transport (idemsqlite.Transport, idempg.Transport),
+// and is woken after each payment answer; Close stops it. Several replicas
+// may each run a relay: the outbox's leases (SKIP LOCKED on PostgreSQL) keep
+// them from publishing an event twice in normal operation, and a relay that
+// dies between publishing and marking an event sent makes a duplicate that
+// the consumer absorbs.
 //
 // The consumer "settlement" (package consumer) adds each event's amount to
 // its tenant's total in the table settlements, in the transaction of its
-// inbox row (idemsqlite.Inbox). That increment is deliberately not
+// inbox row (the database's Inbox). That increment is deliberately not
 // idempotent: only the inbox, keyed by the body's event_id rather than the
 // transport's ID (so a copy re-published under another ID is caught too),
 // keeps a redelivered event from counting twice. Malformed JSON, a body
@@ -126,15 +131,31 @@
 // with the recorded payment) are permanent (idem.Permanent): dead-lettered
 // at once. Other failures are retried up to Config.MaxAttempts with full
 // jitter between Config.RetryBase and Config.RetryCap, then dead-lettered as
-// exhausted. With Config.Faults, the message header Idem-Fault:
-// fail-times=N fails the first N attempts of an event transiently. Events
-// are ordered by account: once one is dead-lettered, the account's later
-// events are parked (the consumer's default) and settled, in order, when the
-// letter is re-driven or discarded. DeadLetterService gives the dead letters to people (`idem dlq`); a
-// re-driven letter goes back through the outbox.
+// exhausted. With Config.Faults, the message header Idem-Fault of an event
+// injects faults: fail-times=N fails its first N attempts transiently, and
+// crash-after-settle kills the process (Config.Crash) once its settlement
+// and inbox row have committed, before the transport is told, so that the
+// transport delivers it again after the restart. Events are ordered by
+// account: once one is dead-lettered, the account's later events are parked
+// (the consumer's default) and settled, in order, when the letter is
+// re-driven or discarded. DeadLetterService and DeadLetterServicePostgres
+// give the dead letters to people (`idem dlq`); a re-driven letter goes back
+// through the outbox, under a new message ID (deadletter.SuffixIDs) that no
+// broker's duplicate window drops, and keeps its event_id.
 //
-// On PostgreSQL, payments emit no events: events need the PostgreSQL
-// outbox, not yet available, and GET /v1/settlement answers 501.
+// Which guarantee comes from where: the outbox makes "the payment committed"
+// and "its event will be published" one fact; the relay and the transport
+// (JetStream, RabbitMQ with publisher confirms, or the database) deliver it
+// at least once; the inbox, committed with the increment, makes the effect
+// happen once. JetStream's duplicate window (Nats-Msg-Id, 2 minutes by
+// default) also drops a copy a relay publishes again soon after; that is an
+// optimisation, not the guarantee. Inbox rows are kept for
+// Config.MessageRetention, which must exceed the longest time a transport
+// may still deliver a message again: a settled message is never delivered
+// again by the embedded transports; a relay's copy arrives within its lease
+// (30s); a broker redelivers unacknowledged messages as long as it keeps
+// them, so a consumer stopped for longer than the retention must not be
+// restarted without thought.
 //
 // # Storage
 //

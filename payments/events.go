@@ -2,7 +2,6 @@ package payments
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consumer"
 	"github.com/idem-go/idem/deadletter"
+	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemsqlite"
 	"github.com/idem-go/idem/outbox"
 )
@@ -85,70 +85,100 @@ func paymentEvent(p Payment) (idem.Message, error) {
 	}, nil
 }
 
-// pipeline is the messaging half of the service on SQLite: the relay from
-// the outbox to the embedded transport, and the settlement consumer.
+// Transport carries payment events from the outbox relay to the
+// settlement consumer: a broker (an *idemnats.Transport or an
+// *idemamqp.Transport) or the database's own embedded transport.
+type Transport interface {
+	idem.Publisher
+	idem.Subscriber
+}
+
+// purgeableInbox is an inbox whose old rows can be deleted.
+type purgeableInbox interface {
+	idem.Inbox
+	PurgeInbox(ctx context.Context, olderThan time.Time, limit int) (int, error)
+}
+
+// embeddedTransport is a database's own transport.
+type embeddedTransport interface {
+	Transport
+	Purge(ctx context.Context, olderThan time.Time, limit int) (int, error)
+	Close() error
+}
+
+// messaging is the message half of one database: the stores the pipeline
+// is built from, and how to run a function in one of its transactions.
+type messaging struct {
+	outbox  idem.Outbox
+	inbox   purgeableInbox
+	letters idem.DeadLetters
+	ledger  idem.Ledger
+	inTx    func(ctx context.Context, fn func(ctx context.Context) error) error
+	// newEmbedded opens the database's own transport, used when no broker
+	// is configured.
+	newEmbedded func(ctx context.Context) (embeddedTransport, error)
+}
+
+// pipeline is the messaging half of the service: the relay from the outbox
+// to the transport, and the settlement consumer.
 type pipeline struct {
-	db        *idemsqlite.DB
-	outbox    *idemsqlite.Outbox
-	transport *idemsqlite.Transport
-	inbox     *idemsqlite.Inbox
-	letters   *idemsqlite.DeadLetters
-	relay     *outbox.Relay
-	consumer  *consumer.Consumer
-	faults    bool
-	logger    *slog.Logger
+	msgs      messaging
+	transport Transport
+	// embedded is the database's transport when it carries the events;
+	// nil when a broker does.
+	embedded embeddedTransport
+	relay    *outbox.Relay
+	consumer *consumer.Consumer
+	store    storage
+	faults   bool
+	crash    func()
+	logger   *slog.Logger
 
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 }
 
-// newPipeline opens the message stores on db and builds the relay and the
-// consumer; start runs them.
-func newPipeline(ctx context.Context, db *idemsqlite.DB, c *Config) (*pipeline, error) {
-	ob, err := idemsqlite.NewOutbox(ctx, db, &idemsqlite.OutboxConfig{Clock: c.Clock})
-	if err != nil {
-		return nil, fmt.Errorf("payments: outbox: %w", err)
+// newPipeline builds the relay and the consumer on the database's message
+// stores and c.Broker (or the database's embedded transport); start runs
+// them.
+func newPipeline(ctx context.Context, store storage, msgs messaging, c *Config) (*pipeline, error) {
+	p := &pipeline{msgs: msgs, store: store, faults: c.Faults, crash: c.Crash, logger: c.Logger}
+	if c.Broker != nil {
+		p.transport = c.Broker
+	} else {
+		tr, err := msgs.newEmbedded(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("payments: transport: %w", err)
+		}
+		p.transport, p.embedded = tr, tr
 	}
-	tr, err := idemsqlite.NewTransport(ctx, db, &idemsqlite.TransportConfig{Poll: c.TransportPoll})
+	relay, err := outbox.New(&outbox.Config{Outbox: msgs.outbox, Publisher: p.transport, Logger: c.Logger})
 	if err != nil {
-		return nil, fmt.Errorf("payments: transport: %w", err)
+		return nil, errors.Join(fmt.Errorf("payments: relay: %w", err), p.closeTransport())
 	}
-	inbox, err := idemsqlite.NewInbox(ctx, db)
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("payments: inbox: %w", err), tr.Close())
-	}
-	letters, err := idemsqlite.NewDeadLetters(ctx, db, &idemsqlite.DeadLettersConfig{Clock: c.Clock})
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("payments: dead letters: %w", err), tr.Close())
-	}
-	ledger, err := idemsqlite.NewLedger(ctx, db)
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("payments: ledger: %w", err), tr.Close())
-	}
-	relay, err := outbox.New(&outbox.Config{Outbox: ob, Publisher: tr, Logger: c.Logger})
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("payments: relay: %w", err), tr.Close())
+	var inbox idem.Inbox = msgs.inbox
+	if c.Faults {
+		inbox = &crashingInbox{Inbox: msgs.inbox, crash: p.crashAfterSettle}
 	}
 	cons, err := consumer.New(&consumer.Config{
 		Name:        SettlementConsumer,
 		Topic:       TopicPaymentSucceeded,
-		Subscriber:  tr,
+		Subscriber:  p.transport,
 		Inbox:       inbox,
-		DeadLetters: letters,
-		Ledger:      ledger,
+		DeadLetters: msgs.letters,
+		Ledger:      msgs.ledger,
 		DedupKey:    eventDedupKey,
 		Retry:       idem.RetryPolicy{MaxAttempts: c.MaxAttempts, Base: c.RetryBase, Cap: c.RetryCap},
-		InTx: func(ctx context.Context, fn func(ctx context.Context) error) error {
-			return db.WithTx(ctx, func(ctx context.Context, _ *sql.Tx) error { return fn(ctx) })
-		},
-		Clock:  c.Clock,
-		Logger: c.Logger,
+		InTx:        msgs.inTx,
+		AckWait:     c.AckWait,
+		Clock:       c.Clock,
+		Logger:      c.Logger,
 	})
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("payments: settlement consumer: %w", err), tr.Close())
+		return nil, errors.Join(fmt.Errorf("payments: settlement consumer: %w", err), p.closeTransport())
 	}
-	return &pipeline{db: db, outbox: ob, transport: tr, inbox: inbox, letters: letters, relay: relay, consumer: cons,
-		faults: c.Faults, logger: c.Logger}, nil
+	p.relay, p.consumer = relay, cons
+	return p, nil
 }
 
 // eventDedupKey is the body's event_id, so that a copy re-published under
@@ -190,7 +220,7 @@ func (p *pipeline) start() {
 // settled, and returns how many of each it deleted.
 func (p *pipeline) purgeOld(ctx context.Context, horizon time.Time, batch int) (inbox, msgs int, err error) {
 	for {
-		n, err := p.inbox.PurgeInbox(ctx, horizon, batch)
+		n, err := p.msgs.inbox.PurgeInbox(ctx, horizon, batch)
 		inbox += n
 		if err != nil {
 			return inbox, msgs, fmt.Errorf("purging inbox rows: %w", err)
@@ -199,8 +229,12 @@ func (p *pipeline) purgeOld(ctx context.Context, horizon time.Time, batch int) (
 			break
 		}
 	}
+	if p.embedded == nil {
+		// A broker keeps and drops messages by its own rules.
+		return inbox, 0, nil
+	}
 	for {
-		n, err := p.transport.Purge(ctx, horizon, batch)
+		n, err := p.embedded.Purge(ctx, horizon, batch)
 		msgs += n
 		if err != nil {
 			return inbox, msgs, fmt.Errorf("purging settled messages: %w", err)
@@ -212,13 +246,20 @@ func (p *pipeline) purgeOld(ctx context.Context, horizon time.Time, batch int) (
 }
 
 // close stops the relay and the consumer, waits for them, and closes the
-// transport.
+// embedded transport (a broker is the caller's to close).
 func (p *pipeline) close() error {
 	if p.stop != nil {
 		p.stop()
 	}
 	p.wg.Wait()
-	return p.transport.Close()
+	return p.closeTransport()
+}
+
+func (p *pipeline) closeTransport() error {
+	if p.embedded == nil {
+		return nil
+	}
+	return p.embedded.Close()
 }
 
 // settle applies one payment event: it adds the amount to the tenant's
@@ -242,30 +283,72 @@ func (p *pipeline) settle(ctx context.Context, m idem.Message) error {
 	if ev.EventID == "" || ev.PaymentID == "" || ev.Tenant == "" {
 		return idem.Permanent(errors.New("malformed event: event_id, payment_id and tenant are required"))
 	}
-	return p.db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		var amount int64
-		var currency string
-		err := tx.QueryRowContext(ctx, `SELECT amount, currency FROM payments WHERE id = ? AND tenant = ?`,
-			ev.PaymentID, ev.Tenant).Scan(&amount, &currency)
-		if errors.Is(err, sql.ErrNoRows) {
-			return idem.Permanent(fmt.Errorf("event %s: %w: %s", ev.EventID, ErrPaymentNotFound, ev.PaymentID))
+	if err := p.store.settle(ctx, ev); err != nil {
+		return err
+	}
+	if p.faults && hasFault(m.Headers[HeaderFault], faultCrashAfterSettle) {
+		armCrash(ctx)
+	}
+	return nil
+}
+
+// faultCrashAfterSettle, in an event's Idem-Fault header, kills the
+// process once the event's settlement and inbox row have committed and
+// before the transport hears of it: the moment a consumer crash leaves a
+// message applied and not acknowledged. The transport delivers it again
+// after the restart, and the inbox must absorb it.
+const faultCrashAfterSettle = "crash-after-settle"
+
+// hasFault reports whether the comma-separated faults of v name fault.
+func hasFault(v, fault string) bool {
+	for item := range strings.SplitSeq(v, ",") {
+		if strings.TrimSpace(item) == fault {
+			return true
 		}
-		if err != nil {
-			return fmt.Errorf("read payment: %w", err)
-		}
-		// The stored payment is the truth; an event that disagrees with it
-		// was tampered with or is not this payment's.
-		if amount != ev.Amount || currency != ev.Currency {
-			return idem.Permanent(fmt.Errorf("event %s disagrees with payment %s (%d %s recorded)", ev.EventID, ev.PaymentID, amount, currency))
-		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO settlements (tenant, currency, total, events) VALUES (?, ?, ?, 1)
-			ON CONFLICT (tenant, currency) DO UPDATE SET total = total + excluded.total, events = events + 1`,
-			ev.Tenant, currency, amount)
-		if err != nil {
-			return fmt.Errorf("settle: %w", err)
-		}
-		return nil
-	})
+	}
+	return false
+}
+
+type crashArmKey struct{}
+
+// armCrash asks the crashingInbox around this attempt to crash once its
+// transaction commits.
+func armCrash(ctx context.Context) {
+	if armed, ok := ctx.Value(crashArmKey{}).(*bool); ok {
+		*armed = true
+	}
+}
+
+// crashingInbox runs crash-after-settle: it lets an attempt's handler arm
+// a crash, and fires it once the inbox row and the handler's writes have
+// committed, before the consumer acknowledges the message.
+type crashingInbox struct {
+	idem.Inbox
+	crash func()
+}
+
+func (c *crashingInbox) Process(ctx context.Context, consumer, dedupKey string, fn func(ctx context.Context) error) error {
+	armed := new(bool)
+	err := c.Inbox.Process(context.WithValue(ctx, crashArmKey{}, armed), consumer, dedupKey, fn)
+	if err == nil && *armed {
+		c.crash()
+	}
+	return err
+}
+
+func (p *pipeline) crashAfterSettle() {
+	p.logger.Warn("payments: crash-after-settle: killing the process after the settlement committed, before the message is acknowledged")
+	p.crash()
+}
+
+// checkEvent refuses, as permanent, an event that disagrees with the
+// stored payment (amount and currency): the payment is the truth, and an
+// event that differs was tampered with or is not this payment's.
+func checkEvent(ev PaymentEvent, amount int64, currency string) error {
+	if amount != ev.Amount || currency != ev.Currency {
+		return idem.Permanent(fmt.Errorf("event %s disagrees with payment %s (%d %s recorded)", ev.EventID, ev.PaymentID, amount, currency))
+	}
+	return nil
 }
 
 // failTimes reads "fail-times=N" among the comma-separated faults of v.
@@ -284,44 +367,15 @@ func failTimes(v string) (int, bool) {
 	return 0, false
 }
 
-// settlement reads the tenant's settlement in the currency of its first
-// account; zero values when it has none.
-func (p *pipeline) settlement(ctx context.Context, tenant string) (Settlement, error) {
-	var s Settlement
-	err := p.db.Reader().QueryRowContext(ctx,
-		`SELECT currency FROM accounts WHERE tenant = ? ORDER BY created_at, rowid LIMIT 1`, tenant).Scan(&s.Currency)
-	if errors.Is(err, sql.ErrNoRows) {
-		return Settlement{}, nil
-	}
-	if err != nil {
-		return Settlement{}, fmt.Errorf("read accounts: %w", err)
-	}
-	err = p.db.Reader().QueryRowContext(ctx,
-		`SELECT total, events FROM settlements WHERE tenant = ? AND currency = ?`, tenant, s.Currency).Scan(&s.Total, &s.Events)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return Settlement{}, fmt.Errorf("read settlement: %w", err)
-	}
-	return s, nil
-}
-
 // getSettlement answers GET /v1/settlement.
 func (s *Service) getSettlement(w http.ResponseWriter, r *http.Request) {
-	if s.pipeline == nil {
-		writeProblem(w, http.StatusNotImplemented, "events-unavailable", "Events unavailable",
-			errEventsUnavailable.Error(), nil)
-		return
-	}
-	st, err := s.pipeline.settlement(r.Context(), tenantFrom(r.Context()))
+	st, err := s.store.settlement(r.Context(), tenantFrom(r.Context()))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, st)
 }
-
-// errEventsUnavailable answers /v1/settlement on PostgreSQL: events need
-// the PostgreSQL outbox, not yet available.
-var errEventsUnavailable = errors.New("payments: events need the PostgreSQL outbox, not yet available")
 
 // wakeRelay wraps the payments endpoint: once its answer is written, the
 // payment (and its event) has committed, with the key, so the relay is
@@ -362,7 +416,7 @@ func (c *pipelineCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *pipelineCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	stats, err := c.p.letters.Stats(ctx)
+	stats, err := c.p.msgs.letters.Stats(ctx)
 	if err != nil {
 		c.logger.Warn("payments: reading dead-letter stats for /metrics failed", "err", err)
 	}
@@ -399,29 +453,41 @@ func (c *pipelineCollector) Collect(ch chan<- prometheus.Metric) {
 // settlement consumer's dead letters through. Re-driven messages go to the
 // service's outbox, in the transaction of the letter's change, and its
 // relay publishes them (the service need not run in this process).
+//
+// They are re-published under new IDs (deadletter.SuffixIDs), which no
+// broker's duplicate window drops; the settlement consumer de-duplicates
+// by the body's event_id, which they keep.
 func DeadLetterService(ctx context.Context, db *idemsqlite.DB) (*deadletter.Service, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: DB is required", ErrConfig)
 	}
-	ob, err := idemsqlite.NewOutbox(ctx, db, nil)
+	msgs, err := sqliteMessaging(ctx, db, &Config{})
 	if err != nil {
-		return nil, fmt.Errorf("payments: outbox: %w", err)
+		return nil, err
 	}
-	letters, err := idemsqlite.NewDeadLetters(ctx, db, nil)
+	return deadLetterService(msgs)
+}
+
+// DeadLetterServicePostgres is DeadLetterService for a Service on
+// PostgreSQL.
+func DeadLetterServicePostgres(ctx context.Context, db *idempg.DB) (*deadletter.Service, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: Postgres is required", ErrConfig)
+	}
+	msgs, err := pgMessaging(ctx, db, &Config{})
 	if err != nil {
-		return nil, fmt.Errorf("payments: dead letters: %w", err)
+		return nil, err
 	}
-	ledger, err := idemsqlite.NewLedger(ctx, db)
-	if err != nil {
-		return nil, fmt.Errorf("payments: ledger: %w", err)
-	}
+	return deadLetterService(msgs)
+}
+
+func deadLetterService(msgs messaging) (*deadletter.Service, error) {
 	svc, err := deadletter.New(&deadletter.Config{
-		DeadLetters: letters,
-		Ledger:      ledger,
-		Outbox:      ob,
-		InTx: func(ctx context.Context, fn func(ctx context.Context) error) error {
-			return db.WithTx(ctx, func(ctx context.Context, _ *sql.Tx) error { return fn(ctx) })
-		},
+		DeadLetters: msgs.letters,
+		Ledger:      msgs.ledger,
+		Outbox:      msgs.outbox,
+		InTx:        msgs.inTx,
+		IDs:         deadletter.SuffixIDs,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("payments: dead-letter service: %w", err)

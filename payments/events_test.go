@@ -36,6 +36,58 @@ func TestFailTimes(t *testing.T) {
 	}
 }
 
+func TestHasFault(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		in   string
+		want bool
+	}{
+		{"crash-after-settle", true},
+		{"fail-times=2, crash-after-settle ", true},
+		{"crash-after-settlement", false},
+		{"", false},
+	} {
+		if got := hasFault(tt.in, faultCrashAfterSettle); got != tt.want {
+			t.Errorf("hasFault(%q) = %v, want %v", tt.in, got, tt.want)
+		}
+	}
+}
+
+// crash-after-settle fires once the inbox row and the handler's writes
+// committed, never when the attempt failed or was a duplicate.
+func TestCrashingInbox(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "x.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	inner, err := idemsqlite.NewInbox(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashes := 0
+	in := &crashingInbox{Inbox: inner, crash: func() { crashes++ }}
+	arm := func(ctx context.Context) error { armCrash(ctx); return nil }
+
+	if err := in.Process(ctx, "c", "failing", func(ctx context.Context) error { armCrash(ctx); return idem.Permanent(context.Canceled) }); err == nil {
+		t.Fatal("a failing attempt succeeded")
+	}
+	if crashes != 0 {
+		t.Fatal("crashed after a failed attempt, which committed nothing")
+	}
+	if err := in.Process(ctx, "c", "k", func(context.Context) error { return nil }); err != nil || crashes != 0 {
+		t.Fatalf("unarmed attempt: %v, %d crashes; want nil, 0", err, crashes)
+	}
+	if err := in.Process(ctx, "c", "k2", arm); err != nil || crashes != 1 {
+		t.Fatalf("armed attempt: %v, %d crashes; want nil, 1", err, crashes)
+	}
+	if err := in.Process(ctx, "c", "k2", arm); err == nil || crashes != 1 {
+		t.Fatalf("its redelivery: %v, %d crashes; want idem.ErrDuplicate, still 1", err, crashes)
+	}
+}
+
 func TestEventDedupKey(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -152,7 +204,7 @@ func TestSettlementOnSQLite(t *testing.T) {
 	if st != (Settlement{Currency: "KRW", Total: 30, Events: 1}) {
 		t.Errorf("settlement = %+v, want 30 KRW over 1 event", st)
 	}
-	dls, err := svc.pipeline.letters.List(ctx, idem.DeadLetterFilter{Consumer: SettlementConsumer})
+	dls, err := svc.pipeline.msgs.letters.List(ctx, idem.DeadLetterFilter{Consumer: SettlementConsumer})
 	if err != nil {
 		t.Fatal(err)
 	}

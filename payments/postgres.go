@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idempg"
 )
 
@@ -54,7 +55,12 @@ func migratePostgres(ctx context.Context, db *idempg.DB) error {
 // the checks made under the lock still hold when the row is written.
 type pgStorage struct {
 	db *idempg.DB
+	// outbox, when set, receives each payment's event in the payment's
+	// transaction.
+	outbox idem.Outbox
 }
+
+func (s *pgStorage) setOutbox(ob idem.Outbox) { s.outbox = ob }
 
 // pgTime is the time PostgreSQL keeps of t: timestamptz has microseconds.
 // Answers are built from it, so a payment reads back exactly as it was
@@ -231,6 +237,16 @@ func (s *pgStorage) CreatePayment(ctx context.Context, p Payment, o origin) (Pay
 		}
 		if tag.RowsAffected() != 1 {
 			return errors.New("debit account: the balance changed under the row lock")
+		}
+		// The event commits with the payment, or neither does.
+		if s.outbox != nil {
+			msg, err := paymentEvent(p)
+			if err != nil {
+				return err
+			}
+			if err := s.outbox.Add(ctx, msg); err != nil {
+				return pgErr("outbox", err)
+			}
 		}
 		out = p
 		return injectBeforeCommit(ctx)
@@ -433,4 +449,78 @@ func (s *pgStorage) Ping(ctx context.Context) error {
 		return pgErr("ping", err)
 	}
 	return nil
+}
+
+// pgMessaging opens the message stores on db.
+func pgMessaging(ctx context.Context, db *idempg.DB, c *Config) (messaging, error) {
+	ob, err := idempg.NewOutbox(ctx, db, &idempg.OutboxConfig{Clock: c.Clock})
+	if err != nil {
+		return messaging{}, fmt.Errorf("payments: outbox: %w", err)
+	}
+	inbox, err := idempg.NewInbox(ctx, db)
+	if err != nil {
+		return messaging{}, fmt.Errorf("payments: inbox: %w", err)
+	}
+	letters, err := idempg.NewDeadLetters(ctx, db, &idempg.DeadLettersConfig{Clock: c.Clock})
+	if err != nil {
+		return messaging{}, fmt.Errorf("payments: dead letters: %w", err)
+	}
+	ledger, err := idempg.NewLedger(ctx, db)
+	if err != nil {
+		return messaging{}, fmt.Errorf("payments: ledger: %w", err)
+	}
+	return messaging{
+		outbox: ob, inbox: inbox, letters: letters, ledger: ledger,
+		inTx: func(ctx context.Context, fn func(ctx context.Context) error) error {
+			return db.WithTx(ctx, func(ctx context.Context, _ pgx.Tx) error { return fn(ctx) })
+		},
+		newEmbedded: func(ctx context.Context) (embeddedTransport, error) {
+			return idempg.NewTransport(ctx, db, &idempg.TransportConfig{Poll: c.TransportPoll, AckWait: c.AckWait})
+		},
+	}, nil
+}
+
+// settle is sqliteStorage.settle on PostgreSQL. The settlement row is
+// upserted: concurrent first events of a tenant meet on its primary key.
+func (s *pgStorage) settle(ctx context.Context, ev PaymentEvent) error {
+	return s.db.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		var amount int64
+		var currency string
+		err := tx.QueryRow(ctx, `SELECT amount, currency FROM payments WHERE id = $1 AND tenant = $2`,
+			ev.PaymentID, ev.Tenant).Scan(&amount, &currency)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return idem.Permanent(fmt.Errorf("event %s: %w: %s", ev.EventID, ErrPaymentNotFound, ev.PaymentID))
+		}
+		if err != nil {
+			return pgErr("read payment", err)
+		}
+		if err := checkEvent(ev, amount, currency); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO settlements (tenant, currency, total, events) VALUES ($1, $2, $3, 1)
+			ON CONFLICT (tenant, currency) DO UPDATE SET total = settlements.total + excluded.total, events = settlements.events + 1`,
+			ev.Tenant, currency, amount)
+		if err != nil {
+			return pgErr("settle", err)
+		}
+		return nil
+	})
+}
+
+func (s *pgStorage) settlement(ctx context.Context, tenant string) (Settlement, error) {
+	var st Settlement
+	err := s.db.Pool().QueryRow(ctx,
+		`SELECT currency FROM accounts WHERE tenant = $1 ORDER BY created_at, id LIMIT 1`, tenant).Scan(&st.Currency)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Settlement{}, nil
+	}
+	if err != nil {
+		return Settlement{}, pgErr("read accounts", err)
+	}
+	err = s.db.Pool().QueryRow(ctx,
+		`SELECT total, events FROM settlements WHERE tenant = $1 AND currency = $2`, tenant, st.Currency).Scan(&st.Total, &st.Events)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return Settlement{}, pgErr("read settlement", err)
+	}
+	return st, nil
 }

@@ -97,6 +97,17 @@ type Config struct {
 	// it was not told about (redeliveries due, other processes' messages).
 	// Defaults to 50ms.
 	TransportPoll time.Duration
+	// Broker carries the payment events from the outbox relay to the
+	// settlement consumer: an *idemnats.Transport or an
+	// *idemamqp.Transport, say. The Service does not close it. Defaults to
+	// nil: the database's own embedded transport.
+	Broker Transport
+	// AckWait is how long the transport waits for the settlement consumer
+	// to acknowledge an event before it delivers it again (after a crash,
+	// say); the consumer reports progress on slow events every quarter of
+	// it. The embedded transports and JetStream honour it; RabbitMQ instead
+	// redelivers when the consumer's connection drops. Defaults to 30s.
+	AckWait time.Duration
 	// Registry receives the service's metrics and is served at /metrics.
 	// Defaults to a new registry with the Go and process collectors.
 	Registry *prometheus.Registry
@@ -145,9 +156,7 @@ type Service struct {
 	metrics http.Handler
 	handler http.Handler
 
-	// pipeline announces payments and settles them: on SQLite only; nil on
-	// PostgreSQL, where events need the PostgreSQL outbox, not yet
-	// available.
+	// pipeline announces payments and settles them.
 	pipeline *pipeline
 
 	stop      context.CancelFunc
@@ -226,20 +235,28 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 			*m.dst = mw
 		}
 	}
+	var msgs messaging
+	var err error
 	if c.DB != nil {
-		p, err := newPipeline(ctx, c.DB, &c)
-		if err != nil {
-			return nil, err
-		}
-		s.pipeline = p
-		s.store.(*sqliteStorage).outbox = p.outbox
-		defer func() {
-			if !built {
-				p.close() //nolint:errcheck // the error New returns says more
-			}
-		}()
-		metrics = append(metrics, &pipelineCollector{p: p, clock: c.Clock, logger: c.Logger})
+		msgs, err = sqliteMessaging(ctx, c.DB, &c)
+	} else {
+		msgs, err = pgMessaging(ctx, c.Postgres, &c)
 	}
+	if err != nil {
+		return nil, err
+	}
+	p, err := newPipeline(ctx, s.store, msgs, &c)
+	if err != nil {
+		return nil, err
+	}
+	s.pipeline = p
+	s.store.setOutbox(msgs.outbox)
+	defer func() {
+		if !built {
+			p.close() //nolint:errcheck // the error New returns says more
+		}
+	}()
+	metrics = append(metrics, &pipelineCollector{p: p, clock: c.Clock, logger: c.Logger})
 	// One registration, so a failure leaves nothing half-registered.
 	metrics = append(metrics, &countsCollector{store: s.store, logger: c.Logger})
 	if err := c.Registry.Register(metrics); err != nil {
@@ -327,8 +344,8 @@ func (c *Config) defaults() error {
 	if c.MessageRetention < 0 {
 		problems = append(problems, fmt.Sprintf("MessageRetention must not be negative, got %s", c.MessageRetention))
 	}
-	if c.MaxAttempts < 0 || c.RetryBase < 0 || c.RetryCap < 0 || c.TransportPoll < 0 {
-		problems = append(problems, "MaxAttempts, RetryBase, RetryCap and TransportPoll must not be negative")
+	if c.MaxAttempts < 0 || c.RetryBase < 0 || c.RetryCap < 0 || c.TransportPoll < 0 || c.AckWait < 0 {
+		problems = append(problems, "MaxAttempts, RetryBase, RetryCap, TransportPoll and AckWait must not be negative")
 	}
 	if c.InflightWait < 0 {
 		problems = append(problems, fmt.Sprintf("InflightWait must not be negative, got %s", c.InflightWait))

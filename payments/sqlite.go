@@ -10,6 +10,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsqlite"
 )
 
@@ -30,8 +31,10 @@ type sqliteStorage struct {
 	db *idemsqlite.DB
 	// outbox, when set, receives each payment's event in the payment's
 	// transaction.
-	outbox *idemsqlite.Outbox
+	outbox idem.Outbox
 }
+
+func (s *sqliteStorage) setOutbox(ob idem.Outbox) { s.outbox = ob }
 
 // Migrate applies the service's own migrations (accounts, payments,
 // deposits, settlements) and the message tables' (outbox, transport, inbox,
@@ -459,4 +462,81 @@ func (s *sqliteStorage) Ping(ctx context.Context) error {
 		return fmt.Errorf("ping: %w", err)
 	}
 	return nil
+}
+
+// sqliteMessaging opens the message stores on db.
+func sqliteMessaging(ctx context.Context, db *idemsqlite.DB, c *Config) (messaging, error) {
+	ob, err := idemsqlite.NewOutbox(ctx, db, &idemsqlite.OutboxConfig{Clock: c.Clock})
+	if err != nil {
+		return messaging{}, fmt.Errorf("payments: outbox: %w", err)
+	}
+	inbox, err := idemsqlite.NewInbox(ctx, db)
+	if err != nil {
+		return messaging{}, fmt.Errorf("payments: inbox: %w", err)
+	}
+	letters, err := idemsqlite.NewDeadLetters(ctx, db, &idemsqlite.DeadLettersConfig{Clock: c.Clock})
+	if err != nil {
+		return messaging{}, fmt.Errorf("payments: dead letters: %w", err)
+	}
+	ledger, err := idemsqlite.NewLedger(ctx, db)
+	if err != nil {
+		return messaging{}, fmt.Errorf("payments: ledger: %w", err)
+	}
+	return messaging{
+		outbox: ob, inbox: inbox, letters: letters, ledger: ledger,
+		inTx: func(ctx context.Context, fn func(ctx context.Context) error) error {
+			return db.WithTx(ctx, func(ctx context.Context, _ *sql.Tx) error { return fn(ctx) })
+		},
+		newEmbedded: func(ctx context.Context) (embeddedTransport, error) {
+			return idemsqlite.NewTransport(ctx, db, &idemsqlite.TransportConfig{Poll: c.TransportPoll, AckWait: c.AckWait})
+		},
+	}, nil
+}
+
+// settle adds ev's amount to its tenant's settlement, in the transaction
+// ctx carries (the settlement consumer's inbox row's). An unknown payment,
+// or an event that disagrees with it, is permanent.
+func (s *sqliteStorage) settle(ctx context.Context, ev PaymentEvent) error {
+	return s.db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		var amount int64
+		var currency string
+		err := tx.QueryRowContext(ctx, `SELECT amount, currency FROM payments WHERE id = ? AND tenant = ?`,
+			ev.PaymentID, ev.Tenant).Scan(&amount, &currency)
+		if errors.Is(err, sql.ErrNoRows) {
+			return idem.Permanent(fmt.Errorf("event %s: %w: %s", ev.EventID, ErrPaymentNotFound, ev.PaymentID))
+		}
+		if err != nil {
+			return fmt.Errorf("read payment: %w", err)
+		}
+		if err := checkEvent(ev, amount, currency); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO settlements (tenant, currency, total, events) VALUES (?, ?, ?, 1)
+			ON CONFLICT (tenant, currency) DO UPDATE SET total = total + excluded.total, events = events + 1`,
+			ev.Tenant, currency, amount)
+		if err != nil {
+			return fmt.Errorf("settle: %w", err)
+		}
+		return nil
+	})
+}
+
+// settlement reads the tenant's settlement in the currency of its first
+// account; zero values when it has none.
+func (s *sqliteStorage) settlement(ctx context.Context, tenant string) (Settlement, error) {
+	var st Settlement
+	err := s.db.Reader().QueryRowContext(ctx,
+		`SELECT currency FROM accounts WHERE tenant = ? ORDER BY created_at, rowid LIMIT 1`, tenant).Scan(&st.Currency)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Settlement{}, nil
+	}
+	if err != nil {
+		return Settlement{}, fmt.Errorf("read accounts: %w", err)
+	}
+	err = s.db.Reader().QueryRowContext(ctx,
+		`SELECT total, events FROM settlements WHERE tenant = ? AND currency = ?`, tenant, st.Currency).Scan(&st.Total, &st.Events)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return Settlement{}, fmt.Errorf("read settlement: %w", err)
+	}
+	return st, nil
 }

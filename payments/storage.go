@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
 )
 
@@ -63,6 +64,20 @@ type storage interface {
 
 	// Ping checks that the database answers.
 	Ping(ctx context.Context) error
+
+	// setOutbox makes CreatePayment add each payment's event to ob, in the
+	// payment's transaction.
+	setOutbox(ob idem.Outbox)
+
+	// settle adds ev's amount to its tenant's settlement, in the
+	// transaction ctx carries (the settlement consumer's inbox row's).
+	// Returns a permanent error (idem.Permanent) when ev's payment is
+	// unknown or disagrees with it.
+	settle(ctx context.Context, ev PaymentEvent) error
+
+	// settlement reads the tenant's settlement in the currency of its
+	// first account; zero values when it has none.
+	settlement(ctx context.Context, tenant string) (Settlement, error)
 }
 
 // errOutcomeUnknown marks a failed write whose transaction failed to begin

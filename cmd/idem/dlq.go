@@ -39,7 +39,7 @@ re-driven message is published by the running service's outbox relay.`,
 		Args: cobra.NoArgs,
 	}
 	cmd.PersistentFlags().StringVar(&f.db, "db", defaultDB, "the database: "+supportedDBs)
-	cmd.PersistentFlags().StringVar(&f.pgSchema, "pg-schema", defaultPGSchema, "PostgreSQL schema (not yet supported by dlq)")
+	cmd.PersistentFlags().StringVar(&f.pgSchema, "pg-schema", defaultPGSchema, "PostgreSQL schema, as given to serve")
 	cmd.AddCommand(a.dlqLsCmd(&f), a.dlqShowCmd(&f), a.dlqRedriveCmd(&f), a.dlqDiscardCmd(&f))
 	return cmd
 }
@@ -50,15 +50,17 @@ func (a *app) withDLQ(ctx context.Context, f *dlqFlags, fn func(svc *deadletter.
 	if err != nil {
 		return err
 	}
-	if t.postgres {
-		return errors.New("idem dlq: PostgreSQL dead letters are not available yet; use a sqlite: --db")
-	}
 	db, err := openDB(ctx, f.db, f.pgSchema, true)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, db.Close()) }()
-	svc, err := payments.DeadLetterService(ctx, db.sqlite)
+	var svc *deadletter.Service
+	if t.postgres {
+		svc, err = payments.DeadLetterServicePostgres(ctx, db.pg)
+	} else {
+		svc, err = payments.DeadLetterService(ctx, db.sqlite)
+	}
 	if err != nil {
 		return err
 	}

@@ -20,12 +20,16 @@
 // PostgreSQL several processes may do so at once. URLs are never printed
 // with their passwords.
 //
-// On SQLite, `idem serve` also runs the message pipeline: each payment's
-// event goes through the outbox to the database as the transport (--broker
-// empty, the only choice for now: nats:// and amqp:// are not wired into
-// serve yet) and is settled once by the consumer "settlement", retried up
-// to --max-attempts with backoff between --retry-base and --retry-cap, and
-// dead-lettered when it cannot succeed. `idem dlq` takes the same --db.
+// `idem serve` also runs the message pipeline: each payment's event goes
+// through the outbox to --broker and is settled once by the consumer
+// "settlement", retried up to --max-attempts with backoff between
+// --retry-base and --retry-cap, and dead-lettered when it cannot succeed.
+// --broker is empty for the database itself as the transport (SQLite or
+// PostgreSQL with SKIP LOCKED), nats://HOST:PORT for NATS JetStream (stream
+// IDEM, subject idem.payments.succeeded) or amqp://USER:PASS@HOST:PORT/ for
+// RabbitMQ (topic exchange idem, routing key payments.succeeded, quorum queue
+// idem.settlement); --broker-namespace renames those. `idem dlq` takes the
+// same --db.
 //
 // Configuration comes from flags, and for secrets also from the environment:
 // IDEM_API_KEYS holds the service's API keys ("tenant:key,tenant2:key2")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,12 +10,17 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/deadletter"
+	"github.com/idem-go/idem/idemamqp"
+	"github.com/idem-go/idem/idemnats"
+	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemsqlite"
+	"github.com/idem-go/idem/idemtest"
 	"github.com/idem-go/idem/payments"
 )
 
@@ -68,17 +74,181 @@ func metricValue(text, series string) float64 {
 	return v
 }
 
-// The whole pipeline of `idem serve` on SQLite, over real HTTP: every
-// payment is announced through the outbox, relayed to the embedded
-// transport and settled once; copies, malformed messages and injected
-// failures end where they must; `idem dlq` and /metrics show the dead
-// letters.
+// pipelineTransport is one way serve carries its events in these tests:
+// serve's arguments for the database and the broker, the database URL that
+// `idem dlq` takes, and the test's own connection to the transport.
+type pipelineTransport struct {
+	args []string
+	// dbArgs are --db and, for PostgreSQL, --pg-schema.
+	dbArgs []string
+	tr     payments.Transport
+	// deadLetters opens the dead-letter service on the database.
+	deadLetters func(ctx context.Context) (*deadletter.Service, error)
+}
+
+// pipelineCases are the transports serve's pipeline is tested on: the
+// SQLite file's embedded transport, PostgreSQL's, NATS JetStream and
+// RabbitMQ (the last two with the events' stores in SQLite).
+var pipelineCases = []struct {
+	name  string
+	setup func(t *testing.T) pipelineTransport
+}{
+	{"sqlite", func(t *testing.T) pipelineTransport {
+		pt, db := sqlitePipeline(t)
+		tr, err := idemsqlite.NewTransport(t.Context(), db, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close() })
+		pt.tr = tr
+		return pt
+	}},
+	{"postgres", func(t *testing.T) pipelineTransport {
+		url := postgresURL(t)
+		schema := freshSchema(t, url)
+		db, err := idempg.Open(t.Context(), url, &idempg.Config{Schema: schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(db.Close)
+		tr, err := idempg.NewTransport(t.Context(), db, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close() })
+		return pipelineTransport{
+			args: []string{"--db", url, "--pg-schema", schema}, dbArgs: []string{"--db", url, "--pg-schema", schema}, tr: tr,
+			deadLetters: func(ctx context.Context) (*deadletter.Service, error) {
+				return payments.DeadLetterServicePostgres(ctx, db)
+			},
+		}
+	}},
+	{"nats", func(t *testing.T) pipelineTransport {
+		pt, _ := sqlitePipeline(t)
+		url := idemtest.RequireService(t, "NATS", "IDEM_NATS_URL", "nats://127.0.0.1:4222")
+		ns := "idemtest-" + randomName("")[:8]
+		stream := strings.ToUpper(strings.ReplaceAll(ns, "-", "_"))
+		tr, err := idemnats.Open(t.Context(), url, &idemnats.Config{Stream: stream, SubjectPrefix: ns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			tr.Close()
+			if err := deleteNATSStream(url, stream); err != nil {
+				t.Error(err)
+			}
+		})
+		pt.tr = tr
+		pt.args = append(pt.args, "--broker", url, "--broker-namespace", ns)
+		return pt
+	}},
+	{"amqp", func(t *testing.T) pipelineTransport {
+		pt, _ := sqlitePipeline(t)
+		url := idemtest.RequireService(t, "RabbitMQ", "IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+		ns := "idemtest-" + randomName("")[:8]
+		tr, err := idemamqp.Open(t.Context(), url, &idemamqp.Config{Exchange: ns, QueuePrefix: ns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := tr.DeleteQueues(ctx); err != nil {
+				t.Error(err)
+			}
+			tr.Close()
+			if err := deleteAMQP(url, ns, ns+"."+payments.SettlementConsumer); err != nil {
+				t.Error(err)
+			}
+		})
+		pt.tr = tr
+		pt.args = append(pt.args, "--broker", url, "--broker-namespace", ns)
+		return pt
+	}},
+}
+
+func sqlitePipeline(t *testing.T) (pipelineTransport, *idemsqlite.DB) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	db, err := idemsqlite.Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return pipelineTransport{
+		args: []string{"--db", "sqlite:" + path}, dbArgs: []string{"--db", "sqlite:" + path},
+		deadLetters: func(ctx context.Context) (*deadletter.Service, error) {
+			return payments.DeadLetterService(ctx, db)
+		},
+	}, db
+}
+
+// firstEvents subscribes to the payment events under a consumer name of
+// the test's own and returns a function that waits for the first n.
+func firstEvents(t *testing.T, tr payments.Transport) func(n int) []idem.Message {
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := tr.Subscribe(ctx, idem.Subscription{Topic: payments.TopicPaymentSucceeded, Consumer: "audit"})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	var (
+		mu   sync.Mutex
+		seen []idem.Message
+		done = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		for {
+			d, err := st.Next(ctx)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			seen = append(seen, d.Message())
+			mu.Unlock()
+			_ = d.Ack(ctx)
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		st.Close()
+		<-done
+	})
+	return func(n int) []idem.Message {
+		t.Helper()
+		var out []idem.Message
+		waitFor(t, fmt.Sprintf("%d events seen by the audit consumer", n), func() (bool, string) {
+			mu.Lock()
+			defer mu.Unlock()
+			out = append([]idem.Message(nil), seen...)
+			return len(out) >= n, fmt.Sprint(len(out), " seen")
+		})
+		return out
+	}
+}
+
+// The whole pipeline of `idem serve`, over real HTTP, on every transport:
+// every payment is announced through the outbox, relayed and settled once;
+// copies, malformed messages and injected failures end where they must;
+// `idem dlq` and /metrics show the dead letters.
 func TestServeSettlesEveryPaymentOnce(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "idem.db")
-	dbURL := "sqlite:" + path
+	for _, c := range pipelineCases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			testServeSettles(t, c.setup(t))
+		})
+	}
+}
+
+func testServeSettles(t *testing.T, pt pipelineTransport) {
+	audit := firstEvents(t, pt.tr)
+	// dlq runs `idem dlq sub rest…` on the test's database.
+	dlq := func(sub string, rest ...string) (int, string, string) {
+		return runCmd(t, append(append([]string{"dlq", sub}, rest...), pt.dbArgs...)...)
+	}
 	const apiKey = "test-key-settle"
-	args := []string{"--db", dbURL, "--api-keys", "acme:" + apiKey, "--log-level", "warn", "--faults", "--retry-base", "1ms", "--retry-cap", "5ms"}
+	args := append([]string{"--api-keys", "acme:" + apiKey, "--log-level", "warn", "--faults", "--retry-base", "1ms", "--retry-cap", "5ms"}, pt.args...)
 	srv := startServe(t, newApp(nil), args...)
 
 	settlement := func() settlementBody {
@@ -117,29 +287,14 @@ func TestServeSettlesEveryPaymentOnce(t *testing.T) {
 		t.Fatalf("settlement = %+v, want %d KRW over %d events", s, sum, n)
 	}
 
-	// The test's own connection to the file: it publishes straight to the
-	// transport, as another relay or a broker would.
+	// The test publishes straight to the transport, as another relay
+	// would.
 	ctx := t.Context()
-	db, err := idemsqlite.Open(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	tr, err := idemsqlite.NewTransport(ctx, db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
-	var (
-		firstID string
-		body    []byte
-	)
-	if err := db.Reader().QueryRowContext(ctx, `SELECT id, payload FROM idem_transport_messages WHERE topic = ? ORDER BY seq LIMIT 1`,
-		payments.TopicPaymentSucceeded).Scan(&firstID, &body); err != nil {
-		t.Fatal(err)
-	}
+	tr := pt.tr
+	first := audit(1)[0]
+	firstID, body := first.ID, first.Payload
 	var ev payments.PaymentEvent
-	if err := json.Unmarshal(body, &ev); err != nil || ev.EventID != firstID || ev.Type != "payment.succeeded" || ev.Tenant != "acme" || ev.Amount != 1 {
+	if err := json.Unmarshal(body, &ev); err != nil || ev.EventID != firstID || ev.Type != "payment.succeeded" || ev.Tenant != "acme" || ev.Amount != 1 || first.Key != ev.AccountID {
 		t.Fatalf("first event %s = %+v (%v), want event 1 of acme with its ID as the message ID", body, ev, err)
 	}
 	publish := func(m idem.Message) {
@@ -164,6 +319,11 @@ func TestServeSettlesEveryPaymentOnce(t *testing.T) {
 
 	// A malformed message is dead-lettered after one attempt, permanent.
 	publish(idem.Message{ID: "bad-1", Key: "k-bad", Payload: []byte("{not json")})
+	// So is an event of a payment that does not exist.
+	ghost := ev
+	ghost.EventID, ghost.PaymentID = "evt-ghost", "pay_missing"
+	gb, _ := json.Marshal(ghost)
+	publish(idem.Message{ID: ghost.EventID, Key: "k-ghost", Payload: gb})
 
 	// An event failing three times settles once, on attempt 4. It is a
 	// second event (its own ID) for the first payment, so it counts.
@@ -194,8 +354,8 @@ func TestServeSettlesEveryPaymentOnce(t *testing.T) {
 	publish(idem.Message{ID: doomed.EventID, Key: ev.AccountID, Payload: dbody, Headers: map[string]string{"Idem-Fault": "fail-times=100"}})
 
 	var letters []letterJSON
-	waitFor(t, "two dead letters in idem dlq ls --json", func() (bool, string) {
-		code, out, errOut := runCmd(t, "dlq", "ls", "--db", dbURL, "--json")
+	waitFor(t, "three dead letters in idem dlq ls --json", func() (bool, string) {
+		code, out, errOut := dlq("ls", "--json")
 		if code != exitOK {
 			return false, fmt.Sprintf("exit %d: %s", code, errOut)
 		}
@@ -203,7 +363,7 @@ func TestServeSettlesEveryPaymentOnce(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &letters); err != nil {
 			return false, err.Error()
 		}
-		return len(letters) == 2, out
+		return len(letters) == 3, out
 	})
 	byMsg := map[string]letterJSON{}
 	for _, l := range letters {
@@ -216,33 +376,36 @@ func TestServeSettlesEveryPaymentOnce(t *testing.T) {
 	if dl.ErrorClass != "exhausted" || dl.Attempts != 3 || !strings.Contains(dl.LastError, "fail-times=100") || dl.Key != ev.AccountID || dl.Topic != payments.TopicPaymentSucceeded {
 		t.Errorf("the fail-times=100 letter = %+v, want exhausted after 3 attempts", dl)
 	}
-	if code, out, _ := runCmd(t, "dlq", "ls", "--db", dbURL, "--class", "permanent", "--json"); code != exitOK || !strings.Contains(out, `"bad-1"`) || strings.Contains(out, "evt-fail-100") {
+	if l := byMsg["evt-ghost"]; l.ErrorClass != "permanent" || l.Attempts != 1 || !strings.Contains(l.LastError, "pay_missing") {
+		t.Errorf("the unknown payment's letter = %+v, want permanent after 1 attempt, naming the payment", l)
+	}
+	if code, out, _ := dlq("ls", "--class", "permanent", "--json"); code != exitOK || !strings.Contains(out, `"bad-1"`) || !strings.Contains(out, `"evt-ghost"`) || strings.Contains(out, "evt-fail-100") {
 		t.Errorf("dlq ls --class permanent: exit %d, %s", code, out)
 	}
-	if code, out, _ := runCmd(t, "dlq", "show", "--db", dbURL, dl.ID); code != exitOK || !strings.Contains(out, "fail-times=100") {
+	if code, out, _ := dlq("show", dl.ID); code != exitOK || !strings.Contains(out, "fail-times=100") {
 		t.Errorf("dlq show: exit %d:\n%s", code, out)
 	}
 
 	m := metricsOf(t, srv)
-	if v := metricValue(m, `idem_dead_letters{consumer="settlement"}`); v != 2 {
-		t.Errorf("idem_dead_letters = %v, want 2:\n%s", v, m)
+	if v := metricValue(m, `idem_dead_letters{consumer="settlement"}`); v != 3 {
+		t.Errorf("idem_dead_letters = %v, want 3:\n%s", v, m)
 	}
 	if v := metricValue(m, `idem_dead_letter_oldest_age_seconds{consumer="settlement"}`); v < 0 {
 		t.Errorf("idem_dead_letter_oldest_age_seconds missing:\n%s", m)
 	}
 
 	// Re-driven with the fault header edited away, it settles once.
-	if code, out, _ := runCmd(t, "dlq", "discard", "--db", dbURL, byMsg["bad-1"].ID); code == exitOK {
+	if code, out, _ := dlq("discard", byMsg["bad-1"].ID); code == exitOK {
 		t.Errorf("dlq discard without --reason succeeded: %s", out)
 	}
-	code, out, errOut := runCmd(t, "dlq", "redrive", "--db", dbURL, "--all-matching", "--consumer", "settlement", "--class", "exhausted", "--dry-run")
+	code, out, errOut := dlq("redrive", "--all-matching", "--consumer", "settlement", "--class", "exhausted", "--dry-run")
 	if code != exitOK || !strings.Contains(out, dl.ID+": would be redriven") || strings.Contains(out, byMsg["bad-1"].ID) {
 		t.Errorf("dlq redrive --all-matching --dry-run: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	if code, out, _ := runCmd(t, "dlq", "redrive", "--db", dbURL, "--dry-run", dl.ID); code != exitOK || !strings.Contains(out, "would be") {
+	if code, out, _ := dlq("redrive", "--dry-run", dl.ID); code != exitOK || !strings.Contains(out, "would be") {
 		t.Errorf("dlq redrive --dry-run ID: exit %d, %q", code, out)
 	}
-	svc, err := payments.DeadLetterService(ctx, db)
+	svc, err := pt.deadLetters(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +424,7 @@ func TestServeSettlesEveryPaymentOnce(t *testing.T) {
 		s := settlement()
 		return s.Events == n+2, fmt.Sprintf("%+v", s)
 	})
-	if code, out, errOut := runCmd(t, "dlq", "discard", "--db", dbURL, "--reason", "not an event", byMsg["bad-1"].ID); code != exitOK {
+	if code, out, errOut := dlq("discard", "--reason", "not an event", byMsg["bad-1"].ID, byMsg["evt-ghost"].ID); code != exitOK {
 		t.Errorf("dlq discard: exit %d: %s%s", code, out, errOut)
 	}
 	waitFor(t, "no dead letters left in /metrics", func() (bool, string) {
@@ -291,17 +454,28 @@ func stopExpectingDeadLetters(t *testing.T, srv *server) {
 
 func TestServeBrokerFlag(t *testing.T) {
 	t.Parallel()
-	for _, broker := range []string{"nats://127.0.0.1:4222", "amqp://guest:guest@127.0.0.1:5672/", "kafka://x"} {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--broker", "kafka://x"}, `unsupported broker scheme "kafka"`},
+		{[]string{"--broker", "127.0.0.1:4222"}, "--broker needs a URL"},
+		{[]string{"--broker", "nats://127.0.0.1:4222", "--broker-namespace", "Bad.Name"}, "--broker-namespace"},
+		{[]string{"--broker", "nats://127.0.0.1:4222", "--ack-wait", "0s"}, "--ack-wait must be positive"},
+		// Nothing listens on port 1: the connection fails, and the message
+		// must not echo the password.
+		{[]string{"--broker", "amqp://guest:s3cret@127.0.0.1:1/"}, "opening RabbitMQ at amqp://guest:xxxxx@127.0.0.1:1/"},
+	} {
 		dbURL := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-		code, _, errOut := runCmd(t, "serve", "--db", dbURL, "--broker", broker, "--api-keys", "a:b")
+		code, _, errOut := runCmd(t, append([]string{"serve", "--db", dbURL, "--api-keys", "a:b"}, c.args...)...)
 		if code == exitOK {
-			t.Errorf("serve --broker %s: exit 0", broker)
+			t.Errorf("serve %v: exit 0", c.args)
 		}
-		if !strings.HasPrefix(broker, "kafka") && !strings.Contains(errOut, "not wired into serve yet") {
-			t.Errorf("serve --broker %s: stderr %q, want 'not wired into serve yet'", broker, errOut)
+		if !strings.Contains(errOut, c.want) {
+			t.Errorf("serve %v: stderr %q, want %q", c.args, errOut, c.want)
 		}
-		if strings.Contains(errOut, "guest:guest") {
-			t.Errorf("serve --broker echoed a password: %q", errOut)
+		if strings.Contains(errOut, "s3cret") {
+			t.Errorf("serve %v echoed a password: %q", c.args, errOut)
 		}
 	}
 }

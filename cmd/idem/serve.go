@@ -46,6 +46,8 @@ type serveFlags struct {
 	faults          bool
 	logLevel        string
 	broker          string
+	brokerNamespace string
+	ackWait         time.Duration
 	maxAttempts     int
 	retryBase       time.Duration
 	retryCap        time.Duration
@@ -86,7 +88,9 @@ the client retries after --key-lease.`,
 	fl.BoolVar(&f.unsafe, "unsafe-no-idempotency", false, "ignore Idempotency-Key entirely: retries DOUBLE CHARGE (the lab's 'before')")
 	fl.BoolVar(&f.faults, "faults", false, "honour the Idem-Fault request header (delay=DURATION, fail-before-commit, drop-after-commit, crash-after-commit) and, on payment events, fail-times=N (the settlement consumer fails their first N attempts)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	fl.StringVar(&f.broker, "broker", "", "where payment events travel: empty for the --db database itself (the embedded transport)")
+	fl.StringVar(&f.broker, "broker", "", "where payment events travel: empty for the --db database itself (the embedded transport), nats://HOST:PORT (JetStream) or amqp://USER:PASS@HOST:PORT/ (RabbitMQ)")
+	fl.StringVar(&f.brokerNamespace, "broker-namespace", defaultBrokerNamespace, "names what serve uses on the broker: NATS stream NAMESPACE (upper-cased) with subjects NAMESPACE.>, or RabbitMQ exchange NAMESPACE and queues NAMESPACE.CONSUMER")
+	fl.DurationVar(&f.ackWait, "ack-wait", 30*time.Second, "how long a delivered event may go unacknowledged before it is delivered again (embedded transport and NATS; RabbitMQ redelivers when the consumer's connection drops)")
 	fl.IntVar(&f.maxAttempts, "max-attempts", payments.DefaultMaxAttempts, "attempts of the settlement consumer at one event, the first included, before it is dead-lettered")
 	fl.DurationVar(&f.retryBase, "retry-base", 100*time.Millisecond, "scale of the settlement consumer's first retry delay (exponential backoff, full jitter)")
 	fl.DurationVar(&f.retryCap, "retry-cap", 30*time.Second, "longest retry delay of the settlement consumer")
@@ -116,8 +120,16 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 	if f.keyTTL <= 0 || f.keyLease <= 0 || f.inflightWait <= 0 || f.shutdownTimeout <= 0 {
 		return errors.New("--key-ttl, --key-lease, --inflight-wait and --shutdown-timeout must be positive")
 	}
-	if err := checkBroker(f.broker); err != nil {
+	if f.broker != "" {
+		if _, err := parseBroker(f.broker); err != nil {
+			return err
+		}
+	}
+	if err := checkNamespace(f.brokerNamespace); err != nil {
 		return err
+	}
+	if f.ackWait <= 0 {
+		return errors.New("--ack-wait must be positive")
 	}
 	if f.maxAttempts <= 0 || f.retryBase <= 0 || f.retryCap <= 0 {
 		return errors.New("--max-attempts, --retry-base and --retry-cap must be positive")
@@ -155,6 +167,21 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 		MaxAttempts:  f.maxAttempts,
 		RetryBase:    f.retryBase,
 		RetryCap:     f.retryCap,
+		AckWait:      f.ackWait,
+	}
+	brokerShown := "the --db database"
+	if f.broker != "" {
+		b, err := openBroker(ctx, f.broker, f.brokerNamespace, f.ackWait)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if cerr := b.close(); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("closing the broker connection: %w", cerr))
+			}
+		}()
+		cfg.Broker = b
+		brokerShown = b.shown + " (namespace " + f.brokerNamespace + ")"
 	}
 	keysShown := "the --db database"
 	if f.keys != "" {
@@ -204,7 +231,7 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 	if f.faults {
 		logger.Warn("fault injection is on: requests may ask for delays, failures, dropped answers and a crash of this process with the Idem-Fault header")
 	}
-	logger.Info("idem serve started", "addr", ln.Addr().String(), "db", db.shown, "keys", keysShown,
+	logger.Info("idem serve started", "addr", ln.Addr().String(), "db", db.shown, "keys", keysShown, "broker", brokerShown,
 		"key_ttl", f.keyTTL, "key_lease", f.keyLease, "inflight_wait", f.inflightWait, "unsafe", f.unsafe, "faults", f.faults)
 	// A plain line, not a log record: scripts and tests wait for it to learn
 	// the port when --addr asks for port 0.
@@ -237,20 +264,6 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 // apiKeys returns the configured API keys, from the flag when it was given,
 // else from the environment. With none, it makes a key for a development
 // tenant and returns it as devKey so it can be shown.
-// checkBroker accepts the embedded transport only: the brokers have their
-// transports, not yet their place in serve.
-func checkBroker(b string) error {
-	switch {
-	case b == "":
-		return nil
-	case strings.HasPrefix(b, "nats://"), strings.HasPrefix(b, "amqp://"), strings.HasPrefix(b, "amqps://"):
-		scheme, _, _ := strings.Cut(b, "://")
-		return fmt.Errorf("--broker %s://…: not wired into serve yet; leave --broker out to use the database as the transport", scheme)
-	default:
-		return errors.New("--broker: want empty (the --db database), nats://HOST:PORT or amqp://USER:PASS@HOST:PORT/")
-	}
-}
-
 func (a *app) apiKeys(flagValue string, flagSet bool) (keys map[string]string, devKey string, err error) {
 	src, from := flagValue, "--api-keys"
 	if !flagSet {

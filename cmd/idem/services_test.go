@@ -3,12 +3,16 @@ package main
 import (
 	"context"
 	crand "crypto/rand"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem/idemtest"
@@ -173,4 +177,45 @@ func TestMigrateConcurrentlyOnPostgres(t *testing.T) {
 	if code != exitFailure || !strings.Contains(errOut, "no idempotency key") {
 		t.Errorf("keys show on a migrated schema: exit %d, stderr %q", code, errOut)
 	}
+}
+
+// deleteNATSStream deletes a stream a test's serve created.
+func deleteNATSStream(url, stream string) error {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return fmt.Errorf("connecting to delete stream %s: %w", stream, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := js.DeleteStream(ctx, stream); err != nil {
+		return fmt.Errorf("deleting stream %s: %w", stream, err)
+	}
+	return nil
+}
+
+// deleteAMQP deletes the exchange and queue a test's serve declared; its
+// delay queues expire on their own.
+func deleteAMQP(url, exchange, queue string) error {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return fmt.Errorf("connecting to delete exchange %s: %w", exchange, err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
+		return fmt.Errorf("deleting queue %s: %w", queue, err)
+	}
+	if err := ch.ExchangeDelete(exchange, false, false); err != nil {
+		return fmt.Errorf("deleting exchange %s: %w", exchange, err)
+	}
+	return nil
 }

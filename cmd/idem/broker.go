@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem/idemamqp"
+	"github.com/idem-go/idem/idemnats"
+	"github.com/idem-go/idem/payments"
+)
+
+// defaultBrokerNamespace names what serve creates on a broker: NATS stream
+// IDEM with subjects idem.>, or RabbitMQ exchange idem and queues idem.*.
+const defaultBrokerNamespace = "idem"
+
+const supportedBrokers = "empty (the --db database), nats://HOST:PORT or amqp://USER:PASS@HOST:PORT/VHOST (amqps:// too)"
+
+// brokerTarget is a parsed --broker value.
+type brokerTarget struct {
+	kind  string // "nats" or "amqp"
+	url   string
+	shown string
+}
+
+// parseBroker parses a --broker value. Like parseDB, it never echoes a
+// password.
+func parseBroker(s string) (brokerTarget, error) {
+	scheme, _, ok := strings.Cut(s, "://")
+	if !ok {
+		return brokerTarget{}, errors.New("--broker needs a URL; supported: " + supportedBrokers)
+	}
+	var kind string
+	switch strings.ToLower(scheme) {
+	case "nats", "tls":
+		kind = "nats"
+	case "amqp", "amqps":
+		kind = "amqp"
+	default:
+		if strings.ContainsAny(scheme, "@:/") {
+			return brokerTarget{}, errors.New("--broker: unsupported broker; supported: " + supportedBrokers)
+		}
+		return brokerTarget{}, fmt.Errorf("--broker: unsupported broker scheme %q; supported: %s", scheme, supportedBrokers)
+	}
+	shown, err := redactURL(s)
+	if err != nil {
+		return brokerTarget{}, fmt.Errorf("--broker: %w", err)
+	}
+	return brokerTarget{kind: kind, url: s, shown: shown}, nil
+}
+
+var namespacePattern = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
+
+// checkNamespace checks a --broker-namespace: it becomes a NATS stream name
+// (upper-cased) and subject prefix, and a RabbitMQ exchange and queue
+// prefix, so it keeps to what all four accept.
+func checkNamespace(ns string) error {
+	if !namespacePattern.MatchString(ns) {
+		return fmt.Errorf("--broker-namespace %q: want a lower-case letter, then up to 62 lower-case letters, digits, '-' or '_'", ns)
+	}
+	return nil
+}
+
+// openedBroker is a broker transport and how to close it.
+type openedBroker struct {
+	payments.Transport
+	close func() error
+	shown string
+}
+
+// openBroker connects to the broker a --broker value names and makes sure
+// its stream, or exchange, exists. ackWait is JetStream's AckWait (RabbitMQ
+// redelivers when the consumer's connection is lost instead).
+func openBroker(ctx context.Context, raw, namespace string, ackWait time.Duration) (*openedBroker, error) {
+	t, err := parseBroker(raw)
+	if err != nil {
+		return nil, err
+	}
+	switch t.kind {
+	case "nats":
+		tr, err := idemnats.Open(ctx, t.url, &idemnats.Config{
+			Stream:        strings.ToUpper(strings.ReplaceAll(namespace, "-", "_")),
+			SubjectPrefix: namespace,
+			AckWait:       ackWait,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("opening NATS JetStream at %s: %w", t.shown, scrubbed(err, t.url))
+		}
+		return &openedBroker{Transport: tr, close: tr.Close, shown: t.shown}, nil
+	default:
+		tr, err := idemamqp.Open(ctx, t.url, &idemamqp.Config{
+			Exchange:    namespace,
+			QueuePrefix: namespace,
+			// The relay holds an event until the settlement queue exists,
+			// rather than RabbitMQ dropping it.
+			Mandatory: true,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("opening RabbitMQ at %s: %w", t.shown, scrubbed(err, t.url))
+		}
+		return &openedBroker{Transport: tr, close: tr.Close, shown: t.shown}, nil
+	}
+}
