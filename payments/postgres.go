@@ -24,8 +24,9 @@ import (
 var pgMigrationFiles embed.FS
 
 // MigratePostgres applies the service's own migrations (accounts, payments,
-// deposits) to db's schema, for tools that prepare a database without
-// running the service. It is idempotent and safe to run from several
+// deposits, settlements) and the message tables' (outbox, inbox, dead
+// letters, ledger, the embedded transport) to db's schema, for tools that
+// prepare a database without running the service. It is idempotent and safe to run from several
 // processes at once (idempg.DB.Migrate serialises them). New does the same,
 // and idempg.NewStore migrates the idempotency keys' tables.
 func MigratePostgres(ctx context.Context, db *idempg.DB) error {
@@ -35,7 +36,15 @@ func MigratePostgres(ctx context.Context, db *idempg.DB) error {
 	if err := migratePostgres(ctx, db); err != nil {
 		return fmt.Errorf("payments: migrate: %w", err)
 	}
-	return nil
+	// The message tables are migrated by their stores' constructors.
+	if _, err := pgMessaging(ctx, db, &Config{}); err != nil {
+		return fmt.Errorf("payments: migrate the message tables: %w", err)
+	}
+	tr, err := idempg.NewTransport(ctx, db, nil)
+	if err != nil {
+		return fmt.Errorf("payments: migrate the transport's tables: %w", err)
+	}
+	return tr.Close()
 }
 
 func migratePostgres(ctx context.Context, db *idempg.DB) error {

@@ -168,9 +168,12 @@ func TestMigrateConcurrentlyOnPostgres(t *testing.T) {
 	}
 	defer conn.Close(context.Background())
 	var n int
-	err = conn.QueryRow(ctx, `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name IN ('accounts', 'payments', 'deposits')`, schema).Scan(&n)
-	if err != nil || n != 3 {
-		t.Fatalf("payment tables in schema %s: %d, %v; want 3", schema, n, err)
+	err = conn.QueryRow(ctx, `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name IN ('accounts', 'payments', 'deposits', 'settlements', 'idem_outbox', 'idem_inbox', 'idem_dead_letters')`, schema).Scan(&n)
+	if err != nil || n != 7 {
+		t.Fatalf("payment and message tables in schema %s: %d, %v; want 7", schema, n, err)
+	}
+	if code, out, errOut := runCmd(t, "dlq", "ls", "--db", pg, "--pg-schema", schema, "--json"); code != exitOK || strings.TrimSpace(out) != "[]" {
+		t.Errorf("dlq ls on a migrated schema: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 
 	code, _, errOut := runCmd(t, "keys", "show", "--db", pg, "--pg-schema", schema, "--scope", "t", "k")
