@@ -351,6 +351,24 @@
 // or the call fails with an *idem.ArgumentError; error texts and reasons
 // are stored with such bytes replaced by U+FFFD.
 //
+// # The transport
+//
+// NewTransport (component "idem_transport") makes the database the broker:
+// an idem.Publisher and idem.Subscriber for a service with PostgreSQL and no
+// broker. Each message is appended to a log and queued once per consumer
+// name of its topic. A consumer name's streams, in any number of processes,
+// take the oldest visible queue row with SELECT … FOR UPDATE SKIP LOCKED, so
+// no message is held by two streams at once. Attempt counts, Nack delays and
+// AckWaits are stored, judged by the database's clock (or an injected one),
+// and survive restarts. Publish and a delivery's Ack, Nack, Term and
+// InProgress join the transaction a context carries, so a message published
+// in a transaction that rolls back is never delivered. Waiting streams wake
+// through LISTEN/NOTIFY on "<schema>_idem_xprt", with a poll as the
+// fallback. Purge deletes what every consumer name has settled. Publishing
+// at high volume inside callers' transactions makes each commit take
+// PostgreSQL's NOTIFY lock: go through an outbox instead, as the payment
+// service does.
+//
 // # Errors and ambiguous failures
 //
 // Errors are wrapped with the operation ("idempg: claim: ..."), keeping the

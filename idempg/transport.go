@@ -326,7 +326,8 @@ const notifyInTxSQL = `SELECT pg_notify($1, w) FROM unnest($2::text[]) AS w`
 const notifyAfterSQL = `SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, w) FROM unnest($2::text[]) AS w`
 
 // Publish implements idem.Publisher, in the transaction ctx carries or one
-// of its own. A zero Message.Time is set to the clock's time. Returns an
+// of its own. A zero Message.Time is set to the clock's time; times are
+// kept to the microsecond, PostgreSQL's precision. Returns an
 // error matching idem.ErrInvalidArgument, having published nothing, when a
 // message does not validate, or its ID, topic or key holds a NUL byte or
 // bytes that are not UTF-8 (PostgreSQL's text cannot hold them); and
@@ -477,7 +478,9 @@ const backlogSQL = `INSERT INTO idem_transport_pending (consumer_id, seq)
 
 // Subscribe implements idem.Subscriber. The first Subscribe of a consumer
 // name creates it, with every message of the topic still in the log
-// queued for it, in a READ COMMITTED transaction of its own. Returns an
+// queued for it, in a READ COMMITTED transaction of its own; it reads the
+// whole log to find them, since an index by topic would cost every Publish
+// more than it saves the rare first Subscribe. Returns an
 // error matching idem.ErrInvalidArgument when sub has no Topic or Consumer,
 // or one PostgreSQL's text cannot hold, or a negative AckWait or
 // MaxInFlight; and idem.ErrClosed after Close.
