@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -260,6 +261,83 @@ func (m *Middleware) count(o Outcome) {
 
 type ctxKey struct{}
 
+// execCtx is the handler's context. It behaves as
+// context.WithValue(context.WithDeadline(parent, deadline), ctxKey{}, ex),
+// but makes the deadline's context (a timer, and a registration with the
+// parent) only once something asks for more than the Execution or the
+// deadline: Done, Err or another value. A handler that never looks at its
+// context (a trivial one) then costs no timer, and one that does sees
+// exactly what WithDeadline gives.
+type execCtx struct {
+	parent   context.Context
+	deadline time.Time
+	ex       Execution
+
+	inner   atomic.Pointer[deadlineCtx] // nil until needed
+	mu      sync.Mutex                  // serialises making inner, and stop
+	stopped bool
+}
+
+type deadlineCtx struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newExecCtx(parent context.Context, timeout time.Duration, ex Execution) *execCtx {
+	d := time.Now().Add(timeout)
+	if pd, ok := parent.Deadline(); ok && pd.Before(d) {
+		d = pd // as WithDeadline reports it
+	}
+	return &execCtx{parent: parent, deadline: d, ex: ex}
+}
+
+// ctx returns the deadline's context, making it on first use; once stop
+// has run it is made cancelled.
+func (c *execCtx) ctx() context.Context {
+	if in := c.inner.Load(); in != nil {
+		return in.ctx
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if in := c.inner.Load(); in != nil {
+		return in.ctx
+	}
+	ctx, cancel := context.WithDeadline(c.parent, c.deadline)
+	if c.stopped {
+		cancel()
+	}
+	c.inner.Store(&deadlineCtx{ctx: ctx, cancel: cancel})
+	return ctx
+}
+
+// stop cancels the context, as the CancelFunc of WithDeadline does.
+func (c *execCtx) stop() {
+	c.mu.Lock()
+	c.stopped = true
+	in := c.inner.Load()
+	c.mu.Unlock()
+	if in != nil {
+		in.cancel()
+	}
+}
+
+func (c *execCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+func (c *execCtx) Done() <-chan struct{}       { return c.ctx().Done() }
+func (c *execCtx) Err() error                  { return c.ctx().Err() }
+
+func (c *execCtx) String() string {
+	return fmt.Sprintf("%v.WithDeadline(%s).WithValue(idemhttp.Execution)", c.parent, c.deadline)
+}
+
+func (c *execCtx) Value(key any) any {
+	if _, ok := key.(ctxKey); ok {
+		return c.ex
+	}
+	// Other values include the context package's own lookups (for
+	// cancellation and Cause), which must find the deadline's context.
+	return c.ctx().Value(key)
+}
+
 // Execution describes the protected request whose handler is running.
 type Execution struct {
 	Scope idem.Scope
@@ -351,7 +429,9 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		m.reject(w, http.StatusBadRequest, ProblemBodyUnreadable, "Request body unreadable", err.Error())
 		return
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	replayBody := new(bodyReader)
+	replayBody.Reset(body)
+	r.Body = replayBody
 	fp := idem.NewFingerprint(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"), body)
 	req := idem.ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: m.cfg.Lease, TTL: m.cfg.TTL}
 	log := reqLog{l: m.log, scope: scope, key: key, method: r.Method, path: r.URL.Path}
@@ -428,6 +508,13 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	}
 }
 
+// bodyReader hands the handler the body the middleware read: a
+// bytes.Reader that closes, in one allocation rather than the two of
+// io.NopCloser(bytes.NewReader(body)).
+type bodyReader struct{ bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }
+
 // readBody reads at most limit bytes; tooLarge reports a longer body.
 func readBody(r *http.Request, limit int64) (body []byte, tooLarge bool, err error) {
 	if r.Body == nil || r.Body == http.NoBody {
@@ -436,14 +523,32 @@ func readBody(r *http.Request, limit int64) (body []byte, tooLarge bool, err err
 	if r.ContentLength > limit {
 		return nil, true, nil
 	}
-	body, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		return nil, false, fmt.Errorf("reading the request body: %w", err)
+	// A body of announced length is read into one buffer of that size
+	// (and a byte more, to see the end without growing it); one of
+	// unknown length starts as io.ReadAll would.
+	size := int64(512)
+	if r.ContentLength >= 0 {
+		size = r.ContentLength + 1
 	}
-	if int64(len(body)) > limit {
-		return nil, true, nil
+	body = make([]byte, 0, min(size, limit+1))
+	for {
+		if len(body) == cap(body) {
+			body = append(body, 0)[:len(body)]
+		}
+		// Never read more than a byte past the limit: enough to tell
+		// that the body is too large.
+		room := min(int64(cap(body)-len(body)), limit+1-int64(len(body)))
+		n, rerr := r.Body.Read(body[len(body) : len(body)+int(room)])
+		body = body[:len(body)+n]
+		switch {
+		case rerr != nil && rerr != io.EOF:
+			return nil, false, fmt.Errorf("reading the request body: %w", rerr)
+		case int64(len(body)) > limit:
+			return nil, true, nil
+		case rerr == io.EOF:
+			return body, false, nil
+		}
 	}
-	return body, false, nil
 }
 
 // waitChange blocks until the key may have changed, the poll interval
@@ -490,9 +595,8 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, ex Execution, log reqLog) {
 	ref := idem.Ref{Scope: ex.Scope, Key: ex.Key, Token: ex.Token}
 	defer m.local.notify(waitKey{ref.Scope, ref.Key})
-	hctx, cancel := context.WithTimeout(r.Context(), m.cfg.Lease*9/10)
-	defer cancel()
-	hctx = context.WithValue(hctx, ctxKey{}, ex)
+	hctx := newExecCtx(r.Context(), m.cfg.Lease*9/10, ex)
+	defer hctx.stop()
 
 	if m.txStore != nil {
 		m.executeTx(next, w, r, hctx, ref, log)

@@ -218,4 +218,20 @@
 // replication is asynchronous too: a failover can lose a claim or a
 // completion the old primary acknowledged, with the same consequence as a
 // crash before Complete, and the same remedies.
+//
+// # Inbox
+//
+// Inbox is an idem.Inbox for consumers whose effects live in Redis. Each
+// (consumer, message) pair is a string at <prefix>:inbox:{<consumer>}:<dedupKey>,
+// claimed with SET NX PX for a lease and marked "done" for a retention
+// period. The handler queues its Redis writes on the pipeliner InboxTx
+// returns; Process commits them with the mark in one WATCH/MULTI/EXEC that
+// applies only while the delivery still holds the key, so a handler whose
+// lease ended commits nothing, and a failed one leaves no mark. A
+// concurrent duplicate waits, polling, for the first delivery to commit
+// (idem.ErrDuplicate) or fail (it runs). Effects outside Redis stay
+// at-least-once. Marks and effects are as durable as Redis makes them, and
+// are lost together after the message was acknowledged: use appendfsync
+// always or WAIT where that matters. In Redis Cluster, the keys a handler
+// writes must carry InboxHashTag(consumer).
 package idemredis

@@ -1,0 +1,120 @@
+package idemhttp_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idemmem"
+)
+
+// serveWith runs one protected request whose context is ctx through a
+// middleware with the given lease, and returns what the handler saw.
+func serveWith(t *testing.T, ctx context.Context, lease time.Duration, handler func(w http.ResponseWriter, r *http.Request)) {
+	t.Helper()
+	m := newMiddleware(t, idemhttp.Config{Store: idemmem.New(nil), Lease: lease})
+	req := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`)).WithContext(ctx)
+	req.Header.Set(idemhttp.HeaderKey, "k")
+	m.Handler(http.HandlerFunc(handler)).ServeHTTP(httptest.NewRecorder(), req)
+}
+
+// TestHandlerContextDeadline: the handler's context ends at 90% of the
+// lease, with the deadline it reports, and carries the Execution.
+func TestHandlerContextDeadline(t *testing.T) {
+	t.Parallel()
+	const lease = 200 * time.Millisecond
+	start := time.Now()
+	ran := false
+	serveWith(t, context.Background(), lease, func(w http.ResponseWriter, r *http.Request) {
+		ran = true
+		ctx := r.Context()
+		if ex, ok := idemhttp.ExecutionFromContext(ctx); !ok || ex.Key != "k" || ex.Token == 0 {
+			t.Errorf("ExecutionFromContext = %+v, %v", ex, ok)
+		}
+		d, ok := ctx.Deadline()
+		if !ok || d.Before(start.Add(lease*9/10)) || d.After(time.Now().Add(lease*9/10)) {
+			t.Errorf("Deadline = %v, %v; want 90%% of the lease from the claim", d, ok)
+		}
+		if err := ctx.Err(); err != nil {
+			t.Errorf("Err before the deadline = %v", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the handler's context did not end at its deadline")
+		}
+		if time.Now().Before(d) {
+			t.Errorf("context ended at %v, before its deadline %v", time.Now(), d)
+		}
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) || !errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+			t.Errorf("Err = %v, Cause = %v; want DeadlineExceeded", ctx.Err(), context.Cause(ctx))
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	if !ran {
+		t.Fatal("handler did not run")
+	}
+}
+
+// TestHandlerContextEndsWithRequest: once the request is over, the
+// handler's context is cancelled, whether or not the handler looked at it
+// while it ran, and so is every context derived from it.
+func TestHandlerContextEndsWithRequest(t *testing.T) {
+	t.Parallel()
+	for _, look := range []bool{false, true} {
+		var kept, derived context.Context
+		serveWith(t, context.Background(), time.Minute, func(w http.ResponseWriter, r *http.Request) {
+			kept = r.Context()
+			if look {
+				select {
+				case <-kept.Done():
+					t.Error("context done while the handler runs")
+				default:
+				}
+				var cancel context.CancelFunc
+				derived, cancel = context.WithCancel(kept)
+				t.Cleanup(cancel)
+			}
+			w.WriteHeader(http.StatusCreated)
+		})
+		for _, ctx := range []context.Context{kept, derived} {
+			if ctx == nil {
+				continue
+			}
+			select {
+			case <-ctx.Done():
+			default:
+				t.Fatalf("look=%v: context not done after the request", look)
+			}
+			if !errors.Is(ctx.Err(), context.Canceled) {
+				t.Fatalf("look=%v: Err = %v, want Canceled", look, ctx.Err())
+			}
+		}
+	}
+}
+
+// TestHandlerContextFollowsRequest: the handler's context ends when the
+// request's does, with its cause.
+func TestHandlerContextFollowsRequest(t *testing.T) {
+	t.Parallel()
+	cause := errors.New("client went away")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	serveWith(t, ctx, time.Minute, func(w http.ResponseWriter, r *http.Request) {
+		cancel(cause)
+		select {
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the handler's context did not end with the request's")
+		}
+		if !errors.Is(r.Context().Err(), context.Canceled) || !errors.Is(context.Cause(r.Context()), cause) {
+			t.Errorf("Err = %v, Cause = %v", r.Context().Err(), context.Cause(r.Context()))
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+}
