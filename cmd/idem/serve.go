@@ -73,7 +73,12 @@ The idempotency keys live there too, and commit with every payment in one
 transaction, unless --keys names a Redis server for them: then a payment
 commits first and its key completes afterwards, and a crash between the two
 is caught by the payment's unique (tenant, key, claim time) constraint when
-the client retries after --key-lease.`,
+the client retries after --key-lease.
+
+Every payment is announced as a payment.succeeded event, written to an outbox
+in the payment's transaction and relayed to --broker: the database itself by
+default, NATS JetStream or RabbitMQ. The consumer "settlement" applies each
+event once; what keeps failing goes to the dead letters (idem dlq).`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()
@@ -86,7 +91,7 @@ the client retries after --key-lease.`,
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long a shutdown waits for requests in flight")
 	fl.StringVar(&f.apiKeys, "api-keys", "", `API keys, "tenant:key,tenant2:key2" (default from $`+envAPIKeys+`)`)
 	fl.BoolVar(&f.unsafe, "unsafe-no-idempotency", false, "ignore Idempotency-Key entirely: retries DOUBLE CHARGE (the lab's 'before')")
-	fl.BoolVar(&f.faults, "faults", false, "honour the Idem-Fault request header (delay=DURATION, fail-before-commit, drop-after-commit, crash-after-commit) and, on payment events, fail-times=N (the settlement consumer fails their first N attempts)")
+	fl.BoolVar(&f.faults, "faults", false, "honour the Idem-Fault request header (delay=DURATION, fail-before-commit, drop-after-commit, crash-after-commit) and, on payment events, fail-times=N (the settlement consumer fails their first N attempts) and crash-after-settle (the process dies after settling, before acknowledging)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fl.StringVar(&f.broker, "broker", "", "where payment events travel: empty for the --db database itself (the embedded transport), nats://HOST:PORT (JetStream) or amqp://USER:PASS@HOST:PORT/ (RabbitMQ)")
 	fl.StringVar(&f.brokerNamespace, "broker-namespace", defaultBrokerNamespace, "names what serve uses on the broker: NATS stream NAMESPACE (upper-cased) with subjects NAMESPACE.>, or RabbitMQ exchange NAMESPACE and queues NAMESPACE.CONSUMER")
