@@ -129,6 +129,13 @@ type Config struct {
 	// between them can leave a message dead-lettered twice.
 	InTx func(ctx context.Context, fn func(ctx context.Context) error) error
 
+	// Resubscribe spaces Run's attempts to subscribe again after the
+	// transport failed (a broker restarting, a database unreachable). Its
+	// MaxAttempts is ignored: Run keeps trying until its context ends.
+	// Defaults to the zero idem.RetryPolicy: full jitter from 100ms, capped
+	// at 30s.
+	Resubscribe idem.RetryPolicy
+
 	// Clock dates attempts and heartbeats. Defaults to idem.SystemClock.
 	Clock idem.Clock
 	// Timers schedules retries and heartbeats; set it with Clock. Defaults
@@ -249,8 +256,13 @@ func (c *Consumer) Stats() Stats {
 // cancelled). Deliveries not settled by then are not acknowledged: the
 // transport delivers them again, to this consumer's next run.
 //
-// Run returns early with an error when the subscription cannot be made or
-// its stream fails, and ErrRunning when the Consumer is already running.
+// When the subscription cannot be made or its stream fails (a broker
+// restarting, a database that stopped answering), Run waits, spaced by
+// Config.Resubscribe, and subscribes again: deliveries it held and did not
+// settle come back from the transport. It returns early only when the
+// transport is closed (idem.ErrClosed) or refuses the subscription as
+// invalid (idem.ErrInvalidArgument), with that error, and with ErrRunning
+// when the Consumer is already running.
 func (c *Consumer) Run(ctx context.Context, h Handler) error {
 	if h == nil {
 		return &idem.ArgumentError{Field: "consumer.Run handler", Reason: "must not be nil"}
@@ -260,6 +272,40 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 	}
 	defer c.running.Store(false)
 
+	failures := 0
+	var prev time.Duration
+	for {
+		began := c.cfg.Clock.Now()
+		err := c.runOnce(ctx, h)
+		switch {
+		case err == nil || ctx.Err() != nil:
+			return nil
+		case errors.Is(err, idem.ErrClosed), errors.Is(err, idem.ErrInvalidArgument):
+			return err
+		}
+		if c.cfg.Clock.Now().Sub(began) > time.Minute {
+			// It ran for a while: this failure starts a new series.
+			failures, prev = 0, 0
+		}
+		failures++
+		wait := c.cfg.Resubscribe.Delay(failures, prev)
+		prev = wait
+		c.log.LogAttrs(ctx, slog.LevelWarn, "the transport failed; subscribing again",
+			slog.Int("failures", failures), slog.Duration("delay", wait), slog.String("error", err.Error()))
+		woke := make(chan struct{})
+		stop := c.cfg.Timers.AfterFunc(wait, func() { close(woke) })
+		select {
+		case <-woke:
+		case <-ctx.Done():
+			stop()
+			return nil
+		}
+	}
+}
+
+// runOnce subscribes and handles deliveries until ctx is done (nil) or
+// the subscription or its stream fails.
+func (c *Consumer) runOnce(ctx context.Context, h Handler) error {
 	stream, err := c.cfg.Subscriber.Subscribe(ctx, idem.Subscription{
 		Topic:       c.cfg.Topic,
 		Consumer:    c.cfg.Name,

@@ -114,6 +114,12 @@
 // recorded, and deliveries not settled are not acknowledged: the transport
 // delivers them again, to the next run.
 //
+// A transport that fails (a broker restarting, a database that stops
+// answering) does not end Run: it subscribes again, spaced by
+// Config.Resubscribe, and the deliveries it held come back from the
+// transport (at once, or after their AckWait). Only a closed transport or
+// an invalid subscription ends it with an error.
+//
 // # Inbox rows
 //
 // An inbox row must outlive every redelivery of its message: the inbox

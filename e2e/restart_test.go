@@ -236,4 +236,18 @@ func testRestartUnderLoad(t *testing.T, e *testEnv, stop, start func()) {
 			t.Errorf("account %d: balance %d, want %d (initial minus its %d recorded payments)", w, got, loadInitial-sum, len(seen))
 		}
 	}
+
+	// The events went on too: the relay and the settlement consumer, whose
+	// transport (the database) failed under them, resumed by themselves,
+	// and every payment is settled once.
+	var total int64
+	for _, p := range all {
+		total += p.amount
+	}
+	waitFor(t, "every payment settled after the restart", time.Minute, func() bool {
+		return e.settlement(t, r.URL).Events >= int64(len(all))
+	})
+	if s := e.settlement(t, r.URL); s.Events != int64(len(all)) || s.Total != total {
+		t.Errorf("settlement = %+v, want %d over %d events", s, total, len(all))
+	}
 }

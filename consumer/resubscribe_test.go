@@ -1,0 +1,119 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/consumer"
+)
+
+// flakySubscriber stands for a broker that is unreachable at first, and
+// whose first stream then breaks after a few deliveries.
+type flakySubscriber struct {
+	idem.Subscriber
+	failAfter int
+
+	mu         sync.Mutex
+	subscribes int
+}
+
+func (f *flakySubscriber) Subscribe(ctx context.Context, sub idem.Subscription) (idem.Stream, error) {
+	f.mu.Lock()
+	f.subscribes++
+	n := f.subscribes
+	f.mu.Unlock()
+	if n == 1 {
+		return nil, errors.New("dial: connection refused")
+	}
+	s, err := f.Subscriber.Subscribe(ctx, sub)
+	if err != nil || n > 2 {
+		return s, err
+	}
+	return &breakingStream{Stream: s, left: f.failAfter}, nil
+}
+
+func (f *flakySubscriber) Subscribes() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.subscribes
+}
+
+type breakingStream struct {
+	idem.Stream
+	mu   sync.Mutex
+	left int
+}
+
+func (s *breakingStream) Next(ctx context.Context) (idem.Delivery, error) {
+	s.mu.Lock()
+	if s.left == 0 {
+		s.mu.Unlock()
+		return nil, errors.New("connection reset by peer")
+	}
+	s.left--
+	s.mu.Unlock()
+	return s.Stream.Next(ctx)
+}
+
+// A transport that fails, to subscribe or later, does not stop the
+// consumer: it subscribes again after Resubscribe's delay, and every
+// message is still applied once.
+func TestRunSubscribesAgainAfterTransportFailures(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	flaky := &flakySubscriber{Subscriber: h.rec, failAfter: 3}
+	cfg := h.config()
+	cfg.Subscriber = flaky
+	cfg.Resubscribe = idem.RetryPolicy{Base: time.Second, Cap: time.Second, Jitter: idem.NoJitter}
+	const n = 10
+	for i := range n {
+		h.publish(msg(fmt.Sprintf("m-%d", i), ""))
+	}
+	_, stop := h.start(cfg, h.apply)
+	h.advanceUntil("every message applied after two transport failures", 500*time.Millisecond, func() bool {
+		for i := range n {
+			if h.applied.Get(fmt.Sprintf("m-%d", i)) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if s := flaky.Subscribes(); s != 3 {
+		t.Errorf("Subscribe called %d times, want 3 (refused, broken, then good)", s)
+	}
+	for i := range n {
+		if got := h.applied.Get(fmt.Sprintf("m-%d", i)); got != 1 {
+			t.Errorf("m-%d applied %d times, want 1", i, got)
+		}
+	}
+	stop() // and Run returns nil
+}
+
+// A closed transport or an invalid subscription ends Run with the error:
+// subscribing again would not help.
+func TestRunReturnsWhenTheTransportIsClosed(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	if err := h.tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := consumer.New(h.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(context.Background(), h.apply) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, idem.ErrClosed) {
+			t.Errorf("Run on a closed transport = %v, want idem.ErrClosed", err)
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("Run kept running on a closed transport")
+	}
+}
