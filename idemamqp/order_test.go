@@ -1,230 +1,35 @@
 package idemamqp_test
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"hash/fnv"
-	"strconv"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/consumer"
 	"github.com/idem-go/idem/idemamqp"
-	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemtest"
 )
 
-// orderWait bounds the wait for every message to be applied: generous for
-// a loaded machine, yet a hang fails the test instead of the test binary.
-const orderWait = 50 * time.Second
-
-var errFlaky = errors.New("dependency unavailable")
-
-// flaky decides, the same way every run, whether an attempt fails: about a
-// quarter of first, second and third attempts do; fourth attempts never.
-func flaky(id string, attempt int) bool {
-	if attempt > 3 {
-		return false
-	}
-	h := fnv.New32a()
-	fmt.Fprintf(h, "%s/%d", id, attempt)
-	return h.Sum32()%100 < 25
-}
-
 // The consumer keeps each key's order across retries through RabbitMQ:
 // 10,000 messages over 100 keys, a quarter of early attempts failing.
+// RabbitMQ delivers the copies published under one ID, and the inbox must
+// catch them.
 func TestPerKeyOrderWithTransientFailures(t *testing.T) {
 	t.Parallel()
-	const messages, keys, topic = 10000, 100, "payments.succeeded"
-	const publishers = 4
 	// Mandatory, so that a message routed to no queue fails the test
 	// instead of vanishing.
 	tr := newIsolated(t, idemamqp.Config{Mandatory: true})
-	c, err := consumer.New(&consumer.Config{
-		Name:        "settlement",
-		Topic:       topic,
-		Subscriber:  tr,
-		Inbox:       idemmem.NewInbox(),
-		DeadLetters: idemmem.NewDeadLetters(nil),
-		Ledger:      idemmem.NewLedger(),
-		Retry:       idem.RetryPolicy{MaxAttempts: 10, Base: time.Millisecond, Cap: 5 * time.Millisecond},
-		InTx:        idemmem.Transact,
-	})
-	if err != nil {
-		t.Fatalf("consumer.New: %v", err)
-	}
-
-	var mu sync.Mutex
-	applied := make(map[string][]int) // committed sequence numbers, per key
-	commits := make(map[string]int)   // commits, per message ID
-	running := make(map[string]bool)
-	failures := 0
-	handler := func(ctx context.Context, m idem.Message) error {
-		mu.Lock()
-		if running[m.Key] {
-			t.Errorf("two messages of key %s handled at once", m.Key)
-		}
-		running[m.Key] = true
-		mu.Unlock()
-		defer func() {
-			mu.Lock()
-			running[m.Key] = false
-			mu.Unlock()
-		}()
-
-		info, _ := consumer.InfoFromContext(ctx)
-		if flaky(m.ID, info.Attempt) {
-			mu.Lock()
-			failures++
-			mu.Unlock()
-			return errFlaky
-		}
-		seq, err := strconv.Atoi(m.Headers["Seq"])
-		if err != nil {
-			return idem.Permanent(err)
-		}
-		tx, ok := idemmem.TxFromContext(ctx)
-		if !ok {
-			return idem.Permanent(errors.New("no transaction in the handler's context"))
-		}
-		// Written down only if the inbox's transaction commits.
-		return tx.OnCommit(func() {
-			mu.Lock()
-			defer mu.Unlock()
-			applied[m.Key] = append(applied[m.Key], seq)
-			commits[m.ID]++
-		})
-	}
-
-	// The queue exists, bound to the topic, before anything is published:
-	// RabbitMQ routes only to the queues that exist, and Run subscribes in
-	// its own time.
-	pre, err := tr.Subscribe(t.Context(), idem.Subscription{Topic: topic, Consumer: "settlement"})
-	if err != nil {
-		t.Fatalf("Subscribe: %v", err)
-	}
-	if err := pre.Close(); err != nil {
-		t.Fatalf("Close: %v", err)
-	}
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx, handler) }()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
+	idemtest.TestPerKeyOrder(t, tr, tr, idemtest.OrderOptions{
+		CopiesDelivered: true,
+		// The queue exists, bound to the topic, before anything is
+		// published: RabbitMQ routes only to the queues that exist, and
+		// the consumer subscribes in its own time.
+		BeforePublish: func(t *testing.T) {
+			pre, err := tr.Subscribe(t.Context(), idem.Subscription{Topic: "payments.succeeded", Consumer: "settlement"})
 			if err != nil {
-				t.Errorf("Run: %v", err)
+				t.Fatalf("Subscribe: %v", err)
 			}
-		case <-time.After(orderWait):
-			t.Errorf("Run did not return within %s of cancel", orderWait)
-		}
-	}
-	// Before the transport's cleanup, which registered earlier.
-	t.Cleanup(stop)
-
-	// Each key's messages in publish order, with a copy behind every 17th,
-	// which RabbitMQ delivers and the inbox must drop.
-	perKey := make(map[string]int)
-	lanes := make([][]idem.Message, publishers)
-	copies := 0
-	for i := range messages {
-		key := fmt.Sprintf("acct-%03d", i%keys)
-		perKey[key]++
-		m := idem.Message{
-			ID:      fmt.Sprintf("evt-%05d", i),
-			Topic:   topic,
-			Key:     key,
-			Headers: map[string]string{"Seq": strconv.Itoa(perKey[key])},
-		}
-		p := i % keys % publishers // a key's messages all go through one publisher
-		lanes[p] = append(lanes[p], m)
-		if i%17 == 0 {
-			lanes[p] = append(lanes[p], m)
-			copies++
-		}
-	}
-	start := time.Now()
-	publish(t, tr, lanes)
-	published := time.Since(start)
-
-	ended := false
-	var runErr error
-	idemtest.Eventually(t, orderWait, "every message applied", func() bool {
-		select {
-		case runErr = <-done:
-			ended = true
-			return true
-		default:
-		}
-		s := c.Stats()
-		// Parked too: a key held back behind a dead letter parks the rest.
-		return s.Processed+s.DeadLettered+s.Parked >= messages
+			if err := pre.Close(); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+		},
 	})
-	if ended {
-		stopped = true
-		t.Fatalf("Run returned before every message was applied: %v (stats %+v)", runErr, c.Stats())
-	}
-	t.Logf("%d messages (and %d copies) over %d keys: published in %s, all settled after %s; %+v",
-		messages, copies, keys, published.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), c.Stats())
-	stop()
-
-	s := c.Stats()
-	if s.Processed != messages || s.Duplicates < int64(copies) || s.DeadLettered != 0 || s.Parked != 0 {
-		t.Fatalf("stats %+v, want %d processed, at least %d duplicates and none dead-lettered or parked", s, messages, copies)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if failures == 0 || s.Retried != int64(failures) {
-		t.Errorf("%d failures, %d retried: the test failed nothing, or lost a retry", failures, s.Retried)
-	}
-	for i := range messages {
-		if id := fmt.Sprintf("evt-%05d", i); commits[id] != 1 {
-			t.Errorf("%s applied %d times, want once", id, commits[id])
-		}
-	}
-	for key, n := range perKey {
-		seqs := applied[key]
-		if len(seqs) != n {
-			t.Errorf("key %s: %d applied, want %d", key, len(seqs), n)
-		}
-		for i, seq := range seqs {
-			if seq != i+1 {
-				t.Errorf("key %s applied out of order: %v", key, seqs)
-				break
-			}
-		}
-	}
-}
-
-// publish publishes each lane in order, in batches, the lanes at once.
-func publish(t *testing.T, p idem.Publisher, lanes [][]idem.Message) {
-	t.Helper()
-	const batch = 100
-	var wg sync.WaitGroup
-	for _, lane := range lanes {
-		wg.Go(func() {
-			for len(lane) > 0 {
-				n := min(len(lane), batch)
-				if err := p.Publish(t.Context(), lane[:n]...); err != nil {
-					t.Errorf("Publish: %v", err)
-					return
-				}
-				lane = lane[n:]
-			}
-		})
-	}
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
 }
