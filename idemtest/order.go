@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -38,6 +39,33 @@ type OrderOptions struct {
 	// 50s: generous on a loaded machine, yet a hang fails the test rather
 	// than the test binary.
 	Wait time.Duration
+
+	// Inbox, DeadLetters, Ledger and InTx are the consumer's stores, and
+	// the transactions of their database. Default to idemmem's, with
+	// idemmem.Transact.
+	Inbox       idem.Inbox
+	DeadLetters idem.DeadLetters
+	Ledger      idem.Ledger
+	InTx        func(ctx context.Context, fn func(ctx context.Context) error) error
+	// Apply writes a message's effect in the transaction ctx carries (the
+	// inbox's): its key, its sequence number within the key (from 1) and
+	// its ID. Applied reads back the effects that committed, in commit
+	// order. Set both or neither: they default to bookkeeping in memory,
+	// on the commit of idemmem's transaction, which needs the default
+	// stores.
+	Apply   func(ctx context.Context, e AppliedEffect) error
+	Applied func(t *testing.T) []AppliedEffect
+	// Check, when set, runs after the suite's own checks, with the
+	// consumer's final counts: for what only the backend can tell (its
+	// deliveries all settled, its inbox rows, its ledger emptied).
+	Check func(t *testing.T, s consumer.Stats, messages, copies int)
+}
+
+// AppliedEffect is one message's effect, as OrderOptions.Apply writes it.
+type AppliedEffect struct {
+	Key string
+	Seq int
+	ID  string
 }
 
 var errOrderFlaky = errors.New("dependency unavailable")
@@ -58,8 +86,9 @@ func orderFlaky(id string, attempt int) bool {
 // through a real transport, across retries: Messages messages over Keys
 // keys are published in order per key (through four publishers at once,
 // each key's messages through one of them, with a copy behind every 17th)
-// and consumed with in-memory inbox, dead letters and ledger while about a
-// quarter of early attempts fail. Every message must be applied exactly
+// and consumed (with in-memory inbox, dead letters and ledger, or the
+// stores OrderOptions names) while about a quarter of early attempts fail,
+// each after writing its effect. Every message must be applied exactly
 // once, each key's messages in publish order, never two of one key at
 // once, and nothing dead-lettered or parked. pub and sub are the
 // transport, on a topic no one else uses.
@@ -68,23 +97,46 @@ func TestPerKeyOrder(t *testing.T, pub idem.Publisher, sub idem.Subscriber, opts
 	messages, keys, topic := cmp.Or(opts.Messages, 10000), cmp.Or(opts.Keys, 100), cmp.Or(opts.Topic, "payments.succeeded")
 	orderWait := cmp.Or(opts.Wait, 50*time.Second)
 	const publishers = 4
+	if (opts.Apply == nil) != (opts.Applied == nil) {
+		t.Fatal("idemtest.OrderOptions: set both Apply and Applied, or neither")
+	}
+	var mu sync.Mutex
+	var effects []AppliedEffect // committed, with the default Apply
+	if opts.Apply == nil {
+		opts.Apply = func(ctx context.Context, e AppliedEffect) error {
+			tx, ok := idemmem.TxFromContext(ctx)
+			if !ok {
+				return idem.Permanent(errors.New("no transaction in the handler's context"))
+			}
+			return tx.OnCommit(func() {
+				mu.Lock()
+				defer mu.Unlock()
+				effects = append(effects, e)
+			})
+		}
+		opts.Applied = func(*testing.T) []AppliedEffect {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(effects)
+		}
+	}
+	if opts.Inbox == nil {
+		opts.Inbox, opts.DeadLetters, opts.Ledger, opts.InTx = idemmem.NewInbox(), idemmem.NewDeadLetters(nil), idemmem.NewLedger(), idemmem.Transact
+	}
 	c, err := consumer.New(&consumer.Config{
 		Name:        "settlement",
 		Topic:       topic,
 		Subscriber:  sub,
-		Inbox:       idemmem.NewInbox(),
-		DeadLetters: idemmem.NewDeadLetters(nil),
-		Ledger:      idemmem.NewLedger(),
+		Inbox:       opts.Inbox,
+		DeadLetters: opts.DeadLetters,
+		Ledger:      opts.Ledger,
 		Retry:       idem.RetryPolicy{MaxAttempts: 10, Base: time.Millisecond, Cap: 5 * time.Millisecond},
-		InTx:        idemmem.Transact,
+		InTx:        opts.InTx,
 	})
 	if err != nil {
 		t.Fatalf("consumer.New: %v", err)
 	}
 
-	var mu sync.Mutex
-	applied := make(map[string][]int) // committed sequence numbers, per key
-	commits := make(map[string]int)   // commits, per message ID
 	running := make(map[string]bool)
 	failures := 0
 	handler := func(ctx context.Context, m idem.Message) error {
@@ -100,6 +152,16 @@ func TestPerKeyOrder(t *testing.T, pub idem.Publisher, sub idem.Subscriber, opts
 			mu.Unlock()
 		}()
 
+		seq, err := strconv.Atoi(m.Headers["Seq"])
+		if err != nil {
+			return idem.Permanent(err)
+		}
+		if err := opts.Apply(ctx, AppliedEffect{Key: m.Key, Seq: seq, ID: m.ID}); err != nil {
+			return err
+		}
+		// A failing attempt fails after its write, which must then roll
+		// back with the inbox row: were it not in the inbox's
+		// transaction, it would stay, and its message show twice.
 		info, _ := consumer.InfoFromContext(ctx)
 		if orderFlaky(m.ID, info.Attempt) {
 			mu.Lock()
@@ -107,21 +169,7 @@ func TestPerKeyOrder(t *testing.T, pub idem.Publisher, sub idem.Subscriber, opts
 			mu.Unlock()
 			return errOrderFlaky
 		}
-		seq, err := strconv.Atoi(m.Headers["Seq"])
-		if err != nil {
-			return idem.Permanent(err)
-		}
-		tx, ok := idemmem.TxFromContext(ctx)
-		if !ok {
-			return idem.Permanent(errors.New("no transaction in the handler's context"))
-		}
-		// Written down only if the inbox's transaction commits.
-		return tx.OnCommit(func() {
-			mu.Lock()
-			defer mu.Unlock()
-			applied[m.Key] = append(applied[m.Key], seq)
-			commits[m.ID]++
-		})
+		return nil
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -186,7 +234,8 @@ func TestPerKeyOrder(t *testing.T, pub idem.Publisher, sub idem.Subscriber, opts
 		}
 		s := c.Stats()
 		// Parked too: a key held back behind a dead letter parks the rest.
-		return s.Processed+s.DeadLettered+s.Parked >= int64(messages)
+		return s.Processed+s.DeadLettered+s.Parked >= int64(messages) &&
+			(!opts.CopiesDelivered || s.Duplicates >= int64(copies))
 	})
 	if ended {
 		stopped = true
@@ -204,15 +253,31 @@ func TestPerKeyOrder(t *testing.T, pub idem.Publisher, sub idem.Subscriber, opts
 		t.Fatalf("stats %+v, want at least %d duplicates caught by the inbox", s, copies)
 	}
 	mu.Lock()
-	defer mu.Unlock()
 	if failures == 0 || s.Retried != int64(failures) {
 		t.Errorf("%d failures, %d retried: the test failed nothing, or lost a retry", failures, s.Retried)
 	}
+	mu.Unlock()
+
+	applied := make(map[string][]int) // committed sequence numbers, per key
+	commits := make(map[string]int)   // commits, per message ID
+	for _, e := range opts.Applied(t) {
+		applied[e.Key] = append(applied[e.Key], e.Seq)
+		commits[e.ID]++
+	}
+	// The first few of each kind of failure say enough.
+	const shown = 10
+	wrong := 0
 	for i := range messages {
 		if id := fmt.Sprintf("evt-%05d", i); commits[id] != 1 {
-			t.Errorf("%s applied %d times, want once", id, commits[id])
+			if wrong++; wrong <= shown {
+				t.Errorf("%s applied %d times, want once", id, commits[id])
+			}
 		}
 	}
+	if wrong > shown {
+		t.Errorf("and %d more messages not applied exactly once", wrong-shown)
+	}
+	wrong = 0
 	for key, n := range perKey {
 		seqs := applied[key]
 		if len(seqs) != n {
@@ -220,10 +285,18 @@ func TestPerKeyOrder(t *testing.T, pub idem.Publisher, sub idem.Subscriber, opts
 		}
 		for i, seq := range seqs {
 			if seq != i+1 {
-				t.Errorf("key %s applied out of order: %v", key, seqs)
+				if wrong++; wrong <= shown {
+					t.Errorf("key %s applied out of order: %v", key, seqs)
+				}
 				break
 			}
 		}
+	}
+	if wrong > shown {
+		t.Errorf("and %d more keys applied out of order", wrong-shown)
+	}
+	if opts.Check != nil {
+		opts.Check(t, s, messages, copies)
 	}
 }
 
