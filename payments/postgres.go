@@ -484,7 +484,7 @@ func pgMessaging(ctx context.Context, db *idempg.DB, c *Config) (messaging, erro
 			return db.WithTx(ctx, func(ctx context.Context, _ pgx.Tx) error { return fn(ctx) })
 		},
 		newEmbedded: func(ctx context.Context) (embeddedTransport, error) {
-			return idempg.NewTransport(ctx, db, &idempg.TransportConfig{Poll: c.TransportPoll, AckWait: c.AckWait})
+			return idempg.NewTransport(ctx, db, &idempg.TransportConfig{Poll: c.TransportPoll})
 		},
 	}, nil
 }

@@ -488,7 +488,7 @@ func sqliteMessaging(ctx context.Context, db *idemsqlite.DB, c *Config) (messagi
 			return db.WithTx(ctx, func(ctx context.Context, _ *sql.Tx) error { return fn(ctx) })
 		},
 		newEmbedded: func(ctx context.Context) (embeddedTransport, error) {
-			return idemsqlite.NewTransport(ctx, db, &idemsqlite.TransportConfig{Poll: c.TransportPoll, AckWait: c.AckWait})
+			return idemsqlite.NewTransport(ctx, db, &idemsqlite.TransportConfig{Poll: c.TransportPoll})
 		},
 	}, nil
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
-	"time"
 
 	"github.com/idem-go/idem/idemamqp"
 	"github.com/idem-go/idem/idemnats"
@@ -72,9 +71,9 @@ type openedBroker struct {
 }
 
 // openBroker connects to the broker a --broker value names and makes sure
-// its stream, or exchange, exists. ackWait is JetStream's AckWait (RabbitMQ
-// redelivers when the consumer's connection is lost instead).
-func openBroker(ctx context.Context, raw, namespace string, ackWait time.Duration) (*openedBroker, error) {
+// its stream, or exchange, exists. The settlement consumer's subscription
+// carries --ack-wait (payments.Config.AckWait).
+func openBroker(ctx context.Context, raw, namespace string) (*openedBroker, error) {
 	t, err := parseBroker(raw)
 	if err != nil {
 		return nil, err
@@ -84,7 +83,6 @@ func openBroker(ctx context.Context, raw, namespace string, ackWait time.Duratio
 		tr, err := idemnats.Open(ctx, t.url, &idemnats.Config{
 			Stream:        strings.ToUpper(strings.ReplaceAll(namespace, "-", "_")),
 			SubjectPrefix: namespace,
-			AckWait:       ackWait,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("opening NATS JetStream at %s: %w", t.shown, scrubbed(err, t.url))

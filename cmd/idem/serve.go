@@ -176,7 +176,7 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 	}
 	brokerShown := "the --db database"
 	if f.broker != "" {
-		b, err := openBroker(ctx, f.broker, f.brokerNamespace, f.ackWait)
+		b, err := openBroker(ctx, f.broker, f.brokerNamespace)
 		if err != nil {
 			return err
 		}
