@@ -243,6 +243,45 @@ type TxStore interface {
 	CompleteTx(ctx context.Context, ref Ref, work TxWork) (kept bool, err error)
 }
 
+// ClaimedWork is the caller's effect, run by TxClaimer.ClaimTx inside the
+// transaction that claimed the key: as TxWork, with the claim it runs under.
+type ClaimedWork func(ctx context.Context, claim Claim) (resp Response, keep bool, err error)
+
+// TxClaimer is a TxStore that can claim a key in the very transaction that
+// runs the effect and completes the key: the claim, the effect and the
+// completion commit together, or none of them does. No other transaction
+// ever sees the key in flight, so a crash or a rollback leaves the key as
+// it was before the claim, with nothing to release and no lease to wait
+// out; and the first execution of a key costs one transaction, not two.
+//
+// A concurrent claim of a key whose claiming transaction has not ended
+// waits for that transaction, and then answers as the key is: completed
+// (the duplicate replays the answer) or free again (the duplicate runs).
+// That wait holds a database connection: it is what the first execution's
+// transaction costs its duplicates.
+type TxClaimer interface {
+	TxStore
+
+	// ClaimTx begins a transaction and claims req in it. When the claim
+	// acquires the key, ClaimTx runs work in that transaction with the
+	// claim and, when work returns keep=true and no error, completes the
+	// key with work's response and commits, as CompleteTx does. When work
+	// returns keep=false or an error, or panics, everything is rolled back,
+	// the claim included: the key is as it was, and must not be released.
+	//
+	// When the claim does not acquire the key, ClaimTx returns it
+	// (Completed, Mismatch or InFlight) without running work. A key held by
+	// another ClaimTx that is still running is waited for, at most wait
+	// (at least a millisecond), and then answered InFlight with a Record
+	// that carries only its Scope, Key and State.
+	//
+	// Errors: with claim.Outcome Acquired, those of CompleteTx (work's
+	// error unchanged; ErrLeaseLost; a failed commit, which may have
+	// committed). With any other claim, the claim itself failed, nothing
+	// ran, and claiming again is safe.
+	ClaimTx(ctx context.Context, req ClaimRequest, wait time.Duration, work ClaimedWork) (claim Claim, kept bool, err error)
+}
+
 // Waiter is implemented by stores that can tell a waiting duplicate when a
 // key may have changed, so it need not poll tightly.
 type Waiter interface {

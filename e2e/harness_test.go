@@ -215,13 +215,16 @@ func (e *testEnv) serveArgs(extra ...string) []string {
 	return append(args, extra...)
 }
 
-// keyRows counts the rows idempg keeps for an idempotency key in the
-// test's schema: one once the key is claimed.
-func (e *testEnv) keyRows(ctx context.Context, key string) (int, error) {
+// keyClaimOpen reports whether a transaction that claimed a key is open
+// and waiting for its client: idempg claims a key in the request's own
+// transaction, whose row nobody else sees until it commits, so the claim
+// shows as a session idle in a transaction that holds idem_keys for writing.
+func (e *testEnv) keyClaimOpen(ctx context.Context) (bool, error) {
 	var n int
-	q := "SELECT count(*) FROM " + pgx.Identifier{e.schema, "idem_keys"}.Sanitize() + " WHERE key = $1"
-	err := e.pool.QueryRow(ctx, q, key).Scan(&n)
-	return n, err
+	err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+		WHERE l.relation = to_regclass($1) AND l.mode = 'RowExclusiveLock' AND a.state = 'idle in transaction'`,
+		pgx.Identifier{e.schema, "idem_keys"}.Sanitize()).Scan(&n)
+	return n > 0, err
 }
 
 func newHTTPTransport() *http.Transport {

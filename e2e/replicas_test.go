@@ -231,9 +231,10 @@ func checkFirstAttemptDied(t *testing.T, fo *failover, a *replica) {
 }
 
 // testKilledInFlight: PostgreSQL holds keys and money. A is SIGKILLed while
-// the payment is in flight, before its transaction could commit; the
-// client's retry on B takes the key over once A's lease ends and really
-// runs the payment: one payment, one debit, a 201.
+// the payment is in flight, before its transaction (which holds the key's
+// claim too) could commit; the server rolls it back, and the client's retry
+// on B claims the key and really runs the payment: one payment, one debit,
+// a 201.
 func testKilledInFlight(t *testing.T, e *testEnv) {
 	const initial, amount = 50_000, 700
 	rs := startReplicas(t, e, e.serveArgs("--faults", "--key-lease", "2s"), "A", "B")
@@ -249,14 +250,14 @@ func testKilledInFlight(t *testing.T, e *testEnv) {
 		done <- do(hc, e.paymentRequest(ctx, a.URL, key, paymentBody(accountID, amount, key), "delay=2s"))
 	}()
 
-	// In flight: A has claimed the key (the row is committed with its
-	// lease) and is holding the request in its delay.
+	// In flight: A has claimed the key in its transaction and is holding
+	// the request in its delay.
 	waitFor(t, "the payment's key to be claimed on A", 10*time.Second, func() bool {
-		n, err := e.keyRows(ctx, key)
+		open, err := e.keyClaimOpen(ctx)
 		if err != nil {
 			t.Logf("polling the key: %v", err)
 		}
-		return n == 1
+		return open
 	})
 	a.kill(t)
 

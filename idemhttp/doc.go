@@ -46,6 +46,12 @@
 // that outlives its lease and was taken over is refused at commit and its
 // writes are rolled back (fencing), so even then the effect happens once.
 //
+// With an idem.TxClaimer (idempg), the key is also claimed in that
+// transaction (ClaimTx): claim, writes and answer commit together, a crash
+// or a failed handler leaves the key free for the retry at once, and a
+// duplicate arriving meanwhile waits in the database (at most
+// Config.InflightWait) for the first transaction, then replays its answer.
+//
 // # Leases and fencing
 //
 // Each claim holds the key under a lease (Config.Lease) and a fencing token.

@@ -53,11 +53,13 @@ type Config struct {
 	// Store keeps the keys. Required. When it implements idem.TxStore and
 	// SeparateTx is false, the handler runs inside Store.CompleteTx, so its
 	// writes to the store's database and the stored response commit
-	// together, and nothing reaches the client before that commit.
+	// together, and nothing reaches the client before that commit. When it
+	// also implements idem.TxClaimer, the key is claimed in that same
+	// transaction (TxClaimer.ClaimTx).
 	Store idem.Store
 
 	// SeparateTx forces the two-step form (claim, run, complete) even with a
-	// TxStore. Defaults to false.
+	// TxStore or TxClaimer. Defaults to false.
 	SeparateTx bool
 
 	// Optional lets requests without a key through, unprotected. Defaults to
@@ -161,12 +163,14 @@ type Middleware struct {
 	cfg     Config
 	store   idem.Store
 	txStore idem.TxStore
-	waiter  idem.Waiter
-	methods map[string]bool
-	replay  []string
-	log     *slog.Logger
-	local   localWaits
-	counts  [9]atomic.Uint64
+	// txClaimer is txStore when it claims keys in its transaction too.
+	txClaimer idem.TxClaimer
+	waiter    idem.Waiter
+	methods   map[string]bool
+	replay    []string
+	log       *slog.Logger
+	local     localWaits
+	counts    [9]atomic.Uint64
 }
 
 // New applies the defaults to cfg, validates it and returns a Middleware.
@@ -233,6 +237,7 @@ func New(cfg *Config) (*Middleware, error) {
 	}
 	if ts, ok := c.Store.(idem.TxStore); ok && !c.SeparateTx {
 		m.txStore = ts
+		m.txClaimer, _ = ts.(idem.TxClaimer)
 	}
 	if w, ok := c.Store.(idem.Waiter); ok {
 		m.waiter = w
@@ -446,7 +451,16 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	unwatch := func() {}
 	waits := 0
 	for {
-		claim, err := m.store.Claim(ctx, req)
+		var claim idem.Claim
+		if m.txClaimer != nil {
+			var ran bool
+			if claim, ran, err = m.claimTx(next, w, r, req, deadline, log); ran {
+				unwatch()
+				return
+			}
+		} else {
+			claim, err = m.store.Claim(ctx, req)
+		}
 		if err != nil {
 			unwatch()
 			m.count(OutcomeStoreError)
@@ -650,23 +664,72 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 	rec.send(nil)
 }
 
+// txRun is one run of the handler inside a store's transaction.
+type txRun struct {
+	rec     *recorder
+	failure string
+	abort   bool
+}
+
+// work runs the handler with hctx, the context that carries the
+// transaction, and says what to keep.
+func (m *Middleware) runTx(next http.Handler, r *http.Request, run *txRun, hctx context.Context) (idem.Response, bool, error) {
+	rec := run.rec
+	run.failure, run.abort = runHandler(next, rec, r.WithContext(hctx))
+	if run.failure == "" && !rec.wroteAny && hctx.Err() != nil {
+		run.failure = "timed out"
+	}
+	if run.failure == "" && rec.overflow {
+		run.failure = "answered with more than the response size limit"
+	}
+	if run.failure != "" || !m.cfg.Keep(r, rec.statusCode()) {
+		return idem.Response{}, false, nil
+	}
+	return m.keptResponse(rec), true, nil
+}
+
 func (m *Middleware) executeTx(next http.Handler, w http.ResponseWriter, r *http.Request, hctx context.Context, ref idem.Ref, log reqLog) {
-	rec := newRecorder(w, m.cfg.MaxResponseBytes, false)
-	var failure string
-	var abort bool
+	run := &txRun{rec: newRecorder(w, m.cfg.MaxResponseBytes, false)}
 	kept, err := m.txStore.CompleteTx(hctx, ref, func(txctx context.Context) (idem.Response, bool, error) {
-		failure, abort = runHandler(next, rec, r.WithContext(txctx))
-		if failure == "" && !rec.wroteAny && txctx.Err() != nil {
-			failure = "timed out"
-		}
-		if failure == "" && rec.overflow {
-			failure = "answered with more than the response size limit"
-		}
-		if failure != "" || !m.cfg.Keep(r, rec.statusCode()) {
-			return idem.Response{}, false, nil
-		}
-		return m.keptResponse(rec), true, nil
+		return m.runTx(next, r, run, txctx)
 	})
+	m.finishTx(w, r, ref, run, kept, err, false, log)
+}
+
+// claimTx claims the key with the store's ClaimTx and, when it acquires
+// it, runs the handler in the claim's transaction and answers (ran). When
+// the claim does not acquire the key, or fails, the caller answers as it
+// answers a Claim.
+func (m *Middleware) claimTx(next http.Handler, w http.ResponseWriter, r *http.Request, req idem.ClaimRequest, deadline time.Time, log reqLog) (claim idem.Claim, ran bool, err error) {
+	run := &txRun{rec: newRecorder(w, m.cfg.MaxResponseBytes, false)}
+	var hctx *execCtx
+	defer func() {
+		if hctx != nil {
+			hctx.stop()
+		}
+	}()
+	claim, kept, err := m.txClaimer.ClaimTx(r.Context(), req, time.Until(deadline), func(txctx context.Context, c idem.Claim) (idem.Response, bool, error) {
+		if c.TookOver {
+			log.LogAttrs(r.Context(), slog.LevelWarn, "took over an expired lease: an earlier execution may have crashed", slog.Int64("token", int64(c.Token)))
+		}
+		hctx = newExecCtx(txctx, m.cfg.Lease*9/10, Execution{Scope: req.Scope, Key: req.Key, Token: c.Token, ClaimedAt: c.Record.CreatedAt, TookOver: c.TookOver})
+		return m.runTx(next, r, run, hctx)
+	})
+	if claim.Outcome != idem.Acquired {
+		return claim, false, err
+	}
+	ref := idem.Ref{Scope: req.Scope, Key: req.Key, Token: claim.Token}
+	defer m.local.notify(waitKey{ref.Scope, ref.Key})
+	// A fresh claim that is not kept was rolled back with everything else;
+	// a key taken over must still be released.
+	m.finishTx(w, r, ref, run, kept, err, !claim.TookOver, log)
+	return claim, true, nil
+}
+
+// finishTx answers after the handler ran in a store's transaction. rolledBack
+// says that a rollback leaves the key free, with nothing to release.
+func (m *Middleware) finishTx(w http.ResponseWriter, r *http.Request, ref idem.Ref, run *txRun, kept bool, err error, rolledBack bool, log reqLog) {
+	rec, failure, abort := run.rec, run.failure, run.abort
 	status := rec.statusCode()
 	switch {
 	case err == nil && kept:
@@ -674,7 +737,11 @@ func (m *Middleware) executeTx(next http.Handler, w http.ResponseWriter, r *http
 		log.LogAttrs(r.Context(), slog.LevelDebug, "executed", slog.Int("status", status))
 		rec.send(nil)
 	case err == nil:
-		m.release(r.Context(), ref, log, status, failure)
+		if rolledBack {
+			m.released(r.Context(), log, status, failure)
+		} else {
+			m.release(r.Context(), ref, log, status, failure)
+		}
 		switch {
 		case abort:
 			panic(http.ErrAbortHandler)
@@ -740,6 +807,15 @@ func (m *Middleware) release(ctx context.Context, ref idem.Ref, log reqLog, stat
 		log.LogAttrs(ctx, slog.LevelError, "could not release the key; it frees itself when its lease ends",
 			append(attrs, slog.String("error", err.Error()))...)
 		return
+	}
+	m.released(ctx, log, status, failure)
+}
+
+// released counts and logs a key given up after a transient failure.
+func (m *Middleware) released(ctx context.Context, log reqLog, status int, failure string) {
+	attrs := []slog.Attr{slog.Int("status", status)}
+	if failure != "" {
+		attrs = append(attrs, slog.String("failure", failure))
 	}
 	m.count(OutcomeReleased)
 	log.LogAttrs(ctx, slog.LevelInfo, "transient failure: key released so a retry runs again", attrs...)

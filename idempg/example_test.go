@@ -107,6 +107,80 @@ func Example() {
 	// payments: 1
 }
 
+// ClaimTx claims the key in the payment's own transaction: a handler that
+// fails leaves no trace, not even the claim, so the retry runs at once; the
+// one that succeeds commits claim, payment and answer together, and the
+// duplicate after it replays the answer.
+func ExampleStore_ClaimTx() {
+	ctx := context.Background()
+	db, err := idempg.Open(ctx, exampleURL(), &idempg.Config{Schema: exampleSchema()})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer db.Close()
+	defer db.Pool().Exec(ctx, `DROP SCHEMA `+pgx.Identifier{db.Schema()}.Sanitize()+` CASCADE`)
+	err = db.Migrate(ctx, "payments", fstest.MapFS{
+		"0001_payments.sql": {Data: []byte(`CREATE TABLE payments (id text PRIMARY KEY, amount bigint NOT NULL);`)},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	store, err := idempg.NewStore(ctx, db)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer store.Close()
+
+	req := idem.ClaimRequest{
+		Scope:       "merchant-7",
+		Key:         "order-42",
+		Fingerprint: idem.NewFingerprint("POST", "/payments", "", "application/json", []byte(`{"amount":1250}`)),
+		Lease:       30 * time.Second,
+		TTL:         24 * time.Hour,
+	}
+	providerDown := true
+	charge := func(ctx context.Context, c idem.Claim) (idem.Response, bool, error) {
+		err := db.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO payments (id, amount) VALUES ($1, $2)`, "pay_1", 1250)
+			return err
+		})
+		if err != nil {
+			return idem.Response{}, false, err
+		}
+		if providerDown {
+			providerDown = false
+			return idem.Response{Status: 503}, false, nil // not kept: rolled back, claim included
+		}
+		return idem.Response{Status: 201, Body: []byte(`{"id":"pay_1"}`)}, true, nil
+	}
+	for attempt := 1; attempt <= 3; attempt++ {
+		claim, kept, err := store.ClaimTx(ctx, req, 5*time.Second, charge)
+		switch {
+		case err != nil:
+			fmt.Println(err)
+			return
+		case claim.Outcome == idem.Acquired:
+			fmt.Printf("attempt %d: ran, kept=%v\n", attempt, kept)
+		case claim.Outcome == idem.Completed:
+			fmt.Printf("attempt %d: replayed %d %s\n", attempt, claim.Record.Response.Status, claim.Record.Response.Body)
+		}
+	}
+	var n int
+	if err := db.Pool().QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&n); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("payments:", n)
+	// Output:
+	// attempt 1: ran, kept=false
+	// attempt 2: ran, kept=true
+	// attempt 3: replayed 201 {"id":"pay_1"}
+	// payments: 1
+}
+
 // WithTx on its own commits when fn returns nil and rolls back otherwise;
 // nested calls with the context it passes join the same transaction.
 func ExampleDB_WithTx() {

@@ -204,4 +204,34 @@ func TestRoundTrips(t *testing.T) {
 	if replayRT > 2 {
 		t.Errorf("replay: %d round trips, want at most 2", replayRT)
 	}
+
+	// ClaimTx: the claim goes with BEGIN, the completion with COMMIT; a
+	// replay reads the answer and rolls back in one round trip more.
+	var txClaim idem.Claim
+	claimTx := func(key string, work func(ctx context.Context) error) func() error {
+		return func() (err error) {
+			txClaim, _, err = s.ClaimTx(ctx, req(key), time.Second, func(ctx context.Context, c idem.Claim) (idem.Response, bool, error) {
+				return idem.Response{Status: 201, Body: body}, true, work(ctx)
+			})
+			return err
+		}
+	}
+	if err := claimTx("warm-3", pay)(); err != nil {
+		t.Fatal(err)
+	}
+	claimTxRT := tracer.count(t, claimTx("k4", pay))
+	if txClaim.Outcome != idem.Acquired {
+		t.Fatalf("ClaimTx of a new key = %v, want acquired", txClaim.Outcome)
+	}
+	replayTxRT := tracer.count(t, claimTx("k4", pay))
+	if txClaim.Outcome != idem.Completed {
+		t.Fatalf("ClaimTx of a completed key = %v, want completed", txClaim.Outcome)
+	}
+	t.Logf("round trips: ClaimTx of 2 statements %d; its replay %d", claimTxRT, replayTxRT)
+	if claimTxRT != 4 {
+		t.Errorf("ClaimTx of work with 2 statements: %d round trips, want 4 (BEGIN with the claim, the completion with COMMIT)", claimTxRT)
+	}
+	if replayTxRT != 2 {
+		t.Errorf("ClaimTx replay: %d round trips, want 2 (BEGIN with the claim, the answer with ROLLBACK)", replayTxRT)
+	}
 }

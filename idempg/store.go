@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -54,9 +55,10 @@ type Store struct {
 }
 
 var (
-	_ idem.Store   = (*Store)(nil)
-	_ idem.TxStore = (*Store)(nil)
-	_ idem.Waiter  = (*Store)(nil)
+	_ idem.Store     = (*Store)(nil)
+	_ idem.TxStore   = (*Store)(nil)
+	_ idem.TxClaimer = (*Store)(nil)
+	_ idem.Waiter    = (*Store)(nil)
 )
 
 // NewStore applies the store's schema migrations to db (component
@@ -208,15 +210,8 @@ const claimSQL = `SELECT o_outcome, o_took_over, o_fingerprint, o_state, o_token
 // contract says: the claim may have been made (a connection lost after the
 // server ran it). Do not run the effect; claiming again is safe.
 func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
-	if err := req.Validate(); err != nil {
+	if err := validateClaim(req); err != nil {
 		return idem.Claim{}, err
-	}
-	for _, f := range []struct{ name, v string }{
-		{"Scope", string(req.Scope)}, {"Key", string(req.Key)}, {"Fingerprint", string(req.Fingerprint)},
-	} {
-		if err := checkText(f.name, f.v); err != nil {
-			return idem.Claim{}, err
-		}
 	}
 	q, st, err := s.q(ctx)
 	if err != nil {
@@ -240,22 +235,59 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	case !errors.Is(err, pgx.ErrNoRows):
 		return idem.Claim{}, fmt.Errorf("idempg: claim: %w", err)
 	}
+	claim, answered, err := s.answer(ctx, q.QueryRow, req)
+	if err != nil || answered {
+		return claim, err
+	}
+	return s.claimExisting(ctx, q, st, req)
+}
+
+// validateClaim checks req, and that PostgreSQL's text type can hold it.
+func validateClaim(req idem.ClaimRequest) error {
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	for _, f := range []struct{ name, v string }{
+		{"Scope", string(req.Scope)}, {"Key", string(req.Key)}, {"Fingerprint", string(req.Fingerprint)},
+	} {
+		if err := checkText(f.name, f.v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// answer answers the claim of a key that its INSERT found existing, without
+// writing (answerSQL). answered is false when the claim must write: the
+// key expired or its lease ended (or it is gone since the INSERT), and
+// claimExisting decides.
+func (s *Store) answer(ctx context.Context, queryRow func(ctx context.Context, sql string, args ...any) pgx.Row, req idem.ClaimRequest) (claim idem.Claim, answered bool, err error) {
 	var (
-		outcome  *string
-		tookOver bool
-		row      recordRow
+		outcome *string
+		row     recordRow
 	)
-	err = q.QueryRow(ctx, answerSQL, string(req.Scope), string(req.Key), string(req.Fingerprint), s.db.now()).
+	err = queryRow(ctx, answerSQL, string(req.Scope), string(req.Key), string(req.Fingerprint), s.db.now()).
 		Scan(append([]any{&outcome}, row.dest()...)...)
 	switch {
 	case err == nil && outcome != nil:
-		return claimOf(*outcome, false, row, req)
+		claim, err = claimOf(*outcome, false, row, req)
+		return claim, true, err
 	case err != nil && !errors.Is(err, pgx.ErrNoRows):
-		return idem.Claim{}, fmt.Errorf("idempg: claim: %w", err)
+		return idem.Claim{}, true, fmt.Errorf("idempg: claim: %w", err)
 	}
-	// Gone since the INSERT, or to be written: the function decides.
-	outcome = new(string)
-	err = q.QueryRow(ctx, claimSQL,
+	return idem.Claim{}, false, nil
+}
+
+// claimExisting claims a key that must be written to be claimed (expired,
+// its lease ended, or gone since the INSERT looked) with the function
+// idem_claim, which also answers any other state it finds by then.
+func (s *Store) claimExisting(ctx context.Context, q querier, st *txState, req idem.ClaimRequest) (idem.Claim, error) {
+	var (
+		tookOver bool
+		row      recordRow
+	)
+	outcome := new(string)
+	err := q.QueryRow(ctx, claimSQL,
 		string(req.Scope), string(req.Key), string(req.Fingerprint),
 		micros(req.Lease), micros(req.TTL), s.db.now(), st == nil,
 		s.channel, notifyID(req.Scope, req.Key),
@@ -264,6 +296,152 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 		return idem.Claim{}, fmt.Errorf("idempg: claim: %w", err)
 	}
 	return claimOf(*outcome, tookOver, row, req)
+}
+
+// insertClaimTxSQL is insertClaimSQL for ClaimTx, in its transaction: the
+// INSERT may wait for another transaction that inserted the key and has not
+// ended, and lock_timeout ($7) bounds that wait for this statement alone:
+// it is set before the INSERT and, when the INSERT returns a row, set back
+// to what it was. (When it returns none, ClaimTx rolls the transaction
+// back.)
+const insertClaimTxSQL = `WITH o AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lt),
+n AS MATERIALIZED (
+	SELECT coalesce($6::timestamptz, clock_timestamp()) AS t, set_config('lock_timeout', $7, true) AS lt FROM o)
+INSERT INTO idem_keys AS k (scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at)
+SELECT $1::text, $2::text, $3::text, 'in_flight', idem_clock_us(), n.t,
+	n.t + $4::bigint * interval '1 microsecond', n.t + $5::bigint * interval '1 microsecond'
+FROM n
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING k.token, k.created_at, k.lease_expires_at, k.expires_at, set_config('lock_timeout', (SELECT lt FROM o), true)`
+
+// SQLSTATEs ClaimTx tells apart.
+const (
+	lockNotAvailable     = "55P03" // lock_timeout ended a wait
+	serializationFailure = "40001"
+)
+
+// maxClaimTxAttempts bounds how often ClaimTx begins again after a
+// serialization failure of its claim (under REPEATABLE READ or
+// SERIALIZABLE, a key committed by another transaction after this one's
+// snapshot): the next attempt's snapshot sees that key.
+const maxClaimTxAttempts = 5
+
+// ClaimTx implements idem.TxClaimer: the claim, work's writes and the
+// completion are one transaction (with Config.TxOptions), so the key is
+// never seen in flight by anyone else, and a crash, a failed work or a
+// rollback leave no trace of the claim.
+//
+// A new key costs the claim's INSERT (with BEGIN, in one round trip), then
+// work's statements, then the completion with COMMIT (one round trip), and
+// one server transaction: against Claim and CompleteTx, a transaction and
+// the wake-up of waiters fewer. A key that exists costs a round trip more
+// than Claim: the answer is read in the transaction, which is then rolled
+// back.
+//
+// A concurrent ClaimTx of the same key waits in its INSERT for the first
+// transaction to end, holding its connection, at most wait (lock_timeout):
+// when the first commits, it answers Completed (or Mismatch); when the
+// first rolls back, it claims the key itself. After wait it answers
+// InFlight. Under REPEATABLE READ and SERIALIZABLE, a claim that waited
+// fails with a serialization failure, and ClaimTx begins again (up to five
+// times) with a snapshot that sees the key.
+//
+// A key that exists and must be written to be claimed (its TTL passed, or
+// its lease ended: taken over) is claimed as Claim does, in a new
+// transaction in which work then runs; its completion is then fenced and
+// wakes waiters as CompleteTx's.
+//
+// Errors as idem.TxClaimer says; ErrNestedCompleteTx when ctx already
+// carries a transaction of the same DB.
+func (s *Store) ClaimTx(ctx context.Context, req idem.ClaimRequest, wait time.Duration, work idem.ClaimedWork) (idem.Claim, bool, error) {
+	if err := validateClaim(req); err != nil {
+		return idem.Claim{}, false, err
+	}
+	if work == nil {
+		return idem.Claim{}, false, &idem.ArgumentError{Field: "work", Reason: "must not be nil"}
+	}
+	if s.db.carried(ctx) != nil {
+		return idem.Claim{}, false, ErrNestedCompleteTx
+	}
+	lockTimeout := strconv.FormatInt(max(wait.Milliseconds(), 1), 10) + "ms"
+	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return idem.Claim{}, false, err
+		}
+		claim, kept, inserted, done, err := s.claimTxOnce(ctx, req, lockTimeout, work)
+		var pgErr *pgconn.PgError
+		switch {
+		case done:
+			return claim, kept, err
+		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
+			return idem.Claim{Outcome: idem.InFlight, Record: idem.Record{
+				Scope: req.Scope, Key: req.Key, State: idem.StateInFlight,
+			}}, false, nil
+		case errors.As(err, &pgErr) && pgErr.Code == serializationFailure && attempt < maxClaimTxAttempts:
+			continue
+		case err != nil:
+			return idem.Claim{}, false, fmt.Errorf("idempg: claim: %w", err)
+		case !inserted:
+			// The key exists and must be written to be claimed.
+			return s.claimTxExisting(ctx, req, work)
+		}
+	}
+}
+
+// claimTxOnce begins a transaction and claims a new key in it. When the
+// INSERT claims the key (inserted), work runs and done is true: claim,
+// kept and err are ClaimTx's. When the key exists and is answered without
+// a write, done is true too: claim is that answer (or err the answer's
+// failure). Otherwise (not done) err is the INSERT's failure, or nil when
+// the key must be written to be claimed.
+func (s *Store) claimTxOnce(ctx context.Context, req idem.ClaimRequest, lockTimeout string, work idem.ClaimedWork) (claim idem.Claim, kept, inserted, done bool, err error) {
+	st, txCtx := s.db.newTx(ctx)
+	defer st.rollback(false)
+	var (
+		token                        int64
+		created, leaseEnd, expiresAt time.Time
+		restored                     string
+	)
+	err = st.tx.QueryRow(txCtx, insertClaimTxSQL,
+		string(req.Scope), string(req.Key), string(req.Fingerprint),
+		micros(req.Lease), micros(req.TTL), s.db.now(), lockTimeout,
+	).Scan(&token, &created, &leaseEnd, &expiresAt, &restored)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// The key exists. Whatever the answer, this transaction has
+		// nothing more to do (a key that must be written is claimed in a
+		// new one), so it is rolled back in the answer's round trip.
+		claim, answered, err := s.answer(txCtx, st.queryRowThenRollback, req)
+		return claim, false, false, answered, err
+	case err != nil:
+		return idem.Claim{}, false, false, false, err
+	}
+	claim = idem.Claim{Outcome: idem.Acquired, Token: idem.Token(token), Record: idem.Record{
+		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint,
+		State: idem.StateInFlight, Token: idem.Token(token),
+		CreatedAt: created.UTC(), LeaseExpiresAt: leaseEnd.UTC(), ExpiresAt: expiresAt.UTC(),
+	}}
+	ref := idem.Ref{Scope: req.Scope, Key: req.Key, Token: claim.Token}
+	kept, err = s.workAndComplete(ctx, st, txCtx, ref, true, func(ctx context.Context) (idem.Response, bool, error) {
+		return work(ctx, claim)
+	})
+	return claim, kept, true, true, err
+}
+
+// claimTxExisting claims, in a new transaction, a key that must be written
+// to be claimed, and runs work under the claim when it acquires the key.
+func (s *Store) claimTxExisting(ctx context.Context, req idem.ClaimRequest, work idem.ClaimedWork) (idem.Claim, bool, error) {
+	st, txCtx := s.db.newTx(ctx)
+	defer st.rollback(false)
+	claim, err := s.claimExisting(txCtx, st.tx, st, req)
+	if err != nil || claim.Outcome != idem.Acquired {
+		return claim, false, err
+	}
+	ref := idem.Ref{Scope: req.Scope, Key: req.Key, Token: claim.Token}
+	kept, err := s.workAndComplete(ctx, st, txCtx, ref, false, func(ctx context.Context) (idem.Response, bool, error) {
+		return work(ctx, claim)
+	})
+	return claim, kept, err
 }
 
 // claimOf is the claim of req whose outcome and record the database
@@ -711,7 +889,16 @@ func (s *Store) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) 
 	}
 	st, txCtx := s.db.newTx(ctx)
 	defer st.rollback(false)
+	return s.workAndComplete(ctx, st, txCtx, ref, false, work)
+}
 
+// workAndComplete runs work in the transaction st and, when work keeps its
+// answer, completes ref with it and commits (see CompleteTx). inserted
+// says that this transaction inserted the key's row: nobody else can have
+// seen it, changed it or waited for it, so the completion is a plain
+// UPDATE, sure to find the row, and has nobody to wake. The caller rolls
+// st back when it is not committed.
+func (s *Store) workAndComplete(ctx context.Context, st *txState, txCtx context.Context, ref idem.Ref, inserted bool, work idem.TxWork) (bool, error) {
 	resp, keep, err := work(txCtx)
 	if err != nil || !keep {
 		return false, err
@@ -719,6 +906,18 @@ func (s *Store) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) 
 	args, err := s.completeArgs(ref, resp)
 	if err != nil {
 		return false, fmt.Errorf("idempg: complete: %w", err)
+	}
+	if inserted {
+		tag, err := st.commit(&stmt{completeSQL, args}, false)
+		switch {
+		case err != nil:
+			return false, fmt.Errorf("idempg: complete: %w", err)
+		case tag.RowsAffected() != 1:
+			// Only work itself could have deleted the row, in this
+			// transaction: its effect committed without the key.
+			return false, fmt.Errorf("idempg: complete: the key's row was changed by the work itself and the work committed without it")
+		}
+		return true, nil
 	}
 	st.addWake(wake{s.channel, string(ref.Scope), string(ref.Key)})
 	_, err = st.commit(&stmt{completeOrRefuseSQL, args}, false)

@@ -274,6 +274,35 @@ func (st *txState) commit(last *stmt, byTx bool) (pgconn.CommandTag, error) {
 	return tag, err
 }
 
+// queryRowThenRollback runs sql as the transaction's last statement and
+// rolls the transaction back in the same round trip: the row's Scan sends
+// both. The transaction must have begun.
+func (st *txState) queryRowThenRollback(ctx context.Context, sql string, args ...any) pgx.Row {
+	return scanFunc(func(dest ...any) error {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if st.ended || st.conn == nil {
+			return errTxEnded
+		}
+		st.ended = true
+		defer st.release() // rolls back if the ROLLBACK below did not run
+		b := &pgx.Batch{}
+		b.Queue(sql, args...)
+		b.Queue("rollback")
+		res := st.conn.SendBatch(ctx, b)
+		err := res.QueryRow().Scan(dest...)
+		if cerr := res.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
+}
+
+// scanFunc is a pgx.Row whose Scan is the function.
+type scanFunc func(dest ...any) error
+
+func (f scanFunc) Scan(dest ...any) error { return f(dest...) }
+
 // commitResult interprets the result of COMMIT.
 func commitResult(tag pgconn.CommandTag, err error) error {
 	switch {
