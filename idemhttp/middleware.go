@@ -454,8 +454,10 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		var claim idem.Claim
 		if m.txClaimer != nil {
 			var ran bool
-			if claim, ran, err = m.claimTx(next, w, r, req, deadline, log); ran {
-				unwatch()
+			// Stop watching once the key is ours, before the handler runs
+			// (it may end in a panic).
+			acquired := func() { unwatch(); unwatch = func() {} }
+			if claim, ran, err = m.claimTx(next, w, r, req, deadline, log, acquired); ran {
 				return
 			}
 		} else {
@@ -671,7 +673,7 @@ type txRun struct {
 	abort   bool
 }
 
-// work runs the handler with hctx, the context that carries the
+// runTx runs the handler with hctx, the context that carries the
 // transaction, and says what to keep.
 func (m *Middleware) runTx(next http.Handler, r *http.Request, run *txRun, hctx context.Context) (idem.Response, bool, error) {
 	rec := run.rec
@@ -697,10 +699,11 @@ func (m *Middleware) executeTx(next http.Handler, w http.ResponseWriter, r *http
 }
 
 // claimTx claims the key with the store's ClaimTx and, when it acquires
-// it, runs the handler in the claim's transaction and answers (ran). When
+// it, calls acquired, runs the handler in the claim's transaction and
+// answers (ran). When
 // the claim does not acquire the key, or fails, the caller answers as it
 // answers a Claim.
-func (m *Middleware) claimTx(next http.Handler, w http.ResponseWriter, r *http.Request, req idem.ClaimRequest, deadline time.Time, log reqLog) (claim idem.Claim, ran bool, err error) {
+func (m *Middleware) claimTx(next http.Handler, w http.ResponseWriter, r *http.Request, req idem.ClaimRequest, deadline time.Time, log reqLog, acquired func()) (claim idem.Claim, ran bool, err error) {
 	run := &txRun{rec: newRecorder(w, m.cfg.MaxResponseBytes, false)}
 	var hctx *execCtx
 	defer func() {
@@ -709,6 +712,7 @@ func (m *Middleware) claimTx(next http.Handler, w http.ResponseWriter, r *http.R
 		}
 	}()
 	claim, kept, err := m.txClaimer.ClaimTx(r.Context(), req, time.Until(deadline), func(txctx context.Context, c idem.Claim) (idem.Response, bool, error) {
+		acquired()
 		if c.TookOver {
 			log.LogAttrs(r.Context(), slog.LevelWarn, "took over an expired lease: an earlier execution may have crashed", slog.Int64("token", int64(c.Token)))
 		}
