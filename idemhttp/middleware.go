@@ -170,6 +170,7 @@ type Middleware struct {
 	replay    []string
 	log       *slog.Logger
 	local     localWaits
+	gates     claimGates
 	counts    [9]atomic.Uint64
 }
 
@@ -453,11 +454,26 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	for {
 		var claim idem.Claim
 		if m.txClaimer != nil {
+			leave, left, done := m.gates.enter(wk)
+			if leave == nil {
+				ok := m.waitGate(ctx, left, deadline)
+				done()
+				if !ok {
+					unwatch()
+					m.inFlightTooLong(ctx, w, log)
+					return
+				}
+				continue
+			}
 			var ran bool
 			// Stop watching once the key is ours, before the handler runs
 			// (it may end in a panic).
 			acquired := func() { unwatch(); unwatch = func() {} }
-			if claim, ran, err = m.claimTx(next, w, r, req, deadline, log, acquired); ran {
+			claim, ran, err = func() (idem.Claim, bool, error) {
+				defer leave()
+				return m.claimTx(next, w, r, req, deadline, log, acquired)
+			}()
+			if ran {
 				return
 			}
 		} else {
@@ -494,13 +510,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			}
 			if !m.waitChange(ctx, wk, changed, deadline, waits) {
 				unwatch()
-				if ctx.Err() != nil {
-					return // the client has gone; nobody reads an answer
-				}
-				m.count(OutcomeConflict)
-				log.LogAttrs(ctx, slog.LevelInfo, "duplicate still in flight after waiting")
-				(&Problem{Type: ProblemInFlight, Title: "Request in flight", Status: http.StatusConflict,
-					Detail: "A request with this Idempotency-Key is still being processed. Retry later with the same key to get its result.", RetryAfter: 1}).Write(w)
+				m.inFlightTooLong(ctx, w, log)
 				return
 			}
 			waits++
@@ -522,6 +532,32 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			return
 		}
 	}
+}
+
+// inFlightTooLong answers a duplicate that waited as long as it may, unless
+// its client has gone.
+func (m *Middleware) inFlightTooLong(ctx context.Context, w http.ResponseWriter, log reqLog) {
+	if ctx.Err() != nil {
+		return // the client has gone; nobody reads an answer
+	}
+	m.count(OutcomeConflict)
+	log.LogAttrs(ctx, slog.LevelInfo, "duplicate still in flight after waiting")
+	(&Problem{Type: ProblemInFlight, Title: "Request in flight", Status: http.StatusConflict,
+		Detail: "A request with this Idempotency-Key is still being processed. Retry later with the same key to get its result.", RetryAfter: 1}).Write(w)
+}
+
+// waitGate waits until the request inside the key's gate leaves (true),
+// or the deadline passes or the client goes away (false).
+func (m *Middleware) waitGate(ctx context.Context, left <-chan struct{}, deadline time.Time) bool {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-left:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
 }
 
 // bodyReader hands the handler the body the middleware read: a

@@ -53,3 +53,59 @@ func (l *localWaits) notify(k waitKey) {
 		delete(l.m, k)
 	}
 }
+
+// claimGates let one request per key at a time into the store's ClaimTx in
+// this process. With an idem.TxClaimer, a duplicate of a key whose first
+// execution is running waits in the database, holding a connection of the
+// pool; without the gate, a burst of duplicates arriving at one replica
+// would take every connection and starve the requests of other keys. Behind
+// the gate, a process's duplicates of a key wait here, holding nothing, and
+// go in one after another: once the first execution has committed, each
+// is a quick replay.
+type claimGates struct {
+	mu sync.Mutex
+	m  map[waitKey]*claimGate
+}
+
+type claimGate struct {
+	left    chan struct{} // closed when the request inside leaves
+	waiting int           // requests waiting for it (for tests)
+}
+
+// enter lets the caller in when nobody of this process is inside for k:
+// leave must then be called once the caller's claim (and execution) is
+// over. Otherwise it returns left, closed when the one inside leaves, and
+// done, to call when the caller stops waiting.
+func (g *claimGates) enter(k waitKey) (leave func(), left <-chan struct{}, done func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gate := g.m[k]; gate != nil {
+		gate.waiting++
+		return nil, gate.left, func() {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			gate.waiting--
+		}
+	}
+	if g.m == nil {
+		g.m = make(map[waitKey]*claimGate)
+	}
+	gate := &claimGate{left: make(chan struct{})}
+	g.m[k] = gate
+	return func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		delete(g.m, k)
+		close(gate.left)
+	}, nil, nil
+}
+
+// waiting returns how many requests wait at k's gate.
+func (g *claimGates) waiting(k waitKey) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gate := g.m[k]; gate != nil {
+		return gate.waiting
+	}
+	return 0
+}
