@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -174,6 +175,9 @@ type Consumer struct {
 	cfg     Config
 	log     *slog.Logger
 	running atomic.Bool
+	// subscribed is closed, once, by the first subscription that succeeds.
+	subscribed     chan struct{}
+	subscribedOnce sync.Once
 
 	processed, duplicates, retried, deadLettered, parked atomic.Int64
 }
@@ -237,7 +241,7 @@ func New(cfg *Config) (*Consumer, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Consumer{cfg: c, log: c.Logger.With(slog.String("consumer", c.Name))}, nil
+	return &Consumer{cfg: c, log: c.Logger.With(slog.String("consumer", c.Name)), subscribed: make(chan struct{})}, nil
 }
 
 // Stats returns the consumer's counts so far.
@@ -303,6 +307,15 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 	}
 }
 
+// Subscribed returns a channel closed once Run has subscribed for the first
+// time: from then on, the transport keeps what is published to the topic
+// for the consumer's name, whether or not Run is still running. Where the
+// subscription is what creates that state (a RabbitMQ queue, a JetStream
+// durable consumer, a database transport's queue), start publishing
+// after it, or the messages published before it never reach the consumer:
+// a broker routes a message to the queues that exist when it arrives.
+func (c *Consumer) Subscribed() <-chan struct{} { return c.subscribed }
+
 // runOnce subscribes and handles deliveries until ctx is done (nil) or
 // the subscription or its stream fails.
 func (c *Consumer) runOnce(ctx context.Context, h Handler) error {
@@ -318,6 +331,7 @@ func (c *Consumer) runOnce(ctx context.Context, h Handler) error {
 		}
 		return fmt.Errorf("consumer %q: subscribe to %q: %w", c.cfg.Name, c.cfg.Topic, err)
 	}
+	c.subscribedOnce.Do(func() { close(c.subscribed) })
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	r := newRunner(rctx, cancel, c, h, stream)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consumer"
+	"github.com/idem-go/idem/idemtest"
 )
 
 // flakySubscriber stands for a broker that is unreachable at first, and
@@ -115,5 +116,35 @@ func TestRunReturnsWhenTheTransportIsClosed(t *testing.T) {
 		}
 	case <-time.After(waitLimit):
 		t.Fatal("Run kept running on a closed transport")
+	}
+}
+
+// Subscribed closes with the first subscription that succeeds, not with a
+// refused one: a publisher that waits for it never publishes before the
+// consumer's queue exists.
+func TestSubscribedClosesWithTheFirstSubscription(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	flaky := &flakySubscriber{Subscriber: h.rec, failAfter: 100}
+	cfg := h.config()
+	cfg.Subscriber = flaky
+	cfg.Resubscribe = idem.RetryPolicy{Base: time.Second, Cap: time.Second, Jitter: idem.NoJitter}
+	c, stop := h.start(cfg, h.apply)
+	defer stop()
+	subscribed := func() bool {
+		select {
+		case <-c.Subscribed():
+			return true
+		default:
+			return false
+		}
+	}
+	idemtest.Eventually(t, waitLimit, "the first, refused, subscription", func() bool { return flaky.Subscribes() >= 1 })
+	if subscribed() {
+		t.Fatal("Subscribed closed after a refused subscription")
+	}
+	h.advanceUntil("the subscription that succeeds", 500*time.Millisecond, subscribed)
+	if s := flaky.Subscribes(); s != 2 {
+		t.Errorf("Subscribed closed after %d subscriptions, want 2", s)
 	}
 }

@@ -203,6 +203,17 @@ func (p *pipeline) start() {
 	p.wg.Add(2)
 	go func() {
 		defer p.wg.Done()
+		// The settlement consumer's queue must exist before the first
+		// event is published: a broker routes a message to the queues
+		// that exist when it arrives, and a mandatory publish fails only
+		// when there is none at all (another consumer's queue, say an
+		// audit's, would take the event and settlement would never see
+		// it). Until then the events wait in the outbox.
+		select {
+		case <-p.consumer.Subscribed():
+		case <-ctx.Done():
+			return
+		}
 		if err := p.relay.Run(ctx); err != nil {
 			p.logger.Error("payments: the outbox relay stopped", "err", err)
 		}

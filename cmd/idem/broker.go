@@ -92,8 +92,10 @@ func openBroker(ctx context.Context, raw, namespace string) (*openedBroker, erro
 		tr, err := idemamqp.Open(ctx, t.url, &idemamqp.Config{
 			Exchange:    namespace,
 			QueuePrefix: namespace,
-			// The relay holds an event until the settlement queue exists,
-			// rather than RabbitMQ dropping it.
+			// The relay starts once the settlement consumer has declared
+			// its queue (see payments); should no queue be bound at all
+			// (deleted by hand), the relay keeps the event rather than
+			// RabbitMQ dropping it.
 			Mandatory: true,
 		})
 		if err != nil {
