@@ -51,6 +51,9 @@
 // or a failed handler leaves the key free for the retry at once, and a
 // duplicate arriving meanwhile waits in the database (at most
 // Config.InflightWait) for the first transaction, then replays its answer.
+// That wait holds a pool connection, so a process lets one request per key
+// at a time into the claim: its other duplicates wait in the process,
+// holding none, and a burst of them cannot starve other keys.
 //
 // # Leases and fencing
 //
