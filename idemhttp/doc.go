@@ -51,9 +51,11 @@
 // or a failed handler leaves the key free for the retry at once, and a
 // duplicate arriving meanwhile waits in the database (at most
 // Config.InflightWait) for the first transaction, then replays its answer.
-// That wait holds a pool connection, so a process lets one request per key
-// at a time into the claim: its other duplicates wait in the process,
-// holding none, and a burst of them cannot starve other keys.
+// That wait holds a pool connection, so the duplicates of a key the same
+// process is executing wait in the process instead, holding none: a burst
+// of them cannot starve other keys. (Duplicates reaching another replica
+// still wait in the database, one connection each, until the first
+// execution commits.)
 //
 // # Leases and fencing
 //

@@ -454,9 +454,8 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	for {
 		var claim idem.Claim
 		if m.txClaimer != nil {
-			leave, left, done := m.gates.enter(wk)
-			if leave == nil {
-				ok := m.waitGate(ctx, left, deadline)
+			if ended, done := m.gates.executing(wk); ended != nil {
+				ok := m.waitGate(ctx, ended, deadline)
 				done()
 				if !ok {
 					unwatch()
@@ -466,11 +465,17 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 				continue
 			}
 			var ran bool
-			// Stop watching once the key is ours, before the handler runs
-			// (it may end in a panic).
-			acquired := func() { unwatch(); unwatch = func() {} }
+			end := func() {}
+			// Once the key is ours, before the handler runs (it may end in
+			// a panic): stop watching, and hold this process's duplicates
+			// at the key's gate until the execution ends.
+			acquired := func() {
+				unwatch()
+				unwatch = func() {}
+				end = m.gates.begin(wk)
+			}
 			claim, ran, err = func() (idem.Claim, bool, error) {
-				defer leave()
+				defer func() { end() }()
 				return m.claimTx(next, w, r, req, deadline, log, acquired)
 			}()
 			if ran {
@@ -546,13 +551,13 @@ func (m *Middleware) inFlightTooLong(ctx context.Context, w http.ResponseWriter,
 		Detail: "A request with this Idempotency-Key is still being processed. Retry later with the same key to get its result.", RetryAfter: 1}).Write(w)
 }
 
-// waitGate waits until the request inside the key's gate leaves (true),
+// waitGate waits until the execution held at the key's gate ends (true),
 // or the deadline passes or the client goes away (false).
-func (m *Middleware) waitGate(ctx context.Context, left <-chan struct{}, deadline time.Time) bool {
+func (m *Middleware) waitGate(ctx context.Context, ended <-chan struct{}, deadline time.Time) bool {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
-	case <-left:
+	case <-ended:
 		return true
 	case <-t.C:
 	case <-ctx.Done():

@@ -54,50 +54,60 @@ func (l *localWaits) notify(k waitKey) {
 	}
 }
 
-// claimGates let one request per key at a time into the store's ClaimTx in
-// this process. With an idem.TxClaimer, a duplicate of a key whose first
-// execution is running waits in the database, holding a connection of the
-// pool; without the gate, a burst of duplicates arriving at one replica
-// would take every connection and starve the requests of other keys. Behind
-// the gate, a process's duplicates of a key wait here, holding nothing, and
-// go in one after another: once the first execution has committed, each
-// is a quick replay.
+// claimGates hold back the duplicates of a key this process is executing.
+// With an idem.TxClaimer, a duplicate of a key whose execution has not
+// committed waits in the database, holding a connection of the pool:
+// without the gates, a burst of duplicates of a slow request would take
+// every connection and starve the requests of other keys. A duplicate of a
+// key executing here waits at its gate instead, holding nothing, and claims
+// once the execution has ended (a replay, then). Keys not executing here
+// pass freely: replays of one key run side by side.
 type claimGates struct {
 	mu sync.Mutex
 	m  map[waitKey]*claimGate
 }
 
 type claimGate struct {
-	left    chan struct{} // closed when the request inside leaves
+	ended   chan struct{} // closed when the execution ends
 	waiting int           // requests waiting for it (for tests)
 }
 
-// enter lets the caller in when nobody of this process is inside for k:
-// leave must then be called once the caller's claim (and execution) is
-// over. Otherwise it returns left, closed when the one inside leaves, and
-// done, to call when the caller stops waiting.
-func (g *claimGates) enter(k waitKey) (leave func(), left <-chan struct{}, done func()) {
+// executing returns, when this process is executing k, a channel closed
+// when that execution ends, and done, to call when the caller stops
+// waiting for it. Otherwise it returns nil channels.
+func (g *claimGates) executing(k waitKey) (ended <-chan struct{}, done func()) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if gate := g.m[k]; gate != nil {
-		gate.waiting++
-		return nil, gate.left, func() {
-			g.mu.Lock()
-			defer g.mu.Unlock()
-			gate.waiting--
-		}
+	gate := g.m[k]
+	if gate == nil {
+		return nil, nil
+	}
+	gate.waiting++
+	return gate.ended, func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		gate.waiting--
+	}
+}
+
+// begin records that this process executes k, until end is called.
+func (g *claimGates) begin(k waitKey) (end func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.m[k] != nil {
+		return func() {} // already recorded (cannot happen: one holder per key)
 	}
 	if g.m == nil {
 		g.m = make(map[waitKey]*claimGate)
 	}
-	gate := &claimGate{left: make(chan struct{})}
+	gate := &claimGate{ended: make(chan struct{})}
 	g.m[k] = gate
 	return func() {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		delete(g.m, k)
-		close(gate.left)
-	}, nil, nil
+		close(gate.ended)
+	}
 }
 
 // waiting returns how many requests wait at k's gate.
