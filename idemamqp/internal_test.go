@@ -1,6 +1,8 @@
 package idemamqp
 
 import (
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -62,6 +64,27 @@ func TestReserved(t *testing.T) {
 	} {
 		if got := reserved(name); got != want {
 			t.Errorf("reserved(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+// Only the broker's own failures are set up again; a refusal of the
+// subscription itself (a queue declared with other arguments) is returned.
+func TestBrokerHiccup(t *testing.T) {
+	cases := []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("bind queue q: %w", &amqp.Error{Code: amqp.InternalError, Reason: "INTERNAL_ERROR"}), true},
+		{fmt.Errorf("consume: %w", &amqp.Error{Code: amqp.ConnectionForced, Reason: "CONNECTION_FORCED"}), true},
+		{fmt.Errorf("open a channel: %w", amqp.ErrClosed), true},
+		{&amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED - inequivalent arg 'x-queue-type'"}, false},
+		{&amqp.Error{Code: amqp.AccessRefused, Reason: "ACCESS_REFUSED"}, false},
+		{errors.New("dial: connection refused"), false},
+	}
+	for _, c := range cases {
+		if got := brokerHiccup(c.err); got != c.want {
+			t.Errorf("brokerHiccup(%v) = %v, want %v", c.err, got, c.want)
 		}
 	}
 }

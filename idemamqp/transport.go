@@ -496,7 +496,7 @@ func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.
 		sub.MaxInFlight = t.cfg.MaxInFlight
 	}
 	s := &stream{t: t, sub: sub, queue: t.Queue(sub.Consumer), done: make(chan struct{})}
-	if err := s.start(ctx); err != nil {
+	if err := s.startRetrying(ctx); err != nil {
 		return nil, err
 	}
 	t.mu.Lock()
@@ -507,6 +507,24 @@ func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.
 	}
 	t.streams[s] = struct{}{}
 	return s, nil
+}
+
+// startAttempts bounds how often Subscribe sets a stream up when the
+// broker fails it with an internal error (see brokerHiccup).
+const startAttempts = 4
+
+// brokerHiccup reports a failure of the broker itself, not of the
+// subscription: RabbitMQ answers a consume on a quorum queue whose process
+// has not started yet (just declared, on a loaded broker) with
+// INTERNAL_ERROR, which closes the whole connection, so any subscription
+// being set up on it fails too. Setting up again on a new connection
+// works.
+func brokerHiccup(err error) bool {
+	if errors.Is(err, amqp.ErrClosed) {
+		return true // the connection that failed is gone
+	}
+	var ae *amqp.Error
+	return errors.As(err, &ae) && (ae.Code == amqp.InternalError || ae.Code == amqp.ConnectionForced)
 }
 
 type stream struct {
@@ -558,6 +576,24 @@ func (s *stream) start(ctx context.Context) error {
 	return nil
 }
 
+// startRetrying is start, set up again on a new connection (after 50ms,
+// then 100ms, then 150ms) when the broker failed it (brokerHiccup).
+func (s *stream) startRetrying(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		err := s.start(ctx)
+		if err == nil || attempt == startAttempts || !brokerHiccup(err) {
+			return err
+		}
+		wait := time.NewTimer(time.Duration(attempt) * 50 * time.Millisecond)
+		select {
+		case <-wait.C:
+		case <-ctx.Done():
+			wait.Stop()
+			return errors.Join(err, ctx.Err())
+		}
+	}
+}
+
 // Next implements idem.Stream. When the channel or the connection died,
 // Next subscribes again once (dialling again if needed); the broker has
 // put the messages the old channel held back in the queue.
@@ -596,7 +632,7 @@ func (s *stream) Next(ctx context.Context) (idem.Delivery, error) {
 			return nil, fmt.Errorf("idemamqp: next: the channel closed again after subscribing anew: %w", amqp.ErrClosed)
 		}
 		restarted = true
-		if err := s.start(ctx); err != nil {
+		if err := s.startRetrying(ctx); err != nil {
 			return nil, fmt.Errorf("idemamqp: next: the channel closed, subscribing anew: %w", err)
 		}
 	}
