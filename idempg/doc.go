@@ -290,10 +290,10 @@
 //	                                               first executions   replays vs first
 //	NOTIFY in every completion, claim in plpgsql   0.30-0.68x
 //	Claim, then CompleteTx                         0.83-0.86x         3.9-4.3x
-//	ClaimTx (what idemhttp uses)                   0.89-0.90x         3.2-3.4x
+//	ClaimTx (what idemhttp uses)                   0.88-0.92x         3.1-3.3x
 //
-// (The last two were measured in one sitting, alternating, three runs
-// each.) What is left is the server's work on idem_keys itself, some 30µs
+// (The last two were measured alternating, three runs each, in three
+// sittings.) What is left is the server's work on idem_keys itself, some 30µs
 // of CPU per payment more than the minimum's table takes: a wider row (the
 // fingerprint, the token, three times), a second index (expires_at, for
 // Purge), and the lease and the database's clock computed in the claim.
