@@ -465,20 +465,10 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 				continue
 			}
 			var ran bool
-			end := func() {}
 			// Once the key is ours, before the handler runs (it may end in
-			// a panic): stop watching, and hold this process's duplicates
-			// at the key's gate until the execution ends.
-			acquired := func() {
-				unwatch()
-				unwatch = func() {}
-				end = m.gates.begin(wk)
-			}
-			claim, ran, err = func() (idem.Claim, bool, error) {
-				defer func() { end() }()
-				return m.claimTx(next, w, r, req, deadline, log, acquired)
-			}()
-			if ran {
+			// a panic), stop watching.
+			acquired := func() { unwatch(); unwatch = func() {} }
+			if claim, ran, err = m.claimTx(next, w, r, req, deadline, log, acquired); ran {
 				return
 			}
 		} else {
@@ -740,20 +730,23 @@ func (m *Middleware) executeTx(next http.Handler, w http.ResponseWriter, r *http
 }
 
 // claimTx claims the key with the store's ClaimTx and, when it acquires
-// it, calls acquired, runs the handler in the claim's transaction and
-// answers (ran). When
-// the claim does not acquire the key, or fails, the caller answers as it
-// answers a Claim.
+// it, calls acquired, holds this process's duplicates of the key at its
+// gate, runs the handler in the claim's transaction and answers (ran).
+// When the claim does not acquire the key, or fails, the caller answers as
+// it answers a Claim.
 func (m *Middleware) claimTx(next http.Handler, w http.ResponseWriter, r *http.Request, req idem.ClaimRequest, deadline time.Time, log reqLog, acquired func()) (claim idem.Claim, ran bool, err error) {
 	run := &txRun{rec: newRecorder(w, m.cfg.MaxResponseBytes, false)}
 	var hctx *execCtx
+	endGate := func() {}
 	defer func() {
+		endGate() // after the commit or rollback, also when the handler aborts
 		if hctx != nil {
 			hctx.stop()
 		}
 	}()
 	claim, kept, err := m.txClaimer.ClaimTx(r.Context(), req, time.Until(deadline), func(txctx context.Context, c idem.Claim) (idem.Response, bool, error) {
 		acquired()
+		endGate = m.gates.begin(waitKey{req.Scope, req.Key})
 		if c.TookOver {
 			log.LogAttrs(r.Context(), slog.LevelWarn, "took over an expired lease: an earlier execution may have crashed", slog.Int64("token", int64(c.Token)))
 		}

@@ -356,18 +356,26 @@ func TestDuplicatesWhileInFlight(t *testing.T) {
 			}
 			wg.Wait()
 			close(replies)
-			for r := range replies {
-				if r != "first" {
-					t.Errorf("duplicate got %q, want the replayed body \"first\"", r)
-				}
-			}
-			if n := executions.Load(); n != 1 {
-				t.Errorf("the work ran %d times, want 1", n)
-			}
-			if got := payments(t, dbs[0]); !slices.Equal(got, []string{"first"}) {
-				t.Errorf("payments = %v, want [first]", got)
-			}
+			expectReplayedOnce(t, replies, &executions, dbs[0])
 		})
+	}
+}
+
+// expectReplayedOnce checks that every duplicate's reply was the first
+// execution's body, "first", that the work ran once, and that only its
+// payment committed.
+func expectReplayedOnce(t *testing.T, replies <-chan string, executions *atomic.Int32, db *idempg.DB) {
+	t.Helper()
+	for r := range replies {
+		if r != "first" {
+			t.Errorf("duplicate got %q, want the replayed body \"first\"", r)
+		}
+	}
+	if n := executions.Load(); n != 1 {
+		t.Errorf("the work ran %d times, want 1", n)
+	}
+	if got := payments(t, db); !slices.Equal(got, []string{"first"}) {
+		t.Errorf("payments = %v, want [first]", got)
 	}
 }
 

@@ -400,12 +400,11 @@ func (s *Store) claimTxOnce(ctx context.Context, req idem.ClaimRequest, lockTime
 	var (
 		token                        int64
 		created, leaseEnd, expiresAt time.Time
-		restored                     string
 	)
 	err = st.tx.QueryRow(txCtx, insertClaimTxSQL,
 		string(req.Scope), string(req.Key), string(req.Fingerprint),
 		micros(req.Lease), micros(req.TTL), s.db.now(), lockTimeout,
-	).Scan(&token, &created, &leaseEnd, &expiresAt, &restored)
+	).Scan(&token, &created, &leaseEnd, &expiresAt, nil) // nil: lock_timeout set back
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		// The key exists. Whatever the answer, this transaction has

@@ -21,6 +21,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemsqlite"
+	"github.com/idem-go/idem/idemtest"
 	"github.com/idem-go/idem/payments"
 )
 
@@ -469,13 +470,9 @@ func TestMismatchIsRefusedInFlightAndAfter(t *testing.T) {
 			done <- result{r, err}
 		}()
 
-		deadline := time.Now().Add(5 * time.Second)
-		for !e.inFlight(tenantA, "same-key") {
-			if time.Now().After(deadline) {
-				t.Fatalf("the first request never showed up in flight")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		idemtest.Eventually(t, 5*time.Second, "the first request in flight", func() bool {
+			return e.inFlight(tenantA, "same-key")
+		})
 
 		expectProblem(t, e.do(other), http.StatusUnprocessableEntity, "urn:idem:problem:idempotency-key-mismatch")
 
