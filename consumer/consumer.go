@@ -112,8 +112,26 @@ type Config struct {
 	// handled, queued behind an earlier message of their key, or waiting
 	// for a retry. When it is reached the consumer stops taking deliveries
 	// from the transport until one is settled. It is also the
-	// subscription's MaxInFlight. Defaults to 64 per unit of Concurrency.
+	// subscription's MaxInFlight. Defaults to Concurrency times the larger
+	// of 64 and twice BatchSize.
 	MaxPending int
+
+	// BatchSize is the most messages handled in one transaction of the
+	// inbox, when the inbox can record many at once (idem.BatchInbox):
+	// their inbox rows, their handlers' writes and, on a database transport
+	// in the inbox's own database, their acknowledgements commit with one
+	// commit. A message that fails does not take its batch-mates with it:
+	// the batch is rolled back and tried again without it, while it is
+	// retried or dead-lettered on its own. It is also how many deliveries
+	// the consumer asks a transport for at once (idem.BatchStream). 1
+	// handles every message in a transaction of its own. Defaults to 100.
+	BatchSize int
+
+	// BatchWait is how long a batch with fewer than BatchSize messages
+	// waits for more before it is handled. Defaults to 0: a batch holds
+	// what is ready at once, so a lone message is handled without delay,
+	// and under load batches fill by themselves while earlier ones commit.
+	BatchWait time.Duration
 
 	// AckWait is how long the transport waits for a settlement before it
 	// delivers a message again. The consumer calls InProgress on the
@@ -208,8 +226,11 @@ func New(cfg *Config) (*Consumer, error) {
 	if c.Concurrency == 0 {
 		c.Concurrency = 4
 	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 100
+	}
 	if c.MaxPending == 0 {
-		c.MaxPending = 64 * max(c.Concurrency, 1)
+		c.MaxPending = max(64, 2*c.BatchSize) * max(c.Concurrency, 1)
 	}
 	if c.AckWait == 0 {
 		c.AckWait = 30 * time.Second
@@ -221,6 +242,10 @@ func New(cfg *Config) (*Consumer, error) {
 		return nil, &idem.ArgumentError{Field: "consumer.Config.MaxPending", Reason: fmt.Sprintf("must be at least Concurrency (%d)", c.Concurrency)}
 	case c.AckWait < 0:
 		return nil, &idem.ArgumentError{Field: "consumer.Config.AckWait", Reason: "must not be negative"}
+	case c.BatchSize < 0:
+		return nil, &idem.ArgumentError{Field: "consumer.Config.BatchSize", Reason: "must not be negative"}
+	case c.BatchWait < 0:
+		return nil, &idem.ArgumentError{Field: "consumer.Config.BatchWait", Reason: "must not be negative"}
 	case c.AfterDeadLetter != Park && c.AfterDeadLetter != LetThrough:
 		return nil, &idem.ArgumentError{Field: "consumer.Config.AfterDeadLetter", Reason: "must be Park or LetThrough"}
 	case c.Retry.MaxAttempts < 0:
@@ -271,6 +296,27 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 	if h == nil {
 		return &idem.ArgumentError{Field: "consumer.Run handler", Reason: "must not be nil"}
 	}
+	return c.run(ctx, handlers{one: h})
+}
+
+// RunBatch is Run with a handler that applies a whole batch at once (see
+// BatchHandler), for effects that can be written in bulk. Where the inbox
+// cannot record a batch (it is not an idem.BatchInbox) or Config.BatchSize
+// is 1, every call gets one message.
+func (c *Consumer) RunBatch(ctx context.Context, h BatchHandler) error {
+	if h == nil {
+		return &idem.ArgumentError{Field: "consumer.RunBatch handler", Reason: "must not be nil"}
+	}
+	return c.run(ctx, handlers{
+		one: func(ctx context.Context, m idem.Message) error {
+			info, _ := InfoFromContext(ctx)
+			return h(context.WithValue(ctx, batchInfoKey{}, []Info{info}), []idem.Message{m})
+		},
+		many: h,
+	})
+}
+
+func (c *Consumer) run(ctx context.Context, h handlers) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return ErrRunning
 	}
@@ -318,7 +364,7 @@ func (c *Consumer) Subscribed() <-chan struct{} { return c.subscribed }
 
 // runOnce subscribes and handles deliveries until ctx is done (nil) or
 // the subscription or its stream fails.
-func (c *Consumer) runOnce(ctx context.Context, h Handler) error {
+func (c *Consumer) runOnce(ctx context.Context, h handlers) error {
 	stream, err := c.cfg.Subscriber.Subscribe(ctx, idem.Subscription{
 		Topic:       c.cfg.Topic,
 		Consumer:    c.cfg.Name,

@@ -147,6 +147,56 @@ func (s *recStream) Next(ctx context.Context) (idem.Delivery, error) {
 	return &recDelivery{Delivery: d, r: s.r}, nil
 }
 
+// NextBatch, AckBatch and AcksInTx pass batches through when the stream
+// takes them, so that the consumer's batch path is what is recorded.
+func (s *recStream) NextBatch(ctx context.Context, max int) ([]idem.Delivery, error) {
+	bs, ok := s.Stream.(idem.BatchStream)
+	if !ok {
+		d, err := s.Next(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return []idem.Delivery{d}, nil
+	}
+	ds, err := bs.NextBatch(ctx, max)
+	if err != nil {
+		return nil, err
+	}
+	s.r.mu.Lock()
+	s.r.taken += len(ds)
+	s.r.mu.Unlock()
+	for i, d := range ds {
+		s.r.note(d.Message().ID, "deliver")
+		ds[i] = &recDelivery{Delivery: d, r: s.r}
+	}
+	return ds, nil
+}
+
+func (s *recStream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, error) {
+	bs, ok := s.Stream.(idem.BatchStream)
+	inner := make([]idem.Delivery, len(ds))
+	for i, d := range ds {
+		rd := d.(*recDelivery)
+		if !ok {
+			if err := rd.Ack(ctx); err != nil {
+				return i, err
+			}
+			continue
+		}
+		rd.r.note(d.Message().ID, "ack")
+		inner[i] = rd.Delivery
+	}
+	if !ok {
+		return len(ds), nil
+	}
+	return bs.AckBatch(ctx, inner)
+}
+
+func (s *recStream) AcksInTx(ctx context.Context) bool {
+	bs, ok := s.Stream.(idem.BatchStream)
+	return ok && bs.AcksInTx(ctx)
+}
+
 type recDelivery struct {
 	idem.Delivery
 	r *recorder
@@ -218,6 +268,7 @@ func (h *harness) config() *consumer.Config {
 		InTx:        idemmem.Transact,
 		Clock:       h.clock,
 		Timers:      h.timers,
+		BatchSize:   batchSize,
 	}
 }
 

@@ -50,7 +50,7 @@ type entry struct {
 type runner struct {
 	c      *Consumer
 	cfg    *Config
-	h      Handler
+	h      handlers
 	ctx    context.Context
 	cancel context.CancelFunc
 	stream idem.Stream
@@ -68,12 +68,21 @@ type runner struct {
 	// held is every entry in memory.
 	held map[*entry]struct{}
 	// lanes holds, per ordering key, the key's entries in delivery order.
-	// Only the head is ever ready, running or waiting for a retry.
+	// Only the head is ever ready, running or waiting for a retry; a batch
+	// may also hold entries behind it, which only its worker touches.
 	lanes map[string][]*entry
+
+	// batchInbox is the inbox when it records batches and BatchSize
+	// allows them; nil otherwise. batchStream is the stream when it hands
+	// out batches; batchLedger the ledger when it looks up many holds at
+	// once.
+	batchInbox  idem.BatchInbox
+	batchStream idem.BatchStream
+	batchLedger idem.BatchLedger
 }
 
-func newRunner(ctx context.Context, cancel context.CancelFunc, c *Consumer, h Handler, stream idem.Stream) *runner {
-	return &runner{
+func newRunner(ctx context.Context, cancel context.CancelFunc, c *Consumer, h handlers, stream idem.Stream) *runner {
+	r := &runner{
 		c:         c,
 		cfg:       &c.cfg,
 		h:         h,
@@ -86,6 +95,12 @@ func newRunner(ctx context.Context, cancel context.CancelFunc, c *Consumer, h Ha
 		held:      make(map[*entry]struct{}),
 		lanes:     make(map[string][]*entry),
 	}
+	if bi, ok := c.cfg.Inbox.(idem.BatchInbox); ok && c.cfg.BatchSize > 1 {
+		r.batchInbox = bi
+	}
+	r.batchStream, _ = stream.(idem.BatchStream)
+	r.batchLedger, _ = c.cfg.Ledger.(idem.BatchLedger)
+	return r
 }
 
 // run takes deliveries until the context is done or the stream fails, then
@@ -111,26 +126,60 @@ func (r *runner) run() error {
 	return err
 }
 
-// read admits deliveries while there is room for them.
+// read admits deliveries while there is room for them: as many at once as
+// there is room for, up to BatchSize, from a transport that hands out
+// batches (idem.BatchStream), one at a time from any other.
 func (r *runner) read() error {
+	chunk := 1
+	if r.batchStream != nil {
+		chunk = r.cfg.BatchSize
+	}
 	for {
 		select {
 		case r.slots <- struct{}{}:
 		case <-r.ctx.Done():
 			return nil
 		}
-		d, err := r.stream.Next(r.ctx)
-		if err != nil {
+		n := 1
+	room:
+		for n < chunk {
+			select {
+			case r.slots <- struct{}{}:
+				n++
+			default:
+				break room
+			}
+		}
+		ds, err := r.next(n)
+		for range n - len(ds) {
 			<-r.slots
+		}
+		if err != nil {
 			if r.ctx.Err() != nil {
 				return nil
 			}
 			return fmt.Errorf("consumer %q: next delivery: %w", r.cfg.Name, err)
 		}
-		m := d.Message()
-		dedup, derr := r.dedupKey(m)
-		r.admit(d, m, dedup, derr)
+		es := make([]*entry, len(ds))
+		for i, d := range ds {
+			m := d.Message()
+			dedup, derr := r.dedupKey(m)
+			es[i] = &entry{msg: m, dedup: dedup, dedupErr: derr, ordered: m.Key != "", d: d}
+		}
+		r.admit(es)
 	}
+}
+
+// next takes up to n deliveries from the stream.
+func (r *runner) next(n int) ([]idem.Delivery, error) {
+	if r.batchStream != nil {
+		return r.batchStream.NextBatch(r.ctx, n)
+	}
+	d, err := r.stream.Next(r.ctx)
+	if err != nil {
+		return nil, err
+	}
+	return []idem.Delivery{d}, nil
 }
 
 func (r *runner) dedupKey(m idem.Message) (key string, err error) {
@@ -149,25 +198,29 @@ func (r *runner) dedupKey(m idem.Message) (key string, err error) {
 	return key, nil
 }
 
-// admit puts a delivery in memory, behind the earlier messages of its key.
-func (r *runner) admit(d idem.Delivery, m idem.Message, dedup string, derr error) {
+// admit puts deliveries in memory, each behind the earlier messages of its
+// key.
+func (r *runner) admit(es []*entry) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	now := r.cfg.Clock.Now()
 	// A delivery of a message the consumer already holds is not merged with
 	// it, since nothing tells a redelivery (a heartbeat came too late) from
 	// a copy published again under the same ID, which the transport
 	// settles separately. It queues like any other; when its turn comes,
 	// the inbox finds it a duplicate, or runs it if the first failed.
-	e := &entry{msg: m, dedup: dedup, dedupErr: derr, ordered: m.Key != "", d: d, beatAt: r.cfg.Clock.Now()}
-	r.held[e] = struct{}{}
-	if !e.ordered {
-		r.ready <- e
-		return
-	}
-	q := append(r.lanes[m.Key], e)
-	r.lanes[m.Key] = q
-	if len(q) == 1 {
-		r.ready <- e
+	for _, e := range es {
+		e.beatAt = now
+		r.held[e] = struct{}{}
+		if !e.ordered {
+			r.ready <- e
+			continue
+		}
+		q := append(r.lanes[e.msg.Key], e)
+		r.lanes[e.msg.Key] = q
+		if len(q) == 1 {
+			r.ready <- e
+		}
 	}
 }
 
@@ -204,7 +257,11 @@ func (r *runner) work() {
 			if r.ctx.Err() != nil {
 				return
 			}
-			r.handle(e)
+			if r.batchInbox == nil || e.dedupErr != nil {
+				r.handle(e)
+				continue
+			}
+			r.handleBatch(r.gather(e))
 		}
 	}
 }
@@ -243,23 +300,11 @@ func (r *runner) heartbeat() {
 // handle makes one attempt at e and settles it, or schedules its retry.
 func (r *runner) handle(e *entry) {
 	d := e.d
-	n := max(d.Attempt(), e.last+1, 1)
 	if e.dedupErr != nil {
-		r.fail(e, n, e.dedupErr, idem.ClassPermanent)
+		r.fail(e, max(d.Attempt(), e.last+1, 1), e.dedupErr, idem.ClassPermanent)
 		return
 	}
-	if !e.loaded && d.Attempt() > 1 {
-		// A redelivery: earlier attempts, perhaps by an earlier run of the
-		// consumer, may be in the ledger.
-		e.loaded = true
-		prior, err := r.cfg.Ledger.Attempts(r.ctx, r.cfg.Name, e.dedup)
-		if err != nil {
-			r.log(e).LogAttrs(r.ctx, slog.LevelWarn, "reading recorded attempts failed", slog.String("error", err.Error()))
-		} else if len(prior) > 0 {
-			e.failed = true
-			n = max(n, nextNumber(prior))
-		}
-	}
+	n := r.number(e)
 
 	park := e.ordered && r.cfg.AfterDeadLetter == Park
 	info := Info{Consumer: r.cfg.Name, DedupKey: e.dedup, Attempt: n}
@@ -328,7 +373,7 @@ func (r *runner) call(ctx context.Context, e *entry) (err error) {
 			err = fmt.Errorf("%w: %v", ErrPanic, p)
 		}
 	}()
-	return r.h(ctx, e.msg)
+	return r.h.one(ctx, e.msg)
 }
 
 // park keeps a message whose key is held back behind a dead letter.

@@ -3,6 +3,9 @@ package idemmem
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -152,7 +155,7 @@ type Inbox struct {
 	keys map[inboxSlot]*inboxKey
 }
 
-var _ idem.Inbox = (*Inbox)(nil)
+var _ idem.BatchInbox = (*Inbox)(nil)
 
 type inboxSlot struct{ consumer, key string }
 
@@ -221,6 +224,87 @@ func (i *Inbox) Process(ctx context.Context, consumer, dedupKey string, fn func(
 			return err
 		}
 		return tx.OnCommit(func() { k.done.Store(true) })
+	})
+}
+
+// ProcessBatch implements idem.BatchInbox: it holds the locks of every key
+// (taken in the keys' order, so that batches sharing keys never wait for
+// each other in a cycle) while fn runs in one fresh Tx, and records the
+// fresh keys when that Tx commits.
+func (i *Inbox) ProcessBatch(ctx context.Context, consumer string, dedupKeys []string, fn func(ctx context.Context, fresh []bool) error) error {
+	switch {
+	case consumer == "":
+		return &idem.ArgumentError{Field: "consumer", Reason: "must not be empty"}
+	case fn == nil:
+		return &idem.ArgumentError{Field: "fn", Reason: "must not be nil"}
+	}
+	seen := make(map[string]struct{}, len(dedupKeys))
+	for _, k := range dedupKeys {
+		if k == "" {
+			return &idem.ArgumentError{Field: "dedupKeys", Reason: "must not hold an empty key"}
+		}
+		if _, dup := seen[k]; dup {
+			return &idem.ArgumentError{Field: "dedupKeys", Reason: fmt.Sprintf("holds %q twice", k)}
+		}
+		seen[k] = struct{}{}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	order := make([]int, len(dedupKeys))
+	for n := range order {
+		order[n] = n
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(dedupKeys[a], dedupKeys[b]) })
+	slots := make([]inboxSlot, len(dedupKeys))
+	keys := make([]*inboxKey, len(dedupKeys))
+	i.mu.Lock()
+	for n, k := range dedupKeys {
+		s := inboxSlot{consumer, k}
+		e := i.keys[s]
+		if e == nil {
+			e = &inboxKey{lock: make(chan struct{}, 1)}
+			i.keys[s] = e
+		}
+		e.users++
+		slots[n], keys[n] = s, e
+	}
+	i.mu.Unlock()
+	defer func() {
+		for n := range keys {
+			i.leave(slots[n], keys[n])
+		}
+	}()
+	var locked []int
+	defer func() {
+		for _, n := range locked {
+			<-keys[n].lock
+		}
+	}()
+	for _, n := range order {
+		select {
+		case keys[n].lock <- struct{}{}:
+			locked = append(locked, n)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	fresh := make([]bool, len(keys))
+	for n, k := range keys {
+		fresh[n] = !k.done.Load()
+	}
+	tx := &Tx{}
+	return tx.run(ctx, func(ctx context.Context) error {
+		if err := fn(ctx, fresh); err != nil {
+			return err
+		}
+		return tx.OnCommit(func() {
+			for n, k := range keys {
+				if fresh[n] {
+					k.done.Store(true)
+				}
+			}
+		})
 	})
 }
 

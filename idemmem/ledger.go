@@ -122,6 +122,24 @@ func (l *Ledger) HeldBack(ctx context.Context, consumer, key string) (string, bo
 	return id, held, nil
 }
 
+// HeldBackKeys implements idem.BatchLedger.
+func (l *Ledger) HeldBackKeys(ctx context.Context, consumer string, keys []string) (map[string]string, error) {
+	for _, k := range keys {
+		if err := checkLedger(ctx, consumer, "key", k); err != nil {
+			return nil, err
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	held := make(map[string]string)
+	for _, k := range keys {
+		if id, ok := l.holds[ledgerSlot{consumer, k}]; ok {
+			held[k] = id
+		}
+	}
+	return held, nil
+}
+
 // Park implements idem.Ledger: m is kept under its Key. A message whose ID
 // is already parked keeps its first copy and place. Returns an error
 // matching idem.ErrInvalidArgument when consumer or m.Key is empty or m

@@ -74,9 +74,16 @@ type Transport struct {
 }
 
 var (
-	_ idem.Publisher  = (*Transport)(nil)
-	_ idem.Subscriber = (*Transport)(nil)
+	_ idem.Publisher   = (*Transport)(nil)
+	_ idem.Subscriber  = (*Transport)(nil)
+	_ idem.BatchStream = (*stream)(nil)
 )
+
+func (t *Transport) isClosed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closed
+}
 
 type topicLog struct {
 	msgs      []idem.Message
@@ -303,6 +310,79 @@ type stream struct {
 
 // Next implements idem.Stream.
 func (s *stream) Next(ctx context.Context) (idem.Delivery, error) {
+	ds, err := s.next(ctx, 1)
+	if err != nil {
+		return nil, err
+	}
+	return ds[0], nil
+}
+
+// NextBatch implements idem.BatchStream.
+func (s *stream) NextBatch(ctx context.Context, max int) ([]idem.Delivery, error) {
+	if max < 1 {
+		return nil, &idem.ArgumentError{Field: "max", Reason: "must be at least 1"}
+	}
+	return s.next(ctx, max)
+}
+
+// AckBatch implements idem.BatchStream. In the Tx ctx carries, the
+// acknowledgements are applied when it commits, each only if its delivery
+// still stands for its message then; the count is of those that did when
+// AckBatch was called.
+func (s *stream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	own := make([]*delivery, len(ds))
+	for i, d := range ds {
+		md, ok := d.(*delivery)
+		if !ok || md.s != s {
+			return 0, &idem.ArgumentError{Field: "ds", Reason: fmt.Sprintf("delivery %d is not of this stream", i)}
+		}
+		own[i] = md
+	}
+	ack := func() int {
+		s.t.mu.Lock()
+		defer s.t.mu.Unlock()
+		n := 0
+		for _, d := range own {
+			if d.currentLocked() == nil {
+				d.settleLocked(func(c *memConsumer, _ time.Time) { delete(c.pending, d.p.index) })
+				n++
+			}
+		}
+		return n
+	}
+	tx, ok := TxFromContext(ctx)
+	if !ok {
+		if s.t.isClosed() {
+			return 0, fmt.Errorf("ack: %w", idem.ErrClosed)
+		}
+		return ack(), nil
+	}
+	s.t.mu.Lock()
+	n := 0
+	for _, d := range own {
+		if d.currentLocked() == nil {
+			n++
+		}
+	}
+	closed := s.t.closed
+	s.t.mu.Unlock()
+	if closed {
+		return 0, fmt.Errorf("ack: %w", idem.ErrClosed)
+	}
+	return n, tx.OnCommit(func() { ack() })
+}
+
+// AcksInTx implements idem.BatchStream: AckBatch joins the Tx ctx carries.
+func (s *stream) AcksInTx(ctx context.Context) bool {
+	_, ok := TxFromContext(ctx)
+	return ok
+}
+
+// next hands out up to max messages, waiting for the first.
+func (s *stream) next(ctx context.Context, max int) ([]idem.Delivery, error) {
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -318,11 +398,20 @@ func (s *stream) Next(ctx context.Context) (idem.Delivery, error) {
 			s.t.mu.Unlock()
 			return nil, idem.ErrClosed
 		}
-		d, timed := s.c.take(s, s.t.clock.Now())
+		var ds []idem.Delivery
+		now := s.t.clock.Now()
+		d, timed := s.c.take(s, now)
+		for d != nil {
+			ds = append(ds, d)
+			if len(ds) == max {
+				break
+			}
+			d, _ = s.c.take(s, now)
+		}
 		changed := s.c.changed
 		s.t.mu.Unlock()
-		if d != nil {
-			return d, nil
+		if len(ds) > 0 {
+			return ds, nil
 		}
 		var tick <-chan time.Time
 		if timed {
@@ -452,6 +541,12 @@ func (d *delivery) settle(ctx context.Context, op string, what func(c *memConsum
 	if err := d.currentLocked(); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
+	d.settleLocked(what)
+	return nil
+}
+
+// settleLocked settles d, which stands for its message. t.mu is held.
+func (d *delivery) settleLocked(what func(c *memConsumer, now time.Time)) {
 	c := d.s.c
 	if d.p.holder != nil {
 		d.p.holder = nil
@@ -460,7 +555,6 @@ func (d *delivery) settle(ctx context.Context, op string, what func(c *memConsum
 	// Bump the generation so that a second settlement of this delivery is
 	// refused even when the message stays pending (Nack).
 	d.p.gen++
-	what(c, t.clock.Now())
+	what(c, d.s.t.clock.Now())
 	c.signal()
-	return nil
 }

@@ -40,16 +40,38 @@ type InboxEffects interface {
 // newInbox is called once per subtest, from that subtest's goroutine, and
 // returns a fresh, empty inbox and a view of its database's effects. It
 // should register any cleanup with t.Cleanup. Subtests run in parallel.
+//
+// When the inbox is an idem.BatchInbox, the suite also checks ProcessBatch:
+// fresh flags that tell processed keys from new ones, for each consumer
+// apart; a failing batch that leaves no record; invalid batches refused
+// with idem.ErrInvalidArgument; and batches sharing keys in different
+// orders, run at once with Process calls of the same keys, that apply each
+// effect once and never wait for each other for good. Otherwise those
+// subtests are skipped with the reason.
 func TestInbox(t *testing.T, newInbox func(t *testing.T) (idem.Inbox, InboxEffects)) {
 	t.Helper()
+	env := func(t *testing.T) *inboxEnv {
+		inbox, effects := newInbox(t)
+		if inbox == nil || effects == nil {
+			t.Fatal("newInbox returned a nil Inbox or InboxEffects")
+		}
+		return &inboxEnv{t: t, ctx: t.Context(), inbox: inbox, effects: effects}
+	}
 	for _, tc := range inboxTests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			inbox, effects := newInbox(t)
-			if inbox == nil || effects == nil {
-				t.Fatal("newInbox returned a nil Inbox or InboxEffects")
+			tc.run(t, env(t))
+		})
+	}
+	for _, tc := range batchInboxTests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := env(t)
+			in, ok := e.inbox.(idem.BatchInbox)
+			if !ok {
+				t.Skip("the inbox is not an idem.BatchInbox")
 			}
-			tc.run(t, &inboxEnv{t: t, ctx: t.Context(), inbox: inbox, effects: effects})
+			tc.run(t, e, in)
 		})
 	}
 }

@@ -3,6 +3,7 @@ package idemtest_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/idem-go/idem"
@@ -29,6 +30,19 @@ type inboxFunc func(ctx context.Context, consumer, key string, fn func(context.C
 
 func (f inboxFunc) Process(ctx context.Context, consumer, key string, fn func(context.Context) error) error {
 	return f(ctx, consumer, key, fn)
+}
+
+// batchFunc is a reference inbox whose ProcessBatch is replaced.
+type batchFunc struct {
+	*idemmem.Inbox
+	batch func(ctx context.Context, consumer string, keys []string, fn func(context.Context, []bool) error) error
+}
+
+func (b batchFunc) ProcessBatch(ctx context.Context, consumer string, keys []string, fn func(context.Context, []bool) error) error {
+	if fn == nil {
+		return b.Inbox.ProcessBatch(ctx, consumer, keys, fn)
+	}
+	return b.batch(ctx, consumer, keys, fn)
 }
 
 // inboxCase runs TestInbox on an inbox that broken builds over a
@@ -66,6 +80,31 @@ var brokenInboxes = map[string]brokenCase{
 		return inboxFunc(func(ctx context.Context, _, _ string, fn func(context.Context) error) error {
 			return idemmem.Transact(ctx, fn)
 		})
+	}),
+	"batch inbox: every key fresh": inboxCase("BatchFreshAndDuplicates", func(in *idemmem.Inbox) idem.Inbox {
+		return batchFunc{in, func(ctx context.Context, c string, keys []string, fn func(context.Context, []bool) error) error {
+			return in.ProcessBatch(ctx, c, keys, func(ctx context.Context, fresh []bool) error {
+				return fn(ctx, slices.Repeat([]bool{true}, len(fresh)))
+			})
+		}}
+	}),
+	"batch inbox: commits a failed fn": inboxCase("BatchFailureLeavesNothing", func(in *idemmem.Inbox) idem.Inbox {
+		return batchFunc{in, func(ctx context.Context, c string, keys []string, fn func(context.Context, []bool) error) error {
+			var fnErr error
+			if err := in.ProcessBatch(ctx, c, keys, func(ctx context.Context, fresh []bool) error { fnErr = fn(ctx, fresh); return nil }); err != nil {
+				return err
+			}
+			return fnErr
+		}}
+	}),
+	"batch inbox: takes a repeated key": inboxCase("BatchInvalid", func(in *idemmem.Inbox) idem.Inbox {
+		return batchFunc{in, func(ctx context.Context, c string, keys []string, fn func(context.Context, []bool) error) error {
+			if len(keys) == 3 && keys[0] == keys[2] {
+				keys = keys[:2]
+				return in.ProcessBatch(ctx, c, keys, func(ctx context.Context, fresh []bool) error { return fn(ctx, append(fresh, false)) })
+			}
+			return in.ProcessBatch(ctx, c, keys, fn)
+		}}
 	}),
 	"inbox: one namespace for every consumer": inboxCase("Namespaces", func(in *idemmem.Inbox) idem.Inbox {
 		return inboxFunc(func(ctx context.Context, _, k string, fn func(context.Context) error) error {

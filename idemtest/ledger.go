@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -46,6 +47,41 @@ var ledgerTests = []struct {
 	{"ParkTwice", testLedgerParkTwice},
 	{"IndependentKeys", testLedgerIndependent},
 	{"Invalid", testLedgerInvalid},
+	{"HeldBackKeys", testLedgerHeldBackKeys},
+}
+
+// testLedgerHeldBackKeys checks idem.BatchLedger's look-up against the holds
+// HoldBack made and LetGo cleared.
+func testLedgerHeldBackKeys(t *testing.T, e *ledgerEnv) {
+	bl, ok := e.l.(idem.BatchLedger)
+	if !ok {
+		t.Skip("the ledger is not an idem.BatchLedger")
+	}
+	for key, letter := range map[string]string{"acct-1": "dl-1", "acct-3": "dl-3"} {
+		if err := e.l.HoldBack(e.ctx, "c", key, letter); err != nil {
+			t.Fatalf("HoldBack(%s): %v", key, err)
+		}
+	}
+	if err := e.l.HoldBack(e.ctx, "other", "acct-2", "dl-9"); err != nil {
+		t.Fatalf("HoldBack: %v", err)
+	}
+	got, err := bl.HeldBackKeys(e.ctx, "c", []string{"acct-1", "acct-2", "acct-3", "acct-4"})
+	if err != nil {
+		t.Fatalf("HeldBackKeys: %v", err)
+	}
+	if want := map[string]string{"acct-1": "dl-1", "acct-3": "dl-3"}; !maps.Equal(got, want) {
+		t.Errorf("HeldBackKeys = %v, want %v (acct-2 is held for another consumer only)", got, want)
+	}
+	e.letGo("c", "acct-1")
+	if got, err := bl.HeldBackKeys(e.ctx, "c", []string{"acct-1", "acct-3"}); err != nil || !maps.Equal(got, map[string]string{"acct-3": "dl-3"}) {
+		t.Errorf("HeldBackKeys after LetGo(acct-1) = %v, %v; want only acct-3", got, err)
+	}
+	if got, err := bl.HeldBackKeys(e.ctx, "c", nil); err != nil || len(got) != 0 {
+		t.Errorf("HeldBackKeys(no keys) = %v, %v; want none", got, err)
+	}
+	if _, err := bl.HeldBackKeys(e.ctx, "", []string{"acct-1"}); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Errorf("HeldBackKeys with an empty consumer = %v, want idem.ErrInvalidArgument", err)
+	}
 }
 
 type ledgerEnv struct {

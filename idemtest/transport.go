@@ -61,7 +61,11 @@ type TransportFeatures struct {
 // count; InProgress holds it; two consumer names each get every message;
 // order per topic; Next honours its context and Close; invalid messages and
 // subscriptions are refused with idem.ErrInvalidArgument; 1,000 messages
-// all arrive. Delivery is at least once, so the suite tolerates duplicates
+// all arrive; a Next cancelled a moment after it starts, again and again,
+// leaves nothing held and counts no attempt nobody received. When the
+// streams are idem.BatchStream, it also checks NextBatch (at most max, in
+// order, each message once per hand-out) and AckBatch (one call settles a
+// batch; stale deliveries are passed over, not refused). Delivery is at least once, so the suite tolerates duplicates
 // wherever the contract does.
 //
 // newTransport is called once per subtest, from that subtest's goroutine,
@@ -118,6 +122,10 @@ var transportTests = []struct {
 	{"NextClose", nil, testNextClose},
 	{"Invalid", nil, testInvalidMessages},
 	{"Many", nil, testManyMessages},
+	{"NextInterrupted", nil, testNextInterrupted},
+	{"BatchTakeAndAck", nil, testBatchTakeAndAck},
+	{"BatchAckPassesOverStale", nil, testBatchAckPassesOverStale},
+	{"BatchInvalid", nil, testBatchStreamInvalid},
 }
 
 func needs(feature string, has func(TransportFeatures) bool) func(TransportFeatures) string {

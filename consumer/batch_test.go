@@ -1,0 +1,295 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/consumer"
+	"github.com/idem-go/idem/idemmem"
+)
+
+// batchSizes is an idem.BatchInbox that writes down the size of every batch
+// it is asked to record.
+type batchSizes struct {
+	*idemmem.Inbox
+
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (b *batchSizes) ProcessBatch(ctx context.Context, consumer string, keys []string, fn func(context.Context, []bool) error) error {
+	b.mu.Lock()
+	b.sizes = append(b.sizes, len(keys))
+	b.mu.Unlock()
+	return b.Inbox.ProcessBatch(ctx, consumer, keys, fn)
+}
+
+func (b *batchSizes) largest() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.sizes) == 0 {
+		return 0
+	}
+	return slices.Max(b.sizes)
+}
+
+// lanes publishes, for each key, n messages "<key>-<i>" (i from 1) carrying
+// their sequence number in the header Seq, interleaved across keys.
+func lanes(h *harness, keys []string, n int) []idem.Message {
+	var msgs []idem.Message
+	for i := 1; i <= n; i++ {
+		for _, k := range keys {
+			m := msg(fmt.Sprintf("%s-%d", k, i), k)
+			m.Headers = map[string]string{"Seq": strconv.Itoa(i)}
+			msgs = append(msgs, m)
+		}
+	}
+	h.publish(msgs...)
+	return msgs
+}
+
+// orderLog records, per key, the sequence numbers whose effect committed.
+type orderLog struct {
+	mu      sync.Mutex
+	applied map[string][]int
+}
+
+// note writes m's sequence number down when the inbox's transaction
+// commits.
+func (o *orderLog) note(ctx context.Context, m idem.Message) error {
+	seq, err := strconv.Atoi(m.Headers["Seq"])
+	if err != nil {
+		return idem.Permanent(err)
+	}
+	tx, ok := idemmem.TxFromContext(ctx)
+	if !ok {
+		return idem.Permanent(errors.New("no transaction in the handler's context"))
+	}
+	return tx.OnCommit(func() {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if o.applied == nil {
+			o.applied = make(map[string][]int)
+		}
+		o.applied[m.Key] = append(o.applied[m.Key], seq)
+	})
+}
+
+// want checks that key's committed sequence is exactly seqs.
+func (o *orderLog) want(t *testing.T, key string, seqs ...int) {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if got := o.applied[key]; !slices.Equal(got, seqs) {
+		t.Errorf("key %s applied %v, want %v", key, got, seqs)
+	}
+}
+
+func seqs(from, to int) []int {
+	var s []int
+	for i := from; i <= to; i++ {
+		s = append(s, i)
+	}
+	return s
+}
+
+func TestBatchAppliesEveryMessageOnceInOrder(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	inbox := &batchSizes{Inbox: h.inbox}
+	cfg := h.config()
+	cfg.Inbox = inbox
+	cfg.Concurrency = 1
+	keys := []string{"acct-1", "acct-2", "acct-3"}
+	msgs := lanes(h, keys, 20)
+	var order orderLog
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		if err := order.note(ctx, m); err != nil {
+			return err
+		}
+		return h.apply(ctx, m)
+	})
+	waitFor(t, "every message processed", func() bool { return c.Stats().Processed == int64(len(msgs)) })
+	for _, m := range msgs {
+		if got := h.applied.Get(m.ID); got != 1 {
+			t.Errorf("%s applied %d times, want 1", m.ID, got)
+		}
+		waitFor(t, m.ID+" acknowledged", func() bool { return slices.Contains(h.rec.Ops(m.ID), "ack") })
+		if ops := h.rec.Ops(m.ID); !slices.Equal(ops, []string{"deliver", "ack"}) {
+			t.Errorf("%s: %v, want one delivery and one ack", m.ID, ops)
+		}
+	}
+	for _, k := range keys {
+		order.want(t, k, seqs(1, 20)...)
+	}
+	switch largest := inbox.largest(); {
+	case batchSize == 1 && largest != 0:
+		t.Errorf("BatchSize 1, yet a batch of %d was recorded", largest)
+	case batchSize != 1 && largest < 2:
+		t.Errorf("%d messages ready at once were recorded in batches of at most %d", len(msgs), largest)
+	}
+}
+
+func TestBatchFailureTakesNoBatchMateWithIt(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.Concurrency = 1
+	keys := []string{"A", "B", "C"}
+	msgs := lanes(h, keys, 10)
+	var order orderLog
+	var calls attemptsCounter
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		attempt := calls.add(ctx, m)
+		switch {
+		case m.ID == "B-3" && attempt == 1:
+			return errFlaky
+		case m.ID == "C-5":
+			return idem.Permanent(errors.New("unknown payment"))
+		}
+		if err := order.note(ctx, m); err != nil {
+			return err
+		}
+		return h.apply(ctx, m)
+	})
+	h.advanceUntil("B's messages applied and C's parked", time.Second, func() bool {
+		s := c.Stats()
+		return s.Processed == 10+10+4 && s.Parked == 5
+	})
+	s := c.Stats()
+	if s.DeadLettered != 1 || s.Retried != 1 {
+		t.Errorf("stats %+v, want 1 dead letter and 1 retry", s)
+	}
+	for _, m := range msgs {
+		want := int64(1)
+		if seq, _ := strconv.Atoi(m.Headers["Seq"]); m.Key == "C" && seq >= 5 {
+			want = 0 // C-5 dead-lettered, C-6 to C-10 parked behind it
+		}
+		if got := h.applied.Get(m.ID); got != want {
+			t.Errorf("%s applied %d times, want %d", m.ID, got, want)
+		}
+	}
+	order.want(t, "A", seqs(1, 10)...)
+	order.want(t, "B", seqs(1, 10)...)
+	order.want(t, "C", seqs(1, 4)...)
+	if got := calls.Seen("B-3"); !slices.Equal(got, []int{1, 2}) {
+		t.Errorf("B-3 attempted as %v, want attempts 1 then 2", got)
+	}
+	if got := calls.Calls("C-5"); got != 1 {
+		t.Errorf("C-5 handled %d times, want once (permanent)", got)
+	}
+	if dls := h.letters(); len(dls) != 1 || dls[0].Message.ID != "C-5" {
+		t.Errorf("dead letters %v, want C-5 alone", dls)
+	}
+}
+
+func TestBatchMalformedMessageIsDeadLetteredAlone(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.Concurrency = 1
+	cfg.DedupKey = func(m idem.Message) (string, error) {
+		if string(m.Payload) == "not json" {
+			return "", errors.New("malformed")
+		}
+		return "dedup-" + m.ID, nil
+	}
+	var msgs []idem.Message
+	for i := range 30 {
+		m := msg(fmt.Sprintf("m-%d", i), "")
+		if i == 12 {
+			m.Payload = []byte("not json")
+		}
+		msgs = append(msgs, m)
+	}
+	h.publish(msgs...)
+	c, _ := h.start(cfg, h.apply)
+	waitFor(t, "the others processed, the malformed one dead-lettered", func() bool {
+		s := c.Stats()
+		return s.Processed == 29 && s.DeadLettered == 1
+	})
+	for i, m := range msgs {
+		want := int64(1)
+		if i == 12 {
+			want = 0
+		}
+		if got := h.applied.Get(m.ID); got != want {
+			t.Errorf("%s applied %d times, want %d", m.ID, got, want)
+		}
+	}
+	if dls := h.letters(); len(dls) != 1 || dls[0].Message.ID != "m-12" || dls[0].Class != idem.DeadPermanent {
+		t.Errorf("dead letters %+v, want m-12, permanent", dls)
+	}
+}
+
+func TestRunBatchAppliesInBulk(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.Concurrency = 1
+	keys := []string{"A", "B"}
+	msgs := lanes(h, keys, 15)
+
+	var mu sync.Mutex
+	var sizes []int
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- c.RunBatch(ctx, func(ctx context.Context, batch []idem.Message) error {
+			infos, ok := consumer.BatchInfoFromContext(ctx)
+			if !ok || len(infos) != len(batch) {
+				return idem.Permanent(fmt.Errorf("%d infos for %d messages", len(infos), len(batch)))
+			}
+			for i, m := range batch {
+				switch {
+				case m.ID == "A-4" && infos[i].Attempt == 1:
+					// Named: the others are applied without it.
+					return &consumer.ItemError{Index: i, Err: errFlaky}
+				case m.ID == "B-9" && infos[i].Attempt == 1:
+					// Not named: the consumer finds which one it was.
+					return errFlaky
+				}
+			}
+			mu.Lock()
+			sizes = append(sizes, len(batch))
+			mu.Unlock()
+			for _, m := range batch {
+				if err := h.apply(ctx, m); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("RunBatch: %v", err)
+		}
+	})
+	h.advanceUntil("every message processed", time.Second, func() bool { return c.Stats().Processed == int64(len(msgs)) })
+	for _, m := range msgs {
+		if got := h.applied.Get(m.ID); got != 1 {
+			t.Errorf("%s applied %d times, want 1", m.ID, got)
+		}
+	}
+	if s := c.Stats(); s.Retried != 2 || s.DeadLettered != 0 {
+		t.Errorf("stats %+v, want exactly 2 retried (A-4, B-9)", s)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if batchSize != 1 && slices.Max(sizes) < 2 {
+		t.Errorf("batch handler called with sizes %v: never more than one message", sizes)
+	}
+}
