@@ -19,7 +19,7 @@ type Inbox struct {
 	db *DB
 }
 
-var _ idem.Inbox = (*Inbox)(nil)
+var _ idem.BatchInbox = (*Inbox)(nil)
 
 // NewInbox applies the message tables' migrations to db (component
 // "idem_messages") and returns an Inbox on it.
@@ -127,6 +127,93 @@ func (in *Inbox) processJoined(ctx context.Context, consumer, dedupKey string, f
 			return &inboxError{err}
 		}
 		return nil
+	})
+	return inboxErr(err)
+}
+
+// inboxInsertManySQL records many messages in one statement, in the keys'
+// order, so that concurrent batches sharing keys wait for each other's
+// rows in one order and never in a cycle. It returns the keys it inserted:
+// the others were recorded already (or by a concurrent transaction that
+// committed, for which ON CONFLICT waited).
+const inboxInsertManySQL = `INSERT INTO idem_inbox (consumer, dedup_key, processed_at)
+	SELECT $1, k, coalesce($3::timestamptz, clock_timestamp()) FROM unnest($2::text[]) AS k ORDER BY k
+	ON CONFLICT (consumer, dedup_key) DO NOTHING
+	RETURNING dedup_key`
+
+// ProcessBatch implements idem.BatchInbox: one INSERT … ON CONFLICT DO
+// NOTHING records every key (travelling with BEGIN), fn runs in the same
+// transaction, and one COMMIT ends it. It joins the transaction ctx
+// carries inside a savepoint, as Process does. Arguments are checked as
+// Process checks them, and a repeated key is refused too.
+func (in *Inbox) ProcessBatch(ctx context.Context, consumer string, dedupKeys []string, fn func(ctx context.Context, fresh []bool) error) error {
+	if err := checkName("consumer", consumer); err != nil {
+		return err
+	}
+	seen := make(map[string]int, len(dedupKeys))
+	for i, k := range dedupKeys {
+		if err := checkName("dedupKey", k); err != nil {
+			return err
+		}
+		if _, dup := seen[k]; dup {
+			return &idem.ArgumentError{Field: "dedupKeys", Reason: fmt.Sprintf("holds %q twice", k)}
+		}
+		seen[k] = i
+	}
+	if fn == nil {
+		return &idem.ArgumentError{Field: "fn", Reason: "must not be nil"}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	record := func(ctx context.Context, q interface {
+		Query(context.Context, string, ...any) (pgx.Rows, error)
+	}) ([]bool, error) {
+		fresh := make([]bool, len(dedupKeys))
+		rows, err := q.Query(ctx, inboxInsertManySQL, consumer, dedupKeys, in.db.now())
+		if err != nil {
+			return nil, &inboxError{err}
+		}
+		var k string
+		if _, err := pgx.ForEachRow(rows, []any{&k}, func() error {
+			fresh[seen[k]] = true
+			return nil
+		}); err != nil {
+			return nil, &inboxError{err}
+		}
+		return fresh, nil
+	}
+	if in.db.carried(ctx) != nil {
+		err := in.db.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return &inboxError{err}
+			}
+			fresh, err := record(ctx, sp)
+			if err == nil {
+				err = fn(ctx, fresh)
+			}
+			if err != nil {
+				// Rolled back even when ctx is done, so that the caller's
+				// transaction stays usable.
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+				defer cancel()
+				_ = sp.Rollback(rctx)
+				return err
+			}
+			if err := sp.Commit(ctx); err != nil {
+				return &inboxError{err}
+			}
+			return nil
+		})
+		return inboxErr(err)
+	}
+	err := in.db.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		fresh, err := record(ctx, tx)
+		if err != nil {
+			return err
+		}
+		return fn(ctx, fresh)
 	})
 	return inboxErr(err)
 }

@@ -179,6 +179,44 @@ func (l *Ledger) HeldBack(ctx context.Context, consumer, key string) (string, bo
 	return id, true, nil
 }
 
+// HeldBackKeys implements idem.BatchLedger in one statement, reading the
+// holds FOR SHARE in a transaction for the reason HeldBack does.
+func (l *Ledger) HeldBackKeys(ctx context.Context, consumer string, keys []string) (map[string]string, error) {
+	for _, k := range keys {
+		if err := checkLedger(consumer, "key", k); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkName("consumer", consumer); err != nil {
+		return nil, err
+	}
+	held := make(map[string]string)
+	if len(keys) == 0 {
+		return held, nil
+	}
+	q, err := l.db.writeQuerier(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idempg: held back: %w", err)
+	}
+	lock := ""
+	if l.db.carried(ctx) != nil {
+		lock = " FOR SHARE"
+	}
+	rows, err := q.Query(ctx, `SELECT key, letter_id FROM idem_ledger_holds WHERE consumer = $1 AND key = ANY($2::text[])`+lock,
+		consumer, keys)
+	if err != nil {
+		return nil, fmt.Errorf("idempg: held back: %w", err)
+	}
+	var k, id string
+	if _, err := pgx.ForEachRow(rows, []any{&k, &id}, func() error {
+		held[k] = id
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("idempg: held back: %w", err)
+	}
+	return held, nil
+}
+
 // Park implements idem.Ledger: m is kept under its own Key. Returns an
 // error matching idem.ErrInvalidArgument when consumer is empty, m does not
 // validate, or a name is not storable as text.

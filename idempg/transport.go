@@ -1,6 +1,7 @@
 package idempg
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -173,7 +174,8 @@ type Transport struct {
 
 var (
 	_ idem.Publisher  = (*Transport)(nil)
-	_ idem.Subscriber = (*Transport)(nil)
+	_ idem.Subscriber  = (*Transport)(nil)
+	_ idem.BatchStream = (*pgStream)(nil)
 )
 
 // NewTransport applies the transport's migrations to db (component
@@ -226,11 +228,12 @@ func NewTransport(ctx context.Context, db *DB, cfg *TransportConfig) (*Transport
 type transportSQL struct {
 	lockTopics, ensureTopics, publish, notifyInTx, notifyAfter          string
 	findConsumer, bumpTopic, createConsumer, backlog                    string
-	take, dropOrphan, stillHeld, giveBack, ack, nack, inProgress, purge string
+	take, untake, dropOrphan, stillHeld, giveBack, ack, ackMany, nack      string
+	inProgress, purge, moveLock, move                                    string
 }
 
 func newTransportSQL(schema string) transportSQL {
-	r := strings.NewReplacer("idem_transport_", quoteIdent(schema)+".idem_transport_")
+	r := strings.NewReplacer("idem_transport_", quoteIdent(schema)+".idem_transport_", "idem_outbox", quoteIdent(schema)+".idem_outbox")
 	return transportSQL{
 		lockTopics:     r.Replace(lockTopicsSQL),
 		ensureTopics:   r.Replace(ensureTopicsSQL),
@@ -242,6 +245,10 @@ func newTransportSQL(schema string) transportSQL {
 		createConsumer: r.Replace(createConsumerSQL),
 		backlog:        r.Replace(backlogSQL),
 		take:           r.Replace(takeSQL),
+		untake:         r.Replace(untakeSQL),
+		ackMany:        r.Replace(ackManySQL),
+		moveLock:       r.Replace(moveLockSQL),
+		move:           r.Replace(moveSQL),
 		dropOrphan:     r.Replace(dropOrphanSQL),
 		stillHeld:      r.Replace(stillHeldSQL),
 		giveBack:       r.Replace(giveBackSQL),
@@ -404,7 +411,7 @@ func (t *Transport) Publish(ctx context.Context, msgs ...idem.Message) error {
 	}
 	b.Queue("commit")
 	b.Queue(t.sql.notifyAfter, t.channel, wakes)
-	if err := t.publishOwn(ctx, b); err != nil {
+	if err := t.publishOwn(ctx, b, nil); err != nil {
 		return fmt.Errorf("idempg: publish: %w", err)
 	}
 	// Streams of this process need not wait for the notification.
@@ -415,8 +422,10 @@ func (t *Transport) Publish(ctx context.Context, msgs ...idem.Message) error {
 }
 
 // publishOwn sends the batch of a Publish in a transaction of its own:
-// BEGIN, its statements, COMMIT, and the notifications after it.
-func (t *Transport) publishOwn(ctx context.Context, b *pgx.Batch) error {
+// BEGIN, its statements, COMMIT, and the notifications after it. read, when
+// not nil, reads the results of the statements before the COMMIT;
+// otherwise they are executed for their errors.
+func (t *Transport) publishOwn(ctx context.Context, b *pgx.Batch, read func(pgx.BatchResults) error) error {
 	c, err := t.db.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -433,9 +442,15 @@ func (t *Transport) publishOwn(ctx context.Context, b *pgx.Batch) error {
 	}()
 	res := c.SendBatch(ctx, b)
 	err = func() error {
-		for range b.Len() - 2 {
-			if _, err := res.Exec(); err != nil {
+		if read != nil {
+			if err := read(res); err != nil {
 				return err
+			}
+		} else {
+			for range b.Len() - 2 {
+				if _, err := res.Exec(); err != nil {
+					return err
+				}
 			}
 		}
 		return commitResult(res.Exec())
@@ -667,6 +682,24 @@ type pgStream struct {
 
 // Next implements idem.Stream. It never joins the transaction ctx carries.
 func (s *pgStream) Next(ctx context.Context) (idem.Delivery, error) {
+	ds, err := s.next(ctx, 1)
+	if err != nil {
+		return nil, err
+	}
+	return ds[0], nil
+}
+
+// NextBatch implements idem.BatchStream: up to max messages in one
+// statement. It never joins the transaction ctx carries.
+func (s *pgStream) NextBatch(ctx context.Context, max int) ([]idem.Delivery, error) {
+	if max < 1 {
+		return nil, &idem.ArgumentError{Field: "max", Reason: "must be at least 1"}
+	}
+	return s.next(ctx, max)
+}
+
+// next waits for, and takes, up to limit messages.
+func (s *pgStream) next(ctx context.Context, limit int) ([]idem.Delivery, error) {
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -688,8 +721,8 @@ func (s *pgStream) Next(ctx context.Context) (idem.Delivery, error) {
 		if err != nil {
 			return nil, idem.ErrClosed
 		}
-		d, err := s.take(ctx)
-		if err != nil || d != nil {
+		ds, err := s.take(ctx, limit)
+		if err != nil || len(ds) > 0 {
 			unregister()
 			if err != nil {
 				if cerr := ctx.Err(); cerr != nil {
@@ -700,7 +733,7 @@ func (s *pgStream) Next(ctx context.Context) (idem.Delivery, error) {
 				}
 				return nil, fmt.Errorf("idempg: next: %w", err)
 			}
-			return d, nil
+			return ds, nil
 		}
 		if timer == nil {
 			timer = time.NewTimer(s.t.poll)
@@ -724,19 +757,19 @@ func (s *pgStream) Next(ctx context.Context) (idem.Delivery, error) {
 	}
 }
 
-// takeSQL hands out the oldest visible message of a consumer name's queue
-// to a stream (see Transport, "Taking a message"), in one statement, which
-// commits on its own with synchronous_commit off. It returns no row when
-// none is visible, and a row whose found is false when the message was
-// purged while the consumer name was being created (its queue row is then
-// an orphan).
+// takeSQL hands out up to $6 of the oldest visible messages of a consumer
+// name's queue to a stream (see Transport, "Taking a message"), in one
+// statement, which commits on its own with synchronous_commit off. It
+// returns no row when none is visible, and a row whose found is false for a
+// message purged while the consumer name was being created (its queue row
+// is then an orphan). Its rows come in no particular order.
 const takeSQL = `WITH n AS MATERIALIZED (
 	SELECT coalesce($2::timestamptz, clock_timestamp()) AS t,
 		set_config('synchronous_commit', 'off', true) AS async),
 next AS (
 	SELECT p.seq FROM idem_transport_pending AS p, n
 	WHERE p.consumer_id = $1 AND p.visible_at <= n.t
-	ORDER BY p.seq LIMIT 1
+	ORDER BY p.seq LIMIT $6
 	FOR UPDATE OF p SKIP LOCKED),
 taken AS (
 	UPDATE idem_transport_pending AS p
@@ -750,6 +783,24 @@ SELECT taken.seq, taken.attempts, m.seq IS NOT NULL,
 	coalesce(m.headers_base64, false), m.payload, m.msg_time
 FROM taken LEFT JOIN idem_transport_messages AS m ON m.seq = taken.seq`
 
+// untakeSQL undoes a take whose caller went away before it got the
+// messages: they are visible again at once, with the attempt it counted
+// taken back, and notified when there were any.
+const untakeSQL = `WITH n AS MATERIALIZED (
+	SELECT coalesce($4::timestamptz, clock_timestamp()) AS t,
+		set_config('synchronous_commit', 'off', true) AS async),
+given AS (
+	UPDATE idem_transport_pending AS p
+	SET visible_at = n.t, attempts = greatest(p.attempts - 1, 0), owner = NULL, owner_token = NULL
+	FROM n
+	WHERE p.consumer_id = $1 AND p.owner = $2 AND p.owner_token = $3
+	RETURNING 1)
+SELECT pg_notify($5, $6) WHERE EXISTS (SELECT FROM given)`
+
+// takeTimeout bounds the take statement, which runs apart from the caller's
+// context (see take).
+const takeTimeout = 10 * time.Second
+
 const dropOrphanSQL = `DELETE FROM idem_transport_pending
 	WHERE consumer_id = $1 AND seq = $2 AND owner = $3 AND owner_token = $4`
 
@@ -759,64 +810,113 @@ const stillHeldSQL = `SELECT p.seq FROM idem_transport_pending AS p,
 	(SELECT coalesce($4::timestamptz, clock_timestamp()) AS t) AS n
 	WHERE p.consumer_id = $1 AND p.seq = ANY($2::bigint[]) AND p.owner = $3 AND p.visible_at > n.t`
 
-// take hands out the oldest message the stream may have now, or returns
-// nil.
-func (s *pgStream) take(ctx context.Context) (*pgDelivery, error) {
+// take hands out up to limit of the oldest messages the stream may have
+// now, oldest first, or none.
+//
+// The statement runs apart from ctx's cancellation, for at most
+// takeTimeout: a statement cancelled while in flight may have committed
+// its hand-out on the server all the same, and the stream would then hold
+// messages it never handed out, for a whole AckWait. Once it has answered,
+// a caller gone meanwhile gets nothing, and what was taken for it is given
+// back at once, its attempt uncounted.
+func (s *pgStream) take(ctx context.Context, limit int) ([]idem.Delivery, error) {
 	for {
 		room, err := s.room(ctx)
-		if err != nil || !room {
+		if err != nil || room == 0 {
 			return nil, err
 		}
+		limit = min(limit, room)
 		token := s.tokens.Add(1)
-		var (
-			seq     int64
-			attempt int32
-			found   bool
-			r       messageRow
-		)
-		err = s.t.db.pool.QueryRow(ctx, s.t.sql.take, s.consumerID, s.t.now(), micros(s.sub.AckWait), s.id, token).
-			Scan(append([]any{&seq, &attempt, &found}, r.dest()...)...)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil, nil
-		}
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), takeTimeout)
+		ds, orphans, err := s.takeRows(tctx, token, limit)
+		cancel()
 		if err != nil {
+			// A take that failed or timed out may still have committed.
+			s.untake(token)
 			return nil, err
 		}
-		s.mu.Lock()
-		s.held[seq] = token
-		s.mu.Unlock()
 		select {
 		case <-s.done:
-			// Close may have given back what the stream held before this
-			// message was added: give it back here.
-			s.giveBack([]int64{seq})
+			// Close may have given back what the stream held before
+			// these messages were added: give them back here.
+			s.untake(token)
 			return nil, idem.ErrClosed
 		default:
 		}
-		if !found {
+		if ctx.Err() != nil {
+			s.untake(token)
+			return nil, ctx.Err()
+		}
+		for _, seq := range orphans {
 			if _, err := s.t.db.pool.Exec(ctx, s.t.sql.dropOrphan, s.consumerID, seq, s.id, token); err != nil {
+				s.untake(token)
 				return nil, err
 			}
-			s.forget(seq, token)
-			continue
 		}
-		m, err := r.message()
-		if err != nil {
-			return nil, fmt.Errorf("message %d of the log: %w", seq, err)
+		s.mu.Lock()
+		for _, d := range ds {
+			s.held[d.(*pgDelivery).seq] = token
 		}
-		return &pgDelivery{s: s, seq: seq, token: token, attempt: int(attempt), msg: m}, nil
+		s.mu.Unlock()
+		if len(ds) > 0 || len(orphans) == 0 {
+			return ds, nil
+		}
+		// Only orphans: look again.
 	}
 }
 
-// room reports whether the stream holds fewer than MaxInFlight deliveries.
-// At the limit it asks the database which of them are still held, since
-// AckWaits end and the messages go to other streams without this one
-// hearing of it.
-func (s *pgStream) room(ctx context.Context) (bool, error) {
+// takeRows runs the take statement and reads what it handed out, oldest
+// first, and the seqs of the orphans among them.
+func (s *pgStream) takeRows(ctx context.Context, token int64, limit int) ([]idem.Delivery, []int64, error) {
+	rows, err := s.t.db.pool.Query(ctx, s.t.sql.take, s.consumerID, s.t.now(), micros(s.sub.AckWait), s.id, token, int64(limit))
+	if err != nil {
+		return nil, nil, err
+	}
+	var (
+		ds      []idem.Delivery
+		orphans []int64
+		seq     int64
+		attempt int32
+		found   bool
+		r       messageRow
+	)
+	_, err = pgx.ForEachRow(rows, append([]any{&seq, &attempt, &found}, r.dest()...), func() error {
+		if !found {
+			orphans = append(orphans, seq)
+			return nil
+		}
+		m, err := r.message()
+		if err != nil {
+			return fmt.Errorf("message %d of the log: %w", seq, err)
+		}
+		ds = append(ds, &pgDelivery{s: s, seq: seq, token: token, attempt: int(attempt), msg: m})
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	slices.SortFunc(ds, func(a, b idem.Delivery) int { return cmp.Compare(a.(*pgDelivery).seq, b.(*pgDelivery).seq) })
+	return ds, orphans, nil
+}
+
+// untake gives back at once what the take of token handed out, if anything.
+func (s *pgStream) untake(token int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), giveBackTimeout)
+	defer cancel()
+	if _, err := s.t.db.pool.Exec(ctx, s.t.sql.untake, s.consumerID, s.id, token, s.t.now(), s.t.channel, s.wakeID); err == nil {
+		s.t.waits.wake(s.wakeID)
+	}
+}
+
+// room returns how many more deliveries the stream may hold under
+// MaxInFlight. At the limit it asks the database which of them are still
+// held, since AckWaits end and the messages go to other streams without
+// this one hearing of it.
+func (s *pgStream) room(ctx context.Context) (int, error) {
 	s.mu.Lock()
-	if len(s.held) < s.sub.MaxInFlight {
+	if n := s.sub.MaxInFlight - len(s.held); n > 0 {
 		s.mu.Unlock()
-		return true, nil
+		return n, nil
 	}
 	looked := make(map[int64]int64, len(s.held))
 	seqs := make([]int64, 0, len(s.held))
@@ -827,11 +927,11 @@ func (s *pgStream) room(ctx context.Context) (bool, error) {
 	s.mu.Unlock()
 	rows, err := s.t.db.pool.Query(ctx, s.t.sql.stillHeld, s.consumerID, seqs, s.id, s.t.now())
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	live, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	for _, seq := range live {
 		delete(looked, seq)
@@ -843,7 +943,7 @@ func (s *pgStream) room(ctx context.Context) (bool, error) {
 			delete(s.held, seq)
 		}
 	}
-	return len(s.held) < s.sub.MaxInFlight, nil
+	return max(s.sub.MaxInFlight-len(s.held), 0), nil
 }
 
 // forget drops a delivery from what the stream holds.
@@ -902,6 +1002,69 @@ func (s *pgStream) Close() error {
 		}
 	})
 	return err
+}
+
+// ackManySQL deletes the queue rows of the deliveries that still hold them.
+// $5 turns synchronous_commit off when it commits on its own.
+const ackManySQL = `WITH n AS MATERIALIZED (
+	SELECT CASE WHEN $5::boolean THEN set_config('synchronous_commit', 'off', true) END AS async)
+DELETE FROM idem_transport_pending AS p USING n, unnest($3::bigint[], $4::bigint[]) AS d(seq, token)
+	WHERE p.consumer_id = $1 AND p.owner = $2 AND p.seq = d.seq AND p.owner_token = d.token`
+
+// AckBatch implements idem.BatchStream: one statement deletes the queue
+// rows of every delivery that still holds its message, in the transaction
+// ctx carries if any (see Transport, "Transactions"). Deliveries of another
+// stream are refused with an error matching idem.ErrInvalidArgument.
+func (s *pgStream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, error) {
+	if len(ds) == 0 {
+		return 0, nil
+	}
+	seqs, tokens := make([]int64, len(ds)), make([]int64, len(ds))
+	for i, d := range ds {
+		pd, ok := d.(*pgDelivery)
+		if !ok || pd.s != s {
+			return 0, &idem.ArgumentError{Field: "ds", Reason: fmt.Sprintf("delivery %d is not of this stream", i)}
+		}
+		seqs[i], tokens[i] = pd.seq, pd.token
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	t := s.t
+	if t.isClosed() {
+		return 0, fmt.Errorf("idempg: ack: %w", idem.ErrClosed)
+	}
+	st, err := t.carried(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("idempg: ack: %w", err)
+	}
+	var q querier = t.db.pool
+	if st != nil {
+		q = st.tx
+	}
+	tag, err := q.Exec(ctx, t.sql.ackMany, s.consumerID, s.id, seqs, tokens, st == nil)
+	if err != nil {
+		return 0, fmt.Errorf("idempg: ack: %w", err)
+	}
+	// As for Ack: forgotten before the caller's transaction commits; should
+	// it roll back, the stream's Close leaves the messages to their
+	// AckWait.
+	s.mu.Lock()
+	for i, seq := range seqs {
+		if s.held[seq] == tokens[i] {
+			delete(s.held, seq)
+		}
+	}
+	s.mu.Unlock()
+	t.waits.wake(s.wakeID)
+	return int(tag.RowsAffected()), nil
+}
+
+// AcksInTx implements idem.BatchStream: AckBatch joins the transaction
+// ctx carries when it is one of the Transport's DB.
+func (s *pgStream) AcksInTx(ctx context.Context) bool {
+	st, err := s.t.carried(ctx)
+	return err == nil && st != nil
 }
 
 type pgDelivery struct {

@@ -83,7 +83,7 @@ func testNextInterrupted(t *testing.T, e *transportEnv) {
 	if d.Message().ID != m.ID {
 		t.Fatalf("Next = %q, want %q", d.Message().ID, m.ID)
 	}
-	if e.f.AttemptCount && d.Attempt() != received+1 {
+	if e.f.AttemptCount && !e.f.CountsPrefetched && d.Attempt() != received+1 {
 		t.Errorf("Attempt = %d after %d received deliveries, want %d: an interrupted Next counted an attempt nobody received",
 			d.Attempt(), received, received+1)
 	}

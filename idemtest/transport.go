@@ -41,6 +41,13 @@ type TransportFeatures struct {
 	// OrderedPerTopic: a consumer receives one topic's messages in the
 	// order they were published (redeliveries aside).
 	OrderedPerTopic bool
+	// CountsPrefetched: the broker counts as an attempt every delivery to
+	// the consumer's buffer, also one the consumer never took from it
+	// before its stream closed (RabbitMQ's prefetch: the message goes back
+	// to the queue with its delivery count raised). The suite then does
+	// not check that interrupted Nexts leave the attempt count alone, only
+	// that they leave nothing held.
+	CountsPrefetched bool
 	// RealTime: the transport runs on real time, as a broker does, and
 	// cannot be moved by the suite's Clock. The suite passes
 	// idem.SystemClock to the constructor, and waits, with deadlines, for

@@ -23,6 +23,11 @@
 // them sent. Run repeats passes: at once after a full batch, after
 // Config.Interval (or a Wake) otherwise.
 //
+// When the Publisher is an idem.OutboxMover for the outbox (idempg's and
+// idemsqlite's transports, in the outbox's own database), a pass is one
+// MoveOutbox: the entries go from the outbox to the transport's queue in
+// one transaction, and the duplicates below cannot happen.
+//
 // # Several relays, and the duplicate they may cause
 //
 // Several relays may run over one outbox at once, in one process or many:

@@ -52,8 +52,9 @@ type Config struct {
 	// publish the same entries too. Defaults to 30s.
 	Lease time.Duration
 	// Interval is how long Run waits before looking at the outbox again
-	// when a pass found less than a full batch. Wake cuts it short.
-	// Defaults to 200ms.
+	// when a pass found less than a full batch. Wake cuts it short, so it
+	// matters only for entries written by processes that cannot wake this
+	// relay. Defaults to 1s.
 	Interval time.Duration
 	// Retry spaces the passes after a failed publish. Its MaxAttempts is
 	// ignored: the relay never gives a message up. Defaults to the zero
@@ -72,6 +73,10 @@ type Relay struct {
 	cfg     Config
 	wake    chan struct{}
 	running atomic.Bool
+
+	// mover is the Publisher when it can move the outbox's entries
+	// itself (idem.OutboxMover); nil once it said it cannot.
+	mover idem.OutboxMover
 
 	// mu serialises passes, and guards the batch a failed pass left.
 	mu sync.Mutex
@@ -115,7 +120,7 @@ func New(cfg *Config) (*Relay, error) {
 		c.Lease = 30 * time.Second
 	}
 	if c.Interval == 0 {
-		c.Interval = 200 * time.Millisecond
+		c.Interval = time.Second
 	}
 	if c.Timers == nil {
 		c.Timers = RuntimeTimers{}
@@ -123,7 +128,8 @@ func New(cfg *Config) (*Relay, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Relay{cfg: c, wake: make(chan struct{}, 1)}, nil
+	mover, _ := c.Publisher.(idem.OutboxMover)
+	return &Relay{cfg: c, wake: make(chan struct{}, 1), mover: mover}, nil
 }
 
 // Name returns the relay's name, the holder of its leases.
@@ -142,7 +148,10 @@ func (r *Relay) Wake() {
 
 // Flush makes one pass: it claims up to Batch entries, publishes them in
 // order in one Publish call, and marks them sent. It returns how many
-// entries it marked sent.
+// entries it marked sent. When the Publisher is an idem.OutboxMover that
+// can take this outbox (a database transport in the outbox's own
+// database), the pass is one MoveOutbox instead: claim, publish and mark
+// sent in one transaction, so nothing is published twice.
 //
 // When the publish fails, Flush returns the error and keeps the batch: the
 // next pass publishes the same entries again, before claiming any other,
@@ -155,6 +164,18 @@ func (r *Relay) Flush(ctx context.Context) (int, error) {
 	defer r.mu.Unlock()
 	if err := ctx.Err(); err != nil {
 		return 0, err
+	}
+	if r.mover != nil && len(r.pending) == 0 {
+		n, ok, err := r.mover.MoveOutbox(ctx, r.cfg.Outbox, r.cfg.Batch)
+		if ok {
+			if err != nil {
+				return 0, fmt.Errorf("outbox relay %s: move: %w", r.cfg.Name, err)
+			}
+			return n, nil
+		}
+		// Not an outbox of the publisher's database: relay the long way,
+		// from now on.
+		r.mover = nil
 	}
 	if len(r.pending) == 0 {
 		entries, err := r.cfg.Outbox.Claim(ctx, r.cfg.Name, r.cfg.Batch, r.cfg.Lease)

@@ -421,3 +421,70 @@ func TestRunStopsOnCancel(t *testing.T) {
 		t.Fatal("Run did not return after cancel")
 	}
 }
+
+// mover is a Publisher that moves its own outbox's entries (as a database
+// transport does in its database), and refuses any other outbox.
+type mover struct {
+	*recorder
+	own   idem.Outbox
+	moves int
+}
+
+func (m *mover) MoveOutbox(ctx context.Context, ob idem.Outbox, limit int) (int, bool, error) {
+	if ob != m.own {
+		return 0, false, nil
+	}
+	m.moves++
+	entries, err := ob.Claim(ctx, "mover", limit, time.Minute)
+	if err != nil || len(entries) == 0 {
+		return 0, true, err
+	}
+	msgs := make([]idem.Message, len(entries))
+	seqs := make([]int64, len(entries))
+	for i, e := range entries {
+		msgs[i], seqs[i] = e.Message, e.Seq
+	}
+	if err := m.recorder.Publish(ctx, msgs...); err != nil {
+		return 0, true, err
+	}
+	return len(entries), true, ob.MarkSent(ctx, seqs...)
+}
+
+func TestFlushMovesThroughAnOutboxMover(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ob, tr := idemmem.NewOutbox(nil), idemmem.NewTransport(nil)
+	defer tr.Close()
+	m := &mover{recorder: &recorder{next: tr}, own: ob}
+	want := addN(t, ob, 0, 250)
+	r, err := outbox.New(&outbox.Config{Outbox: ob, Publisher: m, Batch: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{100, 100, 50, 0} {
+		if got, err := r.Flush(ctx); got != n || err != nil {
+			t.Fatalf("Flush = %d, %v; want %d moved", got, err, n)
+		}
+	}
+	if m.moves != 4 || !slices.Equal(m.ids(), want) {
+		t.Errorf("%d moves published %v, want 4 moves of %v in order", m.moves, m.ids(), want)
+	}
+
+	// Another outbox is relayed the long way, and the mover is not asked
+	// again.
+	other := idemmem.NewOutbox(nil)
+	m2 := &mover{recorder: &recorder{next: tr}, own: ob}
+	r2, err := outbox.New(&outbox.Config{Outbox: other, Publisher: m2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	more := addN(t, other, 250, 260)
+	for range 2 {
+		if _, err := r2.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m2.moves != 0 || !slices.Equal(m2.ids(), more) || other.Unsent() != 0 {
+		t.Errorf("moves %d, published %v, unsent %d; want the long way: 0 moves, %v, 0 unsent", m2.moves, m2.ids(), other.Unsent(), more)
+	}
+}
