@@ -3,6 +3,7 @@ package bench_test
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -49,5 +50,51 @@ func TestRun(t *testing.T) {
 func TestRunNeedsAStore(t *testing.T) {
 	if _, err := bench.Run(context.Background(), nil); err == nil {
 		t.Fatal("Run with no store succeeded")
+	}
+}
+
+// TestMessages runs every message measurement once, small, against the
+// real services: the harness works end to end and every figure is filled
+// in (and each measurement checked its own counts); speed is for `idem
+// bench messages` to report.
+func TestMessages(t *testing.T) {
+	pg := idemtest.RequireService(t, "PostgreSQL", "IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	nats := idemtest.RequireService(t, "NATS", "IDEM_NATS_URL", "nats://127.0.0.1:4222")
+	amqp := idemtest.RequireService(t, "RabbitMQ", "IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var progress, results bytes.Buffer
+	fs, err := bench.Messages(ctx, &bench.MessagesOptions{
+		PostgresURL: pg, NATSURL: nats, AMQPURL: amqp, Dir: t.TempDir(),
+		Messages: 400, Keys: 10, Rounds: 1, Out: &progress, Results: &results,
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, progress.String())
+	}
+	var names []string
+	for _, f := range fs {
+		names = append(names, f.Name+" "+f.Metric)
+		if len(f.Values) != 1 || f.Median() <= 0 {
+			t.Errorf("%s %s: values %v", f.Name, f.Metric, f.Values)
+		}
+	}
+	for _, want := range []string{
+		"idem-consumer-pg msgs_per_s", "minimum-consumer-pg msgs_per_s", "idem-consumer-batch-pg msgs_per_s",
+		"idem-transport-pg take_ack_per_s", "idem-relay-pg publish_per_s", "idem-pipeline-pg settled_per_s",
+		"idem-consumer-sqlite msgs_per_s", "minimum-consumer-sqlite msgs_per_s", "idem-pipeline-sqlite settled_per_s",
+		"idem-consumer-nats msgs_per_s", "minimum-consumer-nats msgs_per_s", "idem-transport-nats take_ack_per_s",
+		"idem-consumer-amqp msgs_per_s", "minimum-consumer-amqp msgs_per_s", "idem-transport-amqp take_ack_per_s",
+	} {
+		if !slices.Contains(names, want) {
+			t.Errorf("no figure %q among %v", want, names)
+		}
+	}
+	if lines := strings.Count(results.String(), "RESULT,"); lines != len(fs) {
+		t.Errorf("%d RESULT lines for %d figures:\n%s", lines, len(fs), results.String())
+	}
+	var table bytes.Buffer
+	bench.PrintFigures(&table, fs)
+	if !strings.Contains(table.String(), "idem-consumer-pg / minimum-consumer-pg") {
+		t.Errorf("the table has no ratio of the consumer to its minimum:\n%s", table.String())
 	}
 }

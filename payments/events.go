@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -158,7 +159,11 @@ func newPipeline(ctx context.Context, store storage, msgs messaging, c *Config) 
 	}
 	var inbox idem.Inbox = msgs.inbox
 	if c.Faults {
-		inbox = &crashingInbox{Inbox: msgs.inbox, crash: p.crashAfterSettle}
+		ci := crashingInbox{Inbox: msgs.inbox, crash: p.crashAfterSettle}
+		inbox = &ci
+		if bi, ok := msgs.inbox.(idem.BatchInbox); ok {
+			inbox = &crashingBatchInbox{crashingInbox: ci, batch: bi}
+		}
 	}
 	cons, err := consumer.New(&consumer.Config{
 		Name:        SettlementConsumer,
@@ -220,7 +225,7 @@ func (p *pipeline) start() {
 	}()
 	go func() {
 		defer p.wg.Done()
-		if err := p.consumer.Run(ctx, p.settle); err != nil {
+		if err := p.consumer.RunBatch(ctx, p.settle); err != nil {
 			p.logger.Error("payments: the settlement consumer stopped", "err", err)
 		}
 	}()
@@ -273,31 +278,39 @@ func (p *pipeline) closeTransport() error {
 	return p.embedded.Close()
 }
 
-// settle applies one payment event: it adds the amount to the tenant's
-// settlement total, in the transaction of the consumer's inbox row (ctx
-// carries it). Malformed events and events of unknown payments are
-// permanent. With Config.Faults, the header Idem-Fault: fail-times=N fails
-// the first N attempts transiently.
-func (p *pipeline) settle(ctx context.Context, m idem.Message) error {
-	if p.faults {
-		if n, ok := failTimes(m.Headers[HeaderFault]); ok {
-			info, _ := consumer.InfoFromContext(ctx)
-			if info.Attempt <= n {
-				return fmt.Errorf("injected fault fail-times=%d: attempt %d fails", n, info.Attempt)
+// settle applies a batch of payment events: it adds their amounts to the
+// tenants' settlement totals, in the transaction of the consumer's inbox
+// rows (ctx carries it), in two statements for the whole batch. A
+// malformed event, or one of an unknown payment, is permanent, and named
+// (consumer.ItemError), so that its batch-mates are settled without it.
+// With Config.Faults, the header Idem-Fault: fail-times=N fails an event's
+// first N attempts transiently.
+func (p *pipeline) settle(ctx context.Context, msgs []idem.Message) error {
+	infos, _ := consumer.BatchInfoFromContext(ctx)
+	evs := make([]PaymentEvent, len(msgs))
+	crash := false
+	for i, m := range msgs {
+		if p.faults {
+			if n, ok := failTimes(m.Headers[HeaderFault]); ok && i < len(infos) && infos[i].Attempt <= n {
+				return &consumer.ItemError{Index: i, Err: fmt.Errorf("injected fault fail-times=%d: attempt %d fails", n, infos[i].Attempt)}
 			}
+			crash = crash || hasFault(m.Headers[HeaderFault], faultCrashAfterSettle)
+		}
+		if err := json.Unmarshal(m.Payload, &evs[i]); err != nil {
+			return &consumer.ItemError{Index: i, Err: idem.Permanent(fmt.Errorf("malformed event: %w", err))}
+		}
+		if ev := evs[i]; ev.EventID == "" || ev.PaymentID == "" || ev.Tenant == "" {
+			return &consumer.ItemError{Index: i, Err: idem.Permanent(errors.New("malformed event: event_id, payment_id and tenant are required"))}
 		}
 	}
-	var ev PaymentEvent
-	if err := json.Unmarshal(m.Payload, &ev); err != nil {
-		return idem.Permanent(fmt.Errorf("malformed event: %w", err))
-	}
-	if ev.EventID == "" || ev.PaymentID == "" || ev.Tenant == "" {
-		return idem.Permanent(errors.New("malformed event: event_id, payment_id and tenant are required"))
-	}
-	if err := p.store.settle(ctx, ev); err != nil {
+	if err := p.store.settle(ctx, evs); err != nil {
+		var ee *eventError
+		if errors.As(err, &ee) {
+			return &consumer.ItemError{Index: ee.index, Err: ee.err}
+		}
 		return err
 	}
-	if p.faults && hasFault(m.Headers[HeaderFault], faultCrashAfterSettle) {
+	if crash {
 		armCrash(ctx)
 	}
 	return nil
@@ -347,6 +360,22 @@ func (c *crashingInbox) Process(ctx context.Context, consumer, dedupKey string, 
 	return err
 }
 
+// crashingBatchInbox is crashingInbox for an inbox that records batches:
+// the crash fires once the whole batch has committed.
+type crashingBatchInbox struct {
+	crashingInbox
+	batch idem.BatchInbox
+}
+
+func (c *crashingBatchInbox) ProcessBatch(ctx context.Context, consumer string, keys []string, fn func(context.Context, []bool) error) error {
+	armed := new(bool)
+	err := c.batch.ProcessBatch(context.WithValue(ctx, crashArmKey{}, armed), consumer, keys, fn)
+	if err == nil && *armed {
+		c.crash()
+	}
+	return err
+}
+
 func (p *pipeline) crashAfterSettle() {
 	p.logger.Warn("payments: crash-after-settle: killing the process after the settlement committed, before the message is acknowledged")
 	p.crash()
@@ -390,15 +419,30 @@ func (s *Service) getSettlement(w http.ResponseWriter, r *http.Request) {
 
 // wakeRelay wraps the payments endpoint: once its answer is written, the
 // payment (and its event) has committed, with the key, so the relay is
-// woken to publish at once rather than at its next poll.
+// woken to publish at once rather than at its next poll. Only an answer
+// for which an event was written wakes it: a replay, a refusal or a
+// failure has nothing to publish.
 func (s *Service) wakeRelay(next http.Handler) http.Handler {
 	if s.pipeline == nil {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		next.ServeHTTP(w, r)
-		s.pipeline.relay.Wake()
+		var wrote atomic.Bool
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), eventWrittenKey{}, &wrote)))
+		if wrote.Load() {
+			s.pipeline.relay.Wake()
+		}
 	})
+}
+
+type eventWrittenKey struct{}
+
+// noteEvent tells wakeRelay, through ctx, that the request wrote an event
+// to the outbox.
+func noteEvent(ctx context.Context) {
+	if wrote, ok := ctx.Value(eventWrittenKey{}).(*atomic.Bool); ok {
+		wrote.Store(true)
+	}
 }
 
 var (

@@ -253,6 +253,7 @@ func (s *pgStorage) CreatePayment(ctx context.Context, p Payment, o origin) (Pay
 			if err != nil {
 				return err
 			}
+			noteEvent(ctx)
 			if err := s.outbox.Add(ctx, msg); err != nil {
 				return pgErr("outbox", err)
 			}
@@ -489,26 +490,48 @@ func pgMessaging(ctx context.Context, db *idempg.DB, c *Config) (messaging, erro
 	}, nil
 }
 
-// settle is sqliteStorage.settle on PostgreSQL. The settlement row is
-// upserted: concurrent first events of a tenant meet on its primary key.
-func (s *pgStorage) settle(ctx context.Context, ev PaymentEvent) error {
+// settle implements storage on PostgreSQL: one SELECT of the events'
+// payments and one upsert of every tenant's settlement the batch touches,
+// in the settlements' key order.
+func (s *pgStorage) settle(ctx context.Context, evs []PaymentEvent) error {
 	return s.db.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		var amount int64
-		var currency string
-		err := tx.QueryRow(ctx, `SELECT amount, currency FROM payments WHERE id = $1 AND tenant = $2`,
-			ev.PaymentID, ev.Tenant).Scan(&amount, &currency)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return idem.Permanent(fmt.Errorf("event %s: %w: %s", ev.EventID, ErrPaymentNotFound, ev.PaymentID))
+		ids := make([]string, len(evs))
+		for i, ev := range evs {
+			ids[i] = ev.PaymentID
 		}
+		type stored struct {
+			tenant, currency string
+			amount           int64
+		}
+		found := make(map[string]stored, len(evs))
+		rows, err := tx.Query(ctx, `SELECT id, tenant, amount, currency FROM payments WHERE id = ANY($1::text[])`, ids)
 		if err != nil {
-			return pgErr("read payment", err)
+			return pgErr("read payments", err)
 		}
-		if err := checkEvent(ev, amount, currency); err != nil {
+		var id string
+		var p stored
+		if _, err := pgx.ForEachRow(rows, []any{&id, &p.tenant, &p.amount, &p.currency}, func() error {
+			found[id] = p
+			return nil
+		}); err != nil {
+			return pgErr("read payments", err)
+		}
+		totals, err := settlementTotals(evs, func(id string) (string, int64, string, bool) {
+			p, ok := found[id]
+			return p.tenant, p.amount, p.currency, ok
+		})
+		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO settlements (tenant, currency, total, events) VALUES ($1, $2, $3, 1)
-			ON CONFLICT (tenant, currency) DO UPDATE SET total = settlements.total + excluded.total, events = settlements.events + 1`,
-			ev.Tenant, currency, amount)
+		tenants, currencies := make([]string, len(totals)), make([]string, len(totals))
+		sums, counts := make([]int64, len(totals)), make([]int64, len(totals))
+		for i, t := range totals {
+			tenants[i], currencies[i], sums[i], counts[i] = t.tenant, t.currency, t.total, t.events
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO settlements (tenant, currency, total, events)
+			SELECT t, c, s, n FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY AS u(t, c, s, n, o) ORDER BY o
+			ON CONFLICT (tenant, currency) DO UPDATE SET total = settlements.total + excluded.total, events = settlements.events + excluded.events`,
+			tenants, currencies, sums, counts)
 		if err != nil {
 			return pgErr("settle", err)
 		}

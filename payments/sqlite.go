@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -219,6 +220,7 @@ func (s *sqliteStorage) CreatePayment(ctx context.Context, p Payment, o origin) 
 			if err != nil {
 				return err
 			}
+			noteEvent(ctx)
 			if err := s.outbox.Add(ctx, msg); err != nil {
 				return fmt.Errorf("outbox: %w", err)
 			}
@@ -493,29 +495,53 @@ func sqliteMessaging(ctx context.Context, db *idemsqlite.DB, c *Config) (messagi
 	}, nil
 }
 
-// settle adds ev's amount to its tenant's settlement, in the transaction
-// ctx carries (the settlement consumer's inbox row's). An unknown payment,
-// or an event that disagrees with it, is permanent.
-func (s *sqliteStorage) settle(ctx context.Context, ev PaymentEvent) error {
+// settle implements storage on SQLite: one SELECT of the events' payments
+// and one upsert per tenant and currency the batch touches.
+func (s *sqliteStorage) settle(ctx context.Context, evs []PaymentEvent) error {
 	return s.db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		var amount int64
-		var currency string
-		err := tx.QueryRowContext(ctx, `SELECT amount, currency FROM payments WHERE id = ? AND tenant = ?`,
-			ev.PaymentID, ev.Tenant).Scan(&amount, &currency)
-		if errors.Is(err, sql.ErrNoRows) {
-			return idem.Permanent(fmt.Errorf("event %s: %w: %s", ev.EventID, ErrPaymentNotFound, ev.PaymentID))
+		ids := make([]string, len(evs))
+		for i, ev := range evs {
+			ids[i] = ev.PaymentID
 		}
+		list, err := json.Marshal(ids)
 		if err != nil {
-			return fmt.Errorf("read payment: %w", err)
+			return fmt.Errorf("read payments: %w", err)
 		}
-		if err := checkEvent(ev, amount, currency); err != nil {
+		type stored struct {
+			tenant, currency string
+			amount           int64
+		}
+		found := make(map[string]stored, len(evs))
+		rows, err := tx.QueryContext(ctx, `SELECT id, tenant, amount, currency FROM payments WHERE id IN (SELECT value FROM json_each(?))`, string(list))
+		if err != nil {
+			return fmt.Errorf("read payments: %w", err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id string
+			var p stored
+			if err := rows.Scan(&id, &p.tenant, &p.amount, &p.currency); err != nil {
+				return fmt.Errorf("read payments: %w", err)
+			}
+			found[id] = p
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("read payments: %w", err)
+		}
+		totals, err := settlementTotals(evs, func(id string) (string, int64, string, bool) {
+			p, ok := found[id]
+			return p.tenant, p.amount, p.currency, ok
+		})
+		if err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO settlements (tenant, currency, total, events) VALUES (?, ?, ?, 1)
-			ON CONFLICT (tenant, currency) DO UPDATE SET total = total + excluded.total, events = events + 1`,
-			ev.Tenant, currency, amount)
-		if err != nil {
-			return fmt.Errorf("settle: %w", err)
+		for _, t := range totals {
+			_, err = tx.ExecContext(ctx, `INSERT INTO settlements (tenant, currency, total, events) VALUES (?, ?, ?, ?)
+				ON CONFLICT (tenant, currency) DO UPDATE SET total = total + excluded.total, events = events + excluded.events`,
+				t.tenant, t.currency, t.total, t.events)
+			if err != nil {
+				return fmt.Errorf("settle: %w", err)
+			}
 		}
 		return nil
 	})

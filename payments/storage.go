@@ -1,8 +1,12 @@
 package payments
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -69,15 +73,64 @@ type storage interface {
 	// payment's transaction.
 	setOutbox(ob idem.Outbox)
 
-	// settle adds ev's amount to its tenant's settlement, in the
-	// transaction ctx carries (the settlement consumer's inbox row's).
-	// Returns a permanent error (idem.Permanent) when ev's payment is
-	// unknown or disagrees with it.
-	settle(ctx context.Context, ev PaymentEvent) error
+	// settle adds the events' amounts to their tenants' settlements, in
+	// the transaction ctx carries (the settlement consumer's inbox
+	// rows'), with one statement per tenant and currency at most. Returns
+	// an *eventError naming the first event whose payment is unknown or
+	// disagrees with it (a permanent error, idem.Permanent), having
+	// settled nothing.
+	settle(ctx context.Context, evs []PaymentEvent) error
 
 	// settlement reads the tenant's settlement in the currency of its
 	// first account; zero values when it has none.
 	settlement(ctx context.Context, tenant string) (Settlement, error)
+}
+
+// eventError is the failure of one event of a batch being settled.
+type eventError struct {
+	index int
+	err   error
+}
+
+func (e *eventError) Error() string { return e.err.Error() }
+func (e *eventError) Unwrap() error { return e.err }
+
+// settlementTotal is what a batch adds to one tenant's settlement in one
+// currency.
+type settlementTotal struct {
+	tenant, currency string
+	total, events    int64
+}
+
+// settlementTotals checks each event against its stored payment, found by
+// find, and sums the batch per tenant and currency, in that order (the
+// order in which the upsert locks the rows, so that concurrent batches
+// never wait for each other in a cycle).
+func settlementTotals(evs []PaymentEvent, find func(id string) (tenant string, amount int64, currency string, ok bool)) ([]settlementTotal, error) {
+	sums := make(map[[2]string]*settlementTotal)
+	for i, ev := range evs {
+		tenant, amount, currency, ok := find(ev.PaymentID)
+		if !ok || tenant != ev.Tenant {
+			return nil, &eventError{i, idem.Permanent(fmt.Errorf("event %s: %w: %s", ev.EventID, ErrPaymentNotFound, ev.PaymentID))}
+		}
+		if err := checkEvent(ev, amount, currency); err != nil {
+			return nil, &eventError{i, err}
+		}
+		k := [2]string{ev.Tenant, currency}
+		if sums[k] == nil {
+			sums[k] = &settlementTotal{tenant: ev.Tenant, currency: currency}
+		}
+		sums[k].total += amount
+		sums[k].events++
+	}
+	out := make([]settlementTotal, 0, len(sums))
+	for _, st := range sums {
+		out = append(out, *st)
+	}
+	slices.SortFunc(out, func(a, b settlementTotal) int {
+		return cmp.Or(strings.Compare(a.tenant, b.tenant), strings.Compare(a.currency, b.currency))
+	})
+	return out, nil
 }
 
 // errOutcomeUnknown marks a failed write whose transaction failed to begin

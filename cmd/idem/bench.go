@@ -34,6 +34,7 @@ keys under a prefix of their own, deleted afterwards.
 	cmd.Flags().IntVar(&o.Requests, "requests", 2000, "requests per side and round")
 	cmd.Flags().IntVar(&o.Rounds, "rounds", 3, "rounds; the sides alternate and the median round counts")
 	cmd.Flags().IntVar(&o.Concurrency, "concurrency", 8, "requests in flight")
+	cmd.AddCommand(a.benchMessagesCmd())
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
 		if o.PostgresURL == "" && o.RedisURL == "" {
 			return &usageError{fmt.Errorf("give --postgres, --redis or both")}
@@ -58,6 +59,57 @@ keys under a prefix of their own, deleted afterwards.
 			}
 		}
 		return nil
+	})
+	return cmd
+}
+
+func (a *app) benchMessagesCmd() *cobra.Command {
+	var o bench.MessagesOptions
+	cmd := &cobra.Command{
+		Use:   "messages",
+		Short: "Measure the message half (consumer, transport, relay, pipeline) against hand-written minimums",
+		Long: `Measure the message half on SQLite (a temporary file), on PostgreSQL when
+--postgres is given, and on NATS JetStream and RabbitMQ when their URLs are
+given (their inboxes in PostgreSQL, or SQLite without it). Each backend gets:
+
+  idem-consumer-B        consumer.Consumer with its defaults: dedup by message ID
+                         in the inbox, a counter incremented in the inbox's
+                         transaction, over a backlog spread over --keys keys
+  idem-consumer-batch-B  the same with a batch handler (one statement a batch)
+  minimum-consumer-B     the same work by hand, one transaction per message
+  idem-transport-B       one stream taking and acknowledging the backlog
+  idem-relay-B           the outbox relay moving --messages entries
+  idem-pipeline-B        the payment service in process: payments, settled/s
+
+Every figure is printed, as it is measured, as a line
+RESULT,<name>,<metric>,<value>,<unit> (the format ../shared/perf/peers.sh
+prints), then the medians as a table, with the ratios of idem's consumers to
+the minimum beside them. Measurements run in turn, round after round.
+
+  idem bench messages --postgres postgres://postgres@127.0.0.1:5432/test \
+      --nats nats://127.0.0.1:4222 --amqp amqp://guest:guest@127.0.0.1:5672/`,
+		Args: cobra.NoArgs,
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&o.PostgresURL, "postgres", "", "PostgreSQL URL to measure (and to hold the brokers' inboxes)")
+	fl.StringVar(&o.NATSURL, "nats", "", "NATS JetStream URL to measure")
+	fl.StringVar(&o.AMQPURL, "amqp", "", "RabbitMQ URL to measure")
+	fl.IntVar(&o.Messages, "messages", 20000, "messages per measurement")
+	fl.IntVar(&o.Keys, "keys", 100, "ordering keys the messages are spread over")
+	fl.IntVar(&o.Rounds, "rounds", 3, "rounds; the median counts")
+	fl.StringSliceVar(&o.Only, "only", nil, "measure only these (names as in the RESULT lines)")
+	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
+		if o.Messages < 1 || o.Keys < 1 || o.Rounds < 1 {
+			return &usageError{fmt.Errorf("--messages, --keys and --rounds must be positive")}
+		}
+		o.Out = a.stderr
+		o.Results = a.stdout
+		fs, err := bench.Messages(cmd.Context(), &o)
+		if len(fs) > 0 {
+			fmt.Fprintln(a.stdout)
+			bench.PrintFigures(a.stdout, fs)
+		}
+		return err
 	})
 	return cmd
 }
