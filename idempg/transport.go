@@ -173,7 +173,7 @@ type Transport struct {
 }
 
 var (
-	_ idem.Publisher  = (*Transport)(nil)
+	_ idem.Publisher   = (*Transport)(nil)
 	_ idem.Subscriber  = (*Transport)(nil)
 	_ idem.BatchStream = (*pgStream)(nil)
 )
@@ -226,10 +226,10 @@ func NewTransport(ctx context.Context, db *DB, cfg *TransportConfig) (*Transport
 // the schema: Publish and the Delivery methods may run in the caller's
 // transaction, whose search_path the caller may have changed.
 type transportSQL struct {
-	lockTopics, ensureTopics, publish, notifyInTx, notifyAfter          string
-	findConsumer, bumpTopic, createConsumer, backlog                    string
-	take, untake, dropOrphan, stillHeld, giveBack, ack, ackMany, nack      string
-	inProgress, purge, moveLock, move                                    string
+	lockTopics, ensureTopics, publish, notifyInTx, notifyAfter        string
+	findConsumer, bumpTopic, createConsumer, backlog                  string
+	take, untake, dropOrphan, stillHeld, giveBack, ack, ackMany, nack string
+	inProgress, purge, moveLock, move                                 string
 }
 
 func newTransportSQL(schema string) transportSQL {
