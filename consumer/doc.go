@@ -23,18 +23,62 @@
 // # One delivery
 //
 // For each delivery the consumer derives the dedup key (Config.DedupKey,
-// the message ID by default) and calls Inbox.Process with it. The handler
-// runs inside the inbox's transaction, so its writes and the inbox row
-// commit together or not at all:
+// the message ID by default) and calls Inbox.Process with it (or records
+// it with its batch, see Batches). The handler runs inside the inbox's
+// transaction, so its writes and the inbox row commit together or not at
+// all:
 //
-//   - success: the delivery is acknowledged after the commit. A crash
-//     between the commit and the Ack causes a redelivery, which the inbox
+//   - success: the delivery is acknowledged after the commit, or with it
+//     where the transport joins the inbox's transaction. A crash between
+//     the commit and an Ack after it causes a redelivery, which the inbox
 //     absorbs.
 //   - the inbox has the key already (idem.ErrDuplicate): acknowledged
 //     without running the handler, and counted (Stats.Duplicates).
 //   - failure: nothing was committed and no inbox row is left, so the next
 //     attempt really runs again (unlike a de-duplicator that marks a message
 //     seen before its handler runs).
+//
+// # Batches
+//
+// When the inbox records many messages at once (idem.BatchInbox: idempg's
+// and idemsqlite's), the consumer handles up to Config.BatchSize messages
+// in one inbox transaction: their inbox rows, their handlers' writes and,
+// on a database transport in the inbox's own database (its stream says so,
+// idem.BatchStream.AcksInTx), their acknowledgements commit with one
+// commit. That is a group commit: one durable flush for the batch instead
+// of one per message, which is most of what a message costs. A handler
+// stays a function of one message; it runs in the batch's transaction.
+//
+// A batch holds at most one message per dedup key, and, per ordering key,
+// a run of the key's messages in their order: batches handled at once
+// never share a key, so their handlers never touch one key's rows
+// together. A message that fails takes no batch-mate with it: the batch
+// is rolled back, the failing message (and the later messages of its key)
+// taken out, and the rest applied again, at once, as a batch; the failing
+// one is retried or dead-lettered on its own, as described below. Rolling
+// back and trying again was preferred to a savepoint per message, which
+// would cost a round trip of its own for every message and, past 64 of
+// them in one transaction, slows every other session of a PostgreSQL
+// server (its subtransaction cache overflows); failures are rare, so the
+// optimistic batch costs less. A key found held back, or a malformed
+// message, is likewise taken out and parked or dead-lettered on its own.
+//
+// Batches fill by themselves under load: a worker takes what is ready when
+// it starts a batch, without waiting (Config.BatchWait, zero by default),
+// so an idle consumer handles a lone message at once, and a busy one finds
+// the messages that arrived while its previous batch committed. Where the
+// transport hands out batches (idem.BatchStream), the consumer also takes
+// deliveries BatchSize at a time, and acknowledges in one call the
+// deliveries whose acknowledgement did not commit with their batch.
+//
+// Handlers that write rows shared across keys (one total for every
+// message, say) keep those rows locked until the batch commits, so that
+// concurrent batches wait for each other there; writing such rows in a
+// fixed order, or in bulk with RunBatch and a BatchHandler, keeps them from
+// waiting in a cycle. A BatchHandler gets the batch's new messages in one
+// call, for effects that can be written with one statement; it names a
+// failing message with an *ItemError so that the others are applied
+// without it.
 //
 // # Failures and retries
 //

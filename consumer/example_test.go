@@ -164,3 +164,70 @@ func ExampleInfoFromContext() {
 	// settled on attempt 4
 	// retried: 3
 }
+
+// A BatchHandler applies a whole batch in one call, inside the batch's inbox
+// transaction: here one addition per tenant, however many events the batch
+// holds. A message it cannot apply is named with an ItemError, and the rest
+// of the batch is applied without it.
+func ExampleConsumer_RunBatch() {
+	ctx := context.Background()
+	transport := idemmem.NewTransport(nil)
+	defer transport.Close()
+	totals := &idemmem.Counters{}
+	letters := idemmem.NewDeadLetters(nil)
+	c, err := consumer.New(&consumer.Config{
+		Name:        "settlement",
+		Topic:       "payments.succeeded",
+		Subscriber:  transport,
+		Inbox:       idemmem.NewInbox(),
+		DeadLetters: letters,
+		Ledger:      idemmem.NewLedger(),
+		InTx:        idemmem.Transact,
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for i, amount := range []int{1250, 500, -1, 750} {
+		_ = transport.Publish(ctx, idem.Message{
+			ID: fmt.Sprintf("evt-%d", i), Topic: "payments.succeeded", Key: fmt.Sprintf("acct-%d", i),
+			Payload: fmt.Appendf(nil, `{"tenant":"t1","amount":%d}`, amount),
+		})
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() {
+		stopped <- c.RunBatch(ctx, func(ctx context.Context, msgs []idem.Message) error {
+			sums := make(map[string]int64)
+			for i, m := range msgs {
+				var e struct {
+					Tenant string
+					Amount int64
+				}
+				if err := json.Unmarshal(m.Payload, &e); err != nil || e.Amount <= 0 {
+					return &consumer.ItemError{Index: i, Err: idem.Permanent(fmt.Errorf("bad amount in %s", m.ID))}
+				}
+				sums[e.Tenant] += e.Amount
+			}
+			for tenant, sum := range sums {
+				if err := totals.Add(ctx, tenant, sum); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}()
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if s := c.Stats(); s.Processed == 3 && s.DeadLettered == 1 {
+			break
+		}
+	}
+	cancel()
+	<-stopped
+	dls, _ := letters.List(context.Background(), idem.DeadLetterFilter{})
+	fmt.Println("total:", totals.Get("t1"))
+	fmt.Println("dead letter:", dls[0].Message.ID, dls[0].LastError())
+	// Output:
+	// total: 2500
+	// dead letter: evt-2 bad amount in evt-2
+}
