@@ -118,10 +118,22 @@ type Config struct {
 	// an idem.Waiter. Defaults to 250ms.
 	PollInterval time.Duration
 
+	// RecentKeys is how many keys the middleware remembers having seen
+	// completed in this process. A duplicate of one of them is answered
+	// with a single read of the store (Store.Get), without claiming it: no
+	// transaction, no write; should the read find the key anything but
+	// completed, the request is claimed as any other. Duplicates that reach
+	// another process are claimed there, and answered from the claim.
+	// Defaults to 65,536 (some 10 MB at most); negative remembers none.
+	RecentKeys int
+
 	// Logger receives one record per protected request. Keys are redacted.
 	// Defaults to a logger that discards.
 	Logger *slog.Logger
 }
+
+// defaultRecentKeys is Config.RecentKeys's default.
+const defaultRecentKeys = 1 << 16
 
 // DefaultKeep keeps every 2xx, 3xx and 4xx answer except those that by
 // definition ask the client to retry later: 408 Request Timeout, 425 Too
@@ -171,7 +183,9 @@ type Middleware struct {
 	log       *slog.Logger
 	local     localWaits
 	gates     claimGates
-	counts    [9]atomic.Uint64
+	// recent are the keys seen completed lately (nil: none are kept).
+	recent *recentKeys
+	counts [9]atomic.Uint64
 }
 
 // New applies the defaults to cfg, validates it and returns a Middleware.
@@ -224,7 +238,10 @@ func New(cfg *Config) (*Middleware, error) {
 	case c.PollInterval < 0:
 		return nil, errors.New("idemhttp: Config.PollInterval must not be negative")
 	}
-	m := &Middleware{cfg: c, store: c.Store, methods: map[string]bool{}, log: c.Logger}
+	if c.RecentKeys == 0 {
+		c.RecentKeys = defaultRecentKeys
+	}
+	m := &Middleware{cfg: c, store: c.Store, methods: map[string]bool{}, log: c.Logger, recent: newRecentKeys(c.RecentKeys)}
 	for _, meth := range c.Methods {
 		m.methods[strings.ToUpper(meth)] = true
 	}
@@ -445,6 +462,9 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	ctx := r.Context()
 	deadline := time.Now().Add(m.cfg.InflightWait)
 	wk := waitKey{scope, key}
+	if m.recent.has(wk) && m.answerFromRecord(ctx, w, req, log) {
+		return
+	}
 	// A duplicate watches for this process's own completion of the key,
 	// but only once it has seen the key in flight: a first execution pays
 	// nothing for it.
@@ -487,11 +507,11 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			unwatch()
 			m.count(OutcomeMismatch)
 			log.LogAttrs(ctx, slog.LevelInfo, "idempotency key reused with a different request", slog.String("state", claim.Record.State.String()))
-			(&Problem{Type: ProblemKeyMismatch, Title: "Idempotency key reused", Status: http.StatusUnprocessableEntity,
-				Detail: "This Idempotency-Key was already used with a different request (method, path, query or body). Use a new key for a new operation."}).Write(w)
+			m.writeMismatch(w)
 			return
 		case idem.Completed:
 			unwatch()
+			m.recent.add(wk)
 			m.count(OutcomeReplayed)
 			log.LogAttrs(ctx, slog.LevelDebug, "idempotent replay", slog.Int("status", claim.Record.Response.Status))
 			writeReplay(w, claim.Record.Response)
@@ -527,6 +547,36 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			return
 		}
 	}
+}
+
+// answerFromRecord answers a duplicate of a key seen completed lately from
+// the key's record, read without claiming it, and reports whether it did:
+// a record that is completed is replayed, one with another fingerprint
+// refused. Anything else (the key gone, in flight again after it expired,
+// the store failing) is left to the claim.
+func (m *Middleware) answerFromRecord(ctx context.Context, w http.ResponseWriter, req idem.ClaimRequest, log reqLog) bool {
+	rec, err := m.store.Get(ctx, req.Scope, req.Key)
+	switch {
+	case err != nil:
+		return false
+	case rec.Fingerprint != req.Fingerprint:
+		m.count(OutcomeMismatch)
+		log.LogAttrs(ctx, slog.LevelInfo, "idempotency key reused with a different request", slog.String("state", rec.State.String()))
+		m.writeMismatch(w)
+		return true
+	case rec.State != idem.StateCompleted || rec.Response == nil:
+		return false
+	}
+	m.count(OutcomeReplayed)
+	log.LogAttrs(ctx, slog.LevelDebug, "idempotent replay", slog.Int("status", rec.Response.Status))
+	writeReplay(w, rec.Response)
+	return true
+}
+
+// writeMismatch answers a request whose key was used for another one.
+func (m *Middleware) writeMismatch(w http.ResponseWriter) {
+	(&Problem{Type: ProblemKeyMismatch, Title: "Idempotency key reused", Status: http.StatusUnprocessableEntity,
+		Detail: "This Idempotency-Key was already used with a different request (method, path, query or body). Use a new key for a new operation."}).Write(w)
 }
 
 // inFlightTooLong answers a duplicate that waited as long as it may, unless
@@ -670,6 +720,7 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 			log.LogAttrs(r.Context(), slog.LevelError, "could not store the answer; the key stays in flight until its lease ends",
 				slog.Int("status", status), slog.String("error", err.Error()))
 		default:
+			m.recent.add(waitKey{ref.Scope, ref.Key})
 			m.count(OutcomeExecuted)
 			log.LogAttrs(r.Context(), slog.LevelDebug, "executed", slog.Int("status", status))
 		}
@@ -771,6 +822,7 @@ func (m *Middleware) finishTx(w http.ResponseWriter, r *http.Request, ref idem.R
 	status := rec.statusCode()
 	switch {
 	case err == nil && kept:
+		m.recent.add(waitKey{ref.Scope, ref.Key})
 		m.count(OutcomeExecuted)
 		log.LogAttrs(r.Context(), slog.LevelDebug, "executed", slog.Int("status", status))
 		rec.send(nil)

@@ -63,11 +63,18 @@ func openSQLite(t *testing.T, clock idem.Clock) idem.Store {
 // spyStore counts what the middleware asks of a store and can fail on demand.
 type spyStore struct {
 	idem.Store
-	inflight atomic.Int64
-	fail     atomic.Bool
+	inflight     atomic.Int64
+	fail         atomic.Bool
+	claims, gets atomic.Int64
+}
+
+func (s *spyStore) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
+	s.gets.Add(1)
+	return s.Store.Get(ctx, scope, key)
 }
 
 func (s *spyStore) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	s.claims.Add(1)
 	if s.fail.Load() {
 		return idem.Claim{}, errors.New("connection refused")
 	}
@@ -272,6 +279,54 @@ func TestReplay(t *testing.T) {
 		}
 		if n.Load() != 1 {
 			t.Fatalf("executions %d, want 1", n.Load())
+		}
+	})
+}
+
+// A duplicate of a key this process saw completed is answered from one
+// read of the record, without a claim; one it did not see (another
+// process's, or with RecentKeys off) is claimed and answered from the
+// claim. Either way it is the same answer.
+func TestRecentKeysAnsweredWithOneRead(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, b backend) {
+		store, sp := spy(b.open(t, idem.SystemClock{}))
+		var n atomic.Int64
+		h := newMiddleware(t, idemhttp.Config{Store: store}).Handler(counter(&n))
+		first := do(t, h, "POST", "/pay", "k-1", `{"amount":100}`)
+		if first.status != 201 || sp.claims.Load() != 1 || sp.gets.Load() != 0 {
+			t.Fatalf("first: %+v, %d claims, %d reads; want 201 after one claim", first, sp.claims.Load(), sp.gets.Load())
+		}
+		again := do(t, h, "POST", "/pay", "k-1", `{"amount":100}`)
+		if again.status != 201 || again.body != first.body || again.header.Get(idemhttp.HeaderReplayed) != "true" ||
+			again.header.Get("Location") != first.header.Get("Location") || again.header.Get("Set-Cookie") != "" {
+			t.Fatalf("replay from the record: %+v, first %+v", again, first)
+		}
+		if sp.claims.Load() != 1 || sp.gets.Load() != 1 {
+			t.Errorf("replay: %d claims, %d reads in all; want the first's claim and one read", sp.claims.Load(), sp.gets.Load())
+		}
+		if r := do(t, h, "POST", "/pay", "k-1", `{"amount":999}`); r.status != 422 || problemType(t, r) != idemhttp.ProblemKeyMismatch {
+			t.Errorf("another body under a recent key: %+v, want 422", r)
+		}
+		if sp.claims.Load() != 1 {
+			t.Errorf("%d claims after the mismatch, want 1: a recent key's record answers it", sp.claims.Load())
+		}
+
+		// Another process sharing the store, and one that remembers
+		// nothing, claim the key: the claim answers with the same replay.
+		for _, cfg := range []idemhttp.Config{{Store: store}, {Store: store, RecentKeys: -1}} {
+			before := sp.claims.Load()
+			other := newMiddleware(t, cfg).Handler(counter(&n))
+			r := do(t, other, "POST", "/pay", "k-1", `{"amount":100}`)
+			if r.status != 201 || r.body != first.body || r.header.Get(idemhttp.HeaderReplayed) != "true" {
+				t.Errorf("RecentKeys %d, replay from the claim: %+v", cfg.RecentKeys, r)
+			}
+			if sp.claims.Load() != before+1 {
+				t.Errorf("RecentKeys %d: %d claims for a key it never saw, want 1", cfg.RecentKeys, sp.claims.Load()-before)
+			}
+		}
+		if n.Load() != 1 {
+			t.Errorf("%d executions, want 1", n.Load())
 		}
 	})
 }
