@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -36,8 +35,17 @@ type Options struct {
 	Rounds int
 	// Concurrency is the number of requests in flight. Defaults to 8.
 	Concurrency int
+	// SQLite measures SQLite too, on a file in a temporary directory. With
+	// neither URL, SQLite alone is measured whatever it says.
+	SQLite bool
 	// Out receives progress. Defaults to io.Discard.
 	Out io.Writer
+	// Results receives every round's figures as lines
+	// RESULT,<name>,<metric>,<value>,<unit> (the format
+	// ../shared/perf/peers.sh prints): idem-http-<store>-<case> and
+	// minimum-http-<store>-<case>, metrics req_per_s and p99_ms. Defaults to
+	// io.Discard.
+	Results io.Writer
 }
 
 // Result is one side's figures: the median round.
@@ -52,7 +60,7 @@ type Result struct {
 // Comparison is the middleware against the hand-written minimum for one
 // store and case.
 type Comparison struct {
-	Store      string // "redis" or "postgres"
+	Store      string // "redis", "postgres" or "sqlite"
 	Case       string // "first" or "replay"
 	Middleware Result
 	Minimum    Result
@@ -85,8 +93,11 @@ func Run(ctx context.Context, opts *Options) ([]Comparison, error) {
 	if o.Out == nil {
 		o.Out = io.Discard
 	}
+	if o.Results == nil {
+		o.Results = io.Discard
+	}
 	if o.PostgresURL == "" && o.RedisURL == "" {
-		return nil, errors.New("bench: nothing to measure: give a PostgreSQL URL, a Redis URL or both")
+		o.SQLite = true
 	}
 	var out []Comparison
 	if o.RedisURL != "" {
@@ -98,6 +109,13 @@ func Run(ctx context.Context, opts *Options) ([]Comparison, error) {
 	}
 	if o.PostgresURL != "" {
 		cs, err := runPostgres(ctx, &o)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, cs...)
+	}
+	if o.SQLite {
+		cs, err := runSQLite(ctx, &o)
 		if err != nil {
 			return out, err
 		}
@@ -125,12 +143,26 @@ func compare(ctx context.Context, o *Options, store, kase string, mw, min side) 
 				return Comparison{}, fmt.Errorf("%s %s %s: %w", store, kase, s.side.name, err)
 			}
 			fmt.Fprintf(o.Out, "  round %d %-10s %8.0f req/s  p50 %-9s p99 %s\n", r+1, s.side.name, res.PerSecond, round(res.P50), round(res.P99))
+			name := "idem-http-" + resultStore(store) + "-" + kase
+			if s.side.name == "minimum" {
+				name = "minimum-http-" + resultStore(store) + "-" + kase
+			}
+			fmt.Fprintf(o.Results, "RESULT,%s,req_per_s,%.1f,req/s\n", name, res.PerSecond)
+			fmt.Fprintf(o.Results, "RESULT,%s,p99_ms,%.3f,ms\n", name, float64(res.P99.Microseconds())/1000)
 			*s.dst = append(*s.dst, res)
 		}
 	}
 	c := Comparison{Store: store, Case: kase, Middleware: median(mwRounds), Minimum: median(minRounds)}
 	c.Ratio = c.Middleware.PerSecond / c.Minimum.PerSecond
 	return c, nil
+}
+
+// resultStore is a store's name in RESULT lines.
+func resultStore(store string) string {
+	if store == "postgres" {
+		return "pg"
+	}
+	return store
 }
 
 func measure(ctx context.Context, o *Options, round int, s side) (Result, error) {

@@ -24,11 +24,11 @@ func TestRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var progress bytes.Buffer
-	cs, err := bench.Run(ctx, &bench.Options{PostgresURL: pg, RedisURL: rd, Requests: 100, Rounds: 1, Concurrency: 4, Out: &progress})
+	cs, err := bench.Run(ctx, &bench.Options{PostgresURL: pg, RedisURL: rd, SQLite: true, Requests: 100, Rounds: 1, Concurrency: 4, Out: &progress})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, progress.String())
 	}
-	want := []string{"redis first", "redis replay", "postgres first", "postgres replay"}
+	want := []string{"redis first", "redis replay", "postgres first", "postgres replay", "sqlite first", "sqlite replay"}
 	if len(cs) != len(want) {
 		t.Fatalf("%d comparisons, want %d", len(cs), len(want))
 	}
@@ -42,14 +42,27 @@ func TestRun(t *testing.T) {
 	}
 	var table bytes.Buffer
 	bench.Print(&table, cs)
-	if !strings.Contains(table.String(), "ratio") || strings.Count(table.String(), "\n") != 5 {
+	if !strings.Contains(table.String(), "ratio") || strings.Count(table.String(), "\n") != 7 {
 		t.Errorf("table:\n%s", table.String())
 	}
 }
 
-func TestRunNeedsAStore(t *testing.T) {
-	if _, err := bench.Run(context.Background(), nil); err == nil {
-		t.Fatal("Run with no store succeeded")
+// With no URL, SQLite alone is measured, on a temporary file.
+func TestRunSQLiteAlone(t *testing.T) {
+	var results bytes.Buffer
+	cs, err := bench.Run(context.Background(), &bench.Options{Requests: 50, Rounds: 1, Concurrency: 2, Results: &results})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) != 2 || cs[0].Store != "sqlite" || cs[0].Case != "first" || cs[1].Case != "replay" {
+		t.Fatalf("comparisons %+v, want sqlite first and replay", cs)
+	}
+	for _, name := range []string{"idem-http-sqlite-first", "minimum-http-sqlite-first", "idem-http-sqlite-replay", "minimum-http-sqlite-replay"} {
+		for _, metric := range []string{"req_per_s", "p99_ms"} {
+			if !strings.Contains(results.String(), "RESULT,"+name+","+metric+",") {
+				t.Errorf("no RESULT line for %s %s:\n%s", name, metric, results.String())
+			}
+		}
 	}
 }
 

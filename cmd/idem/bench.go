@@ -12,41 +12,47 @@ func (a *app) benchCmd() *cobra.Command {
 	var o bench.Options
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure the middleware on PostgreSQL and Redis against a hand-written minimum",
-		Long: `Measure what idem's protection costs. For each store given, it runs the
-idempotency middleware in front of a trivial handler and, in the same run,
-the least anyone could write by hand for the same guarantee on the same
-store, and prints requests/s, p50 and p99 for both and their ratio:
+		Short: "Measure the middleware on PostgreSQL, Redis and SQLite against a hand-written minimum",
+		Long: `Measure what idem's protection costs. For each store it runs the idempotency
+middleware in front of a trivial handler and, in the same run, the least
+anyone could write by hand for the same guarantee on the same store, and
+prints requests/s, p50 and p99 for both and their ratio:
 
   Redis:      one SET NX PX to claim plus one SET of the response per request
   PostgreSQL: one transaction: INSERT … ON CONFLICT DO NOTHING for the key,
               the balance update, the payment insert, the key's response update
+  SQLite:     the same transaction as PostgreSQL's, on the single writer
 
-plus replays (a key already completed) against the minimum's read.
-PostgreSQL work happens in a schema of its own, dropped afterwards; Redis
-keys under a prefix of their own, deleted afterwards.
+plus replays (a key already completed) against the minimum's read. SQLite is
+measured on a temporary file, always when neither --postgres nor --redis is
+given, and beside them with --sqlite. PostgreSQL work happens in a schema of
+its own, dropped afterwards; Redis keys under a prefix of their own, deleted
+afterwards. Every round's figures are also printed as lines
+RESULT,<name>,<metric>,<value>,<unit>, the format ../shared/perf/peers.sh
+prints (idem-http-<store>-<case> and minimum-http-<store>-<case>).
 
-  idem bench --postgres postgres://postgres@127.0.0.1:5432/test --redis redis://127.0.0.1:6379/0`,
+  idem bench --postgres postgres://postgres@127.0.0.1:5432/test --redis redis://127.0.0.1:6379/0 --sqlite
+  idem bench messages --postgres …   (the message half: see idem bench messages --help)`,
 		Args: cobra.NoArgs,
 	}
 	cmd.Flags().StringVar(&o.PostgresURL, "postgres", "", "PostgreSQL URL to measure")
 	cmd.Flags().StringVar(&o.RedisURL, "redis", "", "Redis URL to measure")
+	cmd.Flags().BoolVar(&o.SQLite, "sqlite", false, "measure SQLite too (always, when neither --postgres nor --redis is given)")
 	cmd.Flags().IntVar(&o.Requests, "requests", 2000, "requests per side and round")
 	cmd.Flags().IntVar(&o.Rounds, "rounds", 3, "rounds; the sides alternate and the median round counts")
 	cmd.Flags().IntVar(&o.Concurrency, "concurrency", 8, "requests in flight")
 	cmd.AddCommand(a.benchMessagesCmd())
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
-		if o.PostgresURL == "" && o.RedisURL == "" {
-			return &usageError{fmt.Errorf("give --postgres, --redis or both")}
-		}
 		if o.Requests < 1 || o.Rounds < 1 || o.Concurrency < 1 {
 			return &usageError{fmt.Errorf("--requests, --rounds and --concurrency must be positive")}
 		}
 		o.Out = a.stderr
+		o.Results = a.stdout
 		cs, err := bench.Run(cmd.Context(), &o)
 		if err != nil {
 			return err
 		}
+		fmt.Fprintln(a.stdout)
 		bench.Print(a.stdout, cs)
 		for _, c := range cs {
 			if c.Case == "first" {
