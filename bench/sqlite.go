@@ -140,7 +140,9 @@ func runSQLite(ctx context.Context, o *Options) ([]Comparison, error) {
 	}
 	replay, err := compare(ctx, o, "sqlite", "replay",
 		side{name: "middleware", do: func(ctx context.Context, round, i int) error { return serveWith(ctx, h, "replayed", 0) }},
-		side{name: "minimum", do: func(ctx context.Context, round, i int) error { return serveWith(ctx, minimumReplayHandler, "min--1-0", 0) }})
+		side{name: "minimum", do: func(ctx context.Context, round, i int) error {
+			return serveWith(ctx, minimumReplayHandler, "min--1-0", 0)
+		}})
 	if err != nil {
 		return nil, err
 	}
