@@ -173,9 +173,9 @@ func (s *pgStorage) Account(ctx context.Context, tenant, id string) (Account, er
 }
 
 // CreatePayment orders its steps like sqliteStorage.CreatePayment: lock the
-// account, look for the payment of the same origin, check, insert the
-// payment (ON CONFLICT DO NOTHING: the constraint decides), and only when
-// the row was inserted, debit. Refusals return nil from the transaction
+// account, check (looking for the payment of the same origin only when the
+// checks refuse), insert the payment (ON CONFLICT DO NOTHING: the
+// constraint decides), and only when the row was inserted, debit. Refusals return nil from the transaction
 // function and the refusal after it, so the key's transaction still commits
 // the refusal's answer. No statement may fail on purpose: in PostgreSQL a
 // failed statement aborts the whole transaction, the key's included.
@@ -197,20 +197,16 @@ func (s *pgStorage) CreatePayment(ctx context.Context, p Payment, o origin) (Pay
 		case err != nil:
 			return pgErr("lock account", err)
 		}
-		if existing, found, err := pgPaymentOf(ctx, tx, p.Tenant, o); err != nil {
-			return err
-		} else if found {
-			out, refusal = existingPayment(existing, p)
-			return nil
-		}
-		switch {
-		case currency != p.Currency:
-			refusal = &FieldError{Field: "currency",
-				Reason: fmt.Sprintf("is %s but the account holds %s", p.Currency, currency),
-				Err:    ErrCurrencyMismatch}
-			return nil
-		case balance < p.Amount:
-			refusal = ErrInsufficientFunds
+		if check := paymentRefusal(p, balance, currency); check != nil {
+			existing, found, err := pgPaymentOf(ctx, tx, p.Tenant, o)
+			switch {
+			case err != nil:
+				return err
+			case found:
+				out, refusal = existingPayment(existing, p)
+			default:
+				refusal = check
+			}
 			return nil
 		}
 		key, claimedAt := o.pgArgs()

@@ -132,13 +132,13 @@ func (s *sqliteStorage) Account(ctx context.Context, tenant, id string) (Account
 // nothing, and under the idempotency middleware the enclosing transaction
 // must still commit so that the 402 or 404 answer is stored with the key.
 //
-// The order matters. The payment an earlier execution of the same origin
-// made is looked for before the balance is checked, so a re-run answers
-// with that payment rather than with a 402 caused by its own debit. The
-// payment row is inserted before the debit, and its unique constraint is
-// what finally decides: a row that is already there means nothing is
-// debited. (SQLite has one writer, so the look-up and the insert cannot
-// disagree; the insert still does not trust it.)
+// The order matters. The payment row is inserted before the debit, and
+// its unique constraint on the origin is what decides: a row that is
+// already there means an earlier execution of the same origin paid, and
+// its payment is the answer, with nothing debited. That payment is looked
+// for only when the constraint says so, or when the checks would refuse
+// (a re-run must answer with its own payment rather than with a 402 caused
+// by its own debit): the common path pays for no look-up.
 func (s *sqliteStorage) CreatePayment(ctx context.Context, p Payment, o origin) (Payment, error) {
 	var refusal error
 	var out Payment
@@ -156,20 +156,16 @@ func (s *sqliteStorage) CreatePayment(ctx context.Context, p Payment, o origin) 
 		case err != nil:
 			return fmt.Errorf("read account: %w", err)
 		}
-		if existing, found, err := s.paymentOf(ctx, tx, p.Tenant, o); err != nil {
-			return err
-		} else if found {
-			out, refusal = existingPayment(existing, p)
-			return nil
-		}
-		switch {
-		case currency != p.Currency:
-			refusal = &FieldError{Field: "currency",
-				Reason: fmt.Sprintf("is %s but the account holds %s", p.Currency, currency),
-				Err:    ErrCurrencyMismatch}
-			return nil
-		case balance < p.Amount:
-			refusal = ErrInsufficientFunds
+		if check := paymentRefusal(p, balance, currency); check != nil {
+			existing, found, err := s.paymentOf(ctx, tx, p.Tenant, o)
+			switch {
+			case err != nil:
+				return err
+			case found:
+				out, refusal = existingPayment(existing, p)
+			default:
+				refusal = check
+			}
 			return nil
 		}
 		key, claimedAt := o.sqliteArgs()
@@ -239,6 +235,20 @@ func (s *sqliteStorage) CreatePayment(ctx context.Context, p Payment, o origin) 
 
 // existingPayment is the answer to a payment whose origin already made one:
 // that payment, or ErrKeyConflict when it is not the same payment.
+// paymentRefusal is why p cannot be paid from an account holding balance
+// in currency, or nil.
+func paymentRefusal(p Payment, balance int64, currency string) error {
+	switch {
+	case currency != p.Currency:
+		return &FieldError{Field: "currency",
+			Reason: fmt.Sprintf("is %s but the account holds %s", p.Currency, currency),
+			Err:    ErrCurrencyMismatch}
+	case balance < p.Amount:
+		return ErrInsufficientFunds
+	}
+	return nil
+}
+
 func existingPayment(existing, p Payment) (Payment, error) {
 	if !samePayment(existing, p) {
 		return Payment{}, ErrKeyConflict
