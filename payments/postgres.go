@@ -172,56 +172,62 @@ func (s *pgStorage) Account(ctx context.Context, tenant, id string) (Account, er
 	return a, nil
 }
 
-// CreatePayment orders its steps like sqliteStorage.CreatePayment: lock the
-// account, check (looking for the payment of the same origin only when the
-// checks refuse), insert the payment (ON CONFLICT DO NOTHING: the
-// constraint decides), and only when the row was inserted, debit. Refusals return nil from the transaction
-// function and the refusal after it, so the key's transaction still commits
-// the refusal's answer. No statement may fail on purpose: in PostgreSQL a
-// failed statement aborts the whole transaction, the key's included.
+// pgPaySQL debits the account and records the payment in one statement: it
+// returns how many accounts it debited (0 when the account is missing, in
+// another currency or short of funds; nothing is written then) and how many
+// payments it inserted (0 when the payment's origin already made one: the
+// unique constraint decides, after waiting for any transaction that is
+// inserting it). The debit's row lock orders concurrent payments of one
+// account, and its balance condition keeps the balance from going below
+// zero whatever the interleaving.
+const pgPaySQL = `WITH d AS (
+	UPDATE accounts SET balance = balance - $4
+	WHERE id = $3 AND tenant = $2 AND currency = $5 AND balance >= $4
+	RETURNING id),
+i AS (
+	INSERT INTO payments (id, tenant, account_id, amount, currency, description, status, created_at, idempotency_key, key_claimed_at)
+	SELECT $1, $2, d.id, $4, $5, $6, $7, $8, $9, $10 FROM d
+	ON CONFLICT ON CONSTRAINT payments_idempotency DO NOTHING
+	RETURNING 1)
+SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM i)`
+
+// CreatePayment debits and records the payment with one statement
+// (pgPaySQL), then adds its event to the outbox; those are all a payment
+// costs on the common path. The rare paths look further: a debit refused
+// is explained (account, currency, funds) after the origin's payment is
+// looked for, since a re-run must answer with its own payment rather than
+// a 402 caused by its own debit; a payment the constraint refused (another
+// execution of the origin paid) gives its debit back in the same
+// transaction and answers with that payment. Refusals return nil from the
+// transaction function and the refusal after it, so the key's transaction
+// still commits the refusal's answer. No statement may fail on purpose: in
+// PostgreSQL a failed statement aborts the whole transaction, the key's
+// included.
 func (s *pgStorage) CreatePayment(ctx context.Context, p Payment, o origin) (Payment, error) {
 	p.CreatedAt = pgTime(p.CreatedAt)
 	var refusal error
 	var out Payment
 	err := s.write(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		refusal, out = nil, Payment{}
-		var balance int64
-		var currency string
-		err := tx.QueryRow(ctx,
-			`SELECT balance, currency FROM accounts WHERE id = $1 AND tenant = $2 FOR UPDATE`,
-			p.AccountID, p.Tenant).Scan(&balance, &currency)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			refusal = ErrAccountNotFound
-			return nil
-		case err != nil:
-			return pgErr("lock account", err)
-		}
-		if check := paymentRefusal(p, balance, currency); check != nil {
-			existing, found, err := pgPaymentOf(ctx, tx, p.Tenant, o)
-			switch {
-			case err != nil:
-				return err
-			case found:
-				out, refusal = existingPayment(existing, p)
-			default:
-				refusal = check
-			}
-			return nil
-		}
 		key, claimedAt := o.pgArgs()
-		tag, err := tx.Exec(ctx,
-			`INSERT INTO payments (id, tenant, account_id, amount, currency, description, status, created_at, idempotency_key, key_claimed_at)
-			 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-			 ON CONFLICT ON CONSTRAINT payments_idempotency DO NOTHING`,
-			p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, p.CreatedAt, key, claimedAt)
+		var debited, inserted int
+		err := tx.QueryRow(ctx, pgPaySQL,
+			p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, p.CreatedAt, key, claimedAt,
+		).Scan(&debited, &inserted)
 		if err != nil {
-			return pgErr("insert payment", err)
+			return pgErr("pay", err)
 		}
-		if tag.RowsAffected() != 1 {
+		switch {
+		case debited == 0:
+			out, refusal, err = s.refusePayment(ctx, tx, p, o)
+			return err
+		case inserted == 0:
 			// Another execution of the same origin committed its payment
-			// after the look-up (it was not waiting on this account's lock:
-			// it paid from another account). Nothing is written yet.
+			// first: this debit is given back, and that payment answers.
+			if _, err := tx.Exec(ctx, `UPDATE accounts SET balance = balance + $1 WHERE id = $2 AND tenant = $3`,
+				p.Amount, p.AccountID, p.Tenant); err != nil {
+				return pgErr("give the debit back", err)
+			}
 			existing, found, err := pgPaymentOf(ctx, tx, p.Tenant, o)
 			if err != nil {
 				return err
@@ -231,17 +237,6 @@ func (s *pgStorage) CreatePayment(ctx context.Context, p Payment, o origin) (Pay
 			}
 			out, refusal = existingPayment(existing, p)
 			return nil
-		}
-		// The balance condition repeats the check inside the write, so even
-		// without the lock no interleaving could take it below zero.
-		tag, err = tx.Exec(ctx,
-			`UPDATE accounts SET balance = balance - $1 WHERE id = $2 AND tenant = $3 AND balance >= $1`,
-			p.Amount, p.AccountID, p.Tenant)
-		if err != nil {
-			return pgErr("debit account", err)
-		}
-		if tag.RowsAffected() != 1 {
-			return errors.New("debit account: the balance changed under the row lock")
 		}
 		// The event commits with the payment, or neither does.
 		if s.outbox != nil {
@@ -264,6 +259,35 @@ func (s *pgStorage) CreatePayment(ctx context.Context, p Payment, o origin) (Pay
 		return Payment{}, refusal
 	}
 	return out, nil
+}
+
+// refusePayment says why p's debit was refused, unless p's origin paid
+// already, whose payment it then returns.
+func (s *pgStorage) refusePayment(ctx context.Context, tx pgx.Tx, p Payment, o origin) (out Payment, refusal, err error) {
+	var balance int64
+	var currency string
+	err = tx.QueryRow(ctx, `SELECT balance, currency FROM accounts WHERE id = $1 AND tenant = $2`,
+		p.AccountID, p.Tenant).Scan(&balance, &currency)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return Payment{}, ErrAccountNotFound, nil
+	case err != nil:
+		return Payment{}, nil, pgErr("read account", err)
+	}
+	existing, found, err := pgPaymentOf(ctx, tx, p.Tenant, o)
+	switch {
+	case err != nil:
+		return Payment{}, nil, err
+	case found:
+		out, refusal = existingPayment(existing, p)
+		return out, refusal, nil
+	}
+	if refusal = paymentRefusal(p, balance, currency); refusal != nil {
+		return Payment{}, refusal, nil
+	}
+	// The balance was enough by the time it was read: another payment's
+	// refund, say. The client retries.
+	return Payment{}, nil, fmt.Errorf("debit account: refused, then enough: %w", ErrTransient)
 }
 
 const pgPaymentColumns = `id, tenant, account_id, amount, currency, description, status, created_at`

@@ -233,8 +233,6 @@ func (s *sqliteStorage) CreatePayment(ctx context.Context, p Payment, o origin) 
 	return out, nil
 }
 
-// existingPayment is the answer to a payment whose origin already made one:
-// that payment, or ErrKeyConflict when it is not the same payment.
 // paymentRefusal is why p cannot be paid from an account holding balance
 // in currency, or nil.
 func paymentRefusal(p Payment, balance int64, currency string) error {
@@ -249,6 +247,8 @@ func paymentRefusal(p Payment, balance int64, currency string) error {
 	return nil
 }
 
+// existingPayment is the answer to a payment whose origin already made one:
+// that payment, or ErrKeyConflict when it is not the same payment.
 func existingPayment(existing, p Payment) (Payment, error) {
 	if !samePayment(existing, p) {
 		return Payment{}, ErrKeyConflict
