@@ -63,9 +63,9 @@ type TransportConfig struct {
 	// Poll is how often a waiting Next looks at the database again without
 	// being woken: for a Nack delay or an AckWait that ended, and for what
 	// a lost notification did not say. A message published (and a stream
-	// closed) anywhere wakes it at once through LISTEN/NOTIFY. With a Clock
-	// that tests move by hand, make it a few milliseconds. Defaults to
-	// 250ms.
+	// closed) anywhere wakes it at once through LISTEN/NOTIFY, so an idle
+	// stream issues one statement per Poll. With a Clock that tests move by
+	// hand, make it a few milliseconds. Defaults to 1s.
 	Poll time.Duration
 }
 
@@ -199,7 +199,7 @@ func NewTransport(ctx context.Context, db *DB, cfg *TransportConfig) (*Transport
 		c.MaxInFlight = 1000
 	}
 	if c.Poll <= 0 {
-		c.Poll = 250 * time.Millisecond
+		c.Poll = time.Second
 	}
 	sub, err := fs.Sub(transportMigrationFiles, "transportmigrations")
 	if err != nil {

@@ -94,8 +94,9 @@ type Config struct {
 	// within the relay's lease (30s), so days are ample. Defaults to 7 days.
 	MessageRetention time.Duration
 	// TransportPoll is how often the embedded transport looks for messages
-	// it was not told about (redeliveries due, other processes' messages).
-	// Defaults to 50ms.
+	// it was not told about (Nack delays and AckWaits that ended, another
+	// process's messages where nothing wakes it): what an idle service
+	// costs its database. Defaults to the transport's own, 1s.
 	TransportPoll time.Duration
 	// Broker carries the payment events from the outbox relay to the
 	// settlement consumer: an *idemnats.Transport or an
