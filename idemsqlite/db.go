@@ -35,6 +35,7 @@ type DB struct {
 	path   string
 	writer *sql.DB
 	reader *sql.DB
+	stmts  stmtCache
 }
 
 // Open opens (creating it if needed) the database file at path, in WAL mode
@@ -146,8 +147,10 @@ func checkWAL(writer *sql.DB) error {
 	return nil
 }
 
-// Close closes both pools. Transactions still open are rolled back.
+// Close closes both pools, and the statements the package prepared on
+// them. Transactions still open are rolled back.
 func (db *DB) Close() error {
+	db.stmts.close()
 	return errors.Join(db.reader.Close(), db.writer.Close())
 }
 

@@ -33,6 +33,29 @@ type DeadLetters struct {
 
 var _ idem.DeadLetters = (*DeadLetters)(nil)
 
+const letterColumns = `id, consumer, message_id, topic, key, headers, payload, msg_time, class, state, first_failed_at, last_failed_at`
+
+// The dead letters' statements, prepared once per DB. List's vary with its
+// filter, and are not.
+var (
+	sqlAddLetter = messagesSQL(`INSERT INTO idem_dead_letters
+		(id, consumer, message_id, topic, key, headers, payload, msg_time, class, state, first_failed_at, last_failed_at, added)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (SELECT coalesce(max(added), 0) + 1 FROM idem_dead_letters))`)
+	sqlAddLetterAttempt = messagesSQL(`INSERT INTO idem_dead_letter_attempts (letter_id, ord, number, at, class, error)
+		VALUES (?, ?, ?, ?, ?, ?)`)
+	sqlAddLetterEvent = messagesSQL(`INSERT INTO idem_dead_letter_events (letter_id, ord, at, actor, action, reason, state)
+		VALUES (?1, (SELECT coalesce(max(ord), 0) + 1 FROM idem_dead_letter_events WHERE letter_id = ?1), ?2, ?3, ?4, ?5, ?6)`)
+	sqlGetLetter      = messagesSQL(`SELECT ` + letterColumns + ` FROM idem_dead_letters WHERE id = ?`)
+	sqlLetterAttempts = messagesSQL(`SELECT number, at, class, error FROM idem_dead_letter_attempts
+		WHERE letter_id = ? ORDER BY ord`)
+	sqlLetterHistory = messagesSQL(`SELECT at, actor, action, reason, state FROM idem_dead_letter_events
+		WHERE letter_id = ? ORDER BY ord`)
+	sqlLetterState    = messagesSQL(`SELECT state FROM idem_dead_letters WHERE id = ?`)
+	sqlSetLetterState = messagesSQL(`UPDATE idem_dead_letters SET state = ? WHERE id = ?`)
+	sqlLetterStats    = messagesSQL(`SELECT consumer, count(*), min(first_failed_at) FROM idem_dead_letters
+		WHERE state = ? GROUP BY consumer ORDER BY consumer`)
+)
+
 // NewDeadLetters applies the message tables' migrations to db (component
 // "idem_messages") and returns a DeadLetters on it. cfg may be nil.
 func NewDeadLetters(ctx context.Context, db *DB, cfg *DeadLettersConfig) (*DeadLetters, error) {
@@ -73,20 +96,18 @@ func (d *DeadLetters) Add(ctx context.Context, dl idem.DeadLetter) (string, erro
 	now := d.clock.Now()
 	m := dl.Message
 	err = d.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO idem_dead_letters
-			(id, consumer, message_id, topic, key, headers, payload, msg_time, class, state, first_failed_at, last_failed_at, added)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (SELECT coalesce(max(added), 0) + 1 FROM idem_dead_letters))`,
-			id, dl.Consumer, m.ID, m.Topic, m.Key, h, payloadArg(m.Payload), msgNanos(m.Time),
+		r := d.db.in(tx)
+		if _, err := r.exec(ctx, sqlAddLetter, id, dl.Consumer, m.ID, m.Topic, m.Key, h, payloadArg(m.Payload), msgNanos(m.Time),
 			string(dl.Class), string(idem.LetterDead), msgNanos(dl.FirstFailedAt), msgNanos(dl.LastFailedAt)); err != nil {
 			return err
 		}
+		addAttempt := r.bind(ctx, sqlAddLetterAttempt)
 		for i, a := range dl.Attempts {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO idem_dead_letter_attempts (letter_id, ord, number, at, class, error)
-				VALUES (?, ?, ?, ?, ?, ?)`, id, i+1, a.Number, msgNanos(a.At), string(a.Class), a.Error); err != nil {
+			if _, err := addAttempt.exec(ctx, id, i+1, a.Number, msgNanos(a.At), string(a.Class), a.Error); err != nil {
 				return err
 			}
 		}
-		return addEvent(ctx, tx, id, idem.LetterEvent{
+		return addEvent(ctx, r, id, idem.LetterEvent{
 			At: now, Actor: dl.Consumer, Action: "dead-lettered", Reason: dl.LastError(), State: idem.LetterDead,
 		})
 	})
@@ -96,19 +117,17 @@ func (d *DeadLetters) Add(ctx context.Context, dl idem.DeadLetter) (string, erro
 	return id, nil
 }
 
-func addEvent(ctx context.Context, tx *sql.Tx, id string, ev idem.LetterEvent) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO idem_dead_letter_events (letter_id, ord, at, actor, action, reason, state)
-		VALUES (?, (SELECT coalesce(max(ord), 0) + 1 FROM idem_dead_letter_events WHERE letter_id = ?), ?, ?, ?, ?, ?)`,
-		id, id, msgNanos(ev.At), ev.Actor, ev.Action, ev.Reason, string(ev.State))
+func addEvent(ctx context.Context, r runner, id string, ev idem.LetterEvent) error {
+	_, err := r.exec(ctx, sqlAddLetterEvent, id, msgNanos(ev.At), ev.Actor, ev.Action, ev.Reason, string(ev.State))
 	return err
 }
 
 // Get implements idem.DeadLetters.
 func (d *DeadLetters) Get(ctx context.Context, id string) (idem.DeadLetter, error) {
 	var dl idem.DeadLetter
-	err := d.db.read(ctx, func(ctx context.Context, q queryer) error {
+	err := d.db.read(ctx, func(ctx context.Context, r runner) error {
 		var err error
-		dl, err = getLetter(ctx, q, id)
+		dl, err = getLetter(ctx, r, id)
 		return err
 	})
 	if err != nil {
@@ -117,14 +136,12 @@ func (d *DeadLetters) Get(ctx context.Context, id string) (idem.DeadLetter, erro
 	return dl, nil
 }
 
-const letterColumns = `id, consumer, message_id, topic, key, headers, payload, msg_time, class, state, first_failed_at, last_failed_at`
-
-func getLetter(ctx context.Context, q queryer, id string) (idem.DeadLetter, error) {
-	rows, err := q.QueryContext(ctx, `SELECT `+letterColumns+` FROM idem_dead_letters WHERE id = ?`, id)
+func getLetter(ctx context.Context, r runner, id string) (idem.DeadLetter, error) {
+	rows, err := r.query(ctx, sqlGetLetter, id)
 	if err != nil {
 		return idem.DeadLetter{}, err
 	}
-	found, err := scanLetters(ctx, q, rows)
+	found, err := scanLetters(ctx, r, rows)
 	if err != nil {
 		return idem.DeadLetter{}, err
 	}
@@ -136,7 +153,7 @@ func getLetter(ctx context.Context, q queryer, id string) (idem.DeadLetter, erro
 
 // scanLetters reads rows of letterColumns, closes them, and then reads
 // each letter's attempts and history.
-func scanLetters(ctx context.Context, q queryer, rows *sql.Rows) ([]idem.DeadLetter, error) {
+func scanLetters(ctx context.Context, r runner, rows *sql.Rows) ([]idem.DeadLetter, error) {
 	var out []idem.DeadLetter
 	err := func() error {
 		defer rows.Close()
@@ -167,24 +184,22 @@ func scanLetters(ctx context.Context, q queryer, rows *sql.Rows) ([]idem.DeadLet
 	// Read after the letters' rows are closed: a transaction's connection
 	// serves one result set at a time.
 	for i := range out {
-		rows, err := q.QueryContext(ctx, `SELECT number, at, class, error FROM idem_dead_letter_attempts
-			WHERE letter_id = ? ORDER BY ord`, out[i].ID)
+		rows, err := r.query(ctx, sqlLetterAttempts, out[i].ID)
 		if err != nil {
 			return nil, err
 		}
 		if out[i].Attempts, err = scanAttempts(rows); err != nil {
 			return nil, err
 		}
-		if out[i].History, err = letterHistory(ctx, q, out[i].ID); err != nil {
+		if out[i].History, err = letterHistory(ctx, r, out[i].ID); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
 }
 
-func letterHistory(ctx context.Context, q queryer, id string) ([]idem.LetterEvent, error) {
-	rows, err := q.QueryContext(ctx, `SELECT at, actor, action, reason, state FROM idem_dead_letter_events
-		WHERE letter_id = ? ORDER BY ord`, id)
+func letterHistory(ctx context.Context, r runner, id string) ([]idem.LetterEvent, error) {
+	rows, err := r.query(ctx, sqlLetterHistory, id)
 	if err != nil {
 		return nil, err
 	}
@@ -237,12 +252,12 @@ func (d *DeadLetters) List(ctx context.Context, f idem.DeadLetterFilter) ([]idem
 		query, args = query+` LIMIT ?`, append(args, f.Limit)
 	}
 	var out []idem.DeadLetter
-	err := d.db.read(ctx, func(ctx context.Context, q queryer) error {
-		rows, err := q.QueryContext(ctx, query, args...)
+	err := d.db.read(ctx, func(ctx context.Context, r runner) error {
+		rows, err := r.queryer().QueryContext(ctx, query, args...)
 		if err != nil {
 			return err
 		}
-		out, err = scanLetters(ctx, q, rows)
+		out, err = scanLetters(ctx, r, rows)
 		return err
 	})
 	if err != nil {
@@ -271,8 +286,9 @@ func (d *DeadLetters) Resolve(ctx context.Context, id string, to idem.LetterStat
 	}
 	var dl idem.DeadLetter
 	err := d.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		r := d.db.in(tx)
 		var state string
-		err := tx.QueryRowContext(ctx, `SELECT state FROM idem_dead_letters WHERE id = ?`, id).Scan(&state)
+		err := r.queryRow(ctx, sqlLetterState, id).Scan(&state)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			return fmt.Errorf("dead letter %q: %w", id, idem.ErrNotFound)
@@ -281,13 +297,13 @@ func (d *DeadLetters) Resolve(ctx context.Context, id string, to idem.LetterStat
 		case idem.LetterState(state) != idem.LetterDead:
 			return fmt.Errorf("dead letter %q is %s, not %s: %w", id, state, idem.LetterDead, idem.ErrInvalidTransition)
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE idem_dead_letters SET state = ? WHERE id = ?`, string(to), id); err != nil {
+		if _, err := r.exec(ctx, sqlSetLetterState, string(to), id); err != nil {
 			return err
 		}
-		if err := addEvent(ctx, tx, id, ev); err != nil {
+		if err := addEvent(ctx, r, id, ev); err != nil {
 			return err
 		}
-		dl, err = getLetter(ctx, tx, id)
+		dl, err = getLetter(ctx, r, id)
 		return err
 	})
 	if err != nil {
@@ -299,9 +315,8 @@ func (d *DeadLetters) Resolve(ctx context.Context, id string, to idem.LetterStat
 // Stats implements idem.DeadLetters, ordered by consumer.
 func (d *DeadLetters) Stats(ctx context.Context) ([]idem.DeadLetterStats, error) {
 	var out []idem.DeadLetterStats
-	err := d.db.read(ctx, func(ctx context.Context, q queryer) error {
-		rows, err := q.QueryContext(ctx, `SELECT consumer, count(*), min(first_failed_at) FROM idem_dead_letters
-			WHERE state = ? GROUP BY consumer ORDER BY consumer`, string(idem.LetterDead))
+	err := d.db.read(ctx, func(ctx context.Context, r runner) error {
+		rows, err := r.query(ctx, sqlLetterStats, string(idem.LetterDead))
 		if err != nil {
 			return err
 		}

@@ -21,6 +21,14 @@
 //   - a pool of read-only connections (Config.ReadConns) for Store.Get and
 //     the application's reads, which never wait for the writer.
 //
+// Every statement the package runs on a hot path is prepared once per DB,
+// when the first constructor that needs its tables runs, and reused from
+// then on (on the writer inside each transaction, through
+// sql.Tx.StmtContext, and on the read pool), so SQLite does not parse and
+// plan the same text again for every claim, delivery or inbox row. Lists of
+// values travel as one JSON array argument, which keeps every statement's
+// text fixed.
+//
 // The file is in WAL mode, so readers and the writer do not block each
 // other, with synchronous=FULL: the WAL is synced on every commit, so a
 // commit that returned survives a power failure, not only a crash of the
@@ -100,10 +108,15 @@
 //     commit together; when it fails, both roll back and a redelivery runs it
 //     again. The single writer connection makes the look and the insert one
 //     step for the whole process, and SQLite's write lock for every process.
+//     It is an idem.BatchInbox: ProcessBatch records many keys with one
+//     statement and runs one handler call for all of them in the same
+//     transaction, so a batch of messages costs one commit.
 //   - Outbox (NewOutbox) is an idem.Outbox: Add joins the caller's
 //     transaction, so an event commits with the payment it announces; Claim
 //     leases the oldest entries to a relay (skipping live leases) in one
-//     write transaction; MarkSent deletes them.
+//     write transaction; MarkSent deletes them. A Transport on the same DB
+//     moves entries straight from the outbox into its log instead
+//     (Transport.MoveOutbox, idem.OutboxMover), in one transaction.
 //   - DeadLetters (NewDeadLetters) keeps each letter's message (payload
 //     bytes, headers as JSON, topic, key), consumer, class, state, first and
 //     last failure, every attempt and every history event, and never
@@ -112,6 +125,7 @@
 //     back behind a dead letter, and the messages parked behind them, in
 //     parking order. Every method joins the caller's transaction, so the
 //     consumer changes them together with its inbox row or its dead letter.
+//     HeldBackKeys (idem.BatchLedger) looks up many keys at once.
 //   - Transport (NewTransport) is the database as the message transport,
 //     so a single process needs no broker: a log of published messages and,
 //     per consumer name, a cursor and the messages handed out and not
@@ -119,6 +133,10 @@
 //     Transport for its semantics. Publish and the settlements join the
 //     caller's transaction, so a service may publish in the transaction of
 //     its effect, and a consumer may acknowledge in the one of its inbox row.
+//     Its streams are idem.BatchStream: NextBatch hands out many messages
+//     in one transaction, and AckBatch settles many with one statement,
+//     joining the caller's transaction, so a consumer batch's inbox rows,
+//     effects and acknowledgements commit together.
 //     Transport.Purge deletes what every consumer name has settled.
 //
 // Messages keep their bytes: payloads are BLOBs, and headers a JSON object
@@ -127,11 +145,11 @@
 //
 // More writes commit without a sync, for the same reason as a claim: the
 // purges (Inbox.PurgeInbox, Transport.Purge), and the transport's hand-outs
-// and settlements (Ack, Nack, Term, InProgress) made outside a caller's
-// transaction. Losing a hand-out or a settlement to a power failure
-// delivers a message once more, which delivery at least once allows and the
-// inbox absorbs. Publish, the inbox row, the outbox, the ledger and the dead
-// letters are synced.
+// and settlements (Ack, AckBatch, Nack, Term, InProgress) made outside a
+// caller's transaction. Losing a hand-out or a settlement to a power
+// failure delivers a message once more, which delivery at least once allows
+// and the inbox absorbs. Publish, MoveOutbox, the inbox row, the outbox,
+// the ledger and the dead letters are synced.
 //
 // # How long inbox rows are kept
 //

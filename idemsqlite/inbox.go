@@ -3,7 +3,6 @@ package idemsqlite
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -18,7 +17,24 @@ type Inbox struct {
 	clock idem.Clock
 }
 
-var _ idem.Inbox = (*Inbox)(nil)
+var (
+	_ idem.Inbox      = (*Inbox)(nil)
+	_ idem.BatchInbox = (*Inbox)(nil)
+)
+
+// The inbox's statements, prepared once per DB.
+var (
+	sqlRecordInbox = messagesSQL(`INSERT INTO idem_inbox (consumer, dedup_key, processed_at) VALUES (?, ?, ?)
+		ON CONFLICT DO NOTHING`)
+	// The keys come as a JSON array of hex (see jsonHex); the rows
+	// returned are the keys recorded now. (WHERE true tells SQLite's
+	// parser that ON CONFLICT is not a join's ON.)
+	sqlRecordInboxBatch = messagesSQL(`INSERT INTO idem_inbox (consumer, dedup_key, processed_at)
+		SELECT ?1, CAST(unhex(value) AS TEXT), ?2 FROM json_each(?3) WHERE true
+		ON CONFLICT DO NOTHING RETURNING dedup_key`)
+	sqlPurgeInbox = messagesSQL(`DELETE FROM idem_inbox WHERE rowid IN (
+		SELECT rowid FROM idem_inbox WHERE processed_at < ? ORDER BY processed_at LIMIT ?)`)
+)
 
 // NewInbox applies the message tables' migrations to db (component
 // "idem_messages") and returns an Inbox on it.
@@ -30,11 +46,11 @@ func NewInbox(ctx context.Context, db *DB) (*Inbox, error) {
 }
 
 // Process implements idem.Inbox. It runs in db.WithTx: in the transaction
-// ctx carries, or in one of its own. Inside it, it looks for the
-// (consumer, dedupKey) row, returns idem.ErrDuplicate if there is one, and
-// otherwise inserts it and runs fn. The single writer connection makes the
-// look and the insert one atomic step for every goroutine and, through
-// SQLite's write lock, every process.
+// ctx carries, or in one of its own. Inside it, it inserts the (consumer,
+// dedupKey) row unless there is one, returns idem.ErrDuplicate if there
+// was, and otherwise runs fn. The single writer connection makes the look
+// and the insert one atomic step for every goroutine and, through SQLite's
+// write lock, every process.
 //
 // fn's context carries the transaction: the handler reaches it with
 // db.WithTx(ctx, …), which joins it, so its writes commit with the row.
@@ -58,23 +74,87 @@ func (in *Inbox) Process(ctx context.Context, consumer, dedupKey string, fn func
 		return err
 	}
 	err := in.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		var one int
-		err := tx.QueryRowContext(ctx,
-			`SELECT 1 FROM idem_inbox WHERE consumer = ? AND dedup_key = ?`, consumer, dedupKey).Scan(&one)
-		switch {
-		case err == nil:
-			return idem.ErrDuplicate
-		case !errors.Is(err, sql.ErrNoRows):
+		res, err := in.db.in(tx).exec(ctx, sqlRecordInbox, consumer, dedupKey, in.clock.Now().UnixNano())
+		if err != nil {
 			return fmt.Errorf("idemsqlite: inbox: %w", err)
 		}
-		if _, err := tx.ExecContext(ctx,
-			`INSERT INTO idem_inbox (consumer, dedup_key, processed_at) VALUES (?, ?, ?)`,
-			consumer, dedupKey, in.clock.Now().UnixNano()); err != nil {
+		if n, err := res.RowsAffected(); err != nil {
 			return fmt.Errorf("idemsqlite: inbox: %w", err)
+		} else if n == 0 {
+			return idem.ErrDuplicate
 		}
 		return fn(ctx)
 	})
 	return wrapTx("inbox", err)
+}
+
+// ProcessBatch implements idem.BatchInbox. Like Process, it runs in
+// db.WithTx, in the transaction ctx carries or one of its own; there, one
+// statement inserts the rows of the keys not recorded yet and tells which
+// those are, and then fn runs with the transaction in its context. When fn
+// fails, ProcessBatch rolls back its own transaction and returns fn's error
+// unchanged; a joined transaction's rollback is its owner's to do.
+//
+// Returns an error matching idem.ErrInvalidArgument, having recorded
+// nothing, when consumer or a key is empty, a key is repeated, or fn is
+// nil.
+func (in *Inbox) ProcessBatch(ctx context.Context, consumer string, dedupKeys []string, fn func(ctx context.Context, fresh []bool) error) error {
+	switch {
+	case consumer == "":
+		return &idem.ArgumentError{Field: "consumer", Reason: "must not be empty"}
+	case fn == nil:
+		return &idem.ArgumentError{Field: "fn", Reason: "must not be nil"}
+	}
+	index := make(map[string]int, len(dedupKeys))
+	for i, k := range dedupKeys {
+		if k == "" {
+			return &idem.ArgumentError{Field: "dedupKeys", Reason: fmt.Sprintf("key %d is empty", i)}
+		}
+		if j, dup := index[k]; dup {
+			return &idem.ArgumentError{Field: "dedupKeys", Reason: fmt.Sprintf("keys %d and %d are both %q", j, i, k)}
+		}
+		index[k] = i
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	err := in.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		fresh := make([]bool, len(dedupKeys))
+		if len(dedupKeys) > 0 {
+			if err := in.recordBatch(ctx, tx, consumer, dedupKeys, index, fresh); err != nil {
+				return fmt.Errorf("idemsqlite: inbox: %w", err)
+			}
+		}
+		return fn(ctx, fresh)
+	})
+	return wrapTx("inbox", err)
+}
+
+// recordBatch inserts the rows of keys not recorded yet, and sets fresh[i]
+// for each key keys[i] recorded now; index maps each key to its i.
+func (in *Inbox) recordBatch(ctx context.Context, tx *sql.Tx, consumer string, keys []string, index map[string]int, fresh []bool) error {
+	rows, err := in.db.in(tx).query(ctx, sqlRecordInboxBatch, consumer, in.clock.Now().UnixNano(), jsonHex(keys))
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return err
+		}
+		i, ok := index[k]
+		if !ok {
+			return fmt.Errorf("recorded a key %q that is not in the batch", k)
+		}
+		fresh[i] = true
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	// Closed before fn runs: the transaction's connection serves one
+	// statement at a time.
+	return rows.Close()
 }
 
 // PurgeInbox deletes at most limit inbox rows recorded before olderThan,
@@ -91,9 +171,7 @@ func (in *Inbox) PurgeInbox(ctx context.Context, olderThan time.Time, limit int)
 	}
 	var n int64
 	err := in.db.withUnsyncedTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `DELETE FROM idem_inbox WHERE rowid IN (
-			SELECT rowid FROM idem_inbox WHERE processed_at < ? ORDER BY processed_at LIMIT ?)`,
-			olderThan.UnixNano(), limit)
+		res, err := in.db.in(tx).exec(ctx, sqlPurgeInbox, olderThan.UnixNano(), limit)
 		if err != nil {
 			return err
 		}

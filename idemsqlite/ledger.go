@@ -18,7 +18,31 @@ type Ledger struct {
 	db *DB
 }
 
-var _ idem.Ledger = (*Ledger)(nil)
+var (
+	_ idem.Ledger      = (*Ledger)(nil)
+	_ idem.BatchLedger = (*Ledger)(nil)
+)
+
+// The ledger's statements, prepared once per DB.
+var (
+	sqlRecordAttempt = messagesSQL(`INSERT INTO idem_ledger_attempts (consumer, dedup_key, ord, number, at, class, error)
+		VALUES (?1, ?2, (SELECT coalesce(max(ord), 0) + 1 FROM idem_ledger_attempts WHERE consumer = ?1 AND dedup_key = ?2), ?3, ?4, ?5, ?6)`)
+	sqlAttempts = messagesSQL(`SELECT number, at, class, error FROM idem_ledger_attempts
+		WHERE consumer = ? AND dedup_key = ? ORDER BY ord`)
+	sqlForgetAttempts = messagesSQL(`DELETE FROM idem_ledger_attempts WHERE consumer = ? AND dedup_key = ?`)
+	sqlHoldBack       = messagesSQL(`INSERT INTO idem_ledger_holds (consumer, key, letter_id) VALUES (?, ?, ?)
+		ON CONFLICT (consumer, key) DO UPDATE SET letter_id = excluded.letter_id`)
+	sqlHeldBack = messagesSQL(`SELECT letter_id FROM idem_ledger_holds WHERE consumer = ? AND key = ?`)
+	// The keys come as a JSON array of hex (see jsonHex).
+	sqlHeldBackKeys = messagesSQL(`SELECT key, letter_id FROM idem_ledger_holds
+		WHERE consumer = ? AND key IN (SELECT CAST(unhex(value) AS TEXT) FROM json_each(?))`)
+	sqlPark = messagesSQL(`INSERT INTO idem_ledger_parked (consumer, key, id, topic, headers, payload, msg_time)
+		VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (consumer, id) DO NOTHING`)
+	sqlParked = messagesSQL(`SELECT id, topic, key, headers, payload, msg_time FROM idem_ledger_parked
+		WHERE consumer = ? AND key = ? ORDER BY seq`)
+	sqlUnpark = messagesSQL(`DELETE FROM idem_ledger_parked WHERE consumer = ? AND key = ?`)
+	sqlLetGo  = messagesSQL(`DELETE FROM idem_ledger_holds WHERE consumer = ? AND key = ?`)
+)
 
 // NewLedger applies the message tables' migrations to db (component
 // "idem_messages") and returns a Ledger on it.
@@ -47,13 +71,13 @@ func (l *Ledger) RecordAttempt(ctx context.Context, consumer, dedupKey string, a
 	}
 	var all []idem.Attempt
 	err := l.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO idem_ledger_attempts (consumer, dedup_key, ord, number, at, class, error)
-			VALUES (?, ?, (SELECT coalesce(max(ord), 0) + 1 FROM idem_ledger_attempts WHERE consumer = ? AND dedup_key = ?), ?, ?, ?, ?)`,
-			consumer, dedupKey, consumer, dedupKey, a.Number, msgNanos(a.At), string(a.Class), a.Error); err != nil {
+		r := l.db.in(tx)
+		if _, err := r.exec(ctx, sqlRecordAttempt,
+			consumer, dedupKey, a.Number, msgNanos(a.At), string(a.Class), a.Error); err != nil {
 			return err
 		}
 		var err error
-		all, err = ledgerAttempts(ctx, tx, consumer, dedupKey)
+		all, err = ledgerAttempts(ctx, r, consumer, dedupKey)
 		return err
 	})
 	if err != nil {
@@ -68,9 +92,9 @@ func (l *Ledger) Attempts(ctx context.Context, consumer, dedupKey string) ([]ide
 		return nil, err
 	}
 	var all []idem.Attempt
-	err := l.db.read(ctx, func(ctx context.Context, q queryer) error {
+	err := l.db.read(ctx, func(ctx context.Context, r runner) error {
 		var err error
-		all, err = ledgerAttempts(ctx, q, consumer, dedupKey)
+		all, err = ledgerAttempts(ctx, r, consumer, dedupKey)
 		return err
 	})
 	if err != nil {
@@ -79,9 +103,8 @@ func (l *Ledger) Attempts(ctx context.Context, consumer, dedupKey string) ([]ide
 	return all, nil
 }
 
-func ledgerAttempts(ctx context.Context, q queryer, consumer, dedupKey string) ([]idem.Attempt, error) {
-	rows, err := q.QueryContext(ctx, `SELECT number, at, class, error FROM idem_ledger_attempts
-		WHERE consumer = ? AND dedup_key = ? ORDER BY ord`, consumer, dedupKey)
+func ledgerAttempts(ctx context.Context, r runner, consumer, dedupKey string) ([]idem.Attempt, error) {
+	rows, err := r.query(ctx, sqlAttempts, consumer, dedupKey)
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +136,7 @@ func (l *Ledger) ForgetAttempts(ctx context.Context, consumer, dedupKey string) 
 		return err
 	}
 	err := l.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `DELETE FROM idem_ledger_attempts WHERE consumer = ? AND dedup_key = ?`, consumer, dedupKey)
+		_, err := l.db.in(tx).exec(ctx, sqlForgetAttempts, consumer, dedupKey)
 		return err
 	})
 	if err != nil {
@@ -133,8 +156,7 @@ func (l *Ledger) HoldBack(ctx context.Context, consumer, key, letterID string) e
 		return &idem.ArgumentError{Field: "letterID", Reason: "must not be empty"}
 	}
 	err := l.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO idem_ledger_holds (consumer, key, letter_id) VALUES (?, ?, ?)
-			ON CONFLICT (consumer, key) DO UPDATE SET letter_id = excluded.letter_id`, consumer, key, letterID)
+		_, err := l.db.in(tx).exec(ctx, sqlHoldBack, consumer, key, letterID)
 		return err
 	})
 	if err != nil {
@@ -149,8 +171,8 @@ func (l *Ledger) HeldBack(ctx context.Context, consumer, key string) (string, bo
 		return "", false, err
 	}
 	var id string
-	err := l.db.read(ctx, func(ctx context.Context, q queryer) error {
-		return q.QueryRowContext(ctx, `SELECT letter_id FROM idem_ledger_holds WHERE consumer = ? AND key = ?`, consumer, key).Scan(&id)
+	err := l.db.read(ctx, func(ctx context.Context, r runner) error {
+		return r.queryRow(ctx, sqlHeldBack, consumer, key).Scan(&id)
 	})
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
@@ -159,6 +181,44 @@ func (l *Ledger) HeldBack(ctx context.Context, consumer, key string) (string, bo
 		return "", false, fmt.Errorf("idemsqlite: held back: %w", err)
 	}
 	return id, true, nil
+}
+
+// HeldBackKeys implements idem.BatchLedger, with one statement. Like
+// HeldBack, it reads in the transaction ctx carries, or else on the read
+// pool. Returns an error matching idem.ErrInvalidArgument when consumer or
+// a key is empty.
+func (l *Ledger) HeldBackKeys(ctx context.Context, consumer string, keys []string) (map[string]string, error) {
+	if consumer == "" {
+		return nil, &idem.ArgumentError{Field: "consumer", Reason: "must not be empty"}
+	}
+	for _, k := range keys {
+		if err := checkLedger(consumer, "keys", k); err != nil {
+			return nil, err
+		}
+	}
+	held := make(map[string]string)
+	if len(keys) == 0 {
+		return held, nil
+	}
+	err := l.db.read(ctx, func(ctx context.Context, r runner) error {
+		rows, err := r.query(ctx, sqlHeldBackKeys, consumer, jsonHex(keys))
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k, id string
+			if err := rows.Scan(&k, &id); err != nil {
+				return err
+			}
+			held[k] = id
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idemsqlite: held back keys: %w", err)
+	}
+	return held, nil
 }
 
 // Park implements idem.Ledger: m is kept under its own Key. Returns an
@@ -176,9 +236,7 @@ func (l *Ledger) Park(ctx context.Context, consumer string, m idem.Message) erro
 		return fmt.Errorf("idemsqlite: park: %w", err)
 	}
 	err = l.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO idem_ledger_parked (consumer, key, id, topic, headers, payload, msg_time)
-			VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (consumer, id) DO NOTHING`,
-			consumer, m.Key, m.ID, m.Topic, h, payloadArg(m.Payload), msgNanos(m.Time))
+		_, err := l.db.in(tx).exec(ctx, sqlPark, consumer, m.Key, m.ID, m.Topic, h, payloadArg(m.Payload), msgNanos(m.Time))
 		return err
 	})
 	if err != nil {
@@ -194,18 +252,18 @@ func (l *Ledger) LetGo(ctx context.Context, consumer, key string) ([]idem.Messag
 	}
 	var out []idem.Message
 	err := l.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, `SELECT id, topic, key, headers, payload, msg_time FROM idem_ledger_parked
-			WHERE consumer = ? AND key = ? ORDER BY seq`, consumer, key)
+		r := l.db.in(tx)
+		rows, err := r.query(ctx, sqlParked, consumer, key)
 		if err != nil {
 			return err
 		}
 		if out, err = scanMessages(rows); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM idem_ledger_parked WHERE consumer = ? AND key = ?`, consumer, key); err != nil {
+		if _, err := r.exec(ctx, sqlUnpark, consumer, key); err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `DELETE FROM idem_ledger_holds WHERE consumer = ? AND key = ?`, consumer, key)
+		_, err = r.exec(ctx, sqlLetGo, consumer, key)
 		return err
 	})
 	if err != nil {

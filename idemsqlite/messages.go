@@ -33,7 +33,10 @@ func migrateMessages(ctx context.Context, db *DB) error {
 	if err != nil {
 		return fmt.Errorf("idemsqlite: %w", err)
 	}
-	return db.Migrate(ctx, MessagesComponent, sub)
+	if err := db.Migrate(ctx, MessagesComponent, sub); err != nil {
+		return err
+	}
+	return db.prepare(ctx, MessagesComponent)
 }
 
 // queryer is what both *sql.Tx and *sql.DB offer.
@@ -46,14 +49,14 @@ type queryer interface {
 // read runs fn on the transaction ctx carries, so that a read sees that
 // transaction's own writes, or else on the read pool, which does not wait
 // for the writer.
-func (db *DB) read(ctx context.Context, fn func(ctx context.Context, q queryer) error) error {
+func (db *DB) read(ctx context.Context, fn func(ctx context.Context, r runner) error) error {
 	if db.carried(ctx) != nil {
-		return db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, tx) })
+		return db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, db.in(tx)) })
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return fn(ctx, db.reader)
+	return fn(ctx, db.onReader())
 }
 
 // msgNanos stores t; a zero time is stored as 0.

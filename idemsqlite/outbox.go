@@ -1,10 +1,11 @@
 package idemsqlite
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
-	"strings"
+	"slices"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -26,6 +27,18 @@ type Outbox struct {
 }
 
 var _ idem.Outbox = (*Outbox)(nil)
+
+// The outbox's statements, prepared once per DB.
+var (
+	sqlAddOutbox = messagesSQL(`INSERT INTO idem_outbox
+		(id, topic, key, headers, payload, msg_time, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`)
+	// RETURNING gives the rows in no particular order: Claim sorts them.
+	sqlClaimOutbox = messagesSQL(`UPDATE idem_outbox SET relay = ?1, lease_until = ?2
+		WHERE seq IN (SELECT seq FROM idem_outbox WHERE lease_until <= ?3 ORDER BY seq LIMIT ?4)
+		RETURNING seq, id, topic, key, headers, payload, msg_time, created_at`)
+	// The seqs come as a JSON array.
+	sqlMarkSent = messagesSQL(`DELETE FROM idem_outbox WHERE seq IN (SELECT value FROM json_each(?))`)
+)
 
 // NewOutbox applies the message tables' migrations to db (component
 // "idem_messages") and returns an Outbox on it. cfg may be nil.
@@ -58,14 +71,13 @@ func (o *Outbox) Add(ctx context.Context, msgs ...idem.Message) error {
 	}
 	now := o.clock.Now().UnixNano()
 	err := o.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		add := o.db.in(tx).bind(ctx, sqlAddOutbox)
 		for _, m := range msgs {
 			h, err := encodeHeaders(m.Headers)
 			if err != nil {
 				return err
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO idem_outbox
-				(id, topic, key, headers, payload, msg_time, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-				m.ID, m.Topic, m.Key, h, payloadArg(m.Payload), msgNanos(m.Time), now); err != nil {
+			if _, err := add.exec(ctx, m.ID, m.Topic, m.Key, h, payloadArg(m.Payload), msgNanos(m.Time), now); err != nil {
 				return err
 			}
 		}
@@ -77,9 +89,10 @@ func (o *Outbox) Add(ctx context.Context, msgs ...idem.Message) error {
 	return nil
 }
 
-// Claim implements idem.Outbox. The entries are chosen and leased in one
-// write transaction, which the single writer connection (and SQLite's write
-// lock, across processes) runs alone, so two relays never lease one entry.
+// Claim implements idem.Outbox. The entries are chosen and leased by one
+// statement, in a write transaction, which the single writer connection
+// (and SQLite's write lock, across processes) runs alone, so two relays
+// never lease one entry.
 // Returns an error matching idem.ErrInvalidArgument when relay is empty or
 // limit or lease is not positive.
 func (o *Outbox) Claim(ctx context.Context, relay string, limit int, lease time.Duration) ([]idem.OutboxEntry, error) {
@@ -94,8 +107,7 @@ func (o *Outbox) Claim(ctx context.Context, relay string, limit int, lease time.
 	now := o.clock.Now()
 	var out []idem.OutboxEntry
 	err := o.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, `SELECT seq, id, topic, key, headers, payload, msg_time, created_at
-			FROM idem_outbox WHERE lease_until <= ? ORDER BY seq LIMIT ?`, now.UnixNano(), limit)
+		rows, err := o.db.in(tx).query(ctx, sqlClaimOutbox, relay, now.Add(lease).UnixNano(), now.UnixNano(), limit)
 		if err != nil {
 			return err
 		}
@@ -115,24 +127,12 @@ func (o *Outbox) Claim(ctx context.Context, relay string, limit int, lease time.
 			en.Message.Time, en.CreatedAt = msgTime(mt), time.Unix(0, cat)
 			out = append(out, en)
 		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		rows.Close()
-		if len(out) == 0 {
-			return nil
-		}
-		args := []any{relay, now.Add(lease).UnixNano()}
-		for _, en := range out {
-			args = append(args, en.Seq)
-		}
-		_, err = tx.ExecContext(ctx, `UPDATE idem_outbox SET relay = ?, lease_until = ? WHERE seq IN (`+
-			placeholders(len(out))+`)`, args...)
-		return err
+		return rows.Err()
 	})
 	if err != nil {
 		return nil, fmt.Errorf("idemsqlite: outbox claim: %w", err)
 	}
+	slices.SortFunc(out, func(a, b idem.OutboxEntry) int { return cmp.Compare(a.Seq, b.Seq) })
 	return out, nil
 }
 
@@ -143,21 +143,12 @@ func (o *Outbox) MarkSent(ctx context.Context, seqs ...int64) error {
 	if len(seqs) == 0 {
 		return nil
 	}
-	args := make([]any, len(seqs))
-	for i, s := range seqs {
-		args[i] = s
-	}
 	err := o.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `DELETE FROM idem_outbox WHERE seq IN (`+placeholders(len(seqs))+`)`, args...)
+		_, err := o.db.in(tx).exec(ctx, sqlMarkSent, jsonInts(seqs))
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("idemsqlite: outbox mark sent: %w", err)
 	}
 	return nil
-}
-
-// placeholders returns "?, ?, …", n of them.
-func placeholders(n int) string {
-	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
 }

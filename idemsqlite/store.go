@@ -59,6 +59,9 @@ func NewStore(ctx context.Context, db *DB, cfg *StoreConfig) (*Store, error) {
 	if err := db.Migrate(ctx, StoreComponent, sub); err != nil {
 		return nil, err
 	}
+	if err := db.prepare(ctx, StoreComponent); err != nil {
+		return nil, err
+	}
 	return &Store{db: db, clock: c.Clock}, nil
 }
 
@@ -67,12 +70,36 @@ const (
 	stateCompleted = "completed"
 )
 
-type querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
+// The store's statements, prepared once per DB.
+var (
+	sqlLoadKey = keysSQL(`SELECT fingerprint, state, token, status, header, body, body_omitted,
+		created_at, lease_expires_at, expires_at, completed_at
+		FROM idem_keys WHERE scope = ? AND key = ?`)
+	sqlTakeOverKey = keysSQL(`UPDATE idem_keys SET token = ?, lease_expires_at = ? WHERE scope = ? AND key = ?`)
+	// An expired record is overwritten in place: its token is the floor of
+	// the new one.
+	sqlClaimKey = keysSQL(`INSERT INTO idem_keys
+		(scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (scope, key) DO UPDATE SET
+			fingerprint = excluded.fingerprint, state = excluded.state, token = excluded.token,
+			status = NULL, header = NULL, body = NULL, body_omitted = 0,
+			created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
+			expires_at = excluded.expires_at, completed_at = NULL`)
+	sqlCompleteKey = keysSQL(`UPDATE idem_keys
+		SET state = ?, status = ?, header = ?, body = ?, body_omitted = ?, completed_at = ?
+		WHERE scope = ? AND key = ? AND token = ? AND state = ?`)
+	sqlKeyStateToken = keysSQL(`SELECT state, token FROM idem_keys WHERE scope = ? AND key = ?`)
+	sqlReleaseKey    = keysSQL(`DELETE FROM idem_keys WHERE scope = ? AND key = ? AND token = ? AND state = ?`)
+	sqlKeyExists     = keysSQL(`SELECT 1 FROM idem_keys WHERE scope = ? AND key = ?`)
+	sqlPurgeKeys     = keysSQL(`DELETE FROM idem_keys WHERE (scope, key) IN (
+		SELECT scope, key FROM idem_keys
+		WHERE expires_at <= ? AND NOT (state = ? AND lease_expires_at > ?)
+		LIMIT ?)`)
+)
 
 // load reads the record of scope and key, expired or not.
-func load(ctx context.Context, q querier, scope idem.Scope, key idem.Key) (idem.Record, bool, error) {
+func load(ctx context.Context, r runner, scope idem.Scope, key idem.Key) (idem.Record, bool, error) {
 	var (
 		fingerprint, state           string
 		token                        int64
@@ -82,9 +109,7 @@ func load(ctx context.Context, q querier, scope idem.Scope, key idem.Key) (idem.
 		bodyOmitted                  bool
 		createdAt, leaseEnd, expires int64
 	)
-	err := q.QueryRowContext(ctx, `SELECT fingerprint, state, token, status, header, body, body_omitted,
-		created_at, lease_expires_at, expires_at, completed_at
-		FROM idem_keys WHERE scope = ? AND key = ?`, string(scope), string(key)).
+	err := r.queryRow(ctx, sqlLoadKey, string(scope), string(key)).
 		Scan(&fingerprint, &state, &token, &status, &header, &body, &bodyOmitted,
 			&createdAt, &leaseEnd, &expires, &completedAt)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -156,7 +181,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	// free, expired or taken-over key) goes to the writer, which re-reads
 	// the record there: exactly one claimant still wins.
 	if s.db.carried(ctx) == nil {
-		rec, found, err := load(ctx, s.db.reader, req.Scope, req.Key)
+		rec, found, err := load(ctx, s.db.onReader(), req.Scope, req.Key)
 		if err != nil {
 			return idem.Claim{}, fmt.Errorf("idemsqlite: claim: %w", err)
 		}
@@ -176,7 +201,8 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 		// The time is read once the writer is ours, so a claim that
 		// queued behind others judges leases by when it runs.
 		now := s.clock.Now()
-		rec, found, err := load(ctx, tx, req.Scope, req.Key)
+		r := s.db.in(tx)
+		rec, found, err := load(ctx, r, req.Scope, req.Key)
 		if err != nil {
 			return err
 		}
@@ -191,9 +217,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 			default:
 				rec.Token = nextToken(rec.Token, now)
 				rec.LeaseExpiresAt = now.Add(req.Lease)
-				if _, err := tx.ExecContext(ctx,
-					`UPDATE idem_keys SET token = ?, lease_expires_at = ? WHERE scope = ? AND key = ?`,
-					int64(rec.Token), rec.LeaseExpiresAt.UnixNano(), string(req.Scope), string(req.Key)); err != nil {
+				if _, err := r.exec(ctx, sqlTakeOverKey, int64(rec.Token), rec.LeaseExpiresAt.UnixNano(), string(req.Scope), string(req.Key)); err != nil {
 					return err
 				}
 				claim = idem.Claim{Outcome: idem.Acquired, Token: rec.Token, Record: rec, TookOver: true}
@@ -215,17 +239,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 			LeaseExpiresAt: now.Add(req.Lease),
 			ExpiresAt:      now.Add(req.TTL),
 		}
-		// An expired record is overwritten in place: its token is the
-		// floor of the new one.
-		if _, err := tx.ExecContext(ctx, `INSERT INTO idem_keys
-			(scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT (scope, key) DO UPDATE SET
-				fingerprint = excluded.fingerprint, state = excluded.state, token = excluded.token,
-				status = NULL, header = NULL, body = NULL, body_omitted = 0,
-				created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
-				expires_at = excluded.expires_at, completed_at = NULL`,
-			string(rec.Scope), string(rec.Key), string(rec.Fingerprint), stateInFlight, int64(rec.Token),
+		if _, err := r.exec(ctx, sqlClaimKey, string(rec.Scope), string(rec.Key), string(rec.Fingerprint), stateInFlight, int64(rec.Token),
 			rec.CreatedAt.UnixNano(), rec.LeaseExpiresAt.UnixNano(), rec.ExpiresAt.UnixNano()); err != nil {
 			return err
 		}
@@ -250,10 +264,8 @@ func (s *Store) complete(ctx context.Context, tx *sql.Tx, ref idem.Ref, resp ide
 		}
 		header = sql.NullString{String: string(b), Valid: true}
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE idem_keys
-		SET state = ?, status = ?, header = ?, body = ?, body_omitted = ?, completed_at = ?
-		WHERE scope = ? AND key = ? AND token = ? AND state = ?`,
-		stateCompleted, resp.Status, header, resp.Body, resp.BodyOmitted, s.clock.Now().UnixNano(),
+	r := s.db.in(tx)
+	res, err := r.exec(ctx, sqlCompleteKey, stateCompleted, resp.Status, header, resp.Body, resp.BodyOmitted, s.clock.Now().UnixNano(),
 		string(ref.Scope), string(ref.Key), int64(ref.Token), stateInFlight)
 	if err != nil {
 		return false, err
@@ -267,8 +279,7 @@ func (s *Store) complete(ctx context.Context, tx *sql.Tx, ref idem.Ref, resp ide
 		state string
 		token int64
 	)
-	err = tx.QueryRowContext(ctx, `SELECT state, token FROM idem_keys WHERE scope = ? AND key = ?`,
-		string(ref.Scope), string(ref.Key)).Scan(&state, &token)
+	err = r.queryRow(ctx, sqlKeyStateToken, string(ref.Scope), string(ref.Key)).Scan(&state, &token)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return false, idem.ErrLeaseLost
@@ -298,9 +309,8 @@ func (s *Store) Complete(ctx context.Context, ref idem.Ref, resp idem.Response) 
 // transaction of the DB, it joins it.
 func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
 	err := s.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx,
-			`DELETE FROM idem_keys WHERE scope = ? AND key = ? AND token = ? AND state = ?`,
-			string(ref.Scope), string(ref.Key), int64(ref.Token), stateInFlight)
+		r := s.db.in(tx)
+		res, err := r.exec(ctx, sqlReleaseKey, string(ref.Scope), string(ref.Key), int64(ref.Token), stateInFlight)
 		if err != nil {
 			return err
 		}
@@ -308,8 +318,7 @@ func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
 			return err
 		}
 		var one int
-		err = tx.QueryRowContext(ctx, `SELECT 1 FROM idem_keys WHERE scope = ? AND key = ?`,
-			string(ref.Scope), string(ref.Key)).Scan(&one)
+		err = r.queryRow(ctx, sqlKeyExists, string(ref.Scope), string(ref.Key)).Scan(&one)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
@@ -328,13 +337,13 @@ func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
 // waits for the writer; called with a context whose transaction of the DB
 // has begun, it reads in that transaction and sees its writes.
 func (s *Store) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
-	var q querier = s.db.reader
+	r := s.db.onReader()
 	if st := s.db.carried(ctx); st != nil {
 		if tx := st.begun(); tx != nil {
-			q = tx
+			r = s.db.in(tx)
 		}
 	}
-	rec, found, err := load(ctx, q, scope, key)
+	rec, found, err := load(ctx, r, scope, key)
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("idemsqlite: get: %w", err)
 	}
@@ -354,10 +363,7 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	var n int64
 	err := s.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		now := s.clock.Now().UnixNano()
-		res, err := tx.ExecContext(ctx, `DELETE FROM idem_keys WHERE (scope, key) IN (
-			SELECT scope, key FROM idem_keys
-			WHERE expires_at <= ? AND NOT (state = ? AND lease_expires_at > ?)
-			LIMIT ?)`, now, stateInFlight, now, limit)
+		res, err := s.db.in(tx).exec(ctx, sqlPurgeKeys, now, stateInFlight, now, limit)
 		if err != nil {
 			return err
 		}

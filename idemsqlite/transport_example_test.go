@@ -88,3 +88,79 @@ func ExampleTransport() {
 	// evt-1, attempt 1
 	// evt-1, attempt 2
 }
+
+// With the outbox and the transport in one file, the relay's pass is one
+// transaction: MoveOutbox takes the oldest entries out of the outbox and
+// appends them to the transport's log, so none is published twice. A
+// consumer then takes them in a batch, and acknowledges the batch at once.
+func ExampleTransport_MoveOutbox() {
+	dir, err := os.MkdirTemp("", "idemsqlite-move")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+
+	ctx := context.Background()
+	db, err := idemsqlite.Open(filepath.Join(dir, "idem.db"), nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer db.Close()
+	outbox, err := idemsqlite.NewOutbox(ctx, db, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	transport, err := idemsqlite.NewTransport(ctx, db, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer transport.Close()
+	stream, err := transport.Subscribe(ctx, idem.Subscription{Topic: "payments.succeeded", Consumer: "settlement"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer stream.Close()
+
+	for _, id := range []string{"evt-1", "evt-2", "evt-3"} {
+		// In the service, each in the transaction of its payment.
+		if err := outbox.Add(ctx, idem.Message{ID: id, Topic: "payments.succeeded"}); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	moved, ok, err := transport.MoveOutbox(ctx, outbox, 100)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("moved", moved, ok)
+
+	batches := stream.(idem.BatchStream)
+	var ds []idem.Delivery
+	for len(ds) < moved {
+		nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		more, err := batches.NextBatch(nctx, 10)
+		cancel()
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		ds = append(ds, more...)
+	}
+	for _, d := range ds {
+		fmt.Println(d.Message().ID)
+	}
+	acked, err := batches.AckBatch(ctx, ds)
+	fmt.Println("acknowledged", acked, err)
+	// Output:
+	// moved 3 true
+	// evt-1
+	// evt-2
+	// evt-3
+	// acknowledged 3 <nil>
+}

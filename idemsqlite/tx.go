@@ -175,7 +175,22 @@ func (db *DB) withTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 //
 // A call that joins a transaction carried by ctx leaves durability to that
 // transaction's owner.
-func (db *DB) withUnsyncedTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) (err error) {
+func (db *DB) withUnsyncedTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	return db.unsyncedTx(ctx, false, fn)
+}
+
+// withHandOutTx is withUnsyncedTx for handing messages out. ctx's end
+// interrupts the wait for the writer, the begin and fn's statements, but
+// not the commit: interrupted just after it succeeded, a commit would
+// report ctx's error, and the caller would drop deliveries that stay held
+// for their AckWait. The transaction is detached from ctx just before the
+// commit instead, so a hand-out that fails has not committed, and one that
+// commits is the caller's to return.
+func (db *DB) withHandOutTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	return db.unsyncedTx(ctx, true, fn)
+}
+
+func (db *DB) unsyncedTx(ctx context.Context, handOut bool, fn func(ctx context.Context, tx *sql.Tx) error) (err error) {
 	if db.carried(ctx) != nil {
 		return db.withTx(ctx, fn)
 	}
@@ -197,7 +212,16 @@ func (db *DB) withUnsyncedTx(ctx context.Context, fn func(ctx context.Context, t
 		return &txError{"begin", err}
 	}
 	err = func() error {
-		tx, err := conn.BeginTx(ctx, nil)
+		txCtx, detach := ctx, func() bool { return true }
+		if handOut {
+			// The transaction ends with ctx until detach, and not after.
+			var cancel context.CancelFunc
+			txCtx, cancel = context.WithCancel(context.WithoutCancel(ctx))
+			defer cancel()
+			detach = context.AfterFunc(ctx, cancel)
+			defer detach()
+		}
+		tx, err := conn.BeginTx(txCtx, nil)
 		if err != nil {
 			return &txError{"begin", err}
 		}
@@ -206,6 +230,9 @@ func (db *DB) withUnsyncedTx(ctx context.Context, fn func(ctx context.Context, t
 		defer st.end(false)
 		if err := fn(context.WithValue(ctx, txKey{}, st), tx); err != nil {
 			return err
+		}
+		if !detach() {
+			return ctx.Err()
 		}
 		if err := st.end(true); err != nil {
 			return &txError{"commit", err}
