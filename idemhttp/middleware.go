@@ -474,7 +474,17 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	for {
 		var claim idem.Claim
 		if m.txClaimer != nil {
-			if ended, done := m.gates.executing(wk); ended != nil {
+			if ended, fp, done := m.gates.executing(wk); ended != nil {
+				if fp != req.Fingerprint {
+					// Another request under a key in flight: refused at
+					// once, as a claim that saw the key in flight would.
+					done()
+					unwatch()
+					m.count(OutcomeMismatch)
+					log.LogAttrs(ctx, slog.LevelInfo, "idempotency key reused with a different request", slog.String("state", idem.StateInFlight.String()))
+					m.writeMismatch(w)
+					return
+				}
 				ok := m.waitGate(ctx, ended, deadline)
 				done()
 				if !ok {
@@ -797,7 +807,7 @@ func (m *Middleware) claimTx(next http.Handler, w http.ResponseWriter, r *http.R
 	}()
 	claim, kept, err := m.txClaimer.ClaimTx(r.Context(), req, time.Until(deadline), func(txctx context.Context, c idem.Claim) (idem.Response, bool, error) {
 		acquired()
-		endGate = m.gates.begin(waitKey{req.Scope, req.Key})
+		endGate = m.gates.begin(waitKey{req.Scope, req.Key}, req.Fingerprint)
 		if c.TookOver {
 			log.LogAttrs(r.Context(), slog.LevelWarn, "took over an expired lease: an earlier execution may have crashed", slog.Int64("token", int64(c.Token)))
 		}

@@ -68,30 +68,33 @@ type claimGates struct {
 }
 
 type claimGate struct {
-	ended   chan struct{} // closed when the execution ends
-	waiting int           // requests waiting for it (for tests)
+	ended       chan struct{} // closed when the execution ends
+	fingerprint idem.Fingerprint
+	waiting     int // requests waiting for it (for tests)
 }
 
 // executing returns, when this process is executing k, a channel closed
-// when that execution ends, and done, to call when the caller stops
-// waiting for it. Otherwise it returns nil channels.
-func (g *claimGates) executing(k waitKey) (ended <-chan struct{}, done func()) {
+// when that execution ends, the fingerprint of the request being executed,
+// and done, to call when the caller stops waiting for it. Otherwise it
+// returns nil channels.
+func (g *claimGates) executing(k waitKey) (ended <-chan struct{}, fp idem.Fingerprint, done func()) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	gate := g.m[k]
 	if gate == nil {
-		return nil, nil
+		return nil, "", nil
 	}
 	gate.waiting++
-	return gate.ended, func() {
+	return gate.ended, gate.fingerprint, func() {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		gate.waiting--
 	}
 }
 
-// begin records that this process executes k, until end is called.
-func (g *claimGates) begin(k waitKey) (end func()) {
+// begin records that this process executes k for a request fingerprinted
+// fp, until end is called.
+func (g *claimGates) begin(k waitKey, fp idem.Fingerprint) (end func()) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.m[k] != nil {
@@ -100,7 +103,7 @@ func (g *claimGates) begin(k waitKey) (end func()) {
 	if g.m == nil {
 		g.m = make(map[waitKey]*claimGate)
 	}
-	gate := &claimGate{ended: make(chan struct{})}
+	gate := &claimGate{ended: make(chan struct{}), fingerprint: fp}
 	g.m[k] = gate
 	return func() {
 		g.mu.Lock()

@@ -35,8 +35,8 @@ type Store struct {
 }
 
 var (
-	_ idem.Store   = (*Store)(nil)
-	_ idem.TxStore = (*Store)(nil)
+	_ idem.Store     = (*Store)(nil)
+	_ idem.TxClaimer = (*Store)(nil)
 )
 
 // NewStore applies the store's schema migrations to db (component
@@ -174,82 +174,150 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	if err := req.Validate(); err != nil {
 		return idem.Claim{}, err
 	}
-	// Most claims that find a record only read it: a replay, a duplicate of
-	// a request in flight, a mismatch. They are answered from the read pool,
-	// so they neither queue for the single writer nor wait behind a slow
-	// same-transaction execution holding it. Only a claim that may write (a
-	// free, expired or taken-over key) goes to the writer, which re-reads
-	// the record there: exactly one claimant still wins.
 	if s.db.carried(ctx) == nil {
-		rec, found, err := load(ctx, s.db.onReader(), req.Scope, req.Key)
-		if err != nil {
-			return idem.Claim{}, fmt.Errorf("idemsqlite: claim: %w", err)
-		}
-		if now := s.clock.Now(); found && live(rec, now) {
-			switch {
-			case rec.Fingerprint != req.Fingerprint:
-				return idem.Claim{Outcome: idem.Mismatch, Record: rec}, nil
-			case rec.State == idem.StateCompleted:
-				return idem.Claim{Outcome: idem.Completed, Record: rec}, nil
-			case leaseLive(rec, now):
-				return idem.Claim{Outcome: idem.InFlight, Record: rec}, nil
-			}
+		if claim, answered, err := s.answerFromReader(ctx, req); err != nil || answered {
+			return claim, err
 		}
 	}
 	var claim idem.Claim
 	err := s.db.withUnsyncedTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		// The time is read once the writer is ours, so a claim that
-		// queued behind others judges leases by when it runs.
-		now := s.clock.Now()
-		r := s.db.in(tx)
-		rec, found, err := load(ctx, r, req.Scope, req.Key)
-		if err != nil {
-			return err
-		}
-		if found && live(rec, now) {
-			switch {
-			case rec.Fingerprint != req.Fingerprint:
-				claim = idem.Claim{Outcome: idem.Mismatch, Record: rec}
-			case rec.State == idem.StateCompleted:
-				claim = idem.Claim{Outcome: idem.Completed, Record: rec}
-			case leaseLive(rec, now):
-				claim = idem.Claim{Outcome: idem.InFlight, Record: rec}
-			default:
-				rec.Token = nextToken(rec.Token, now)
-				rec.LeaseExpiresAt = now.Add(req.Lease)
-				if _, err := r.exec(ctx, sqlTakeOverKey, int64(rec.Token), rec.LeaseExpiresAt.UnixNano(), string(req.Scope), string(req.Key)); err != nil {
-					return err
-				}
-				claim = idem.Claim{Outcome: idem.Acquired, Token: rec.Token, Record: rec, TookOver: true}
-			}
-			return nil
-		}
-
-		var prev idem.Token
-		if found {
-			prev = rec.Token
-		}
-		rec = idem.Record{
-			Scope:          req.Scope,
-			Key:            req.Key,
-			Fingerprint:    req.Fingerprint,
-			State:          idem.StateInFlight,
-			Token:          nextToken(prev, now),
-			CreatedAt:      now,
-			LeaseExpiresAt: now.Add(req.Lease),
-			ExpiresAt:      now.Add(req.TTL),
-		}
-		if _, err := r.exec(ctx, sqlClaimKey, string(rec.Scope), string(rec.Key), string(rec.Fingerprint), stateInFlight, int64(rec.Token),
-			rec.CreatedAt.UnixNano(), rec.LeaseExpiresAt.UnixNano(), rec.ExpiresAt.UnixNano()); err != nil {
-			return err
-		}
-		claim = idem.Claim{Outcome: idem.Acquired, Token: rec.Token, Record: rec}
-		return nil
+		var err error
+		claim, err = s.claimIn(ctx, s.db.in(tx), req)
+		return err
 	})
 	if err != nil {
 		return idem.Claim{}, fmt.Errorf("idemsqlite: claim: %w", err)
 	}
 	return claim, nil
+}
+
+// answerFromReader answers, from the read pool, the claims that find a
+// record and only read it: a replay, a duplicate of a request in flight, a
+// mismatch. They neither queue for the single writer nor wait behind a slow
+// same-transaction execution holding it. Only a claim that may write (a
+// free, expired or taken-over key) goes to the writer, which re-reads the
+// record there: exactly one claimant still wins.
+func (s *Store) answerFromReader(ctx context.Context, req idem.ClaimRequest) (claim idem.Claim, answered bool, err error) {
+	rec, found, err := load(ctx, s.db.onReader(), req.Scope, req.Key)
+	if err != nil {
+		return idem.Claim{}, true, fmt.Errorf("idemsqlite: claim: %w", err)
+	}
+	if now := s.clock.Now(); found && live(rec, now) {
+		switch {
+		case rec.Fingerprint != req.Fingerprint:
+			return idem.Claim{Outcome: idem.Mismatch, Record: rec}, true, nil
+		case rec.State == idem.StateCompleted:
+			return idem.Claim{Outcome: idem.Completed, Record: rec}, true, nil
+		case leaseLive(rec, now):
+			return idem.Claim{Outcome: idem.InFlight, Record: rec}, true, nil
+		}
+	}
+	return idem.Claim{}, false, nil
+}
+
+// claimIn claims req with r, which runs on the writer: it reads the record
+// and writes the claim, if it acquires the key.
+func (s *Store) claimIn(ctx context.Context, r runner, req idem.ClaimRequest) (idem.Claim, error) {
+	// The time is read once the writer is ours, so a claim that queued
+	// behind others judges leases by when it runs.
+	now := s.clock.Now()
+	rec, found, err := load(ctx, r, req.Scope, req.Key)
+	if err != nil {
+		return idem.Claim{}, err
+	}
+	if found && live(rec, now) {
+		switch {
+		case rec.Fingerprint != req.Fingerprint:
+			return idem.Claim{Outcome: idem.Mismatch, Record: rec}, nil
+		case rec.State == idem.StateCompleted:
+			return idem.Claim{Outcome: idem.Completed, Record: rec}, nil
+		case leaseLive(rec, now):
+			return idem.Claim{Outcome: idem.InFlight, Record: rec}, nil
+		}
+		rec.Token = nextToken(rec.Token, now)
+		rec.LeaseExpiresAt = now.Add(req.Lease)
+		if _, err := r.exec(ctx, sqlTakeOverKey, int64(rec.Token), rec.LeaseExpiresAt.UnixNano(), string(req.Scope), string(req.Key)); err != nil {
+			return idem.Claim{}, err
+		}
+		return idem.Claim{Outcome: idem.Acquired, Token: rec.Token, Record: rec, TookOver: true}, nil
+	}
+	var prev idem.Token
+	if found {
+		prev = rec.Token
+	}
+	rec = idem.Record{
+		Scope:          req.Scope,
+		Key:            req.Key,
+		Fingerprint:    req.Fingerprint,
+		State:          idem.StateInFlight,
+		Token:          nextToken(prev, now),
+		CreatedAt:      now,
+		LeaseExpiresAt: now.Add(req.Lease),
+		ExpiresAt:      now.Add(req.TTL),
+	}
+	if _, err := r.exec(ctx, sqlClaimKey, string(rec.Scope), string(rec.Key), string(rec.Fingerprint), stateInFlight, int64(rec.Token),
+		rec.CreatedAt.UnixNano(), rec.LeaseExpiresAt.UnixNano(), rec.ExpiresAt.UnixNano()); err != nil {
+		return idem.Claim{}, err
+	}
+	return idem.Claim{Outcome: idem.Acquired, Token: rec.Token, Record: rec}, nil
+}
+
+// ClaimTx implements idem.TxClaimer: the claim, work's writes and the
+// completion are one write transaction, one synced commit, where Claim
+// and CompleteTx take two. No other connection sees the key in flight: a
+// crash, a failed or unkept work, or a panic rolls the claim back with the
+// rest, leaving the key free at once.
+//
+// A claim that only reads (a replay, a mismatch, a duplicate of a key that
+// Claim holds in flight) is answered from the read pool, as Claim's is.
+// Otherwise the transaction takes the single writer, and so waits for any
+// transaction holding it, another ClaimTx's included, whose key it then
+// finds completed or free: in this process the idemhttp middleware holds a
+// key's duplicates at its gate instead, so wait only bounds the read; a
+// duplicate in another process waits for the database's write lock, up to
+// Config.BusyTimeout, and fails with SQLITE_BUSY after it, without having
+// run anything. Returns ErrNestedCompleteTx when ctx already carries a
+// transaction of the same DB.
+func (s *Store) ClaimTx(ctx context.Context, req idem.ClaimRequest, wait time.Duration, work idem.ClaimedWork) (idem.Claim, bool, error) {
+	if err := req.Validate(); err != nil {
+		return idem.Claim{}, false, err
+	}
+	if work == nil {
+		return idem.Claim{}, false, &idem.ArgumentError{Field: "work", Reason: "must not be nil"}
+	}
+	if s.db.carried(ctx) != nil {
+		return idem.Claim{}, false, ErrNestedCompleteTx
+	}
+	if claim, answered, err := s.answerFromReader(ctx, req); err != nil || answered {
+		return claim, false, err
+	}
+	st, txCtx := s.db.newTx(ctx)
+	defer st.end(false)
+	tx, err := st.begin()
+	if err != nil {
+		return idem.Claim{}, false, fmt.Errorf("idemsqlite: claim: begin: %w", err)
+	}
+	claim, err := s.claimIn(ctx, s.db.in(tx), req)
+	if err != nil {
+		return idem.Claim{}, false, fmt.Errorf("idemsqlite: claim: %w", err)
+	}
+	if claim.Outcome != idem.Acquired {
+		return claim, false, nil
+	}
+	resp, keep, err := work(txCtx, claim)
+	if err != nil || !keep {
+		return claim, false, err
+	}
+	if tx = st.begun(); tx == nil {
+		return claim, false, fmt.Errorf("idemsqlite: complete: %w", errTxEnded)
+	}
+	if _, err := s.complete(ctx, tx, idem.Ref{Scope: req.Scope, Key: req.Key, Token: claim.Token}, resp); err != nil {
+		return claim, false, fmt.Errorf("idemsqlite: complete: %w", err)
+	}
+	if err := st.end(true); err != nil {
+		return claim, false, fmt.Errorf("idemsqlite: complete: commit: %w", err)
+	}
+	return claim, true, nil
 }
 
 // complete marks ref's record completed with resp, in tx. already reports

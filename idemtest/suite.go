@@ -26,8 +26,9 @@ const (
 	ttl   = time.Hour
 )
 
-// TestStore runs the conformance suite for idem.Store, and for idem.TxStore
-// and idem.Waiter when the store implements them, as subtests of t.
+// TestStore runs the conformance suite for idem.Store, and for
+// idem.TxStore, idem.TxClaimer and idem.Waiter when the store implements
+// them, as subtests of t.
 //
 // newStore is called once per subtest, from that subtest's goroutine, and
 // must return a fresh, empty store that reads the time from clock. It should
@@ -52,6 +53,20 @@ func TestStore(t *testing.T, newStore func(t *testing.T, clock idem.Clock) idem.
 				t.Parallel()
 				e := newEnv(t, newStore)
 				tc.run(t, e, e.store.(idem.TxStore))
+			})
+		}
+	})
+
+	t.Run("TxClaimer", func(t *testing.T) {
+		t.Parallel()
+		if _, ok := newStore(t, NewClock(Start)).(idem.TxClaimer); !ok {
+			t.Skip("the store does not implement idem.TxClaimer")
+		}
+		for _, tc := range txClaimerTests {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t, newStore)
+				tc.run(t, e, e.store.(idem.TxClaimer))
 			})
 		}
 	})

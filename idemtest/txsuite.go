@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -227,4 +228,217 @@ func testWaitCancelled(t *testing.T, e *env, w idem.Waiter) {
 	case <-timer.C:
 		t.Fatalf("WaitChange did not return within %v of its context being cancelled", waitLimit)
 	}
+}
+
+var txClaimerTests = []struct {
+	name string
+	run  func(t *testing.T, e *env, s idem.TxClaimer)
+}{
+	{"Keep", testClaimTxKeep},
+	{"NotKeptLeavesNothing", testClaimTxNotKept},
+	{"WorkErrorLeavesNothing", testClaimTxWorkError},
+	{"PanicLeavesNothing", testClaimTxPanic},
+	{"AnswersWithoutWork", testClaimTxAnswers},
+	{"TakesOverAnEndedLease", testClaimTxTakeover},
+	{"ExpiredKeyAnew", testClaimTxExpired},
+	{"ConcurrentOnce", testClaimTxConcurrent},
+	{"Invalid", testClaimTxInvalid},
+}
+
+// claimedWork returns a ClaimedWork that counts its calls, keeps the claim
+// it ran under, and answers resp, keep, err.
+func claimedWork(calls *int, got *idem.Claim, resp idem.Response, keep bool, err error) idem.ClaimedWork {
+	return func(ctx context.Context, c idem.Claim) (idem.Response, bool, error) {
+		*calls++
+		if got != nil {
+			*got = c
+		}
+		if ctx == nil {
+			return idem.Response{}, false, errors.New("idemtest: ClaimedWork got a nil context")
+		}
+		return resp, keep, err
+	}
+}
+
+// claimTx runs ClaimTx and fails the test on an error other than want.
+func (e *env) claimTx(s idem.TxClaimer, req idem.ClaimRequest, w idem.ClaimedWork, want error) (idem.Claim, bool) {
+	e.t.Helper()
+	c, kept, err := s.ClaimTx(e.ctx, req, time.Second, w)
+	if !errors.Is(err, want) {
+		e.t.Fatalf("ClaimTx(%q) = %v, %v, %v; want error %v", req.Key, c.Outcome, kept, err, want)
+	}
+	return c, kept
+}
+
+func testClaimTxKeep(t *testing.T, e *env, s idem.TxClaimer) {
+	req := e.req("k", "fp")
+	resp := sampleResponse()
+	calls := 0
+	var under idem.Claim
+	c, kept := e.claimTx(s, req, claimedWork(&calls, &under, resp, true, nil), nil)
+	if c.Outcome != idem.Acquired || !kept || c.TookOver || c.Token == 0 {
+		t.Fatalf("ClaimTx of a new key = %+v, kept %v; want acquired and kept", c, kept)
+	}
+	if calls != 1 || under.Outcome != idem.Acquired || under.Token != c.Token || under.Record.State != idem.StateInFlight {
+		t.Errorf("work ran %d times under %+v; want once, under the acquired claim", calls, under)
+	}
+	want := c.Record
+	want.State, want.Response, want.CompletedAt = idem.StateCompleted, &resp, e.clock.Now()
+	checkRecord(t, "Get after a kept ClaimTx", e.get(req.Scope, req.Key), want)
+	if dup := e.claim(req); dup.Outcome != idem.Completed {
+		t.Errorf("Claim after a kept ClaimTx = %v, want completed", dup.Outcome)
+	}
+}
+
+func testClaimTxNotKept(t *testing.T, e *env, s idem.TxClaimer) {
+	req := e.req("k", "fp")
+	calls := 0
+	c, kept := e.claimTx(s, req, claimedWork(&calls, nil, idem.Response{Status: http.StatusServiceUnavailable}, false, nil), nil)
+	if c.Outcome != idem.Acquired || kept || calls != 1 {
+		t.Fatalf("ClaimTx with keep=false = %v, kept %v, %d calls; want acquired, not kept, one call", c.Outcome, kept, calls)
+	}
+	e.wantNotFound(req.Scope, req.Key)
+	if again := e.acquire(req); again.TookOver {
+		t.Error("a claim after a ClaimTx that kept nothing took over: the claim must have rolled back")
+	}
+}
+
+func testClaimTxWorkError(t *testing.T, e *env, s idem.TxClaimer) {
+	req := e.req("k", "fp")
+	errWork := idem.Permanent(errors.New("payment provider refused"))
+	calls := 0
+	_, kept, err := s.ClaimTx(e.ctx, req, time.Second, claimedWork(&calls, nil, sampleResponse(), true, errWork))
+	if err != errWork || kept {
+		t.Fatalf("ClaimTx with a failing work = %v, %v; want false and the work's error unchanged", kept, err)
+	}
+	e.wantNotFound(req.Scope, req.Key)
+}
+
+func testClaimTxPanic(t *testing.T, e *env, s idem.TxClaimer) {
+	req := e.req("k", "fp")
+	func() {
+		defer func() {
+			if p := recover(); p != "boom" {
+				t.Errorf("recovered %v, want the work's panic to go on", p)
+			}
+		}()
+		s.ClaimTx(e.ctx, req, time.Second, func(context.Context, idem.Claim) (idem.Response, bool, error) { panic("boom") })
+	}()
+	e.wantNotFound(req.Scope, req.Key)
+	calls := 0
+	if c, kept := e.claimTx(s, req, claimedWork(&calls, nil, sampleResponse(), true, nil), nil); c.Outcome != idem.Acquired || !kept {
+		t.Errorf("ClaimTx after a panic = %v, kept %v; want the key free and kept now", c.Outcome, kept)
+	}
+}
+
+func testClaimTxAnswers(t *testing.T, e *env, s idem.TxClaimer) {
+	done := e.req("done", "fp")
+	c := e.acquire(done)
+	e.complete(ref(c), sampleResponse())
+	flying := e.req("flying", "fp")
+	e.acquire(flying)
+	calls := 0
+	for _, tc := range []struct {
+		what string
+		req  idem.ClaimRequest
+		want idem.Outcome
+	}{
+		{"a completed key", done, idem.Completed},
+		{"another request under a completed key", e.req("done", "other"), idem.Mismatch},
+		{"a key in flight under a live lease", flying, idem.InFlight},
+		{"another request under a key in flight", e.req("flying", "other"), idem.Mismatch},
+	} {
+		got, kept := e.claimTx(s, tc.req, claimedWork(&calls, nil, sampleResponse(), true, nil), nil)
+		if got.Outcome != tc.want || kept {
+			t.Errorf("ClaimTx of %s = %v, kept %v; want %v", tc.what, got.Outcome, kept, tc.want)
+		}
+	}
+	if calls != 0 {
+		t.Errorf("work ran %d times for claims that did not acquire", calls)
+	}
+	if rec := e.get(done.Scope, done.Key); rec.State != idem.StateCompleted || rec.Token != c.Token {
+		t.Errorf("the completed key changed: %+v", rec)
+	}
+}
+
+func testClaimTxTakeover(t *testing.T, e *env, s idem.TxClaimer) {
+	req := e.req("k", "fp")
+	old := e.acquire(req)
+	e.clock.Advance(lease)
+	calls := 0
+	c, kept := e.claimTx(s, req, claimedWork(&calls, nil, sampleResponse(), true, nil), nil)
+	if c.Outcome != idem.Acquired || !c.TookOver || !kept || c.Token <= old.Token {
+		t.Fatalf("ClaimTx after the lease ended = %+v, kept %v; want a takeover with a newer token, kept", c, kept)
+	}
+	if err := e.store.Complete(e.ctx, ref(old), sampleResponse()); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Errorf("the old holder's Complete after the takeover = %v, want ErrLeaseLost", err)
+	}
+	if rec := e.get(req.Scope, req.Key); rec.State != idem.StateCompleted || rec.Token != c.Token {
+		t.Errorf("record after the takeover = %+v, want completed under the new token", rec)
+	}
+}
+
+func testClaimTxExpired(t *testing.T, e *env, s idem.TxClaimer) {
+	req := e.req("k", "fp")
+	c := e.acquire(req)
+	e.complete(ref(c), sampleResponse())
+	e.clock.Advance(ttl + time.Second)
+	calls := 0
+	again, kept := e.claimTx(s, e.req("k", "new"), claimedWork(&calls, nil, sampleResponse(), true, nil), nil)
+	if again.Outcome != idem.Acquired || !kept || calls != 1 {
+		t.Fatalf("ClaimTx of an expired key = %v, kept %v, %d calls; want a fresh claim", again.Outcome, kept, calls)
+	}
+	if rec := e.get(req.Scope, req.Key); rec.Fingerprint != "new" {
+		t.Errorf("record = %+v, want the new request's", rec)
+	}
+}
+
+// testClaimTxConcurrent runs 16 ClaimTx of one new key at once: one work
+// runs, every other call answers Completed or InFlight.
+func testClaimTxConcurrent(t *testing.T, e *env, s idem.TxClaimer) {
+	req := e.req("k", "fp")
+	const n = 16
+	var (
+		mu       sync.Mutex
+		ran      int
+		outcomes = map[idem.Outcome]int{}
+		wg       sync.WaitGroup
+	)
+	for range n {
+		wg.Go(func() {
+			c, _, err := s.ClaimTx(e.ctx, req, waitLimit, func(context.Context, idem.Claim) (idem.Response, bool, error) {
+				mu.Lock()
+				ran++
+				mu.Unlock()
+				return sampleResponse(), true, nil
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Errorf("concurrent ClaimTx: %v", err)
+				return
+			}
+			outcomes[c.Outcome]++
+		})
+	}
+	wg.Wait()
+	if ran != 1 || outcomes[idem.Acquired] != 1 || outcomes[idem.Completed]+outcomes[idem.InFlight] != n-1 {
+		t.Errorf("%d concurrent ClaimTx: work ran %d times, outcomes %v; want once, one acquired, the rest completed or in flight", n, ran, outcomes)
+	}
+}
+
+func testClaimTxInvalid(t *testing.T, e *env, s idem.TxClaimer) {
+	calls := 0
+	bad := e.req("k", "fp")
+	bad.Lease = 0
+	if _, _, err := s.ClaimTx(e.ctx, bad, time.Second, claimedWork(&calls, nil, sampleResponse(), true, nil)); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Errorf("ClaimTx with no lease = %v, want idem.ErrInvalidArgument", err)
+	}
+	if _, _, err := s.ClaimTx(e.ctx, e.req("k", "fp"), time.Second, nil); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Errorf("ClaimTx with nil work = %v, want idem.ErrInvalidArgument", err)
+	}
+	if calls != 0 {
+		t.Errorf("work ran %d times for invalid calls", calls)
+	}
+	e.wantNotFound("", "k")
 }

@@ -497,10 +497,23 @@ func TestMismatchIsRefusedInFlightAndAfter(t *testing.T) {
 
 // inFlight reports whether a request holds the key. Where the store claims
 // keys in the request's own transaction (idem.TxClaimer), nobody else sees
-// the key until that commits: a claim that must wait for it tells, and the
-// probe's own claim, should it win, is rolled back.
+// the key until that commits: on PostgreSQL a claim that must wait for it
+// tells, and the probe's own claim, should it win, is rolled back; on
+// SQLite the transaction holds the writer.
 func (e *env) inFlight(tenant, key string) bool {
 	e.t.Helper()
+	if e.cfg.DB != nil {
+		// SQLite's claiming transaction holds the single writer until it
+		// ends: with one request running, a writer that stays busy is
+		// that request.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+		defer cancel()
+		conn, err := e.cfg.DB.Writer().Conn(ctx)
+		if err == nil {
+			conn.Close()
+		}
+		return errors.Is(err, context.DeadlineExceeded)
+	}
 	if tc, ok := e.keys.(idem.TxClaimer); ok {
 		req := idem.ClaimRequest{Scope: idem.Scope(tenant), Key: idem.Key(key), Fingerprint: "probe",
 			Lease: time.Minute, TTL: time.Hour}
