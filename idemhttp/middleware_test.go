@@ -59,11 +59,15 @@ func (c completeTxOnly) Claim(ctx context.Context, req idem.ClaimRequest) (idem.
 func (c completeTxOnly) Complete(ctx context.Context, ref idem.Ref, resp idem.Response) error {
 	return c.s.Complete(ctx, ref, resp)
 }
-func (c completeTxOnly) Release(ctx context.Context, ref idem.Ref) error { return c.s.Release(ctx, ref) }
+func (c completeTxOnly) Release(ctx context.Context, ref idem.Ref) error {
+	return c.s.Release(ctx, ref)
+}
 func (c completeTxOnly) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
 	return c.s.Get(ctx, scope, key)
 }
-func (c completeTxOnly) Purge(ctx context.Context, limit int) (int, error) { return c.s.Purge(ctx, limit) }
+func (c completeTxOnly) Purge(ctx context.Context, limit int) (int, error) {
+	return c.s.Purge(ctx, limit)
+}
 func (c completeTxOnly) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) (bool, error) {
 	return c.s.CompleteTx(ctx, ref, work)
 }
