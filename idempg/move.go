@@ -26,7 +26,15 @@ const moveLockSQL = `SELECT o.seq, o.topic FROM idem_outbox AS o,
 // their topic, as publishSQL does. It runs after lockTopicsSQL, as a
 // statement of its own, for the reason publishSQL does. $3 is the outbox's
 // time, which judges leases; $1 the transport's, which stamps the log.
-const moveSQL = `WITH n AS MATERIALIZED (SELECT coalesce($1::timestamptz, clock_timestamp()) AS t),
+//
+// The move commits with synchronous_commit off: a move lost to a server
+// crash takes its deletes with its inserts, so the entries are back in the
+// outbox to be moved again, and nothing can have consumed them meanwhile,
+// since a consumer's commit is durable only once the WAL before it is,
+// the move's included.
+const moveSQL = `WITH n AS MATERIALIZED (
+	SELECT coalesce($1::timestamptz, clock_timestamp()) AS t,
+		set_config('synchronous_commit', 'off', true) AS async),
 o AS (
 	DELETE FROM idem_outbox AS o
 	WHERE o.seq IN (
@@ -48,9 +56,10 @@ SELECT count(*) FROM m`
 
 // MoveOutbox implements idem.OutboxMover for an *Outbox on the Transport's
 // DB: the entries go from the outbox's table to the transport's log and
-// queues in one transaction of their own (whatever ctx carries), with one
-// durable commit, so that each is published exactly once, also across a
-// crash, and no relay holds a lease for it meanwhile. It costs two round
+// queues in one transaction of their own (whatever ctx carries), which
+// commits without waiting for the WAL flush (see moveSQL), so that each is
+// published exactly once, also across a crash, and no relay holds a lease
+// for it meanwhile. It costs two round
 // trips: a look at the outbox outside any transaction (all an idle outbox
 // costs), then the move, its commit and its notification in one pipeline.
 //

@@ -44,8 +44,9 @@ type Config struct {
 	// Name identifies the relay to the outbox: the holder of its leases.
 	// Defaults to "relay-" and 8 random hex digits.
 	Name string
-	// Batch is how many entries one pass claims and publishes. Defaults
-	// to 100.
+	// Batch is how many entries one pass claims and publishes (or moves).
+	// Defaults to 500: large enough that a backlog moves in few round
+	// trips, small enough that one pass stays short.
 	Batch int
 	// Lease is how long the claimed entries are the relay's alone. It must
 	// exceed the time one batch takes to publish, or another relay may
@@ -114,7 +115,7 @@ func New(cfg *Config) (*Relay, error) {
 		c.Name = "relay-" + hex.EncodeToString(b[:])
 	}
 	if c.Batch == 0 {
-		c.Batch = 100
+		c.Batch = 500
 	}
 	if c.Lease == 0 {
 		c.Lease = 30 * time.Second
