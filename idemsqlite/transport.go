@@ -365,6 +365,11 @@ func (t *Transport) Purge(ctx context.Context, olderThan time.Time, limit int) (
 // them, and the Transport's clock as the publish time, and as the time of a
 // message that has none.
 //
+// On its own, the move's commit is not synced (see withUnsyncedTx): a move
+// lost to a power failure loses its deletes with its inserts, so the
+// entries are back in the outbox to be moved again, and a consumer's synced
+// commit after the move makes the move durable first.
+//
 // Returns ok=false, having done nothing, for any other outbox; an error
 // matching idem.ErrInvalidArgument when limit is below 1 (whatever the
 // outbox, ok still telling whether it is one of the Transport's DB), and
@@ -388,7 +393,7 @@ func (t *Transport) MoveOutbox(ctx context.Context, ob idem.Outbox, limit int) (
 		return 0, true, idem.ErrClosed
 	}
 	var n int64
-	err = t.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err = t.db.withUnsyncedTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		r := t.db.in(tx)
 		leaseNow, now := o.clock.Now().UnixNano(), t.clock.Now().UnixNano()
 		res, err := r.exec(ctx, sqlMoveOutbox, now, leaseNow, limit)
