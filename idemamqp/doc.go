@@ -90,6 +90,29 @@
 //     and its topic in Idem-Topic (its routing key became the queue's
 //     name), so Attempt and Message.Topic continue across the delay.
 //
+// # Batches
+//
+// A stream is an idem.BatchStream. RabbitMQ pushes deliveries to the
+// consumer up to the prefetch (Subscription.MaxInFlight, or
+// Config.MaxInFlight, 300 by default), so NextBatch waits for the first
+// delivery as Next does and then takes those already in the client, up to
+// max, without waiting for more. AckBatch acknowledges a batch with as
+// few frames as it can: basic.ack with multiple set settles every
+// unsettled delivery of the channel up to its tag, so AckBatch sends one
+// for the deliveries of the batch that are all the channel's unsettled
+// deliveries below some tag (counting those handed out to others and
+// those still waiting in the client), and one basic.ack each for the
+// rest. A batch the consumer handles in order and acknowledges whole
+// takes one frame; one with a message held back, or retried, takes one
+// for the run before it and one each after. basic.ack has no answer, so
+// AckBatch, like Ack, returns once its frames are written; a delivery
+// whose channel has died is passed over, since the broker has put its
+// message back. A broker cannot join a database transaction: AcksInTx is
+// false.
+//
+// Publish pipelines as well: up to Config.PublishWindow (256) messages of
+// one call await their confirms at once.
+//
 // # Headers and properties
 //
 // Message.ID is message_id; Message.Headers are AMQP headers (strings);
@@ -106,9 +129,10 @@
 // The Transport holds one connection, with a channel in confirm mode for
 // publishing and one channel per stream. When it finds the connection
 // closed it dials again; a stream whose channel died subscribes again once,
-// in Next, and returns an error if that fails. Deliveries of the dead
-// channel cannot be settled any more (their methods return an error); the
-// broker has put them back in the queue.
+// in Next or NextBatch, and returns an error if that fails. Deliveries of
+// the dead channel cannot be settled any more (their methods return an
+// error, and AckBatch passes over them); the broker has put them back in
+// the queue.
 //
 // # Server versions
 //

@@ -1,12 +1,17 @@
 package idemamqp
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemtest"
 )
 
 func TestDelayBucket(t *testing.T) {
@@ -86,5 +91,115 @@ func TestBrokerHiccup(t *testing.T) {
 		if got := brokerHiccup(c.err); got != c.want {
 			t.Errorf("brokerHiccup(%v) = %v, want %v", c.err, got, c.want)
 		}
+	}
+}
+
+// An ack with multiple set settles every unsettled delivery of the
+// channel up to its tag: it may only cover tags being acknowledged.
+func TestMultipleUpTo(t *testing.T) {
+	t.Parallel()
+	set := func(tags ...uint64) map[uint64]struct{} {
+		m := make(map[uint64]struct{})
+		for _, tag := range tags {
+			m[tag] = struct{}{}
+		}
+		return m
+	}
+	mine := func(tags ...uint64) map[uint64]bool {
+		m := make(map[uint64]bool)
+		for _, tag := range tags {
+			m[tag] = true
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		name      string
+		unsettled map[uint64]struct{}
+		mine      map[uint64]bool
+		want      uint64
+	}{
+		{"all of them", set(1, 2, 3), mine(1, 2, 3), 3},
+		{"a run from the lowest", set(4, 5, 6, 7, 9), mine(4, 5, 6), 6},
+		{"an earlier one is held", set(1, 2, 3, 4), mine(2, 3, 4), 0},
+		{"a gap", set(1, 2, 3, 4, 5), mine(1, 2, 4, 5), 2},
+		{"settled ones in between", set(3, 7, 8), mine(3, 7, 8), 8},
+		{"one alone", set(1, 2), mine(1), 0},
+		{"waiting in the client", set(1, 2, 3, 4), mine(1, 2), 2},
+		{"none", set(1), mine(), 0},
+	} {
+		if got := multipleUpTo(tc.unsettled, tc.mine); got != tc.want {
+			t.Errorf("%s: multipleUpTo = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// The deliveries of a channel that died no longer stand for their
+// messages, which the broker put back: AckBatch passes over them, and the
+// stream subscribes anew and delivers the messages again.
+func TestAckBatchOnDeadChannel(t *testing.T) {
+	t.Parallel()
+	url := idemtest.RequireService(t, "RabbitMQ", "IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	run := fmt.Sprintf("%08x", rand.Uint32())
+	tr, err := Open(t.Context(), url, &Config{Exchange: "idemtest." + run, QueuePrefix: "idemtest." + run})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := tr.DeleteQueues(ctx); err != nil {
+			t.Errorf("DeleteQueues: %v", err)
+		}
+		ch, err := tr.channel(ctx)
+		if err == nil {
+			_ = ch.ExchangeDelete("idemtest."+run, false, false)
+			_ = ch.Close()
+		}
+		_ = tr.Close()
+	})
+	is, err := tr.Subscribe(t.Context(), idem.Subscription{Topic: "orders", Consumer: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := is.(*stream)
+	defer s.Close()
+	if err := tr.Publish(t.Context(), idem.Message{ID: "m1", Topic: "orders"}, idem.Message{ID: "m2", Topic: "orders"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	var ds []idem.Delivery
+	for len(ds) < 2 {
+		more, err := s.NextBatch(ctx, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, more...)
+	}
+	// Acknowledging a tag the channel never delivered is a channel error:
+	// the broker closes it.
+	gen := ds[0].(*delivery).gen
+	if err := gen.ch.Ack(1<<40, false); err != nil {
+		t.Fatal(err)
+	}
+	idemtest.Eventually(t, 10*time.Second, "the channel to close", gen.ch.IsClosed)
+	if n, err := s.AckBatch(ctx, ds); n != 0 || err != nil {
+		t.Errorf("AckBatch of a dead channel's deliveries = %d, %v; want 0, nil", n, err)
+	}
+	again := map[string]int{}
+	for len(again) < 2 {
+		more, err := s.NextBatch(ctx, 2)
+		if err != nil {
+			t.Fatalf("NextBatch after the channel died: %v", err)
+		}
+		for _, d := range more {
+			again[d.Message().ID] = d.Attempt()
+		}
+		if n, err := s.AckBatch(ctx, more); err != nil || n != len(more) {
+			t.Fatalf("AckBatch = %d, %v; want %d", n, err, len(more))
+		}
+	}
+	if again["m1"] != 2 || again["m2"] != 2 {
+		t.Errorf("attempts after the channel died = %v, want 2 each", again)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"math/bits"
 	"strconv"
 	"strings"
@@ -67,8 +68,17 @@ type Config struct {
 	// and 20 on RabbitMQ 4.0 and later.
 	DeliveryLimit int
 	// MaxInFlight is the prefetch (basic.qos) of subscriptions that leave
-	// Subscription.MaxInFlight zero. Defaults to 100.
+	// Subscription.MaxInFlight zero: room for a batch being handled, the
+	// next one waiting in the client and more on the way. A quorum queue
+	// counts a delivery in x-delivery-count even when it only reached the
+	// client's buffer before its stream closed, so a larger prefetch
+	// raises more counts at each restart. Defaults to 300, three of the
+	// consumer package's batches of 100.
 	MaxInFlight int
+	// PublishWindow bounds the messages of one Publish call sent and
+	// awaiting their publisher confirms: Publish sends that many ahead
+	// before it waits for the oldest confirm. Defaults to 256.
+	PublishWindow int
 	// Mandatory publishes with the mandatory flag, so that Publish returns
 	// ErrUnroutable for a message no queue is bound to, instead of
 	// RabbitMQ dropping it. A relay then holds such a message until a
@@ -93,7 +103,10 @@ func (c *Config) withDefaults() (Config, error) {
 		cfg.QueuePrefix = "idem"
 	}
 	if cfg.MaxInFlight == 0 {
-		cfg.MaxInFlight = 100
+		cfg.MaxInFlight = 300
+	}
+	if cfg.PublishWindow == 0 {
+		cfg.PublishWindow = 256
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = idem.SystemClock{}
@@ -105,7 +118,7 @@ func (c *Config) withDefaults() (Config, error) {
 		return cfg, &idem.ArgumentError{Field: "idemamqp.Config.QueuePrefix", Reason: `must not begin with "amq."`}
 	case len(cfg.Exchange) > 255 || len(cfg.QueuePrefix) > 200:
 		return cfg, &idem.ArgumentError{Field: "idemamqp.Config", Reason: "names must fit in 255 bytes"}
-	case cfg.DeliveryLimit < 0, cfg.MaxInFlight < 0:
+	case cfg.DeliveryLimit < 0, cfg.MaxInFlight < 0, cfg.PublishWindow < 0:
 		return cfg, &idem.ArgumentError{Field: "idemamqp.Config", Reason: "counts must not be negative"}
 	}
 	return cfg, nil
@@ -132,8 +145,9 @@ type Transport struct {
 }
 
 var (
-	_ idem.Publisher  = (*Transport)(nil)
-	_ idem.Subscriber = (*Transport)(nil)
+	_ idem.Publisher   = (*Transport)(nil)
+	_ idem.Subscriber  = (*Transport)(nil)
+	_ idem.BatchStream = (*stream)(nil)
 )
 
 // Open connects to RabbitMQ at url and declares the exchange. cfg may be
@@ -222,10 +236,6 @@ type pubChannel struct {
 	returns chan amqp.Return
 }
 
-// confirmChunk bounds the messages awaiting confirms at once; the returns
-// buffer holds twice as many, so the library never has to drop one.
-const confirmChunk = 128
-
 // publisher returns the publishing channel, opening it if needed.
 // t.pubMu is held.
 func (t *Transport) publisher(ctx context.Context) (*pubChannel, error) {
@@ -241,7 +251,10 @@ func (t *Transport) publisher(ctx context.Context) (*pubChannel, error) {
 		_ = ch.Close()
 		return nil, fmt.Errorf("idemamqp: confirm mode: %w", err)
 	}
-	t.pub = &pubChannel{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 2*confirmChunk))}
+	// The returns buffer holds twice the messages awaiting confirms, and
+	// publish drains it after each confirm, so the library, which blocks
+	// on a full one, never has to wait.
+	t.pub = &pubChannel{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 2*t.cfg.PublishWindow))}
 	return t.pub, nil
 }
 
@@ -269,9 +282,10 @@ type outgoing struct {
 // message_id, on a channel in confirm mode. Publish returns nil once the
 // broker has confirmed every message, which for a durable queue means it
 // has stored it (for a quorum queue, on a majority of its replicas). The
-// messages of one call are pipelined in order on one channel; should the
-// broker refuse one, later ones of the call may have been stored, so a
-// retried call can deliver them out of order (consumers de-duplicate).
+// messages of one call are pipelined in order on one channel, up to
+// Config.PublishWindow of them awaiting their confirms at once; should
+// the broker refuse one, later ones of the call may have been stored, so
+// a retried call can deliver them out of order (consumers de-duplicate).
 //
 // Returns an error matching idem.ErrInvalidArgument, having published
 // nothing, when a message does not validate or a header cannot travel (see
@@ -291,36 +305,47 @@ func (t *Transport) Publish(ctx context.Context, msgs ...idem.Message) error {
 	return t.publish(ctx, out)
 }
 
+// publish sends out and waits for its confirms, keeping up to
+// Config.PublishWindow of them outstanding.
 func (t *Transport) publish(ctx context.Context, out []outgoing) error {
+	if len(out) == 0 {
+		return nil
+	}
 	t.pubMu.Lock()
 	defer t.pubMu.Unlock()
-	for len(out) > 0 {
-		n := min(len(out), confirmChunk)
-		if err := t.publishChunk(ctx, out[:n]); err != nil {
-			return err
-		}
-		out = out[n:]
-	}
-	return nil
-}
-
-// publishChunk publishes out and waits for its confirms. t.pubMu is held.
-func (t *Transport) publishChunk(ctx context.Context, out []outgoing) error {
 	pc, err := t.publisher(ctx)
 	if err != nil {
 		return err
 	}
-	confirms := make([]*amqp.DeferredConfirmation, len(out))
-	for i, o := range out {
-		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, o.exchange, o.routingKey, o.mandatory, false, o.pub)
-		if err != nil {
-			t.dropPublisher()
-			return fmt.Errorf("idemamqp: publish %q: %w", o.id, err)
-		}
-		confirms[i] = dc
+	ids := make(map[string]bool, len(out))
+	for _, o := range out {
+		ids[o.id] = true
 	}
-	for i, dc := range confirms {
-		ok, err := dc.WaitContext(ctx)
+	var unroutable []string
+	// takeReturns collects the returns that have arrived. RabbitMQ sends
+	// a mandatory message's basic.return before its basic.ack, and the
+	// library hands the return over before it resolves the confirm, so
+	// once a message is confirmed its return, if any, is here.
+	takeReturns := func() error {
+		for {
+			select {
+			case r, ok := <-pc.returns:
+				if !ok {
+					t.dropPublisher()
+					return fmt.Errorf("idemamqp: publish: channel closed: %w", ErrNacked)
+				}
+				if ids[r.MessageId] {
+					unroutable = append(unroutable, fmt.Sprintf("%q to %q", r.MessageId, r.RoutingKey))
+				}
+			default:
+				return nil
+			}
+		}
+	}
+	confirms := make([]*amqp.DeferredConfirmation, len(out))
+	await := func(i int) error {
+		ok, err := confirms[i].WaitContext(ctx)
+		confirms[i] = nil
 		if err != nil {
 			t.dropPublisher()
 			return fmt.Errorf("idemamqp: publish %q: waiting for its confirm: %w", out[i].id, err)
@@ -329,29 +354,27 @@ func (t *Transport) publishChunk(ctx context.Context, out []outgoing) error {
 			t.dropPublisher()
 			return fmt.Errorf("idemamqp: publish %q: %w", out[i].id, ErrNacked)
 		}
+		return takeReturns()
 	}
-	// RabbitMQ sends a mandatory message's basic.return before its
-	// basic.ack, and the library hands the return over before it
-	// resolves the confirm: every return of the chunk is buffered now.
-	ids := make(map[string]bool, len(out))
-	for _, o := range out {
-		ids[o.id] = true
-	}
-	var unroutable []string
-	for {
-		select {
-		case r, ok := <-pc.returns:
-			if !ok {
-				t.dropPublisher()
-				return fmt.Errorf("idemamqp: publish: channel closed: %w", ErrNacked)
+	oldest := 0
+	for i, o := range out {
+		if i-oldest == t.cfg.PublishWindow {
+			if err := await(oldest); err != nil {
+				return err
 			}
-			if ids[r.MessageId] {
-				unroutable = append(unroutable, fmt.Sprintf("%q to %q", r.MessageId, r.RoutingKey))
-			}
-			continue
-		default:
+			oldest++
 		}
-		break
+		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, o.exchange, o.routingKey, o.mandatory, false, o.pub)
+		if err != nil {
+			t.dropPublisher()
+			return fmt.Errorf("idemamqp: publish %q: %w", o.id, err)
+		}
+		confirms[i] = dc
+	}
+	for ; oldest < len(out); oldest++ {
+		if err := await(oldest); err != nil {
+			return err
+		}
 	}
 	if len(unroutable) > 0 {
 		return fmt.Errorf("idemamqp: publish %s: %w", strings.Join(unroutable, ", "), ErrUnroutable)
@@ -470,7 +493,8 @@ func (t *Transport) DeleteQueues(ctx context.Context) error {
 // queue, "<QueuePrefix>.<consumer>" (a quorum queue unless
 // ClassicQueues), binds it to the exchange with the topic as binding key
 // (so '*' and '#' match as in any topic exchange), sets the prefetch to
-// sub.MaxInFlight and starts consuming with manual acknowledgement.
+// sub.MaxInFlight (at most 65,535, the most AMQP can say) and starts
+// consuming with manual acknowledgement.
 // Messages published before the queue first existed were not routed to
 // it. RabbitMQ has no per-delivery ack deadline: sub.AckWait is not used.
 //
@@ -502,7 +526,7 @@ func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		_ = s.ch.Close()
+		_ = s.gen.ch.Close()
 		return nil, idem.ErrClosed
 	}
 	t.streams[s] = struct{}{}
@@ -532,14 +556,128 @@ type stream struct {
 	sub   idem.Subscription
 	queue string
 
-	// mu guards ch and deliveries, which start replaces after the
-	// channel died.
-	mu         sync.Mutex
-	ch         *amqp.Channel
-	deliveries <-chan amqp.Delivery
+	// mu guards gen, which start replaces after the channel died.
+	mu  sync.Mutex
+	gen *channelGen
 
 	closeOnce sync.Once
 	done      chan struct{}
+}
+
+// maxPrefetch is the largest prefetch AMQP can say (a short), and
+// maxBuffered the most deliveries a stream holds ready to hand out beside
+// the library's own buffer.
+const (
+	maxPrefetch = 1<<16 - 1
+	maxBuffered = 1024
+)
+
+// channelGen is one AMQP channel of a stream, and the deliveries it
+// brought.
+type channelGen struct {
+	ch *amqp.Channel
+	// buffered holds the channel's deliveries as they arrive, so that
+	// NextBatch can take at once those already there; it is closed when
+	// the channel's deliveries end.
+	buffered chan *amqp.Delivery
+
+	// settleMu is held while a settlement of the channel is sent and
+	// recorded, so that an ack with multiple set, which settles every
+	// unsettled delivery of the channel up to its tag, covers exactly the
+	// deliveries it is meant to.
+	settleMu sync.Mutex
+	// unsettled holds the tags of the channel's deliveries not settled,
+	// handed out or not: no more than the prefetch.
+	unsettled map[uint64]struct{}
+}
+
+// forward moves the channel's deliveries into g.buffered, recording each
+// as unsettled first, until they end or the stream closes.
+func (g *channelGen) forward(deliveries <-chan amqp.Delivery, done <-chan struct{}) {
+	defer close(g.buffered)
+	for d := range deliveries {
+		g.settleMu.Lock()
+		g.unsettled[d.DeliveryTag] = struct{}{}
+		g.settleMu.Unlock()
+		select {
+		case g.buffered <- &d:
+		case <-done:
+			return
+		}
+	}
+}
+
+// settle sends one settlement of tag with fn and records it.
+func (g *channelGen) settle(tag uint64, fn func() error) error {
+	g.settleMu.Lock()
+	defer g.settleMu.Unlock()
+	if err := fn(); err != nil {
+		return err
+	}
+	delete(g.unsettled, tag)
+	return nil
+}
+
+// ackAll acknowledges ds, deliveries of g: with one basic.ack with
+// multiple set for those below the lowest unsettled tag not among them,
+// when there are several, and one basic.ack each for the others. It
+// reports which it acknowledged.
+func (g *channelGen) ackAll(ds []*delivery) ([]bool, error) {
+	acked := make([]bool, len(ds))
+	g.settleMu.Lock()
+	defer g.settleMu.Unlock()
+	mine := make(map[uint64]bool, len(ds))
+	for _, d := range ds {
+		mine[d.d.DeliveryTag] = true
+	}
+	if top := multipleUpTo(g.unsettled, mine); top > 0 {
+		if err := g.ch.Ack(top, true); err != nil {
+			return acked, err
+		}
+		for i, d := range ds {
+			if tag := d.d.DeliveryTag; tag <= top {
+				acked[i] = true
+				delete(g.unsettled, tag)
+			}
+		}
+	}
+	for i, d := range ds {
+		if acked[i] {
+			continue
+		}
+		tag := d.d.DeliveryTag
+		if err := g.ch.Ack(tag, false); err != nil {
+			return acked, err
+		}
+		acked[i] = true
+		delete(g.unsettled, tag)
+	}
+	return acked, nil
+}
+
+// multipleUpTo returns the tag up to which an ack with multiple set
+// settles exactly tags of mine: the highest of mine below the lowest
+// unsettled tag not of mine, when at least two of mine are below it;
+// otherwise 0, and one ack each is as few frames.
+func multipleUpTo(unsettled map[uint64]struct{}, mine map[uint64]bool) uint64 {
+	var other uint64 = math.MaxUint64
+	for tag := range unsettled {
+		if !mine[tag] && tag < other {
+			other = tag
+		}
+	}
+	var top uint64
+	covered := 0
+	for tag := range mine {
+		if tag < other {
+			covered++
+			top = max(top, tag)
+		}
+	}
+	if covered < 2 {
+		return 0
+	}
+	return top
 }
 
 // start declares and binds the queue and starts consuming on a new
@@ -560,7 +698,8 @@ func (s *stream) start(ctx context.Context) error {
 	if err := ch.QueueBind(s.queue, s.sub.Topic, s.t.cfg.Exchange, false, nil); err != nil {
 		return fail("bind queue "+s.queue, err)
 	}
-	if err := ch.Qos(s.sub.MaxInFlight, 0, false); err != nil {
+	prefetch := min(s.sub.MaxInFlight, maxPrefetch)
+	if err := ch.Qos(prefetch, 0, false); err != nil {
 		return fail("qos", err)
 	}
 	// Consume, not ConsumeWithContext: the consumer outlives the context
@@ -570,8 +709,14 @@ func (s *stream) start(ctx context.Context) error {
 	if err != nil {
 		return fail("consume", err)
 	}
+	gen := &channelGen{
+		ch:        ch,
+		buffered:  make(chan *amqp.Delivery, min(prefetch, maxBuffered)),
+		unsettled: make(map[uint64]struct{}),
+	}
+	go gen.forward(deliveries, s.done)
 	s.mu.Lock()
-	s.ch, s.deliveries = ch, deliveries
+	s.gen = gen
 	s.mu.Unlock()
 	return nil
 }
@@ -598,6 +743,30 @@ func (s *stream) startRetrying(ctx context.Context) error {
 // Next subscribes again once (dialling again if needed); the broker has
 // put the messages the old channel held back in the queue.
 func (s *stream) Next(ctx context.Context) (idem.Delivery, error) {
+	ds, err := s.take(ctx, 1)
+	if err != nil {
+		return nil, err
+	}
+	return ds[0], nil
+}
+
+// NextBatch implements idem.BatchStream: it waits for a delivery as Next
+// does, then takes the others the broker has already sent (within the
+// prefetch), up to max, without waiting for more. Returns an
+// *idem.ArgumentError when max is below 1.
+func (s *stream) NextBatch(ctx context.Context, max int) ([]idem.Delivery, error) {
+	if max < 1 {
+		return nil, &idem.ArgumentError{Field: "max", Reason: "must be at least 1"}
+	}
+	return s.take(ctx, max)
+}
+
+// AcksInTx implements idem.BatchStream: a broker cannot join a database
+// transaction.
+func (s *stream) AcksInTx(context.Context) bool { return false }
+
+// take waits for a delivery and takes up to max of those there.
+func (s *stream) take(ctx context.Context, max int) ([]idem.Delivery, error) {
 	restarted := false
 	for {
 		if err := ctx.Err(); err != nil {
@@ -609,20 +778,32 @@ func (s *stream) Next(ctx context.Context) (idem.Delivery, error) {
 		default:
 		}
 		s.mu.Lock()
-		deliveries := s.deliveries
+		gen := s.gen
 		s.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-s.done:
 			return nil, idem.ErrClosed
-		case d, ok := <-deliveries:
+		case d, ok := <-gen.buffered:
 			if ok {
-				return s.delivery(d), nil
+				ds := []idem.Delivery{s.handOut(gen, d)}
+				for len(ds) < max {
+					select {
+					case d, ok := <-gen.buffered:
+						if ok {
+							ds = append(ds, s.handOut(gen, d))
+							continue
+						}
+					default:
+					}
+					break
+				}
+				return ds, nil
 			}
 		}
-		// The deliveries channel closed: the stream was closed, or the
-		// AMQP channel died.
+		// The deliveries ended: the stream was closed, or the AMQP
+		// channel died.
 		select {
 		case <-s.done:
 			return nil, idem.ErrClosed
@@ -638,16 +819,80 @@ func (s *stream) Next(ctx context.Context) (idem.Delivery, error) {
 	}
 }
 
+func (s *stream) handOut(gen *channelGen, d *amqp.Delivery) idem.Delivery {
+	dd := s.delivery(*d)
+	dd.gen = gen
+	return dd
+}
+
+// AckBatch implements idem.BatchStream with as few frames as it can: the
+// deliveries of ds on one channel that are all its unsettled deliveries
+// up to a delivery tag (handed out or waiting in the client) take one
+// basic.ack with multiple set, for that tag; the others one basic.ack
+// each. basic.ack has no answer: as Ack, AckBatch returns once the frames
+// are written. Deliveries settled already, and those of a channel that
+// has died (whose messages the broker put back in the queue, to be
+// delivered again), are passed over. Deliveries of another stream are
+// refused with an error matching idem.ErrInvalidArgument.
+func (s *stream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, error) {
+	if len(ds) == 0 {
+		return 0, nil
+	}
+	own := make([]*delivery, len(ds))
+	for i, d := range ds {
+		ad, ok := d.(*delivery)
+		if !ok || ad.s != s {
+			return 0, &idem.ArgumentError{Field: "ds", Reason: fmt.Sprintf("delivery %d is not of this stream", i)}
+		}
+		own[i] = ad
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	var gens []*channelGen
+	byGen := make(map[*channelGen][]*delivery)
+	for _, d := range own {
+		if d.gen.ch.IsClosed() || d.claim("ack") != nil {
+			continue
+		}
+		if byGen[d.gen] == nil {
+			gens = append(gens, d.gen)
+		}
+		byGen[d.gen] = append(byGen[d.gen], d)
+	}
+	n := 0
+	var errs []error
+	for _, gen := range gens {
+		group := byGen[gen]
+		acked, err := gen.ackAll(group)
+		for i, d := range group {
+			d.release(acked[i])
+			if acked[i] {
+				n++
+			}
+		}
+		if err != nil && !errors.Is(err, amqp.ErrClosed) {
+			// A channel that died meanwhile put its messages back: its
+			// deliveries are passed over, like those found dead above.
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return n, fmt.Errorf("idemamqp: ack: %w", errors.Join(errs...))
+	}
+	return n, nil
+}
+
 // Close implements idem.Stream: closing the channel makes the broker put
 // the messages it holds unsettled back in the queue at once.
 func (s *stream) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.done)
 		s.mu.Lock()
-		ch := s.ch
+		gen := s.gen
 		s.mu.Unlock()
-		if ch != nil {
-			_ = ch.Close()
+		if gen != nil {
+			_ = gen.ch.Close()
 		}
 		s.t.mu.Lock()
 		delete(s.t.streams, s)
@@ -729,14 +974,26 @@ func headerInt(v any) (int, bool) {
 	return 0, false
 }
 
+// deliveryState is where a delivery is in its settlement.
+type deliveryState int
+
+const (
+	open deliveryState = iota
+	// settling: an Ack, Nack, Term or AckBatch is under way.
+	settling
+	settled
+)
+
 type delivery struct {
-	s       *stream
+	s *stream
+	// gen is the channel the delivery came on, which alone can settle it.
+	gen     *channelGen
 	d       amqp.Delivery
 	m       idem.Message
 	attempt int
 
-	mu      sync.Mutex
-	settled bool
+	mu    sync.Mutex
+	state deliveryState
 }
 
 // Message implements idem.Delivery.
@@ -774,12 +1031,7 @@ func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
 		// the former counts in x-delivery-count.
 		return d.settle(ctx, "nack", func() error { return d.d.Reject(true) })
 	}
-	return d.settle(ctx, "nack", func() error {
-		if err := d.delayCopy(ctx, delay); err != nil {
-			return err
-		}
-		return d.d.Ack(false)
-	})
+	return d.settleAfter(ctx, "nack", func() error { return d.delayCopy(ctx, delay) }, func() error { return d.d.Ack(false) })
 }
 
 // InProgress implements idem.Delivery as a no-op: RabbitMQ has no ack
@@ -791,25 +1043,60 @@ func (d *delivery) InProgress(ctx context.Context) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.settled {
+	if d.state == settled {
 		return fmt.Errorf("idemamqp: in progress: message %q: %w", d.m.ID, ErrStaleDelivery)
 	}
 	return nil
 }
 
+// claim starts settling d, or returns ErrStaleDelivery when d is settled
+// or being settled.
+func (d *delivery) claim(op string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.state != open {
+		return fmt.Errorf("idemamqp: %s: message %q: %w", op, d.m.ID, ErrStaleDelivery)
+	}
+	d.state = settling
+	return nil
+}
+
+// release ends what claim started: d is settled, or open again after a
+// failure.
+func (d *delivery) release(done bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if done {
+		d.state = settled
+	} else {
+		d.state = open
+	}
+}
+
+// settle settles d with fn, one frame on its channel.
 func (d *delivery) settle(ctx context.Context, op string, fn func() error) error {
+	return d.settleAfter(ctx, op, nil, fn)
+}
+
+// settleAfter runs before, when not nil, then settles d with fn.
+func (d *delivery) settleAfter(ctx context.Context, op string, before, fn func() error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.settled {
-		return fmt.Errorf("idemamqp: %s: message %q: %w", op, d.m.ID, ErrStaleDelivery)
+	if err := d.claim(op); err != nil {
+		return err
 	}
-	if err := fn(); err != nil {
+	var err error
+	if before != nil {
+		err = before()
+	}
+	if err == nil {
+		err = d.gen.settle(d.d.DeliveryTag, fn)
+	}
+	d.release(err == nil)
+	if err != nil {
 		return fmt.Errorf("idemamqp: %s: message %q: %w", op, d.m.ID, err)
 	}
-	d.settled = true
 	return nil
 }
 

@@ -18,14 +18,14 @@ import (
 	"github.com/idem-go/idem/idemtest"
 )
 
-func amqpURL(t *testing.T) string {
+func amqpURL(t testing.TB) string {
 	t.Helper()
 	return idemtest.RequireService(t, "RabbitMQ", "IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 }
 
 // newIsolated returns a Transport on an exchange and queue prefix of its
 // own, deleted with its queues when the test ends.
-func newIsolated(t *testing.T, cfg idemamqp.Config) *idemamqp.Transport {
+func newIsolated(t testing.TB, cfg idemamqp.Config) *idemamqp.Transport {
 	t.Helper()
 	url := amqpURL(t)
 	run := fmt.Sprintf("%08x", rand.Uint32())
@@ -49,7 +49,7 @@ func newIsolated(t *testing.T, cfg idemamqp.Config) *idemamqp.Transport {
 	return tr
 }
 
-func deleteExchange(t *testing.T, url, name string) {
+func deleteExchange(t testing.TB, url, name string) {
 	t.Helper()
 	conn, err := amqp.Dial(url)
 	if err != nil {
@@ -69,11 +69,12 @@ func deleteExchange(t *testing.T, url, name string) {
 }
 
 var quorumFeatures = idemtest.TransportFeatures{
-	DelayedNack:     true,
-	AttemptCount:    true,
-	Term:            true,
-	OrderedPerTopic: true,
-	RealTime:        true,
+	DelayedNack:      true,
+	AttemptCount:     true,
+	CountsPrefetched: true,
+	Term:             true,
+	OrderedPerTopic:  true,
+	RealTime:         true,
 }
 
 func TestTransport(t *testing.T) {
@@ -254,6 +255,7 @@ func TestConfigInvalid(t *testing.T) {
 		"amq exchange":      {Exchange: "amq.topic"},
 		"negative limit":    {DeliveryLimit: -1},
 		"negative inflight": {MaxInFlight: -1},
+		"negative window":   {PublishWindow: -1},
 	} {
 		if _, err := idemamqp.Open(t.Context(), "amqp://127.0.0.1:1/", &cfg); !errors.Is(err, idem.ErrInvalidArgument) {
 			t.Errorf("Open(%s) = %v, want ErrInvalidArgument", name, err)

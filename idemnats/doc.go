@@ -22,11 +22,11 @@
 // # Which guarantee comes from where
 //
 // From JetStream, the broker:
-//   - Durability. Publish waits for each message's PubAck: the stream has
+//   - Durability. Publish waits for every message's PubAck: the stream has
 //     stored it (on as many replicas as the stream has) before Publish
-//     returns nil. Messages are published one at a time, each after the
-//     previous one's PubAck, so a topic's messages are stored in the order
-//     given, even when Publish is retried after a failure.
+//     returns nil. Publish pipelines: it sends up to Config.PublishWindow
+//     messages (256 by default) ahead of their PubAcks, in order on one
+//     connection, so the stream stores them in the order given.
 //   - De-duplication on publish. Message.ID travels as Nats-Msg-Id: the
 //     stream drops a second message with the same ID within its
 //     Duplicates window (2 minutes by default), acknowledging it as a
@@ -39,12 +39,12 @@
 //     is delivered again.
 //   - Settlement. Ack is a double ack: it returns once the server has
 //     recorded it, so an acknowledged message does not come back. Nack is
-//     a NAK, with the delay when there is one (NakWithDelay), after which
-//     the server delivers the message again without holding up others;
-//     Term is a TERM, after which it does not; InProgress resets the
-//     AckWait. These three are flushed to the server before they return
-//     but not confirmed: if one is lost, the AckWait brings the message
-//     back, which is the safe side.
+//     a NAK, with the delay when there is one, after which the server
+//     delivers the message again without holding up others; Term is a
+//     TERM, after which it does not; InProgress resets the AckWait. These
+//     three are flushed to the server before they return but not
+//     confirmed: if one is lost, the AckWait brings the message back,
+//     which is the safe side.
 //
 // From idem, above the transport: de-duplication beyond the window and
 // across IDs (the consumer's inbox), the decision that a message is dead
@@ -53,15 +53,68 @@
 // defaults to unlimited), per-key order across retries, and the retry
 // delays.
 //
-// # Next
+// # Order when a Publish fails
 //
-// Next pulls one message per request, so a message is delivered, and its
-// AckWait starts, only when a caller asks for it. A pull request waits at
-// most Config.PollWait and expires before Next's context does, so a
-// message published after Next gave up is not taken by an abandoned
-// request. A request abandoned by Close or by a cancelled context may still
-// be answered: that message comes back when its AckWait ends, with its
-// Attempt one higher.
+// With more than one message in flight, a failure in the middle of a
+// Publish (a connection lost, a stream leader that changed) can lose one
+// message while later ones of the call are stored; publishing the call
+// again then stores the lost one after them. Consumers de-duplicate, so
+// nothing is applied twice, but a key's messages can arrive out of order.
+// (For that reason a message the stream did not answer, "no responders",
+// fails the Publish rather than being sent again behind the others, as
+// nats.go would.) Config.PublishWindow 1 sends each message only after
+// the previous one's PubAck, as the transport did before it pipelined,
+// and keeps the order across such failures, at one round trip per
+// message; nats.go then resends a message without responders twice,
+// 250ms apart, before Publish fails.
+//
+// # Next and NextBatch
+//
+// Next and NextBatch send a pull request when called, for one message or
+// for up to max, so a message is delivered, and its AckWait starts, only
+// when a caller asks for it. NextBatch's request is a no_wait request with
+// an expiry, which the server answers as soon as it has a message, with
+// every other one available then, and ends at once after them, without
+// waiting to fill the batch. The server refuses such a request while the
+// consumer's other waiting requests (another stream's, of the same
+// consumer name) ask for more than there is ("Requests Pending"), and
+// NextBatch then pulls one message. At the consumer's MaxAckPending the
+// server hands out what room allows and keeps the request waiting, so
+// NextBatch returns when acknowledgements have made room for the rest or
+// the request expires (after Config.PollWait at most).
+//
+// A pull request belongs to the stream, not to the call that sent it: a
+// stream has one out at a time, and its calls share what it brings, in
+// the stream's order. A request expires before the deadline of the call
+// that sent it, so that a call with a deadline leaves nothing behind. A
+// call that gives up earlier (its context cancelled) leaves its request
+// out, and what it brings goes to the stream's next call; what it brings
+// with no call waiting is handed back with a NAK once the request has
+// ended, and so delivered again at once rather than after its AckWait,
+// though the server has counted that delivery, and its Attempt is one
+// higher. A request is not withdrawn earlier because nats-server before
+// 2.10.14, finding a redelivery due and only a request that has lost its
+// interest waiting, delivers the stream's previous message again as new
+// and loses the redelivery until its AckWait (nats-server#5305).
+//
+// Close does withdraw the stream's request: it unsubscribes the reply
+// subject, which makes the server drop the request, asks for the
+// consumer's info, which makes a 2.9 server drop it at once, and hands
+// back with a NAK what the request had brought; the NAKs are confirmed
+// before the stream pulls again, so the messages keep their place. A
+// message sent in the very moment of the withdrawal can still miss both
+// and come back only after its AckWait.
+//
+// AckBatch sends the acknowledgements of a batch at once, plain ones and
+// a double ack last, and waits for that one's confirmation: one round trip
+// for the batch. The server processes a consumer's acknowledgements in
+// the order they arrive, so the last one's confirmation says every one is
+// recorded. AckBatch passes over deliveries settled already, and those
+// whose message this stream has received again after their AckWait; a
+// later delivery to another stream cannot be told, and acknowledging the
+// earlier one settles the message, since JetStream acknowledges by stream
+// sequence. A broker cannot join a database transaction: AcksInTx is
+// false.
 //
 // # Headers
 //
@@ -78,8 +131,11 @@
 //
 // idemnats is tested against nats-server 2.9.10 and needs 2.9.0 or later:
 // the consumer-create API with a filter subject in the request subject
-// arrived in 2.9.0, and NAK with a delay in 2.7. It uses nothing newer:
-// no multiple filter subjects or consumer metadata (2.10), no pull
-// heartbeats (which the client asks for only on pulls of 10s or more,
-// hence PollWait's bound), no per-message TTL or consumer pausing (2.11).
+// arrived in 2.9.0, NAK with a delay in 2.7, and no_wait pull requests
+// with an expiry, which end once the available messages are delivered,
+// in 2.7 too (2.9 ends them with a 408 status, later servers with a 404;
+// either will do). It uses nothing newer: no multiple filter subjects or
+// consumer metadata (2.10), no pull heartbeats (a pull lasts at most
+// Config.PollWait, under 10s, and does without), no per-message TTL or
+// consumer pausing (2.11).
 package idemnats

@@ -76,3 +76,22 @@ func TestStoreRace(t *testing.T) {
 		}
 	}
 }
+
+// Pull requests go to the API subjects of the JetStream context the
+// transport was given.
+func TestAPIPrefix(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		opts jetstream.JetStreamOptions
+		want string
+	}{
+		{jetstream.JetStreamOptions{}, "$JS.API."},
+		{jetstream.JetStreamOptions{Domain: "hub"}, "$JS.hub.API."},
+		{jetstream.JetStreamOptions{APIPrefix: "acme.js"}, "acme.js."},
+		{jetstream.JetStreamOptions{APIPrefix: "acme.js."}, "acme.js."},
+	} {
+		if got := apiPrefix(tc.opts); got != tc.want {
+			t.Errorf("apiPrefix(%+v) = %q, want %q", tc.opts, got, tc.want)
+		}
+	}
+}

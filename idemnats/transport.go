@@ -28,7 +28,8 @@ const (
 )
 
 // ErrStaleDelivery is returned by a Delivery's methods once it has been
-// settled.
+// settled, or once its stream has received a later delivery of its
+// message (after its AckWait).
 var ErrStaleDelivery = errors.New("idemnats: delivery already settled")
 
 // Config configures a Transport. The zero value is ready to use.
@@ -63,9 +64,15 @@ type Config struct {
 	// which records every attempt, decides when a message is dead.
 	MaxDeliver int
 	// PollWait bounds one pull request: a Next that waits longer sends
-	// another. A pull request abandoned by a Close may still take a
-	// message, which then comes back after its AckWait. Defaults to 5s.
+	// another. Defaults to 5s.
 	PollWait time.Duration
+	// PublishWindow bounds the messages of one Publish call that have
+	// been sent and await their PubAck: Publish sends that many ahead
+	// before it waits for the oldest acknowledgement. 1 sends each message
+	// only after the previous one's PubAck, which keeps a topic's order
+	// even across a failed and retried Publish (see the package
+	// documentation), at one round trip per message. Defaults to 256.
+	PublishWindow int
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -91,16 +98,20 @@ func (c *Config) withDefaults() (Config, error) {
 	if cfg.PollWait == 0 {
 		cfg.PollWait = 5 * time.Second
 	}
+	if cfg.PublishWindow == 0 {
+		cfg.PublishWindow = 256
+	}
 	switch {
 	case strings.ContainsAny(cfg.Stream, ".*> \t\r\n"):
 		return cfg, &idem.ArgumentError{Field: "idemnats.Config.Stream", Reason: "must not contain '.', '*', '>' or white space"}
 	case !validSubject(cfg.SubjectPrefix, false):
 		return cfg, &idem.ArgumentError{Field: "idemnats.Config.SubjectPrefix", Reason: "must be a subject without wildcards"}
-	case cfg.Duplicates < 0, cfg.MaxAge < 0, cfg.AckWait < 0, cfg.MaxInFlight < 0, cfg.MaxDeliver < 0:
+	case cfg.Duplicates < 0, cfg.MaxAge < 0, cfg.AckWait < 0, cfg.MaxInFlight < 0, cfg.MaxDeliver < 0, cfg.PublishWindow < 0:
 		return cfg, &idem.ArgumentError{Field: "idemnats.Config", Reason: "durations and counts must not be negative"}
 	case cfg.PollWait < 100*time.Millisecond || cfg.PollWait >= 10*time.Second:
-		// At 10s the client asks the server for idle heartbeats, a
-		// newer feature; below 100ms polling is wasteful.
+		// A longer pull would want the server's idle heartbeats to tell
+		// a lost request from a quiet one; below 100ms polling is
+		// wasteful.
 		return cfg, &idem.ArgumentError{Field: "idemnats.Config.PollWait", Reason: "must be at least 100ms and under 10s"}
 	}
 	return cfg, nil
@@ -111,17 +122,35 @@ func (c *Config) withDefaults() (Config, error) {
 type Transport struct {
 	cfg Config
 	js  jetstream.JetStream
+	nc  *nats.Conn
+	// api is the prefix of the JetStream API's subjects, "$JS.API." unless
+	// js was made for a domain or with another prefix.
+	api string
+	// ackTimeout bounds the wait for one PubAck, from when its message
+	// was sent: the JetStream context's DefaultTimeout.
+	ackTimeout time.Duration
 	// owned is the connection Open made, closed by Close; nil after New.
 	owned *nats.Conn
+	// done is closed by Close, ending Publish calls that wait for
+	// PubAcks.
+	done chan struct{}
 
 	mu      sync.Mutex
 	closed  bool
 	streams map[*stream]struct{}
+
+	// givingBack counts the goroutines that collect pull requests and
+	// hand back what they brought for nobody; Close waits for them. bgMu
+	// guards bgClosed, after which no more start.
+	givingBack sync.WaitGroup
+	bgMu       sync.Mutex
+	bgClosed   bool
 }
 
 var (
-	_ idem.Publisher  = (*Transport)(nil)
-	_ idem.Subscriber = (*Transport)(nil)
+	_ idem.Publisher   = (*Transport)(nil)
+	_ idem.Subscriber  = (*Transport)(nil)
+	_ idem.BatchStream = (*stream)(nil)
 )
 
 // Open connects to the NATS server at url and returns a Transport that
@@ -163,7 +192,33 @@ func newTransport(ctx context.Context, js jetstream.JetStream, cfg Config) (*Tra
 	if err := ensureStream(ctx, js, cfg); err != nil {
 		return nil, err
 	}
-	return &Transport{cfg: cfg, js: js, streams: make(map[*stream]struct{})}, nil
+	opts := js.Options()
+	ackTimeout := opts.DefaultTimeout
+	if ackTimeout <= 0 {
+		ackTimeout = 5 * time.Second
+	}
+	return &Transport{
+		cfg:        cfg,
+		js:         js,
+		nc:         js.Conn(),
+		api:        apiPrefix(opts),
+		ackTimeout: ackTimeout,
+		done:       make(chan struct{}),
+		streams:    make(map[*stream]struct{}),
+	}, nil
+}
+
+// apiPrefix returns the prefix of the JetStream API's subjects for opts,
+// as the jetstream package builds it: pull requests are sent by the
+// transport itself, so that it can withdraw them.
+func apiPrefix(opts jetstream.JetStreamOptions) string {
+	switch {
+	case opts.Domain != "":
+		return "$JS." + opts.Domain + ".API."
+	case opts.APIPrefix != "":
+		return strings.TrimSuffix(opts.APIPrefix, ".") + "."
+	}
+	return jetstream.DefaultAPIPrefix
 }
 
 // ensureStream creates the stream when it does not exist. An existing
@@ -224,16 +279,24 @@ func (t *Transport) topic(subject string) string {
 }
 
 // Publish implements idem.Publisher. Each message is published with its
-// ID as Nats-Msg-Id and awaits its PubAck before the next is sent, so they
-// are stored in order and, once Publish returns nil, durably (as the
-// stream's storage and replicas make them). A message the stream already
-// holds within its Duplicates window is acknowledged as a duplicate and
-// not stored again.
+// ID as Nats-Msg-Id, asynchronously: up to Config.PublishWindow messages
+// are sent ahead of their PubAcks, in order on one connection, so the
+// stream stores them in the order given, and Publish returns nil only once
+// every PubAck has come back, when the stream holds them durably (as its
+// storage and replicas make them). A message the stream already holds
+// within its Duplicates window is acknowledged as a duplicate and not
+// stored again. Each PubAck is awaited up to the JetStream context's
+// DefaultTimeout (5s unless set otherwise) from when its message was
+// sent, and no longer than ctx lasts.
+//
+// On an error some messages may have been stored, later ones among them
+// (see the package documentation for what that means for order).
 //
 // Returns an error matching idem.ErrInvalidArgument, having published
 // nothing, when a message does not validate, its topic is not a subject
 // without wildcards, or a header cannot travel as a NATS header (see the
-// package documentation); idem.ErrClosed after Close.
+// package documentation); idem.ErrClosed after Close, or when Close is
+// called while Publish waits; ctx's error when it ends first.
 func (t *Transport) Publish(ctx context.Context, msgs ...idem.Message) error {
 	out := make([]*nats.Msg, len(msgs))
 	for i, m := range msgs {
@@ -246,16 +309,134 @@ func (t *Transport) Publish(ctx context.Context, msgs ...idem.Message) error {
 	if err := t.checkOpen(); err != nil {
 		return err
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("idemnats: publish: %w", err)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	w := newAckWindow(min(len(out), t.cfg.PublishWindow))
 	for i, nm := range out {
-		ack, err := t.js.PublishMsg(ctx, nm, jetstream.WithMsgID(msgs[i].ID), jetstream.WithExpectStream(t.cfg.Stream))
-		if err != nil {
-			return fmt.Errorf("idemnats: publish %q to %s: %w", msgs[i].ID, nm.Subject, err)
+		if w.full() {
+			if err := t.awaitAck(ctx, w.pop()); err != nil {
+				return err
+			}
 		}
-		if ack == nil {
-			return fmt.Errorf("idemnats: publish %q: no acknowledgement", msgs[i].ID)
+		f, err := t.publishAsync(ctx, nm, msgs[i].ID, w)
+		if err != nil {
+			return err
+		}
+		w.push(pubAck{id: msgs[i].ID, subject: nm.Subject, f: f, sent: time.Now()})
+	}
+	for !w.empty() {
+		if err := t.awaitAck(ctx, w.pop()); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// pubAck is a message sent and awaiting its PubAck.
+type pubAck struct {
+	id, subject string
+	f           jetstream.PubAckFuture
+	sent        time.Time
+}
+
+// ackWindow is the ring of a Publish call's messages awaiting PubAcks,
+// oldest first.
+type ackWindow struct {
+	ring     []pubAck
+	first, n int
+}
+
+func newAckWindow(size int) *ackWindow { return &ackWindow{ring: make([]pubAck, size)} }
+
+func (w *ackWindow) full() bool  { return w.n == len(w.ring) }
+func (w *ackWindow) empty() bool { return w.n == 0 }
+
+func (w *ackWindow) push(a pubAck) {
+	w.ring[(w.first+w.n)%len(w.ring)] = a
+	w.n++
+}
+
+func (w *ackWindow) pop() pubAck {
+	a := w.ring[w.first]
+	w.ring[w.first] = pubAck{}
+	w.first = (w.first + 1) % len(w.ring)
+	w.n--
+	return a
+}
+
+// publishAsync sends nm. When the JetStream context's own bound on
+// outstanding PubAcks (shared with every other publisher on it) is
+// reached, it waits for the oldest of w, or, with none, tries again, for
+// at most the ack timeout.
+func (t *Transport) publishAsync(ctx context.Context, nm *nats.Msg, id string, w *ackWindow) (jetstream.PubAckFuture, error) {
+	opts := []jetstream.PublishOpt{jetstream.WithMsgID(id), jetstream.WithExpectStream(t.cfg.Stream)}
+	if t.cfg.PublishWindow > 1 {
+		// The library resends a message the stream did not answer
+		// (no responders) a moment later, behind the messages sent
+		// since: reported instead, as a failed Publish, it cannot
+		// reorder them unnoticed.
+		opts = append(opts, jetstream.WithRetryAttempts(0))
+	}
+	var stalled time.Time
+	for {
+		f, err := t.js.PublishMsgAsync(nm, opts...)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+			if errors.Is(err, nats.ErrConnectionClosed) {
+				return nil, fmt.Errorf("idemnats: publish %q to %s: %w (%w)", id, nm.Subject, idem.ErrClosed, err)
+			}
+			return nil, fmt.Errorf("idemnats: publish %q to %s: %w", id, nm.Subject, err)
+		}
+		if stalled.IsZero() {
+			stalled = time.Now()
+		}
+		switch {
+		case !w.empty():
+			if err := t.awaitAck(ctx, w.pop()); err != nil {
+				return nil, err
+			}
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("idemnats: publish %q to %s: %w", id, nm.Subject, ctx.Err())
+		case t.checkOpen() != nil:
+			return nil, fmt.Errorf("idemnats: publish %q to %s: %w", id, nm.Subject, idem.ErrClosed)
+		case time.Since(stalled) > t.ackTimeout:
+			return nil, fmt.Errorf("idemnats: publish %q to %s: %w", id, nm.Subject, err)
+		}
+	}
+}
+
+// awaitAck waits for a's PubAck.
+func (t *Transport) awaitAck(ctx context.Context, a pubAck) error {
+	fail := func(err error) error {
+		return fmt.Errorf("idemnats: publish %q to %s: %w", a.id, a.subject, err)
+	}
+	select {
+	case <-a.f.Ok():
+		return nil
+	case err := <-a.f.Err():
+		return fail(err)
+	default:
+	}
+	timer := time.NewTimer(time.Until(a.sent.Add(t.ackTimeout)))
+	defer timer.Stop()
+	select {
+	case <-a.f.Ok():
+		return nil
+	case err := <-a.f.Err():
+		return fail(err)
+	case <-ctx.Done():
+		return fail(ctx.Err())
+	case <-t.done:
+		return fail(idem.ErrClosed)
+	case <-timer.C:
+		return fail(fmt.Errorf("no PubAck within %v: %w", t.ackTimeout, nats.ErrTimeout))
+	}
 }
 
 func (t *Transport) checkOpen() error {
@@ -405,8 +586,18 @@ func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.
 	if err != nil {
 		return nil, fmt.Errorf("idemnats: consumer %q on %s: %w", sub.Consumer, t.Subject(sub.Topic), err)
 	}
+	name := cons.CachedInfo().Name
 	sctx, cancel := context.WithCancel(context.Background())
-	s := &stream{t: t, cons: cons, ctx: sctx, cancel: cancel}
+	s := &stream{
+		t:        t,
+		cons:     cons,
+		next:     t.api + "CONSUMER.MSG.NEXT." + t.cfg.Stream + "." + name,
+		maxBatch: sub.MaxInFlight,
+		ctx:      sctx,
+		cancel:   cancel,
+		changed:  make(chan struct{}),
+		held:     make(map[uint64]*delivery),
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -418,7 +609,9 @@ func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.
 }
 
 // Close closes every stream and makes Publish and Subscribe return
-// idem.ErrClosed. It closes the connection when Open made it. Closing
+// idem.ErrClosed; Publish calls waiting for PubAcks return it too. It
+// waits for the messages that abandoned pull requests received to be
+// handed back, then closes the connection when Open made it. Closing
 // twice is a no-op.
 func (t *Transport) Close() error {
 	t.mu.Lock()
@@ -427,223 +620,35 @@ func (t *Transport) Close() error {
 		return nil
 	}
 	t.closed = true
+	close(t.done)
 	streams := t.streams
 	t.streams = nil
 	t.mu.Unlock()
 	for s := range streams {
 		s.cancel()
 	}
+	t.bgMu.Lock()
+	t.bgClosed = true
+	t.bgMu.Unlock()
+	t.givingBack.Wait()
 	if t.owned != nil {
 		t.owned.Close()
 	}
 	return nil
 }
 
-type stream struct {
-	t    *Transport
-	cons jetstream.Consumer
-	// ctx is cancelled by Close, which ends a waiting Next.
-	ctx    context.Context
-	cancel context.CancelFunc
-}
-
-// minPull is the shortest pull request worth sending: a Next with less
-// time left waits it out.
-const minPull = 20 * time.Millisecond
-
-// Next implements idem.Stream. It pulls one message at a time, so a
-// message is delivered (and its AckWait starts) only when a caller asks
-// for it. A pull request expires before ctx does, so a message published
-// after Next gave up is not taken by it.
-func (s *stream) Next(ctx context.Context) (idem.Delivery, error) {
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		if s.ctx.Err() != nil {
-			return nil, idem.ErrClosed
-		}
-		d, err := s.pull(ctx)
-		if d != nil || err != nil {
-			return d, err
-		}
+// background runs fn in a goroutine Close waits for, and reports false,
+// without running it, once Close has begun.
+func (t *Transport) background(fn func()) bool {
+	t.bgMu.Lock()
+	defer t.bgMu.Unlock()
+	if t.bgClosed {
+		return false
 	}
-}
-
-// pull sends one pull request and waits for it to be answered; it returns
-// nil, nil when the request expired with nothing.
-func (s *stream) pull(ctx context.Context) (idem.Delivery, error) {
-	pctx, cancel := context.WithTimeout(ctx, s.t.cfg.PollWait)
-	defer cancel()
-	stop := context.AfterFunc(s.ctx, cancel)
-	defer stop()
-	if dl, _ := pctx.Deadline(); time.Until(dl) < minPull {
-		<-pctx.Done()
-		return nil, s.ended(ctx, nil)
-	}
-	msg, err := s.cons.Next(jetstream.FetchContext(pctx))
-	if msg != nil {
-		return s.t.delivery(msg)
-	}
-	if err == nil || errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return nil, s.ended(ctx, nil)
-	}
-	if e := s.ended(ctx, nil); e != nil {
-		return nil, e
-	}
-	if errors.Is(err, nats.ErrConnectionClosed) {
-		return nil, fmt.Errorf("idemnats: next: %w (%w)", idem.ErrClosed, err)
-	}
-	return nil, fmt.Errorf("idemnats: next: %w", err)
-}
-
-// ended returns why Next must stop, or err when it need not.
-func (s *stream) ended(ctx context.Context, err error) error {
-	if s.ctx.Err() != nil {
-		return idem.ErrClosed
-	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	return err
-}
-
-// Close implements idem.Stream. The consumer stays on the server, so the
-// messages this stream holds unsettled are delivered again when their
-// AckWait ends, to this consumer name's other or next streams.
-func (s *stream) Close() error {
-	s.cancel()
-	s.t.mu.Lock()
-	defer s.t.mu.Unlock()
-	delete(s.t.streams, s)
-	return nil
-}
-
-func (t *Transport) delivery(msg jetstream.Msg) (idem.Delivery, error) {
-	md, err := msg.Metadata()
-	if err != nil {
-		// Not a JetStream message: leave it to its AckWait.
-		return nil, fmt.Errorf("idemnats: next: %w", err)
-	}
-	h := msg.Headers()
-	m := idem.Message{
-		ID:      h.Get(headerMsgID),
-		Topic:   t.topic(msg.Subject()),
-		Key:     h.Get(HeaderKey),
-		Payload: append([]byte(nil), msg.Data()...),
-		Time:    md.Timestamp,
-	}
-	if ts := h.Get(HeaderTime); ts != "" {
-		if tm, err := time.Parse(time.RFC3339Nano, ts); err == nil {
-			m.Time = tm
-		}
-	}
-	for k, vs := range h {
-		if reserved(k) || len(vs) == 0 {
-			continue
-		}
-		if m.Headers == nil {
-			m.Headers = make(map[string]string)
-		}
-		m.Headers[k] = vs[0]
-	}
-	return &delivery{t: t, msg: msg, m: m, attempt: int(md.NumDelivered)}, nil
-}
-
-type delivery struct {
-	t       *Transport
-	msg     jetstream.Msg
-	m       idem.Message
-	attempt int
-
-	mu      sync.Mutex
-	settled bool
-}
-
-// Message implements idem.Delivery.
-func (d *delivery) Message() idem.Message { return d.m }
-
-// Attempt implements idem.Delivery: the consumer's NumDelivered for the
-// message, which the server keeps across streams and restarts.
-func (d *delivery) Attempt() int { return d.attempt }
-
-// Ack implements idem.Delivery with a double ack: it returns once the
-// server has recorded the acknowledgement, so a message Ack has settled
-// is not delivered again.
-func (d *delivery) Ack(ctx context.Context) error {
-	return d.settle(ctx, "ack", func() error { return d.msg.DoubleAck(ctx) })
-}
-
-// Nack implements idem.Delivery with a NAK, delayed by delay when it is
-// positive: the server delivers the message again after it. The NAK is
-// flushed to the server before Nack returns, though not confirmed; if it
-// is lost the AckWait brings the message back.
-func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
-	return d.settle(ctx, "nack", func() error {
-		if delay > 0 {
-			return d.msg.NakWithDelay(delay)
-		}
-		return d.msg.Nak()
-	})
-}
-
-// Term implements idem.Delivery with a TERM: the server does not deliver
-// the message to this consumer again. Flushed, not confirmed, as Nack.
-func (d *delivery) Term(ctx context.Context) error {
-	return d.settle(ctx, "term", d.msg.Term)
-}
-
-// InProgress implements idem.Delivery: the server starts the delivery's
-// AckWait again.
-func (d *delivery) InProgress(ctx context.Context) error {
-	d.mu.Lock()
-	settled := d.settled
-	d.mu.Unlock()
-	if settled {
-		return fmt.Errorf("idemnats: in progress: message %q: %w", d.m.ID, ErrStaleDelivery)
-	}
-	if err := d.msg.InProgress(); err != nil {
-		return fmt.Errorf("idemnats: in progress: message %q: %w", d.m.ID, err)
-	}
-	return d.flush(ctx, "in progress")
-}
-
-func (d *delivery) settle(ctx context.Context, op string, fn func() error) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.settled {
-		return fmt.Errorf("idemnats: %s: message %q: %w", op, d.m.ID, ErrStaleDelivery)
-	}
-	if err := fn(); err != nil {
-		if errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-			d.settled = true
-			return fmt.Errorf("idemnats: %s: message %q: %w", op, d.m.ID, ErrStaleDelivery)
-		}
-		return fmt.Errorf("idemnats: %s: message %q: %w", op, d.m.ID, err)
-	}
-	d.settled = true
-	if op == "ack" {
-		return nil // DoubleAck waited for the server already
-	}
-	return d.flush(ctx, op)
-}
-
-// flushWait bounds a flush when ctx has no deadline.
-const flushWait = 5 * time.Second
-
-// flush waits until the server has read what was sent, so a settlement
-// is not left in a client buffer.
-func (d *delivery) flush(ctx context.Context, op string) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, flushWait)
-		defer cancel()
-	}
-	if err := d.t.js.Conn().FlushWithContext(ctx); err != nil {
-		return fmt.Errorf("idemnats: %s: message %q: flush: %w", op, d.m.ID, err)
-	}
-	return nil
+	t.givingBack.Add(1)
+	go func() {
+		defer t.givingBack.Done()
+		fn()
+	}()
+	return true
 }

@@ -18,14 +18,14 @@ import (
 	"github.com/idem-go/idem/idemtest"
 )
 
-func natsURL(t *testing.T) string {
+func natsURL(t testing.TB) string {
 	t.Helper()
 	return idemtest.RequireService(t, "NATS", "IDEM_NATS_URL", "nats://127.0.0.1:4222")
 }
 
 // newIsolated returns a Transport on a stream and subject prefix of its
 // own, deleted when the test ends.
-func newIsolated(t *testing.T, cfg idemnats.Config) *idemnats.Transport {
+func newIsolated(t testing.TB, cfg idemnats.Config) *idemnats.Transport {
 	t.Helper()
 	url := natsURL(t)
 	nc, err := nats.Connect(url)
@@ -233,6 +233,7 @@ func TestConfigInvalid(t *testing.T) {
 		"short PollWait":    {PollWait: time.Millisecond},
 		"long PollWait":     {PollWait: time.Minute},
 		"negative MaxDeliv": {MaxDeliver: -1},
+		"negative window":   {PublishWindow: -1},
 	} {
 		// The configuration is checked before any connection is made.
 		if _, err := idemnats.Open(t.Context(), "nats://127.0.0.1:1", &cfg); !errors.Is(err, idem.ErrInvalidArgument) {
