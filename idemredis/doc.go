@@ -1,7 +1,7 @@
 // Package idemredis is an idem.Store and idem.Waiter kept in Redis (7 or
-// later; go-redis v9), for several replicas of a service that must agree on
-// which of them runs a request: a key claimed through one replica is claimed
-// for all of them.
+// later; go-redis v9 or rueidis), for several replicas of a service that
+// must agree on which of them runs a request: a key claimed through one
+// replica is claimed for all of them.
 //
 //	store, err := idemredis.Open(ctx, "redis://127.0.0.1:6379/0", nil)
 //
@@ -9,53 +9,83 @@
 // *redis.ClusterClient works too):
 //
 //	store, err := idemredis.New(ctx, client, &idemredis.Config{Prefix: "payments"})
+//	store, err := idemredis.NewRueidis(ctx, rueidisClient, &idemredis.Config{Prefix: "payments"})
 //
-// # One round trip
+// # Clients
 //
-// Each of Claim, Complete, Release and Get is one Lua script, run with
-// EVALSHA: one round trip, atomic because Redis runs a script without
-// interleaving any other command. Claim's script either claims the key (a
-// new record; or replacing a record that is dead by the store's clock; or
-// taking over an in-flight record whose lease ended, with the same
-// fingerprint) or returns the record that stops it: in flight, completed
-// (with its response, to replay), or a mismatch. Complete and Release are
-// compare-and-set on the fencing token. New loads the scripts, so the first
-// call is one round trip too; if Redis loses them (SCRIPT FLUSH, a restart,
-// a failover), go-redis falls back to EVAL for that call.
+// The store runs on either client behind the same API. Open connects with
+// rueidis, which pipelines the commands of concurrent callers on shared
+// connections by itself; New takes the go-redis client a service already
+// has; NewRueidis takes a rueidis one. Measured side by side on a shared
+// two-core machine (BenchmarkClients, alternating batches on one Redis
+// 7.0; ns per operation, go-redis then rueidis):
+//
+//	goroutines   first execution (Claim + Complete)   replay (Claim)
+//	     4       70µs   62µs   (rueidis 1.13x)        23µs  19µs  (1.18x)
+//	    16       49µs   30µs   (1.64x)                23µs  15µs  (1.55x)
+//	    64       84µs   39µs   (2.14x)                24µs  13µs  (1.82x)
+//
+// and in a second run, on a less loaded machine, 1.31x, 1.65x and 1.88x
+// for first executions, 1.16x, 1.38x and 1.61x for replays.
+// go-redis had a connection per goroutine; past a few goroutines each of
+// its round trips is a system call on each side for one command, where
+// rueidis writes and reads many commands per call. With only a few
+// concurrent requests the two are close.
+//
+// # Round trips
+//
+// Every method is one round trip. The common ones are one native command,
+// judged by the client; what decides between holders is judged by Redis,
+// atomically, in a Lua script (EVALSHA), or in a native compare-and-set
+// where the server has one:
+//
+//   - a new key's claim is SET <key> <record> NX PX <lifetime> GET: it
+//     writes the whole in-flight record with its Redis lifetime, or returns
+//     the record already there, from which the client decides a duplicate
+//     (in flight under a live lease), a replay (completed: the reply holds
+//     the response) or a mismatch, with no second call;
+//   - only when that record could be claimed (a tombstone; a record dead,
+//     or whose lease ended, by the process's clock) does the claim script
+//     run, judging by Redis's clock: it claims the key, takes an ended
+//     lease over with a greater token, or returns the record after all;
+//   - Complete is the complete script, a compare-and-set on the fencing
+//     token that splices the response onto the record; on Redis 8.4 or
+//     Valkey 8.1 it is SET … IFEQ (see "Newer servers");
+//   - Release is the release script (compare-and-set, leaving a
+//     tombstone); Get is a GET judged by the process's clock; WaitChange
+//     and Purge use scripts.
+//
+// New loads the scripts, so their first call is one round trip too; if
+// Redis loses them (SCRIPT FLUSH, a restart, a failover), either client
+// falls back to EVAL for that call.
 //
 // # Cost
 //
 // A first execution takes two round trips (Claim, then Complete), as does
 // the least anyone could write by hand for "at most one claimant" (SET NX
-// PX, then SET): what the store adds is Lua on the server and a little
-// encoding on the client. Measured on Redis 7.0 on two cores, an EVALSHA
-// costs 2 to 3µs of server time more than a native command before it does
-// anything, each redis.call about 1µs more, a PUBLISH 1 to 2µs, a
-// string.format or a closure a fraction of a microsecond; the round trip
+// PX, then SET). Measured on Redis 7.0 on two cores, an EVALSHA costs 2 to
+// 3µs of server time more than a native command before it does anything,
+// each redis.call about 1µs more, a PUBLISH 1 to 2µs; the round trip
 // itself (system calls on both sides) costs far more than any of them, so
-// there is no third. Hence:
+// there is no third, and the claim and the replay, being native, cost the
+// server what the minimum's SET NX and GET cost. What remains is the
+// completion's script (on servers without IFEQ) and a little encoding on
+// the client: the client sends records ready-made, and the response
+// header is encoded as netstrings rather than JSON.
 //
-//   - a new key's claim is TIME, one SET … NX PX … GET that writes the
-//     whole record with its Redis lifetime, and one GET of the scope's
-//     token floor: no hash fields, no separate PEXPIRE, no counter write,
-//     no number formatting (the time is concatenated as TIME gives it);
-//   - Complete is GET, TIME and one SET … KEEPTTL that splices the
-//     response onto the record; it publishes only when a waiter has
-//     flagged the record;
-//   - the client sends the new record's tail ready-made and gets back only
-//     "a<token> <time>", and the response header is encoded as netstrings
-//     rather than JSON.
-//
-// Measured on a shared two-core machine (medians of interleaved runs), the
-// store alone (BenchmarkClaimComplete: Claim and Complete against SET NX PX
-// and SET) went from about 0.6 to about 0.83 of the minimum's throughput,
-// and its CPU per first execution, Redis's and the client's together, from
-// about 1.35 to about 1.15 times the minimum's; `idem bench` (the idemhttp
-// middleware on this store) from about 0.55 to about 0.62, the rest of its
-// gap being the middleware's own work. A Redis function (FCALL) instead of
-// EVALSHA would save about another microsecond per call; scripts are kept
-// because go-redis reloads them transparently (EVAL on NOSCRIPT, on each
-// cluster node) when a Redis restarts without persistence.
+// BenchmarkClaimComplete and BenchmarkReplay measure the store on go-redis
+// against SET NX PX and SET, and against GET (4 goroutines, throughput as
+// a fraction of the minimum's). Making the claim native, and the replay
+// with it, took them from about 0.63 to 0.70 and from about 0.55 to 0.77
+// (medians of interleaved runs on a shared two-core machine); `idem bench`
+// (the idemhttp middleware on this store, on go-redis) moved its replays
+// from about 0.69 to 0.89 of the minimum, its first executions, whose gap
+// is mostly the middleware's own work and the completion, not measurably
+// from about 0.7. A Redis function
+// (FCALL) instead of EVALSHA would save about another microsecond per
+// script; scripts are kept because both clients reload them transparently
+// (EVAL on NOSCRIPT, on each cluster node) when a Redis restarts without
+// persistence.
 //
 // # Keys and hash tags
 //
@@ -63,99 +93,138 @@
 //
 //	<prefix>:{<scope>}:<key>
 //
-// starting with its state ('i' in flight, 'c' completed) and a waiter flag,
-// then the fencing token, the times and durations in microseconds, the
-// fingerprint and, once completed, the completion time and the response
-// (record.go has the exact layout). A string rather than a hash, so that a
-// new key's claim is the single command SET … NX PX … GET: it creates the
-// record with its Redis lifetime, or returns the one already there.
+// starting with its state ('i' in flight, 'c' completed, 'r' a tombstone)
+// and a waiter flag, then the fencing token, the times and durations in
+// microseconds, the fingerprint and, once completed, the completion time
+// and the response (record.go has the exact layout). A string rather than
+// a hash, so that a new key's claim is the single command SET … NX PX …
+// GET: it creates the record with its Redis lifetime, or returns the one
+// already there.
 //
 // The braces make the scope the key's Redis Cluster hash tag: Redis Cluster
 // hashes only the text between the first '{' and the next '}', so all of a
-// scope's keys live on one slot, and a script may touch several of them.
-// To keep that true whatever the scope holds, the scope is escaped: '%',
-// '{' and '}' become "%25", "%7B" and "%7D", so a '}' in a scope cannot end
-// the tag early. The empty scope would give "{}", which Redis Cluster
-// ignores (the whole key would be hashed, scattering the global scope over
-// every slot), so its tag is "%", which no escaped scope can be. The prefix
-// may not contain braces, since the first '{' must be the store's. The
-// price of the tag is that one scope cannot spread over the cluster: a
-// single very hot scope loads one node.
+// scope's keys live on one slot. To keep that true whatever the scope
+// holds, the scope is escaped: '%', '{' and '}' become "%25", "%7B" and
+// "%7D", so a '}' in a scope cannot end the tag early. The empty scope would
+// give "{}", which Redis Cluster ignores (the whole key would be hashed,
+// scattering the global scope over every slot), so its tag is "%", which no
+// escaped scope can be. The prefix may not contain braces, since the first
+// '{' must be the store's. The price of the tag is that one scope cannot
+// spread over the cluster: a single very hot scope loads one node.
 //
-// Next to the records, a scope may have a token floor, a string at
+// Nothing else is written but the tombstones that Release and Purge leave
+// at a record's key ("r-<token>", kept about ten seconds), and the
+// changes that a duplicate waits on, published on the pub/sub channel
+// "<prefix>:changes". Every key a script touches is passed to it in KEYS.
 //
-//	<prefix>:seq:{<scope>}
-//
-// (same tag, so the scripts can read it on the record's slot; the ":seq:"
-// segment keeps it apart from every record, whatever the key). It is
-// written only when a record is released or purged, or when a token is
-// issued above the clock, and never expires: at most one small key per
-// scope. Changes to records that a duplicate waits on are published on the
-// pub/sub channel "<prefix>:changes". Every key a script touches is passed
-// to it in KEYS.
-//
-// Records written by earlier versions of this package, which kept hashes,
-// are not read (Redis answers WRONGTYPE): give a new version a new Prefix,
-// or let the old records expire.
+// Records written by versions of this package that kept hashes are not
+// read (Redis answers WRONGTYPE): give a new version a new Prefix, or let
+// the old records expire. Versions before the tombstones kept a per-scope
+// token floor at "<prefix>:seq:{<scope>}"; it is no longer read, and may
+// be deleted. Those versions do not read tombstones either (a claim or Get
+// of a key released in the last ten seconds fails there), so do not run
+// both against one prefix for long.
 //
 // # Fencing tokens
 //
 // Every successful Claim of a key gets a token greater than any issued for
-// it before. A new record's token is the store's time in microseconds,
-// unless the scope's floor is not below it; a record taken over or replaced
-// gets the greatest of the time, the floor plus one and its previous token
-// plus one; and a token issued above the time raises the floor to it. The
-// previous tokens of a key that is absent were either deleted by Release
-// or Purge, which first raise the floor to them, or expired by Redis,
-// which happens only once the server's clock has passed the record's end,
-// so past its token (unless that token was above the clock, and so is in
-// the floor). Tokens therefore keep increasing after a key expires, is
+// it before. A new key's token is the time of its claim in microseconds
+// (the process's estimate of Redis's clock, increasing within the
+// process); a record written over another or over a tombstone gets the
+// greater of the time and the previous token plus one. A key is absent
+// only once Redis has expired what it held, since Release and Purge
+// leave a tombstone instead of deleting; and Redis expires a record or a
+// tombstone only once its clock has passed the token by at least a second
+// (a lifetime is stretched when a token was issued above the clock, after
+// a clock stepped back). So any token issued after, from Redis's clock or
+// from an estimate that is off by less than a second (see "Time"), is
+// greater. Tokens therefore keep increasing after a key expires, is
 // released, purged or claimed anew, and after the clock steps back.
 //
-// Compared with a per-scope counter written by every claim, this saves a
-// write on the common path: a new key's claim only reads the floor. The
-// cost is that with the server's clock, tokens rely on that clock once a
-// record has expired; as before, a Redis without persistence that restarts
-// loses every floor, and tokens keep increasing only as long as its clock
-// moves forward. With an injected Clock that runs behind real time, Redis
-// may expire a record the store still counts as live (see "Expiry"), and a
-// claim after that may repeat its token; only a test clock does that.
+// They rely on Redis's clock once a key is absent: a Redis without
+// persistence that restarts, or a failover to a replica, forgets the
+// tombstones, and tokens keep increasing only as long as the new server's
+// clock has passed the old one's. With an injected Clock that runs behind
+// real time, Redis may expire a record the store still counts as live (see
+// "Expiry"), and a claim after that may repeat its token; only a test
+// clock does that.
 //
 // # Time
 //
-// With Config.Clock nil, the Redis server's clock decides leases and
-// expiry: each script reads TIME (allowed before writes because Redis
-// replicates a script's effects, not the script), so replicas whose clocks
-// disagree still agree. With a Clock, its time is passed to the scripts
-// instead; tests use that to move time without sleeping. Times are kept in
-// microseconds: Lua numbers are doubles, exact up to 2^53, which microsecond
-// Unix times stay below until the year 2255 and nanosecond times exceed
-// today. A lease or TTL is rounded up to a whole microsecond.
+// With Config.Clock nil, Redis's clock decides leases and expiry, as each
+// process estimates it within a round trip. New reads Redis's TIME (three
+// times, keeping the call with the shortest round trip); the process then
+// estimates Redis's time as that TIME plus the time elapsed on its own
+// monotonic clock since the middle of the call, and measures again, in the
+// background, whenever a claim finds the estimate a second old. Redis read
+// its clock somewhere within the call, so the estimate is off by at most
+// half its round trip, plus the local clock's drift over a second or two
+// (microseconds); an estimate older than two seconds, or measured by a
+// call that took over 50ms, is not used, and the claim goes to the claim
+// script, which reads TIME itself.
+//
+// A new key's creation time, token and lease deadline come from that
+// estimate, so its lease may end earlier or later, by Redis's clock, by
+// that bound: with a lease of seconds, a fraction of a millisecond. The
+// same estimate decides, on the client, what a native claim found: a
+// record it calls completed, mismatched or in flight is so within the
+// bound, and a claim so refused runs no effect, so an error there only
+// delays a takeover by as much. What must not depend on it stays judged
+// atomically by Redis's own clock, inside the scripts: taking over an
+// ended lease, replacing a dead record, and every completion and release
+// (compare-and-set on the fencing token). In a cluster, the estimate is of
+// the node that answered TIME, so the nodes' clocks should agree (NTP
+// keeps them within milliseconds, far inside the second of slack below).
+//
+// With a Clock, its time is used for all of it (tests move time without
+// sleeping). Times are kept in microseconds: Lua numbers are doubles,
+// exact up to 2^53, which microsecond Unix times stay below until the year
+// 2255 and nanosecond times exceed today. A lease or TTL is rounded up to
+// a whole microsecond.
 //
 // # Expiry
 //
 // Redis deletes dead records by itself: the claim's SET gives each a
 // lifetime (the later of its TTL and its lease, measured from the claim)
 // plus a second, extended when a takeover's lease ends later and never
-// shortened; completing keeps it. The scripts still judge liveness by the store's clock, not by
-// the key's existence, so an injected clock that runs ahead of real time
-// sees records expire on its own schedule. (One that runs behind real time
-// by more than the second of slack would see Redis evict records it still
-// considers live; only a test clock does that.)
+// shortened; completing keeps it. The scripts still judge liveness by the
+// store's clock, not by the key's existence, so an injected clock that
+// runs ahead of real time sees records expire on its own schedule. (One
+// that runs behind real time by more than the second of slack would see
+// Redis evict records it still considers live; only a test clock does
+// that.)
 //
-// Purge honours the idem.Store contract: it deletes at most limit records
+// Purge honours the idem.Store contract: it purges at most limit records
 // whose TTL has passed by the store's clock and that no live lease holds. It
 // SCANs the prefix (on every master of a cluster), filters each page with one
 // pipelined read of the start of each record (never its response), and
-// deletes each candidate with a script that checks again, atomically, and
-// raises the scope's token floor. Normally it finds nothing, because Redis has already
-// evicted those records; there is no need to call it on a schedule.
+// replaces each candidate by its tombstone with a script that checks again,
+// atomically. Normally it finds nothing, because Redis has already evicted
+// those records; there is no need to call it on a schedule.
 //
 // Redis must not evict records under memory pressure: a record evicted
 // early is a key forgotten, and its duplicate runs the effect again. Run it
 // with maxmemory-policy noeviction (the volatile-* policies would pick
 // exactly these records, which all have a TTL), and size memory for the
 // TTL you choose.
+//
+// # Newer servers
+//
+// New finds out whether the server takes SET … IFEQ (Redis 8.4, Valkey
+// 8.1) by sending one that cannot change anything; Redis 7.0 answers it
+// with a syntax error. Where it does, a completion of a claim this process
+// made is the native SET <key> <completed record> IFEQ <in-flight record>
+// KEEPTTL: the process keeps the in-flight record each of its claims
+// wrote, builds the completed record as the script would, and Redis
+// compares and sets atomically with no Lua at all. When the record has
+// changed since the claim (a waiter flagged it, another holder took it
+// over, it was released or expired), the comparison fails and the complete
+// script decides, publishing the change or refusing the stale token; a
+// completion from another process than the claim's, or one whose claim
+// this process no longer remembers (it keeps at most 16384), takes the
+// script too. A node that refuses IFEQ later (a failover to an older
+// replica) turns it off for the store. On Redis 7.0 every completion is
+// the script, as before; nothing else changes with the server.
 //
 // # Waiting duplicates
 //
@@ -169,9 +238,10 @@
 // first execution that nobody waits for, the common case, publishes
 // nothing. WaitChange also returns when the lease ends, so a duplicate
 // takes over a crashed holder's key promptly.
-// When the subscription's connection drops, go-redis reconnects and
-// resubscribes, and since changes published meanwhile were lost, every
-// waiter is woken to look again. Close stops the subscription. A
+// When the subscription's connection drops, the client reconnects and
+// resubscribes (go-redis by itself; with rueidis the store subscribes a
+// new dedicated connection), and since changes published meanwhile were
+// lost, every waiter is woken to look again. Close stops the subscription. A
 // *redis.Ring is refused by New: its shards do not share pub/sub.
 //
 // # Ambiguous failures
@@ -186,7 +256,7 @@
 //   - Complete: the response may have been stored. Completing again with
 //     the same token succeeds (a completed record accepts it unchanged).
 //   - Release: the key may have been released. Releasing again succeeds
-//     (an absent key counts as released).
+//     (an absent key, or its tombstone, counts as released).
 //   - Get: it changes nothing; retry.
 //   - WaitChange: it changes nothing but the record's waiter flag, which
 //     only makes the record's next change be published; retry.
@@ -233,5 +303,7 @@
 // at-least-once. Marks and effects are as durable as Redis makes them, and
 // are lost together after the message was acknowledged: use appendfsync
 // always or WAIT where that matters. In Redis Cluster, the keys a handler
-// writes must carry InboxHashTag(consumer).
+// writes must carry InboxHashTag(consumer). The Inbox takes a go-redis
+// client only, since the handler's writes are queued on a go-redis
+// pipeliner.
 package idemredis

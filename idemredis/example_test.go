@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemredis"
@@ -154,4 +155,51 @@ func ExampleStore_WaitChange() {
 	}
 	// Output:
 	// duplicate: completed 200
+}
+
+// A service that already has a rueidis client gives it to NewRueidis (Open
+// makes one itself): the store's API is the same as on go-redis, and many
+// concurrent requests share its auto-pipelined connections.
+func ExampleNewRueidis() {
+	ctx := context.Background()
+	cleaner, prefix, err := exampleClient()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cleaner.Close()
+	defer deleteExampleKeys(cleaner, prefix)
+	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{cleaner.Options().Addr}, SelectDB: cleaner.Options().DB, DisableCache: true})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer client.Close()
+	store, err := idemredis.NewRueidis(ctx, client, &idemredis.Config{Prefix: prefix})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer store.Close()
+
+	req := idem.ClaimRequest{Scope: "tenant-a", Key: "order-7", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+	c, err := store.Claim(ctx, req)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("first:", c.Outcome)
+	if err := store.Complete(ctx, idem.Ref{Scope: req.Scope, Key: req.Key, Token: c.Token}, idem.Response{Status: 201}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	dup, err := store.Claim(ctx, req)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("duplicate:", dup.Outcome, dup.Record.Response.Status)
+	// Output:
+	// first: acquired
+	// duplicate: completed 201
 }

@@ -213,7 +213,7 @@ func InboxHashTag(consumer string) string {
 // the prefix has no braces, so the first '{' opens the tag; the escaped
 // consumer has no '}', so the first '}' closes it; what follows ":" is the
 // dedupKey as it is. No Store key has this shape: they continue the prefix
-// with ":{" or ":seq:{".
+// with ":{".
 func (in *Inbox) inboxKey(consumer, dedupKey string) string {
 	return in.prefix + ":inbox:" + InboxHashTag(consumer) + ":" + dedupKey
 }

@@ -35,15 +35,6 @@ func recordKey(prefix string, scope idem.Scope, key idem.Key) string {
 	return prefix + ":{" + hashTag(scope) + "}:" + string(key)
 }
 
-// seqKey is the Redis key of a scope's token floor (see doc.go, "Fencing
-// tokens"): "<prefix>:seq:{<tag>}". It shares the records' hash tag, so a
-// script may touch both in a cluster, and it starts with "<prefix>:seq:"
-// rather than "<prefix>:{", so no idempotency key, whatever its
-// characters, can name it, and a SCAN for records never returns it.
-func seqKey(prefix string, scope idem.Scope) string {
-	return prefix + ":seq:{" + hashTag(scope) + "}"
-}
-
 // recordPattern is the SCAN MATCH pattern of every record under prefix.
 func recordPattern(prefix string) string {
 	return globEscaper.Replace(prefix) + ":{*}:*"
@@ -51,19 +42,3 @@ func recordPattern(prefix string) string {
 
 // globEscaper escapes the characters Redis glob patterns give a meaning to.
 var globEscaper = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`)
-
-// seqKeyOf returns the token floor of the scope that a record key (as
-// SCAN returns it, "<prefix>:{<tag>}:<key>") belongs to, and false for a key
-// of another shape. The prefix holds no braces and the tag no '}', so the
-// tag is what lies between the first '{' and the next '}'.
-func seqKeyOf(prefix, recordKey string) (string, bool) {
-	if !strings.HasPrefix(recordKey, prefix+":{") {
-		return "", false
-	}
-	open := len(prefix) + 1
-	end := strings.IndexByte(recordKey[open:], '}')
-	if end < 0 {
-		return "", false
-	}
-	return prefix + ":seq:" + recordKey[open:open+end+1], true
-}

@@ -65,33 +65,25 @@ func TestKeyLayout(t *testing.T) {
 		scope      idem.Scope
 		key        idem.Key
 		wantRecord string
-		wantSeq    string
 		wantTag    string
 	}{
-		{"tenant-a", "order-1", "idem:{tenant-a}:order-1", "idem:seq:{tenant-a}", "tenant-a"},
-		{"", "order-1", "idem:{%}:order-1", "idem:seq:{%}", "%"},
-		{"a}b", "k", "idem:{a%7Db}:k", "idem:seq:{a%7Db}", "a%7Db"},
-		{"a{b", "k", "idem:{a%7Bb}:k", "idem:seq:{a%7Bb}", "a%7Bb"},
-		{"}", "k", "idem:{%7D}:k", "idem:seq:{%7D}", "%7D"},
-		{"%", "k", "idem:{%25}:k", "idem:seq:{%25}", "%25"},
-		{"{}", "k", "idem:{%7B%7D}:k", "idem:seq:{%7B%7D}", "%7B%7D"},
+		{"tenant-a", "order-1", "idem:{tenant-a}:order-1", "tenant-a"},
+		{"", "order-1", "idem:{%}:order-1", "%"},
+		{"a}b", "k", "idem:{a%7Db}:k", "a%7Db"},
+		{"a{b", "k", "idem:{a%7Bb}:k", "a%7Bb"},
+		{"}", "k", "idem:{%7D}:k", "%7D"},
+		{"%", "k", "idem:{%25}:k", "%25"},
+		{"{}", "k", "idem:{%7B%7D}:k", "%7B%7D"},
 		// Braces in the key come after the tag and change nothing.
-		{"s", "x}{y", "idem:{s}:x}{y", "idem:seq:{s}", "s"},
-		{"s", "seq", "idem:{s}:seq", "idem:seq:{s}", "s"},
+		{"s", "x}{y", "idem:{s}:x}{y", "s"},
 	}
 	for _, tc := range cases {
-		rk, sk := recordKey("idem", tc.scope, tc.key), seqKey("idem", tc.scope)
-		if rk != tc.wantRecord || sk != tc.wantSeq {
-			t.Errorf("scope %q, key %q: keys %q and %q, want %q and %q", tc.scope, tc.key, rk, sk, tc.wantRecord, tc.wantSeq)
+		rk := recordKey("idem", tc.scope, tc.key)
+		if rk != tc.wantRecord {
+			t.Errorf("scope %q, key %q: key %q, want %q", tc.scope, tc.key, rk, tc.wantRecord)
 		}
 		if got := clusterHashTag(rk); got != tc.wantTag {
 			t.Errorf("scope %q: the cluster hashes %q of the record key, want the tag %q", tc.scope, got, tc.wantTag)
-		}
-		if keySlot(rk) != keySlot(sk) {
-			t.Errorf("scope %q: record key %q (slot %d) and counter %q (slot %d) are on different slots", tc.scope, rk, keySlot(rk), sk, keySlot(sk))
-		}
-		if rk == sk {
-			t.Errorf("scope %q, key %q: the record and the counter share the key %q", tc.scope, tc.key, rk)
 		}
 	}
 }

@@ -3,9 +3,6 @@ package idemredis
 import (
 	"context"
 	"strconv"
-	"sync"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
 )
@@ -17,9 +14,9 @@ import (
 // It exists for the contract (and for stores whose injected clock runs ahead
 // of real time, as in tests): it walks the store's records with SCAN, a
 // page at a time (on every master of a cluster), reads each page's times in
-// one pipelined round trip, and deletes each record that looks dead with a
-// script that checks again and deletes atomically, so a record claimed
-// anew or taken over in between is kept. Each SCAN step is short, so Purge
+// one pipelined round trip, and replaces each record that looks dead by its
+// tombstone (record.go) with a script that checks again atomically, so a
+// record claimed anew or taken over in between is kept. Each SCAN step is short, so Purge
 // never blocks Redis for long; but each call walks the whole prefix until it
 // has deleted limit records, so its cost grows with the number of live
 // records.
@@ -32,21 +29,21 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	now := s.now()
+	now := s.scriptNow()
 	ref, err := s.referenceTime(ctx, now)
 	if err != nil {
 		return 0, err
 	}
-	nodes, err := s.scanners(ctx)
+	nodes, err := s.conn.scanners(ctx)
 	if err != nil {
-		return 0, err
+		return 0, fail("purge: listing the cluster's masters", err)
 	}
 	pattern := recordPattern(s.prefix)
 	n := 0
 	for _, node := range nodes {
 		var cursor uint64
 		for {
-			keys, next, err := node.Scan(ctx, cursor, pattern, scanCount).Result()
+			keys, next, err := node(ctx, cursor, pattern, scanCount)
 			if err != nil {
 				return n, fail("purge: scanning", err)
 			}
@@ -58,15 +55,11 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 				if n == limit {
 					return n, nil
 				}
-				sk, ok := seqKeyOf(s.prefix, k)
-				if !ok {
-					continue
-				}
-				d, err := purgeScript.Run(ctx, s.client, []string{k, sk}, now).Int()
+				d, err := s.conn.evalInt(ctx, purgeScript, []string{k}, now)
 				if err != nil {
 					return n, fail("purge", err)
 				}
-				n += d
+				n += int(d)
 			}
 			if n == limit {
 				return n, nil
@@ -87,38 +80,11 @@ func (s *Store) referenceTime(ctx context.Context, now string) (int64, error) {
 	if now != "" {
 		return strconv.ParseInt(now, 10, 64)
 	}
-	t, err := s.client.Time(ctx).Result()
+	t, err := s.conn.serverTime(ctx)
 	if err != nil {
 		return 0, fail("purge: reading the server time", err)
 	}
 	return t.UnixMicro(), nil
-}
-
-type scanner interface {
-	Scan(ctx context.Context, cursor uint64, match string, count int64) *redis.ScanCmd
-}
-
-// scanners returns what Purge runs SCAN on: every master of a cluster (a
-// cluster client's own SCAN reaches only one node), or the client itself.
-func (s *Store) scanners(ctx context.Context) ([]scanner, error) {
-	cc, ok := s.client.(*redis.ClusterClient)
-	if !ok {
-		return []scanner{s.client}, nil
-	}
-	var (
-		mu    sync.Mutex
-		nodes []scanner
-	)
-	err := cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
-		mu.Lock()
-		defer mu.Unlock()
-		nodes = append(nodes, c)
-		return nil
-	})
-	if err != nil {
-		return nil, fail("purge: listing the cluster's masters", err)
-	}
-	return nodes, nil
 }
 
 // deadKeys returns those of keys whose record is dead at ref: its TTL has
@@ -129,25 +95,18 @@ func (s *Store) deadKeys(ctx context.Context, keys []string, ref int64) ([]strin
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	pipe := s.client.Pipeline()
-	cmds := make([]*redis.StringCmd, len(keys))
-	for i, k := range keys {
-		cmds[i] = pipe.GetRange(ctx, k, 0, headerReadLen-1)
-	}
-	// Exec reports the first failed command; each is checked below.
-	_, _ = pipe.Exec(ctx)
+	vals, errs := s.conn.getRanges(ctx, keys, headerReadLen-1)
 	var dead []string
-	for i, cmd := range cmds {
-		v, err := cmd.Result()
-		switch {
-		case redis.HasErrorPrefix(err, "WRONGTYPE"):
+	for i, v := range vals {
+		switch err := errs[i]; {
+		case isWrongType(err):
 			continue
 		case err != nil:
 			return nil, fail("purge: reading records", err)
 		}
 		h, err := parseHeader(v, false)
 		if err != nil {
-			continue // gone since the SCAN (empty), or not a record
+			continue // gone since the SCAN (empty), a tombstone, or not a record
 		}
 		if !h.liveAt(ref) {
 			dead = append(dead, keys[i])

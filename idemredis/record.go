@@ -10,25 +10,34 @@ import (
 	"github.com/idem-go/idem"
 )
 
-// A record is one Redis string, so that a claim is a single SET … NX PX …
-// GET inside the claim script, with its lifetime in Redis set by the same
-// command. Its layout (numbers in decimal, times in µs since the Unix epoch,
-// durations in µs, SP a single space):
+// A record is one Redis string, so that a new key's claim is the single
+// native command SET … NX PX … GET, with its lifetime in Redis set by the
+// same command. Its layout (numbers in decimal, times in µs since the Unix
+// epoch, durations in µs, SP a single space):
 //
 //	in flight:  i<w><token> SP <created> SP <leased> SP <lease> SP <ttl> SP <fplen> SP <fingerprint>
 //	completed:  c<w><token> … <fingerprint> SP <completed> SP <status> SP <omitted> SP <hdrlen> SP <header><body>
+//	tombstone:  r-<token>
 //
 // <w> is '-', or 'w' once a WaitChange waits on the record: only then do
 // its completion and release publish the change (a takeover always does).
 // leased is when the current lease began (the claim, or the last takeover),
 // so the lease ends at leased+lease and the record's TTL at created+ttl. A
-// claim writes the record without arithmetic in Lua: the time, three times
-// over, then what the client sent. Completion keeps the in-flight text after
-// its first byte unchanged and appends the completion time and the
-// response, so the script splices strings and parses nothing. The
-// fingerprint is length-prefixed because a completed record continues after
-// it; the header is length-prefixed because the body follows it; the body
-// runs to the end. omitted is 1 when the body was too large to keep.
+// claim writes the record without arithmetic: the time, three times over,
+// then the lease, TTL and fingerprint, whether the process writes it
+// (newRecord, for SET … NX) or the claim script does. Completion keeps the
+// in-flight text after its first byte unchanged and appends the completion
+// time and the response, so neither the script nor the native SET … IFEQ
+// parses anything. The fingerprint is length-prefixed because a completed
+// record continues after it; the header is length-prefixed because the
+// body follows it; the body runs to the end. omitted is 1 when the body
+// was too large to keep.
+//
+// A tombstone is what Release and Purge leave in place of a record: the
+// key counts as absent (Get says ErrNotFound, Release succeeds), but Redis
+// keeps the token until its clock has passed it by tombstoneLife, so the
+// key's next claim, which finds the tombstone, gets a greater one (see
+// doc.go, "Fencing tokens").
 //
 // The header is a sequence of names, each a netstring (<len>:<bytes>)
 // followed by its number of values and ':', then that many value
@@ -39,9 +48,53 @@ import (
 const (
 	stateInFlight  = 'i'
 	stateCompleted = 'c'
+	stateTombstone = 'r'
 	notWaited      = '-'
 	waited         = 'w'
 )
+
+// tombstoneLife is how long Redis keeps a tombstone after its clock has
+// passed the token: far more than the error of any clock estimate, and long
+// enough that the retry of a released request, which usually follows at
+// once, is judged against it.
+const tombstoneLife = 10 * time.Second
+
+// newRecord appends the in-flight record a claim at now writes, with the
+// request's tail (see claimSuffix): "i-<token> <now> <now>" and the tail.
+// A new key's token is the time itself.
+func newRecord(b []byte, token, now int64, suffix []byte) []byte {
+	b = append(b, stateInFlight, notWaited)
+	b = strconv.AppendInt(b, token, 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, now, 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, now, 10)
+	return append(b, suffix...)
+}
+
+// claimSuffix appends what follows the times in a new record:
+// " <lease> <ttl> <fplen> <fingerprint>".
+func claimSuffix(b []byte, lease, ttl int64, fp idem.Fingerprint) []byte {
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, lease, 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, ttl, 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, int64(len(fp)), 10)
+	b = append(b, ' ')
+	return append(b, fp...)
+}
+
+// completedRecord appends the completed record that the complete script
+// would make of the in-flight record old at now: the same, with 'c' first,
+// then SP <now> and the completion (appendCompletion).
+func completedRecord(b []byte, old string, now int64, completion []byte) []byte {
+	b = append(b, stateCompleted)
+	b = append(b, old[1:]...)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, now, 10)
+	return append(b, completion...)
+}
 
 // headerReadLen is enough bytes of a record to hold everything before the
 // fingerprint (the state, six numbers and their spaces); Purge reads only
@@ -147,9 +200,16 @@ func usTime(us int64) time.Time { return time.UnixMicro(us).UTC() }
 
 // parseRecord decodes a whole record of scope's key.
 func parseRecord(scope idem.Scope, key idem.Key, v string) (idem.Record, error) {
+	rec, _, err := parseRecordHeader(scope, key, v)
+	return rec, err
+}
+
+// parseRecordHeader decodes a whole record of scope's key, and returns its
+// header too.
+func parseRecordHeader(scope idem.Scope, key idem.Key, v string) (idem.Record, recordHeader, error) {
 	h, err := parseHeader(v, true)
 	if err != nil {
-		return idem.Record{}, err
+		return idem.Record{}, h, err
 	}
 	rec := idem.Record{
 		Scope:          scope,
@@ -163,13 +223,13 @@ func parseRecord(scope idem.Scope, key idem.Key, v string) (idem.Record, error) 
 	rest := v[h.fpEnd:]
 	if h.state == stateInFlight {
 		if rest != "" {
-			return idem.Record{}, fmt.Errorf("%w: %d bytes after an in-flight record", errNotRecord, len(rest))
+			return idem.Record{}, h, fmt.Errorf("%w: %d bytes after an in-flight record", errNotRecord, len(rest))
 		}
 		rec.State = idem.StateInFlight
-		return rec, nil
+		return rec, h, nil
 	}
 	if rest == "" || rest[0] != ' ' {
-		return idem.Record{}, fmt.Errorf("%w: completed record without a response", errNotRecord)
+		return idem.Record{}, h, fmt.Errorf("%w: completed record without a response", errNotRecord)
 	}
 	sc := fieldReader{s: rest, pos: 1}
 	completed := sc.int(' ')
@@ -177,11 +237,11 @@ func parseRecord(scope idem.Scope, key idem.Key, v string) (idem.Record, error) 
 	omitted := sc.int(' ')
 	hdr := sc.bytes(sc.int(' '))
 	if sc.err != nil {
-		return idem.Record{}, sc.err
+		return idem.Record{}, h, sc.err
 	}
 	header, err := decodeHeader(hdr)
 	if err != nil {
-		return idem.Record{}, err
+		return idem.Record{}, h, err
 	}
 	rec.State = idem.StateCompleted
 	rec.CompletedAt = usTime(completed)
@@ -191,7 +251,7 @@ func parseRecord(scope idem.Scope, key idem.Key, v string) (idem.Record, error) 
 		Body:        []byte(rest[sc.pos:]),
 		BodyOmitted: omitted == 1,
 	}
-	return rec, nil
+	return rec, h, nil
 }
 
 // appendCompletion appends what the complete script adds after the

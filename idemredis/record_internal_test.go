@@ -229,33 +229,3 @@ func TestClaimResult(t *testing.T) {
 		}
 	}
 }
-
-func TestSeqKeyOf(t *testing.T) {
-	t.Parallel()
-	cases := []struct {
-		key  string
-		want string
-		ok   bool
-	}{
-		{"p:{s}:k", "p:seq:{s}", true},
-		{"p:{%}:k}{x", "p:seq:{%}", true},
-		{"p:{a%7Db}:k", "p:seq:{a%7Db}", true},
-		{"p:{unterminated", "", false},
-		{"q:{s}:k", "", false},
-	}
-	for _, tc := range cases {
-		got, ok := seqKeyOf("p", tc.key)
-		if got != tc.want || ok != tc.ok {
-			t.Errorf("seqKeyOf(%q) = %q, %v; want %q, %v", tc.key, got, ok, tc.want, tc.ok)
-		}
-	}
-	// Whatever the scope and key, a record's floor is its scope's.
-	for _, scope := range []idem.Scope{"", "s", "a}b", "{x}", "%", "a:b"} {
-		for _, key := range []idem.Key{"k", "}{", "a:{b}"} {
-			got, ok := seqKeyOf("p", recordKey("p", scope, key))
-			if want := seqKey("p", scope); !ok || got != want {
-				t.Errorf("seqKeyOf(recordKey(%q, %q)) = %q, %v; want %q", scope, key, got, ok, want)
-			}
-		}
-	}
-}

@@ -2,20 +2,21 @@ package idemredis
 
 import (
 	"strconv"
-
-	"github.com/redis/go-redis/v9"
 )
 
-// The Lua scripts are the store: each one reads and changes one record
-// atomically, because Redis runs a script without interleaving any other
-// command. Every key a script touches is passed in KEYS and carries the
+// The Lua scripts are the store's judges: each one reads and changes one
+// record atomically, because Redis runs a script without interleaving any
+// other command, and by Redis's own clock. A new key's claim, a replay and
+// a Get need no judge and are native commands (store.go); what changes a
+// record that exists (a takeover, a completion, a release, a purge) is a
+// script, or on a server with SET … IFEQ a native compare-and-set. Every key a script touches is passed in KEYS and carries the
 // scope's hash tag, so the scripts also run on Redis Cluster. The record's
 // layout is described in record.go.
 //
 // What a script costs, measured on Redis 7 (see doc.go, "Cost"): each
 // redis.call about a microsecond, each string.format or closure a fraction
 // of one, and every value crossing between Redis and Lua is copied. So the
-// common path of each script (a new key's claim, a completion, a replay)
+// common path of each script (a completion on a server without IFEQ)
 // makes as few calls as it can, builds its strings by concatenation only,
 // and leaves parsing and arithmetic to the rare paths and to the client.
 //
@@ -52,7 +53,7 @@ end
 // luaParseRecord reads the header of the record v (see record.go) into
 // locals, and sets live (its TTL has not passed or a live lease holds it)
 // and leaseLive by the number now. An unreadable value is an error, not a
-// record to overwrite.
+// record to overwrite; the callers handle tombstones ('r') before it.
 const luaParseRecord = `
 local state, token, created, leased, lease, ttl, fplen, fpstart =
   string.match(v, '^([ic])[-w](%d+) (%-?%d+) (%-?%d+) (%d+) (%d+) (%d+) ()')
@@ -63,8 +64,27 @@ local leaseLive = state == 'i' and now < tonumber(leased) + tonumber(lease)
 local live = leaseLive or now < tonumber(created) + tonumber(ttl)
 `
 
-// evictionSlackMs is evictionSlack in the scripts' text.
-var evictionSlackMs = strconv.FormatInt(evictionSlack.Milliseconds(), 10)
+// evictionSlackMs and tombstoneLifeMs are evictionSlack and tombstoneLife
+// in the scripts' text.
+var (
+	evictionSlackMs = strconv.FormatInt(evictionSlack.Milliseconds(), 10)
+	tombstoneLifeMs = strconv.FormatInt(tombstoneLife.Milliseconds(), 10)
+)
+
+// luaTombstone writes the tombstone of the record at rk, whose token is
+// token (a string), in place of the record: it keeps Redis from forgetting
+// the token until its clock has passed it by tombstoneLife, so that every
+// later claim of the key gets a greater one (see doc.go, "Fencing
+// tokens"). It needs now as a number.
+var luaTombstone = `
+local function tombstone(rk, token)
+  local ms = math.ceil((tonumber(token) - now) / 1000)
+  if ms < 0 then
+    ms = 0
+  end
+  redis.call('SET', rk, 'r-' .. token, 'PX', ms + ` + tombstoneLifeMs + `)
+end
+`
 
 // luaChannel is the store's change channel, "<prefix>:changes", taken from
 // the record key KEYS[1] ("<prefix>:{<tag>}:<key>", whose first '{' is the
@@ -76,56 +96,62 @@ const luaChannel = `string.sub(KEYS[1], 1, string.find(KEYS[1], '{', 1, true) - 
 // so that a change to it must be published.
 const luaWaited = `string.byte(v, 2) == 119` // 'w'
 
-// claimScript claims a key or returns the record that stops it.
+// claimScript claims a key that a native claim found taken (by a
+// tombstone, a dead record, or an in-flight record whose lease looked
+// ended), judging by the store's clock, or returns the record that stops
+// it. It also claims a key that is absent, for the claims made while the
+// process has no estimate of Redis's clock good enough to write a record
+// by itself (see serverClock).
 //
-// KEYS: record, scope's token floor. ARGV: now (empty for the server's
-// clock), the rest of a new record after its times, " <lease> <ttl>
-// <fplen> <fingerprint>" (µs), and the record's Redis lifetime (ms).
+// KEYS: record. ARGV: now (empty for the server's clock), the rest of a
+// new record after its times, " <lease> <ttl> <fplen> <fingerprint>" (µs),
+// and the record's Redis lifetime (ms).
 //
 // Returns "a<token> <now>" when it claimed the key anew, "t" followed by
 // the new record when it took an in-flight key over, or the record that
 // stops the claim, unchanged (which starts with 'i' or 'c'): the client
 // tells a mismatch, a completed key and an in-flight one apart itself.
 //
-// Tokens: a new record's token is the store's time, unless the scope's floor
-// (raised by Release and Purge to the token of each record they delete, and
-// by any token issued above the time) is not below it; a replaced or taken
-// over record's token is also above the previous one. So tokens increase
-// per key across releases, purges, clock steps, and Redis's own expiry of
-// a record, which happens only once the time has passed the record's end
-// (see doc.go, "Fencing tokens").
-var claimScript = redis.NewScript(luaNow + `
-local rk, sk = KEYS[1], KEYS[2]
+// Tokens: a record written over a tombstone or a record gets a token above
+// the time and above the one it replaces; Redis keeps each record and
+// tombstone until its clock has passed the token by at least a second (the
+// lifetime is stretched when a token is above the time), so a key that is
+// absent has only ever had tokens below the time (see doc.go, "Fencing
+// tokens").
+var claimScript = newScript(luaNow + `
+local rk = KEYS[1]
 local v = redis.call('SET', rk, 'i-' .. now .. ' ' .. now .. ' ' .. now .. ARGV[2], 'NX', 'PX', ARGV[3], 'GET')
 if not v then
-  local floor = tonumber(redis.call('GET', sk) or '0')
-  if floor < tonumber(now) then
-    return 'a' .. now .. ' ' .. now
-  end
-  -- The floor is ahead of the clock (a clock stepped back, or a release in
-  -- the same microsecond): issue the next token and raise the floor to it.
-  local token = string.format('%d', floor + 1)
-  redis.call('SET', sk, token)
-  redis.call('SET', rk, 'i-' .. token .. ' ' .. now .. ' ' .. now .. ARGV[2], 'KEEPTTL')
-  return 'a' .. token .. ' ' .. now
+  return 'a' .. now .. ' ' .. now
 end
 
 now = tonumber(now)
-` + luaParseRecord + `
--- The next token: above the time, the floor and the record's token. One
--- issued above the time goes into the floor, so that it is not forgotten
--- when Redis expires the record.
-local function nextToken()
-  local floor = tonumber(redis.call('GET', sk) or '0')
-  local t = math.max(now, floor + 1, tonumber(token) + 1)
-  local s = string.format('%d', t)
-  if t > now then
-    redis.call('SET', sk, s)
-  end
-  return s
-end
 local nowS = string.format('%d', now)
+-- The Redis lifetime (ms) of a record whose token is t: at least min, and
+-- long enough for the clock to pass t by the slack.
+local function lifetime(t, min)
+  local ms = math.ceil((t - now) / 1000) + ` + evictionSlackMs + `
+  if ms < min then
+    return min
+  end
+  return ms
+end
+-- Claims the key anew with a token above prev (a string).
+local function claimAnew(prev)
+  local t = math.max(now, tonumber(prev) + 1)
+  local s = string.format('%d', t)
+  redis.call('SET', rk, 'i-' .. s .. ' ' .. nowS .. ' ' .. nowS .. ARGV[2], 'PX', lifetime(t, tonumber(ARGV[3])))
+  return 'a' .. s .. ' ' .. nowS
+end
 
+if string.byte(v) == 114 then -- 'r': a tombstone
+  local prev = string.match(v, '^r%-(%d+)$')
+  if not prev then
+    return redis.error_reply('idemredis: ' .. rk .. ' is not a record')
+  end
+  return claimAnew(prev)
+end
+` + luaParseRecord + `
 if live then
   local reqLease, reqFp = string.match(ARGV[2], '^ (%d+) %d+ %d+ ()')
   reqFp = string.sub(ARGV[2], reqFp)
@@ -134,12 +160,13 @@ if live then
   end
   -- In flight under an ended lease, same request: take it over. The record
   -- keeps its creation and TTL; the lease starts now.
-  local nv = 'i-' .. nextToken() .. ' ' .. created .. ' ' .. nowS .. ' ' .. reqLease .. ' ' .. ttl .. ' ' ..
+  local t = math.max(now, tonumber(token) + 1)
+  local nv = 'i-' .. string.format('%d', t) .. ' ' .. created .. ' ' .. nowS .. ' ' .. reqLease .. ' ' .. ttl .. ' ' ..
     fplen .. ' ' .. reqFp
   redis.call('SET', rk, nv, 'KEEPTTL')
   -- Keep the record in Redis until the new lease ends, if that is later
   -- than before; never shorten its life.
-  local ms = math.ceil(tonumber(reqLease) / 1000) + ` + evictionSlackMs + `
+  local ms = lifetime(t, math.ceil(tonumber(reqLease) / 1000) + ` + evictionSlackMs + `)
   if redis.call('PTTL', rk) < ms then
     redis.call('PEXPIRE', rk, ms)
   end
@@ -148,22 +175,21 @@ if live then
 end
 
 -- Dead by the store's clock but not yet expired by Redis: replace it.
-local token = nextToken()
-redis.call('SET', rk, 'i-' .. token .. ' ' .. nowS .. ' ' .. nowS .. ARGV[2], 'PX', ARGV[3])
-return 'a' .. token .. ' ' .. nowS
+return claimAnew(token)
 `)
 
 // completeScript stores the response if the token holds the key.
 //
-// KEYS: record. ARGV: now, "<token> ", the response as record.go lays it
-// out after the completion time.
+// KEYS: record. ARGV: now (the completion time: the injected clock's, the
+// process's estimate of Redis's, or empty for TIME), "<token> ", the
+// response as record.go lays it out after the completion time.
 //
 // Returns 1 when the record is (now or already) completed under the token,
 // 0 when the token does not hold the key.
-var completeScript = redis.NewScript(`
+var completeScript = newScript(`
 local rk = KEYS[1]
 local v = redis.call('GET', rk)
-if not v then
+if not v or string.byte(v) == 114 then -- absent, or 'r': released
   return 0
 end
 local p = ARGV[2]
@@ -181,42 +207,40 @@ end
 return 1
 `)
 
-// releaseScript deletes the record if the token holds it in flight, and
-// raises the scope's token floor to the token, so that the key's next claim
-// gets a greater one whatever the clock does.
+// releaseScript replaces the record with its tombstone if the token holds
+// it in flight, so that the key's next claim runs the effect again, with a
+// greater token whatever the clock does.
 //
-// KEYS: record, scope's token floor. ARGV: token.
+// KEYS: record. ARGV: now, token.
 //
-// Returns 1 when the key is gone (released now, or absent), 0 when another
-// token holds it or it was completed.
-var releaseScript = redis.NewScript(`
-local rk, sk = KEYS[1], KEYS[2]
+// Returns 1 when the key is gone (released now, or absent, or a
+// tombstone), 0 when another token holds it or it was completed.
+var releaseScript = newScript(`
+local rk = KEYS[1]
 local v = redis.call('GET', rk)
-if not v then
+if not v or string.byte(v) == 114 then -- absent, or 'r': already released
   return 1
 end
-local p = ARGV[1] .. ' '
+local p = ARGV[2] .. ' '
 if string.byte(v) ~= 105 or string.sub(v, 3, #p + 2) ~= p then -- not 'i', or another token
   return 0
 end
-redis.call('DEL', rk)
-local floor = redis.call('GET', sk)
-if not floor or tonumber(floor) < tonumber(ARGV[1]) then
-  redis.call('SET', sk, ARGV[1])
-end
+` + luaNowNumber + luaTombstone + `
+tombstone(rk, ARGV[2])
 if ` + luaWaited + ` then
   redis.call('PUBLISH', ` + luaChannel + `, rk)
 end
 return 1
 `)
 
-// getScript returns the record, or nil when it is absent or dead by the
-// store's clock.
+// getScript returns the record, or nil when it is absent, a tombstone, or
+// dead by the store's clock. Get uses it only while the process has no
+// usable estimate of Redis's clock; otherwise it judges a plain GET itself.
 //
 // KEYS: record. ARGV: now.
-var getScript = redis.NewScript(`
+var getScript = newScript(`
 local v = redis.call('GET', KEYS[1])
-if not v then
+if not v or string.byte(v) == 114 then
   return false
 end
 ` + luaNowNumber + luaParseRecord + `
@@ -234,7 +258,7 @@ return v
 // published at all.
 //
 // KEYS: record. ARGV: now.
-var leaseScript = redis.NewScript(`
+var leaseScript = newScript(`
 local v = redis.call('GET', KEYS[1])
 if not v or string.byte(v) ~= 105 then -- absent, or not 'i'
   return 0
@@ -249,30 +273,25 @@ end
 return tonumber(leased) + tonumber(lease) - now
 `)
 
-// purgeScript deletes the record if its TTL has passed by the store's clock
-// and no live lease holds it, raising the scope's token floor to its token
-// (see releaseScript).
+// purgeScript replaces the record with its tombstone if its TTL has passed
+// by the store's clock and no live lease holds it (see releaseScript).
 //
-// KEYS: record, scope's token floor. ARGV: now.
+// KEYS: record. ARGV: now.
 //
-// Returns 1 when it deleted the record, 0 otherwise (including when the key
-// holds something that is not a record).
-var purgeScript = redis.NewScript(`
-local rk, sk = KEYS[1], KEYS[2]
+// Returns 1 when it purged the record, 0 otherwise (including when the key
+// holds a tombstone or something that is not a record).
+var purgeScript = newScript(`
+local rk = KEYS[1]
 local v = redis.pcall('GET', rk)
 if type(v) ~= 'string' or not string.match(v, '^[ic][-w]%d+ ') then
-  return 0 -- absent, not a string, or not a record
+  return 0 -- absent, not a string, a tombstone, or not a record
 end
-` + luaNowNumber + luaParseRecord + `
+` + luaNowNumber + luaParseRecord + luaTombstone + `
 if live then
   return 0
 end
-redis.call('DEL', rk)
-local floor = redis.call('GET', sk)
-if not floor or tonumber(floor) < tonumber(token) then
-  redis.call('SET', sk, token)
-end
+tombstone(rk, token)
 return 1
 `)
 
-var allScripts = []*redis.Script{claimScript, completeScript, releaseScript, getScript, leaseScript, purgeScript}
+var allScripts = []*script{claimScript, completeScript, releaseScript, getScript, leaseScript, purgeScript}

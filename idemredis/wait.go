@@ -4,9 +4,8 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
 )
@@ -62,7 +61,7 @@ func (s *Store) WaitChange(ctx context.Context, scope idem.Scope, key idem.Key) 
 		return ctx.Err()
 	}
 
-	left, err := leaseScript.Run(ctx, s.client, []string{rk}, s.now()).Int64()
+	left, err := s.conn.evalInt(ctx, leaseScript, []string{rk}, s.scriptNow())
 	if err != nil {
 		return fail("wait", err)
 	}
@@ -89,20 +88,20 @@ func (s *Store) WaitChange(ctx context.Context, scope idem.Scope, key idem.Key) 
 // hub is a store's single pub/sub subscription to its change channel,
 // fanned out to the local waiters by record key.
 type hub struct {
-	client  redis.UniversalClient
-	channel string
-	closed  chan struct{} // closed by close
+	conn      conn
+	channel   string
+	closed    chan struct{} // closed by close
+	ready     chan struct{} // closed when the subscription is first confirmed
+	confirmed atomic.Bool
 
 	mu      sync.Mutex
-	ps      *redis.PubSub // nil until the first watch
-	ready   chan struct{} // closed when the subscription is first confirmed
-	done    chan struct{} // closed when the receive loop has ended
+	stop    func() // nil until the first watch
 	waiters map[string]map[chan struct{}]struct{}
 }
 
-func newHub(client redis.UniversalClient, channel string) *hub {
+func newHub(c conn, channel string) *hub {
 	return &hub{
-		client:  client,
+		conn:    c,
 		channel: channel,
 		closed:  make(chan struct{}),
 		ready:   make(chan struct{}),
@@ -128,13 +127,8 @@ func (h *hub) watch(key string) (w chan struct{}, ready, closed <-chan struct{})
 		return ch, h.ready, h.closed
 	default:
 	}
-	if h.ps == nil {
-		// The subscription outlives any one caller, so it does not take
-		// the caller's context. go-redis retries the connection on its
-		// own, pings it, and resubscribes after a failure.
-		h.ps = h.client.Subscribe(context.Background(), h.channel)
-		h.done = make(chan struct{})
-		go h.receive(h.ps.ChannelWithSubscriptions(), h.ready, h.done)
+	if h.stop == nil {
+		h.stop = h.conn.subscribe(h.channel, h.subscribed, h.wake)
 	}
 	return ch, h.ready, h.closed
 }
@@ -149,29 +143,15 @@ func (h *hub) unwatch(key string, w chan struct{}) {
 	}
 }
 
-// receive delivers the subscription's messages until it is closed. The
-// first confirmation makes the subscription ready; a later one means it
-// reconnected, and changes published in between were lost, so every waiter
-// is woken to look again.
-func (h *hub) receive(msgs <-chan any, ready, done chan struct{}) {
-	defer close(done)
-	subscribed := false
-	for m := range msgs {
-		switch m := m.(type) {
-		case *redis.Subscription:
-			if m.Kind != "subscribe" {
-				continue
-			}
-			if !subscribed {
-				subscribed = true
-				close(ready)
-				continue
-			}
-			h.wakeAll()
-		case *redis.Message:
-			h.wake(m.Payload)
-		}
+// subscribed is called on each confirmation of the subscription. The
+// first makes it ready; a later one means it reconnected, and changes
+// published in between were lost, so every waiter is woken to look again.
+func (h *hub) subscribed() {
+	if h.confirmed.CompareAndSwap(false, true) {
+		close(h.ready)
+		return
 	}
+	h.wakeAll()
 }
 
 func (h *hub) wake(key string) {
@@ -201,14 +181,13 @@ func notify(ch chan struct{}) {
 	}
 }
 
-// close stops the subscription and waits for its receive loop to end.
+// close stops the subscription and waits for its goroutine to end.
 func (h *hub) close() {
 	h.mu.Lock()
 	close(h.closed)
-	ps, done := h.ps, h.done
+	stop := h.stop
 	h.mu.Unlock()
-	if ps != nil {
-		_ = ps.Close()
-		<-done
+	if stop != nil {
+		stop()
 	}
 }

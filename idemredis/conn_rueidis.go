@@ -1,0 +1,220 @@
+package idemredis
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// rueidisConn is a conn on a rueidis client (standalone, Sentinel or
+// cluster). rueidis pipelines the commands of concurrent callers on shared
+// connections by itself, which is what makes it the faster client for a
+// store many goroutines use at once (see doc.go, "Clients").
+type rueidisConn struct {
+	c rueidis.Client
+}
+
+func (r rueidisConn) setNXGet(ctx context.Context, key, value string, ms int64) (string, bool, error) {
+	v, err := r.c.Do(ctx, r.c.B().Set().Key(key).Value(value).Nx().Get().PxMilliseconds(ms).Build()).ToString()
+	switch {
+	case rueidis.IsRedisNil(err):
+		return "", false, nil
+	case err != nil:
+		return "", false, err
+	}
+	return v, true, nil
+}
+
+func (r rueidisConn) setIfEq(ctx context.Context, key, value, old string) (bool, error) {
+	err := r.c.Do(ctx, r.c.B().Set().Key(key).Value(value).Ifeq(old).Keepttl().Build()).Error()
+	if rueidis.IsRedisNil(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func (r rueidisConn) get(ctx context.Context, key string) (string, bool, error) {
+	v, err := r.c.Do(ctx, r.c.B().Get().Key(key).Build()).ToString()
+	switch {
+	case rueidis.IsRedisNil(err):
+		return "", false, nil
+	case err != nil:
+		return "", false, err
+	}
+	return v, true, nil
+}
+
+func (r rueidisConn) serverTime(ctx context.Context) (time.Time, error) {
+	return parseTime(r.c.Do(ctx, r.c.B().Time().Build()).AsStrSlice())
+}
+
+// parseTime decodes TIME's reply: seconds and microseconds, as strings.
+func parseTime(v []string, err error) (time.Time, error) {
+	if err != nil {
+		return time.Time{}, err
+	}
+	if len(v) != 2 {
+		return time.Time{}, errors.New("TIME replied with other than two fields")
+	}
+	sec, err1 := strconv.ParseInt(v[0], 10, 64)
+	us, err2 := strconv.ParseInt(v[1], 10, 64)
+	if err1 != nil || err2 != nil {
+		return time.Time{}, errors.New("TIME replied with other than integers")
+	}
+	return time.Unix(sec, us*1000), nil
+}
+
+func (r rueidisConn) evalText(ctx context.Context, sc *script, keys []string, a ...string) (string, error) {
+	v, err := sc.ru.Exec(ctx, r.c, keys, a).ToString()
+	if rueidis.IsRedisNil(err) {
+		return "", errNilReply
+	}
+	return v, err
+}
+
+func (r rueidisConn) evalInt(ctx context.Context, sc *script, keys []string, a ...string) (int64, error) {
+	v, err := sc.ru.Exec(ctx, r.c, keys, a).AsInt64()
+	if rueidis.IsRedisNil(err) {
+		return 0, errNilReply
+	}
+	return v, err
+}
+
+func (r rueidisConn) load(ctx context.Context, scripts []*script) error {
+	for _, n := range r.c.Nodes() {
+		for _, sc := range scripts {
+			if err := n.Do(ctx, n.B().ScriptLoad().Script(sc.src).Build()).Error(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (r rueidisConn) probeIfEq(ctx context.Context, key string) error {
+	err := r.c.Do(ctx, r.c.B().Set().Key(key).Value("").Ifeq("-").Build()).Error()
+	if rueidis.IsRedisNil(err) {
+		return nil
+	}
+	return err
+}
+
+func (r rueidisConn) scanners(ctx context.Context) ([]scanFunc, error) {
+	scan := func(c rueidis.Client) scanFunc {
+		return func(ctx context.Context, cursor uint64, match string, count int64) ([]string, uint64, error) {
+			e, err := c.Do(ctx, c.B().Scan().Cursor(cursor).Match(match).Count(count).Build()).AsScanEntry()
+			return e.Elements, e.Cursor, err
+		}
+	}
+	if r.c.Mode() != rueidis.ClientModeCluster {
+		return []scanFunc{scan(r.c)}, nil
+	}
+	// Nodes lists replicas too; each key is scanned once, on its master.
+	var nodes []scanFunc
+	for _, n := range r.c.Nodes() {
+		role, err := n.Do(ctx, n.B().Role().Build()).ToArray()
+		if err != nil {
+			return nil, err
+		}
+		if len(role) > 0 {
+			if kind, _ := role[0].ToString(); kind == "master" {
+				nodes = append(nodes, scan(n))
+			}
+		}
+	}
+	return nodes, nil
+}
+
+func (r rueidisConn) getRanges(ctx context.Context, keys []string, end int64) ([]string, []error) {
+	cmds := make(rueidis.Commands, len(keys))
+	for i, k := range keys {
+		cmds[i] = r.c.B().Getrange().Key(k).Start(0).End(end).Build()
+	}
+	vals := make([]string, len(keys))
+	errs := make([]error, len(keys))
+	for i, res := range r.c.DoMulti(ctx, cmds...) {
+		vals[i], errs[i] = res.ToString()
+	}
+	return vals, errs
+}
+
+// Back-off between attempts to subscribe again after the subscription's
+// connection failed: quick at first, never hammering a Redis that is down.
+const (
+	resubscribeMin = 50 * time.Millisecond
+	resubscribeMax = 2 * time.Second
+)
+
+func (r rueidisConn) subscribe(channel string, onSubscribed func(), onMessage func(string)) func() {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	var (
+		mu  sync.Mutex
+		cur rueidis.DedicatedClient
+	)
+	go func() {
+		defer close(done)
+		backoff := resubscribeMin
+		for {
+			// A dedicated connection per subscription: rueidis reports its
+			// loss on the hooks' channel, and a new one is subscribed.
+			dc, release := r.c.Dedicate()
+			mu.Lock()
+			select {
+			case <-stop:
+				mu.Unlock()
+				release()
+				return
+			default:
+			}
+			cur = dc
+			mu.Unlock()
+			lost := dc.SetPubSubHooks(rueidis.PubSubHooks{
+				OnMessage: func(m rueidis.PubSubMessage) { onMessage(m.Message) },
+				OnSubscription: func(s rueidis.PubSubSubscription) {
+					if s.Kind == "subscribe" {
+						onSubscribed()
+					}
+				},
+			})
+			err := dc.Do(context.Background(), dc.B().Subscribe().Channel(channel).Build()).Error()
+			if err == nil {
+				backoff = resubscribeMin
+				<-lost
+			}
+			mu.Lock()
+			cur = nil
+			mu.Unlock()
+			dc.Close()
+			release()
+			t := time.NewTimer(backoff)
+			select {
+			case <-stop:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			backoff = min(2*backoff, resubscribeMax)
+		}
+	}()
+	return func() {
+		mu.Lock()
+		close(stop)
+		if cur != nil {
+			// Closing the dedicated connection ends the hooks, so the
+			// loop sees the loss and then the stop.
+			cur.Close()
+		}
+		mu.Unlock()
+		<-done
+	}
+}
+
+func (r rueidisConn) close() error {
+	r.c.Close()
+	return nil
+}
