@@ -272,3 +272,21 @@ func randomID() string {
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// paymentBody is what both sides of the PostgreSQL and SQLite measurements
+// are sent.
+const paymentBody = `{"account_id":"acct_1","amount":1,"currency":"KRW"}`
+
+// servePayment serves one payment through h in-process, its account in the
+// request's context, and checks that it was created.
+func servePayment(ctx context.Context, h http.Handler, key string, acct int) error {
+	req := httptest.NewRequestWithContext(context.WithValue(ctx, accountKey{}, acct), http.MethodPost, "/v1/payments", strings.NewReader(paymentBody))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(idemhttp.HeaderKey, key)
+	rr := httptest.NewRecorder()
+	h.ServeHTTP(rr, req)
+	if rr.Code != http.StatusCreated {
+		return fmt.Errorf("status %d: %s", rr.Code, rr.Body.String())
+	}
+	return nil
+}

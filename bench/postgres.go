@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idempg"
@@ -59,20 +58,8 @@ func runPostgres(ctx context.Context, o *Options) ([]Comparison, error) {
 		}
 		writeAnswer(w)
 	}))
-	body := `{"account_id":"acct_1","amount":1,"currency":"KRW"}`
 	// Both sides are served through the same in-process HTTP path.
-	serveWith := func(ctx context.Context, h http.Handler, key string, acct int) error {
-		req := httptest.NewRequestWithContext(context.WithValue(ctx, accountKey{}, acct), http.MethodPost, "/v1/payments", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(idemhttp.HeaderKey, key)
-		rr := httptest.NewRecorder()
-		h.ServeHTTP(rr, req)
-		if rr.Code != http.StatusCreated {
-			return fmt.Errorf("status %d: %s", rr.Code, rr.Body.String())
-		}
-		return nil
-	}
-	serveAs := func(ctx context.Context, key string, acct int) error { return serveWith(ctx, h, key, acct) }
+	serveAs := func(ctx context.Context, key string, acct int) error { return servePayment(ctx, h, key, acct) }
 	minimumHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		key := r.Header.Get(idemhttp.HeaderKey)
@@ -117,7 +104,7 @@ func runPostgres(ctx context.Context, o *Options) ([]Comparison, error) {
 		return serveAs(ctx, fmt.Sprintf("first-%d-%d", round, i), i%accounts)
 	}}
 	minimumFirst := side{name: "minimum", do: func(ctx context.Context, round, i int) error {
-		return serveWith(ctx, minimumHandler, fmt.Sprintf("min-%d-%d", round, i), i%accounts)
+		return servePayment(ctx, minimumHandler, fmt.Sprintf("min-%d-%d", round, i), i%accounts)
 	}}
 	first, err := compare(ctx, o, "postgres", "first", middlewareFirst, minimumFirst)
 	if err != nil {
@@ -134,7 +121,7 @@ func runPostgres(ctx context.Context, o *Options) ([]Comparison, error) {
 		return serveAs(ctx, "replayed", 0)
 	}}
 	minimumReplay := side{name: "minimum", do: func(ctx context.Context, round, i int) error {
-		return serveWith(ctx, minimumReplayHandler, "min--1-0", 0)
+		return servePayment(ctx, minimumReplayHandler, "min--1-0", 0)
 	}}
 	replay, err := compare(ctx, o, "postgres", "replay", middlewareReplay, minimumReplay)
 	if err != nil {

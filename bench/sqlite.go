@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemsqlite"
@@ -63,18 +62,6 @@ func runSQLite(ctx context.Context, o *Options) ([]Comparison, error) {
 		}
 		writeAnswer(w)
 	}))
-	body := `{"account_id":"acct_1","amount":1,"currency":"KRW"}`
-	serveWith := func(ctx context.Context, h http.Handler, key string, acct int) error {
-		req := httptest.NewRequestWithContext(context.WithValue(ctx, accountKey{}, acct), http.MethodPost, "/v1/payments", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(idemhttp.HeaderKey, key)
-		rr := httptest.NewRecorder()
-		h.ServeHTTP(rr, req)
-		if rr.Code != http.StatusCreated {
-			return fmt.Errorf("status %d: %s", rr.Code, rr.Body.String())
-		}
-		return nil
-	}
 	minimumHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		key := r.Header.Get(idemhttp.HeaderKey)
@@ -123,25 +110,25 @@ func runSQLite(ctx context.Context, o *Options) ([]Comparison, error) {
 		w.Write(b)
 	})
 	middlewareFirst := side{name: "middleware", do: func(ctx context.Context, round, i int) error {
-		return serveWith(ctx, h, fmt.Sprintf("first-%d-%d", round, i), i%accounts)
+		return servePayment(ctx, h, fmt.Sprintf("first-%d-%d", round, i), i%accounts)
 	}}
 	minimumFirst := side{name: "minimum", do: func(ctx context.Context, round, i int) error {
-		return serveWith(ctx, minimumHandler, fmt.Sprintf("min-%d-%d", round, i), i%accounts)
+		return servePayment(ctx, minimumHandler, fmt.Sprintf("min-%d-%d", round, i), i%accounts)
 	}}
 	first, err := compare(ctx, o, "sqlite", "first", middlewareFirst, minimumFirst)
 	if err != nil {
 		return nil, err
 	}
-	if err := serveWith(ctx, h, "replayed", 0); err != nil {
+	if err := servePayment(ctx, h, "replayed", 0); err != nil {
 		return nil, err
 	}
 	if err := minimumFirst.do(ctx, -1, 0); err != nil {
 		return nil, err
 	}
 	replay, err := compare(ctx, o, "sqlite", "replay",
-		side{name: "middleware", do: func(ctx context.Context, round, i int) error { return serveWith(ctx, h, "replayed", 0) }},
+		side{name: "middleware", do: func(ctx context.Context, round, i int) error { return servePayment(ctx, h, "replayed", 0) }},
 		side{name: "minimum", do: func(ctx context.Context, round, i int) error {
-			return serveWith(ctx, minimumReplayHandler, "min--1-0", 0)
+			return servePayment(ctx, minimumReplayHandler, "min--1-0", 0)
 		}})
 	if err != nil {
 		return nil, err
