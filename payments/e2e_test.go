@@ -504,9 +504,10 @@ func (e *env) inFlight(tenant, key string) bool {
 	e.t.Helper()
 	if e.cfg.DB != nil {
 		// SQLite's claiming transaction holds the single writer until it
-		// ends: with one request running, a writer that stays busy is
-		// that request.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+		// ends: with one slow request running, a writer busy for longer
+		// than the service's own short writes (its relay's, its purger's)
+		// is that request.
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
 		conn, err := e.cfg.DB.Writer().Conn(ctx)
 		if err == nil {
