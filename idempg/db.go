@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"regexp"
+	"runtime"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -40,8 +41,11 @@ type Config struct {
 	Clock idem.Clock
 	// MaxConns is the most connections the pool opens. The store's
 	// LISTEN connection (see Store.WaitChange) comes on top. Defaults to
-	// pgxpool's default (the larger of 4 and the number of CPUs), or to
-	// pool_max_conns in the URL.
+	// pool_max_conns in the URL, and without it to the larger of 16 and
+	// four per CPU: pgxpool's own default (4 on a small machine) starves a
+	// service whose requests, outbox relay, consumer batches and waiting
+	// duplicates share the pool (measured: 1,150 payments/s on 4
+	// connections, 1,400 to 1,700 on 16, with 64 clients on 2 CPUs).
 	MaxConns int32
 	// TxOptions are the options of the transactions that WithTx and
 	// Store.CompleteTx begin: the isolation level the application's
@@ -96,8 +100,11 @@ func Open(ctx context.Context, url string, cfg *Config) (*DB, error) {
 		// pgx redacts the password in the message.
 		return nil, &idem.ArgumentError{Field: "url", Reason: err.Error()}
 	}
-	if c.MaxConns > 0 {
+	switch {
+	case c.MaxConns > 0:
 		pcfg.MaxConns = c.MaxConns
+	case !strings.Contains(url, "pool_max_conns"):
+		pcfg.MaxConns = int32(max(16, 4*runtime.NumCPU()))
 	}
 	// Set at connection start, so no connection of the pool can ever run a
 	// statement against another schema, and no extra round trip is spent.
