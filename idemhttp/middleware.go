@@ -480,9 +480,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 					// once, as a claim that saw the key in flight would.
 					done()
 					unwatch()
-					m.count(OutcomeMismatch)
-					log.LogAttrs(ctx, slog.LevelInfo, "idempotency key reused with a different request", slog.String("state", idem.StateInFlight.String()))
-					m.writeMismatch(w)
+					m.refuseMismatch(ctx, w, log, idem.StateInFlight)
 					return
 				}
 				ok := m.waitGate(ctx, ended, deadline)
@@ -515,16 +513,12 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		switch claim.Outcome {
 		case idem.Mismatch:
 			unwatch()
-			m.count(OutcomeMismatch)
-			log.LogAttrs(ctx, slog.LevelInfo, "idempotency key reused with a different request", slog.String("state", claim.Record.State.String()))
-			m.writeMismatch(w)
+			m.refuseMismatch(ctx, w, log, claim.Record.State)
 			return
 		case idem.Completed:
 			unwatch()
 			m.recent.add(wk)
-			m.count(OutcomeReplayed)
-			log.LogAttrs(ctx, slog.LevelDebug, "idempotent replay", slog.Int("status", claim.Record.Response.Status))
-			writeReplay(w, claim.Record.Response)
+			m.replayKept(ctx, w, log, claim.Record.Response)
 			return
 		case idem.InFlight:
 			if changed == nil {
@@ -570,21 +564,27 @@ func (m *Middleware) answerFromRecord(ctx context.Context, w http.ResponseWriter
 	case err != nil:
 		return false
 	case rec.Fingerprint != req.Fingerprint:
-		m.count(OutcomeMismatch)
-		log.LogAttrs(ctx, slog.LevelInfo, "idempotency key reused with a different request", slog.String("state", rec.State.String()))
-		m.writeMismatch(w)
+		m.refuseMismatch(ctx, w, log, rec.State)
 		return true
 	case rec.State != idem.StateCompleted || rec.Response == nil:
 		return false
 	}
-	m.count(OutcomeReplayed)
-	log.LogAttrs(ctx, slog.LevelDebug, "idempotent replay", slog.Int("status", rec.Response.Status))
-	writeReplay(w, rec.Response)
+	m.replayKept(ctx, w, log, rec.Response)
 	return true
 }
 
-// writeMismatch answers a request whose key was used for another one.
-func (m *Middleware) writeMismatch(w http.ResponseWriter) {
+// replayKept answers a duplicate with the key's kept answer.
+func (m *Middleware) replayKept(ctx context.Context, w http.ResponseWriter, log reqLog, resp *idem.Response) {
+	m.count(OutcomeReplayed)
+	log.LogAttrs(ctx, slog.LevelDebug, "idempotent replay", slog.Int("status", resp.Status))
+	writeReplay(w, resp)
+}
+
+// refuseMismatch answers a request whose key was used for another one,
+// the key being in state.
+func (m *Middleware) refuseMismatch(ctx context.Context, w http.ResponseWriter, log reqLog, state idem.State) {
+	m.count(OutcomeMismatch)
+	log.LogAttrs(ctx, slog.LevelInfo, "idempotency key reused with a different request", slog.String("state", state.String()))
 	(&Problem{Type: ProblemKeyMismatch, Title: "Idempotency key reused", Status: http.StatusUnprocessableEntity,
 		Detail: "This Idempotency-Key was already used with a different request (method, path, query or body). Use a new key for a new operation."}).Write(w)
 }
