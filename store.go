@@ -282,6 +282,25 @@ type TxClaimer interface {
 	ClaimTx(ctx context.Context, req ClaimRequest, wait time.Duration, work ClaimedWork) (claim Claim, kept bool, err error)
 }
 
+// Replayer is a Store that answers the duplicate of a completed key with
+// one read of only what the answer needs: the kept response, and whether
+// the duplicate is the same request. idemhttp uses it, when the store
+// offers it, for the keys it saw completed lately (Config.RecentKeys),
+// where Get would read the whole record.
+type Replayer interface {
+	Store
+
+	// Replay returns the response kept for key when its record is
+	// completed and live (its TTL has not passed, as Get judges it) and
+	// its fingerprint is fp. When such a record has another fingerprint,
+	// it returns mismatch true and no response. Otherwise (no record, a
+	// key in flight, an expired record) it returns neither, and the caller
+	// claims the key as it would have. It never writes. Called with a
+	// context that carries a transaction of the store's database, it reads
+	// in that transaction, as Get does.
+	Replay(ctx context.Context, scope Scope, key Key, fp Fingerprint) (resp *Response, mismatch bool, err error)
+}
+
 // Waiter is implemented by stores that can tell a waiting duplicate when a
 // key may have changed, so it need not poll tightly.
 type Waiter interface {

@@ -120,7 +120,8 @@ type Config struct {
 
 	// RecentKeys is how many keys the middleware remembers having seen
 	// completed in this process. A duplicate of one of them is answered
-	// with a single read of the store (Store.Get), without claiming it: no
+	// with a single read of the store (idem.Replayer's Replay where the
+	// store has it, Store.Get otherwise), without claiming it: no
 	// transaction, no write; should the read find the key anything but
 	// completed, the request is claimed as any other. Duplicates that reach
 	// another process are claimed there, and answered from the claim.
@@ -177,12 +178,14 @@ type Middleware struct {
 	txStore idem.TxStore
 	// txClaimer is txStore when it claims keys in its transaction too.
 	txClaimer idem.TxClaimer
-	waiter    idem.Waiter
-	methods   map[string]bool
-	replay    []string
-	log       *slog.Logger
-	local     localWaits
-	gates     claimGates
+	// replayer is the store when it reads replays narrowly.
+	replayer idem.Replayer
+	waiter   idem.Waiter
+	methods  map[string]bool
+	replay   []string
+	log      *slog.Logger
+	local    localWaits
+	gates    claimGates
 	// recent are the keys seen completed lately (nil: none are kept).
 	recent *recentKeys
 	counts [9]atomic.Uint64
@@ -242,6 +245,7 @@ func New(cfg *Config) (*Middleware, error) {
 		c.RecentKeys = defaultRecentKeys
 	}
 	m := &Middleware{cfg: c, store: c.Store, methods: map[string]bool{}, log: c.Logger, recent: newRecentKeys(c.RecentKeys)}
+	m.replayer, _ = c.Store.(idem.Replayer)
 	for _, meth := range c.Methods {
 		m.methods[strings.ToUpper(meth)] = true
 	}
@@ -559,6 +563,20 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 // refused. Anything else (the key gone, in flight again after it expired,
 // the store failing) is left to the claim.
 func (m *Middleware) answerFromRecord(ctx context.Context, w http.ResponseWriter, req idem.ClaimRequest, log reqLog) bool {
+	if m.replayer != nil {
+		resp, mismatch, err := m.replayer.Replay(ctx, req.Scope, req.Key, req.Fingerprint)
+		switch {
+		case err != nil:
+			return false
+		case mismatch:
+			m.refuseMismatch(ctx, w, log, idem.StateCompleted)
+			return true
+		case resp == nil:
+			return false
+		}
+		m.replayKept(ctx, w, log, resp)
+		return true
+	}
 	rec, err := m.store.Get(ctx, req.Scope, req.Key)
 	switch {
 	case err != nil:

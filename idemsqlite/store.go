@@ -37,6 +37,7 @@ type Store struct {
 var (
 	_ idem.Store     = (*Store)(nil)
 	_ idem.TxClaimer = (*Store)(nil)
+	_ idem.Replayer  = (*Store)(nil)
 )
 
 // NewStore applies the store's schema migrations to db (component
@@ -75,7 +76,16 @@ var (
 	sqlLoadKey = keysSQL(`SELECT fingerprint, state, token, status, header, body, body_omitted,
 		created_at, lease_expires_at, expires_at, completed_at
 		FROM idem_keys WHERE scope = ? AND key = ?`)
+	// sqlReplayKey reads what the replay of a completed key needs; the
+	// caller judges its expiry.
+	sqlReplayKey = keysSQL(`SELECT fingerprint = ?, status, header, body, body_omitted, expires_at
+		FROM idem_keys WHERE scope = ? AND key = ? AND state = 'completed'`)
 	sqlTakeOverKey = keysSQL(`UPDATE idem_keys SET token = ?, lease_expires_at = ? WHERE scope = ? AND key = ?`)
+	// sqlInsertKey claims a key that has no record.
+	sqlInsertKey = keysSQL(`INSERT INTO idem_keys
+		(scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (scope, key) DO NOTHING`)
 	// An expired record is overwritten in place: its token is the floor of
 	// the new one.
 	sqlClaimKey = keysSQL(`INSERT INTO idem_keys
@@ -221,6 +231,28 @@ func (s *Store) claimIn(ctx context.Context, r runner, req idem.ClaimRequest) (i
 	// The time is read once the writer is ours, so a claim that queued
 	// behind others judges leases by when it runs.
 	now := s.clock.Now()
+	// A new key, the common case, is claimed by one INSERT that finds no
+	// row in its way; only a key that exists is read and decided on.
+	fresh := idem.Record{
+		Scope:          req.Scope,
+		Key:            req.Key,
+		Fingerprint:    req.Fingerprint,
+		State:          idem.StateInFlight,
+		Token:          nextToken(0, now),
+		CreatedAt:      now,
+		LeaseExpiresAt: now.Add(req.Lease),
+		ExpiresAt:      now.Add(req.TTL),
+	}
+	res, err := r.exec(ctx, sqlInsertKey, string(fresh.Scope), string(fresh.Key), string(fresh.Fingerprint), stateInFlight, int64(fresh.Token),
+		fresh.CreatedAt.UnixNano(), fresh.LeaseExpiresAt.UnixNano(), fresh.ExpiresAt.UnixNano())
+	if err != nil {
+		return idem.Claim{}, err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return idem.Claim{}, err
+	} else if n == 1 {
+		return idem.Claim{Outcome: idem.Acquired, Token: fresh.Token, Record: fresh}, nil
+	}
 	rec, found, err := load(ctx, r, req.Scope, req.Key)
 	if err != nil {
 		return idem.Claim{}, err
@@ -241,25 +273,16 @@ func (s *Store) claimIn(ctx context.Context, r runner, req idem.ClaimRequest) (i
 		}
 		return idem.Claim{Outcome: idem.Acquired, Token: rec.Token, Record: rec, TookOver: true}, nil
 	}
-	var prev idem.Token
+	// No live record: the key's is expired (or gone since the INSERT
+	// looked) and is overwritten, its token the floor of the new one.
 	if found {
-		prev = rec.Token
+		fresh.Token = nextToken(rec.Token, now)
 	}
-	rec = idem.Record{
-		Scope:          req.Scope,
-		Key:            req.Key,
-		Fingerprint:    req.Fingerprint,
-		State:          idem.StateInFlight,
-		Token:          nextToken(prev, now),
-		CreatedAt:      now,
-		LeaseExpiresAt: now.Add(req.Lease),
-		ExpiresAt:      now.Add(req.TTL),
-	}
-	if _, err := r.exec(ctx, sqlClaimKey, string(rec.Scope), string(rec.Key), string(rec.Fingerprint), stateInFlight, int64(rec.Token),
-		rec.CreatedAt.UnixNano(), rec.LeaseExpiresAt.UnixNano(), rec.ExpiresAt.UnixNano()); err != nil {
+	if _, err := r.exec(ctx, sqlClaimKey, string(fresh.Scope), string(fresh.Key), string(fresh.Fingerprint), stateInFlight, int64(fresh.Token),
+		fresh.CreatedAt.UnixNano(), fresh.LeaseExpiresAt.UnixNano(), fresh.ExpiresAt.UnixNano()); err != nil {
 		return idem.Claim{}, err
 	}
-	return idem.Claim{Outcome: idem.Acquired, Token: rec.Token, Record: rec}, nil
+	return idem.Claim{Outcome: idem.Acquired, Token: fresh.Token, Record: fresh}, nil
 }
 
 // ClaimTx implements idem.TxClaimer: the claim, work's writes and the
@@ -419,6 +442,45 @@ func (s *Store) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.R
 		return idem.Record{}, idem.ErrNotFound
 	}
 	return rec, nil
+}
+
+// Replay implements idem.Replayer: one read of six columns on a reader
+// connection, where Get reads eleven and turns them into a Record. Called
+// with a context whose transaction of the DB has begun, it reads in that
+// transaction.
+func (s *Store) Replay(ctx context.Context, scope idem.Scope, key idem.Key, fp idem.Fingerprint) (*idem.Response, bool, error) {
+	r := s.db.onReader()
+	if st := s.db.carried(ctx); st != nil {
+		if tx := st.begun(); tx != nil {
+			r = s.db.in(tx)
+		}
+	}
+	var (
+		same    bool
+		status  sql.NullInt64
+		header  sql.NullString
+		expires int64
+		resp    idem.Response
+	)
+	err := r.queryRow(ctx, sqlReplayKey, string(fp), string(scope), string(key)).
+		Scan(&same, &status, &header, &resp.Body, &resp.BodyOmitted, &expires)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, fmt.Errorf("idemsqlite: replay: %w", err)
+	case !s.clock.Now().Before(fromNanos(expires)):
+		return nil, false, nil // expired: the claim decides
+	case !same:
+		return nil, true, nil
+	}
+	resp.Status = int(status.Int64)
+	if header.Valid {
+		if err := json.Unmarshal([]byte(header.String), &resp.Header); err != nil {
+			return nil, false, fmt.Errorf("idemsqlite: replay: stored header of %q: %w", key, err)
+		}
+	}
+	return &resp, false, nil
 }
 
 // Purge implements idem.Store. limit must be positive. Each call is one

@@ -27,7 +27,8 @@ const (
 )
 
 // TestStore runs the conformance suite for idem.Store, and for
-// idem.TxStore, idem.TxClaimer and idem.Waiter when the store implements
+// idem.TxStore, idem.TxClaimer, idem.Replayer and idem.Waiter when the
+// store implements
 // them, as subtests of t.
 //
 // newStore is called once per subtest, from that subtest's goroutine, and
@@ -69,6 +70,15 @@ func TestStore(t *testing.T, newStore func(t *testing.T, clock idem.Clock) idem.
 				tc.run(t, e, e.store.(idem.TxClaimer))
 			})
 		}
+	})
+
+	t.Run("Replayer", func(t *testing.T) {
+		t.Parallel()
+		if _, ok := newStore(t, NewClock(Start)).(idem.Replayer); !ok {
+			t.Skip("the store does not implement idem.Replayer")
+		}
+		e := newEnv(t, newStore)
+		testReplayer(t, e, e.store.(idem.Replayer))
 	})
 
 	t.Run("Waiter", func(t *testing.T) {
@@ -877,4 +887,80 @@ func testGetUnknown(t *testing.T, e *env) {
 	e.wantNotFound("s", "unknown")
 	e.acquire(e.req("known", "fp"))
 	e.wantNotFound("other-scope", "known")
+}
+
+// testReplayer checks that Replay answers exactly the duplicates a claim
+// would answer Completed or Mismatch from a completed record, with the
+// response the claim would carry, and leaves every other key to the claim.
+func testReplayer(t *testing.T, e *env, r idem.Replayer) {
+	replay := func(key, fp string) (*idem.Response, bool) {
+		t.Helper()
+		resp, mismatch, err := r.Replay(e.ctx, "s", idem.Key(key), idem.Fingerprint(fp))
+		if err != nil {
+			t.Fatalf("Replay(%q, %q): %v", key, fp, err)
+		}
+		return resp, mismatch
+	}
+	wantNothing := func(when, key, fp string) {
+		t.Helper()
+		if resp, mismatch := replay(key, fp); resp != nil || mismatch {
+			t.Errorf("%s: Replay = %+v, mismatch %v; want neither (the claim decides)", when, resp, mismatch)
+		}
+	}
+
+	wantNothing("no record", "absent", "fp")
+
+	c := e.acquire(e.req("k", "fp"))
+	wantNothing("in flight", "k", "fp")
+	wantNothing("in flight, another fingerprint", "k", "other")
+
+	for _, tc := range []struct {
+		key  string
+		resp idem.Response
+	}{
+		{"k", sampleResponse()},
+		{"omitted", idem.Response{Status: http.StatusOK, Header: http.Header{"Content-Length": {"99999999"}}, BodyOmitted: true}},
+		{"bare", idem.Response{Status: http.StatusNoContent}},
+	} {
+		held := c
+		if tc.key != "k" {
+			held = e.acquire(e.req(tc.key, "fp"))
+		}
+		e.complete(ref(held), tc.resp)
+		got, mismatch := replay(tc.key, "fp")
+		if got == nil || mismatch {
+			t.Fatalf("%s: Replay of a completed key = %+v, mismatch %v; want its response", tc.key, got, mismatch)
+		}
+		if d := responseDiff(got, &tc.resp); d != "" {
+			t.Errorf("%s: Replay: %s", tc.key, d)
+		}
+		if claim := e.claim(e.req(tc.key, "fp")); claim.Outcome != idem.Completed {
+			t.Fatalf("%s: Claim after Replay = %v, want completed: Replay must not write", tc.key, claim.Outcome)
+		}
+		if resp, mismatch := replay(tc.key, "other"); resp != nil || !mismatch {
+			t.Errorf("%s: Replay with another fingerprint = %+v, mismatch %v; want mismatch and no response", tc.key, resp, mismatch)
+		}
+	}
+	if resp, mismatch := replay("k", "fp"); resp == nil || mismatch {
+		t.Fatalf("before expiry: Replay = %+v, mismatch %v; want the response", resp, mismatch)
+	}
+	other, mismatch, err := r.Replay(e.ctx, "other-scope", "k", "fp")
+	if err != nil || other != nil || mismatch {
+		t.Errorf("Replay in another scope = %+v, mismatch %v, %v; want neither", other, mismatch, err)
+	}
+
+	// Past the TTL the record no longer counts: the claim runs the request
+	// anew.
+	e.clock.Advance(ttl)
+	wantNothing("expired", "k", "fp")
+	wantNothing("expired, another fingerprint", "k", "other")
+	if claim := e.claim(e.req("k", "fp")); claim.Outcome != idem.Acquired {
+		t.Errorf("Claim of the expired key = %v, want acquired", claim.Outcome)
+	}
+
+	cancelled, cancel := context.WithCancel(e.ctx)
+	cancel()
+	if _, _, err := r.Replay(cancelled, "s", "omitted", "fp"); err == nil {
+		t.Error("Replay with a cancelled context: no error")
+	}
 }

@@ -29,6 +29,22 @@ func (s txMem) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) (
 	return true, nil
 }
 
+// Replay answers from Get, so the suite's Replayer group runs here too.
+func (s txMem) Replay(ctx context.Context, scope idem.Scope, key idem.Key, fp idem.Fingerprint) (*idem.Response, bool, error) {
+	rec, err := s.Get(ctx, scope, key)
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, err
+	case rec.State != idem.StateCompleted:
+		return nil, false, nil
+	case rec.Fingerprint != fp:
+		return nil, true, nil
+	}
+	return rec.Response, false, nil
+}
+
 func newReference(clock idem.Clock) txMem {
 	return txMem{idemmem.New(&idemmem.Config{Clock: clock})}
 }
@@ -46,16 +62,18 @@ var brokenStores = map[string]struct {
 	wantFail string
 	store    func(txMem) idem.Store
 }{
-	"none":                     {"", func(s txMem) idem.Store { return s }},
-	"complete ignores fencing": {"StaleHolder", func(s txMem) idem.Store { return completeIgnoresFencing{s} }},
-	"drops headers":            {"Replay", func(s txMem) idem.Store { return dropsHeaders{s} }},
-	"purge ignores limit":      {"Purge", func(s txMem) idem.Store { return purgeIgnoresLimit{s} }},
-	"release absent fails":     {"ReleaseAbsent", func(s txMem) idem.Store { return releaseAbsentFails{s} }},
-	"ignores cancellation":     {"CancelledContext", func(s txMem) idem.Store { return ignoresCancellation{s} }},
-	"accepts empty key":        {"InvalidClaim", func(s txMem) idem.Store { return acceptsEmptyKey{s} }},
-	"claim always acquires":    {"ConcurrentClaimOneKey", func(s txMem) idem.Store { return claimAlwaysAcquires{s} }},
-	"no takeover flag":         {"LeaseTakeover", func(s txMem) idem.Store { return noTakeoverFlag{s} }},
-	"tx keeps on error":        {"TxStore/WorkError", func(s txMem) idem.Store { return txKeepsOnError{s} }},
+	"none":                       {"", func(s txMem) idem.Store { return s }},
+	"complete ignores fencing":   {"StaleHolder", func(s txMem) idem.Store { return completeIgnoresFencing{s} }},
+	"drops headers":              {"Replay", func(s txMem) idem.Store { return dropsHeaders{s} }},
+	"purge ignores limit":        {"Purge", func(s txMem) idem.Store { return purgeIgnoresLimit{s} }},
+	"release absent fails":       {"ReleaseAbsent", func(s txMem) idem.Store { return releaseAbsentFails{s} }},
+	"ignores cancellation":       {"CancelledContext", func(s txMem) idem.Store { return ignoresCancellation{s} }},
+	"accepts empty key":          {"InvalidClaim", func(s txMem) idem.Store { return acceptsEmptyKey{s} }},
+	"claim always acquires":      {"ConcurrentClaimOneKey", func(s txMem) idem.Store { return claimAlwaysAcquires{s} }},
+	"no takeover flag":           {"LeaseTakeover", func(s txMem) idem.Store { return noTakeoverFlag{s} }},
+	"tx keeps on error":          {"TxStore/WorkError", func(s txMem) idem.Store { return txKeepsOnError{s} }},
+	"replay ignores fingerprint": {"Replayer", func(s txMem) idem.Store { return replayIgnoresFingerprint{s} }},
+	"replays keys in flight":     {"Replayer", func(s txMem) idem.Store { return replaysInFlight{s} }},
 }
 
 type completeIgnoresFencing struct{ txMem }
@@ -176,4 +194,27 @@ func TestSuiteCatchesBrokenStores(t *testing.T) {
 			}
 		})
 	}
+}
+
+type replayIgnoresFingerprint struct{ txMem }
+
+func (s replayIgnoresFingerprint) Replay(ctx context.Context, scope idem.Scope, key idem.Key, _ idem.Fingerprint) (*idem.Response, bool, error) {
+	rec, err := s.Get(ctx, scope, key)
+	if err != nil || rec.State != idem.StateCompleted {
+		return nil, false, nil
+	}
+	return rec.Response, false, nil
+}
+
+type replaysInFlight struct{ txMem }
+
+func (s replaysInFlight) Replay(ctx context.Context, scope idem.Scope, key idem.Key, fp idem.Fingerprint) (*idem.Response, bool, error) {
+	rec, err := s.Get(ctx, scope, key)
+	switch {
+	case err != nil:
+		return nil, false, nil
+	case rec.Response == nil:
+		return &idem.Response{}, false, nil
+	}
+	return s.txMem.Replay(ctx, scope, key, fp)
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"runtime/pprof"
 
 	"github.com/spf13/cobra"
 
@@ -41,6 +43,26 @@ prints (idem-http-<store>-<case> and minimum-http-<store>-<case>).
 	cmd.Flags().IntVar(&o.Requests, "requests", 2000, "requests per side and round")
 	cmd.Flags().IntVar(&o.Rounds, "rounds", 3, "rounds; the sides alternate and the median round counts")
 	cmd.Flags().IntVar(&o.Concurrency, "concurrency", 8, "requests in flight")
+	var cpuProfile string
+	cmd.PersistentFlags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole measurement (both sides) to this file, for go tool pprof")
+	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		if cpuProfile == "" {
+			return nil
+		}
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return err
+		}
+		cmd.PostRunE = func(*cobra.Command, []string) error {
+			pprof.StopCPUProfile()
+			return f.Close()
+		}
+		return nil
+	}
 	cmd.AddCommand(a.benchMessagesCmd())
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
 		if o.Requests < 1 || o.Rounds < 1 || o.Concurrency < 1 {
