@@ -3,6 +3,7 @@ package payments
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -288,5 +289,74 @@ func TestPurgeOldMessages(t *testing.T) {
 	}
 	if _, err := New(ctx, &Config{DB: db, APIKeys: map[string]string{"k": "acme"}, MessageRetention: -time.Second}); err == nil {
 		t.Fatal("a negative MessageRetention was accepted")
+	}
+}
+
+// A service with RequestsOnly writes its payments' events to the outbox
+// and leaves them there; a service with workers on the same database
+// relays and settles them.
+func TestRequestsOnlyLeavesEventsToWorkers(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "split.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	keys := map[string]string{"k": "acme"}
+	api, err := New(ctx, &Config{DB: db, APIKeys: keys, RequestsOnly: true, TransportPoll: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer api.Close()
+	do := func(h http.Handler, method, path, key, body string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(method, path, strings.NewReader(body))
+		r.Header.Set("Authorization", "Bearer k")
+		if key != "" {
+			r.Header.Set("Idempotency-Key", key)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	acct := do(api.Handler(), "POST", "/v1/accounts", "", `{"balance":100,"currency":"KRW"}`)
+	id := strings.TrimPrefix(acct.Header().Get("Location"), "/v1/accounts/")
+	for i, amount := range []int{30, 12} {
+		if w := do(api.Handler(), "POST", "/v1/payments", fmt.Sprint("p-", i), fmt.Sprintf(`{"account_id":%q,"amount":%d,"currency":"KRW"}`, id, amount)); w.Code != http.StatusCreated {
+			t.Fatalf("payment %d: %d %s", i, w.Code, w.Body)
+		}
+	}
+	pending := func() int {
+		var n int
+		if err := db.Reader().QueryRowContext(ctx, `SELECT count(*) FROM idem_outbox`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := pending(); n != 2 {
+		t.Fatalf("%d events in the outbox of a requests-only service, want both payments'", n)
+	}
+	if s := api.pipeline.consumer.Stats(); s.Processed != 0 {
+		t.Fatalf("a requests-only service settled: %+v", s)
+	}
+
+	workers, err := New(ctx, &Config{DB: db, APIKeys: keys, TransportPoll: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer workers.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for workers.pipeline.consumer.Stats().Processed < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30s the workers settled %+v, outbox %d", workers.pipeline.consumer.Stats(), pending())
+		}
+		time.Sleep(5 * time.Millisecond) // polling, with a deadline
+	}
+	var st Settlement
+	if w := do(api.Handler(), "GET", "/v1/settlement", "", ""); w.Code != http.StatusOK || json.Unmarshal(w.Body.Bytes(), &st) != nil {
+		t.Fatalf("GET /v1/settlement: %d %s", w.Code, w.Body)
+	}
+	if st != (Settlement{Currency: "KRW", Total: 42, Events: 2}) {
+		t.Errorf("settlement = %+v, want 42 KRW over 2 events", st)
 	}
 }

@@ -61,6 +61,14 @@ type Config struct {
 	// to show the double charge the rest of the toolkit prevents. Defaults
 	// to false.
 	Unsafe bool
+	// RequestsOnly serves requests without starting the outbox relay and
+	// the settlement consumer in this process: payments still write their
+	// events to the outbox, in their own transactions, and the events wait
+	// there for a service on the same database that runs them (one with
+	// RequestsOnly false). It lets the API scale apart from settlement, and
+	// measures what the requests cost without the event pipeline's work.
+	// Defaults to false.
+	RequestsOnly bool
 	// Faults makes the service honour the Idem-Fault request header (see
 	// HeaderFault). Never turn it on in production. Defaults to false.
 	Faults bool
@@ -270,7 +278,7 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 	s.stop = stop
 	s.done = make(chan struct{})
 	go s.purge(pctx)
-	if s.pipeline != nil {
+	if s.pipeline != nil && !c.RequestsOnly {
 		s.pipeline.start()
 	}
 	built = true

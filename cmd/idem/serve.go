@@ -44,6 +44,7 @@ type serveFlags struct {
 	apiKeys         string
 	unsafe          bool
 	faults          bool
+	workers         bool
 	logLevel        string
 	broker          string
 	brokerNamespace string
@@ -91,6 +92,7 @@ event once; what keeps failing goes to the dead letters (idem dlq).`,
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long a shutdown waits for requests in flight")
 	fl.StringVar(&f.apiKeys, "api-keys", "", `API keys, "tenant:key,tenant2:key2" (default from $`+envAPIKeys+`)`)
 	fl.BoolVar(&f.unsafe, "unsafe-no-idempotency", false, "ignore Idempotency-Key entirely: retries DOUBLE CHARGE (the lab's 'before')")
+	fl.BoolVar(&f.workers, "workers", true, "run the outbox relay and the settlement consumer in this process; --workers=false serves requests only, and their events wait in the outbox for a serve with workers on the same --db")
 	fl.BoolVar(&f.faults, "faults", false, "honour the Idem-Fault request header (delay=DURATION, fail-before-commit, drop-after-commit, crash-after-commit) and, on payment events, fail-times=N (the settlement consumer fails their first N attempts) and crash-after-settle (the process dies after settling, before acknowledging)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fl.StringVar(&f.broker, "broker", "", "where payment events travel: empty for the --db database itself (the embedded transport), nats://HOST:PORT (JetStream) or amqp://USER:PASS@HOST:PORT/ (RabbitMQ)")
@@ -168,6 +170,7 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 		InflightWait: f.inflightWait,
 		Unsafe:       f.unsafe,
 		Faults:       f.faults,
+		RequestsOnly: !f.workers,
 		Logger:       logger,
 		MaxAttempts:  f.maxAttempts,
 		RetryBase:    f.retryBase,
