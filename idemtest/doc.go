@@ -9,7 +9,8 @@
 // (atomic claims under 64 racing goroutines, replay of the exact response,
 // fingerprint mismatches, scopes, lease takeover with greater fencing tokens,
 // refused stale holders, TTL expiry, Purge limits, argument validation,
-// cancellation). When the store also implements idem.TxStore or idem.Waiter,
+// cancellation, and linearizability, below). When the store also implements
+// idem.TxStore, idem.TxClaimer, idem.Replayer or idem.Waiter,
 // their contracts are checked too; otherwise those groups are skipped with
 // the reason.
 //
@@ -33,6 +34,23 @@
 // decides whether a lease is live. Clocks start at Start, a whole second, and
 // move by whole milliseconds, so a backend that keeps milliseconds still
 // round-trips every time exactly.
+//
+// # Linearizability
+//
+// TestStore's subtest Linearizable records a concurrent history: six
+// goroutines call Claim, Complete (with their own tokens and stale ones),
+// Release, Get and, on an idem.TxClaimer, ClaimTx (keeping its answer or
+// rolling back) on three keys, in rounds; between rounds, while nothing
+// runs, the Clock moves by nothing, a millisecond, half a lease, past the
+// lease or past the TTL. Porcupine (github.com/anishathalye/porcupine), a
+// checker idem did not write, then decides whether some order of the calls,
+// each taking effect at one instant between its call and its return,
+// explains every answer by a sequential model of one key's life: absent,
+// in flight under a token until its lease ends, completed with one answer
+// until its TTL passes. A history it rejects is written as an HTML
+// visualisation to a temporary file, named in the failure, for a person to
+// read. The check runs in seconds; IDEMTEST_LINEARIZABILITY_SCALE=N
+// (LinearizabilityScaleEnv) makes it N times longer.
 //
 // Subtests run in parallel, each on its own store. Waits for other
 // goroutines are bounded (10 s), so a broken store fails instead of hanging.

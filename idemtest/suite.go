@@ -118,6 +118,7 @@ var storeTests = []struct {
 	{"InvalidClaim", testInvalidClaim},
 	{"CancelledContext", testCancelledContext},
 	{"GetUnknown", testGetUnknown},
+	{"Linearizable", testLinearizable},
 }
 
 // env is one subtest's store, clock and context, with assertions that

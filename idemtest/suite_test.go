@@ -62,14 +62,16 @@ var brokenStores = map[string]struct {
 	wantFail string
 	store    func(txMem) idem.Store
 }{
-	"none":                       {"", func(s txMem) idem.Store { return s }},
-	"complete ignores fencing":   {"StaleHolder", func(s txMem) idem.Store { return completeIgnoresFencing{s} }},
-	"drops headers":              {"Replay", func(s txMem) idem.Store { return dropsHeaders{s} }},
-	"purge ignores limit":        {"Purge", func(s txMem) idem.Store { return purgeIgnoresLimit{s} }},
-	"release absent fails":       {"ReleaseAbsent", func(s txMem) idem.Store { return releaseAbsentFails{s} }},
-	"ignores cancellation":       {"CancelledContext", func(s txMem) idem.Store { return ignoresCancellation{s} }},
-	"accepts empty key":          {"InvalidClaim", func(s txMem) idem.Store { return acceptsEmptyKey{s} }},
-	"claim always acquires":      {"ConcurrentClaimOneKey", func(s txMem) idem.Store { return claimAlwaysAcquires{s} }},
+	"none":                     {"", func(s txMem) idem.Store { return s }},
+	"complete ignores fencing": {"StaleHolder", func(s txMem) idem.Store { return completeIgnoresFencing{s} }},
+	"drops headers":            {"Replay", func(s txMem) idem.Store { return dropsHeaders{s} }},
+	"purge ignores limit":      {"Purge", func(s txMem) idem.Store { return purgeIgnoresLimit{s} }},
+	"release absent fails":     {"ReleaseAbsent", func(s txMem) idem.Store { return releaseAbsentFails{s} }},
+	"ignores cancellation":     {"CancelledContext", func(s txMem) idem.Store { return ignoresCancellation{s} }},
+	"accepts empty key":        {"InvalidClaim", func(s txMem) idem.Store { return acceptsEmptyKey{s} }},
+	"claim always acquires":    {"ConcurrentClaimOneKey", func(s txMem) idem.Store { return claimAlwaysAcquires{s} }},
+	// The same store, as the linearizability check sees it.
+	"claim always acquires, checked for linearizability": {"Linearizable", func(s txMem) idem.Store { return claimAlwaysAcquires{s} }},
 	"no takeover flag":           {"LeaseTakeover", func(s txMem) idem.Store { return noTakeoverFlag{s} }},
 	"tx keeps on error":          {"TxStore/WorkError", func(s txMem) idem.Store { return txKeepsOnError{s} }},
 	"replay ignores fingerprint": {"Replayer", func(s txMem) idem.Store { return replayIgnoresFingerprint{s} }},
@@ -178,7 +180,9 @@ func TestSuiteCatchesBrokenStores(t *testing.T) {
 			t.Parallel()
 			cmd := exec.CommandContext(t.Context(), os.Args[0],
 				"-test.run=^TestBrokenStore$", "-test.v", "-test.count=1", "-test.timeout=2m")
-			cmd.Env = append(os.Environ(), brokenEnv+"="+name)
+			// TMPDIR: what a failing check saves for a person to read is
+			// this test's to clean up.
+			cmd.Env = append(os.Environ(), brokenEnv+"="+name, "TMPDIR="+t.TempDir())
 			out, err := cmd.CombinedOutput()
 			if b.wantFail == "" {
 				if err != nil {
