@@ -9,7 +9,9 @@
 // but the standard library:
 //
 //   - Key: an idempotency key as a client sends it (ParseKey accepts the
-//     IETF draft's structured-field string and Stripe's bare token).
+//     IETF draft's structured-field string and Stripe's bare token). A
+//     key is a bearer of someone's request, so it is never logged as it
+//     is (see Keys in logs).
 //   - Scope: who owns a key; keys never cross scopes.
 //   - Fingerprint: what a request said (method, path, query, body; JSON
 //     canonicalised by CanonicalJSON, RFC 8785), so a key reused for a
@@ -34,4 +36,15 @@
 //	   ├────► InFlight   (another holder; wait and claim again)
 //	   ├────► Completed  (replay Record.Response)
 //	   └────► Mismatch   (same key, different fingerprint: refuse)
+//
+// # Keys in logs
+//
+// A Key logs (Key.LogValue) as "hmac:" and 16 hex characters: 64 bits of an
+// HMAC-SHA-256 of the key, enough to correlate the lines about one key and
+// useless for finding it. Where the scope is known, KeyDigest digests scope
+// and key together, so one key in two tenants logs as two. The HMAC's
+// secret is drawn at random once per process, so an unkeyed hash of a
+// guessed key matches nothing and one process's digests say nothing about
+// another's. To correlate the logs of several replicas, give every one
+// the same secret with SetKeyDigestSecret, and keep it secret.
 package idem

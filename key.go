@@ -1,8 +1,6 @@
 package idem
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -15,9 +13,12 @@ const MaxKeyLen = 255
 // characters. Its LogValue redacts it, so logging a Key never leaks it.
 type Key string
 
-// LogValue implements slog.LogValuer: a short hash that correlates log lines
-// about one key without revealing it.
-func (k Key) LogValue() slog.Value { return slog.StringValue(redact(string(k))) }
+// LogValue implements slog.LogValuer: a keyed digest of the key alone,
+// "hmac:" and 16 hex characters, that correlates log lines about one key
+// without revealing it. The digest's secret is random per process unless
+// set with SetKeyDigestSecret, so a short key cannot be recovered from the
+// logs by hashing guesses. Where the scope is known, log KeyDigest instead.
+func (k Key) LogValue() slog.Value { return slog.StringValue(keyedDigest('K', string(k))) }
 
 // Scope says who owns a key: a tenant, an API key, an account. The same key
 // in two scopes names two unrelated records; keys never cross scopes. The
@@ -27,11 +28,6 @@ type Scope string
 // LogValue implements slog.LogValuer. Scopes are tenant names, not secrets,
 // so they are logged as they are.
 func (s Scope) LogValue() slog.Value { return slog.StringValue(string(s)) }
-
-func redact(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return "sha256:" + hex.EncodeToString(sum[:6])
-}
 
 // ParseKey parses the value of an Idempotency-Key header. It accepts both
 // forms seen in the field:

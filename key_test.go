@@ -122,3 +122,20 @@ func TestKeyLogValueRedacts(t *testing.T) {
 		t.Errorf("log line lacks the redacted key or the scope: %s", buf.String())
 	}
 }
+
+// TestKeyLogValueIsKeyed: a logged key is a keyed digest, never the
+// unsalted SHA-256 prefix that anyone could compute from a guessed key.
+func TestKeyLogValueIsKeyed(t *testing.T) {
+	t.Parallel()
+	for _, key := range []string{"1", "42", "pay-0001", "8e03978e-40d5-43e8-bc93-6894a57f9324"} {
+		got := idem.Key(key).LogValue().String()
+		if !digestPattern.MatchString(got) {
+			t.Errorf("Key(%q).LogValue() = %q, want hmac: and 16 hex characters", key, got)
+		}
+		for _, p := range unkeyedPrefixes(key) {
+			if strings.Contains(got, p) {
+				t.Errorf("Key(%q).LogValue() = %q holds the unkeyed SHA-256 prefix %s", key, got, p)
+			}
+		}
+	}
+}

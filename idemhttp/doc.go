@@ -29,7 +29,10 @@
 //     closed: it never runs the handler unprotected.
 //
 // Errors are RFC 9457 problem+json documents whose type is a stable URN
-// (the Problem… constants).
+// (the Problem… constants). Their details speak of the client's own
+// request only: what went wrong inside (a store's error, a connection's
+// addresses, the Scope function's error) goes to Config.Logger, and the
+// client gets a fixed sentence saying what to do.
 //
 // # Two forms
 //
@@ -74,5 +77,8 @@
 // # Observability
 //
 // Every protected request ends in one Outcome, counted (Counts; see package
-// idemprom for Prometheus) and logged through log/slog with the key redacted.
+// idemprom for Prometheus) and logged through log/slog. The key is logged
+// as idem.KeyDigest of its scope and key, a keyed digest that correlates
+// the lines about one key without revealing it; set the same secret on
+// every replica (idem.SetKeyDigestSecret) to correlate theirs.
 package idemhttp

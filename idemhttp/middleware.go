@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -71,8 +72,11 @@ type Config struct {
 	Methods []string
 
 	// Scope returns who owns the request's key (a tenant, an API key). Keys
-	// never cross scopes. An error answers 400 and runs nothing. Defaults to
-	// one global scope.
+	// never cross scopes. An error answers 400 and runs nothing; its text is
+	// logged, not sent, since it may tell internal details. To tell the
+	// client something, return a *Problem (or an error wrapping one): it is
+	// sent as it is, with status 400, and type ProblemScope and its title,
+	// where it leaves them empty. Defaults to one global scope.
 	Scope func(r *http.Request) (idem.Scope, error)
 
 	// TTL is how long a key is remembered from its claim. Defaults to 24h.
@@ -128,7 +132,9 @@ type Config struct {
 	// Defaults to 65,536 (some 10 MB at most); negative remembers none.
 	RecentKeys int
 
-	// Logger receives one record per protected request. Keys are redacted.
+	// Logger receives one record per protected request, and the errors
+	// that clients are not shown. Keys are logged as idem.KeyDigest of
+	// their scope and key, never as they are.
 	// Defaults to a logger that discards.
 	Logger *slog.Logger
 }
@@ -413,6 +419,34 @@ func (m *Middleware) reject(w http.ResponseWriter, status int, typ, title, detai
 	(&Problem{Type: typ, Title: title, Status: status, Detail: detail}).Write(w)
 }
 
+const scopeTitle = "Cannot tell who owns this key"
+
+// rejectScope answers a request whose Scope function failed. That error is
+// the application's, and may say anything (a database's address, a wiring
+// mistake), so it is logged and the client gets a fixed detail, unless it
+// is a *Problem: then the application wrote it for the client, and it is
+// sent as it is, with what it leaves empty filled in.
+func (m *Middleware) rejectScope(w http.ResponseWriter, r *http.Request, key idem.Key, err error) {
+	var p *Problem
+	if errors.As(err, &p) {
+		m.count(OutcomeRejected)
+		q := *p
+		if q.Status == 0 {
+			q.Status = http.StatusBadRequest
+		}
+		if q.Type == "" {
+			q.Type, q.Title = ProblemScope, cmp.Or(q.Title, scopeTitle)
+		}
+		q.Write(w)
+		return
+	}
+	// No scope, so no KeyDigest: the key alone is digested.
+	m.log.LogAttrs(r.Context(), slog.LevelWarn, "scope unavailable: request refused", slog.Any("key", key),
+		slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("error", err.Error()))
+	m.reject(w, http.StatusBadRequest, ProblemScope, scopeTitle,
+		"The server could not tell whom this request's Idempotency-Key belongs to, so nothing was run. Check the request's credentials and send it again.")
+}
+
 func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
 	values := r.Header.Values(HeaderKey)
 	if len(values) == 0 {
@@ -442,10 +476,11 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	var scope idem.Scope
 	if m.cfg.Scope != nil {
 		if scope, err = m.cfg.Scope(r); err != nil {
-			m.reject(w, http.StatusBadRequest, ProblemScope, "Cannot tell who owns this key", err.Error())
+			m.rejectScope(w, r, key, err)
 			return
 		}
 	}
+	log := reqLog{l: m.log, scope: scope, key: key, method: r.Method, path: r.URL.Path}
 	body, tooLarge, err := readBody(r, m.cfg.MaxBodyBytes)
 	switch {
 	case tooLarge:
@@ -453,7 +488,12 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			fmt.Sprintf("The request body exceeds %d bytes.", m.cfg.MaxBodyBytes))
 		return
 	case err != nil:
-		m.reject(w, http.StatusBadRequest, ProblemBodyUnreadable, "Request body unreadable", err.Error())
+		// The error names the connection's addresses (read tcp
+		// 10.0.0.5:8443->…: i/o timeout): the log's business, not the
+		// client's.
+		log.LogAttrs(r.Context(), slog.LevelWarn, "request body unreadable: request refused", slog.String("error", err.Error()))
+		m.reject(w, http.StatusBadRequest, ProblemBodyUnreadable, "Request body unreadable",
+			"The request body could not be read completely; send it again with the same Idempotency-Key.")
 		return
 	}
 	replayBody := new(bodyReader)
@@ -461,7 +501,6 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	r.Body = replayBody
 	fp := idem.NewFingerprint(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"), body)
 	req := idem.ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: m.cfg.Lease, TTL: m.cfg.TTL}
-	log := reqLog{l: m.log, scope: scope, key: key, method: r.Method, path: r.URL.Path}
 
 	ctx := r.Context()
 	deadline := time.Now().Add(m.cfg.InflightWait)
@@ -551,7 +590,8 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			unwatch()
 			m.count(OutcomeStoreError)
 			log.LogAttrs(ctx, slog.LevelError, "idempotency store returned an unknown outcome", slog.Int("outcome", int(claim.Outcome)))
-			(&Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, RetryAfter: 1}).Write(w)
+			(&Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable,
+				Detail: "The request was not run. Retry with the same key.", RetryAfter: 1}).Write(w)
 			return
 		}
 	}
@@ -1012,7 +1052,7 @@ func (rl reqLog) LogAttrs(ctx context.Context, level slog.Level, msg string, att
 		return
 	}
 	all := make([]slog.Attr, 0, len(attrs)+4)
-	all = append(all, slog.Any("scope", rl.scope), slog.Any("key", rl.key),
+	all = append(all, slog.Any("scope", rl.scope), slog.String("key", idem.KeyDigest(rl.scope, rl.key)),
 		slog.String("method", rl.method), slog.String("path", rl.path))
 	rl.l.LogAttrs(ctx, level, msg, append(all, attrs...)...)
 }
