@@ -58,7 +58,7 @@ func Render(w io.Writer, dl idem.DeadLetter) error {
 		}
 		slices.Sort(names)
 		for _, name := range names {
-			fmt.Fprintf(tw, "  %s:\t%s\n", name, oneLine(dl.Message.Headers[name]))
+			fmt.Fprintf(tw, "  %s:\t%s\n", oneLine(name), oneLine(dl.Message.Headers[name]))
 		}
 		_ = tw.Flush()
 	}
@@ -75,7 +75,7 @@ func Render(w io.Writer, dl idem.DeadLetter) error {
 				gap = "+" + a.At.Sub(prev).Round(time.Millisecond).String()
 			}
 			prev = a.At
-			fmt.Fprintf(tw, "  %s\t%s\t#%d\t%s\t%s\n", stamp(a.At), gap, a.Number, a.Class, oneLine(a.Error))
+			fmt.Fprintf(tw, "  %s\t%s\t#%d\t%s\t%s\n", stamp(a.At), gap, a.Number, oneLine(string(a.Class)), oneLine(a.Error))
 		}
 		_ = tw.Flush()
 	}
@@ -90,7 +90,7 @@ func Render(w io.Writer, dl idem.DeadLetter) error {
 			if ev.Reason != "" {
 				reason = "reason: " + oneLine(ev.Reason)
 			}
-			fmt.Fprintf(tw, "  %s\t%s\tby %s\t-> %s\t%s\n", stamp(ev.At), oneLine(ev.Action), oneLine(orNone(ev.Actor)), ev.State, reason)
+			fmt.Fprintf(tw, "  %s\t%s\tby %s\t-> %s\t%s\n", stamp(ev.At), oneLine(ev.Action), oneLine(orNone(ev.Actor)), oneLine(string(ev.State)), reason)
 		}
 		_ = tw.Flush()
 	}
@@ -107,7 +107,7 @@ func payload(p []byte) (kind, body string) {
 		var out bytes.Buffer
 		if err := json.Indent(&out, p, "", "  "); err == nil {
 			out.WriteByte('\n')
-			return "JSON", out.String()
+			return "JSON", escapeInvisible(out.String())
 		}
 	case printable(p):
 		s := string(p)
@@ -151,19 +151,55 @@ func indent(s string) string {
 
 // oneLine keeps a value on its table row, and shows the control
 // characters of a hostile or broken message as escapes rather than let
-// them act on the terminal.
+// them act on the terminal, and its invisible format characters (such as
+// a right-to-left override that makes "exe.gnp" read "png.exe") as escapes
+// rather than let them disguise what is shown.
 func oneLine(s string) string {
 	s = strings.NewReplacer("\r\n", " ⏎ ", "\n", " ⏎ ", "\r", " ⏎ ").Replace(s)
-	if !strings.ContainsFunc(s, unicode.IsControl) {
+	if !strings.ContainsFunc(s, unsafeRune) {
 		return s
 	}
 	var b strings.Builder
 	for _, r := range s {
-		if unicode.IsControl(r) {
+		switch {
+		case !unsafeRune(r):
+			b.WriteRune(r)
+		case r < 0x100:
 			fmt.Fprintf(&b, "\\x%02x", r)
+		default:
+			fmt.Fprintf(&b, "\\u%04x", r)
+		}
+	}
+	return b.String()
+}
+
+// unsafeRune reports whether r would act on a terminal or hide itself: a
+// control character (C0, DEL, C1; line breaks included, which callers
+// handle first) or a format character (bidirectional controls,
+// zero-width characters).
+func unsafeRune(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) }
+
+// escapeInvisible writes, in indented JSON, the characters that JSON lets
+// a string hold raw but a terminal would act on or hide (C1 controls,
+// format characters) as \u escapes, which read back as the same JSON.
+// Line breaks and tabs outside strings are the indentation's own.
+func escapeInvisible(s string) string {
+	if !strings.ContainsFunc(s, func(r rune) bool { return r != '\n' && r != '\t' && unsafeRune(r) }) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if r == '\n' || r == '\t' || !unsafeRune(r) {
+			b.WriteRune(r)
 			continue
 		}
-		b.WriteRune(r)
+		if r > 0xffff {
+			// Outside the Basic Multilingual Plane: a surrogate pair.
+			r -= 0x10000
+			fmt.Fprintf(&b, "\\u%04x\\u%04x", 0xd800+(r>>10), 0xdc00+(r&0x3ff))
+			continue
+		}
+		fmt.Fprintf(&b, "\\u%04x", r)
 	}
 	return b.String()
 }
