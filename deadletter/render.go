@@ -110,7 +110,7 @@ func payload(p []byte) (kind, body string) {
 			return "JSON", escapeInvisible(out.String())
 		}
 	case printable(p):
-		s := string(p)
+		s := strings.ReplaceAll(string(p), "\r\n", "\n")
 		if !strings.HasSuffix(s, "\n") {
 			s += "\n"
 		}
@@ -120,16 +120,22 @@ func payload(p []byte) (kind, body string) {
 }
 
 // printable reports whether p is UTF-8 text a terminal shows as it is:
-// no control characters but line breaks and tabs.
+// no control or format characters but line breaks (LF, or CR LF) and
+// tabs. A lone CR, which would let the text overwrite what is shown
+// before it, makes it binary.
 func printable(p []byte) bool {
 	if !utf8.Valid(p) {
 		return false
 	}
-	for _, r := range string(p) {
-		if r == '\n' || r == '\t' || r == '\r' {
-			continue
-		}
-		if !unicode.IsPrint(r) && !unicode.IsSpace(r) {
+	s := string(p)
+	for i, r := range s {
+		switch {
+		case r == '\n' || r == '\t':
+		case r == '\r':
+			if !strings.HasPrefix(s[i:], "\r\n") {
+				return false
+			}
+		case unsafeRune(r), !unicode.IsPrint(r) && !unicode.IsSpace(r):
 			return false
 		}
 	}
