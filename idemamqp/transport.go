@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/secreturl"
 )
 
 // Header names the transport reserves. Names beginning with "x-" belong
@@ -189,7 +190,8 @@ func (t *Transport) channel(ctx context.Context) (*amqp.Channel, error) {
 		}
 		conn, err := amqp.DialConfig(t.url, cfg)
 		if err != nil {
-			return nil, fmt.Errorf("idemamqp: dial: %w", err)
+			// amqp091 quotes a URL it cannot parse, password and all.
+			return nil, fmt.Errorf("idemamqp: dial: %w", secreturl.Scrub(err, t.url))
 		}
 		t.conn = conn
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/secreturl"
 )
 
 // Header names the transport reserves. The broker reads Nats-Msg-Id; the
@@ -162,7 +163,8 @@ func Open(ctx context.Context, url string, cfg *Config) (*Transport, error) {
 	}
 	nc, err := nats.Connect(url, nats.Name("idem"), nats.MaxReconnects(-1))
 	if err != nil {
-		return nil, fmt.Errorf("idemnats: connect: %w", err)
+		// nats.go quotes a URL it cannot parse, token and all.
+		return nil, fmt.Errorf("idemnats: connect: %w", secreturl.Scrub(err, url))
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {

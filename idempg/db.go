@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/secreturl"
 )
 
 // DefaultSchema is the schema Open uses when Config.Schema is empty.
@@ -97,8 +98,9 @@ func Open(ctx context.Context, url string, cfg *Config) (*DB, error) {
 
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		// pgx redacts the password in the message.
-		return nil, &idem.ArgumentError{Field: "url", Reason: err.Error()}
+		// pgx masks password and sslpassword in the URL it quotes, but no
+		// other secret.
+		return nil, &idem.ArgumentError{Field: "url", Reason: secreturl.Scrub(err, url).Error()}
 	}
 	switch {
 	case c.MaxConns > 0:
@@ -112,7 +114,7 @@ func Open(ctx context.Context, url string, cfg *Config) (*DB, error) {
 
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, fmt.Errorf("idempg: open: %w", err)
+		return nil, fmt.Errorf("idempg: open: %w", secreturl.Scrub(err, url))
 	}
 	db := &DB{pool: pool, schema: c.Schema, clock: c.Clock, beginSQL: beginSQL(c.TxOptions), commitSQL: "commit"}
 	if c.TxOptions.CommitQuery != "" {
@@ -120,7 +122,7 @@ func Open(ctx context.Context, url string, cfg *Config) (*DB, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("idempg: open: %w", err)
+		return nil, fmt.Errorf("idempg: open: %w", secreturl.Scrub(err, url))
 	}
 	if err := db.createSchema(ctx); err != nil {
 		pool.Close()

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/secreturl"
 )
 
 // defaultPrefix is the key prefix used when Config.Prefix is empty.
@@ -165,14 +166,14 @@ func newStore(ctx context.Context, c conn, cfg *Config) (*Store, error) {
 func Open(ctx context.Context, rawURL string, cfg *Config) (*Store, error) {
 	opt, err := rueidis.ParseURL(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("idemredis: invalid Redis URL (want redis://[user:password@]host[:port][/db] or rediss://...): %w", redactURLError(err))
+		return nil, fmt.Errorf("idemredis: invalid Redis URL (want redis://[user:password@]host[:port][/db] or rediss://...): %w", secreturl.Scrub(redactURLError(err), rawURL))
 	}
 	// The store never uses client-side caching, whose tracking would cost
 	// Redis work on every read.
 	opt.DisableCache = true
 	client, err := rueidis.NewClient(opt)
 	if err != nil {
-		return nil, fmt.Errorf("idemredis: connecting to Redis: %w", err)
+		return nil, fmt.Errorf("idemredis: connecting to Redis: %w", secreturl.Scrub(err, rawURL))
 	}
 	s, err := NewRueidis(ctx, client, cfg)
 	if err != nil {
@@ -183,8 +184,9 @@ func Open(ctx context.Context, rawURL string, cfg *Config) (*Store, error) {
 	return s, nil
 }
 
-// redactURLError drops the URL that a *url.Error repeats, password
-// included, and keeps only what is wrong with it.
+// redactURLError drops the URL that a *url.Error repeats, secrets
+// included, and keeps only what is wrong with it; rueidis's other errors
+// may quote parts of the URL, which Open scrubs.
 func redactURLError(err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {

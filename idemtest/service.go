@@ -1,12 +1,15 @@
 package idemtest
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/internal/secreturl"
 )
 
 // RequireServicesEnv names the environment variable that turns a missing
@@ -46,7 +49,8 @@ var defaultPorts = map[string]string{
 // fails the test: it is a mistake, not a missing service.
 //
 // name is the service's name for messages ("PostgreSQL"). Messages show the
-// URL with its password redacted.
+// URL with its secrets masked (a password, a NATS token, a secret query
+// parameter such as ?password=), and never a URL that does not parse.
 func RequireService(t testing.TB, name, envVar, defaultURL string) string {
 	t.Helper()
 	raw := os.Getenv(envVar)
@@ -73,14 +77,17 @@ func RequireService(t testing.TB, name, envVar, defaultURL string) string {
 }
 
 // serviceAddress returns the host:port to dial for a service URL, and the
-// URL with its password redacted for messages.
+// URL with its secrets masked for messages.
 func serviceAddress(raw string) (addr, shown string, err error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		// url.Error quotes the whole URL, password included.
-		return "", "", fmt.Errorf("cannot parse the URL (not shown, it may hold a password)")
+		// url.Error quotes the whole URL, secrets included.
+		return "", "", errors.New("cannot parse the URL (not shown, it may hold a secret)")
 	}
-	shown = u.Redacted()
+	shown, err = secreturl.Redact(raw)
+	if err != nil {
+		return "", "", err
+	}
 	host := u.Hostname()
 	if u.Scheme == "" || host == "" {
 		return "", shown, fmt.Errorf("%s: want scheme://host[:port]", shown)

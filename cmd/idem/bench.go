@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idem-go/idem/bench"
+	"github.com/idem-go/idem/internal/secreturl"
 )
 
 func (a *app) benchCmd() *cobra.Command {
@@ -72,7 +73,7 @@ prints (idem-http-<store>-<case> and minimum-http-<store>-<case>).
 		o.Results = a.stdout
 		cs, err := bench.Run(cmd.Context(), &o)
 		if err != nil {
-			return err
+			return scrubURLs(err, o.PostgresURL, o.RedisURL)
 		}
 		fmt.Fprintln(a.stdout)
 		bench.Print(a.stdout, cs)
@@ -137,7 +138,16 @@ the minimum beside them. Measurements run in turn, round after round.
 			fmt.Fprintln(a.stdout)
 			bench.PrintFigures(a.stdout, fs)
 		}
-		return err
+		return scrubURLs(err, o.PostgresURL, o.NATSURL, o.AMQPURL)
 	})
 	return cmd
+}
+
+// scrubURLs masks in err's message the secrets of every URL the
+// measurement was given: the drivers' errors may quote them.
+func scrubURLs(err error, urls ...string) error {
+	for _, u := range urls {
+		err = secreturl.Scrub(err, u)
+	}
+	return err
 }

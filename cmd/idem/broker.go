@@ -9,6 +9,7 @@ import (
 
 	"github.com/idem-go/idem/idemamqp"
 	"github.com/idem-go/idem/idemnats"
+	"github.com/idem-go/idem/internal/secreturl"
 	"github.com/idem-go/idem/payments"
 )
 
@@ -26,7 +27,8 @@ type brokerTarget struct {
 }
 
 // parseBroker parses a --broker value. Like parseDB, it never echoes a
-// password.
+// secret: a password, a NATS token (nats://TOKEN@HOST) or a secret query
+// parameter.
 func parseBroker(s string) (brokerTarget, error) {
 	scheme, _, ok := strings.Cut(s, "://")
 	if !ok {
@@ -44,7 +46,7 @@ func parseBroker(s string) (brokerTarget, error) {
 		}
 		return brokerTarget{}, fmt.Errorf("--broker: unsupported broker scheme %q; supported: %s", scheme, supportedBrokers)
 	}
-	shown, err := redactURL(s)
+	shown, err := secreturl.Redact(s)
 	if err != nil {
 		return brokerTarget{}, fmt.Errorf("--broker: %w", err)
 	}
@@ -85,7 +87,7 @@ func openBroker(ctx context.Context, raw, namespace string) (*openedBroker, erro
 			SubjectPrefix: namespace,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("opening NATS JetStream at %s: %w", t.shown, scrubbed(err, t.url))
+			return nil, fmt.Errorf("opening NATS JetStream at %s: %w", t.shown, secreturl.Scrub(err, t.url))
 		}
 		return &openedBroker{Transport: tr, close: tr.Close, shown: t.shown}, nil
 	default:
@@ -99,7 +101,7 @@ func openBroker(ctx context.Context, raw, namespace string) (*openedBroker, erro
 			Mandatory: true,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("opening RabbitMQ at %s: %w", t.shown, scrubbed(err, t.url))
+			return nil, fmt.Errorf("opening RabbitMQ at %s: %w", t.shown, secreturl.Scrub(err, t.url))
 		}
 		return &openedBroker{Transport: tr, close: tr.Close, shown: t.shown}, nil
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
 	"os"
 	"strings"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemredis"
 	"github.com/idem-go/idem/idemsqlite"
+	"github.com/idem-go/idem/internal/secreturl"
 )
 
 // defaultDB is where the service keeps its data unless told otherwise: a
@@ -35,13 +35,14 @@ type dbTarget struct {
 	postgres bool
 	path     string
 	url      string
-	// shown is what messages may say: the path, or the URL with its
-	// password redacted.
-	shown string
+	// shown is what messages may say: the path, or the URL, with its
+	// secrets masked (secreturl.Redact); flag is the whole --db value so
+	// masked, for messages that suggest a command line.
+	shown, flag string
 }
 
-// parseDB parses a --db value. It never echoes a URL with its password: a
-// database URL may carry one.
+// parseDB parses a --db value. It never echoes a secret of the value: a
+// database URL may carry a password, in its user-info or its query.
 func parseDB(s string) (dbTarget, error) {
 	scheme, rest, ok := strings.Cut(s, ":")
 	if !ok || scheme == "" || strings.ContainsAny(scheme, "/\\. ") {
@@ -53,44 +54,23 @@ func parseDB(s string) (dbTarget, error) {
 		if path == "" {
 			return dbTarget{}, fmt.Errorf("--db sqlite: needs a file path; supported: %s", supportedDBs)
 		}
-		return dbTarget{path: path, shown: path}, nil
-	case "postgres", "postgresql":
-		shown, err := redactURL(s)
+		// A SQLite name is redacted without parsing (it is a file path), so
+		// this never fails.
+		flag, err := secreturl.Redact(s)
 		if err != nil {
 			return dbTarget{}, fmt.Errorf("--db: %w", err)
 		}
-		return dbTarget{postgres: true, url: s, shown: shown}, nil
+		shown := strings.TrimPrefix(strings.TrimPrefix(flag, "sqlite:"), "//")
+		return dbTarget{path: path, url: s, shown: shown, flag: flag}, nil
+	case "postgres", "postgresql":
+		shown, err := secreturl.Redact(s)
+		if err != nil {
+			return dbTarget{}, fmt.Errorf("--db: %w", err)
+		}
+		return dbTarget{postgres: true, url: s, shown: shown, flag: shown}, nil
 	default:
 		return dbTarget{}, fmt.Errorf("--db: unsupported database scheme %q; supported: %s", scheme, supportedDBs)
 	}
-}
-
-// redactURL returns raw with its password replaced, for messages. A URL
-// that does not parse is not shown at all: net/url's error would quote it,
-// password included.
-func redactURL(raw string) (string, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "", errors.New("the URL does not parse (it is not shown, as it may hold a password)")
-	}
-	return u.Redacted(), nil
-}
-
-// scrubbed returns err with every occurrence of raw's password replaced, for
-// errors from drivers that might quote the URL they were given.
-func scrubbed(err error, raw string) error {
-	if err == nil {
-		return nil
-	}
-	u, perr := url.Parse(raw)
-	if perr != nil || u.User == nil {
-		return err
-	}
-	pw, ok := u.User.Password()
-	if !ok || pw == "" || !strings.Contains(err.Error(), pw) {
-		return err
-	}
-	return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
 }
 
 // dbFlags adds --db and --pg-schema to cmd.
@@ -109,7 +89,7 @@ func keysFlags(cmd *cobra.Command, keysURL, prefix *string) {
 type database struct {
 	sqlite *idemsqlite.DB
 	pg     *idempg.DB
-	// shown names it in messages, without a password.
+	// shown names it in messages, without its secrets.
 	shown string
 }
 
@@ -133,20 +113,20 @@ func openDB(ctx context.Context, dbURL, pgSchema string, mustExist bool) (*datab
 	if t.postgres {
 		db, err := idempg.Open(ctx, t.url, &idempg.Config{Schema: pgSchema})
 		if err != nil {
-			return nil, fmt.Errorf("opening PostgreSQL %s (schema %s): %w", t.shown, pgSchema, scrubbed(err, t.url))
+			return nil, fmt.Errorf("opening PostgreSQL %s (schema %s): %w", t.shown, pgSchema, secreturl.Scrub(err, t.url))
 		}
 		return &database{pg: db, shown: fmt.Sprintf("%s (schema %s)", t.shown, pgSchema)}, nil
 	}
 	if mustExist {
 		if _, err := os.Stat(t.path); errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("database %s does not exist (create it with 'idem migrate --db %s')", t.path, dbURL)
+			return nil, fmt.Errorf("database %s does not exist (create it with 'idem migrate --db %s')", t.shown, t.flag)
 		}
 	}
 	db, err := idemsqlite.Open(t.path, nil)
 	if err != nil {
-		return nil, fmt.Errorf("opening database %s: %w", t.path, err)
+		return nil, fmt.Errorf("opening database %s: %w", t.shown, secreturl.Scrub(err, t.url))
 	}
-	return &database{sqlite: db, shown: t.path}, nil
+	return &database{sqlite: db, shown: t.shown}, nil
 }
 
 // keysTarget is a parsed --keys value.
@@ -155,7 +135,7 @@ type keysTarget struct {
 }
 
 // parseKeys parses a --keys value. Like parseDB, it never echoes a
-// password.
+// secret.
 func parseKeys(s string) (keysTarget, error) {
 	scheme, _, ok := strings.Cut(s, "://")
 	switch {
@@ -167,7 +147,7 @@ func parseKeys(s string) (keysTarget, error) {
 		}
 		return keysTarget{}, fmt.Errorf("--keys: unsupported key store scheme %q; supported: redis://HOST:PORT/DB, rediss://HOST:PORT/DB", scheme)
 	}
-	shown, err := redactURL(s)
+	shown, err := secreturl.Redact(s)
 	if err != nil {
 		return keysTarget{}, fmt.Errorf("--keys: %w", err)
 	}
@@ -182,7 +162,7 @@ func openKeys(ctx context.Context, keysURL, prefix string) (*idemredis.Store, ke
 	}
 	s, err := idemredis.Open(ctx, t.url, &idemredis.Config{Prefix: prefix})
 	if err != nil {
-		return nil, t, fmt.Errorf("opening the Redis key store %s: %w", t.shown, scrubbed(err, t.url))
+		return nil, t, fmt.Errorf("opening the Redis key store %s: %w", t.shown, secreturl.Scrub(err, t.url))
 	}
 	return s, t, nil
 }

@@ -17,8 +17,10 @@
 // in the same database, and commit with each payment in one transaction,
 // unless --keys redis://HOST:PORT/DB puts them in Redis (--keys-prefix).
 // `idem serve` and `idem migrate` create or update the tables; on
-// PostgreSQL several processes may do so at once. URLs are never printed
-// with their passwords.
+// PostgreSQL several processes may do so at once. No URL is ever printed
+// with a secret, in start-up records or errors: passwords, NATS tokens
+// (nats://TOKEN@HOST) and query parameters such as ?password= or ?token=
+// show as xxxxx, and a URL that does not parse is not shown at all.
 //
 // `idem serve` also runs the message pipeline: each payment's event goes
 // through the outbox to --broker and is settled once by the consumer
