@@ -98,6 +98,36 @@ func Render(w io.Writer, dl idem.DeadLetter) error {
 	return err
 }
 
+// RenderList writes dls as a table for a person to read, one letter a
+// row, as `idem dlq ls` prints it: ID, consumer, class, state, attempts,
+// when it last failed, the message ID and the last error cut to 60
+// characters. Every field is shown as Render shows it: on one line, with
+// whatever could act on a terminal escaped. Returns w's error.
+func RenderList(w io.Writer, dls []idem.DeadLetter) error {
+	if len(dls) == 0 {
+		_, err := io.WriteString(w, "no dead letters\n")
+		return err
+	}
+	var b bytes.Buffer
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tCONSUMER\tCLASS\tSTATE\tATTEMPTS\tLAST FAILED\tMESSAGE\tLAST ERROR")
+	for _, dl := range dls {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", oneLine(dl.ID), oneLine(dl.Consumer), oneLine(string(dl.Class)),
+			oneLine(string(dl.State)), len(dl.Attempts), stamp(dl.LastFailedAt), oneLine(dl.Message.ID), shorten(oneLine(dl.LastError()), 60))
+	}
+	_ = tw.Flush()
+	_, err := w.Write(trimLineEnds(b.Bytes()))
+	return err
+}
+
+// shorten cuts s to n characters, the last one an ellipsis.
+func shorten(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
 // payload returns how p is shown and the text that shows it.
 func payload(p []byte) (kind, body string) {
 	switch {

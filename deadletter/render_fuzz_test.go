@@ -54,5 +54,12 @@ func FuzzRender(f *testing.F) {
 		if r, bad := unsafeForTerminal(b.String()); bad {
 			t.Fatalf("the rendering carries %U, which a terminal would act on or hide:\n%q", r, b.String())
 		}
+		b.Reset()
+		if err := deadletter.RenderList(&b, []idem.DeadLetter{dl, dl}); err != nil {
+			t.Fatal(err)
+		}
+		if r, bad := unsafeForTerminal(b.String()); bad {
+			t.Fatalf("the list carries %U, which a terminal would act on or hide:\n%q", r, b.String())
+		}
 	})
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -168,31 +167,10 @@ failure first; --all lists re-driven and discarded ones too.`,
 				enc.SetIndent("", "  ")
 				return enc.Encode(out)
 			}
-			return printLetters(a.stdout, dls)
+			return deadletter.RenderList(a.stdout, dls)
 		})
 	})
 	return cmd
-}
-
-func printLetters(w io.Writer, dls []idem.DeadLetter) error {
-	if len(dls) == 0 {
-		_, err := fmt.Fprintln(w, "no dead letters")
-		return err
-	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tCONSUMER\tCLASS\tSTATE\tATTEMPTS\tLAST FAILED\tMESSAGE\tLAST ERROR")
-	for _, dl := range dls {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", dl.ID, dl.Consumer, dl.Class, dl.State, len(dl.Attempts),
-			dl.LastFailedAt.UTC().Format(time.RFC3339), dl.Message.ID, shorten(oneLine(dl.LastError()), 60))
-	}
-	return tw.Flush()
-}
-
-func shorten(s string, n int) string {
-	if r := []rune(s); len(r) > n {
-		return string(r[:n-1]) + "…"
-	}
-	return s
 }
 
 func (a *app) dlqShowCmd(f *dlqFlags) *cobra.Command {
