@@ -335,22 +335,17 @@ func methodNotAllowed(allowed ...string) http.Handler {
 
 // --- encoding ---
 
-// decode reads exactly one JSON value into dst, refusing unknown fields and
-// bodies over MaxBodyBytes. On failure it has answered and returns false.
+// decode reads exactly one JSON value into dst, strictly (decodeStrict):
+// member names must be the API's, case for case, and given once; unknown
+// fields, bodies over MaxBodyBytes and bodies that cannot be read are
+// refused. On failure it has answered and returns false.
+//
+// The refusal is a 400, which the service does not keep under the
+// Idempotency-Key (see keep): every request with such a body, in whatever
+// order its members come, is decoded again and refused again, and none
+// runs.
 func (s *Service) decode(w http.ResponseWriter, r *http.Request, dst any) bool {
-	body := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	err := dec.Decode(dst)
-	if err == nil {
-		// A second value, or trailing garbage, makes the body ambiguous.
-		if extra := dec.Decode(&json.RawMessage{}); extra != io.EOF {
-			err = extra
-			if err == nil || !isTooLarge(err) {
-				err = errors.New("the body must hold exactly one JSON value")
-			}
-		}
-	}
+	err := decodeStrict(http.MaxBytesReader(w, r.Body, MaxBodyBytes), dst)
 	if err == nil {
 		return true
 	}
@@ -359,7 +354,11 @@ func (s *Service) decode(w http.ResponseWriter, r *http.Request, dst any) bool {
 			fmt.Sprintf("the body must be at most %d bytes", MaxBodyBytes), nil)
 		return false
 	}
-	writeProblem(w, http.StatusBadRequest, "invalid-request", "Invalid request", describeJSONError(err), nil)
+	detail, internal := describeJSONError(err)
+	if internal {
+		s.logger.InfoContext(r.Context(), "payments: request body refused", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeProblem(w, http.StatusBadRequest, "invalid-request", "Invalid request", detail, nil)
 	return false
 }
 
@@ -368,25 +367,35 @@ func isTooLarge(err error) bool {
 	return errors.As(err, &mb)
 }
 
-func describeJSONError(err error) string {
+// describeJSONError is the client's sentence for a body decodeStrict
+// refused. The details it passes on are made of the client's own bytes
+// (a member name, an offset, a JSON kind); anything else, such as a read
+// error naming the server's socket, gets a fixed sentence, and internal is
+// true so that the caller logs the error instead.
+func describeJSONError(err error) (detail string, internal bool) {
 	var syntax *json.SyntaxError
 	var typ *json.UnmarshalTypeError
+	var be *bodyError
 	switch {
+	case errors.Is(err, errBodyUnreadable):
+		return "the request body could not be read", true
+	case errors.As(err, &be):
+		return be.detail, false
 	case errors.Is(err, io.EOF):
-		return "the body is empty; a JSON object is expected"
+		return "the body is empty; a JSON object is expected", false
 	case errors.Is(err, io.ErrUnexpectedEOF):
-		return "the body is truncated JSON"
+		return "the body is truncated JSON", false
 	case errors.As(err, &syntax):
-		return fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, syntax)
+		return fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, syntax), false
 	case errors.As(err, &typ):
 		if typ.Field == "" {
-			return fmt.Sprintf("the body must be a JSON object, not %s", typ.Value)
+			return fmt.Sprintf("the body must be a JSON object, not %s", typ.Value), false
 		}
-		return fmt.Sprintf("field %s must be %s, not %s", typ.Field, jsonKind(typ.Type.Kind().String()), typ.Value)
+		return fmt.Sprintf("field %s must be %s, not %s", typ.Field, jsonKind(typ.Type.Kind().String()), typ.Value), false
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		return strings.TrimPrefix(err.Error(), "json: ")
+		return strings.TrimPrefix(err.Error(), "json: "), false
 	default:
-		return err.Error()
+		return "the body could not be decoded", true
 	}
 }
 

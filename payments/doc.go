@@ -38,6 +38,35 @@
 // amount of 0, the wrong currency) is not stored either: nothing ran, so
 // the corrected request may reuse its key.
 //
+// # Request bodies are read strictly
+//
+// A body's meaning must not depend on the parser that reads it, so a body
+// that two JSON parsers could read differently is refused with 400
+// (invalid-request, the detail naming the member) before anything runs:
+//
+//   - a member name that is not exactly, case for case, one of the
+//     request's names ("AMOUNT" or "Amount" for "amount": encoding/json
+//     would take it for the field, other parsers would not);
+//   - a name given twice in one object, at any depth, exactly or differing
+//     only in case ({"amount":1,"AMOUNT":1000}: encoding/json keeps the
+//     last, other parsers the first);
+//   - an unknown name, a second JSON value, trailing bytes.
+//
+// This is also what keeps the idempotency fingerprint honest. The
+// middleware fingerprints the canonical form of a JSON body, its members
+// sorted by name, so {"amount":1,"AMOUNT":1000,…} and its reordering
+// {"AMOUNT":1000,…,"amount":1,…} are one request to it, while a decoder
+// that keeps the last duplicate reads 1000 from one and 1 from the other:
+// the second would have been answered with the first's payment. Refused,
+// both get the same 400, under one key or two, and nothing is charged.
+// Fingerprinting what was decoded instead would still let one body mean
+// two things to two parsers on its way (a proxy, a log, an audit).
+//
+// A body that cannot be read (the client's connection failed) is refused
+// with the fixed detail "the request body could not be read"; the read
+// error, which names the server's socket, goes to the log only. No detail
+// of a 400 carries anything but what the client sent.
+//
 // # Faults on demand
 //
 // With Config.Faults on, a request may carry an Idem-Fault header (see
@@ -121,12 +150,24 @@
 // dies between publishing and marking an event sent makes a duplicate that
 // the consumer absorbs.
 //
-// The consumer "settlement" (package consumer) adds each event's amount to
+// The consumer "settlement" (package consumer) adds each event's payment to
 // its tenant's total in the table settlements, in the transaction of its
-// inbox row (the database's Inbox). That increment is deliberately not
-// idempotent: only the inbox, keyed by the body's event_id rather than the
-// transport's ID (so a copy re-published under another ID is caught too),
-// keeps a redelivered event from counting twice. Malformed JSON, a body
+// inbox row (the database's Inbox). Two guards, each committed with the
+// increment, keep a payment from counting twice. The inbox, keyed by the
+// body's event_id rather than the transport's ID (so a copy re-published
+// under another ID is caught too), absorbs redeliveries of one event. And
+// each payment carries whether it was settled (the column
+// payments.settled): the statement that reads a batch's payments marks the
+// unsettled ones settled (UPDATE … WHERE NOT settled … RETURNING), and only
+// the payments it marked are added, so a second event for a payment, under
+// an event_id of its own (a producer announcing it twice, an event
+// re-published by hand), adds nothing; it is processed, logged as a
+// warning, and its inbox row kept. The settlement's total is the sum of the
+// payments settled, and events how many. Payments made before that column
+// existed start unsettled, so that none whose event was still on its way
+// loses its settlement; a second event for one of them could still be
+// added once, as it could before the column. The amount added is always
+// the recorded payment's. Malformed JSON, a body
 // without event_id, and an event of an unknown payment (or one disagreeing
 // with the recorded payment) are permanent (idem.Permanent): dead-lettered
 // at once. Other failures are retried up to Config.MaxAttempts with full

@@ -55,8 +55,11 @@ type PaymentEvent struct {
 // Settlement is a tenant's settled total: what GET /v1/settlement answers.
 type Settlement struct {
 	Currency string `json:"currency"`
-	Total    int64  `json:"total"`
-	Events   int64  `json:"events"`
+	// Total is the sum of the amounts of the payments settled.
+	Total int64 `json:"total"`
+	// Events is how many payments were settled: each counts once, however
+	// many events announced it.
+	Events int64 `json:"events"`
 }
 
 // paymentEvent is the outbox message announcing p, under a fresh event ID.
@@ -278,10 +281,13 @@ func (p *pipeline) closeTransport() error {
 	return p.embedded.Close()
 }
 
-// settle applies a batch of payment events: it adds their amounts to the
-// tenants' settlement totals, in the transaction of the consumer's inbox
-// rows (ctx carries it), in two statements for the whole batch. A
-// malformed event, or one of an unknown payment, is permanent, and named
+// settle applies a batch of payment events: it marks their payments
+// settled and adds those it marked to the tenants' settlement totals, in
+// the transaction of the consumer's inbox rows (ctx carries it), in one
+// statement for the batch and one per tenant and currency (storage's
+// settle). An event of a payment settled already adds nothing and is
+// logged. A malformed event, or one of an unknown payment, is permanent,
+// and named
 // (consumer.ItemError), so that its batch-mates are settled without it.
 // With Config.Faults, the header Idem-Fault: fail-times=N fails an event's
 // first N attempts transiently.
@@ -303,12 +309,20 @@ func (p *pipeline) settle(ctx context.Context, msgs []idem.Message) error {
 			return &consumer.ItemError{Index: i, Err: idem.Permanent(errors.New("malformed event: event_id, payment_id and tenant are required"))}
 		}
 	}
-	if err := p.store.settle(ctx, evs); err != nil {
+	already, err := p.store.settle(ctx, evs)
+	if err != nil {
 		var ee *eventError
 		if errors.As(err, &ee) {
 			return &consumer.ItemError{Index: ee.index, Err: ee.err}
 		}
 		return err
+	}
+	for _, i := range already {
+		// Not a redelivery (the inbox absorbs those before settle runs)
+		// but another event, under an ID of its own, for a payment that
+		// was settled: a producer announced it twice.
+		p.logger.WarnContext(ctx, "payments: an event of a payment settled already adds nothing to the settlement",
+			"event", evs[i].EventID, "payment", evs[i].PaymentID)
 	}
 	if crash {
 		armCrash(ctx)

@@ -510,53 +510,75 @@ func pgMessaging(ctx context.Context, db *idempg.DB, c *Config) (messaging, erro
 	}, nil
 }
 
-// settle implements storage on PostgreSQL: one SELECT of the events'
-// payments and one upsert of every tenant's settlement the batch touches,
-// in the settlements' key order.
-func (s *pgStorage) settle(ctx context.Context, evs []PaymentEvent) error {
-	return s.db.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+// settle implements storage on PostgreSQL: one statement that reads the
+// events' payments and marks those not settled yet as settled, and one
+// upsert of every tenant's settlement the batch touches, in the
+// settlements' key order.
+//
+// The marking locks the payments in id order, so that two batches holding
+// events of the same payments (a second event, on another replica) never
+// wait for each other in a cycle; under READ COMMITTED (idempg's default)
+// the one that waits re-reads the row once the other commits, finds it
+// settled, and leaves it; at a stricter level it fails with a
+// serialization error instead, which is transient, and its retry finds the
+// payment settled.
+// The statement's outer SELECT sees every payment of the batch as it was
+// before the UPDATE, which tells a settled payment from an unknown one.
+func (s *pgStorage) settle(ctx context.Context, evs []PaymentEvent) ([]int, error) {
+	var already []int
+	err := s.db.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		ids := make([]string, len(evs))
 		for i, ev := range evs {
 			ids[i] = ev.PaymentID
 		}
-		type stored struct {
-			tenant, currency string
-			amount           int64
-		}
-		found := make(map[string]stored, len(evs))
-		rows, err := tx.Query(ctx, `SELECT id, tenant, amount, currency FROM payments WHERE id = ANY($1::text[])`, ids)
+		found := make(map[string]settledPayment, len(evs))
+		rows, err := tx.Query(ctx, `WITH unsettled AS (
+				SELECT id FROM payments WHERE id = ANY($1::text[]) AND NOT settled ORDER BY id FOR UPDATE
+			), marked AS (
+				UPDATE payments SET settled = true FROM unsettled WHERE payments.id = unsettled.id RETURNING payments.id
+			)
+			SELECT p.id, p.tenant, p.amount, p.currency, marked.id IS NOT NULL
+			FROM payments p LEFT JOIN marked ON marked.id = p.id
+			WHERE p.id = ANY($1::text[])`, ids)
 		if err != nil {
-			return pgErr("read payments", err)
+			return pgErr("mark payments settled", err)
 		}
 		var id string
-		var p stored
-		if _, err := pgx.ForEachRow(rows, []any{&id, &p.tenant, &p.amount, &p.currency}, func() error {
+		var p settledPayment
+		if _, err := pgx.ForEachRow(rows, []any{&id, &p.tenant, &p.amount, &p.currency, &p.marked}, func() error {
 			found[id] = p
 			return nil
 		}); err != nil {
-			return pgErr("read payments", err)
+			return pgErr("mark payments settled", err)
 		}
-		totals, err := settlementTotals(evs, func(id string) (string, int64, string, bool) {
+		totals, skipped, err := settlementTotals(evs, func(id string) (settledPayment, bool) {
 			p, ok := found[id]
-			return p.tenant, p.amount, p.currency, ok
+			return p, ok
 		})
 		if err != nil {
 			return err
 		}
-		tenants, currencies := make([]string, len(totals)), make([]string, len(totals))
-		sums, counts := make([]int64, len(totals)), make([]int64, len(totals))
-		for i, t := range totals {
-			tenants[i], currencies[i], sums[i], counts[i] = t.tenant, t.currency, t.total, t.events
+		if len(totals) > 0 {
+			tenants, currencies := make([]string, len(totals)), make([]string, len(totals))
+			sums, counts := make([]int64, len(totals)), make([]int64, len(totals))
+			for i, t := range totals {
+				tenants[i], currencies[i], sums[i], counts[i] = t.tenant, t.currency, t.total, t.events
+			}
+			_, err = tx.Exec(ctx, `INSERT INTO settlements (tenant, currency, total, events)
+				SELECT t, c, s, n FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY AS u(t, c, s, n, o) ORDER BY o
+				ON CONFLICT (tenant, currency) DO UPDATE SET total = settlements.total + excluded.total, events = settlements.events + excluded.events`,
+				tenants, currencies, sums, counts)
+			if err != nil {
+				return pgErr("settle", err)
+			}
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO settlements (tenant, currency, total, events)
-			SELECT t, c, s, n FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY AS u(t, c, s, n, o) ORDER BY o
-			ON CONFLICT (tenant, currency) DO UPDATE SET total = settlements.total + excluded.total, events = settlements.events + excluded.events`,
-			tenants, currencies, sums, counts)
-		if err != nil {
-			return pgErr("settle", err)
-		}
+		already = skipped
 		return nil
 	})
+	if err != nil {
+		return nil, err
+	}
+	return already, nil
 }
 
 func (s *pgStorage) settlement(ctx context.Context, tenant string) (Settlement, error) {

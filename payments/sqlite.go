@@ -505,42 +505,40 @@ func sqliteMessaging(ctx context.Context, db *idemsqlite.DB, c *Config) (messagi
 	}, nil
 }
 
-// settle implements storage on SQLite: one SELECT of the events' payments
-// and one upsert per tenant and currency the batch touches.
-func (s *sqliteStorage) settle(ctx context.Context, evs []PaymentEvent) error {
-	return s.db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+// settle implements storage on SQLite: one UPDATE … RETURNING that marks
+// the batch's unsettled payments settled and reads them, and one upsert per
+// tenant and currency the batch touches. SQLite's RETURNING gives only the
+// rows it changed, so an event whose payment it did not mark (settled
+// already, or unknown) costs one more read, of those payments only: the
+// common batch, of new payments, pays for none.
+func (s *sqliteStorage) settle(ctx context.Context, evs []PaymentEvent) ([]int, error) {
+	var already []int
+	err := s.db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		ids := make([]string, len(evs))
 		for i, ev := range evs {
 			ids[i] = ev.PaymentID
 		}
-		list, err := json.Marshal(ids)
-		if err != nil {
-			return fmt.Errorf("read payments: %w", err)
+		found := make(map[string]settledPayment, len(evs))
+		if err := readSettled(ctx, tx, found, true,
+			`UPDATE payments SET settled = 1 WHERE id IN (SELECT value FROM json_each(?)) AND settled = 0
+			 RETURNING id, tenant, amount, currency`, ids); err != nil {
+			return fmt.Errorf("mark payments settled: %w", err)
 		}
-		type stored struct {
-			tenant, currency string
-			amount           int64
+		var rest []string
+		for _, id := range ids {
+			if _, ok := found[id]; !ok {
+				rest = append(rest, id)
+			}
 		}
-		found := make(map[string]stored, len(evs))
-		rows, err := tx.QueryContext(ctx, `SELECT id, tenant, amount, currency FROM payments WHERE id IN (SELECT value FROM json_each(?))`, string(list))
-		if err != nil {
-			return fmt.Errorf("read payments: %w", err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var id string
-			var p stored
-			if err := rows.Scan(&id, &p.tenant, &p.amount, &p.currency); err != nil {
+		if len(rest) > 0 {
+			if err := readSettled(ctx, tx, found, false,
+				`SELECT id, tenant, amount, currency FROM payments WHERE id IN (SELECT value FROM json_each(?))`, rest); err != nil {
 				return fmt.Errorf("read payments: %w", err)
 			}
-			found[id] = p
 		}
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("read payments: %w", err)
-		}
-		totals, err := settlementTotals(evs, func(id string) (string, int64, string, bool) {
+		totals, skipped, err := settlementTotals(evs, func(id string) (settledPayment, bool) {
 			p, ok := found[id]
-			return p.tenant, p.amount, p.currency, ok
+			return p, ok
 		})
 		if err != nil {
 			return err
@@ -553,8 +551,37 @@ func (s *sqliteStorage) settle(ctx context.Context, evs []PaymentEvent) error {
 				return fmt.Errorf("settle: %w", err)
 			}
 		}
+		already = skipped
 		return nil
 	})
+	if err != nil {
+		return nil, err
+	}
+	return already, nil
+}
+
+// readSettled runs query, which takes the payment IDs as a JSON array and
+// returns id, tenant, amount and currency, and records each payment in
+// found with marked.
+func readSettled(ctx context.Context, tx *sql.Tx, found map[string]settledPayment, marked bool, query string, ids []string) error {
+	list, err := json.Marshal(ids)
+	if err != nil {
+		return err
+	}
+	rows, err := tx.QueryContext(ctx, query, string(list))
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		p := settledPayment{marked: marked}
+		if err := rows.Scan(&id, &p.tenant, &p.amount, &p.currency); err != nil {
+			return err
+		}
+		found[id] = p
+	}
+	return rows.Err()
 }
 
 // settlement reads the tenant's settlement in the currency of its first

@@ -73,13 +73,18 @@ type storage interface {
 	// payment's transaction.
 	setOutbox(ob idem.Outbox)
 
-	// settle adds the events' amounts to their tenants' settlements, in
+	// settle adds the events' payments to their tenants' settlements, in
 	// the transaction ctx carries (the settlement consumer's inbox
-	// rows'), with one statement per tenant and currency at most. Returns
-	// an *eventError naming the first event whose payment is unknown or
-	// disagrees with it (a permanent error, idem.Permanent), having
-	// settled nothing.
-	settle(ctx context.Context, evs []PaymentEvent) error
+	// rows'): one statement reads the payments and marks those not
+	// settled yet as settled (on SQLite, a batch with events whose
+	// payment it did not mark reads those payments once more), and one
+	// statement per tenant and currency adds the ones it marked. A payment is added at most once, whatever
+	// its events' IDs: an event of a payment settled already (by an
+	// earlier batch, or by an event before it in this one) adds nothing,
+	// and its index is returned in already. Returns an *eventError naming
+	// the first event whose payment is unknown or disagrees with it (a
+	// permanent error, idem.Permanent), having settled and marked nothing.
+	settle(ctx context.Context, evs []PaymentEvent) (already []int, err error)
 
 	// settlement reads the tenant's settlement in the currency of its
 	// first account; zero values when it has none.
@@ -96,41 +101,57 @@ func (e *eventError) Error() string { return e.err.Error() }
 func (e *eventError) Unwrap() error { return e.err }
 
 // settlementTotal is what a batch adds to one tenant's settlement in one
-// currency.
+// currency: the sum of the payments it settled, and how many.
 type settlementTotal struct {
 	tenant, currency string
 	total, events    int64
 }
 
+// settledPayment is a payment as settle's read-and-mark found it.
+type settledPayment struct {
+	tenant, currency string
+	amount           int64
+	// marked: this batch marked it settled, so this batch adds it.
+	marked bool
+}
+
 // settlementTotals checks each event against its stored payment, found by
-// find, and sums the batch per tenant and currency, in that order (the
-// order in which the upsert locks the rows, so that concurrent batches
-// never wait for each other in a cycle).
-func settlementTotals(evs []PaymentEvent, find func(id string) (tenant string, amount int64, currency string, ok bool)) ([]settlementTotal, error) {
+// find, and sums the payments the batch marked per tenant and currency, in
+// that order (the order in which the upsert locks the rows, so that
+// concurrent batches never wait for each other in a cycle). A payment the
+// batch did not mark, or that an earlier event of the batch added
+// already, adds nothing: its event's index is in already.
+func settlementTotals(evs []PaymentEvent, find func(id string) (settledPayment, bool)) (totals []settlementTotal, already []int, err error) {
 	sums := make(map[[2]string]*settlementTotal)
+	added := make(map[string]bool, len(evs))
 	for i, ev := range evs {
-		tenant, amount, currency, ok := find(ev.PaymentID)
-		if !ok || tenant != ev.Tenant {
-			return nil, &eventError{i, idem.Permanent(fmt.Errorf("event %s: %w: %s", ev.EventID, ErrPaymentNotFound, ev.PaymentID))}
+		p, ok := find(ev.PaymentID)
+		if !ok || p.tenant != ev.Tenant {
+			return nil, nil, &eventError{i, idem.Permanent(fmt.Errorf("event %s: %w: %s", ev.EventID, ErrPaymentNotFound, ev.PaymentID))}
 		}
-		if err := checkEvent(ev, amount, currency); err != nil {
-			return nil, &eventError{i, err}
+		if err := checkEvent(ev, p.amount, p.currency); err != nil {
+			return nil, nil, &eventError{i, err}
 		}
-		k := [2]string{ev.Tenant, currency}
+		if !p.marked || added[ev.PaymentID] {
+			already = append(already, i)
+			continue
+		}
+		added[ev.PaymentID] = true
+		k := [2]string{ev.Tenant, p.currency}
 		if sums[k] == nil {
-			sums[k] = &settlementTotal{tenant: ev.Tenant, currency: currency}
+			sums[k] = &settlementTotal{tenant: ev.Tenant, currency: p.currency}
 		}
-		sums[k].total += amount
+		sums[k].total += p.amount
 		sums[k].events++
 	}
-	out := make([]settlementTotal, 0, len(sums))
+	totals = make([]settlementTotal, 0, len(sums))
 	for _, st := range sums {
-		out = append(out, *st)
+		totals = append(totals, *st)
 	}
-	slices.SortFunc(out, func(a, b settlementTotal) int {
+	slices.SortFunc(totals, func(a, b settlementTotal) int {
 		return cmp.Or(strings.Compare(a.tenant, b.tenant), strings.Compare(a.currency, b.currency))
 	})
-	return out, nil
+	return totals, already, nil
 }
 
 // errOutcomeUnknown marks a failed write whose transaction failed to begin

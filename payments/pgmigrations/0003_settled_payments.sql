@@ -1,0 +1,15 @@
+-- Each payment carries whether the settlement consumer has added it to its
+-- tenant's settlement. The consumer marks it in the statement that reads it
+-- (UPDATE … WHERE NOT settled … RETURNING) and adds only the payments it
+-- marked, in the transaction of its inbox rows, so a payment counts at most
+-- once whatever the IDs of its events: the inbox, keyed by event_id, still
+-- absorbs redeliveries of one event, and this absorbs a second event for the
+-- same payment.
+--
+-- Payments made before this migration start unsettled, including those
+-- already settled: marking them settled would lose the settlement of any
+-- whose event was still in the outbox or on its way. A second event for one
+-- of them can therefore still be added once, as it could before; a first
+-- settlement is never lost. A column with a constant default is added
+-- without rewriting the table (PostgreSQL 11 and later).
+ALTER TABLE payments ADD COLUMN settled boolean NOT NULL DEFAULT false;
