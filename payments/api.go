@@ -62,9 +62,13 @@ func (s *Service) routes() http.Handler {
 		api = s.faultParser(s.afterCommit(api))
 	}
 	api = s.authenticate(api)
+	if s.requestTimeout > 0 {
+		api = withRequestTimeout(api, s.requestTimeout)
+	}
 
 	root := http.NewServeMux()
 	root.HandleFunc("GET /healthz", s.healthz)
+	root.HandleFunc("GET /readyz", s.readyz)
 	root.Handle("GET /metrics", s.metrics)
 	root.Handle("/v1/", api)
 	root.HandleFunc("/", notFound)
@@ -309,15 +313,6 @@ func (s *Service) listPayments(w http.ResponseWriter, r *http.Request) {
 		Data    []Payment `json:"data"`
 		HasMore bool      `json:"has_more"`
 	}{list, more})
-}
-
-func (s *Service) healthz(w http.ResponseWriter, r *http.Request) {
-	if err := s.store.Ping(r.Context()); err != nil {
-		s.logger.ErrorContext(r.Context(), "payments: health check failed", "err", err)
-		writeProblem(w, http.StatusServiceUnavailable, "unhealthy", "Unhealthy", "the database does not answer", nil)
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 func notFound(w http.ResponseWriter, r *http.Request) {

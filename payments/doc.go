@@ -104,15 +104,28 @@
 //	GET  /v1/payments/{id}                                                     200 payment
 //	GET  /v1/accounts/{id}/payments   ?limit=1..1000 (default 100)             200 {"data":[…],"has_more"} newest first
 //	GET  /v1/settlement                                                        200 {"currency","total","events"}
-//	GET  /healthz, GET /metrics
+//	GET  /healthz, GET /readyz, GET /metrics
 //
 // Every error is an RFC 9457 application/problem+json document whose type is
 // urn:idem:problem:<slug>, for example urn:idem:problem:insufficient-funds.
 // Another tenant's account or payment is indistinguishable from a missing
 // one (404).
 //
-// /healthz and /metrics need no API key, so probes and Prometheus can reach
-// them; expose them only where they belong.
+// /healthz, /readyz and /metrics need no API key, so probes and Prometheus
+// can reach them; expose them only where they belong.
+//
+// # Health, readiness, and a database that stops answering
+//
+// /healthz says the process is alive and its database answers a read;
+// /readyz says a write commits, durably, as every payment's must: a full,
+// read-only or stalled disk, or a database refusing writes, makes /readyz
+// 503 while /healthz may still be 200. Each waits at most
+// Config.ProbeTimeout (2s); a /readyz write that a stalled disk holds is
+// not repeated, later checks answer from it. Every API request is bounded
+// by Config.RequestTimeout (15s): past it the client gets 503
+// (urn:idem:problem:request-timeout, Retry-After), whatever the request
+// waits for; what it was writing commits or not as a whole, and the retry
+// with the same Idempotency-Key replays it or runs it.
 //
 // # Metrics
 //

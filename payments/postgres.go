@@ -473,6 +473,15 @@ func (s *pgStorage) Counts(ctx context.Context) (accounts, payments, deposits in
 	return accounts, payments, deposits, nil
 }
 
+func (s *pgStorage) Probe(ctx context.Context) error {
+	_, err := s.db.Pool().Exec(ctx, `INSERT INTO health_probe (id, written_at) VALUES (1, clock_timestamp())
+		ON CONFLICT (id) DO UPDATE SET written_at = excluded.written_at`)
+	if err != nil {
+		return pgErr("probe", err)
+	}
+	return nil
+}
+
 func (s *pgStorage) Ping(ctx context.Context) error {
 	var one int
 	if err := s.db.Pool().QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil {

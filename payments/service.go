@@ -61,6 +61,19 @@ type Config struct {
 	// to show the double charge the rest of the toolkit prevents. Defaults
 	// to false.
 	Unsafe bool
+	// RequestTimeout bounds how long one API request may take: past it the
+	// client gets 503 (problem+json, Retry-After) whatever the request was
+	// waiting for, so a stalled disk or database never holds clients for
+	// good. What the request was writing commits or not as a whole, and a
+	// retry with its Idempotency-Key finds out which. It must be longer
+	// than InflightWait, which a duplicate may spend waiting. Defaults to
+	// DefaultRequestTimeout (15s), or InflightWait and 10s when that is
+	// longer; negative turns it off.
+	RequestTimeout time.Duration
+	// ProbeTimeout is how long /healthz (a read) and /readyz (a durable
+	// write) wait for the database before answering 503. Defaults to
+	// DefaultProbeTimeout (2s).
+	ProbeTimeout time.Duration
 	// RequestsOnly serves requests without starting the outbox relay and
 	// the settlement consumer in this process: payments still write their
 	// events to the outbox, in their own transactions, and the events wait
@@ -126,6 +139,8 @@ type Config struct {
 const (
 	DefaultKeyTTL       = 24 * time.Hour
 	DefaultInflightWait = 5 * time.Second
+	// DefaultRequestTimeout is Config.RequestTimeout's default.
+	DefaultRequestTimeout = 15 * time.Second
 	// DefaultMessageRetention is Config.MessageRetention's default.
 	DefaultMessageRetention = 7 * 24 * time.Hour
 )
@@ -150,6 +165,11 @@ type Service struct {
 	retention time.Duration
 	unsafe    bool
 	faults    bool
+	// requestTimeout bounds each API request (0: unbounded).
+	requestTimeout time.Duration
+	// probeTimeout bounds /healthz and /readyz; probe runs /readyz's write.
+	probeTimeout time.Duration
+	probe        writeProbe
 	// twoStores: the keys live apart from the money (Config.Keys), so the
 	// handler's writes commit before the key completes.
 	twoStores bool
@@ -196,6 +216,8 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 		crashFn:        c.Crash,
 		closeKeys:      func() {},
 		retention:      cmp.Or(c.MessageRetention, DefaultMessageRetention),
+		requestTimeout: max(c.RequestTimeout, 0),
+		probeTimeout:   c.ProbeTimeout,
 	}
 	if err := s.openStorage(ctx, &c); err != nil {
 		return nil, err
@@ -358,6 +380,18 @@ func (c *Config) defaults() error {
 	}
 	if c.InflightWait < 0 {
 		problems = append(problems, fmt.Sprintf("InflightWait must not be negative, got %s", c.InflightWait))
+	}
+	if c.ProbeTimeout < 0 {
+		problems = append(problems, fmt.Sprintf("ProbeTimeout must not be negative, got %s", c.ProbeTimeout))
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = max(DefaultRequestTimeout, cmp.Or(max(c.InflightWait, 0), DefaultInflightWait)+10*time.Second)
+	}
+	if c.ProbeTimeout == 0 {
+		c.ProbeTimeout = DefaultProbeTimeout
+	}
+	if wait := cmp.Or(c.InflightWait, DefaultInflightWait); c.RequestTimeout > 0 && c.InflightWait >= 0 && c.RequestTimeout <= wait {
+		problems = append(problems, fmt.Sprintf("RequestTimeout (%s) must be longer than InflightWait (%s), which a duplicate may spend waiting", c.RequestTimeout, wait))
 	}
 	if len(problems) > 0 {
 		sort.Strings(problems)

@@ -468,6 +468,15 @@ func (s *sqliteStorage) Counts(ctx context.Context) (accounts, payments, deposit
 	return accounts, payments, deposits, nil
 }
 
+func (s *sqliteStorage) Probe(ctx context.Context) error {
+	_, err := s.db.Writer().ExecContext(ctx, `INSERT INTO health_probe (id, written_at) VALUES (1, ?)
+		ON CONFLICT (id) DO UPDATE SET written_at = excluded.written_at`, time.Now().UnixNano())
+	if err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	return nil
+}
+
 func (s *sqliteStorage) Ping(ctx context.Context) error {
 	var one int
 	if err := s.db.Reader().QueryRowContext(ctx, `SELECT 1`).Scan(&one); err != nil {

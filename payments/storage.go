@@ -29,6 +29,12 @@ import (
 // from charging twice when the key lives in another store than the money
 // (see the package documentation, "Two stores").
 type storage interface {
+	// Probe writes one row and commits it durably, as every payment's
+	// commit must: it fails, or does not return, when the database cannot
+	// commit (a full, read-only or stalled disk; a database that refuses
+	// writes).
+	Probe(ctx context.Context) error
+
 	// CreateAccount inserts a, which is complete (ID, tenant, time).
 	CreateAccount(ctx context.Context, a Account) error
 

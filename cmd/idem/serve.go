@@ -45,6 +45,7 @@ type serveFlags struct {
 	unsafe          bool
 	faults          bool
 	workers         bool
+	requestTimeout  time.Duration
 	logLevel        string
 	broker          string
 	brokerNamespace string
@@ -89,6 +90,7 @@ event once; what keeps failing goes to the dead letters (idem dlq).`,
 	fl.DurationVar(&f.keyTTL, "key-ttl", 24*time.Hour, "how long an idempotency key is remembered")
 	fl.DurationVar(&f.keyLease, "key-lease", time.Minute, "how long an execution holds its key before a retry may take it over (after a crash)")
 	fl.DurationVar(&f.inflightWait, "inflight-wait", 5*time.Second, "how long a duplicate waits for the first request with its key to finish")
+	fl.DurationVar(&f.requestTimeout, "request-timeout", payments.DefaultRequestTimeout, "longest an API request may take: past it the client gets 503 and retries with its key (a stalled disk or database never holds clients for good); must exceed --inflight-wait; 0 turns it off")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long a shutdown waits for requests in flight")
 	fl.StringVar(&f.apiKeys, "api-keys", "", `API keys, "tenant:key,tenant2:key2" (default from $`+envAPIKeys+`)`)
 	fl.BoolVar(&f.unsafe, "unsafe-no-idempotency", false, "ignore Idempotency-Key entirely: retries DOUBLE CHARGE (the lab's 'before')")
@@ -171,11 +173,17 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 		Unsafe:       f.unsafe,
 		Faults:       f.faults,
 		RequestsOnly: !f.workers,
-		Logger:       logger,
-		MaxAttempts:  f.maxAttempts,
-		RetryBase:    f.retryBase,
-		RetryCap:     f.retryCap,
-		AckWait:      f.ackWait,
+		RequestTimeout: func() time.Duration {
+			if f.requestTimeout == 0 {
+				return -1 // off
+			}
+			return f.requestTimeout
+		}(),
+		Logger:      logger,
+		MaxAttempts: f.maxAttempts,
+		RetryBase:   f.retryBase,
+		RetryCap:    f.retryCap,
+		AckWait:     f.ackWait,
 	}
 	brokerShown := "the --db database"
 	if f.broker != "" {
