@@ -1,0 +1,74 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Publisher sends messages to a transport.
+type Publisher interface {
+	// Publish sends msgs, in order. When it returns nil the transport holds
+	// them (durably, where the transport can promise that). On an error some
+	// may have been sent: publishing again is safe, because consumers
+	// de-duplicate by Message.ID.
+	Publish(ctx context.Context, msgs ...Message) error
+}
+
+// Subscription describes a durable consumer of one topic.
+type Subscription struct {
+	// Topic is what to consume.
+	Topic string
+	// Consumer is the durable name: deliveries not acknowledged by one
+	// incarnation of the consumer go to the next.
+	Consumer string
+	// AckWait is how long a delivery may go without Ack, Nack, Term or
+	// InProgress before the transport delivers it again. Zero means the
+	// transport's default.
+	AckWait time.Duration
+	// MaxInFlight bounds unacknowledged deliveries. Zero means the
+	// transport's default.
+	MaxInFlight int
+}
+
+// Subscriber starts durable subscriptions.
+type Subscriber interface {
+	// Subscribe starts (or resumes) the subscription and returns its stream
+	// of deliveries. Close the stream to stop.
+	Subscribe(ctx context.Context, sub Subscription) (Stream, error)
+}
+
+// Stream yields a subscription's deliveries.
+type Stream interface {
+	// Next blocks until a delivery is available, ctx is done (ctx.Err()),
+	// or the stream is closed (ErrClosed).
+	Next(ctx context.Context) (Delivery, error)
+	// Close stops the stream. Deliveries not yet settled are delivered
+	// again later, to this consumer's next incarnation.
+	Close() error
+}
+
+// Delivery is one delivery of a message to a consumer. Exactly one of Ack,
+// Nack and Term settles it; InProgress may be called any number of times
+// before that.
+type Delivery interface {
+	Message() Message
+	// Attempt counts deliveries of this message to this consumer, from 1.
+	// Transports that keep their own count (JetStream, RabbitMQ quorum
+	// queues, the database transports) report it, so it survives a
+	// consumer's restart.
+	Attempt() int
+	// Ack settles the delivery as done: it is not delivered again.
+	Ack(ctx context.Context) error
+	// Nack settles it for now: it is delivered again after delay.
+	Nack(ctx context.Context, delay time.Duration) error
+	// Term settles it for good without processing: it is not delivered
+	// again. A consumer terminates what it has dead-lettered.
+	Term(ctx context.Context) error
+	// InProgress tells the transport the consumer is still working, so the
+	// delivery is not given to another consumer after AckWait.
+	InProgress(ctx context.Context) error
+}
+
+// ErrClosed is returned by a closed Stream, Publisher or Subscriber.
+var ErrClosed = errors.New("idem: closed")
