@@ -92,8 +92,37 @@ type Config struct {
 	// ID in the payload, so that a copy re-published under another message
 	// ID is still caught. An error, a panic or an empty key means the
 	// message is malformed: it is dead-lettered at once as permanent.
-	// Defaults to the message ID.
+	// Defaults to the message ID. With Sequence set, the inbox
+	// de-duplicates by aggregate and sequence number instead, and the dedup
+	// key still names the message in the Ledger (its recorded attempts)
+	// and in Info.
 	DedupKey func(idem.Message) (string, error)
+
+	// Sequence derives the aggregate a message is about and its sequence
+	// number within that aggregate (1, 2, 3, …), such as an account ID and
+	// the account's event version from the payload. When set, the consumer
+	// de-duplicates by them (idem.SequenceInbox.ProcessSequence, so Inbox
+	// must be one): the inbox keeps one mark per aggregate, the highest
+	// number applied, and a message at or below its aggregate's mark is a
+	// duplicate whatever its message ID, so an event re-published under a
+	// new ID is caught too. Gap says what happens to a number that skips
+	// past the next. An error, a panic, an empty aggregate or the number 0
+	// means the message is malformed: it is dead-lettered at once as
+	// permanent. Messages are then handled one at a time (see BatchSize).
+	// Defaults to nil: de-duplication by DedupKey.
+	Sequence func(idem.Message) (aggregate string, seq uint64, err error)
+
+	// Gap says, when Sequence is set, what happens to a message whose
+	// sequence number skips past its aggregate's next one. Under
+	// idem.GapHold it is retried with the policy's backoff, as a transient
+	// failure, until the missing messages have been applied, and
+	// dead-lettered as exhausted if they are not within Retry.MaxAttempts;
+	// while it waits it is handed back to the transport (Nack with the
+	// delay), even when it has a Key, so that the messages of its key that
+	// close the gap can pass it. Under idem.GapAllow it is applied, and the
+	// missing messages, should they come later, are duplicates. Defaults
+	// to idem.GapHold.
+	Gap idem.GapPolicy
 
 	// Retry bounds and spaces the attempts of failing messages. Defaults to
 	// the zero idem.RetryPolicy: 10 attempts, full jitter from 100ms, capped
@@ -124,7 +153,12 @@ type Config struct {
 	// the batch is rolled back and tried again without it, while it is
 	// retried or dead-lettered on its own. It is also how many deliveries
 	// the consumer asks a transport for at once (idem.BatchStream). 1
-	// handles every message in a transaction of its own. Defaults to 100.
+	// handles every message in a transaction of its own. When Sequence is
+	// set, messages are handled one at a time whatever BatchSize says
+	// (deliveries are still taken BatchSize at a time): each needs its own
+	// look at its aggregate's mark, in its own transaction, and the next
+	// message of an aggregate must see the mark the previous one left.
+	// Defaults to 100.
 	BatchSize int
 
 	// BatchWait is how long a batch with fewer than BatchSize messages
@@ -172,7 +206,8 @@ type Stats struct {
 	// Duplicates counts deliveries the inbox had already processed: they
 	// were acknowledged without running the handler.
 	Duplicates int64
-	// Retried counts failed attempts that were scheduled to be retried.
+	// Retried counts failed attempts that were scheduled to be retried,
+	// messages held for a gap in their aggregate's sequence among them.
 	Retried int64
 	// DeadLettered counts messages moved to the dead letters.
 	DeadLettered int64
@@ -250,6 +285,14 @@ func New(cfg *Config) (*Consumer, error) {
 		return nil, &idem.ArgumentError{Field: "consumer.Config.AfterDeadLetter", Reason: "must be Park or LetThrough"}
 	case c.Retry.MaxAttempts < 0:
 		return nil, &idem.ArgumentError{Field: "consumer.Config.Retry.MaxAttempts", Reason: "must not be negative"}
+	case c.Gap != idem.GapHold && c.Gap != idem.GapAllow:
+		return nil, &idem.ArgumentError{Field: "consumer.Config.Gap", Reason: "must be idem.GapHold or idem.GapAllow"}
+	}
+	if c.Sequence != nil {
+		if _, ok := c.Inbox.(idem.SequenceInbox); !ok {
+			return nil, &idem.ArgumentError{Field: "consumer.Config.Inbox",
+				Reason: fmt.Sprintf("must be an idem.SequenceInbox when Sequence is set, and a %T is not", c.Inbox)}
+		}
 	}
 	if c.DedupKey == nil {
 		c.DedupKey = func(m idem.Message) (string, error) { return m.ID, nil }
@@ -392,8 +435,13 @@ func (c *Consumer) runOnce(ctx context.Context, h handlers) error {
 type Info struct {
 	// Consumer is the consumer's name.
 	Consumer string
-	// DedupKey is the key the inbox de-duplicates the message by.
+	// DedupKey is the key the inbox de-duplicates the message by, or,
+	// with Config.Sequence set, the key its attempts are recorded under.
 	DedupKey string
+	// Aggregate and Seq are what Config.Sequence derived from the message:
+	// the inbox de-duplicates by them. Empty and 0 when Sequence is nil.
+	Aggregate string
+	Seq       uint64
 	// Attempt counts the attempts to process the message, from 1, across
 	// redeliveries and consumer restarts.
 	Attempt int

@@ -37,6 +37,12 @@ func TestNewValidates(t *testing.T) {
 		{"unknown order policy", func(c *consumer.Config) { c.AfterDeadLetter = 7 }, "AfterDeadLetter"},
 		{"negative max attempts", func(c *consumer.Config) { c.Retry.MaxAttempts = -1 }, "MaxAttempts"},
 		{"let through", func(c *consumer.Config) { c.AfterDeadLetter = consumer.LetThrough }, ""},
+		{"sequence", func(c *consumer.Config) { c.Sequence = accountSequence }, ""},
+		{"sequence, gaps allowed", func(c *consumer.Config) { c.Sequence, c.Gap = accountSequence, idem.GapAllow }, ""},
+		{"sequence without a sequence inbox", func(c *consumer.Config) {
+			c.Sequence, c.Inbox = accountSequence, processOnly{c.Inbox}
+		}, "SequenceInbox"},
+		{"unknown gap policy", func(c *consumer.Config) { c.Gap = 7 }, "Gap"},
 		{"only required fields", func(c *consumer.Config) {
 			*c = consumer.Config{Name: "n", Topic: "t", Subscriber: c.Subscriber, Inbox: c.Inbox, DeadLetters: c.DeadLetters, Ledger: c.Ledger}
 		}, ""},
@@ -65,6 +71,9 @@ func TestNewValidates(t *testing.T) {
 		t.Errorf("New(nil): %v", err)
 	}
 }
+
+// processOnly is an inbox that is not an idem.SequenceInbox.
+type processOnly struct{ idem.Inbox }
 
 func TestDuplicateAppliedOnceAndAcked(t *testing.T) {
 	t.Parallel()

@@ -24,9 +24,10 @@
 //
 // For each delivery the consumer derives the dedup key (Config.DedupKey,
 // the message ID by default) and calls Inbox.Process with it (or records
-// it with its batch, see Batches). The handler runs inside the inbox's
-// transaction, so its writes and the inbox row commit together or not at
-// all:
+// it with its batch, see Batches, or de-duplicates by aggregate and
+// sequence number instead, see De-duplication keys). The handler runs
+// inside the inbox's transaction, so its writes and the inbox row commit
+// together or not at all:
 //
 //   - success: the delivery is acknowledged after the commit, or with it
 //     where the transport joins the inbox's transaction. A crash between
@@ -38,10 +39,53 @@
 //     attempt really runs again (unlike a de-duplicator that marks a message
 //     seen before its handler runs).
 //
+// # De-duplication keys
+//
+// A message usually carries its key already, of one of two kinds. The
+// first is an event ID: Config.DedupKey returns it (the message ID by
+// default, or an ID from the payload, so that a copy re-published under
+// another message ID is caught too), and the inbox keeps one row per
+// message it processed.
+//
+// The second is the ID of the aggregate the message is about (an account,
+// an order) and the message's sequence number within it (1, 2, 3, …, such
+// as the aggregate's version). Config.Sequence returns them, and the
+// consumer then de-duplicates with idem.SequenceInbox.ProcessSequence (the
+// inbox must be one: idemmem's, idemsqlite's, idempg's and idemredis's
+// are): the inbox keeps one mark per aggregate, the highest sequence
+// number applied, raised in the handler's transaction. A message at or
+// below its aggregate's mark is a duplicate, whatever its message ID, so a
+// publisher that re-sends an aggregate's events under new IDs changes
+// nothing; and the state is one row per aggregate, however many messages
+// it had.
+//
+// A sequence number past the next one means the messages in between have
+// not been applied. Under idem.GapHold (Config.Gap's default) the message
+// waits for them: the inbox refuses it with an *idem.SequenceGapError, a
+// transient failure, and the consumer hands it back to the transport with
+// the retry delay (even when it has a Key: the messages that close the gap
+// may be queued behind it, and must pass it), so it is applied once they
+// have been, in order, and dead-lettered as exhausted only if the gap has
+// not closed within Retry.MaxAttempts. Under the Park policy a gap below a
+// message whose key is held back behind a dead letter is that letter's
+// own: the message is parked behind it at once. Under idem.GapAllow the
+// message is applied and the mark moves past the gap: a missing message
+// that comes later is a duplicate. A Sequence that fails, panics or
+// returns an empty aggregate or the number 0 makes the message malformed:
+// it is dead-lettered at once as permanent.
+//
+// The dedup key still names the message where one is needed besides the
+// inbox: the Ledger records its failed attempts under it, and Info carries
+// it with the aggregate and the sequence number. Messages are handled one
+// at a time under Sequence, never in batches: each needs its own look at
+// its aggregate's mark, and the next message of an aggregate must see the
+// mark the previous one left.
+//
 // # Batches
 //
 // When the inbox records many messages at once (idem.BatchInbox: idempg's
-// and idemsqlite's), the consumer handles up to Config.BatchSize messages
+// and idemsqlite's), and Config.Sequence is not set, the consumer handles
+// up to Config.BatchSize messages
 // in one inbox transaction: their inbox rows, their handlers' writes and,
 // on a database transport in the inbox's own database (its stream says so,
 // idem.BatchStream.AcksInTx), their acknowledgements commit with one
@@ -83,9 +127,10 @@
 // # Failures and retries
 //
 // An error marked with idem.Permanent (a malformed message, a payment that
-// does not exist) is dead-lettered at once, as is a message whose dedup key
-// cannot be derived. Every other error, a handler's panic included, is
-// transient: the attempt is recorded in the Ledger, and the message is
+// does not exist) is dead-lettered at once, as is a message whose dedup
+// key, or aggregate and sequence number, cannot be derived. Every other
+// error, a handler's panic included, is transient: the attempt is
+// recorded in the Ledger, and the message is
 // tried again after the retry policy's delay (full jitter by default, see
 // idem.RetryPolicy), or after the delay the error carries
 // (idem.RetryAfter, for rate limits). An error of the inbox or the ledger
@@ -115,7 +160,10 @@
 // memory the consumer allows itself (Config.MaxPending) so that it could
 // not take the very delivery they wait for. With retries inside, every
 // delivery the consumer holds can make progress by itself. A message
-// without a key is Nacked with its delay instead, which frees its place.
+// without a key is Nacked with its delay instead, which frees its place,
+// and so is a message held for a gap in its aggregate's sequence, which
+// must be overtaken (see De-duplication keys): there the sequence number
+// keeps the order, not the queue.
 //
 // Deliveries held longer than a moment (queued behind their key, waiting
 // for a retry, or in a long handler) are kept alive with
@@ -169,7 +217,9 @@
 // An inbox row must outlive every redelivery of its message: the inbox
 // keeps it at least as long as the transport may deliver the message again
 // (each inbox documents its retention, derived from the transport's own
-// limits, such as a stream's maximum age).
+// limits, such as a stream's maximum age). Sequence marks are kept for
+// good: a mark that went would let every earlier message of its aggregate
+// run again, and there is one per aggregate, not per message.
 //
 // # Testing
 //

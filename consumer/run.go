@@ -26,11 +26,15 @@ var errHeld = errors.New("consumer: key held back")
 // its settlement.
 type entry struct {
 	// Set at admission, then read-only.
-	msg      idem.Message
-	dedup    string
-	dedupErr error
-	ordered  bool // msg.Key != "": one at a time, in order, with its key
-	d        idem.Delivery
+	msg   idem.Message
+	dedup string
+	// dedupErr says why the message cannot be de-duplicated: its dedup
+	// key, or its aggregate and sequence number, could not be derived.
+	dedupErr  error
+	aggregate string // with Config.Sequence: what the inbox
+	seq       uint64 // de-duplicates by
+	ordered   bool   // msg.Key != "": one at a time, in order, with its key
+	d         idem.Delivery
 
 	// Guarded by runner.mu.
 	beatAt  time.Time   // when the transport last heard about d
@@ -79,6 +83,9 @@ type runner struct {
 	batchInbox  idem.BatchInbox
 	batchStream idem.BatchStream
 	batchLedger idem.BatchLedger
+	// seqInbox is the inbox when Config.Sequence is set: messages are
+	// de-duplicated by aggregate and sequence number, one at a time.
+	seqInbox idem.SequenceInbox
 }
 
 func newRunner(ctx context.Context, cancel context.CancelFunc, c *Consumer, h handlers, stream idem.Stream) *runner {
@@ -95,7 +102,11 @@ func newRunner(ctx context.Context, cancel context.CancelFunc, c *Consumer, h ha
 		held:      make(map[*entry]struct{}),
 		lanes:     make(map[string][]*entry),
 	}
-	if bi, ok := c.cfg.Inbox.(idem.BatchInbox); ok && c.cfg.BatchSize > 1 {
+	if c.cfg.Sequence != nil {
+		// New checked that it is one. Each message needs its own look at
+		// its aggregate's mark, so there are no batches.
+		r.seqInbox = c.cfg.Inbox.(idem.SequenceInbox)
+	} else if bi, ok := c.cfg.Inbox.(idem.BatchInbox); ok && c.cfg.BatchSize > 1 {
 		r.batchInbox = bi
 	}
 	r.batchStream, _ = stream.(idem.BatchStream)
@@ -164,7 +175,11 @@ func (r *runner) read() error {
 		for i, d := range ds {
 			m := d.Message()
 			dedup, derr := r.dedupKey(m)
-			es[i] = &entry{msg: m, dedup: dedup, dedupErr: derr, ordered: m.Key != "", d: d}
+			e := &entry{msg: m, dedup: dedup, dedupErr: derr, ordered: m.Key != "", d: d}
+			if r.seqInbox != nil && derr == nil {
+				e.aggregate, e.seq, e.dedupErr = r.sequence(m)
+			}
+			es[i] = e
 		}
 		r.admit(es)
 	}
@@ -196,6 +211,27 @@ func (r *runner) dedupKey(m idem.Message) (key string, err error) {
 		return "", errors.New("dedup key: empty")
 	}
 	return key, nil
+}
+
+// sequence derives m's aggregate and sequence number with Config.Sequence.
+// Its errors make the message malformed: they are dead-lettered as
+// permanent.
+func (r *runner) sequence(m idem.Message) (aggregate string, seq uint64, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			aggregate, seq, err = "", 0, fmt.Errorf("sequence: panic: %v", p)
+		}
+	}()
+	aggregate, seq, err = r.cfg.Sequence(m)
+	switch {
+	case err != nil:
+		return "", 0, fmt.Errorf("sequence: %w", err)
+	case aggregate == "":
+		return "", 0, errors.New("sequence: empty aggregate")
+	case seq == 0:
+		return "", 0, fmt.Errorf("sequence: aggregate %q: sequence number 0 (they start at 1)", aggregate)
+	}
+	return aggregate, seq, nil
 }
 
 // admit puts deliveries in memory, each behind the earlier messages of its
@@ -307,10 +343,10 @@ func (r *runner) handle(e *entry) {
 	n := r.number(e)
 
 	park := e.ordered && r.cfg.AfterDeadLetter == Park
-	info := Info{Consumer: r.cfg.Name, DedupKey: e.dedup, Attempt: n}
+	info := Info{Consumer: r.cfg.Name, DedupKey: e.dedup, Aggregate: e.aggregate, Seq: e.seq, Attempt: n}
 	var held, failed bool
 	var herr error
-	err := r.cfg.Inbox.Process(context.WithValue(r.ctx, infoKey{}, info), r.cfg.Name, e.dedup, func(ctx context.Context) error {
+	err := r.process(context.WithValue(r.ctx, infoKey{}, info), e, func(ctx context.Context) error {
 		if park {
 			// Checked in the inbox's transaction, to spare a round trip
 			// on the common path where the key is not held.
@@ -347,6 +383,8 @@ func (r *runner) handle(e *entry) {
 		// Classified before ErrDuplicate is looked for: a handler's error
 		// that wraps it is still the handler's failure.
 		r.fail(e, n, herr, idem.Classify(herr))
+	case errors.Is(err, idem.ErrSequenceGap):
+		r.gap(e, n, err)
 	case errors.Is(err, idem.ErrDuplicate):
 		r.c.duplicates.Add(1)
 		if e.failed {
@@ -362,6 +400,31 @@ func (r *runner) handle(e *entry) {
 		// error says, another attempt may succeed.
 		r.fail(e, n, err, idem.ClassTransient)
 	}
+}
+
+// process runs fn in the inbox's transaction, de-duplicating e by its
+// dedup key, or by its aggregate and sequence number.
+func (r *runner) process(ctx context.Context, e *entry, fn func(ctx context.Context) error) error {
+	if r.seqInbox != nil {
+		return r.seqInbox.ProcessSequence(ctx, r.cfg.Name, e.aggregate, e.seq, r.cfg.Gap, fn)
+	}
+	return r.cfg.Inbox.Process(ctx, r.cfg.Name, e.dedup, fn)
+}
+
+// gap handles a message that met a gap in its aggregate's sequence under
+// GapHold: it is retried, as a transient failure, until the gap closes.
+// Under the Park policy, a gap below a message whose key is held back is
+// the dead letter's own (it will not close until that is re-driven): the
+// message is parked behind it, as the key's later messages are.
+func (r *runner) gap(e *entry, n int, err error) {
+	if e.ordered && r.cfg.AfterDeadLetter == Park {
+		_, held, herr := r.cfg.Ledger.HeldBack(r.ctx, r.cfg.Name, e.msg.Key)
+		if herr == nil && held {
+			r.park(e, n)
+			return
+		}
+	}
+	r.fail(e, n, err, idem.ClassTransient)
 }
 
 // call runs the handler, turning a panic into a transient error.
@@ -456,7 +519,7 @@ func (r *runner) fail(e *entry, n int, cause error, class idem.ErrorClass) {
 	e.prevDelay = delay
 	r.c.retried.Add(1)
 	log.LogAttrs(r.ctx, slog.LevelWarn, "attempt failed; retrying", slog.Duration("delay", delay))
-	r.retry(e, delay)
+	r.retry(e, delay, errors.Is(cause, idem.ErrSequenceGap))
 }
 
 // deadLetter moves e to the dead letters, with every recorded attempt and
@@ -507,8 +570,14 @@ func (r *runner) deadLetter(e *entry, class idem.DeadLetterClass, a idem.Attempt
 // head of its key: were it handed back, later messages of the key could
 // arrive before it returned, and either overtake it or fill the memory
 // while waiting for a delivery that then could not be taken.
-func (r *runner) retry(e *entry, delay time.Duration) {
-	if !e.ordered {
+//
+// A message that met a gap in its aggregate's sequence (gap) is handed
+// back even when it has a key: the messages that close the gap may be
+// queued behind it, and must overtake it; its sequence number, not its
+// place in the queue, orders it, and the inbox refuses it until they have
+// been applied.
+func (r *runner) retry(e *entry, delay time.Duration, gap bool) {
+	if !e.ordered || gap {
 		d := r.done(e)
 		r.settleWith(e, d, "nack", func(ctx context.Context) error { return d.Nack(ctx, delay) })
 		return

@@ -147,15 +147,23 @@ func inTx(ctx context.Context, apply func()) error {
 // when fn returns nil, and dropped when it fails, so a redelivery runs fn
 // again from a clean slate.
 //
-// Records are kept for the life of the Inbox, which is at least as long as
-// any transport of the same process can redeliver. The zero Inbox is not
-// usable; call NewInbox.
+// ProcessSequence (idem.SequenceInbox) holds a lock on the (consumer,
+// aggregate) pair in the same way, from the look at the mark to the commit
+// that raises it, so that concurrent calls of one aggregate take turns.
+//
+// Records and marks are kept for the life of the Inbox, which is at least
+// as long as any transport of the same process can redeliver. The zero
+// Inbox is not usable; call NewInbox.
 type Inbox struct {
-	mu   sync.Mutex
-	keys map[inboxSlot]*inboxKey
+	mu    sync.Mutex
+	keys  map[inboxSlot]*inboxKey
+	marks map[inboxSlot]*inboxMark
 }
 
-var _ idem.BatchInbox = (*Inbox)(nil)
+var (
+	_ idem.BatchInbox    = (*Inbox)(nil)
+	_ idem.SequenceInbox = (*Inbox)(nil)
+)
 
 type inboxSlot struct{ consumer, key string }
 
@@ -171,9 +179,22 @@ type inboxKey struct {
 	users int
 }
 
+// inboxMark is the mark of one (consumer, aggregate) pair.
+type inboxMark struct {
+	// lock is held (a value in it) while a ProcessSequence reads the mark,
+	// runs fn and commits.
+	lock chan struct{}
+	// mark is the highest sequence number committed. It is atomic so that
+	// Mark and leaveMark can read it without waiting for the lock.
+	mark atomic.Uint64
+	// users counts the calls holding or waiting for lock, so that an entry
+	// that never got a mark can be dropped. Guarded by Inbox.mu.
+	users int
+}
+
 // NewInbox returns an empty Inbox.
 func NewInbox() *Inbox {
-	return &Inbox{keys: make(map[inboxSlot]*inboxKey)}
+	return &Inbox{keys: make(map[inboxSlot]*inboxKey), marks: make(map[inboxSlot]*inboxMark)}
 }
 
 // Process implements idem.Inbox. fn's context carries the Tx its writes
@@ -306,6 +327,73 @@ func (i *Inbox) ProcessBatch(ctx context.Context, consumer string, dedupKeys []s
 			}
 		})
 	})
+}
+
+// ProcessSequence implements idem.SequenceInbox. It holds the lock of the
+// (consumer, aggregate) pair while it reads the mark, runs fn in a fresh Tx
+// (see TxFromContext) and commits it; the new mark is one of that Tx's
+// writes, so it is applied with fn's, and dropped with them when fn fails.
+// Like Process, it always starts a transaction of its own.
+//
+// Returns an error matching idem.ErrInvalidArgument, without running fn,
+// for the arguments idem.CheckSequenceArgs refuses, and ctx.Err() when ctx
+// ends before the pair's lock is free.
+func (i *Inbox) ProcessSequence(ctx context.Context, consumer, aggregate string, seq uint64, gap idem.GapPolicy, fn func(ctx context.Context) error) error {
+	if err := idem.CheckSequenceArgs(consumer, aggregate, seq, gap, fn); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s := inboxSlot{consumer, aggregate}
+	i.mu.Lock()
+	m := i.marks[s]
+	if m == nil {
+		m = &inboxMark{lock: make(chan struct{}, 1)}
+		i.marks[s] = m
+	}
+	m.users++
+	i.mu.Unlock()
+	defer i.leaveMark(s, m)
+
+	select {
+	case m.lock <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-m.lock }()
+	if err := idem.CheckSequence(aggregate, m.mark.Load(), seq, gap); err != nil {
+		return err
+	}
+	tx := &Tx{}
+	return tx.run(ctx, func(ctx context.Context) error {
+		if err := fn(ctx); err != nil {
+			return err
+		}
+		return tx.OnCommit(func() { m.mark.Store(seq) })
+	})
+}
+
+// leaveMark drops the caller's interest in m, and the entry itself when no
+// one else wants it and it holds no mark.
+func (i *Inbox) leaveMark(s inboxSlot, m *inboxMark) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	m.users--
+	if m.users == 0 && m.mark.Load() == 0 {
+		delete(i.marks, s)
+	}
+}
+
+// Mark returns the mark of the pair: the highest sequence number
+// ProcessSequence committed for it, 0 when none.
+func (i *Inbox) Mark(consumer, aggregate string) uint64 {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if m := i.marks[inboxSlot{consumer, aggregate}]; m != nil {
+		return m.mark.Load()
+	}
+	return 0
 }
 
 // leave drops the caller's interest in k, and the entry itself when no one

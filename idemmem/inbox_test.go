@@ -163,3 +163,86 @@ func TestTransact(t *testing.T) {
 		t.Error("TxFromContext found a Tx in a plain context")
 	}
 }
+
+func TestInboxSequencePanicReleases(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	in := idemmem.NewInbox()
+	var c idemmem.Counters
+	func() {
+		defer func() { _ = recover() }()
+		_ = in.ProcessSequence(ctx, "c", "acct-1", 1, idem.GapHold, func(ctx context.Context) error {
+			_ = c.Add(ctx, "n", 1)
+			panic("handler bug")
+		})
+	}()
+	if c.Get("n") != 0 || in.Mark("c", "acct-1") != 0 {
+		t.Fatalf("a panicking fn left counter %d, mark %d; want 0, 0", c.Get("n"), in.Mark("c", "acct-1"))
+	}
+	// The aggregate's lock was released: the redelivery runs.
+	if err := in.ProcessSequence(ctx, "c", "acct-1", 1, idem.GapHold, func(ctx context.Context) error { return c.Add(ctx, "n", 1) }); err != nil {
+		t.Fatalf("ProcessSequence after a panic: %v", err)
+	}
+	if c.Get("n") != 1 || in.Mark("c", "acct-1") != 1 {
+		t.Errorf("counter %d, mark %d; want 1, 1", c.Get("n"), in.Mark("c", "acct-1"))
+	}
+}
+
+// A call waiting for another of the same aggregate gives up when its
+// context ends, and then reads the mark the other left.
+func TestInboxSequenceWaitHonoursContext(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	in := idemmem.NewInbox()
+	inside, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error)
+	go func() {
+		done <- in.ProcessSequence(ctx, "c", "acct-1", 1, idem.GapHold, func(context.Context) error {
+			close(inside)
+			<-release
+			return nil
+		})
+	}()
+	<-inside
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if err := in.ProcessSequence(short, "c", "acct-1", 2, idem.GapHold, func(context.Context) error { return nil }); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("ProcessSequence waiting for a held aggregate = %v, want DeadlineExceeded", err)
+	}
+	// Another aggregate does not wait.
+	if err := in.ProcessSequence(ctx, "c", "acct-2", 1, idem.GapHold, func(context.Context) error { return nil }); err != nil {
+		t.Errorf("ProcessSequence of another aggregate while acct-1 is held = %v, want nil", err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("first ProcessSequence: %v", err)
+	}
+	if err := in.ProcessSequence(ctx, "c", "acct-1", 1, idem.GapHold, func(context.Context) error { return nil }); !errors.Is(err, idem.ErrDuplicate) {
+		t.Errorf("ProcessSequence after the first committed = %v, want ErrDuplicate", err)
+	}
+}
+
+func TestInboxMark(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	in := idemmem.NewInbox()
+	nop := func(context.Context) error { return nil }
+	if m := in.Mark("c", "acct-1"); m != 0 {
+		t.Errorf("Mark of an aggregate never processed = %d, want 0", m)
+	}
+	if err := in.ProcessSequence(ctx, "c", "acct-1", 7, idem.GapAllow, nop); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.ProcessSequence(ctx, "c", "acct-1", 9, idem.GapHold, nop); !errors.Is(err, idem.ErrSequenceGap) {
+		t.Fatalf("ProcessSequence(9) on mark 7 = %v, want a gap", err)
+	}
+	if m := in.Mark("c", "acct-1"); m != 7 {
+		t.Errorf("Mark = %d, want 7", m)
+	}
+	if m := in.Mark("other", "acct-1"); m != 0 {
+		t.Errorf("Mark of another consumer = %d, want 0", m)
+	}
+	if in.Processed("c", "acct-1") {
+		t.Error("a mark counts as a processed dedup key")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,12 +15,17 @@ import (
 // Inbox is an idem.Inbox whose records live in the table idem_inbox of a
 // DB's schema, next to the consumer's own tables, so that a handler's
 // writes and the record of its message commit in one transaction. It is
-// safe for concurrent use, by many goroutines and many processes.
+// also an idem.SequenceInbox, whose marks live in the table
+// idem_inbox_sequences, one row per (consumer, aggregate). It is safe for
+// concurrent use, by many goroutines and many processes.
 type Inbox struct {
 	db *DB
 }
 
-var _ idem.BatchInbox = (*Inbox)(nil)
+var (
+	_ idem.BatchInbox    = (*Inbox)(nil)
+	_ idem.SequenceInbox = (*Inbox)(nil)
+)
 
 // NewInbox applies the message tables' migrations to db (component
 // "idem_messages") and returns an Inbox on it.
@@ -216,6 +222,168 @@ func (in *Inbox) ProcessBatch(ctx context.Context, consumer string, dedupKeys []
 		return fn(ctx, fresh)
 	})
 	return inboxErr(err)
+}
+
+// sequenceMarkSQL reads the mark of (consumer, aggregate) and locks its
+// row until the transaction ends, creating the row (mark 0) when there is
+// none, in one round trip. Under READ COMMITTED, FOR UPDATE waits for a
+// transaction that holds the row and then reads the mark it committed. A
+// row another transaction is creating is not visible yet: the INSERT then
+// waits for that transaction and inserts (it rolled back) or nothing (it
+// committed), and the statement returns no row; run again, its new
+// snapshot finds the committed row and locks it.
+const sequenceMarkSQL = `WITH locked AS (
+		SELECT mark FROM idem_inbox_sequences
+		WHERE consumer = $1 AND aggregate = $2
+		FOR UPDATE
+	), created AS (
+		INSERT INTO idem_inbox_sequences (consumer, aggregate, mark, updated_at)
+		SELECT $1, $2, 0, coalesce($3::timestamptz, clock_timestamp())
+		WHERE NOT EXISTS (SELECT FROM locked)
+		ON CONFLICT (consumer, aggregate) DO NOTHING
+		RETURNING mark
+	)
+	SELECT mark::text FROM locked UNION ALL SELECT mark::text FROM created`
+
+// sequenceMarkTries bounds the runs of sequenceMarkSQL in one call: a
+// second run finds the row the first waited for, unless it was deleted in
+// between.
+const sequenceMarkTries = 3
+
+// raiseMarkSQL sets the mark, once fn has succeeded. The row is locked by
+// this transaction, so the UPDATE branch is taken; the INSERT branch only
+// keeps the mark from being lost should fn itself have deleted the row.
+// The mark travels as text: numeric(20, 0) holds every uint64, which pgx
+// would refuse past 2^63-1.
+const raiseMarkSQL = `INSERT INTO idem_inbox_sequences (consumer, aggregate, mark, updated_at)
+	VALUES ($1, $2, $3::text::numeric, coalesce($4::timestamptz, clock_timestamp()))
+	ON CONFLICT (consumer, aggregate) DO UPDATE SET mark = excluded.mark, updated_at = excluded.updated_at`
+
+// ProcessSequence implements idem.SequenceInbox. One statement reads the
+// mark of (consumer, aggregate) and locks its row (SELECT ... FOR UPDATE,
+// creating it with mark 0 the first time), travelling with BEGIN; when seq
+// is a duplicate or a held gap, the transaction is rolled back at once,
+// which releases the row. Otherwise fn runs in the transaction, and the new
+// mark travels with the COMMIT, so the call costs the round trips of
+// Process. Concurrent calls of one aggregate, on any replica, wait for the
+// row lock and then read the mark the holder left. updated_at is the DB's
+// clock (see Config.Clock).
+//
+// The transaction, its context and joining the caller's transaction in a
+// savepoint are as for Process. Marks are never purged (PurgeInbox deletes
+// idem_inbox rows only): the table holds one row per aggregate.
+//
+// Returns an error matching idem.ErrInvalidArgument for the arguments
+// idem.CheckSequenceArgs refuses, and when consumer or aggregate is not
+// storable as text. Ambiguous failure: when the commit fails (its error
+// says "commit"), the mark and fn's writes may or may not have been
+// committed; a redelivery finds out (idem.ErrDuplicate, or fn runs).
+func (in *Inbox) ProcessSequence(ctx context.Context, consumer, aggregate string, seq uint64, gap idem.GapPolicy, fn func(ctx context.Context) error) error {
+	if err := idem.CheckSequenceArgs(consumer, aggregate, seq, gap, fn); err != nil {
+		return err
+	}
+	if err := checkText("consumer", consumer); err != nil {
+		return err
+	}
+	if err := checkText("aggregate", aggregate); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	raise := &stmt{raiseMarkSQL, []any{consumer, aggregate, strconv.FormatUint(seq, 10), in.db.now()}}
+	if in.db.carried(ctx) != nil {
+		return in.processSequenceJoined(ctx, consumer, aggregate, seq, gap, raise, fn)
+	}
+	st, txCtx := in.db.newTx(ctx)
+	defer st.rollback(false)
+	mark, err := in.readMark(txCtx, st.tx, consumer, aggregate)
+	if err != nil {
+		return inboxErr(err)
+	}
+	if err := idem.CheckSequence(aggregate, mark, seq, gap); err != nil {
+		return err
+	}
+	if err := fn(txCtx); err != nil {
+		return err
+	}
+	if _, err := st.commit(raise, false); err != nil {
+		if _, ok := err.(*txError); !ok {
+			// The server refused the statement: nothing was committed.
+			err = &inboxError{err}
+		}
+		return inboxErr(err)
+	}
+	return nil
+}
+
+// processSequenceJoined is ProcessSequence in the transaction ctx carries,
+// inside a savepoint.
+func (in *Inbox) processSequenceJoined(ctx context.Context, consumer, aggregate string, seq uint64, gap idem.GapPolicy, raise *stmt, fn func(ctx context.Context) error) error {
+	err := in.db.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return &inboxError{err}
+		}
+		decided := false // the mark said duplicate or gap: fn did not run
+		err = func() error {
+			mark, err := in.readMark(ctx, sp, consumer, aggregate)
+			if err != nil {
+				return err
+			}
+			if err := idem.CheckSequence(aggregate, mark, seq, gap); err != nil {
+				decided = true
+				return err
+			}
+			if err := fn(ctx); err != nil {
+				return err
+			}
+			if _, err := sp.Exec(ctx, raise.sql, raise.args...); err != nil {
+				return &inboxError{err}
+			}
+			return nil
+		}()
+		if err != nil {
+			// Rolled back even when ctx is done, so that the caller's
+			// transaction stays usable and the row's lock is released.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+			defer cancel()
+			if rerr := sp.Rollback(rctx); rerr != nil && decided {
+				return &inboxError{rerr}
+			}
+			// A failed rollback after fn failed leaves the caller's
+			// transaction failed: its commit fails, so fn's error is the
+			// one to return.
+			return err
+		}
+		if err := sp.Commit(ctx); err != nil {
+			return &inboxError{err}
+		}
+		return nil
+	})
+	return inboxErr(err)
+}
+
+// readMark runs sequenceMarkSQL on q until it returns the mark.
+func (in *Inbox) readMark(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, consumer, aggregate string) (uint64, error) {
+	for range sequenceMarkTries {
+		var text string
+		err := q.QueryRow(ctx, sequenceMarkSQL, consumer, aggregate, in.db.now()).Scan(&text)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			continue // created by a transaction that committed meanwhile
+		case err != nil:
+			return 0, &inboxError{err}
+		}
+		mark, err := strconv.ParseUint(text, 10, 64)
+		if err != nil {
+			return 0, &inboxError{fmt.Errorf("the mark of aggregate %q is %q: %w", aggregate, text, err)}
+		}
+		return mark, nil
+	}
+	return 0, &inboxError{fmt.Errorf("the mark of aggregate %q was created and deleted %d times while it was read", aggregate, sequenceMarkTries)}
 }
 
 // inboxError is a failure of the inbox's own statements, as opposed to fn's

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -101,6 +102,20 @@ type InboxConfig struct {
 // holds this delivery's token (a compare-and-delete script), and fn's error
 // comes back unchanged, so a redelivery runs fn again.
 //
+// # Sequence numbers
+//
+// ProcessSequence (idem.SequenceInbox) de-duplicates by aggregate and
+// sequence number with the same transaction model: one string per
+// (consumer, aggregate) at
+//
+//	<prefix>:inbox-seq:{<consumer>}:<aggregate>
+//
+// holds the mark, the highest sequence number committed, as 20 decimal
+// digits and with no expiry, and a lease at
+// "<prefix>:inbox-seq-lease:{<consumer>}:<aggregate>" lets one delivery of
+// the aggregate at a time run fn; the mark commits with fn's commands in
+// one MULTI/EXEC. See ProcessSequence. The limits below hold for it too.
+//
 // # Limits
 //
 // Effects outside Redis (an HTTP call, a row in another database, an
@@ -140,7 +155,7 @@ type Inbox struct {
 	maxPoll   time.Duration
 }
 
-var _ idem.Inbox = (*Inbox)(nil)
+var _ idem.SequenceInbox = (*Inbox)(nil)
 
 // NewInbox returns an Inbox on client, which the caller keeps owning. cfg
 // may be nil. It loads the inbox's Lua scripts into Redis, so that the
@@ -179,7 +194,7 @@ func NewInbox(ctx context.Context, client redis.UniversalClient, cfg *InboxConfi
 	case c.PollInterval < 0:
 		return nil, &idem.ArgumentError{Field: "PollInterval", Reason: "must not be negative"}
 	}
-	for _, sc := range []*redis.Script{inboxClaimScript, inboxReleaseScript} {
+	for _, sc := range []*redis.Script{inboxClaimScript, inboxReleaseScript, inboxSequenceClaimScript} {
 		if err := sc.Load(ctx, client).Err(); err != nil {
 			return nil, fmt.Errorf("idemredis: inbox: loading the Lua scripts: %w", err)
 		}
@@ -331,17 +346,51 @@ func (in *Inbox) Process(ctx context.Context, consumer, dedupKey string, fn func
 	return in.commit(ctx, key, token, pipe.Cmds())
 }
 
+// poller spaces a delivery's looks at a key another delivery holds: the
+// first wait is firstPoll, each next one twice as long, up to the
+// configured PollInterval, and never past the holder's lease.
+type poller struct {
+	wait, max time.Duration
+	timer     *time.Timer
+}
+
+func (in *Inbox) newPoller() *poller { return &poller{wait: firstPoll, max: in.maxPoll} }
+
+// sleep waits before the next look: the current wait, or until the
+// holder's lease ends (pttl, in milliseconds) if that is sooner. pttl <= 0
+// (the key is gone already, or has no expiry, which the Inbox never
+// writes) falls back on the backoff. Returns ctx's error if it ends first.
+func (p *poller) sleep(ctx context.Context, pttl int64) error {
+	d := p.wait
+	if pttl > 0 {
+		d = min(d, time.Duration(pttl)*time.Millisecond+time.Millisecond)
+	}
+	p.wait = min(2*p.wait, p.max)
+	if p.timer == nil {
+		p.timer = time.NewTimer(d)
+	} else {
+		p.timer.Reset(d)
+	}
+	select {
+	case <-p.timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *poller) stop() {
+	if p.timer != nil {
+		p.timer.Stop()
+	}
+}
+
 // claim claims key for token, waiting while another delivery holds it.
 // Returns idem.ErrDuplicate when the key holds the mark of a commit.
 func (in *Inbox) claim(ctx context.Context, key, token string) error {
 	leaseMs := max(in.lease.Milliseconds(), 1)
-	wait := firstPoll
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
+	p := in.newPoller()
+	defer p.stop()
 	for {
 		res, err := inboxClaimScript.Run(ctx, in.client, []string{key}, token, leaseMs).Result()
 		if err != nil {
@@ -368,24 +417,9 @@ func (in *Inbox) claim(ctx context.Context, key, token string) error {
 			return fmt.Errorf("idemredis: inbox: claim: unexpected reply %v", res)
 		}
 
-		// Another delivery holds the key: look again after wait, or when
-		// its lease ends if that is sooner. pttl <= 0 (the key is gone
-		// already, or has no expiry, which Process never writes) falls
-		// back on the backoff.
-		d := wait
-		if pttl > 0 {
-			d = min(d, time.Duration(pttl)*time.Millisecond+time.Millisecond)
-		}
-		wait = min(2*wait, in.maxPoll)
-		if timer == nil {
-			timer = time.NewTimer(d)
-		} else {
-			timer.Reset(d)
-		}
-		select {
-		case <-timer.C:
-		case <-ctx.Done():
-			return ctx.Err()
+		// Another delivery holds the key: look again later.
+		if err := p.sleep(ctx, pttl); err != nil {
+			return err
 		}
 	}
 }
@@ -452,10 +486,18 @@ func (in *Inbox) commit(ctx context.Context, key, token string, cmds []redis.Cmd
 		})
 		return err
 	}, key)
+	return in.commitOutcome(ctx, err, mark, key, token)
+}
+
+// commitOutcome turns the error of a commit's WATCH/MULTI/EXEC into what
+// Process or ProcessSequence returns. mark is the command of the commit
+// that sets the mark, nil if it was not queued; key is the key the
+// delivery claimed with token.
+func (in *Inbox) commitOutcome(ctx context.Context, err error, mark *redis.StatusCmd, key, token string) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, errInboxLost):
+	case errors.Is(err, idem.ErrLeaseLost):
 		return err
 	case errors.Is(err, redis.TxFailedErr):
 		return errInboxLost
@@ -471,4 +513,226 @@ func (in *Inbox) commit(ctx context.Context, key, token string, cmds []redis.Cmd
 	// aborted by the WATCH.
 	in.release(ctx, key, token)
 	return fmt.Errorf("idemredis: inbox: commit: %w", err)
+}
+
+// Sequence marks (idem.SequenceInbox) are kept as 20-digit decimal
+// strings, zero-padded, so that comparing two of them byte by byte (in
+// Lua, which has only float64 numbers, exact to 2^53) compares the
+// numbers, for every uint64.
+const zeroMark = "00000000000000000000"
+
+func formatMark(n uint64) string { return fmt.Sprintf("%020d", n) }
+
+// sequenceKeys returns the keys of (consumer, aggregate):
+// "<prefix>:inbox-seq:{<consumer>}:<aggregate>" holds its mark, and
+// "<prefix>:inbox-seq-lease:{<consumer>}:<aggregate>" the token of the
+// delivery processing it. Both carry the consumer's hash tag, as the
+// message keys do, so they share a slot with those and with fn's keys.
+// They are one-to-one for the reasons inboxKey is, and never meet an
+// inbox key or each other: the text before the tag differs.
+func (in *Inbox) sequenceKeys(consumer, aggregate string) (mark, lease string) {
+	tag := InboxHashTag(consumer)
+	return in.prefix + ":inbox-seq:" + tag + ":" + aggregate, in.prefix + ":inbox-seq-lease:" + tag + ":" + aggregate
+}
+
+// inboxSequenceClaimScript reads an aggregate's mark and, when seq may be
+// applied on top of it, claims the aggregate's lease for a delivery.
+//
+// KEYS: the mark key, the lease key. ARGV: "pending:<token>", the lease in
+// ms, seq and seq-1 as formatMark writes them, "1" when gaps are allowed.
+//
+// Returns {"duplicate", mark} when seq <= mark, {"gap", mark} when seq >
+// mark+1 and gaps are held, {"claimed", mark} when it took the lease,
+// {"busy", mark, value, PTTL} with the value of the lease someone holds,
+// and {"corrupt", value} when the mark key holds what formatMark never
+// writes.
+// The mark is compared before the lease is looked at: it only grows, so a
+// duplicate is one whoever holds the lease.
+var inboxSequenceClaimScript = redis.NewScript(`
+local mark = redis.call('GET', KEYS[1])
+if not mark then
+  mark = '00000000000000000000'
+elseif #mark ~= 20 or string.find(mark, '%D') then
+  return {'corrupt', mark}
+end
+local function less(a, b)
+  for i = 1, 20 do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then
+      return x < y
+    end
+  end
+  return false
+end
+if not less(mark, ARGV[3]) then
+  return {'duplicate', mark}
+end
+if ARGV[5] ~= '1' and less(mark, ARGV[4]) then
+  return {'gap', mark}
+end
+local v = redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+if not v then
+  return {'claimed', mark}
+end
+return {'busy', mark, v, redis.call('PTTL', KEYS[2])}
+`)
+
+// errSequenceLost says why a sequence commit applied nothing.
+var errSequenceLost = fmt.Errorf("idemredis: inbox: commit refused, the aggregate's mark changed since it was read (the lease ended during fn and another delivery committed): %w", idem.ErrLeaseLost)
+
+// ProcessSequence implements idem.SequenceInbox, with the transaction model
+// of Process (see the Inbox type): one script reads the mark of (consumer,
+// aggregate) and, when seq may be applied on top of it, claims the
+// aggregate's lease with SET NX PX <Lease>; a delivery that finds another
+// holding the lease waits, polling, and reads the mark again once that one
+// committed (then it is usually a duplicate) or failed. fn queues its Redis
+// writes on the pipeliner InboxTx returns, and when it returns nil they
+// commit with the new mark in one WATCH/MULTI/EXEC that also deletes the
+// lease, and applies only while the lease is this delivery's (or nobody's)
+// and the mark is the one read. A failing fn releases the lease and leaves
+// the mark. Every caveat of Process holds: effects outside Redis are at
+// least once, fn cannot read its own queued writes, a command failing in
+// EXEC does not roll the others back, durability is Redis's, and in Redis
+// Cluster fn's keys must carry InboxHashTag(consumer).
+//
+// Marks never expire (InboxConfig.Retention is for the message marks of
+// Process): one that went would let every earlier message of its aggregate
+// run again, and under GapHold it would hold the next message for good.
+// Each aggregate costs one key, plus its lease while a delivery holds it.
+//
+// Returns an error matching idem.ErrInvalidArgument, without touching
+// Redis, for the arguments idem.CheckSequenceArgs refuses; ctx's error when
+// it is done before the lease was claimed or while waiting for another
+// delivery; and an error matching idem.ErrLeaseLost, having applied
+// nothing, when this delivery's lease ended during fn and another delivery
+// took it or committed. Ambiguous failures: on other errors the commit may
+// or may not have happened; a redelivery finds out (idem.ErrDuplicate, or
+// fn runs, at the latest once the lease has ended).
+func (in *Inbox) ProcessSequence(ctx context.Context, consumer, aggregate string, seq uint64, gap idem.GapPolicy, fn func(ctx context.Context) error) error {
+	if err := idem.CheckSequenceArgs(consumer, aggregate, seq, gap, fn); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	markKey, leaseKey := in.sequenceKeys(consumer, aggregate)
+	token := inboxPending + rand.Text()
+	mark, err := in.claimSequence(ctx, markKey, leaseKey, token, aggregate, seq, gap)
+	if err != nil {
+		return err
+	}
+
+	pipe := &inboxPipe{in.client.Pipeline()}
+	fctx := context.WithValue(ctx, inboxTxKey{}, pipe)
+	if err := in.run(ctx, leaseKey, token, pipe, fn, fctx); err != nil {
+		// fn's error, unchanged.
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		in.release(ctx, leaseKey, token)
+		return err
+	}
+	return in.commitSequence(ctx, markKey, leaseKey, token, mark, seq, pipe.Cmds())
+}
+
+// claimSequence claims the aggregate's lease for token, waiting while
+// another delivery holds it, and returns the mark it read. Returns
+// idem.ErrDuplicate or an *idem.SequenceGapError when the mark says so.
+func (in *Inbox) claimSequence(ctx context.Context, markKey, leaseKey, token, aggregate string, seq uint64, gap idem.GapPolicy) (uint64, error) {
+	leaseMs := max(in.lease.Milliseconds(), 1)
+	allow := "0"
+	if gap == idem.GapAllow {
+		allow = "1"
+	}
+	p := in.newPoller()
+	defer p.stop()
+	for {
+		res, err := inboxSequenceClaimScript.Run(ctx, in.client, []string{markKey, leaseKey},
+			token, leaseMs, formatMark(seq), formatMark(seq-1), allow).Slice()
+		if err != nil {
+			return 0, fmt.Errorf("idemredis: inbox: claim: %w", err)
+		}
+		if len(res) < 2 {
+			return 0, fmt.Errorf("idemredis: inbox: claim: unexpected reply %v", res)
+		}
+		verdict, _ := res[0].(string)
+		text, _ := res[1].(string)
+		if verdict == "corrupt" {
+			return 0, fmt.Errorf("idemredis: inbox: %s holds %q, not a sequence mark", markKey, text)
+		}
+		mark, err := strconv.ParseUint(text, 10, 64)
+		if err != nil {
+			// 20 digits past the largest uint64, which formatMark never
+			// writes, or a reply of another script.
+			if verdict == "claimed" {
+				in.release(ctx, leaseKey, token)
+			}
+			return 0, fmt.Errorf("idemredis: inbox: %s holds %q, not a sequence mark", markKey, text)
+		}
+		switch verdict {
+		case "duplicate":
+			return 0, idem.ErrDuplicate
+		case "gap":
+			return 0, &idem.SequenceGapError{Aggregate: aggregate, Mark: mark, Seq: seq}
+		case "claimed":
+			return mark, nil
+		case "busy":
+		default:
+			return 0, fmt.Errorf("idemredis: inbox: claim: unexpected reply %v", res)
+		}
+		var holder string
+		var pttl int64
+		if len(res) == 4 {
+			holder, _ = res[2].(string)
+			pttl, _ = res[3].(int64)
+		}
+		switch {
+		case holder == token:
+			// go-redis resent the script after losing the reply to the
+			// first run, which had claimed the lease; the mark cannot have
+			// moved since, as only the lease's holder commits.
+			return mark, nil
+		case !strings.HasPrefix(holder, inboxPending):
+			return 0, fmt.Errorf("idemredis: inbox: %s holds %q, not an inbox lease", leaseKey, holder)
+		}
+		// Another delivery holds the lease: look again later.
+		if err := p.sleep(ctx, pttl); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// commitSequence applies cmds, the new mark and the release of the lease
+// in one MULTI/EXEC, if the lease still holds token (or has ended with no
+// other holder, as commit allows) and the mark is still the one read.
+func (in *Inbox) commitSequence(ctx context.Context, markKey, leaseKey, token string, read, seq uint64, cmds []redis.Cmder) error {
+	var mark *redis.StatusCmd
+	err := in.client.Watch(ctx, func(tx *redis.Tx) error {
+		vals, err := tx.MGet(ctx, leaseKey, markKey).Result()
+		if err != nil {
+			return err
+		}
+		if v, ok := vals[0].(string); ok && v != token {
+			return errInboxLost
+		}
+		current := zeroMark
+		if v, ok := vals[1].(string); ok {
+			current = v
+		}
+		if current != formatMark(read) {
+			return errSequenceLost
+		}
+		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			if len(cmds) > 0 {
+				if err := p.BatchProcess(ctx, cmds...); err != nil {
+					return err
+				}
+			}
+			mark = p.Set(ctx, markKey, formatMark(seq), 0)
+			p.Del(ctx, leaseKey)
+			return nil
+		})
+		return err
+	}, markKey, leaseKey)
+	return in.commitOutcome(ctx, err, mark, leaseKey, token)
 }

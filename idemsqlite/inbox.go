@@ -3,6 +3,7 @@ package idemsqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -11,15 +12,18 @@ import (
 
 // Inbox is an idem.Inbox whose records live in the table idem_inbox of a
 // DB, next to the consumer's own tables, so that a handler's writes and
-// the record of its message commit in one transaction.
+// the record of its message commit in one transaction. It is also an
+// idem.SequenceInbox, whose marks live in the table idem_inbox_sequences,
+// one row per (consumer, aggregate).
 type Inbox struct {
 	db    *DB
 	clock idem.Clock
 }
 
 var (
-	_ idem.Inbox      = (*Inbox)(nil)
-	_ idem.BatchInbox = (*Inbox)(nil)
+	_ idem.Inbox         = (*Inbox)(nil)
+	_ idem.BatchInbox    = (*Inbox)(nil)
+	_ idem.SequenceInbox = (*Inbox)(nil)
 )
 
 // The inbox's statements, prepared once per DB.
@@ -32,6 +36,11 @@ var (
 	sqlRecordInboxBatch = messagesSQL(`INSERT INTO idem_inbox (consumer, dedup_key, processed_at)
 		SELECT ?1, CAST(unhex(value) AS TEXT), ?2 FROM json_each(?3) WHERE true
 		ON CONFLICT DO NOTHING RETURNING dedup_key`)
+	// Marks hold the uint64's bits in SQLite's signed INTEGER; they are
+	// compared in Go, never in SQL.
+	sqlReadMark  = messagesSQL(`SELECT mark FROM idem_inbox_sequences WHERE consumer = ? AND aggregate = ?`)
+	sqlRaiseMark = messagesSQL(`INSERT INTO idem_inbox_sequences (consumer, aggregate, mark, updated_at) VALUES (?, ?, ?, ?)
+		ON CONFLICT (consumer, aggregate) DO UPDATE SET mark = excluded.mark, updated_at = excluded.updated_at`)
 	sqlPurgeInbox = messagesSQL(`DELETE FROM idem_inbox WHERE rowid IN (
 		SELECT rowid FROM idem_inbox WHERE processed_at < ? ORDER BY processed_at LIMIT ?)`)
 )
@@ -84,6 +93,56 @@ func (in *Inbox) Process(ctx context.Context, consumer, dedupKey string, fn func
 			return idem.ErrDuplicate
 		}
 		return fn(ctx)
+	})
+	return wrapTx("inbox", err)
+}
+
+// ProcessSequence implements idem.SequenceInbox. Like Process, it runs in
+// db.WithTx, in the transaction ctx carries or one of its own; there it
+// reads the mark of (consumer, aggregate) (0 when it has no row), returns
+// idem.ErrDuplicate or an *idem.SequenceGapError when seq is one, and
+// otherwise runs fn and then writes seq as the new mark. The single writer
+// connection makes the read, fn and the write one step for the whole
+// process, and SQLite's write lock, taken when the transaction begins
+// (BEGIN IMMEDIATE), for every process, so two calls of one aggregate never
+// read the same mark.
+//
+// When fn fails, ProcessSequence rolls back its own transaction and returns
+// fn's error unchanged. In a joined transaction the mark is written only
+// after fn succeeded, so a failed fn leaves it as it was even if the caller
+// commits; fn's own writes are the caller's to roll back. Marks are never
+// purged (PurgeInbox deletes idem_inbox rows only).
+//
+// Returns an error matching idem.ErrInvalidArgument, having changed
+// nothing, for the arguments idem.CheckSequenceArgs refuses. On a failure to
+// commit, the mark and fn's writes may or may not have been committed: a
+// redelivery finds out.
+func (in *Inbox) ProcessSequence(ctx context.Context, consumer, aggregate string, seq uint64, gap idem.GapPolicy, fn func(ctx context.Context) error) error {
+	if err := idem.CheckSequenceArgs(consumer, aggregate, seq, gap, fn); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	err := in.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		r := in.db.in(tx)
+		var stored int64
+		switch err := r.queryRow(ctx, sqlReadMark, consumer, aggregate).Scan(&stored); {
+		case errors.Is(err, sql.ErrNoRows):
+			stored = 0
+		case err != nil:
+			return fmt.Errorf("idemsqlite: inbox: read the mark: %w", err)
+		}
+		if err := idem.CheckSequence(aggregate, uint64(stored), seq, gap); err != nil {
+			return err
+		}
+		if err := fn(ctx); err != nil {
+			return err
+		}
+		if _, err := r.exec(ctx, sqlRaiseMark, consumer, aggregate, int64(seq), in.clock.Now().UnixNano()); err != nil {
+			return fmt.Errorf("idemsqlite: inbox: raise the mark: %w", err)
+		}
+		return nil
 	})
 	return wrapTx("inbox", err)
 }

@@ -35,7 +35,10 @@ type InboxEffects interface {
 // comes back unchanged (a permanent or rate-limited error keeps its class);
 // 32 concurrent deliveries of one message apply its effect exactly once,
 // also when the first of them fails; consumers and keys are independent
-// namespaces; a cancelled context commits nothing.
+// namespaces; a cancelled context commits nothing; and a history of many
+// deliveries of a few messages at once, their handlers failing now and
+// then, that Porcupine finds linearizable against processing each key
+// once (see the package documentation, "Linearizability").
 //
 // newInbox is called once per subtest, from that subtest's goroutine, and
 // returns a fresh, empty inbox and a view of its database's effects. It
@@ -48,6 +51,21 @@ type InboxEffects interface {
 // orders, run at once with Process calls of the same keys, that apply each
 // effect once and never wait for each other for good. Otherwise those
 // subtests are skipped with the reason.
+//
+// When the inbox is an idem.SequenceInbox, the suite also checks
+// ProcessSequence: sequence numbers applied in order; duplicates at and
+// below the mark, under either GapPolicy; GapHold refusing a number past
+// the next with a *idem.SequenceGapError and running nothing; GapAllow
+// running past a gap and raising the mark beyond it, so that a late lower
+// number is a duplicate; a failing fn that leaves the mark and its writes
+// as they were; two copies each of numbers 1..12 of one aggregate, run at
+// once and retried while they meet a gap, applied exactly once each, in
+// order, one handler at a time, with the mark ending at 12; marks per
+// (consumer, aggregate), apart from Process's records; a cancelled context
+// that commits nothing; invalid calls (seq 0 among them) refused with
+// idem.ErrInvalidArgument; and numbers past 2^53 and 2^63, up to the
+// largest uint64, kept exactly. Otherwise those subtests are skipped with
+// the reason.
 func TestInbox(t *testing.T, newInbox func(t *testing.T) (idem.Inbox, InboxEffects)) {
 	t.Helper()
 	env := func(t *testing.T) *inboxEnv {
@@ -74,6 +92,17 @@ func TestInbox(t *testing.T, newInbox func(t *testing.T) (idem.Inbox, InboxEffec
 			tc.run(t, e, in)
 		})
 	}
+	for _, tc := range sequenceInboxTests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := env(t)
+			in, ok := e.inbox.(idem.SequenceInbox)
+			if !ok {
+				t.Skip("the inbox is not an idem.SequenceInbox")
+			}
+			tc.run(t, e, in)
+		})
+	}
 }
 
 var inboxTests = []struct {
@@ -87,6 +116,7 @@ var inboxTests = []struct {
 	{"ConcurrentManyKeys", testInboxConcurrentManyKeys},
 	{"Namespaces", testInboxNamespaces},
 	{"CancelledContext", testInboxCancelled},
+	{"Linearizable", testInboxLinearizable},
 }
 
 type inboxEnv struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/idem-go/idem"
@@ -43,6 +44,52 @@ func (b batchFunc) ProcessBatch(ctx context.Context, consumer string, keys []str
 		return b.Inbox.ProcessBatch(ctx, consumer, keys, fn)
 	}
 	return b.batch(ctx, consumer, keys, fn)
+}
+
+// seqFunc is a reference inbox whose ProcessSequence is replaced.
+type seqFunc struct {
+	*idemmem.Inbox
+	seq func(ctx context.Context, consumer, aggregate string, seq uint64, gap idem.GapPolicy, fn func(context.Context) error) error
+}
+
+func (s seqFunc) ProcessSequence(ctx context.Context, consumer, aggregate string, seq uint64, gap idem.GapPolicy, fn func(context.Context) error) error {
+	return s.seq(ctx, consumer, aggregate, seq, gap, fn)
+}
+
+// racyMarks is a sequence inbox that reads the mark, runs fn and only then
+// writes the mark, holding nothing in between: right one call at a time,
+// wrong for two calls of one aggregate at once.
+type racyMarks struct {
+	*idemmem.Inbox
+	mu    sync.Mutex
+	marks map[[2]string]uint64
+}
+
+func (r *racyMarks) ProcessSequence(ctx context.Context, consumer, aggregate string, seq uint64, gap idem.GapPolicy, fn func(context.Context) error) error {
+	if err := idem.CheckSequenceArgs(consumer, aggregate, seq, gap, fn); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	k := [2]string{consumer, aggregate}
+	r.mu.Lock()
+	mark := r.marks[k]
+	r.mu.Unlock()
+	if err := idem.CheckSequence(aggregate, mark, seq, gap); err != nil {
+		return err
+	}
+	return idemmem.Transact(ctx, func(ctx context.Context) error {
+		if err := fn(ctx); err != nil {
+			return err
+		}
+		tx, _ := idemmem.TxFromContext(ctx)
+		return tx.OnCommit(func() {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.marks[k] = seq
+		})
+	})
 }
 
 // inboxCase runs TestInbox on an inbox that broken builds over a
@@ -110,5 +157,60 @@ var brokenInboxes = map[string]brokenCase{
 		return inboxFunc(func(ctx context.Context, _, k string, fn func(context.Context) error) error {
 			return in.Process(ctx, "everyone", k, fn)
 		})
+	}),
+	"sequence inbox: ignores the mark": inboxCase("SequenceDuplicates", func(in *idemmem.Inbox) idem.Inbox {
+		return seqFunc{in, func(ctx context.Context, c, a string, seq uint64, gap idem.GapPolicy, fn func(context.Context) error) error {
+			if err := idem.CheckSequenceArgs(c, a, seq, gap, fn); err != nil {
+				return err
+			}
+			return idemmem.Transact(ctx, fn)
+		}}
+	}),
+	// fn's writes roll back, but the mark it was to guard moves on: the
+	// message is lost, and a redelivery is taken for a duplicate.
+	"sequence inbox: raises the mark when fn fails": inboxCase("SequenceFailureLeavesMark", func(in *idemmem.Inbox) idem.Inbox {
+		return seqFunc{in, func(ctx context.Context, c, a string, seq uint64, gap idem.GapPolicy, fn func(context.Context) error) error {
+			if fn == nil {
+				return in.ProcessSequence(ctx, c, a, seq, gap, fn)
+			}
+			var fnErr error
+			err := in.ProcessSequence(ctx, c, a, seq, gap, func(ctx context.Context) error {
+				fnErr = idemmem.Transact(ctx, fn)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			return fnErr
+		}}
+	}),
+	"sequence inbox: reads the mark without holding it": inboxCase("SequenceConcurrent", func(in *idemmem.Inbox) idem.Inbox {
+		return &racyMarks{Inbox: in, marks: make(map[[2]string]uint64)}
+	}),
+	"sequence inbox: lets gaps through under GapHold": inboxCase("SequenceGapHold", func(in *idemmem.Inbox) idem.Inbox {
+		return seqFunc{in, func(ctx context.Context, c, a string, seq uint64, gap idem.GapPolicy, fn func(context.Context) error) error {
+			if gap == idem.GapHold {
+				gap = idem.GapAllow
+			}
+			return in.ProcessSequence(ctx, c, a, seq, gap, fn)
+		}}
+	}),
+	"sequence inbox: one mark for every aggregate": inboxCase("SequenceNamespaces", func(in *idemmem.Inbox) idem.Inbox {
+		return seqFunc{in, func(ctx context.Context, c, a string, seq uint64, gap idem.GapPolicy, fn func(context.Context) error) error {
+			if a == "" {
+				return in.ProcessSequence(ctx, c, a, seq, gap, fn)
+			}
+			return in.ProcessSequence(ctx, c, "every aggregate", seq, gap, fn)
+		}}
+	}),
+	// What a Lua script that compares numbers, not strings, does: past
+	// 2^53 neighbouring numbers round to one value.
+	"sequence inbox: keeps numbers as float64": inboxCase("SequenceLargeNumbers", func(in *idemmem.Inbox) idem.Inbox {
+		return seqFunc{in, func(ctx context.Context, c, a string, seq uint64, gap idem.GapPolicy, fn func(context.Context) error) error {
+			if seq < 1<<53 {
+				return in.ProcessSequence(ctx, c, a, seq, gap, fn)
+			}
+			return in.ProcessSequence(ctx, c, a, uint64(float64(seq)), gap, fn)
+		}}
 	}),
 }
