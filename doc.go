@@ -3,31 +3,76 @@
 // "Exactly-once delivery" is a myth: a sender that gets no acknowledgement
 // cannot tell a lost message from a lost acknowledgement, so it retries, and
 // retries make duplicates. What is real is at-least-once delivery plus
-// de-duplication at the receiver. idem is the receiver's half.
+// de-duplication at the receiver. idem is the receiver's half, for both
+// ways work arrives: HTTP requests that carry an Idempotency-Key, and
+// messages from a broker.
 //
 // This package holds the types every other idem package speaks, and nothing
-// but the standard library:
+// but the standard library. The other packages each do one thing, and each
+// dependency (a database, a broker, a metrics library) has a package of its
+// own, so a program imports only what it uses.
 //
-//   - Key: an idempotency key as a client sends it (ParseKey accepts the
-//     IETF draft's structured-field string and Stripe's bare token). A
-//     key is a bearer of someone's request, so it is never logged as it
-//     is (see Keys in logs).
-//   - Scope: who owns a key; keys never cross scopes.
-//   - Fingerprint: what a request said (method, path, query, body; JSON
-//     canonicalised by CanonicalJSON, RFC 8785), so a key reused for a
-//     different request is refused.
-//   - Store: the heart. Claim a key atomically (exactly one caller wins),
-//     Complete it with the answer every duplicate gets, or Release it after a
-//     transient failure so a retry runs again. A lease with a fencing Token
-//     covers the in-flight state: after a crash the lease ends and a retry
-//     takes over; a completion from the old holder is refused.
-//   - TxStore: a Store whose records live in the caller's database, so the
-//     effect and the key's completion commit in one transaction.
+// # The request half
 //
-// Backends live in their own packages (idemmem, idemsqlite), each passing
-// the conformance suite in idemtest. The HTTP middleware is idemhttp; the
-// reference payment service, the lab that shows all of this, is payments,
-// run by cmd/idem.
+//   - Key (ParseKey: the IETF draft's structured-field string and Stripe's
+//     bare token), Scope (who owns a key; keys never cross scopes) and
+//     Fingerprint (method, path, query and body, JSON canonicalised by
+//     CanonicalJSON, RFC 8785), so that a key reused for another request is
+//     refused.
+//   - Store: claim a key atomically (exactly one caller wins), Complete it
+//     with the answer every duplicate gets, or Release it after a transient
+//     failure so that a retry runs again; a lease with a fencing Token
+//     covers the key in flight. TxStore completes a key in the caller's own
+//     transaction, with the effect; TxClaimer claims it there too, so no
+//     one ever sees it in flight; Replayer answers replays with one narrow
+//     read; Waiter wakes duplicates waiting for a key.
+//   - idemhttp: the server middleware built on a Store (claim, run once,
+//     keep, replay, refuse mismatches with 422), and the client half, a
+//     RoundTripper that gives each operation one key and retries it safely.
+//
+// # The message half
+//
+//   - Message, and the transports' seams: Publisher, Subscriber, Stream,
+//     Delivery (BatchStream for transports that take and acknowledge many
+//     at once).
+//   - Inbox: a consumer records each message's de-duplication key in the
+//     same transaction as its effect, so a redelivery is a duplicate
+//     (ErrDuplicate) and a failure leaves nothing; BatchInbox does a batch
+//     in one transaction; SequenceInbox de-duplicates by aggregate and
+//     sequence number, one high-water mark per aggregate.
+//   - Outbox: events written with the effect they announce, relayed later
+//     (OutboxMover for transports that live in the same database).
+//   - DeadLetters and Ledger: what failed for good, with every attempt and
+//     its history, and the attempts and held-back keys of messages still
+//     being retried. ErrorClass, Permanent and RetryAfter classify failures;
+//     RetryPolicy spaces retries with jittered exponential backoff.
+//   - consumer: subscribe, de-duplicate in the inbox, run the handler in the
+//     inbox's transaction, retry or dead-letter, keep each key's order.
+//     outbox: the relay from an Outbox to a Publisher. deadletter: list,
+//     show, re-drive (edited or not) and discard dead letters, with an
+//     audit trail.
+//
+// # Backends
+//
+// Every backend passes the conformance suites of idemtest for each seam it
+// implements (TestStore, TestInbox, TestTransport, TestOutbox,
+// TestDeadLetters, TestLedger), including a linearizability check of its
+// concurrent histories by Porcupine:
+//
+//   - idemsqlite: the embedded default, one file; every interface.
+//   - idempg: PostgreSQL; every interface, with a SKIP LOCKED transport and
+//     LISTEN/NOTIFY wake-ups.
+//   - idemredis: a Store (a claim in one command) and an Inbox.
+//   - idemnats (JetStream) and idemamqp (RabbitMQ): transports.
+//   - idemmem: everything in memory, the reference the suites are checked
+//     against, and a store for tests.
+//
+// idemprom turns the toolkit's counters into Prometheus metrics. payments
+// is the reference payment service, the lab that shows all of this (it
+// double-charges in its unsafe mode and never otherwise), bench measures
+// idem against hand-written minimums, demo tells the lab's story, and
+// cmd/idem runs them all (idem serve, idem demo, idem dlq, idem keys,
+// idem migrate, idem bench).
 //
 // # A key's life
 //
@@ -36,6 +81,14 @@
 //	   ├────► InFlight   (another holder; wait and claim again)
 //	   ├────► Completed  (replay Record.Response)
 //	   └────► Mismatch   (same key, different fingerprint: refuse)
+//
+// # A message's life
+//
+//	Outbox.Add (with the effect) ──► relay ──► Publisher ──► Stream ──► Delivery
+//	   Inbox.Process ──► ErrDuplicate ──► Ack            (a redelivery: nothing runs)
+//	                ├──► handler ok ──► commit ──► Ack   (effect and inbox row together)
+//	                ├──► transient  ──► Nack, retried after a backoff, in key order
+//	                └──► permanent, or attempts exhausted ──► DeadLetters ──► re-drive or discard
 //
 // # Keys in logs
 //
