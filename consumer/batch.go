@@ -63,7 +63,7 @@ func (r *runner) gather(first *entry) []*entry {
 	keys := make(map[string]struct{}, cap(batch))
 	var later []*entry
 	fits := func(e *entry) bool {
-		if e.dedupErr != nil {
+		if e.dedupErr != nil || r.overDelivered(e) {
 			return false
 		}
 		_, dup := keys[e.dedup]

@@ -129,6 +129,21 @@ type Config struct {
 	// at 30s.
 	Retry idem.RetryPolicy
 
+	// MaxDeliveries bounds how often the transport may deliver one message
+	// (its Attempt, the broker's own count) before the consumer gives up
+	// on it without running the handler: it is dead-lettered as exhausted,
+	// its reason saying it was delivered that often with no outcome
+	// recorded. A message whose handling kills the process (a crash, an
+	// out-of-memory kill) never records a failure, so without this bound
+	// it would come back for good, or until the broker drops it (RabbitMQ
+	// 4 drops a quorum queue's message after 20 deliveries unless told
+	// where to put it). Transports may count a delivery that only reached
+	// a client's buffer before a restart, so it is kept above
+	// Retry.MaxAttempts. Defaults to Retry.MaxAttempts + 5 (15 with the
+	// default policy); it must not be below Retry.MaxAttempts; negative
+	// turns it off.
+	MaxDeliveries int
+
 	// AfterDeadLetter says what happens to a key's later messages once one
 	// of its messages is dead-lettered. Defaults to Park.
 	AfterDeadLetter OrderPolicy
@@ -285,6 +300,9 @@ func New(cfg *Config) (*Consumer, error) {
 		return nil, &idem.ArgumentError{Field: "consumer.Config.AfterDeadLetter", Reason: "must be Park or LetThrough"}
 	case c.Retry.MaxAttempts < 0:
 		return nil, &idem.ArgumentError{Field: "consumer.Config.Retry.MaxAttempts", Reason: "must not be negative"}
+	case c.MaxDeliveries > 0 && c.MaxDeliveries < c.Retry.Attempts():
+		return nil, &idem.ArgumentError{Field: "consumer.Config.MaxDeliveries",
+			Reason: fmt.Sprintf("must not be below Retry.MaxAttempts (%d)", c.Retry.Attempts())}
 	case c.Gap != idem.GapHold && c.Gap != idem.GapAllow:
 		return nil, &idem.ArgumentError{Field: "consumer.Config.Gap", Reason: "must be idem.GapHold or idem.GapAllow"}
 	}
@@ -296,6 +314,9 @@ func New(cfg *Config) (*Consumer, error) {
 	}
 	if c.DedupKey == nil {
 		c.DedupKey = func(m idem.Message) (string, error) { return m.ID, nil }
+	}
+	if c.MaxDeliveries == 0 {
+		c.MaxDeliveries = c.Retry.Attempts() + 5
 	}
 	if c.InTx == nil {
 		c.InTx = func(ctx context.Context, fn func(context.Context) error) error { return fn(ctx) }

@@ -144,6 +144,16 @@
 // dead-lettered as exhausted. The handler reads the number with
 // InfoFromContext.
 //
+// A message whose handling kills the process (a crash, an out-of-memory
+// kill) never records a failure: it comes back after each AckWait, with
+// the transport's count growing. Once that count passes MaxDeliveries
+// (Retry.MaxAttempts + 5 by default), the consumer dead-letters it as
+// exhausted without running the handler again, its reason saying it was
+// delivered that often with no outcome recorded. So a poison message
+// reaches the dead letters, instead of looping for good or being dropped
+// by a broker's own delivery limit (RabbitMQ 4 drops a quorum queue's
+// message after 20 deliveries).
+//
 // # Order
 //
 // Messages with the same Key are handled one at a time, in the order the

@@ -197,6 +197,12 @@ func (r *runner) next(n int) ([]idem.Delivery, error) {
 	return []idem.Delivery{d}, nil
 }
 
+// overDelivered reports whether the transport has delivered e more often
+// than MaxDeliveries.
+func (r *runner) overDelivered(e *entry) bool {
+	return r.cfg.MaxDeliveries > 0 && e.d.Attempt() > r.cfg.MaxDeliveries
+}
+
 func (r *runner) dedupKey(m idem.Message) (key string, err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -293,7 +299,7 @@ func (r *runner) work() {
 			if r.ctx.Err() != nil {
 				return
 			}
-			if r.batchInbox == nil || e.dedupErr != nil {
+			if r.batchInbox == nil || e.dedupErr != nil || r.overDelivered(e) {
 				r.handle(e)
 				continue
 			}
@@ -338,6 +344,14 @@ func (r *runner) handle(e *entry) {
 	d := e.d
 	if e.dedupErr != nil {
 		r.fail(e, max(d.Attempt(), e.last+1, 1), e.dedupErr, idem.ClassPermanent)
+		return
+	}
+	if r.overDelivered(e) {
+		// Past MaxDeliveries, and so past Retry.MaxAttempts: fail
+		// dead-letters it as exhausted, without running the handler.
+		r.fail(e, r.number(e), fmt.Errorf("delivered %d times with no outcome recorded (more than MaxDeliveries, %d): "+
+			"the consumer may have stopped while handling it, a crash or an out-of-memory kill; the handler was not run again",
+			d.Attempt(), r.cfg.MaxDeliveries), idem.ClassTransient)
 		return
 	}
 	n := r.number(e)
