@@ -48,25 +48,6 @@ func (p OrderPolicy) String() string {
 	return fmt.Sprintf("OrderPolicy(%d)", int(p))
 }
 
-// Timers schedules the consumer's wake-ups: the delays of retries that wait
-// inside the consumer, and the InProgress heartbeats of held deliveries.
-// Tests that drive a manual Clock pass Timers driven by the same clock, so
-// that moving the clock fires them.
-type Timers interface {
-	// AfterFunc calls f, in a goroutine of its own, once d has passed,
-	// unless stop is called first. stop reports whether it prevented the
-	// call.
-	AfterFunc(d time.Duration, f func()) (stop func() bool)
-}
-
-// RuntimeTimers are the Go runtime's timers (time.AfterFunc).
-type RuntimeTimers struct{}
-
-// AfterFunc calls time.AfterFunc.
-func (RuntimeTimers) AfterFunc(d time.Duration, f func()) func() bool {
-	return time.AfterFunc(d, f).Stop
-}
-
 // Config configures a Consumer. Name, Topic, Subscriber, Inbox, DeadLetters
 // and Ledger are required; every other field has a default.
 type Config struct {
@@ -207,8 +188,8 @@ type Config struct {
 	// Clock dates attempts and heartbeats. Defaults to idem.SystemClock.
 	Clock idem.Clock
 	// Timers schedules retries and heartbeats; set it with Clock. Defaults
-	// to RuntimeTimers.
-	Timers Timers
+	// to idem.RuntimeTimers.
+	Timers idem.Timers
 	// Logger receives failures, dead letters and settlement errors.
 	// Defaults to a logger that discards.
 	Logger *slog.Logger
@@ -325,7 +306,7 @@ func New(cfg *Config) (*Consumer, error) {
 		c.Clock = idem.SystemClock{}
 	}
 	if c.Timers == nil {
-		c.Timers = RuntimeTimers{}
+		c.Timers = idem.RuntimeTimers{}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -696,7 +696,7 @@ func messageIDs(msgs []idem.Message) []string {
 
 // Compile-time checks that the in-memory stores fit.
 var (
-	_ consumer.Timers = (*fakeTimers)(nil)
+	_ idem.Timers = (*fakeTimers)(nil)
 	_ idem.Inbox      = (*idemmem.Inbox)(nil)
 )
 

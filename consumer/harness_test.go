@@ -22,7 +22,7 @@ const topic = "payments.succeeded"
 // then is a failure, not a slow machine.
 const waitLimit = 20 * time.Second
 
-// fakeTimers are consumer.Timers driven by a manual clock: Advance moves
+// fakeTimers are idem.Timers driven by a manual clock: Advance moves
 // the clock and fires the timers that are due.
 type fakeTimers struct {
 	clock *idemtest.Clock

@@ -17,23 +17,6 @@ import (
 // ErrRunning is returned by Run when the Relay is already running.
 var ErrRunning = errors.New("outbox: relay already running")
 
-// Timers schedules the relay's wake-ups: its polls and its backoff after a
-// failed publish. Tests that drive a manual clock pass Timers of their own.
-type Timers interface {
-	// AfterFunc calls f, in a goroutine of its own, once d has passed,
-	// unless stop is called first. stop reports whether it prevented the
-	// call.
-	AfterFunc(d time.Duration, f func()) (stop func() bool)
-}
-
-// RuntimeTimers are the Go runtime's timers (time.AfterFunc).
-type RuntimeTimers struct{}
-
-// AfterFunc calls time.AfterFunc.
-func (RuntimeTimers) AfterFunc(d time.Duration, f func()) func() bool {
-	return time.AfterFunc(d, f).Stop
-}
-
 // Config configures a Relay. Outbox and Publisher are required; every other
 // field has a default.
 type Config struct {
@@ -61,8 +44,8 @@ type Config struct {
 	// ignored: the relay never gives a message up. Defaults to the zero
 	// idem.RetryPolicy: full jitter from 100ms, capped at 30s.
 	Retry idem.RetryPolicy
-	// Timers schedules polls and backoff. Defaults to RuntimeTimers.
-	Timers Timers
+	// Timers schedules polls and backoff. Defaults to idem.RuntimeTimers.
+	Timers idem.Timers
 	// Logger receives publish failures. Defaults to a logger that
 	// discards.
 	Logger *slog.Logger
@@ -124,7 +107,7 @@ func New(cfg *Config) (*Relay, error) {
 		c.Interval = time.Second
 	}
 	if c.Timers == nil {
-		c.Timers = RuntimeTimers{}
+		c.Timers = idem.RuntimeTimers{}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
