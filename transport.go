@@ -31,6 +31,24 @@ type Subscription struct {
 	MaxInFlight int
 }
 
+// Validate reports whether s can be subscribed: it names a Topic and a
+// Consumer, and its AckWait and MaxInFlight are not negative. It returns
+// an *ArgumentError naming the first field that is not. Transports check
+// it first, then what their broker adds (names it cannot hold).
+func (s Subscription) Validate() error {
+	switch {
+	case s.Topic == "":
+		return &ArgumentError{Field: "Subscription.Topic", Reason: "must not be empty"}
+	case s.Consumer == "":
+		return &ArgumentError{Field: "Subscription.Consumer", Reason: "must not be empty"}
+	case s.AckWait < 0:
+		return &ArgumentError{Field: "Subscription.AckWait", Reason: "must not be negative"}
+	case s.MaxInFlight < 0:
+		return &ArgumentError{Field: "Subscription.MaxInFlight", Reason: "must not be negative"}
+	}
+	return nil
+}
+
 // Subscriber starts durable subscriptions.
 type Subscriber interface {
 	// Subscribe starts (or resumes) the subscription and returns its stream

@@ -197,15 +197,8 @@ func (t *Transport) topic(name string) *topicLog {
 // idem.ErrInvalidArgument when sub has no Topic or Consumer, or a negative
 // AckWait or MaxInFlight, and idem.ErrClosed after Close.
 func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.Stream, error) {
-	switch {
-	case sub.Topic == "":
-		return nil, &idem.ArgumentError{Field: "Subscription.Topic", Reason: "must not be empty"}
-	case sub.Consumer == "":
-		return nil, &idem.ArgumentError{Field: "Subscription.Consumer", Reason: "must not be empty"}
-	case sub.AckWait < 0:
-		return nil, &idem.ArgumentError{Field: "Subscription.AckWait", Reason: "must not be negative"}
-	case sub.MaxInFlight < 0:
-		return nil, &idem.ArgumentError{Field: "Subscription.MaxInFlight", Reason: "must not be negative"}
+	if err := sub.Validate(); err != nil {
+		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err

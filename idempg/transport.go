@@ -500,15 +500,8 @@ const backlogSQL = `INSERT INTO idem_transport_pending (consumer_id, seq)
 // or one PostgreSQL's text cannot hold, or a negative AckWait or
 // MaxInFlight; and idem.ErrClosed after Close.
 func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.Stream, error) {
-	switch {
-	case sub.Topic == "":
-		return nil, &idem.ArgumentError{Field: "Subscription.Topic", Reason: "must not be empty"}
-	case sub.Consumer == "":
-		return nil, &idem.ArgumentError{Field: "Subscription.Consumer", Reason: "must not be empty"}
-	case sub.AckWait < 0:
-		return nil, &idem.ArgumentError{Field: "Subscription.AckWait", Reason: "must not be negative"}
-	case sub.MaxInFlight < 0:
-		return nil, &idem.ArgumentError{Field: "Subscription.MaxInFlight", Reason: "must not be negative"}
+	if err := sub.Validate(); err != nil {
+		return nil, err
 	}
 	if err := checkText("Subscription.Topic", sub.Topic); err != nil {
 		return nil, err
