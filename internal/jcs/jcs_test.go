@@ -1,4 +1,4 @@
-package idem
+package jcs
 
 import (
 	"errors"
@@ -101,21 +101,21 @@ func TestCanonicalJSON(t *testing.T) {
 		{name: "long mantissa", in: "1" + strings.Repeat("0", 300), want: `1e+300`},
 		{name: "money", in: `[10.00, 0.1, 99.99, 1234567.89]`, want: `[10,0.1,99.99,1234567.89]`},
 		{name: "numbers as member values", in: `{"b":-1e-7,"a":1E+2}`, want: `{"a":100,"b":-1e-7}`},
-		{name: "at max depth", in: strings.Repeat("[", MaxJSONDepth) + strings.Repeat("]", MaxJSONDepth), want: strings.Repeat("[", MaxJSONDepth) + strings.Repeat("]", MaxJSONDepth)},
+		{name: "at max depth", in: strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth), want: strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got, err := CanonicalJSON([]byte(tt.in))
+			got, err := Canonical([]byte(tt.in))
 			if err != nil {
-				t.Fatalf("CanonicalJSON(%q): %v", tt.in, err)
+				t.Fatalf("Canonical(%q): %v", tt.in, err)
 			}
 			if string(got) != tt.want {
-				t.Errorf("CanonicalJSON(%q)\n got %s\nwant %s", tt.in, got, tt.want)
+				t.Errorf("Canonical(%q)\n got %s\nwant %s", tt.in, got, tt.want)
 			}
-			again, err := CanonicalJSON(got)
+			again, err := Canonical(got)
 			if err != nil || string(again) != string(got) {
-				t.Errorf("not idempotent: CanonicalJSON(%q) = %q, %v", got, again, err)
+				t.Errorf("not idempotent: Canonical(%q) = %q, %v", got, again, err)
 			}
 		})
 	}
@@ -153,8 +153,8 @@ func TestCanonicalJSONErrors(t *testing.T) {
 		{name: "overflow", in: `1e400`, reason: "outside the range of an IEEE-754 double"},
 		{name: "negative overflow", in: `[-1e400]`, reason: "outside the range"},
 		{name: "overflow by rounding", in: `1.7976931348623159e308`, reason: "outside the range"},
-		{name: "too deep arrays", in: strings.Repeat("[", MaxJSONDepth+1) + strings.Repeat("]", MaxJSONDepth+1), reason: "nesting deeper than 1000 levels"},
-		{name: "too deep objects", in: strings.Repeat(`{"a":`, MaxJSONDepth+1) + "1" + strings.Repeat("}", MaxJSONDepth+1), reason: "nesting deeper"},
+		{name: "too deep arrays", in: strings.Repeat("[", MaxDepth+1) + strings.Repeat("]", MaxDepth+1), reason: "nesting deeper than 1000 levels"},
+		{name: "too deep objects", in: strings.Repeat(`{"a":`, MaxDepth+1) + "1" + strings.Repeat("}", MaxDepth+1), reason: "nesting deeper"},
 		{name: "too deep unterminated", in: strings.Repeat("[", 100000), reason: "nesting deeper"},
 		{name: "trailing comma array", in: `[1,]`, reason: "unexpected character ']'", syntax: true},
 		{name: "trailing comma object", in: `{"a":1,}`, reason: "expected a member name", syntax: true},
@@ -187,12 +187,12 @@ func TestCanonicalJSONErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got, err := CanonicalJSON([]byte(tt.in))
+			got, err := Canonical([]byte(tt.in))
 			if err == nil {
-				t.Fatalf("CanonicalJSON(%q) = %q, want an error", tt.in, got)
+				t.Fatalf("Canonical(%q) = %q, want an error", tt.in, got)
 			}
 			if got != nil {
-				t.Errorf("CanonicalJSON(%q) returned %q with its error", tt.in, got)
+				t.Errorf("Canonical(%q) returned %q with its error", tt.in, got)
 			}
 			if !errors.Is(err, ErrNotCanonicalizable) {
 				t.Errorf("error %v does not match ErrNotCanonicalizable", err)
@@ -213,7 +213,7 @@ func TestCanonicalJSONErrors(t *testing.T) {
 
 func TestCanonicalJSONErrorOffset(t *testing.T) {
 	t.Parallel()
-	_, err := CanonicalJSON([]byte(`{"a": [1, 2, x]}`))
+	_, err := Canonical([]byte(`{"a": [1, 2, x]}`))
 	if err == nil || !strings.Contains(err.Error(), "at byte offset 13") {
 		t.Errorf("error %v does not give the offset 13 of 'x'", err)
 	}
@@ -259,8 +259,8 @@ func TestES6NumberRFC8785(t *testing.T) {
 		}
 		// The same value reached through the parser.
 		in := strconv.FormatFloat(f, 'g', -1, 64)
-		if got, err := CanonicalJSON([]byte(in)); err != nil || string(got) != tt.want {
-			t.Errorf("CanonicalJSON(%s) = %s, %v; want %s", in, got, err, tt.want)
+		if got, err := Canonical([]byte(in)); err != nil || string(got) != tt.want {
+			t.Errorf("Canonical(%s) = %s, %v; want %s", in, got, err, tt.want)
 		}
 	}
 }
@@ -373,7 +373,7 @@ func BenchmarkCanonicalJSON(b *testing.B) {
 	b.SetBytes(int64(len(in)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := CanonicalJSON(in); err != nil {
+		if _, err := Canonical(in); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -384,27 +384,27 @@ func BenchmarkCanonicalJSON(b *testing.B) {
 // containers, and unsorted objects nested to the depth limit.
 func BenchmarkCanonicalJSONHostile(b *testing.B) {
 	var nest strings.Builder
-	// With the outer array and the innermost "b", MaxJSONDepth deep.
-	for range MaxJSONDepth - 2 {
+	// With the outer array and the innermost "b", MaxDepth deep.
+	for range MaxDepth - 2 {
 		nest.WriteString(`{"b":[],"a":`)
 	}
 	nest.WriteString("0")
-	nest.WriteString(strings.Repeat("}", MaxJSONDepth-2))
+	nest.WriteString(strings.Repeat("}", MaxDepth-2))
 	var in strings.Builder
 	in.WriteString("[")
-	for in.Len() < 1<<20-2*MaxJSONDepth-16 {
-		in.WriteString(strings.Repeat("[", MaxJSONDepth-1) + strings.Repeat("]", MaxJSONDepth-1) + ",")
+	for in.Len() < 1<<20-2*MaxDepth-16 {
+		in.WriteString(strings.Repeat("[", MaxDepth-1) + strings.Repeat("]", MaxDepth-1) + ",")
 		in.WriteString(nest.String() + ",")
 	}
 	in.WriteString("0]")
 	body := []byte(in.String())
-	if _, err := CanonicalJSON(body); err != nil {
+	if _, err := Canonical(body); err != nil {
 		b.Fatal(err)
 	}
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := CanonicalJSON(body); err != nil {
+		if _, err := Canonical(body); err != nil {
 			b.Fatal(err)
 		}
 	}
