@@ -697,7 +697,7 @@ func messageIDs(msgs []idem.Message) []string {
 // Compile-time checks that the in-memory stores fit.
 var (
 	_ idem.Timers = (*fakeTimers)(nil)
-	_ idem.Inbox      = (*idemmem.Inbox)(nil)
+	_ idem.Inbox  = (*idemmem.Inbox)(nil)
 )
 
 func TestHandlerErrorWrappingErrDuplicateIsAFailure(t *testing.T) {
