@@ -10,7 +10,9 @@
 // exchange with the topic as binding key, so '*' and '#' match as in any
 // topic exchange. One consumer name is one queue: give each topic its own
 // consumer name. Several streams of one consumer name compete for the
-// queue's messages.
+// queue's messages. A quorum queue has a second one beside it,
+// "<queue>.limit", for the messages RabbitMQ gives up past its delivery
+// limit (see below), which the subscription consumes too.
 //
 // RabbitMQ routes a message only to the queues bound when it is published:
 // subscribe (which declares the queue) before publishing what the
@@ -29,11 +31,12 @@
 //     stored, and publishing again is safe.
 //   - Order. A queue delivers in the order messages were routed to it;
 //     requeued and delayed messages come back later, out of it.
-//   - At-least-once delivery. A delivery is settled with basic.ack (Ack)
-//     or basic.reject without requeue (Term: the queue drops the message,
-//     or dead-letters it if a policy says where). A delivery left unsettled
-//     when its channel closes, or its connection drops, goes back to the
-//     queue at once.
+//   - At-least-once delivery. A delivery is settled with basic.ack, by
+//     Ack and by Term alike: the consumer that gives a message up has put
+//     it in idem's dead letters already, and a quorum queue would
+//     dead-letter a rejected message to "<queue>.limit", to be delivered
+//     again. A delivery left unsettled when its channel closes, or its
+//     connection drops, goes back to the queue at once.
 //   - The attempt count, on quorum queues: RabbitMQ counts the times a
 //     message went back to the queue in x-delivery-count, and Attempt is
 //     one more. Classic queues only flag a redelivery, so Attempt is 2 for
@@ -52,9 +55,81 @@
 //   - A per-message delay. See below.
 //
 // From idem, above the transport: de-duplication (the inbox), the decision
-// that a message is dead (the consumer package; DeliveryLimit is only a
-// broker backstop, unset by default — mind that RabbitMQ 4.0 and later
-// default it to 20), per-key order across retries, and the retry delays.
+// that a message is dead (the consumer package; a broker's delivery limit
+// only hands the message to it counted as exhausted, see below), per-key
+// order across retries, and the retry delays.
+//
+// # Delivery limits and <queue>.limit
+//
+// A quorum queue counts the returns of each message and, past its
+// delivery limit, gives the message up: it drops it, or dead-letters it
+// where the queue names a target. The limit is Config.DeliveryLimit when
+// set (x-delivery-limit); unset, it is none on RabbitMQ 3.x and 20 on
+// RabbitMQ 4.0 and later, and a policy's delivery-limit applies too (the
+// lowest wins). A message that crashes its consumer again and again, so
+// that the consumer never records an outcome, reaches it. Classic queues
+// (Config.ClassicQueues) have no delivery limit and none of what follows.
+//
+// So that nothing is dropped whatever limit applies, every consumer's
+// quorum queue is declared with a dead-letter target: the durable quorum
+// queue "<queue>.limit", through the default exchange
+// (x-dead-letter-exchange "" and x-dead-letter-routing-key
+// "<queue>.limit"), with x-dead-letter-strategy at-least-once, by which the
+// queue keeps the message until the limit queue has confirmed it. That
+// strategy needs x-overflow reject-publish (RabbitMQ falls back to at
+// most once with drop-head), which matters only under a length limit, and
+// idem sets none: a queue that a policy gives one, once full, refuses new
+// messages instead of dropping its oldest, so Publish returns ErrNacked
+// and an outbox relay keeps the message and publishes it again later (a
+// message routed to several queues may then have been stored by the
+// others, which deliver the copy again: the inbox absorbs it). Messages
+// given up wait in the queue while "<queue>.limit" cannot take them (a
+// length limit there, or the queue deleted): do not delete it while its
+// queue lives.
+//
+// The limit queue has no dead-letter target of its own: RabbitMQ drops a
+// message dead-lettered round a cycle without a rejection (back to the
+// queue or to itself), and a further queue would need one in turn.
+// Instead its x-delivery-limit is 2^31-1, out of reach, which overrides
+// RabbitMQ 4's default; a policy's lower delivery-limit would still apply
+// to it, so keep such policies off the "*.limit" queues.
+//
+// The subscription consumes "<queue>.limit" on its channel beside the
+// queue, with the same prefetch, and hands its messages out like any
+// other delivery, with their topic (from the x-death header) and their
+// attempts: the deliveries the limit allowed, Config.DeliveryLimit + 1 or,
+// unset, RabbitMQ 4's 20 + 1 (more than a policy's lower limit allowed:
+// the message is past the broker's patience either way), plus one for
+// each delivery from the limit queue. The consumer package numbers the
+// attempt with at least that count, so the message is exhausted whenever
+// the count has reached Retry.MaxAttempts (10 by default, below RabbitMQ
+// 4's 21): the consumer runs the handler once more, acknowledges the
+// message if that succeeds, and otherwise dead-letters it as exhausted at
+// once and settles it (with a higher MaxAttempts the message gets the
+// rest of its attempts, as any other would). Should the handler
+// crash the consumer again, the message goes back to "<queue>.limit" and
+// stays in the broker, delivered at each restart, until it is settled:
+// never dropped, and visible as the limit queue's depth, which deserves an
+// alert. A delayed Nack of it goes back through a delay queue into the
+// consumer's queue, its attempts carried in Idem-Attempts.
+//
+// A queue declared by an earlier version of the transport has no
+// dead-letter target, and RabbitMQ refuses to change the arguments of an
+// existing queue (PRECONDITION_FAILED, which closes the channel). The
+// transport then declares the queue passively, and as that version did,
+// which still refuses another queue type or delivery limit, goes on with
+// it, and
+// reports it in Transport.Warnings (and to Config.Logger) as
+// ErrNoDeadLetterTarget, with the policy that gives the queue its target:
+//
+//	rabbitmqctl set_policy 'idem.c.limit' '^idem\.c$' \
+//	  '{"dead-letter-exchange":"","dead-letter-routing-key":"idem.c.limit","dead-letter-strategy":"at-least-once","overflow":"reject-publish"}' \
+//	  --apply-to queues
+//
+// RabbitMQ applies one policy to a queue, the one of highest priority:
+// merge these keys into a policy that already matches it. The limit queue
+// is declared and consumed for such a queue too, so the policy takes
+// effect at once.
 //
 // # Delayed Nack
 //
@@ -138,7 +213,11 @@
 //
 // Tested with RabbitMQ 3.10.8. Quorum queues' message TTL and
 // at-least-once dead-lettering need 3.10 or later; with
-// Config.ClassicQueues any 3.x server will do. Up to 4.2, a quorum queue's
+// Config.ClassicQueues any 3.x server will do. RabbitMQ 4.0 gives quorum
+// queues a delivery limit of 20 by default, which the limit queue catches
+// (see above). RabbitMQ 3.10 refuses a policy's --apply-to quorum_queues,
+// which newer versions take: the command above says queues, which every
+// version takes, and its pattern names the one queue. Up to 4.2, a quorum queue's
 // x-delivery-count counts every return of a message to the queue. RabbitMQ
 // 4.3 counts only the returns it takes for failures, among them
 // basic.reject with requeue, which Nack uses for that reason; a delivery

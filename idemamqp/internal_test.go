@@ -127,9 +127,36 @@ func TestMultipleUpTo(t *testing.T) {
 		{"waiting in the client", set(1, 2, 3, 4), mine(1, 2), 2},
 		{"none", set(1), mine(), 0},
 	} {
-		if got := multipleUpTo(tc.unsettled, tc.mine); got != tc.want {
+		var received uint64 = 1
+		for tag := range tc.unsettled {
+			received = max(received, tag+1)
+		}
+		if got := multipleUpTo(tc.unsettled, tc.mine, received); got != tc.want {
 			t.Errorf("%s: multipleUpTo = %d, want %d", tc.name, got, tc.want)
 		}
+	}
+}
+
+// The channel numbers the deliveries of its two consumers (the queue's and
+// its limit queue's) in one sequence, and one consumer's can arrive before
+// a lower tag of the other's: an ack with multiple set must not reach a
+// tag not received yet, which nobody has seen.
+func TestMultipleUpToStopsAtUnreceived(t *testing.T) {
+	t.Parallel()
+	unsettled := map[uint64]struct{}{4: {}, 6: {}, 7: {}}
+	mine := map[uint64]bool{4: true, 6: true, 7: true}
+	if got := multipleUpTo(unsettled, mine, 5); got != 0 {
+		t.Errorf("multipleUpTo with tag 5 not received = %d, want 0", got)
+	}
+	if got := multipleUpTo(unsettled, mine, 8); got != 7 {
+		t.Errorf("multipleUpTo with every tag received = %d, want 7", got)
+	}
+	g := &channelGen{unsettled: make(map[uint64]struct{}), received: 1, ahead: make(map[uint64]struct{})}
+	for _, tag := range []uint64{1, 3, 4, 2, 6} {
+		g.record(tag)
+	}
+	if g.received != 5 {
+		t.Errorf("after recording 1, 3, 4, 2, 6: received = %d, want 5", g.received)
 	}
 }
 
@@ -201,5 +228,40 @@ func TestAckBatchOnDeadChannel(t *testing.T) {
 	}
 	if again["m1"] != 2 || again["m2"] != 2 {
 		t.Errorf("attempts after the channel died = %v, want 2 each", again)
+	}
+}
+
+// A message the queue gave up past its delivery limit reaches the consumer
+// from "<queue>.limit" counted as exhausted: every delivery the limit
+// allowed (the configured one, or RabbitMQ 4's default), then those from
+// the limit queue. Its topic comes from the x-death record of the queue.
+func TestAttemptPastLimit(t *testing.T) {
+	t.Parallel()
+	death := func(queue, reason string, count int64) amqp.Table {
+		return amqp.Table{"count": count, "exchange": "", "queue": queue, "reason": reason,
+			"routing-keys": []any{"orders.eu"}}
+	}
+	for _, tc := range []struct {
+		name      string
+		limit     int
+		headers   amqp.Table
+		want      int
+		wantTopic string
+	}{
+		{"given up at the configured limit", 2, amqp.Table{"x-death": []any{death("idem.c", "delivery_limit", 1)}}, 4, "orders.eu"},
+		{"given up, then returned once", 2, amqp.Table{"x-death": []any{death("idem.c", "delivery_limit", 1)}, "x-delivery-count": int64(1)}, 5, "orders.eu"},
+		{"given up at the default limit", 0, amqp.Table{"x-death": []any{death("idem.c", "delivery_limit", 1)}}, 22, "orders.eu"},
+		{"a delayed copy given up", 2, amqp.Table{HeaderAttempts: "6", HeaderTopic: "orders.us", "x-death": []any{death("idem.c", "delivery_limit", 1)}}, 10, "orders.us"},
+		{"expired in the queue", 2, amqp.Table{"x-death": []any{death("idem.c", "expired", 1)}}, 1, "orders.eu"},
+	} {
+		tr := &Transport{cfg: Config{DeliveryLimit: tc.limit}}
+		s := &stream{t: tr, queue: "idem.c"}
+		d := s.delivery(amqp.Delivery{RoutingKey: "idem.c.limit", Headers: tc.headers})
+		if got := d.Attempt(); got != tc.want {
+			t.Errorf("%s: Attempt = %d, want %d", tc.name, got, tc.want)
+		}
+		if got := d.Message().Topic; got != tc.wantTopic {
+			t.Errorf("%s: Topic = %q, want %q", tc.name, got, tc.wantTopic)
+		}
 	}
 }

@@ -2,11 +2,14 @@ package idemamqp
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"math/bits"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,6 +38,26 @@ const (
 	// headerDeliveryCount is the quorum queue's count of earlier
 	// deliveries of a message.
 	headerDeliveryCount = "x-delivery-count"
+	// headerDeath is RabbitMQ's record of a message's dead-letterings,
+	// most recent first, one entry per queue and reason.
+	headerDeath = "x-death"
+)
+
+// Queue arguments and the values the transport gives them.
+const (
+	argDeliveryLimit         = "x-delivery-limit"
+	argDeadLetterExchange    = "x-dead-letter-exchange"
+	argDeadLetterRoutingKey  = "x-dead-letter-routing-key"
+	argDeadLetterStrategy    = "x-dead-letter-strategy"
+	deadLetterAtLeastOnce    = "at-least-once"
+	deathReasonDeliveryLimit = "delivery_limit"
+	// brokerDeliveryLimit is the delivery limit RabbitMQ 4.0 and later give
+	// a quorum queue that sets none.
+	brokerDeliveryLimit = 20
+	// limitQueueDeliveryLimit is the delivery limit of "<queue>.limit",
+	// beyond reach, so that RabbitMQ 4's default does not apply to it: it
+	// has nowhere to send a message further (see limitQueueArgs).
+	limitQueueDeliveryLimit = math.MaxInt32
 )
 
 var (
@@ -61,12 +84,16 @@ type Config struct {
 	QueuePrefix string
 	// ClassicQueues makes consumers' queues classic queues instead of
 	// quorum queues. Classic queues do not count deliveries, so Attempt
-	// is then only a lower bound. Defaults to false: quorum queues.
+	// is then only a lower bound, and have no delivery limit, so they
+	// have no limit queue either. Defaults to false: quorum queues.
 	ClassicQueues bool
-	// DeliveryLimit is the quorum queues' x-delivery-limit: past it
-	// RabbitMQ drops the message (or dead-letters it, when a policy says
-	// where). Defaults to 0: not set, which is unlimited on RabbitMQ 3.x
-	// and 20 on RabbitMQ 4.0 and later.
+	// DeliveryLimit is the x-delivery-limit of consumers' quorum queues:
+	// the returns to the queue a message may have before RabbitMQ gives it
+	// up and dead-letters it to "<queue>.limit", from which the
+	// subscription delivers it, counted as exhausted (see the package
+	// documentation). Classic queues have no delivery limit. Defaults to
+	// 0: not set, which is unlimited on RabbitMQ 3.x and 20 on RabbitMQ
+	// 4.0 and later (or what a policy says).
 	DeliveryLimit int
 	// MaxInFlight is the prefetch (basic.qos) of subscriptions that leave
 	// Subscription.MaxInFlight zero: room for a batch being handled, the
@@ -90,6 +117,9 @@ type Config struct {
 	// Clock dates messages published without a Time. Defaults to
 	// idem.SystemClock.
 	Clock idem.Clock
+	// Logger receives the Warnings as they are found, at level Warn.
+	// Defaults to a logger that discards.
+	Logger *slog.Logger
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -111,6 +141,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = idem.SystemClock{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	switch {
 	case strings.HasPrefix(cfg.Exchange, "amq."):
@@ -138,6 +171,8 @@ type Transport struct {
 	streams map[*stream]struct{}
 	// queues are the queues this Transport declared, for DeleteQueues.
 	queues map[string]bool
+	// warnings are what Warnings returns, one per queue at most.
+	warnings []*Warning
 
 	// pubMu serialises publishing, so that a Publish call's messages
 	// leave in order and their confirms and returns are its own.
@@ -447,16 +482,182 @@ func checkHeader(name string) error {
 // Queue returns the name of consumer's queue.
 func (t *Transport) Queue(consumer string) string { return t.cfg.QueuePrefix + "." + consumer }
 
-// queueArgs returns the arguments of a consumer's queue.
-func (t *Transport) queueArgs() amqp.Table {
+// limitQueue names the queue that holds the messages queue gave up past
+// its delivery limit.
+func limitQueue(queue string) string { return queue + ".limit" }
+
+// queueArgs returns the arguments of the consumer's queue named queue.
+// A quorum queue dead-letters, at least once, to limitQueue(queue)
+// through the default exchange: whatever delivery limit applies (the
+// configured one, RabbitMQ 4's default, a policy's), a message past it is
+// kept there rather than dropped. At-least-once dead-lettering needs
+// overflow reject-publish (with drop-head RabbitMQ falls back to at most
+// once), so a queue at a length limit set by a policy refuses a new
+// message (Publish returns ErrNacked) instead of dropping its oldest.
+func (t *Transport) queueArgs(queue string) amqp.Table {
+	args := t.legacyQueueArgs()
+	if t.cfg.ClassicQueues {
+		return args
+	}
+	args[argDeadLetterExchange] = ""
+	args[argDeadLetterRoutingKey] = limitQueue(queue)
+	args[argDeadLetterStrategy] = deadLetterAtLeastOnce
+	args[amqp.QueueOverflowArg] = amqp.QueueOverflowRejectPublish
+	return args
+}
+
+// legacyQueueArgs returns the arguments the earlier versions of the
+// transport gave a consumer's queue, without a dead-letter target.
+func (t *Transport) legacyQueueArgs() amqp.Table {
 	if t.cfg.ClassicQueues {
 		return amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeClassic}
 	}
 	args := amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}
 	if t.cfg.DeliveryLimit > 0 {
-		args["x-delivery-limit"] = int64(t.cfg.DeliveryLimit)
+		args[argDeliveryLimit] = int64(t.cfg.DeliveryLimit)
 	}
 	return args
+}
+
+// limitQueueArgs returns the arguments of a "<queue>.limit" queue. It has
+// no dead-letter target of its own: RabbitMQ drops a message
+// dead-lettered round a cycle without a rejection in it (back to the
+// queue, or to itself), so its delivery limit is set beyond reach
+// instead, which overrides RabbitMQ 4's default. Overflow reject-publish
+// keeps, should a policy give it a length limit, the messages it cannot
+// take in the queue that gives them up, rather than dropping its oldest.
+func limitQueueArgs() amqp.Table {
+	return amqp.Table{
+		amqp.QueueTypeArg:     amqp.QueueTypeQuorum,
+		argDeliveryLimit:      int64(limitQueueDeliveryLimit),
+		amqp.QueueOverflowArg: amqp.QueueOverflowRejectPublish,
+	}
+}
+
+// declareQueue declares the consumer's queue on ch and returns the channel
+// to go on with: another one when the broker closed ch by refusing the
+// declaration; on an error, it has closed the channels. A queue an earlier
+// version declared has no dead-letter target, and arguments cannot change
+// on an existing queue (RabbitMQ answers PRECONDITION_FAILED and closes
+// the channel): such a queue is declared passively instead, checked
+// against the arguments that version gave it (so that another queue type
+// or delivery limit is still refused), and reported in Warnings. Should
+// the queue be deleted between the two declarations, the second creates
+// it as that version did, still reported.
+func (t *Transport) declareQueue(ctx context.Context, ch *amqp.Channel, queue string) (*amqp.Channel, error) {
+	_, err := ch.QueueDeclare(queue, true, false, false, false, t.queueArgs(queue))
+	if err == nil {
+		return ch, nil
+	}
+	if !lacksDeadLetterTarget(err) {
+		_ = ch.Close()
+		return nil, err
+	}
+	refusal := err
+	// The refusal closed the channel, as a failed declaration does.
+	_ = ch.Close()
+	if ch, err = t.channel(ctx); err != nil {
+		return nil, err
+	}
+	if _, err = ch.QueueDeclarePassive(queue, true, false, false, false, nil); err == nil {
+		_, err = ch.QueueDeclare(queue, true, false, false, false, t.legacyQueueArgs())
+	}
+	if err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("%w; and as declared without one: %w", refusal, err)
+	}
+	t.warn(ctx, &Warning{Queue: queue, Problem: ErrNoDeadLetterTarget, Fix: limitPolicyCommand(queue)})
+	return ch, nil
+}
+
+// lacksDeadLetterTarget reports whether err is RabbitMQ's refusal to
+// declare a queue with the dead-letter arguments because the existing
+// queue has none of them: "PRECONDITION_FAILED - inequivalent arg
+// 'x-dead-letter-exchange' for queue ... but current is none".
+func lacksDeadLetterTarget(err error) bool {
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed || !strings.HasSuffix(ae.Reason, "but current is none") {
+		return false
+	}
+	for _, arg := range []string{argDeadLetterExchange, argDeadLetterRoutingKey, argDeadLetterStrategy, amqp.QueueOverflowArg} {
+		if strings.Contains(ae.Reason, "inequivalent arg '"+arg+"'") {
+			return true
+		}
+	}
+	return false
+}
+
+// limitPolicyCommand returns the rabbitmqctl command that gives queue,
+// declared without a dead-letter target, the one the transport declares.
+func limitPolicyCommand(queue string) string {
+	def, _ := json.Marshal(map[string]string{
+		"dead-letter-exchange":    "",
+		"dead-letter-routing-key": limitQueue(queue),
+		"dead-letter-strategy":    deadLetterAtLeastOnce,
+		"overflow":                amqp.QueueOverflowRejectPublish,
+	})
+	return "rabbitmqctl set_policy " + shellQuote(limitQueue(queue)) + " " +
+		shellQuote("^"+regexp.QuoteMeta(queue)+"$") + " " + shellQuote(string(def)) + " --apply-to queues"
+}
+
+// shellQuote quotes s for a POSIX shell.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// ErrNoDeadLetterTarget is the Problem of a Warning about a quorum queue
+// declared without a dead-letter target, by an earlier version of the
+// transport: RabbitMQ drops a message past its delivery limit (20 by
+// default from RabbitMQ 4.0), where the transport's own queues keep it.
+var ErrNoDeadLetterTarget = errors.New("idemamqp: the queue has no dead-letter target: RabbitMQ drops a message past its delivery limit (20 by default from RabbitMQ 4.0)")
+
+// A Warning is a setting found on the broker that can drop a message the
+// consumer has not settled. The transport goes on working; the setting
+// wants an operator.
+type Warning struct {
+	// Queue is the queue the setting is on.
+	Queue string
+	// Problem says what can happen; errors.Is matches it against the
+	// package's sentinels (ErrNoDeadLetterTarget).
+	Problem error
+	// Fix is a command that mends it.
+	Fix string
+}
+
+func (w *Warning) Error() string {
+	return fmt.Sprintf("idemamqp: queue %q: %s; to fix it: %s", w.Queue, strings.TrimPrefix(w.Problem.Error(), "idemamqp: "), w.Fix)
+}
+
+func (w *Warning) Unwrap() error { return w.Problem }
+
+// warn records w, once per queue and problem, and logs it.
+func (t *Transport) warn(ctx context.Context, w *Warning) {
+	t.mu.Lock()
+	for _, seen := range t.warnings {
+		if seen.Queue == w.Queue && seen.Problem == w.Problem {
+			t.mu.Unlock()
+			return
+		}
+	}
+	t.warnings = append(t.warnings, w)
+	t.mu.Unlock()
+	t.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "RabbitMQ queue can drop messages",
+		slog.String("queue", w.Queue), slog.String("problem", w.Problem.Error()), slog.String("fix", w.Fix))
+}
+
+// Warnings returns the settings found on the broker, as the Transport
+// declared its queues, that can drop a message no consumer has settled,
+// in the order found, each once: so far, a consumer's quorum queue that an
+// earlier version declared without a dead-letter target
+// (ErrNoDeadLetterTarget). Subscribe finds them, so call it after the
+// subscriptions are made; Config.Logger receives each as it is found.
+func (t *Transport) Warnings() []*Warning {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]*Warning, len(t.warnings))
+	for i, w := range t.warnings {
+		c := *w
+		out[i] = &c
+	}
+	return out
 }
 
 func (t *Transport) noteQueue(name string) {
@@ -466,8 +667,8 @@ func (t *Transport) noteQueue(name string) {
 }
 
 // DeleteQueues deletes the queues this Transport has declared (consumers'
-// queues and their delay queues), with the messages in them. It is for
-// tests and for retiring consumers.
+// queues, their limit queues and their delay queues), with the messages in
+// them. It is for tests and for retiring consumers.
 func (t *Transport) DeleteQueues(ctx context.Context) error {
 	t.mu.Lock()
 	names := make([]string, 0, len(t.queues))
@@ -496,7 +697,12 @@ func (t *Transport) DeleteQueues(ctx context.Context) error {
 // ClassicQueues), binds it to the exchange with the topic as binding key
 // (so '*' and '#' match as in any topic exchange), sets the prefetch to
 // sub.MaxInFlight (at most 65,535, the most AMQP can say) and starts
-// consuming with manual acknowledgement.
+// consuming with manual acknowledgement. A quorum queue's limit queue,
+// "<queue>.limit", where RabbitMQ dead-letters the messages it gives up
+// past the delivery limit, is declared first and consumed on the same
+// channel (see the package documentation). A queue an earlier version
+// declared without that dead-letter target is used as it is and reported
+// in Warnings.
 // Messages published before the queue first existed were not routed to
 // it. RabbitMQ has no per-delivery ack deadline: sub.AckWait is not used.
 //
@@ -589,23 +795,60 @@ type channelGen struct {
 	// deliveries it is meant to.
 	settleMu sync.Mutex
 	// unsettled holds the tags of the channel's deliveries not settled,
-	// handed out or not: no more than the prefetch.
+	// handed out or not: no more than the prefetch of each queue.
 	unsettled map[uint64]struct{}
+	// received is the lowest delivery tag not recorded yet, and ahead the
+	// tags above it recorded already. The channel numbers its deliveries
+	// 1, 2, 3... across its consumers, but those of one consumer can be
+	// recorded before a lower tag of the other's: no ack with multiple
+	// set may reach a tag not recorded, which nobody has seen.
+	received uint64
+	ahead    map[uint64]struct{}
 }
 
-// forward moves the channel's deliveries into g.buffered, recording each
-// as unsettled first, until they end or the stream closes.
-func (g *channelGen) forward(deliveries <-chan amqp.Delivery, done <-chan struct{}) {
-	defer close(g.buffered)
-	for d := range deliveries {
-		g.settleMu.Lock()
-		g.unsettled[d.DeliveryTag] = struct{}{}
-		g.settleMu.Unlock()
-		select {
-		case g.buffered <- &d:
-		case <-done:
+// forward moves the deliveries of sources, the channel's consumers, into
+// g.buffered, recording each as unsettled first, until they end or the
+// stream closes; g.buffered is closed once every source has ended. A
+// source that ends alone (the broker cancelled its consumer: its queue was
+// deleted) closes the channel, so that the stream subscribes anew and
+// declares the queues again, as it does when the channel dies.
+func (g *channelGen) forward(sources []<-chan amqp.Delivery, done <-chan struct{}) {
+	var wg sync.WaitGroup
+	for _, deliveries := range sources {
+		wg.Go(func() {
+			defer func() { _ = g.ch.Close() }()
+			for d := range deliveries {
+				g.record(d.DeliveryTag)
+				select {
+				case g.buffered <- &d:
+				case <-done:
+					return
+				}
+			}
+		})
+	}
+	go func() {
+		wg.Wait()
+		close(g.buffered)
+	}()
+}
+
+// record notes tag as delivered and not settled.
+func (g *channelGen) record(tag uint64) {
+	g.settleMu.Lock()
+	defer g.settleMu.Unlock()
+	g.unsettled[tag] = struct{}{}
+	if tag != g.received {
+		g.ahead[tag] = struct{}{}
+		return
+	}
+	g.received++
+	for {
+		if _, ok := g.ahead[g.received]; !ok {
 			return
 		}
+		delete(g.ahead, g.received)
+		g.received++
 	}
 }
 
@@ -632,7 +875,7 @@ func (g *channelGen) ackAll(ds []*delivery) ([]bool, error) {
 	for _, d := range ds {
 		mine[d.d.DeliveryTag] = true
 	}
-	if top := multipleUpTo(g.unsettled, mine); top > 0 {
+	if top := multipleUpTo(g.unsettled, mine, g.received); top > 0 {
 		if err := g.ch.Ack(top, true); err != nil {
 			return acked, err
 		}
@@ -659,10 +902,11 @@ func (g *channelGen) ackAll(ds []*delivery) ([]bool, error) {
 
 // multipleUpTo returns the tag up to which an ack with multiple set
 // settles exactly tags of mine: the highest of mine below the lowest
-// unsettled tag not of mine, when at least two of mine are below it;
-// otherwise 0, and one ack each is as few frames.
-func multipleUpTo(unsettled map[uint64]struct{}, mine map[uint64]bool) uint64 {
-	var other uint64 = math.MaxUint64
+// unsettled tag not of mine and below received, the lowest tag not
+// recorded yet, when at least two of mine are below them; otherwise 0,
+// and one ack each is as few frames.
+func multipleUpTo(unsettled map[uint64]struct{}, mine map[uint64]bool, received uint64) uint64 {
+	other := received
 	for tag := range unsettled {
 		if !mine[tag] && tag < other {
 			other = tag
@@ -693,8 +937,19 @@ func (s *stream) start(ctx context.Context) error {
 		_ = ch.Close()
 		return fmt.Errorf("idemamqp: subscribe %q: %s: %w", s.sub.Consumer, what, err)
 	}
-	if _, err := ch.QueueDeclare(s.queue, true, false, false, false, s.t.queueArgs()); err != nil {
-		return fail("declare queue "+s.queue, err)
+	// Quorum queues: the queue a message given up past the delivery limit
+	// goes to exists before the queue that sends it there.
+	queues := []string{s.queue}
+	if !s.t.cfg.ClassicQueues {
+		limit := limitQueue(s.queue)
+		if _, err := ch.QueueDeclare(limit, true, false, false, false, limitQueueArgs()); err != nil {
+			return fail("declare queue "+limit, err)
+		}
+		s.t.noteQueue(limit)
+		queues = append(queues, limit)
+	}
+	if ch, err = s.t.declareQueue(ctx, ch, s.queue); err != nil {
+		return fmt.Errorf("idemamqp: subscribe %q: declare queue %s: %w", s.sub.Consumer, s.queue, err)
 	}
 	s.t.noteQueue(s.queue)
 	if err := ch.QueueBind(s.queue, s.sub.Topic, s.t.cfg.Exchange, false, nil); err != nil {
@@ -706,17 +961,25 @@ func (s *stream) start(ctx context.Context) error {
 	}
 	// Consume, not ConsumeWithContext: the consumer outlives the context
 	// of the call that started it, and a cancel racing Close would
-	// confuse the channel's replies.
-	deliveries, err := ch.Consume(s.queue, "", false, false, false, false, nil)
-	if err != nil {
-		return fail("consume", err)
+	// confuse the channel's replies. The limit queue is consumed on the
+	// same channel, with the same prefetch, and its deliveries are handed
+	// out with the others.
+	var sources []<-chan amqp.Delivery
+	for _, q := range queues {
+		deliveries, err := ch.Consume(q, "", false, false, false, false, nil)
+		if err != nil {
+			return fail("consume "+q, err)
+		}
+		sources = append(sources, deliveries)
 	}
 	gen := &channelGen{
 		ch:        ch,
 		buffered:  make(chan *amqp.Delivery, min(prefetch, maxBuffered)),
 		unsettled: make(map[uint64]struct{}),
+		received:  1,
+		ahead:     make(map[uint64]struct{}),
 	}
-	go gen.forward(deliveries, s.done)
+	gen.forward(sources, s.done)
 	s.mu.Lock()
 	s.gen = gen
 	s.mu.Unlock()
@@ -938,7 +1201,41 @@ func (s *stream) delivery(d amqp.Delivery) *delivery {
 		// A classic queue only says the message was delivered before.
 		attempt++
 	}
+	topic, givenUp := s.deaths(d.Headers[headerDeath])
+	if _, ok := d.Headers[HeaderTopic]; !ok && topic != "" {
+		m.Topic = topic
+	}
+	if givenUp > 0 {
+		// The count of the queue that gave the message up does not travel
+		// with it: it had every delivery its limit allows.
+		limit := s.t.cfg.DeliveryLimit
+		if limit == 0 {
+			limit = brokerDeliveryLimit
+		}
+		attempt += givenUp * (limit + 1)
+	}
 	return &delivery{s: s, d: d, m: m, attempt: attempt}
+}
+
+// deaths reads the x-death header of a message dead-lettered from the
+// consumer's queue into its limit queue: the topic it was routed by, and
+// how many times the queue gave it up past its delivery limit.
+func (s *stream) deaths(v any) (topic string, givenUp int) {
+	entries, _ := v.([]any)
+	for _, e := range entries {
+		death, ok := e.(amqp.Table)
+		if !ok || headerString(death["queue"]) != s.queue {
+			continue
+		}
+		if keys, _ := death["routing-keys"].([]any); len(keys) > 0 && topic == "" {
+			topic = headerString(keys[0])
+		}
+		if headerString(death["reason"]) == deathReasonDeliveryLimit {
+			n, _ := headerInt(death["count"])
+			givenUp += max(n, 1)
+		}
+	}
+	return topic, givenUp
 }
 
 func headerString(v any) string {
@@ -1007,7 +1304,9 @@ func (d *delivery) Message() idem.Message {
 }
 
 // Attempt implements idem.Delivery: on a quorum queue, 1 + the queue's
-// x-delivery-count + the deliveries before a delayed copy was made.
+// x-delivery-count + the deliveries before a delayed copy was made + the
+// deliveries the queue's limit allowed, for a message it gave up to
+// "<queue>.limit".
 func (d *delivery) Attempt() int { return d.attempt }
 
 // Ack implements idem.Delivery with basic.ack.
@@ -1015,10 +1314,13 @@ func (d *delivery) Ack(ctx context.Context) error {
 	return d.settle(ctx, "ack", func() error { return d.d.Ack(false) })
 }
 
-// Term implements idem.Delivery with basic.reject, requeue=false: the
-// queue drops the message, or dead-letters it where a policy says so.
+// Term implements idem.Delivery with basic.ack: the message leaves the
+// queue for good. Not basic.reject without requeue: a quorum queue
+// dead-letters a rejected message to "<queue>.limit", which would deliver
+// it again, and the consumer that gives a message up has put it in idem's
+// dead letters already.
 func (d *delivery) Term(ctx context.Context) error {
-	return d.settle(ctx, "term", func() error { return d.d.Reject(false) })
+	return d.settle(ctx, "term", func() error { return d.d.Ack(false) })
 }
 
 // Nack implements idem.Delivery. With no delay, basic.reject with

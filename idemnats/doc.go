@@ -8,9 +8,12 @@
 // "idem.payments.succeeded", and a delivery's Topic is its subject without
 // the prefix. All of them live in one stream, "IDEM" by default, which
 // Open and New create with the subjects "<prefix>.>" when it does not
-// exist (file storage, limits retention, nothing aged out unless
-// Config.MaxAge says so). A stream that exists is left as it is, since its
-// operators may have set its limits and replicas.
+// exist (file storage, limits retention, no limits, Discard new, nothing
+// aged out unless Config.MaxAge says so). A stream that exists is left as
+// it is, since its operators may have set its limits and replicas; but
+// Open and New inspect it, and its consumers, and report in
+// Transport.Warnings (and to Config.Logger) every setting that can drop a
+// message before its consumers have it, as the table below lists.
 //
 // A subscription is a durable pull consumer named after
 // idem.Subscription.Consumer and filtered to its topic's subject, with
@@ -50,8 +53,54 @@
 // across IDs (the consumer's inbox), the decision that a message is dead
 // (the consumer package records every attempt; MaxDeliver is only a
 // backstop, and a message past it is silently no longer delivered, so it
-// defaults to unlimited), per-key order across retries, and the retry
-// delays.
+// defaults to unlimited and is reported when set), per-key order across
+// retries, and the retry delays.
+//
+// # Settings that can drop a message
+//
+// JetStream removes a message when a limit or the retention says so,
+// whether its consumers have it or not, without telling anyone: such a
+// message never reaches a consumer, nor idem's dead letters. What each
+// setting means for idem's promise that nothing is lost, and what the
+// transport sets on the stream it creates (a stream that exists keeps its
+// own, reported when they can drop):
+//
+//	Setting      Meaning                                           idem sets / reports
+//	-----------  ------------------------------------------------  ----------------------------
+//	MaxDeliver   (a consumer's) after that many deliveries the     Config.MaxDeliver, 0 by
+//	             server stops delivering a message to the          default: unlimited, so the
+//	             consumer, without a word; it stays in the stream  consumer package decides.
+//	             but reaches idem's dead letters only if the       Reported when set, on idem's
+//	             consumer package gave it up first                 consumers and on others
+//	MaxAge       a message older than that is removed, consumed    Config.MaxAge, 0 by default:
+//	             or not: a consumer stopped longer loses it        kept. Reported when set
+//	Discard      what a full stream does (MaxMsgs, MaxBytes):      new: the publish is refused,
+//	             old removes its oldest message, consumed or not;  Publish fails and the outbox
+//	             new refuses the new one                           retries. Old is reported
+//	                                                               with the limit it applies to
+//	MaxMsgsPer-  a subject past that many removes its oldest,      none. Reported unless Discard
+//	Subject      whatever Discard says, unless Discard new and     new and DiscardNewPerSubject
+//	             DiscardNewPerSubject
+//	Duplicates   window in which a second message with the same    Config.Duplicates, or the
+//	             Nats-Msg-Id is acknowledged and not stored: a     server's 2 minutes. Not
+//	             copy of one stored, since an ID names a message   reported: it loses nothing
+//	Retention    limits keeps a message until a limit removes it;  limits. Interest and work
+//	             interest removes one no consumer matches when it  queue are reported
+//	             is published, and one every matching consumer
+//	             has acknowledged (a consumer name subscribed later
+//	             never has it); work queue removes one at its
+//	             first acknowledgement and refuses overlapping
+//	             consumers
+//	Storage      memory storage loses every message when the       file. Memory is reported
+//	             server restarts
+//
+// A refused publish is never a loss: Publish returns the error, and the
+// outbox relay keeps the message and publishes it again later. The stream
+// the transport creates has no limits at all, so Discard new only
+// matters once its operators add some; a stream that an earlier version
+// created has Discard old, which drops nothing until the stream gets a
+// limit, and is reported then. Warnings lists what Open or New found,
+// and the MaxDeliver of each consumer Subscribe has made since.
 //
 // # Order when a Publish fails
 //

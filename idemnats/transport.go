@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -50,8 +51,9 @@ type Config struct {
 	// acknowledged and dropped. Defaults to the server's (2 minutes).
 	Duplicates time.Duration
 	// MaxAge bounds how long the stream keeps a message when the transport
-	// creates it. Defaults to 0: kept until deleted, since a message
-	// dropped before every consumer has it is lost.
+	// creates it; it is reported in Warnings. Defaults to 0: kept until
+	// deleted, since a message dropped before every consumer has it is
+	// lost.
 	MaxAge time.Duration
 	// AckWait is the AckWait of subscriptions that leave it zero. Defaults
 	// to 30s.
@@ -61,12 +63,16 @@ type Config struct {
 	MaxInFlight int
 	// MaxDeliver is the consumers' MaxDeliver: after that many deliveries
 	// the server stops delivering a message, without telling the
-	// consumer. Defaults to 0: unlimited, so that the consumer package,
+	// consumer, so each consumer Subscribe makes with it is reported in
+	// Warnings. Defaults to 0: unlimited, so that the consumer package,
 	// which records every attempt, decides when a message is dead.
 	MaxDeliver int
 	// PollWait bounds one pull request: a Next that waits longer sends
 	// another. Defaults to 5s.
 	PollWait time.Duration
+	// Logger receives the Warnings as they are found, at level Warn.
+	// Defaults to a logger that discards.
+	Logger *slog.Logger
 	// PublishWindow bounds the messages of one Publish call that have
 	// been sent and await their PubAck: Publish sends that many ahead
 	// before it waits for the oldest acknowledgement. 1 sends each message
@@ -101,6 +107,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if cfg.PublishWindow == 0 {
 		cfg.PublishWindow = 256
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	switch {
 	case strings.ContainsAny(cfg.Stream, ".*> \t\r\n"):
@@ -139,6 +148,8 @@ type Transport struct {
 	mu      sync.Mutex
 	closed  bool
 	streams map[*stream]struct{}
+	// warnings are what Warnings returns.
+	warnings []*Warning
 
 	// givingBack counts the goroutines that collect pull requests and
 	// hand back what they brought for nobody; Close waits for them. bgMu
@@ -155,7 +166,10 @@ var (
 )
 
 // Open connects to the NATS server at url and returns a Transport that
-// owns the connection: Close closes it. cfg may be nil.
+// owns the connection: Close closes it. cfg may be nil. The stream is
+// created when missing, or else left as it is, and its settings that can
+// drop a message are reported in Warnings (see the package
+// documentation).
 func Open(ctx context.Context, url string, cfg *Config) (*Transport, error) {
 	c, err := cfg.withDefaults()
 	if err != nil {
@@ -181,7 +195,7 @@ func Open(ctx context.Context, url string, cfg *Config) (*Transport, error) {
 }
 
 // New returns a Transport on js, whose connection the caller keeps and
-// closes. cfg may be nil.
+// closes. cfg may be nil. It finds or creates the stream as Open does.
 func New(ctx context.Context, js jetstream.JetStream, cfg *Config) (*Transport, error) {
 	c, err := cfg.withDefaults()
 	if err != nil {
@@ -191,7 +205,8 @@ func New(ctx context.Context, js jetstream.JetStream, cfg *Config) (*Transport, 
 }
 
 func newTransport(ctx context.Context, js jetstream.JetStream, cfg Config) (*Transport, error) {
-	if err := ensureStream(ctx, js, cfg); err != nil {
+	st, err := ensureStream(ctx, js, cfg)
+	if err != nil {
 		return nil, err
 	}
 	opts := js.Options()
@@ -199,7 +214,7 @@ func newTransport(ctx context.Context, js jetstream.JetStream, cfg Config) (*Tra
 	if ackTimeout <= 0 {
 		ackTimeout = 5 * time.Second
 	}
-	return &Transport{
+	t := &Transport{
 		cfg:        cfg,
 		js:         js,
 		nc:         js.Conn(),
@@ -207,7 +222,9 @@ func newTransport(ctx context.Context, js jetstream.JetStream, cfg Config) (*Tra
 		ackTimeout: ackTimeout,
 		done:       make(chan struct{}),
 		streams:    make(map[*stream]struct{}),
-	}, nil
+	}
+	t.warn(ctx, inspectStream(ctx, st, cfg.Logger)...)
+	return t, nil
 }
 
 // apiPrefix returns the prefix of the JetStream API's subjects for opts,
@@ -223,38 +240,48 @@ func apiPrefix(opts jetstream.JetStreamOptions) string {
 	return jetstream.DefaultAPIPrefix
 }
 
-// ensureStream creates the stream when it does not exist. An existing
-// stream is left as it is: its limits may have been set by its operators,
-// and an update would overwrite them.
-func ensureStream(ctx context.Context, js jetstream.JetStream, cfg Config) error {
-	_, err := js.Stream(ctx, cfg.Stream)
+// ensureStream creates the stream when it does not exist, and returns it.
+// An existing stream is left as it is: its limits may have been set by its
+// operators, and an update would overwrite them.
+func ensureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, error) {
+	st, err := js.Stream(ctx, cfg.Stream)
 	if err == nil {
-		return nil
+		return st, nil
 	}
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return fmt.Errorf("idemnats: look up stream %q: %w", cfg.Stream, err)
+		return nil, fmt.Errorf("idemnats: look up stream %q: %w", cfg.Stream, err)
 	}
+	// Discard new: the stream has no limits, but should its operators
+	// give it some, a full stream refuses a publish, which the outbox
+	// retries, rather than dropping its oldest message.
 	sc := jetstream.StreamConfig{
 		Name:       cfg.Stream,
 		Subjects:   cfg.Subjects,
 		Storage:    jetstream.FileStorage,
 		Retention:  jetstream.LimitsPolicy,
+		Discard:    jetstream.DiscardNew,
 		Duplicates: cfg.Duplicates,
 		MaxAge:     cfg.MaxAge,
 	}
 	for try := 1; ; try++ {
-		_, err = js.CreateStream(ctx, sc)
-		if err == nil || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return nil
+		st, err = js.CreateStream(ctx, sc)
+		if err == nil {
+			return st, nil
+		}
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			if st, err = js.Stream(ctx, cfg.Stream); err != nil {
+				return nil, fmt.Errorf("idemnats: look up stream %q: %w", cfg.Stream, err)
+			}
+			return st, nil
 		}
 		if !storeRace(err) || try == storeRetries {
-			return fmt.Errorf("idemnats: create stream %q: %w", cfg.Stream, err)
+			return nil, fmt.Errorf("idemnats: create stream %q: %w", cfg.Stream, err)
 		}
 		timer := time.NewTimer(time.Duration(try) * 50 * time.Millisecond)
 		select {
 		case <-ctx.Done():
 			timer.Stop()
-			return fmt.Errorf("idemnats: create stream %q: %w (after %w)", cfg.Stream, ctx.Err(), err)
+			return nil, fmt.Errorf("idemnats: create stream %q: %w (after %w)", cfg.Stream, ctx.Err(), err)
 		case <-timer.C:
 		}
 	}
@@ -589,6 +616,9 @@ func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.
 		return nil, fmt.Errorf("idemnats: consumer %q on %s: %w", sub.Consumer, t.Subject(sub.Topic), err)
 	}
 	name := cons.CachedInfo().Name
+	if t.cfg.MaxDeliver > 0 {
+		t.warn(ctx, maxDeliverWarning(t.cfg.Stream, name, t.cfg.MaxDeliver))
+	}
 	sctx, cancel := context.WithCancel(context.Background())
 	s := &stream{
 		t:        t,
