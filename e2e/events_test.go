@@ -161,6 +161,11 @@ func deleteAMQP(t *testing.T, url, exchange, queue string) {
 		return
 	}
 	defer ch.Close()
+	// And the queue that keeps what the main queue gives up past its
+	// delivery limit (see idemamqp's doc).
+	if _, err := ch.QueueDelete(queue+".limit", false, false, false); err != nil {
+		t.Errorf("deleting queue %s.limit: %v", queue, err)
+	}
 	if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
 		t.Errorf("deleting queue %s: %v", queue, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"strings"
 
@@ -75,7 +76,8 @@ type openedBroker struct {
 // openBroker connects to the broker a --broker value names and makes sure
 // its stream, or exchange, exists. The settlement consumer's subscription
 // carries --ack-wait (payments.Config.AckWait).
-func openBroker(ctx context.Context, raw, namespace string) (*openedBroker, error) {
+// Settings of the broker that could drop a message are logged to logger.
+func openBroker(ctx context.Context, raw, namespace string, logger *slog.Logger) (*openedBroker, error) {
 	t, err := parseBroker(raw)
 	if err != nil {
 		return nil, err
@@ -85,6 +87,7 @@ func openBroker(ctx context.Context, raw, namespace string) (*openedBroker, erro
 		tr, err := idemnats.Open(ctx, t.url, &idemnats.Config{
 			Stream:        strings.ToUpper(strings.ReplaceAll(namespace, "-", "_")),
 			SubjectPrefix: namespace,
+			Logger:        logger,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("opening NATS JetStream at %s: %w", t.shown, secreturl.Scrub(err, t.url))
@@ -99,6 +102,7 @@ func openBroker(ctx context.Context, raw, namespace string) (*openedBroker, erro
 			// (deleted by hand), the relay keeps the event rather than
 			// RabbitMQ dropping it.
 			Mandatory: true,
+			Logger:    logger,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("opening RabbitMQ at %s: %w", t.shown, secreturl.Scrub(err, t.url))

@@ -187,7 +187,7 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 	}
 	brokerShown := "the --db database"
 	if f.broker != "" {
-		b, err := openBroker(ctx, f.broker, f.brokerNamespace)
+		b, err := openBroker(ctx, f.broker, f.brokerNamespace, logger)
 		if err != nil {
 			return err
 		}

@@ -214,6 +214,11 @@ func deleteAMQP(url, exchange, queue string) error {
 		return err
 	}
 	defer ch.Close()
+	// And the queue that keeps what the main queue gives up past its
+	// delivery limit (see idemamqp's doc).
+	if _, err := ch.QueueDelete(queue+".limit", false, false, false); err != nil {
+		return fmt.Errorf("deleting queue %s.limit: %w", queue, err)
+	}
 	if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
 		return fmt.Errorf("deleting queue %s: %w", queue, err)
 	}
