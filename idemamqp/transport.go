@@ -710,19 +710,14 @@ func (t *Transport) DeleteQueues(ctx context.Context) error {
 // or Consumer, a name too long for AMQP, or a negative AckWait or
 // MaxInFlight; idem.ErrClosed after Close.
 func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.Stream, error) {
+	if err := sub.Validate(); err != nil {
+		return nil, err
+	}
 	switch {
-	case sub.Topic == "":
-		return nil, &idem.ArgumentError{Field: "Subscription.Topic", Reason: "must not be empty"}
-	case sub.Consumer == "":
-		return nil, &idem.ArgumentError{Field: "Subscription.Consumer", Reason: "must not be empty"}
 	case len(sub.Topic) > 255:
 		return nil, &idem.ArgumentError{Field: "Subscription.Topic", Reason: "an AMQP binding key must fit in 255 bytes"}
 	case len(t.delayQueue(t.Queue(sub.Consumer), time.Hour*24*365)) > 255:
 		return nil, &idem.ArgumentError{Field: "Subscription.Consumer", Reason: "too long for an AMQP queue name"}
-	case sub.AckWait < 0:
-		return nil, &idem.ArgumentError{Field: "Subscription.AckWait", Reason: "must not be negative"}
-	case sub.MaxInFlight < 0:
-		return nil, &idem.ArgumentError{Field: "Subscription.MaxInFlight", Reason: "must not be negative"}
 	}
 	if sub.MaxInFlight == 0 {
 		sub.MaxInFlight = t.cfg.MaxInFlight

@@ -576,19 +576,14 @@ func validConsumer(s string) bool {
 // '*', '>' or white space, or a negative AckWait or MaxInFlight;
 // idem.ErrClosed after Close.
 func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.Stream, error) {
+	if err := sub.Validate(); err != nil {
+		return nil, err
+	}
 	switch {
-	case sub.Topic == "":
-		return nil, &idem.ArgumentError{Field: "Subscription.Topic", Reason: "must not be empty"}
-	case sub.Consumer == "":
-		return nil, &idem.ArgumentError{Field: "Subscription.Consumer", Reason: "must not be empty"}
 	case !validSubject(sub.Topic, true):
 		return nil, &idem.ArgumentError{Field: "Subscription.Topic", Reason: "must be a NATS subject"}
 	case !validConsumer(sub.Consumer):
 		return nil, &idem.ArgumentError{Field: "Subscription.Consumer", Reason: "must not contain '.', '*', '>', slashes or white space"}
-	case sub.AckWait < 0:
-		return nil, &idem.ArgumentError{Field: "Subscription.AckWait", Reason: "must not be negative"}
-	case sub.MaxInFlight < 0:
-		return nil, &idem.ArgumentError{Field: "Subscription.MaxInFlight", Reason: "must not be negative"}
 	}
 	if err := t.checkOpen(); err != nil {
 		return nil, err
