@@ -40,3 +40,12 @@ func TestStore(t *testing.T) {
 		return newStore(t, openDB(t), clock)
 	})
 }
+
+// The work's writes commit with the completion, or not at all.
+func TestTxEffects(t *testing.T) {
+	t.Parallel()
+	idemtest.TestTxEffects(t, func(t *testing.T, clock idem.Clock) (idem.TxStore, idemtest.InboxEffects) {
+		db := openDB(t)
+		return newStore(t, db, clock), newEffects(t, db)
+	})
+}

@@ -55,6 +55,11 @@
 // Subtests run in parallel, each on its own store. Waits for other
 // goroutines are bounded (10 s), so a broken store fails instead of hanging.
 //
+// TestTxEffects checks what TestStore cannot see of idem.TxStore and
+// idem.TxClaimer: the work's own writes (through InboxEffects, as
+// TestInbox's) commit with the key's completion, exactly once, or not at
+// all, whether the work keeps its answer, fails, panics or lost its lease.
+//
 // TestTransport (gated by TransportFeatures), TestInbox, TestOutbox,
 // TestDeadLetters and TestLedger are suites of the same kind for the message
 // interfaces; each one's doc says what it checks and what it needs.
