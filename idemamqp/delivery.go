@@ -1,0 +1,204 @@
+package idemamqp
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idem-go/idem"
+)
+
+// deliveryState is where a delivery is in its settlement.
+type deliveryState int
+
+const (
+	open deliveryState = iota
+	// settling: an Ack, Nack, Term or AckBatch is under way.
+	settling
+	settled
+)
+
+type delivery struct {
+	s *stream
+	// gen is the channel the delivery came on, which alone can settle it.
+	gen     *channelGen
+	d       amqp.Delivery
+	m       idem.Message
+	attempt int
+
+	mu    sync.Mutex
+	state deliveryState
+}
+
+// Message implements idem.Delivery.
+func (d *delivery) Message() idem.Message {
+	m := d.m
+	m.Headers = maps.Clone(m.Headers)
+	m.Payload = append([]byte(nil), m.Payload...)
+	return m
+}
+
+// Attempt implements idem.Delivery: on a quorum queue, 1 + the queue's
+// x-delivery-count + the deliveries before a delayed copy was made + the
+// deliveries the queue's limit allowed, for a message it gave up to
+// "<queue>.limit".
+func (d *delivery) Attempt() int { return d.attempt }
+
+// Ack implements idem.Delivery with basic.ack.
+func (d *delivery) Ack(ctx context.Context) error {
+	return d.settle(ctx, "ack", func() error { return d.d.Ack(false) })
+}
+
+// Term implements idem.Delivery with basic.ack: the message leaves the
+// queue for good. Not basic.reject without requeue: a quorum queue
+// dead-letters a rejected message to "<queue>.limit", which would deliver
+// it again, and the consumer that gives a message up has put it in idem's
+// dead letters already.
+func (d *delivery) Term(ctx context.Context) error {
+	return d.settle(ctx, "term", func() error { return d.d.Ack(false) })
+}
+
+// Nack implements idem.Delivery. With no delay, basic.reject with
+// requeue=true puts the message back at once. With a delay, RabbitMQ has
+// nothing per message: a copy goes to a delay queue whose TTL is the
+// delay rounded up, from which the broker dead-letters it back into the
+// consumer's queue, and then the original is acknowledged. See the package
+// documentation for the guarantees.
+func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
+	if delay <= 0 {
+		// basic.reject rather than basic.nack: from RabbitMQ 4.3 only
+		// the former counts in x-delivery-count.
+		return d.settle(ctx, "nack", func() error { return d.d.Reject(true) })
+	}
+	return d.settleAfter(ctx, "nack", func() error { return d.delayCopy(ctx, delay) }, func() error { return d.d.Ack(false) })
+}
+
+// InProgress implements idem.Delivery as a no-op: RabbitMQ has no ack
+// deadline to extend. Its consumer_timeout (30 minutes by default)
+// closes a channel that holds a delivery longer.
+func (d *delivery) InProgress(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.state == settled {
+		return fmt.Errorf("idemamqp: in progress: message %q: %w", d.m.ID, ErrStaleDelivery)
+	}
+	return nil
+}
+
+// claim starts settling d, or returns ErrStaleDelivery when d is settled
+// or being settled.
+func (d *delivery) claim(op string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.state != open {
+		return fmt.Errorf("idemamqp: %s: message %q: %w", op, d.m.ID, ErrStaleDelivery)
+	}
+	d.state = settling
+	return nil
+}
+
+// release ends what claim started: d is settled, or open again after a
+// failure.
+func (d *delivery) release(done bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if done {
+		d.state = settled
+	} else {
+		d.state = open
+	}
+}
+
+// settle settles d with fn, one frame on its channel.
+func (d *delivery) settle(ctx context.Context, op string, fn func() error) error {
+	return d.settleAfter(ctx, op, nil, fn)
+}
+
+// settleAfter runs before, when not nil, then settles d with fn.
+func (d *delivery) settleAfter(ctx context.Context, op string, before, fn func() error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := d.claim(op); err != nil {
+		return err
+	}
+	var err error
+	if before != nil {
+		err = before()
+	}
+	if err == nil {
+		err = d.gen.settle(d.d.DeliveryTag, fn)
+	}
+	d.release(err == nil)
+	if err != nil {
+		return fmt.Errorf("idemamqp: %s: message %q: %w", op, d.m.ID, err)
+	}
+	return nil
+}
+
+// delayCopy publishes a copy of the message to the delay queue of the
+// consumer for delay, and waits for its confirm.
+func (d *delivery) delayCopy(ctx context.Context, delay time.Duration) error {
+	t := d.s.t
+	ms := delayBucket(delay)
+	q := t.delayQueue(d.s.queue, ms)
+	ch, err := t.channel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	// Declared on every use: a queue's x-expires counts from its last
+	// declaration, so the queue outlives the copy's TTL.
+	args := amqp.Table{
+		amqp.QueueMessageTTLArg:     ms.Milliseconds(),
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": d.s.queue,
+		amqp.QueueTTLArg:            (2*ms + 10*time.Minute).Milliseconds(),
+		amqp.QueueTypeArg:           amqp.QueueTypeQuorum,
+		"x-dead-letter-strategy":    "at-least-once",
+		amqp.QueueOverflowArg:       amqp.QueueOverflowRejectPublish,
+	}
+	if t.cfg.ClassicQueues {
+		args[amqp.QueueTypeArg] = amqp.QueueTypeClassic
+		delete(args, "x-dead-letter-strategy")
+		delete(args, amqp.QueueOverflowArg)
+	}
+	if _, err := ch.QueueDeclare(q, true, false, false, false, args); err != nil {
+		return fmt.Errorf("declare delay queue %q: %w", q, err)
+	}
+	t.noteQueue(q)
+	h := amqp.Table{}
+	for k, v := range d.d.Headers {
+		if !strings.HasPrefix(k, "x-") {
+			h[k] = v
+		}
+	}
+	h[HeaderTopic] = d.m.Topic
+	h[HeaderAttempts] = strconv.Itoa(d.attempt)
+	if _, ok := h[HeaderTime]; !ok {
+		h[HeaderTime] = d.m.Time.UTC().Format(time.RFC3339Nano)
+	}
+	return t.publish(ctx, []outgoing{{
+		id:         d.m.ID,
+		mandatory:  true,
+		exchange:   "",
+		routingKey: q,
+		pub: amqp.Publishing{
+			Headers:      h,
+			DeliveryMode: amqp.Persistent,
+			MessageId:    d.d.MessageId,
+			Timestamp:    d.d.Timestamp,
+			ContentType:  d.d.ContentType,
+			Body:         d.d.Body,
+		},
+	}})
+}
