@@ -67,6 +67,12 @@
 //   - idemmem: everything in memory, the reference the suites are checked
 //     against, and a store for tests.
 //
+// Names agree across backends: Open connects to a URL or a file and
+// returns the handle the caller closes (a *DB for the databases, a
+// *Transport for the brokers, the *Store itself for Redis); NewStore,
+// NewInbox, NewTransport and the other New functions build one thing on a
+// handle or client the caller already has, which they never close.
+//
 // idemprom turns the toolkit's counters into Prometheus metrics. payments
 // is the reference payment service, the lab that shows all of this (it
 // double-charges in its unsafe mode and never otherwise), bench measures

@@ -54,7 +54,7 @@ func newClient(base, apiKey string) *client {
 		base:   base,
 		apiKey: apiKey,
 		once:   &http.Client{Timeout: requestTimeout, Transport: conns},
-		retrying: &http.Client{Timeout: requestTimeout, Transport: &idemhttp.Transport{
+		retrying: &http.Client{Timeout: requestTimeout, Transport: &idemhttp.RoundTripper{
 			Base:   &attemptTransport{base: conns},
 			Policy: retryPolicy,
 		}},

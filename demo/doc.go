@@ -23,7 +23,7 @@
 //   - transient failure: the first attempt fails before anything commits
 //     (503 with Retry-After), and the retry must really run the payment.
 //
-// Every customer's client is idemhttp.Transport, the toolkit's client half:
+// Every customer's client is idemhttp.RoundTripper, the toolkit's client half:
 // it resends a request under the same key after a network error or a "try
 // again" answer, with jittered backoff, as a careful client must.
 //

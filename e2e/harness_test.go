@@ -167,7 +167,7 @@ func (e *testEnv) useRedis(url string) {
 func (e *testEnv) redisKeyState(ctx context.Context, key string) (string, error) {
 	// Read through the store itself, so the test does not depend on how it
 	// lays records out in Redis.
-	store, err := idemredis.New(ctx, e.rdb, &idemredis.Config{Prefix: e.prefix})
+	store, err := idemredis.NewStore(ctx, e.rdb, &idemredis.Config{Prefix: e.prefix})
 	if err != nil {
 		return "", err
 	}
@@ -508,7 +508,7 @@ func paymentBody(accountID string, amount int64, key string) []byte {
 }
 
 // paymentRequest builds POST /v1/payments with its key, and a fault when
-// fault is not empty. GetBody is set, so idemhttp.Transport can resend it.
+// fault is not empty. GetBody is set, so idemhttp.RoundTripper can resend it.
 func (e *testEnv) paymentRequest(ctx context.Context, base, key string, body []byte, fault string) *http.Request {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/payments", bytes.NewReader(body))
 	if err != nil {

@@ -55,7 +55,7 @@ func testDuplicatesAcrossReplicas(t *testing.T, e *testEnv) {
 	defer cancel()
 	// A client retries 409 (a duplicate still in flight past the wait) and
 	// 5xx with the same key, as a well-behaved client does.
-	hc := &http.Client{Transport: &idemhttp.Transport{
+	hc := &http.Client{Transport: &idemhttp.RoundTripper{
 		Base:   newHTTPTransport(),
 		Policy: idem.RetryPolicy{MaxAttempts: 10, Base: 100 * time.Millisecond, Cap: 2 * time.Second},
 	}}
@@ -211,7 +211,7 @@ func mustURL(t *testing.T, s string) *url.URL {
 func failoverClient(t *testing.T, a, b *replica) (*http.Client, *failover) {
 	t.Helper()
 	fo := &failover{base: newHTTPTransport(), targets: []*url.URL{mustURL(t, a.URL), mustURL(t, b.URL)}}
-	return &http.Client{Transport: &idemhttp.Transport{
+	return &http.Client{Transport: &idemhttp.RoundTripper{
 		Base:   fo,
 		Policy: idem.RetryPolicy{MaxAttempts: 12, Base: 100 * time.Millisecond, Cap: time.Second},
 	}}, fo

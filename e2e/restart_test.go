@@ -109,7 +109,7 @@ func testRestartUnderLoad(t *testing.T, e *testEnv, stop, start func()) {
 	rec := &attemptRecorder{base: newHTTPTransport()}
 	// Enough attempts, spaced at most 500ms apart, to outlast the outage
 	// several times over.
-	hc := &http.Client{Transport: &idemhttp.Transport{
+	hc := &http.Client{Transport: &idemhttp.RoundTripper{
 		Base:   rec,
 		Policy: idem.RetryPolicy{MaxAttempts: 200, Base: 50 * time.Millisecond, Cap: 500 * time.Millisecond},
 	}}

@@ -46,7 +46,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		}
 	})
 	stores := map[string]func(b *testing.B) idem.Store{
-		"mem": func(*testing.B) idem.Store { return idemmem.New(nil) },
+		"mem": func(*testing.B) idem.Store { return idemmem.NewStore(nil) },
 		"sqlite": func(b *testing.B) idem.Store {
 			db, err := idemsqlite.Open(filepath.Join(b.TempDir(), "bench.db"), nil)
 			if err != nil {

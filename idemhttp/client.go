@@ -15,7 +15,7 @@ import (
 	"github.com/idem-go/idem"
 )
 
-// Transport is the client's half: an http.RoundTripper that gives every
+// RoundTripper is the client's half: an http.RoundTripper that gives every
 // unsafe request an idempotency key and retries it safely.
 //
 // A request with a protected method and no Idempotency-Key header gets a
@@ -27,7 +27,7 @@ import (
 // honoured, up to Policy.Cap. Everything else, 422 included, is returned as
 // it is. Requests without a protected method pass through untouched, as do
 // requests whose body cannot be replayed (no GetBody).
-type Transport struct {
+type RoundTripper struct {
 	// Base performs each attempt. Defaults to http.DefaultTransport.
 	Base http.RoundTripper
 	// Policy bounds and spaces the attempts. Defaults to 4 attempts, 100ms
@@ -43,7 +43,7 @@ type Transport struct {
 }
 
 // RoundTrip implements http.RoundTripper.
-func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+func (t *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	base := t.Base
 	if base == nil {
 		base = http.DefaultTransport
@@ -97,7 +97,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
-func (t *Transport) protects(method string) bool {
+func (t *RoundTripper) protects(method string) bool {
 	methods := t.Methods
 	if len(methods) == 0 {
 		methods = []string{http.MethodPost, http.MethodPatch}
@@ -110,7 +110,7 @@ func (t *Transport) protects(method string) bool {
 	return false
 }
 
-func (t *Transport) sleep(ctx context.Context, d time.Duration) error {
+func (t *RoundTripper) sleep(ctx context.Context, d time.Duration) error {
 	if t.Sleep != nil {
 		return t.Sleep(ctx, d)
 	}

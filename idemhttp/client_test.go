@@ -26,7 +26,7 @@ func TestTransportLostResponse(t *testing.T) {
 	t.Parallel()
 	var executions atomic.Int64
 	var dropped atomic.Bool
-	m := newMiddleware(t, idemhttp.Config{Store: idemmem.New(nil)})
+	m := newMiddleware(t, idemhttp.Config{Store: idemmem.NewStore(nil)})
 	inner := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := executions.Add(1)
 		w.WriteHeader(http.StatusCreated)
@@ -41,7 +41,7 @@ func TestTransportLostResponse(t *testing.T) {
 	}))
 	defer srv.Close()
 	var keys sync.Map
-	tr := &idemhttp.Transport{Sleep: noSleep, Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+	tr := &idemhttp.RoundTripper{Sleep: noSleep, Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		keys.Store(r.Header.Get(idemhttp.HeaderKey), true)
 		return http.DefaultTransport.RoundTrip(r)
 	})}
@@ -97,7 +97,7 @@ func TestTransportRetryRules(t *testing.T) {
 	for i, tc := range tests {
 		var attempts int
 		var slept []time.Duration
-		tr := &idemhttp.Transport{
+		tr := &idemhttp.RoundTripper{
 			Sleep: func(ctx context.Context, d time.Duration) error { slept = append(slept, d); return nil },
 			Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
 				b, _ := io.ReadAll(r.Body)
@@ -130,7 +130,7 @@ func TestTransportRetryRules(t *testing.T) {
 func TestTransportLeavesSafeMethodsAlone(t *testing.T) {
 	t.Parallel()
 	var attempts int
-	tr := &idemhttp.Transport{Sleep: noSleep, Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+	tr := &idemhttp.RoundTripper{Sleep: noSleep, Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		attempts++
 		if r.Header.Get(idemhttp.HeaderKey) != "" {
 			t.Error("GET was given a key")

@@ -63,7 +63,7 @@ func TestStalledBodyOverTCPRevealsNoAddress(t *testing.T) {
 	var mu sync.Mutex
 	var n atomic.Int64
 	m := newMiddleware(t, idemhttp.Config{
-		Store:  idemmem.New(nil),
+		Store:  idemmem.NewStore(nil),
 		Logger: slog.New(slog.NewJSONHandler(lockedWriter{&logs, &mu}, nil)),
 	})
 	srv := httptest.NewUnstartedServer(m.Handler(counter(&n)))
@@ -138,7 +138,7 @@ func TestBodyReadErrorRevealsNothing(t *testing.T) {
 	var logs bytes.Buffer
 	var n atomic.Int64
 	h := newMiddleware(t, idemhttp.Config{
-		Store:  idemmem.New(nil),
+		Store:  idemmem.NewStore(nil),
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
 	}).Handler(counter(&n))
 	opErr := internalOpError()
@@ -172,7 +172,7 @@ func TestScopeErrorRevealsNothing(t *testing.T) {
 	var n atomic.Int64
 	opErr := internalOpError()
 	h := newMiddleware(t, idemhttp.Config{
-		Store:  idemmem.New(nil),
+		Store:  idemmem.NewStore(nil),
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
 		Scope: func(*http.Request) (idem.Scope, error) {
 			return "", fmt.Errorf("looking up the tenant: %w", opErr)
@@ -203,7 +203,7 @@ func TestRequestLogHidesKey(t *testing.T) {
 	var logs bytes.Buffer
 	var n atomic.Int64
 	h := newMiddleware(t, idemhttp.Config{
-		Store:  idemmem.New(nil),
+		Store:  idemmem.NewStore(nil),
 		Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Scope:  func(*http.Request) (idem.Scope, error) { return scope, nil },
 	}).Handler(counter(&n))
@@ -258,7 +258,7 @@ func TestScopeProblemIsSent(t *testing.T) {
 	t.Parallel()
 	var n atomic.Int64
 	h := newMiddleware(t, idemhttp.Config{
-		Store: idemmem.New(nil),
+		Store: idemmem.NewStore(nil),
 		Scope: func(r *http.Request) (idem.Scope, error) {
 			if r.Header.Get("X-Tenant") == "gone" {
 				return "", &idemhttp.Problem{Type: "urn:example:tenant-closed", Title: "Tenant closed", Status: http.StatusForbidden, Detail: "This tenant was closed."}

@@ -19,7 +19,7 @@ func Example() {
 		fmt.Fprintf(w, `{"charge":%d}`, charges)
 	})
 
-	m, err := idemhttp.New(&idemhttp.Config{Store: idemmem.New(nil)})
+	m, err := idemhttp.New(&idemhttp.Config{Store: idemmem.NewStore(nil)})
 	if err != nil {
 		panic(err)
 	}

@@ -165,7 +165,7 @@ func (c *replayClaimer) ClaimTx(ctx context.Context, req idem.ClaimRequest, _ ti
 
 // Replays of one key are not held at any gate: they claim side by side.
 func TestReplaysOfOneKeyClaimSideBySide(t *testing.T) {
-	claimer := &replayClaimer{Store: idemmem.New(nil), changed: make(chan struct{})}
+	claimer := &replayClaimer{Store: idemmem.NewStore(nil), changed: make(chan struct{})}
 	m, err := New(&Config{Store: claimer})
 	if err != nil {
 		t.Fatal(err)

@@ -41,7 +41,7 @@ func FuzzMiddleware(f *testing.F) {
 		if _, err := url.ParseRequestURI(target); err != nil {
 			t.Skip("not a request a server could parse")
 		}
-		store := idemmem.New(nil)
+		store := idemmem.NewStore(nil)
 		var executions atomic.Int64
 		m, err := idemhttp.New(&idemhttp.Config{Store: store})
 		if err != nil {

@@ -40,7 +40,9 @@ var sqliteDBs sync.Map // *idemsqlite.Store -> *idemsqlite.DB
 
 func backends() []backend {
 	return []backend{
-		{name: "mem", open: func(t *testing.T, clock idem.Clock) idem.Store { return idemmem.New(&idemmem.Config{Clock: clock}) }},
+		{name: "mem", open: func(t *testing.T, clock idem.Clock) idem.Store {
+			return idemmem.NewStore(&idemmem.Config{Clock: clock})
+		}},
 		{name: "sqlite", tx: true, open: openSQLite},
 		// The same-transaction form without the claim in it: the store's
 		// CompleteTx alone, as a TxStore that is not a TxClaimer offers.
@@ -285,7 +287,7 @@ func TestRequestValidation(t *testing.T) {
 func TestTwoKeyHeadersRejected(t *testing.T) {
 	t.Parallel()
 	var n atomic.Int64
-	h := newMiddleware(t, idemhttp.Config{Store: idemmem.New(nil)}).Handler(counter(&n))
+	h := newMiddleware(t, idemhttp.Config{Store: idemmem.NewStore(nil)}).Handler(counter(&n))
 	req := httptest.NewRequest("POST", "/pay", strings.NewReader("{}"))
 	req.Header.Add(idemhttp.HeaderKey, "a")
 	req.Header.Add(idemhttp.HeaderKey, "b")
@@ -299,7 +301,7 @@ func TestTwoKeyHeadersRejected(t *testing.T) {
 func TestPassThrough(t *testing.T) {
 	t.Parallel()
 	var n atomic.Int64
-	h := newMiddleware(t, idemhttp.Config{Store: idemmem.New(nil), Optional: true}).Handler(counter(&n))
+	h := newMiddleware(t, idemhttp.Config{Store: idemmem.NewStore(nil), Optional: true}).Handler(counter(&n))
 	for i := 0; i < 2; i++ {
 		if r := do(t, h, "GET", "/x", "", ""); r.status != 201 { // GET is not protected
 			t.Fatalf("GET status %d", r.status)
@@ -398,14 +400,14 @@ func TestRecentKeysAnsweredWithOneRead(t *testing.T) {
 func TestConfiguredReplayHeaders(t *testing.T) {
 	t.Parallel()
 	var n atomic.Int64
-	h := newMiddleware(t, idemhttp.Config{Store: idemmem.New(nil), ReplayHeaders: []string{"x-private"}}).Handler(counter(&n))
+	h := newMiddleware(t, idemhttp.Config{Store: idemmem.NewStore(nil), ReplayHeaders: []string{"x-private"}}).Handler(counter(&n))
 	do(t, h, "POST", "/pay", "k", "{}")
 	r := do(t, h, "POST", "/pay", "k", "{}")
 	if r.header.Get("X-Private") != "no" {
 		t.Fatalf("configured header not replayed: %v", r.header)
 	}
 	for _, bad := range []string{"set-cookie", "Authorization", "WWW-Authenticate"} {
-		if _, err := idemhttp.New(&idemhttp.Config{Store: idemmem.New(nil), ReplayHeaders: []string{bad}}); err == nil {
+		if _, err := idemhttp.New(&idemhttp.Config{Store: idemmem.NewStore(nil), ReplayHeaders: []string{bad}}); err == nil {
 			t.Errorf("ReplayHeaders %q accepted; want an error", bad)
 		}
 	}
@@ -416,9 +418,9 @@ func TestConfigValidation(t *testing.T) {
 	for name, cfg := range map[string]*idemhttp.Config{
 		"nil":             nil,
 		"no store":        {},
-		"negative ttl":    {Store: idemmem.New(nil), TTL: -time.Second},
-		"ttl below lease": {Store: idemmem.New(nil), TTL: time.Second, Lease: time.Minute},
-		"negative body":   {Store: idemmem.New(nil), MaxBodyBytes: -1},
+		"negative ttl":    {Store: idemmem.NewStore(nil), TTL: -time.Second},
+		"ttl below lease": {Store: idemmem.NewStore(nil), TTL: time.Second, Lease: time.Minute},
+		"negative body":   {Store: idemmem.NewStore(nil), MaxBodyBytes: -1},
 	} {
 		if _, err := idemhttp.New(cfg); err == nil {
 			t.Errorf("%s: New succeeded; want an error", name)
@@ -767,7 +769,7 @@ func TestFlushAndUnwrap(t *testing.T) {
 func TestKeyFromContext(t *testing.T) {
 	t.Parallel()
 	var got atomic.Value
-	h := newMiddleware(t, idemhttp.Config{Store: idemmem.New(nil), Scope: func(*http.Request) (idem.Scope, error) { return "t1", nil }}).Handler(
+	h := newMiddleware(t, idemhttp.Config{Store: idemmem.NewStore(nil), Scope: func(*http.Request) (idem.Scope, error) { return "t1", nil }}).Handler(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			s, k, ok := idemhttp.KeyFromContext(r.Context())
 			got.Store(fmt.Sprint(s, "/", k, "/", ok))

@@ -13,7 +13,7 @@ import (
 // stored answer; the same key with another body is refused.
 func Example() {
 	ctx := context.Background()
-	store := idemmem.New(nil)
+	store := idemmem.NewStore(nil)
 
 	req := idem.ClaimRequest{
 		Scope:       "tenant-1",
@@ -53,7 +53,7 @@ func Example() {
 // instead of polling, then claims again.
 func ExampleStore_WaitChange() {
 	ctx := context.Background()
-	store := idemmem.New(nil)
+	store := idemmem.NewStore(nil)
 	req := idem.ClaimRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
 
 	first, _ := store.Claim(ctx, req)

@@ -18,7 +18,7 @@ type Config struct {
 
 // Store is an in-memory idem.Store and idem.Waiter. Records live in one
 // map behind one mutex: every method runs entirely under the lock, which is
-// what makes Claim atomic. The zero Store is not usable; call New.
+// what makes Claim atomic. The zero Store is not usable; call NewStore.
 type Store struct {
 	clock idem.Clock
 
@@ -47,8 +47,8 @@ type entry struct {
 	changed chan struct{}
 }
 
-// New returns an empty Store. cfg may be nil.
-func New(cfg *Config) *Store {
+// NewStore returns an empty Store. cfg may be nil.
+func NewStore(cfg *Config) *Store {
 	var c Config
 	if cfg != nil {
 		c = *cfg

@@ -52,7 +52,7 @@ func TestEveryChangeClosesTheWaitChannel(t *testing.T) {
 	}
 	for _, tc := range cases {
 		// The cases share now, so they run one after the other.
-		s := New(&Config{Clock: clock})
+		s := NewStore(&Config{Clock: clock})
 		c, err := s.Claim(t.Context(), req)
 		if err != nil {
 			t.Fatal(err)

@@ -13,13 +13,13 @@ import (
 func TestStore(t *testing.T) {
 	t.Parallel()
 	idemtest.TestStore(t, func(t *testing.T, clock idem.Clock) idem.Store {
-		return idemmem.New(&idemmem.Config{Clock: clock})
+		return idemmem.NewStore(&idemmem.Config{Clock: clock})
 	})
 }
 
 func TestNewDefaultsToSystemClock(t *testing.T) {
 	t.Parallel()
-	s := idemmem.New(nil)
+	s := idemmem.NewStore(nil)
 	before := time.Now()
 	c, err := s.Claim(t.Context(), idem.ClaimRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
 	if err != nil {
@@ -32,7 +32,7 @@ func TestNewDefaultsToSystemClock(t *testing.T) {
 
 func TestPurgeRefusesNonPositiveLimit(t *testing.T) {
 	t.Parallel()
-	s := idemmem.New(nil)
+	s := idemmem.NewStore(nil)
 	for _, limit := range []int{0, -1} {
 		if _, err := s.Purge(t.Context(), limit); !errors.Is(err, idem.ErrInvalidArgument) {
 			t.Errorf("Purge(%d) = %v, want ErrInvalidArgument", limit, err)
@@ -46,7 +46,7 @@ func TestPurgeRefusesNonPositiveLimit(t *testing.T) {
 func TestTokensIncreaseWhenClockStepsBack(t *testing.T) {
 	t.Parallel()
 	clock := idemtest.NewClock(idemtest.Start)
-	s := idemmem.New(&idemmem.Config{Clock: clock})
+	s := idemmem.NewStore(&idemmem.Config{Clock: clock})
 	ctx := t.Context()
 	req := idem.ClaimRequest{Key: "k", Fingerprint: "fp", Lease: time.Second, TTL: time.Minute}
 	var last idem.Token
@@ -69,7 +69,7 @@ func TestTokensIncreaseWhenClockStepsBack(t *testing.T) {
 func TestWaitChangeReturnsAtOnceWhenNotHeld(t *testing.T) {
 	t.Parallel()
 	clock := idemtest.NewClock(idemtest.Start)
-	s := idemmem.New(&idemmem.Config{Clock: clock})
+	s := idemmem.NewStore(&idemmem.Config{Clock: clock})
 	ctx := t.Context()
 	req := idem.ClaimRequest{Key: "k", Fingerprint: "fp", Lease: time.Second, TTL: time.Minute}
 

@@ -103,8 +103,8 @@ func BenchmarkReplay(b *testing.B) {
 		func() error { return client.Get(ctx, minKey).Err() })
 }
 
-// BenchmarkClients compares the Store on go-redis (New) and on rueidis
-// (NewRueidis, Open) side by side, in alternating batches on one Redis,
+// BenchmarkClients compares the Store on go-redis (NewStore) and on rueidis
+// (NewRueidisStore, Open) side by side, in alternating batches on one Redis,
 // with 4, 16 and 64 goroutines: first executions (Claim of a new key, then
 // Complete) and replays (Claim of a completed key). The go-redis client's
 // pool has a connection per goroutine; rueidis pipelines all of them on
@@ -117,7 +117,7 @@ func BenchmarkClients(b *testing.B) {
 		goredis := newClient(b, func(o *redis.Options) { o.PoolSize = conc + 2 })
 		prefix := randomPrefix(b)
 		gs := newStore(b, goredis, &idemredis.Config{Prefix: prefix})
-		rs, err := idemredis.NewRueidis(b.Context(), newRueidisClient(b), &idemredis.Config{Prefix: prefix})
+		rs, err := idemredis.NewRueidisStore(b.Context(), newRueidisClient(b), &idemredis.Config{Prefix: prefix})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -12,7 +12,7 @@ import (
 
 // conn is what a Store asks of its Redis client: a handful of native
 // commands, the scripts, a subscription and the walk Purge makes. Two
-// clients implement it, go-redis (New) and rueidis (NewRueidis, Open), so
+// clients implement it, go-redis (NewStore) and rueidis (NewRueidisStore, Open), so
 // that the store's logic is written once and the client is a choice of
 // speed and of what the caller already has.
 type conn interface {

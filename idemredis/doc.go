@@ -8,15 +8,15 @@
 // or, with a client the caller configures and keeps owning (a
 // *redis.ClusterClient works too):
 //
-//	store, err := idemredis.New(ctx, client, &idemredis.Config{Prefix: "payments"})
-//	store, err := idemredis.NewRueidis(ctx, rueidisClient, &idemredis.Config{Prefix: "payments"})
+//	store, err := idemredis.NewStore(ctx, client, &idemredis.Config{Prefix: "payments"})
+//	store, err := idemredis.NewRueidisStore(ctx, rueidisClient, &idemredis.Config{Prefix: "payments"})
 //
 // # Clients
 //
 // The store runs on either client behind the same API. Open connects with
 // rueidis, which pipelines the commands of concurrent callers on shared
-// connections by itself; New takes the go-redis client a service already
-// has; NewRueidis takes a rueidis one. Measured side by side on a shared
+// connections by itself; NewStore takes the go-redis client a service already
+// has; NewRueidisStore takes a rueidis one. Measured side by side on a shared
 // two-core machine (BenchmarkClients, alternating batches on one Redis
 // 7.0; ns per operation, go-redis then rueidis):
 //
@@ -55,7 +55,7 @@
 //     tombstone); Get is a GET judged by the process's clock; WaitChange
 //     and Purge use scripts.
 //
-// New loads the scripts, so their first call is one round trip too; if
+// NewStore loads the scripts, so their first call is one round trip too; if
 // Redis loses them (SCRIPT FLUSH, a restart, a failover), either client
 // falls back to EVAL for that call.
 //
@@ -152,7 +152,7 @@
 // # Time
 //
 // With Config.Clock nil, Redis's clock decides leases and expiry, as each
-// process estimates it within a round trip. New reads Redis's TIME (three
+// process estimates it within a round trip. NewStore reads Redis's TIME (three
 // times, keeping the call with the shortest round trip); the process then
 // estimates Redis's time as that TIME plus the time elapsed on its own
 // monotonic clock since the middle of the call, and measures again, in the
@@ -210,7 +210,7 @@
 //
 // # Newer servers
 //
-// New finds out whether the server takes SET … IFEQ (Redis 8.4, Valkey
+// NewStore finds out whether the server takes SET … IFEQ (Redis 8.4, Valkey
 // 8.1) by sending one that cannot change anything; Redis 7.0 answers it
 // with a syntax error. Where it does, a completion of a claim this process
 // made is the native SET <key> <completed record> IFEQ <in-flight record>
@@ -242,7 +242,7 @@
 // resubscribes (go-redis by itself; with rueidis the store subscribes a
 // new dedicated connection), and since changes published meanwhile were
 // lost, every waiter is woken to look again. Close stops the subscription. A
-// *redis.Ring is refused by New: its shards do not share pub/sub.
+// *redis.Ring is refused by NewStore: its shards do not share pub/sub.
 //
 // # Ambiguous failures
 //

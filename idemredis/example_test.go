@@ -51,13 +51,13 @@ func Example() {
 	defer deleteExampleKeys(client, prefix)
 
 	// Two replicas of a service, sharing one Redis and one prefix.
-	replicaA, err := idemredis.New(ctx, client, &idemredis.Config{Prefix: prefix})
+	replicaA, err := idemredis.NewStore(ctx, client, &idemredis.Config{Prefix: prefix})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer replicaA.Close()
-	replicaB, err := idemredis.New(ctx, client, &idemredis.Config{Prefix: prefix})
+	replicaB, err := idemredis.NewStore(ctx, client, &idemredis.Config{Prefix: prefix})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -115,7 +115,7 @@ func ExampleStore_WaitChange() {
 	}
 	defer client.Close()
 	defer deleteExampleKeys(client, prefix)
-	store, err := idemredis.New(ctx, client, &idemredis.Config{Prefix: prefix})
+	store, err := idemredis.NewStore(ctx, client, &idemredis.Config{Prefix: prefix})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -157,10 +157,10 @@ func ExampleStore_WaitChange() {
 	// duplicate: completed 200
 }
 
-// A service that already has a rueidis client gives it to NewRueidis (Open
+// A service that already has a rueidis client gives it to NewRueidisStore (Open
 // makes one itself): the store's API is the same as on go-redis, and many
 // concurrent requests share its auto-pipelined connections.
-func ExampleNewRueidis() {
+func ExampleNewRueidisStore() {
 	ctx := context.Background()
 	cleaner, prefix, err := exampleClient()
 	if err != nil {
@@ -175,7 +175,7 @@ func ExampleNewRueidis() {
 		return
 	}
 	defer client.Close()
-	store, err := idemredis.NewRueidis(ctx, client, &idemredis.Config{Prefix: prefix})
+	store, err := idemredis.NewRueidisStore(ctx, client, &idemredis.Config{Prefix: prefix})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -46,7 +46,7 @@ type Config struct {
 	// Clock decides lease and TTL expiry. Defaults to nil: Redis's clock.
 	// A new key's claim then writes its creation time, token and lease
 	// deadline from the process's estimate of Redis's clock (its TIME,
-	// measured at New and again every second, offset by the local
+	// measured at NewStore and again every second, offset by the local
 	// monotonic clock), which is off by at most half the round trip of the
 	// TIME call that measured it (within one round trip; an estimate whose
 	// call took over 50ms is not used), so a new key's lease may end that
@@ -61,7 +61,7 @@ type Config struct {
 // Store is an idem.Store and idem.Waiter kept in Redis. It is safe for
 // concurrent use, and any number of Stores, in any number of processes,
 // may share one Redis as long as they use the same Prefix. The zero Store is
-// not usable; call New, NewRueidis or Open.
+// not usable; call NewStore, NewRueidisStore or Open.
 type Store struct {
 	conn    conn
 	owned   bool
@@ -87,8 +87,8 @@ var (
 	_ idem.Waiter = (*Store)(nil)
 )
 
-// New returns a Store on a go-redis client, which the caller keeps owning
-// (Close does not close it). cfg may be nil. New loads the Lua scripts into
+// NewStore returns a Store on a go-redis client, which the caller keeps owning
+// (Close does not close it). cfg may be nil. NewStore loads the Lua scripts into
 // Redis, so it also checks that Redis answers; it reads Redis's clock, and
 // whether the server takes SET … IFEQ.
 //
@@ -96,7 +96,7 @@ var (
 // *redis.ClusterClient. A *redis.Ring is refused: its shards do not share
 // pub/sub, so a waiter subscribed on one shard would miss the changes
 // published on another.
-func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Store, error) {
+func NewStore(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Store, error) {
 	if client == nil {
 		return nil, &idem.ArgumentError{Field: "client", Reason: "must not be nil"}
 	}
@@ -106,11 +106,11 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Store
 	return newStore(ctx, goredisConn{client}, cfg)
 }
 
-// NewRueidis returns a Store on a rueidis client (standalone, Sentinel or
+// NewRueidisStore returns a Store on a rueidis client (standalone, Sentinel or
 // cluster), which the caller keeps owning (Close does not close it). It is
-// New for rueidis, the faster client when many goroutines share the store
+// NewStore for rueidis, the faster client when many goroutines share the store
 // (see the package documentation, "Clients"). cfg may be nil.
-func NewRueidis(ctx context.Context, client rueidis.Client, cfg *Config) (*Store, error) {
+func NewRueidisStore(ctx context.Context, client rueidis.Client, cfg *Config) (*Store, error) {
 	if client == nil {
 		return nil, &idem.ArgumentError{Field: "client", Reason: "must not be nil"}
 	}
@@ -175,7 +175,7 @@ func Open(ctx context.Context, rawURL string, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idemredis: connecting to Redis: %w", secreturl.Scrub(err, rawURL))
 	}
-	s, err := NewRueidis(ctx, client, cfg)
+	s, err := NewRueidisStore(ctx, client, cfg)
 	if err != nil {
 		client.Close()
 		return nil, err

@@ -52,7 +52,7 @@ func randomPrefix(t testing.TB) string {
 // key under its prefix. cfg.Prefix must be set.
 func newStore(t testing.TB, client *redis.Client, cfg *idemredis.Config) *idemredis.Store {
 	t.Helper()
-	s, err := idemredis.New(t.Context(), client, cfg)
+	s, err := idemredis.NewStore(t.Context(), client, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func TestStoreRueidis(t *testing.T) {
 	cleaner := newClient(t)
 	idemtest.TestStore(t, func(t *testing.T, clock idem.Clock) idem.Store {
 		prefix := randomPrefix(t)
-		s, err := idemredis.NewRueidis(t.Context(), client, &idemredis.Config{Prefix: prefix, Clock: clock})
+		s, err := idemredis.NewRueidisStore(t.Context(), client, &idemredis.Config{Prefix: prefix, Clock: clock})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -436,9 +436,9 @@ func TestWaitChangeWokenByReconnect(t *testing.T) {
 			var s *idemredis.Store
 			var err error
 			if client == "go-redis" {
-				s, err = idemredis.New(t.Context(), newClient(t, func(o *redis.Options) { o.ClientName = name }), &idemredis.Config{Prefix: prefix})
+				s, err = idemredis.NewStore(t.Context(), newClient(t, func(o *redis.Options) { o.ClientName = name }), &idemredis.Config{Prefix: prefix})
 			} else {
-				s, err = idemredis.NewRueidis(t.Context(), newRueidisClient(t, func(o *rueidis.ClientOption) { o.ClientName = name }), &idemredis.Config{Prefix: prefix})
+				s, err = idemredis.NewRueidisStore(t.Context(), newRueidisClient(t, func(o *rueidis.ClientOption) { o.ClientName = name }), &idemredis.Config{Prefix: prefix})
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -869,7 +869,7 @@ func TestNewRefuses(t *testing.T) {
 		{"ring", ring, nil},
 	}
 	for _, tc := range cases {
-		s, err := idemredis.New(t.Context(), tc.client, tc.cfg)
+		s, err := idemredis.NewStore(t.Context(), tc.client, tc.cfg)
 		if !errors.Is(err, idem.ErrInvalidArgument) {
 			if s != nil {
 				s.Close()
@@ -883,7 +883,7 @@ func TestClose(t *testing.T) {
 	t.Parallel()
 	client := newClient(t)
 	prefix := randomPrefix(t)
-	s, err := idemredis.New(t.Context(), client, &idemredis.Config{Prefix: prefix})
+	s, err := idemredis.NewStore(t.Context(), client, &idemredis.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,7 +46,7 @@ func (s txMem) Replay(ctx context.Context, scope idem.Scope, key idem.Key, fp id
 }
 
 func newReference(clock idem.Clock) txMem {
-	return txMem{idemmem.New(&idemmem.Config{Clock: clock})}
+	return txMem{idemmem.NewStore(&idemmem.Config{Clock: clock})}
 }
 
 func TestStoreOnReference(t *testing.T) {

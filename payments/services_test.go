@@ -84,9 +84,9 @@ func OpenRedisKeysForTest(t testing.TB, clock idem.Clock) *idemredis.Store {
 			t.Errorf("deleting the keys of prefix %s: %v", prefix, err)
 		}
 	})
-	store, err := idemredis.New(context.Background(), client, &idemredis.Config{Prefix: prefix, Clock: clock})
+	store, err := idemredis.NewStore(context.Background(), client, &idemredis.Config{Prefix: prefix, Clock: clock})
 	if err != nil {
-		t.Fatalf("idemredis.New: %v", err)
+		t.Fatalf("idemredis.NewStore: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := store.Close(); err != nil {
