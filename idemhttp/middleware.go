@@ -85,7 +85,7 @@ type Config struct {
 	// Lease is how long an execution holds its key before a retry may take
 	// it over (after a crash, say). The handler's context is cancelled when
 	// 90% of it has passed, so a well-behaved handler finishes inside its
-	// lease. Defaults to 1m.
+	// lease. Defaults to 1m, or TTL when that is shorter.
 	Lease time.Duration
 
 	// InflightWait is how long a duplicate waits for the first execution to
@@ -204,7 +204,7 @@ func New(cfg *Config) (*Middleware, error) {
 	}
 	c := *cfg
 	if c.Store == nil {
-		return nil, errors.New("idemhttp: Config.Store is required")
+		return nil, &idem.ArgumentError{Field: "idemhttp.Config.Store", Reason: "is required"}
 	}
 	if len(c.Methods) == 0 {
 		c.Methods = []string{http.MethodPost, http.MethodPatch}
@@ -213,7 +213,12 @@ func New(cfg *Config) (*Middleware, error) {
 		c.TTL = DefaultTTL
 	}
 	if c.Lease == 0 {
+		// A TTL shorter than the default lease lowers the lease, rather
+		// than refuse a configuration that never set one.
 		c.Lease = DefaultLease
+		if c.TTL > 0 && c.TTL < c.Lease {
+			c.Lease = c.TTL
+		}
 	}
 	if c.InflightWait == 0 {
 		c.InflightWait = DefaultInflightWait
@@ -235,17 +240,17 @@ func New(cfg *Config) (*Middleware, error) {
 	}
 	switch {
 	case c.TTL < 0:
-		return nil, errors.New("idemhttp: Config.TTL must not be negative")
+		return nil, &idem.ArgumentError{Field: "idemhttp.Config.TTL", Reason: "must not be negative"}
 	case c.Lease < 0:
-		return nil, errors.New("idemhttp: Config.Lease must not be negative")
+		return nil, &idem.ArgumentError{Field: "idemhttp.Config.Lease", Reason: "must not be negative"}
 	case c.TTL < c.Lease:
-		return nil, fmt.Errorf("idemhttp: Config.TTL (%s) must not be shorter than Config.Lease (%s)", c.TTL, c.Lease)
+		return nil, &idem.ArgumentError{Field: "idemhttp.Config.TTL", Reason: fmt.Sprintf("(%s) must not be shorter than Config.Lease (%s)", c.TTL, c.Lease)}
 	case c.MaxBodyBytes < 0:
-		return nil, errors.New("idemhttp: Config.MaxBodyBytes must not be negative")
+		return nil, &idem.ArgumentError{Field: "idemhttp.Config.MaxBodyBytes", Reason: "must not be negative"}
 	case c.MaxResponseBytes < 0:
-		return nil, errors.New("idemhttp: Config.MaxResponseBytes must not be negative")
+		return nil, &idem.ArgumentError{Field: "idemhttp.Config.MaxResponseBytes", Reason: "must not be negative"}
 	case c.PollInterval < 0:
-		return nil, errors.New("idemhttp: Config.PollInterval must not be negative")
+		return nil, &idem.ArgumentError{Field: "idemhttp.Config.PollInterval", Reason: "must not be negative"}
 	}
 	if c.RecentKeys == 0 {
 		c.RecentKeys = defaultRecentKeys
@@ -259,7 +264,7 @@ func New(cfg *Config) (*Middleware, error) {
 	for _, h := range c.ReplayHeaders {
 		ch := http.CanonicalHeaderKey(h)
 		if neverReplayed[ch] {
-			return nil, fmt.Errorf("idemhttp: Config.ReplayHeaders: %s must never be replayed to another caller", ch)
+			return nil, &idem.ArgumentError{Field: "idemhttp.Config.ReplayHeaders", Reason: ch + " must never be replayed to another caller"}
 		}
 		m.replay = append(m.replay, ch)
 	}

@@ -883,3 +883,24 @@ func TestProblemJSON(t *testing.T) {
 		t.Fatalf("unmarshalable extension: %s", rr.Body.String())
 	}
 }
+
+// Configuration errors are *idem.ArgumentError, as every constructor's in
+// the toolkit, naming the field.
+func TestConfigErrorsAreArgumentErrors(t *testing.T) {
+	t.Parallel()
+	store := idemmem.NewStore(nil)
+	for _, cfg := range []idemhttp.Config{
+		{},
+		{Store: store, TTL: -time.Second},
+		{Store: store, TTL: time.Second, Lease: time.Minute},
+		{Store: store, ReplayHeaders: []string{"Set-Cookie"}},
+	} {
+		var ae *idem.ArgumentError
+		if _, err := idemhttp.New(&cfg); !errors.As(err, &ae) || !errors.Is(err, idem.ErrInvalidArgument) || !strings.HasPrefix(ae.Field, "idemhttp.Config.") {
+			t.Errorf("New(%+v) = %v, want an *idem.ArgumentError naming the field", cfg, err)
+		}
+	}
+	if _, err := idemhttp.New(&idemhttp.Config{Store: store, TTL: 4 * time.Second}); err != nil {
+		t.Errorf("a TTL shorter than the default lease, lease unset: %v; want the lease lowered to it", err)
+	}
+}

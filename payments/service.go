@@ -51,7 +51,8 @@ type Config struct {
 	KeyTTL time.Duration
 	// KeyLease is how long an execution holds its key before a retry may
 	// take it over (after a crash, say); the handler's context ends at 90%
-	// of it. Defaults to 1m (idemhttp.DefaultLease).
+	// of it. Defaults to 1m (idemhttp.DefaultLease), or KeyTTL when that
+	// is shorter.
 	KeyLease time.Duration
 	// InflightWait is how long a duplicate waits for the first request with
 	// its key to finish before it gets 409. Defaults to 5s.
@@ -369,8 +370,10 @@ func (c *Config) defaults() error {
 	if c.KeyLease < 0 {
 		problems = append(problems, fmt.Sprintf("KeyLease must not be negative, got %s", c.KeyLease))
 	}
-	if ttl, lease := cmp.Or(c.KeyTTL, DefaultKeyTTL), cmp.Or(c.KeyLease, idemhttp.DefaultLease); c.KeyTTL >= 0 && c.KeyLease >= 0 && lease > ttl {
-		problems = append(problems, fmt.Sprintf("KeyLease (%s) must not be longer than KeyTTL (%s)", lease, ttl))
+	// A lease left to its default is lowered to a shorter TTL (idemhttp
+	// does so); only a lease set longer than the TTL is refused.
+	if ttl := cmp.Or(c.KeyTTL, DefaultKeyTTL); c.KeyTTL >= 0 && c.KeyLease > ttl {
+		problems = append(problems, fmt.Sprintf("KeyLease (%s) must not be longer than KeyTTL (%s)", c.KeyLease, ttl))
 	}
 	if c.MessageRetention < 0 {
 		problems = append(problems, fmt.Sprintf("MessageRetention must not be negative, got %s", c.MessageRetention))
@@ -401,7 +404,7 @@ func (c *Config) defaults() error {
 		c.KeyTTL = DefaultKeyTTL
 	}
 	if c.KeyLease == 0 {
-		c.KeyLease = idemhttp.DefaultLease
+		c.KeyLease = min(idemhttp.DefaultLease, c.KeyTTL)
 	}
 	if c.InflightWait == 0 {
 		c.InflightWait = DefaultInflightWait

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/payments"
 )
 
@@ -87,9 +88,9 @@ event once; what keeps failing goes to the dead letters (idem dlq).`,
 	fl.StringVar(&f.addr, "addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free one)")
 	dbFlags(cmd, &f.db, &f.pgSchema)
 	keysFlags(cmd, &f.keys, &f.keysPrefix)
-	fl.DurationVar(&f.keyTTL, "key-ttl", 24*time.Hour, "how long an idempotency key is remembered")
-	fl.DurationVar(&f.keyLease, "key-lease", time.Minute, "how long an execution holds its key before a retry may take it over (after a crash)")
-	fl.DurationVar(&f.inflightWait, "inflight-wait", 5*time.Second, "how long a duplicate waits for the first request with its key to finish")
+	fl.DurationVar(&f.keyTTL, "key-ttl", payments.DefaultKeyTTL, "how long an idempotency key is remembered")
+	fl.DurationVar(&f.keyLease, "key-lease", 0, "how long an execution holds its key before a retry may take it over (after a crash); default "+idemhttp.DefaultLease.String()+", or --key-ttl when that is shorter")
+	fl.DurationVar(&f.inflightWait, "inflight-wait", payments.DefaultInflightWait, "how long a duplicate waits for the first request with its key to finish")
 	fl.DurationVar(&f.requestTimeout, "request-timeout", payments.DefaultRequestTimeout, "longest an API request may take: past it the client gets 503 and retries with its key (a stalled disk or database never holds clients for good); must exceed --inflight-wait; 0 turns it off")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long a shutdown waits for requests in flight")
 	fl.StringVar(&f.apiKeys, "api-keys", "", `API keys, "tenant:key,tenant2:key2" (default from $`+envAPIKeys+`)`)
@@ -126,8 +127,8 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 			return err
 		}
 	}
-	if f.keyTTL <= 0 || f.keyLease <= 0 || f.inflightWait <= 0 || f.shutdownTimeout <= 0 {
-		return errors.New("--key-ttl, --key-lease, --inflight-wait and --shutdown-timeout must be positive")
+	if f.keyTTL <= 0 || f.keyLease < 0 || f.inflightWait <= 0 || f.shutdownTimeout <= 0 {
+		return errors.New("--key-ttl, --inflight-wait and --shutdown-timeout must be positive, and --key-lease must not be negative")
 	}
 	if f.broker != "" {
 		if _, err := parseBroker(f.broker); err != nil {
@@ -145,9 +146,6 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 	}
 	if f.retryCap < f.retryBase {
 		return fmt.Errorf("--retry-cap (%s) must not be shorter than --retry-base (%s)", f.retryCap, f.retryBase)
-	}
-	if f.keyLease > f.keyTTL {
-		return fmt.Errorf("--key-lease (%s) must not be longer than --key-ttl (%s)", f.keyLease, f.keyTTL)
 	}
 	keys, devKey, err := a.apiKeys(f.apiKeys, apiKeysFlagSet)
 	if err != nil {
