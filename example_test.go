@@ -3,6 +3,7 @@ package idem_test
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idem-go/idem"
 )
@@ -61,4 +62,43 @@ func ExampleCanonicalJSON() {
 	// Output:
 	// {"a":{"x":true,"y":null},"b":[1.5,1e+21,"€"]} <nil>
 	// true
+}
+
+func ExampleRetryPolicy_Delay() {
+	// Exponential from Base, capped; NoJitter shows the bare schedule (the
+	// default, FullJitter, waits a random time up to each of these).
+	p := idem.RetryPolicy{MaxAttempts: 6, Base: 100 * time.Millisecond, Cap: time.Second, Jitter: idem.NoJitter}
+	var prev time.Duration
+	for attempt := 1; attempt < p.Attempts(); attempt++ {
+		prev = p.Delay(attempt, prev)
+		fmt.Printf("after attempt %d: wait %v\n", attempt, prev)
+	}
+	// Output:
+	// after attempt 1: wait 100ms
+	// after attempt 2: wait 200ms
+	// after attempt 3: wait 400ms
+	// after attempt 4: wait 800ms
+	// after attempt 5: wait 1s
+}
+
+func ExamplePermanent() {
+	// A handler marks what no retry can fix; the consumer dead-letters it
+	// at once instead of retrying.
+	errMalformed := idem.Permanent(errors.New("malformed event: no event_id"))
+	errTimeout := errors.New("provider timed out")
+	fmt.Println(idem.Classify(errMalformed), idem.IsPermanent(fmt.Errorf("settle: %w", errMalformed)))
+	fmt.Println(idem.Classify(errTimeout))
+	// Output:
+	// permanent true
+	// transient
+}
+
+func ExampleRetryAfter() {
+	// A rate-limited call says when to come back; the consumer waits that
+	// long instead of its own backoff.
+	err := idem.RetryAfter(errors.New("429 from the card provider"), 30*time.Second)
+	d, ok := idem.RetryDelay(fmt.Errorf("charge: %w", err))
+	fmt.Println(idem.Classify(err), d, ok)
+	// Output:
+	// transient 30s true
 }
