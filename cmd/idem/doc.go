@@ -5,6 +5,8 @@
 //	idem migrate   create or update the database's tables
 //	idem keys      inspect and purge stored idempotency keys
 //	idem dlq       list, show, re-drive and discard dead letters (ls, show, redrive, discard)
+//	idem torture   duplicate payments through lost answers and killed replicas, and check each charged once (torture requests)
+//	idem probe     check from outside whether any endpoint honours idempotency keys (a report card)
 //	idem version   print the version
 //
 // `idem demo` needs no flags and no setup: it is the place to start.

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idem-go/idem/probe"
+)
+
+func (a *app) probeCmd() *cobra.Command {
+	var (
+		cfg     probe.Config
+		body    string
+		headers []string
+		asJSON  bool
+	)
+	cmd := &cobra.Command{
+		Use:   "probe URL",
+		Short: "Check from outside whether any endpoint honours idempotency keys",
+		Long: `Send an endpoint the requests that tell whether its idempotency keys work, and
+print a report card: one line per check (✓ pass, ✗ fail, – not applicable,
+! could not run), each naming where its rule comes from, then the requests
+and answers of every check that did not pass.
+
+  1 concurrent duplicates (--concurrency at once, one key) run once
+  2 sequential duplicates are replayed
+  3 the same key with another body is refused with 422
+  4 a missing key is refused with 400 (not applicable when the endpoint does
+    not require keys); a malformed key is refused with 400
+  5 a retry after a lost response gets the first execution's answer
+  6 replays carry no Set-Cookie
+  7 with --fault-header (which must make the endpoint answer 5xx): the 5xx is
+    not kept, the retry runs again
+  8 with --slow-header (which must hold the request in flight): a duplicate
+    waits for the first's answer or gets 409 with Retry-After
+
+Executions are told apart by the answers (a top-level "id" in the JSON body,
+or Location) and, with --count URL, by reading the effect before and after
+each check: a GET answering a JSON list, an object with a "data" list, or a
+number. --body takes a string or @file; every {{n}} in it becomes a counter,
+one value per logical operation, for APIs that refuse two operations with the
+same content.
+
+The probe sends at most --max-requests requests in all and ends within
+--timeout. It refuses a host that is not loopback (127.0.0.0/8, ::1,
+localhost) unless --allow-remote. It never prints a credential: the values of
+Authorization, Cookie and every --secret-header are shown as xxxxx.
+
+  idem probe --body @payment.json --header "Authorization: Bearer KEY" \
+      --count 'http://127.0.0.1:8080/v1/accounts/ACCT/payments?limit=1000' \
+      --fault-header 'Idem-Fault: fail-before-commit' --slow-header 'Idem-Fault: delay=2s' \
+      http://127.0.0.1:8080/v1/payments
+
+Exit status: 0 when every applicable check passes, 1 when one does not, 2 on
+a usage error.`,
+		Args: cobra.ExactArgs(1),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&cfg.Method, "method", http.MethodPost, "the request's method")
+	fl.StringVar(&body, "body", "", "the request body, or @FILE to read it from FILE; {{n}} becomes a counter per operation")
+	fl.StringArrayVar(&headers, "header", nil, "a header sent with every request, 'Name: value' (repeatable)")
+	fl.StringArrayVar(&cfg.SecretHeaders, "secret-header", nil, "a header whose value is never printed, besides Authorization and Cookie (repeatable)")
+	fl.StringVar(&cfg.KeyHeader, "key-header", "Idempotency-Key", "the idempotency key's header")
+	fl.StringVar(&cfg.CountURL, "count", "", "a URL whose GET counts the effect (a JSON list, an object with a \"data\" list, or a number)")
+	fl.StringVar(&cfg.FaultHeader, "fault-header", "", "a header, 'Name: value', that makes the endpoint answer 5xx with no effect (enables check 7)")
+	fl.StringVar(&cfg.SlowHeader, "slow-header", "", "a header, 'Name: value', that holds the request in flight (enables check 8)")
+	fl.DurationVar(&cfg.HeadStart, "head-start", 200*time.Millisecond, "how long check 8's slow request runs before its duplicate is sent")
+	fl.IntVar(&cfg.Concurrency, "concurrency", 8, "duplicates sent at once by check 1")
+	fl.IntVar(&cfg.MaxRequests, "max-requests", 200, "the most requests sent in all, count reads included")
+	fl.DurationVar(&cfg.Timeout, "timeout", 60*time.Second, "the longest the whole probe may take")
+	fl.BoolVar(&cfg.AllowRemote, "allow-remote", false, "probe a host that is not loopback")
+	fl.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	cmd.RunE = a.action(func(cmd *cobra.Command, args []string) error {
+		cfg.URL = args[0]
+		if cfg.Concurrency < 2 || cfg.MaxRequests < 1 || cfg.Timeout <= 0 || cfg.HeadStart <= 0 {
+			return &usageError{errors.New("--concurrency must be at least 2, and --max-requests, --timeout and --head-start positive")}
+		}
+		if file, ok := strings.CutPrefix(body, "@"); ok {
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return &usageError{fmt.Errorf("--body: %w", err)}
+			}
+			body = string(b)
+		}
+		cfg.Body = body
+		cfg.Header = http.Header{}
+		for _, h := range headers {
+			name, value, err := probe.ParseHeader(h)
+			if err != nil {
+				return &usageError{fmt.Errorf("--header: %w", err)}
+			}
+			cfg.Header.Add(name, value)
+		}
+		rep, err := probe.Run(cmd.Context(), &cfg)
+		switch {
+		case errors.Is(err, probe.ErrRemote):
+			return &usageError{fmt.Errorf("%w; give --allow-remote to probe it", err)}
+		case errors.Is(err, probe.ErrInvalidConfig):
+			return &usageError{err}
+		case err != nil:
+			return err
+		}
+		if asJSON {
+			err = rep.WriteJSON(a.stdout)
+		} else {
+			err = rep.WriteText(a.stdout)
+		}
+		if err != nil {
+			return err
+		}
+		if !rep.OK() {
+			return &silentError{errors.New("a check did not pass")}
+		}
+		return nil
+	})
+	return cmd
+}

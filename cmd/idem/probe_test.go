@@ -1,0 +1,163 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// probeServe starts serve with args, opens an account on it and returns
+// the probe's arguments for paying from that account (the URL last).
+func probeServe(t *testing.T, args ...string) []string {
+	t.Helper()
+	const apiKey = "probe-api-key-s3cret"
+	dbURL := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	srv := startServe(t, newApp(nil), append([]string{"--db", dbURL, "--api-keys", "acme:" + apiKey, "--log-level", "warn"}, args...)...)
+	var acct accountBody
+	if resp := srv.call(t, "POST", "/v1/accounts", apiKey, "", map[string]any{"balance": 1000000, "currency": "KRW"}, &acct); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("POST /v1/accounts: status %d", resp.StatusCode)
+	}
+	return []string{
+		"probe",
+		"--body", `{"account_id":"` + acct.ID + `","amount":{{n}},"currency":"KRW"}`,
+		"--header", "Authorization: Bearer " + apiKey,
+		"--count", srv.base + "/v1/accounts/" + acct.ID + "/payments?limit=1000",
+		"--fault-header", "Idem-Fault: fail-before-commit",
+		"--slow-header", "Idem-Fault: delay=1s",
+		srv.base + "/v1/payments",
+	}
+}
+
+type probeJSON struct {
+	Checks []struct {
+		Name   string
+		Status string
+		Reason string
+	}
+}
+
+func TestProbeServePassesEveryCheck(t *testing.T) {
+	t.Parallel()
+	args := probeServe(t, "--faults")
+	code, out, errOut := runCmd(t, args...)
+	if code != exitOK {
+		t.Fatalf("probe: exit %d, stderr %q; stdout:\n%s", code, errOut, out)
+	}
+	// Nine lines, every one a pass: checks 7 and 8 ran too.
+	if n := strings.Count(out, "\n✓ "); n != 9 || !strings.Contains(out, "PASS: all 9 applicable checks passed") {
+		t.Errorf("probe passed %d checks, want 9:\n%s", n, out)
+	}
+	if strings.Contains(out, "s3cret") {
+		t.Errorf("the report shows the API key:\n%s", out)
+	}
+}
+
+func TestProbeServeUnsafeFailsTheRightChecks(t *testing.T) {
+	t.Parallel()
+	args := probeServe(t, "--faults", "--unsafe-no-idempotency")
+	code, out, errOut := runCmd(t, append([]string{"probe", "--json"}, args[1:]...)...)
+	if code != exitFailure {
+		t.Fatalf("probe of an unsafe server: exit %d, stderr %q, want 1", code, errOut)
+	}
+	if strings.Contains(out, "s3cret") {
+		t.Errorf("the JSON report shows the API key")
+	}
+	var rep probeJSON
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("decoding the JSON report: %v\n%s", err, out)
+	}
+	got := map[string][]string{}
+	for _, c := range rep.Checks {
+		got[c.Status] = append(got[c.Status], c.Name)
+	}
+	want := map[string][]string{
+		"fail": {"concurrent-duplicates", "sequential-replay", "key-reuse-refused", "malformed-key-refused", "lost-response", "in-flight-duplicate"},
+		// Keys are ignored, so none is required and nothing is replayed;
+		// nothing is kept either, so a retry after a 5xx does run again.
+		"n/a":  {"missing-key-refused", "no-credentials-replayed"},
+		"pass": {"5xx-not-kept"},
+	}
+	for status, names := range want {
+		if !slices.Equal(got[status], names) {
+			t.Errorf("%s: %v, want %v", status, got[status], names)
+		}
+	}
+	if len(got["error"]) > 0 {
+		t.Errorf("checks that could not run: %v\n%s", got["error"], out)
+	}
+}
+
+func TestProbeUsageErrors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"probe"}, "accepts 1 arg"},
+		{[]string{"probe", "http://192.0.2.1/v1/payments"}, "--allow-remote"},
+		{[]string{"probe", "--count", "http://192.0.2.1/n", "http://127.0.0.1:1/x"}, "--allow-remote"},
+		{[]string{"probe", "--header", "no colon here", "http://127.0.0.1:1/x"}, "Name: value"},
+		{[]string{"probe", "--body", "@" + filepath.Join(t.TempDir(), "missing.json"), "http://127.0.0.1:1/x"}, "missing.json"},
+		{[]string{"probe", "--max-requests", "0", "http://127.0.0.1:1/x"}, "--max-requests"},
+		{[]string{"probe", "--fault-header", "nope", "http://127.0.0.1:1/x"}, "fault header"},
+		{[]string{"probe", "ftp://127.0.0.1/x"}, "http://"},
+	} {
+		code, _, errOut := runCmd(t, tc.args...)
+		if code != exitUsage || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, code, errOut, tc.want)
+		}
+	}
+}
+
+func TestProbeMaxRequests(t *testing.T) {
+	t.Parallel()
+	var requests atomic.Int64
+	var ids atomic.Int64
+	// A server that runs everything: the probe would send some 40 requests.
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		json.NewEncoder(w).Encode(map[string]int64{"id": ids.Add(1)})
+	}))
+	t.Cleanup(srv.Close)
+	code, out, _ := runCmd(t, "probe", "--max-requests", "7", "--body", `{"n":{{n}}}`, srv.URL)
+	if code != exitFailure {
+		t.Errorf("exit %d, want 1:\n%s", code, out)
+	}
+	if n := requests.Load(); n > 7 {
+		t.Errorf("the server saw %d requests, more than --max-requests 7", n)
+	}
+	if !strings.Contains(out, "budget") {
+		t.Errorf("the report does not say the budget ran out:\n%s", out)
+	}
+}
+
+func TestProbeBodyFromFile(t *testing.T) {
+	t.Parallel()
+	var bodies atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b := make([]byte, 64)
+		n, _ := r.Body.Read(b)
+		bodies.Store(string(b[:n]))
+		http.Error(w, "no", http.StatusForbidden)
+	}))
+	t.Cleanup(srv.Close)
+	file := filepath.Join(t.TempDir(), "payment.json")
+	if err := os.WriteFile(file, []byte(`{"amount":{{n}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := runCmd(t, "probe", "--body", "@"+file, srv.URL)
+	// The baseline is refused: exit 1, with the answer on stderr.
+	if code != exitFailure || !strings.Contains(errOut, "403") {
+		t.Errorf("exit %d, stderr %q; want 1 naming the 403", code, errOut)
+	}
+	if got, _ := bodies.Load().(string); got != `{"amount":1}` {
+		t.Errorf("the server got body %q, want the file's with {{n}} = 1", got)
+	}
+}

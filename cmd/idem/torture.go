@@ -1,0 +1,116 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idem-go/idem/torture"
+)
+
+func (a *app) tortureCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "torture",
+		Short: "Put idem's promise under load and faults, and check it held",
+		Long: `Put idem's promise under load and faults, and check from the database and the
+API that it held. 'idem torture requests' tortures the request half.`,
+		Args: cobra.NoArgs,
+	}
+	cmd.AddCommand(a.tortureRequestsCmd())
+	return cmd
+}
+
+func (a *app) tortureRequestsCmd() *cobra.Command {
+	var c torture.Config
+	var dropRate float64
+	cmd := &cobra.Command{
+		Use:   "requests",
+		Short: "Duplicate payments through lost responses and killed replicas: exactly one charge each?",
+		Long: `Start --replicas replicas of 'idem serve' (child processes of this binary) on
+one database, each behind a fault proxy of its own that drops --drop of the
+answers after the replica sent them. Clients send --payments logical
+payments, each attempted --dups times with one Idempotency-Key (half of them
+at once, the rest after), to random replicas, and retry every attempt that
+got no answer, a 409 or a 5xx; every --kill-every a random replica is
+SIGKILLed and started again.
+
+Then it checks, from the database itself and from the API, that there is one
+payment per logical payment, that the accounts were charged exactly the sum
+of the logical payments, that every attempt got a 2xx and that every answer
+for one key carries the same payment. It prints the figures as a table and
+as lines RESULT,torture-requests-<db>,<metric>,<value>,<unit>, lists every
+violation by key and payment, and exits 0 only when the promise held.
+
+--db is a SQLite file in a temporary directory by default, or a PostgreSQL
+URL, in which the run uses a fresh schema; --keys redis://… puts the keys in
+Redis under a prefix of the run's own. All of it is deleted afterwards, and
+every replica stopped, on failure and Ctrl-C too. Everything listens on
+127.0.0.1 only.
+
+  idem torture requests --payments 12500 --dups 8 --replicas 3
+  idem torture requests --db postgres://postgres@127.0.0.1:5432/test --keys redis://127.0.0.1:6379/0`,
+		Args: cobra.NoArgs,
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&c.DB, "db", "sqlite", "database: sqlite (a temporary file) or postgres://USER@HOST/DB (a fresh schema)")
+	fl.StringVar(&c.Keys, "keys", "", "keep the idempotency keys in Redis: redis://HOST:PORT/DB (a prefix of the run's own); default: in --db")
+	fl.IntVar(&c.Payments, "payments", torture.DefaultPayments, "logical payments")
+	fl.IntVar(&c.Dups, "dups", torture.DefaultDups, "attempts of each logical payment, with the same key and body")
+	fl.IntVar(&c.Replicas, "replicas", torture.DefaultReplicas, "replicas of idem serve")
+	fl.IntVar(&c.Clients, "clients", torture.DefaultClients, "logical payments worked on at once")
+	fl.Float64Var(&dropRate, "drop", torture.DefaultDropRate, "fraction of answers the fault proxies drop after the replica sent them (0 for none)")
+	fl.DurationVar(&c.KillEvery, "kill-every", torture.DefaultKillEvery, "time between two SIGKILLs of a random replica (0 for none)")
+	fl.DurationVar(&c.Timeout, "timeout", torture.DefaultTimeout, "longest the load may take; a logical payment unanswered by then is a violation")
+	fl.DurationVar(&c.KeyLease, "key-lease", torture.DefaultKeyLease, "the replicas' --key-lease: how long a killed execution holds its key in Redis")
+	fl.Uint64Var(&c.Seed, "seed", 0, "seed of the run's choices (0 for a random one, shown in the report)")
+	fl.BoolVar(&c.Unsafe, "unsafe-no-idempotency", false, "run the replicas in unsafe mode, which must fail the check (the torture's own test)")
+	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
+		switch {
+		case c.Payments < 1 || c.Dups < 1 || c.Replicas < 1 || c.Clients < 1:
+			return &usageError{errors.New("--payments, --dups, --replicas and --clients must be positive")}
+		case dropRate < 0 || dropRate >= 1:
+			return &usageError{fmt.Errorf("--drop must be at least 0 and below 1, got %g", dropRate)}
+		case c.KillEvery < 0 || c.Timeout <= 0 || c.KeyLease <= 0:
+			return &usageError{errors.New("--kill-every must not be negative; --timeout and --key-lease must be positive")}
+		}
+		if c.DB != "sqlite" {
+			if t, err := parseDB(c.DB); err != nil || !t.postgres {
+				return &usageError{errors.New("--db must be sqlite or postgres://USER@HOST/DB")}
+			}
+		}
+		if c.Keys != "" {
+			if _, err := parseKeys(c.Keys); err != nil {
+				return &usageError{err}
+			}
+		}
+		// Zero means the default in Config; on the command line it means none.
+		c.DropRate = dropRate
+		if dropRate == 0 {
+			c.DropRate = -1
+		}
+		if c.KillEvery == 0 {
+			c.KillEvery = -1
+		}
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("finding this binary to start the replicas: %w", err)
+		}
+		c.Executable = exe
+		c.Env = os.Environ()
+		c.Progress = a.stderr
+		rep, err := torture.Run(cmd.Context(), &c)
+		if err != nil {
+			return scrubURLs(err, c.DB, c.Keys)
+		}
+		fmt.Fprintln(a.stdout)
+		rep.Print(a.stdout)
+		rep.PrintResults(a.stdout)
+		if !rep.OK() {
+			return &silentError{fmt.Errorf("the promise was broken: %d violations", len(rep.Violations))}
+		}
+		return nil
+	})
+	return cmd
+}

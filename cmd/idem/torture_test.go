@@ -1,0 +1,233 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// tortureChildEnv makes this test binary run as idem itself: `idem torture`
+// starts its replicas from os.Executable(), which in a test is the test
+// binary.
+const tortureChildEnv = "IDEM_TORTURE_TEST_CHILD"
+
+func init() {
+	if os.Getenv(tortureChildEnv) == "1" {
+		main() // exits
+	}
+	// Set before any test runs, so every replica a test starts inherits it.
+	os.Setenv(tortureChildEnv, "1")
+}
+
+// runTorture runs `idem torture requests` with args and returns its exit
+// status, its output and its RESULT figures by metric.
+func runTorture(t *testing.T, args ...string) (code int, stdout, stderr string, results map[string]int64) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(t.Context(), append([]string{"torture", "requests"}, args...), &out, &errOut)
+	results = map[string]int64{}
+	for line := range strings.Lines(out.String()) {
+		f := strings.Split(strings.TrimSpace(line), ",")
+		if len(f) != 5 || f[0] != "RESULT" || !strings.HasPrefix(f[1], "torture-requests-") {
+			continue
+		}
+		if n, err := strconv.ParseInt(f[3], 10, 64); err == nil {
+			results[f[2]] = n
+		}
+	}
+	return code, out.String(), errOut.String(), results
+}
+
+// checkHeld fails the test unless the run held the promise under faults:
+// one payment per logical payment, as much money taken as owed, answers
+// lost and replicas killed on the way.
+func checkHeld(t *testing.T, payments int64, code int, stdout, stderr string, r map[string]int64) {
+	t.Helper()
+	if code != exitOK {
+		t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	if r["logical_payments"] != payments || r["payments"] != payments || r["answered"] != payments {
+		t.Errorf("logical payments %d, payments %d, answered %d; want %d each", r["logical_payments"], r["payments"], r["answered"], payments)
+	}
+	if r["money_taken"] != r["money_owed"] || r["money_taken_api"] != r["money_owed"] || r["money_owed"] == 0 {
+		t.Errorf("money taken %d (database) and %d (API), owed %d", r["money_taken"], r["money_taken_api"], r["money_owed"])
+	}
+	if r["attempts"] < payments*8 || r["lost_responses"] == 0 || r["kills"] == 0 {
+		t.Errorf("attempts %d, lost responses %d, kills %d: the run did not torture much", r["attempts"], r["lost_responses"], r["kills"])
+	}
+	if r["violations"] != 0 || !strings.Contains(stdout, "promise: HELD") {
+		t.Errorf("violations %d\n%s", r["violations"], stdout)
+	}
+	if t.Failed() {
+		t.Logf("stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	}
+}
+
+func TestTortureRequestsSQLite(t *testing.T) {
+	t.Parallel()
+	code, stdout, stderr, r := runTorture(t, "--payments", "400", "--kill-every", "300ms", "--timeout", "90s")
+	checkHeld(t, 400, code, stdout, stderr, r)
+	if !strings.Contains(stdout, "RESULT,torture-requests-sqlite,") {
+		t.Errorf("no RESULT lines named torture-requests-sqlite:\n%s", stdout)
+	}
+}
+
+func TestTortureRequestsPostgres(t *testing.T) {
+	t.Parallel()
+	url := postgresURL(t)
+	code, stdout, stderr, r := runTorture(t, "--db", url, "--payments", "400", "--kill-every", "300ms", "--timeout", "90s")
+	checkHeld(t, 400, code, stdout, stderr, r)
+	if !strings.Contains(stdout, "RESULT,torture-requests-pg,") {
+		t.Errorf("no RESULT lines named torture-requests-pg:\n%s", stdout)
+	}
+	if strings.Contains(stdout+stderr, "postgres://") {
+		t.Errorf("the output names the database URL:\n%s\n%s", stdout, stderr)
+	}
+}
+
+func TestTortureRequestsRedisKeys(t *testing.T) {
+	t.Parallel()
+	url := redisURL(t)
+	code, stdout, stderr, r := runTorture(t, "--keys", url, "--payments", "300", "--kill-every", "300ms", "--timeout", "90s")
+	checkHeld(t, 300, code, stdout, stderr, r)
+	if !strings.Contains(stdout, "RESULT,torture-requests-sqlite-keys,") {
+		t.Errorf("no RESULT lines named torture-requests-sqlite-keys:\n%s", stdout)
+	}
+}
+
+// TestTortureRequestsCatchesUnsafe is the torture's own test: against a
+// service that breaks the promise it must say so, by key, and fail.
+func TestTortureRequestsCatchesUnsafe(t *testing.T) {
+	t.Parallel()
+	code, stdout, stderr, r := runTorture(t, "--unsafe-no-idempotency", "--payments", "200", "--kill-every", "300ms", "--timeout", "90s")
+	if code != exitFailure {
+		t.Errorf("exit %d, want %d", code, exitFailure)
+	}
+	if r["logical_payments"] != 200 || r["payments"] <= 200 {
+		t.Errorf("logical payments %d, payments %d: want more payments than logical payments", r["logical_payments"], r["payments"])
+	}
+	if r["money_taken"] <= r["money_owed"] || r["violations"] == 0 {
+		t.Errorf("money taken %d, owed %d, violations %d", r["money_taken"], r["money_owed"], r["violations"])
+	}
+	for _, want := range []string{"promise: BROKEN", "payments in the database for one logical payment", "different payment ids", "RESULT,torture-requests-sqlite-unsafe,"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	}
+}
+
+func TestTortureRequestsUsage(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--payments", "0"},
+		{"--dups", "-1"},
+		{"--drop", "1"},
+		{"--drop", "-0.1"},
+		{"--timeout", "0"},
+		{"--db", "mysql://x"},
+		{"--db", "sqlite:/tmp/x.db"},
+		{"--keys", "memcached://x"},
+		{"extra"},
+	} {
+		code, stdout, stderr, _ := runTorture(t, args...)
+		if code != exitUsage || stdout != "" || !strings.Contains(stderr, "idem: ") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit %d and a message", args, code, stdout, stderr, exitUsage)
+		}
+	}
+}
+
+// TestTortureRequestsTimeout: logical payments left unanswered when the
+// timeout passes are violations, not a success.
+func TestTortureRequestsTimeout(t *testing.T) {
+	t.Parallel()
+	code, stdout, stderr, r := runTorture(t, "--payments", "5000", "--kill-every", "0", "--timeout", "1s")
+	if code != exitFailure || r["answered"] >= 5000 || r["violations"] == 0 ||
+		!strings.Contains(stdout, "got no 2xx answer before the timeout") {
+		t.Errorf("exit %d, answered %d, violations %d; want exit 1 and unanswered payments reported\nstdout:\n%s\nstderr:\n%s",
+			code, r["answered"], r["violations"], stdout, stderr)
+	}
+}
+
+// signalWriter is a stderr that calls fn, once, when what was written so
+// far contains want.
+type signalWriter struct {
+	buf  syncBuffer
+	want string
+	once sync.Once
+	fn   func()
+}
+
+func (w *signalWriter) Write(p []byte) (int, error) {
+	n, err := w.buf.Write(p)
+	if strings.Contains(w.buf.String(), w.want) {
+		w.once.Do(w.fn)
+	}
+	return n, err
+}
+
+// TestTortureRequestsInterrupted: a run cancelled in the middle (Ctrl-C)
+// leaves no replica running and no schema behind. Not parallel: it counts
+// this process's children, which the other torture tests would add to.
+func TestTortureRequestsInterrupted(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("counts children through /proc")
+	}
+	url := postgresURL(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	stderr := &signalWriter{want: "logical payments done", fn: cancel}
+	var stdout bytes.Buffer
+	code := run(ctx, []string{"torture", "requests", "--db", url, "--payments", "20000", "--timeout", "2m"}, &stdout, stderr)
+	if code != exitFailure || !strings.Contains(stderr.buf.String(), "context canceled") {
+		t.Errorf("exit %d, want %d with the cancellation on stderr:\n%s", code, exitFailure, stderr.buf.String())
+	}
+	if kids := children(t); len(kids) > 0 {
+		t.Errorf("processes left running: %v", kids)
+	}
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var left int
+	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'idem\_torture\_%'`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("%d idem_torture_ schemas left", left)
+	}
+}
+
+// children lists the processes whose parent is this one, as "pid command".
+func children(t *testing.T) []string {
+	t.Helper()
+	stats, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	me := strconv.Itoa(os.Getpid())
+	var kids []string
+	for _, path := range stats {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue // it ended meanwhile
+		}
+		// pid (comm) state ppid …; comm may hold spaces, so cut at its end.
+		_, rest, ok := strings.Cut(string(b), ") ")
+		if f := strings.Fields(rest); ok && len(f) > 1 && f[1] == me {
+			kids = append(kids, strings.TrimSpace(string(b[:strings.Index(string(b), ") ")+1])))
+		}
+	}
+	return kids
+}

@@ -1,0 +1,77 @@
+// Package probe checks from outside whether an HTTP endpoint honours
+// idempotency keys: it sends requests, reads the answers, and writes a report
+// card. It knows nothing of the server's code, so it can check any
+// endpoint — idem's own middleware, another library's, a hand-written one.
+//
+//	rep, err := probe.Run(ctx, &probe.Config{
+//		URL:    "http://127.0.0.1:8080/v1/payments",
+//		Body:   `{"account_id":"acct_1","amount":{{n}},"currency":"KRW"}`,
+//		Header: http.Header{"Authorization": {"Bearer " + key}},
+//	})
+//	if err != nil { … }          // could not start: see ErrInvalidConfig, ErrRemote, ErrBaseline
+//	rep.WriteText(os.Stdout)     // or WriteJSON
+//	if !rep.OK() { … }           // a check failed
+//
+// # The checks
+//
+// Each is pass, fail or not applicable, with the requests sent and the answers
+// as evidence, and names where its rule comes from: the IETF draft
+// draft-ietf-httpapi-idempotency-key-header, Stripe's idempotent requests, or
+// idem's own contract where the two say nothing or differ.
+//
+//  1. Concurrent duplicates (Config.Concurrency, 8, at once with one fresh key)
+//     run once: every successful answer is the same, and any other is 409.
+//  2. Sequential duplicates are replayed: the same status and body; a
+//     Idempotent-Replayed: true is noted when present.
+//  3. The key of a completed request sent with another body is refused with
+//     422.
+//  4. A missing key is refused with 400; not applicable when the request
+//     without a key succeeds, since the endpoint then does not require keys.
+//     A malformed key (300 characters; one with a tab inside) is refused with
+//     400.
+//  5. A lost response: the request goes on a connection of its own, which is
+//     closed as soon as the answer starts to arrive, without reading it, as a
+//     client whose network failed would; the retry with the same key must get
+//     the first execution's answer, not a second execution.
+//  6. No replay carries Set-Cookie: a replay goes to whoever presents the key.
+//  7. With Config.FaultHeader, which must make the endpoint answer 5xx with no
+//     effect: the 5xx is not kept, and the retry runs again.
+//  8. With Config.SlowHeader, which must hold the request in flight: a
+//     duplicate sent meanwhile waits for the first's answer or gets 409 with
+//     Retry-After, and never runs a second time.
+//
+// Check 2 runs first: its first request, with a fresh key, is the baseline.
+// If it does not succeed (say 401, for missing credentials), nothing else
+// would mean anything, and Run returns ErrBaseline with the answer.
+//
+// # Telling executions apart
+//
+// From outside, "it ran once" is told by the answers: the top-level "id" of
+// a JSON body, or else the Location header. With Config.CountURL the probe
+// also reads the effect itself before and after each check (a GET answering a
+// JSON list, an object whose "data" is a list, or a number) and requires it
+// to grow by exactly one per operation, and not at all for a refused one.
+// Without an id, a Location or a count, check 5 can only pass on an
+// Idempotent-Replayed: true, and says so otherwise.
+//
+// # Bodies
+//
+// Config.Body is a template: each {{n}} becomes a counter, one value per
+// logical operation (its duplicates repeat it), for APIs that refuse two
+// operations with the same content. Check 3 needs another body for the same
+// key: the next {{n}} where the template has one, else a JSON object with one
+// more field ("idem_probe_variant"), else the body with a newline added; with
+// no body at all check 3 is not applicable.
+//
+// # Safety
+//
+// The probe never sends more than Config.MaxRequests (200) requests in all,
+// count reads included; a check that would go beyond stops with an error line.
+// The whole probe ends within Config.Timeout (60s). A target that is not
+// loopback (127.0.0.0/8, ::1, localhost, after resolving the name) is refused
+// with ErrRemote unless Config.AllowRemote, and every connection's address is
+// checked again when it is dialled. The report never shows a credential:
+// Authorization (as "Bearer xxxxx"), Proxy-Authorization, Cookie and every
+// header in Config.SecretHeaders are hidden, and a Set-Cookie answered shows
+// only the cookie's name.
+package probe

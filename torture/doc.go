@@ -1,0 +1,85 @@
+// Package torture puts the request half's promise under load and faults,
+// at scale, and checks that it held: however often a payment is sent, and
+// whatever is lost or killed on the way, it is charged exactly once and
+// every answer for its key names the same payment.
+//
+// # The run
+//
+// Run starts Config.Replicas replicas of `idem serve` as child processes
+// of Config.Executable (`idem torture requests` passes its own binary),
+// each listening on 127.0.0.1 with a port of its own (--addr 127.0.0.1:0,
+// read from its "idem: listening on URL" line), all on one database: a
+// SQLite file in a temporary directory, or with Config.DB a PostgreSQL
+// schema of the run's own (serve's --pg-schema); with Config.Keys the
+// idempotency keys live in Redis under a key prefix of the run's own
+// (--keys-prefix). The replicas share one API key, given in their
+// environment (IDEM_API_KEYS) rather than on their command line, where any
+// user of the machine could read it. The run creates 64 accounts with a
+// balance no run exhausts.
+//
+// In front of every replica stands a fault proxy, on a listener of its own
+// that outlives the replica's restarts. It forwards each request and, for
+// Config.DropRate of them (10% by default), waits for the replica's answer
+// and then closes the client's connection without passing it on: the lost
+// acknowledgement, after the charge. While the replica is down it answers
+// 502.
+//
+// Config.Clients clients work on Config.Payments logical payments, each
+// with its own Idempotency-Key, account and amount, attempted Config.Dups
+// times: half of the attempts at once, racing, the rest one after another
+// once those have their answers. Each attempt goes to a random replica's
+// proxy and is retried, with the same key and body and a short jittered
+// backoff, until it gets a 2xx: an attempt that got no answer, a 409 (the
+// key still in flight) or a 5xx is sent again, through a replica chosen
+// again. Bodies are sent so that net/http never resends a request by itself
+// (it would for one with an Idempotency-Key on a kept-alive connection): each
+// attempt on the wire is counted, and retried by the run alone. Every
+// Config.KillEvery (2s by default) a random replica is SIGKILLed, its proxy
+// answering 502 meanwhile, and started again.
+//
+// Config.Timeout bounds the load; the checks and the clean-up each have a
+// minute of their own. Whatever happens, on failure and on cancellation
+// (Ctrl-C) too, every replica is stopped (SIGTERM, then SIGKILL), every
+// proxy closed, and the temporary directory, the schema and the Redis keys
+// deleted. On Linux the replicas run in a process group of their own, so a
+// Ctrl-C reaches the run alone, and the kernel kills them should the run
+// itself die.
+//
+// # The checks
+//
+// Each payment's description is its logical payment's key, so the
+// database says which logical payment every row belongs to, even in unsafe
+// mode, which keeps no keys. Once the load is over the run reads the
+// payments and the balances from the database itself, and the balances
+// and every answered payment from the API, and reports a violation for:
+//
+//   - a logical payment with more than one payment in the database, or
+//     none though it was answered 2xx; a payment that is none of the run's;
+//   - a logical payment whose answers carry more than one payment id, or an
+//     id the database or the API has with another account or amount;
+//   - an attempt that never got a 2xx (before the timeout) or got another
+//     answer (402, 422, …);
+//   - money taken from the accounts, by the database's balances or the
+//     API's, other than the sum of the logical payments' amounts.
+//
+// Report holds the figures (attempts sent, lost responses, kills,
+// payments, money taken against owed, time) and the violations, by key and
+// payment; Report.Print writes them as a table, Report.PrintResults as
+// lines RESULT,torture-requests-<db>,<metric>,<value>,<unit> (<db> is
+// sqlite or pg, with -keys for Redis keys and -unsafe against unsafe
+// mode). Report.OK is true only when the promise held. Config.Unsafe runs
+// the replicas with --unsafe-no-idempotency, against which the checks must
+// find double charges: that is the torture's own test.
+//
+// # The full run
+//
+// At least 100,000 attempts over at least 10,000 logical payments, on
+// SQLite, with the defaults (3 replicas, 10% of answers lost, a replica
+// killed every 2s):
+//
+//	idem torture requests --payments 12500 --dups 8 --replicas 3
+//
+// and on PostgreSQL with the keys in Redis:
+//
+//	idem torture requests --payments 12500 --db postgres://postgres@127.0.0.1:5432/test --keys redis://127.0.0.1:6379/0
+package torture

@@ -1,0 +1,185 @@
+package torture
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// listeningPrefix starts the line `idem serve` prints once it listens; the
+// rest of the line is its base URL.
+const listeningPrefix = "idem: listening on "
+
+// Bounds on a replica's life, so a replica that hangs fails the run instead
+// of holding it.
+const (
+	startTimeout = 30 * time.Second
+	stopTimeout  = 15 * time.Second
+	tailLines    = 40
+)
+
+// replica is one `idem serve` child process, started again after each kill
+// with the same arguments.
+type replica struct {
+	n    int
+	exe  string
+	args []string
+	env  []string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed once the process has exited and been reaped
+	base string
+	tail []string // its last stderr lines, for the error that says why it failed
+}
+
+// start starts the process and waits for its "listening on" line.
+func (r *replica) start(ctx context.Context) error {
+	cmd := exec.Command(r.exe, r.args...)
+	cmd.Env = r.env
+	cmd.SysProcAttr = childAttr()
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return fmt.Errorf("replica %d: %w", r.n, err)
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("replica %d: starting %s: %w", r.n, r.exe, err)
+	}
+	done := make(chan struct{})
+	listening := make(chan string, 1)
+	r.mu.Lock()
+	r.cmd, r.done, r.base, r.tail = cmd, done, "", nil
+	r.mu.Unlock()
+	go func() {
+		defer close(done)
+		r.read(stderr, listening)
+		_ = cmd.Wait() // a killed replica's status says nothing new
+	}()
+
+	timer := time.NewTimer(startTimeout)
+	defer timer.Stop()
+	select {
+	case base := <-listening:
+		if err := checkLoopback(base); err != nil {
+			r.kill()
+			return fmt.Errorf("replica %d: %w", r.n, err)
+		}
+		r.mu.Lock()
+		r.base = base
+		r.mu.Unlock()
+		return nil
+	case <-done:
+		return fmt.Errorf("replica %d exited before listening: %s", r.n, r.lastLines())
+	case <-timer.C:
+		r.kill()
+		return fmt.Errorf("replica %d did not say where it listens within %s: %s", r.n, startTimeout, r.lastLines())
+	case <-ctx.Done():
+		r.kill()
+		return fmt.Errorf("replica %d: %w", r.n, context.Cause(ctx))
+	}
+}
+
+// read drains the replica's stderr (a child blocked on a full pipe would
+// stall), keeps its last lines and reports the base URL it listens on.
+func (r *replica) read(stderr io.Reader, listening chan<- string) {
+	sc := bufio.NewScanner(stderr)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if base, ok := strings.CutPrefix(line, listeningPrefix); ok {
+			select {
+			case listening <- strings.TrimSpace(base):
+			default:
+			}
+		}
+		r.mu.Lock()
+		r.tail = append(r.tail, line)
+		if len(r.tail) > tailLines {
+			r.tail = r.tail[len(r.tail)-tailLines:]
+		}
+		r.mu.Unlock()
+	}
+	_, _ = io.Copy(io.Discard, stderr) // a line too long for the scanner
+}
+
+// lastLines is the replica's last stderr lines, on one line.
+func (r *replica) lastLines() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.tail) == 0 {
+		return "(it wrote nothing on stderr)"
+	}
+	return strings.Join(r.tail, " | ")
+}
+
+// baseURL is where the replica listens, or "" while it is not running.
+func (r *replica) baseURL() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.base
+}
+
+// kill SIGKILLs the process and waits until it is reaped.
+func (r *replica) kill() {
+	r.mu.Lock()
+	cmd, done := r.cmd, r.done
+	r.base = ""
+	r.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	<-done
+}
+
+// stop asks the process to shut down (SIGTERM) and kills it if it has not
+// within stopTimeout.
+func (r *replica) stop() {
+	r.mu.Lock()
+	cmd, done := r.cmd, r.done
+	r.base = ""
+	r.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	select {
+	case <-done:
+		return
+	default:
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	timer := time.NewTimer(stopTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		r.kill()
+	}
+}
+
+// checkLoopback refuses a base URL whose host is not a loopback address:
+// the run sends its load and its faults nowhere else.
+func checkLoopback(base string) error {
+	u, err := url.Parse(base)
+	if err != nil {
+		return fmt.Errorf("listening URL %q: %w", base, err)
+	}
+	host := u.Hostname()
+	if host == "localhost" {
+		return nil
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() {
+		return errors.New("listening on " + base + ", which is not a loopback address")
+	}
+	return nil
+}

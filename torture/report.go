@@ -1,0 +1,102 @@
+package torture
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+)
+
+// Report is what a run did and found.
+type Report struct {
+	// Name labels the RESULT lines: torture-requests-<db>, with -keys when
+	// the keys were in Redis and -unsafe for a run against unsafe mode.
+	Name     string
+	Seed     uint64
+	Replicas int
+	Dups     int
+
+	LogicalPayments int   // payments the clients meant to make
+	Answered        int   // logical payments whose every attempt got a 2xx
+	Attempts        int64 // HTTP requests the clients sent, retries included
+	LostResponses   int64 // answers the fault proxies dropped after the replica sent them
+	NoAnswer        int64 // requests that got no answer at all: the lost responses, and any other cut connection
+	Retried         int64 // requests answered 409 or 5xx (the proxy's 502 for a killed replica among them), and retried
+	Kills           int64 // replicas SIGKILLed (and started again)
+
+	Payments      int   // payments in the database
+	MoneyOwed     int64 // the sum of the logical payments' amounts
+	MoneyTaken    int64 // what the accounts lost, by their balances in the database
+	MoneyTakenAPI int64 // the same, by their balances from the API
+	Elapsed       time.Duration
+
+	// Violations says, one line each, every way the promise was broken.
+	Violations []string
+}
+
+// OK reports whether the promise held: one payment per logical payment,
+// the money taken equal to the money owed, every attempt answered 2xx, and
+// every answer for one key carrying the same payment.
+func (r *Report) OK() bool { return len(r.Violations) == 0 }
+
+// Print writes the final table, then the violations, if any.
+func (r *Report) Print(w io.Writer) {
+	verdict := "HELD"
+	if !r.OK() {
+		verdict = fmt.Sprintf("BROKEN (%d violations)", len(r.Violations))
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := func(name string, value any) { fmt.Fprintf(tw, "%s\t%v\t\n", name, value) }
+	fmt.Fprintf(w, "%s (%d replicas, %d attempts per logical payment, seed %d)\n", r.Name, r.Replicas, r.Dups, r.Seed)
+	row("logical payments", r.LogicalPayments)
+	row("answered 2xx every time", r.Answered)
+	row("attempts sent", r.Attempts)
+	row("lost responses", r.LostResponses)
+	row("no answer", r.NoAnswer)
+	row("retried on 409/5xx (502: killed)", r.Retried)
+	row("replicas killed", r.Kills)
+	row("payments in the database", r.Payments)
+	row("money owed", r.MoneyOwed)
+	row("money taken (database)", r.MoneyTaken)
+	row("money taken (API)", r.MoneyTakenAPI)
+	row("time", r.Elapsed.Round(time.Millisecond))
+	row("attempts/s", fmt.Sprintf("%.1f", r.attemptsPerSecond()))
+	tw.Flush()
+	fmt.Fprintf(w, "promise: %s\n", verdict)
+	for i, v := range r.Violations {
+		if i == maxViolationsShown {
+			fmt.Fprintf(w, "  … and %d more\n", len(r.Violations)-i)
+			break
+		}
+		fmt.Fprintf(w, "  %s\n", v)
+	}
+}
+
+// PrintResults writes the figures as lines
+// RESULT,<name>,<metric>,<value>,<unit>.
+func (r *Report) PrintResults(w io.Writer) {
+	line := func(metric string, value any, unit string) {
+		fmt.Fprintf(w, "RESULT,%s,%s,%v,%s\n", r.Name, metric, value, unit)
+	}
+	line("logical_payments", r.LogicalPayments, "payments")
+	line("answered", r.Answered, "payments")
+	line("attempts", r.Attempts, "requests")
+	line("lost_responses", r.LostResponses, "responses")
+	line("no_answer", r.NoAnswer, "requests")
+	line("retried", r.Retried, "requests")
+	line("kills", r.Kills, "kills")
+	line("payments", r.Payments, "payments")
+	line("money_owed", r.MoneyOwed, "minor_units")
+	line("money_taken", r.MoneyTaken, "minor_units")
+	line("money_taken_api", r.MoneyTakenAPI, "minor_units")
+	line("time_s", fmt.Sprintf("%.2f", r.Elapsed.Seconds()), "s")
+	line("attempts_per_s", fmt.Sprintf("%.1f", r.attemptsPerSecond()), "requests/s")
+	line("violations", len(r.Violations), "violations")
+}
+
+func (r *Report) attemptsPerSecond() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Attempts) / r.Elapsed.Seconds()
+}

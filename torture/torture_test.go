@@ -1,0 +1,111 @@
+package torture
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestConfigRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	for name, c := range map[string]*Config{
+		"nil":               nil,
+		"no executable":     {},
+		"negative payments": {Executable: "idem", Payments: -1},
+		"every answer lost": {Executable: "idem", DropRate: 1},
+		"negative timeout":  {Executable: "idem", Timeout: -1},
+		"mysql":             {Executable: "idem", DB: "mysql://x"},
+		"keys not redis":    {Executable: "idem", Keys: "memcached://x"},
+	} {
+		if rep, err := Run(t.Context(), c); err == nil || rep != nil {
+			t.Errorf("%s: Run = %v, %v; want an error", name, rep, err)
+		}
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	t.Parallel()
+	c, err := (&Config{Executable: "idem", DropRate: -1, KillEvery: -1}).withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Payments != DefaultPayments || c.Dups != DefaultDups || c.Replicas != DefaultReplicas ||
+		c.DropRate != 0 || c.KillEvery != -1 || c.Timeout != DefaultTimeout || c.Seed == 0 {
+		t.Errorf("defaults: %+v", c)
+	}
+}
+
+// TestFaultProxy checks that a dropped answer is one the replica gave: the
+// effect happened, and the client saw nothing.
+func TestFaultProxy(t *testing.T) {
+	t.Parallel()
+	var served atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served.Add(1)
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("Idem-Seen-Key", r.Header.Get("Idempotency-Key"))
+		w.WriteHeader(http.StatusCreated)
+		w.Write(b)
+	}))
+	defer upstream.Close()
+	var drop atomic.Bool
+	p, err := newFaultProxy(drop.Load)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	send := func() (*http.Response, string, error) {
+		// As the run sends them: with a strings.Reader, net/http would
+		// resend the dropped request by itself, on a kept-alive connection.
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, p.url()+"/v1/payments", oneShot([]byte(`{"a":1}`)))
+		req.ContentLength = 7
+		req.Header.Set("Idempotency-Key", "k1")
+		resp, err := client.Do(req)
+		if err != nil {
+			return nil, "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b), nil
+	}
+
+	if resp, _, err := send(); err != nil || resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("with no replica: %v, %v; want 502", resp, err)
+	}
+	p.setUpstream(upstream.URL)
+	resp, body, err := send()
+	if err != nil || resp.StatusCode != http.StatusCreated || body != `{"a":1}` || resp.Header.Get("Idem-Seen-Key") != "k1" {
+		t.Fatalf("forwarded: %v %q %v", resp, body, err)
+	}
+	drop.Store(true)
+	if resp, _, err := send(); err == nil {
+		t.Fatalf("dropped: got an answer %d", resp.StatusCode)
+	}
+	if served.Load() != 2 || p.dropped.Load() != 1 || p.forwarded.Load() != 2 {
+		t.Errorf("replica served %d, proxy forwarded %d and dropped %d; want 2, 2, 1", served.Load(), p.forwarded.Load(), p.dropped.Load())
+	}
+}
+
+func TestCheckLoopback(t *testing.T) {
+	t.Parallel()
+	for base, ok := range map[string]bool{
+		"http://127.0.0.1:8080": true,
+		"http://[::1]:8080":     true,
+		"http://localhost:1":    true,
+		"http://10.0.0.1:8080":  false,
+		"http://example.com:80": false,
+	} {
+		if err := checkLoopback(base); (err == nil) != ok {
+			t.Errorf("checkLoopback(%s) = %v", base, err)
+		}
+	}
+}
