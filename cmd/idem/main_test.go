@@ -418,8 +418,9 @@ func TestExitStatuses(t *testing.T) {
 		{[]string{"serve", "--db", dbURL, "--log-level", "loud"}, exitFailure, "", `--log-level "loud"`},
 		{[]string{"serve", "--db", dbURL, "--pg-schema", "x", "--api-keys", "a:b"}, exitFailure, "", "--pg-schema applies only to --db postgres://"},
 		{[]string{"serve", "--db", dbURL, "--keys", "memcached://h", "--api-keys", "a:b"}, exitFailure, "", `unsupported key store scheme "memcached"`},
-		{[]string{"serve", "--db", dbURL, "--key-lease", "2h", "--key-ttl", "1h", "--api-keys", "a:b"}, exitFailure, "", "KeyLease (2h0m0s) must not be longer than KeyTTL (1h0m0s)"},
+		{[]string{"serve", "--db", dbURL, "--key-lease", "2h", "--key-ttl", "1h", "--api-keys", "a:b"}, exitFailure, "", "--key-lease (2h0m0s) must not be longer than --key-ttl"},
 		{[]string{"serve", "--db", dbURL, "--key-lease", "-1s", "--api-keys", "a:b"}, exitFailure, "", "--key-lease must not be negative"},
+		{[]string{"serve", "--db", dbURL, "--request-timeout", "2s", "--api-keys", "a:b"}, exitFailure, "", "--request-timeout (2s) must be longer than --inflight-wait (5s)"},
 		{[]string{"migrate", "--db", dbURL, "--pg-schema", "x"}, exitFailure, "", "--pg-schema applies only"},
 		{[]string{"keys", "show", "--db", dbURL, "--scope", "t", "k"}, exitFailure, "", "does not exist"},
 	} {

@@ -147,6 +147,14 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 	if f.retryCap < f.retryBase {
 		return fmt.Errorf("--retry-cap (%s) must not be shorter than --retry-base (%s)", f.retryCap, f.retryBase)
 	}
+	// payments.New refuses it too, but only after the database is open:
+	// bad flags must change nothing, not even create the database file.
+	if f.keyLease > f.keyTTL {
+		return fmt.Errorf("--key-lease (%s) must not be longer than --key-ttl (%s)", f.keyLease, f.keyTTL)
+	}
+	if f.requestTimeout < 0 || (f.requestTimeout > 0 && f.requestTimeout <= f.inflightWait) {
+		return fmt.Errorf("--request-timeout (%s) must be longer than --inflight-wait (%s), or 0 for none", f.requestTimeout, f.inflightWait)
+	}
 	keys, devKey, err := a.apiKeys(f.apiKeys, apiKeysFlagSet)
 	if err != nil {
 		return err
