@@ -76,9 +76,11 @@
 // idemprom turns the toolkit's counters into Prometheus metrics. payments
 // is the reference payment service, the lab that shows all of this (it
 // double-charges in its unsafe mode and never otherwise), bench measures
-// idem against hand-written minimums, demo tells the lab's story, and
-// cmd/idem runs them all (idem serve, idem demo, idem dlq, idem keys,
-// idem migrate, idem bench).
+// idem against hand-written minimums, demo tells the lab's story, probe
+// checks any API's Idempotency-Key handling from outside, torture puts the
+// promise under load and faults, and cmd/idem runs them all (idem serve,
+// idem demo, idem dlq, idem keys, idem migrate, idem bench, idem probe,
+// idem torture).
 //
 // # A key's life
 //
