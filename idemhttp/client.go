@@ -24,7 +24,9 @@ import (
 // attempt is retried when its outcome is unknown or transient: a network
 // error (the request may or may not have arrived: the lost acknowledgement),
 // 409 (still in flight), 425, 429, 500, 502, 503 and 504. Retry-After is
-// honoured, up to Policy.Cap. Everything else, 422 included, is returned as
+// honoured, in seconds or as an HTTP date, up to Policy.Cap; no retry is
+// started that could not begin before the request context's deadline; the
+// delays are Policy's, with its Jitter (full jitter by default). Everything else, 422 included, is returned as
 // it is. Requests without a protected method pass through untouched, as do
 // requests whose body cannot be replayed (no GetBody).
 type RoundTripper struct {
@@ -40,6 +42,21 @@ type RoundTripper struct {
 	// Sleep waits between attempts, returning early with ctx's error.
 	// Defaults to a timer; tests inject one that does not wait.
 	Sleep func(ctx context.Context, d time.Duration) error
+	// Now tells the time, to read a Retry-After given as an HTTP date and
+	// to see whether a retry can still finish before the request's
+	// deadline. Defaults to time.Now.
+	Now func() time.Time
+}
+
+type keyContextKey struct{}
+
+// WithKey returns a context whose requests, sent through a RoundTripper,
+// carry key as their Idempotency-Key instead of a fresh one: for a key
+// that must survive the process (kept with the operation it names, so
+// that a retry after a restart is still the same operation). A request
+// that sets the header itself keeps its own.
+func WithKey(ctx context.Context, key string) context.Context {
+	return context.WithValue(ctx, keyContextKey{}, key)
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -60,11 +77,19 @@ func (t *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	req = req.Clone(req.Context())
 	if req.Header.Get(HeaderKey) == "" {
-		newKey := t.NewKey
-		if newKey == nil {
-			newKey = NewKey
+		key, _ := req.Context().Value(keyContextKey{}).(string)
+		if key == "" {
+			newKey := t.NewKey
+			if newKey == nil {
+				newKey = NewKey
+			}
+			key = newKey()
 		}
-		req.Header.Set(HeaderKey, newKey())
+		req.Header.Set(HeaderKey, key)
+	}
+	now := t.Now
+	if now == nil {
+		now = time.Now
 	}
 	ctx := req.Context()
 	var prev time.Duration
@@ -77,13 +102,19 @@ func (t *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 			req.Body = body
 		}
 		resp, err := base.RoundTrip(req)
-		retry, after := retryable(resp, err)
+		retry, after := retryable(resp, err, now())
 		if !retry || attempt >= policy.MaxAttempts || ctx.Err() != nil {
 			return resp, err
 		}
 		delay := policy.Delay(attempt, prev)
 		if after > 0 {
 			delay = min(max(delay, after), policy.Cap)
+		}
+		if deadline, ok := ctx.Deadline(); ok && !now().Add(delay).Before(deadline) {
+			// A retry could not even start before the deadline: the
+			// caller gets this attempt's outcome rather than a
+			// cancellation after a wait for nothing.
+			return resp, err
 		}
 		prev = delay
 		if resp != nil {
@@ -126,7 +157,7 @@ func (t *RoundTripper) sleep(ctx context.Context, d time.Duration) error {
 
 // retryable says whether an attempt's outcome calls for another attempt
 // with the same key, and the delay the server asked for.
-func retryable(resp *http.Response, err error) (bool, time.Duration) {
+func retryable(resp *http.Response, err error, now time.Time) (bool, time.Duration) {
 	if err != nil {
 		// A cancelled or expired request is the caller's decision.
 		return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded), 0
@@ -141,8 +172,13 @@ func retryable(resp *http.Response, err error) (bool, time.Duration) {
 	if resp.StatusCode == http.StatusConflict && resp.Header.Get("Retry-After") == "" {
 		return false, 0
 	}
-	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s >= 0 {
+	// Retry-After is delay-seconds or an HTTP date (RFC 9110, 10.2.3).
+	ra := resp.Header.Get("Retry-After")
+	if s, err := strconv.Atoi(ra); err == nil && s >= 0 {
 		return true, time.Duration(s) * time.Second
+	}
+	if at, err := http.ParseTime(ra); err == nil {
+		return true, max(at.Sub(now), 0)
 	}
 	return true, 0
 }

@@ -152,3 +152,77 @@ func TestTransportLeavesSafeMethodsAlone(t *testing.T) {
 	req.Header.Set(idemhttp.HeaderKey, "mine")
 	tr.RoundTrip(req)
 }
+
+// Retry-After as an HTTP date is honoured like delay-seconds.
+func TestRoundTripperRetryAfterDate(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	var calls atomic.Int64
+	var slept []time.Duration
+	tr := &idemhttp.RoundTripper{
+		Now:   func() time.Time { return now },
+		Sleep: func(ctx context.Context, d time.Duration) error { slept = append(slept, d); return nil },
+		Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if calls.Add(1) == 1 {
+				h := http.Header{"Retry-After": {now.Add(3 * time.Second).Format(http.TimeFormat)}}
+				return &http.Response{StatusCode: http.StatusServiceUnavailable, Header: h, Body: io.NopCloser(strings.NewReader(""))}, nil
+			}
+			return &http.Response{StatusCode: http.StatusCreated, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok"))}, nil
+		}),
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://example.invalid/pay", strings.NewReader("{}"))
+	resp, err := tr.RoundTrip(req)
+	if err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("RoundTrip = %v, %v", resp, err)
+	}
+	if len(slept) != 1 || slept[0] != 3*time.Second {
+		t.Errorf("slept %v, want the 3s the HTTP date asked for", slept)
+	}
+}
+
+// No retry starts that could not begin before the context's deadline: the
+// caller gets the last attempt's answer at once.
+func TestRoundTripperRespectsDeadline(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	tr := &idemhttp.RoundTripper{
+		Sleep: func(ctx context.Context, d time.Duration) error { t.Errorf("slept %v past the deadline", d); return nil },
+		Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			calls.Add(1)
+			h := http.Header{"Retry-After": {"10"}}
+			return &http.Response{StatusCode: http.StatusServiceUnavailable, Header: h, Body: io.NopCloser(strings.NewReader(""))}, nil
+		}),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://example.invalid/pay", strings.NewReader("{}"))
+	resp, err := tr.RoundTrip(req)
+	if err != nil || resp.StatusCode != http.StatusServiceUnavailable || calls.Load() != 1 {
+		t.Fatalf("RoundTrip = %v, %v after %d attempts; want the 503 after one attempt", resp, err, calls.Load())
+	}
+}
+
+// WithKey gives a request the caller's key, on every attempt.
+func TestRoundTripperWithKey(t *testing.T) {
+	t.Parallel()
+	var keys []string
+	tr := &idemhttp.RoundTripper{
+		Sleep: noSleep,
+		Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			keys = append(keys, r.Header.Get(idemhttp.HeaderKey))
+			code := http.StatusCreated
+			if len(keys) == 1 {
+				code = http.StatusBadGateway
+			}
+			return &http.Response{StatusCode: code, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(""))}, nil
+		}),
+	}
+	req, _ := http.NewRequestWithContext(idemhttp.WithKey(context.Background(), "order-42-payment"), http.MethodPost,
+		"http://example.invalid/pay", strings.NewReader("{}"))
+	if _, err := tr.RoundTrip(req); err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 2 || keys[0] != "order-42-payment" || keys[1] != "order-42-payment" {
+		t.Errorf("keys sent %q, want the caller's on both attempts", keys)
+	}
+}
