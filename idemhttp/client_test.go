@@ -186,7 +186,10 @@ func TestRoundTripperRespectsDeadline(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int64
 	tr := &idemhttp.RoundTripper{
-		Sleep: func(ctx context.Context, d time.Duration) error { t.Errorf("slept %v past the deadline", d); return nil },
+		Sleep: func(ctx context.Context, d time.Duration) error {
+			t.Errorf("slept %v past the deadline", d)
+			return nil
+		},
 		Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
 			calls.Add(1)
 			h := http.Header{"Retry-After": {"10"}}
