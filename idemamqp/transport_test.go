@@ -68,36 +68,6 @@ func deleteExchange(t testing.TB, url, name string) {
 	}
 }
 
-var quorumFeatures = idemtest.TransportFeatures{
-	DelayedNack:      true,
-	AttemptCount:     true,
-	CountsPrefetched: true,
-	Term:             true,
-	OrderedPerTopic:  true,
-	RealTime:         true,
-}
-
-func TestTransport(t *testing.T) {
-	t.Parallel()
-	amqpURL(t)
-	idemtest.TestTransport(t, quorumFeatures, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
-		tr := newIsolated(t, idemamqp.Config{Clock: clock})
-		return tr, tr
-	})
-}
-
-// Classic queues keep no delivery count: Attempt is a lower bound.
-func TestTransportClassic(t *testing.T) {
-	t.Parallel()
-	amqpURL(t)
-	f := quorumFeatures
-	f.AttemptCount = false
-	idemtest.TestTransport(t, f, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
-		tr := newIsolated(t, idemamqp.Config{Clock: clock, ClassicQueues: true})
-		return tr, tr
-	})
-}
-
 func next(t *testing.T, s idem.Stream) idem.Delivery {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)

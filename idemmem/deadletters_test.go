@@ -11,13 +11,6 @@ import (
 	"github.com/idem-go/idem/idemtest"
 )
 
-func TestDeadLetters(t *testing.T) {
-	t.Parallel()
-	idemtest.TestDeadLetters(t, func(t *testing.T, clock idem.Clock) idem.DeadLetters {
-		return idemmem.NewDeadLetters(&idemmem.DeadLettersConfig{Clock: clock})
-	})
-}
-
 func deadLetter(id string) idem.DeadLetter {
 	at := idemtest.Start
 	return idem.DeadLetter{

@@ -8,30 +8,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmem"
-	"github.com/idem-go/idem/idemtest"
 )
-
-// counterEffects are the suite's InboxEffects on Counters. Write refuses a
-// context without a Tx, so an inbox that did not give fn one would fail.
-type counterEffects struct{ c *idemmem.Counters }
-
-func (e counterEffects) Write(ctx context.Context, tag string) error {
-	if _, ok := idemmem.TxFromContext(ctx); !ok {
-		return errors.New("no idemmem.Tx in the context")
-	}
-	return e.c.Add(ctx, tag, 1)
-}
-
-func (e counterEffects) Count(_ context.Context, tag string) (int, error) {
-	return int(e.c.Get(tag)), nil
-}
-
-func TestInbox(t *testing.T) {
-	t.Parallel()
-	idemtest.TestInbox(t, func(t *testing.T) (idem.Inbox, idemtest.InboxEffects) {
-		return idemmem.NewInbox(), counterEffects{&idemmem.Counters{}}
-	})
-}
 
 func TestInboxPanicReleases(t *testing.T) {
 	t.Parallel()

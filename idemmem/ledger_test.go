@@ -10,11 +10,6 @@ import (
 	"github.com/idem-go/idem/idemtest"
 )
 
-func TestLedger(t *testing.T) {
-	t.Parallel()
-	idemtest.TestLedger(t, func(t *testing.T) idem.Ledger { return idemmem.NewLedger() })
-}
-
 func TestLedgerJoinsTx(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()

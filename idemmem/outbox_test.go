@@ -8,15 +8,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmem"
-	"github.com/idem-go/idem/idemtest"
 )
-
-func TestOutbox(t *testing.T) {
-	t.Parallel()
-	idemtest.TestOutbox(t, func(t *testing.T, clock idem.Clock) idem.Outbox {
-		return idemmem.NewOutbox(&idemmem.OutboxConfig{Clock: clock})
-	})
-}
 
 func TestOutboxJoinsTx(t *testing.T) {
 	t.Parallel()

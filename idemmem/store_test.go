@@ -10,13 +10,6 @@ import (
 	"github.com/idem-go/idem/idemtest"
 )
 
-func TestStore(t *testing.T) {
-	t.Parallel()
-	idemtest.TestStore(t, func(t *testing.T, clock idem.Clock) idem.Store {
-		return idemmem.NewStore(&idemmem.Config{Clock: clock})
-	})
-}
-
 func TestNewDefaultsToSystemClock(t *testing.T) {
 	t.Parallel()
 	s := idemmem.NewStore(nil)

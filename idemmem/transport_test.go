@@ -11,37 +11,6 @@ import (
 	"github.com/idem-go/idem/idemtest"
 )
 
-var allFeatures = idemtest.TransportFeatures{
-	DelayedNack:     true,
-	AttemptCount:    true,
-	AckWait:         true,
-	InProgress:      true,
-	Term:            true,
-	OrderedPerTopic: true,
-}
-
-func TestTransport(t *testing.T) {
-	t.Parallel()
-	idemtest.TestTransport(t, allFeatures, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
-		tr := idemmem.NewTransport(&idemmem.TransportConfig{Clock: clock, Poll: time.Millisecond})
-		t.Cleanup(func() { _ = tr.Close() })
-		return tr, tr
-	})
-}
-
-// The suite's real-time mode, on the system clock and the transport's
-// polling, with a short tick.
-func TestTransportRealTime(t *testing.T) {
-	t.Parallel()
-	f := allFeatures
-	f.RealTime, f.Tick = true, 50*time.Millisecond
-	idemtest.TestTransport(t, f, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
-		tr := idemmem.NewTransport(&idemmem.TransportConfig{Clock: clock})
-		t.Cleanup(func() { _ = tr.Close() })
-		return tr, tr
-	})
-}
-
 // fixture is a transport on a manual clock with one subscription.
 type fixture struct {
 	t     *testing.T

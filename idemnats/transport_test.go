@@ -57,25 +57,6 @@ func newIsolated(t testing.TB, cfg idemnats.Config) *idemnats.Transport {
 	return tr
 }
 
-var features = idemtest.TransportFeatures{
-	DelayedNack:     true,
-	AttemptCount:    true,
-	AckWait:         true,
-	InProgress:      true,
-	Term:            true,
-	OrderedPerTopic: true,
-	RealTime:        true,
-}
-
-func TestTransport(t *testing.T) {
-	t.Parallel()
-	natsURL(t)
-	idemtest.TestTransport(t, features, func(t *testing.T, _ idem.Clock) (idem.Publisher, idem.Subscriber) {
-		tr := newIsolated(t, idemnats.Config{})
-		return tr, tr
-	})
-}
-
 func TestOpen(t *testing.T) {
 	t.Parallel()
 	url := natsURL(t)

@@ -80,47 +80,6 @@ func newInbox(t *testing.T, db *idempg.DB) *idempg.Inbox {
 	return in
 }
 
-func TestInbox(t *testing.T) {
-	t.Parallel()
-	idemtest.TestInbox(t, func(t *testing.T) (idem.Inbox, idemtest.InboxEffects) {
-		db := messagesDB(t)
-		return newInbox(t, db), newEffects(t, db)
-	})
-}
-
-func TestOutbox(t *testing.T) {
-	t.Parallel()
-	idemtest.TestOutbox(t, func(t *testing.T, clock idem.Clock) idem.Outbox {
-		o, err := idempg.NewOutbox(t.Context(), messagesDB(t), &idempg.OutboxConfig{Clock: clock})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return o
-	})
-}
-
-func TestDeadLetters(t *testing.T) {
-	t.Parallel()
-	idemtest.TestDeadLetters(t, func(t *testing.T, clock idem.Clock) idem.DeadLetters {
-		d, err := idempg.NewDeadLetters(t.Context(), messagesDB(t), &idempg.DeadLettersConfig{Clock: clock})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	})
-}
-
-func TestLedger(t *testing.T) {
-	t.Parallel()
-	idemtest.TestLedger(t, func(t *testing.T) idem.Ledger {
-		l, err := idempg.NewLedger(t.Context(), messagesDB(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	})
-}
-
 // An inbox joined to the caller's transaction commits and rolls back with
 // it; a failing fn rolls back to the inbox's savepoint, leaving the
 // caller's transaction usable and without the row.

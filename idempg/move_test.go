@@ -3,23 +3,8 @@ package idempg_test
 import (
 	"testing"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idempg"
-	"github.com/idem-go/idem/idemtest"
 )
-
-func TestOutboxMover(t *testing.T) {
-	t.Parallel()
-	idemtest.TestOutboxMover(t, func(t *testing.T, clock idem.Clock) idemtest.MoverWorld {
-		db := messagesDB(t)
-		ob, err := idempg.NewOutbox(t.Context(), db, &idempg.OutboxConfig{Clock: clock})
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr := newTransport(t, db, idempg.TransportConfig{Clock: clock})
-		return idemtest.MoverWorld{Outbox: ob, Mover: tr, Subscriber: tr}
-	})
-}
 
 // An outbox of another database is not the transport's to move.
 func TestOutboxMoverOtherDB(t *testing.T) {

@@ -15,24 +15,6 @@ import (
 	"github.com/idem-go/idem/idemtest"
 )
 
-func TestStore(t *testing.T) {
-	t.Parallel()
-	url := pgURL(t)
-	idemtest.TestStore(t, func(t *testing.T, clock idem.Clock) idem.Store {
-		return newStore(t, openDB(t, url, idempg.Config{Clock: clock}))
-	})
-}
-
-// The work's writes commit with the completion, or not at all.
-func TestTxEffects(t *testing.T) {
-	t.Parallel()
-	url := pgURL(t)
-	idemtest.TestTxEffects(t, func(t *testing.T, clock idem.Clock) (idem.TxStore, idemtest.InboxEffects) {
-		db := openDB(t, url, idempg.Config{Clock: clock})
-		return newStore(t, db), newEffects(t, db)
-	})
-}
-
 // Many callers on many connections of several pools (as several replicas
 // would be) race for one key, judged by the database's clock: exactly one
 // gets it.

@@ -16,15 +16,6 @@ import (
 	"github.com/idem-go/idem/idemtest"
 )
 
-var transportFeatures = idemtest.TransportFeatures{
-	DelayedNack:     true,
-	AttemptCount:    true,
-	AckWait:         true,
-	InProgress:      true,
-	Term:            true,
-	OrderedPerTopic: true,
-}
-
 func newTransport(t testing.TB, db *idempg.DB, cfg idempg.TransportConfig) *idempg.Transport {
 	t.Helper()
 	if cfg.Poll == 0 {
@@ -50,28 +41,6 @@ func transportDB(t testing.TB) *idempg.DB {
 	db := openDB(t, pgURL(t), idempg.Config{MaxConns: 8})
 	newTransport(t, db, idempg.TransportConfig{}).Close()
 	return db
-}
-
-// The suite, on the suite's manual clock.
-func TestTransport(t *testing.T) {
-	t.Parallel()
-	db := transportDB(t)
-	idemtest.TestTransport(t, transportFeatures, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
-		tr := newTransport(t, db, idempg.TransportConfig{Clock: clock})
-		return tr, tr
-	})
-}
-
-// The suite again on the database's clock, the default, in real time.
-func TestTransportDatabaseClock(t *testing.T) {
-	t.Parallel()
-	db := transportDB(t)
-	f := transportFeatures
-	f.RealTime, f.Tick = true, 200*time.Millisecond
-	idemtest.TestTransport(t, f, func(t *testing.T, _ idem.Clock) (idem.Publisher, idem.Subscriber) {
-		tr := newTransport(t, db, idempg.TransportConfig{})
-		return tr, tr
-	})
 }
 
 func nextDelivery(t testing.TB, s idem.Stream) idem.Delivery {

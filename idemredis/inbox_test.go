@@ -62,13 +62,6 @@ func newInbox(t *testing.T, cfg *idemredis.InboxConfig) (*idemredis.Inbox, *redi
 	return in, &redisEffects{client: client, prefix: c.Prefix}
 }
 
-func TestInbox(t *testing.T) {
-	t.Parallel()
-	idemtest.TestInbox(t, func(t *testing.T) (idem.Inbox, idemtest.InboxEffects) {
-		return newInbox(t, nil)
-	})
-}
-
 // A delivery whose lease ends while fn runs loses the key to a redelivery:
 // that one commits, and the first one's commit is refused, with nothing of
 // its effect applied.

@@ -85,35 +85,6 @@ func deleteKeys(t testing.TB, client *redis.Client, prefix string) {
 	}
 }
 
-func TestStore(t *testing.T) {
-	t.Parallel()
-	client := newClient(t)
-	idemtest.TestStore(t, func(t *testing.T, clock idem.Clock) idem.Store {
-		return newStore(t, client, &idemredis.Config{Prefix: randomPrefix(t), Clock: clock})
-	})
-}
-
-// The same suite with the store on rueidis, as Open makes it.
-func TestStoreRueidis(t *testing.T) {
-	t.Parallel()
-	client := newRueidisClient(t)
-	cleaner := newClient(t)
-	idemtest.TestStore(t, func(t *testing.T, clock idem.Clock) idem.Store {
-		prefix := randomPrefix(t)
-		s, err := idemredis.NewRueidisStore(t.Context(), client, &idemredis.Config{Prefix: prefix, Clock: clock})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := s.Close(); err != nil {
-				t.Errorf("Close: %v", err)
-			}
-			deleteKeys(t, cleaner, prefix)
-		})
-		return s
-	})
-}
-
 // newRueidisClient returns a rueidis client of the test Redis, closed by
 // t.Cleanup.
 func newRueidisClient(t testing.TB, opts ...func(*rueidis.ClientOption)) rueidis.Client {

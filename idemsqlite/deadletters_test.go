@@ -10,19 +10,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsqlite"
-	"github.com/idem-go/idem/idemtest"
 )
-
-func TestDeadLetters(t *testing.T) {
-	t.Parallel()
-	idemtest.TestDeadLetters(t, func(t *testing.T, clock idem.Clock) idem.DeadLetters {
-		d, err := idemsqlite.NewDeadLetters(t.Context(), openMessagesDB(t), &idemsqlite.DeadLettersConfig{Clock: clock})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	})
-}
 
 func testLetter() idem.DeadLetter {
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)

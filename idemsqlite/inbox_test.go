@@ -11,7 +11,6 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsqlite"
-	"github.com/idem-go/idem/idemtest"
 )
 
 // openMessagesDB opens a fresh database file for one test.
@@ -70,18 +69,6 @@ func (e effects) Count(ctx context.Context, tag string) (int, error) {
 	var n int
 	err := e.db.Reader().QueryRowContext(ctx, `SELECT count(*) FROM effects WHERE tag = ?`, tag).Scan(&n)
 	return n, err
-}
-
-func TestInbox(t *testing.T) {
-	t.Parallel()
-	idemtest.TestInbox(t, func(t *testing.T) (idem.Inbox, idemtest.InboxEffects) {
-		db := openMessagesDB(t)
-		in, err := idemsqlite.NewInbox(t.Context(), db)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return in, newEffects(t, db)
-	})
 }
 
 func TestInboxJoinsCallersTx(t *testing.T) {

@@ -8,19 +8,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsqlite"
-	"github.com/idem-go/idem/idemtest"
 )
-
-func TestLedger(t *testing.T) {
-	t.Parallel()
-	idemtest.TestLedger(t, func(t *testing.T) idem.Ledger {
-		l, err := idemsqlite.NewLedger(t.Context(), openMessagesDB(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	})
-}
 
 func TestLedgerJoinsCallersTx(t *testing.T) {
 	t.Parallel()

@@ -437,17 +437,3 @@ func storedLog(t *testing.T, db *idemsqlite.DB) []string {
 	}
 	return out
 }
-
-// The suite every OutboxMover passes.
-func TestOutboxMoverSuite(t *testing.T) {
-	t.Parallel()
-	idemtest.TestOutboxMover(t, func(t *testing.T, clock idem.Clock) idemtest.MoverWorld {
-		db := openMessagesDB(t)
-		ob, err := idemsqlite.NewOutbox(t.Context(), db, &idemsqlite.OutboxConfig{Clock: clock})
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr := newTransport(t, db, clock)
-		return idemtest.MoverWorld{Outbox: ob, Mover: tr, Subscriber: tr}
-	})
-}

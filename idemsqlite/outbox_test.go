@@ -9,19 +9,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsqlite"
-	"github.com/idem-go/idem/idemtest"
 )
-
-func TestOutbox(t *testing.T) {
-	t.Parallel()
-	idemtest.TestOutbox(t, func(t *testing.T, clock idem.Clock) idem.Outbox {
-		o, err := idemsqlite.NewOutbox(t.Context(), openMessagesDB(t), &idemsqlite.OutboxConfig{Clock: clock})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return o
-	})
-}
 
 func TestOutboxAddJoinsCallersTx(t *testing.T) {
 	t.Parallel()

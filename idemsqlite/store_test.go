@@ -6,7 +6,6 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsqlite"
-	"github.com/idem-go/idem/idemtest"
 )
 
 // openDB opens a fresh database file in a temporary directory, closed when
@@ -32,20 +31,4 @@ func newStore(t *testing.T, db *idemsqlite.DB, clock idem.Clock) *idemsqlite.Sto
 		t.Fatal(err)
 	}
 	return s
-}
-
-func TestStore(t *testing.T) {
-	t.Parallel()
-	idemtest.TestStore(t, func(t *testing.T, clock idem.Clock) idem.Store {
-		return newStore(t, openDB(t), clock)
-	})
-}
-
-// The work's writes commit with the completion, or not at all.
-func TestTxEffects(t *testing.T) {
-	t.Parallel()
-	idemtest.TestTxEffects(t, func(t *testing.T, clock idem.Clock) (idem.TxStore, idemtest.InboxEffects) {
-		db := openDB(t)
-		return newStore(t, db, clock), newEffects(t, db)
-	})
 }

@@ -15,15 +15,6 @@ import (
 	"github.com/idem-go/idem/idemtest"
 )
 
-var transportFeatures = idemtest.TransportFeatures{
-	DelayedNack:     true,
-	AttemptCount:    true,
-	AckWait:         true,
-	InProgress:      true,
-	Term:            true,
-	OrderedPerTopic: true,
-}
-
 func newTransport(t *testing.T, db *idemsqlite.DB, clock idem.Clock) *idemsqlite.Transport {
 	t.Helper()
 	tr, err := idemsqlite.NewTransport(t.Context(), db, &idemsqlite.TransportConfig{Clock: clock, Poll: 5 * time.Millisecond})
@@ -32,14 +23,6 @@ func newTransport(t *testing.T, db *idemsqlite.DB, clock idem.Clock) *idemsqlite
 	}
 	t.Cleanup(func() { tr.Close() })
 	return tr
-}
-
-func TestTransport(t *testing.T) {
-	t.Parallel()
-	idemtest.TestTransport(t, transportFeatures, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
-		tr := newTransport(t, openMessagesDB(t), clock)
-		return tr, tr
-	})
 }
 
 // The attempt count and an unsettled message survive a restart: a new

@@ -54,6 +54,11 @@ type serveFlags struct {
 	maxAttempts     int
 	retryBase       time.Duration
 	retryCap        time.Duration
+
+	// pgSchemaSet and apiKeysSet say whether --pg-schema and --api-keys
+	// were given at all: --pg-schema is refused without PostgreSQL only
+	// when given, and --api-keys not given falls back to the environment.
+	pgSchemaSet, apiKeysSet bool
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -84,6 +89,21 @@ default, NATS JetStream or RabbitMQ. The consumer "settlement" applies each
 event once; what keeps failing goes to the dead letters (idem dlq).`,
 		Args: cobra.NoArgs,
 	}
+	f.define(cmd)
+	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
+		f.pgSchemaSet, f.apiKeysSet = cmd.Flags().Changed("pg-schema"), cmd.Flags().Changed("api-keys")
+		p, err := a.planServe(&f)
+		if err != nil {
+			return err
+		}
+		return a.runServe(cmd.Context(), p)
+	})
+	return cmd
+}
+
+// define adds serve's flags to cmd, bound to f: apart from serveCmd so
+// that planServe can be tested on parsed flags without a command running.
+func (f *serveFlags) define(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.addr, "addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free one)")
 	dbFlags(cmd, &f.db, &f.pgSchema)
@@ -104,63 +124,131 @@ event once; what keeps failing goes to the dead letters (idem dlq).`,
 	fl.IntVar(&f.maxAttempts, "max-attempts", payments.DefaultMaxAttempts, "attempts of the settlement consumer at one event, the first included, before it is dead-lettered")
 	fl.DurationVar(&f.retryBase, "retry-base", 100*time.Millisecond, "scale of the settlement consumer's first retry delay (exponential backoff, full jitter)")
 	fl.DurationVar(&f.retryCap, "retry-cap", 30*time.Second, "longest retry delay of the settlement consumer")
-	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
-		if err := checkPGSchema(cmd, f.db); err != nil {
-			return err
-		}
-		return a.serve(cmd.Context(), &f, fl.Changed("api-keys"))
-	})
-	return cmd
 }
 
-func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (err error) {
+// servePlan is what serve runs, as its flags asked: plain values, checked,
+// with nothing opened yet. planServe makes it; runServe opens and runs it.
+// Keeping the two apart is what lets bad flags change nothing: no database
+// file is created, no broker dialled, before every flag has been checked.
+type servePlan struct {
+	addr     string
+	db       dbTarget
+	pgSchema string
+	// keys is the --keys store; its url is empty when the keys live in
+	// the --db database.
+	keys       keysTarget
+	keysPrefix string
+	// broker is the --broker transport; its kind is empty for the --db
+	// database's own, embedded one.
+	broker          brokerTarget
+	brokerNamespace string
+	logLevel        slog.Level
+	shutdownTimeout time.Duration
+	// payments holds the service's settings; runServe adds what only an
+	// open connection gives (DB, Postgres, Keys, Broker) and the Logger.
+	payments payments.Config
+	// devKey is the development tenant's key when no API keys were
+	// configured, to be shown once the server listens; else empty.
+	devKey string
+}
+
+// planServe checks every flag of serve and returns what to run. It opens
+// nothing; it only reads the environment (for the API keys) and makes the
+// development key when there are none. Each error names the flag at fault.
+func (a *app) planServe(f *serveFlags) (*servePlan, error) {
+	// --pg-schema without a PostgreSQL --db would be silently ignored (as
+	// checkPGSchema refuses it for the other commands).
+	if f.pgSchemaSet {
+		if t, err := parseDB(f.db); err == nil && !t.postgres {
+			return nil, errors.New("--pg-schema applies only to --db postgres://…")
+		}
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
-		return fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
 	}
-	logger := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))
-	if _, err := parseDB(f.db); err != nil {
-		return err
+	db, err := parseDB(f.db)
+	if err != nil {
+		return nil, err
 	}
+	var keys keysTarget
 	if f.keys != "" {
-		if _, err := parseKeys(f.keys); err != nil {
-			return err
+		if keys, err = parseKeys(f.keys); err != nil {
+			return nil, err
 		}
 	}
 	if f.keyTTL <= 0 || f.keyLease < 0 || f.inflightWait <= 0 || f.shutdownTimeout <= 0 {
-		return errors.New("--key-ttl, --inflight-wait and --shutdown-timeout must be positive, and --key-lease must not be negative")
+		return nil, errors.New("--key-ttl, --inflight-wait and --shutdown-timeout must be positive, and --key-lease must not be negative")
 	}
+	var broker brokerTarget
 	if f.broker != "" {
-		if _, err := parseBroker(f.broker); err != nil {
-			return err
+		if broker, err = parseBroker(f.broker); err != nil {
+			return nil, err
 		}
 	}
 	if err := checkNamespace(f.brokerNamespace); err != nil {
-		return err
+		return nil, err
 	}
 	if f.ackWait <= 0 {
-		return errors.New("--ack-wait must be positive")
+		return nil, errors.New("--ack-wait must be positive")
 	}
 	if f.maxAttempts <= 0 || f.retryBase <= 0 || f.retryCap <= 0 {
-		return errors.New("--max-attempts, --retry-base and --retry-cap must be positive")
+		return nil, errors.New("--max-attempts, --retry-base and --retry-cap must be positive")
 	}
 	if f.retryCap < f.retryBase {
-		return fmt.Errorf("--retry-cap (%s) must not be shorter than --retry-base (%s)", f.retryCap, f.retryBase)
+		return nil, fmt.Errorf("--retry-cap (%s) must not be shorter than --retry-base (%s)", f.retryCap, f.retryBase)
 	}
 	// payments.New refuses it too, but only after the database is open:
 	// bad flags must change nothing, not even create the database file.
 	if f.keyLease > f.keyTTL {
-		return fmt.Errorf("--key-lease (%s) must not be longer than --key-ttl (%s)", f.keyLease, f.keyTTL)
+		return nil, fmt.Errorf("--key-lease (%s) must not be longer than --key-ttl (%s)", f.keyLease, f.keyTTL)
 	}
 	if f.requestTimeout < 0 || (f.requestTimeout > 0 && f.requestTimeout <= f.inflightWait) {
-		return fmt.Errorf("--request-timeout (%s) must be longer than --inflight-wait (%s), or 0 for none", f.requestTimeout, f.inflightWait)
+		return nil, fmt.Errorf("--request-timeout (%s) must be longer than --inflight-wait (%s), or 0 for none", f.requestTimeout, f.inflightWait)
 	}
-	keys, devKey, err := a.apiKeys(f.apiKeys, apiKeysFlagSet)
+	apiKeys, devKey, err := a.apiKeys(f.apiKeys, f.apiKeysSet)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	requestTimeout := f.requestTimeout
+	if requestTimeout == 0 {
+		requestTimeout = -1 // off: payments.Config's zero means its default
+	}
+	return &servePlan{
+		addr:            f.addr,
+		db:              db,
+		pgSchema:        f.pgSchema,
+		keys:            keys,
+		keysPrefix:      f.keysPrefix,
+		broker:          broker,
+		brokerNamespace: f.brokerNamespace,
+		logLevel:        level,
+		shutdownTimeout: f.shutdownTimeout,
+		payments: payments.Config{
+			APIKeys:        apiKeys,
+			KeyTTL:         f.keyTTL,
+			KeyLease:       f.keyLease,
+			InflightWait:   f.inflightWait,
+			Unsafe:         f.unsafe,
+			Faults:         f.faults,
+			RequestsOnly:   !f.workers,
+			RequestTimeout: requestTimeout,
+			MaxAttempts:    f.maxAttempts,
+			RetryBase:      f.retryBase,
+			RetryCap:       f.retryCap,
+			AckWait:        f.ackWait,
+		},
+		devKey: devKey,
+	}, nil
+}
 
-	db, err := openDB(ctx, f.db, f.pgSchema, false)
+// runServe opens the database, the broker and the key store of p, starts
+// the payment service and its HTTP server, and serves until ctx ends; then
+// it shuts down, waiting up to p.shutdownTimeout for requests in flight,
+// and closes all it opened.
+func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
+	logger := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: p.logLevel}))
+	db, err := openDB(ctx, p.db.url, p.pgSchema, false)
 	if err != nil {
 		return err
 	}
@@ -169,31 +257,12 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 			err = errors.Join(err, fmt.Errorf("closing the database: %w", cerr))
 		}
 	}()
-	cfg := &payments.Config{
-		DB:           db.sqlite,
-		Postgres:     db.pg,
-		APIKeys:      keys,
-		KeyTTL:       f.keyTTL,
-		KeyLease:     f.keyLease,
-		InflightWait: f.inflightWait,
-		Unsafe:       f.unsafe,
-		Faults:       f.faults,
-		RequestsOnly: !f.workers,
-		RequestTimeout: func() time.Duration {
-			if f.requestTimeout == 0 {
-				return -1 // off
-			}
-			return f.requestTimeout
-		}(),
-		Logger:      logger,
-		MaxAttempts: f.maxAttempts,
-		RetryBase:   f.retryBase,
-		RetryCap:    f.retryCap,
-		AckWait:     f.ackWait,
-	}
+	// A copy, so that filling in what was opened leaves the plan as parsed.
+	cfg := p.payments
+	cfg.DB, cfg.Postgres, cfg.Logger = db.sqlite, db.pg, logger
 	brokerShown := "the --db database"
-	if f.broker != "" {
-		b, err := openBroker(ctx, f.broker, f.brokerNamespace, logger)
+	if p.broker.kind != "" {
+		b, err := openBroker(ctx, p.broker.url, p.brokerNamespace, logger)
 		if err != nil {
 			return err
 		}
@@ -203,11 +272,11 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 			}
 		}()
 		cfg.Broker = b
-		brokerShown = b.shown + " (namespace " + f.brokerNamespace + ")"
+		brokerShown = b.shown + " (namespace " + p.brokerNamespace + ")"
 	}
 	keysShown := "the --db database"
-	if f.keys != "" {
-		rs, kt, err := openKeys(ctx, f.keys, f.keysPrefix)
+	if p.keys.url != "" {
+		rs, kt, err := openKeys(ctx, p.keys.url, p.keysPrefix)
 		if err != nil {
 			return err
 		}
@@ -217,9 +286,9 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 			}
 		}()
 		cfg.Keys = rs
-		keysShown = kt.shown + " (prefix " + f.keysPrefix + ")"
+		keysShown = kt.shown + " (prefix " + p.keysPrefix + ")"
 	}
-	svc, err := payments.New(ctx, cfg)
+	svc, err := payments.New(ctx, &cfg)
 	if err != nil {
 		return fmt.Errorf("starting the payment service: %w", err)
 	}
@@ -229,9 +298,9 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 		}
 	}()
 
-	ln, err := net.Listen("tcp", f.addr)
+	ln, err := net.Listen("tcp", p.addr)
 	if err != nil {
-		return fmt.Errorf("listening on %s: %w", f.addr, err)
+		return fmt.Errorf("listening on %s: %w", p.addr, err)
 	}
 	srv := &http.Server{
 		Handler:           svc.Handler(),
@@ -244,17 +313,17 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 	}
 	base := "http://" + displayAddr(ln.Addr())
 
-	if f.unsafe {
+	if p.payments.Unsafe {
 		printUnsafeBanner(a.stderr)
 	}
-	if devKey != "" {
-		printDevKeyBanner(a.stderr, base, devKey, f.unsafe)
+	if p.devKey != "" {
+		printDevKeyBanner(a.stderr, base, p.devKey, p.payments.Unsafe)
 	}
-	if f.faults {
+	if p.payments.Faults {
 		logger.Warn("fault injection is on: requests may ask for delays, failures, dropped answers and a crash of this process with the Idem-Fault header")
 	}
 	logger.Info("idem serve started", "addr", ln.Addr().String(), "db", db.shown, "keys", keysShown, "broker", brokerShown,
-		"key_ttl", f.keyTTL, "key_lease", f.keyLease, "inflight_wait", f.inflightWait, "unsafe", f.unsafe, "faults", f.faults)
+		"key_ttl", p.payments.KeyTTL, "key_lease", p.payments.KeyLease, "inflight_wait", p.payments.InflightWait, "unsafe", p.payments.Unsafe, "faults", p.payments.Faults)
 	// A plain line, not a log record: scripts and tests wait for it to learn
 	// the port when --addr asks for port 0.
 	fmt.Fprintf(a.stderr, "idem: listening on %s\n", base)
@@ -267,8 +336,8 @@ func (a *app) serve(ctx context.Context, f *serveFlags, apiKeysFlagSet bool) (er
 		return fmt.Errorf("serving HTTP: %w", err)
 	case <-ctx.Done():
 	}
-	logger.Info("shutting down: finishing requests in flight", "timeout", f.shutdownTimeout)
-	sctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
+	logger.Info("shutting down: finishing requests in flight", "timeout", p.shutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), p.shutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		// Requests still running past the deadline are cut off; their keys

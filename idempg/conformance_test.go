@@ -1,3 +1,13 @@
+// This file runs every conformance suite of idemtest that idempg
+// qualifies for; the package's own tests are in the other files.
+//
+// Passes all of them: TestStore and TestTxEffects (Store), TestInbox
+// (Inbox), TestOutbox (Outbox), TestDeadLetters (DeadLetters), TestLedger
+// (Ledger), TestTransport (Transport) on the suite's manual clock and on
+// the database's, TestOutboxMover (Transport's MoveOutbox of an Outbox in
+// the same database), and TestPerKeyOrder (the consumer over the
+// Transport, with the Inbox, Ledger and DeadLetters).
+
 package idempg_test
 
 import (
@@ -8,10 +18,114 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consumer"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemtest"
 )
+
+func TestStore(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	idemtest.TestStore(t, func(t *testing.T, clock idem.Clock) idem.Store {
+		return newStore(t, openDB(t, url, idempg.Config{Clock: clock}))
+	})
+}
+
+// The work's writes commit with the completion, or not at all.
+func TestTxEffects(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	idemtest.TestTxEffects(t, func(t *testing.T, clock idem.Clock) (idem.TxStore, idemtest.InboxEffects) {
+		db := openDB(t, url, idempg.Config{Clock: clock})
+		return newStore(t, db), newEffects(t, db)
+	})
+}
+
+func TestInbox(t *testing.T) {
+	t.Parallel()
+	idemtest.TestInbox(t, func(t *testing.T) (idem.Inbox, idemtest.InboxEffects) {
+		db := messagesDB(t)
+		return newInbox(t, db), newEffects(t, db)
+	})
+}
+
+func TestOutbox(t *testing.T) {
+	t.Parallel()
+	idemtest.TestOutbox(t, func(t *testing.T, clock idem.Clock) idem.Outbox {
+		o, err := idempg.NewOutbox(t.Context(), messagesDB(t), &idempg.OutboxConfig{Clock: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	})
+}
+
+func TestDeadLetters(t *testing.T) {
+	t.Parallel()
+	idemtest.TestDeadLetters(t, func(t *testing.T, clock idem.Clock) idem.DeadLetters {
+		d, err := idempg.NewDeadLetters(t.Context(), messagesDB(t), &idempg.DeadLettersConfig{Clock: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	})
+}
+
+func TestLedger(t *testing.T) {
+	t.Parallel()
+	idemtest.TestLedger(t, func(t *testing.T) idem.Ledger {
+		l, err := idempg.NewLedger(t.Context(), messagesDB(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}
+
+var transportFeatures = idemtest.TransportFeatures{
+	DelayedNack:     true,
+	AttemptCount:    true,
+	AckWait:         true,
+	InProgress:      true,
+	Term:            true,
+	OrderedPerTopic: true,
+}
+
+// The suite, on the suite's manual clock.
+func TestTransport(t *testing.T) {
+	t.Parallel()
+	db := transportDB(t)
+	idemtest.TestTransport(t, transportFeatures, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
+		tr := newTransport(t, db, idempg.TransportConfig{Clock: clock})
+		return tr, tr
+	})
+}
+
+// The suite again on the database's clock, the default, in real time.
+func TestTransportDatabaseClock(t *testing.T) {
+	t.Parallel()
+	db := transportDB(t)
+	f := transportFeatures
+	f.RealTime, f.Tick = true, 200*time.Millisecond
+	idemtest.TestTransport(t, f, func(t *testing.T, _ idem.Clock) (idem.Publisher, idem.Subscriber) {
+		tr := newTransport(t, db, idempg.TransportConfig{})
+		return tr, tr
+	})
+}
+
+func TestOutboxMover(t *testing.T) {
+	t.Parallel()
+	idemtest.TestOutboxMover(t, func(t *testing.T, clock idem.Clock) idemtest.MoverWorld {
+		db := messagesDB(t)
+		ob, err := idempg.NewOutbox(t.Context(), db, &idempg.OutboxConfig{Clock: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := newTransport(t, db, idempg.TransportConfig{Clock: clock})
+		return idemtest.MoverWorld{Outbox: ob, Mover: tr, Subscriber: tr}
+	})
+}
 
 // The consumer keeps each key's order across retries through the
 // PostgreSQL transport: 10,000 messages over 100 keys, a quarter of early

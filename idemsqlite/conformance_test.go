@@ -1,3 +1,12 @@
+// This file runs every conformance suite of idemtest that idemsqlite
+// qualifies for; the package's own tests are in the other files.
+//
+// Passes all of them: TestStore and TestTxEffects (Store), TestInbox
+// (Inbox), TestOutbox (Outbox), TestDeadLetters (DeadLetters), TestLedger
+// (Ledger), TestTransport (Transport), TestOutboxMover (Transport's
+// MoveOutbox of an Outbox in the same file), and TestPerKeyOrder (the
+// consumer over the Transport, with the Inbox, Ledger and DeadLetters).
+
 package idemsqlite_test
 
 import (
@@ -8,10 +17,103 @@ import (
 	"testing/fstest"
 	"time"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consumer"
 	"github.com/idem-go/idem/idemsqlite"
 	"github.com/idem-go/idem/idemtest"
 )
+
+func TestStore(t *testing.T) {
+	t.Parallel()
+	idemtest.TestStore(t, func(t *testing.T, clock idem.Clock) idem.Store {
+		return newStore(t, openDB(t), clock)
+	})
+}
+
+// The work's writes commit with the completion, or not at all.
+func TestTxEffects(t *testing.T) {
+	t.Parallel()
+	idemtest.TestTxEffects(t, func(t *testing.T, clock idem.Clock) (idem.TxStore, idemtest.InboxEffects) {
+		db := openDB(t)
+		return newStore(t, db, clock), newEffects(t, db)
+	})
+}
+
+func TestInbox(t *testing.T) {
+	t.Parallel()
+	idemtest.TestInbox(t, func(t *testing.T) (idem.Inbox, idemtest.InboxEffects) {
+		db := openMessagesDB(t)
+		in, err := idemsqlite.NewInbox(t.Context(), db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in, newEffects(t, db)
+	})
+}
+
+func TestOutbox(t *testing.T) {
+	t.Parallel()
+	idemtest.TestOutbox(t, func(t *testing.T, clock idem.Clock) idem.Outbox {
+		o, err := idemsqlite.NewOutbox(t.Context(), openMessagesDB(t), &idemsqlite.OutboxConfig{Clock: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	})
+}
+
+func TestDeadLetters(t *testing.T) {
+	t.Parallel()
+	idemtest.TestDeadLetters(t, func(t *testing.T, clock idem.Clock) idem.DeadLetters {
+		d, err := idemsqlite.NewDeadLetters(t.Context(), openMessagesDB(t), &idemsqlite.DeadLettersConfig{Clock: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	})
+}
+
+func TestLedger(t *testing.T) {
+	t.Parallel()
+	idemtest.TestLedger(t, func(t *testing.T) idem.Ledger {
+		l, err := idemsqlite.NewLedger(t.Context(), openMessagesDB(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}
+
+var transportFeatures = idemtest.TransportFeatures{
+	DelayedNack:     true,
+	AttemptCount:    true,
+	AckWait:         true,
+	InProgress:      true,
+	Term:            true,
+	OrderedPerTopic: true,
+}
+
+func TestTransport(t *testing.T) {
+	t.Parallel()
+	idemtest.TestTransport(t, transportFeatures, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
+		tr := newTransport(t, openMessagesDB(t), clock)
+		return tr, tr
+	})
+}
+
+// The suite every OutboxMover passes.
+func TestOutboxMoverSuite(t *testing.T) {
+	t.Parallel()
+	idemtest.TestOutboxMover(t, func(t *testing.T, clock idem.Clock) idemtest.MoverWorld {
+		db := openMessagesDB(t)
+		ob, err := idemsqlite.NewOutbox(t.Context(), db, &idemsqlite.OutboxConfig{Clock: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := newTransport(t, db, clock)
+		return idemtest.MoverWorld{Outbox: ob, Mover: tr, Subscriber: tr}
+	})
+}
 
 // fullOrder runs TestPerKeyOrderWithTransientFailures at the size of the
 // brokers' tests, 10,000 messages over 100 keys, instead of 500 over 10.
