@@ -74,6 +74,22 @@
 // kept and replayed. Set-Cookie, Authorization and other credentials never
 // are: a replay goes to whoever presents the key.
 //
+// # Publishing the policy
+//
+// The IETF draft asks a resource to publish its idempotency policy.
+// Middleware.Policy describes it from the middleware's own configuration:
+// whether the key is required and for which methods, its expiry and lease,
+// the replayed headers, and every answer the middleware gives itself (400,
+// 409 and 503 with Retry-After, 413, 422, 500), each a problem+json.
+// Policy.OpenAPI renders it as an OpenAPI 3.1 fragment: the
+// Idempotency-Key header parameter with the key's syntax (KeyPattern), the
+// answers with RFC 9457 schemas narrowed to their problem types, the
+// Idempotent-Replayed header, and an x-idempotency extension (expiry and
+// lease in seconds). The fragment is plain JSON values rather than a
+// library's types, so that the package keeps to the standard library and a
+// document built any way can take it in (OpenAPIFragment.ApplyTo merges it
+// into an operation).
+//
 // # Observability
 //
 // Every protected request ends in one Outcome, counted (Counts; see package

@@ -69,6 +69,7 @@ func (s *Service) routes() http.Handler {
 	root := http.NewServeMux()
 	root.HandleFunc("GET /healthz", s.healthz)
 	root.HandleFunc("GET /readyz", s.readyz)
+	root.Handle("GET /openapi.json", s.openAPIHandler())
 	root.Handle("GET /metrics", s.metrics)
 	root.Handle("/v1/", api)
 	root.HandleFunc("/", notFound)

@@ -105,6 +105,7 @@
 //	GET  /v1/accounts/{id}/payments   ?limit=1..1000 (default 100)             200 {"data":[…],"has_more"} newest first
 //	GET  /v1/settlement                                                        200 {"currency","total","events"}
 //	GET  /healthz, GET /readyz, GET /metrics
+//	GET  /openapi.json                the API as an OpenAPI 3.1 document (no API key needed); each write's idempotency policy in x-idempotency
 //
 // Every error is an RFC 9457 application/problem+json document whose type is
 // urn:idem:problem:<slug>, for example urn:idem:problem:insufficient-funds.
