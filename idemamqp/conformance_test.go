@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/consumer/consumertest"
 	"github.com/idem-go/idem/idemamqp"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -57,7 +58,7 @@ func TestPerKeyOrderWithTransientFailures(t *testing.T) {
 	// Mandatory, so that a message routed to no queue fails the test
 	// instead of vanishing.
 	tr := newIsolated(t, idemamqp.Config{Mandatory: true})
-	idemtest.TestPerKeyOrder(t, tr, tr, idemtest.OrderOptions{
+	consumertest.TestPerKeyOrder(t, tr, tr, consumertest.OrderOptions{
 		CopiesDelivered: true,
 		// The queue exists, bound to the topic, before anything is
 		// published: RabbitMQ routes only to the queues that exist, and

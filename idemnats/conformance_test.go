@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/consumer/consumertest"
 	"github.com/idem-go/idem/idemnats"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -43,5 +44,5 @@ func TestTransport(t *testing.T) {
 func TestPerKeyOrderWithTransientFailures(t *testing.T) {
 	t.Parallel()
 	tr := newIsolated(t, idemnats.Config{})
-	idemtest.TestPerKeyOrder(t, tr, tr, idemtest.OrderOptions{})
+	consumertest.TestPerKeyOrder(t, tr, tr, consumertest.OrderOptions{})
 }

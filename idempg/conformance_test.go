@@ -20,6 +20,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consumer"
+	"github.com/idem-go/idem/consumer/consumertest"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -165,7 +166,7 @@ func TestPerKeyOrderWithTransientFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	idemtest.TestPerKeyOrder(t, tr, tr, idemtest.OrderOptions{
+	consumertest.TestPerKeyOrder(t, tr, tr, consumertest.OrderOptions{
 		CopiesDelivered: true,
 		// Generous for a loaded machine: under the race detector, beside
 		// another package's tests on two cores, the test has taken 50s
@@ -177,7 +178,7 @@ func TestPerKeyOrderWithTransientFailures(t *testing.T) {
 		InTx: func(ctx context.Context, fn func(ctx context.Context) error) error {
 			return db.WithTx(ctx, func(ctx context.Context, _ pgx.Tx) error { return fn(ctx) })
 		},
-		Apply: func(ctx context.Context, e idemtest.AppliedEffect) error {
+		Apply: func(ctx context.Context, e consumertest.AppliedEffect) error {
 			return db.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, `INSERT INTO applied (key, seq, id) VALUES ($1, $2, $3)`, e.Key, e.Seq, e.ID)
 				return err
@@ -186,13 +187,13 @@ func TestPerKeyOrderWithTransientFailures(t *testing.T) {
 		// What committed. A key's next message runs only after the
 		// previous one committed, so within a key the identity n follows
 		// commit order.
-		Applied: func(t *testing.T) []idemtest.AppliedEffect {
+		Applied: func(t *testing.T) []consumertest.AppliedEffect {
 			rows, err := db.Pool().Query(ctx, `SELECT key, seq, id FROM applied ORDER BY n`)
 			if err != nil {
 				t.Fatal(err)
 			}
-			var out []idemtest.AppliedEffect
-			var e idemtest.AppliedEffect
+			var out []consumertest.AppliedEffect
+			var e consumertest.AppliedEffect
 			if _, err := pgx.ForEachRow(rows, []any{&e.Key, &e.Seq, &e.ID}, func() error {
 				out = append(out, e)
 				return nil

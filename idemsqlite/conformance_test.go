@@ -19,6 +19,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consumer"
+	"github.com/idem-go/idem/consumer/consumertest"
 	"github.com/idem-go/idem/idemsqlite"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -176,7 +177,7 @@ func TestPerKeyOrderWithTransientFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	idemtest.TestPerKeyOrder(t, tr, tr, idemtest.OrderOptions{
+	consumertest.TestPerKeyOrder(t, tr, tr, consumertest.OrderOptions{
 		Messages:        messages,
 		Keys:            keys,
 		CopiesDelivered: true,
@@ -189,7 +190,7 @@ func TestPerKeyOrderWithTransientFailures(t *testing.T) {
 		},
 		// Joins the inbox's transaction: a write of its own would wait for
 		// the writer that transaction holds, and the test would time out.
-		Apply: func(ctx context.Context, e idemtest.AppliedEffect) error {
+		Apply: func(ctx context.Context, e consumertest.AppliedEffect) error {
 			return db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 				_, err := tx.ExecContext(ctx, `INSERT INTO applied (key, seq, id) VALUES (?, ?, ?)`, e.Key, e.Seq, e.ID)
 				return err
@@ -197,15 +198,15 @@ func TestPerKeyOrderWithTransientFailures(t *testing.T) {
 		},
 		// What committed, in the order it committed: the single writer
 		// gives out the autoincrement n in commit order.
-		Applied: func(t *testing.T) []idemtest.AppliedEffect {
+		Applied: func(t *testing.T) []consumertest.AppliedEffect {
 			rows, err := db.Reader().QueryContext(ctx, `SELECT key, seq, id FROM applied ORDER BY n`)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer rows.Close()
-			var out []idemtest.AppliedEffect
+			var out []consumertest.AppliedEffect
 			for rows.Next() {
-				var e idemtest.AppliedEffect
+				var e consumertest.AppliedEffect
 				if err := rows.Scan(&e.Key, &e.Seq, &e.ID); err != nil {
 					t.Fatal(err)
 				}

@@ -60,6 +60,9 @@
 // TestInbox's) commit with the key's completion, exactly once, or not at
 // all, whether the work keeps its answer, fails, panics or lost its lease.
 //
+// (consumer/consumertest holds TestPerKeyOrder, which drives the consumer
+// over a transport; idemtest itself needs only the root's interfaces.)
+//
 // TestTransport (gated by TransportFeatures), TestInbox, TestOutbox,
 // TestDeadLetters and TestLedger are suites of the same kind for the message
 // interfaces; each one's doc says what it checks and what it needs.

@@ -1,4 +1,4 @@
-package idemtest
+package consumertest
 
 import (
 	"cmp"
@@ -15,6 +15,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consumer"
 	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/idemtest"
 )
 
 // OrderOptions configures TestPerKeyOrder. The zero value means the
@@ -98,7 +99,7 @@ func TestPerKeyOrder(t *testing.T, pub idem.Publisher, sub idem.Subscriber, opts
 	orderWait := cmp.Or(opts.Wait, 50*time.Second)
 	const publishers = 4
 	if (opts.Apply == nil) != (opts.Applied == nil) {
-		t.Fatal("idemtest.OrderOptions: set both Apply and Applied, or neither")
+		t.Fatal("consumertest.OrderOptions: set both Apply and Applied, or neither")
 	}
 	var mu sync.Mutex
 	var effects []AppliedEffect // committed, with the default Apply
@@ -225,7 +226,7 @@ func TestPerKeyOrder(t *testing.T, pub idem.Publisher, sub idem.Subscriber, opts
 
 	ended := false
 	var runErr error
-	Eventually(t, orderWait, "every message applied", func() bool {
+	idemtest.Eventually(t, orderWait, "every message applied", func() bool {
 		select {
 		case runErr = <-done:
 			ended = true
