@@ -62,7 +62,7 @@ func BenchmarkMiddleware(b *testing.B) {
 	}
 	for _, name := range []string{"mem", "sqlite"} {
 		b.Run(name+"/first", func(b *testing.B) {
-			m, _ := idemhttp.New(&idemhttp.Config{Store: stores[name](b)})
+			m, _ := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: stores[name](b)})
 			h := m.Handler(handler)
 			i := 0
 			for b.Loop() {
@@ -71,7 +71,7 @@ func BenchmarkMiddleware(b *testing.B) {
 			}
 		})
 		b.Run(name+"/replay", func(b *testing.B) {
-			m, _ := idemhttp.New(&idemhttp.Config{Store: stores[name](b)})
+			m, _ := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: stores[name](b)})
 			h := m.Handler(handler)
 			serve(b, h, "replayed")
 			for b.Loop() {

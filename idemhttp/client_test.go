@@ -26,7 +26,7 @@ func TestTransportLostResponse(t *testing.T) {
 	t.Parallel()
 	var executions atomic.Int64
 	var dropped atomic.Bool
-	m := newMiddleware(t, idemhttp.Config{Store: idemmem.NewStore(nil)})
+	m := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil)})
 	inner := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := executions.Add(1)
 		w.WriteHeader(http.StatusCreated)

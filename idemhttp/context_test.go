@@ -17,7 +17,7 @@ import (
 // middleware with the given lease, and returns what the handler saw.
 func serveWith(t *testing.T, ctx context.Context, lease time.Duration, handler func(w http.ResponseWriter, r *http.Request)) {
 	t.Helper()
-	m := newMiddleware(t, idemhttp.Config{Store: idemmem.NewStore(nil), Lease: lease})
+	m := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil), Lease: lease})
 	req := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`)).WithContext(ctx)
 	req.Header.Set(idemhttp.HeaderKey, "k")
 	m.Handler(http.HandlerFunc(handler)).ServeHTTP(httptest.NewRecorder(), req)

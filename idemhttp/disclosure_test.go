@@ -62,7 +62,7 @@ func TestStalledBodyOverTCPRevealsNoAddress(t *testing.T) {
 	var logs bytes.Buffer
 	var mu sync.Mutex
 	var n atomic.Int64
-	m := newMiddleware(t, idemhttp.Config{
+	m := newMiddleware(t, idemhttp.Config{SharedScope: true,
 		Store:  idemmem.NewStore(nil),
 		Logger: slog.New(slog.NewJSONHandler(lockedWriter{&logs, &mu}, nil)),
 	})
@@ -137,7 +137,7 @@ func TestBodyReadErrorRevealsNothing(t *testing.T) {
 	t.Parallel()
 	var logs bytes.Buffer
 	var n atomic.Int64
-	h := newMiddleware(t, idemhttp.Config{
+	h := newMiddleware(t, idemhttp.Config{SharedScope: true,
 		Store:  idemmem.NewStore(nil),
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
 	}).Handler(counter(&n))

@@ -6,9 +6,19 @@
 // in an idem.Store the moment the request arrives, runs the handler at most
 // once per key, keeps the answer, and replays it to every duplicate:
 //
-//	m, err := idemhttp.New(&idemhttp.Config{Store: store})
+//	m, err := idemhttp.New(&idemhttp.Config{
+//		Store: store,
+//		// Keys belong to whoever the request authenticated as: the same key
+//		// from two callers names two operations.
+//		Scope: func(r *http.Request) (idem.Scope, error) { return idem.Scope(tenantOf(r)), nil },
+//	})
 //	if err != nil { … }
 //	mux.Handle("POST /v1/payments", m.Handler(payments))
+//
+// A Config must say whose keys are whose: Scope, keyed by whoever the
+// request authenticated as, or SharedScope, for a service with one caller,
+// knowing that a key is then the same key for every caller, replays
+// included.
 //
 // What each request gets:
 //

@@ -22,7 +22,7 @@ import (
 // the payment ran once.
 func ExampleRoundTripper() {
 	var executions atomic.Int64
-	m, err := idemhttp.New(&idemhttp.Config{Store: idemmem.NewStore(nil)})
+	m, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil)})
 	if err != nil {
 		panic(err)
 	}

@@ -19,7 +19,7 @@ func Example() {
 		fmt.Fprintf(w, `{"charge":%d}`, charges)
 	})
 
-	m, err := idemhttp.New(&idemhttp.Config{Store: idemmem.NewStore(nil)})
+	m, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil)})
 	if err != nil {
 		panic(err)
 	}

@@ -48,7 +48,7 @@ func TestDuplicatesOfASlowRequestLeaveThePoolToOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(store.Close)
-	m, err := New(&Config{Store: store, InflightWait: time.Minute})
+	m, err := New(&Config{SharedScope: true, Store: store, InflightWait: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func (c *replayClaimer) ClaimTx(ctx context.Context, req idem.ClaimRequest, _ ti
 // Replays of one key are not held at any gate: they claim side by side.
 func TestReplaysOfOneKeyClaimSideBySide(t *testing.T) {
 	claimer := &replayClaimer{Store: idemmem.NewStore(nil), changed: make(chan struct{})}
-	m, err := New(&Config{Store: claimer})
+	m, err := New(&Config{SharedScope: true, Store: claimer})
 	if err != nil {
 		t.Fatal(err)
 	}

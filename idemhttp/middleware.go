@@ -76,8 +76,19 @@ type Config struct {
 	// logged, not sent, since it may tell internal details. To tell the
 	// client something, return a *Problem (or an error wrapping one): it is
 	// sent as it is, with status 400, and type ProblemScope and its title,
-	// where it leaves them empty. Defaults to one global scope.
+	// where it leaves them empty. Required, unless SharedScope says that
+	// every caller shares one scope.
 	Scope func(r *http.Request) (idem.Scope, error)
+
+	// SharedScope puts every request's key in one scope, shared by all
+	// callers, when Scope is nil. Then a key one caller sent is the same key
+	// for any other: a second caller who sends it (by chance, or having
+	// seen it) gets the first caller's answer replayed, and one who sends
+	// it with another body gets 422. Set it only for a service with one
+	// caller, or whose keys are unguessable and never shared; otherwise
+	// give Scope, keyed by whoever authenticated the request. Defaults to
+	// false: New refuses a Config with neither.
+	SharedScope bool
 
 	// TTL is how long a key is remembered from its claim. Defaults to 24h.
 	TTL time.Duration
@@ -205,6 +216,10 @@ func New(cfg *Config) (*Middleware, error) {
 	c := *cfg
 	if c.Store == nil {
 		return nil, &idem.ArgumentError{Field: "idemhttp.Config.Store", Reason: "is required"}
+	}
+	if c.Scope == nil && !c.SharedScope {
+		return nil, &idem.ArgumentError{Field: "idemhttp.Config.Scope", Reason: "is required: give keys a scope per caller " +
+			"(a tenant, an API key), or set SharedScope to share one scope among all callers, replays across callers included"}
 	}
 	if len(c.Methods) == 0 {
 		c.Methods = []string{http.MethodPost, http.MethodPatch}

@@ -43,7 +43,7 @@ func FuzzMiddleware(f *testing.F) {
 		}
 		store := idemmem.NewStore(nil)
 		var executions atomic.Int64
-		m, err := idemhttp.New(&idemhttp.Config{Store: store})
+		m, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: store})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -245,7 +245,7 @@ func TestRequestValidation(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
 		var n atomic.Int64
-		m := newMiddleware(t, idemhttp.Config{Store: b.open(t, idem.SystemClock{}), MaxBodyBytes: 64})
+		m := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: b.open(t, idem.SystemClock{}), MaxBodyBytes: 64})
 		h := m.Handler(counter(&n))
 		tests := []struct {
 			name, method, key, body string
@@ -287,7 +287,7 @@ func TestRequestValidation(t *testing.T) {
 func TestTwoKeyHeadersRejected(t *testing.T) {
 	t.Parallel()
 	var n atomic.Int64
-	h := newMiddleware(t, idemhttp.Config{Store: idemmem.NewStore(nil)}).Handler(counter(&n))
+	h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil)}).Handler(counter(&n))
 	req := httptest.NewRequest("POST", "/pay", strings.NewReader("{}"))
 	req.Header.Add(idemhttp.HeaderKey, "a")
 	req.Header.Add(idemhttp.HeaderKey, "b")
@@ -301,7 +301,7 @@ func TestTwoKeyHeadersRejected(t *testing.T) {
 func TestPassThrough(t *testing.T) {
 	t.Parallel()
 	var n atomic.Int64
-	h := newMiddleware(t, idemhttp.Config{Store: idemmem.NewStore(nil), Optional: true}).Handler(counter(&n))
+	h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil), Optional: true}).Handler(counter(&n))
 	for i := 0; i < 2; i++ {
 		if r := do(t, h, "GET", "/x", "", ""); r.status != 201 { // GET is not protected
 			t.Fatalf("GET status %d", r.status)
@@ -319,7 +319,7 @@ func TestReplay(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
 		var n atomic.Int64
-		h := newMiddleware(t, idemhttp.Config{Store: b.open(t, idem.SystemClock{})}).Handler(counter(&n))
+		h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: b.open(t, idem.SystemClock{})}).Handler(counter(&n))
 		first := do(t, h, "POST", "/pay?b=2&a=1", "key-1", `{"amount": 100, "currency": "KRW"}`)
 		if first.status != 201 || first.header.Get(idemhttp.HeaderReplayed) != "" || first.header.Get("Set-Cookie") == "" {
 			t.Fatalf("first: %+v", first)
@@ -354,7 +354,7 @@ func TestRecentKeysAnsweredWithOneRead(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		store, sp := spy(b.open(t, idem.SystemClock{}))
 		var n atomic.Int64
-		h := newMiddleware(t, idemhttp.Config{Store: store}).Handler(counter(&n))
+		h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store}).Handler(counter(&n))
 		first := do(t, h, "POST", "/pay", "k-1", `{"amount":100}`)
 		if first.status != 201 || sp.claims.Load() != 1 || sp.reads() != 0 {
 			t.Fatalf("first: %+v, %d claims, %d reads; want 201 after one claim", first, sp.claims.Load(), sp.reads())
@@ -380,7 +380,7 @@ func TestRecentKeysAnsweredWithOneRead(t *testing.T) {
 
 		// Another process sharing the store, and one that remembers
 		// nothing, claim the key: the claim answers with the same replay.
-		for _, cfg := range []idemhttp.Config{{Store: store}, {Store: store, RecentKeys: -1}} {
+		for _, cfg := range []idemhttp.Config{{SharedScope: true, Store: store}, {SharedScope: true, Store: store, RecentKeys: -1}} {
 			before := sp.claims.Load()
 			other := newMiddleware(t, cfg).Handler(counter(&n))
 			r := do(t, other, "POST", "/pay", "k-1", `{"amount":100}`)
@@ -400,14 +400,14 @@ func TestRecentKeysAnsweredWithOneRead(t *testing.T) {
 func TestConfiguredReplayHeaders(t *testing.T) {
 	t.Parallel()
 	var n atomic.Int64
-	h := newMiddleware(t, idemhttp.Config{Store: idemmem.NewStore(nil), ReplayHeaders: []string{"x-private"}}).Handler(counter(&n))
+	h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil), ReplayHeaders: []string{"x-private"}}).Handler(counter(&n))
 	do(t, h, "POST", "/pay", "k", "{}")
 	r := do(t, h, "POST", "/pay", "k", "{}")
 	if r.header.Get("X-Private") != "no" {
 		t.Fatalf("configured header not replayed: %v", r.header)
 	}
 	for _, bad := range []string{"set-cookie", "Authorization", "WWW-Authenticate"} {
-		if _, err := idemhttp.New(&idemhttp.Config{Store: idemmem.NewStore(nil), ReplayHeaders: []string{bad}}); err == nil {
+		if _, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil), ReplayHeaders: []string{bad}}); err == nil {
 			t.Errorf("ReplayHeaders %q accepted; want an error", bad)
 		}
 	}
@@ -418,9 +418,10 @@ func TestConfigValidation(t *testing.T) {
 	for name, cfg := range map[string]*idemhttp.Config{
 		"nil":             nil,
 		"no store":        {},
-		"negative ttl":    {Store: idemmem.NewStore(nil), TTL: -time.Second},
-		"ttl below lease": {Store: idemmem.NewStore(nil), TTL: time.Second, Lease: time.Minute},
-		"negative body":   {Store: idemmem.NewStore(nil), MaxBodyBytes: -1},
+		"no scope":        {Store: idemmem.NewStore(nil)},
+		"negative ttl":    {SharedScope: true, Store: idemmem.NewStore(nil), TTL: -time.Second},
+		"ttl below lease": {SharedScope: true, Store: idemmem.NewStore(nil), TTL: time.Second, Lease: time.Minute},
+		"negative body":   {SharedScope: true, Store: idemmem.NewStore(nil), MaxBodyBytes: -1},
 	} {
 		if _, err := idemhttp.New(cfg); err == nil {
 			t.Errorf("%s: New succeeded; want an error", name)
@@ -441,7 +442,7 @@ func TestConcurrentDuplicatesExecuteOnce(t *testing.T) {
 			<-release
 			counter(&n).ServeHTTP(w, r)
 		})
-		h := newMiddleware(t, idemhttp.Config{Store: store, InflightWait: time.Minute}).Handler(slow)
+		h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store, InflightWait: time.Minute}).Handler(slow)
 		results := make(chan result, N)
 		var wg sync.WaitGroup
 		for i := 0; i < N; i++ {
@@ -484,7 +485,7 @@ func TestInFlightConflictAndMismatch(t *testing.T) {
 			<-release
 			counter(&n).ServeHTTP(w, r)
 		})
-		h := newMiddleware(t, idemhttp.Config{Store: b.open(t, idem.SystemClock{}), InflightWait: 30 * time.Millisecond}).Handler(slow)
+		h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: b.open(t, idem.SystemClock{}), InflightWait: 30 * time.Millisecond}).Handler(slow)
 		done := make(chan result)
 		go func() { done <- do(t, h, "POST", "/pay", "k", `{"amount":1}`) }()
 		<-entered
@@ -519,7 +520,7 @@ func TestFailuresAreClassified(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
 		var n atomic.Int64
-		h := newMiddleware(t, idemhttp.Config{Store: b.open(t, idem.SystemClock{})}).Handler(
+		h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: b.open(t, idem.SystemClock{})}).Handler(
 			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				i := n.Add(1)
 				switch r.URL.Path {
@@ -574,7 +575,7 @@ func TestStoreDownFailsClosed(t *testing.T) {
 		store, sp := spy(b.open(t, idem.SystemClock{}))
 		sp.fail.Store(true)
 		var n atomic.Int64
-		m := newMiddleware(t, idemhttp.Config{Store: store})
+		m := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store})
 		r := do(t, m.Handler(counter(&n)), "POST", "/pay", "k", "{}")
 		if r.status != 503 || r.header.Get("Retry-After") == "" || problemType(t, r) != idemhttp.ProblemStoreUnavailable {
 			t.Fatalf("store down: %+v", r)
@@ -621,7 +622,7 @@ func TestTTLExpiry(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		clock := idemtest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 		var n atomic.Int64
-		h := newMiddleware(t, idemhttp.Config{Store: b.open(t, clock), TTL: time.Hour}).Handler(counter(&n))
+		h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: b.open(t, clock), TTL: time.Hour}).Handler(counter(&n))
 		do(t, h, "POST", "/pay", "k", "{}")
 		clock.Advance(59 * time.Minute)
 		if r := do(t, h, "POST", "/pay", "k", "{}"); r.header.Get(idemhttp.HeaderReplayed) != "true" {
@@ -651,7 +652,7 @@ func TestLeaseTakeoverFencing(t *testing.T) {
 		var n atomic.Int64
 		entered := make(chan int64, 2)
 		release := make(chan struct{})
-		h := newMiddleware(t, idemhttp.Config{Store: store, Lease: 2 * time.Minute, InflightWait: -1, Logger: logger}).Handler(
+		h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store, Lease: 2 * time.Minute, InflightWait: -1, Logger: logger}).Handler(
 			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				i := n.Add(1)
 				entered <- i
@@ -708,7 +709,7 @@ func TestLargeResponses(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		var n atomic.Int64
 		big := strings.Repeat("x", 100)
-		h := newMiddleware(t, idemhttp.Config{Store: b.open(t, idem.SystemClock{}), MaxResponseBytes: 64}).Handler(
+		h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: b.open(t, idem.SystemClock{}), MaxResponseBytes: 64}).Handler(
 			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				n.Add(1)
 				w.Header().Set("Content-Type", "text/plain")
@@ -745,7 +746,7 @@ func TestFlushAndUnwrap(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
 		var flushErr, unwrapOK atomic.Value
-		h := newMiddleware(t, idemhttp.Config{Store: b.open(t, idem.SystemClock{})}).Handler(
+		h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: b.open(t, idem.SystemClock{})}).Handler(
 			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.WriteHeader(http.StatusCreated)
 				io.WriteString(w, "part")
@@ -791,7 +792,7 @@ func TestSameTransaction(t *testing.T) {
 	if _, err := db.Writer().ExecContext(ctx, `CREATE TABLE charges (key TEXT)`); err != nil {
 		t.Fatal(err)
 	}
-	h := newMiddleware(t, idemhttp.Config{Store: store}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		err := db.WithTx(r.Context(), func(ctx context.Context, tx *sql.Tx) error {
 			_, err := tx.ExecContext(ctx, `INSERT INTO charges VALUES (?)`, r.Header.Get(idemhttp.HeaderKey))
 			return err
@@ -832,7 +833,7 @@ func TestAbortLeavesKeyToLease(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
 		store := b.open(t, idem.SystemClock{})
-		m := newMiddleware(t, idemhttp.Config{Store: store})
+		m := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store})
 		var ex atomic.Value
 		h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			e, _ := idemhttp.ExecutionFromContext(r.Context())
@@ -891,7 +892,8 @@ func TestConfigErrorsAreArgumentErrors(t *testing.T) {
 	store := idemmem.NewStore(nil)
 	for _, cfg := range []idemhttp.Config{
 		{},
-		{Store: store, TTL: -time.Second},
+		{SharedScope: true, Store: store, TTL: -time.Second},
+		{Store: store},
 		{Store: store, TTL: time.Second, Lease: time.Minute},
 		{Store: store, ReplayHeaders: []string{"Set-Cookie"}},
 	} {
@@ -900,7 +902,7 @@ func TestConfigErrorsAreArgumentErrors(t *testing.T) {
 			t.Errorf("New(%+v) = %v, want an *idem.ArgumentError naming the field", cfg, err)
 		}
 	}
-	if _, err := idemhttp.New(&idemhttp.Config{Store: store, TTL: 4 * time.Second}); err != nil {
+	if _, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: store, TTL: 4 * time.Second}); err != nil {
 		t.Errorf("a TTL shorter than the default lease, lease unset: %v; want the lease lowered to it", err)
 	}
 }

@@ -43,7 +43,7 @@ func TestKeyPatternAgreesWithParseKey(t *testing.T) {
 
 func TestPolicyDescribesTheMiddleware(t *testing.T) {
 	t.Parallel()
-	m, err := idemhttp.New(&idemhttp.Config{
+	m, err := idemhttp.New(&idemhttp.Config{SharedScope: true,
 		Store:         idemmem.NewStore(nil),
 		TTL:           2 * time.Hour,
 		Lease:         30 * time.Second,
@@ -77,7 +77,7 @@ func TestPolicyDescribesTheMiddleware(t *testing.T) {
 		t.Errorf("409 and 503 must say Retry-After: %+v", p.Answers)
 	}
 
-	opt, err := idemhttp.New(&idemhttp.Config{Store: idemmem.NewStore(nil), Optional: true})
+	opt, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil), Optional: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestPolicyDescribesTheMiddleware(t *testing.T) {
 // middleware's real answers against it.
 func TestOpenAPIFragmentDescribesTheAnswers(t *testing.T) {
 	t.Parallel()
-	m, err := idemhttp.New(&idemhttp.Config{Store: idemmem.NewStore(nil), MaxBodyBytes: 64})
+	m, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil), MaxBodyBytes: 64})
 	if err != nil {
 		t.Fatal(err)
 	}

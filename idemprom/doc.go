@@ -4,7 +4,7 @@
 // library; this package turns those counts into Prometheus collectors, so
 // only programs that want Prometheus depend on it.
 //
-//	m, _ := idemhttp.New(&idemhttp.Config{Store: store})
+//	m, _ := idemhttp.New(&idemhttp.Config{Store: store, Scope: scopeByTenant})
 //	reg := prometheus.NewRegistry()
 //	idemprom.RegisterMiddleware(reg, "payments", m)
 //

@@ -17,7 +17,7 @@ import (
 // A middleware's outcomes become idem_http_requests_total{middleware,
 // outcome}: one payment executed, its two duplicates replayed.
 func ExampleRegisterMiddleware() {
-	m, err := idemhttp.New(&idemhttp.Config{Store: idemmem.NewStore(nil)})
+	m, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil)})
 	if err != nil {
 		panic(err)
 	}

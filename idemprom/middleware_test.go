@@ -15,7 +15,7 @@ import (
 
 func TestRegisterMiddleware(t *testing.T) {
 	t.Parallel()
-	m, err := idemhttp.New(&idemhttp.Config{Store: idemmem.NewStore(nil)})
+	m, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ idem_http_requests_total{middleware="api",outcome="store_error"} 0
 	if err := idemprom.RegisterMiddleware(reg, "api", m); err == nil {
 		t.Fatal("registering the same name twice succeeded; want an error")
 	}
-	other, _ := idemhttp.New(&idemhttp.Config{Store: idemmem.NewStore(nil)})
+	other, _ := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil)})
 	if err := idemprom.RegisterMiddleware(reg, "other", other); err != nil {
 		t.Fatalf("a second middleware under another name: %v", err)
 	}

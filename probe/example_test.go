@@ -17,7 +17,7 @@ import (
 // a delay that keeps a request in flight) are not applicable without
 // Config.FaultHeader and Config.SlowHeader.
 func Example() {
-	m, err := idemhttp.New(&idemhttp.Config{Store: idemmem.NewStore(nil)})
+	m, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil)})
 	if err != nil {
 		panic(err)
 	}
