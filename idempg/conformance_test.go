@@ -34,6 +34,22 @@ func TestStore(t *testing.T) {
 }
 
 // The work's writes commit with the completion, or not at all.
+// txRunner is DB.WithTx as idemtest.TestWithTx takes it.
+type txRunner struct{ db *idempg.DB }
+
+func (r txRunner) WithTx(ctx context.Context, fn func(context.Context) error) error {
+	return r.db.WithTx(ctx, func(ctx context.Context, _ pgx.Tx) error { return fn(ctx) })
+}
+
+func TestWithTx(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	idemtest.TestWithTx(t, func(t *testing.T, clock idem.Clock) (idemtest.TxRunner, idem.Store, idemtest.InboxEffects) {
+		db := openDB(t, url, idempg.Config{Clock: clock})
+		return txRunner{db}, newStore(t, db), newEffects(t, db)
+	})
+}
+
 func TestTxEffects(t *testing.T) {
 	t.Parallel()
 	url := pgURL(t)

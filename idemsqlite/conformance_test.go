@@ -40,6 +40,21 @@ func TestTxEffects(t *testing.T) {
 	})
 }
 
+// txRunner is DB.WithTx as idemtest.TestWithTx takes it.
+type txRunner struct{ db *idemsqlite.DB }
+
+func (r txRunner) WithTx(ctx context.Context, fn func(context.Context) error) error {
+	return r.db.WithTx(ctx, func(ctx context.Context, _ *sql.Tx) error { return fn(ctx) })
+}
+
+func TestWithTx(t *testing.T) {
+	t.Parallel()
+	idemtest.TestWithTx(t, func(t *testing.T, clock idem.Clock) (idemtest.TxRunner, idem.Store, idemtest.InboxEffects) {
+		db := openDB(t)
+		return txRunner{db}, newStore(t, db, clock), newEffects(t, db)
+	})
+}
+
 func TestInbox(t *testing.T) {
 	t.Parallel()
 	idemtest.TestInbox(t, func(t *testing.T) (idem.Inbox, idemtest.InboxEffects) {

@@ -55,6 +55,12 @@
 // Subtests run in parallel, each on its own store. Waits for other
 // goroutines are bounded (10 s), so a broken store fails instead of hanging.
 //
+// TestWithTx checks a database's own transaction helper (DB.WithTx,
+// adapted to TxRunner), which the same-transaction forms stand on: commit,
+// rollback on error and on panic, nested calls joining, a context kept past
+// its transaction refused, and the database's store joining the caller's
+// transaction.
+//
 // TestTxEffects checks what TestStore cannot see of idem.TxStore and
 // idem.TxClaimer: the work's own writes (through InboxEffects, as
 // TestInbox's) commit with the key's completion, exactly once, or not at
