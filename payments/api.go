@@ -42,18 +42,23 @@ func (s *Service) routes() http.Handler {
 	v1.Handle("POST /v1/accounts", s.protect(s.accountsMW, http.HandlerFunc(s.createAccount)))
 	v1.HandleFunc("GET /v1/accounts/{id}", s.getAccount)
 	v1.Handle("POST /v1/accounts/{id}/deposits", s.protect(s.depositsMW, http.HandlerFunc(s.createDeposit)))
+	v1.HandleFunc("GET /v1/accounts/{id}/deposits", s.listDeposits)
 	v1.HandleFunc("GET /v1/accounts/{id}/payments", s.listPayments)
 	v1.Handle("POST /v1/payments", s.wakeRelay(s.protect(s.paymentsMW, http.HandlerFunc(s.createPayment))))
 	v1.HandleFunc("GET /v1/payments/{id}", s.getPayment)
+	v1.Handle("POST /v1/refunds", s.wakeRelay(s.protect(s.refundsMW, http.HandlerFunc(s.createRefund))))
+	v1.HandleFunc("GET /v1/refunds/{id}", s.getRefund)
 	v1.HandleFunc("GET /v1/settlement", s.getSettlement)
 	// Method-less patterns are less specific than the ones above, so they
 	// only catch the wrong methods, which then get a problem+json 405.
 	v1.Handle("/v1/accounts", methodNotAllowed(http.MethodPost))
 	v1.Handle("/v1/accounts/{id}", methodNotAllowed(http.MethodGet, http.MethodHead))
-	v1.Handle("/v1/accounts/{id}/deposits", methodNotAllowed(http.MethodPost))
+	v1.Handle("/v1/accounts/{id}/deposits", methodNotAllowed(http.MethodPost, http.MethodGet, http.MethodHead))
 	v1.Handle("/v1/accounts/{id}/payments", methodNotAllowed(http.MethodGet, http.MethodHead))
 	v1.Handle("/v1/payments", methodNotAllowed(http.MethodPost))
 	v1.Handle("/v1/payments/{id}", methodNotAllowed(http.MethodGet, http.MethodHead))
+	v1.Handle("/v1/refunds", methodNotAllowed(http.MethodPost))
+	v1.Handle("/v1/refunds/{id}", methodNotAllowed(http.MethodGet, http.MethodHead))
 	v1.Handle("/v1/settlement", methodNotAllowed(http.MethodGet, http.MethodHead))
 	v1.HandleFunc("/v1/", notFound)
 
@@ -296,24 +301,148 @@ func (s *Service) getPayment(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Service) listPayments(w http.ResponseWriter, r *http.Request) {
-	limit := defaultListLimit
-	if v := r.URL.Query().Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxListLimit {
-			s.fail(w, r, &FieldError{Field: "limit", Reason: fmt.Sprintf("must be an integer from 1 to %d, got %q", maxListLimit, v)})
-			return
-		}
-		limit = n
-	}
-	list, more, err := s.store.AccountPayments(r.Context(), tenantFrom(r.Context()), r.PathValue("id"), limit)
+	pg, err := parseListPage(r, "pay_")
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, struct {
-		Data    []Payment `json:"data"`
-		HasMore bool      `json:"has_more"`
-	}{list, more})
+	list, more, err := s.store.AccountPayments(r.Context(), tenantFrom(r.Context()), r.PathValue("id"), pg)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, paymentList{list, more})
+}
+
+func (s *Service) listDeposits(w http.ResponseWriter, r *http.Request) {
+	pg, err := parseListPage(r, "dep_")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	list, more, err := s.store.AccountDeposits(r.Context(), tenantFrom(r.Context()), r.PathValue("id"), pg)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, depositList{list, more})
+}
+
+// maxIDLen bounds the IDs accepted as cursors: newID's are far shorter.
+const maxIDLen = 64
+
+// parseListPage reads a list's limit, starting_after and ending_before, as
+// Stripe's lists take them. A cursor must look like an ID of the listed
+// kind (prefix); whether it names an item of the list is the storage's to
+// say. Each parameter may be given once, and the cursors are exclusive.
+func parseListPage(r *http.Request, prefix string) (listPage, error) {
+	q := r.URL.Query()
+	for _, name := range []string{"limit", "starting_after", "ending_before"} {
+		if len(q[name]) > 1 {
+			return listPage{}, &FieldError{Field: name, Reason: "must be given at most once"}
+		}
+	}
+	pg := listPage{limit: defaultListLimit}
+	if v, ok := q["limit"]; ok {
+		n, err := strconv.Atoi(v[0])
+		if err != nil || n < 1 || n > maxListLimit {
+			return listPage{}, &FieldError{Field: "limit", Reason: fmt.Sprintf("must be an integer from 1 to %d, got %q", maxListLimit, v[0])}
+		}
+		pg.limit = n
+	}
+	for _, c := range []struct {
+		name string
+		dst  *string
+	}{{"starting_after", &pg.startingAfter}, {"ending_before", &pg.endingBefore}} {
+		v, ok := q[c.name]
+		if !ok {
+			continue
+		}
+		if !wellFormedID(v[0], prefix) {
+			return listPage{}, &FieldError{Field: c.name, Reason: fmt.Sprintf("must be an ID starting with %q", prefix), Err: ErrInvalidCursor}
+		}
+		*c.dst = v[0]
+	}
+	if pg.startingAfter != "" && pg.endingBefore != "" {
+		return listPage{}, &FieldError{Field: "ending_before", Reason: "cannot be combined with starting_after", Err: ErrInvalidCursor}
+	}
+	return pg, nil
+}
+
+// wellFormedID reports whether id is prefix followed by lower-case letters
+// and digits, as newID makes them.
+func wellFormedID(id, prefix string) bool {
+	rest, ok := strings.CutPrefix(id, prefix)
+	if !ok || rest == "" || len(id) > maxIDLen {
+		return false
+	}
+	for i := 0; i < len(rest); i++ {
+		if c := rest[i]; (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Service) createRefund(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		PaymentID *string `json:"payment_id"`
+		Amount    *int64  `json:"amount"`
+		Reason    string  `json:"reason"`
+	}
+	if !s.decode(w, r, &req) {
+		return
+	}
+	var err error
+	switch {
+	case req.PaymentID == nil || *req.PaymentID == "":
+		err = &FieldError{Field: "payment_id", Reason: "is required"}
+	case req.Amount != nil:
+		err = errors.Join(validateAmount("amount", *req.Amount), validateReason(req.Reason))
+	default:
+		err = validateReason(req.Reason)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := injectDelay(r.Context()); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	rf := Refund{
+		ID:        newID("re_"),
+		Tenant:    tenantFrom(r.Context()),
+		PaymentID: *req.PaymentID,
+		Reason:    req.Reason,
+		Status:    StatusSucceeded,
+		CreatedAt: s.now(),
+	}
+	if req.Amount != nil {
+		rf.Amount = *req.Amount
+	}
+	o := originFrom(r.Context())
+	rec, err := s.store.CreateRefund(r.Context(), rf, o)
+	if err != nil {
+		s.failWrite(w, r, o, err)
+		return
+	}
+	if rec.ID != rf.ID {
+		s.logger.WarnContext(r.Context(), "payments: an earlier execution of this idempotency key made the refund; answering with it, crediting nothing",
+			"refund", rec.ID)
+	}
+	s.crashAfterOwnCommit(r)
+	w.Header().Set("Location", "/v1/refunds/"+rec.ID)
+	writeJSON(w, http.StatusCreated, rec)
+}
+
+func (s *Service) getRefund(w http.ResponseWriter, r *http.Request) {
+	rf, err := s.store.Refund(r.Context(), tenantFrom(r.Context()), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rf)
 }
 
 func notFound(w http.ResponseWriter, r *http.Request) {
@@ -455,6 +584,12 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, ErrPaymentNotFound):
 		writeProblem(w, http.StatusNotFound, "payment-not-found", "Payment not found",
 			"no such payment for this API key", nil)
+	case errors.Is(err, ErrRefundNotFound):
+		writeProblem(w, http.StatusNotFound, "refund-not-found", "Refund not found",
+			"no such refund for this API key", nil)
+	case errors.Is(err, ErrRefundExceedsPayment):
+		writeProblem(w, http.StatusConflict, "refund-exceeds-payment", "Refund exceeds the payment",
+			"the payment's refunds would sum past its amount (or it is refunded in full already)", nil)
 	case errors.Is(err, ErrInsufficientFunds):
 		writeProblem(w, http.StatusPaymentRequired, "insufficient-funds", "Insufficient funds",
 			"the account's balance is smaller than the amount", nil)

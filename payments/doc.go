@@ -102,10 +102,43 @@
 //	POST /v1/payments                 {"account_id","amount","currency","description"?}
 //	                                                                           201 payment (key required)
 //	GET  /v1/payments/{id}                                                     200 payment
-//	GET  /v1/accounts/{id}/payments   ?limit=1..1000 (default 100)             200 {"data":[…],"has_more"} newest first
-//	GET  /v1/settlement                                                        200 {"currency","total","events"}
+//	GET  /v1/accounts/{id}/payments   ?limit&starting_after&ending_before      200 {"data":[…],"has_more"} newest first
+//	GET  /v1/accounts/{id}/deposits   ?limit&starting_after&ending_before      200 {"data":[…],"has_more"} newest first
+//	POST /v1/refunds                  {"payment_id","amount"?,"reason"?}      201 refund (key required)
+//	GET  /v1/refunds/{id}                                                      200 refund
+//	GET  /v1/settlement                                                        200 {"currency","total","events","refunds"}
 //	GET  /healthz, GET /readyz, GET /metrics
 //	GET  /openapi.json                the API as an OpenAPI 3.1 document (no API key needed); each write's idempotency policy in x-idempotency
+//
+// # Lists
+//
+// Lists page as Stripe's do: newest first, by (created_at, id) so that
+// items made in the same instant keep one order; limit is 1 to 1000
+// (default 100); starting_after=<id> gives the items older than that one,
+// ending_before=<id> the items newer than it (still newest first), and
+// has_more says whether more exist beyond the page in the direction
+// walked. A cursor must be an item of that same list (the tenant's, the
+// account's, of that kind): one that is malformed, names anything else,
+// or comes with the other cursor gets 400 (invalid-request, with the field,
+// matching ErrInvalidCursor) and changes nothing.
+//
+// # Refunds
+//
+// POST /v1/refunds gives part or all of a payment back to its account:
+// amount defaults to what is left of the payment. It needs an
+// Idempotency-Key (its own middleware, "refunds"). Each payment carries its
+// refunded total (payments.refunded); the refund's transaction raises it
+// with a conditional UPDATE (refunded + amount <= amount), under the
+// payment's row lock on PostgreSQL and the single writer on SQLite, and a
+// CHECK backs it, so the refunds of a payment never sum past it, even when
+// requests with different keys race. A refund that would is refused with
+// 409 urn:idem:problem:refund-exceeds-payment: 409 because the request
+// conflicts with the payment's state, not with the client's funds (402 is
+// insufficient-funds), and deterministic, so the key keeps and replays it
+// (the middleware's own 409, a duplicate in flight, has the type
+// urn:idem:problem:request-in-flight and Retry-After). Each refund writes a
+// refund.succeeded event in its transaction, on the payments' topic and
+// keyed by the account, which the settlement subtracts (below).
 //
 // Every error is an RFC 9457 application/problem+json document whose type is
 // urn:idem:problem:<slug>, for example urn:idem:problem:insufficient-funds.
@@ -131,8 +164,8 @@
 // # Metrics
 //
 // /metrics serves Config.Registry: idem_http_requests_total{middleware,
-// outcome} for the three idempotency middlewares (middleware="payments",
-// "deposits", "accounts"; outcome executed, replayed, mismatch, …), and the
+// outcome} for the four idempotency middlewares (middleware="payments",
+// "deposits", "refunds", "accounts"; outcome executed, replayed, mismatch, …), and the
 // committed totals read from the database, payments_created_total,
 // payments_deposits_total and payments_accounts. In unsafe mode, sending N
 // duplicates and watching payments_created_total grow by N is the lab's
@@ -155,7 +188,9 @@
 // "occurred_at"}) to the outbox of its database (idemsqlite.Outbox or
 // idempg.Outbox), with event_id as the message ID, topic payments.succeeded
 // and the account as the ordering key. A payment re-found through its
-// idempotency origin writes no second event. A relay (package outbox)
+// idempotency origin writes no second event. Every refund is announced the
+// same way, as refund.succeeded with its refund_id, on the same topic and
+// key, so one consumer settles an account's payments and refunds in order. A relay (package outbox)
 // started by New publishes the outbox to Config.Broker, or, without one, to
 // the database's embedded transport (idemsqlite.Transport, idempg.Transport),
 // and is woken after each payment answer; Close stops it. Several replicas
@@ -177,7 +212,9 @@
 // an event_id of its own (a producer announcing it twice, an event
 // re-published by hand), adds nothing; it is processed, logged as a
 // warning, and its inbox row kept. The settlement's total is the sum of the
-// payments settled, and events how many. Payments made before that column
+// payments settled less the refunds settled, events how many payments
+// and refunds how many refunds; a refund is marked settled the same way
+// (refunds.settled), so it is subtracted at most once. Payments made before that column
 // existed start unsettled, so that none whose event was still on its way
 // loses its settlement; a second event for one of them could still be
 // added once, as it could before the column. The amount added is always

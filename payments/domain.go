@@ -140,3 +140,45 @@ func validateDescription(d string) error {
 func newID(prefix string) string {
 	return prefix + strings.ToLower(rand.Text())
 }
+
+// Refund gives part or all of a payment back to the payment's account.
+// The refunds of one payment never sum past its amount.
+type Refund struct {
+	ID        string    `json:"id"`
+	Tenant    string    `json:"-"`
+	PaymentID string    `json:"payment_id"`
+	AccountID string    `json:"account_id"`
+	Amount    int64     `json:"amount"`
+	Currency  string    `json:"currency"`
+	Reason    string    `json:"reason"`
+	Status    string    `json:"status"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+var (
+	// ErrRefundNotFound: the refund does not exist or belongs to another
+	// tenant.
+	ErrRefundNotFound = errors.New("payments: refund not found")
+	// ErrRefundExceedsPayment: the refund would take the payment's refunds
+	// past its amount (or the payment is refunded in full already).
+	// Deterministic, so the idempotency layer stores and replays it.
+	ErrRefundExceedsPayment = errors.New("payments: the refunds would exceed the payment")
+	// ErrInvalidCursor: a list's starting_after or ending_before that is
+	// malformed or names no item of the list (another tenant's, another
+	// account's, another kind of object). Matched with ErrInvalidRequest
+	// through the *FieldError that carries it.
+	ErrInvalidCursor = errors.New("payments: invalid cursor")
+)
+
+// validateReason keeps a refund's reason printable and bounded, like a
+// payment's description.
+func validateReason(r string) error {
+	if err := validateDescription(r); err != nil {
+		var fe *FieldError
+		if errors.As(err, &fe) {
+			return &FieldError{Field: "reason", Reason: fe.Reason, Err: fe.Err}
+		}
+		return err
+	}
+	return nil
+}

@@ -27,6 +27,10 @@ import (
 const (
 	// EventPaymentSucceeded is the type of the event every payment emits.
 	EventPaymentSucceeded = "payment.succeeded"
+	// EventRefundSucceeded is the type of the event every refund emits. It
+	// travels on TopicPaymentSucceeded too, keyed by the account like the
+	// payment's, so that one consumer settles both in the account's order.
+	EventRefundSucceeded = "refund.succeeded"
 	// TopicPaymentSucceeded is the topic it is published on.
 	TopicPaymentSucceeded = "payments.succeeded"
 	// SettlementConsumer is the name of the consumer that settles it.
@@ -42,9 +46,12 @@ const (
 // EventID is also the transport message ID and the settlement consumer's
 // de-duplication key.
 type PaymentEvent struct {
-	EventID    string    `json:"event_id"`
-	Type       string    `json:"type"`
-	PaymentID  string    `json:"payment_id"`
+	EventID   string `json:"event_id"`
+	Type      string `json:"type"`
+	PaymentID string `json:"payment_id"`
+	// RefundID is set on refund.succeeded events only: the refund whose
+	// amount the settlement subtracts.
+	RefundID   string    `json:"refund_id,omitempty"`
 	Tenant     string    `json:"tenant"`
 	AccountID  string    `json:"account_id"`
 	Amount     int64     `json:"amount"`
@@ -60,6 +67,9 @@ type Settlement struct {
 	// Events is how many payments were settled: each counts once, however
 	// many events announced it.
 	Events int64 `json:"events"`
+	// Refunds is how many refunds were settled; their amounts are
+	// subtracted from Total.
+	Refunds int64 `json:"refunds"`
 }
 
 // paymentEvent is the outbox message announcing p, under a fresh event ID.
@@ -87,6 +97,45 @@ func paymentEvent(p Payment) (idem.Message, error) {
 		Payload: body,
 		Time:    p.CreatedAt,
 	}, nil
+}
+
+// refundEvent is the outbox message announcing rf, under a fresh event ID,
+// on the payments' topic and with the account as its key.
+func refundEvent(rf Refund) (idem.Message, error) {
+	ev := PaymentEvent{
+		EventID:    newID("evt_"),
+		Type:       EventRefundSucceeded,
+		PaymentID:  rf.PaymentID,
+		RefundID:   rf.ID,
+		Tenant:     rf.Tenant,
+		AccountID:  rf.AccountID,
+		Amount:     rf.Amount,
+		Currency:   rf.Currency,
+		OccurredAt: rf.CreatedAt.UTC(),
+	}
+	body, err := json.Marshal(ev)
+	if err != nil {
+		return idem.Message{}, fmt.Errorf("encode event: %w", err)
+	}
+	return idem.Message{
+		ID:      ev.EventID,
+		Topic:   TopicPaymentSucceeded,
+		Key:     rf.AccountID,
+		Headers: map[string]string{"Content-Type": "application/json"},
+		Payload: body,
+		Time:    rf.CreatedAt,
+	}, nil
+}
+
+// isRefund reports whether ev announces a refund rather than a payment.
+func (ev PaymentEvent) isRefund() bool { return ev.Type == EventRefundSucceeded }
+
+// subject is the ID of what ev announces: its refund or its payment.
+func (ev PaymentEvent) subject() string {
+	if ev.isRefund() {
+		return ev.RefundID
+	}
+	return ev.PaymentID
 }
 
 // Transport carries payment events from the outbox relay to the
@@ -307,6 +356,9 @@ func (p *pipeline) settle(ctx context.Context, msgs []idem.Message) error {
 		}
 		if ev := evs[i]; ev.EventID == "" || ev.PaymentID == "" || ev.Tenant == "" {
 			return &consumer.ItemError{Index: i, Err: idem.Permanent(errors.New("malformed event: event_id, payment_id and tenant are required"))}
+		}
+		if ev := evs[i]; ev.isRefund() && ev.RefundID == "" {
+			return &consumer.ItemError{Index: i, Err: idem.Permanent(errors.New("malformed event: a refund's event requires refund_id"))}
 		}
 	}
 	already, err := p.store.settle(ctx, evs)

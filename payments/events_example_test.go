@@ -60,7 +60,7 @@ func Example_settlement() {
 		call("POST", "/v1/payments", "order-1", `{"account_id":"`+id+`","amount":3000,"currency":"KRW"}`)
 	}
 	// Settlement is asynchronous: wait for it, with a deadline.
-	want := `{"currency":"KRW","total":3000,"events":1}`
+	want := `{"currency":"KRW","total":3000,"events":1,"refunds":0}`
 	got := ""
 	for deadline := time.Now().Add(30 * time.Second); got != want && time.Now().Before(deadline); {
 		if got = call("GET", "/v1/settlement", "", ""); got != want {
@@ -68,5 +68,5 @@ func Example_settlement() {
 		}
 	}
 	fmt.Println(got)
-	// Output: {"currency":"KRW","total":3000,"events":1}
+	// Output: {"currency":"KRW","total":3000,"events":1,"refunds":0}
 }

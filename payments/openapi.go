@@ -30,9 +30,19 @@ type (
 		Currency    string `json:"currency" required:"true"`
 		Description string `json:"description"`
 	}
+	createRefundRequest struct {
+		PaymentID string `json:"payment_id" required:"true"`
+		Amount    int64  `json:"amount"`
+		Reason    string `json:"reason"`
+	}
 	// paymentList is the answer of GET /v1/accounts/{id}/payments.
 	paymentList struct {
 		Data    []Payment `json:"data"`
+		HasMore bool      `json:"has_more"`
+	}
+	// depositList is the answer of GET /v1/accounts/{id}/deposits.
+	depositList struct {
+		Data    []Deposit `json:"data"`
 		HasMore bool      `json:"has_more"`
 	}
 )
@@ -45,6 +55,9 @@ var requestConstraints = map[string]map[string]any{
 	"currency":   {"pattern": "^[A-Z]{3}$", "description": "Three upper-case letters (ISO 4217-shaped)."},
 	"amount":     {"minimum": 1, "description": "A positive integer of minor units."},
 	"account_id": {"minLength": 1},
+	"payment_id": {"minLength": 1},
+	"reason": {"description": "At most " + strconv.Itoa(MaxDescriptionLen) +
+		" bytes of UTF-8, without control characters."},
 	"description": {"description": "At most " + strconv.Itoa(MaxDescriptionLen) +
 		" bytes of UTF-8, without control characters."},
 }
@@ -73,6 +86,9 @@ func (s *Service) openAPIDocument() map[string]any {
 		"Deposit":              schemaOf(reflect.TypeFor[Deposit](), false),
 		"Payment":              schemaOf(reflect.TypeFor[Payment](), false),
 		"PaymentList":          schemaOf(reflect.TypeFor[paymentList](), false),
+		"DepositList":          schemaOf(reflect.TypeFor[depositList](), false),
+		"Refund":               schemaOf(reflect.TypeFor[Refund](), false),
+		"CreateRefundRequest":  schemaOf(reflect.TypeFor[createRefundRequest](), true),
 		"Settlement":           schemaOf(reflect.TypeFor[Settlement](), false),
 		"CreateAccountRequest": schemaOf(reflect.TypeFor[createAccountRequest](), true),
 		"CreateDepositRequest": schemaOf(reflect.TypeFor[createDepositRequest](), true),
@@ -109,6 +125,30 @@ func (s *Service) openAPIDocument() map[string]any {
 		}
 		return op
 	}
+	// listParams are a paginated list's query parameters, as Stripe's.
+	listParams := func(what, prefix string) []any {
+		cursor := func(name, desc string) map[string]any {
+			return map[string]any{"name": name, "in": "query", "required": false, "description": desc,
+				"schema": map[string]any{"type": "string", "pattern": "^" + prefix + "[a-z0-9]+$", "maxLength": maxIDLen}}
+		}
+		return []any{idParam("account"), map[string]any{
+			"name": "limit", "in": "query", "required": false,
+			"description": "How many " + what + "s at most. Defaults to " + strconv.Itoa(defaultListLimit) + ".",
+			"schema":      map[string]any{"type": "integer", "minimum": 1, "maximum": maxListLimit},
+		},
+			cursor("starting_after", "The ID of a "+what+" of the account: the page holds those older than it. Not with ending_before."),
+			cursor("ending_before", "The ID of a "+what+" of the account: the page holds those newer than it, still newest first. Not with starting_after."),
+		}
+	}
+	listResponses := func(what, schema string) map[string]any {
+		return map[string]any{
+			"200": jsonResponse("The "+what+"s, newest first by (created_at, id); has_more says that more exist beyond the page "+
+				"in the direction walked (older ones, or newer ones with ending_before).", schema, nil),
+			"400": problemResponse("The limit is not an integer from 1 to "+strconv.Itoa(maxListLimit)+
+				", or a cursor is malformed, names no "+what+" of this account, or both cursors are given.", false, nil),
+			"404": problemResponse("No such account for this API key.", false, nil),
+		}
+	}
 	location := map[string]any{"Location": map[string]any{
 		"description": "The path of the resource made.", "required": true, "schema": map[string]any{"type": "string"}}}
 
@@ -137,19 +177,15 @@ func (s *Service) openAPIDocument() map[string]any {
 				"404": problemResponse("No such account for this API key.", false, nil),
 				"409": problemResponse("The deposit would take the balance past the largest amount that can be held.", false, nil),
 			},
+		}), "get": secured(map[string]any{
+			"operationId": "listDeposits", "summary": "An account's deposits, newest first",
+			"parameters": listParams("deposit", "dep_"),
+			"responses":  listResponses("deposit", "DepositList"),
 		})},
 		"/v1/accounts/{id}/payments": map[string]any{"get": secured(map[string]any{
 			"operationId": "listPayments", "summary": "An account's payments, newest first",
-			"parameters": []any{idParam("account"), map[string]any{
-				"name": "limit", "in": "query", "required": false,
-				"description": "How many payments at most. Defaults to " + strconv.Itoa(defaultListLimit) + ".",
-				"schema":      map[string]any{"type": "integer", "minimum": 1, "maximum": maxListLimit},
-			}},
-			"responses": map[string]any{
-				"200": jsonResponse("The payments; has_more says that older ones exist.", "PaymentList", nil),
-				"400": problemResponse("The limit is not an integer from 1 to "+strconv.Itoa(maxListLimit)+".", false, nil),
-				"404": problemResponse("No such account for this API key.", false, nil),
-			},
+			"parameters": listParams("payment", "pay_"),
+			"responses":  listResponses("payment", "PaymentList"),
 		})},
 		"/v1/payments": map[string]any{"post": write(s.paymentsMW, map[string]any{
 			"operationId": "createPayment", "summary": "Charge an account",
@@ -167,6 +203,25 @@ func (s *Service) openAPIDocument() map[string]any {
 			"responses": map[string]any{
 				"200": jsonResponse("The payment.", "Payment", nil),
 				"404": problemResponse("No such payment for this API key.", false, nil),
+			},
+		})},
+		"/v1/refunds": map[string]any{"post": write(s.refundsMW, map[string]any{
+			"operationId": "createRefund", "summary": "Give part or all of a payment back to its account",
+			"x-request": ref("CreateRefundRequest"),
+			"responses": map[string]any{
+				"201": jsonResponse("The refund; without an amount, of what is left of the payment.", "Refund", location),
+				"404": problemResponse("No such payment for this API key.", false, nil),
+				"409": problemResponse("The payment's refunds would sum past its amount (refund-exceeds-payment), "+
+					"or the refund would take the balance past the largest amount that can be held.", false, nil),
+				"422": problemResponse("An earlier execution of this Idempotency-Key recorded a different refund.", false, nil),
+			},
+		})},
+		"/v1/refunds/{id}": map[string]any{"get": secured(map[string]any{
+			"operationId": "getRefund", "summary": "A refund",
+			"parameters": []any{idParam("refund")},
+			"responses": map[string]any{
+				"200": jsonResponse("The refund.", "Refund", nil),
+				"404": problemResponse("No such refund for this API key.", false, nil),
 			},
 		})},
 		"/v1/settlement": map[string]any{"get": secured(map[string]any{

@@ -183,6 +183,27 @@ func TestOpenAPIDocumentMatchesTheService(t *testing.T) {
 	}
 	c.check(req{method: "GET", path: "/v1/accounts/" + poor + "/payments"}, http.StatusOK, true)
 	c.check(req{method: "GET", path: "/v1/accounts/" + acct + "/payments?limit=0"}, http.StatusBadRequest, false)
+	c.check(req{method: "GET", path: "/v1/accounts/" + acct + "/payments?limit=1&starting_after=" + id}, http.StatusOK, true)
+	c.check(req{method: "GET", path: "/v1/accounts/" + acct + "/payments?ending_before=" + id}, http.StatusOK, true)
+	c.check(req{method: "GET", path: "/v1/accounts/" + acct + "/payments?starting_after=pay_nope"}, http.StatusBadRequest, true)
+	c.check(req{method: "GET", path: "/v1/accounts/" + acct + "/payments?starting_after=nope"}, http.StatusBadRequest, false)
+	deps := c.check(req{method: "GET", path: "/v1/accounts/" + acct + "/deposits?limit=10"}, http.StatusOK, true)
+	if got := decode[struct{ Data []json.RawMessage }](t, deps).Data; len(got) != 1 {
+		t.Fatalf("listed %d deposits, want 1: %s", len(got), deps)
+	}
+	c.check(req{method: "GET", path: "/v1/accounts/acct_nope/deposits"}, http.StatusNotFound, true)
+	c.check(req{method: "GET", path: "/v1/accounts/" + acct + "/deposits?ending_before=dep_nope"}, http.StatusBadRequest, true)
+	rf := c.check(req{method: "POST", path: "/v1/refunds", idemKey: "rf-1",
+		body: fmt.Sprintf(`{"payment_id":%q,"amount":100,"reason":"requested_by_customer"}`, id)}, http.StatusCreated, true)
+	c.check(req{method: "POST", path: "/v1/refunds", idemKey: "rf-1",
+		body: fmt.Sprintf(`{"payment_id":%q,"amount":100,"reason":"requested_by_customer"}`, id)}, http.StatusCreated, true)
+	c.check(req{method: "POST", path: "/v1/refunds", idemKey: "rf-over", body: fmt.Sprintf(`{"payment_id":%q,"amount":201}`, id)}, http.StatusConflict, true)
+	c.check(req{method: "POST", path: "/v1/refunds", idemKey: "rf-nowhere", body: `{"payment_id":"pay_nope"}`}, http.StatusNotFound, true)
+	c.check(req{method: "POST", path: "/v1/refunds", idemKey: "rf-1", body: fmt.Sprintf(`{"payment_id":%q,"amount":99}`, id)}, http.StatusUnprocessableEntity, true)
+	c.check(req{method: "POST", path: "/v1/refunds", idemKey: "rf-0", body: fmt.Sprintf(`{"payment_id":%q,"amount":0}`, id)}, http.StatusBadRequest, false)
+	c.check(req{method: "POST", path: "/v1/refunds", idemKey: "rf-rest", body: fmt.Sprintf(`{"payment_id":%q}`, id)}, http.StatusCreated, true)
+	c.check(req{method: "GET", path: "/v1/refunds/" + decode[struct{ ID string }](t, rf).ID}, http.StatusOK, true)
+	c.check(req{method: "GET", path: "/v1/refunds/re_nope"}, http.StatusNotFound, true)
 	c.check(req{method: "GET", path: "/v1/settlement"}, http.StatusOK, true)
 	c.check(req{method: "GET", path: "/healthz", apiKey: "-"}, http.StatusOK, true)
 	c.check(req{method: "GET", path: "/readyz", apiKey: "-"}, http.StatusOK, true)
@@ -266,7 +287,7 @@ func TestOpenAPIPublishesEachWritesPolicy(t *testing.T) {
 		c.KeyLease = 20 * time.Second
 	})
 	c := loadContract(t, e)
-	for tmpl, required := range map[string]bool{"/v1/accounts": false, "/v1/accounts/{id}/deposits": true, "/v1/payments": true} {
+	for tmpl, required := range map[string]bool{"/v1/accounts": false, "/v1/accounts/{id}/deposits": true, "/v1/payments": true, "/v1/refunds": true} {
 		op := c.doc.Paths.Value(tmpl).Post
 		p := op.Parameters.GetByInAndName("header", "Idempotency-Key")
 		if p == nil || p.Required != required {

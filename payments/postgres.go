@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"math"
 	"net"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -331,9 +332,29 @@ func (s *pgStorage) Payment(ctx context.Context, tenant, id string) (Payment, er
 	return p, nil
 }
 
-func (s *pgStorage) AccountPayments(ctx context.Context, tenant, accountID string, limit int) ([]Payment, bool, error) {
-	// One snapshot for the account check and the list.
-	tx, err := s.db.Pool().BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+func (s *pgStorage) AccountPayments(ctx context.Context, tenant, accountID string, pg listPage) ([]Payment, bool, error) {
+	return pgList(ctx, s.db, "payments", pgPaymentColumns, "payment", scanPGPayment, tenant, accountID, pg)
+}
+
+func (s *pgStorage) AccountDeposits(ctx context.Context, tenant, accountID string, pg listPage) ([]Deposit, bool, error) {
+	return pgList(ctx, s.db, "deposits", depositColumns, "deposit", scanPGDeposit, tenant, accountID, pg)
+}
+
+func scanPGDeposit(row pgx.Row) (Deposit, error) {
+	var d Deposit
+	if err := row.Scan(&d.ID, &d.Tenant, &d.AccountID, &d.Amount, &d.Balance, &d.CreatedAt); err != nil {
+		return Deposit{}, err
+	}
+	d.CreatedAt = d.CreatedAt.UTC()
+	return d, nil
+}
+
+// pgList reads one page of the account's rows of table (payments or
+// deposits), newest first by (created_at, id).
+func pgList[T any](ctx context.Context, db *idempg.DB, table, columns, what string,
+	scan func(pgx.Row) (T, error), tenant, accountID string, pg listPage) ([]T, bool, error) {
+	// One snapshot for the account check, the cursor and the list.
+	tx, err := db.Pool().BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, false, pgErr("begin read", err)
 	}
@@ -346,28 +367,45 @@ func (s *pgStorage) AccountPayments(ctx context.Context, tenant, accountID strin
 	if err != nil {
 		return nil, false, pgErr("read account", err)
 	}
-	rows, err := tx.Query(ctx,
-		`SELECT `+pgPaymentColumns+` FROM payments WHERE account_id = $1 AND tenant = $2
-		 ORDER BY created_at DESC, seq DESC LIMIT $3`, accountID, tenant, limit+1)
+	query := `SELECT ` + columns + ` FROM ` + table + ` WHERE account_id = $1 AND tenant = $2`
+	args := []any{accountID, tenant}
+	order := ` ORDER BY created_at DESC, id DESC`
+	if id, field, newer := pg.cursor(); id != "" {
+		var created time.Time
+		err := tx.QueryRow(ctx, `SELECT created_at FROM `+table+` WHERE id = $1 AND tenant = $2 AND account_id = $3`,
+			id, tenant, accountID).Scan(&created)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, false, unknownCursor(field, what)
+		}
+		if err != nil {
+			return nil, false, pgErr("read the cursor", err)
+		}
+		if newer {
+			query += ` AND (created_at, id) > ($3, $4)`
+			order = ` ORDER BY created_at, id`
+		} else {
+			query += ` AND (created_at, id) < ($3, $4)`
+		}
+		args = append(args, created, id)
+	}
+	args = append(args, pg.limit+1)
+	rows, err := tx.Query(ctx, query+order+` LIMIT $`+strconv.Itoa(len(args)), args...)
 	if err != nil {
-		return nil, false, pgErr("list payments", err)
+		return nil, false, pgErr("list "+table, err)
 	}
 	defer rows.Close()
-	list := []Payment{}
+	list := []T{}
 	for rows.Next() {
-		p, err := scanPGPayment(rows)
+		v, err := scan(rows)
 		if err != nil {
-			return nil, false, pgErr("list payments", err)
+			return nil, false, pgErr("list "+table, err)
 		}
-		list = append(list, p)
+		list = append(list, v)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, false, pgErr("list payments", err)
+		return nil, false, pgErr("list "+table, err)
 	}
-	more := len(list) > limit
-	if more {
-		list = list[:limit]
-	}
+	list, more := trimPage(list, pg)
 	return list, more, nil
 }
 
@@ -536,32 +574,21 @@ func pgMessaging(ctx context.Context, db *idempg.DB, c *Config) (messaging, erro
 func (s *pgStorage) settle(ctx context.Context, evs []PaymentEvent) ([]int, error) {
 	var already []int
 	err := s.db.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		ids := make([]string, len(evs))
-		for i, ev := range evs {
-			ids[i] = ev.PaymentID
-		}
-		found := make(map[string]settledPayment, len(evs))
-		rows, err := tx.Query(ctx, `WITH unsettled AS (
-				SELECT id FROM payments WHERE id = ANY($1::text[]) AND NOT settled ORDER BY id FOR UPDATE
-			), marked AS (
-				UPDATE payments SET settled = true FROM unsettled WHERE payments.id = unsettled.id RETURNING payments.id
-			)
-			SELECT p.id, p.tenant, p.amount, p.currency, marked.id IS NOT NULL
-			FROM payments p LEFT JOIN marked ON marked.id = p.id
-			WHERE p.id = ANY($1::text[])`, ids)
+		payIDs, refundIDs := splitEvents(evs)
+		payments, err := pgMarkSettled(ctx, tx, "payments", payIDs)
 		if err != nil {
-			return pgErr("mark payments settled", err)
+			return err
 		}
-		var id string
-		var p settledPayment
-		if _, err := pgx.ForEachRow(rows, []any{&id, &p.tenant, &p.amount, &p.currency, &p.marked}, func() error {
-			found[id] = p
-			return nil
-		}); err != nil {
-			return pgErr("mark payments settled", err)
+		refunds, err := pgMarkSettled(ctx, tx, "refunds", refundIDs)
+		if err != nil {
+			return err
 		}
-		totals, skipped, err := settlementTotals(evs, func(id string) (settledPayment, bool) {
-			p, ok := found[id]
+		totals, skipped, err := settlementTotals(evs, func(ev PaymentEvent) (settledPayment, bool) {
+			found := payments
+			if ev.isRefund() {
+				found = refunds
+			}
+			p, ok := found[ev.subject()]
 			return p, ok
 		})
 		if err != nil {
@@ -569,14 +596,15 @@ func (s *pgStorage) settle(ctx context.Context, evs []PaymentEvent) ([]int, erro
 		}
 		if len(totals) > 0 {
 			tenants, currencies := make([]string, len(totals)), make([]string, len(totals))
-			sums, counts := make([]int64, len(totals)), make([]int64, len(totals))
+			sums, counts, refunds := make([]int64, len(totals)), make([]int64, len(totals)), make([]int64, len(totals))
 			for i, t := range totals {
-				tenants[i], currencies[i], sums[i], counts[i] = t.tenant, t.currency, t.total, t.events
+				tenants[i], currencies[i], sums[i], counts[i], refunds[i] = t.tenant, t.currency, t.total, t.events, t.refunds
 			}
-			_, err = tx.Exec(ctx, `INSERT INTO settlements (tenant, currency, total, events)
-				SELECT t, c, s, n FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY AS u(t, c, s, n, o) ORDER BY o
-				ON CONFLICT (tenant, currency) DO UPDATE SET total = settlements.total + excluded.total, events = settlements.events + excluded.events`,
-				tenants, currencies, sums, counts)
+			_, err = tx.Exec(ctx, `INSERT INTO settlements (tenant, currency, total, events, refunds)
+				SELECT t, c, s, n, r FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[]) WITH ORDINALITY AS u(t, c, s, n, r, o) ORDER BY o
+				ON CONFLICT (tenant, currency) DO UPDATE SET total = settlements.total + excluded.total, events = settlements.events + excluded.events,
+					refunds = settlements.refunds + excluded.refunds`,
+				tenants, currencies, sums, counts, refunds)
 			if err != nil {
 				return pgErr("settle", err)
 			}
@@ -590,6 +618,38 @@ func (s *pgStorage) settle(ctx context.Context, evs []PaymentEvent) ([]int, erro
 	return already, nil
 }
 
+// pgMarkSettled marks the rows of table (payments or refunds) with ids
+// settled, where they were not, in id order, and returns every one of them
+// found, with whether this call marked it. The statement's outer SELECT
+// sees the rows as they were before the UPDATE, which tells a settled one
+// from an unknown one.
+func pgMarkSettled(ctx context.Context, tx pgx.Tx, table string, ids []string) (map[string]settledPayment, error) {
+	found := make(map[string]settledPayment, len(ids))
+	if len(ids) == 0 {
+		return found, nil
+	}
+	rows, err := tx.Query(ctx, `WITH unsettled AS (
+			SELECT id FROM `+table+` WHERE id = ANY($1::text[]) AND NOT settled ORDER BY id FOR UPDATE
+		), marked AS (
+			UPDATE `+table+` SET settled = true FROM unsettled WHERE `+table+`.id = unsettled.id RETURNING `+table+`.id
+		)
+		SELECT p.id, p.tenant, p.amount, p.currency, marked.id IS NOT NULL
+		FROM `+table+` p LEFT JOIN marked ON marked.id = p.id
+		WHERE p.id = ANY($1::text[])`, ids)
+	if err != nil {
+		return nil, pgErr("mark "+table+" settled", err)
+	}
+	var id string
+	var p settledPayment
+	if _, err := pgx.ForEachRow(rows, []any{&id, &p.tenant, &p.amount, &p.currency, &p.marked}, func() error {
+		found[id] = p
+		return nil
+	}); err != nil {
+		return nil, pgErr("mark "+table+" settled", err)
+	}
+	return found, nil
+}
+
 func (s *pgStorage) settlement(ctx context.Context, tenant string) (Settlement, error) {
 	var st Settlement
 	err := s.db.Pool().QueryRow(ctx,
@@ -601,9 +661,141 @@ func (s *pgStorage) settlement(ctx context.Context, tenant string) (Settlement, 
 		return Settlement{}, pgErr("read accounts", err)
 	}
 	err = s.db.Pool().QueryRow(ctx,
-		`SELECT total, events FROM settlements WHERE tenant = $1 AND currency = $2`, tenant, st.Currency).Scan(&st.Total, &st.Events)
+		`SELECT total, events, refunds FROM settlements WHERE tenant = $1 AND currency = $2`, tenant, st.Currency).Scan(&st.Total, &st.Events, &st.Refunds)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return Settlement{}, pgErr("read settlement", err)
 	}
 	return st, nil
+}
+
+// CreateRefund locks the payment's row first (SELECT … FOR UPDATE), so the
+// refunds of one payment are serialised and the remaining amount read
+// under the lock still holds when the refunded total is raised; the raise
+// repeats the check in its WHERE all the same. Then the account's row, in
+// that order (payment, account), which no other write takes the other way
+// round. Refusals return nil from the transaction function, as
+// CreatePayment's do; no statement fails on purpose.
+func (s *pgStorage) CreateRefund(ctx context.Context, rf Refund, o origin) (Refund, error) {
+	rf.CreatedAt = pgTime(rf.CreatedAt)
+	var refusal error
+	var out Refund
+	requested := rf.Amount
+	err := s.write(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		refusal, out, rf.Amount = nil, Refund{}, requested
+		var paid, refunded, balance int64
+		err := tx.QueryRow(ctx,
+			`SELECT account_id, amount, refunded, currency FROM payments WHERE id = $1 AND tenant = $2 FOR UPDATE`,
+			rf.PaymentID, rf.Tenant).Scan(&rf.AccountID, &paid, &refunded, &rf.Currency)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			refusal = ErrPaymentNotFound
+			return nil
+		case err != nil:
+			return pgErr("lock payment", err)
+		}
+		if err := tx.QueryRow(ctx, `SELECT balance FROM accounts WHERE id = $1 AND tenant = $2 FOR UPDATE`,
+			rf.AccountID, rf.Tenant).Scan(&balance); err != nil {
+			return pgErr("lock account", err)
+		}
+		if existing, found, err := pgRefundOf(ctx, tx, rf.Tenant, o); err != nil {
+			return err
+		} else if found {
+			out, refusal = existingRefund(existing, rf.PaymentID, requested)
+			return nil
+		}
+		if refusal = refundRefusal(&rf, paid, refunded, balance); refusal != nil {
+			return nil
+		}
+		key, claimedAt := o.pgArgs()
+		tag, err := tx.Exec(ctx,
+			`INSERT INTO refunds (id, tenant, payment_id, account_id, amount, currency, reason, status, created_at, idempotency_key, key_claimed_at)
+			 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+			 ON CONFLICT ON CONSTRAINT refunds_idempotency DO NOTHING`,
+			rf.ID, rf.Tenant, rf.PaymentID, rf.AccountID, rf.Amount, rf.Currency, rf.Reason, rf.Status, rf.CreatedAt, key, claimedAt)
+		if err != nil {
+			return pgErr("insert refund", err)
+		}
+		if tag.RowsAffected() != 1 {
+			existing, found, err := pgRefundOf(ctx, tx, rf.Tenant, o)
+			if err != nil {
+				return err
+			}
+			if !found {
+				return errors.New("insert refund: conflict on the idempotency origin, but no refund has it")
+			}
+			out, refusal = existingRefund(existing, rf.PaymentID, requested)
+			return nil
+		}
+		tag, err = tx.Exec(ctx,
+			`UPDATE payments SET refunded = refunded + $1 WHERE id = $2 AND tenant = $3 AND refunded + $1 <= amount`,
+			rf.Amount, rf.PaymentID, rf.Tenant)
+		if err != nil {
+			return pgErr("raise the refunded total", err)
+		}
+		if tag.RowsAffected() != 1 {
+			return errors.New("raise the refunded total: the payment changed under its row lock")
+		}
+		if _, err := tx.Exec(ctx, `UPDATE accounts SET balance = balance + $1 WHERE id = $2 AND tenant = $3`,
+			rf.Amount, rf.AccountID, rf.Tenant); err != nil {
+			return pgErr("credit account", err)
+		}
+		if s.outbox != nil {
+			msg, err := refundEvent(rf)
+			if err != nil {
+				return err
+			}
+			noteEvent(ctx)
+			if err := s.outbox.Add(ctx, msg); err != nil {
+				return pgErr("outbox", err)
+			}
+		}
+		out = rf
+		return injectBeforeCommit(ctx)
+	})
+	if err != nil {
+		return Refund{}, err
+	}
+	if refusal != nil {
+		return Refund{}, refusal
+	}
+	return out, nil
+}
+
+func scanPGRefund(row pgx.Row) (Refund, error) {
+	var rf Refund
+	if err := row.Scan(&rf.ID, &rf.Tenant, &rf.PaymentID, &rf.AccountID, &rf.Amount, &rf.Currency, &rf.Reason, &rf.Status, &rf.CreatedAt); err != nil {
+		return Refund{}, err
+	}
+	rf.CreatedAt = rf.CreatedAt.UTC()
+	return rf, nil
+}
+
+// pgRefundOf returns the refund o made, if any.
+func pgRefundOf(ctx context.Context, tx pgx.Tx, tenant string, o origin) (Refund, bool, error) {
+	if o.none() {
+		return Refund{}, false, nil
+	}
+	key, claimedAt := o.pgArgs()
+	rf, err := scanPGRefund(tx.QueryRow(ctx,
+		`SELECT `+refundColumns+` FROM refunds WHERE tenant = $1 AND idempotency_key = $2 AND key_claimed_at = $3`,
+		tenant, key, claimedAt))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Refund{}, false, nil
+	}
+	if err != nil {
+		return Refund{}, false, pgErr("read the refund of the idempotency key", err)
+	}
+	return rf, true, nil
+}
+
+func (s *pgStorage) Refund(ctx context.Context, tenant, id string) (Refund, error) {
+	rf, err := scanPGRefund(s.db.Pool().QueryRow(ctx,
+		`SELECT `+refundColumns+` FROM refunds WHERE id = $1 AND tenant = $2`, id, tenant))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Refund{}, ErrRefundNotFound
+	}
+	if err != nil {
+		return Refund{}, pgErr("read refund", err)
+	}
+	return rf, nil
 }

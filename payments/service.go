@@ -181,6 +181,7 @@ type Service struct {
 
 	paymentsMW *idemhttp.Middleware
 	depositsMW *idemhttp.Middleware
+	refundsMW  *idemhttp.Middleware
 	accountsMW *idemhttp.Middleware
 
 	metrics http.Handler
@@ -245,6 +246,7 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 		}{
 			{"payments", false, &s.paymentsMW},
 			{"deposits", false, &s.depositsMW},
+			{"refunds", false, &s.refundsMW},
 			{"accounts", true, &s.accountsMW},
 		}
 		for _, m := range mws {

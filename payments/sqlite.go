@@ -317,10 +317,38 @@ func (s *sqliteStorage) Payment(ctx context.Context, tenant, id string) (Payment
 	return p, nil
 }
 
-func (s *sqliteStorage) AccountPayments(ctx context.Context, tenant, accountID string, limit int) ([]Payment, bool, error) {
-	// One read transaction, so the account check and the list see the same
-	// snapshot.
-	tx, err := s.db.Reader().BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+func (s *sqliteStorage) AccountPayments(ctx context.Context, tenant, accountID string, pg listPage) ([]Payment, bool, error) {
+	return sqliteList(ctx, s.db, "payments", paymentColumns, "payment", scanPayment, tenant, accountID, pg)
+}
+
+func (s *sqliteStorage) AccountDeposits(ctx context.Context, tenant, accountID string, pg listPage) ([]Deposit, bool, error) {
+	return sqliteList(ctx, s.db, "deposits", depositColumns, "deposit", scanDeposit, tenant, accountID, pg)
+}
+
+const depositColumns = `id, tenant, account_id, amount, balance_after, created_at`
+
+func scanDeposit(row interface{ Scan(...any) error }) (Deposit, error) {
+	var d Deposit
+	var created string
+	if err := row.Scan(&d.ID, &d.Tenant, &d.AccountID, &d.Amount, &d.Balance, &created); err != nil {
+		return Deposit{}, err
+	}
+	t, err := parseTime(created)
+	if err != nil {
+		return Deposit{}, err
+	}
+	d.CreatedAt = t
+	return d, nil
+}
+
+// sqliteList reads one page of the account's rows of table (payments or
+// deposits), newest first by (created_at, id): stored times are
+// fixed-width text, so they compare in time order.
+func sqliteList[T any](ctx context.Context, db *idemsqlite.DB, table, columns, what string,
+	scan func(interface{ Scan(...any) error }) (T, error), tenant, accountID string, pg listPage) ([]T, bool, error) {
+	// One read transaction, so the account check, the cursor and the list
+	// see the same snapshot.
+	tx, err := db.Reader().BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return nil, false, fmt.Errorf("begin read: %w", err)
 	}
@@ -333,28 +361,44 @@ func (s *sqliteStorage) AccountPayments(ctx context.Context, tenant, accountID s
 	if err != nil {
 		return nil, false, fmt.Errorf("read account: %w", err)
 	}
-	rows, err := tx.QueryContext(ctx,
-		`SELECT `+paymentColumns+` FROM payments WHERE account_id = ? AND tenant = ?
-		 ORDER BY created_at DESC, rowid DESC LIMIT ?`, accountID, tenant, limit+1)
+	query := `SELECT ` + columns + ` FROM ` + table + ` WHERE account_id = ? AND tenant = ?`
+	args := []any{accountID, tenant}
+	order := ` ORDER BY created_at DESC, id DESC`
+	if id, field, newer := pg.cursor(); id != "" {
+		var created string
+		err := tx.QueryRowContext(ctx, `SELECT created_at FROM `+table+` WHERE id = ? AND tenant = ? AND account_id = ?`,
+			id, tenant, accountID).Scan(&created)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, false, unknownCursor(field, what)
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("read the cursor: %w", err)
+		}
+		if newer {
+			query += ` AND (created_at, id) > (?, ?)`
+			order = ` ORDER BY created_at, id`
+		} else {
+			query += ` AND (created_at, id) < (?, ?)`
+		}
+		args = append(args, created, id)
+	}
+	rows, err := tx.QueryContext(ctx, query+order+` LIMIT ?`, append(args, pg.limit+1)...)
 	if err != nil {
-		return nil, false, fmt.Errorf("list payments: %w", err)
+		return nil, false, fmt.Errorf("list %s: %w", table, err)
 	}
 	defer rows.Close()
-	list := []Payment{}
+	list := []T{}
 	for rows.Next() {
-		p, err := scanPayment(rows)
+		v, err := scan(rows)
 		if err != nil {
-			return nil, false, fmt.Errorf("list payments: %w", err)
+			return nil, false, fmt.Errorf("list %s: %w", table, err)
 		}
-		list = append(list, p)
+		list = append(list, v)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, false, fmt.Errorf("list payments: %w", err)
+		return nil, false, fmt.Errorf("list %s: %w", table, err)
 	}
-	more := len(list) > limit
-	if more {
-		list = list[:limit]
-	}
+	list, more := trimPage(list, pg)
 	return list, more, nil
 }
 
@@ -523,39 +567,31 @@ func sqliteMessaging(ctx context.Context, db *idemsqlite.DB, c *Config) (messagi
 func (s *sqliteStorage) settle(ctx context.Context, evs []PaymentEvent) ([]int, error) {
 	var already []int
 	err := s.db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		ids := make([]string, len(evs))
-		for i, ev := range evs {
-			ids[i] = ev.PaymentID
+		payIDs, refundIDs := splitEvents(evs)
+		payments, err := sqliteMarkSettled(ctx, tx, "payments", payIDs)
+		if err != nil {
+			return err
 		}
-		found := make(map[string]settledPayment, len(evs))
-		if err := readSettled(ctx, tx, found, true,
-			`UPDATE payments SET settled = 1 WHERE id IN (SELECT value FROM json_each(?)) AND settled = 0
-			 RETURNING id, tenant, amount, currency`, ids); err != nil {
-			return fmt.Errorf("mark payments settled: %w", err)
+		refunds, err := sqliteMarkSettled(ctx, tx, "refunds", refundIDs)
+		if err != nil {
+			return err
 		}
-		var rest []string
-		for _, id := range ids {
-			if _, ok := found[id]; !ok {
-				rest = append(rest, id)
+		totals, skipped, err := settlementTotals(evs, func(ev PaymentEvent) (settledPayment, bool) {
+			found := payments
+			if ev.isRefund() {
+				found = refunds
 			}
-		}
-		if len(rest) > 0 {
-			if err := readSettled(ctx, tx, found, false,
-				`SELECT id, tenant, amount, currency FROM payments WHERE id IN (SELECT value FROM json_each(?))`, rest); err != nil {
-				return fmt.Errorf("read payments: %w", err)
-			}
-		}
-		totals, skipped, err := settlementTotals(evs, func(id string) (settledPayment, bool) {
-			p, ok := found[id]
+			p, ok := found[ev.subject()]
 			return p, ok
 		})
 		if err != nil {
 			return err
 		}
 		for _, t := range totals {
-			_, err = tx.ExecContext(ctx, `INSERT INTO settlements (tenant, currency, total, events) VALUES (?, ?, ?, ?)
-				ON CONFLICT (tenant, currency) DO UPDATE SET total = total + excluded.total, events = events + excluded.events`,
-				t.tenant, t.currency, t.total, t.events)
+			_, err = tx.ExecContext(ctx, `INSERT INTO settlements (tenant, currency, total, events, refunds) VALUES (?, ?, ?, ?, ?)
+				ON CONFLICT (tenant, currency) DO UPDATE SET total = total + excluded.total, events = events + excluded.events,
+					refunds = refunds + excluded.refunds`,
+				t.tenant, t.currency, t.total, t.events, t.refunds)
 			if err != nil {
 				return fmt.Errorf("settle: %w", err)
 			}
@@ -567,6 +603,34 @@ func (s *sqliteStorage) settle(ctx context.Context, evs []PaymentEvent) ([]int, 
 		return nil, err
 	}
 	return already, nil
+}
+
+// sqliteMarkSettled marks the rows of table (payments or refunds) with ids
+// settled, where they were not, and returns every one of them found, with
+// whether this call marked it.
+func sqliteMarkSettled(ctx context.Context, tx *sql.Tx, table string, ids []string) (map[string]settledPayment, error) {
+	found := make(map[string]settledPayment, len(ids))
+	if len(ids) == 0 {
+		return found, nil
+	}
+	if err := readSettled(ctx, tx, found, true,
+		`UPDATE `+table+` SET settled = 1 WHERE id IN (SELECT value FROM json_each(?)) AND settled = 0
+		 RETURNING id, tenant, amount, currency`, ids); err != nil {
+		return nil, fmt.Errorf("mark %s settled: %w", table, err)
+	}
+	var rest []string
+	for _, id := range ids {
+		if _, ok := found[id]; !ok {
+			rest = append(rest, id)
+		}
+	}
+	if len(rest) > 0 {
+		if err := readSettled(ctx, tx, found, false,
+			`SELECT id, tenant, amount, currency FROM `+table+` WHERE id IN (SELECT value FROM json_each(?))`, rest); err != nil {
+			return nil, fmt.Errorf("read %s: %w", table, err)
+		}
+	}
+	return found, nil
 }
 
 // readSettled runs query, which takes the payment IDs as a JSON array and
@@ -606,9 +670,147 @@ func (s *sqliteStorage) settlement(ctx context.Context, tenant string) (Settleme
 		return Settlement{}, fmt.Errorf("read accounts: %w", err)
 	}
 	err = s.db.Reader().QueryRowContext(ctx,
-		`SELECT total, events FROM settlements WHERE tenant = ? AND currency = ?`, tenant, st.Currency).Scan(&st.Total, &st.Events)
+		`SELECT total, events, refunds FROM settlements WHERE tenant = ? AND currency = ?`, tenant, st.Currency).Scan(&st.Total, &st.Events, &st.Refunds)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return Settlement{}, fmt.Errorf("read settlement: %w", err)
 	}
 	return st, nil
+}
+
+// CreateRefund orders its steps like CreateDeposit: the payment, the
+// refund of the same origin, the checks, the insert (the constraint on the
+// origin decides), then the conditional raise of the payment's refunded
+// total and the credit. Refusals return nil from the transaction function,
+// as CreatePayment's do, so the key's transaction still commits them.
+func (s *sqliteStorage) CreateRefund(ctx context.Context, rf Refund, o origin) (Refund, error) {
+	var refusal error
+	var out Refund
+	requested := rf.Amount
+	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		refusal, out, rf.Amount = nil, Refund{}, requested
+		var paid, refunded, balance int64
+		err := tx.QueryRowContext(ctx,
+			`SELECT p.account_id, p.amount, p.refunded, p.currency, a.balance FROM payments p JOIN accounts a ON a.id = p.account_id
+			 WHERE p.id = ? AND p.tenant = ?`, rf.PaymentID, rf.Tenant).Scan(&rf.AccountID, &paid, &refunded, &rf.Currency, &balance)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			refusal = ErrPaymentNotFound
+			return nil
+		case err != nil:
+			return fmt.Errorf("read payment: %w", err)
+		}
+		if existing, found, err := s.refundOf(ctx, tx, rf.Tenant, o); err != nil {
+			return err
+		} else if found {
+			out, refusal = existingRefund(existing, rf.PaymentID, requested)
+			return nil
+		}
+		if refusal = refundRefusal(&rf, paid, refunded, balance); refusal != nil {
+			return nil
+		}
+		key, claimedAt := o.sqliteArgs()
+		res, err := tx.ExecContext(ctx,
+			`INSERT INTO refunds (id, tenant, payment_id, account_id, amount, currency, reason, status, created_at, idempotency_key, key_claimed_at)
+			 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			 ON CONFLICT (tenant, idempotency_key, key_claimed_at) DO NOTHING`,
+			rf.ID, rf.Tenant, rf.PaymentID, rf.AccountID, rf.Amount, rf.Currency, rf.Reason, rf.Status, formatTime(rf.CreatedAt), key, claimedAt)
+		if err != nil {
+			return fmt.Errorf("insert refund: %w", err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return fmt.Errorf("insert refund: %w", err)
+		} else if n != 1 {
+			existing, found, err := s.refundOf(ctx, tx, rf.Tenant, o)
+			if err != nil {
+				return err
+			}
+			if !found {
+				return errors.New("insert refund: conflict on the idempotency origin, but no refund has it")
+			}
+			out, refusal = existingRefund(existing, rf.PaymentID, requested)
+			return nil
+		}
+		// The condition repeats the check inside the write itself, so no
+		// interleaving can take the refunds past the payment.
+		res, err = tx.ExecContext(ctx,
+			`UPDATE payments SET refunded = refunded + ? WHERE id = ? AND tenant = ? AND refunded + ? <= amount`,
+			rf.Amount, rf.PaymentID, rf.Tenant, rf.Amount)
+		if err != nil {
+			return fmt.Errorf("raise the refunded total: %w", err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return fmt.Errorf("raise the refunded total: %w", err)
+		} else if n != 1 {
+			return errors.New("raise the refunded total: the payment changed during the transaction")
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE accounts SET balance = balance + ? WHERE id = ? AND tenant = ?`,
+			rf.Amount, rf.AccountID, rf.Tenant); err != nil {
+			return fmt.Errorf("credit account: %w", err)
+		}
+		if s.outbox != nil {
+			msg, err := refundEvent(rf)
+			if err != nil {
+				return err
+			}
+			noteEvent(ctx)
+			if err := s.outbox.Add(ctx, msg); err != nil {
+				return fmt.Errorf("outbox: %w", err)
+			}
+		}
+		out = rf
+		return injectBeforeCommit(ctx)
+	})
+	if err != nil {
+		return Refund{}, err
+	}
+	if refusal != nil {
+		return Refund{}, refusal
+	}
+	return out, nil
+}
+
+const refundColumns = `id, tenant, payment_id, account_id, amount, currency, reason, status, created_at`
+
+func scanRefund(row interface{ Scan(...any) error }) (Refund, error) {
+	var rf Refund
+	var created string
+	if err := row.Scan(&rf.ID, &rf.Tenant, &rf.PaymentID, &rf.AccountID, &rf.Amount, &rf.Currency, &rf.Reason, &rf.Status, &created); err != nil {
+		return Refund{}, err
+	}
+	t, err := parseTime(created)
+	if err != nil {
+		return Refund{}, err
+	}
+	rf.CreatedAt = t
+	return rf, nil
+}
+
+// refundOf returns the refund o made, if any.
+func (s *sqliteStorage) refundOf(ctx context.Context, tx *sql.Tx, tenant string, o origin) (Refund, bool, error) {
+	if o.none() {
+		return Refund{}, false, nil
+	}
+	key, claimedAt := o.sqliteArgs()
+	rf, err := scanRefund(tx.QueryRowContext(ctx,
+		`SELECT `+refundColumns+` FROM refunds WHERE tenant = ? AND idempotency_key = ? AND key_claimed_at = ?`,
+		tenant, key, claimedAt))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Refund{}, false, nil
+	}
+	if err != nil {
+		return Refund{}, false, fmt.Errorf("read the refund of the idempotency key: %w", err)
+	}
+	return rf, true, nil
+}
+
+func (s *sqliteStorage) Refund(ctx context.Context, tenant, id string) (Refund, error) {
+	rf, err := scanRefund(s.db.Reader().QueryRowContext(ctx,
+		`SELECT `+refundColumns+` FROM refunds WHERE id = ? AND tenant = ?`, id, tenant))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Refund{}, ErrRefundNotFound
+	}
+	if err != nil {
+		return Refund{}, fmt.Errorf("read refund: %w", err)
+	}
+	return rf, nil
 }

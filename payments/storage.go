@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -56,10 +57,32 @@ type storage interface {
 	// it does not exist or belongs to another tenant.
 	Payment(ctx context.Context, tenant, id string) (Payment, error)
 
-	// AccountPayments returns up to limit of the account's payments, newest
-	// first, and whether there are more. Returns ErrAccountNotFound when the
-	// account does not exist or belongs to another tenant.
-	AccountPayments(ctx context.Context, tenant, accountID string, limit int) ([]Payment, bool, error)
+	// AccountPayments returns one page of the account's payments, newest
+	// first by (created_at, id), and whether there are more beyond it in
+	// the direction walked (see listPage). Returns ErrAccountNotFound when
+	// the account does not exist or belongs to another tenant, and a
+	// *FieldError matching ErrInvalidCursor when the cursor names no
+	// payment of the account.
+	AccountPayments(ctx context.Context, tenant, accountID string, pg listPage) ([]Payment, bool, error)
+
+	// AccountDeposits is AccountPayments for the account's deposits.
+	AccountDeposits(ctx context.Context, tenant, accountID string, pg listPage) ([]Deposit, bool, error)
+
+	// CreateRefund credits the account of the payment rf.PaymentID by
+	// rf.Amount (by what is left to refund of the payment when it is 0),
+	// raises the payment's refunded total, records rf with its event, all
+	// in one transaction, and returns the recorded refund; when o already
+	// made a refund, it returns that one and credits nothing. The refunds
+	// of a payment never sum past it, whatever the concurrency: the
+	// refunded total is raised by a conditional UPDATE of the payment's
+	// row. Returns ErrPaymentNotFound, ErrRefundExceedsPayment,
+	// ErrBalanceOverflow or ErrKeyConflict (o's refund is of another
+	// payment or amount); each having written nothing.
+	CreateRefund(ctx context.Context, rf Refund, o origin) (Refund, error)
+
+	// Refund returns the tenant's refund. Returns ErrRefundNotFound when it
+	// does not exist or belongs to another tenant.
+	Refund(ctx context.Context, tenant, id string) (Refund, error)
 
 	// CreateDeposit credits d.AccountID by d.Amount, records d and returns
 	// it with the balance after it; when o already made a deposit, it
@@ -84,7 +107,9 @@ type storage interface {
 	// rows'): one statement reads the payments and marks those not
 	// settled yet as settled (on SQLite, a batch with events whose
 	// payment it did not mark reads those payments once more), and one
-	// statement per tenant and currency adds the ones it marked. A payment is added at most once, whatever
+	// statement per tenant and currency adds the ones it marked; refund
+	// events are read and marked the same way, on the refunds, and
+	// subtract. A payment (a refund) is added at most once, whatever
 	// its events' IDs: an event of a payment settled already (by an
 	// earlier batch, or by an event before it in this one) adds nothing,
 	// and its index is returned in already. Returns an *eventError naming
@@ -97,6 +122,44 @@ type storage interface {
 	settlement(ctx context.Context, tenant string) (Settlement, error)
 }
 
+// listPage asks for one page of a list ordered newest first: up to limit
+// items older than startingAfter, or up to limit items newer than
+// endingBefore (still answered newest first), or the newest limit items
+// when neither is set. The "more" a list returns says whether items exist
+// beyond the page in the direction walked, as Stripe's has_more does.
+type listPage struct {
+	limit         int
+	startingAfter string
+	endingBefore  string
+}
+
+// cursor is the ID the page starts from, the name of its parameter, and
+// whether the walk goes towards newer items.
+func (pg listPage) cursor() (id, field string, newer bool) {
+	if pg.endingBefore != "" {
+		return pg.endingBefore, "ending_before", true
+	}
+	return pg.startingAfter, "starting_after", false
+}
+
+// unknownCursor is the refusal of a cursor that names no item of the list.
+func unknownCursor(field, what string) error {
+	return &FieldError{Field: field, Reason: "names no " + what + " of this account", Err: ErrInvalidCursor}
+}
+
+// trimPage cuts a page read with limit+1 rows to limit, and puts a page
+// read towards newer items (oldest first) back in newest-first order.
+func trimPage[T any](list []T, pg listPage) ([]T, bool) {
+	more := len(list) > pg.limit
+	if more {
+		list = list[:pg.limit]
+	}
+	if _, _, newer := pg.cursor(); newer {
+		slices.Reverse(list)
+	}
+	return list, more
+}
+
 // eventError is the failure of one event of a batch being settled.
 type eventError struct {
 	index int
@@ -107,13 +170,15 @@ func (e *eventError) Error() string { return e.err.Error() }
 func (e *eventError) Unwrap() error { return e.err }
 
 // settlementTotal is what a batch adds to one tenant's settlement in one
-// currency: the sum of the payments it settled, and how many.
+// currency: the sum of the payments it settled less the refunds it
+// settled, how many payments and how many refunds.
 type settlementTotal struct {
-	tenant, currency string
-	total, events    int64
+	tenant, currency       string
+	total, events, refunds int64
 }
 
-// settledPayment is a payment as settle's read-and-mark found it.
+// settledPayment is a payment (or a refund) as settle's read-and-mark
+// found it.
 type settledPayment struct {
 	tenant, currency string
 	amount           int64
@@ -121,34 +186,48 @@ type settledPayment struct {
 	marked bool
 }
 
-// settlementTotals checks each event against its stored payment, found by
-// find, and sums the payments the batch marked per tenant and currency, in
-// that order (the order in which the upsert locks the rows, so that
-// concurrent batches never wait for each other in a cycle). A payment the
-// batch did not mark, or that an earlier event of the batch added
-// already, adds nothing: its event's index is in already.
-func settlementTotals(evs []PaymentEvent, find func(id string) (settledPayment, bool)) (totals []settlementTotal, already []int, err error) {
+// settlementTotals checks each event against its stored payment or
+// refund, found by find, and sums what the batch marked per tenant and
+// currency, in that order (the order in which the upsert locks the rows,
+// so that concurrent batches never wait for each other in a cycle): a
+// payment adds its amount, a refund subtracts its own. One the batch did
+// not mark, or that an earlier event of the batch added already, adds
+// nothing: its event's index is in already.
+func settlementTotals(evs []PaymentEvent, find func(ev PaymentEvent) (settledPayment, bool)) (totals []settlementTotal, already []int, err error) {
 	sums := make(map[[2]string]*settlementTotal)
-	added := make(map[string]bool, len(evs))
+	added := make(map[[2]string]bool, len(evs))
 	for i, ev := range evs {
-		p, ok := find(ev.PaymentID)
+		p, ok := find(ev)
 		if !ok || p.tenant != ev.Tenant {
+			if ev.isRefund() {
+				return nil, nil, &eventError{i, idem.Permanent(fmt.Errorf("event %s: %w: %s", ev.EventID, ErrRefundNotFound, ev.RefundID))}
+			}
 			return nil, nil, &eventError{i, idem.Permanent(fmt.Errorf("event %s: %w: %s", ev.EventID, ErrPaymentNotFound, ev.PaymentID))}
 		}
 		if err := checkEvent(ev, p.amount, p.currency); err != nil {
 			return nil, nil, &eventError{i, err}
 		}
-		if !p.marked || added[ev.PaymentID] {
+		kind := EventPaymentSucceeded
+		if ev.isRefund() {
+			kind = EventRefundSucceeded
+		}
+		subject := [2]string{kind, ev.subject()}
+		if !p.marked || added[subject] {
 			already = append(already, i)
 			continue
 		}
-		added[ev.PaymentID] = true
+		added[subject] = true
 		k := [2]string{ev.Tenant, p.currency}
 		if sums[k] == nil {
 			sums[k] = &settlementTotal{tenant: ev.Tenant, currency: p.currency}
 		}
-		sums[k].total += p.amount
-		sums[k].events++
+		if ev.isRefund() {
+			sums[k].total -= p.amount
+			sums[k].refunds++
+		} else {
+			sums[k].total += p.amount
+			sums[k].events++
+		}
 	}
 	totals = make([]settlementTotal, 0, len(sums))
 	for _, st := range sums {
@@ -158,6 +237,20 @@ func settlementTotals(evs []PaymentEvent, find func(id string) (settledPayment, 
 		return cmp.Or(strings.Compare(a.tenant, b.tenant), strings.Compare(a.currency, b.currency))
 	})
 	return totals, already, nil
+}
+
+// splitEvents returns the IDs of the payments and of the refunds that evs
+// announce.
+func splitEvents(evs []PaymentEvent) (payments, refunds []string) {
+	payments, refunds = []string{}, []string{}
+	for _, ev := range evs {
+		if ev.isRefund() {
+			refunds = append(refunds, ev.RefundID)
+		} else {
+			payments = append(payments, ev.PaymentID)
+		}
+	}
+	return payments, refunds
 }
 
 // errOutcomeUnknown marks a failed write whose transaction failed to begin
@@ -199,4 +292,31 @@ func samePayment(existing, p Payment) bool {
 
 func sameDeposit(existing, d Deposit) bool {
 	return existing.AccountID == d.AccountID && existing.Amount == d.Amount
+}
+
+// refundRefusal settles rf's amount (what is left of the payment when none
+// was asked for) and says why it cannot be refunded from a payment of paid
+// with refunded given back already, to an account holding balance; or nil.
+func refundRefusal(rf *Refund, paid, refunded, balance int64) error {
+	left := paid - refunded
+	if rf.Amount == 0 {
+		rf.Amount = left
+	}
+	switch {
+	case rf.Amount <= 0 || rf.Amount > left:
+		return ErrRefundExceedsPayment
+	case balance > math.MaxInt64-rf.Amount:
+		return ErrBalanceOverflow
+	}
+	return nil
+}
+
+// existingRefund is the answer to a refund whose origin already made one:
+// that refund, or ErrKeyConflict when it is of another payment, or of
+// another amount than the one asked for.
+func existingRefund(existing Refund, paymentID string, requested int64) (Refund, error) {
+	if existing.PaymentID != paymentID || (requested != 0 && existing.Amount != requested) {
+		return Refund{}, ErrKeyConflict
+	}
+	return existing, nil
 }

@@ -117,7 +117,7 @@ func TestStorageMakesOnePaymentPerOrigin(t *testing.T) {
 			if got := balance(b); got != 800 {
 				t.Fatalf("two payments without an origin left %d, want 800", got)
 			}
-			list, _, err := st.AccountPayments(ctx, "t1", a.ID, 10)
+			list, _, err := st.AccountPayments(ctx, "t1", a.ID, listPage{limit: 10})
 			if err != nil || len(list) != 1 || list[0] != first {
 				t.Fatalf("account a's payments = %+v, %v; want only %+v", list, err, first)
 			}
@@ -292,7 +292,7 @@ func TestTwoStoresUnknownCommitKeepsTheKey(t *testing.T) {
 	if code != http.StatusCreated {
 		t.Fatalf("retry: %d %s; want 201", code, body)
 	}
-	list, _, err := lossy.AccountPayments(context.Background(), "t", acct, 10)
+	list, _, err := lossy.AccountPayments(context.Background(), "t", acct, listPage{limit: 10})
 	if err != nil || len(list) != 1 || !strings.Contains(body, list[0].ID) {
 		t.Fatalf("payments %+v, %v; retry answered %s; want one payment, the one answered", list, err, body)
 	}
