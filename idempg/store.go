@@ -701,12 +701,7 @@ const getSQL = `SELECT ` + recordColumns + `
 // database's clock. Called with a context whose transaction of the DB has
 // begun, it reads in that transaction and sees its writes.
 func (s *Store) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
-	var q querier = s.db.pool
-	if st := s.db.carried(ctx); st != nil {
-		if tx := st.begun(); tx != nil {
-			q = tx
-		}
-	}
+	q := s.db.readQuerier(ctx)
 	var row recordRow
 	err := q.QueryRow(ctx, getSQL, string(scope), string(key), s.db.now()).Scan(row.dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -736,12 +731,7 @@ const replaySQL = `SELECT fingerprint = $3, status, header, body, body_omitted
 // is judged by the database's clock. Called with a context whose
 // transaction of the DB has begun, it reads in that transaction.
 func (s *Store) Replay(ctx context.Context, scope idem.Scope, key idem.Key, fp idem.Fingerprint) (*idem.Response, bool, error) {
-	var q querier = s.db.pool
-	if st := s.db.carried(ctx); st != nil {
-		if tx := st.begun(); tx != nil {
-			q = tx
-		}
-	}
+	q := s.db.readQuerier(ctx)
 	var (
 		same   bool
 		status *int32

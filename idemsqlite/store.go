@@ -428,12 +428,7 @@ func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
 // waits for the writer; called with a context whose transaction of the DB
 // has begun, it reads in that transaction and sees its writes.
 func (s *Store) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
-	r := s.db.onReader()
-	if st := s.db.carried(ctx); st != nil {
-		if tx := st.begun(); tx != nil {
-			r = s.db.in(tx)
-		}
-	}
+	r := s.reader(ctx)
 	rec, found, err := load(ctx, r, scope, key)
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("idemsqlite: get: %w", err)
@@ -444,17 +439,23 @@ func (s *Store) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.R
 	return rec, nil
 }
 
+// reader is what Get and Replay read on: the transaction ctx carries when
+// it has begun, so that they see its writes, or else the read pool.
+func (s *Store) reader(ctx context.Context) runner {
+	if st := s.db.carried(ctx); st != nil {
+		if tx := st.begun(); tx != nil {
+			return s.db.in(tx)
+		}
+	}
+	return s.db.onReader()
+}
+
 // Replay implements idem.Replayer: one read of six columns on a reader
 // connection, where Get reads eleven and turns them into a Record. Called
 // with a context whose transaction of the DB has begun, it reads in that
 // transaction.
 func (s *Store) Replay(ctx context.Context, scope idem.Scope, key idem.Key, fp idem.Fingerprint) (*idem.Response, bool, error) {
-	r := s.db.onReader()
-	if st := s.db.carried(ctx); st != nil {
-		if tx := st.begun(); tx != nil {
-			r = s.db.in(tx)
-		}
-	}
+	r := s.reader(ctx)
 	var (
 		same    bool
 		status  sql.NullInt64

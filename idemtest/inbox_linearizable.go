@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -82,14 +81,7 @@ func testInboxLinearizable(t *testing.T, e *inboxEnv) {
 		calls   = 40
 		keys    = 4
 	)
-	n := 1
-	if v := os.Getenv(LinearizabilityScaleEnv); v != "" {
-		s, err := strconv.Atoi(v)
-		if err != nil || s < 1 {
-			t.Fatalf("%s=%q: want a positive integer", LinearizabilityScaleEnv, v)
-		}
-		n = s
-	}
+	n := linearizabilityScale(t)
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d, %d calls", seed, clients*calls*n)
 	errFn := errors.New("idemtest: the handler fails this delivery")
@@ -138,19 +130,8 @@ func testInboxLinearizable(t *testing.T, e *inboxEnv) {
 	if t.Failed() {
 		return
 	}
-	res, info := porcupine.CheckOperationsVerbose(inboxKeyModel, history, time.Minute)
-	switch res {
-	case porcupine.Illegal:
-		f, err := os.CreateTemp("", "idem-inbox-linearizability-*.html")
-		if err != nil {
-			t.Fatalf("the history of %d deliveries is not linearizable (seed %d), and saving it failed: %v", len(history), seed, err)
-		}
-		verr := porcupine.Visualize(inboxKeyModel, info, f)
-		f.Close()
-		t.Fatalf("the history of %d deliveries is not linearizable against processing once per key (seed %d); "+
-			"open %s in a browser to see where no order explains it (visualisation error: %v)", len(history), seed, f.Name(), verr)
-	case porcupine.Unknown:
-		t.Logf("the check of %d deliveries did not finish within a minute; no violation found", len(history))
+	if !checkLinearizable(t, inboxKeyModel, history, "deliveries", "processing once per key", seed) {
+		return
 	}
 	processed := map[string]bool{}
 	for _, op := range history {

@@ -237,14 +237,7 @@ func testLinearizable(t *testing.T, e *env) {
 		callsPerTurn = 12
 		keys         = 3
 	)
-	rounds := 8
-	if v := os.Getenv(LinearizabilityScaleEnv); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("%s=%q: want a positive integer", LinearizabilityScaleEnv, v)
-		}
-		rounds *= n
-	}
+	rounds := 8 * linearizabilityScale(t)
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d, %d rounds", seed, rounds)
 	start := time.Now()
@@ -381,21 +374,47 @@ func testLinearizable(t *testing.T, e *env) {
 	}
 	t.Logf("%d calls: %d Claim, %d ClaimTx, %d Complete, %d Release, %d Get, %d clock moves",
 		len(history), kinds[linClaim], kinds[linClaimTx], kinds[linComplete], kinds[linRelease], kinds[linGet], kinds[linAdvance])
-	res, info := porcupine.CheckOperationsVerbose(keyLifeModel, history, time.Minute)
+	checkLinearizable(t, keyLifeModel, history, "calls", "the model of a key's life", seed)
+}
+
+// linearizabilityScale is LinearizabilityScaleEnv's value, 1 when unset.
+func linearizabilityScale(t *testing.T) int {
+	t.Helper()
+	v := os.Getenv(LinearizabilityScaleEnv)
+	if v == "" {
+		return 1
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive integer", LinearizabilityScaleEnv, v)
+	}
+	return n
+}
+
+// checkLinearizable asks Porcupine whether history is linearizable against
+// model, and reports whether it is (or the check ran out of time). A
+// history it rejects fails the test and is saved as Porcupine's HTML
+// visualisation in a temporary file, which the failure names. what names
+// the history's operations, against the model.
+func checkLinearizable(t *testing.T, model porcupine.Model, history []porcupine.Operation, what, against string, seed uint64) bool {
+	t.Helper()
+	res, info := porcupine.CheckOperationsVerbose(model, history, time.Minute)
 	switch res {
 	case porcupine.Ok:
-		return
+		return true
 	case porcupine.Unknown:
-		t.Logf("the check of %d calls did not finish within a minute; no violation found", len(history))
-		return
+		t.Logf("the check of %d %s did not finish within a minute; no violation found", len(history), what)
+		return true
 	}
 	f, err := os.CreateTemp("", "idem-linearizability-*.html")
 	if err != nil {
-		t.Fatalf("the history of %d calls is not linearizable (seed %d), and saving it failed: %v", len(history), seed, err)
+		t.Errorf("the history of %d %s is not linearizable against %s (seed %d), and saving it failed: %v", len(history), what, against, seed, err)
+		return false
 	}
-	verr := porcupine.Visualize(keyLifeModel, info, f)
+	verr := porcupine.Visualize(model, info, f)
 	f.Close()
-	t.Errorf("the history of %d calls is not linearizable against the model of a key's life (seed %d); "+
-		"open %s in a browser to see the calls and where no order explains them (visualisation error: %v)",
-		len(history), seed, f.Name(), verr)
+	t.Errorf("the history of %d %s is not linearizable against %s (seed %d); "+
+		"open %s in a browser to see the operations and where no order explains them (visualisation error: %v)",
+		len(history), what, against, seed, f.Name(), verr)
+	return false
 }

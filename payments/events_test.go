@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsqlite"
+	"github.com/idem-go/idem/idemtest"
 )
 
 func TestFailTimes(t *testing.T) {
@@ -345,13 +346,9 @@ func TestRequestsOnlyLeavesEventsToWorkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer workers.Close()
-	deadline := time.Now().Add(30 * time.Second)
-	for workers.pipeline.consumer.Stats().Processed < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("after 30s the workers settled %+v, outbox %d", workers.pipeline.consumer.Stats(), pending())
-		}
-		time.Sleep(5 * time.Millisecond) // polling, with a deadline
-	}
+	idemtest.Eventually(t, 30*time.Second, "the workers settled both payments", func() bool {
+		return workers.pipeline.consumer.Stats().Processed >= 2
+	})
 	var st Settlement
 	if w := do(api.Handler(), "GET", "/v1/settlement", "", ""); w.Code != http.StatusOK || json.Unmarshal(w.Body.Bytes(), &st) != nil {
 		t.Fatalf("GET /v1/settlement: %d %s", w.Code, w.Body)

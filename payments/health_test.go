@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemsqlite"
+	"github.com/idem-go/idem/idemtest"
 )
 
 // lockedSQLite opens a service on a SQLite file and a second connection
@@ -102,13 +103,10 @@ func TestReadyzCommitsAWrite(t *testing.T) {
 		t.Errorf("/readyz again while the first write waits: %d", w.Code)
 	}
 	release()
-	deadline := time.Now().Add(30 * time.Second)
-	for serveJSON(h, "GET", "/readyz", "", "").Code != http.StatusOK {
-		if time.Now().After(deadline) {
-			t.Fatal("/readyz not 200 within 30s of the lock's release")
-		}
-		time.Sleep(10 * time.Millisecond) // polling, with a deadline
-	}
+	idemtest.Eventually(t, 30*time.Second, "/readyz 200 once the lock is released", func() bool {
+		return serveJSON(h, "GET", "/readyz", "", "").Code == http.StatusOK
+	})
+
 }
 
 // A request the database holds up is answered 503 (problem+json,
@@ -141,15 +139,12 @@ func TestStalledDatabaseAnswersInBoundedTime(t *testing.T) {
 	}
 	release()
 
-	deadline := time.Now().Add(30 * time.Second)
+	// The stalled request may still hold its key for a moment.
 	var retry *httptest.ResponseRecorder
-	for {
+	idemtest.Eventually(t, 30*time.Second, "the retry after the stall answered 201", func() bool {
 		retry = serveJSON(h, "POST", "/v1/payments", "p-1", pay)
-		if retry.Code == http.StatusCreated || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond) // polling, with a deadline: the stalled request may still hold its key
-	}
+		return retry.Code == http.StatusCreated
+	})
 	if retry.Code != http.StatusCreated {
 		t.Fatalf("the retry after the stall: %d %s", retry.Code, retry.Body)
 	}
