@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
 )
 
@@ -38,6 +39,12 @@ type Options struct {
 	// SQLite measures SQLite too, on a file in a temporary directory. With
 	// neither URL, SQLite alone is measured whatever it says.
 	SQLite bool
+	// Sealed measures the middleware with keys and answers kept out of the
+	// store's plain sight: Config.KeySecret and Config.BodyKeys set, so
+	// each key is sealed (an HMAC) and each kept body encrypted (AES-GCM).
+	// Its RESULT lines are named idem-http-sealed-<store>-<case>. Defaults
+	// to false.
+	Sealed bool
 	// Out receives progress. Defaults to io.Discard.
 	Out io.Writer
 	// Results receives every round's figures as lines
@@ -124,6 +131,17 @@ func Run(ctx context.Context, opts *Options) ([]Comparison, error) {
 	return out, nil
 }
 
+// middlewareConfig is the middleware every store is measured with.
+func (o *Options) middlewareConfig(store idem.Store) *idemhttp.Config {
+	c := &idemhttp.Config{SharedScope: true, Store: store, TTL: benchTTL}
+	if o.Sealed {
+		// Fixed secrets: a benchmark's keys protect nothing.
+		c.KeySecret = []byte("idem bench key secret, not secret")
+		c.BodyKeys = []idemhttp.BodyKey{{ID: "bench", Key: []byte("idem bench body key, 32 bytes...")}}
+	}
+	return c
+}
+
 // compare alternates rounds of the middleware and the minimum.
 func compare(ctx context.Context, o *Options, store, kase string, mw, min side) (Comparison, error) {
 	fmt.Fprintf(o.Out, "%s %s: %d rounds of %d requests, %d in flight\n", store, kase, o.Rounds, o.Requests, o.Concurrency)
@@ -144,6 +162,9 @@ func compare(ctx context.Context, o *Options, store, kase string, mw, min side) 
 			}
 			fmt.Fprintf(o.Out, "  round %d %-10s %8.0f req/s  p50 %-9s p99 %s\n", r+1, s.side.name, res.PerSecond, round(res.P50), round(res.P99))
 			name := "idem-http-" + resultStore(store) + "-" + kase
+			if o.Sealed {
+				name = "idem-http-sealed-" + resultStore(store) + "-" + kase
+			}
 			if s.side.name == "minimum" {
 				name = "minimum-http-" + resultStore(store) + "-" + kase
 			}

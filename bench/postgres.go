@@ -39,7 +39,7 @@ func runPostgres(ctx context.Context, o *Options) ([]Comparison, error) {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
 	defer store.Close()
-	m, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: store, TTL: benchTTL})
+	m, err := idemhttp.New(o.middlewareConfig(store))
 	if err != nil {
 		return nil, err
 	}

@@ -49,7 +49,7 @@ func runSQLite(ctx context.Context, o *Options) ([]Comparison, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	m, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: store, TTL: benchTTL})
+	m, err := idemhttp.New(o.middlewareConfig(store))
 	if err != nil {
 		return nil, err
 	}

@@ -84,6 +84,47 @@
 // kept and replayed. Set-Cookie, Authorization and other credentials never
 // are: a replay goes to whoever presents the key.
 //
+// # Keys and answers at rest
+//
+// A store keeps, for each key, the key itself and the answer given, so a
+// dump of it (a backup, a replica, a debugging session) shows every key a
+// client sent and every answer. Three settings keep them out, the same on
+// every store, because the middleware applies them before the store sees
+// anything:
+//
+//   - Config.KeySecret seals keys: the store keeps SealKey(secret, scope,
+//     key), "hk1_" and a base64url HMAC-SHA-256 of the scope and the key,
+//     never the key. The scope is kept as it is (stores group and shard
+//     by it); being part of the digest, it makes one key sent by two
+//     tenants two unrelated records. Execution.Key is the sealed key, so
+//     an effect recorded under it (the payment service's idempotency_key
+//     column) is sealed too. A sealed key is a valid Idempotency-Key, for
+//     passing downstream. The secret must be the same on every replica
+//     and must not live in the store. It cannot be rotated in place: a
+//     key kept under the old secret is not found under the new one, and a
+//     duplicate of it would run again; change it only when no key of the
+//     old one is still within its TTL, or accept that risk knowingly.
+//     Turning it on for a store that kept keys in clear needs the keys
+//     rewritten while no replica runs (payments.SealKeys, `idem keys
+//     seal`); a store that cannot be rewritten (Redis) is switched over
+//     by waiting out the TTL with the service stopped, or by accepting
+//     that a duplicate of a key sent before the switch may run again.
+//   - Config.BodyKeys encrypts the kept bodies with AES-256-GCM, each with
+//     a fresh nonce, bound to its record's scope and key (a body copied to
+//     another record does not open there). The first key seals; all open.
+//     To rotate, put a new key first and keep the old one until the TTL
+//     has passed since the switch; then remove it. A body that no key
+//     opens (its key was removed too soon, or the store was altered) is
+//     answered with 500 ProblemAnswerUnreadable and never run again.
+//     Headers are kept in clear: keep secrets out of ReplayHeaders.
+//   - Config.DiscardBodies keeps no body at all, only the status and the
+//     replayed headers: replays carry Idempotent-Body-Omitted: true.
+//
+// What stays readable: the scope, the request's fingerprint (a SHA-256 of
+// the method, path, query, content type and body, which reveals a body
+// only to someone who can guess it whole), the status and the replayed
+// headers, and the times.
+//
 // # Publishing the policy
 //
 // The IETF draft asks a resource to publish its idempotency policy.

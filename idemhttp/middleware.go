@@ -143,6 +143,30 @@ type Config struct {
 	// Defaults to 65,536 (some 10 MB at most); negative remembers none.
 	RecentKeys int
 
+	// KeySecret, when set, seals every key before the store sees it: the
+	// store keeps SealKey(KeySecret, scope, key), an HMAC-SHA-256 digest,
+	// never the key a client sent, so a dump of the store does not show
+	// them. Execution.Key is then the sealed key, which is what an effect
+	// should record. At least MinKeySecretLen bytes, random, the same for
+	// every replica, and kept out of the store. Changing it makes every key
+	// kept under the old one unknown (their duplicates run again): see
+	// doc.go, "Keys and answers at rest". Defaults to none: keys are kept as
+	// they are.
+	KeySecret []byte
+
+	// BodyKeys, when set, encrypt the response bodies kept for replay
+	// (AES-256-GCM, bound to their record's scope and key). The first key
+	// seals; every key opens, so a new key goes first and an old one stays
+	// until the TTL has passed since it last sealed. A body kept before
+	// BodyKeys was set is replayed as it is. Defaults to none: bodies are
+	// kept as the handler wrote them.
+	BodyKeys []BodyKey
+
+	// DiscardBodies keeps only the status and the replayed headers of an
+	// answer, never its body: a replay carries Idempotent-Body-Omitted:
+	// true and no body. Defaults to false.
+	DiscardBodies bool
+
 	// Logger receives one record per protected request, and the errors
 	// that clients are not shown. Keys are logged as idem.KeyDigest of
 	// their scope and key, never as they are.
@@ -205,6 +229,8 @@ type Middleware struct {
 	gates    claimGates
 	// recent are the keys seen completed lately (nil: none are kept).
 	recent *recentKeys
+	// bodies seals kept bodies (nil: they are kept as they are).
+	bodies *bodySealer
 	counts [9]atomic.Uint64
 }
 
@@ -270,7 +296,15 @@ func New(cfg *Config) (*Middleware, error) {
 	if c.RecentKeys == 0 {
 		c.RecentKeys = defaultRecentKeys
 	}
-	m := &Middleware{cfg: c, store: c.Store, methods: map[string]bool{}, log: c.Logger, recent: newRecentKeys(c.RecentKeys)}
+	if c.KeySecret != nil && len(c.KeySecret) < MinKeySecretLen {
+		return nil, &idem.ArgumentError{Field: "idemhttp.Config.KeySecret", Reason: fmt.Sprintf("is %d bytes; at least %d are needed", len(c.KeySecret), MinKeySecretLen)}
+	}
+	c.KeySecret = bytes.Clone(c.KeySecret)
+	bodies, err := newBodySealer(c.BodyKeys)
+	if err != nil {
+		return nil, &idem.ArgumentError{Field: "idemhttp.Config.BodyKeys", Reason: err.Error()}
+	}
+	m := &Middleware{cfg: c, store: c.Store, methods: map[string]bool{}, log: c.Logger, recent: newRecentKeys(c.RecentKeys), bodies: bodies}
 	m.replayer, _ = c.Store.(idem.Replayer)
 	for _, meth := range c.Methods {
 		m.methods[strings.ToUpper(meth)] = true
@@ -500,6 +534,9 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			return
 		}
 	}
+	if m.cfg.KeySecret != nil {
+		key = SealKey(m.cfg.KeySecret, scope, key)
+	}
 	log := reqLog{l: m.log, scope: scope, key: key, method: r.Method, path: r.URL.Path}
 	body, tooLarge, err := readBody(r, m.cfg.MaxBodyBytes)
 	switch {
@@ -653,6 +690,24 @@ func (m *Middleware) answerFromRecord(ctx context.Context, w http.ResponseWriter
 
 // replayKept answers a duplicate with the key's kept answer.
 func (m *Middleware) replayKept(ctx context.Context, w http.ResponseWriter, log reqLog, resp *idem.Response) {
+	if resp != nil && len(resp.Body) > 0 {
+		body, sealed, err := m.bodies.open(log.scope, log.key, resp.Body)
+		if err != nil {
+			// The effect happened and its answer is kept: running again
+			// would repeat it, so the duplicate is refused instead, until
+			// an operator restores the key that opens it.
+			m.count(OutcomeStoreError)
+			log.LogAttrs(ctx, slog.LevelError, "kept answer unreadable: duplicate refused", slog.String("error", err.Error()))
+			(&Problem{Type: ProblemAnswerUnreadable, Title: "Kept answer unreadable", Status: http.StatusInternalServerError,
+				Detail: "The request ran before, but its kept answer cannot be read; it is not run again."}).Write(w)
+			return
+		}
+		if sealed {
+			opened := *resp
+			opened.Body = body
+			resp = &opened
+		}
+	}
 	m.count(OutcomeReplayed)
 	log.LogAttrs(ctx, slog.LevelDebug, "idempotent replay", slog.Int("status", resp.Status))
 	writeReplay(w, resp)
@@ -796,7 +851,10 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 	}
 	if failure == "" && m.cfg.Keep(r, status) {
 		dctx, dcancel := detached(r.Context())
-		err := m.store.Complete(dctx, ref, m.keptResponse(rec))
+		kept, err := m.keptResponse(rec, ref.Scope, ref.Key)
+		if err == nil {
+			err = m.store.Complete(dctx, ref, kept)
+		}
 		dcancel()
 		switch {
 		case errors.Is(err, idem.ErrLeaseLost):
@@ -857,7 +915,12 @@ func (m *Middleware) runTx(next http.Handler, r *http.Request, run *txRun, hctx 
 	if run.failure != "" || !m.cfg.Keep(r, rec.statusCode()) {
 		return idem.Response{}, false, nil
 	}
-	return m.keptResponse(rec), true, nil
+	ex, _ := ExecutionFromContext(hctx)
+	kept, err := m.keptResponse(rec, ex.Scope, ex.Key)
+	if err != nil {
+		return idem.Response{}, false, err
+	}
+	return kept, true, nil
 }
 
 func (m *Middleware) executeTx(next http.Handler, w http.ResponseWriter, r *http.Request, hctx context.Context, ref idem.Ref, log reqLog) {
@@ -1018,7 +1081,7 @@ func runHandler(next http.Handler, w http.ResponseWriter, r *http.Request) (fail
 
 // keptResponse is what the store keeps of rec: status, allow-listed headers
 // and the body, or no body when it was too large.
-func (m *Middleware) keptResponse(rec *recorder) idem.Response {
+func (m *Middleware) keptResponse(rec *recorder, scope idem.Scope, key idem.Key) (idem.Response, error) {
 	h := make(http.Header)
 	src := rec.header
 	if rec.streaming {
@@ -1030,12 +1093,19 @@ func (m *Middleware) keptResponse(rec *recorder) idem.Response {
 		}
 	}
 	resp := idem.Response{Status: rec.statusCode(), Header: h}
-	if rec.overflow {
+	switch {
+	case rec.overflow || m.cfg.DiscardBodies:
 		resp.BodyOmitted = true
-	} else {
+	case m.bodies != nil && rec.buf.Len() > 0:
+		sealed, err := m.bodies.seal(scope, key, rec.buf.Bytes())
+		if err != nil {
+			return idem.Response{}, fmt.Errorf("sealing the kept body: %w", err)
+		}
+		resp.Body = sealed
+	default:
 		resp.Body = bytes.Clone(rec.buf.Bytes())
 	}
-	return resp
+	return resp, nil
 }
 
 func writeReplay(w http.ResponseWriter, resp *idem.Response) {

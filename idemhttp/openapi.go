@@ -101,6 +101,9 @@ func (m *Middleware) Policy() Policy {
 		failed = append(failed, PolicyProblem{ProblemResponseTooLarge, "Response too large to keep"})
 		unavailable = append(unavailable, PolicyProblem{ProblemLeaseLost, "Request superseded"})
 	}
+	// Any store may hold bodies sealed by BodyKeys, even with none set now
+	// (they were removed), so a replay can always find one it cannot open.
+	failed = append(failed, PolicyProblem{ProblemAnswerUnreadable, "Kept answer unreadable"})
 	p.Answers = []PolicyAnswer{
 		{Status: http.StatusBadRequest, Problems: bad,
 			Description: badWhen + ", or the body could not be read. Nothing ran; nothing was kept."},

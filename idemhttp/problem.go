@@ -26,6 +26,7 @@ const (
 	ProblemLeaseLost        = "urn:idem:problem:lease-lost"
 	ProblemHandlerFailed    = "urn:idem:problem:handler-failed"
 	ProblemResponseTooLarge = "urn:idem:problem:response-too-large"
+	ProblemAnswerUnreadable = "urn:idem:problem:kept-answer-unreadable"
 )
 
 // Problem is an RFC 9457 problem details object.

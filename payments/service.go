@@ -57,6 +57,13 @@ type Config struct {
 	// InflightWait is how long a duplicate waits for the first request with
 	// its key to finish before it gets 409. Defaults to 5s.
 	InflightWait time.Duration
+	// KeySecret, BodyKeys and DiscardBodies keep keys and answers out of a
+	// dump of the stores: see idemhttp.Config. With KeySecret, the
+	// payments' idempotency_key column holds the sealed keys too. Default
+	// to none: keys and answers are kept as they are.
+	KeySecret     []byte
+	BodyKeys      []idemhttp.BodyKey
+	DiscardBodies bool
 	// Unsafe turns idempotency protection off entirely: the
 	// Idempotency-Key header is ignored and retries charge again. It exists
 	// to show the double charge the rest of the toolkit prevents. Defaults
@@ -251,16 +258,19 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 		}
 		for _, m := range mws {
 			mw, err := idemhttp.New(&idemhttp.Config{
-				Store:        s.keys,
-				SeparateTx:   s.twoStores,
-				Lease:        c.KeyLease,
-				Optional:     m.optional,
-				Scope:        scopeByTenant,
-				TTL:          c.KeyTTL,
-				InflightWait: c.InflightWait,
-				MaxBodyBytes: MaxBodyBytes,
-				Keep:         keep,
-				Logger:       c.Logger,
+				Store:         s.keys,
+				SeparateTx:    s.twoStores,
+				Lease:         c.KeyLease,
+				Optional:      m.optional,
+				Scope:         scopeByTenant,
+				TTL:           c.KeyTTL,
+				InflightWait:  c.InflightWait,
+				MaxBodyBytes:  MaxBodyBytes,
+				KeySecret:     c.KeySecret,
+				BodyKeys:      c.BodyKeys,
+				DiscardBodies: c.DiscardBodies,
+				Keep:          keep,
+				Logger:        c.Logger,
 			})
 			if err != nil {
 				return nil, fmt.Errorf("payments: %s idempotency middleware: %w", m.name, err)

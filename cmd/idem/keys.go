@@ -17,6 +17,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/payments"
 )
 
 // purgeBatch keeps each purge transaction short, so a purge run beside a
@@ -29,7 +31,7 @@ func (a *app) keysCmd() *cobra.Command {
 		Short: "Inspect and purge stored idempotency keys",
 		Args:  cobra.NoArgs,
 	}
-	cmd.AddCommand(a.keysPurgeCmd(), a.keysShowCmd())
+	cmd.AddCommand(a.keysPurgeCmd(), a.keysShowCmd(), a.keysSealCmd())
 	return cmd
 }
 
@@ -73,6 +75,56 @@ little or nothing to purge there.`,
 	return cmd
 }
 
+func (a *app) keysSealCmd() *cobra.Command {
+	var dbURL, pgSchema string
+	cmd := &cobra.Command{
+		Use:   "seal",
+		Short: "Rewrite the keys kept in clear into their sealed form (" + envKeySecret + ")",
+		Long: `Rewrite every idempotency key a payment database keeps in clear (the keys and
+the payments', deposits' and refunds' origins) into the form a server with
+` + envKeySecret + ` keeps: an HMAC-SHA-256 digest of tenant and key. All of it
+commits in one transaction, or nothing does; keys already sealed are left
+alone, so running it twice is harmless.
+
+This is the migration for turning ` + envKeySecret + ` on: stop every replica of
+the server, run 'idem keys seal' with the secret in the environment, then
+start the replicas with the same secret. A replica left running without it
+would look duplicates up in clear, miss them, and run them again.`,
+		Args: cobra.NoArgs,
+	}
+	dbFlags(cmd, &dbURL, &pgSchema)
+	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) (err error) {
+		ctx := cmd.Context()
+		if err := checkPGSchema(cmd, dbURL); err != nil {
+			return err
+		}
+		rest, err := a.atRestFromEnv()
+		if err != nil {
+			return err
+		}
+		if rest.keySecret == nil {
+			return &usageError{fmt.Errorf("%s is not set: give the secret the server will run with (e.g. openssl rand -base64 32)", envKeySecret)}
+		}
+		db, err := openDB(ctx, dbURL, pgSchema, true)
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, db.Close()) }()
+		var n payments.SealedKeys
+		if db.pg != nil {
+			n, err = payments.SealKeysPostgres(ctx, db.pg, rest.keySecret)
+		} else {
+			n, err = payments.SealKeys(ctx, db.sqlite, rest.keySecret)
+		}
+		if err != nil {
+			return fmt.Errorf("sealing the keys of %s (nothing was changed): %w", db.shown, err)
+		}
+		fmt.Fprintf(a.stdout, "sealed %d idempotency keys, %d payments', %d deposits' and %d refunds' keys\n", n.Keys, n.Payments, n.Deposits, n.Refunds)
+		return nil
+	})
+	return cmd
+}
+
 func (a *app) keysShowCmd() *cobra.Command {
 	var dbURL, pgSchema, keysURL, keysPrefix, scope string
 	cmd := &cobra.Command{
@@ -81,7 +133,11 @@ func (a *app) keysShowCmd() *cobra.Command {
 		Long: `Show the record kept for one idempotency key: its state, the fingerprint of the
 request that claimed it, when it was claimed and when it expires, and the
 stored answer. The payment service scopes keys by tenant, so --scope is the
-tenant's name. Give --keys when the server keeps its keys in Redis.`,
+tenant's name. Give --keys when the server keeps its keys in Redis.
+
+When the server seals keys (IDEM_KEY_SECRET) or encrypts the answers it
+keeps (IDEM_BODY_KEYS), give the same variables here: KEY is the key as the
+client sent it, and is sealed the same way to be found.`,
 		Args: cobra.ExactArgs(1),
 	}
 	dbFlags(cmd, &dbURL, &pgSchema)
@@ -101,12 +157,41 @@ tenant's name. Give --keys when the server keeps its keys in Redis.`,
 			return err
 		}
 		defer func() { err = errors.Join(err, closeDB()) }()
-		rec, err := store.Get(cmd.Context(), idem.Scope(scope), key)
+		rest, err := a.atRestFromEnv()
+		if err != nil {
+			return err
+		}
+		stored := key
+		if rest.keySecret != nil {
+			stored = idemhttp.SealKey(rest.keySecret, idem.Scope(scope), key)
+		}
+		rec, err := store.Get(cmd.Context(), idem.Scope(scope), stored)
+		if errors.Is(err, idem.ErrNotFound) && stored != key {
+			// Kept before the keys were sealed.
+			rec, err = store.Get(cmd.Context(), idem.Scope(scope), key)
+			stored = key
+		}
 		if errors.Is(err, idem.ErrNotFound) {
-			return fmt.Errorf("no idempotency key %q in scope %q (it was never used there, or it expired)", string(key), scope)
+			hint := ""
+			if rest.keySecret == nil {
+				hint = "; if the server seals keys, set " + envKeySecret + " as it has it"
+			}
+			return fmt.Errorf("no idempotency key %q in scope %q (it was never used there, or it expired%s)", string(key), scope, hint)
 		}
 		if err != nil {
 			return fmt.Errorf("reading the key: %w", err)
+		}
+		if stored != key {
+			fmt.Fprintf(a.stdout, "sealed as\t%s\n", stored)
+		}
+		if rec.Response != nil && len(rec.Response.Body) > 0 {
+			body, err := idemhttp.OpenBody(rest.bodyKeys, idem.Scope(scope), stored, rec.Response.Body)
+			if err != nil {
+				return fmt.Errorf("the kept answer: %w (set %s as the server has it)", err, envBodyKeys)
+			}
+			opened := *rec.Response
+			opened.Body = body
+			rec.Response = &opened
 		}
 		return writeRecord(a.stdout, rec, time.Now())
 	})
@@ -171,7 +256,7 @@ func when(t, now time.Time) string {
 func formatBody(resp *idem.Response) string {
 	switch {
 	case resp.BodyOmitted:
-		return "  (not kept: it was larger than the store keeps)"
+		return "  (not kept: larger than the store keeps, or the server keeps no bodies)"
 	case len(resp.Body) == 0:
 		return "  (empty)"
 	}

@@ -49,7 +49,7 @@ func TestWriteRecord(t *testing.T) {
 		}, []string{"lease ends"}},
 		{"in flight", inFlight, []string{"state        in_flight\n", "lease ends   2030-01-02T03:05:05Z (in 1m0s)\n",
 			"no stored answer yet"}, []string{"body:", "status"}},
-		{"body omitted", omitted, []string{"(not kept: it was larger than the store keeps)"}, nil},
+		{"body omitted", omitted, []string{"(not kept: larger than the store keeps, or the server keeps no bodies)"}, nil},
 		{"binary body", binary, []string{"(4 bytes of binary data)"}, nil},
 		{"text body", text, []string{"402 Payment Required", "body:\n  no money\n  at all\n"}, nil},
 	} {

@@ -33,6 +33,7 @@ const (
 )
 
 type serveFlags struct {
+	discardBodies   bool
 	addr            string
 	db              string
 	pgSchema        string
@@ -114,6 +115,8 @@ func (f *serveFlags) define(cmd *cobra.Command) {
 	fl.DurationVar(&f.requestTimeout, "request-timeout", payments.DefaultRequestTimeout, "longest an API request may take: past it the client gets 503 and retries with its key (a stalled disk or database never holds clients for good); must exceed --inflight-wait; 0 turns it off")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long a shutdown waits for requests in flight")
 	fl.StringVar(&f.apiKeys, "api-keys", "", `API keys, "tenant:key,tenant2:key2" (default from $`+envAPIKeys+`)`)
+	fl.BoolVar(&f.discardBodies, "discard-bodies", false, "keep only the status and headers of each answer for replay, never its body (replays say Idempotent-Body-Omitted: true); "+
+		envKeySecret+" seals the keys kept, "+envBodyKeys+" encrypts the bodies kept")
 	fl.BoolVar(&f.unsafe, "unsafe-no-idempotency", false, "ignore Idempotency-Key entirely: retries DOUBLE CHARGE (the lab's 'before')")
 	fl.BoolVar(&f.workers, "workers", true, "run the outbox relay and the settlement consumer in this process; --workers=false serves requests only, and their events wait in the outbox for a serve with workers on the same --db")
 	fl.BoolVar(&f.faults, "faults", false, "honour the Idem-Fault request header (delay=DURATION, fail-before-commit, drop-after-commit, crash-after-commit) and, on payment events, fail-times=N (the settlement consumer fails their first N attempts) and crash-after-settle (the process dies after settling, before acknowledging)")
@@ -210,6 +213,10 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 	if err != nil {
 		return nil, err
 	}
+	rest, err := a.atRestFromEnv()
+	if err != nil {
+		return nil, err
+	}
 	requestTimeout := f.requestTimeout
 	if requestTimeout == 0 {
 		requestTimeout = -1 // off: payments.Config's zero means its default
@@ -237,6 +244,9 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 			RetryBase:      f.retryBase,
 			RetryCap:       f.retryCap,
 			AckWait:        f.ackWait,
+			KeySecret:      rest.keySecret,
+			BodyKeys:       rest.bodyKeys,
+			DiscardBodies:  f.discardBodies,
 		},
 		devKey: devKey,
 	}, nil
