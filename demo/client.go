@@ -158,8 +158,9 @@ func (c *client) call(ctx context.Context, method, path, key string, body any, w
 // outcome is what a retrying client ended with.
 type outcome struct {
 	attempts int
-	status   int   // the final answer's status; 0 when none came
-	err      error // why no answer came
+	status   int    // the final answer's status; 0 when none came
+	body     []byte // the final answer's body
+	err      error  // why no answer came
 }
 
 // post sends one intended request under one idempotency key through the
@@ -173,7 +174,7 @@ func (c *client) post(ctx context.Context, path, key, firstFault string, body an
 	r, err := do(c.retrying, req)
 	out := outcome{attempts: int(a.n.Load()), err: err}
 	if r != nil {
-		out.status = r.status
+		out.status, out.body = r.status, r.body
 	}
 	return out
 }

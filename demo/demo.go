@@ -39,7 +39,11 @@ const (
 	currency       = "KRW"
 	openingBalance = 200_000
 	paymentAmount  = 12_000
-	tenant         = "demo"
+	// refundAmount is what the refund scenario gives back: a partial
+	// refund, so that two of them still fit in the payment and the unsafe
+	// service makes both.
+	refundAmount = 5_000
+	tenant       = "demo"
 )
 
 // Mode names one of the two runs of the service.
@@ -73,8 +77,12 @@ type Row struct {
 	// ShouldBe is the money that should have been taken: Customers times
 	// the amount.
 	ShouldBe int64
+	// Refunds is how many refunds the service made, in a scenario where
+	// each customer asks for one (else 0).
+	Refunds int
 	// Overcharged sums, over the customers, what was taken beyond what each
-	// owed; Missing sums what each owed but was not taken.
+	// owed; Missing sums what each owed but was not taken (given back twice,
+	// in the refund scenario).
 	Overcharged, Missing int64
 	// ChargedOnce counts the customers with exactly one payment and exactly
 	// the amount taken.
@@ -85,10 +93,11 @@ type Row struct {
 	Elapsed time.Duration
 }
 
-// ExactlyOnce reports whether every customer was charged exactly once.
+// ExactlyOnce reports whether every customer was charged exactly once (and,
+// in the refund scenario, refunded exactly once).
 func (r Row) ExactlyOnce() bool {
 	return r.Customers > 0 && r.ChargedOnce == r.Customers && r.Overcharged == 0 && r.Missing == 0 &&
-		r.Payments == r.Customers && r.Taken == r.ShouldBe
+		r.Payments == r.Customers && r.Taken == r.ShouldBe && (r.Refunds == 0 || r.Refunds == r.Customers)
 }
 
 // Verdict is the row's verdict in words: "exactly once",
@@ -102,6 +111,8 @@ func (r Row) Verdict() string {
 		return fmt.Sprintf("DOUBLE CHARGED (+%s) and lost payment (-%s)", money(r.Overcharged, r.Currency), money(r.Missing, r.Currency))
 	case r.Overcharged > 0:
 		return fmt.Sprintf("DOUBLE CHARGED (+%s)", money(r.Overcharged, r.Currency))
+	case r.Missing > 0 && r.Refunds > r.Customers:
+		return fmt.Sprintf("REFUNDED TWICE (-%s)", money(r.Missing, r.Currency))
 	case r.Missing > 0:
 		return fmt.Sprintf("lost payment (-%s)", money(r.Missing, r.Currency))
 	default:
@@ -115,7 +126,9 @@ type Report struct {
 	// account opened with Balance, in Currency.
 	Customers       int
 	Amount, Balance int64
-	Currency        string
+	// Refund is what the refund scenario's customers ask back.
+	Refund   int64
+	Currency string
 	// Rows holds one row per run and scenario, the unsafe run first.
 	Rows []Row
 	// Elapsed is how long the whole demo took.
@@ -185,7 +198,7 @@ func Run(ctx context.Context, opts *Options) (*Report, error) {
 	}
 
 	start := time.Now()
-	rep := &Report{Customers: o.Customers, Amount: paymentAmount, Balance: openingBalance, Currency: currency}
+	rep := &Report{Customers: o.Customers, Amount: paymentAmount, Balance: openingBalance, Refund: refundAmount, Currency: currency}
 	p := &printer{w: o.Out}
 	p.intro(rep)
 	for i, mode := range []Mode{ModeUnsafe, ModeProtected} {
@@ -357,10 +370,14 @@ func (in *intent) pay(ctx context.Context, firstFault string) outcome {
 	return out
 }
 
-// scenario is one way the same payment reaches the service more than once.
+// scenario is one way the same payment (or refund) reaches the service
+// more than once.
 type scenario struct {
 	name  string
 	story string
+	// refund: each customer pays once, then asks for refundAmount back,
+	// and the duplicates are of the refund.
+	refund bool
 	// customer plays one customer's intent and returns how many payment
 	// requests were sent.
 	customer func(ctx context.Context, in *intent) int
@@ -424,6 +441,36 @@ var scenarios = []scenario{
 		},
 	},
 	{
+		name:   "double-clicked refund",
+		refund: true,
+		story:  fmt.Sprintf("after paying, the customer clicks Refund (%s) twice", money(refundAmount, currency)),
+		customer: func(ctx context.Context, in *intent) int {
+			paid := in.pay(ctx, "")
+			var p struct {
+				ID json.RawMessage `json:"id"`
+			}
+			if paid.status != http.StatusCreated || json.Unmarshal(paid.body, &p) != nil {
+				return paid.attempts
+			}
+			refund := map[string]any{"payment_id": p.ID, "amount": refundAmount, "reason": "requested_by_customer"}
+			key := newIdempotencyKey()
+			var attempts atomic.Int64
+			var wg sync.WaitGroup
+			for click := range 2 {
+				wg.Go(func() {
+					if sleep(ctx, time.Duration(click)*pressStagger) != nil {
+						return
+					}
+					out := in.c.post(ctx, "/v1/refunds", key, "", refund)
+					in.log.Debug("refund request ended", "key", idem.Key(key), "attempts", out.attempts, "status", out.status, "err", out.err)
+					attempts.Add(int64(out.attempts))
+				})
+			}
+			wg.Wait()
+			return paid.attempts + int(attempts.Load())
+		},
+	},
+	{
 		name:  "transient failure",
 		story: "the first attempt fails before commit (503 + Retry-After); the client retries",
 		customer: func(ctx context.Context, in *intent) int {
@@ -481,9 +528,13 @@ func play(ctx context.Context, c *client, mode Mode, sc scenario, o *Options, p 
 		return Row{}, err
 	}
 
+	owed := int64(paymentAmount)
+	if sc.refund {
+		owed -= refundAmount
+	}
 	row := Row{
 		Mode: mode, Scenario: sc.name, Customers: o.Customers, Attempts: int(attempts.Load()),
-		ShouldBe: int64(o.Customers) * paymentAmount, Currency: currency,
+		ShouldBe: int64(o.Customers) * owed, Currency: currency,
 	}
 	for _, a := range accounts {
 		var now account
@@ -497,10 +548,15 @@ func play(ctx context.Context, c *client, mode Mode, sc scenario, o *Options, p 
 		taken := openingBalance - now.Balance
 		row.Payments += len(list.Data)
 		row.Taken += taken
-		row.Overcharged += max(0, taken-paymentAmount)
-		row.Missing += max(0, paymentAmount-taken)
-		if len(list.Data) == 1 && taken == paymentAmount {
+		row.Overcharged += max(0, taken-owed)
+		row.Missing += max(0, owed-taken)
+		if len(list.Data) == 1 && taken == owed {
 			row.ChargedOnce++
+		}
+		if sc.refund {
+			// The API lists no refunds per account; the balance tells: each
+			// refund gave refundAmount back.
+			row.Refunds += int((int64(len(list.Data))*paymentAmount - taken) / refundAmount)
 		}
 	}
 	row.Elapsed = time.Since(start)

@@ -37,8 +37,23 @@ func TestRunShowsDoubleChargeThenExactlyOnce(t *testing.T) {
 		if row.Customers != customers {
 			t.Errorf("%s/%s: Customers = %d, want %d", row.Mode, row.Scenario, row.Customers, customers)
 		}
-		if row.ShouldBe != customers*rep.Amount {
-			t.Errorf("%s/%s: ShouldBe = %d, want %d", row.Mode, row.Scenario, row.ShouldBe, customers*rep.Amount)
+		owed := rep.Amount
+		if row.Scenario == "double-clicked refund" {
+			owed -= rep.Refund
+			// Unsafe, both clicks refund; protected, one does.
+			want := customers
+			if row.Mode == demo.ModeUnsafe {
+				want = 2 * customers
+			}
+			if row.Refunds != want {
+				t.Errorf("%s/%s: Refunds = %d, want %d", row.Mode, row.Scenario, row.Refunds, want)
+			}
+			if row.Mode == demo.ModeUnsafe && !strings.HasPrefix(row.Verdict(), "REFUNDED TWICE") {
+				t.Errorf("unsafe/%s: verdict %q, want REFUNDED TWICE", row.Scenario, row.Verdict())
+			}
+		}
+		if row.ShouldBe != customers*owed {
+			t.Errorf("%s/%s: ShouldBe = %d, want %d", row.Mode, row.Scenario, row.ShouldBe, customers*owed)
 		}
 		if row.Attempts < customers {
 			t.Errorf("%s/%s: Attempts = %d, want at least one per customer", row.Mode, row.Scenario, row.Attempts)
@@ -61,8 +76,8 @@ func TestRunShowsDoubleChargeThenExactlyOnce(t *testing.T) {
 			t.Errorf("row with unknown mode %q", row.Mode)
 		}
 	}
-	if protected != 4 || unsafe != 4 {
-		t.Errorf("rows: %d protected, %d unsafe; want 4 of each", protected, unsafe)
+	if protected != 5 || unsafe != 5 {
+		t.Errorf("rows: %d protected, %d unsafe; want 5 of each", protected, unsafe)
 	}
 	if taken <= should {
 		t.Errorf("unsafe run took %d, should be %d: want a double charge", taken, should)

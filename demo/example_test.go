@@ -19,14 +19,15 @@ func ExampleRun() {
 	}
 	for _, row := range rep.Rows {
 		if row.Mode == demo.ModeProtected {
-			fmt.Printf("%-17s %s\n", row.Scenario, row.Verdict())
+			fmt.Printf("%-21s %s\n", row.Scenario, row.Verdict())
 		}
 	}
 	fmt.Println("OK:", rep.OK())
 	// Output:
-	// frozen screen     exactly once
-	// lost response     exactly once
-	// retry storm       exactly once
-	// transient failure exactly once
+	// frozen screen         exactly once
+	// lost response         exactly once
+	// retry storm           exactly once
+	// double-clicked refund exactly once
+	// transient failure     exactly once
 	// OK: true
 }
