@@ -231,6 +231,8 @@ type Middleware struct {
 	recent *recentKeys
 	// bodies seals kept bodies (nil: they are kept as they are).
 	bodies *bodySealer
+	// keys seals keys (nil: they are kept as they are).
+	keys *keySealer
 	counts [9]atomic.Uint64
 }
 
@@ -304,7 +306,7 @@ func New(cfg *Config) (*Middleware, error) {
 	if err != nil {
 		return nil, &idem.ArgumentError{Field: "idemhttp.Config.BodyKeys", Reason: err.Error()}
 	}
-	m := &Middleware{cfg: c, store: c.Store, methods: map[string]bool{}, log: c.Logger, recent: newRecentKeys(c.RecentKeys), bodies: bodies}
+	m := &Middleware{cfg: c, store: c.Store, methods: map[string]bool{}, log: c.Logger, recent: newRecentKeys(c.RecentKeys), bodies: bodies, keys: newKeySealer(c.KeySecret)}
 	m.replayer, _ = c.Store.(idem.Replayer)
 	for _, meth := range c.Methods {
 		m.methods[strings.ToUpper(meth)] = true
@@ -534,8 +536,8 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			return
 		}
 	}
-	if m.cfg.KeySecret != nil {
-		key = SealKey(m.cfg.KeySecret, scope, key)
+	if m.keys != nil {
+		key = m.keys.seal(scope, key)
 	}
 	log := reqLog{l: m.log, scope: scope, key: key, method: r.Method, path: r.URL.Path}
 	body, tooLarge, err := readBody(r, m.cfg.MaxBodyBytes)
