@@ -45,6 +45,8 @@ func (r *run) check(ctx context.Context, elapsed time.Duration) (*Report, error)
 		NoAnswer:        r.noAnswer.Load(),
 		Retried:         r.retried.Load(),
 		Kills:           r.kills.Load(),
+		StoreResets:     r.storeCount(func(p *storeProxy) int64 { return p.resets.Load() }),
+		CommitCuts:      r.storeCount(func(p *storeProxy) int64 { return p.cuts.Load() }),
 		Payments:        len(rows),
 		Elapsed:         elapsed,
 	}
@@ -322,4 +324,13 @@ func (r *run) get(ctx context.Context, url string) (status int, body []byte, err
 		err = fmt.Errorf("answered %d %s", status, oneLine(body))
 	}
 	return status, body, err
+}
+
+// storeCount sums a count over the store proxies.
+func (r *run) storeCount(count func(*storeProxy) int64) int64 {
+	var n int64
+	for _, p := range r.stores {
+		n += count(p)
+	}
+	return n
 }

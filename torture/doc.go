@@ -37,6 +37,17 @@
 // Config.KillEvery (2s by default) a random replica is SIGKILLed, its proxy
 // answering 502 meanwhile, and started again.
 //
+// With Config.StoreFaults, a TCP proxy of the run's own also stands
+// between the replicas and each store (PostgreSQL, and Redis with
+// Config.Keys), and once the load starts (and after a connection's first
+// two seconds, so that replicas start and migrate) it delays chunks of
+// bytes, resets connections, and, on PostgreSQL, drops the answer to a
+// COMMIT the database carried out and resets the connection instead: the
+// ambiguous commit, after which a replica cannot tell whether its
+// transaction committed. The proxy reads PostgreSQL's plain protocol, so
+// the replicas reach it with sslmode=disable; it never touches the stores
+// themselves. Report.StoreResets and Report.CommitCuts count what it did.
+//
 // Config.Timeout bounds the load; the checks and the clean-up each have a
 // minute of their own. Whatever happens, on failure and on cancellation
 // (Ctrl-C) too, every replica is stopped (SIGTERM, then SIGKILL), every

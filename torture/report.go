@@ -23,6 +23,8 @@ type Report struct {
 	NoAnswer        int64 // requests that got no answer at all: the lost responses, and any other cut connection
 	Retried         int64 // requests answered 409 or 5xx (the proxy's 502 for a killed replica among them), and retried
 	Kills           int64 // replicas SIGKILLed (and started again)
+	StoreResets     int64 // store connections reset by the store proxies (Config.StoreFaults)
+	CommitCuts      int64 // store connections cut after a COMMIT was passed on: ambiguous commits
 
 	Payments      int   // payments in the database
 	MoneyOwed     int64 // the sum of the logical payments' amounts
@@ -55,6 +57,8 @@ func (r *Report) Print(w io.Writer) {
 	row("no answer", r.NoAnswer)
 	row("retried on 409/5xx (502: killed)", r.Retried)
 	row("replicas killed", r.Kills)
+	row("store connections reset", r.StoreResets)
+	row("commits cut (ambiguous)", r.CommitCuts)
 	row("payments in the database", r.Payments)
 	row("money owed", r.MoneyOwed)
 	row("money taken (database)", r.MoneyTaken)
@@ -85,6 +89,8 @@ func (r *Report) PrintResults(w io.Writer) {
 	line("no_answer", r.NoAnswer, "requests")
 	line("retried", r.Retried, "requests")
 	line("kills", r.Kills, "kills")
+	line("store_resets", r.StoreResets, "connections")
+	line("commit_cuts", r.CommitCuts, "connections")
 	line("payments", r.Payments, "payments")
 	line("money_owed", r.MoneyOwed, "minor_units")
 	line("money_taken", r.MoneyTaken, "minor_units")

@@ -68,6 +68,10 @@ type Config struct {
 	// Unsafe runs the replicas with --unsafe-no-idempotency: the run must
 	// then find double charges. Defaults to false.
 	Unsafe bool
+	// StoreFaults puts faults between the replicas and their stores: see
+	// StoreFaults. Only with a PostgreSQL DB or Redis Keys (a SQLite file
+	// has no connection to cut). Defaults to nil: none.
+	StoreFaults *StoreFaults
 	// Seed seeds the run's choices (accounts, amounts, replicas, drops,
 	// kills). Defaults to 0: a seed from crypto/rand, shown in the report.
 	Seed uint64
@@ -163,6 +167,14 @@ func (c *Config) withDefaults() (Config, error) {
 	if o.Keys != "" && !strings.HasPrefix(o.Keys, "redis://") && !strings.HasPrefix(o.Keys, "rediss://") {
 		return o, errors.New("torture: Keys must be a redis:// or rediss:// URL")
 	}
+	if f := o.StoreFaults; f != nil {
+		if kind, _ := dbKind(o.DB); kind != "pg" && o.Keys == "" {
+			return o, errors.New("torture: StoreFaults need a postgres:// DB or Redis Keys: a SQLite file has no connection to cut")
+		}
+		if f.Latency < 0 || f.ResetRate < 0 || f.ResetRate >= 1 || f.CommitCutRate < 0 || f.CommitCutRate >= 1 {
+			return o, errors.New("torture: StoreFaults' Latency must not be negative, and its rates must be at least 0 and below 1")
+		}
+	}
 	return o, nil
 }
 
@@ -210,7 +222,11 @@ type run struct {
 	sqlite   string // the SQLite file's path
 	replicas []*replica
 	proxies  []*faultProxy
-	client   *http.Client
+	// dbURL and keysURL are what the replicas connect to: cfg.DB and
+	// cfg.Keys, or the store proxies in front of them.
+	dbURL, keysURL string
+	stores         []*storeProxy
+	client         *http.Client
 
 	accounts []string
 	payments []*logical
@@ -265,6 +281,9 @@ func Run(ctx context.Context, cfg *Config) (rep *Report, err error) {
 		return nil, err
 	}
 	r.plan()
+	for _, sp := range r.stores {
+		sp.armed.Store(true)
+	}
 	started := time.Now()
 	if err := r.load(ctx); err != nil {
 		return nil, err
@@ -292,6 +311,32 @@ func (r *run) prepare(ctx context.Context) error {
 	if r.cfg.Keys != "" {
 		r.prefix = "idemtorture" + r.token
 	}
+	r.dbURL, r.keysURL = r.cfg.DB, r.cfg.Keys
+	if !r.cfg.StoreFaults.any() {
+		return nil
+	}
+	proxy := func(rawURL, defPort string, commits bool) (string, error) {
+		target, err := targetOf(rawURL, defPort)
+		if err != nil {
+			return "", fmt.Errorf("torture: %w", err)
+		}
+		sp, err := newStoreProxy(target, *r.cfg.StoreFaults, commits, r.rng)
+		if err != nil {
+			return "", fmt.Errorf("torture: %w", err)
+		}
+		r.stores = append(r.stores, sp)
+		return throughProxy(rawURL, sp.addr(), commits && r.cfg.StoreFaults.CommitCutRate > 0)
+	}
+	if r.schema != "" {
+		if r.dbURL, err = proxy(r.cfg.DB, "5432", true); err != nil {
+			return err
+		}
+	}
+	if r.cfg.Keys != "" {
+		if r.keysURL, err = proxy(r.cfg.Keys, "6379", false); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -300,12 +345,12 @@ func (r *run) serveArgs() []string {
 	args := []string{"serve", "--addr", "127.0.0.1:0", "--log-level", "error",
 		"--key-lease", r.cfg.KeyLease.String()}
 	if r.schema != "" {
-		args = append(args, "--db", r.cfg.DB, "--pg-schema", r.schema)
+		args = append(args, "--db", r.dbURL, "--pg-schema", r.schema)
 	} else {
 		args = append(args, "--db", "sqlite:"+r.sqlite)
 	}
 	if r.prefix != "" {
-		args = append(args, "--keys", r.cfg.Keys, "--keys-prefix", r.prefix)
+		args = append(args, "--keys", r.keysURL, "--keys-prefix", r.prefix)
 	}
 	if r.cfg.Unsafe {
 		args = append(args, "--unsafe-no-idempotency")
@@ -606,6 +651,9 @@ func (r *run) cleanup() error {
 	}
 	wg.Wait()
 	for _, p := range r.proxies {
+		p.close()
+	}
+	for _, p := range r.stores {
 		p.close()
 	}
 	r.client.CloseIdleConnections()

@@ -109,3 +109,28 @@ func TestCheckLoopback(t *testing.T) {
 		}
 	}
 }
+
+// The store proxy finds COMMIT's answer in PostgreSQL's protocol, and only
+// it: not another command's, not a COMMIT inside a longer tag.
+func TestAnswersCommit(t *testing.T) {
+	t.Parallel()
+	commandComplete := func(tag string) []byte {
+		b := []byte{'C', 0, 0, 0, byte(4 + len(tag) + 1)}
+		return append(append(b, tag...), 0)
+	}
+	ready := []byte{'Z', 0, 0, 0, 5, 'I'}
+	for name, tc := range map[string]struct {
+		chunk []byte
+		want  bool
+	}{
+		"commit":             {append(commandComplete("COMMIT"), ready...), true},
+		"after an update":    {append(append(commandComplete("UPDATE 1"), commandComplete("COMMIT")...), ready...), true},
+		"insert":             {append(commandComplete("INSERT 0 1"), ready...), false},
+		"rollback":           {append(commandComplete("ROLLBACK"), ready...), false},
+		"commit in a string": {[]byte("D\x00\x00\x00\x10COMMIT"), false},
+	} {
+		if got := answersCommit(tc.chunk); got != tc.want {
+			t.Errorf("%s: answersCommit = %v, want %v", name, got, tc.want)
+		}
+	}
+}

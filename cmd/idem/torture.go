@@ -50,7 +50,8 @@ every replica stopped, on failure and Ctrl-C too. Everything listens on
 127.0.0.1 only.
 
   idem torture requests --payments 12500 --dups 8 --replicas 3
-  idem torture requests --db postgres://postgres@127.0.0.1:5432/test --keys redis://127.0.0.1:6379/0`,
+  idem torture requests --db postgres://postgres@127.0.0.1:5432/test --keys redis://127.0.0.1:6379/0
+  idem torture requests --db postgres://postgres@127.0.0.1:5432/test --commit-cuts 0.05 --store-resets 0.001 --store-latency 2ms`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()
@@ -65,6 +66,10 @@ every replica stopped, on failure and Ctrl-C too. Everything listens on
 	fl.DurationVar(&c.Timeout, "timeout", torture.DefaultTimeout, "longest the load may take; a logical payment unanswered by then is a violation")
 	fl.DurationVar(&c.KeyLease, "key-lease", torture.DefaultKeyLease, "the replicas' --key-lease: how long a killed execution holds its key in Redis")
 	fl.Uint64Var(&c.Seed, "seed", 0, "seed of the run's choices (0 for a random one, shown in the report)")
+	var sf torture.StoreFaults
+	fl.DurationVar(&sf.Latency, "store-latency", 0, "delay each chunk between the replicas and their stores by up to this (through a proxy of the run's own)")
+	fl.Float64Var(&sf.ResetRate, "store-resets", 0, "chance that a chunk between a replica and its store resets the connection instead")
+	fl.Float64Var(&sf.CommitCutRate, "commit-cuts", 0, "chance that a COMMIT is passed on to PostgreSQL and the replica's connection then cut before the answer: the ambiguous commit")
 	fl.BoolVar(&c.Unsafe, "unsafe-no-idempotency", false, "run the replicas in unsafe mode, which must fail the check (the torture's own test)")
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
 		switch {
@@ -84,6 +89,15 @@ every replica stopped, on failure and Ctrl-C too. Everything listens on
 			if _, err := parseKeys(c.Keys); err != nil {
 				return &usageError{err}
 			}
+		}
+		if sf.Latency < 0 || sf.ResetRate < 0 || sf.ResetRate >= 1 || sf.CommitCutRate < 0 || sf.CommitCutRate >= 1 {
+			return &usageError{errors.New("--store-latency must not be negative; --store-resets and --commit-cuts must be at least 0 and below 1")}
+		}
+		if sf != (torture.StoreFaults{}) {
+			if c.DB == "sqlite" && c.Keys == "" {
+				return &usageError{errors.New("--store-latency, --store-resets and --commit-cuts need --db postgres://… or --keys redis://…: a SQLite file has no connection to cut")}
+			}
+			c.StoreFaults = &sf
 		}
 		// Zero means the default in Config; on the command line it means none.
 		c.DropRate = dropRate

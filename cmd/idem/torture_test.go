@@ -93,6 +93,28 @@ func TestTortureRequestsPostgres(t *testing.T) {
 	}
 }
 
+// Faults between the replicas and their stores: COMMIT's answer lost after
+// the database committed (the ambiguous commit), connections reset, and
+// latency, on PostgreSQL with the keys in Redis too. Nothing twice, nothing
+// lost.
+func TestTortureRequestsStoreFaults(t *testing.T) {
+	t.Parallel()
+	pg, rd := postgresURL(t), redisURL(t)
+	for name, args := range map[string][]string{
+		"postgres":       {"--db", pg, "--payments", "300", "--commit-cuts", "0.1", "--store-resets", "0.002", "--store-latency", "1ms"},
+		"postgres+redis": {"--db", pg, "--keys", rd, "--payments", "200", "--commit-cuts", "0.1", "--store-resets", "0.002"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			code, stdout, stderr, r := runTorture(t, append(args, "--kill-every", "500ms", "--timeout", "90s")...)
+			checkHeld(t, r["logical_payments"], code, stdout, stderr, r)
+			if r["commit_cuts"] == 0 || r["store_resets"] == 0 {
+				t.Errorf("commit cuts %d, store resets %d: the faults did not happen", r["commit_cuts"], r["store_resets"])
+			}
+		})
+	}
+}
+
 func TestTortureRequestsRedisKeys(t *testing.T) {
 	t.Parallel()
 	url := redisURL(t)
@@ -138,6 +160,9 @@ func TestTortureRequestsUsage(t *testing.T) {
 		{"--db", "mysql://x"},
 		{"--db", "sqlite:/tmp/x.db"},
 		{"--keys", "memcached://x"},
+		{"--commit-cuts", "0.1"},
+		{"--db", "postgres://u@h/db", "--store-resets", "1"},
+		{"--db", "postgres://u@h/db", "--store-latency", "-1s"},
 		{"extra"},
 	} {
 		code, stdout, stderr, _ := runTorture(t, args...)

@@ -1,0 +1,231 @@
+package torture
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// StoreFaults are the faults a run puts between the replicas and their
+// stores (PostgreSQL, and Redis with Config.Keys): a TCP proxy in front of
+// each store, on a loopback port of its own, through which every replica
+// connects. It never touches the stores themselves.
+type StoreFaults struct {
+	// Latency delays each chunk of bytes, either way, by a random time up
+	// to it. Defaults to 0: none.
+	Latency time.Duration
+	// ResetRate is the chance that a chunk, either way, is not passed on
+	// and both sides of its connection are reset instead. Defaults to 0.
+	ResetRate float64
+	// CommitCutRate is the chance that PostgreSQL's answer to a COMMIT,
+	// which it has carried out, is not passed on and the connection reset
+	// instead: the ambiguous commit, after which the replica cannot tell
+	// whether its transaction committed. Defaults to 0.
+	CommitCutRate float64
+}
+
+func (f *StoreFaults) any() bool {
+	return f != nil && (f.Latency > 0 || f.ResetRate > 0 || f.CommitCutRate > 0)
+}
+
+// faultGrace is how long a new connection to a store goes without faults.
+const faultGrace = 2 * time.Second
+
+// storeProxy forwards TCP connections to one store, with faults.
+type storeProxy struct {
+	ln     net.Listener
+	target string
+	faults StoreFaults
+	// commits: cut COMMIT's answers (PostgreSQL's wire protocol only).
+	commits bool
+	rng     *lockedRand
+
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+
+	// armed turns the faults on; until then, and for a connection's first
+	// faultGrace, bytes pass untouched, so that replicas start (migrate,
+	// load their statements) and the run tests the service, not its
+	// start-up.
+	armed atomic.Bool
+
+	resets atomic.Int64 // connections reset
+	cuts   atomic.Int64 // connections cut instead of passing COMMIT's answer on
+}
+
+func newStoreProxy(target string, faults StoreFaults, commits bool, rng *lockedRand) (*storeProxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("store proxy: %w", err)
+	}
+	p := &storeProxy{ln: ln, target: target, faults: faults, commits: commits, rng: rng, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// addr is where replicas connect.
+func (p *storeProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *storeProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		if !p.track(c, s) {
+			return
+		}
+		p.wg.Add(2)
+		var once sync.Once
+		done := func() {
+			once.Do(func() { p.untrack(c, s) })
+		}
+		opened := time.Now()
+		go func() { defer p.wg.Done(); defer done(); p.pipe(s, c, true, c, s, opened) }()
+		go func() { defer p.wg.Done(); defer done(); p.pipe(c, s, false, c, s, opened) }()
+	}
+}
+
+// pipe copies src to dst, one chunk at a time, with the faults; toStore
+// says which way it goes. client and store are the connection's two sides.
+func (p *storeProxy) pipe(dst, src net.Conn, toStore bool, client, store net.Conn, opened time.Time) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && (!p.armed.Load() || time.Since(opened) < faultGrace) {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		} else if n > 0 {
+			chunk := buf[:n]
+			if p.faults.Latency > 0 {
+				time.Sleep(time.Duration(p.rng.Int64N(int64(p.faults.Latency) + 1)))
+			}
+			if p.faults.ResetRate > 0 && p.rng.Float64() < p.faults.ResetRate {
+				p.resets.Add(1)
+				reset(client)
+				reset(store)
+				return
+			}
+			if !toStore && p.commits && p.faults.CommitCutRate > 0 && answersCommit(chunk) && p.rng.Float64() < p.faults.CommitCutRate {
+				// The database has committed and says so; the replica
+				// never hears it.
+				p.cuts.Add(1)
+				reset(client)
+				reset(store)
+				return
+			}
+			if _, werr := dst.Write(chunk); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			if err != io.EOF {
+				reset(dst)
+			} else if tc, ok := dst.(*net.TCPConn); ok {
+				_ = tc.CloseWrite()
+			}
+			return
+		}
+	}
+}
+
+// answersCommit reports whether a chunk of PostgreSQL's wire protocol
+// from the server holds the completion of a COMMIT: a CommandComplete
+// message ('C', its length, the tag "COMMIT").
+func answersCommit(chunk []byte) bool {
+	return bytes.Contains(chunk, []byte("C\x00\x00\x00\x0bCOMMIT\x00"))
+}
+
+// reset closes c at once, with a TCP reset rather than an orderly close.
+func reset(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
+}
+
+func (p *storeProxy) track(c ...net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conns == nil {
+		for _, x := range c {
+			x.Close()
+		}
+		return false
+	}
+	for _, x := range c {
+		p.conns[x] = struct{}{}
+	}
+	return true
+}
+
+func (p *storeProxy) untrack(c ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, x := range c {
+		x.Close()
+		delete(p.conns, x)
+	}
+}
+
+// close stops accepting, closes every connection and waits for the copies.
+func (p *storeProxy) close() error {
+	err := p.ln.Close()
+	p.mu.Lock()
+	for c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+	p.wg.Wait()
+	return err
+}
+
+// throughProxy returns rawURL with its host and port replaced by addr,
+// and, with plain, TLS turned off (sslmode=disable): the proxy finds
+// COMMIT's answer only in PostgreSQL's plain protocol, and carries it on
+// loopback alone.
+func throughProxy(rawURL, addr string, plain bool) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", err
+	}
+	u.Host = addr
+	if plain {
+		q := u.Query()
+		q.Set("sslmode", "disable")
+		u.RawQuery = q.Encode()
+	}
+	return u.String(), nil
+}
+
+// targetOf returns the host:port rawURL connects to, with def the port
+// when it names none.
+func targetOf(rawURL, defPort string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", err
+	}
+	host, port := u.Hostname(), u.Port()
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	if port == "" {
+		port = defPort
+	}
+	return net.JoinHostPort(host, port), nil
+}
