@@ -145,6 +145,9 @@ func (r *runner) handleBatch(batch []*entry) {
 	var unacked []*entry // committed and not acknowledged in the transaction
 	var later []failure  // failed behind their lane's head, in the batch
 	singles := false     // a BatchHandler failed without saying which message
+	for _, e := range batch {
+		r.begin(e)
+	}
 	for len(batch) > 0 && r.ctx.Err() == nil {
 		part := batch
 		if singles {
@@ -163,10 +166,11 @@ func (r *runner) handleBatch(batch []*entry) {
 		case r.ctx.Err() != nil:
 			// Shutting down: the failure may be the cancellation itself;
 			// what is left stays unsettled and comes back to the next run.
+			r.interrupted(batch)
 			batch = nil
 		case len(res.held) > 0:
 			var parked []*entry
-			batch, parked = r.without(batch, func(e *entry) bool {
+			batch, parked = r.split(batch, nil, func(e *entry) bool {
 				_, held := res.held[e.msg.Key]
 				return e.ordered && held
 			})
@@ -176,7 +180,7 @@ func (r *runner) handleBatch(batch []*entry) {
 		case res.failed != nil:
 			var failed []*entry
 			e := res.failed
-			batch, failed = r.without(batch, func(f *entry) bool { return f == e })
+			batch, failed = r.split(batch, e, func(f *entry) bool { return f == e })
 			if len(failed) > 0 {
 				r.fail(e, r.number(e), res.err, idem.Classify(res.err))
 			} else {
@@ -190,13 +194,14 @@ func (r *runner) handleBatch(batch []*entry) {
 			// The inbox, the ledger or the commit failed, not a handler:
 			// whatever the error says, another attempt may succeed, for
 			// every message of the batch.
-			_, failed := r.without(batch, func(*entry) bool { return true })
+			_, failed := r.split(batch, nil, func(*entry) bool { return true })
 			for _, e := range failed {
 				r.fail(e, r.number(e), res.err, idem.ClassTransient)
 			}
 			batch = nil
 		}
 	}
+	r.interrupted(batch) // left when Run stopped
 	r.settleBatch(applied, unacked, later)
 }
 
@@ -234,7 +239,11 @@ func (r *runner) attempt(batch []*entry) (res batchResult) {
 	}
 	park := r.cfg.AfterDeadLetter == Park
 	var fresh []bool
-	res.err = r.batchInbox.ProcessBatch(r.ctx, r.cfg.Name, keys, func(ctx context.Context, isFresh []bool) error {
+	bctx := r.ctx
+	if len(batch) == 1 && batch[0].obs.ctx != nil {
+		bctx = batch[0].obs.ctx // a batch of one is handled in its message's context
+	}
+	res.err = r.batchInbox.ProcessBatch(bctx, r.cfg.Name, keys, func(ctx context.Context, isFresh []bool) error {
 		res = batchResult{}
 		fresh = isFresh
 		if park {
@@ -278,8 +287,10 @@ func (r *runner) attempt(batch []*entry) (res batchResult) {
 		for i, e := range batch {
 			if fresh[i] {
 				r.c.processed.Add(1)
+				r.observe(e, OutcomeProcessed, len(batch), nil)
 			} else {
 				r.c.duplicates.Add(1)
+				r.observe(e, OutcomeDuplicate, len(batch), nil)
 				if e.failed {
 					// A copy of the message was applied while this one
 					// waited for its retry: its recorded attempts are of
@@ -449,6 +460,8 @@ func (r *runner) settleBatch(applied, unacked []*entry, later []failure) {
 	for _, f := range later {
 		if r.isHead(f.e) {
 			r.fail(f.e, f.n, f.err, idem.Classify(f.err))
+		} else {
+			r.observe(f.e, OutcomeInterrupted, 0, nil)
 		}
 	}
 }

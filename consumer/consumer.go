@@ -190,6 +190,11 @@ type Config struct {
 	// Timers schedules retries and heartbeats; set it with Clock. Defaults
 	// to idem.RuntimeTimers.
 	Timers idem.Timers
+	// Observer sees the handling of every delivery and its outcome, for
+	// tracing and latency histograms: see package idemotel for
+	// OpenTelemetry spans and idemprom for Prometheus histograms, and
+	// Observers to have both. Defaults to nil: nothing is observed.
+	Observer Observer
 	// Logger receives failures, dead letters and settlement errors.
 	// Defaults to a logger that discards.
 	Logger *slog.Logger

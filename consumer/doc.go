@@ -231,6 +231,16 @@
 // good: a mark that went would let every earlier message of its aggregate
 // run again, and there is one per aggregate, not per message.
 //
+// # Observing
+//
+// Config.Observer sees the handling of every delivery: Begin when a worker
+// takes it up (a Handler runs in the context it returns), End with its
+// Outcome, the time it took and, for a message processed, its end-to-end
+// lag from Message.Time. Package idemotel implements it with spans that
+// continue the trace the message's headers carry, package idemprom with
+// histograms; Observers puts both on one consumer. Nil observes nothing.
+// Stats counts the same outcomes, for idemprom.RegisterConsumer.
+//
 // # Testing
 //
 // Time comes from Config.Clock and timers from Config.Timers, so a test

@@ -47,6 +47,7 @@ type entry struct {
 	failed    bool // attempts were recorded in the ledger: forget them on success
 	loaded    bool // the ledger's attempts were read once
 	prevDelay time.Duration
+	obs       observation // the handling Config.Observer sees
 }
 
 // runner is one Run: the deliveries in memory, their per-key queues, and
@@ -342,6 +343,7 @@ func (r *runner) heartbeat() {
 // handle makes one attempt at e and settles it, or schedules its retry.
 func (r *runner) handle(e *entry) {
 	d := e.d
+	octx := r.begin(e)
 	if e.dedupErr != nil {
 		r.fail(e, max(d.Attempt(), e.last+1, 1), e.dedupErr, idem.ClassPermanent)
 		return
@@ -360,7 +362,7 @@ func (r *runner) handle(e *entry) {
 	info := Info{Consumer: r.cfg.Name, DedupKey: e.dedup, Aggregate: e.aggregate, Seq: e.seq, Attempt: n}
 	var held, failed bool
 	var herr error
-	err := r.process(context.WithValue(r.ctx, infoKey{}, info), e, func(ctx context.Context) error {
+	err := r.process(context.WithValue(octx, infoKey{}, info), e, func(ctx context.Context) error {
 		if park {
 			// Checked in the inbox's transaction, to spare a round trip
 			// on the common path where the key is not held.
@@ -389,10 +391,12 @@ func (r *runner) handle(e *entry) {
 		r.park(e, n)
 	case err == nil:
 		r.c.processed.Add(1)
+		r.observe(e, OutcomeProcessed, 1, nil)
 		r.settle(e, "ack")
 	case r.ctx.Err() != nil:
 		// Shutting down: the failure may be the cancellation itself. The
 		// delivery stays unsettled and comes back to the next run.
+		r.observe(e, OutcomeInterrupted, 0, nil)
 	case failed:
 		// Classified before ErrDuplicate is looked for: a handler's error
 		// that wraps it is still the handler's failure.
@@ -401,6 +405,7 @@ func (r *runner) handle(e *entry) {
 		r.gap(e, n, err)
 	case errors.Is(err, idem.ErrDuplicate):
 		r.c.duplicates.Add(1)
+		r.observe(e, OutcomeDuplicate, 1, nil)
 		if e.failed {
 			// A copy of the message was applied while this one waited for
 			// its retry: its recorded attempts are of no more use.
@@ -471,12 +476,15 @@ func (r *runner) park(e *entry, n int) {
 	})
 	switch {
 	case r.ctx.Err() != nil:
+		r.observe(e, OutcomeInterrupted, 0, nil)
 	case err != nil:
 		r.fail(e, n, fmt.Errorf("park behind the key's dead letter: %w", err), idem.ClassTransient)
 	case !parked:
+		r.observe(e, OutcomeInterrupted, 0, nil)
 		r.requeue(e)
 	default:
 		r.c.parked.Add(1)
+		r.observe(e, OutcomeParked, 0, nil)
 		r.log(e).LogAttrs(r.ctx, slog.LevelInfo, "message parked behind its key's dead letter")
 		r.settle(e, "ack")
 	}
@@ -503,12 +511,14 @@ func (r *runner) fail(e *entry, n int, cause error, class idem.ErrorClass) {
 		id, err := r.deadLetter(e, dlClass, a)
 		if err == nil {
 			r.c.deadLettered.Add(1)
+			r.observe(e, OutcomeDeadLettered, 0, cause)
 			log.LogAttrs(r.ctx, slog.LevelError, "message dead-lettered",
 				slog.String("dead_letter", id), slog.String("dead_class", string(dlClass)))
 			r.settle(e, "term")
 			return
 		}
 		if r.ctx.Err() != nil {
+			r.observe(e, OutcomeInterrupted, 0, nil)
 			return
 		}
 		// Nothing is lost: the message stays in the flow and the next
@@ -522,6 +532,7 @@ func (r *runner) fail(e *entry, n int, cause error, class idem.ErrorClass) {
 		}
 	}
 	if r.ctx.Err() != nil {
+		r.observe(e, OutcomeInterrupted, 0, nil)
 		return
 	}
 	e.last = n
@@ -532,6 +543,7 @@ func (r *runner) fail(e *entry, n int, cause error, class idem.ErrorClass) {
 	delay = max(delay, 0)
 	e.prevDelay = delay
 	r.c.retried.Add(1)
+	r.observe(e, OutcomeRetried, 0, cause)
 	log.LogAttrs(r.ctx, slog.LevelWarn, "attempt failed; retrying", slog.Duration("delay", delay))
 	r.retry(e, delay, errors.Is(cause, idem.ErrSequenceGap))
 }

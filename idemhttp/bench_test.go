@@ -60,6 +60,18 @@ func BenchmarkMiddleware(b *testing.B) {
 			return s
 		},
 	}
+	// The same with an Observer that does nothing: what the seam itself
+	// costs once it is set (unset, it costs nothing: compare mem/first
+	// with the run before the seam existed).
+	b.Run("mem/first/observed", func(b *testing.B) {
+		m, _ := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: stores["mem"](b), Observer: nopObserver{}})
+		h := m.Handler(handler)
+		i := 0
+		for b.Loop() {
+			i++
+			serve(b, h, fmt.Sprintf("first-%d", i))
+		}
+	})
 	for _, name := range []string{"mem", "sqlite"} {
 		b.Run(name+"/first", func(b *testing.B) {
 			m, _ := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: stores[name](b)})

@@ -148,4 +148,16 @@
 // as idem.KeyDigest of its scope and key, a keyed digest that correlates
 // the lines about one key without revealing it; set the same secret on
 // every replica (idem.SetKeyDigestSecret) to correlate theirs.
+//
+// Config.Observer sees more: each protected request as PhaseRequest, with
+// its Outcome and duration, around its phases (PhaseClaim, waits for an
+// execution in flight included; PhaseHandler; PhaseComplete; PhaseReplay),
+// and every round trip to the store. Begin returns the context a phase
+// runs with, and the handler's context is derived from PhaseHandler's, so
+// a tracing observer's span is the parent of what the handler does
+// (package idemotel); a histogram observer ignores the context and keeps
+// the durations (package idemprom's MiddlewareObserver). Observers puts
+// several on one middleware. With no Observer the middleware calls nothing
+// and allocates nothing for it: the request path is what it was without
+// the seam.
 package idemhttp

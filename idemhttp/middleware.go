@@ -167,6 +167,13 @@ type Config struct {
 	// true and no body. Defaults to false.
 	DiscardBodies bool
 
+	// Observer sees the phases of every protected request (claim, handler,
+	// complete, replay) and every round trip to the store, for tracing and
+	// latency histograms: see package idemotel for OpenTelemetry spans and
+	// idemprom for Prometheus histograms, and Observers to have both.
+	// Defaults to nil: nothing is observed, at no cost.
+	Observer Observer
+
 	// Logger receives one record per protected request, and the errors
 	// that clients are not shown. Keys are logged as idem.KeyDigest of
 	// their scope and key, never as they are.
@@ -232,8 +239,11 @@ type Middleware struct {
 	// bodies seals kept bodies (nil: they are kept as they are).
 	bodies *bodySealer
 	// keys seals keys (nil: they are kept as they are).
-	keys *keySealer
+	keys   *keySealer
 	counts [9]atomic.Uint64
+	// obs is Config.Observer; storeName the store's type, for it.
+	obs       Observer
+	storeName string
 }
 
 // New applies the defaults to cfg, validates it and returns a Middleware.
@@ -308,6 +318,7 @@ func New(cfg *Config) (*Middleware, error) {
 	}
 	m := &Middleware{cfg: c, store: c.Store, methods: map[string]bool{}, log: c.Logger, recent: newRecentKeys(c.RecentKeys), bodies: bodies, keys: newKeySealer(c.KeySecret)}
 	m.replayer, _ = c.Store.(idem.Replayer)
+	m.obs, m.storeName = c.Observer, fmt.Sprintf("%T", c.Store)
 	for _, meth := range c.Methods {
 		m.methods[strings.ToUpper(meth)] = true
 	}
@@ -466,12 +477,16 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		if m.obs != nil {
+			m.serveObserved(next, w, r)
+			return
+		}
 		m.serve(next, w, r)
 	})
 }
 
-func (m *Middleware) reject(w http.ResponseWriter, status int, typ, title, detail string) {
-	m.count(OutcomeRejected)
+func (m *Middleware) reject(ctx context.Context, w http.ResponseWriter, status int, typ, title, detail string) {
+	m.tally(ctx, OutcomeRejected)
 	(&Problem{Type: typ, Title: title, Status: status, Detail: detail}).Write(w)
 }
 
@@ -485,7 +500,7 @@ const scopeTitle = "Cannot tell who owns this key"
 func (m *Middleware) rejectScope(w http.ResponseWriter, r *http.Request, key idem.Key, err error) {
 	var p *Problem
 	if errors.As(err, &p) {
-		m.count(OutcomeRejected)
+		m.tally(r.Context(), OutcomeRejected)
 		q := *p
 		if q.Status == 0 {
 			q.Status = http.StatusBadRequest
@@ -499,7 +514,7 @@ func (m *Middleware) rejectScope(w http.ResponseWriter, r *http.Request, key ide
 	// No scope, so no KeyDigest: the key alone is digested.
 	m.log.LogAttrs(r.Context(), slog.LevelWarn, "scope unavailable: request refused", slog.Any("key", key),
 		slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("error", err.Error()))
-	m.reject(w, http.StatusBadRequest, ProblemScope, scopeTitle,
+	m.reject(r.Context(), w, http.StatusBadRequest, ProblemScope, scopeTitle,
 		"The server could not tell whom this request's Idempotency-Key belongs to, so nothing was run. Check the request's credentials and send it again.")
 }
 
@@ -510,12 +525,12 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			next.ServeHTTP(w, r)
 			return
 		}
-		m.reject(w, http.StatusBadRequest, ProblemKeyMissing, "Idempotency key missing",
+		m.reject(r.Context(), w, http.StatusBadRequest, ProblemKeyMissing, "Idempotency key missing",
 			"This request must carry an Idempotency-Key header: a unique value (a UUID, say) per intended operation, reused only to retry it.")
 		return
 	}
 	if len(values) > 1 {
-		m.reject(w, http.StatusBadRequest, ProblemKeyInvalid, "Invalid idempotency key",
+		m.reject(r.Context(), w, http.StatusBadRequest, ProblemKeyInvalid, "Invalid idempotency key",
 			"Send exactly one Idempotency-Key header.")
 		return
 	}
@@ -526,7 +541,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		if errors.As(err, &ke) {
 			detail = "The Idempotency-Key header is " + ke.Reason + "; it must be 1 to 255 visible ASCII characters, bare or as a quoted string."
 		}
-		m.reject(w, http.StatusBadRequest, ProblemKeyInvalid, "Invalid idempotency key", detail)
+		m.reject(r.Context(), w, http.StatusBadRequest, ProblemKeyInvalid, "Invalid idempotency key", detail)
 		return
 	}
 	var scope idem.Scope
@@ -540,10 +555,11 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		key = m.keys.seal(scope, key)
 	}
 	log := reqLog{l: m.log, scope: scope, key: key, method: r.Method, path: r.URL.Path}
+	m.noteKey(r.Context(), scope, key)
 	body, tooLarge, err := readBody(r, m.cfg.MaxBodyBytes)
 	switch {
 	case tooLarge:
-		m.reject(w, http.StatusRequestEntityTooLarge, ProblemBodyTooLarge, "Request body too large",
+		m.reject(r.Context(), w, http.StatusRequestEntityTooLarge, ProblemBodyTooLarge, "Request body too large",
 			fmt.Sprintf("The request body exceeds %d bytes.", m.cfg.MaxBodyBytes))
 		return
 	case err != nil:
@@ -551,7 +567,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		// 10.0.0.5:8443->…: i/o timeout): the log's business, not the
 		// client's.
 		log.LogAttrs(r.Context(), slog.LevelWarn, "request body unreadable: request refused", slog.String("error", err.Error()))
-		m.reject(w, http.StatusBadRequest, ProblemBodyUnreadable, "Request body unreadable",
+		m.reject(r.Context(), w, http.StatusBadRequest, ProblemBodyUnreadable, "Request body unreadable",
 			"The request body could not be read completely; send it again with the same Idempotency-Key.")
 		return
 	}
@@ -573,6 +589,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	var changed <-chan struct{}
 	unwatch := func() {}
 	waits := 0
+	m.beginPhase(ctx, PhaseClaim)
 	for {
 		var claim idem.Claim
 		if m.txClaimer != nil {
@@ -602,11 +619,14 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 				return
 			}
 		} else {
+			m.markStore(ctx)
 			claim, err = m.store.Claim(ctx, req)
+			m.storeSince(ctx, StoreClaim, err)
 		}
 		if err != nil {
 			unwatch()
-			m.count(OutcomeStoreError)
+			m.endPhase(ctx, PhaseClaim, Event{Claim: ClaimError, Err: err})
+			m.tally(ctx, OutcomeStoreError)
 			log.LogAttrs(ctx, slog.LevelError, "idempotency store unavailable: request refused", slog.String("error", err.Error()))
 			(&Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable,
 				Detail: "The request was not run, because its idempotency key could not be claimed. Retry with the same key.", RetryAfter: 1}).Write(w)
@@ -619,6 +639,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			return
 		case idem.Completed:
 			unwatch()
+			m.endPhase(ctx, PhaseClaim, Event{Claim: ClaimCompleted})
 			m.recent.add(wk)
 			m.replayKept(ctx, w, log, claim.Record.Response)
 			return
@@ -640,6 +661,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			continue
 		case idem.Acquired:
 			unwatch()
+			m.endPhase(ctx, PhaseClaim, Event{Claim: ClaimAcquired, TookOver: claim.TookOver})
 			if claim.TookOver {
 				log.LogAttrs(ctx, slog.LevelWarn, "took over an expired lease: an earlier execution may have crashed", slog.Int64("token", int64(claim.Token)))
 			}
@@ -647,7 +669,8 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			return
 		default:
 			unwatch()
-			m.count(OutcomeStoreError)
+			m.endPhase(ctx, PhaseClaim, Event{Claim: ClaimError})
+			m.tally(ctx, OutcomeStoreError)
 			log.LogAttrs(ctx, slog.LevelError, "idempotency store returned an unknown outcome", slog.Int("outcome", int(claim.Outcome)))
 			(&Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable,
 				Detail: "The request was not run. Retry with the same key.", RetryAfter: 1}).Write(w)
@@ -662,8 +685,13 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 // refused. Anything else (the key gone, in flight again after it expired,
 // the store failing) is left to the claim.
 func (m *Middleware) answerFromRecord(ctx context.Context, w http.ResponseWriter, req idem.ClaimRequest, log reqLog) bool {
+	// Ended here with no status when the claim is left to answer.
+	defer m.endPhase(ctx, PhaseReplay, Event{})
+	m.beginPhase(ctx, PhaseReplay)
+	m.markStore(ctx)
 	if m.replayer != nil {
 		resp, mismatch, err := m.replayer.Replay(ctx, req.Scope, req.Key, req.Fingerprint)
+		m.storeSince(ctx, StoreReplay, err)
 		switch {
 		case err != nil:
 			return false
@@ -677,6 +705,7 @@ func (m *Middleware) answerFromRecord(ctx context.Context, w http.ResponseWriter
 		return true
 	}
 	rec, err := m.store.Get(ctx, req.Scope, req.Key)
+	m.storeSince(ctx, StoreGet, err)
 	switch {
 	case err != nil:
 		return false
@@ -692,13 +721,15 @@ func (m *Middleware) answerFromRecord(ctx context.Context, w http.ResponseWriter
 
 // replayKept answers a duplicate with the key's kept answer.
 func (m *Middleware) replayKept(ctx context.Context, w http.ResponseWriter, log reqLog, resp *idem.Response) {
+	m.beginPhase(ctx, PhaseReplay)
+	defer m.endReplay(ctx, resp)
 	if resp != nil && len(resp.Body) > 0 {
 		body, sealed, err := m.bodies.open(log.scope, log.key, resp.Body)
 		if err != nil {
 			// The effect happened and its answer is kept: running again
 			// would repeat it, so the duplicate is refused instead, until
 			// an operator restores the key that opens it.
-			m.count(OutcomeStoreError)
+			m.tally(ctx, OutcomeStoreError)
 			log.LogAttrs(ctx, slog.LevelError, "kept answer unreadable: duplicate refused", slog.String("error", err.Error()))
 			(&Problem{Type: ProblemAnswerUnreadable, Title: "Kept answer unreadable", Status: http.StatusInternalServerError,
 				Detail: "The request ran before, but its kept answer cannot be read; it is not run again."}).Write(w)
@@ -710,7 +741,7 @@ func (m *Middleware) replayKept(ctx context.Context, w http.ResponseWriter, log 
 			resp = &opened
 		}
 	}
-	m.count(OutcomeReplayed)
+	m.tally(ctx, OutcomeReplayed)
 	log.LogAttrs(ctx, slog.LevelDebug, "idempotent replay", slog.Int("status", resp.Status))
 	writeReplay(w, resp)
 }
@@ -718,7 +749,9 @@ func (m *Middleware) replayKept(ctx context.Context, w http.ResponseWriter, log 
 // refuseMismatch answers a request whose key was used for another one,
 // the key being in state.
 func (m *Middleware) refuseMismatch(ctx context.Context, w http.ResponseWriter, log reqLog, state idem.State) {
-	m.count(OutcomeMismatch)
+	m.tally(ctx, OutcomeMismatch)
+	m.endPhase(ctx, PhaseClaim, Event{Claim: ClaimMismatch})
+	m.endPhase(ctx, PhaseReplay, Event{Status: http.StatusUnprocessableEntity})
 	log.LogAttrs(ctx, slog.LevelInfo, "idempotency key reused with a different request", slog.String("state", state.String()))
 	(&Problem{Type: ProblemKeyMismatch, Title: "Idempotency key reused", Status: http.StatusUnprocessableEntity,
 		Detail: "This Idempotency-Key was already used with a different request (method, path, query or body). Use a new key for a new operation."}).Write(w)
@@ -727,10 +760,11 @@ func (m *Middleware) refuseMismatch(ctx context.Context, w http.ResponseWriter, 
 // inFlightTooLong answers a duplicate that waited as long as it may, unless
 // its client has gone.
 func (m *Middleware) inFlightTooLong(ctx context.Context, w http.ResponseWriter, log reqLog) {
+	m.endPhase(ctx, PhaseClaim, Event{Claim: ClaimInFlight, Err: ctx.Err()})
 	if ctx.Err() != nil {
 		return // the client has gone; nobody reads an answer
 	}
-	m.count(OutcomeConflict)
+	m.tally(ctx, OutcomeConflict)
 	log.LogAttrs(ctx, slog.LevelInfo, "duplicate still in flight after waiting")
 	(&Problem{Type: ProblemInFlight, Title: "Request in flight", Status: http.StatusConflict,
 		Detail: "A request with this Idempotency-Key is still being processed. Retry later with the same key to get its result.", RetryAfter: 1}).Write(w)
@@ -837,10 +871,11 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, ex Execution, log reqLog) {
 	ref := idem.Ref{Scope: ex.Scope, Key: ex.Key, Token: ex.Token}
 	defer m.local.notify(waitKey{ref.Scope, ref.Key})
-	hctx := newExecCtx(r.Context(), m.cfg.Lease*9/10, ex)
+	hctx := newExecCtx(m.beginPhase(r.Context(), PhaseHandler), m.cfg.Lease*9/10, ex)
 	defer hctx.stop()
 
 	if m.txStore != nil {
+		m.markStore(r.Context())
 		m.executeTx(next, w, r, hctx, ref, log)
 		return
 	}
@@ -851,25 +886,30 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 	if failure == "" && !rec.wroteAny && hctx.Err() != nil {
 		failure = "timed out"
 	}
+	m.endPhase(r.Context(), PhaseHandler, Event{Status: status, Err: failureErr(failure)})
 	if failure == "" && m.cfg.Keep(r, status) {
+		m.beginPhase(r.Context(), PhaseComplete)
 		dctx, dcancel := detached(r.Context())
 		kept, err := m.keptResponse(rec, ref.Scope, ref.Key)
 		if err == nil {
+			m.markStore(r.Context())
 			err = m.store.Complete(dctx, ref, kept)
+			m.storeSince(r.Context(), StoreComplete, err)
 		}
 		dcancel()
+		m.endPhase(r.Context(), PhaseComplete, Event{Err: err})
 		switch {
 		case errors.Is(err, idem.ErrLeaseLost):
-			m.count(OutcomeLeaseLost)
+			m.tally(r.Context(), OutcomeLeaseLost)
 			log.LogAttrs(r.Context(), slog.LevelWarn, "completion refused: the lease was lost while the handler ran; another execution may have run too",
 				slog.Int("status", status), slog.Duration("lease", m.cfg.Lease))
 		case err != nil:
-			m.count(OutcomeStoreError)
+			m.tally(r.Context(), OutcomeStoreError)
 			log.LogAttrs(r.Context(), slog.LevelError, "could not store the answer; the key stays in flight until its lease ends",
 				slog.Int("status", status), slog.String("error", err.Error()))
 		default:
 			m.recent.add(waitKey{ref.Scope, ref.Key})
-			m.count(OutcomeExecuted)
+			m.tally(r.Context(), OutcomeExecuted)
 			log.LogAttrs(r.Context(), slog.LevelDebug, "executed", slog.Int("status", status))
 		}
 		rec.send(nil)
@@ -882,7 +922,7 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 		// effect again at once; instead the key stays in flight until its
 		// lease ends, and the retry that takes it over can find what the
 		// aborted execution did (see Execution.ClaimedAt).
-		m.count(OutcomeAborted)
+		m.tally(r.Context(), OutcomeAborted)
 		log.LogAttrs(r.Context(), slog.LevelWarn, "handler aborted: the key stays in flight until its lease ends",
 			slog.Duration("lease", m.cfg.Lease))
 		panic(http.ErrAbortHandler)
@@ -914,6 +954,9 @@ func (m *Middleware) runTx(next http.Handler, r *http.Request, run *txRun, hctx 
 	if run.failure == "" && rec.overflow {
 		run.failure = "answered with more than the response size limit"
 	}
+	m.endPhase(r.Context(), PhaseHandler, Event{Status: rec.statusCode(), Err: failureErr(run.failure)})
+	m.beginPhase(r.Context(), PhaseComplete)
+	m.markStore(r.Context())
 	if run.failure != "" || !m.cfg.Keep(r, rec.statusCode()) {
 		return idem.Response{}, false, nil
 	}
@@ -948,16 +991,20 @@ func (m *Middleware) claimTx(next http.Handler, w http.ResponseWriter, r *http.R
 			hctx.stop()
 		}
 	}()
+	m.markStore(r.Context())
 	claim, kept, err := m.txClaimer.ClaimTx(r.Context(), req, time.Until(deadline), func(txctx context.Context, c idem.Claim) (idem.Response, bool, error) {
 		acquired()
+		m.storeSince(r.Context(), StoreClaim, nil)
+		m.endPhase(r.Context(), PhaseClaim, Event{Claim: ClaimAcquired, TookOver: c.TookOver})
 		endGate = m.gates.begin(waitKey{req.Scope, req.Key}, req.Fingerprint)
 		if c.TookOver {
 			log.LogAttrs(r.Context(), slog.LevelWarn, "took over an expired lease: an earlier execution may have crashed", slog.Int64("token", int64(c.Token)))
 		}
-		hctx = newExecCtx(txctx, m.cfg.Lease*9/10, Execution{Scope: req.Scope, Key: req.Key, Token: c.Token, ClaimedAt: c.Record.CreatedAt, TookOver: c.TookOver})
+		hctx = newExecCtx(m.beginPhase(txctx, PhaseHandler), m.cfg.Lease*9/10, Execution{Scope: req.Scope, Key: req.Key, Token: c.Token, ClaimedAt: c.Record.CreatedAt, TookOver: c.TookOver})
 		return m.runTx(next, r, run, hctx)
 	})
 	if claim.Outcome != idem.Acquired {
+		m.storeSince(r.Context(), StoreClaim, err)
 		return claim, false, err
 	}
 	ref := idem.Ref{Scope: req.Scope, Key: req.Key, Token: claim.Token}
@@ -973,10 +1020,16 @@ func (m *Middleware) claimTx(next http.Handler, w http.ResponseWriter, r *http.R
 func (m *Middleware) finishTx(w http.ResponseWriter, r *http.Request, ref idem.Ref, run *txRun, kept bool, err error, rolledBack bool, log reqLog) {
 	rec, failure, abort := run.rec, run.failure, run.abort
 	status := rec.statusCode()
+	m.endPhase(r.Context(), PhaseHandler, Event{Err: err}) // when the transaction failed before the handler ran
+	m.storeSince(r.Context(), StoreComplete, err)
+	if err != nil || kept || rolledBack {
+		// Otherwise the release below ends it.
+		m.endPhase(r.Context(), PhaseComplete, Event{Err: err})
+	}
 	switch {
 	case err == nil && kept:
 		m.recent.add(waitKey{ref.Scope, ref.Key})
-		m.count(OutcomeExecuted)
+		m.tally(r.Context(), OutcomeExecuted)
 		log.LogAttrs(r.Context(), slog.LevelDebug, "executed", slog.Int("status", status))
 		rec.send(nil)
 	case err == nil:
@@ -998,7 +1051,7 @@ func (m *Middleware) finishTx(w http.ResponseWriter, r *http.Request, ref idem.R
 			rec.send(nil)
 		}
 	case errors.Is(err, idem.ErrLeaseLost):
-		m.count(OutcomeLeaseLost)
+		m.tally(r.Context(), OutcomeLeaseLost)
 		log.LogAttrs(r.Context(), slog.LevelWarn, "completion refused: the lease was lost while the handler ran; its effect was rolled back",
 			slog.Int("status", status), slog.Duration("lease", m.cfg.Lease))
 		(&Problem{Type: ProblemLeaseLost, Title: "Request superseded", Status: http.StatusServiceUnavailable,
@@ -1017,12 +1070,12 @@ func (m *Middleware) afterAmbiguousCommit(w http.ResponseWriter, r *http.Request
 	defer cancel()
 	record, gerr := m.store.Get(dctx, ref.Scope, ref.Key)
 	if gerr == nil && record.State == idem.StateCompleted && record.Token == ref.Token {
-		m.count(OutcomeExecuted)
+		m.tally(r.Context(), OutcomeExecuted)
 		log.LogAttrs(r.Context(), slog.LevelWarn, "commit reported an error but did commit", slog.String("error", cerr.Error()))
 		rec.send(nil)
 		return
 	}
-	m.count(OutcomeStoreError)
+	m.tally(r.Context(), OutcomeStoreError)
 	if gerr == nil && record.State == idem.StateInFlight && record.Token == ref.Token {
 		if rerr := m.store.Release(dctx, ref); rerr != nil && !errors.Is(rerr, idem.ErrLeaseLost) {
 			log.LogAttrs(r.Context(), slog.LevelError, "could not release the key; it frees itself when its lease ends", slog.String("error", rerr.Error()))
@@ -1040,13 +1093,18 @@ func (m *Middleware) release(ctx context.Context, ref idem.Ref, log reqLog, stat
 	if failure != "" {
 		attrs = append(attrs, slog.String("failure", failure))
 	}
-	if err := m.store.Release(dctx, ref); err != nil {
+	m.beginPhase(ctx, PhaseComplete)
+	m.markStore(ctx)
+	err := m.store.Release(dctx, ref)
+	m.storeSince(ctx, StoreRelease, err)
+	m.endPhase(ctx, PhaseComplete, Event{Err: err})
+	if err != nil {
 		if errors.Is(err, idem.ErrLeaseLost) {
-			m.count(OutcomeLeaseLost)
+			m.tally(ctx, OutcomeLeaseLost)
 			log.LogAttrs(ctx, slog.LevelWarn, "release refused: the lease was lost while the handler ran", attrs...)
 			return
 		}
-		m.count(OutcomeStoreError)
+		m.tally(ctx, OutcomeStoreError)
 		log.LogAttrs(ctx, slog.LevelError, "could not release the key; it frees itself when its lease ends",
 			append(attrs, slog.String("error", err.Error()))...)
 		return
@@ -1060,7 +1118,7 @@ func (m *Middleware) released(ctx context.Context, log reqLog, status int, failu
 	if failure != "" {
 		attrs = append(attrs, slog.String("failure", failure))
 	}
-	m.count(OutcomeReleased)
+	m.tally(ctx, OutcomeReleased)
 	log.LogAttrs(ctx, slog.LevelInfo, "transient failure: key released so a retry runs again", attrs...)
 }
 

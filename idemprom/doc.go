@@ -1,14 +1,53 @@
-// Package idemprom exports idem's counters to Prometheus.
+// Package idemprom exports what idem's toolkit does to Prometheus, for any
+// program that uses it.
 //
-// The toolkit's packages count what they do without importing a metrics
-// library; this package turns those counts into Prometheus collectors, so
-// only programs that want Prometheus depend on it.
+// The toolkit's packages count what they do and offer an observation seam
+// (idemhttp.Observer, consumer.Observer, outbox.Observer) without
+// importing a metrics library; this package turns those counts into
+// collectors read at scrape time, and implements the seam with
+// histograms, so only programs that want Prometheus depend on it.
 //
-//	m, _ := idemhttp.New(&idemhttp.Config{Store: store, Scope: scopeByTenant})
+// Counts, read at each scrape (they cost the toolkit an atomic add):
+//
+//   - RegisterMiddleware: idem_http_requests_total{middleware, outcome},
+//     one series per idemhttp.Outcome. An alert on the rate of
+//     outcome="store_error" or outcome="lease_lost" is the first one to
+//     write.
+//   - RegisterConsumer: idem_consumer_messages_total{consumer, outcome}:
+//     processed, duplicate, retried, dead_lettered, parked.
+//   - RegisterDeadLetters: idem_dead_letters{consumer} and
+//     idem_dead_letter_oldest_age_seconds{consumer}, from
+//     idem.DeadLetters.Stats.
+//   - RegisterOutbox: idem_outbox_backlog{outbox} and
+//     idem_outbox_oldest_age_seconds{outbox}, from an outbox that tells its
+//     backlog (Backlogger: idemsqlite's and idempg's).
+//
+// Histograms and relay counters, given to the toolkit's Config.Observer and
+// registered like any collector:
+//
+//   - MiddlewareObserver: idem_http_request_duration_seconds{outcome},
+//     idem_http_phase_duration_seconds{phase} (claim, handler, complete,
+//     replay) and idem_http_store_duration_seconds{op}, each labelled
+//     middleware;
+//   - ConsumerObserver: idem_consumer_process_duration_seconds{outcome}
+//     and idem_consumer_lag_seconds (publication to commit), labelled
+//     consumer;
+//   - RelayObserver: idem_outbox_relayed_total,
+//     idem_outbox_pass_failures_total, idem_outbox_pass_duration_seconds
+//     and idem_outbox_relay_delay_seconds, labelled relay.
+//
+// For example:
+//
+//	obs := idemprom.NewMiddlewareObserver("payments")
+//	m, _ := idemhttp.New(&idemhttp.Config{Store: store, Scope: scopeByTenant, Observer: obs})
 //	reg := prometheus.NewRegistry()
 //	idemprom.RegisterMiddleware(reg, "payments", m)
+//	reg.MustRegister(obs)
 //
-// exports idem_http_requests_total{middleware="payments",outcome="replayed"}
-// and its siblings, one series per idemhttp.Outcome. An alert on the rate of
-// outcome="store_error" or outcome="lease_lost" is the first one to write.
+// idemhttp.Observers (and consumer.Observers, outbox.Observers) combine
+// these histograms with tracing (package idemotel) on one middleware.
+//
+// The Grafana dashboard in deploy/grafana and the alert rules in
+// deploy/prometheus are written against these names, as `idem serve`
+// exports them.
 package idemprom

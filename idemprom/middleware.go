@@ -1,6 +1,9 @@
 package idemprom
 
 import (
+	"context"
+	"time"
+
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -37,4 +40,101 @@ func NewMiddlewareCollector(name string, m *idemhttp.Middleware) prometheus.Coll
 // middleware=name. Two middlewares need two names.
 func RegisterMiddleware(reg prometheus.Registerer, name string, m *idemhttp.Middleware) error {
 	return reg.Register(NewMiddlewareCollector(name, m))
+}
+
+// latencyBuckets span half a millisecond (a claim in memory) to some
+// eight seconds (a handler waiting on a slow dependency).
+var latencyBuckets = prometheus.ExponentialBuckets(0.0005, 2, 15)
+
+// MiddlewareObserver is an idemhttp.Observer that keeps latency
+// histograms, and the prometheus.Collector that exports them:
+//
+//   - idem_http_request_duration_seconds{middleware, outcome}: whole
+//     protected requests, by idemhttp.Outcome;
+//   - idem_http_phase_duration_seconds{middleware, phase}: claim (waits for
+//     an execution in flight included), handler, complete, replay;
+//   - idem_http_store_duration_seconds{middleware, op}: each round trip to
+//     the key store (claim, complete, release, get, replay).
+//
+// Give it to idemhttp.Config.Observer and register it. Observing costs a
+// request a few histogram observations.
+type MiddlewareObserver struct {
+	requests, phases, store *prometheus.HistogramVec
+	// Looked up once, so the request path looks no label up; the maps are
+	// only read after NewMiddlewareObserver.
+	phase   [idemhttp.PhaseReplay + 1]prometheus.Observer
+	outcome map[idemhttp.Outcome]prometheus.Observer
+	op      map[idemhttp.StoreOp]prometheus.Observer
+}
+
+var _ idemhttp.Observer = (*MiddlewareObserver)(nil)
+
+// NewMiddlewareObserver returns the histograms of the middleware it is
+// given to, labelled middleware=name.
+func NewMiddlewareObserver(name string) *MiddlewareObserver {
+	labels := prometheus.Labels{"middleware": name}
+	o := &MiddlewareObserver{
+		requests: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "idem_http_request_duration_seconds", ConstLabels: labels, Buckets: latencyBuckets,
+			Help: "Protected requests' time in the idempotency middleware, handler included, by outcome.",
+		}, []string{"outcome"}),
+		phases: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "idem_http_phase_duration_seconds", ConstLabels: labels, Buckets: latencyBuckets,
+			Help: "Time of each phase of a protected request: claim (waits for an execution in flight included), handler, complete (keep the answer or release the key), replay.",
+		}, []string{"phase"}),
+		store: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "idem_http_store_duration_seconds", ConstLabels: labels, Buckets: latencyBuckets,
+			Help: "Round trips of the idempotency middleware to its key store, by operation: claim, complete, release, get, replay.",
+		}, []string{"op"}),
+	}
+	for p := idemhttp.PhaseClaim; p <= idemhttp.PhaseReplay; p++ {
+		o.phase[p] = o.phases.WithLabelValues(p.String())
+	}
+	o.outcome = make(map[idemhttp.Outcome]prometheus.Observer, len(idemhttp.Outcomes))
+	for _, out := range idemhttp.Outcomes {
+		o.outcome[out] = o.requests.WithLabelValues(string(out))
+	}
+	o.op = make(map[idemhttp.StoreOp]prometheus.Observer)
+	for _, op := range []idemhttp.StoreOp{idemhttp.StoreClaim, idemhttp.StoreComplete, idemhttp.StoreRelease, idemhttp.StoreGet, idemhttp.StoreReplay} {
+		o.op[op] = o.store.WithLabelValues(string(op))
+	}
+	return o
+}
+
+// Begin implements idemhttp.Observer; it carries nothing.
+func (o *MiddlewareObserver) Begin(ctx context.Context, _ idemhttp.Event) context.Context { return ctx }
+
+// End implements idemhttp.Observer.
+func (o *MiddlewareObserver) End(_ context.Context, e idemhttp.Event) {
+	switch {
+	case e.Phase == idemhttp.PhaseRequest:
+		if h, ok := o.outcome[e.Outcome]; ok {
+			h.Observe(e.Duration.Seconds())
+		}
+	case e.Phase == idemhttp.PhaseReplay && e.Status == 0:
+		// Not answered from the record: the claim answers, and is timed.
+	case int(e.Phase) < len(o.phase):
+		o.phase[e.Phase].Observe(e.Duration.Seconds())
+	}
+}
+
+// Store implements idemhttp.Observer.
+func (o *MiddlewareObserver) Store(_ context.Context, op idemhttp.StoreOp, d time.Duration, _ error) {
+	if h, ok := o.op[op]; ok {
+		h.Observe(d.Seconds())
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (o *MiddlewareObserver) Describe(ch chan<- *prometheus.Desc) {
+	o.requests.Describe(ch)
+	o.phases.Describe(ch)
+	o.store.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (o *MiddlewareObserver) Collect(ch chan<- prometheus.Metric) {
+	o.requests.Collect(ch)
+	o.phases.Collect(ch)
+	o.store.Collect(ch)
 }

@@ -46,6 +46,17 @@
 // duplicate window) drop such a copy when it comes soon enough; otherwise
 // the consumer's inbox absorbs it.
 //
+// # Observing
+//
+// Config.Observer sees every pass that relays something or fails (an idle
+// poll is not reported): how many entries it sent, the messages it
+// published (not for a MoveOutbox, which the relay does not see), how long
+// the oldest of them waited, and its error. Package idemprom counts and
+// times the passes (RelayObserver) and reads an outbox's backlog
+// (RegisterOutbox); package idemotel makes a span of each pass linked to
+// the spans that wrote its messages, whose trace context the entries keep
+// in their headers.
+//
 // # Failures
 //
 // A failed publish is never dropped: the relay keeps the batch and

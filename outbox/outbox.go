@@ -46,6 +46,10 @@ type Config struct {
 	Retry idem.RetryPolicy
 	// Timers schedules polls and backoff. Defaults to idem.RuntimeTimers.
 	Timers idem.Timers
+	// Observer sees every pass that relays something or fails, for
+	// tracing and metrics: see packages idemotel and idemprom. Defaults
+	// to nil: nothing is observed.
+	Observer Observer
 	// Logger receives publish failures. Defaults to a logger that
 	// discards.
 	Logger *slog.Logger
@@ -149,9 +153,26 @@ func (r *Relay) Flush(ctx context.Context) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
+	if r.cfg.Observer == nil {
+		return r.flush(ctx, nil)
+	}
+	var p Pass
+	start := time.Now()
+	n, err := r.flush(ctx, &p)
+	p.Sent, p.Err = n, err
+	r.observe(ctx, start, p)
+	return n, err
+}
+
+// flush is Flush's pass, with r.mu held; it fills in p, when not nil,
+// with what the observer is told.
+func (r *Relay) flush(ctx context.Context, p *Pass) (int, error) {
 	if r.mover != nil && len(r.pending) == 0 {
 		n, ok, err := r.mover.MoveOutbox(ctx, r.cfg.Outbox, r.cfg.Batch)
 		if ok {
+			if p != nil {
+				p.Moved = true
+			}
 			if err != nil {
 				return 0, fmt.Errorf("outbox relay %s: move: %w", r.cfg.Name, err)
 			}
@@ -175,6 +196,9 @@ func (r *Relay) Flush(ctx context.Context) (int, error) {
 		msgs := make([]idem.Message, len(r.pending))
 		for i, e := range r.pending {
 			msgs[i] = e.Message
+		}
+		if p != nil {
+			p.Messages, p.Oldest = msgs, r.pending[0].CreatedAt
 		}
 		if err := r.cfg.Publisher.Publish(ctx, msgs...); err != nil {
 			return 0, fmt.Errorf("outbox relay %s: publish %d messages from seq %d: %w", r.cfg.Name, len(msgs), r.pending[0].Seq, err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
@@ -18,7 +19,9 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consumer"
 	"github.com/idem-go/idem/deadletter"
+	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/idemprom"
 	"github.com/idem-go/idem/idemsqlite"
 	"github.com/idem-go/idem/outbox"
 )
@@ -182,10 +185,14 @@ type pipeline struct {
 	embedded embeddedTransport
 	relay    *outbox.Relay
 	consumer *consumer.Consumer
-	store    storage
-	faults   bool
-	crash    func()
-	logger   *slog.Logger
+	// relayObs and consumerObs are the relay's and the consumer's
+	// histograms.
+	relayObs    *idemprom.RelayObserver
+	consumerObs *idemprom.ConsumerObserver
+	store       storage
+	faults      bool
+	crash       func()
+	logger      *slog.Logger
 
 	stop context.CancelFunc
 	wg   sync.WaitGroup
@@ -205,7 +212,10 @@ func newPipeline(ctx context.Context, store storage, msgs messaging, c *Config) 
 		}
 		p.transport, p.embedded = tr, tr
 	}
-	relay, err := outbox.New(&outbox.Config{Outbox: msgs.outbox, Publisher: p.transport, Logger: c.Logger})
+	p.relayObs = idemprom.NewRelayObserver(outboxName)
+	p.consumerObs = idemprom.NewConsumerObserver(SettlementConsumer)
+	relay, err := outbox.New(&outbox.Config{Outbox: msgs.outbox, Publisher: p.transport, Logger: c.Logger,
+		Observer: outbox.Observers(p.relayObs, c.Observers.relay())})
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("payments: relay: %w", err), p.closeTransport())
 	}
@@ -229,6 +239,7 @@ func newPipeline(ctx context.Context, store storage, msgs messaging, c *Config) 
 		InTx:        msgs.inTx,
 		AckWait:     c.AckWait,
 		Clock:       c.Clock,
+		Observer:    consumer.Observers(p.consumerObs, c.Observers.consumer()),
 		Logger:      c.Logger,
 	})
 	if err != nil {
@@ -511,63 +522,97 @@ func noteEvent(ctx context.Context) {
 	}
 }
 
-var (
-	deadLettersDesc = prometheus.NewDesc("idem_dead_letters",
-		"Dead letters waiting for a person (state dead), per consumer.", []string{"consumer"}, nil)
-	deadLetterAgeDesc = prometheus.NewDesc("idem_dead_letter_oldest_age_seconds",
-		"Age of the oldest waiting dead letter (since its first failure), per consumer.", []string{"consumer"}, nil)
-	consumerMessagesDesc = prometheus.NewDesc("idem_consumer_messages_total",
-		"Messages handled by the consumer since the service started, by outcome.", []string{"consumer", "outcome"}, nil)
-)
-
-// pipelineCollector exports the dead letters, read at each scrape, and the
-// settlement consumer's counters.
-type pipelineCollector struct {
-	p      *pipeline
-	clock  idem.Clock
-	logger *slog.Logger
+// Observers are what a Service's middlewares, settlement consumer and
+// outbox relay report to, beside the service's own Prometheus histograms
+// (tracing, say: package idemotel implements each). Every field is
+// optional.
+type Observers struct {
+	// Middleware returns the observer of the idempotency middleware named
+	// name ("payments", "deposits", "refunds", "accounts"), or nil.
+	Middleware func(name string) idemhttp.Observer
+	// Consumer observes the settlement consumer.
+	Consumer consumer.Observer
+	// Relay observes the outbox relay.
+	Relay outbox.Observer
+	// Message is called with each event as it is written to the outbox,
+	// in the transaction of the request that caused it and with that
+	// request's context (its handler's), to add headers to it; the outbox,
+	// the relay and the transport carry them to the settlement consumer.
+	// idemotel's Tracing.Inject writes the W3C traceparent there, so that
+	// a settlement continues the trace of its payment.
+	Message func(ctx context.Context, m *idem.Message)
 }
 
-func (c *pipelineCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- deadLettersDesc
-	ch <- deadLetterAgeDesc
-	ch <- consumerMessagesDesc
+func (o *Observers) middleware(name string) idemhttp.Observer {
+	if o == nil || o.Middleware == nil {
+		return nil
+	}
+	return o.Middleware(name)
 }
 
-func (c *pipelineCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	stats, err := c.p.msgs.letters.Stats(ctx)
+func (o *Observers) consumer() consumer.Observer {
+	if o == nil {
+		return nil
+	}
+	return o.Consumer
+}
+
+func (o *Observers) relay() outbox.Observer {
+	if o == nil {
+		return nil
+	}
+	return o.Relay
+}
+
+// outbox returns ob, or ob adding headers to every message with Message.
+func (o *Observers) outbox(ob idem.Outbox) idem.Outbox {
+	if o == nil || o.Message == nil {
+		return ob
+	}
+	return &headerOutbox{Outbox: ob, message: o.Message}
+}
+
+// headerOutbox is an outbox whose Add lets message add headers first.
+type headerOutbox struct {
+	idem.Outbox
+	message func(ctx context.Context, m *idem.Message)
+}
+
+func (h *headerOutbox) Add(ctx context.Context, msgs ...idem.Message) error {
+	out := make([]idem.Message, len(msgs))
+	for i, m := range msgs {
+		// Its own map: the caller's message keeps its headers.
+		m.Headers = maps.Clone(m.Headers)
+		h.message(ctx, &m)
+		out[i] = m
+	}
+	return h.Outbox.Add(ctx, out...)
+}
+
+// collectors are the pipeline's metrics: the settlement consumer's counts
+// and histograms, the dead letters' gauges, the relay's counts and
+// histograms and, where the outbox tells it, its backlog.
+func (p *pipeline) collectors(c *Config) ([]prometheus.Collector, error) {
+	letters, err := idemprom.NewDeadLettersCollector(p.msgs.letters, &idemprom.DeadLettersConfig{
+		Consumers: []string{SettlementConsumer}, Clock: c.Clock, Logger: c.Logger})
 	if err != nil {
-		c.logger.Warn("payments: reading dead-letter stats for /metrics failed", "err", err)
+		return nil, fmt.Errorf("payments: metrics: %w", err)
 	}
-	now := c.clock.Now()
-	seen := false
-	for _, st := range stats {
-		seen = seen || st.Consumer == SettlementConsumer
-		ch <- prometheus.MustNewConstMetric(deadLettersDesc, prometheus.GaugeValue, float64(st.Count), st.Consumer)
-		ch <- prometheus.MustNewConstMetric(deadLetterAgeDesc, prometheus.GaugeValue, max(now.Sub(st.Oldest).Seconds(), 0), st.Consumer)
+	cs := []prometheus.Collector{
+		idemprom.NewConsumerCollector(SettlementConsumer, p.consumer), p.consumerObs, letters, p.relayObs,
 	}
-	if !seen && err == nil {
-		// An explicit zero, so that an alert on the gauge has a series to
-		// look at before the first letter.
-		ch <- prometheus.MustNewConstMetric(deadLettersDesc, prometheus.GaugeValue, 0, SettlementConsumer)
-		ch <- prometheus.MustNewConstMetric(deadLetterAgeDesc, prometheus.GaugeValue, 0, SettlementConsumer)
+	if b, ok := p.msgs.outbox.(idemprom.Backlogger); ok {
+		backlog, err := idemprom.NewOutboxCollector(outboxName, b, &idemprom.OutboxConfig{Clock: c.Clock, Logger: c.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("payments: metrics: %w", err)
+		}
+		cs = append(cs, backlog)
 	}
-	s := c.p.consumer.Stats()
-	for _, o := range []struct {
-		outcome string
-		n       int64
-	}{
-		{"processed", s.Processed},
-		{"duplicate", s.Duplicates},
-		{"retried", s.Retried},
-		{"dead_lettered", s.DeadLettered},
-		{"parked", s.Parked},
-	} {
-		ch <- prometheus.MustNewConstMetric(consumerMessagesDesc, prometheus.CounterValue, float64(o.n), SettlementConsumer, o.outcome)
-	}
+	return cs, nil
 }
+
+// outboxName labels the metrics of the service's outbox and its relay.
+const outboxName = "payments"
 
 // DeadLetterService returns the dead-letter service on db, the SQLite
 // database a Service runs on: what `idem dlq` and tests act on the

@@ -141,6 +141,9 @@ type Config struct {
 	// Registry receives the service's metrics and is served at /metrics.
 	// Defaults to a new registry with the Go and process collectors.
 	Registry *prometheus.Registry
+	// Observers are observed beside the service's own latency histograms:
+	// tracing, say (package idemotel). Defaults to nil: histograms only.
+	Observers *Observers
 }
 
 // Defaults applied by New.
@@ -257,6 +260,7 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 			{"accounts", true, &s.accountsMW},
 		}
 		for _, m := range mws {
+			mwObs := idemprom.NewMiddlewareObserver(m.name)
 			mw, err := idemhttp.New(&idemhttp.Config{
 				Store:         s.keys,
 				SeparateTx:    s.twoStores,
@@ -270,12 +274,13 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 				BodyKeys:      c.BodyKeys,
 				DiscardBodies: c.DiscardBodies,
 				Keep:          keep,
+				Observer:      idemhttp.Observers(mwObs, c.Observers.middleware(m.name)),
 				Logger:        c.Logger,
 			})
 			if err != nil {
 				return nil, fmt.Errorf("payments: %s idempotency middleware: %w", m.name, err)
 			}
-			metrics = append(metrics, idemprom.NewMiddlewareCollector(m.name, mw))
+			metrics = append(metrics, idemprom.NewMiddlewareCollector(m.name, mw), mwObs)
 			*m.dst = mw
 		}
 	}
@@ -294,13 +299,17 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 		return nil, err
 	}
 	s.pipeline = p
-	s.store.setOutbox(msgs.outbox)
+	s.store.setOutbox(c.Observers.outbox(msgs.outbox))
 	defer func() {
 		if !built {
 			p.close() //nolint:errcheck // the error New returns says more
 		}
 	}()
-	metrics = append(metrics, &pipelineCollector{p: p, clock: c.Clock, logger: c.Logger})
+	pm, err := p.collectors(&c)
+	if err != nil {
+		return nil, err
+	}
+	metrics = append(metrics, pm...)
 	// One registration, so a failure leaves nothing half-registered.
 	metrics = append(metrics, &countsCollector{store: s.store, logger: c.Logger})
 	if err := c.Registry.Register(metrics); err != nil {

@@ -1,0 +1,132 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/consumer"
+	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/idemtest"
+)
+
+// tally is an Observer that counts outcomes and checks that every
+// handling it saw begin ends once.
+type tally struct {
+	mu       sync.Mutex
+	next     int
+	open     map[int]bool
+	outcomes map[consumer.Outcome]int
+	problems []string
+	lagged   int
+}
+
+type handlingKey struct{}
+
+func (o *tally) Begin(ctx context.Context, e consumer.Event) context.Context {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.next++
+	o.open[o.next] = true
+	if e.Consumer != "audit" || e.Topic != "t" || e.Attempt < 1 {
+		o.problems = append(o.problems, fmt.Sprintf("Begin(%+v)", e))
+	}
+	return context.WithValue(ctx, handlingKey{}, o.next)
+}
+
+func (o *tally) End(ctx context.Context, e consumer.Event) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	id, _ := ctx.Value(handlingKey{}).(int)
+	if !o.open[id] {
+		o.problems = append(o.problems, fmt.Sprintf("End of handling %d, not open: %+v", id, e))
+	}
+	delete(o.open, id)
+	o.outcomes[e.Outcome]++
+	if e.Outcome == consumer.OutcomeProcessed && e.Lag > 0 {
+		o.lagged++
+	}
+	if (e.Outcome == consumer.OutcomeRetried || e.Outcome == consumer.OutcomeDeadLettered) && e.Err == nil {
+		o.problems = append(o.problems, fmt.Sprintf("%s without its error", e.Outcome))
+	}
+}
+
+// The observer sees every delivery's handling end once, with the outcome
+// Stats counts, whether messages are handled in batches or one at a time,
+// and a Handler runs in the context Begin returned.
+func TestObserverSeesOutcomes(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []int{1, 20} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			t.Parallel()
+			o := &tally{open: map[int]bool{}, outcomes: map[consumer.Outcome]int{}}
+			transport := idemmem.NewTransport(nil)
+			defer transport.Close()
+			c, err := consumer.New(&consumer.Config{
+				Name: "audit", Topic: "t", Subscriber: transport, Inbox: idemmem.NewInbox(),
+				DeadLetters: idemmem.NewDeadLetters(nil), Ledger: idemmem.NewLedger(), BatchSize: batch,
+				Retry:    idem.RetryPolicy{MaxAttempts: 2, Base: time.Millisecond, Cap: time.Millisecond},
+				Observer: o,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			var wg sync.WaitGroup
+			defer wg.Wait()
+			defer cancel()
+			wg.Go(func() {
+				c.Run(ctx, func(ctx context.Context, m idem.Message) error {
+					if _, ok := ctx.Value(handlingKey{}).(int); !ok && batch == 1 {
+						t.Error("the handler's context is not the observer's")
+					}
+					if m.ID == "bad-1" || m.ID == "bad-2" {
+						return errors.New("refused")
+					}
+					return nil
+				})
+			})
+			<-c.Subscribed()
+			var msgs []idem.Message
+			for i := range 30 {
+				msgs = append(msgs, idem.Message{ID: fmt.Sprintf("m-%d", i), Topic: "t", Key: fmt.Sprintf("k%d", i%3), Time: time.Now()})
+			}
+			msgs = append(msgs, idem.Message{ID: "bad-1", Topic: "t", Key: "k0"}, idem.Message{ID: "bad-2", Topic: "t"},
+				idem.Message{ID: "m-1", Topic: "t"}, idem.Message{ID: "m-behind", Topic: "t", Key: "k0"})
+			if err := transport.Publish(t.Context(), msgs...); err != nil {
+				t.Fatal(err)
+			}
+			settled := func() bool {
+				s := c.Stats()
+				return s.Processed == 30 && s.Duplicates == 1 && s.DeadLettered == 2 && s.Parked == 1
+			}
+			idemtest.Eventually(t, 10*time.Second, "every message settled", settled)
+			cancel()
+			wg.Wait()
+			s := c.Stats()
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			for _, p := range o.problems {
+				t.Error(p)
+			}
+			if len(o.open) != 0 {
+				t.Errorf("%d handlings never ended", len(o.open))
+			}
+			for out, n := range map[consumer.Outcome]int64{
+				consumer.OutcomeProcessed: s.Processed, consumer.OutcomeDuplicate: s.Duplicates,
+				consumer.OutcomeRetried: s.Retried, consumer.OutcomeDeadLettered: s.DeadLettered, consumer.OutcomeParked: s.Parked,
+			} {
+				if int64(o.outcomes[out]) != n {
+					t.Errorf("observed %d %s, Stats counts %d", o.outcomes[out], out, n)
+				}
+			}
+			if o.lagged != 30 {
+				t.Errorf("%d messages processed with a lag, want the 30 with a Time", o.lagged)
+			}
+		})
+	}
+}

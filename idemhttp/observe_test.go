@@ -1,0 +1,237 @@
+package idemhttp_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idemmem"
+)
+
+// recording is an Observer that writes down what it sees.
+type recording struct {
+	mu     sync.Mutex
+	log    []string
+	open   map[int]idemhttp.Phase
+	next   int
+	ends   []idemhttp.Event
+	stores []idemhttp.StoreOp
+}
+
+type phaseKey struct{}
+
+func (r *recording) Begin(ctx context.Context, e idemhttp.Event) context.Context {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.open == nil {
+		r.open = map[int]idemhttp.Phase{}
+	}
+	r.next++
+	r.open[r.next] = e.Phase
+	r.log = append(r.log, "+"+e.Phase.String())
+	return context.WithValue(ctx, phaseKey{}, r.next)
+}
+
+func (r *recording) End(ctx context.Context, e idemhttp.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	id, _ := ctx.Value(phaseKey{}).(int)
+	if p, ok := r.open[id]; !ok || p != e.Phase {
+		r.log = append(r.log, "!end of a phase not begun: "+e.Phase.String())
+	}
+	delete(r.open, id)
+	r.log = append(r.log, "-"+e.Phase.String())
+	r.ends = append(r.ends, e)
+}
+
+func (r *recording) Store(_ context.Context, op idemhttp.StoreOp, d time.Duration, _ error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stores = append(r.stores, op)
+}
+
+// take returns what was seen since the last take.
+func (r *recording) take() (log []string, ends []idemhttp.Event, stores []idemhttp.StoreOp) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	log, ends, stores = r.log, r.ends, r.stores
+	r.log, r.ends, r.stores = nil, nil, nil
+	return log, ends, stores
+}
+
+func (r *recording) end(ends []idemhttp.Event, p idemhttp.Phase) (idemhttp.Event, bool) {
+	for _, e := range ends {
+		if e.Phase == p {
+			return e, true
+		}
+	}
+	return idemhttp.Event{}, false
+}
+
+// Every protected request is one PhaseRequest with its outcome around the
+// phases it went through, each begun and ended once, in each of the
+// middleware's forms; the handler runs in the handler phase's context.
+func TestObserverSeesPhases(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			rec := &recording{}
+			m, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: b.open(t, nil), Observer: rec})
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if _, ok := r.Context().Value(phaseKey{}).(int); !ok {
+					t.Error("the handler's context does not carry the handler phase's")
+				}
+				if strings.Contains(r.URL.Path, "fail") {
+					w.WriteHeader(http.StatusServiceUnavailable)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+			}))
+			send := func(path, key, body string) {
+				req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+				if key != "" {
+					req.Header.Set(idemhttp.HeaderKey, key)
+				}
+				h.ServeHTTP(httptest.NewRecorder(), req)
+			}
+			cases := []struct {
+				name, path, key, body string
+				outcome               idemhttp.Outcome
+				phases                []string
+				claim                 string
+				status                int
+				stores                []idemhttp.StoreOp
+			}{
+				{"first", "/pay", "k1", `{"a":1}`, idemhttp.OutcomeExecuted,
+					[]string{"request", "claim", "handler", "complete"}, idemhttp.ClaimAcquired, 201,
+					[]idemhttp.StoreOp{idemhttp.StoreClaim, idemhttp.StoreComplete}},
+				{"replay", "/pay", "k1", `{"a":1}`, idemhttp.OutcomeReplayed,
+					[]string{"request", "replay"}, "", 201, nil},
+				{"mismatch", "/pay", "k1", `{"a":2}`, idemhttp.OutcomeMismatch,
+					[]string{"request", "replay"}, "", 422, nil},
+				{"released", "/fail", "k2", `{}`, idemhttp.OutcomeReleased,
+					[]string{"request", "claim", "handler", "complete"}, idemhttp.ClaimAcquired, 503,
+					[]idemhttp.StoreOp{idemhttp.StoreClaim}},
+				{"rejected", "/pay", "", `{}`, idemhttp.OutcomeRejected, []string{"request"}, "", 0, nil},
+			}
+			for _, c := range cases {
+				send(c.path, c.key, c.body)
+				log, ends, stores := rec.take()
+				var begun []string
+				for _, l := range log {
+					if strings.HasPrefix(l, "!") {
+						t.Errorf("%s: %s", c.name, l)
+					}
+					if p, ok := strings.CutPrefix(l, "+"); ok {
+						begun = append(begun, p)
+					}
+				}
+				if !slices.Equal(begun, c.phases) {
+					t.Errorf("%s: phases %v, want %v (log %v)", c.name, begun, c.phases, log)
+				}
+				if len(ends) != len(begun) || log[len(log)-1] != "-request" {
+					t.Errorf("%s: log %v: want every phase ended once, the request last", c.name, log)
+				}
+				req, _ := rec.end(ends, idemhttp.PhaseRequest)
+				if req.Outcome != c.outcome || req.Status != c.status || req.Store == "" || req.Duration <= 0 {
+					t.Errorf("%s: request ended with outcome %q, status %d, store %q, duration %v; want %q, %d",
+						c.name, req.Outcome, req.Status, req.Store, req.Duration, c.outcome, c.status)
+				}
+				if c.key != "" && string(req.Key) != c.key {
+					t.Errorf("%s: the request's key is %q, want %q", c.name, req.Key, c.key)
+				}
+				if cl, ok := rec.end(ends, idemhttp.PhaseClaim); ok && cl.Claim != c.claim {
+					t.Errorf("%s: claim %q, want %q", c.name, cl.Claim, c.claim)
+				}
+				for _, op := range c.stores {
+					if !slices.Contains(stores, op) {
+						t.Errorf("%s: store round trips %v, want %s among them", c.name, stores, op)
+					}
+				}
+			}
+		})
+	}
+}
+
+// A duplicate that waits for the execution in flight ends its claim when
+// it gets the execution's answer, replayed.
+func TestObserverSeesWaitingDuplicate(t *testing.T) {
+	t.Parallel()
+	rec := &recording{}
+	m, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil), Observer: rec, RecentKeys: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-release
+		w.WriteHeader(http.StatusCreated)
+	}))
+	send := func() {
+		req := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`))
+		req.Header.Set(idemhttp.HeaderKey, "k")
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	var wg sync.WaitGroup
+	wg.Go(send)
+	<-entered
+	wg.Go(send)
+	// The duplicate is waiting once its claim saw the key in flight.
+	time.AfterFunc(50*time.Millisecond, func() { close(release) })
+	wg.Wait()
+	_, ends, _ := rec.take()
+	var outcomes, claims []string
+	for _, e := range ends {
+		switch e.Phase {
+		case idemhttp.PhaseRequest:
+			outcomes = append(outcomes, string(e.Outcome))
+		case idemhttp.PhaseClaim:
+			claims = append(claims, e.Claim)
+		}
+	}
+	slices.Sort(outcomes)
+	slices.Sort(claims)
+	if !slices.Equal(outcomes, []string{"executed", "replayed"}) || !slices.Equal(claims, []string{"acquired", "completed"}) {
+		t.Fatalf("outcomes %v, claims %v; want executed and replayed, acquired and completed", outcomes, claims)
+	}
+}
+
+// Observers passes each Begin's context on, and skips nil observers.
+func TestObservers(t *testing.T) {
+	t.Parallel()
+	if idemhttp.Observers(nil, nil) != nil {
+		t.Fatal("Observers of nothing is not nil")
+	}
+	a, b := &recording{}, &recording{}
+	if idemhttp.Observers(nil, a) != idemhttp.Observer(a) {
+		t.Fatal("Observers of one observer is not that observer")
+	}
+	o := idemhttp.Observers(a, nil, b)
+	ctx := o.Begin(context.Background(), idemhttp.Event{Phase: idemhttp.PhaseClaim})
+	o.End(ctx, idemhttp.Event{Phase: idemhttp.PhaseClaim})
+	o.Store(ctx, idemhttp.StoreClaim, time.Millisecond, nil)
+	for _, r := range []*recording{a, b} {
+		log, _, stores := r.take()
+		if !slices.Equal(log, []string{"+claim", "-claim"}) || len(stores) != 1 {
+			t.Fatalf("log %v, stores %v", log, stores)
+		}
+	}
+}
+
+// nopObserver observes nothing, for the benchmark of the seam.
+type nopObserver struct{}
+
+func (nopObserver) Begin(ctx context.Context, _ idemhttp.Event) context.Context   { return ctx }
+func (nopObserver) End(context.Context, idemhttp.Event)                           {}
+func (nopObserver) Store(context.Context, idemhttp.StoreOp, time.Duration, error) {}
