@@ -6,12 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"os/user"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/console"
 	"github.com/idem-go/idem/deadletter"
 	"github.com/idem-go/idem/payments"
 )
@@ -39,12 +44,18 @@ re-driven message is published by the running service's outbox relay.`,
 	}
 	cmd.PersistentFlags().StringVar(&f.db, "db", defaultDB, "the database: "+supportedDBs)
 	cmd.PersistentFlags().StringVar(&f.pgSchema, "pg-schema", defaultPGSchema, "PostgreSQL schema, as given to serve")
-	cmd.AddCommand(a.dlqLsCmd(&f), a.dlqShowCmd(&f), a.dlqRedriveCmd(&f), a.dlqDiscardCmd(&f))
+	cmd.AddCommand(a.dlqLsCmd(&f), a.dlqShowCmd(&f), a.dlqRedriveCmd(&f), a.dlqEditCmd(&f), a.dlqDiscardCmd(&f))
 	return cmd
 }
 
 // withDLQ opens --db and runs fn with its dead-letter service.
-func (a *app) withDLQ(ctx context.Context, f *dlqFlags, fn func(svc *deadletter.Service) error) (err error) {
+func (a *app) withDLQ(ctx context.Context, f *dlqFlags, fn func(svc *deadletter.Service) error) error {
+	return a.withDLQInsights(ctx, f, func(svc *deadletter.Service, _ console.Insights) error { return fn(svc) })
+}
+
+// withDLQInsights is withDLQ that also gives fn what the console knows of
+// the database beyond the letters (the parked messages).
+func (a *app) withDLQInsights(ctx context.Context, f *dlqFlags, fn func(svc *deadletter.Service, in console.Insights) error) (err error) {
 	t, err := parseDB(f.db)
 	if err != nil {
 		return err
@@ -55,15 +66,20 @@ func (a *app) withDLQ(ctx context.Context, f *dlqFlags, fn func(svc *deadletter.
 	}
 	defer func() { err = errors.Join(err, db.Close()) }()
 	var svc *deadletter.Service
+	var in console.Insights
 	if t.postgres {
-		svc, err = payments.DeadLetterServicePostgres(ctx, db.pg)
+		if svc, err = payments.DeadLetterServicePostgres(ctx, db.pg); err == nil {
+			in, err = payments.ConsoleInsightsPostgres(db.pg)
+		}
 	} else {
-		svc, err = payments.DeadLetterService(ctx, db.sqlite)
+		if svc, err = payments.DeadLetterService(ctx, db.sqlite); err == nil {
+			in, err = payments.ConsoleInsights(db.sqlite)
+		}
 	}
 	if err != nil {
 		return err
 	}
-	return fn(svc)
+	return fn(svc, in)
 }
 
 // filterFlags are --consumer, --class and --since.
@@ -114,12 +130,14 @@ type letterJSON struct {
 	LastError     string            `json:"last_error"`
 	ErrorClass    string            `json:"error_class"`
 	State         string            `json:"state"`
+	// Parked counts the messages of the key parked behind the letter.
+	Parked int `json:"parked"`
 	// Payload is the message body as JSON when it is JSON, as a string
 	// otherwise, so that a malformed body is still shown as it arrived.
 	Payload any `json:"payload"`
 }
 
-func toJSON(dl idem.DeadLetter) letterJSON {
+func toJSON(dl idem.DeadLetter, parked int) letterJSON {
 	var payload any = string(dl.Message.Payload)
 	if json.Valid(dl.Message.Payload) {
 		payload = json.RawMessage(dl.Message.Payload)
@@ -128,7 +146,7 @@ func toJSON(dl idem.DeadLetter) letterJSON {
 		ID: dl.ID, Consumer: dl.Consumer, MessageID: dl.Message.ID, Topic: dl.Message.Topic, Key: dl.Message.Key,
 		Headers: dl.Message.Headers, Attempts: len(dl.Attempts), FirstFailedAt: dl.FirstFailedAt,
 		LastFailedAt: dl.LastFailedAt, LastError: dl.LastError(), ErrorClass: string(dl.Class),
-		State: string(dl.State), Payload: payload,
+		State: string(dl.State), Payload: payload, Parked: parked,
 	}
 }
 
@@ -139,7 +157,9 @@ func (a *app) dlqLsCmd(f *dlqFlags) *cobra.Command {
 		Use:   "ls",
 		Short: "List dead letters, the most recent failure first",
 		Long: `List the dead letters waiting for a person (state dead), the most recent
-failure first; --all lists re-driven and discarded ones too.`,
+failure first; --all lists re-driven and discarded ones too. Below the table,
+the keys held back behind a letter, with how many of their messages are
+parked behind it (in --json, each letter's "parked").`,
 		Args: cobra.NoArgs,
 	}
 	ff.add(cmd, true)
@@ -153,21 +173,28 @@ failure first; --all lists re-driven and discarded ones too.`,
 		if !all {
 			filter.State = idem.LetterDead
 		}
-		return a.withDLQ(cmd.Context(), f, func(svc *deadletter.Service) error {
+		return a.withDLQInsights(cmd.Context(), f, func(svc *deadletter.Service, in console.Insights) error {
 			dls, err := svc.List(cmd.Context(), filter)
+			if err != nil {
+				return err
+			}
+			parked, err := in.ParkedCounts(cmd.Context())
 			if err != nil {
 				return err
 			}
 			if asJSON {
 				out := make([]letterJSON, 0, len(dls))
 				for _, dl := range dls {
-					out = append(out, toJSON(dl))
+					out = append(out, toJSON(dl, parked[dl.ID]))
 				}
 				enc := json.NewEncoder(a.stdout)
 				enc.SetIndent("", "  ")
 				return enc.Encode(out)
 			}
-			return deadletter.RenderList(a.stdout, dls)
+			if err := deadletter.RenderList(a.stdout, dls); err != nil {
+				return err
+			}
+			return printParked(a.stdout, dls, parked)
 		})
 	})
 	return cmd
@@ -191,13 +218,38 @@ func (a *app) dlqShowCmd(f *dlqFlags) *cobra.Command {
 	return cmd
 }
 
-// actorFlag adds --actor, defaulting to $USER or "cli".
-func (a *app) actorFlag(cmd *cobra.Command, actor *string) {
-	def := "cli"
-	if u, ok := a.lookupEnv("USER"); ok && strings.TrimSpace(u) != "" {
-		def = strings.TrimSpace(u)
+// printParked writes, for each letter of dls that holds its key back with
+// messages parked behind it, the key and how many. Keys are quoted, so
+// that a key cannot write escape sequences to the terminal.
+func printParked(w io.Writer, dls []idem.DeadLetter, parked map[string]int) error {
+	var b strings.Builder
+	for _, dl := range dls {
+		if n := parked[dl.ID]; n > 0 {
+			fmt.Fprintf(&b, "  key %s (%s): %d parked behind %s\n", strconv.QuoteToASCII(dl.Message.Key), strconv.QuoteToASCII(dl.Consumer), n, dl.ID)
+		}
 	}
-	cmd.Flags().StringVar(actor, "actor", def, "who acts, for the letters' history")
+	if b.Len() == 0 {
+		return nil
+	}
+	_, err := io.WriteString(w, "\nparked messages, per key held back:\n"+b.String())
+	return err
+}
+
+// actorFlag adds --actor, defaulting to the OS user (defaultActor).
+func (a *app) actorFlag(cmd *cobra.Command, actor *string) {
+	cmd.Flags().StringVar(actor, "actor", defaultActor(user.Current, a.lookupEnv), "who acts, for the letters' history (default: the OS user)")
+}
+
+// defaultActor is the OS user's name: the login name, else $USER, else
+// "cli" when neither is known.
+func defaultActor(current func() (*user.User, error), lookupEnv func(string) (string, bool)) string {
+	if u, err := current(); err == nil && strings.TrimSpace(u.Username) != "" {
+		return strings.TrimSpace(u.Username)
+	}
+	if u, ok := lookupEnv("USER"); ok && strings.TrimSpace(u) != "" {
+		return strings.TrimSpace(u)
+	}
+	return "cli"
 }
 
 func (a *app) dlqRedriveCmd(f *dlqFlags) *cobra.Command {
@@ -285,4 +337,108 @@ func printResults(w io.Writer, res []deadletter.Result) {
 		}
 		fmt.Fprintln(w, line)
 	}
+}
+
+func (a *app) dlqEditCmd(f *dlqFlags) *cobra.Command {
+	var actor, reason, payloadFile string
+	var dryRun bool
+	cmd := &cobra.Command{
+		Use:   "edit ID",
+		Short: "Edit a dead letter's payload, then re-drive it",
+		Long: `Replace the payload of a dead letter's message and re-drive it: the edited
+message goes to the outbox, followed by the messages of its key parked behind
+the letter, and the letter's history records who edited it and why. The
+letter keeps the original message.
+
+The new payload comes from --payload-file or, without it, from $VISUAL or
+$EDITOR, opened on the current payload (JSON indented). It must parse as one
+JSON value unless the message's Content-Type header names another type; an
+edit that does not parse, or changes nothing, is refused and nothing is
+re-driven (an edit made in the editor is kept in its file, which is named).
+--dry-run checks the edit and reports what would happen, changing nothing.`,
+		Args: cobra.ExactArgs(1),
+	}
+	cmd.Flags().StringVar(&payloadFile, "payload-file", "", "read the new payload from this file instead of opening an editor")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "check the edit and report what would be re-driven, changing nothing")
+	a.actorFlag(cmd, &actor)
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the letter's history")
+	cmd.RunE = a.action(func(cmd *cobra.Command, args []string) error {
+		editor := ""
+		if payloadFile == "" {
+			for _, v := range []string{"VISUAL", "EDITOR"} {
+				if e, ok := a.lookupEnv(v); ok && strings.TrimSpace(e) != "" {
+					editor = strings.TrimSpace(e)
+					break
+				}
+			}
+			if editor == "" {
+				return &usageError{errors.New("give the new payload with --payload-file FILE, or set $EDITOR to edit it")}
+			}
+		}
+		id := args[0]
+		return a.withDLQ(cmd.Context(), f, func(svc *deadletter.Service) error {
+			dl, err := svc.Show(cmd.Context(), id)
+			if err != nil {
+				return err
+			}
+			if dl.State != idem.LetterDead {
+				return fmt.Errorf("dead letter %q is %s, not dead: only a dead letter can be edited and re-driven: %w", id, dl.State, idem.ErrInvalidTransition)
+			}
+			var edited []byte
+			kept := ""
+			if payloadFile != "" {
+				if edited, err = os.ReadFile(payloadFile); err != nil {
+					return fmt.Errorf("--payload-file: %w", err)
+				}
+			} else {
+				if edited, kept, err = a.editInEditor(cmd.Context(), editor, dl); err != nil {
+					return err
+				}
+			}
+			payload, err := console.EditedPayload(dl, edited)
+			if err != nil {
+				if kept != "" {
+					return fmt.Errorf("%w; nothing was re-driven, and the edit is kept in %s", err, kept)
+				}
+				return fmt.Errorf("%w; nothing was re-driven", err)
+			}
+			if kept != "" {
+				os.Remove(kept)
+			}
+			res, err := svc.Redrive(cmd.Context(), []string{id}, &deadletter.RedriveOptions{Actor: actor, Reason: reason, Payload: payload, DryRun: dryRun})
+			printResults(a.stdout, res)
+			return err
+		})
+	})
+	return cmd
+}
+
+// editInEditor opens editor (a shell command, as $EDITOR may carry
+// arguments) on a temporary file holding dl's payload, and returns what
+// the file holds once it exits, with the file's name: it is removed only
+// once the edit has been accepted.
+func (a *app) editInEditor(ctx context.Context, editor string, dl idem.DeadLetter) (edited []byte, path string, err error) {
+	ext := ".txt"
+	if json.Valid(dl.Message.Payload) || len(dl.Message.Payload) == 0 {
+		ext = ".json"
+	}
+	tmp, err := os.CreateTemp("", "idem-dlq-"+strings.NewReplacer("/", "_", "\\", "_").Replace(dl.ID)+"-*"+ext)
+	if err != nil {
+		return nil, "", fmt.Errorf("the editor's file: %w", err)
+	}
+	path = tmp.Name()
+	_, werr := tmp.WriteString(console.EditableText(dl.Message.Payload))
+	if err := errors.Join(werr, tmp.Close()); err != nil {
+		os.Remove(path)
+		return nil, "", fmt.Errorf("the editor's file: %w", err)
+	}
+	ed := exec.CommandContext(ctx, "/bin/sh", "-c", editor+` "$1"`, "idem-dlq-edit", path)
+	ed.Stdin, ed.Stdout, ed.Stderr = os.Stdin, a.stdout, a.stderr
+	if err := ed.Run(); err != nil {
+		return nil, "", errors.Join(fmt.Errorf("the editor (%s) failed: %w; nothing was re-driven", editor, err), os.Remove(path))
+	}
+	if edited, err = os.ReadFile(path); err != nil {
+		return nil, "", fmt.Errorf("reading the edit back: %w", err)
+	}
+	return edited, path, nil
 }

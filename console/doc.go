@@ -1,0 +1,81 @@
+// Package console is the operators' web console for dead letters: what to
+// do with a message a consumer gave up on is usually a business owner's
+// decision, and this is where they read it, in a form people read, and
+// act on it. It is server-rendered (html/template, its templates and
+// stylesheet embedded), runs no script, and works in any browser.
+//
+//	con, err := console.New(&console.Config{
+//		Letters:   svc,      // a *deadletter.Service
+//		Insights:  insights, // payments.ConsoleInsights(db), optional
+//		Operators: ops,      // console.ParseOperators("alice:TOKEN,bob:TOKEN2")
+//	})
+//	…
+//	mux.Handle("/console/", con.Handler())
+//
+// `idem serve --console` mounts it beside the payment service's API, and
+// `idem console --db …` serves it alone over the service's database.
+//
+// # Pages
+//
+//   - Overview (/console/): the dead letters waiting per consumer, with the
+//     age of the oldest; with Insights, each consumer's outcomes over the
+//     last hour (processed, retrying, dead-lettered, re-driven, discarded)
+//     and the backlogs (for the payment service, the outbox and the
+//     settlement lag).
+//   - Dead letters (/console/letters): filtered by consumer, class, state,
+//     time of the last failure (since=1h, or an RFC 3339 time) and text in
+//     the last error (q=, ignoring case); counts and the oldest per
+//     consumer; the messages parked behind each letter; pages of
+//     Config.PageSize, each leading to the next by a cursor (after=, the
+//     last letter shown). The store filters by consumer, class, state and
+//     time; the text search and the paging run over what it returns.
+//   - One letter (/console/letters/{id}): the payload (JSON indented and
+//     coloured; other text as text; anything else as a hex dump; in every
+//     form, control and invisible characters shown as escapes, so a
+//     payload cannot disguise what it holds), headers, topic, key, the
+//     attempts as a timeline, the history (who did what, when, why), and
+//     the messages of its key parked behind it, in the order they will
+//     follow it. The parked messages are read by a dry run of a re-drive,
+//     in a transaction that is rolled back. Once re-driven, with Insights,
+//     whether its consumer has processed it.
+//
+// # Actions
+//
+// Every action names its operator as the actor in the letter's history,
+// with the reason given; nothing is ever deleted.
+//
+//   - Re-drive, as it is (reason optional).
+//   - Edit and re-drive: the payload in a text area; unless the message's
+//     Content-Type names another type, the edit must parse as one JSON
+//     value (EditedPayload), and one that does not is refused with the
+//     parser's message and position, changing nothing. The letter keeps
+//     its original payload; the re-driven message carries the edit.
+//   - Discard, with a reason (required: refused without one).
+//   - Bulk re-drive or discard of every dead letter a filter selects: a
+//     preview first, a dry run that lists exactly which letters (oldest
+//     failure first, at most Config.MaxBulk) and how many parked messages
+//     each releases; confirming posts those letters' IDs and takes them
+//     and no others. If one of them changed meanwhile, nothing is done.
+//
+// Two operators acting on one letter (two tabs): the second is refused
+// with 409, saying who acted first, when and why. An unknown letter is a
+// 404.
+//
+// # Who may use it
+//
+// Operators (Config.Operators) are configured apart from the service's API
+// keys: tenants never reach the console. An operator sends
+// "Authorization: Bearer TOKEN", or logs in through the form, which sets
+// an HttpOnly, SameSite=Strict session cookie (Secure over TLS) holding a
+// random session ID; sessions live in memory for Config.SessionTTL, so a
+// restart logs everybody out, and logging out ends one. Tokens are
+// compared by digest in constant time, against every operator. A request
+// without a valid token or session gets 401 and the login form.
+//
+// Every state-changing request, the login's included, passes Go's
+// http.CrossOriginProtection: a browser's cross-site POST is refused with
+// 403, whatever cookies it carries. Pages forbid framing, scripts and
+// caching (Content-Security-Policy, X-Frame-Options, Cache-Control:
+// no-store). The log (Config.Logger) records who did what to which letter,
+// never a token, a session ID, a payload or a reason.
+package console
