@@ -209,6 +209,41 @@
 // error, and AckBatch passes over them); the broker has put them back in
 // the queue.
 //
+// # Clusters
+//
+// Open takes the AMQP URLs of a cluster's nodes, comma-separated: the
+// Transport connects to the first that answers and, when its connection
+// is lost, dials the next ones in turn, starting after the node it lost.
+// Publish fails while the connection is down (a relay publishes again);
+// a stream whose channel died subscribes again on the new connection, and
+// the broker puts back what the dead channel held.
+//
+// Consumers' queues are quorum queues by default: RabbitMQ places a member
+// on every node of the cluster when it declares one, confirms a publish
+// once a majority of the members has the message, and elects a new leader
+// among them when the leader's node is lost. A classic queue
+// (Config.ClassicQueues) lives on one node, so on a cluster (Open given
+// several nodes) Warnings reports each consumer's classic queue with
+// ErrNotReplicated. AMQP does not tell a client where a quorum queue's
+// members are: a node that joins the cluster after the queue was declared
+// holds none until an operator runs rabbitmq-queues grow, and
+// rabbitmq-queues quorum_status (or rabbitmqctl list_queues name leader
+// members online) shows them; the transport cannot check it.
+//
+// What a lost node does, measured by TestClusterRabbitMQ (three RabbitMQ
+// 3.10.8 nodes on one machine, 8 keys of 40 events each, the node that
+// leads the consumer's quorum queue, which the Transport is connected to,
+// killed with SIGKILL a third of the way and restarted at two thirds;
+// IDEMTEST_CLUSTER_SCALE lengthens it): a new leader within about two
+// seconds; publishes that failed with the connection (some tens) sent
+// again, which RabbitMQ, not de-duplicating, may store twice; the inbox
+// absorbs those copies and the deliveries whose acknowledgement was lost;
+// no acknowledged event lost, none applied twice, and every key applied
+// in order, whether the consumer de-duplicates by message ID or by key
+// and sequence number (consumer.Config.Sequence). Quorum queues fsync
+// their log before they confirm, so a power loss of the majority does not
+// lose a confirmed message either.
+//
 // # Server versions
 //
 // Tested with RabbitMQ 3.10.8. Quorum queues' message TTL and

@@ -206,6 +206,10 @@ func (s *stream) start(ctx context.Context) error {
 		return fmt.Errorf("idemamqp: subscribe %q: declare queue %s: %w", s.sub.Consumer, s.queue, err)
 	}
 	s.t.noteQueue(s.queue)
+	if s.t.cfg.ClassicQueues && len(s.t.urls) > 1 {
+		s.t.warn(ctx, &Warning{Queue: s.queue, Problem: ErrNotReplicated,
+			Fix: "leave idemamqp.Config.ClassicQueues unset, so that consumers' queues are quorum queues, replicated on every node (a new consumer name, or the queue deleted once drained)"})
+	}
 	if err := ch.QueueBind(s.queue, s.sub.Topic, s.t.cfg.Exchange, false, nil); err != nil {
 		return fail("bind queue "+s.queue, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,8 +17,11 @@ import (
 // Transport is an idem.Publisher and idem.Subscriber over RabbitMQ. See the
 // package documentation for what it guarantees.
 type Transport struct {
-	url string
-	cfg Config
+	// urls are the nodes Open was given, dialled in turn; cur is the one
+	// dialled last.
+	urls []string
+	cur  int
+	cfg  Config
 
 	mu     sync.Mutex
 	closed bool
@@ -43,12 +47,25 @@ var (
 
 // Open connects to RabbitMQ at url and declares the exchange. cfg may be
 // nil. The Transport dials again when it finds its connection closed.
+//
+// url may list the nodes of a cluster, comma-separated (a comma in a
+// password is written %2C): Open connects to the first that answers, and
+// when the connection is lost the Transport dials the next ones in turn,
+// starting after the node it lost, so that it goes on through the nodes
+// that are left.
 func Open(ctx context.Context, url string, cfg *Config) (*Transport, error) {
 	c, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	t := &Transport{url: url, cfg: c, streams: make(map[*stream]struct{}), queues: make(map[string]bool)}
+	var urls []string
+	for _, u := range strings.Split(url, ",") {
+		if u = strings.TrimSpace(u); u == "" {
+			return nil, &idem.ArgumentError{Field: "url", Reason: "an empty node in the comma-separated list"}
+		}
+		urls = append(urls, u)
+	}
+	t := &Transport{urls: urls, cfg: c, streams: make(map[*stream]struct{}), queues: make(map[string]bool)}
 	ch, err := t.channel(ctx)
 	if err != nil {
 		return nil, err
@@ -73,15 +90,9 @@ func (t *Transport) channel(ctx context.Context) (*amqp.Channel, error) {
 		return nil, idem.ErrClosed
 	}
 	if t.conn == nil || t.conn.IsClosed() {
-		cfg := amqp.Config{Properties: amqp.NewConnectionProperties()}
-		cfg.Properties.SetClientConnectionName("idem")
-		if dl, ok := ctx.Deadline(); ok {
-			cfg.Dial = amqp.DefaultDial(time.Until(dl))
-		}
-		conn, err := amqp.DialConfig(t.url, cfg)
+		conn, err := t.dial(ctx)
 		if err != nil {
-			// amqp091 quotes a URL it cannot parse, password and all.
-			return nil, fmt.Errorf("idemamqp: dial: %w", secreturl.Scrub(err, t.url))
+			return nil, err
 		}
 		t.conn = conn
 	}
@@ -90,6 +101,36 @@ func (t *Transport) channel(ctx context.Context) (*amqp.Channel, error) {
 		return nil, fmt.Errorf("idemamqp: open a channel: %w", err)
 	}
 	return ch, nil
+}
+
+// dial connects to the first of the nodes that answers, starting after
+// the one of the connection lost (if any), and returns the errors of all
+// when none does. t.mu is held.
+func (t *Transport) dial(ctx context.Context) (*amqp.Connection, error) {
+	cfg := amqp.Config{Properties: amqp.NewConnectionProperties()}
+	cfg.Properties.SetClientConnectionName("idem")
+	if dl, ok := ctx.Deadline(); ok {
+		cfg.Dial = amqp.DefaultDial(time.Until(dl))
+	}
+	first := t.cur
+	if t.conn != nil {
+		first++ // the node of the connection lost is tried last
+	}
+	var errs []error
+	for i := range t.urls {
+		n := (first + i) % len(t.urls)
+		conn, err := amqp.DialConfig(t.urls[n], cfg)
+		if err == nil {
+			t.cur = n
+			return conn, nil
+		}
+		// amqp091 quotes a URL it cannot parse, password and all.
+		errs = append(errs, secreturl.Scrub(err, t.urls[n]))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, fmt.Errorf("idemamqp: dial: %w", errors.Join(errs...))
 }
 
 // Close closes every stream and the connection, and makes Publish and

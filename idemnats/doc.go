@@ -93,6 +93,9 @@
 //	             consumers
 //	Storage      memory storage loses every message when the       file. Memory is reported
 //	             server restarts
+//	Replicas     on a cluster, a stream of 1 replica loses its     Config.Replicas (1 by
+//	             messages with its server's disk; one of 2 stops   default). Reported below 3
+//	             taking publishes when one server is lost          on a cluster
 //
 // A refused publish is never a loss: Publish returns the error, and the
 // outbox relay keeps the message and publishes it again later. The stream
@@ -175,6 +178,55 @@
 // or key) with a line break or a leading blank, and the names the
 // transport or the server use: Nats-* (Nats-Msg-Id, Nats-Expected-*),
 // Idem-Key and Idem-Time. Header names keep their case.
+//
+// # Clusters
+//
+// Open takes the client URLs of a cluster's servers, comma-separated
+// ("nats://a:4222,nats://b:4222,nats://c:4222"); the connection goes to
+// one and, should it be lost, reconnects to another. A stream the
+// transport creates has Config.Replicas replicas (1 by default, what a
+// single server needs); on a cluster give it 3: a PubAck then means a
+// majority of the three servers stored the message, and the stream goes
+// on when one is lost. On a cluster (the server reports a cluster name),
+// a stream with fewer than 3 replicas, created or found, is reported in
+// Warnings with the setting "Replicas".
+//
+// What a lost server does, measured by TestClusterNATS (three nats-server
+// 2.9.10 processes on one machine, a stream of 3 replicas, 8 keys of 40
+// events each, the stream's leader killed with SIGKILL a third of the way
+// and restarted at two thirds; IDEMTEST_CLUSTER_SCALE lengthens it):
+//   - Publishes stall while the cluster elects a new leader (4 to 8
+//     seconds here); each one that fails or times out is sent again with
+//     the same Nats-Msg-Id, and the stream, which replicates its
+//     de-duplication window, stores every event once: no acknowledged
+//     event was lost, none was stored twice.
+//   - The consumer's deliveries can be handed out of a key's order: a
+//     message the old leader delivered in a pull response that never
+//     arrived comes back only after its AckWait, behind its key's later
+//     messages. A consumer that de-duplicates by message ID applies each
+//     as it comes (counted as out-of-order effects, none or a few per
+//     run); one with consumer.Config.Sequence (the key and its sequence
+//     number, gaps held) waits for the missing message, and applied every
+//     key in order in every run.
+//   - The inbox absorbs what is delivered twice (an acknowledgement lost
+//     with the leader): no effect was applied twice.
+//
+// A killed process loses nothing a PubAck confirmed: what the server
+// wrote is in the operating system's page cache and reaches the disk
+// anyway. A power loss or a kernel crash is different. nats-server
+// fsyncs its stream files every 2 minutes by default, and acknowledges
+// before it has, so a message acknowledged within that interval is only
+// in memory: lost if its single server crashes so, or a majority of its
+// replicas at once (Jepsen lost acknowledged writes this way). The
+// jetstream block's sync_interval: always, from nats-server 2.10 (2.9
+// refuses the setting and always syncs every 2 minutes), fsyncs before
+// every acknowledgement, at a cost in throughput. No client can read the
+// servers' sync policy (only their monitoring port shows it), so the
+// transport takes Config.SyncAlways as the operator's word for it, and
+// otherwise DurabilityWarnings reports it, wrapping ErrSyncUnconfirmed.
+// TestClusterNATS measures the failover with sync_interval: always too
+// when IDEMTEST_NATS_SERVER names a 2.10 or later server, and skips that
+// part, saying so, on 2.9.
 //
 // # Server versions
 //

@@ -70,6 +70,19 @@ type Config struct {
 	// PollWait bounds one pull request: a Next that waits longer sends
 	// another. Defaults to 5s.
 	PollWait time.Duration
+	// Replicas is the stream's number of replicas when the transport
+	// creates it: on a cluster of three servers or more, 3 keeps every
+	// acknowledged message on three servers and the stream available when
+	// one is lost. On a cluster, a stream with fewer than 3 is reported in
+	// Warnings, the transport's own or one that exists. Defaults to 1, which
+	// a single server needs.
+	Replicas int
+	// SyncAlways states that every server of the stream runs with
+	// sync_interval: always (nats-server 2.10 and later), so that a
+	// PubAck means the message is fsynced. No client can read that
+	// setting, so the transport takes the operator's word for it; unset,
+	// DurabilityWarnings reports it. Defaults to false.
+	SyncAlways bool
 	// Logger receives the Warnings as they are found, at level Warn.
 	// Defaults to a logger that discards.
 	Logger *slog.Logger
@@ -116,8 +129,12 @@ func (c *Config) withDefaults() (Config, error) {
 		return cfg, &idem.ArgumentError{Field: "idemnats.Config.Stream", Reason: "must not contain '.', '*', '>' or white space"}
 	case !validSubject(cfg.SubjectPrefix, false):
 		return cfg, &idem.ArgumentError{Field: "idemnats.Config.SubjectPrefix", Reason: "must be a subject without wildcards"}
-	case cfg.Duplicates < 0, cfg.MaxAge < 0, cfg.AckWait < 0, cfg.MaxInFlight < 0, cfg.MaxDeliver < 0, cfg.PublishWindow < 0:
+	case cfg.Duplicates < 0, cfg.MaxAge < 0, cfg.AckWait < 0, cfg.MaxInFlight < 0, cfg.MaxDeliver < 0, cfg.PublishWindow < 0,
+		cfg.Replicas < 0:
 		return cfg, &idem.ArgumentError{Field: "idemnats.Config", Reason: "durations and counts must not be negative"}
+	case cfg.Replicas > 5:
+		// JetStream's own bound: a larger stream is refused by the server.
+		return cfg, &idem.ArgumentError{Field: "idemnats.Config.Replicas", Reason: "must be at most 5"}
 	case cfg.PollWait < 100*time.Millisecond || cfg.PollWait >= 10*time.Second:
 		// A longer pull would want the server's idle heartbeats to tell
 		// a lost request from a quiet one; below 100ms polling is
@@ -166,7 +183,10 @@ var (
 )
 
 // Open connects to the NATS server at url and returns a Transport that
-// owns the connection: Close closes it. cfg may be nil. The stream is
+// owns the connection: Close closes it. url may list several servers of a
+// cluster, comma-separated, as nats.Connect takes them: the connection
+// goes to one and, when that one is lost, reconnects to another, without
+// end. cfg may be nil. The stream is
 // created when missing, or else left as it is, and its settings that can
 // drop a message are reported in Warnings (see the package
 // documentation).
@@ -224,6 +244,9 @@ func newTransport(ctx context.Context, js jetstream.JetStream, cfg Config) (*Tra
 		streams:    make(map[*stream]struct{}),
 	}
 	t.warn(ctx, inspectStream(ctx, st, cfg.Logger)...)
+	if w := replicasWarning(st.CachedInfo().Config, t.nc.ConnectedClusterName()); w != nil {
+		t.warn(ctx, w)
+	}
 	return t, nil
 }
 
@@ -262,6 +285,7 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jets
 		Discard:    jetstream.DiscardNew,
 		Duplicates: cfg.Duplicates,
 		MaxAge:     cfg.MaxAge,
+		Replicas:   cfg.Replicas,
 	}
 	for try := 1; ; try++ {
 		st, err = js.CreateStream(ctx, sc)

@@ -14,6 +14,12 @@ import (
 // of a consumer, that can drop a message before every consumer has it.
 var ErrDropsMessages = errors.New("idemnats: the setting can drop a message before its consumers have it")
 
+// ErrSyncUnconfirmed is what the warning of DurabilityWarnings wraps: the
+// servers' sync policy, which no client can read, has not been stated as
+// sync_interval: always (Config.SyncAlways), so an acknowledged message may
+// be in the servers' memory only, and lost if they all crash at once.
+var ErrSyncUnconfirmed = errors.New("idemnats: the servers' sync policy is not known to fsync before acknowledging")
+
 // A Warning is a setting found on the stream, or on one of its consumers,
 // that can drop a message no consumer has settled. The transport goes on
 // working and changes nothing; the setting wants an operator.
@@ -25,12 +31,16 @@ type Warning struct {
 	Consumer string
 	// Setting names the setting as JetStream's configuration does:
 	// "MaxAge", "MaxMsgs", "MaxBytes", "MaxMsgsPerSubject", "Retention",
-	// "Storage" or "MaxDeliver".
+	// "Storage", "MaxDeliver", "Replicas" or, from DurabilityWarnings,
+	// "sync_interval".
 	Setting string
 	// Value is the setting's value.
 	Value string
 	// Meaning says what the setting does to a message.
 	Meaning string
+
+	// problem is what Unwrap returns, ErrDropsMessages when nil.
+	problem error
 }
 
 func (w *Warning) Error() string {
@@ -41,8 +51,56 @@ func (w *Warning) Error() string {
 	return fmt.Sprintf("idemnats: %s: %s %s: %s", where, w.Setting, w.Value, w.Meaning)
 }
 
-// Unwrap returns ErrDropsMessages.
-func (w *Warning) Unwrap() error { return ErrDropsMessages }
+// Unwrap returns ErrDropsMessages, or ErrSyncUnconfirmed for the warning
+// of DurabilityWarnings.
+func (w *Warning) Unwrap() error {
+	if w.problem != nil {
+		return w.problem
+	}
+	return ErrDropsMessages
+}
+
+// DurabilityWarnings returns what the transport cannot confirm about the
+// servers' durability: unless Config.SyncAlways states otherwise, that
+// the servers fsync before they acknowledge (sync_interval: always,
+// nats-server 2.10 and later). A server keeps what it stores in the page
+// cache and fsyncs it every 2 minutes by default, so a PubAck survives the
+// server's process being killed, and the loss of one server of a
+// replicated stream, but not a power loss or kernel crash of the single
+// server, or of a majority of the stream's servers at once, within that
+// interval. The setting is on the server, and no client can read it (the
+// server's monitoring port shows it), so the transport reports it rather
+// than checking it; see the package documentation. Unlike Warnings, it is
+// reported whatever the stream, and not logged.
+func (t *Transport) DurabilityWarnings() []*Warning {
+	if t.cfg.SyncAlways {
+		return nil
+	}
+	return []*Warning{{
+		Stream:  t.cfg.Stream,
+		Setting: "sync_interval",
+		Value:   "unknown",
+		Meaning: "a client cannot read the servers' sync policy; unless it is 'always' (nats-server 2.10 and later, " +
+			"then set idemnats.Config.SyncAlways), a message acknowledged within the last sync interval (2 minutes " +
+			"by default) is only in memory, and lost if its single server, or a majority of its replicas, crash " +
+			"at once (a power loss, a kernel crash; a killed process loses nothing)",
+		problem: ErrSyncUnconfirmed,
+	}}
+}
+
+// replicasWarning returns the warning about the replicas of stream c on a
+// server of cluster (empty when the server is alone), or nil.
+func replicasWarning(c jetstream.StreamConfig, cluster string) *Warning {
+	replicas := max(c.Replicas, 1)
+	if cluster == "" || replicas >= 3 {
+		return nil
+	}
+	return &Warning{Stream: c.Name, Setting: "Replicas", Value: strconv.Itoa(replicas),
+		Meaning: "on a cluster, a stream on fewer than 3 servers loses its messages with the disk of its only " +
+			"server (Replicas 1), and stops taking publishes when one of its servers is lost (Replicas 2, which " +
+			"needs both for a quorum); 3 keeps them, and the stream, when one server is lost " +
+			"(idemnats.Config.Replicas for a stream the transport creates, nats stream edit for one that exists)"}
+}
 
 // Warnings returns the settings found that can drop a message before its
 // consumers have it, in the order found, each once: those of the stream

@@ -49,6 +49,9 @@ type conn interface {
 	// onMessage with each message's payload, both from one goroutine.
 	// stop ends the subscription and waits for that goroutine.
 	subscribe(channel string, onSubscribed func(), onMessage func(payload string)) (stop func())
+	// replication reads INFO replication and min-replicas-to-write from
+	// every node the client reaches (Warnings).
+	replication(ctx context.Context) ([]nodeReplication, error)
 	// close closes the client (only called when the Store owns it).
 	close() error
 }

@@ -3,6 +3,10 @@ package idemredis
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -160,6 +164,51 @@ func (g goredisConn) subscribe(channel string, onSubscribed func(), onMessage fu
 		_ = ps.Close()
 		<-done
 	}
+}
+
+func (g goredisConn) replication(ctx context.Context) ([]nodeReplication, error) {
+	read := func(ctx context.Context, c *redis.Client) (nodeReplication, error) {
+		addr := c.Options().Addr
+		info, err := c.Info(ctx, "replication").Result()
+		if err != nil {
+			return nodeReplication{}, fmt.Errorf("INFO replication on %s: %w", addr, err)
+		}
+		nr := nodeReplication{addr: addr, minReplicas: -1}
+		nr.master, nr.replicas = parseReplication(info)
+		kv, err := c.ConfigGet(ctx, "min-replicas-to-write").Result()
+		switch {
+		case err == nil:
+			nr.minReplicas, _ = strconv.Atoi(kv["min-replicas-to-write"])
+		case !isRedisError(err):
+			return nodeReplication{}, fmt.Errorf("CONFIG GET on %s: %w", addr, err)
+		}
+		return nr, nil
+	}
+	cc, ok := g.c.(*redis.ClusterClient)
+	if !ok {
+		c, ok := g.c.(*redis.Client)
+		if !ok {
+			return nil, fmt.Errorf("a %T cannot be asked node by node", g.c)
+		}
+		nr, err := read(ctx, c)
+		return []nodeReplication{nr}, err
+	}
+	var (
+		mu  sync.Mutex
+		out []nodeReplication
+	)
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		nr, err := read(ctx, c)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		out = append(out, nr)
+		return nil
+	})
+	slices.SortFunc(out, func(a, b nodeReplication) int { return strings.Compare(a.addr, b.addr) })
+	return out, err
 }
 
 func (g goredisConn) close() error { return g.c.Close() }

@@ -3,7 +3,10 @@ package idemredis
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -212,6 +215,28 @@ func (r rueidisConn) subscribe(channel string, onSubscribed func(), onMessage fu
 		mu.Unlock()
 		<-done
 	}
+}
+
+func (r rueidisConn) replication(ctx context.Context) ([]nodeReplication, error) {
+	var out []nodeReplication
+	for addr, n := range r.c.Nodes() {
+		info, err := n.Do(ctx, n.B().Info().Section("replication").Build()).ToString()
+		if err != nil {
+			return nil, fmt.Errorf("INFO replication on %s: %w", addr, err)
+		}
+		nr := nodeReplication{addr: addr, minReplicas: -1}
+		nr.master, nr.replicas = parseReplication(info)
+		kv, err := n.Do(ctx, n.B().ConfigGet().Parameter("min-replicas-to-write").Build()).AsStrMap()
+		switch {
+		case err == nil:
+			nr.minReplicas, _ = strconv.Atoi(kv["min-replicas-to-write"])
+		case !isRedisError(err):
+			return nil, fmt.Errorf("CONFIG GET on %s: %w", addr, err)
+		}
+		out = append(out, nr)
+	}
+	slices.SortFunc(out, func(a, b nodeReplication) int { return strings.Compare(a.addr, b.addr) })
+	return out, nil
 }
 
 func (r rueidisConn) close() error {

@@ -286,6 +286,43 @@
 // completion the old primary acknowledged, with the same consequence as a
 // crash before Complete, and the same remedies.
 //
+// # Replication and failover
+//
+// Open, NewStore and NewRueidisStore work on a Redis Cluster unchanged:
+// give Open a URL naming one node, or several (redis://h1:p1?addr=h2:p2&addr=h3:p3),
+// or NewStore a *redis.ClusterClient. Every key of a scope shares its
+// hash tag, so a claim is one command on one slot, and both clients follow
+// MOVED and ASK (the conformance suite passes on three masters with a
+// replica each, TestClusterConformance).
+//
+// Redis acknowledges a write before its replicas have it. When a master is
+// lost and its replica promoted, what the replica had not received is gone:
+// a claim the store reported, and with it the claim time that the payment
+// service's unique constraint carries, so a duplicate of that request
+// claims the key afresh and runs again. Measured with the payment service
+// (TestClusterRedisFailover in payments, 150 logical payments each sent
+// twice at once and once more after the failover, the master of the busy
+// scope's slot SIGKILLed and its replica promoted): killed alone, nothing
+// was lost (on loopback the replica had every write); killed after its
+// replica's link was cut for under a second, 27 payments ran twice and 19,100
+// was taken for 16,179 owed.
+//
+// OpenReplicated (and NewReplicatedRueidisStore) close that hole: every
+// write is followed by WAIT on the same connection, and is reported only
+// once ReplicaConfig.Replicas replicas have it; otherwise it fails with
+// ErrNotReplicated, which, like any ambiguous failure, makes the caller not
+// run the effect. With it and min-replicas-to-write 1, the same run lost
+// nothing (150 payments, 16,179 taken). min-replicas-to-write alone only
+// narrows the window (a master refuses writes once no replica is linked,
+// or after min-replicas-max-lag), and with a single replica per master, the
+// replica that confirmed a write is the one promoted. The price is the
+// round trip to the replica on each write, and writes fail while a master
+// has too few replicas (after a failover, until the old master is back as
+// a replica). Store.Warnings reports a replicated master written without
+// replica acknowledgements (ErrUnconfirmedReplication) and, with them, a
+// master with too few replicas (ErrTooFewReplicas). OpenReplicated takes
+// the rueidis client; with go-redis, NewStore does not wait for replicas.
+//
 // # Inbox
 //
 // Inbox is an idem.Inbox for consumers whose effects live in Redis. Each
