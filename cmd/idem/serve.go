@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idemredis"
 	"github.com/idem-go/idem/payments"
 )
 
@@ -33,6 +34,7 @@ const (
 )
 
 type serveFlags struct {
+	strict          bool
 	discardBodies   bool
 	addr            string
 	db              string
@@ -55,6 +57,11 @@ type serveFlags struct {
 	maxAttempts     int
 	retryBase       time.Duration
 	retryCap        time.Duration
+
+	// console and operators are --console and --operators.
+	console      bool
+	operators    string
+	operatorsSet bool
 
 	// pgSchemaSet and apiKeysSet say whether --pg-schema and --api-keys
 	// were given at all: --pg-schema is refused without PostgreSQL only
@@ -93,6 +100,7 @@ event once; what keeps failing goes to the dead letters (idem dlq).`,
 	f.define(cmd)
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
 		f.pgSchemaSet, f.apiKeysSet = cmd.Flags().Changed("pg-schema"), cmd.Flags().Changed("api-keys")
+		f.operatorsSet = cmd.Flags().Changed("operators")
 		p, err := a.planServe(&f)
 		if err != nil {
 			return err
@@ -117,6 +125,9 @@ func (f *serveFlags) define(cmd *cobra.Command) {
 	fl.StringVar(&f.apiKeys, "api-keys", "", `API keys, "tenant:key,tenant2:key2" (default from $`+envAPIKeys+`)`)
 	fl.BoolVar(&f.discardBodies, "discard-bodies", false, "keep only the status and headers of each answer for replay, never its body (replays say Idempotent-Body-Omitted: true); "+
 		envKeySecret+" seals the keys kept, "+envBodyKeys+" encrypts the bodies kept")
+	fl.BoolVar(&f.console, "console", false, "serve the operators' console for dead letters under "+consolePath+" (needs --operators)")
+	fl.StringVar(&f.operators, "operators", "", `the console's operators, "name:token,name2:token2", apart from the API keys (default from $`+envOperators+`)`)
+	fl.BoolVar(&f.strict, "strict", false, "refuse to serve when a replicated database, key store or broker lacks a setting a guarantee rests on (asynchronous standbys or replicas, queues that can drop); without it, each is logged as a warning")
 	fl.BoolVar(&f.unsafe, "unsafe-no-idempotency", false, "ignore Idempotency-Key entirely: retries DOUBLE CHARGE (the lab's 'before')")
 	fl.BoolVar(&f.workers, "workers", true, "run the outbox relay and the settlement consumer in this process; --workers=false serves requests only, and their events wait in the outbox for a serve with workers on the same --db")
 	fl.BoolVar(&f.faults, "faults", false, "honour the Idem-Fault request header (delay=DURATION, fail-before-commit, drop-after-commit, crash-after-commit) and, on payment events, fail-times=N (the settlement consumer fails their first N attempts) and crash-after-settle (the process dies after settling, before acknowledging)")
@@ -150,6 +161,10 @@ type servePlan struct {
 	// payments holds the service's settings; runServe adds what only an
 	// open connection gives (DB, Postgres, Keys, Broker) and the Logger.
 	payments payments.Config
+	// strict refuses to serve when a guarantee lacks its server setting.
+	strict bool
+	// console is the operators' console to mount; nil for none.
+	console *consolePlan
 	// devKey is the development tenant's key when no API keys were
 	// configured, to be shown once the server listens; else empty.
 	devKey string
@@ -213,6 +228,10 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 	if err != nil {
 		return nil, err
 	}
+	con, err := a.planConsole(f.console, f.operators, f.operatorsSet)
+	if err != nil {
+		return nil, err
+	}
 	rest, err := a.atRestFromEnv()
 	if err != nil {
 		return nil, err
@@ -248,7 +267,9 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 			BodyKeys:       rest.bodyKeys,
 			DiscardBodies:  f.discardBodies,
 		},
-		devKey: devKey,
+		devKey:  devKey,
+		strict:  f.strict,
+		console: con,
 	}, nil
 }
 
@@ -258,6 +279,11 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 // and closes all it opened.
 func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 	logger := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: p.logLevel}))
+	stopTracing, err := a.startTracing(ctx, &p.payments)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	db, err := openDB(ctx, p.db.url, p.pgSchema, false)
 	if err != nil {
 		return err
@@ -308,12 +334,16 @@ func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 		}
 	}()
 
+	handler, err := mountConsole(ctx, p.console, db, logger, svc.Handler())
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", p.addr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", p.addr, err)
 	}
 	srv := &http.Server{
-		Handler:           svc.Handler(),
+		Handler:           handler,
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
 		WriteTimeout:      writeTimeout,
@@ -328,6 +358,18 @@ func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 	}
 	if p.devKey != "" {
 		printDevKeyBanner(a.stderr, base, p.devKey, p.payments.Unsafe)
+	}
+	var keyStore *idemredis.Store
+	if rs, ok := cfg.Keys.(*idemredis.Store); ok {
+		keyStore = rs
+	}
+	var broker *openedBroker
+	if b, ok := cfg.Broker.(*openedBroker); ok {
+		broker = b
+	}
+	if err := checkGuarantees(ctx, logger, p.strict, db, keyStore, broker); err != nil {
+		ln.Close()
+		return err
 	}
 	if p.payments.Faults {
 		logger.Warn("fault injection is on: requests may ask for delays, failures, dropped answers and a crash of this process with the Idem-Fault header")
