@@ -275,6 +275,9 @@ func (s *Service) createPayment(w http.ResponseWriter, r *http.Request) {
 		CreatedAt:   s.now(),
 	}
 	o := originFrom(r.Context())
+	if s.twoStores && !o.none() {
+		o.since = o.claimedAt.Add(-s.keyTTL)
+	}
 	rec, err := s.store.CreatePayment(r.Context(), p, o)
 	if err != nil {
 		s.failWrite(w, r, o, err)

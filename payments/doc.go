@@ -297,6 +297,18 @@
 // if the row was inserted, all in one transaction: the constraint, not the
 // look-up, has the last word.
 //
+// A payment looks further back than its own execution: a key store that
+// loses a claim it acknowledged (a Redis master that fails over before its
+// replica has the claim) sees the retry as a new key, claimed at a new
+// time, which the constraint alone would let pay again. So a payment also
+// finds, and answers with, a payment made under the same key by an earlier
+// claim within the key's TTL (Config.KeyTTL); TestClusterRedisFailover
+// loses claims so and counts no payment twice. Two executions of one key
+// running at the same moment in two claims the store granted at once (the
+// old master still answering while the new one takes over) could both
+// pay; idemredis.OpenReplicated with min-replicas-to-write closes that
+// too. Deposits and refunds match their own execution only.
+//
 // What can still go wrong, exactly:
 //
 //   - The process dies (or loses the key store) after the payment commits and

@@ -139,6 +139,14 @@ func (s *pgStorage) write(ctx context.Context, fn func(ctx context.Context, tx p
 }
 
 // pgArgs are o's column values: NULLs for none.
+// pgSince is o.since as a parameter: NULL (matching nothing) when unset.
+func (o origin) pgSince() any {
+	if o.none() || o.since.IsZero() {
+		return nil
+	}
+	return pgTime(o.since)
+}
+
 func (o origin) pgArgs() (key, claimedAt any) {
 	if o.none() {
 		return nil, nil
@@ -184,6 +192,8 @@ func (s *pgStorage) Account(ctx context.Context, tenant, id string) (Account, er
 const pgPaySQL = `WITH d AS (
 	UPDATE accounts SET balance = balance - $4
 	WHERE id = $3 AND tenant = $2 AND currency = $5 AND balance >= $4
+	  AND NOT EXISTS (SELECT 1 FROM payments q WHERE q.tenant = $2 AND q.idempotency_key = $9
+		AND q.key_claimed_at > $11 AND q.key_claimed_at < $10)
 	RETURNING id),
 i AS (
 	INSERT INTO payments (id, tenant, account_id, amount, currency, description, status, created_at, idempotency_key, key_claimed_at)
@@ -213,7 +223,7 @@ func (s *pgStorage) CreatePayment(ctx context.Context, p Payment, o origin) (Pay
 		key, claimedAt := o.pgArgs()
 		var debited, inserted int
 		err := tx.QueryRow(ctx, pgPaySQL,
-			p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, p.CreatedAt, key, claimedAt,
+			p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, p.CreatedAt, key, claimedAt, o.pgSince(),
 		).Scan(&debited, &inserted)
 		if err != nil {
 			return pgErr("pay", err)
@@ -308,9 +318,13 @@ func pgPaymentOf(ctx context.Context, tx pgx.Tx, tenant string, o origin) (Payme
 		return Payment{}, false, nil
 	}
 	key, claimedAt := o.pgArgs()
+	// The earliest: with origin.since, the payment of a claim the key store
+	// lost, rather than a later one.
 	p, err := scanPGPayment(tx.QueryRow(ctx,
-		`SELECT `+pgPaymentColumns+` FROM payments WHERE tenant = $1 AND idempotency_key = $2 AND key_claimed_at = $3`,
-		tenant, key, claimedAt))
+		`SELECT `+pgPaymentColumns+` FROM payments WHERE tenant = $1 AND idempotency_key = $2
+		 AND (key_claimed_at = $3 OR (key_claimed_at > $4 AND key_claimed_at < $3))
+		 ORDER BY key_claimed_at LIMIT 1`,
+		tenant, key, claimedAt, o.pgSince()))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Payment{}, false, nil
 	}

@@ -184,6 +184,9 @@ type Service struct {
 	// twoStores: the keys live apart from the money (Config.Keys), so the
 	// handler's writes commit before the key completes.
 	twoStores bool
+	// keyTTL is Config.KeyTTL, defaults applied: how far back a payment
+	// under the same key is still the same logical request's (origin.since).
+	keyTTL time.Duration
 	// crashInHandler: crash-after-commit fires inside the handler, after its
 	// own commit, rather than outside the middleware (see HeaderFault).
 	crashInHandler bool
@@ -224,6 +227,7 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 		unsafe:         c.Unsafe,
 		faults:         c.Faults,
 		twoStores:      c.Keys != nil && !c.Unsafe,
+		keyTTL:         cmp.Or(c.KeyTTL, DefaultKeyTTL),
 		crashInHandler: c.Keys != nil || c.Unsafe,
 		crashFn:        c.Crash,
 		closeKeys:      func() {},

@@ -168,6 +168,17 @@ func (s *sqliteStorage) CreatePayment(ctx context.Context, p Payment, o origin) 
 			}
 			return nil
 		}
+		if !o.since.IsZero() {
+			// The keys live apart: a claim they lost may have paid.
+			existing, found, err := s.paymentOf(ctx, tx, p.Tenant, o)
+			if err != nil {
+				return err
+			}
+			if found {
+				out, refusal = existingPayment(existing, p)
+				return nil
+			}
+		}
 		key, claimedAt := o.sqliteArgs()
 		res, err := tx.ExecContext(ctx,
 			`INSERT INTO payments (id, tenant, account_id, amount, currency, description, status, created_at, idempotency_key, key_claimed_at)
@@ -277,9 +288,17 @@ func (s *sqliteStorage) paymentOf(ctx context.Context, tx *sql.Tx, tenant string
 		return Payment{}, false, nil
 	}
 	key, claimedAt := o.sqliteArgs()
+	var since any
+	if !o.since.IsZero() {
+		since = formatTime(o.since)
+	}
+	// The earliest: with origin.since, the payment of a claim the key store
+	// lost, rather than a later one.
 	p, err := scanPayment(tx.QueryRowContext(ctx,
-		`SELECT `+paymentColumns+` FROM payments WHERE tenant = ? AND idempotency_key = ? AND key_claimed_at = ?`,
-		tenant, key, claimedAt))
+		`SELECT `+paymentColumns+` FROM payments WHERE tenant = ? AND idempotency_key = ?
+		 AND (key_claimed_at = ? OR (key_claimed_at > ? AND key_claimed_at < ?))
+		 ORDER BY key_claimed_at LIMIT 1`,
+		tenant, key, claimedAt, since, claimedAt))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Payment{}, false, nil
 	}

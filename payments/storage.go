@@ -268,6 +268,13 @@ var errOutcomeUnknown = errors.New("the write's transaction failed to begin or c
 type origin struct {
 	key       string
 	claimedAt time.Time
+	// since, when set, widens the match to every claim of the key after
+	// it (and before claimedAt): a payment made under an earlier claim of
+	// the key within its TTL is the same logical request's. It is set when
+	// the keys live apart from the money (Config.Keys): a key store that
+	// fails over can lose a claim whose payment the database kept, and the
+	// retry then claims the key anew, with a new claim time.
+	since time.Time
 }
 
 func (o origin) none() bool { return o.key == "" }
