@@ -3,8 +3,9 @@
 //	idem serve     run the payment service over HTTP
 //	idem demo      run the lab: retries double charge without idempotency keys, and never with them
 //	idem migrate   create or update the database's tables
-//	idem keys      inspect and purge stored idempotency keys
-//	idem dlq       list, show, re-drive and discard dead letters (ls, show, redrive, discard)
+//	idem keys      inspect, purge and seal stored idempotency keys (show, purge, seal)
+//	idem dlq       list, show, edit, re-drive and discard dead letters (ls, show, edit, redrive, discard)
+//	idem console   serve the operators' console for dead letters, without the service
 //	idem torture   duplicate payments through lost answers and killed replicas, and check each charged once (torture requests)
 //	idem probe     check from outside whether any endpoint honours idempotency keys (a report card)
 //	idem version   print the version
@@ -37,7 +38,16 @@
 //
 // Configuration comes from flags, and for secrets also from the environment:
 // IDEM_API_KEYS holds the service's API keys ("tenant:key,tenant2:key2")
-// when --api-keys is not given. Only this command reads flags and the
+// when --api-keys is not given; IDEM_OPERATORS the console's operators
+// ("name:token,…", `serve --console` and `idem console`), apart from the
+// API keys; IDEM_KEY_SECRET seals the idempotency keys kept in the stores
+// (an HMAC of tenant and key) and IDEM_BODY_KEYS ("id:key,…", AES-256)
+// encrypts the answers kept for replay (see `idem keys seal` for turning
+// sealing on for keys kept in clear); OTEL_TRACES_EXPORTER (console, otlp
+// or none, the default) and the other OTEL_* variables configure tracing.
+// `serve --strict` refuses to start when a replicated database, key store
+// or broker lacks a setting a guarantee rests on (docs/scale.md); without
+// it each is logged. Only this command reads flags and the
 // environment; the packages it wires together take their configuration as
 // arguments.
 //
