@@ -39,7 +39,20 @@ type replica struct {
 	cmd  *exec.Cmd
 	done chan struct{} // closed once the process has exited and been reaped
 	base string
-	tail []string // its last stderr lines, for the error that says why it failed
+	tail []string    // its last stderr lines, for the error that says why it failed
+	log  *lineWriter // receives every line; nil for none
+}
+
+// lineWriter writes whole lines from several replicas to one writer.
+type lineWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lineWriter) line(n int, s string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintf(l.w, "replica %d: %s\n", n, s)
 }
 
 // start starts the process and waits for its "listening on" line.
@@ -95,6 +108,9 @@ func (r *replica) read(stderr io.Reader, listening chan<- string) {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
+		if r.log != nil {
+			r.log.line(r.n, line)
+		}
 		if base, ok := strings.CutPrefix(line, listeningPrefix); ok {
 			select {
 			case listening <- strings.TrimSpace(base):

@@ -68,6 +68,12 @@ type Config struct {
 	// Unsafe runs the replicas with --unsafe-no-idempotency: the run must
 	// then find double charges. Defaults to false.
 	Unsafe bool
+	// ReplicaLog, when set, receives every line the replicas log, each
+	// prefixed with its replica's number, and the replicas log warnings
+	// too: what a person reads to find out how a violation came about.
+	// Defaults to nil: the replicas log errors only, kept for the message
+	// of a replica that fails to start.
+	ReplicaLog io.Writer
 	// StoreFaults puts faults between the replicas and their stores: see
 	// StoreFaults. Only with a PostgreSQL DB or Redis Keys (a SQLite file
 	// has no connection to cut). Defaults to nil: none.
@@ -226,6 +232,7 @@ type run struct {
 	// cfg.Keys, or the store proxies in front of them.
 	dbURL, keysURL string
 	stores         []*storeProxy
+	replicaLog     *lineWriter // cfg.ReplicaLog, shared by the replicas; nil for none
 	client         *http.Client
 
 	accounts []string
@@ -269,6 +276,9 @@ func Run(ctx context.Context, cfg *Config) (rep *Report, err error) {
 			// attempt ends with the replica's answer when there is one.
 			Timeout: 30 * time.Second,
 		},
+	}
+	if c.ReplicaLog != nil {
+		r.replicaLog = &lineWriter{w: c.ReplicaLog}
 	}
 	defer func() { err = errors.Join(err, r.cleanup()) }()
 	if err := r.prepare(ctx); err != nil {
@@ -342,7 +352,11 @@ func (r *run) prepare(ctx context.Context) error {
 
 // serveArgs is the command line of every replica.
 func (r *run) serveArgs() []string {
-	args := []string{"serve", "--addr", "127.0.0.1:0", "--log-level", "error",
+	level := "error"
+	if r.cfg.ReplicaLog != nil {
+		level = "warn"
+	}
+	args := []string{"serve", "--addr", "127.0.0.1:0", "--log-level", level,
 		"--key-lease", r.cfg.KeyLease.String()}
 	if r.schema != "" {
 		args = append(args, "--db", r.dbURL, "--pg-schema", r.schema)
@@ -365,7 +379,7 @@ func (r *run) startReplicas(ctx context.Context) error {
 	// every user of the machine could read it.
 	env := append(slices.Clone(r.cfg.Env), "IDEM_API_KEYS="+tenant+":"+r.apiKey)
 	for i := range r.cfg.Replicas {
-		r.replicas = append(r.replicas, &replica{n: i, exe: r.cfg.Executable, args: r.serveArgs(), env: env})
+		r.replicas = append(r.replicas, &replica{n: i, exe: r.cfg.Executable, args: r.serveArgs(), env: env, log: r.replicaLog})
 		p, err := newFaultProxy(r.dropNow)
 		if err != nil {
 			return err

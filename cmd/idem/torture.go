@@ -66,6 +66,8 @@ every replica stopped, on failure and Ctrl-C too. Everything listens on
 	fl.DurationVar(&c.Timeout, "timeout", torture.DefaultTimeout, "longest the load may take; a logical payment unanswered by then is a violation")
 	fl.DurationVar(&c.KeyLease, "key-lease", torture.DefaultKeyLease, "the replicas' --key-lease: how long a killed execution holds its key in Redis")
 	fl.Uint64Var(&c.Seed, "seed", 0, "seed of the run's choices (0 for a random one, shown in the report)")
+	var replicaLog string
+	fl.StringVar(&replicaLog, "replica-log", "", "write every line the replicas log, warnings included, to this file")
 	var sf torture.StoreFaults
 	fl.DurationVar(&sf.Latency, "store-latency", 0, "delay each chunk between the replicas and their stores by up to this (through a proxy of the run's own)")
 	fl.Float64Var(&sf.ResetRate, "store-resets", 0, "chance that a chunk between a replica and its store resets the connection instead")
@@ -106,6 +108,14 @@ every replica stopped, on failure and Ctrl-C too. Everything listens on
 		}
 		if c.KillEvery == 0 {
 			c.KillEvery = -1
+		}
+		if replicaLog != "" {
+			f, err := os.Create(replicaLog)
+			if err != nil {
+				return fmt.Errorf("--replica-log: %w", err)
+			}
+			defer f.Close()
+			c.ReplicaLog = f
 		}
 		exe, err := os.Executable()
 		if err != nil {
