@@ -47,6 +47,7 @@ func (r *run) check(ctx context.Context, elapsed time.Duration) (*Report, error)
 		Kills:           r.kills.Load(),
 		StoreResets:     r.storeCount(func(p *storeProxy) int64 { return p.resets.Load() }),
 		CommitCuts:      r.storeCount(func(p *storeProxy) int64 { return p.cuts.Load() }),
+		StoreOutages:    r.storeCount(func(p *storeProxy) int64 { return p.outages.Load() }),
 		Payments:        len(rows),
 		Elapsed:         elapsed,
 	}

@@ -46,7 +46,10 @@
 // ambiguous commit, after which a replica cannot tell whether its
 // transaction committed. The proxy reads PostgreSQL's plain protocol, so
 // the replicas reach it with sslmode=disable; it never touches the stores
-// themselves. Report.StoreResets and Report.CommitCuts count what it did.
+// themselves. With StoreFaults.OutageEvery it also takes a random store
+// down now and then (every connection reset, new ones refused, for
+// OutageFor), never while a killed replica restarts. Report.StoreResets,
+// Report.CommitCuts and Report.StoreOutages count what it did.
 //
 // Config.Timeout bounds the load; the checks and the clean-up each have a
 // minute of their own. Whatever happens, on failure and on cancellation

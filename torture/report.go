@@ -25,6 +25,7 @@ type Report struct {
 	Kills           int64 // replicas SIGKILLed (and started again)
 	StoreResets     int64 // store connections reset by the store proxies (Config.StoreFaults)
 	CommitCuts      int64 // store connections cut after a COMMIT was passed on: ambiguous commits
+	StoreOutages    int64 // outages of a store (Config.StoreFaults.OutageEvery)
 
 	Payments      int   // payments in the database
 	MoneyOwed     int64 // the sum of the logical payments' amounts
@@ -59,6 +60,7 @@ func (r *Report) Print(w io.Writer) {
 	row("replicas killed", r.Kills)
 	row("store connections reset", r.StoreResets)
 	row("commits cut (ambiguous)", r.CommitCuts)
+	row("store outages", r.StoreOutages)
 	row("payments in the database", r.Payments)
 	row("money owed", r.MoneyOwed)
 	row("money taken (database)", r.MoneyTaken)
@@ -91,6 +93,7 @@ func (r *Report) PrintResults(w io.Writer) {
 	line("kills", r.Kills, "kills")
 	line("store_resets", r.StoreResets, "connections")
 	line("commit_cuts", r.CommitCuts, "connections")
+	line("store_outages", r.StoreOutages, "outages")
 	line("payments", r.Payments, "payments")
 	line("money_owed", r.MoneyOwed, "minor_units")
 	line("money_taken", r.MoneyTaken, "minor_units")

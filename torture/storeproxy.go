@@ -27,10 +27,19 @@ type StoreFaults struct {
 	// instead: the ambiguous commit, after which the replica cannot tell
 	// whether its transaction committed. Defaults to 0.
 	CommitCutRate float64
+	// OutageEvery is the time between two outages of a random store: for
+	// OutageFor, every connection to it is reset and every new one refused,
+	// as while a server restarts or a network partition lasts; the store
+	// itself keeps its data. No replica is restarted during an outage.
+	// Defaults to 0: none.
+	OutageEvery time.Duration
+	// OutageFor is how long an outage lasts. Defaults to 1s when
+	// OutageEvery is set.
+	OutageFor time.Duration
 }
 
 func (f *StoreFaults) any() bool {
-	return f != nil && (f.Latency > 0 || f.ResetRate > 0 || f.CommitCutRate > 0)
+	return f != nil && (f.Latency > 0 || f.ResetRate > 0 || f.CommitCutRate > 0 || f.OutageEvery > 0)
 }
 
 // faultGrace is how long a new connection to a store goes without faults.
@@ -55,8 +64,12 @@ type storeProxy struct {
 	// start-up.
 	armed atomic.Bool
 
-	resets atomic.Int64 // connections reset
-	cuts   atomic.Int64 // connections cut instead of passing COMMIT's answer on
+	// down refuses connections: an outage is on.
+	down atomic.Bool
+
+	resets  atomic.Int64 // connections reset
+	outages atomic.Int64 // outages begun
+	cuts    atomic.Int64 // connections cut instead of passing COMMIT's answer on
 }
 
 func newStoreProxy(target string, faults StoreFaults, commits bool, rng *lockedRand) (*storeProxy, error) {
@@ -79,6 +92,10 @@ func (p *storeProxy) accept() {
 		c, err := p.ln.Accept()
 		if err != nil {
 			return
+		}
+		if p.down.Load() {
+			reset(c)
+			continue
 		}
 		s, err := net.DialTimeout("tcp", p.target, 5*time.Second)
 		if err != nil {
@@ -180,6 +197,24 @@ func (p *storeProxy) untrack(c ...net.Conn) {
 		x.Close()
 		delete(p.conns, x)
 	}
+}
+
+// outage resets every connection and refuses new ones for d.
+func (p *storeProxy) outage(d time.Duration, stop <-chan struct{}) {
+	p.outages.Add(1)
+	p.down.Store(true)
+	p.mu.Lock()
+	for c := range p.conns {
+		reset(c)
+	}
+	p.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-stop:
+	}
+	p.down.Store(false)
 }
 
 // close stops accepting, closes every connection and waits for the copies.

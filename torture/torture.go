@@ -177,8 +177,13 @@ func (c *Config) withDefaults() (Config, error) {
 		if kind, _ := dbKind(o.DB); kind != "pg" && o.Keys == "" {
 			return o, errors.New("torture: StoreFaults need a postgres:// DB or Redis Keys: a SQLite file has no connection to cut")
 		}
-		if f.Latency < 0 || f.ResetRate < 0 || f.ResetRate >= 1 || f.CommitCutRate < 0 || f.CommitCutRate >= 1 {
-			return o, errors.New("torture: StoreFaults' Latency must not be negative, and its rates must be at least 0 and below 1")
+		if f.Latency < 0 || f.ResetRate < 0 || f.ResetRate >= 1 || f.CommitCutRate < 0 || f.CommitCutRate >= 1 || f.OutageEvery < 0 || f.OutageFor < 0 {
+			return o, errors.New("torture: StoreFaults' Latency and outage times must not be negative, and its rates must be at least 0 and below 1")
+		}
+		if f.OutageEvery > 0 && f.OutageFor == 0 {
+			sf := *f
+			sf.OutageFor = time.Second
+			o.StoreFaults = &sf
 		}
 	}
 	return o, nil
@@ -233,7 +238,9 @@ type run struct {
 	dbURL, keysURL string
 	stores         []*storeProxy
 	replicaLog     *lineWriter // cfg.ReplicaLog, shared by the replicas; nil for none
-	client         *http.Client
+	// chaos keeps a replica's restart and a store's outage apart.
+	chaos  sync.Mutex
+	client *http.Client
 
 	accounts []string
 	payments []*logical
@@ -460,6 +467,8 @@ func (r *run) load(ctx context.Context) error {
 	stopKills := make(chan struct{})
 	killed := make(chan error, 1)
 	go func() { killed <- r.killLoop(ctx, stopKills) }()
+	outagesDone := make(chan struct{})
+	go func() { defer close(outagesDone); r.outageLoop(ctx, stopKills) }()
 	stopProgress := make(chan struct{})
 	progressDone := make(chan struct{})
 	go func() { defer close(progressDone); r.progressLoop(stopProgress) }()
@@ -494,6 +503,7 @@ feed:
 	if !gotKillErr {
 		killErr = <-killed
 	}
+	<-outagesDone
 	close(stopProgress)
 	<-progressDone
 	r.printProgress()
@@ -613,6 +623,8 @@ func (r *run) killLoop(ctx context.Context, stop <-chan struct{}) error {
 		case <-t.C:
 		}
 		i := r.rng.IntN(len(r.replicas))
+		// A replica restarted during a store's outage could not migrate.
+		r.chaos.Lock()
 		r.proxies[i].setUpstream("")
 		r.replicas[i].kill()
 		r.kills.Add(1)
@@ -622,10 +634,34 @@ func (r *run) killLoop(ctx context.Context, stop <-chan struct{}) error {
 				break
 			}
 		}
+		r.chaos.Unlock()
 		if err != nil {
 			return fmt.Errorf("torture: restarting after a kill: %w", err)
 		}
 		r.proxies[i].setUpstream(r.replicas[i].baseURL())
+	}
+}
+
+// outageLoop takes a random store down every StoreFaults.OutageEvery, for
+// OutageFor, until stop.
+func (r *run) outageLoop(ctx context.Context, stop <-chan struct{}) {
+	f := r.cfg.StoreFaults
+	if f == nil || f.OutageEvery <= 0 || len(r.stores) == 0 {
+		return
+	}
+	t := time.NewTicker(f.OutageEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.chaos.Lock()
+		r.stores[r.rng.IntN(len(r.stores))].outage(f.OutageFor, stop)
+		r.chaos.Unlock()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -71,6 +72,8 @@ every replica stopped, on failure and Ctrl-C too. Everything listens on
 	var sf torture.StoreFaults
 	fl.DurationVar(&sf.Latency, "store-latency", 0, "delay each chunk between the replicas and their stores by up to this (through a proxy of the run's own)")
 	fl.Float64Var(&sf.ResetRate, "store-resets", 0, "chance that a chunk between a replica and its store resets the connection instead")
+	fl.DurationVar(&sf.OutageEvery, "store-outage-every", 0, "take a random store down (every connection reset, new ones refused) this often; no replica restarts meanwhile")
+	fl.DurationVar(&sf.OutageFor, "store-outage-for", time.Second, "how long each store outage lasts")
 	fl.Float64Var(&sf.CommitCutRate, "commit-cuts", 0, "chance that a COMMIT is passed on to PostgreSQL and the replica's connection then cut before the answer: the ambiguous commit")
 	fl.BoolVar(&c.Unsafe, "unsafe-no-idempotency", false, "run the replicas in unsafe mode, which must fail the check (the torture's own test)")
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
@@ -92,8 +95,11 @@ every replica stopped, on failure and Ctrl-C too. Everything listens on
 				return &usageError{err}
 			}
 		}
-		if sf.Latency < 0 || sf.ResetRate < 0 || sf.ResetRate >= 1 || sf.CommitCutRate < 0 || sf.CommitCutRate >= 1 {
-			return &usageError{errors.New("--store-latency must not be negative; --store-resets and --commit-cuts must be at least 0 and below 1")}
+		if sf.Latency < 0 || sf.ResetRate < 0 || sf.ResetRate >= 1 || sf.CommitCutRate < 0 || sf.CommitCutRate >= 1 || sf.OutageEvery < 0 || sf.OutageFor <= 0 {
+			return &usageError{errors.New("--store-latency and --store-outage-every must not be negative, --store-outage-for must be positive; --store-resets and --commit-cuts must be at least 0 and below 1")}
+		}
+		if sf.OutageEvery == 0 {
+			sf.OutageFor = 0
 		}
 		if sf != (torture.StoreFaults{}) {
 			if c.DB == "sqlite" && c.Keys == "" {

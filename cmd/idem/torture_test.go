@@ -102,7 +102,7 @@ func TestTortureRequestsStoreFaults(t *testing.T) {
 	pg, rd := postgresURL(t), redisURL(t)
 	for name, args := range map[string][]string{
 		"postgres":       {"--db", pg, "--payments", "300", "--commit-cuts", "0.1", "--store-resets", "0.002", "--store-latency", "1ms"},
-		"postgres+redis": {"--db", pg, "--keys", rd, "--payments", "200", "--commit-cuts", "0.1", "--store-resets", "0.002"},
+		"postgres+redis": {"--db", pg, "--keys", rd, "--payments", "200", "--commit-cuts", "0.1", "--store-resets", "0.002", "--store-outage-every", "2s", "--store-outage-for", "500ms"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -110,6 +110,9 @@ func TestTortureRequestsStoreFaults(t *testing.T) {
 			checkHeld(t, r["logical_payments"], code, stdout, stderr, r)
 			if r["commit_cuts"] == 0 || r["store_resets"] == 0 {
 				t.Errorf("commit cuts %d, store resets %d: the faults did not happen", r["commit_cuts"], r["store_resets"])
+			}
+			if name == "postgres+redis" && r["store_outages"] == 0 {
+				t.Errorf("no store outage happened")
 			}
 		})
 	}
@@ -163,6 +166,7 @@ func TestTortureRequestsUsage(t *testing.T) {
 		{"--commit-cuts", "0.1"},
 		{"--db", "postgres://u@h/db", "--store-resets", "1"},
 		{"--db", "postgres://u@h/db", "--store-latency", "-1s"},
+		{"--db", "postgres://u@h/db", "--store-outage-every", "1s", "--store-outage-for", "0s"},
 		{"extra"},
 	} {
 		code, stdout, stderr, _ := runTorture(t, args...)
