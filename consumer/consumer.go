@@ -120,7 +120,9 @@ type Config struct {
 	// 4 drops a quorum queue's message after 20 deliveries unless told
 	// where to put it). Transports may count a delivery that only reached
 	// a client's buffer before a restart, so it is kept above
-	// Retry.MaxAttempts. Defaults to Retry.MaxAttempts + 5 (15 with the
+	// Retry.MaxAttempts. A message past the bound that its inbox has seen
+	// (a copy redelivered while an earlier one was handled slowly) is
+	// acknowledged as a duplicate instead. Defaults to Retry.MaxAttempts + 5 (15 with the
 	// default policy); it must not be below Retry.MaxAttempts; negative
 	// turns it off.
 	MaxDeliveries int

@@ -198,6 +198,10 @@ func (r *runner) next(n int) ([]idem.Delivery, error) {
 	return []idem.Delivery{d}, nil
 }
 
+// errNotApplied rolls back the inbox's transaction of a message that was
+// only looked up: the inbox has not seen it.
+var errNotApplied = errors.New("consumer: not applied yet")
+
 // overDelivered reports whether the transport has delivered e more often
 // than MaxDeliveries.
 func (r *runner) overDelivered(e *entry) bool {
@@ -349,8 +353,20 @@ func (r *runner) handle(e *entry) {
 		return
 	}
 	if r.overDelivered(e) {
-		// Past MaxDeliveries, and so past Retry.MaxAttempts: fail
-		// dead-letters it as exhausted, without running the handler.
+		// A message delivered that often may be a copy of one applied
+		// meanwhile: a transport redelivers what a slow consumer (a loaded
+		// machine, heartbeats late) held past its ack wait, and each copy
+		// counts. Its inbox says so; a duplicate is acknowledged, not
+		// dead-lettered (which would park its key's later messages).
+		if errors.Is(r.process(octx, e, func(context.Context) error { return errNotApplied }), idem.ErrDuplicate) {
+			r.c.duplicates.Add(1)
+			r.observe(e, OutcomeDuplicate, 1, nil)
+			r.settle(e, "ack")
+			return
+		}
+		// Past MaxDeliveries, and so past Retry.MaxAttempts, and never
+		// applied: fail dead-letters it as exhausted, without running the
+		// handler.
 		r.fail(e, r.number(e), fmt.Errorf("delivered %d times with no outcome recorded (more than MaxDeliveries, %d): "+
 			"the consumer may have stopped while handling it, a crash or an out-of-memory kill; the handler was not run again",
 			d.Attempt(), r.cfg.MaxDeliveries), idem.ClassTransient)

@@ -111,7 +111,15 @@ func TestConsumerSIGKILLedMidBatch(t *testing.T) {
 		if now := applied(); now > last {
 			last, lastAt = now, time.Now()
 		} else if time.Since(lastAt) > time.Minute {
-			t.Fatalf("%d of %d messages applied after %d kills, and none for a minute", last, n, kills)
+			var dead, parked, held, pending int64
+			db.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM idem_dead_letters), (SELECT count(*) FROM idem_ledger_parked),
+				(SELECT count(*) FROM idem_ledger_holds), (SELECT count(*) FROM idem_transport_pending)`).Scan(&dead, &parked, &held, &pending)
+			var why string
+			db.Pool().QueryRow(ctx, `SELECT coalesce(string_agg(DISTINCT l.class || ' after ' || a.number || ' attempts: ' || left(a.error, 200), '; '), '')
+				FROM idem_dead_letters l JOIN idem_dead_letter_attempts a ON a.letter_id = l.id
+				WHERE a.ord = (SELECT max(ord) FROM idem_dead_letter_attempts WHERE letter_id = l.id)`).Scan(&why)
+			t.Fatalf("%d of %d messages applied after %d kills, and none for a minute: %d dead letters (%s), %d parked, %d keys held, %d deliveries pending",
+				last, n, kills, dead, why, parked, held, pending)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
