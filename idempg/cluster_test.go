@@ -34,17 +34,27 @@ func TestClusterStore(t *testing.T) {
 
 	ctx := t.Context()
 	db := openDB(t, url, idempg.Config{})
+	// A reloaded setting reaches the server's processes a moment after
+	// pg_reload_conf returns: each check looks again for a few seconds.
 	want := func(what string, problem error) {
 		t.Helper()
-		ws, err := db.Warnings(ctx)
-		if err != nil {
-			t.Fatalf("Warnings: %v", err)
+		var ws []*idempg.Warning
+		ok := func() bool {
+			var err error
+			if ws, err = db.Warnings(ctx); err != nil {
+				t.Fatalf("Warnings: %v", err)
+			}
+			if problem == nil {
+				return len(ws) == 0
+			}
+			return len(ws) == 1 && errors.Is(ws[0], problem)
 		}
-		switch {
-		case problem == nil && len(ws) != 0:
-			t.Errorf("%s: Warnings = %v, want none", what, ws)
-		case problem != nil && (len(ws) != 1 || !errors.Is(ws[0], problem)):
-			t.Errorf("%s: Warnings = %v, want one, %v", what, ws, problem)
+		for deadline := time.Now().Add(10 * time.Second); !ok(); {
+			if time.Now().After(deadline) {
+				t.Errorf("%s: Warnings = %v, want %v", what, ws, problem)
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	}
 	want("asynchronous standby", idempg.ErrAsyncStandby)
