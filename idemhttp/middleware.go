@@ -960,8 +960,15 @@ func (m *Middleware) runTx(next http.Handler, r *http.Request, run *txRun, hctx 
 	if run.failure != "" || !m.cfg.Keep(r, rec.statusCode()) {
 		return idem.Response{}, false, nil
 	}
-	ex, _ := ExecutionFromContext(hctx)
-	kept, err := m.keptResponse(rec, ex.Scope, ex.Key)
+	// The record's scope and key bind a sealed body to it; they are read
+	// only to seal, as the context lookup costs an allocation.
+	var scope idem.Scope
+	var key idem.Key
+	if m.bodies != nil {
+		ex, _ := ExecutionFromContext(hctx)
+		scope, key = ex.Scope, ex.Key
+	}
+	kept, err := m.keptResponse(rec, scope, key)
 	if err != nil {
 		return idem.Response{}, false, err
 	}
