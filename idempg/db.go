@@ -111,6 +111,7 @@ func Open(ctx context.Context, url string, cfg *Config) (*DB, error) {
 	// Set at connection start, so no connection of the pool can ever run a
 	// statement against another schema, and no extra round trip is spent.
 	pcfg.ConnConfig.RuntimeParams["search_path"] = quoteIdent(c.Schema)
+	watchDeaths(pcfg)
 
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {

@@ -410,6 +410,14 @@
 // meanwhile is a transient failure its retry repeats. The Store suite
 // passes through such a URL (TestClusterStore).
 //
+// A server that restarts, crashes or fails over ends every connection of
+// the pool at once, unseen until each is used. Once one is found dead,
+// the pool pings every other before handing it out again (pgxpool alone
+// pings only connections idle for over a second), so the statements that
+// run while the server is back get live connections, rather than one
+// failing per pooled connection; the cost is a round trip per connection
+// after each death.
+//
 // A standby streaming asynchronously may lack transactions the primary
 // acknowledged. Keys and effects commit together, so a promotion loses
 // both of such a transaction, never one without the other: nothing runs
