@@ -48,6 +48,7 @@ func (r *run) check(ctx context.Context, elapsed time.Duration) (*Report, error)
 		StoreResets:     r.storeCount(func(p *storeProxy) int64 { return p.resets.Load() }),
 		CommitCuts:      r.storeCount(func(p *storeProxy) int64 { return p.cuts.Load() }),
 		StoreOutages:    r.storeCount(func(p *storeProxy) int64 { return p.outages.Load() }),
+		StoreRestarts:   r.restarts.Load(),
 		Payments:        len(rows),
 		Elapsed:         elapsed,
 	}
@@ -159,7 +160,7 @@ func (r *run) readDB(ctx context.Context) ([]dbPayment, map[string]int64, error)
 	var rows []dbPayment
 	balances := map[string]int64{}
 	if r.schema != "" {
-		conn, err := pgx.Connect(ctx, r.cfg.DB)
+		conn, err := pgx.Connect(ctx, r.pgURL)
 		if err != nil {
 			return nil, nil, fmt.Errorf("torture: reading the database: %w", err)
 		}

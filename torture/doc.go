@@ -51,11 +51,30 @@
 // OutageFor), never while a killed replica restarts. Report.StoreResets,
 // Report.CommitCuts and Report.StoreOutages count what it did.
 //
+// With Config.DB or Config.Keys Private, the run starts a PostgreSQL or a
+// Redis server of its own (package internal/localserver), on a free
+// loopback port, its data in the temporary directory: PostgreSQL with
+// fsync on, Redis with an append-only file fsynced on every write, so
+// that what a store acknowledged survives its crash, as it would a
+// production store's. With Config.RestartStoresEvery it SIGKILLs one of
+// them, at random, that often (PostgreSQL with its backends), starts it
+// again on the same port and data, and waits until it serves, never while
+// a killed replica restarts or a store outage lasts: whatever the store
+// had acknowledged must still be there, and whatever was in flight is
+// lost, a transaction rolled back, a COMMIT's answer never sent. Meanwhile
+// the replicas answer 5xx, and the clients retry; the replicas are not
+// restarted, so their connection pools must find their way back to the
+// store by themselves. Only these private servers are ever restarted:
+// one given by URL is shared with others, and the run only connects to
+// it. The store proxies of Config.StoreFaults stand in front of the
+// private servers as they would in front of any other. Report.StoreRestarts
+// counts the restarts.
+//
 // Config.Timeout bounds the load; the checks and the clean-up each have a
 // minute of their own. Whatever happens, on failure and on cancellation
 // (Ctrl-C) too, every replica is stopped (SIGTERM, then SIGKILL), every
-// proxy closed, and the temporary directory, the schema and the Redis keys
-// deleted. On Linux the replicas run in a process group of their own, so a
+// proxy and private server closed, and the temporary directory, the schema
+// and the Redis keys deleted. On Linux the replicas run in a process group of their own, so a
 // Ctrl-C reaches the run alone, and the kernel kills them should the run
 // itself die.
 //
@@ -76,8 +95,8 @@
 //   - money taken from the accounts, by the database's balances or the
 //     API's, other than the sum of the logical payments' amounts.
 //
-// Report holds the figures (attempts sent, lost responses, kills,
-// payments, money taken against owed, time) and the violations, by key and
+// Report holds the figures (attempts sent, lost responses, kills, store
+// faults and restarts, payments, money taken against owed, time) and the violations, by key and
 // payment; Report.Print writes them as a table, Report.PrintResults as
 // lines RESULT,torture-requests-<db>,<metric>,<value>,<unit> (<db> is
 // sqlite or pg, with -keys for Redis keys and -unsafe against unsafe
@@ -96,4 +115,9 @@
 // and on PostgreSQL with the keys in Redis:
 //
 //	idem torture requests --payments 12500 --db postgres://postgres@127.0.0.1:5432/test --keys redis://127.0.0.1:6379/0
+//
+// and on private PostgreSQL and Redis servers, one of which crashes every
+// 15s:
+//
+//	idem torture requests --payments 12500 --dups 8 --db private --keys private --restart-stores-every 15s
 package torture

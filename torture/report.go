@@ -26,6 +26,7 @@ type Report struct {
 	StoreResets     int64 // store connections reset by the store proxies (Config.StoreFaults)
 	CommitCuts      int64 // store connections cut after a COMMIT was passed on: ambiguous commits
 	StoreOutages    int64 // outages of a store (Config.StoreFaults.OutageEvery)
+	StoreRestarts   int64 // private stores SIGKILLed and started again (Config.RestartStoresEvery)
 
 	Payments      int   // payments in the database
 	MoneyOwed     int64 // the sum of the logical payments' amounts
@@ -61,6 +62,7 @@ func (r *Report) Print(w io.Writer) {
 	row("store connections reset", r.StoreResets)
 	row("commits cut (ambiguous)", r.CommitCuts)
 	row("store outages", r.StoreOutages)
+	row("stores restarted (SIGKILL)", r.StoreRestarts)
 	row("payments in the database", r.Payments)
 	row("money owed", r.MoneyOwed)
 	row("money taken (database)", r.MoneyTaken)
@@ -94,6 +96,7 @@ func (r *Report) PrintResults(w io.Writer) {
 	line("store_resets", r.StoreResets, "connections")
 	line("commit_cuts", r.CommitCuts, "connections")
 	line("store_outages", r.StoreOutages, "outages")
+	line("store_restarts", r.StoreRestarts, "restarts")
 	line("payments", r.Payments, "payments")
 	line("money_owed", r.MoneyOwed, "minor_units")
 	line("money_taken", r.MoneyTaken, "minor_units")

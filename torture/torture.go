@@ -20,6 +20,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-go/idem/internal/localserver"
 )
 
 // Config configures Run. Executable is required; every other field's zero
@@ -32,14 +34,24 @@ type Config struct {
 	// run's own key. Defaults to nothing else.
 	Env []string
 	// DB is the replicas' database: "" or "sqlite" for a SQLite file in a
-	// temporary directory, deleted afterwards, or a postgres:// URL, in
+	// temporary directory, deleted afterwards; a postgres:// URL, in
 	// which the replicas share a schema of the run's own, dropped
-	// afterwards. Defaults to "" (SQLite).
+	// afterwards; or Private, a PostgreSQL server of the run's own, which
+	// it starts with its data in the temporary directory and may restart
+	// (RestartStoresEvery). Defaults to "" (SQLite).
 	DB string
 	// Keys, a redis:// URL, puts the idempotency keys in Redis, under a key
-	// prefix of the run's own, deleted afterwards. Defaults to "": the keys
-	// live in DB, and commit with each payment.
+	// prefix of the run's own, deleted afterwards; Private puts them in a
+	// Redis server of the run's own, started like DB's. Defaults to "":
+	// the keys live in DB, and commit with each payment.
 	Keys string
+	// RestartStoresEvery is the time between two crashes of a private
+	// store (DB or Keys Private), chosen at random: SIGKILLed, started
+	// again on its port and data, and waited for, while no replica
+	// restarts and no store outage is on. Only the run's own servers are
+	// ever restarted: one that others share is never touched. Defaults to
+	// 0: none.
+	RestartStoresEvery time.Duration
 	// Payments is the number of logical payments. Defaults to 1000.
 	Payments int
 	// Dups is how many times each logical payment is attempted, with the
@@ -100,6 +112,12 @@ const (
 	DefaultKeyLease      = 3 * time.Second
 	defaultProgressEvery = 2 * time.Second
 )
+
+// Private, as Config.DB or Config.Keys, asks for a store of the run's own:
+// a PostgreSQL or Redis server that the run starts on a free loopback
+// port, with its data in the run's temporary directory, and stops and
+// deletes afterwards.
+const Private = "private"
 
 // What the run creates: its tenant, its accounts and their balance, and the
 // largest amount of a payment.
@@ -164,14 +182,16 @@ func (c *Config) withDefaults() (Config, error) {
 		return o, errors.New("torture: Payments, Dups, Replicas and Clients must be positive")
 	case o.DropRate >= 1:
 		return o, fmt.Errorf("torture: DropRate must be below 1 (every answer dropped, nothing would ever succeed), got %g", o.DropRate)
-	case o.Timeout < 0 || o.KeyLease < 0 || o.ProgressEvery < 0:
-		return o, errors.New("torture: Timeout, KeyLease and ProgressEvery must not be negative")
+	case o.Timeout < 0 || o.KeyLease < 0 || o.ProgressEvery < 0 || o.RestartStoresEvery < 0:
+		return o, errors.New("torture: Timeout, KeyLease, ProgressEvery and RestartStoresEvery must not be negative")
+	case o.RestartStoresEvery > 0 && o.DB != Private && o.Keys != Private:
+		return o, errors.New(`torture: RestartStoresEvery needs a private store, DB or Keys "private": the run restarts only servers of its own`)
 	}
 	if _, err := dbKind(o.DB); err != nil {
 		return o, err
 	}
-	if o.Keys != "" && !strings.HasPrefix(o.Keys, "redis://") && !strings.HasPrefix(o.Keys, "rediss://") {
-		return o, errors.New("torture: Keys must be a redis:// or rediss:// URL")
+	if o.Keys != "" && o.Keys != Private && !strings.HasPrefix(o.Keys, "redis://") && !strings.HasPrefix(o.Keys, "rediss://") {
+		return o, errors.New(`torture: Keys must be "private" or a redis:// or rediss:// URL`)
 	}
 	if f := o.StoreFaults; f != nil {
 		if kind, _ := dbKind(o.DB); kind != "pg" && o.Keys == "" {
@@ -194,10 +214,10 @@ func dbKind(db string) (string, error) {
 	switch {
 	case db == "" || db == "sqlite":
 		return "sqlite", nil
-	case strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://"):
+	case db == Private || strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://"):
 		return "pg", nil
 	}
-	return "", errors.New(`torture: DB must be "sqlite" or a postgres:// URL`)
+	return "", errors.New(`torture: DB must be "sqlite", "private" or a postgres:// URL`)
 }
 
 // logical is one logical payment: its key, its body, and every 2xx answer
@@ -233,12 +253,19 @@ type run struct {
 	sqlite   string // the SQLite file's path
 	replicas []*replica
 	proxies  []*faultProxy
-	// dbURL and keysURL are what the replicas connect to: cfg.DB and
-	// cfg.Keys, or the store proxies in front of them.
+	// pgURL and redisURL are the stores themselves: cfg.DB and cfg.Keys,
+	// or the private servers' URLs.
+	pgURL, redisURL string
+	// dbURL and keysURL are what the replicas connect to: the stores, or
+	// the store proxies in front of them.
 	dbURL, keysURL string
 	stores         []*storeProxy
-	replicaLog     *lineWriter // cfg.ReplicaLog, shared by the replicas; nil for none
-	// chaos keeps a replica's restart and a store's outage apart.
+	// servers are the private stores, which the run restarts and, at the
+	// end, stops.
+	servers    []*localserver.Server
+	replicaLog *lineWriter // cfg.ReplicaLog, shared by the replicas; nil for none
+	// chaos keeps a replica's restart, a store's outage and a store's
+	// restart apart.
 	chaos  sync.Mutex
 	client *http.Client
 
@@ -249,6 +276,7 @@ type run struct {
 	noAnswer  atomic.Int64
 	retried   atomic.Int64
 	kills     atomic.Int64
+	restarts  atomic.Int64 // private stores restarted
 	completed atomic.Int64
 }
 
@@ -312,8 +340,9 @@ func Run(ctx context.Context, cfg *Config) (rep *Report, err error) {
 	return r.check(ctx, elapsed)
 }
 
-// prepare makes the run's place for data: a temporary directory, and on
-// PostgreSQL a schema name of its own (serve creates the schema).
+// prepare makes the run's place for data: a temporary directory, on
+// PostgreSQL a schema name of its own (serve creates the schema), and the
+// private stores.
 func (r *run) prepare(ctx context.Context) error {
 	dir, err := os.MkdirTemp("", "idem-torture-")
 	if err != nil {
@@ -328,7 +357,29 @@ func (r *run) prepare(ctx context.Context) error {
 	if r.cfg.Keys != "" {
 		r.prefix = "idemtorture" + r.token
 	}
-	r.dbURL, r.keysURL = r.cfg.DB, r.cfg.Keys
+	r.pgURL, r.redisURL = r.cfg.DB, r.cfg.Keys
+	private := func(start func(context.Context, string) (*localserver.Server, error), name string) (string, error) {
+		s, err := start(ctx, filepath.Join(dir, name))
+		if err != nil {
+			return "", fmt.Errorf("torture: starting a private %s: %w", name, err)
+		}
+		r.servers = append(r.servers, s)
+		return s.URL(), nil
+	}
+	if r.cfg.DB == Private {
+		if r.pgURL, err = private(localserver.StartPostgres, "postgres"); err != nil {
+			return err
+		}
+	}
+	if r.cfg.Keys == Private {
+		if r.redisURL, err = private(localserver.StartRedis, "redis"); err != nil {
+			return err
+		}
+	}
+	if len(r.servers) > 0 {
+		fmt.Fprintf(r.cfg.Progress, "torture: private %s in %s\n", serverNames(r.servers), dir)
+	}
+	r.dbURL, r.keysURL = r.pgURL, r.redisURL
 	if !r.cfg.StoreFaults.any() {
 		return nil
 	}
@@ -345,16 +396,25 @@ func (r *run) prepare(ctx context.Context) error {
 		return throughProxy(rawURL, sp.addr(), commits && r.cfg.StoreFaults.CommitCutRate > 0)
 	}
 	if r.schema != "" {
-		if r.dbURL, err = proxy(r.cfg.DB, "5432", true); err != nil {
+		if r.dbURL, err = proxy(r.pgURL, "5432", true); err != nil {
 			return err
 		}
 	}
 	if r.cfg.Keys != "" {
-		if r.keysURL, err = proxy(r.cfg.Keys, "6379", false); err != nil {
+		if r.keysURL, err = proxy(r.redisURL, "6379", false); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// serverNames lists the servers' names, "postgres and redis".
+func serverNames(servers []*localserver.Server) string {
+	names := make([]string, len(servers))
+	for i, s := range servers {
+		names[i] = s.Name()
+	}
+	return strings.Join(names, " and ")
 }
 
 // serveArgs is the command line of every replica.
@@ -465,8 +525,12 @@ func (r *run) load(ctx context.Context) error {
 	defer abort(nil)
 
 	stopKills := make(chan struct{})
-	killed := make(chan error, 1)
-	go func() { killed <- r.killLoop(ctx, stopKills) }()
+	// The chaos loops return early only when they fail (a replica or a
+	// store that does not come back) or ctx ends.
+	const chaosLoops = 2
+	chaosDone := make(chan error, chaosLoops)
+	go func() { chaosDone <- r.killLoop(ctx, stopKills) }()
+	go func() { chaosDone <- r.restartLoop(ctx, stopKills) }()
 	outagesDone := make(chan struct{})
 	go func() { defer close(outagesDone); r.outageLoop(ctx, stopKills) }()
 	stopProgress := make(chan struct{})
@@ -482,32 +546,33 @@ func (r *run) load(ctx context.Context) error {
 			}
 		})
 	}
-	var killErr error
-	gotKillErr := false
+	var chaosErr error
+	received := 0
 feed:
 	for _, lp := range r.payments {
 		select {
 		case work <- lp:
 		case <-loadCtx.Done():
 			break feed
-		case killErr = <-killed:
-			// The kills stopped: a replica did not come back.
-			gotKillErr = true
-			abort(killErr)
+		case chaosErr = <-chaosDone:
+			// A chaos loop stopped: a replica or a store did not come
+			// back.
+			received++
+			abort(chaosErr)
 			break feed
 		}
 	}
 	close(work)
 	wg.Wait()
 	close(stopKills)
-	if !gotKillErr {
-		killErr = <-killed
+	for ; received < chaosLoops; received++ {
+		chaosErr = errors.Join(chaosErr, <-chaosDone)
 	}
 	<-outagesDone
 	close(stopProgress)
 	<-progressDone
 	r.printProgress()
-	return killErr
+	return chaosErr
 }
 
 // pay attempts one logical payment Dups times: half at once, the rest in
@@ -665,6 +730,40 @@ func (r *run) outageLoop(ctx context.Context, stop <-chan struct{}) {
 	}
 }
 
+// restartLoop SIGKILLs a random private store every RestartStoresEvery
+// and starts it again, until stop is closed. It returns an error when a
+// store does not come back.
+func (r *run) restartLoop(ctx context.Context, stop <-chan struct{}) error {
+	if r.cfg.RestartStoresEvery <= 0 || len(r.servers) == 0 {
+		<-stop
+		return nil
+	}
+	t := time.NewTicker(r.cfg.RestartStoresEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return nil
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		s := r.servers[r.rng.IntN(len(r.servers))]
+		// A replica restarted while its store is down could not migrate,
+		// and an outage on top of a restart would only hide it.
+		r.chaos.Lock()
+		err := s.Restart(ctx, true)
+		r.chaos.Unlock()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("torture: restarting the private %s: %w", s.Name(), err)
+		}
+		r.restarts.Add(1)
+	}
+}
+
 func (r *run) progressLoop(stop <-chan struct{}) {
 	t := time.NewTicker(r.cfg.ProgressEvery)
 	defer t.Stop()
@@ -679,8 +778,8 @@ func (r *run) progressLoop(stop <-chan struct{}) {
 }
 
 func (r *run) printProgress() {
-	fmt.Fprintf(r.cfg.Progress, "torture: %d/%d logical payments done, %d attempts, %d lost responses, %d without an answer, %d retried on 409/5xx, %d kills\n",
-		r.completed.Load(), len(r.payments), r.attempts.Load(), r.lost(), r.noAnswer.Load(), r.retried.Load(), r.kills.Load())
+	fmt.Fprintf(r.cfg.Progress, "torture: %d/%d logical payments done, %d attempts, %d lost responses, %d without an answer, %d retried on 409/5xx, %d kills, %d store restarts\n",
+		r.completed.Load(), len(r.payments), r.attempts.Load(), r.lost(), r.noAnswer.Load(), r.retried.Load(), r.kills.Load(), r.restarts.Load())
 }
 
 // lost is the number of answers the proxies dropped.
@@ -693,7 +792,8 @@ func (r *run) lost() int64 {
 }
 
 // cleanup stops every replica and proxy and deletes what the run made:
-// the temporary directory, the PostgreSQL schema, the Redis keys.
+// the temporary directory, the PostgreSQL schema, the Redis keys; a
+// private store is stopped, and goes with the directory.
 func (r *run) cleanup() error {
 	var wg sync.WaitGroup
 	for _, rp := range r.replicas {
@@ -710,11 +810,16 @@ func (r *run) cleanup() error {
 	ctx, cancel := context.WithTimeout(context.Background(), phaseTimeout)
 	defer cancel()
 	var errs []error
-	if r.schema != "" {
-		errs = append(errs, dropSchema(ctx, r.cfg.DB, r.schema))
+	if r.schema != "" && r.cfg.DB != Private {
+		errs = append(errs, dropSchema(ctx, r.pgURL, r.schema))
 	}
-	if r.prefix != "" {
-		errs = append(errs, deleteKeys(ctx, r.cfg.Keys, r.prefix))
+	if r.prefix != "" && r.cfg.Keys != Private {
+		errs = append(errs, deleteKeys(ctx, r.redisURL, r.prefix))
+	}
+	for _, s := range r.servers {
+		if err := s.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("torture: stopping the private %s: %w", s.Name(), err))
+		}
 	}
 	if r.dir != "" {
 		if err := os.RemoveAll(r.dir); err != nil {

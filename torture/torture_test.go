@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -23,6 +24,10 @@ func TestConfigRefusesBadInput(t *testing.T) {
 		"negative timeout":  {Executable: "idem", Timeout: -1},
 		"mysql":             {Executable: "idem", DB: "mysql://x"},
 		"keys not redis":    {Executable: "idem", Keys: "memcached://x"},
+		// Only a server the run started itself is ever restarted.
+		"restarts of a shared store": {Executable: "idem", DB: "postgres://u@h/db", Keys: "redis://h/0", RestartStoresEvery: time.Second},
+		"restarts on SQLite":         {Executable: "idem", RestartStoresEvery: time.Second},
+		"negative restarts":          {Executable: "idem", DB: Private, RestartStoresEvery: -time.Second},
 	} {
 		if rep, err := Run(t.Context(), c); err == nil || rep != nil {
 			t.Errorf("%s: Run = %v, %v; want an error", name, rep, err)

@@ -46,18 +46,26 @@ violation by key and payment, and exits 0 only when the promise held.
 
 --db is a SQLite file in a temporary directory by default, or a PostgreSQL
 URL, in which the run uses a fresh schema; --keys redis://… puts the keys in
-Redis under a prefix of the run's own. All of it is deleted afterwards, and
-every replica stopped, on failure and Ctrl-C too. Everything listens on
-127.0.0.1 only.
+Redis under a prefix of the run's own. --db private and --keys private start
+a PostgreSQL and a Redis server of the run's own instead (initdb and postgres,
+redis-server), on free ports, with their data in the temporary directory:
+with them, --restart-stores-every SIGKILLs one of them, at random, that often
+and starts it again on the same data, never while a replica restarts or a
+store outage lasts. Only these private servers are ever restarted, never one
+that others share. All of it is deleted afterwards, and every replica and
+server stopped, on failure and Ctrl-C too. Everything listens on 127.0.0.1
+only.
 
   idem torture requests --payments 12500 --dups 8 --replicas 3
   idem torture requests --db postgres://postgres@127.0.0.1:5432/test --keys redis://127.0.0.1:6379/0
-  idem torture requests --db postgres://postgres@127.0.0.1:5432/test --commit-cuts 0.05 --store-resets 0.001 --store-latency 2ms`,
+  idem torture requests --db postgres://postgres@127.0.0.1:5432/test --commit-cuts 0.05 --store-resets 0.001 --store-latency 2ms
+  idem torture requests --db private --keys private --restart-stores-every 10s`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&c.DB, "db", "sqlite", "database: sqlite (a temporary file) or postgres://USER@HOST/DB (a fresh schema)")
-	fl.StringVar(&c.Keys, "keys", "", "keep the idempotency keys in Redis: redis://HOST:PORT/DB (a prefix of the run's own); default: in --db")
+	fl.StringVar(&c.DB, "db", "sqlite", "database: sqlite (a temporary file), postgres://USER@HOST/DB (a fresh schema) or private (a PostgreSQL server of the run's own)")
+	fl.StringVar(&c.Keys, "keys", "", "keep the idempotency keys in Redis: redis://HOST:PORT/DB (a prefix of the run's own) or private (a Redis server of the run's own); default: in --db")
+	fl.DurationVar(&c.RestartStoresEvery, "restart-stores-every", 0, "SIGKILL a random private store (--db private, --keys private) this often and start it again (0 for never)")
 	fl.IntVar(&c.Payments, "payments", torture.DefaultPayments, "logical payments")
 	fl.IntVar(&c.Dups, "dups", torture.DefaultDups, "attempts of each logical payment, with the same key and body")
 	fl.IntVar(&c.Replicas, "replicas", torture.DefaultReplicas, "replicas of idem serve")
@@ -82,15 +90,17 @@ every replica stopped, on failure and Ctrl-C too. Everything listens on
 			return &usageError{errors.New("--payments, --dups, --replicas and --clients must be positive")}
 		case dropRate < 0 || dropRate >= 1:
 			return &usageError{fmt.Errorf("--drop must be at least 0 and below 1, got %g", dropRate)}
-		case c.KillEvery < 0 || c.Timeout <= 0 || c.KeyLease <= 0:
-			return &usageError{errors.New("--kill-every must not be negative; --timeout and --key-lease must be positive")}
+		case c.KillEvery < 0 || c.Timeout <= 0 || c.KeyLease <= 0 || c.RestartStoresEvery < 0:
+			return &usageError{errors.New("--kill-every and --restart-stores-every must not be negative; --timeout and --key-lease must be positive")}
+		case c.RestartStoresEvery > 0 && c.DB != torture.Private && c.Keys != torture.Private:
+			return &usageError{errors.New("--restart-stores-every needs --db private or --keys private: the run restarts only servers it started itself, never one that others share")}
 		}
-		if c.DB != "sqlite" {
+		if c.DB != "sqlite" && c.DB != torture.Private {
 			if t, err := parseDB(c.DB); err != nil || !t.postgres {
-				return &usageError{errors.New("--db must be sqlite or postgres://USER@HOST/DB")}
+				return &usageError{errors.New("--db must be sqlite, private or postgres://USER@HOST/DB")}
 			}
 		}
-		if c.Keys != "" {
+		if c.Keys != "" && c.Keys != torture.Private {
 			if _, err := parseKeys(c.Keys); err != nil {
 				return &usageError{err}
 			}
@@ -103,7 +113,7 @@ every replica stopped, on failure and Ctrl-C too. Everything listens on
 		}
 		if sf != (torture.StoreFaults{}) {
 			if c.DB == "sqlite" && c.Keys == "" {
-				return &usageError{errors.New("--store-latency, --store-resets and --commit-cuts need --db postgres://… or --keys redis://…: a SQLite file has no connection to cut")}
+				return &usageError{errors.New("--store-latency, --store-resets and --commit-cuts need --db postgres://… or private, or --keys: a SQLite file has no connection to cut")}
 			}
 			c.StoreFaults = &sf
 		}

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem/idemtest"
 )
 
 // tortureChildEnv makes this test binary run as idem itself: `idem torture`
@@ -118,6 +120,32 @@ func TestTortureRequestsStoreFaults(t *testing.T) {
 	}
 }
 
+// Private PostgreSQL and Redis servers of the run's own, SIGKILLed in turn
+// and started again under the load, on top of the lost answers, the killed
+// replicas and a store proxy's resets: the replicas ride through the
+// restarts (their requests answered 5xx meanwhile, and retried), and
+// nothing is charged twice or lost.
+func TestTortureRequestsStoreRestarts(t *testing.T) {
+	t.Parallel()
+	code, stdout, stderr, r := runTorture(t, "--db", "private", "--keys", "private", "--restart-stores-every", "1500ms",
+		"--payments", "500", "--store-resets", "0.002", "--kill-every", "500ms", "--timeout", "90s")
+	if code != exitOK && strings.Contains(stderr, "which is not installed") {
+		// The servers' programs (initdb and postgres, redis-server), which
+		// the run starts itself.
+		if os.Getenv(idemtest.RequireServicesEnv) == "1" {
+			t.Fatalf("%s; %s=1 requires them", strings.TrimSpace(stderr), idemtest.RequireServicesEnv)
+		}
+		t.Skipf("skipping: %s", strings.TrimSpace(stderr))
+	}
+	checkHeld(t, 500, code, stdout, stderr, r)
+	if r["store_restarts"] < 2 {
+		t.Errorf("%d store restarts, want at least 2\n%s", r["store_restarts"], stdout)
+	}
+	if !strings.Contains(stdout, "RESULT,torture-requests-pg-keys,store_restarts,") {
+		t.Errorf("no RESULT line for the store restarts:\n%s", stdout)
+	}
+}
+
 func TestTortureRequestsRedisKeys(t *testing.T) {
 	t.Parallel()
 	url := redisURL(t)
@@ -167,6 +195,10 @@ func TestTortureRequestsUsage(t *testing.T) {
 		{"--db", "postgres://u@h/db", "--store-resets", "1"},
 		{"--db", "postgres://u@h/db", "--store-latency", "-1s"},
 		{"--db", "postgres://u@h/db", "--store-outage-every", "1s", "--store-outage-for", "0s"},
+		{"--restart-stores-every", "1s"},
+		{"--db", "postgres://u@h/db", "--keys", "redis://h/0", "--restart-stores-every", "1s"},
+		{"--db", "private", "--restart-stores-every", "-1s"},
+		{"--keys", "privately"},
 		{"extra"},
 	} {
 		code, stdout, stderr, _ := runTorture(t, args...)
