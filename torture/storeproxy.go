@@ -43,7 +43,7 @@ func (f *StoreFaults) any() bool {
 }
 
 // faultGrace is how long a new connection to a store goes without faults.
-const faultGrace = 2 * time.Second
+const faultGrace = 500 * time.Millisecond
 
 // storeProxy forwards TCP connections to one store, with faults.
 type storeProxy struct {
