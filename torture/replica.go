@@ -27,13 +27,20 @@ const (
 	tailLines    = 40
 )
 
-// replica is one `idem serve` child process, started again after each kill
-// with the same arguments.
+// replica is one child process of the run, started again after each kill
+// with the same arguments: an `idem serve` replica, or a consumer of the
+// message torture.
 type replica struct {
 	n    int
 	exe  string
 	args []string
 	env  []string
+	// what names it in errors and logs; defaults to "replica".
+	what string
+	// ready starts the line the process prints once it is ready. Empty
+	// means an `idem serve` replica: its "listening on" line, whose base
+	// URL must be on a loopback address.
+	ready string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -41,6 +48,19 @@ type replica struct {
 	base string
 	tail []string    // its last stderr lines, for the error that says why it failed
 	log  *lineWriter // receives every line; nil for none
+	// exit is how the last process ended, once done is closed; killed says
+	// whether the run killed or stopped it.
+	exit   error
+	killed bool
+}
+
+// name is how errors and logs name the process: "replica 2".
+func (r *replica) name() string {
+	what := r.what
+	if what == "" {
+		what = "replica"
+	}
+	return fmt.Sprintf("%s %d", what, r.n)
 }
 
 // lineWriter writes whole lines from several replicas to one writer.
@@ -49,69 +69,80 @@ type lineWriter struct {
 	w  io.Writer
 }
 
-func (l *lineWriter) line(n int, s string) {
+func (l *lineWriter) line(name, s string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	fmt.Fprintf(l.w, "replica %d: %s\n", n, s)
+	fmt.Fprintf(l.w, "%s: %s\n", name, s)
 }
 
-// start starts the process and waits for its "listening on" line.
+// start starts the process and waits for its ready line.
 func (r *replica) start(ctx context.Context) error {
 	cmd := exec.Command(r.exe, r.args...)
 	cmd.Env = r.env
 	cmd.SysProcAttr = childAttr()
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
-		return fmt.Errorf("replica %d: %w", r.n, err)
+		return fmt.Errorf("%s: %w", r.name(), err)
 	}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("replica %d: starting %s: %w", r.n, r.exe, err)
+		return fmt.Errorf("%s: starting %s: %w", r.name(), r.exe, err)
 	}
 	done := make(chan struct{})
 	listening := make(chan string, 1)
 	r.mu.Lock()
-	r.cmd, r.done, r.base, r.tail = cmd, done, "", nil
+	r.cmd, r.done, r.base, r.tail, r.exit, r.killed = cmd, done, "", nil, nil, false
 	r.mu.Unlock()
 	go func() {
 		defer close(done)
 		r.read(stderr, listening)
-		_ = cmd.Wait() // a killed replica's status says nothing new
+		err := cmd.Wait()
+		r.mu.Lock()
+		r.exit = err
+		r.mu.Unlock()
 	}()
 
 	timer := time.NewTimer(startTimeout)
 	defer timer.Stop()
 	select {
 	case base := <-listening:
+		if r.ready != "" {
+			return nil
+		}
 		if err := checkLoopback(base); err != nil {
 			r.kill()
-			return fmt.Errorf("replica %d: %w", r.n, err)
+			return fmt.Errorf("%s: %w", r.name(), err)
 		}
 		r.mu.Lock()
 		r.base = base
 		r.mu.Unlock()
 		return nil
 	case <-done:
-		return fmt.Errorf("replica %d exited before listening: %s", r.n, r.lastLines())
+		return fmt.Errorf("%s exited before it was ready: %s", r.name(), r.lastLines())
 	case <-timer.C:
 		r.kill()
-		return fmt.Errorf("replica %d did not say where it listens within %s: %s", r.n, startTimeout, r.lastLines())
+		return fmt.Errorf("%s did not say it was ready within %s: %s", r.name(), startTimeout, r.lastLines())
 	case <-ctx.Done():
 		r.kill()
-		return fmt.Errorf("replica %d: %w", r.n, context.Cause(ctx))
+		return fmt.Errorf("%s: %w", r.name(), context.Cause(ctx))
 	}
 }
 
-// read drains the replica's stderr (a child blocked on a full pipe would
-// stall), keeps its last lines and reports the base URL it listens on.
+// read drains the process's stderr (a child blocked on a full pipe would
+// stall), keeps its last lines and reports its ready line: for a replica,
+// the base URL it listens on.
 func (r *replica) read(stderr io.Reader, listening chan<- string) {
 	sc := bufio.NewScanner(stderr)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	prefix := r.ready
+	if prefix == "" {
+		prefix = listeningPrefix
+	}
 	for sc.Scan() {
 		line := sc.Text()
 		if r.log != nil {
-			r.log.line(r.n, line)
+			r.log.line(r.name(), line)
 		}
-		if base, ok := strings.CutPrefix(line, listeningPrefix); ok {
+		if base, ok := strings.CutPrefix(line, prefix); ok {
 			select {
 			case listening <- strings.TrimSpace(base):
 			default:
@@ -149,6 +180,7 @@ func (r *replica) kill() {
 	r.mu.Lock()
 	cmd, done := r.cmd, r.done
 	r.base = ""
+	r.killed = true
 	r.mu.Unlock()
 	if cmd == nil {
 		return
@@ -163,6 +195,7 @@ func (r *replica) stop() {
 	r.mu.Lock()
 	cmd, done := r.cmd, r.done
 	r.base = ""
+	r.killed = true
 	r.mu.Unlock()
 	if cmd == nil {
 		return
@@ -180,6 +213,22 @@ func (r *replica) stop() {
 	case <-timer.C:
 		r.kill()
 	}
+}
+
+// exited returns the channel closed once the running process has exited,
+// or nil when none was started.
+func (r *replica) exited() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.done
+}
+
+// ended says how the process that closed done ended: whether the run
+// killed or stopped it, and its exit error otherwise.
+func (r *replica) ended() (byRun bool, exit error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.killed, r.exit
 }
 
 // checkLoopback refuses a base URL whose host is not a loopback address:

@@ -16,10 +16,11 @@ func (a *app) tortureCmd() *cobra.Command {
 		Use:   "torture",
 		Short: "Put idem's promise under load and faults, and check it held",
 		Long: `Put idem's promise under load and faults, and check from the database and the
-API that it held. 'idem torture requests' tortures the request half.`,
+API that it held. 'idem torture requests' tortures the request half, 'idem
+torture messages' the message half.`,
 		Args: cobra.NoArgs,
 	}
-	cmd.AddCommand(a.tortureRequestsCmd())
+	cmd.AddCommand(a.tortureRequestsCmd(), a.tortureMessagesCmd(), a.tortureMessagesWorkerCmd())
 	return cmd
 }
 

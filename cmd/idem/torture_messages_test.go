@@ -1,0 +1,179 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/idem-go/idem/idemtest"
+)
+
+// runTortureMessages runs `idem torture messages` with args and returns its
+// exit status, its output and its RESULT figures by metric.
+func runTortureMessages(t *testing.T, args ...string) (code int, stdout, stderr string, results map[string]int64) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(t.Context(), append([]string{"torture", "messages"}, args...), &out, &errOut)
+	results = map[string]int64{}
+	for line := range strings.Lines(out.String()) {
+		f := strings.Split(strings.TrimSpace(line), ",")
+		if len(f) != 5 || f[0] != "RESULT" || !strings.HasPrefix(f[1], "torture-messages-") {
+			continue
+		}
+		if n, err := strconv.ParseInt(f[3], 10, 64); err == nil {
+			results[f[2]] = n
+		}
+	}
+	return code, out.String(), errOut.String(), results
+}
+
+// checkMessagesHeld fails the test unless every event was applied exactly
+// once, nothing was dead-lettered, the consumers were killed on the way
+// (by the run and between a commit and its acknowledgement), and the
+// RESULT lines carry name.
+func checkMessagesHeld(t *testing.T, events int64, name string, code int, stdout, stderr string, r map[string]int64) {
+	t.Helper()
+	if code != exitOK {
+		t.Errorf("exit %d, want %d", code, exitOK)
+	}
+	if r["events"] != events || r["distinct"] != events || r["applied"] != events {
+		t.Errorf("events %d, applied %d, distinct %d; want %d each", r["events"], r["applied"], r["distinct"], events)
+	}
+	if r["published"] < 2*events || r["copies"] != events {
+		t.Errorf("published %d, copies %d: want every event published twice", r["published"], r["copies"])
+	}
+	if r["twice"] != 0 || r["missing"] != 0 || r["dead_letters"] != 0 || r["violations"] != 0 || !strings.Contains(stdout, "promise: HELD") {
+		t.Errorf("twice %d, missing %d, dead letters %d, violations %d", r["twice"], r["missing"], r["dead_letters"], r["violations"])
+	}
+	if r["kills"] == 0 || r["ack_kills"] == 0 {
+		t.Errorf("kills %d, between commit and ack %d: the run did not torture much", r["kills"], r["ack_kills"])
+	}
+	if !strings.Contains(stdout, "RESULT,"+name+",") {
+		t.Errorf("no RESULT lines named %s", name)
+	}
+	if t.Failed() {
+		t.Logf("stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	}
+}
+
+// The short version of the message torture on every transport: each event
+// published twice, consumers SIGKILLed by the run and by themselves
+// between commit and ack (at a rate high enough to happen in a short
+// run), each event applied once, in its key's order where promised.
+func TestTortureMessages(t *testing.T) {
+	t.Parallel()
+	pg := postgresURL(t)
+	nats := idemtest.RequireService(t, "NATS", "IDEM_NATS_URL", "nats://127.0.0.1:4222")
+	amqp := idemtest.RequireService(t, "RabbitMQ", "IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	short := []string{"--keys", "50", "--kill-every", "700ms", "--ack-kills", "0.003", "--ack-wait", "1s", "--timeout", "90s"}
+	for _, tc := range []struct {
+		name   string
+		events int64
+		args   []string
+		result string
+	}{
+		{"sqlite", 3000, nil, "torture-messages-sqlite"},
+		{"sqlite-byid", 4000, []string{"--by-id", "--consumers", "3"}, "torture-messages-sqlite-byid"},
+		{"pg", 3000, []string{"--broker", pg}, "torture-messages-pg"},
+		{"nats-pg", 3000, []string{"--broker", nats, "--db", pg, "--by-id"}, "torture-messages-nats-pg-byid"},
+		{"nats", 1500, []string{"--broker", nats, "--consumers", "1"}, "torture-messages-nats-sqlite"},
+		{"amqp-pg", 3000, []string{"--broker", amqp, "--db", pg, "--by-id"}, "torture-messages-amqp-pg-byid"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append(append([]string{"--events", strconv.FormatInt(tc.events, 10)}, short...), tc.args...)
+			code, stdout, stderr, r := runTortureMessages(t, args...)
+			checkMessagesHeld(t, tc.events, tc.result, code, stdout, stderr, r)
+			if !strings.Contains(tc.name, "byid") && !strings.Contains(strings.Join(tc.args, " "), "--by-id") && r["out_of_order"] != 0 {
+				t.Errorf("%d effects out of their key's order in sequence mode", r["out_of_order"])
+			}
+			if strings.Contains(stdout+stderr, "guest:guest") || strings.Contains(stdout+stderr, "postgres://") {
+				t.Errorf("the output names a URL:\n%s\n%s", stdout, stderr)
+			}
+		})
+	}
+}
+
+// A private broker of the run's own, SIGKILLed and started again under
+// the load: the consumers resubscribe, the publisher publishes again what
+// was refused, and nothing is applied twice or lost.
+func TestTortureMessagesBrokerRestarts(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		broker, result string
+		args           []string
+	}{
+		{"private-nats", "torture-messages-nats-sqlite-byid", []string{"--by-id"}},
+		{"private-postgres", "torture-messages-pg", nil},
+	} {
+		t.Run(tc.broker, func(t *testing.T) {
+			args := append([]string{"--broker", tc.broker, "--restart-broker-every", "2s", "--events", "4000", "--keys", "50",
+				"--kill-every", "1s", "--ack-kills", "0.003", "--ack-wait", "1s", "--timeout", "120s"}, tc.args...)
+			code, stdout, stderr, r := runTortureMessages(t, args...)
+			if code != exitOK && strings.Contains(stderr, "which is not installed") {
+				if os.Getenv(idemtest.RequireServicesEnv) == "1" {
+					t.Fatalf("%s; %s=1 requires it", strings.TrimSpace(stderr), idemtest.RequireServicesEnv)
+				}
+				t.Skipf("skipping: %s", strings.TrimSpace(stderr))
+			}
+			checkMessagesHeld(t, 4000, tc.result, code, stdout, stderr, r)
+			if r["broker_restarts"] < 1 {
+				t.Errorf("%d broker restarts, want at least 1", r["broker_restarts"])
+			}
+		})
+	}
+}
+
+// TestTortureMessagesCatchesUnsafe is the torture's own test: consumers
+// with an inbox that records nothing apply redelivered events again, and
+// the run must say which and fail.
+func TestTortureMessagesCatchesUnsafe(t *testing.T) {
+	t.Parallel()
+	code, stdout, stderr, r := runTortureMessages(t, "--unsafe-no-inbox", "--events", "2000", "--keys", "50",
+		"--kill-every", "0", "--ack-kills", "0.005", "--ack-wait", "1s", "--timeout", "90s")
+	if code != exitFailure {
+		t.Errorf("exit %d, want %d", code, exitFailure)
+	}
+	if r["twice"] == 0 || r["applied"] <= r["events"] || r["violations"] == 0 {
+		t.Errorf("twice %d, applied %d of %d events, violations %d: want events applied twice", r["twice"], r["applied"], r["events"], r["violations"])
+	}
+	for _, want := range []string{"promise: BROKEN", "events applied more than once", "RESULT,torture-messages-sqlite-unsafe,"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	}
+}
+
+func TestTortureMessagesUsage(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--events", "0"},
+		{"--consumers", "-1"},
+		{"--ack-kills", "1"},
+		{"--ack-kills", "-0.1"},
+		{"--ack-wait", "0"},
+		{"--timeout", "0"},
+		{"--broker", "kafka://x"},
+		{"--broker", "sqlite:/tmp/x.db"},
+		{"--db", "postgres://u@h/db"},
+		{"--broker", "nats://h:4222", "--db", "mysql://x"},
+		{"--restart-broker-every", "1s"},
+		{"--broker", "nats://h:4222", "--restart-broker-every", "1s"},
+		{"--broker", "private-nats", "--restart-broker-every", "-1s"},
+		{"extra"},
+	} {
+		code, stdout, stderr, _ := runTortureMessages(t, args...)
+		if code != exitUsage || stdout != "" || !strings.Contains(stderr, "idem: ") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit %d and a message", args, code, stdout, stderr, exitUsage)
+		}
+	}
+	// The worker is started by the run alone.
+	var out, errOut bytes.Buffer
+	if code := run(t.Context(), []string{"torture", "messages-worker"}, &out, &errOut); code != exitUsage || !strings.Contains(errOut.String(), "started by 'idem torture messages'") {
+		t.Errorf("messages-worker without its configuration: exit %d, stderr %q", code, errOut.String())
+	}
+}

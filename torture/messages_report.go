@@ -1,0 +1,120 @@
+package torture
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+)
+
+// MessagesReport is what a message torture did and found.
+type MessagesReport struct {
+	// Name labels the RESULT lines: torture-messages-<broker>, with
+	// -<db> when the inbox is in another database than the broker, -byid
+	// for de-duplication by event ID and -unsafe for a run without an
+	// inbox.
+	Name      string
+	Seed      uint64
+	Consumers int
+	// Mode is how the consumers de-duplicate: "key and sequence number" or
+	// "event ID".
+	Mode string
+
+	Events    int   // events the run meant to apply
+	Keys      int   // the keys they are spread over
+	Published int64 // messages published: every event, its copy, and publications retried
+	Copies    int64 // copies of events published after the originals, half under another message ID
+
+	Applied    int64 // effects in the database
+	Distinct   int64 // events with an effect
+	Twice      int64 // events applied more than once
+	Missing    int64 // events never applied
+	OutOfOrder int64 // effects applied out of their key's order
+	// OrderKept says whether per-key order is part of the promise: it is
+	// in sequence mode; by event ID, competing consumers apply a key's
+	// events in any order, and OutOfOrder says how often they did.
+	OrderKept   bool
+	DeadLetters int64
+
+	Kills          int64 // consumers SIGKILLed by the run (and started again)
+	AckKills       int64 // consumers that SIGKILLed themselves between a commit and its acknowledgement
+	BrokerRestarts int64 // private brokers SIGKILLed and started again
+	Elapsed        time.Duration
+
+	// Violations says, one line each, every way the promise was broken.
+	Violations []string
+}
+
+// OK reports whether the promise held: every event applied, none twice,
+// nothing dead-lettered, and in sequence mode every key's events applied
+// in order.
+func (r *MessagesReport) OK() bool { return len(r.Violations) == 0 }
+
+// Print writes the final table, then the violations, if any.
+func (r *MessagesReport) Print(w io.Writer) {
+	verdict := "HELD"
+	if !r.OK() {
+		verdict = fmt.Sprintf("BROKEN (%d violations)", len(r.Violations))
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := func(name string, value any) { fmt.Fprintf(tw, "%s\t%v\t\n", name, value) }
+	fmt.Fprintf(w, "%s (%d consumers, de-duplicating by %s, seed %d)\n", r.Name, r.Consumers, r.Mode, r.Seed)
+	row("events", r.Events)
+	row("keys", r.Keys)
+	row("messages published", r.Published)
+	row("copies re-published", r.Copies)
+	row("consumers killed", r.Kills)
+	row("killed between commit and ack", r.AckKills)
+	row("brokers restarted (SIGKILL)", r.BrokerRestarts)
+	row("effects applied", r.Applied)
+	row("events applied", r.Distinct)
+	row("events applied twice", r.Twice)
+	row("events missing", r.Missing)
+	order := "out of order"
+	if !r.OrderKept {
+		order += " (not promised)"
+	}
+	row(order, r.OutOfOrder)
+	row("dead letters", r.DeadLetters)
+	row("time", r.Elapsed.Round(time.Millisecond))
+	row("events/s", fmt.Sprintf("%.1f", r.eventsPerSecond()))
+	tw.Flush()
+	fmt.Fprintf(w, "promise: %s\n", verdict)
+	for i, v := range r.Violations {
+		if i == maxViolationsShown {
+			fmt.Fprintf(w, "  … and %d more\n", len(r.Violations)-i)
+			break
+		}
+		fmt.Fprintf(w, "  %s\n", v)
+	}
+}
+
+// PrintResults writes the figures as lines
+// RESULT,<name>,<metric>,<value>,<unit>.
+func (r *MessagesReport) PrintResults(w io.Writer) {
+	line := func(metric string, value any, unit string) {
+		fmt.Fprintf(w, "RESULT,%s,%s,%v,%s\n", r.Name, metric, value, unit)
+	}
+	line("events", r.Events, "events")
+	line("published", r.Published, "messages")
+	line("copies", r.Copies, "messages")
+	line("kills", r.Kills, "kills")
+	line("ack_kills", r.AckKills, "kills")
+	line("broker_restarts", r.BrokerRestarts, "restarts")
+	line("applied", r.Applied, "effects")
+	line("distinct", r.Distinct, "events")
+	line("twice", r.Twice, "events")
+	line("missing", r.Missing, "events")
+	line("out_of_order", r.OutOfOrder, "effects")
+	line("dead_letters", r.DeadLetters, "messages")
+	line("time_s", fmt.Sprintf("%.2f", r.Elapsed.Seconds()), "s")
+	line("events_per_s", fmt.Sprintf("%.1f", r.eventsPerSecond()), "events/s")
+	line("violations", len(r.Violations), "violations")
+}
+
+func (r *MessagesReport) eventsPerSecond() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Distinct) / r.Elapsed.Seconds()
+}

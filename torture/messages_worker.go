@@ -1,0 +1,191 @@
+package torture
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/consumer"
+)
+
+// WorkerEnv is the environment variable through which a message torture
+// hands each consumer process its configuration, as JSON: the command that
+// runs RunWorker reads it and passes it on.
+const WorkerEnv = "IDEM_TORTURE_WORKER"
+
+// consumingPrefix is the line a consumer process prints on stderr once it
+// has subscribed.
+const consumingPrefix = "idem: consuming"
+
+// workerConfig is what a consumer process is told.
+type workerConfig struct {
+	N    int      `json:"n"`
+	Site siteSpec `json:"site"`
+	// Sequence de-duplicates by key and sequence number; otherwise by the
+	// event number, in batches.
+	Sequence bool `json:"sequence"`
+	// Unsafe consumes with an inbox that records nothing.
+	Unsafe      bool          `json:"unsafe,omitempty"`
+	AckKillRate float64       `json:"ack_kill_rate,omitempty"`
+	AckWait     time.Duration `json:"ack_wait"`
+	Seed        uint64        `json:"seed"`
+}
+
+// The consumers' policies: patient enough that a broker restart, a
+// killed peer's unacknowledged messages or a long gap is ridden out, never
+// dead-lettered, and quick to try again.
+var (
+	workerRetry       = idem.RetryPolicy{MaxAttempts: 100, Base: 50 * time.Millisecond, Cap: time.Second}
+	workerResubscribe = idem.RetryPolicy{Base: 50 * time.Millisecond, Cap: time.Second}
+)
+
+// sequencePending is MaxPending and BatchSize in sequence mode. A message
+// whose key's previous one is still held by another consumer is handed
+// back until that one is applied (GapHold), so each consumer holds few:
+// the fewer it holds, the fewer it hands back.
+const sequencePending = 32
+
+// RunWorker runs one consumer of a message torture until ctx ends: config
+// is the JSON a run put in WorkerEnv. It prints "idem: consuming" on
+// stderr once subscribed, and its warnings after; the run watches for the
+// first. With an ack-kill rate, it SIGKILLs its own process, now and then,
+// right after a message's effect committed and before its
+// acknowledgement: the broker delivers it again, and the inbox must catch
+// it.
+func RunWorker(ctx context.Context, config string, stderr io.Writer) error {
+	var cfg workerConfig
+	if err := json.Unmarshal([]byte(config), &cfg); err != nil {
+		return fmt.Errorf("torture worker: reading %s: %w", WorkerEnv, err)
+	}
+	s, err := openSite(ctx, cfg.Site)
+	if err != nil {
+		return fmt.Errorf("torture worker %d: %w", cfg.N, err)
+	}
+	defer s.close()
+	cc := &consumer.Config{
+		Name:        messagesConsumer,
+		Topic:       messagesTopic,
+		Subscriber:  s.sub,
+		Inbox:       s.inbox,
+		DeadLetters: s.letters,
+		Ledger:      s.ledger,
+		InTx:        s.inTx,
+		Retry:       workerRetry,
+		Resubscribe: workerResubscribe,
+		AckWait:     cfg.AckWait,
+		Logger:      slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	if cfg.AckKillRate > 0 {
+		cc.Observer = &ackKiller{rate: cfg.AckKillRate, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(os.Getpid())))}
+	}
+	switch {
+	case cfg.Unsafe:
+		cc.Inbox = forgetfulInbox{s.inTx}
+		cc.DedupKey = eventKey
+	case cfg.Sequence:
+		cc.Sequence = func(m idem.Message) (string, uint64, error) {
+			e, err := parseEvent(m)
+			if err != nil {
+				return "", 0, err
+			}
+			return "k" + strconv.FormatInt(e.key, 10), uint64(e.seq), nil
+		}
+		cc.Gap = idem.GapHold
+		cc.MaxPending = sequencePending
+		cc.BatchSize = sequencePending
+	default:
+		cc.DedupKey = eventKey
+	}
+	c, err := consumer.New(cc)
+	if err != nil {
+		return fmt.Errorf("torture worker %d: %w", cfg.N, err)
+	}
+	go func() {
+		select {
+		case <-c.Subscribed():
+			fmt.Fprintln(stderr, consumingPrefix)
+		case <-ctx.Done():
+		}
+	}()
+	one := func(ctx context.Context, m idem.Message) error {
+		e, err := parseEvent(m)
+		if err != nil {
+			return idem.Permanent(err)
+		}
+		return s.apply(ctx, []effect{e})
+	}
+	if cfg.Sequence || cfg.Unsafe {
+		err = c.Run(ctx, one)
+	} else {
+		err = c.RunBatch(ctx, func(ctx context.Context, msgs []idem.Message) error {
+			effects := make([]effect, len(msgs))
+			for i, m := range msgs {
+				e, err := parseEvent(m)
+				if err != nil {
+					return &consumer.ItemError{Index: i, Err: idem.Permanent(err)}
+				}
+				effects[i] = e
+			}
+			return s.apply(ctx, effects)
+		})
+	}
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("torture worker %d: %w", cfg.N, err)
+	}
+	return nil
+}
+
+// eventKey de-duplicates by the event number in the payload, so that a
+// copy re-published under another message ID is caught.
+func eventKey(m idem.Message) (string, error) {
+	e, err := parseEvent(m)
+	if err != nil {
+		return "", err
+	}
+	return "e" + strconv.FormatInt(e.event, 10), nil
+}
+
+// ackKiller SIGKILLs its own process, at rate, once a message was
+// processed: its effect and inbox row committed, its acknowledgement not
+// yet sent (the consumer observes OutcomeProcessed before it
+// acknowledges).
+type ackKiller struct {
+	rate float64
+	mu   sync.Mutex
+	rng  *rand.Rand
+}
+
+func (k *ackKiller) Begin(ctx context.Context, _ consumer.Event) context.Context { return ctx }
+
+func (k *ackKiller) End(_ context.Context, e consumer.Event) {
+	if e.Outcome != consumer.OutcomeProcessed {
+		return
+	}
+	k.mu.Lock()
+	hit := k.rng.Float64() < k.rate
+	k.mu.Unlock()
+	if hit {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way; nothing more may happen
+	}
+}
+
+// forgetfulInbox runs every message's handler and records nothing: the
+// unsafe mode, in which a redelivered message is applied again. The run's
+// own test uses it to show that the checks catch that.
+type forgetfulInbox struct {
+	inTx func(ctx context.Context, fn func(ctx context.Context) error) error
+}
+
+func (f forgetfulInbox) Process(ctx context.Context, _, _ string, fn func(ctx context.Context) error) error {
+	return f.inTx(ctx, fn)
+}
