@@ -1,9 +1,12 @@
-// Package torture puts the request half's promise under load and faults,
-// at scale, and checks that it held: however often a payment is sent, and
-// whatever is lost or killed on the way, it is charged exactly once and
-// every answer for its key names the same payment.
+// Package torture puts idem's promise under load and faults, at scale,
+// and checks that it held. For the request half (Run): however often a
+// payment is sent, and whatever is lost or killed on the way, it is
+// charged exactly once and every answer for its key names the same
+// payment. For the message half (RunMessages): however often an event is
+// delivered, and whichever consumer or broker dies on the way, it is
+// applied exactly once, in its key's order.
 //
-// # The run
+// # The request run
 //
 // Run starts Config.Replicas replicas of `idem serve` as child processes
 // of Config.Executable (`idem torture requests` passes its own binary),
@@ -40,7 +43,7 @@
 // With Config.StoreFaults, a TCP proxy of the run's own also stands
 // between the replicas and each store (PostgreSQL, and Redis with
 // Config.Keys), and once the load starts (and after a connection's first
-// two seconds, so that replicas start and migrate) it delays chunks of
+// half second, so that replicas start and migrate) it delays chunks of
 // bytes, resets connections, and, on PostgreSQL, drops the answer to a
 // COMMIT the database carried out and resets the connection instead: the
 // ambiguous commit, after which a replica cannot tell whether its
@@ -120,4 +123,77 @@
 // 15s:
 //
 //	idem torture requests --payments 12500 --dups 8 --db private --keys private --restart-stores-every 15s
+//
+// # The message run
+//
+// RunMessages publishes MessagesConfig.Events events (a million by
+// default) spread over MessagesConfig.Keys keys: event i is about key
+// i mod Keys, with sequence number i div Keys + 1 in it, and its payload
+// says so ("event key seq"). They go out in batches of 500, each followed
+// by the copies of the batch before, so every event is published twice;
+// every other copy carries a message ID of its own, which only the inbox
+// can catch, and the rest the original's, which a broker's own
+// de-duplication (JetStream's Nats-Msg-Id window) may catch first. A
+// batch whose publication fails, on a broker restarting, is published
+// again whole.
+//
+// MessagesConfig.Consumers consumer processes (`idem torture
+// messages-worker`, started with their configuration in WorkerEnv)
+// compete for the events under one durable name, each a consumer.Consumer
+// whose handler writes one row per event to an effects table, in the
+// inbox's transaction. By default they de-duplicate by key and sequence
+// number (consumer.Config.Sequence, a gap held back), so each key's events
+// must be applied in order, one at a time; with MessagesConfig.ByID by the
+// event number, in batches (consumer.Config.DedupKey with RunBatch), and
+// competing consumers may then apply a key's events in any order. Every
+// MessagesConfig.KillEvery a random consumer is SIGKILLed; each consumer
+// also SIGKILLs itself, at MessagesConfig.AckKillRate, as soon as an event
+// is processed (its effect and its inbox row committed) and before its
+// acknowledgement is sent: the broker delivers it again after
+// MessagesConfig.AckWait, and the inbox must catch it. A consumer that
+// exits is started again; one that exits by itself, not by a SIGKILL, is
+// a violation.
+//
+// The broker is the SQLite file that also holds the inbox, a PostgreSQL
+// schema of the run's own, a JetStream stream or a RabbitMQ exchange and
+// queues of the run's own (with the inbox in SQLite or PostgreSQL, and
+// RabbitMQ's delivery limit set above the consumer's, so that the consumer
+// decides what is dead); or, with PrivatePostgres, PrivateNATS or
+// PrivateRabbitMQ, a server the run starts itself, which
+// MessagesConfig.RestartBrokerEvery SIGKILLs and starts again on its data,
+// never while a consumer starts: the consumers resubscribe by themselves.
+//
+// Once every event has an effect, and every copy was published, the kills
+// stop, and the run waits AckWait and two seconds more, for the
+// redeliveries of what was applied and never acknowledged. Then it reads
+// the effects and reports a violation for an event applied more than once
+// or never, an effect out of its key's order (in sequence mode), a dead
+// letter (with its reason), a consumer that exited by itself, or the
+// time running out. MessagesReport holds the figures; Print writes them
+// as a table, PrintResults as lines
+// RESULT,torture-messages-<broker>[-<db>][-byid],<metric>,<value>,<unit>.
+// MessagesConfig.Unsafe gives the consumers an inbox that records
+// nothing, against which the checks must find events applied twice.
+//
+// Sequence mode on a broker that spreads a key's messages over competing
+// consumers (JetStream, RabbitMQ) is slow: the consumer that gets a key's
+// next event while another still holds the one before hands it back
+// (GapHold) until that one is applied, so throughput falls with every
+// consumer added; one consumer, or de-duplication by ID, avoids it.
+//
+// # The full message run
+//
+// A million events, each published twice, by event ID on SQLite:
+//
+//	idem torture messages --by-id
+//
+// by key and sequence number, on SQLite and on PostgreSQL:
+//
+//	idem torture messages --events 50000
+//	idem torture messages --events 50000 --broker postgres://postgres@127.0.0.1:5432/test
+//
+// and on JetStream and RabbitMQ, their broker restarted now and then:
+//
+//	idem torture messages --broker private-nats --restart-broker-every 20s --by-id --events 200000
+//	idem torture messages --broker private-rabbitmq --restart-broker-every 20s --by-id --events 200000
 package torture

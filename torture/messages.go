@@ -43,6 +43,10 @@ const (
 // but not right behind it.
 const publishBatch = 500
 
+// publishPatience bounds how long a batch's publication may keep failing,
+// longer than a broker's restart.
+const publishPatience = 2 * time.Minute
+
 // MessagesConfig configures RunMessages. The zero value of each field but
 // Executable means its default.
 type MessagesConfig struct {
@@ -502,6 +506,7 @@ func (r *messagesRun) publish(ctx context.Context) error {
 	n := r.cfg.Events
 	send := func(msgs []idem.Message) error {
 		var delay time.Duration
+		since := time.Now()
 		for failures := 0; ; failures++ {
 			pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 			err := r.site.pub.Publish(pctx, msgs...)
@@ -513,8 +518,8 @@ func (r *messagesRun) publish(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if failures == 100 {
-				return fmt.Errorf("torture: publishing failed 100 times in a row: %w", err)
+			if time.Since(since) > publishPatience {
+				return fmt.Errorf("torture: publishing failed for %s, %d times in a row: %w", publishPatience, failures+1, err)
 			}
 			delay = workerRetry.Delay(failures+1, delay)
 			if !sleepCtx(ctx, delay) {
@@ -663,7 +668,9 @@ func (r *messagesRun) restartLoop(ctx context.Context, stop <-chan struct{}) err
 	if r.cfg.RestartBrokerEvery <= 0 || r.server == nil {
 		return nil
 	}
-	t := time.NewTicker(r.cfg.RestartBrokerEvery)
+	// The interval runs from the end of one restart, however long it took
+	// (RabbitMQ boots in seconds), so the broker serves between two.
+	t := time.NewTimer(r.cfg.RestartBrokerEvery)
 	defer t.Stop()
 	for {
 		select {
@@ -675,6 +682,7 @@ func (r *messagesRun) restartLoop(ctx context.Context, stop <-chan struct{}) err
 		}
 		r.chaos.Lock()
 		err := r.server.Restart(ctx, true)
+		t.Reset(r.cfg.RestartBrokerEvery)
 		r.chaos.Unlock()
 		if err != nil {
 			if ctx.Err() != nil {

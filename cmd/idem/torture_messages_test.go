@@ -102,13 +102,16 @@ func TestTortureMessagesBrokerRestarts(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		broker, result string
+		events         int64
 		args           []string
 	}{
-		{"private-nats", "torture-messages-nats-sqlite-byid", []string{"--by-id"}},
-		{"private-postgres", "torture-messages-pg", nil},
+		{"private-nats", "torture-messages-nats-sqlite-byid", 4000, []string{"--by-id", "--restart-broker-every", "2s"}},
+		{"private-postgres", "torture-messages-pg", 4000, []string{"--restart-broker-every", "2s"}},
+		// RabbitMQ takes seconds to boot, and consumes fast.
+		{"private-rabbitmq", "torture-messages-amqp-sqlite-byid", 20000, []string{"--by-id", "--restart-broker-every", "2s"}},
 	} {
 		t.Run(tc.broker, func(t *testing.T) {
-			args := append([]string{"--broker", tc.broker, "--restart-broker-every", "2s", "--events", "4000", "--keys", "50",
+			args := append([]string{"--broker", tc.broker, "--events", strconv.FormatInt(tc.events, 10), "--keys", "50",
 				"--kill-every", "1s", "--ack-kills", "0.003", "--ack-wait", "1s", "--timeout", "120s"}, tc.args...)
 			code, stdout, stderr, r := runTortureMessages(t, args...)
 			if code != exitOK && strings.Contains(stderr, "which is not installed") {
@@ -117,7 +120,7 @@ func TestTortureMessagesBrokerRestarts(t *testing.T) {
 				}
 				t.Skipf("skipping: %s", strings.TrimSpace(stderr))
 			}
-			checkMessagesHeld(t, 4000, tc.result, code, stdout, stderr, r)
+			checkMessagesHeld(t, tc.events, tc.result, code, stdout, stderr, r)
 			if r["broker_restarts"] < 1 {
 				t.Errorf("%d broker restarts, want at least 1", r["broker_restarts"])
 			}
