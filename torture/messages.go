@@ -122,6 +122,9 @@ type MessagesConfig struct {
 }
 
 func (c *MessagesConfig) withDefaults() (MessagesConfig, error) {
+	if c == nil {
+		return MessagesConfig{}, errors.New("torture: RunMessages needs a MessagesConfig")
+	}
 	o := *c
 	if o.WorkerArgs == nil {
 		o.WorkerArgs = []string{"torture", "messages-worker"}

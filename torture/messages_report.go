@@ -52,10 +52,6 @@ func (r *MessagesReport) OK() bool { return len(r.Violations) == 0 }
 
 // Print writes the final table, then the violations, if any.
 func (r *MessagesReport) Print(w io.Writer) {
-	verdict := "HELD"
-	if !r.OK() {
-		verdict = fmt.Sprintf("BROKEN (%d violations)", len(r.Violations))
-	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(name string, value any) { fmt.Fprintf(tw, "%s\t%v\t\n", name, value) }
 	fmt.Fprintf(w, "%s (%d consumers, de-duplicating by %s, seed %d)\n", r.Name, r.Consumers, r.Mode, r.Seed)
@@ -79,14 +75,7 @@ func (r *MessagesReport) Print(w io.Writer) {
 	row("time", r.Elapsed.Round(time.Millisecond))
 	row("events/s", fmt.Sprintf("%.1f", r.eventsPerSecond()))
 	tw.Flush()
-	fmt.Fprintf(w, "promise: %s\n", verdict)
-	for i, v := range r.Violations {
-		if i == maxViolationsShown {
-			fmt.Fprintf(w, "  … and %d more\n", len(r.Violations)-i)
-			break
-		}
-		fmt.Fprintf(w, "  %s\n", v)
-	}
+	printVerdict(w, r.Violations)
 }
 
 // PrintResults writes the figures as lines

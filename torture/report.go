@@ -45,10 +45,6 @@ func (r *Report) OK() bool { return len(r.Violations) == 0 }
 
 // Print writes the final table, then the violations, if any.
 func (r *Report) Print(w io.Writer) {
-	verdict := "HELD"
-	if !r.OK() {
-		verdict = fmt.Sprintf("BROKEN (%d violations)", len(r.Violations))
-	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(name string, value any) { fmt.Fprintf(tw, "%s\t%v\t\n", name, value) }
 	fmt.Fprintf(w, "%s (%d replicas, %d attempts per logical payment, seed %d)\n", r.Name, r.Replicas, r.Dups, r.Seed)
@@ -70,10 +66,20 @@ func (r *Report) Print(w io.Writer) {
 	row("time", r.Elapsed.Round(time.Millisecond))
 	row("attempts/s", fmt.Sprintf("%.1f", r.attemptsPerSecond()))
 	tw.Flush()
+	printVerdict(w, r.Violations)
+}
+
+// printVerdict writes whether the promise held, then the violations, the
+// first maxViolationsShown of them.
+func printVerdict(w io.Writer, violations []string) {
+	verdict := "HELD"
+	if len(violations) > 0 {
+		verdict = fmt.Sprintf("BROKEN (%d violations)", len(violations))
+	}
 	fmt.Fprintf(w, "promise: %s\n", verdict)
-	for i, v := range r.Violations {
+	for i, v := range violations {
 		if i == maxViolationsShown {
-			fmt.Fprintf(w, "  … and %d more\n", len(r.Violations)-i)
+			fmt.Fprintf(w, "  … and %d more\n", len(violations)-i)
 			break
 		}
 		fmt.Fprintf(w, "  %s\n", v)

@@ -168,12 +168,7 @@ func (c *Config) withDefaults() (Config, error) {
 		o.ProgressEvery = defaultProgressEvery
 	}
 	if o.Seed == 0 {
-		var b [8]byte
-		_, _ = crand.Read(b[:])
-		for _, x := range b {
-			o.Seed = o.Seed<<8 | uint64(x)
-		}
-		o.Seed |= 1
+		o.Seed = randomSeed()
 	}
 	switch {
 	case o.Executable == "":

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -145,13 +146,26 @@ only.
 		if err != nil {
 			return scrubURLs(err, c.DB, c.Keys)
 		}
-		fmt.Fprintln(a.stdout)
-		rep.Print(a.stdout)
-		rep.PrintResults(a.stdout)
-		if !rep.OK() {
-			return &silentError{fmt.Errorf("the promise was broken: %d violations", len(rep.Violations))}
-		}
-		return nil
+		return a.tortureVerdict(rep, len(rep.Violations))
 	})
 	return cmd
+}
+
+// tortureReport is what either torture reports.
+type tortureReport interface {
+	Print(io.Writer)
+	PrintResults(io.Writer)
+	OK() bool
+}
+
+// tortureVerdict prints a torture's report and fails, with exit status 1,
+// when the promise was broken.
+func (a *app) tortureVerdict(rep tortureReport, violations int) error {
+	fmt.Fprintln(a.stdout)
+	rep.Print(a.stdout)
+	rep.PrintResults(a.stdout)
+	if !rep.OK() {
+		return &silentError{fmt.Errorf("the promise was broken: %d violations", violations)}
+	}
+	return nil
 }

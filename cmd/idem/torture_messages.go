@@ -131,13 +131,7 @@ too.
 		if err != nil {
 			return scrubURLs(err, c.Broker, c.DB)
 		}
-		fmt.Fprintln(a.stdout)
-		rep.Print(a.stdout)
-		rep.PrintResults(a.stdout)
-		if !rep.OK() {
-			return &silentError{fmt.Errorf("the promise was broken: %d violations", len(rep.Violations))}
-		}
-		return nil
+		return a.tortureVerdict(rep, len(rep.Violations))
 	})
 	return cmd
 }

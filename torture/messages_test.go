@@ -1,0 +1,88 @@
+package torture
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+func TestMessagesConfigRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	for name, c := range map[string]*MessagesConfig{
+		"nil":                    nil,
+		"no executable":          {},
+		"negative events":        {Executable: "idem", Events: -1},
+		"negative consumers":     {Executable: "idem", Consumers: -1},
+		"every ack a kill":       {Executable: "idem", AckKillRate: 1},
+		"negative ack wait":      {Executable: "idem", AckWait: -time.Second},
+		"kafka":                  {Executable: "idem", Broker: "kafka://h:9092"},
+		"a db beside sqlite":     {Executable: "idem", DB: "postgres://u@h/db"},
+		"a db beside postgres":   {Executable: "idem", Broker: "postgres://u@h/db", DB: "sqlite"},
+		"a db that is not one":   {Executable: "idem", Broker: "nats://h:4222", DB: "mysql://x"},
+		"restarts of a shared":   {Executable: "idem", Broker: "nats://h:4222", RestartBrokerEvery: time.Second},
+		"restarts of sqlite":     {Executable: "idem", RestartBrokerEvery: time.Second},
+		"negative restart delay": {Executable: "idem", Broker: PrivateNATS, RestartBrokerEvery: -time.Second},
+	} {
+		if rep, err := RunMessages(t.Context(), c); err == nil || rep != nil {
+			t.Errorf("%s: RunMessages = %v, %v; want an error", name, rep, err)
+		}
+	}
+}
+
+func TestMessagesConfigDefaults(t *testing.T) {
+	t.Parallel()
+	c, err := (&MessagesConfig{Executable: "idem", Broker: "amqp://guest:guest@h:5672/"}).withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Events != DefaultEvents || c.Keys != DefaultEventKeys || c.Consumers != DefaultConsumers ||
+		c.KillEvery != DefaultConsumerKillEvery || c.AckKillRate != DefaultAckKillRate || c.AckWait != DefaultAckWait ||
+		c.Timeout != DefaultMessagesTimeout || c.Seed == 0 || c.DB != "sqlite" {
+		t.Errorf("defaults: %+v", c)
+	}
+	for broker, want := range map[string]string{
+		"sqlite": "sqlite", "postgres://u@h/db": "pg", PrivatePostgres: "pg", "nats://h:4222": "nats",
+		PrivateNATS: "nats", "amqps://u:p@h/": "amqp", PrivateRabbitMQ: "amqp", "redis://h": "",
+	} {
+		if kind, _ := brokerKind(broker); kind != want {
+			t.Errorf("brokerKind(%q) = %q, want %q", broker, kind, want)
+		}
+	}
+}
+
+// An event's message says which event it is, about which key and where in
+// that key's sequence, whatever its message ID; the copy's ID differs.
+func TestEventMessages(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		i, keys     int
+		key, seq    int64
+		wantKey, id string
+		copyID      bool
+	}{
+		{0, 10, 0, 1, "k0", "evt-0", false},
+		{9, 10, 9, 1, "k9", "evt-9", false},
+		{10, 10, 0, 2, "k0", "evt-10-again", true},
+		{12345, 1000, 345, 13, "k345", "evt-12345", false},
+	} {
+		m := eventMessage(tc.i, tc.keys, tc.copyID)
+		e, err := parseEvent(m)
+		if err != nil {
+			t.Fatalf("event %d: %v", tc.i, err)
+		}
+		if e != (effect{int64(tc.i), tc.key, tc.seq}) || m.Key != tc.wantKey || m.ID != tc.id || m.Topic != messagesTopic {
+			t.Errorf("event %d: %+v, key %q, id %q; want key %d seq %d, %q, %q", tc.i, e, m.Key, m.ID, tc.key, tc.seq, tc.wantKey, tc.id)
+		}
+		// The dedup key names the event, not the message ID.
+		if k, err := eventKey(m); err != nil || k != "e"+strconv.Itoa(tc.i) {
+			t.Errorf("event %d: dedup key %q, %v", tc.i, k, err)
+		}
+	}
+	for _, payload := range []string{"", "1 2", "1 2 3 4", "a 2 3", "1 -2 3", "1 2 99999999999999999999"} {
+		if _, err := parseEvent(idem.Message{Payload: []byte(payload)}); err == nil {
+			t.Errorf("payload %q: no error", payload)
+		}
+	}
+}
