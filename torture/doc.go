@@ -59,7 +59,9 @@
 // loopback port, its data in the temporary directory: PostgreSQL with
 // fsync on, Redis with an append-only file fsynced on every write, so
 // that what a store acknowledged survives its crash, as it would a
-// production store's. With Config.RestartStoresEvery it SIGKILLs one of
+// production store's; with Config.Keys PrivateVolatile, a Redis that
+// keeps nothing on disk instead, as one run as a cache does, which forgets
+// every key at each restart. With Config.RestartStoresEvery it SIGKILLs one of
 // them, at random, that often (PostgreSQL with its backends), starts it
 // again on the same port and data, and waits until it serves, never while
 // a killed replica restarts or a store outage lasts: whatever the store

@@ -42,8 +42,10 @@ type Config struct {
 	DB string
 	// Keys, a redis:// URL, puts the idempotency keys in Redis, under a key
 	// prefix of the run's own, deleted afterwards; Private puts them in a
-	// Redis server of the run's own, started like DB's. Defaults to "":
-	// the keys live in DB, and commit with each payment.
+	// Redis server of the run's own, started like DB's; PrivateVolatile in
+	// one that keeps nothing on disk, as a Redis run as a cache does, so
+	// that each of its restarts forgets every key. Defaults to "": the keys
+	// live in DB, and commit with each payment.
 	Keys string
 	// RestartStoresEvery is the time between two crashes of a private
 	// store (DB or Keys Private), chosen at random: SIGKILLed, started
@@ -119,6 +121,15 @@ const (
 // deletes afterwards.
 const Private = "private"
 
+// PrivateVolatile, as Config.Keys, asks for a Redis server of the run's
+// own that keeps nothing on disk: restarted, it comes back empty, and the
+// service must still charge each payment once (see payments' look-back
+// for a payment made under the same key).
+const PrivateVolatile = "private-volatile"
+
+// privateKeys reports whether keys names a Redis server of the run's own.
+func privateKeys(keys string) bool { return keys == Private || keys == PrivateVolatile }
+
 // What the run creates: its tenant, its accounts and their balance, and the
 // largest amount of a payment.
 const (
@@ -179,14 +190,14 @@ func (c *Config) withDefaults() (Config, error) {
 		return o, fmt.Errorf("torture: DropRate must be below 1 (every answer dropped, nothing would ever succeed), got %g", o.DropRate)
 	case o.Timeout < 0 || o.KeyLease < 0 || o.ProgressEvery < 0 || o.RestartStoresEvery < 0:
 		return o, errors.New("torture: Timeout, KeyLease, ProgressEvery and RestartStoresEvery must not be negative")
-	case o.RestartStoresEvery > 0 && o.DB != Private && o.Keys != Private:
+	case o.RestartStoresEvery > 0 && o.DB != Private && !privateKeys(o.Keys):
 		return o, errors.New(`torture: RestartStoresEvery needs a private store, DB or Keys "private": the run restarts only servers of its own`)
 	}
 	if _, err := dbKind(o.DB); err != nil {
 		return o, err
 	}
-	if o.Keys != "" && o.Keys != Private && !strings.HasPrefix(o.Keys, "redis://") && !strings.HasPrefix(o.Keys, "rediss://") {
-		return o, errors.New(`torture: Keys must be "private" or a redis:// or rediss:// URL`)
+	if o.Keys != "" && !privateKeys(o.Keys) && !strings.HasPrefix(o.Keys, "redis://") && !strings.HasPrefix(o.Keys, "rediss://") {
+		return o, errors.New(`torture: Keys must be "private", "private-volatile" or a redis:// or rediss:// URL`)
 	}
 	if f := o.StoreFaults; f != nil {
 		if kind, _ := dbKind(o.DB); kind != "pg" && o.Keys == "" {
@@ -366,8 +377,13 @@ func (r *run) prepare(ctx context.Context) error {
 			return err
 		}
 	}
-	if r.cfg.Keys == Private {
+	switch r.cfg.Keys {
+	case Private:
 		if r.redisURL, err = private(localserver.StartRedis, "redis"); err != nil {
+			return err
+		}
+	case PrivateVolatile:
+		if r.redisURL, err = private(localserver.StartVolatileRedis, "redis"); err != nil {
 			return err
 		}
 	}
@@ -808,7 +824,7 @@ func (r *run) cleanup() error {
 	if r.schema != "" && r.cfg.DB != Private {
 		errs = append(errs, dropSchema(ctx, r.pgURL, r.schema))
 	}
-	if r.prefix != "" && r.cfg.Keys != Private {
+	if r.prefix != "" && !privateKeys(r.cfg.Keys) {
 		errs = append(errs, deleteKeys(ctx, r.redisURL, r.prefix))
 	}
 	for _, s := range r.servers {

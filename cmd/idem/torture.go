@@ -50,9 +50,11 @@ violation by key and payment, and exits 0 only when the promise held.
 URL, in which the run uses a fresh schema; --keys redis://… puts the keys in
 Redis under a prefix of the run's own. --db private and --keys private start
 a PostgreSQL and a Redis server of the run's own instead (initdb and postgres,
-redis-server), on free ports, with their data in the temporary directory:
-with them, --restart-stores-every SIGKILLs one of them, at random, that often
-and starts it again on the same data, never while a replica restarts or a
+redis-server), on free ports, with their data in the temporary directory;
+--keys private-volatile starts a Redis that keeps nothing on disk, as one run
+as a cache does. With them, --restart-stores-every SIGKILLs one of them, at
+random, that often and starts it again on the same data (a volatile Redis
+comes back empty), never while a replica restarts or a
 store outage lasts. Only these private servers are ever restarted, never one
 that others share. All of it is deleted afterwards, and every replica and
 server stopped, on failure and Ctrl-C too. Everything listens on 127.0.0.1
@@ -66,7 +68,7 @@ only.
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&c.DB, "db", "sqlite", "database: sqlite (a temporary file), postgres://USER@HOST/DB (a fresh schema) or private (a PostgreSQL server of the run's own)")
-	fl.StringVar(&c.Keys, "keys", "", "keep the idempotency keys in Redis: redis://HOST:PORT/DB (a prefix of the run's own) or private (a Redis server of the run's own); default: in --db")
+	fl.StringVar(&c.Keys, "keys", "", "keep the idempotency keys in Redis: redis://HOST:PORT/DB (a prefix of the run's own), private (a Redis server of the run's own) or private-volatile (one that keeps nothing on disk, and forgets every key when restarted); default: in --db")
 	fl.DurationVar(&c.RestartStoresEvery, "restart-stores-every", 0, "SIGKILL a random private store (--db private, --keys private) this often and start it again (0 for never)")
 	fl.IntVar(&c.Payments, "payments", torture.DefaultPayments, "logical payments")
 	fl.IntVar(&c.Dups, "dups", torture.DefaultDups, "attempts of each logical payment, with the same key and body")
@@ -94,7 +96,7 @@ only.
 			return &usageError{fmt.Errorf("--drop must be at least 0 and below 1, got %g", dropRate)}
 		case c.KillEvery < 0 || c.Timeout <= 0 || c.KeyLease <= 0 || c.RestartStoresEvery < 0:
 			return &usageError{errors.New("--kill-every and --restart-stores-every must not be negative; --timeout and --key-lease must be positive")}
-		case c.RestartStoresEvery > 0 && c.DB != torture.Private && c.Keys != torture.Private:
+		case c.RestartStoresEvery > 0 && c.DB != torture.Private && c.Keys != torture.Private && c.Keys != torture.PrivateVolatile:
 			return &usageError{errors.New("--restart-stores-every needs --db private or --keys private: the run restarts only servers it started itself, never one that others share")}
 		}
 		if c.DB != "sqlite" && c.DB != torture.Private {
@@ -102,7 +104,7 @@ only.
 				return &usageError{errors.New("--db must be sqlite, private or postgres://USER@HOST/DB")}
 			}
 		}
-		if c.Keys != "" && c.Keys != torture.Private {
+		if c.Keys != "" && c.Keys != torture.Private && c.Keys != torture.PrivateVolatile {
 			if _, err := parseKeys(c.Keys); err != nil {
 				return &usageError{err}
 			}

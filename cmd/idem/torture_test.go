@@ -146,6 +146,26 @@ func TestTortureRequestsStoreRestarts(t *testing.T) {
 	}
 }
 
+// A Redis run as a cache, keeping nothing on disk, restarted under the
+// load: every restart forgets every key, finished or in flight, and the
+// payments' look-back for a payment made under the same key is all that
+// keeps a retry from charging again.
+func TestTortureRequestsVolatileKeys(t *testing.T) {
+	t.Parallel()
+	code, stdout, stderr, r := runTorture(t, "--keys", "private-volatile", "--restart-stores-every", "300ms",
+		"--payments", "600", "--kill-every", "500ms", "--timeout", "90s")
+	if code != exitOK && strings.Contains(stderr, "which is not installed") {
+		if os.Getenv(idemtest.RequireServicesEnv) == "1" {
+			t.Fatalf("%s; %s=1 requires it", strings.TrimSpace(stderr), idemtest.RequireServicesEnv)
+		}
+		t.Skipf("skipping: %s", strings.TrimSpace(stderr))
+	}
+	checkHeld(t, 600, code, stdout, stderr, r)
+	if r["store_restarts"] < 2 {
+		t.Errorf("%d store restarts, want at least 2\n%s", r["store_restarts"], stdout)
+	}
+}
+
 func TestTortureRequestsRedisKeys(t *testing.T) {
 	t.Parallel()
 	url := redisURL(t)

@@ -21,6 +21,17 @@ import (
 // dir/redis.log. It returns once the server answers and has loaded its
 // data. dir is made if it does not exist.
 func StartRedis(ctx context.Context, dir string) (*Server, error) {
+	return startRedis(ctx, dir, true)
+}
+
+// StartVolatileRedis starts redis-server as StartRedis does, but keeping
+// nothing on disk (no append-only file, no snapshots), as a Redis run as
+// a cache is: every restart comes back empty, whatever it acknowledged.
+func StartVolatileRedis(ctx context.Context, dir string) (*Server, error) {
+	return startRedis(ctx, dir, false)
+}
+
+func startRedis(ctx context.Context, dir string, durable bool) (*Server, error) {
 	bin, err := lookPath("redis", "redis-server")
 	if err != nil {
 		return nil, err
@@ -36,14 +47,17 @@ func StartRedis(ctx context.Context, dir string) (*Server, error) {
 		return nil, err
 	}
 	port := strconv.Itoa(ports[0])
+	persistence := []string{"--appendonly", "yes", "--appendfsync", "always", "--save", ""}
+	if !durable {
+		persistence = []string{"--appendonly", "no", "--save", ""}
+	}
 	s := &Server{
 		name: "redis",
 		addr: "127.0.0.1:" + port,
 		url:  "redis://127.0.0.1:" + port + "/0",
 		log:  filepath.Join(dir, "redis.log"),
-		argv: []string{bin, "--port", port, "--bind", "127.0.0.1", "--dir", dir,
-			"--appendonly", "yes", "--appendfsync", "always", "--save", "",
-			"--daemonize", "no", "--logfile", ""},
+		argv: append(append([]string{bin, "--port", port, "--bind", "127.0.0.1", "--dir", dir}, persistence...),
+			"--daemonize", "no", "--logfile", ""),
 		env:          os.Environ(),
 		dir:          dir,
 		stopSignal:   syscall.SIGTERM,
