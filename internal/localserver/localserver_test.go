@@ -111,6 +111,27 @@ func TestLocalServers(t *testing.T) {
 	}
 }
 
+// A volatile Redis answers like any other, and forgets everything when
+// it restarts, cleanly or not.
+func TestVolatileRedis(t *testing.T) {
+	t.Parallel()
+	s := start(t, localserver.StartVolatileRedis)
+	if s.Name() != "redis" {
+		t.Errorf("Name %q, want redis", s.Name())
+	}
+	for _, crash := range []bool{true, false} {
+		redisWrite(t, s.URL())
+		redisRead(t, s.URL())
+		if err := s.Restart(t.Context(), crash); err != nil {
+			t.Fatal(err)
+		}
+		n, err := redisClient(t, s.URL()).DBSize(ctx(t)).Result()
+		if err != nil || n != 0 {
+			t.Errorf("after a restart (crash %v): %d keys, %v; want none", crash, n, err)
+		}
+	}
+}
+
 // The error for a server that does not start names its program and
 // carries its log's end.
 func TestLocalServerStartFailure(t *testing.T) {
