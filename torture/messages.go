@@ -36,6 +36,7 @@ const (
 	DefaultAckKillRate       = 0.0005
 	DefaultAckWait           = 2 * time.Second
 	DefaultMessagesTimeout   = 60 * time.Minute
+	DefaultBacklog           = 100_000
 )
 
 // publishBatch is how many events one Publish call carries; each batch's
@@ -105,6 +106,13 @@ type MessagesConfig struct {
 	// Unsafe consumes with an inbox that records nothing, which must fail
 	// the check: the torture's own test.
 	Unsafe bool
+	// Backlog bounds the messages published ahead of the consumers: the
+	// publisher waits while more than Backlog messages are neither applied
+	// nor caught (an event applied accounts for its copy too), as a
+	// producer held back by a broker's flow control would. A broker with
+	// millions of messages queued and restarted is another test, of the
+	// broker. Defaults to 100,000; negative means no bound.
+	Backlog int
 	// Seed seeds the run's choices. Defaults to a random one, shown in the
 	// report.
 	Seed uint64
@@ -152,6 +160,9 @@ func (c *MessagesConfig) withDefaults() (MessagesConfig, error) {
 	}
 	if o.Timeout == 0 {
 		o.Timeout = DefaultMessagesTimeout
+	}
+	if o.Backlog == 0 {
+		o.Backlog = DefaultBacklog
 	}
 	if o.Progress == nil {
 		o.Progress = io.Discard
@@ -538,6 +549,9 @@ func (r *messagesRun) publish(ctx context.Context) error {
 		return msgs
 	}
 	for from := 0; from < n; from += publishBatch {
+		if !r.waitBacklog(ctx) {
+			return ctx.Err()
+		}
 		if err := send(batch(from, false)); err != nil {
 			return err
 		}
@@ -556,6 +570,21 @@ func (r *messagesRun) publish(ctx context.Context) error {
 	}
 	r.copies.Add(int64(len(msgs)))
 	return nil
+}
+
+// waitBacklog waits while more than Backlog messages published are not
+// yet consumed, by the count of effects the run's poll keeps; it returns
+// false when ctx ends first.
+func (r *messagesRun) waitBacklog(ctx context.Context) bool {
+	if r.cfg.Backlog < 0 {
+		return true
+	}
+	for r.published.Load()-2*r.applied.Load() > int64(r.cfg.Backlog) {
+		if !sleepCtx(ctx, 50*time.Millisecond) {
+			return false
+		}
+	}
+	return true
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

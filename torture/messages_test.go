@@ -39,7 +39,7 @@ func TestMessagesConfigDefaults(t *testing.T) {
 	}
 	if c.Events != DefaultEvents || c.Keys != DefaultEventKeys || c.Consumers != DefaultConsumers ||
 		c.KillEvery != DefaultConsumerKillEvery || c.AckKillRate != DefaultAckKillRate || c.AckWait != DefaultAckWait ||
-		c.Timeout != DefaultMessagesTimeout || c.Seed == 0 || c.DB != "sqlite" {
+		c.Timeout != DefaultMessagesTimeout || c.Backlog != DefaultBacklog || c.Seed == 0 || c.DB != "sqlite" {
 		t.Errorf("defaults: %+v", c)
 	}
 	for broker, want := range map[string]string{

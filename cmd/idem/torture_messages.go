@@ -68,6 +68,7 @@ too.
 	fl.DurationVar(&c.AckWait, "ack-wait", torture.DefaultAckWait, "the consumers' ack wait: how soon what a killed consumer held is delivered again")
 	fl.DurationVar(&c.RestartBrokerEvery, "restart-broker-every", 0, "SIGKILL the private broker this often and start it again (0 for never)")
 	fl.DurationVar(&c.Timeout, "timeout", torture.DefaultMessagesTimeout, "longest the run may take once publishing began; events not applied by then are violations")
+	fl.IntVar(&c.Backlog, "backlog", torture.DefaultBacklog, "most messages published ahead of the consumers (0 for no bound)")
 	fl.Uint64Var(&c.Seed, "seed", 0, "seed of the run's choices (0 for a random one, shown in the report)")
 	var consumerLog string
 	fl.StringVar(&consumerLog, "consumer-log", "", "write every line the consumers log to this file")
@@ -76,6 +77,8 @@ too.
 		switch {
 		case c.Events < 1 || c.Keys < 1 || c.Consumers < 1:
 			return &usageError{errors.New("--events, --keys and --consumers must be positive")}
+		case c.Backlog < 0:
+			return &usageError{errors.New("--backlog must not be negative")}
 		case ackKills < 0 || ackKills >= 1:
 			return &usageError{fmt.Errorf("--ack-kills must be at least 0 and below 1, got %g", ackKills)}
 		case c.KillEvery < 0 || c.RestartBrokerEvery < 0 || c.AckWait <= 0 || c.Timeout <= 0:
@@ -111,6 +114,9 @@ too.
 		}
 		if c.KillEvery == 0 {
 			c.KillEvery = -1
+		}
+		if c.Backlog == 0 {
+			c.Backlog = -1
 		}
 		if consumerLog != "" {
 			f, err := os.Create(consumerLog)

@@ -159,6 +159,7 @@ func TestTortureMessagesUsage(t *testing.T) {
 		{"--ack-kills", "1"},
 		{"--ack-kills", "-0.1"},
 		{"--ack-wait", "0"},
+		{"--backlog", "-1"},
 		{"--timeout", "0"},
 		{"--broker", "kafka://x"},
 		{"--broker", "sqlite:/tmp/x.db"},
