@@ -276,7 +276,7 @@ func (s *Service) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	o := originFrom(r.Context())
 	if s.twoStores && !o.none() {
-		o.since = o.claimedAt.Add(-s.keyTTL)
+		o.since, o.until = o.claimedAt.Add(-s.keyTTL), o.claimedAt.Add(s.keyTTL)
 	}
 	rec, err := s.store.CreatePayment(r.Context(), p, o)
 	if err != nil {

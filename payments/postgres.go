@@ -139,12 +139,13 @@ func (s *pgStorage) write(ctx context.Context, fn func(ctx context.Context, tx p
 }
 
 // pgArgs are o's column values: NULLs for none.
-// pgSince is o.since as a parameter: NULL (matching nothing) when unset.
-func (o origin) pgSince() any {
+// pgWindow is o.since and o.until as parameters: NULLs (matching nothing)
+// when unset.
+func (o origin) pgWindow() (since, until any) {
 	if o.none() || o.since.IsZero() {
-		return nil
+		return nil, nil
 	}
-	return pgTime(o.since)
+	return pgTime(o.since), pgTime(o.until)
 }
 
 func (o origin) pgArgs() (key, claimedAt any) {
@@ -193,7 +194,7 @@ const pgPaySQL = `WITH d AS (
 	UPDATE accounts SET balance = balance - $4
 	WHERE id = $3 AND tenant = $2 AND currency = $5 AND balance >= $4
 	  AND NOT EXISTS (SELECT 1 FROM payments q WHERE q.tenant = $2 AND q.idempotency_key = $9
-		AND q.key_claimed_at > $11 AND q.key_claimed_at < $10)
+		AND q.key_claimed_at > $11 AND q.key_claimed_at < $12 AND q.key_claimed_at <> $10)
 	RETURNING id),
 i AS (
 	INSERT INTO payments (id, tenant, account_id, amount, currency, description, status, created_at, idempotency_key, key_claimed_at)
@@ -221,9 +222,24 @@ func (s *pgStorage) CreatePayment(ctx context.Context, p Payment, o origin) (Pay
 	err := s.write(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		refusal, out = nil, Payment{}
 		key, claimedAt := o.pgArgs()
+		since, until := o.pgWindow()
+		if since != nil {
+			// Another claim of the same logical request (the key store lost
+			// one) may be paying at this moment. The account's row lock
+			// orders the two; taken in a statement of its own, it makes
+			// sure that the payment's statement, whose snapshot is taken
+			// after it, sees the other's payment if that committed first.
+			// Inside the statement, the look-back is a subquery, which
+			// PostgreSQL re-checks after a wait for a row lock only as
+			// far as its EvalPlanQual rules go. It costs a round trip,
+			// only when the keys live apart.
+			if _, err := tx.Exec(ctx, `SELECT 1 FROM accounts WHERE id = $1 AND tenant = $2 FOR UPDATE`, p.AccountID, p.Tenant); err != nil {
+				return pgErr("lock the account", err)
+			}
+		}
 		var debited, inserted int
 		err := tx.QueryRow(ctx, pgPaySQL,
-			p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, p.CreatedAt, key, claimedAt, o.pgSince(),
+			p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, p.CreatedAt, key, claimedAt, since, until,
 		).Scan(&debited, &inserted)
 		if err != nil {
 			return pgErr("pay", err)
@@ -318,13 +334,14 @@ func pgPaymentOf(ctx context.Context, tx pgx.Tx, tenant string, o origin) (Payme
 		return Payment{}, false, nil
 	}
 	key, claimedAt := o.pgArgs()
-	// The earliest: with origin.since, the payment of a claim the key store
-	// lost, rather than a later one.
+	since, until := o.pgWindow()
+	// The earliest: with origin.since, the payment of the first claim of
+	// the logical request, whichever committed first.
 	p, err := scanPGPayment(tx.QueryRow(ctx,
 		`SELECT `+pgPaymentColumns+` FROM payments WHERE tenant = $1 AND idempotency_key = $2
-		 AND (key_claimed_at = $3 OR (key_claimed_at > $4 AND key_claimed_at < $3))
+		 AND (key_claimed_at = $3 OR (key_claimed_at > $4 AND key_claimed_at < $5))
 		 ORDER BY key_claimed_at LIMIT 1`,
-		tenant, key, claimedAt, o.pgSince()))
+		tenant, key, claimedAt, since, until))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Payment{}, false, nil
 	}

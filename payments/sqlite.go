@@ -288,17 +288,18 @@ func (s *sqliteStorage) paymentOf(ctx context.Context, tx *sql.Tx, tenant string
 		return Payment{}, false, nil
 	}
 	key, claimedAt := o.sqliteArgs()
-	var since any
+	var since, until any
 	if !o.since.IsZero() {
-		since = formatTime(o.since)
+		since, until = formatTime(o.since), formatTime(o.until)
 	}
-	// The earliest: with origin.since, the payment of a claim the key store
-	// lost, rather than a later one.
+	// The earliest: with origin.since, the payment of the first claim of
+	// the logical request, whichever committed first. The single writer
+	// orders two executions of it, so the second sees the first's payment.
 	p, err := scanPayment(tx.QueryRowContext(ctx,
 		`SELECT `+paymentColumns+` FROM payments WHERE tenant = ? AND idempotency_key = ?
 		 AND (key_claimed_at = ? OR (key_claimed_at > ? AND key_claimed_at < ?))
 		 ORDER BY key_claimed_at LIMIT 1`,
-		tenant, key, claimedAt, since, claimedAt))
+		tenant, key, claimedAt, since, until))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Payment{}, false, nil
 	}

@@ -268,13 +268,16 @@ var errOutcomeUnknown = errors.New("the write's transaction failed to begin or c
 type origin struct {
 	key       string
 	claimedAt time.Time
-	// since, when set, widens the match to every claim of the key after
-	// it (and before claimedAt): a payment made under an earlier claim of
-	// the key within its TTL is the same logical request's. It is set when
-	// the keys live apart from the money (Config.Keys): a key store that
-	// fails over can lose a claim whose payment the database kept, and the
-	// retry then claims the key anew, with a new claim time.
-	since time.Time
+	// since and until, when set, widen the match to every claim of the key
+	// between them: claimedAt less and plus the key's TTL. A payment made
+	// under another claim of the key within its TTL, before this one or
+	// after, is the same logical request's. They are set when the keys live
+	// apart from the money (Config.Keys): a key store that fails over, or
+	// restarts without its data, can lose a claim, and a retry then claims
+	// the key anew with a new claim time, while the lost claim's execution
+	// may still be running: whichever of the two commits second must find
+	// the other's payment, the earlier claim's as well as the later's.
+	since, until time.Time
 }
 
 func (o origin) none() bool { return o.key == "" }

@@ -228,6 +228,93 @@ func (l *lostAckStorage) CreatePayment(ctx context.Context, p Payment, o origin)
 // the key: the retry would claim it anew, under a claim time the payment's
 // constraint does not know, and charge again. The key stays in flight until
 // its lease ends, and the retry that takes it over finds the payment.
+// With the keys apart from the money, a key store that loses a claim lets
+// a retry claim the key anew, a moment later, while the lost claim's
+// execution may still run: the claims differ in time, not in logical
+// request. Whichever pays second finds the other's payment, the later
+// claim's as well as the earlier's, and they race without both paying.
+func TestStorageClaimsOfALostKey(t *testing.T) {
+	t.Parallel()
+	for name, open := range storagesForTest() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			st := open(t)
+			ctx := context.Background()
+			t0 := time.Date(2025, 3, 1, 9, 0, 0, 0, time.UTC)
+			const ttl = time.Hour
+			claim := func(key string, at time.Time) origin {
+				return origin{key: key, claimedAt: at, since: at.Add(-ttl), until: at.Add(ttl)}
+			}
+			account := func() Account {
+				t.Helper()
+				a := Account{ID: newID("acct_"), Tenant: "t", Balance: 1_000, Currency: "KRW", CreatedAt: t0}
+				if err := st.CreateAccount(ctx, a); err != nil {
+					t.Fatal(err)
+				}
+				return a
+			}
+			pay := func(a Account) Payment {
+				return Payment{ID: newID("pay_"), Tenant: "t", AccountID: a.ID, Amount: 100, Currency: "KRW", Status: StatusSucceeded, CreatedAt: t0}
+			}
+			balance := func(a Account) int64 {
+				t.Helper()
+				got, err := st.Account(ctx, "t", a.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return got.Balance
+			}
+
+			// The retry's claim pays first; the lost claim's execution,
+			// earlier by its claim, commits after it.
+			a := account()
+			later, err := st.CreatePayment(ctx, pay(a), claim("lost", t0.Add(time.Second)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			earlier, err := st.CreatePayment(ctx, pay(a), claim("lost", t0))
+			if err != nil || earlier.ID != later.ID {
+				t.Fatalf("the earlier claim, paying second = %+v, %v; want the later claim's payment %s", earlier, err, later.ID)
+			}
+			if got := balance(a); got != 900 {
+				t.Fatalf("balance %d after one logical payment of 100, want 900", got)
+			}
+			// Beyond the TTL, a claim is a new logical request.
+			if again, err := st.CreatePayment(ctx, pay(a), claim("lost", t0.Add(2*ttl))); err != nil || again.ID == later.ID {
+				t.Fatalf("a claim beyond the TTL = %+v, %v; want a payment of its own", again, err)
+			}
+
+			// Eight claims of one logical request, a millisecond apart, at
+			// once.
+			b := account()
+			const n = 8
+			ids := make([]string, n)
+			errs := make([]error, n)
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					<-start
+					got, err := st.CreatePayment(ctx, pay(b), claim("raced", t0.Add(time.Duration(i)*time.Millisecond)))
+					ids[i], errs[i] = got.ID, err
+				})
+			}
+			close(start)
+			wg.Wait()
+			made := map[string]bool{}
+			for i, err := range errs {
+				if err != nil {
+					t.Fatalf("claim %d: %v", i, err)
+				}
+				made[ids[i]] = true
+			}
+			if len(made) != 1 || balance(b) != 900 {
+				t.Fatalf("%d racing claims of one logical request made payments %v and left balance %d; want one payment and 900", n, made, balance(b))
+			}
+		})
+	}
+}
+
 func TestTwoStoresUnknownCommitKeepsTheKey(t *testing.T) {
 	t.Parallel()
 	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "payments.db"), nil)
