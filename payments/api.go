@@ -218,7 +218,7 @@ func (s *Service) createDeposit(w http.ResponseWriter, r *http.Request) {
 		Amount:    *req.Amount,
 		CreatedAt: s.now(),
 	}
-	o := originFrom(r.Context())
+	o := s.originOf(r)
 	rec, err := s.store.CreateDeposit(r.Context(), d, o)
 	if err != nil {
 		s.failWrite(w, r, o, err)
@@ -274,10 +274,7 @@ func (s *Service) createPayment(w http.ResponseWriter, r *http.Request) {
 		Status:      StatusSucceeded,
 		CreatedAt:   s.now(),
 	}
-	o := originFrom(r.Context())
-	if s.twoStores && !o.none() {
-		o.since, o.until = o.claimedAt.Add(-s.keyTTL), o.claimedAt.Add(s.keyTTL)
-	}
+	o := s.originOf(r)
 	rec, err := s.store.CreatePayment(r.Context(), p, o)
 	if err != nil {
 		s.failWrite(w, r, o, err)
@@ -424,7 +421,7 @@ func (s *Service) createRefund(w http.ResponseWriter, r *http.Request) {
 	if req.Amount != nil {
 		rf.Amount = *req.Amount
 	}
-	o := originFrom(r.Context())
+	o := s.originOf(r)
 	rec, err := s.store.CreateRefund(r.Context(), rf, o)
 	if err != nil {
 		s.failWrite(w, r, o, err)
@@ -637,4 +634,16 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 // sentence list.
 func joinedDetail(err error) string {
 	return strings.ReplaceAll(err.Error(), "\n", "; ")
+}
+
+// originOf is the origin of r's write: its key's claim, and, when the keys
+// live apart from the money, the window of the key's TTL on both sides of
+// that claim, in which another claim of the key is the same logical
+// request's (see origin).
+func (s *Service) originOf(r *http.Request) origin {
+	o := originFrom(r.Context())
+	if s.twoStores && !o.none() {
+		o.since, o.until = o.claimedAt.Add(-s.keyTTL), o.claimedAt.Add(s.keyTTL)
+	}
+	return o
 }

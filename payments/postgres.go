@@ -517,11 +517,14 @@ func pgDepositOf(ctx context.Context, tx pgx.Tx, tenant string, o origin) (Depos
 		return Deposit{}, false, nil
 	}
 	key, claimedAt := o.pgArgs()
+	since, until := o.pgWindow()
 	d := Deposit{Tenant: tenant}
 	err := tx.QueryRow(ctx,
 		`SELECT id, account_id, amount, balance_after, created_at FROM deposits
-		 WHERE tenant = $1 AND idempotency_key = $2 AND key_claimed_at = $3`,
-		tenant, key, claimedAt).Scan(&d.ID, &d.AccountID, &d.Amount, &d.Balance, &d.CreatedAt)
+		 WHERE tenant = $1 AND idempotency_key = $2
+		   AND (key_claimed_at = $3 OR (key_claimed_at > $4 AND key_claimed_at < $5))
+		 ORDER BY key_claimed_at LIMIT 1`,
+		tenant, key, claimedAt, since, until).Scan(&d.ID, &d.AccountID, &d.Amount, &d.Balance, &d.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Deposit{}, false, nil
 	}
@@ -807,9 +810,12 @@ func pgRefundOf(ctx context.Context, tx pgx.Tx, tenant string, o origin) (Refund
 		return Refund{}, false, nil
 	}
 	key, claimedAt := o.pgArgs()
+	since, until := o.pgWindow()
 	rf, err := scanPGRefund(tx.QueryRow(ctx,
-		`SELECT `+refundColumns+` FROM refunds WHERE tenant = $1 AND idempotency_key = $2 AND key_claimed_at = $3`,
-		tenant, key, claimedAt))
+		`SELECT `+refundColumns+` FROM refunds WHERE tenant = $1 AND idempotency_key = $2
+		 AND (key_claimed_at = $3 OR (key_claimed_at > $4 AND key_claimed_at < $5))
+		 ORDER BY key_claimed_at LIMIT 1`,
+		tenant, key, claimedAt, since, until))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Refund{}, false, nil
 	}

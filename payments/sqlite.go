@@ -282,16 +282,22 @@ func (o origin) sqliteArgs() (key, claimedAt any) {
 	return o.key, formatTime(o.claimedAt)
 }
 
+// sqliteWindow is o.since and o.until as parameters: NULLs (matching
+// nothing) when unset.
+func (o origin) sqliteWindow() (since, until any) {
+	if o.none() || o.since.IsZero() {
+		return nil, nil
+	}
+	return formatTime(o.since), formatTime(o.until)
+}
+
 // paymentOf returns the payment o made, if any.
 func (s *sqliteStorage) paymentOf(ctx context.Context, tx *sql.Tx, tenant string, o origin) (Payment, bool, error) {
 	if o.none() {
 		return Payment{}, false, nil
 	}
 	key, claimedAt := o.sqliteArgs()
-	var since, until any
-	if !o.since.IsZero() {
-		since, until = formatTime(o.since), formatTime(o.until)
-	}
+	since, until := o.sqliteWindow()
 	// The earliest: with origin.since, the payment of the first claim of
 	// the logical request, whichever committed first. The single writer
 	// orders two executions of it, so the second sees the first's payment.
@@ -501,12 +507,15 @@ func (s *sqliteStorage) depositOf(ctx context.Context, tx *sql.Tx, tenant string
 		return Deposit{}, false, nil
 	}
 	key, claimedAt := o.sqliteArgs()
+	since, until := o.sqliteWindow()
 	d := Deposit{Tenant: tenant}
 	var created string
 	err := tx.QueryRowContext(ctx,
 		`SELECT id, account_id, amount, balance_after, created_at FROM deposits
-		 WHERE tenant = ? AND idempotency_key = ? AND key_claimed_at = ?`,
-		tenant, key, claimedAt).Scan(&d.ID, &d.AccountID, &d.Amount, &d.Balance, &created)
+		 WHERE tenant = ? AND idempotency_key = ?
+		   AND (key_claimed_at = ? OR (key_claimed_at > ? AND key_claimed_at < ?))
+		 ORDER BY key_claimed_at LIMIT 1`,
+		tenant, key, claimedAt, since, until).Scan(&d.ID, &d.AccountID, &d.Amount, &d.Balance, &created)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Deposit{}, false, nil
 	}
@@ -811,9 +820,12 @@ func (s *sqliteStorage) refundOf(ctx context.Context, tx *sql.Tx, tenant string,
 		return Refund{}, false, nil
 	}
 	key, claimedAt := o.sqliteArgs()
+	since, until := o.sqliteWindow()
 	rf, err := scanRefund(tx.QueryRowContext(ctx,
-		`SELECT `+refundColumns+` FROM refunds WHERE tenant = ? AND idempotency_key = ? AND key_claimed_at = ?`,
-		tenant, key, claimedAt))
+		`SELECT `+refundColumns+` FROM refunds WHERE tenant = ? AND idempotency_key = ?
+		 AND (key_claimed_at = ? OR (key_claimed_at > ? AND key_claimed_at < ?))
+		 ORDER BY key_claimed_at LIMIT 1`,
+		tenant, key, claimedAt, since, until))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Refund{}, false, nil
 	}

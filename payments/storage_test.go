@@ -284,6 +284,30 @@ func TestStorageClaimsOfALostKey(t *testing.T) {
 				t.Fatalf("a claim beyond the TTL = %+v, %v; want a payment of its own", again, err)
 			}
 
+			// Deposits and refunds follow the same rule.
+			dep := Deposit{ID: newID("dep_"), Tenant: "t", AccountID: a.ID, Amount: 500, CreatedAt: t0}
+			laterDep, err := st.CreateDeposit(ctx, dep, claim("lost-deposit", t0.Add(time.Second)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			dep.ID = newID("dep_")
+			if got, err := st.CreateDeposit(ctx, dep, claim("lost-deposit", t0)); err != nil || got.ID != laterDep.ID {
+				t.Fatalf("the earlier claim's deposit, second = %+v, %v; want the later claim's %s", got, err, laterDep.ID)
+			}
+			rf := Refund{ID: newID("re_"), Tenant: "t", PaymentID: later.ID, Amount: 30, Status: StatusSucceeded, CreatedAt: t0}
+			laterRefund, err := st.CreateRefund(ctx, rf, claim("lost-refund", t0.Add(time.Second)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rf.ID = newID("re_")
+			if got, err := st.CreateRefund(ctx, rf, claim("lost-refund", t0)); err != nil || got.ID != laterRefund.ID {
+				t.Fatalf("the earlier claim's refund, second = %+v, %v; want the later claim's %s", got, err, laterRefund.ID)
+			}
+			// 1,000 - 100 (one payment, another beyond the TTL) + 500 + 30.
+			if got := balance(a); got != 1_000-200+500+30 {
+				t.Fatalf("balance %d after one deposit of 500 and one refund of 30, want %d", got, 1_000-200+500+30)
+			}
+
 			// Eight claims of one logical request, a millisecond apart, at
 			// once.
 			b := account()
