@@ -297,17 +297,27 @@
 // if the row was inserted, all in one transaction: the constraint, not the
 // look-up, has the last word.
 //
-// A payment looks further back than its own execution: a key store that
-// loses a claim it acknowledged (a Redis master that fails over before its
-// replica has the claim) sees the retry as a new key, claimed at a new
-// time, which the constraint alone would let pay again. So a payment also
-// finds, and answers with, a payment made under the same key by an earlier
-// claim within the key's TTL (Config.KeyTTL); TestClusterRedisFailover
-// loses claims so and counts no payment twice. Two executions of one key
-// running at the same moment in two claims the store granted at once (the
-// old master still answering while the new one takes over) could both
-// pay; idemredis.OpenReplicated with min-replicas-to-write closes that
-// too. Deposits and refunds match their own execution only.
+// A write looks further than its own execution: a key store that loses a
+// claim it acknowledged (a Redis master that fails over before its replica
+// has the claim, a Redis without persistence that restarts) sees the retry
+// as a new key, claimed at a new time, which the constraint alone would
+// let pay again. So a payment, a deposit or a refund also finds, and
+// answers with, the row made under the same key by another claim within
+// the key's TTL (Config.KeyTTL) on either side of its own: earlier, when
+// the lost claim's execution committed first; later, when it was still
+// running while the retry's committed. The earliest such row answers.
+// Writes to one account are ordered by its row lock (on PostgreSQL taken
+// in a statement of its own before the look-up, so the look-up reads after
+// any other write of the account committed) or by SQLite's single writer,
+// so of two executions the second sees the first's row.
+// TestClusterRedisFailover loses claims so and counts no payment twice;
+// TestStorageClaimsOfALostKey commits them in either order and races
+// eight; `idem torture requests --keys private-volatile` restarts a Redis
+// that keeps nothing on disk under the load. Two executions in two claims
+// the store granted at once (the old master still answering while the new
+// one takes over) are ordered the same way and pay once;
+// idemredis.OpenReplicated with min-replicas-to-write keeps such claims
+// from being lost in the first place.
 //
 // What can still go wrong, exactly:
 //
