@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -637,7 +638,7 @@ func (r *messagesRun) supervise(ctx context.Context, c *replica, stop <-chan str
 		}
 		byRun, exit := c.ended()
 		if !byRun {
-			var ee interface{ Sys() any }
+			var ee *exec.ExitError
 			if errors.As(exit, &ee) {
 				if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
 					r.ackKills.Add(1)

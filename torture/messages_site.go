@@ -224,12 +224,7 @@ func (s *site) sqliteStores(ctx context.Context, db *idemsqlite.DB) (err error) 
 			return err
 		}
 		defer rows.Close()
-		for rows.Next() {
-			if err := each(rows.Scan); err != nil {
-				return err
-			}
-		}
-		return rows.Err()
+		return scanRows(rows, each)
 	}
 	return nil
 }
@@ -267,14 +262,26 @@ func (s *site) pgStores(ctx context.Context, db *idempg.DB) (err error) {
 			return err
 		}
 		defer rows.Close()
-		for rows.Next() {
-			if err := each(rows.Scan); err != nil {
-				return err
-			}
-		}
-		return rows.Err()
+		return scanRows(rows, each)
 	}
 	return nil
+}
+
+// rowScanner is what database/sql's and pgx's rows share.
+type rowScanner interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// scanRows calls each for every row of rows.
+func scanRows(rows rowScanner, each func(scan func(dest ...any) error) error) error {
+	for rows.Next() {
+		if err := each(rows.Scan); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
 }
 
 // eventMessage is event i of a run with keys keys: its key is i%keys, its
