@@ -37,6 +37,7 @@ const (
 	DefaultAckKillRate       = 0.0005
 	DefaultAckWait           = 2 * time.Second
 	DefaultMessagesTimeout   = 60 * time.Minute
+	DefaultMessagesDrain     = 2 * time.Minute
 	DefaultBacklog           = 100_000
 )
 
@@ -120,6 +121,13 @@ type MessagesConfig struct {
 	// Timeout bounds the run once publishing has begun; events not applied
 	// by then are violations. Defaults to DefaultMessagesTimeout.
 	Timeout time.Duration
+	// Drain is how long a run whose time is up, every event published,
+	// goes on with the faults stopped, to tell the events that were slow
+	// from those that were lost: the report counts the events applied
+	// during the drain apart (MessagesReport.AppliedLate). They remain
+	// violations, of the timeout. Defaults to DefaultMessagesDrain;
+	// negative means none.
+	Drain time.Duration
 
 	// ConsumerLog receives every line the consumers log. Defaults to
 	// nil: none.
@@ -164,6 +172,9 @@ func (c *MessagesConfig) withDefaults() (MessagesConfig, error) {
 	}
 	if o.Backlog == 0 {
 		o.Backlog = DefaultBacklog
+	}
+	if o.Drain == 0 {
+		o.Drain = DefaultMessagesDrain
 	}
 	if o.Progress == nil {
 		o.Progress = io.Discard
@@ -253,12 +264,16 @@ type messagesRun struct {
 	// consumer that starts while its broker is down fails to subscribe.
 	chaos sync.Mutex
 
-	published  atomic.Int64
-	copies     atomic.Int64
-	kills      atomic.Int64
-	ackKills   atomic.Int64
-	restarts   atomic.Int64
-	applied    atomic.Int64
+	published atomic.Int64
+	copies    atomic.Int64
+	kills     atomic.Int64
+	ackKills  atomic.Int64
+	restarts  atomic.Int64
+	applied   atomic.Int64
+	// late counts the events applied in the drain, after the time was up
+	// and the faults stopped; drained says whether there was a drain.
+	late       int64
+	drained    bool
 	violations []string
 	vmu        sync.Mutex
 }
@@ -477,11 +492,9 @@ wait:
 			break wait
 		}
 	}
+	timedOut := elapsed == 0 && loadErr == nil && ctx.Err() == nil
 	if elapsed == 0 {
 		elapsed = time.Since(began)
-		if loadErr == nil && ctx.Err() == nil {
-			r.violate("the time was up (%s) with %d of %d events applied", r.cfg.Timeout, r.applied.Load(), r.cfg.Events)
-		}
 	}
 	cancel()
 	if publishing {
@@ -491,6 +504,13 @@ wait:
 	}
 	close(stopChaos)
 	chaos.Wait()
+	if timedOut {
+		at := r.applied.Load()
+		if !publishing && r.cfg.Drain > 0 {
+			r.drain(ctx)
+		}
+		r.violate("%s", timeUp(r.cfg.Timeout, r.cfg.Drain, r.cfg.Events, at, r.applied.Load(), r.drained))
+	}
 	if loadErr != nil {
 		close(stopSupervising)
 		supervisors.Wait()
@@ -511,6 +531,54 @@ wait:
 	}
 	r.printProgress()
 	return elapsed, nil
+}
+
+// timeUp words the violation of a run whose time was up with at of
+// events applied, and, when it drained, now applied once the drain ended:
+// the events applied in the drain were slow, the rest lost.
+func timeUp(timeout, drain time.Duration, events int, at, now int64, drained bool) string {
+	late := max(now-at, 0)
+	switch left := int64(events) - now; {
+	case !drained:
+		return fmt.Sprintf("the time was up (%s) with %d of %d events applied", timeout, at, events)
+	case left <= 0:
+		return fmt.Sprintf("the time was up (%s) with %d of %d events applied; with the faults stopped the other %d were applied within %s: slow, not lost",
+			timeout, at, events, late, drain)
+	default:
+		return fmt.Sprintf("the time was up (%s) with %d of %d events applied; with the faults stopped %d more were applied within %s, and %d never were",
+			timeout, at, events, late, drain, left)
+	}
+}
+
+// drain waits, the faults stopped and the consumers still supervised,
+// until every event is applied or Drain has passed, and counts the events
+// applied meanwhile in r.late.
+func (r *messagesRun) drain(ctx context.Context) {
+	at := r.applied.Load()
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Drain)
+	defer cancel()
+	fmt.Fprintf(r.cfg.Progress, "torture: the time is up with %d of %d events applied; the faults stopped, waiting up to %s for the rest\n",
+		at, r.cfg.Events, r.cfg.Drain)
+	poll := time.NewTicker(250 * time.Millisecond)
+	defer poll.Stop()
+	progress := time.NewTicker(r.cfg.ProgressEvery)
+	defer progress.Stop()
+	r.drained = true
+	for {
+		if done, err := r.allApplied(ctx); err == nil && done {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-progress.C:
+			r.printProgress()
+			continue
+		case <-poll.C:
+			continue
+		}
+		break
+	}
+	r.late = max(r.applied.Load()-at, 0)
 }
 
 // publish publishes every event in batches, each batch followed by the

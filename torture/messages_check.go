@@ -38,6 +38,7 @@ func (r *messagesRun) check(ctx context.Context, elapsed time.Duration) (*Messag
 		Published: r.published.Load(), Copies: r.copies.Load(),
 		OrderKept: !r.cfg.ByID && !r.cfg.Unsafe,
 		Kills:     r.kills.Load(), AckKills: r.ackKills.Load(), BrokerRestarts: r.restarts.Load(),
+		AppliedLate: r.late, Drained: r.drained,
 		Elapsed: elapsed,
 	}
 	s := r.site

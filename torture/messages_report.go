@@ -25,11 +25,16 @@ type MessagesReport struct {
 	Published int64 // messages published: every event, its copy, and publications retried
 	Copies    int64 // copies of events published after the originals, half under another message ID
 
-	Applied    int64 // effects in the database
-	Distinct   int64 // events with an effect
-	Twice      int64 // events applied more than once
-	Missing    int64 // events never applied
-	OutOfOrder int64 // effects applied out of their key's order
+	Applied  int64 // effects in the database
+	Distinct int64 // events with an effect
+	Twice    int64 // events applied more than once
+	Missing  int64 // events never applied
+	// AppliedLate counts the events applied only after the time was up,
+	// in the drain with the faults stopped: slow, not lost. Drained says
+	// whether there was a drain.
+	AppliedLate int64
+	Drained     bool
+	OutOfOrder  int64 // effects applied out of their key's order
 	// OrderKept says whether per-key order is part of the promise: it is
 	// in sequence mode; by event ID, competing consumers apply a key's
 	// events in any order, and OutOfOrder says how often they did.
@@ -66,6 +71,9 @@ func (r *MessagesReport) Print(w io.Writer) {
 	row("events applied", r.Distinct)
 	row("events applied twice", r.Twice)
 	row("events missing", r.Missing)
+	if r.Drained {
+		row("applied after the time was up", r.AppliedLate)
+	}
 	order := "out of order"
 	if !r.OrderKept {
 		order += " (not promised)"
@@ -94,6 +102,9 @@ func (r *MessagesReport) PrintResults(w io.Writer) {
 	line("distinct", r.Distinct, "events")
 	line("twice", r.Twice, "events")
 	line("missing", r.Missing, "events")
+	if r.Drained {
+		line("applied_late", r.AppliedLate, "events")
+	}
 	line("out_of_order", r.OutOfOrder, "effects")
 	line("dead_letters", r.DeadLetters, "messages")
 	line("time_s", fmt.Sprintf("%.2f", r.Elapsed.Seconds()), "s")

@@ -68,6 +68,7 @@ too.
 	fl.DurationVar(&c.AckWait, "ack-wait", torture.DefaultAckWait, "the consumers' ack wait: how soon what a killed consumer held is delivered again")
 	fl.DurationVar(&c.RestartBrokerEvery, "restart-broker-every", 0, "SIGKILL the private broker this often and start it again (0 for never)")
 	fl.DurationVar(&c.Timeout, "timeout", torture.DefaultMessagesTimeout, "longest the run may take once publishing began; events not applied by then are violations")
+	fl.DurationVar(&c.Drain, "drain", torture.DefaultMessagesDrain, "once the time is up, every event published, how long to go on with the faults stopped, to tell slow events from lost ones (0 for none)")
 	fl.IntVar(&c.Backlog, "backlog", torture.DefaultBacklog, "most messages published ahead of the consumers (0 for no bound)")
 	fl.Uint64Var(&c.Seed, "seed", 0, "seed of the run's choices (0 for a random one, shown in the report)")
 	var consumerLog string
@@ -81,8 +82,8 @@ too.
 			return &usageError{errors.New("--backlog must not be negative")}
 		case ackKills < 0 || ackKills >= 1:
 			return &usageError{fmt.Errorf("--ack-kills must be at least 0 and below 1, got %g", ackKills)}
-		case c.KillEvery < 0 || c.RestartBrokerEvery < 0 || c.AckWait <= 0 || c.Timeout <= 0:
-			return &usageError{errors.New("--kill-every and --restart-broker-every must not be negative; --ack-wait and --timeout must be positive")}
+		case c.KillEvery < 0 || c.RestartBrokerEvery < 0 || c.Drain < 0 || c.AckWait <= 0 || c.Timeout <= 0:
+			return &usageError{errors.New("--kill-every, --restart-broker-every and --drain must not be negative; --ack-wait and --timeout must be positive")}
 		case c.RestartBrokerEvery > 0 && !strings.HasPrefix(c.Broker, "private-"):
 			return &usageError{errors.New("--restart-broker-every needs --broker private-postgres, private-nats or private-rabbitmq: the run restarts only servers it started itself, never one that others share")}
 		}
@@ -117,6 +118,9 @@ too.
 		}
 		if c.Backlog == 0 {
 			c.Backlog = -1
+		}
+		if c.Drain == 0 {
+			c.Drain = -1
 		}
 		if consumerLog != "" {
 			f, err := os.Create(consumerLog)

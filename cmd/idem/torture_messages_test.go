@@ -111,12 +111,15 @@ func TestTortureMessagesBrokerRestarts(t *testing.T) {
 	}{
 		{"private-nats", "torture-messages-nats-sqlite-byid", 4000, []string{"--by-id", "--restart-broker-every", "2s"}},
 		{"private-postgres", "torture-messages-pg", 4000, []string{"--restart-broker-every", "2s"}},
-		// Not RabbitMQ, yet: restarted every few seconds, by key and
-		// sequence, its consumers stalled (1,834 of 10,000 events in five
-		// minutes), and the events missing at the end may be lost with
-		// the delay queues a held message is copied to, declared just
-		// before a SIGKILL (see TestLocalServers/rabbitmq). Its restarts
-		// every 30s held at a million events, by hand.
+		// Not RabbitMQ, yet. Restarted 10s after each boot (a boot takes
+		// 8 to 30 s here) every event came, the last ones only in the
+		// drain: slow, not lost. Restarted 3s after each boot (36
+		// restarts in five minutes), 2,138 of 8,000 events were applied
+		// and no more came in a two-minute drain with the faults
+		// stopped: held by key and sequence behind events that did not
+		// come. Where they went (the delay queues a held message is
+		// copied to, declared just before a SIGKILL, are the suspect) is
+		// still to be found.
 	} {
 		t.Run(tc.broker, func(t *testing.T) {
 			args := append([]string{"--broker", tc.broker, "--events", strconv.FormatInt(tc.events, 10), "--keys", "50",
