@@ -508,8 +508,9 @@ wait:
 		at := r.applied.Load()
 		if !publishing && r.cfg.Drain > 0 {
 			r.drain(ctx)
+			r.drained, r.late = true, max(r.applied.Load()-at, 0)
 		}
-		r.violate("%s", timeUp(r.cfg.Timeout, r.cfg.Drain, r.cfg.Events, at, r.applied.Load(), r.drained))
+		r.violate("%s", timeUp(r.cfg.Timeout, r.cfg.Drain, r.cfg.Events, at, r.late, r.drained))
 	}
 	if loadErr != nil {
 		close(stopSupervising)
@@ -534,11 +535,10 @@ wait:
 }
 
 // timeUp words the violation of a run whose time was up with at of
-// events applied, and, when it drained, now applied once the drain ended:
-// the events applied in the drain were slow, the rest lost.
-func timeUp(timeout, drain time.Duration, events int, at, now int64, drained bool) string {
-	late := max(now-at, 0)
-	switch left := int64(events) - now; {
+// events applied, and, when it drained, late more applied in the drain:
+// those were slow, the rest lost.
+func timeUp(timeout, drain time.Duration, events int, at, late int64, drained bool) string {
+	switch left := int64(events) - at - late; {
 	case !drained:
 		return fmt.Sprintf("the time was up (%s) with %d of %d events applied", timeout, at, events)
 	case left <= 0:
@@ -551,34 +551,28 @@ func timeUp(timeout, drain time.Duration, events int, at, now int64, drained boo
 }
 
 // drain waits, the faults stopped and the consumers still supervised,
-// until every event is applied or Drain has passed, and counts the events
-// applied meanwhile in r.late.
+// until every event is applied or Drain has passed.
 func (r *messagesRun) drain(ctx context.Context) {
-	at := r.applied.Load()
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Drain)
 	defer cancel()
 	fmt.Fprintf(r.cfg.Progress, "torture: the time is up with %d of %d events applied; the faults stopped, waiting up to %s for the rest\n",
-		at, r.cfg.Events, r.cfg.Drain)
+		r.applied.Load(), r.cfg.Events, r.cfg.Drain)
 	poll := time.NewTicker(250 * time.Millisecond)
 	defer poll.Stop()
 	progress := time.NewTicker(r.cfg.ProgressEvery)
 	defer progress.Stop()
-	r.drained = true
 	for {
 		if done, err := r.allApplied(ctx); err == nil && done {
-			break
+			return
 		}
 		select {
 		case <-ctx.Done():
+			return
 		case <-progress.C:
 			r.printProgress()
-			continue
 		case <-poll.C:
-			continue
 		}
-		break
 	}
-	r.late = max(r.applied.Load()-at, 0)
 }
 
 // publish publishes every event in batches, each batch followed by the

@@ -92,16 +92,16 @@ func TestEventMessages(t *testing.T) {
 func TestTimeUp(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		now     int64
+		late    int64
 		drained bool
 		want    string
 	}{
-		{"no drain", 700, false, "the time was up (3m0s) with 700 of 1000 events applied"},
-		{"slow", 1000, true, "the time was up (3m0s) with 700 of 1000 events applied; with the faults stopped the other 300 were applied within 2m0s: slow, not lost"},
-		{"lost", 900, true, "the time was up (3m0s) with 700 of 1000 events applied; with the faults stopped 200 more were applied within 2m0s, and 100 never were"},
+		{"no drain", 0, false, "the time was up (3m0s) with 700 of 1000 events applied"},
+		{"slow", 300, true, "the time was up (3m0s) with 700 of 1000 events applied; with the faults stopped the other 300 were applied within 2m0s: slow, not lost"},
+		{"lost", 200, true, "the time was up (3m0s) with 700 of 1000 events applied; with the faults stopped 200 more were applied within 2m0s, and 100 never were"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := timeUp(3*time.Minute, 2*time.Minute, 1000, 700, tc.now, tc.drained); got != tc.want {
+			if got := timeUp(3*time.Minute, 2*time.Minute, 1000, 700, tc.late, tc.drained); got != tc.want {
 				t.Errorf("timeUp = %q, want %q", got, tc.want)
 			}
 		})

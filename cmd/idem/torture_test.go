@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -264,7 +265,7 @@ func TestTortureRequestsInterrupted(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("counts children through /proc")
 	}
-	url := postgresURL(t)
+	url := privateDatabase(t, postgresURL(t))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	stderr := &signalWriter{want: "logical payments done", fn: cancel}
@@ -288,6 +289,40 @@ func TestTortureRequestsInterrupted(t *testing.T) {
 	if left != 0 {
 		t.Errorf("%d idem_torture_ schemas left", left)
 	}
+}
+
+// privateDatabase creates a database of the test's own on the server at url
+// and returns its URL; it is dropped when the test ends. Counting what a run
+// leaves behind is exact there: the shared database may hold another
+// process's runs at the same moment.
+func privateDatabase(t *testing.T, url string) string {
+	t.Helper()
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	name := randomName("idem_test_db_")
+	if _, err := admin.Exec(t.Context(), "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(context.Background(), url)
+		if err != nil {
+			t.Errorf("dropping %s: %v", name, err)
+			return
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Errorf("dropping %s: %v", name, err)
+		}
+	})
+	u.Path = "/" + name
+	return u.String()
 }
 
 // children lists the processes whose parent is this one, as "pid command".
