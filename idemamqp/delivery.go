@@ -3,6 +3,7 @@ package idemamqp
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"strconv"
 	"strings"
@@ -76,7 +77,34 @@ func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
 		// the former counts in x-delivery-count.
 		return d.settle(ctx, "nack", func() error { return d.d.Reject(true) })
 	}
-	return d.settleAfter(ctx, "nack", func() error { return d.delayCopy(ctx, delay) }, func() error { return d.d.Ack(false) })
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := d.claim("nack"); err != nil {
+		return err
+	}
+	copyCtx, cancel := context.WithTimeout(ctx, delayCopyTimeout)
+	err := d.delayCopy(copyCtx, delay)
+	cancel()
+	if err == nil {
+		err = d.gen.settle(d.d.DeliveryTag, func() error { return d.d.Ack(false) })
+	} else {
+		// The copy may not be in its queue: the original goes back at
+		// once, without its delay, rather than stay held by this
+		// channel, which RabbitMQ would deliver again only once the
+		// channel closed. Should the copy be there after all, the
+		// message comes twice, and the inbox absorbs it.
+		copyErr := err
+		if err = d.gen.settle(d.d.DeliveryTag, func() error { return d.d.Reject(true) }); err == nil {
+			d.s.t.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "delayed nack: the copy failed; the message is requeued at once",
+				slog.String("message_id", d.m.ID), slog.Duration("delay", delay), slog.String("error", copyErr.Error()))
+		}
+	}
+	d.release(err == nil)
+	if err != nil {
+		return fmt.Errorf("idemamqp: nack: message %q: %w", d.m.ID, err)
+	}
+	return nil
 }
 
 // InProgress implements idem.Delivery as a no-op: RabbitMQ has no ack
@@ -120,30 +148,25 @@ func (d *delivery) release(done bool) {
 
 // settle settles d with fn, one frame on its channel.
 func (d *delivery) settle(ctx context.Context, op string, fn func() error) error {
-	return d.settleAfter(ctx, op, nil, fn)
-}
-
-// settleAfter runs before, when not nil, then settles d with fn.
-func (d *delivery) settleAfter(ctx context.Context, op string, before, fn func() error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if err := d.claim(op); err != nil {
 		return err
 	}
-	var err error
-	if before != nil {
-		err = before()
-	}
-	if err == nil {
-		err = d.gen.settle(d.d.DeliveryTag, fn)
-	}
+	err := d.gen.settle(d.d.DeliveryTag, fn)
 	d.release(err == nil)
 	if err != nil {
 		return fmt.Errorf("idemamqp: %s: message %q: %w", op, d.m.ID, err)
 	}
 	return nil
 }
+
+// delayCopyTimeout bounds a delayed Nack's wait for its copy's confirm,
+// whatever the caller's context: a broker that never confirms (seen on a
+// RabbitMQ restarted again and again) must not hold the delivery, and the
+// publishing channel every other Nack waits for, forever.
+const delayCopyTimeout = 5 * time.Second
 
 // delayCopy publishes a copy of the message to the delay queue of the
 // consumer for delay, and waits for its confirm.

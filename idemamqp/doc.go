@@ -155,6 +155,11 @@
 //   - The copy is published with a confirm before the original is
 //     acknowledged, so a crash in between delivers the message twice
 //     (absorbed by the inbox), never zero times.
+//   - When the copy fails (its queue cannot be declared, or the broker
+//     does not confirm it within five seconds), the original is requeued
+//     at once instead (basic.reject with requeue), without its delay, and
+//     the Logger is told: a delivery left unsettled would come back only
+//     once its channel closed, and hold a prefetch slot until then.
 //   - With quorum queues the delay queue is a quorum queue with
 //     at-least-once dead-lettering (RabbitMQ 3.10 or later), so the copy
 //     survives a broker restart and its way back. With classic queues the

@@ -266,3 +266,52 @@ func captureStdout(t *testing.T, fn func()) string {
 	r.Close()
 	return string(out)
 }
+
+// TestDelayedNackWhoseCopyFails: when the delayed copy cannot be made
+// (here its delay queue exists with other arguments, so declaring it
+// fails), the original goes back to the queue at once rather than stay
+// held by a channel that lives on, which RabbitMQ would deliver again
+// only once the channel closed.
+func TestDelayedNackWhoseCopyFails(t *testing.T) {
+	t.Parallel()
+	tr := newIsolated(t, idemamqp.Config{})
+	s, err := tr.Subscribe(t.Context(), idem.Subscription{Topic: "t", Consumer: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// 100ms is a delay bucket of its own (five significant bits).
+	delayQueue := tr.Queue("c") + ".delay.100"
+	conn, err := amqp.Dial(amqpURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(delayQueue, false, true, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeClassic}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if _, err := ch.QueueDelete(delayQueue, false, false, false); err != nil {
+			t.Errorf("deleting %s: %v", delayQueue, err)
+		}
+	}()
+
+	if err := tr.Publish(t.Context(), idem.Message{ID: "m1", Topic: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	d := next(t, s)
+	if err := d.Nack(t.Context(), 100*time.Millisecond); err != nil {
+		t.Errorf("Nack whose copy failed = %v, want nil: the original requeued", err)
+	}
+	again := next(t, s)
+	if again.Message().ID != "m1" || again.Attempt() != 2 {
+		t.Errorf("delivered again: %q, attempt %d; want m1, attempt 2", again.Message().ID, again.Attempt())
+	}
+	if err := again.Ack(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
