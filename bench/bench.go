@@ -45,6 +45,12 @@ type Options struct {
 	// Its RESULT lines are named idem-http-sealed-<store>-<case>. Defaults
 	// to false.
 	Sealed bool
+	// StoreReplays measures the middleware with idemhttp's
+	// Config.MemoryReplayFor off, so that every replay reads the store
+	// rather than the answer this process kept in memory after the
+	// completion. Its RESULT lines are named
+	// idem-http-storereplays-<store>-<case>. Defaults to false.
+	StoreReplays bool
 	// Out receives progress. Defaults to io.Discard.
 	Out io.Writer
 	// Results receives every round's figures as lines
@@ -139,6 +145,9 @@ func (o *Options) middlewareConfig(store idem.Store) *idemhttp.Config {
 		c.KeySecret = []byte("idem bench key secret, not secret")
 		c.BodyKeys = []idemhttp.BodyKey{{ID: "bench", Key: []byte("idem bench body key, 32 bytes...")}}
 	}
+	if o.StoreReplays {
+		c.MemoryReplayFor = -1
+	}
 	return c
 }
 
@@ -162,8 +171,13 @@ func compare(ctx context.Context, o *Options, store, kase string, mw, min side) 
 			}
 			fmt.Fprintf(o.Out, "  round %d %-10s %8.0f req/s  p50 %-9s p99 %s\n", r+1, s.side.name, res.PerSecond, round(res.P50), round(res.P99))
 			name := "idem-http-" + resultStore(store) + "-" + kase
-			if o.Sealed {
+			switch {
+			case o.Sealed && o.StoreReplays:
+				name = "idem-http-sealed-storereplays-" + resultStore(store) + "-" + kase
+			case o.Sealed:
 				name = "idem-http-sealed-" + resultStore(store) + "-" + kase
+			case o.StoreReplays:
+				name = "idem-http-storereplays-" + resultStore(store) + "-" + kase
 			}
 			if s.side.name == "minimum" {
 				name = "minimum-http-" + resultStore(store) + "-" + kase

@@ -16,7 +16,13 @@
 //     key, the balance update, the payment insert and the key's response
 //     update.
 //   - "replay", for both: the middleware answering a key it already
-//     completed, which must be at least as fast as a first execution.
+//     completed, which must be at least as fast as a first execution;
+//     against the hand-written minimum, one SELECT (GET on Redis) of the
+//     kept status and body. The key was completed by the same process a
+//     moment before, so by default the middleware answers from the answer
+//     it kept in memory (idemhttp's Config.MemoryReplayFor), as it does a
+//     client's retry that comes soon after; Options.StoreReplays turns that
+//     off, and every replay reads the store.
 //
 // Requests are served in-process (no HTTP sockets), both sides through the
 // same request scaffolding, so what is measured is the store work and the

@@ -70,6 +70,24 @@
 // still wait in the database, one connection each, until the first
 // execution commits.)
 //
+// # Where a replay comes from
+//
+// A duplicate reaching the process that completed its key, within
+// Config.MemoryReplayFor (10s by default: retries come soon after the
+// first try), is answered from that process's memory, without reaching
+// the store at all; later, and for keys it saw completed (up to
+// Config.RecentKeys), by one read of the record (idem.Replayer where the
+// store has it); anywhere else, by the claim, which finds the key
+// completed. Every path gives the same answer: a completed record does not
+// change until it expires, and an answer is kept in memory no longer than
+// MemoryReplayFor, and never past its record's expiry less
+// MemoryReplayFor, room left for the store's clock to differ from
+// Config.Clock by that much. A request that does not match the kept one
+// is refused from the store's record, never from memory. The one change
+// memory does not see is a record deleted before its expiry, by hand in
+// the database (Purge deletes only expired ones): the process may replay
+// it for up to MemoryReplayFor more.
+//
 // # Leases and fencing
 //
 // Each claim holds the key under a lease (Config.Lease) and a fencing token.

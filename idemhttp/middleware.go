@@ -143,6 +143,29 @@ type Config struct {
 	// Defaults to 65,536 (some 10 MB at most); negative remembers none.
 	RecentKeys int
 
+	// MemoryReplayFor is how long after a completion this process keeps
+	// the answer of one of its RecentKeys in memory: a duplicate that
+	// reaches it meanwhile is answered from there, with no read of the
+	// store at all. A completed record does not change until it expires,
+	// so that is the answer the store would give; an answer is never kept
+	// past the record's expiry less MemoryReplayFor, which leaves that
+	// much room for the difference between Clock and the store's clock.
+	// The one thing it does not see is a record deleted before its expiry,
+	// by hand in the database: this process may replay it for up to
+	// MemoryReplayFor after. Defaults to 10s (retries come soon after the first try);
+	// negative keeps none, and every duplicate reads the store.
+	MemoryReplayFor time.Duration
+
+	// MemoryReplayBytes bounds the memory the answers of MemoryReplayFor
+	// take, oldest dropped first; an answer larger than 1/64 of it is not
+	// kept (its duplicates read the store). Defaults to 32 MiB.
+	MemoryReplayBytes int
+
+	// Clock tells MemoryReplayFor's time. Defaults to idem.SystemClock;
+	// give it the store's clock when that is not the system's (a test's
+	// manual clock).
+	Clock idem.Clock
+
 	// KeySecret, when set, seals every key before the store sees it: the
 	// store keeps SealKey(KeySecret, scope, key), an HMAC-SHA-256 digest,
 	// never the key a client sent, so a dump of the store does not show
@@ -181,8 +204,13 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// defaultRecentKeys is Config.RecentKeys's default.
-const defaultRecentKeys = 1 << 16
+// defaultRecentKeys is Config.RecentKeys's default, and the next two
+// Config.MemoryReplayFor's and Config.MemoryReplayBytes's.
+const (
+	defaultRecentKeys        = 1 << 16
+	defaultMemoryReplayFor   = 10 * time.Second
+	defaultMemoryReplayBytes = 32 << 20
+)
 
 // DefaultKeep keeps every 2xx, 3xx and 4xx answer except those that by
 // definition ask the client to retry later: 408 Request Timeout, 425 Too
@@ -308,6 +336,18 @@ func New(cfg *Config) (*Middleware, error) {
 	if c.RecentKeys == 0 {
 		c.RecentKeys = defaultRecentKeys
 	}
+	if c.MemoryReplayFor == 0 {
+		c.MemoryReplayFor = defaultMemoryReplayFor
+	}
+	if c.MemoryReplayBytes == 0 {
+		c.MemoryReplayBytes = defaultMemoryReplayBytes
+	}
+	if c.MemoryReplayBytes < 0 {
+		return nil, &idem.ArgumentError{Field: "idemhttp.Config.MemoryReplayBytes", Reason: "must not be negative"}
+	}
+	if c.Clock == nil {
+		c.Clock = idem.SystemClock{}
+	}
 	if c.KeySecret != nil && len(c.KeySecret) < MinKeySecretLen {
 		return nil, &idem.ArgumentError{Field: "idemhttp.Config.KeySecret", Reason: fmt.Sprintf("is %d bytes; at least %d are needed", len(c.KeySecret), MinKeySecretLen)}
 	}
@@ -316,7 +356,7 @@ func New(cfg *Config) (*Middleware, error) {
 	if err != nil {
 		return nil, &idem.ArgumentError{Field: "idemhttp.Config.BodyKeys", Reason: err.Error()}
 	}
-	m := &Middleware{cfg: c, store: c.Store, methods: map[string]bool{}, log: c.Logger, recent: newRecentKeys(c.RecentKeys), bodies: bodies, keys: newKeySealer(c.KeySecret)}
+	m := &Middleware{cfg: c, store: c.Store, methods: map[string]bool{}, log: c.Logger, recent: newRecentKeys(c.RecentKeys, c.MemoryReplayFor, c.MemoryReplayBytes, c.Clock), bodies: bodies, keys: newKeySealer(c.KeySecret)}
 	m.replayer, _ = c.Store.(idem.Replayer)
 	m.obs, m.storeName = c.Observer, fmt.Sprintf("%T", c.Store)
 	for _, meth := range c.Methods {
@@ -580,6 +620,10 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	ctx := r.Context()
 	deadline := time.Now().Add(m.cfg.InflightWait)
 	wk := waitKey{scope, key}
+	if resp := m.recent.answer(wk, fp); resp != nil {
+		m.replayKept(ctx, w, log, resp)
+		return
+	}
 	if m.recent.has(wk) && m.answerFromRecord(ctx, w, req, log) {
 		return
 	}
@@ -640,7 +684,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		case idem.Completed:
 			unwatch()
 			m.endPhase(ctx, PhaseClaim, Event{Claim: ClaimCompleted})
-			m.recent.add(wk)
+			m.recent.keep(wk, claim.Record.Fingerprint, claim.Record.Response, claim.Record.ExpiresAt)
 			m.replayKept(ctx, w, log, claim.Record.Response)
 			return
 		case idem.InFlight:
@@ -665,7 +709,8 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			if claim.TookOver {
 				log.LogAttrs(ctx, slog.LevelWarn, "took over an expired lease: an earlier execution may have crashed", slog.Int64("token", int64(claim.Token)))
 			}
-			m.execute(next, w, r, Execution{Scope: scope, Key: key, Token: claim.Token, ClaimedAt: claim.Record.CreatedAt, TookOver: claim.TookOver}, log)
+			m.execute(next, w, r, Execution{Scope: scope, Key: key, Token: claim.Token, ClaimedAt: claim.Record.CreatedAt, TookOver: claim.TookOver},
+				answerOf{fp: fp, expires: claim.Record.ExpiresAt}, log)
 			return
 		default:
 			unwatch()
@@ -715,6 +760,7 @@ func (m *Middleware) answerFromRecord(ctx context.Context, w http.ResponseWriter
 	case rec.State != idem.StateCompleted || rec.Response == nil:
 		return false
 	}
+	m.recent.keep(waitKey{req.Scope, req.Key}, rec.Fingerprint, rec.Response, rec.ExpiresAt)
 	m.replayKept(ctx, w, log, rec.Response)
 	return true
 }
@@ -868,7 +914,15 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 }
 
-func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, ex Execution, log reqLog) {
+// answerOf is what the middleware keeps in memory of a completion, beside
+// the answer (see Config.MemoryReplayFor): the request's fingerprint and
+// when its record expires.
+type answerOf struct {
+	fp      idem.Fingerprint
+	expires time.Time
+}
+
+func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, ex Execution, of answerOf, log reqLog) {
 	ref := idem.Ref{Scope: ex.Scope, Key: ex.Key, Token: ex.Token}
 	defer m.local.notify(waitKey{ref.Scope, ref.Key})
 	hctx := newExecCtx(m.beginPhase(r.Context(), PhaseHandler), m.cfg.Lease*9/10, ex)
@@ -876,7 +930,7 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 
 	if m.txStore != nil {
 		m.markStore(r.Context())
-		m.executeTx(next, w, r, hctx, ref, log)
+		m.executeTx(next, w, r, hctx, ref, of, log)
 		return
 	}
 
@@ -908,7 +962,7 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 			log.LogAttrs(r.Context(), slog.LevelError, "could not store the answer; the key stays in flight until its lease ends",
 				slog.Int("status", status), slog.String("error", err.Error()))
 		default:
-			m.recent.add(waitKey{ref.Scope, ref.Key})
+			m.recent.keep(waitKey{ref.Scope, ref.Key}, of.fp, &kept, of.expires)
 			m.tally(r.Context(), OutcomeExecuted)
 			log.LogAttrs(r.Context(), slog.LevelDebug, "executed", slog.Int("status", status))
 		}
@@ -941,6 +995,9 @@ type txRun struct {
 	rec     *recorder
 	failure string
 	abort   bool
+	// of and kept are what the run completed with, for memory.
+	of   answerOf
+	kept idem.Response
 }
 
 // runTx runs the handler with hctx, the context that carries the
@@ -972,11 +1029,12 @@ func (m *Middleware) runTx(next http.Handler, r *http.Request, run *txRun, hctx 
 	if err != nil {
 		return idem.Response{}, false, err
 	}
+	run.kept = kept
 	return kept, true, nil
 }
 
-func (m *Middleware) executeTx(next http.Handler, w http.ResponseWriter, r *http.Request, hctx context.Context, ref idem.Ref, log reqLog) {
-	run := &txRun{rec: newRecorder(w, m.cfg.MaxResponseBytes, false)}
+func (m *Middleware) executeTx(next http.Handler, w http.ResponseWriter, r *http.Request, hctx context.Context, ref idem.Ref, of answerOf, log reqLog) {
+	run := &txRun{rec: newRecorder(w, m.cfg.MaxResponseBytes, false), of: of}
 	kept, err := m.txStore.CompleteTx(hctx, ref, func(txctx context.Context) (idem.Response, bool, error) {
 		return m.runTx(next, r, run, txctx)
 	})
@@ -989,7 +1047,7 @@ func (m *Middleware) executeTx(next http.Handler, w http.ResponseWriter, r *http
 // When the claim does not acquire the key, or fails, the caller answers as
 // it answers a Claim.
 func (m *Middleware) claimTx(next http.Handler, w http.ResponseWriter, r *http.Request, req idem.ClaimRequest, deadline time.Time, log reqLog, acquired func()) (claim idem.Claim, ran bool, err error) {
-	run := &txRun{rec: newRecorder(w, m.cfg.MaxResponseBytes, false)}
+	run := &txRun{rec: newRecorder(w, m.cfg.MaxResponseBytes, false), of: answerOf{fp: req.Fingerprint}}
 	var hctx *execCtx
 	endGate := func() {}
 	defer func() {
@@ -1001,6 +1059,7 @@ func (m *Middleware) claimTx(next http.Handler, w http.ResponseWriter, r *http.R
 	m.markStore(r.Context())
 	claim, kept, err := m.txClaimer.ClaimTx(r.Context(), req, time.Until(deadline), func(txctx context.Context, c idem.Claim) (idem.Response, bool, error) {
 		acquired()
+		run.of.expires = c.Record.ExpiresAt
 		m.storeSince(r.Context(), StoreClaim, nil)
 		m.endPhase(r.Context(), PhaseClaim, Event{Claim: ClaimAcquired, TookOver: c.TookOver})
 		endGate = m.gates.begin(waitKey{req.Scope, req.Key}, req.Fingerprint)
@@ -1035,7 +1094,7 @@ func (m *Middleware) finishTx(w http.ResponseWriter, r *http.Request, ref idem.R
 	}
 	switch {
 	case err == nil && kept:
-		m.recent.add(waitKey{ref.Scope, ref.Key})
+		m.recent.keep(waitKey{ref.Scope, ref.Key}, run.of.fp, &run.kept, run.of.expires)
 		m.tally(r.Context(), OutcomeExecuted)
 		log.LogAttrs(r.Context(), slog.LevelDebug, "executed", slog.Int("status", status))
 		rec.send(nil)

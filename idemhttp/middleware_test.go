@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -345,16 +346,17 @@ func TestReplay(t *testing.T) {
 	})
 }
 
-// A duplicate of a key this process saw completed is answered from one
-// read of the record, without a claim; one it did not see (another
-// process's, or with RecentKeys off) is claimed and answered from the
-// claim. Either way it is the same answer.
+// A duplicate of a key this process saw completed, its answer no longer
+// in memory (here MemoryReplayFor is off), is answered from one read of
+// the record, without a claim; one it did not see (another process's, or
+// with RecentKeys off) is claimed and answered from the claim. Either way
+// it is the same answer.
 func TestRecentKeysAnsweredWithOneRead(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
 		store, sp := spy(b.open(t, idem.SystemClock{}))
 		var n atomic.Int64
-		h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store}).Handler(counter(&n))
+		h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store, MemoryReplayFor: -1}).Handler(counter(&n))
 		first := do(t, h, "POST", "/pay", "k-1", `{"amount":100}`)
 		if first.status != 201 || sp.claims.Load() != 1 || sp.reads() != 0 {
 			t.Fatalf("first: %+v, %d claims, %d reads; want 201 after one claim", first, sp.claims.Load(), sp.reads())
@@ -393,6 +395,53 @@ func TestRecentKeysAnsweredWithOneRead(t *testing.T) {
 		}
 		if n.Load() != 1 {
 			t.Errorf("%d executions, want 1", n.Load())
+		}
+	})
+}
+
+// TestMemoryReplay: a duplicate reaching the process that completed its
+// key within MemoryReplayFor is answered from memory, with no read of the
+// store, and with the answer the store would give; another request under
+// the key is still refused from the store's record. Past MemoryReplayFor
+// the store answers, and past the TTL the request runs again.
+func TestMemoryReplay(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, b backend) {
+		clock := idemtest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+		store, sp := spy(b.open(t, clock))
+		var n atomic.Int64
+		h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store, Clock: clock, TTL: time.Hour}).Handler(counter(&n))
+		first := do(t, h, "POST", "/pay", "k-1", `{"amount":100}`)
+		other := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store, Clock: clock, MemoryReplayFor: -1, RecentKeys: -1}).Handler(counter(&n))
+		fromStore := do(t, other, "POST", "/pay", "k-1", `{"amount":100}`)
+		claims, reads := sp.claims.Load(), sp.reads()
+
+		clock.Advance(9 * time.Second)
+		again := do(t, h, "POST", "/pay", "k-1", `{"amount":100}`)
+		if again.status != first.status || again.body != first.body || !reflect.DeepEqual(again.header, fromStore.header) {
+			t.Errorf("replay from memory: %+v\nfrom the store: %+v", again, fromStore)
+		}
+		if sp.claims.Load() != claims || sp.reads() != reads {
+			t.Errorf("replay from memory: %d claims, %d reads of the store; want none", sp.claims.Load()-claims, sp.reads()-reads)
+		}
+		if r := do(t, h, "POST", "/pay", "k-1", `{"amount":999}`); r.status != 422 || problemType(t, r) != idemhttp.ProblemKeyMismatch {
+			t.Errorf("another body under a key in memory: %+v, want 422", r)
+		}
+
+		clock.Advance(time.Second) // MemoryReplayFor (10s) has passed
+		reads = sp.reads()
+		if r := do(t, h, "POST", "/pay", "k-1", `{"amount":100}`); r.body != first.body || r.header.Get(idemhttp.HeaderReplayed) != "true" {
+			t.Errorf("replay past MemoryReplayFor: %+v", r)
+		}
+		if sp.reads() != reads+1 {
+			t.Errorf("replay past MemoryReplayFor: %d reads of the store, want 1", sp.reads()-reads)
+		}
+		clock.Advance(time.Hour)
+		if r := do(t, h, "POST", "/pay", "k-1", `{"amount":100}`); r.body != `{"execution":2}` {
+			t.Errorf("past the TTL: %+v, want a second execution", r)
+		}
+		if n.Load() != 2 {
+			t.Errorf("%d executions, want 2", n.Load())
 		}
 	})
 }

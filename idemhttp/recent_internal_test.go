@@ -3,35 +3,98 @@ package idemhttp
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemtest"
 )
 
+func keyN(i int) waitKey { return waitKey{"s", idem.Key(fmt.Sprint("k", i))} }
+
 func TestRecentKeysForgetsTheOldest(t *testing.T) {
-	r := newRecentKeys(3)
-	k := func(i int) waitKey { return waitKey{"s", idem.Key(fmt.Sprint("k", i))} }
+	r := newRecentKeys(3, 0, 0, idem.SystemClock{})
 	for i := range 3 {
-		r.add(k(i))
+		r.keep(keyN(i), "", nil, time.Time{})
 	}
-	r.add(k(1)) // known already: nothing moves
+	r.keep(keyN(1), "", nil, time.Time{}) // known already: nothing moves
 	for i := range 3 {
-		if !r.has(k(i)) {
+		if !r.has(keyN(i)) {
 			t.Fatalf("k%d forgotten while there was room", i)
 		}
 	}
-	r.add(k(3))
-	r.add(k(4))
+	r.keep(keyN(3), "", nil, time.Time{})
+	r.keep(keyN(4), "", nil, time.Time{})
 	for i, want := range []bool{false, false, true, true, true} {
-		if r.has(k(i)) != want {
+		if r.has(keyN(i)) != want {
 			t.Errorf("after two more keys, has(k%d) = %v, want %v", i, !want, want)
 		}
 	}
-	if len(r.set) != 3 || len(r.ring) != 3 {
-		t.Errorf("%d remembered in a ring of %d, want 3", len(r.set), len(r.ring))
+	if len(r.entries) != 3 || r.n != 3 {
+		t.Errorf("%d remembered, %d in the ring, want 3", len(r.entries), r.n)
 	}
-	var none *recentKeys = newRecentKeys(-1)
-	none.add(k(0))
-	if none.has(k(0)) {
+	var none *recentKeys = newRecentKeys(-1, time.Minute, 1<<20, idem.SystemClock{})
+	none.keep(keyN(0), "fp", &idem.Response{Status: 201}, time.Now().Add(time.Hour))
+	if none.has(keyN(0)) || none.answer(keyN(0), "fp") != nil {
 		t.Error("a disabled recentKeys remembered a key")
+	}
+}
+
+// TestRecentAnswers: an answer is kept for keepFor, never past the
+// record's expiry less keepFor, only for its own fingerprint, and within
+// the byte bound, oldest dropped first.
+func TestRecentAnswers(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := idemtest.NewClock(start)
+	r := newRecentKeys(100, 10*time.Second, 64*1024, clock)
+	resp := &idem.Response{Status: 201, Body: []byte(`{"id":1}`)}
+
+	r.keep(keyN(0), "fp", resp, start.Add(time.Hour))
+	if got := r.answer(keyN(0), "fp"); got != resp {
+		t.Fatalf("answer = %v, want the kept one", got)
+	}
+	if got := r.answer(keyN(0), "other"); got != nil {
+		t.Errorf("answer for another fingerprint = %v, want nil (the store says mismatch)", got)
+	}
+	clock.Advance(10 * time.Second)
+	if got := r.answer(keyN(0), "fp"); got != nil || !r.has(keyN(0)) {
+		t.Errorf("after keepFor: answer %v, has %v; want none, and the key still remembered", got, r.has(keyN(0)))
+	}
+	if r.bytes != 0 {
+		t.Errorf("%d bytes counted with no answer kept", r.bytes)
+	}
+
+	// A record expiring in 15s: kept 5s, leaving 10s for clock skew.
+	r.keep(keyN(1), "fp", resp, clock.Now().Add(15*time.Second))
+	clock.Advance(4 * time.Second)
+	if r.answer(keyN(1), "fp") == nil {
+		t.Error("answer dropped before expiry - keepFor")
+	}
+	clock.Advance(time.Second)
+	if r.answer(keyN(1), "fp") != nil {
+		t.Error("answer kept at expiry - keepFor")
+	}
+	// One expiring within keepFor is not kept at all.
+	r.keep(keyN(2), "fp", resp, clock.Now().Add(9*time.Second))
+	if r.answer(keyN(2), "fp") != nil || !r.has(keyN(2)) {
+		t.Error("an answer whose record expires within keepFor was kept, or its key forgotten")
+	}
+
+	// An answer over 1/64 of the bound is not kept; the bound drops the
+	// oldest answers, with their keys.
+	r.keep(keyN(3), "fp", &idem.Response{Status: 200, Body: make([]byte, 2000)}, clock.Now().Add(time.Hour))
+	if r.answer(keyN(3), "fp") != nil {
+		t.Error("an answer over 1/64 of the bound was kept")
+	}
+	for i := 10; i < 100; i++ {
+		r.keep(keyN(i), "fp", &idem.Response{Status: 200, Body: make([]byte, 900)}, clock.Now().Add(time.Hour))
+	}
+	if r.bytes > 64*1024 {
+		t.Errorf("%d bytes kept, over the bound of %d", r.bytes, 64*1024)
+	}
+	if r.answer(keyN(99), "fp") == nil {
+		t.Error("the newest answer was dropped")
+	}
+	if r.has(keyN(10)) {
+		t.Error("the oldest answer was kept past the bound")
 	}
 }

@@ -279,6 +279,7 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 				DiscardBodies: c.DiscardBodies,
 				Keep:          keep,
 				Observer:      idemhttp.Observers(mwObs, c.Observers.middleware(m.name)),
+				Clock:         c.Clock,
 				Logger:        c.Logger,
 			})
 			if err != nil {

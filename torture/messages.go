@@ -370,7 +370,7 @@ func (r *messagesRun) prepare(ctx context.Context) error {
 		r.dropSchema = spec.schema()
 	}
 	r.spec = spec
-	s, err := openSite(ctx, spec)
+	s, err := openSite(ctx, spec, nil)
 	if err != nil {
 		return fmt.Errorf("torture: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -98,8 +99,8 @@ CREATE INDEX IF NOT EXISTS torture_effects_event ON torture_effects (event);`
 
 // openSite opens the database and the broker of spec, and creates what
 // is missing: the stores' tables, the effects table, the stream or
-// exchange.
-func openSite(ctx context.Context, spec siteSpec) (_ *site, err error) {
+// exchange. The broker's transport logs to logger (nil: nowhere).
+func openSite(ctx context.Context, spec siteSpec, logger *slog.Logger) (_ *site, err error) {
 	s := &site{spec: spec}
 	defer func() {
 		if err != nil {
@@ -174,6 +175,7 @@ func openSite(ctx context.Context, spec siteSpec) (_ *site, err error) {
 			DeliveryLimit: 1000,
 			// A message no queue is bound to is refused, not dropped.
 			Mandatory: true,
+			Logger:    logger,
 		})
 		if err != nil {
 			return nil, err

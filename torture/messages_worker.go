@@ -66,7 +66,8 @@ func RunWorker(ctx context.Context, config string, stderr io.Writer) error {
 	if err := json.Unmarshal([]byte(config), &cfg); err != nil {
 		return fmt.Errorf("torture worker: reading %s: %w", WorkerEnv, err)
 	}
-	s, err := openSite(ctx, cfg.Site)
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	s, err := openSite(ctx, cfg.Site, logger)
 	if err != nil {
 		return fmt.Errorf("torture worker %d: %w", cfg.N, err)
 	}
@@ -82,7 +83,7 @@ func RunWorker(ctx context.Context, config string, stderr io.Writer) error {
 		Retry:       workerRetry,
 		Resubscribe: workerResubscribe,
 		AckWait:     cfg.AckWait,
-		Logger:      slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Logger:      logger,
 	}
 	if cfg.AckKillRate > 0 {
 		cc.Observer = &ackKiller{rate: cfg.AckKillRate, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(os.Getpid())))}

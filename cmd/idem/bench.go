@@ -45,6 +45,7 @@ prints (idem-http-<store>-<case> and minimum-http-<store>-<case>).
 	cmd.Flags().IntVar(&o.Rounds, "rounds", 3, "rounds; the sides alternate and the median round counts")
 	cmd.Flags().IntVar(&o.Concurrency, "concurrency", 8, "requests in flight")
 	cmd.Flags().BoolVar(&o.Sealed, "sealed", false, "measure the middleware with keys sealed and kept bodies encrypted (what IDEM_KEY_SECRET and IDEM_BODY_KEYS turn on); its RESULT lines are idem-http-sealed-<store>-<case>")
+	cmd.Flags().BoolVar(&o.StoreReplays, "store-replays", false, "measure replays read from the store, with the answers kept in memory after a completion turned off (idemhttp's MemoryReplayFor); its RESULT lines are idem-http-storereplays-<store>-<case>")
 	var cpuProfile string
 	cmd.PersistentFlags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole measurement (both sides) to this file, for go tool pprof")
 	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
