@@ -2,6 +2,7 @@ package idemamqp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -98,6 +99,13 @@ func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
 		if err = d.gen.settle(d.d.DeliveryTag, func() error { return d.d.Reject(true) }); err == nil {
 			d.s.t.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "delayed nack: the copy failed; the message is requeued at once",
 				slog.String("message_id", d.m.ID), slog.Duration("delay", delay), slog.String("error", copyErr.Error()))
+		}
+		if errors.Is(copyErr, context.DeadlineExceeded) && ctx.Err() == nil {
+			// Not the caller's deadline but delayCopyTimeout's: the broker
+			// took the copy and never confirmed it, seen on a RabbitMQ
+			// restarted again and again, whose channel then answered
+			// nothing more, not even its close.
+			d.s.t.abandon(ctx, copyErr)
 		}
 	}
 	d.release(err == nil)

@@ -18,7 +18,7 @@ type pubChannel struct {
 }
 
 // publisher returns the publishing channel, opening it if needed.
-// t.pubMu is held.
+// t.pubLock is held.
 func (t *Transport) publisher(ctx context.Context) (*pubChannel, error) {
 	if t.pub != nil && !t.pub.ch.IsClosed() {
 		return t.pub, nil
@@ -40,12 +40,15 @@ func (t *Transport) publisher(ctx context.Context) (*pubChannel, error) {
 }
 
 // dropPublisher discards the publishing channel after a failure, so that
-// late confirms and returns cannot be taken for the next call's.
-// t.pubMu is held.
+// late confirms and returns cannot be taken for the next call's. The
+// channel is closed without waiting: one the broker stopped answering
+// never sends close-ok, and the wait would hold t.pubLock for good.
+// t.pubLock is held.
 func (t *Transport) dropPublisher() {
 	if t.pub != nil {
-		_ = t.pub.ch.Close()
+		ch := t.pub.ch
 		t.pub = nil
+		go func() { _ = ch.Close() }()
 	}
 }
 
@@ -92,8 +95,12 @@ func (t *Transport) publish(ctx context.Context, out []outgoing) error {
 	if len(out) == 0 {
 		return nil
 	}
-	t.pubMu.Lock()
-	defer t.pubMu.Unlock()
+	select {
+	case t.pubLock <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("idemamqp: publish: waiting for the publishing channel: %w", ctx.Err())
+	}
+	defer func() { <-t.pubLock }()
 	pc, err := t.publisher(ctx)
 	if err != nil {
 		return err

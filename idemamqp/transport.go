@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -33,10 +34,11 @@ type Transport struct {
 	// warnings are what Warnings returns, one per queue at most.
 	warnings []*Warning
 
-	// pubMu serialises publishing, so that a Publish call's messages
-	// leave in order and their confirms and returns are its own.
-	pubMu sync.Mutex
-	pub   *pubChannel
+	// pubLock, a semaphore of one, serialises publishing, so that a
+	// Publish call's messages leave in order and their confirms and
+	// returns are its own; waiting for it honours the caller's context.
+	pubLock chan struct{}
+	pub     *pubChannel
 }
 
 var (
@@ -65,7 +67,7 @@ func Open(ctx context.Context, url string, cfg *Config) (*Transport, error) {
 		}
 		urls = append(urls, u)
 	}
-	t := &Transport{urls: urls, cfg: c, streams: make(map[*stream]struct{}), queues: make(map[string]bool)}
+	t := &Transport{urls: urls, cfg: c, streams: make(map[*stream]struct{}), queues: make(map[string]bool), pubLock: make(chan struct{}, 1)}
 	ch, err := t.channel(ctx)
 	if err != nil {
 		return nil, err
@@ -149,18 +151,39 @@ func (t *Transport) Close() error {
 	for s := range streams {
 		_ = s.Close()
 	}
-	t.pubMu.Lock()
-	if t.pub != nil {
-		_ = t.pub.ch.Close()
-		t.pub = nil
+	// A publish under way ends with the connection.
+	select {
+	case t.pubLock <- struct{}{}:
+		t.dropPublisher()
+		<-t.pubLock
+	default:
 	}
-	t.pubMu.Unlock()
 	if conn != nil && !conn.IsClosed() {
-		if err := conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
+		if err := conn.CloseDeadline(time.Now().Add(closeTimeout)); err != nil && !errors.Is(err, amqp.ErrClosed) {
 			return fmt.Errorf("idemamqp: close: %w", err)
 		}
 	}
 	return nil
+}
+
+// closeTimeout bounds the wait for the broker's answer when a connection
+// is closed: one that stopped answering is dropped all the same.
+const closeTimeout = 5 * time.Second
+
+// abandon drops the connection in use, without waiting for the broker:
+// after it stopped confirming on it, so that every channel on it (the
+// streams', whose unsettled deliveries the broker then requeues, and the
+// publisher's) starts afresh on a new one.
+func (t *Transport) abandon(ctx context.Context, why error) {
+	t.mu.Lock()
+	conn := t.conn
+	t.conn = nil
+	t.mu.Unlock()
+	if conn == nil || conn.IsClosed() {
+		return
+	}
+	t.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "RabbitMQ stopped answering on a connection; dropping it", slog.String("error", why.Error()))
+	go func() { _ = conn.CloseDeadline(time.Now().Add(closeTimeout)) }()
 }
 
 // Subscribe implements idem.Subscriber: it declares the consumer's durable
