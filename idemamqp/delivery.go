@@ -85,7 +85,7 @@ func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
 		return err
 	}
 	copyCtx, cancel := context.WithTimeout(ctx, delayCopyTimeout)
-	err := d.delayCopy(copyCtx, delay)
+	err := bounded(copyCtx, func() error { return d.delayCopy(copyCtx, delay) })
 	cancel()
 	if err == nil {
 		err = d.gen.settle(d.d.DeliveryTag, func() error { return d.d.Ack(false) })
@@ -170,11 +170,27 @@ func (d *delivery) settle(ctx context.Context, op string, fn func() error) error
 	return nil
 }
 
-// delayCopyTimeout bounds a delayed Nack's wait for its copy's confirm,
-// whatever the caller's context: a broker that never confirms (seen on a
-// RabbitMQ restarted again and again) must not hold the delivery, and the
-// publishing channel every other Nack waits for, forever.
+// delayCopyTimeout bounds a delayed Nack's copy (the delay queue's
+// declaration, the publish and its confirm), whatever the caller's
+// context: a broker that never answers (seen on a RabbitMQ restarted again
+// and again) must not hold the delivery, and the publishing channel every
+// other Nack waits for, forever.
 const delayCopyTimeout = 5 * time.Second
+
+// bounded runs fn and returns its error, or ctx's once ctx is done,
+// leaving fn to end by itself: the library's channel calls (open, declare,
+// close) take no context, and one the broker never answers returns only
+// once the connection is closed.
+func bounded(ctx context.Context, fn func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 // delayCopy publishes a copy of the message to the delay queue of the
 // consumer for delay, and waits for its confirm.
@@ -182,17 +198,66 @@ func (d *delivery) delayCopy(ctx context.Context, delay time.Duration) error {
 	t := d.s.t
 	ms := delayBucket(delay)
 	q := t.delayQueue(d.s.queue, ms)
+	if err := t.declareDelayQueue(ctx, d.s.queue, q, ms); err != nil {
+		return err
+	}
+	h := amqp.Table{}
+	for k, v := range d.d.Headers {
+		if !strings.HasPrefix(k, "x-") {
+			h[k] = v
+		}
+	}
+	h[HeaderTopic] = d.m.Topic
+	h[HeaderAttempts] = strconv.Itoa(d.attempt)
+	if _, ok := h[HeaderTime]; !ok {
+		h[HeaderTime] = d.m.Time.UTC().Format(time.RFC3339Nano)
+	}
+	err := t.publish(ctx, []outgoing{{
+		id:         d.m.ID,
+		mandatory:  true,
+		exchange:   "",
+		routingKey: q,
+		pub: amqp.Publishing{
+			Headers:      h,
+			DeliveryMode: amqp.Persistent,
+			MessageId:    d.d.MessageId,
+			Timestamp:    d.d.Timestamp,
+			ContentType:  d.d.ContentType,
+			Body:         d.d.Body,
+		},
+	}})
+	if err != nil {
+		// The queue may be gone (lost with a broker crash, or expired):
+		// the next copy declares it again.
+		t.forgetDelayQueue(q)
+	}
+	return err
+}
+
+// redeclareEvery is how often a delay queue in use is declared again: a
+// queue's x-expires counts from its last declaration (publishing is no
+// use), and a delay queue's is ten minutes and more.
+const redeclareEvery = time.Minute
+
+// declareDelayQueue declares q, queue's delay queue for ms, unless this
+// Transport did in the last redeclareEvery.
+func (t *Transport) declareDelayQueue(ctx context.Context, queue, q string, ms time.Duration) error {
+	now := t.cfg.Clock.Now()
+	t.mu.Lock()
+	at, ok := t.delayQueues[q]
+	t.mu.Unlock()
+	if ok && now.Sub(at) < redeclareEvery {
+		return nil
+	}
 	ch, err := t.channel(ctx)
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
-	// Declared on every use: a queue's x-expires counts from its last
-	// declaration, so the queue outlives the copy's TTL.
 	args := amqp.Table{
 		amqp.QueueMessageTTLArg:     ms.Milliseconds(),
 		"x-dead-letter-exchange":    "",
-		"x-dead-letter-routing-key": d.s.queue,
+		"x-dead-letter-routing-key": queue,
 		amqp.QueueTTLArg:            (2*ms + 10*time.Minute).Milliseconds(),
 		amqp.QueueTypeArg:           amqp.QueueTypeQuorum,
 		"x-dead-letter-strategy":    "at-least-once",
@@ -207,29 +272,15 @@ func (d *delivery) delayCopy(ctx context.Context, delay time.Duration) error {
 		return fmt.Errorf("declare delay queue %q: %w", q, err)
 	}
 	t.noteQueue(q)
-	h := amqp.Table{}
-	for k, v := range d.d.Headers {
-		if !strings.HasPrefix(k, "x-") {
-			h[k] = v
-		}
-	}
-	h[HeaderTopic] = d.m.Topic
-	h[HeaderAttempts] = strconv.Itoa(d.attempt)
-	if _, ok := h[HeaderTime]; !ok {
-		h[HeaderTime] = d.m.Time.UTC().Format(time.RFC3339Nano)
-	}
-	return t.publish(ctx, []outgoing{{
-		id:         d.m.ID,
-		mandatory:  true,
-		exchange:   "",
-		routingKey: q,
-		pub: amqp.Publishing{
-			Headers:      h,
-			DeliveryMode: amqp.Persistent,
-			MessageId:    d.d.MessageId,
-			Timestamp:    d.d.Timestamp,
-			ContentType:  d.d.ContentType,
-			Body:         d.d.Body,
-		},
-	}})
+	t.mu.Lock()
+	t.delayQueues[q] = now
+	t.mu.Unlock()
+	return nil
+}
+
+// forgetDelayQueue makes the next copy to q declare it.
+func (t *Transport) forgetDelayQueue(q string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.delayQueues, q)
 }

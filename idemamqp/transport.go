@@ -31,6 +31,8 @@ type Transport struct {
 	streams map[*stream]struct{}
 	// queues are the queues this Transport declared, for DeleteQueues.
 	queues map[string]bool
+	// delayQueues are when this Transport last declared each delay queue.
+	delayQueues map[string]time.Time
 	// warnings are what Warnings returns, one per queue at most.
 	warnings []*Warning
 
@@ -67,7 +69,7 @@ func Open(ctx context.Context, url string, cfg *Config) (*Transport, error) {
 		}
 		urls = append(urls, u)
 	}
-	t := &Transport{urls: urls, cfg: c, streams: make(map[*stream]struct{}), queues: make(map[string]bool), pubLock: make(chan struct{}, 1)}
+	t := &Transport{urls: urls, cfg: c, streams: make(map[*stream]struct{}), queues: make(map[string]bool), delayQueues: make(map[string]time.Time), pubLock: make(chan struct{}, 1)}
 	ch, err := t.channel(ctx)
 	if err != nil {
 		return nil, err
@@ -87,18 +89,24 @@ func (t *Transport) channel(ctx context.Context) (*amqp.Channel, error) {
 		return nil, err
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.closed {
+		t.mu.Unlock()
 		return nil, idem.ErrClosed
 	}
 	if t.conn == nil || t.conn.IsClosed() {
 		conn, err := t.dial(ctx)
 		if err != nil {
+			t.mu.Unlock()
 			return nil, err
 		}
 		t.conn = conn
 	}
-	ch, err := t.conn.Channel()
+	conn := t.conn
+	// Opened without t.mu: a broker that never answers channel.open
+	// holds this call until the connection is closed, which abandon does
+	// under t.mu.
+	t.mu.Unlock()
+	ch, err := conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("idemamqp: open a channel: %w", err)
 	}

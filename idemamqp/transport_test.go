@@ -27,7 +27,12 @@ func amqpURL(t testing.TB) string {
 // own, deleted with its queues when the test ends.
 func newIsolated(t testing.TB, cfg idemamqp.Config) *idemamqp.Transport {
 	t.Helper()
-	url := amqpURL(t)
+	return newIsolatedAt(t, amqpURL(t), cfg)
+}
+
+// newIsolatedAt is newIsolated on the broker at url.
+func newIsolatedAt(t testing.TB, url string, cfg idemamqp.Config) *idemamqp.Transport {
+	t.Helper()
 	run := fmt.Sprintf("%08x", rand.Uint32())
 	cfg.Exchange = "idemtest." + run
 	cfg.QueuePrefix = "idemtest." + run
