@@ -111,15 +111,16 @@ func TestTortureMessagesBrokerRestarts(t *testing.T) {
 	}{
 		{"private-nats", "torture-messages-nats-sqlite-byid", 4000, []string{"--by-id", "--restart-broker-every", "2s"}},
 		{"private-postgres", "torture-messages-pg", 4000, []string{"--restart-broker-every", "2s"}},
-		// Not RabbitMQ, yet. Restarted 10s after each boot (a boot takes
-		// 8 to 30 s here) every event came, the last ones only in the
-		// drain: slow, not lost. Restarted 3s after each boot (36
-		// restarts in five minutes), 2,138 of 8,000 events were applied
-		// and no more came in a two-minute drain with the faults
-		// stopped: held by key and sequence behind events that did not
-		// come. Where they went (the delay queues a held message is
-		// copied to, declared just before a SIGKILL, are the suspect) is
-		// still to be found.
+		// RabbitMQ by event ID, which hands few messages back with a
+		// delay. In key and sequence mode a held message is copied to a
+		// delay queue, and RabbitMQ 3.10 restarted every few seconds
+		// leaves, now and then, a delay queue whose dead-lettering never
+		// starts ("Cannot forward any dead-letter messages … exchange ''
+		// does not exist" at boot; rabbitmq-server#12625): its expired
+		// copies stay in it, neither lost nor delivered, and their keys
+		// wait for them. Restarted every 30s a million events held
+		// in that mode (see the note of issue 13).
+		{"private-rabbitmq", "torture-messages-amqp-sqlite-byid", 20000, []string{"--by-id", "--restart-broker-every", "3s"}},
 	} {
 		t.Run(tc.broker, func(t *testing.T) {
 			args := append([]string{"--broker", tc.broker, "--events", strconv.FormatInt(tc.events, 10), "--keys", "50",
