@@ -165,6 +165,15 @@
 //     survives a broker restart and its way back. With classic queues the
 //     delay queue is classic and dead-lettering is at most once: a broker
 //     crash at that moment can lose the copy.
+//   - A delay queue whose at-least-once dead-lettering RabbitMQ failed to
+//     start at boot keeps its expired copies, neither lost nor delivered,
+//     and their keys wait for them. RabbitMQ 3.10 does that now and
+//     then after an unclean stop, logging "Cannot forward any dead-letter
+//     messages from source quorum queue … dead-letter-exchange exchange ”
+//     … does not exist" (rabbitmq-server#12625); such a queue shows more
+//     messages than ready and unacknowledged ones together in
+//     `rabbitmqctl list_queues name messages messages_ready
+//     messages_unacknowledged`.
 //   - The copy is a new message to RabbitMQ, whose x-delivery-count starts
 //     again: the deliveries before it travel in the Idem-Attempts header,
 //     and its topic in Idem-Topic (its routing key became the queue's

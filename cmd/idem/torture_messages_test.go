@@ -118,8 +118,8 @@ func TestTortureMessagesBrokerRestarts(t *testing.T) {
 		// starts ("Cannot forward any dead-letter messages … exchange ''
 		// does not exist" at boot; rabbitmq-server#12625): its expired
 		// copies stay in it, neither lost nor delivered, and their keys
-		// wait for them. Restarted every 30s a million events held
-		// in that mode (see the note of issue 13).
+		// wait for them. Restarted every 30s, a million events held in
+		// that mode.
 		{"private-rabbitmq", "torture-messages-amqp-sqlite-byid", 20000, []string{"--by-id", "--restart-broker-every", "3s"}},
 	} {
 		t.Run(tc.broker, func(t *testing.T) {
