@@ -168,11 +168,11 @@
 //   - A delay queue whose at-least-once dead-lettering RabbitMQ failed to
 //     start at boot keeps its expired copies, neither lost nor delivered,
 //     and their keys wait for them. RabbitMQ 3.10 does that now and
-//     then after an unclean stop, logging "Cannot forward any dead-letter
-//     messages from source quorum queue … dead-letter-exchange exchange ”
-//     … does not exist" (rabbitmq-server#12625); such a queue shows more
-//     messages than ready and unacknowledged ones together in
-//     `rabbitmqctl list_queues name messages messages_ready
+//     then after an unclean stop, logging at boot that it "Cannot forward
+//     any dead-letter messages from source quorum queue" because the
+//     default exchange "does not exist" (rabbitmq-server#12625); such a
+//     queue shows more messages than ready and unacknowledged ones
+//     together in `rabbitmqctl list_queues name messages messages_ready
 //     messages_unacknowledged`.
 //   - The copy is a new message to RabbitMQ, whose x-delivery-count starts
 //     again: the deliveries before it travel in the Idem-Attempts header,
