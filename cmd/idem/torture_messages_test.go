@@ -115,11 +115,11 @@ func TestTortureMessagesBrokerRestarts(t *testing.T) {
 		// delay. In key and sequence mode a held message is copied to a
 		// delay queue, and RabbitMQ 3.10 restarted every few seconds
 		// leaves, now and then, a delay queue whose dead-lettering never
-		// starts ("Cannot forward any dead-letter messages", the default
-		// exchange "does not exist", at boot; rabbitmq-server#12625): its expired
-		// copies stay in it, neither lost nor delivered, and their keys
-		// wait for them. Restarted every 30s, a million events held in
-		// that mode.
+		// starts ("Cannot forward any dead-letter messages", the
+		// default exchange "does not exist", at boot;
+		// rabbitmq-server#12625): its expired copies stay in it, neither
+		// lost nor delivered, and their keys wait for them. Restarted
+		// every 30s, a million events held in that mode.
 		{"private-rabbitmq", "torture-messages-amqp-sqlite-byid", 20000, []string{"--by-id", "--restart-broker-every", "3s"}},
 	} {
 		t.Run(tc.broker, func(t *testing.T) {
