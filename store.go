@@ -120,6 +120,12 @@ type ClaimRequest struct {
 	// TTL is how long the record lives, counted from the claim. Must be
 	// positive.
 	TTL time.Duration
+	// Unseen says the caller has seen no sign of the key (a middleware
+	// that saw it neither completed lately nor in flight): most likely a
+	// new key. A store may then claim at once, without first reading the
+	// record where a read is cheaper than a claim (idemsqlite reads from
+	// its read pool first otherwise). The outcome is the same either way.
+	Unseen bool
 }
 
 // Validate reports whether the request is well formed, naming what is not.

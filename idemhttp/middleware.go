@@ -624,8 +624,12 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		m.replayKept(ctx, w, log, resp)
 		return
 	}
-	if m.recent.has(wk) && m.answerFromRecord(ctx, w, req, log) {
-		return
+	if m.recent.has(wk) {
+		if m.answerFromRecord(ctx, w, req, log) {
+			return
+		}
+	} else {
+		req.Unseen = true
 	}
 	// A duplicate watches for this process's own completion of the key,
 	// but only once it has seen the key in flight: a first execution pays
@@ -688,6 +692,8 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			m.replayKept(ctx, w, log, claim.Record.Response)
 			return
 		case idem.InFlight:
+			// Claimed again, it is no longer a key nobody has seen.
+			req.Unseen = false
 			if changed == nil {
 				// Watch from now on and look again at once, so a completion
 				// between the claim and the watch cannot be missed.

@@ -184,7 +184,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	if err := req.Validate(); err != nil {
 		return idem.Claim{}, err
 	}
-	if s.db.carried(ctx) == nil {
+	if s.db.carried(ctx) == nil && !req.Unseen {
 		if claim, answered, err := s.answerFromReader(ctx, req); err != nil || answered {
 			return claim, err
 		}
@@ -292,8 +292,9 @@ func (s *Store) claimIn(ctx context.Context, r runner, req idem.ClaimRequest) (i
 // rest, leaving the key free at once.
 //
 // A claim that only reads (a replay, a mismatch, a duplicate of a key that
-// Claim holds in flight) is answered from the read pool, as Claim's is.
-// Otherwise the transaction takes the single writer, and so waits for any
+// Claim holds in flight) is answered from the read pool, as Claim's is,
+// unless the request is Unseen (most likely a new key: the read would
+// find nothing, and costs a first execution some 5%). Otherwise the transaction takes the single writer, and so waits for any
 // transaction holding it, another ClaimTx's included, whose key it then
 // finds completed or free: in this process the idemhttp middleware holds a
 // key's duplicates at its gate instead, so wait only bounds the read; a
@@ -311,8 +312,10 @@ func (s *Store) ClaimTx(ctx context.Context, req idem.ClaimRequest, wait time.Du
 	if s.db.carried(ctx) != nil {
 		return idem.Claim{}, false, ErrNestedCompleteTx
 	}
-	if claim, answered, err := s.answerFromReader(ctx, req); err != nil || answered {
-		return claim, false, err
+	if !req.Unseen {
+		if claim, answered, err := s.answerFromReader(ctx, req); err != nil || answered {
+			return claim, false, err
+		}
 	}
 	st, txCtx := s.db.newTx(ctx)
 	defer st.end(false)

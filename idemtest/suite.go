@@ -105,6 +105,7 @@ var storeTests = []struct {
 	{"ConcurrentClaimManyKeys", testConcurrentClaimManyKeys},
 	{"Replay", testReplay},
 	{"Mismatch", testMismatch},
+	{"Unseen", testUnseen},
 	{"Scopes", testScopes},
 	{"LeaseTakeover", testLeaseTakeover},
 	{"StaleHolder", testStaleHolder},
@@ -518,6 +519,44 @@ func testMismatch(t *testing.T, e *env) {
 	check("completed", idem.StateCompleted)
 	if got := e.get(a.Scope, a.Key); got.Fingerprint != a.Fingerprint || got.State != idem.StateCompleted {
 		t.Errorf("after a mismatched claim, Get = %q, %v; want %q, completed", got.Fingerprint, got.State, a.Fingerprint)
+	}
+}
+
+// testUnseen: a claim marked Unseen (the caller saw no sign of the key)
+// has the outcome any claim has, whatever the key's state: the mark only
+// lets a store skip a read.
+func testUnseen(t *testing.T, e *env) {
+	unseen := func(req idem.ClaimRequest) idem.ClaimRequest { req.Unseen = true; return req }
+	a, b := e.req("unseen", "fp-a"), e.req("unseen", "fp-b")
+	c := e.acquire(unseen(a))
+	for _, tc := range []struct {
+		when string
+		req  idem.ClaimRequest
+		want idem.Outcome
+	}{
+		{"in flight", a, idem.InFlight},
+		{"in flight, another request", b, idem.Mismatch},
+	} {
+		if got := e.claim(unseen(tc.req)); got.Outcome != tc.want || got.Record.Token != c.Token {
+			t.Errorf("%s: Unseen claim = %v (token %d), want %v (token %d)", tc.when, got.Outcome, got.Record.Token, tc.want, c.Token)
+		}
+	}
+	e.complete(ref(c), sampleResponse())
+	for _, tc := range []struct {
+		when string
+		req  idem.ClaimRequest
+		want idem.Outcome
+	}{
+		{"completed", a, idem.Completed},
+		{"completed, another request", b, idem.Mismatch},
+	} {
+		got := e.claim(unseen(tc.req))
+		if got.Outcome != tc.want || got.Record.State != idem.StateCompleted || got.Token != 0 {
+			t.Errorf("%s: Unseen claim = %v, %v, token %d; want %v of the completed record", tc.when, got.Outcome, got.Record.State, got.Token, tc.want)
+		}
+	}
+	if got := e.claim(unseen(a)); got.Outcome == idem.Completed && (got.Record.Response == nil || got.Record.Response.Status != sampleResponse().Status) {
+		t.Errorf("Unseen claim of a completed key: response %+v, want the kept one", got.Record.Response)
 	}
 }
 

@@ -239,6 +239,7 @@ var txClaimerTests = []struct {
 	{"WorkErrorLeavesNothing", testClaimTxWorkError},
 	{"PanicLeavesNothing", testClaimTxPanic},
 	{"AnswersWithoutWork", testClaimTxAnswers},
+	{"UnseenAnswersWithoutWork", testClaimTxUnseen},
 	{"TakesOverAnEndedLease", testClaimTxTakeover},
 	{"ExpiredKeyAnew", testClaimTxExpired},
 	{"ConcurrentOnce", testClaimTxConcurrent},
@@ -331,7 +332,14 @@ func testClaimTxPanic(t *testing.T, e *env, s idem.TxClaimer) {
 	}
 }
 
-func testClaimTxAnswers(t *testing.T, e *env, s idem.TxClaimer) {
+func testClaimTxAnswers(t *testing.T, e *env, s idem.TxClaimer) { claimTxAnswers(t, e, s, false) }
+
+// testClaimTxUnseen: ClaimTx answers as it does when the request is marked
+// Unseen (the caller saw no sign of the key), which only lets a store skip
+// a read.
+func testClaimTxUnseen(t *testing.T, e *env, s idem.TxClaimer) { claimTxAnswers(t, e, s, true) }
+
+func claimTxAnswers(t *testing.T, e *env, s idem.TxClaimer, unseen bool) {
 	done := e.req("done", "fp")
 	c := e.acquire(done)
 	e.complete(ref(c), sampleResponse())
@@ -348,9 +356,10 @@ func testClaimTxAnswers(t *testing.T, e *env, s idem.TxClaimer) {
 		{"a key in flight under a live lease", flying, idem.InFlight},
 		{"another request under a key in flight", e.req("flying", "other"), idem.Mismatch},
 	} {
+		tc.req.Unseen = unseen
 		got, kept := e.claimTx(s, tc.req, claimedWork(&calls, nil, sampleResponse(), true, nil), nil)
 		if got.Outcome != tc.want || kept {
-			t.Errorf("ClaimTx of %s = %v, kept %v; want %v", tc.what, got.Outcome, kept, tc.want)
+			t.Errorf("ClaimTx (Unseen %v) of %s = %v, kept %v; want %v", unseen, tc.what, got.Outcome, kept, tc.want)
 		}
 	}
 	if calls != 0 {
