@@ -146,15 +146,7 @@ func TestDelayedNackOnABrokerThatStopsAnswering(t *testing.T) {
 	}
 	p := newMuteProxy(t, u.Host)
 	tr := newIsolatedAt(t, p.url(t, brokerURL), idemamqp.Config{})
-	s, err := tr.Subscribe(t.Context(), idem.Subscription{Topic: "t", Consumer: "c"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if err := tr.Publish(t.Context(), idem.Message{ID: "m1", Topic: "t"}); err != nil {
-		t.Fatal(err)
-	}
-	d := next(t, s)
+	s, d := deliveredOne(t, tr)
 	// Unmuted, a first delayed Nack declares the 100ms delay queue.
 	if err := d.Nack(t.Context(), 100*time.Millisecond); err != nil {
 		t.Fatal(err)

@@ -73,6 +73,22 @@ func deleteExchange(t testing.TB, url, name string) {
 	}
 }
 
+// deliveredOne subscribes consumer "c" to topic "t" of tr, publishes m1
+// there and returns the stream, closed when the test ends, and m1's
+// delivery.
+func deliveredOne(t *testing.T, tr *idemamqp.Transport) (idem.Stream, idem.Delivery) {
+	t.Helper()
+	s, err := tr.Subscribe(t.Context(), idem.Subscription{Topic: "t", Consumer: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := tr.Publish(t.Context(), idem.Message{ID: "m1", Topic: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	return s, next(t, s)
+}
+
 func next(t *testing.T, s idem.Stream) idem.Delivery {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -155,15 +171,7 @@ func TestUnroutable(t *testing.T) {
 func TestSettleTwice(t *testing.T) {
 	t.Parallel()
 	tr := newIsolated(t, idemamqp.Config{})
-	s, err := tr.Subscribe(t.Context(), idem.Subscription{Topic: "t", Consumer: "c"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if err := tr.Publish(t.Context(), idem.Message{ID: "m1", Topic: "t"}); err != nil {
-		t.Fatal(err)
-	}
-	d := next(t, s)
+	_, d := deliveredOne(t, tr)
 	if err := d.InProgress(t.Context()); err != nil {
 		t.Errorf("InProgress: %v", err)
 	}
@@ -280,11 +288,6 @@ func captureStdout(t *testing.T, fn func()) string {
 func TestDelayedNackWhoseCopyFails(t *testing.T) {
 	t.Parallel()
 	tr := newIsolated(t, idemamqp.Config{})
-	s, err := tr.Subscribe(t.Context(), idem.Subscription{Topic: "t", Consumer: "c"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	// 100ms is a delay bucket of its own (five significant bits).
 	delayQueue := tr.Queue("c") + ".delay.100"
 	conn, err := amqp.Dial(amqpURL(t))
@@ -305,10 +308,7 @@ func TestDelayedNackWhoseCopyFails(t *testing.T) {
 		}
 	}()
 
-	if err := tr.Publish(t.Context(), idem.Message{ID: "m1", Topic: "t"}); err != nil {
-		t.Fatal(err)
-	}
-	d := next(t, s)
+	s, d := deliveredOne(t, tr)
 	if err := d.Nack(t.Context(), 100*time.Millisecond); err != nil {
 		t.Errorf("Nack whose copy failed = %v, want nil: the original requeued", err)
 	}

@@ -529,33 +529,23 @@ func testUnseen(t *testing.T, e *env) {
 	unseen := func(req idem.ClaimRequest) idem.ClaimRequest { req.Unseen = true; return req }
 	a, b := e.req("unseen", "fp-a"), e.req("unseen", "fp-b")
 	c := e.acquire(unseen(a))
-	for _, tc := range []struct {
-		when string
-		req  idem.ClaimRequest
-		want idem.Outcome
-	}{
-		{"in flight", a, idem.InFlight},
-		{"in flight, another request", b, idem.Mismatch},
-	} {
-		if got := e.claim(unseen(tc.req)); got.Outcome != tc.want || got.Record.Token != c.Token {
-			t.Errorf("%s: Unseen claim = %v (token %d), want %v (token %d)", tc.when, got.Outcome, got.Record.Token, tc.want, c.Token)
+	check := func(state idem.State, same, other idem.Outcome) {
+		t.Helper()
+		for _, tc := range []struct {
+			req  idem.ClaimRequest
+			want idem.Outcome
+		}{{a, same}, {b, other}} {
+			got := e.claim(unseen(tc.req))
+			if got.Outcome != tc.want || got.Record.State != state || got.Record.Token != c.Token || got.Token != 0 {
+				t.Errorf("%v key, fingerprint %q: Unseen claim = %v of a %v record (token %d), token %d; want %v of the record (token %d), token 0",
+					state, tc.req.Fingerprint, got.Outcome, got.Record.State, got.Record.Token, got.Token, tc.want, c.Token)
+			}
 		}
 	}
+	check(idem.StateInFlight, idem.InFlight, idem.Mismatch)
 	e.complete(ref(c), sampleResponse())
-	for _, tc := range []struct {
-		when string
-		req  idem.ClaimRequest
-		want idem.Outcome
-	}{
-		{"completed", a, idem.Completed},
-		{"completed, another request", b, idem.Mismatch},
-	} {
-		got := e.claim(unseen(tc.req))
-		if got.Outcome != tc.want || got.Record.State != idem.StateCompleted || got.Token != 0 {
-			t.Errorf("%s: Unseen claim = %v, %v, token %d; want %v of the completed record", tc.when, got.Outcome, got.Record.State, got.Token, tc.want)
-		}
-	}
-	if got := e.claim(unseen(a)); got.Outcome == idem.Completed && (got.Record.Response == nil || got.Record.Response.Status != sampleResponse().Status) {
+	check(idem.StateCompleted, idem.Completed, idem.Mismatch)
+	if got := e.claim(unseen(a)); got.Record.Response == nil || got.Record.Response.Status != sampleResponse().Status {
 		t.Errorf("Unseen claim of a completed key: response %+v, want the kept one", got.Record.Response)
 	}
 }
