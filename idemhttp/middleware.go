@@ -152,8 +152,9 @@ type Config struct {
 	// much room for the difference between Clock and the store's clock.
 	// The one thing it does not see is a record deleted before its expiry,
 	// by hand in the database: this process may replay it for up to
-	// MemoryReplayFor after. Defaults to 10s (retries come soon after the first try);
-	// negative keeps none, and every duplicate reads the store.
+	// MemoryReplayFor after. Defaults to 10s (retries come soon after the
+	// first try); negative keeps none, and every duplicate reads the
+	// store.
 	MemoryReplayFor time.Duration
 
 	// MemoryReplayBytes bounds the memory the answers of MemoryReplayFor
@@ -620,16 +621,14 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	ctx := r.Context()
 	deadline := time.Now().Add(m.cfg.InflightWait)
 	wk := waitKey{scope, key}
-	if resp := m.recent.answer(wk, fp); resp != nil {
+	switch resp, seen := m.recent.lookup(wk, fp); {
+	case resp != nil:
 		m.replayKept(ctx, w, log, resp)
 		return
-	}
-	if m.recent.has(wk) {
-		if m.answerFromRecord(ctx, w, req, log) {
-			return
-		}
-	} else {
+	case !seen:
 		req.Unseen = true
+	case m.answerFromRecord(ctx, w, req, log):
+		return
 	}
 	// A duplicate watches for this process's own completion of the key,
 	// but only once it has seen the key in flight: a first execution pays

@@ -54,38 +54,29 @@ func newRecentKeys(n int, keepFor time.Duration, maxBytes int, clock idem.Clock)
 		entries: make(map[waitKey]*recentKey, min(n, 1024)), fifo: make([]waitKey, n)}
 }
 
-// has reports whether k was seen completed lately. A nil recentKeys
-// remembers nothing.
-func (r *recentKeys) has(k waitKey) bool {
+// lookup reports whether k was seen completed lately, and returns the
+// answer kept for it when its request had fingerprint fp and the answer is
+// still kept; nil otherwise (the store then answers, a mismatch
+// included). A nil recentKeys remembers nothing.
+func (r *recentKeys) lookup(k waitKey, fp idem.Fingerprint) (resp *idem.Response, seen bool) {
 	if r == nil {
-		return false
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	_, ok := r.entries[k]
-	return ok
-}
-
-// answer returns the answer kept for k when its request had fingerprint
-// fp and the answer is still kept; nil otherwise (the store then
-// answers, a mismatch included).
-func (r *recentKeys) answer(k waitKey, fp idem.Fingerprint) *idem.Response {
-	if r == nil || r.keepFor == 0 {
-		return nil
+		return nil, false
 	}
 	now := r.clock.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e, ok := r.entries[k]
-	if !ok || e.resp == nil || e.fp != fp {
-		return nil
-	}
-	if !now.Before(e.until) {
+	switch {
+	case !ok:
+		return nil, false
+	case e.resp == nil || e.fp != fp:
+		return nil, true
+	case !now.Before(e.until):
 		r.bytes -= e.size
 		e.resp, e.size = nil, 0
-		return nil
+		return nil, true
 	}
-	return e.resp
+	return e.resp, true
 }
 
 // keep remembers k, completed with resp for a request of fingerprint fp,

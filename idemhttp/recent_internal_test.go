@@ -18,14 +18,14 @@ func TestRecentKeysForgetsTheOldest(t *testing.T) {
 	}
 	r.keep(keyN(1), "", nil, time.Time{}) // known already: nothing moves
 	for i := range 3 {
-		if !r.has(keyN(i)) {
+		if !has(r, keyN(i)) {
 			t.Fatalf("k%d forgotten while there was room", i)
 		}
 	}
 	r.keep(keyN(3), "", nil, time.Time{})
 	r.keep(keyN(4), "", nil, time.Time{})
 	for i, want := range []bool{false, false, true, true, true} {
-		if r.has(keyN(i)) != want {
+		if has(r, keyN(i)) != want {
 			t.Errorf("after two more keys, has(k%d) = %v, want %v", i, !want, want)
 		}
 	}
@@ -34,7 +34,7 @@ func TestRecentKeysForgetsTheOldest(t *testing.T) {
 	}
 	var none *recentKeys = newRecentKeys(-1, time.Minute, 1<<20, idem.SystemClock{})
 	none.keep(keyN(0), "fp", &idem.Response{Status: 201}, time.Now().Add(time.Hour))
-	if none.has(keyN(0)) || none.answer(keyN(0), "fp") != nil {
+	if has(none, keyN(0)) || answer(none, keyN(0), "fp") != nil {
 		t.Error("a disabled recentKeys remembered a key")
 	}
 }
@@ -49,15 +49,15 @@ func TestRecentAnswers(t *testing.T) {
 	resp := &idem.Response{Status: 201, Body: []byte(`{"id":1}`)}
 
 	r.keep(keyN(0), "fp", resp, start.Add(time.Hour))
-	if got := r.answer(keyN(0), "fp"); got != resp {
+	if got := answer(r, keyN(0), "fp"); got != resp {
 		t.Fatalf("answer = %v, want the kept one", got)
 	}
-	if got := r.answer(keyN(0), "other"); got != nil {
+	if got := answer(r, keyN(0), "other"); got != nil {
 		t.Errorf("answer for another fingerprint = %v, want nil (the store says mismatch)", got)
 	}
 	clock.Advance(10 * time.Second)
-	if got := r.answer(keyN(0), "fp"); got != nil || !r.has(keyN(0)) {
-		t.Errorf("after keepFor: answer %v, has %v; want none, and the key still remembered", got, r.has(keyN(0)))
+	if got := answer(r, keyN(0), "fp"); got != nil || !has(r, keyN(0)) {
+		t.Errorf("after keepFor: answer %v, has %v; want none, and the key still remembered", got, has(r, keyN(0)))
 	}
 	if r.bytes != 0 {
 		t.Errorf("%d bytes counted with no answer kept", r.bytes)
@@ -66,23 +66,23 @@ func TestRecentAnswers(t *testing.T) {
 	// A record expiring in 15s: kept 5s, leaving 10s for clock skew.
 	r.keep(keyN(1), "fp", resp, clock.Now().Add(15*time.Second))
 	clock.Advance(4 * time.Second)
-	if r.answer(keyN(1), "fp") == nil {
+	if answer(r, keyN(1), "fp") == nil {
 		t.Error("answer dropped before expiry - keepFor")
 	}
 	clock.Advance(time.Second)
-	if r.answer(keyN(1), "fp") != nil {
+	if answer(r, keyN(1), "fp") != nil {
 		t.Error("answer kept at expiry - keepFor")
 	}
 	// One expiring within keepFor is not kept at all.
 	r.keep(keyN(2), "fp", resp, clock.Now().Add(9*time.Second))
-	if r.answer(keyN(2), "fp") != nil || !r.has(keyN(2)) {
+	if answer(r, keyN(2), "fp") != nil || !has(r, keyN(2)) {
 		t.Error("an answer whose record expires within keepFor was kept, or its key forgotten")
 	}
 
 	// An answer over 1/64 of the bound is not kept; the bound drops the
 	// oldest answers, with their keys.
 	r.keep(keyN(3), "fp", &idem.Response{Status: 200, Body: make([]byte, 2000)}, clock.Now().Add(time.Hour))
-	if r.answer(keyN(3), "fp") != nil {
+	if answer(r, keyN(3), "fp") != nil {
 		t.Error("an answer over 1/64 of the bound was kept")
 	}
 	for i := 10; i < 100; i++ {
@@ -91,10 +91,20 @@ func TestRecentAnswers(t *testing.T) {
 	if r.bytes > 64*1024 {
 		t.Errorf("%d bytes kept, over the bound of %d", r.bytes, 64*1024)
 	}
-	if r.answer(keyN(99), "fp") == nil {
+	if answer(r, keyN(99), "fp") == nil {
 		t.Error("the newest answer was dropped")
 	}
-	if r.has(keyN(10)) {
+	if has(r, keyN(10)) {
 		t.Error("the oldest answer was kept past the bound")
 	}
+}
+
+func has(r *recentKeys, k waitKey) bool {
+	_, seen := r.lookup(k, "")
+	return seen
+}
+
+func answer(r *recentKeys, k waitKey, fp idem.Fingerprint) *idem.Response {
+	resp, _ := r.lookup(k, fp)
+	return resp
 }
