@@ -107,10 +107,23 @@ func newOnCluster(t testing.TB, cluster *idemtest.NATSCluster, cfg idemnats.Conf
 		}
 		defer nc.Close()
 		js, _ := jetstream.New(nc)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := js.DeleteStream(ctx, cfg.Stream); err != nil {
-			t.Errorf("delete stream %s: %v", cfg.Stream, err)
+		// Right after a failover, a loaded machine can take more than one
+		// request's timeout to have a meta leader answer a deletion: try
+		// again, each try bounded, for up to 60 s.
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err = js.DeleteStream(ctx, cfg.Stream)
+			cancel()
+			if err == nil || errors.Is(err, jetstream.ErrStreamNotFound) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("delete stream %s: %v", cfg.Stream, err)
+				return
+			}
+			t.Logf("delete stream %s: %v; trying again", cfg.Stream, err)
+			time.Sleep(250 * time.Millisecond) // a pause between tries, in a cleanup with nothing to wait on
 		}
 	})
 	return tr, cfg.Stream
