@@ -1,6 +1,7 @@
 package idemsqlite
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -152,6 +153,33 @@ func checkWAL(writer *sql.DB) error {
 func (db *DB) Close() error {
 	db.stmts.close()
 	return errors.Join(db.reader.Close(), db.writer.Close())
+}
+
+// ErrPrepareInTx is returned by Prepare when its context carries a
+// transaction of the same DB.
+var ErrPrepareInTx = errors.New("idemsqlite: Prepare called with a context that carries a transaction of the same database (prepare before the transaction, once)")
+
+// Prepare prepares query on the writer connection, for a statement that
+// the application runs in its WithTx transactions again and again:
+// tx.StmtContext(ctx, stmt) binds it to a transaction of the DB without
+// parsing the text again. Every write holds the single writer, so the
+// parse of a statement run as text delays every other write, and SQLite
+// often spends longer parsing and planning a short statement than running
+// it.
+//
+// Prepare once, before serving (a constructor is the place), never inside
+// a transaction of the DB: the transaction holds the writer's only
+// connection, so Prepare returns ErrPrepareInTx rather than wait for it
+// forever. The statement lives until it is closed or the DB is.
+func (db *DB) Prepare(ctx context.Context, query string) (*sql.Stmt, error) {
+	if db.carried(ctx) != nil {
+		return nil, ErrPrepareInTx
+	}
+	stmt, err := db.writer.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, fmt.Errorf("idemsqlite: prepare %q: %w", abbreviate(query), err)
+	}
+	return stmt, nil
 }
 
 // Writer returns the pool of the single writer connection. Writes made

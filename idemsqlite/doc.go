@@ -27,7 +27,10 @@
 // sql.Tx.StmtContext, and on the read pool), so SQLite does not parse and
 // plan the same text again for every claim, delivery or inbox row. Lists of
 // values travel as one JSON array argument, which keeps every statement's
-// text fixed.
+// text fixed. An application's statements deserve the same on its hot
+// paths, since every write holds the single writer while SQLite parses it:
+// DB.Prepare prepares one on the writer, once, before serving, and
+// tx.StmtContext binds it to each WithTx transaction.
 //
 // The file is in WAL mode, so readers and the writer do not block each
 // other, with synchronous=FULL: the WAL is synced on every commit, so a

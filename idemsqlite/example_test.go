@@ -145,3 +145,49 @@ func ExampleDB_WithTx() {
 	// refused transfer: credit refused
 	// ledger entries: 2
 }
+
+// An application's own statement, run in every transaction of a hot path,
+// is prepared once, before serving, and bound to each transaction with
+// StmtContext: the single writer never parses its text again.
+func ExampleDB_Prepare() {
+	dir, err := os.MkdirTemp("", "idemsqlite-example")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	db, err := idemsqlite.Open(filepath.Join(dir, "ledger.db"), nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer db.Close()
+	if _, err := db.Writer().ExecContext(ctx, `CREATE TABLE entries (id INTEGER PRIMARY KEY, amount INTEGER NOT NULL)`); err != nil {
+		fmt.Println(err)
+		return
+	}
+	insert, err := db.Prepare(ctx, `INSERT INTO entries (amount) VALUES (?)`)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer insert.Close()
+	for _, amount := range []int{100, 250} {
+		err := db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.StmtContext(ctx, insert).ExecContext(ctx, amount)
+			return err
+		})
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	var total int
+	if err := db.Reader().QueryRowContext(ctx, `SELECT sum(amount) FROM entries`).Scan(&total); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("total:", total)
+	// Output: total: 350
+}

@@ -343,7 +343,11 @@ func (s *Service) openStorage(ctx context.Context, c *Config) error {
 		if err := migrateSQLite(ctx, c.DB); err != nil {
 			return fmt.Errorf("payments: migrate: %w", err)
 		}
-		s.store = &sqliteStorage{db: c.DB}
+		store, err := newSQLiteStorage(ctx, c.DB)
+		if err != nil {
+			return fmt.Errorf("payments: %w", err)
+		}
+		s.store = store
 		if c.Keys == nil {
 			keys, err := idemsqlite.NewStore(ctx, c.DB, &idemsqlite.StoreConfig{Clock: c.Clock})
 			if err != nil {

@@ -33,6 +33,65 @@ type sqliteStorage struct {
 	// outbox, when set, receives each payment's event in the payment's
 	// transaction.
 	outbox idem.Outbox
+	// prepared holds the hot paths' statements (sqliteHot), prepared on
+	// the writer once: every payment runs them while it holds the single
+	// writer, where parsing their text again would delay every write.
+	prepared map[string]*sql.Stmt
+}
+
+// The statements of a payment and of a settlement, prepared once.
+const (
+	sqlPaymentAccount = `SELECT balance, currency FROM accounts WHERE id = ? AND tenant = ?`
+	sqlInsertPayment  = `INSERT INTO payments (id, tenant, account_id, amount, currency, description, status, created_at, idempotency_key, key_claimed_at)
+			 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			 ON CONFLICT (tenant, idempotency_key, key_claimed_at) DO NOTHING`
+	sqlDebit         = `UPDATE accounts SET balance = balance - ? WHERE id = ? AND tenant = ? AND balance >= ?`
+	sqlAddSettlement = `INSERT INTO settlements (tenant, currency, total, events, refunds) VALUES (?, ?, ?, ?, ?)
+				ON CONFLICT (tenant, currency) DO UPDATE SET total = total + excluded.total, events = events + excluded.events,
+					refunds = refunds + excluded.refunds`
+)
+
+// sqliteMarkSettledSQL and sqliteReadSettledSQL are the statements that
+// mark, and read, the settled rows of table (payments or refunds).
+func sqliteMarkSettledSQL(table string) string {
+	return `UPDATE ` + table + ` SET settled = 1 WHERE id IN (SELECT value FROM json_each(?)) AND settled = 0
+		 RETURNING id, tenant, amount, currency`
+}
+
+func sqliteReadSettledSQL(table string) string {
+	return `SELECT id, tenant, amount, currency FROM ` + table + ` WHERE id IN (SELECT value FROM json_each(?))`
+}
+
+// sqliteHot are the statements newSQLiteStorage prepares.
+var sqliteHot = []string{sqlPaymentAccount, sqlInsertPayment, sqlDebit, sqlAddSettlement,
+	sqliteMarkSettledSQL("payments"), sqliteMarkSettledSQL("refunds"),
+	sqliteReadSettledSQL("payments"), sqliteReadSettledSQL("refunds")}
+
+// newSQLiteStorage returns the storage on db, migrated already, with its
+// hot statements prepared.
+func newSQLiteStorage(ctx context.Context, db *idemsqlite.DB) (*sqliteStorage, error) {
+	s := &sqliteStorage{db: db, prepared: make(map[string]*sql.Stmt, len(sqliteHot))}
+	for _, q := range sqliteHot {
+		stmt, err := db.Prepare(ctx, q)
+		if err != nil {
+			for _, p := range s.prepared {
+				p.Close()
+			}
+			return nil, err
+		}
+		s.prepared[q] = stmt
+	}
+	return s, nil
+}
+
+// stmt returns query's prepared statement bound to tx; query is one of
+// sqliteHot.
+func (s *sqliteStorage) stmt(ctx context.Context, tx *sql.Tx, query string) *sql.Stmt {
+	p, ok := s.prepared[query]
+	if !ok {
+		panic("payments: statement not prepared: " + query)
+	}
+	return tx.StmtContext(ctx, p)
 }
 
 func (s *sqliteStorage) setOutbox(ob idem.Outbox) { s.outbox = ob }
@@ -146,9 +205,7 @@ func (s *sqliteStorage) CreatePayment(ctx context.Context, p Payment, o origin) 
 		refusal, out = nil, Payment{}
 		var balance int64
 		var currency string
-		err := tx.QueryRowContext(ctx,
-			`SELECT balance, currency FROM accounts WHERE id = ? AND tenant = ?`,
-			p.AccountID, p.Tenant).Scan(&balance, &currency)
+		err := s.stmt(ctx, tx, sqlPaymentAccount).QueryRowContext(ctx, p.AccountID, p.Tenant).Scan(&balance, &currency)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			refusal = ErrAccountNotFound
@@ -180,10 +237,7 @@ func (s *sqliteStorage) CreatePayment(ctx context.Context, p Payment, o origin) 
 			}
 		}
 		key, claimedAt := o.sqliteArgs()
-		res, err := tx.ExecContext(ctx,
-			`INSERT INTO payments (id, tenant, account_id, amount, currency, description, status, created_at, idempotency_key, key_claimed_at)
-			 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-			 ON CONFLICT (tenant, idempotency_key, key_claimed_at) DO NOTHING`,
+		res, err := s.stmt(ctx, tx, sqlInsertPayment).ExecContext(ctx,
 			p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, formatTime(p.CreatedAt), key, claimedAt)
 		if err != nil {
 			return fmt.Errorf("insert payment: %w", err)
@@ -203,9 +257,7 @@ func (s *sqliteStorage) CreatePayment(ctx context.Context, p Payment, o origin) 
 		}
 		// The balance condition repeats the check above inside the write
 		// itself, so no interleaving of requests can take it below zero.
-		res, err = tx.ExecContext(ctx,
-			`UPDATE accounts SET balance = balance - ? WHERE id = ? AND tenant = ? AND balance >= ?`,
-			p.Amount, p.AccountID, p.Tenant, p.Amount)
+		res, err = s.stmt(ctx, tx, sqlDebit).ExecContext(ctx, p.Amount, p.AccountID, p.Tenant, p.Amount)
 		if err != nil {
 			return fmt.Errorf("debit account: %w", err)
 		}
@@ -597,11 +649,11 @@ func (s *sqliteStorage) settle(ctx context.Context, evs []PaymentEvent) ([]int, 
 	var already []int
 	err := s.db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		payIDs, refundIDs := splitEvents(evs)
-		payments, err := sqliteMarkSettled(ctx, tx, "payments", payIDs)
+		payments, err := s.markSettled(ctx, tx, "payments", payIDs)
 		if err != nil {
 			return err
 		}
-		refunds, err := sqliteMarkSettled(ctx, tx, "refunds", refundIDs)
+		refunds, err := s.markSettled(ctx, tx, "refunds", refundIDs)
 		if err != nil {
 			return err
 		}
@@ -617,9 +669,7 @@ func (s *sqliteStorage) settle(ctx context.Context, evs []PaymentEvent) ([]int, 
 			return err
 		}
 		for _, t := range totals {
-			_, err = tx.ExecContext(ctx, `INSERT INTO settlements (tenant, currency, total, events, refunds) VALUES (?, ?, ?, ?, ?)
-				ON CONFLICT (tenant, currency) DO UPDATE SET total = total + excluded.total, events = events + excluded.events,
-					refunds = refunds + excluded.refunds`,
+			_, err = s.stmt(ctx, tx, sqlAddSettlement).ExecContext(ctx,
 				t.tenant, t.currency, t.total, t.events, t.refunds)
 			if err != nil {
 				return fmt.Errorf("settle: %w", err)
@@ -634,17 +684,15 @@ func (s *sqliteStorage) settle(ctx context.Context, evs []PaymentEvent) ([]int, 
 	return already, nil
 }
 
-// sqliteMarkSettled marks the rows of table (payments or refunds) with ids
+// markSettled marks the rows of table (payments or refunds) with ids
 // settled, where they were not, and returns every one of them found, with
 // whether this call marked it.
-func sqliteMarkSettled(ctx context.Context, tx *sql.Tx, table string, ids []string) (map[string]settledPayment, error) {
+func (s *sqliteStorage) markSettled(ctx context.Context, tx *sql.Tx, table string, ids []string) (map[string]settledPayment, error) {
 	found := make(map[string]settledPayment, len(ids))
 	if len(ids) == 0 {
 		return found, nil
 	}
-	if err := readSettled(ctx, tx, found, true,
-		`UPDATE `+table+` SET settled = 1 WHERE id IN (SELECT value FROM json_each(?)) AND settled = 0
-		 RETURNING id, tenant, amount, currency`, ids); err != nil {
+	if err := readSettled(ctx, s.stmt(ctx, tx, sqliteMarkSettledSQL(table)), found, true, ids); err != nil {
 		return nil, fmt.Errorf("mark %s settled: %w", table, err)
 	}
 	var rest []string
@@ -654,8 +702,7 @@ func sqliteMarkSettled(ctx context.Context, tx *sql.Tx, table string, ids []stri
 		}
 	}
 	if len(rest) > 0 {
-		if err := readSettled(ctx, tx, found, false,
-			`SELECT id, tenant, amount, currency FROM `+table+` WHERE id IN (SELECT value FROM json_each(?))`, rest); err != nil {
+		if err := readSettled(ctx, s.stmt(ctx, tx, sqliteReadSettledSQL(table)), found, false, rest); err != nil {
 			return nil, fmt.Errorf("read %s: %w", table, err)
 		}
 	}
@@ -665,12 +712,12 @@ func sqliteMarkSettled(ctx context.Context, tx *sql.Tx, table string, ids []stri
 // readSettled runs query, which takes the payment IDs as a JSON array and
 // returns id, tenant, amount and currency, and records each payment in
 // found with marked.
-func readSettled(ctx context.Context, tx *sql.Tx, found map[string]settledPayment, marked bool, query string, ids []string) error {
+func readSettled(ctx context.Context, query *sql.Stmt, found map[string]settledPayment, marked bool, ids []string) error {
 	list, err := json.Marshal(ids)
 	if err != nil {
 		return err
 	}
-	rows, err := tx.QueryContext(ctx, query, string(list))
+	rows, err := query.QueryContext(ctx, string(list))
 	if err != nil {
 		return err
 	}

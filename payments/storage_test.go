@@ -32,7 +32,11 @@ func storagesForTest() map[string]func(t *testing.T) storage {
 			if err := Migrate(context.Background(), db); err != nil {
 				t.Fatal(err)
 			}
-			return &sqliteStorage{db: db}
+			s, err := newSQLiteStorage(context.Background(), db)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
 		},
 		"postgres": func(t *testing.T) storage {
 			db := OpenPostgresForTest(t, nil)
