@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/headerjson"
 )
 
 //go:embed migrations/*.sql migrations/waiters/*.sql
@@ -506,9 +507,11 @@ func (r *recordRow) record(scope idem.Scope, key idem.Key) (idem.Record, error) 
 			resp.Status = int(*r.status)
 		}
 		if r.header != nil {
-			if err := json.Unmarshal(r.header, &resp.Header); err != nil {
+			h, err := headerjson.Decode(r.header)
+			if err != nil {
 				return idem.Record{}, fmt.Errorf("stored header of %v: %w", key, err)
 			}
+			resp.Header = h
 		}
 		rec.Response = resp
 		if r.completedAt != nil {
@@ -752,7 +755,7 @@ func (s *Store) Replay(ctx context.Context, scope idem.Scope, key idem.Key, fp i
 		resp.Status = int(*status)
 	}
 	if header != nil {
-		if err := json.Unmarshal(header, &resp.Header); err != nil {
+		if resp.Header, err = headerjson.Decode(header); err != nil {
 			return nil, false, fmt.Errorf("idempg: replay: stored header of %v: %w", key, err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/headerjson"
 )
 
 //go:embed migrations/*.sql
@@ -144,7 +145,7 @@ func load(ctx context.Context, r runner, scope idem.Scope, key idem.Key) (idem.R
 		rec.State = idem.StateCompleted
 		resp := &idem.Response{Status: int(status.Int64), Body: body, BodyOmitted: bodyOmitted}
 		if header.Valid {
-			if err := json.Unmarshal([]byte(header.String), &resp.Header); err != nil {
+			if resp.Header, err = headerjson.Decode([]byte(header.String)); err != nil {
 				return idem.Record{}, false, fmt.Errorf("stored header of %q: %w", key, err)
 			}
 		}
@@ -480,7 +481,7 @@ func (s *Store) Replay(ctx context.Context, scope idem.Scope, key idem.Key, fp i
 	}
 	resp.Status = int(status.Int64)
 	if header.Valid {
-		if err := json.Unmarshal([]byte(header.String), &resp.Header); err != nil {
+		if resp.Header, err = headerjson.Decode([]byte(header.String)); err != nil {
 			return nil, false, fmt.Errorf("idemsqlite: replay: stored header of %q: %w", key, err)
 		}
 	}
