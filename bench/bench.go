@@ -31,8 +31,8 @@ type Options struct {
 	RedisURL string
 	// Requests is the number of requests per side and round. Defaults to 2000.
 	Requests int
-	// Rounds is how many times the sides alternate; the median round counts.
-	// Defaults to 3.
+	// Rounds is how many times the sides alternate, in turned order (A B,
+	// B A, ...); the median round counts. Defaults to 5.
 	Rounds int
 	// Concurrency is the number of requests in flight. Defaults to 8.
 	Concurrency int
@@ -77,7 +77,9 @@ type Comparison struct {
 	Case       string // "first" or "replay"
 	Middleware Result
 	Minimum    Result
-	// Ratio is Middleware.PerSecond / Minimum.PerSecond.
+	// Ratio is the median of the rounds' ratios, each the middleware's
+	// rate over the minimum's in the same round (the two ran back to
+	// back). Middleware and Minimum are each side's median round.
 	Ratio float64
 }
 
@@ -98,7 +100,7 @@ func Run(ctx context.Context, opts *Options) ([]Comparison, error) {
 		o.Requests = 2000
 	}
 	if o.Rounds <= 0 {
-		o.Rounds = 3
+		o.Rounds = 5
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 8
@@ -156,10 +158,18 @@ func compare(ctx context.Context, o *Options, store, kase string, mw, min side) 
 	fmt.Fprintf(o.Out, "%s %s: %d rounds of %d requests, %d in flight\n", store, kase, o.Rounds, o.Requests, o.Concurrency)
 	var mwRounds, minRounds []Result
 	for r := 0; r < o.Rounds; r++ {
-		for _, s := range []struct {
+		type turn struct {
 			side side
 			dst  *[]Result
-		}{{min, &minRounds}, {mw, &mwRounds}} {
+		}
+		// The order turns every round (A B, B A, ...): a side that ran
+		// second each time would meet a warmer cache, or a longer WAL,
+		// every time.
+		turns := []turn{{min, &minRounds}, {mw, &mwRounds}}
+		if r%2 == 1 {
+			turns[0], turns[1] = turns[1], turns[0]
+		}
+		for _, s := range turns {
 			if s.side.setup != nil {
 				if err := s.side.setup(ctx, r); err != nil {
 					return Comparison{}, fmt.Errorf("%s %s %s: setup: %w", store, kase, s.side.name, err)
@@ -188,8 +198,25 @@ func compare(ctx context.Context, o *Options, store, kase string, mw, min side) 
 		}
 	}
 	c := Comparison{Store: store, Case: kase, Middleware: median(mwRounds), Minimum: median(minRounds)}
-	c.Ratio = c.Middleware.PerSecond / c.Minimum.PerSecond
+	c.Ratio = pairedRatio(mwRounds, minRounds)
 	return c, nil
+}
+
+// pairedRatio is the median, over the rounds, of the middleware's rate
+// over the minimum's in the same round. Each pair ran back to back, so a
+// slowdown of the shared machine that lasts a few seconds moves one pair's
+// ratio, not the median; the ratio of the two sides' median rounds would
+// compare rounds run a minute apart.
+func pairedRatio(mw, min []Result) float64 {
+	ratios := make([]float64, len(mw))
+	for i := range mw {
+		ratios[i] = mw[i].PerSecond / min[i].PerSecond
+	}
+	slices.Sort(ratios)
+	if n := len(ratios); n%2 == 0 {
+		return (ratios[n/2-1] + ratios[n/2]) / 2
+	}
+	return ratios[len(ratios)/2]
 }
 
 // resultStore is a store's name in RESULT lines.

@@ -26,7 +26,9 @@
 //
 // Requests are served in-process (no HTTP sockets), both sides through the
 // same request scaffolding, so what is measured is the store work and the
-// middleware, not the network stack. Rounds of the
-// two sides alternate so that drift on a shared machine hits both alike.
+// middleware, not the network stack. Rounds of the two sides alternate,
+// in turned order (A B, B A, ...), so that drift on a shared machine hits
+// both alike, and the ratio is the median of the rounds' ratios, each
+// taken between two measurements made back to back.
 // `idem bench` prints the table.
 package bench

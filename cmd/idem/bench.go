@@ -42,7 +42,7 @@ prints (idem-http-<store>-<case> and minimum-http-<store>-<case>).
 	cmd.Flags().StringVar(&o.RedisURL, "redis", "", "Redis URL to measure")
 	cmd.Flags().BoolVar(&o.SQLite, "sqlite", false, "measure SQLite too (always, when neither --postgres nor --redis is given)")
 	cmd.Flags().IntVar(&o.Requests, "requests", 2000, "requests per side and round")
-	cmd.Flags().IntVar(&o.Rounds, "rounds", 3, "rounds; the sides alternate and the median round counts")
+	cmd.Flags().IntVar(&o.Rounds, "rounds", 5, "rounds; the sides alternate, in turned order each round, and the ratio is the median of the rounds' ratios")
 	cmd.Flags().IntVar(&o.Concurrency, "concurrency", 8, "requests in flight")
 	cmd.Flags().BoolVar(&o.Sealed, "sealed", false, "measure the middleware with keys sealed and kept bodies encrypted (what IDEM_KEY_SECRET and IDEM_BODY_KEYS turn on); its RESULT lines are idem-http-sealed-<store>-<case>")
 	cmd.Flags().BoolVar(&o.StoreReplays, "store-replays", false, "measure replays read from the store, with the answers kept in memory after a completion turned off (idemhttp's MemoryReplayFor); its RESULT lines are idem-http-storereplays-<store>-<case>")
