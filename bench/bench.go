@@ -29,8 +29,14 @@ type Options struct {
 	// RedisURL is the Redis to measure, e.g. redis://127.0.0.1:6379/0. Its
 	// keys live under a prefix of their own and are deleted afterwards.
 	RedisURL string
-	// Requests is the number of requests per side and round. Defaults to 2000.
+	// Requests is the number of requests per side and round of first
+	// executions. Defaults to 2000.
 	Requests int
+	// ReplayRequests is the number of requests per side and round of
+	// replays. Defaults to ten times Requests: a replay takes a tenth of a
+	// first execution's time or less, and a round of a few dozen
+	// milliseconds measures the machine's pauses more than the replays.
+	ReplayRequests int
 	// Rounds is how many times the sides alternate, in turned order (A B,
 	// B A, ...); the median round counts. Defaults to 5.
 	Rounds int
@@ -99,6 +105,9 @@ func Run(ctx context.Context, opts *Options) ([]Comparison, error) {
 	if o.Requests <= 0 {
 		o.Requests = 2000
 	}
+	if o.ReplayRequests <= 0 {
+		o.ReplayRequests = 10 * o.Requests
+	}
 	if o.Rounds <= 0 {
 		o.Rounds = 5
 	}
@@ -155,7 +164,11 @@ func (o *Options) middlewareConfig(store idem.Store) *idemhttp.Config {
 
 // compare alternates rounds of the middleware and the minimum.
 func compare(ctx context.Context, o *Options, store, kase string, mw, min side) (Comparison, error) {
-	fmt.Fprintf(o.Out, "%s %s: %d rounds of %d requests, %d in flight\n", store, kase, o.Rounds, o.Requests, o.Concurrency)
+	n := o.Requests
+	if kase == "replay" {
+		n = o.ReplayRequests
+	}
+	fmt.Fprintf(o.Out, "%s %s: %d rounds of %d requests, %d in flight\n", store, kase, o.Rounds, n, o.Concurrency)
 	var mwRounds, minRounds []Result
 	for r := 0; r < o.Rounds; r++ {
 		type turn struct {
@@ -175,7 +188,7 @@ func compare(ctx context.Context, o *Options, store, kase string, mw, min side) 
 					return Comparison{}, fmt.Errorf("%s %s %s: setup: %w", store, kase, s.side.name, err)
 				}
 			}
-			res, err := measure(ctx, o, r, s.side)
+			res, err := measure(ctx, o, n, r, s.side)
 			if err != nil {
 				return Comparison{}, fmt.Errorf("%s %s %s: %w", store, kase, s.side.name, err)
 			}
@@ -227,8 +240,9 @@ func resultStore(store string) string {
 	return store
 }
 
-func measure(ctx context.Context, o *Options, round int, s side) (Result, error) {
-	lat := make([]time.Duration, o.Requests)
+// measure serves n requests of s in round, o.Concurrency at a time.
+func measure(ctx context.Context, o *Options, n, round int, s side) (Result, error) {
+	lat := make([]time.Duration, n)
 	var next atomic.Int64
 	var firstErr error
 	var errOnce sync.Once
@@ -238,7 +252,7 @@ func measure(ctx context.Context, o *Options, round int, s side) (Result, error)
 		wg.Go(func() {
 			for {
 				i := int(next.Add(1)) - 1
-				if i >= o.Requests || ctx.Err() != nil {
+				if i >= n || ctx.Err() != nil {
 					return
 				}
 				t0 := time.Now()
@@ -260,9 +274,9 @@ func measure(ctx context.Context, o *Options, round int, s side) (Result, error)
 	}
 	slices.Sort(lat)
 	return Result{
-		Requests:  o.Requests,
+		Requests:  n,
 		Elapsed:   elapsed,
-		PerSecond: float64(o.Requests) / elapsed.Seconds(),
+		PerSecond: float64(n) / elapsed.Seconds(),
 		P50:       lat[len(lat)/2],
 		P99:       lat[len(lat)*99/100],
 	}, nil

@@ -41,7 +41,8 @@ prints (idem-http-<store>-<case> and minimum-http-<store>-<case>).
 	cmd.Flags().StringVar(&o.PostgresURL, "postgres", "", "PostgreSQL URL to measure")
 	cmd.Flags().StringVar(&o.RedisURL, "redis", "", "Redis URL to measure")
 	cmd.Flags().BoolVar(&o.SQLite, "sqlite", false, "measure SQLite too (always, when neither --postgres nor --redis is given)")
-	cmd.Flags().IntVar(&o.Requests, "requests", 2000, "requests per side and round")
+	cmd.Flags().IntVar(&o.Requests, "requests", 2000, "requests per side and round of first executions")
+	cmd.Flags().IntVar(&o.ReplayRequests, "replay-requests", 0, "requests per side and round of replays (default 10 × --requests)")
 	cmd.Flags().IntVar(&o.Rounds, "rounds", 5, "rounds; the sides alternate, in turned order each round, and the ratio is the median of the rounds' ratios")
 	cmd.Flags().IntVar(&o.Concurrency, "concurrency", 8, "requests in flight")
 	cmd.Flags().BoolVar(&o.Sealed, "sealed", false, "measure the middleware with keys sealed and kept bodies encrypted (what IDEM_KEY_SECRET and IDEM_BODY_KEYS turn on); its RESULT lines are idem-http-sealed-<store>-<case>")
@@ -68,8 +69,8 @@ prints (idem-http-<store>-<case> and minimum-http-<store>-<case>).
 	}
 	cmd.AddCommand(a.benchMessagesCmd())
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
-		if o.Requests < 1 || o.Rounds < 1 || o.Concurrency < 1 {
-			return &usageError{fmt.Errorf("--requests, --rounds and --concurrency must be positive")}
+		if o.Requests < 1 || o.Rounds < 1 || o.Concurrency < 1 || o.ReplayRequests < 0 {
+			return &usageError{fmt.Errorf("--requests, --rounds and --concurrency must be positive, and --replay-requests not negative")}
 		}
 		o.Out = a.stderr
 		o.Results = a.stdout
