@@ -668,9 +668,9 @@ func (s *sqliteStorage) settle(ctx context.Context, evs []PaymentEvent) ([]int, 
 		if err != nil {
 			return err
 		}
+		add := s.stmt(ctx, tx, sqlAddSettlement)
 		for _, t := range totals {
-			_, err = s.stmt(ctx, tx, sqlAddSettlement).ExecContext(ctx,
-				t.tenant, t.currency, t.total, t.events, t.refunds)
+			_, err = add.ExecContext(ctx, t.tenant, t.currency, t.total, t.events, t.refunds)
 			if err != nil {
 				return fmt.Errorf("settle: %w", err)
 			}
