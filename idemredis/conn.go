@@ -2,6 +2,8 @@ package idemredis
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"strings"
 	"time"
@@ -66,12 +68,13 @@ var errNilReply = errors.New("idemredis: nil reply")
 // to EVAL when Redis has lost it (SCRIPT FLUSH, a restart, a failover).
 type script struct {
 	src string
+	sha string // the SHA-1 of src, in hex, which EVALSHA names it by
 	gr  *redis.Script
-	ru  *rueidis.Lua
 }
 
 func newScript(src string) *script {
-	return &script{src: src, gr: redis.NewScript(src), ru: rueidis.NewLuaScript(src)}
+	sum := sha1.Sum([]byte(src))
+	return &script{src: src, sha: hex.EncodeToString(sum[:]), gr: redis.NewScript(src)}
 }
 
 // isRedisError reports whether err is an error reply from Redis (as

@@ -2,8 +2,6 @@ package idemredis
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -89,7 +87,7 @@ func NewReplicatedRueidisStore(ctx context.Context, client rueidis.Client, cfg *
 		return nil, err
 	}
 	return newStore(ctx, &replicaConn{
-		rueidisConn: rueidisConn{client},
+		rueidisConn: rueidisConn{c: client},
 		acks:        int64(acks),
 		timeoutMs:   max(1, timeout.Milliseconds()),
 	}, cfg)
@@ -187,8 +185,7 @@ func (r *replicaConn) setIfEq(ctx context.Context, key, value, old string) (bool
 // eval runs sc by EVALSHA, and by EVAL when Redis has lost it, each
 // followed by WAIT.
 func (r *replicaConn) eval(ctx context.Context, sc *script, keys, args []string) (rueidis.RedisResult, error) {
-	sum := sha1.Sum([]byte(sc.src))
-	cmd := r.c.B().Evalsha().Sha1(hex.EncodeToString(sum[:])).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+	cmd := r.c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 	res, err := r.doAcked(ctx, cmd, always)
 	if rerr := res.Error(); rerr != nil && strings.HasPrefix(rerr.Error(), "NOSCRIPT") {
 		cmd = r.c.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()

@@ -114,7 +114,7 @@ func NewRueidisStore(ctx context.Context, client rueidis.Client, cfg *Config) (*
 	if client == nil {
 		return nil, &idem.ArgumentError{Field: "client", Reason: "must not be nil"}
 	}
-	return newStore(ctx, rueidisConn{client}, cfg)
+	return newStore(ctx, rueidisConn{c: client, route: &router{direct: directInFlight}}, cfg)
 }
 
 // newStore applies cfg's defaults, checks them, and makes a Store on c.
@@ -171,6 +171,9 @@ func Open(ctx context.Context, rawURL string, cfg *Config) (*Store, error) {
 	// The store never uses client-side caching, whose tracking would cost
 	// Redis work on every read.
 	opt.DisableCache = true
+	// Commands go on connections of their own until many are in flight,
+	// and then on the shared pipeline (see router).
+	opt.DisableAutoPipelining = true
 	client, err := rueidis.NewClient(opt)
 	if err != nil {
 		return nil, fmt.Errorf("idemredis: connecting to Redis: %w", secreturl.Scrub(err, rawURL))
