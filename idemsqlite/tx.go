@@ -34,9 +34,10 @@ type txState struct {
 	// already, so that transactions of two databases can nest.
 	outer *txState
 
-	mu    sync.Mutex
-	tx    *sql.Tx
-	ended bool
+	mu     sync.Mutex
+	tx     *sql.Tx
+	queued bool // the transaction holds the writer's turn (writerQueue) until it ends
+	ended  bool
 }
 
 // carried returns the transaction of db that ctx carries, or nil.
@@ -64,11 +65,15 @@ func (st *txState) begin() (*sql.Tx, error) {
 		return nil, errTxEnded
 	}
 	if st.tx == nil {
-		tx, err := st.db.writer.BeginTx(st.ctx, nil)
-		if err != nil {
+		if err := st.db.queue.acquire(st.ctx); err != nil {
 			return nil, err
 		}
-		st.tx = tx
+		tx, err := st.db.writer.BeginTx(st.ctx, nil)
+		if err != nil {
+			st.db.queue.release()
+			return nil, err
+		}
+		st.tx, st.queued = tx, true
 	}
 	return st.tx, nil
 }
@@ -94,6 +99,9 @@ func (st *txState) end(commit bool) error {
 	st.ended = true
 	if st.tx == nil {
 		return nil
+	}
+	if st.queued {
+		defer st.db.queue.release()
 	}
 	if commit {
 		return st.tx.Commit()
@@ -194,6 +202,10 @@ func (db *DB) unsyncedTx(ctx context.Context, handOut bool, fn func(ctx context.
 	if db.carried(ctx) != nil {
 		return db.withTx(ctx, fn)
 	}
+	if err := db.queue.acquire(ctx); err != nil {
+		return &txError{"begin", err}
+	}
+	defer db.queue.release()
 	// The writer pool has one connection: holding it as a *sql.Conn keeps
 	// every other writer off it while synchronous is relaxed.
 	conn, err := db.writer.Conn(ctx)
