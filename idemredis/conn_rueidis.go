@@ -70,11 +70,27 @@ func (r rueidisConn) do(ctx context.Context, cmd rueidis.Completed) rueidis.Redi
 // FLUSH, a restart without persistence, a failover to a node that never
 // loaded it).
 func (r rueidisConn) eval(ctx context.Context, sc *script, keys, args []string) rueidis.RedisResult {
-	res := r.do(ctx, r.c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
-	if err, ok := rueidis.IsRedisErr(res.Error()); ok && err.IsNoScript() {
-		res = r.do(ctx, r.c.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	res := r.do(ctx, r.evalsha(sc, keys, args))
+	if isNoScript(res.Error()) {
+		res = r.do(ctx, r.evalSource(sc, keys, args))
 	}
 	return res
+}
+
+// evalsha is the EVALSHA of sc, and evalSource its EVAL, which sends the
+// script's source.
+func (r rueidisConn) evalsha(sc *script, keys, args []string) rueidis.Completed {
+	return r.c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+}
+
+func (r rueidisConn) evalSource(sc *script, keys, args []string) rueidis.Completed {
+	return r.c.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+}
+
+// isNoScript reports Redis's NOSCRIPT reply: the script is not loaded.
+func isNoScript(err error) bool {
+	rerr, ok := rueidis.IsRedisErr(err)
+	return ok && rerr.IsNoScript()
 }
 
 func (r rueidisConn) setNXGet(ctx context.Context, key, value string, ms int64) (string, bool, error) {

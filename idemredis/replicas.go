@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -185,11 +184,9 @@ func (r *replicaConn) setIfEq(ctx context.Context, key, value, old string) (bool
 // eval runs sc by EVALSHA, and by EVAL when Redis has lost it, each
 // followed by WAIT.
 func (r *replicaConn) eval(ctx context.Context, sc *script, keys, args []string) (rueidis.RedisResult, error) {
-	cmd := r.c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
-	res, err := r.doAcked(ctx, cmd, always)
-	if rerr := res.Error(); rerr != nil && strings.HasPrefix(rerr.Error(), "NOSCRIPT") {
-		cmd = r.c.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
-		res, err = r.doAcked(ctx, cmd, always)
+	res, err := r.doAcked(ctx, r.evalsha(sc, keys, args), always)
+	if isNoScript(res.Error()) {
+		res, err = r.doAcked(ctx, r.evalSource(sc, keys, args), always)
 	}
 	return res, err
 }

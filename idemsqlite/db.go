@@ -37,7 +37,7 @@ type DB struct {
 	writer *sql.DB
 	reader *sql.DB
 	stmts  stmtCache
-	queue  writerQueue // the order in which the package's transactions get writer
+	queue  writerQueue // the order in which the package's transactions get the writer
 }
 
 // Open opens (creating it if needed) the database file at path, in WAL mode
