@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -57,6 +58,10 @@ type Options struct {
 	// completion. Its RESULT lines are named
 	// idem-http-storereplays-<store>-<case>. Defaults to false.
 	StoreReplays bool
+	// Side, when "middleware" or "minimum", measures that side alone (for
+	// a CPU profile of it); the comparisons then have no ratio. Defaults
+	// to both.
+	Side string
 	// Out receives progress. Defaults to io.Discard.
 	Out io.Writer
 	// Results receives every round's figures as lines
@@ -69,11 +74,21 @@ type Options struct {
 
 // Result is one side's figures: the median round.
 type Result struct {
-	Requests   int
-	Elapsed    time.Duration
-	PerSecond  float64
-	P50, P99   time.Duration
-	roundRates []float64
+	Requests  int
+	Elapsed   time.Duration
+	PerSecond float64
+	P50, P99  time.Duration
+	// CPUPerRequest is the CPU time this process spent per request
+	// (user and system, every goroutine's, the runtime's included): the
+	// client's share of the work, the server's excluded. On a machine whose
+	// cores the server shares, it tells whether a gap in the rate is the
+	// client's work or the server's.
+	CPUPerRequest time.Duration
+	// MachineCPUPerRequest is the whole machine's busy CPU time per
+	// request (Linux's /proc/stat; zero elsewhere): with the server on the
+	// same machine, the client's work and the server's together.
+	MachineCPUPerRequest time.Duration
+	roundRates           []float64
 }
 
 // Comparison is the middleware against the hand-written minimum for one
@@ -183,6 +198,9 @@ func compare(ctx context.Context, o *Options, store, kase string, mw, min side) 
 			turns[0], turns[1] = turns[1], turns[0]
 		}
 		for _, s := range turns {
+			if o.Side != "" && o.Side != s.side.name {
+				continue // measured alone: see Options.Side
+			}
 			if s.side.setup != nil {
 				if err := s.side.setup(ctx, r); err != nil {
 					return Comparison{}, fmt.Errorf("%s %s %s: setup: %w", store, kase, s.side.name, err)
@@ -192,7 +210,7 @@ func compare(ctx context.Context, o *Options, store, kase string, mw, min side) 
 			if err != nil {
 				return Comparison{}, fmt.Errorf("%s %s %s: %w", store, kase, s.side.name, err)
 			}
-			fmt.Fprintf(o.Out, "  round %d %-10s %8.0f req/s  p50 %-9s p99 %s\n", r+1, s.side.name, res.PerSecond, round(res.P50), round(res.P99))
+			fmt.Fprintf(o.Out, "  round %d %-10s %8.0f req/s  p50 %-9s p99 %-9s cpu %s/req, machine %s/req\n", r+1, s.side.name, res.PerSecond, round(res.P50), round(res.P99), round(res.CPUPerRequest), round(res.MachineCPUPerRequest))
 			name := "idem-http-" + resultStore(store) + "-" + kase
 			switch {
 			case o.Sealed && o.StoreReplays:
@@ -207,11 +225,20 @@ func compare(ctx context.Context, o *Options, store, kase string, mw, min side) 
 			}
 			fmt.Fprintf(o.Results, "RESULT,%s,req_per_s,%.1f,req/s\n", name, res.PerSecond)
 			fmt.Fprintf(o.Results, "RESULT,%s,p99_ms,%.3f,ms\n", name, float64(res.P99.Microseconds())/1000)
+			fmt.Fprintf(o.Results, "RESULT,%s,cpu_us_per_req,%.1f,us\n", name, float64(res.CPUPerRequest.Nanoseconds())/1000)
 			*s.dst = append(*s.dst, res)
 		}
 	}
-	c := Comparison{Store: store, Case: kase, Middleware: median(mwRounds), Minimum: median(minRounds)}
-	c.Ratio = pairedRatio(mwRounds, minRounds)
+	c := Comparison{Store: store, Case: kase}
+	if len(mwRounds) > 0 {
+		c.Middleware = median(mwRounds)
+	}
+	if len(minRounds) > 0 {
+		c.Minimum = median(minRounds)
+	}
+	if len(mwRounds) > 0 && len(minRounds) > 0 {
+		c.Ratio = pairedRatio(mwRounds, minRounds)
+	}
 	return c, nil
 }
 
@@ -247,9 +274,14 @@ func measure(ctx context.Context, o *Options, n, round int, s side) (Result, err
 	var firstErr error
 	var errOnce sync.Once
 	var wg sync.WaitGroup
+	cpu0, mcpu0 := processCPU(), machineCPU()
 	start := time.Now()
+	// Labelled so that a CPU profile (--cpuprofile) tells the sides apart:
+	// go tool pprof -tagfocus side=middleware.
+	labels := pprof.Labels("side", s.name)
 	for w := 0; w < o.Concurrency; w++ {
 		wg.Go(func() {
+			pprof.SetGoroutineLabels(pprof.WithLabels(ctx, labels))
 			for {
 				i := int(next.Add(1)) - 1
 				if i >= n || ctx.Err() != nil {
@@ -266,6 +298,7 @@ func measure(ctx context.Context, o *Options, n, round int, s side) (Result, err
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	cpu, mcpu := processCPU()-cpu0, machineCPU()-mcpu0
 	if firstErr != nil {
 		return Result{}, firstErr
 	}
@@ -279,6 +312,9 @@ func measure(ctx context.Context, o *Options, n, round int, s side) (Result, err
 		PerSecond: float64(n) / elapsed.Seconds(),
 		P50:       lat[len(lat)/2],
 		P99:       lat[len(lat)*99/100],
+
+		CPUPerRequest:        cpu / time.Duration(n),
+		MachineCPUPerRequest: mcpu / time.Duration(n),
 	}, nil
 }
 
@@ -312,11 +348,19 @@ func round(d time.Duration) time.Duration {
 // Print writes the comparisons as a table.
 func Print(w io.Writer, cs []Comparison) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "store\tcase\tmiddleware req/s\tp50\tp99\tminimum req/s\tp50\tp99\tratio\t")
+	fmt.Fprintln(tw, "store\tcase\tmiddleware req/s\tp50\tp99\tcpu/req\tminimum req/s\tp50\tp99\tcpu/req\tratio\t")
+	side := func(r Result) string {
+		if r.PerSecond == 0 {
+			return "-\t-\t-\t-"
+		}
+		return fmt.Sprintf("%.0f\t%s\t%s\t%s", r.PerSecond, round(r.P50), round(r.P99), round(r.CPUPerRequest))
+	}
 	for _, c := range cs {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%.0f\t%s\t%s\t%.2fx\t\n", c.Store, c.Case,
-			c.Middleware.PerSecond, round(c.Middleware.P50), round(c.Middleware.P99),
-			c.Minimum.PerSecond, round(c.Minimum.P50), round(c.Minimum.P99), c.Ratio)
+		ratio := "-"
+		if c.Ratio > 0 {
+			ratio = fmt.Sprintf("%.2fx", c.Ratio)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", c.Store, c.Case, side(c.Middleware), side(c.Minimum), ratio)
 	}
 	tw.Flush()
 }

@@ -2,6 +2,8 @@ package idemhttp
 
 import (
 	"fmt"
+	"net/http"
+	"reflect"
 	"testing"
 	"time"
 
@@ -29,8 +31,8 @@ func TestRecentKeysForgetsTheOldest(t *testing.T) {
 			t.Errorf("after two more keys, has(k%d) = %v, want %v", i, !want, want)
 		}
 	}
-	if len(r.entries) != 3 || r.n != 3 {
-		t.Errorf("%d remembered, %d in the ring, want 3", len(r.entries), r.n)
+	if len(r.index) != 3 || r.n != 3 {
+		t.Errorf("%d remembered, %d in the ring, want 3", len(r.index), r.n)
 	}
 	var none *recentKeys = newRecentKeys(-1, time.Minute, 1<<20, idem.SystemClock{})
 	none.keep(keyN(0), "fp", &idem.Response{Status: 201}, time.Now().Add(time.Hour))
@@ -49,7 +51,7 @@ func TestRecentAnswers(t *testing.T) {
 	resp := &idem.Response{Status: 201, Body: []byte(`{"id":1}`)}
 
 	r.keep(keyN(0), "fp", resp, start.Add(time.Hour))
-	if got := answer(r, keyN(0), "fp"); got != resp {
+	if got := answer(r, keyN(0), "fp"); !reflect.DeepEqual(got, resp) {
 		t.Fatalf("answer = %v, want the kept one", got)
 	}
 	if got := answer(r, keyN(0), "other"); got != nil {
@@ -107,4 +109,43 @@ func has(r *recentKeys, k waitKey) bool {
 func answer(r *recentKeys, k waitKey, fp idem.Fingerprint) *idem.Response {
 	resp, _ := r.lookup(k, fp)
 	return resp
+}
+
+// TestRecentAnswerIsACopy: a kept answer comes back whole (status, every
+// header value, body, the omitted-body flag), as a copy that neither the
+// caller's later changes nor another lookup's reach, and never for a key
+// whose hash it shares without being it.
+func TestRecentAnswerIsACopy(t *testing.T) {
+	r := newRecentKeys(10, time.Minute, 1<<20, idem.SystemClock{})
+	resp := &idem.Response{Status: 409, Header: http.Header{
+		"Content-Type": {"application/json"},
+		"Link":         {"</a>; rel=a", "</b>; rel=b"},
+	}, Body: []byte(`{"error":"x"}`), BodyOmitted: false}
+	want := &idem.Response{Status: resp.Status, Header: resp.Header.Clone(), Body: append([]byte(nil), resp.Body...)}
+	r.keep(keyN(0), "fp", resp, time.Now().Add(time.Hour))
+	resp.Body[0] = 'X'
+	resp.Header.Set("Content-Type", "text/plain")
+	got := answer(r, keyN(0), "fp")
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("answer = %+v, want %+v", got, want)
+	}
+	got.Body[0] = 'Y'
+	got.Header.Set("Link", "changed")
+	if again := answer(r, keyN(0), "fp"); !reflect.DeepEqual(again, want) {
+		t.Fatalf("after the caller changed its copy: %+v, want %+v", again, want)
+	}
+
+	r.keep(keyN(1), "fp", &idem.Response{Status: 200, BodyOmitted: true}, time.Now().Add(time.Hour))
+	if got := answer(r, keyN(1), "fp"); got == nil || !got.BodyOmitted || got.Body != nil || got.Header != nil {
+		t.Errorf("omitted body: %+v", got)
+	}
+
+	// Another key under keyN(0)'s hash (made to share it here, as two keys
+	// do once in 2^64) is seen but never answered with keyN(0)'s answer.
+	r.mu.Lock()
+	r.index[r.hash(keyN(7))] = r.index[r.hash(keyN(0))]
+	r.mu.Unlock()
+	if resp, seen := r.lookup(keyN(7), "fp"); resp != nil || !seen {
+		t.Errorf("a key sharing another's hash: answer %+v, seen %v; want none, seen", resp, seen)
+	}
 }

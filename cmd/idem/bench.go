@@ -47,6 +47,7 @@ prints (idem-http-<store>-<case> and minimum-http-<store>-<case>).
 	cmd.Flags().IntVar(&o.Concurrency, "concurrency", 8, "requests in flight")
 	cmd.Flags().BoolVar(&o.Sealed, "sealed", false, "measure the middleware with keys sealed and kept bodies encrypted (what IDEM_KEY_SECRET and IDEM_BODY_KEYS turn on); its RESULT lines are idem-http-sealed-<store>-<case>")
 	cmd.Flags().BoolVar(&o.StoreReplays, "store-replays", false, "measure replays read from the store, with the answers kept in memory after a completion turned off (idemhttp's MemoryReplayFor); its RESULT lines are idem-http-storereplays-<store>-<case>")
+	cmd.Flags().StringVar(&o.Side, "side", "", "measure one side alone, middleware or minimum (for a --cpuprofile of it); no ratio is printed")
 	var cpuProfile string
 	cmd.PersistentFlags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole measurement (both sides) to this file, for go tool pprof")
 	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
@@ -72,6 +73,9 @@ prints (idem-http-<store>-<case> and minimum-http-<store>-<case>).
 		if o.Requests < 1 || o.Rounds < 1 || o.Concurrency < 1 || o.ReplayRequests < 0 {
 			return &usageError{fmt.Errorf("--requests, --rounds and --concurrency must be positive, and --replay-requests not negative")}
 		}
+		if o.Side != "" && o.Side != "middleware" && o.Side != "minimum" {
+			return &usageError{fmt.Errorf("--side must be middleware or minimum, not %q", o.Side)}
+		}
 		o.Out = a.stderr
 		o.Results = a.stdout
 		cs, err := bench.Run(cmd.Context(), &o)
@@ -83,7 +87,7 @@ prints (idem-http-<store>-<case> and minimum-http-<store>-<case>).
 		for _, c := range cs {
 			if c.Case == "first" {
 				for _, r := range cs {
-					if r.Store == c.Store && r.Case == "replay" {
+					if r.Store == c.Store && r.Case == "replay" && c.Middleware.PerSecond > 0 {
 						fmt.Fprintf(a.stdout, "%s: replays run at %.2fx the speed of first executions\n",
 							c.Store, r.Middleware.PerSecond/c.Middleware.PerSecond)
 					}
