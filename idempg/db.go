@@ -69,6 +69,10 @@ type DB struct {
 	// beginSQL and commitSQL begin and commit the transactions of WithTx
 	// and Store.CompleteTx, as Config.TxOptions say.
 	beginSQL, commitSQL string
+	// readCommitted says that those transactions run at READ COMMITTED, so
+	// that each of their statements sees what committed before it began
+	// (Store.ClaimTx relies on it to claim a key by its lock).
+	readCommitted bool
 }
 
 // Open connects to the PostgreSQL database at url (a postgres:// URL or a
@@ -117,7 +121,8 @@ func Open(ctx context.Context, url string, cfg *Config) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idempg: open: %w", secreturl.Scrub(err, url))
 	}
-	db := &DB{pool: pool, schema: c.Schema, clock: c.Clock, beginSQL: beginSQL(c.TxOptions), commitSQL: "commit"}
+	db := &DB{pool: pool, schema: c.Schema, clock: c.Clock, beginSQL: beginSQL(c.TxOptions), commitSQL: "commit",
+		readCommitted: c.TxOptions.IsoLevel == pgx.ReadCommitted && c.TxOptions.BeginQuery == ""}
 	if c.TxOptions.CommitQuery != "" {
 		db.commitSQL = c.TxOptions.CommitQuery
 	}

@@ -93,44 +93,63 @@
 //
 // Store.ClaimTx (idem.TxClaimer) goes one step further, and is what
 // idemhttp's middleware uses with this store: the claim is made in the
-// transaction that then runs the work and completes the key. The claim's
-// INSERT goes with BEGIN in one round trip, the work's statements follow,
-// and the completion goes with the COMMIT:
+// transaction that then runs the work and completes the key. The claim goes
+// with BEGIN in one round trip, the work's statements follow, and the
+// key's row goes with the COMMIT:
 //
 //	claim, kept, err := store.ClaimTx(ctx, req, 5*time.Second, func(ctx context.Context, c idem.Claim) (idem.Response, bool, error) {
 //		err := db.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) error { ... })
 //		...
 //	})
 //
-// Nobody else ever sees the key in flight: the row is uncommitted until it
-// is completed. A crash of the process, a failed or unkept work, a panic:
-// the server or the store rolls the transaction back and the key is as it
-// was, free at once for the client's retry, with no lease to wait out and
-// nothing to release. And a first execution costs one server transaction
-// instead of two, with no look for waiters after the commit (nobody can
-// wait for a row nobody sees), and a plain UPDATE for the completion, which
-// cannot be refused since the transaction holds the row it inserted.
+// Nobody else ever sees the key in flight. At READ COMMITTED (the default
+// of Config.TxOptions) a new key is claimed by its lock, a transaction
+// advisory lock on a hash of scope and key (the function idem_key_lock),
+// and its row is written once, completed, in the transaction's last
+// statement: while the work runs there is no row at all, only the lock.
+// At REPEATABLE READ and SERIALIZABLE the row is inserted in flight after
+// the same lock, and stays uncommitted until it is completed. A crash of
+// the process, a failed or unkept work, a panic: the server or the store
+// rolls the transaction back and the key is as it was, free at once for
+// the client's retry, with no lease to wait out and nothing to release.
+// And a first execution costs one server transaction instead of two, one
+// row version (at READ COMMITTED) with no update of it, and no look for
+// waiters after the commit (nobody can wait for a row nobody sees).
 //
-// A duplicate arriving meanwhile runs into the uncommitted row: its own
-// INSERT waits for the first transaction to end, holding a connection, at
-// most as long as the wait it was given (lock_timeout, set for that
-// statement alone), and then answers as the key is: completed (a replay),
-// or free again because the first rolled back (the duplicate runs). Under
-// REPEATABLE READ and SERIALIZABLE the INSERT that waited fails with a
-// serialization failure, and ClaimTx begins again with a snapshot that sees
-// the key. A duplicate that waits longer than its wait is answered InFlight.
-// So the work runs once at every isolation level
-// (TestClaimTxDuplicatesWhileInFlight), and waiting duplicates wake the
-// moment the first commits, without LISTEN.
+// A duplicate arriving meanwhile runs into the lock: its own claim waits
+// for the first transaction to end, holding a connection, at most as long
+// as the wait it was given (lock_timeout, set for that statement alone),
+// and then answers as the key is: completed (a replay), or free again
+// because the first rolled back (the duplicate runs). Under REPEATABLE READ
+// and SERIALIZABLE the claim that waited fails with a serialization
+// failure, and ClaimTx begins again with a snapshot that sees the key. A
+// duplicate that waits longer than its wait is answered InFlight. Every
+// other claim that could create the key's row takes the lock first too:
+// Store.Claim's INSERT waits for it as it would for an uncommitted row, and
+// so does the function idem_claim before it inserts. So the work runs once
+// at every isolation level (TestClaimTxDuplicatesWhileInFlight,
+// TestClaimTxLockHoldsOffClaim), and waiting duplicates wake the moment the
+// first commits, without LISTEN.
+//
+// Upgrading replicas from a release whose claims did not take the lock
+// (before migration 0003 of idem_keys): until the last replica of the
+// earlier release stops, one of them may claim a key while a newer
+// replica's ClaimTx holds it by its lock alone. The work then runs on both;
+// the newer one's row then fails to insert, its transaction rolls back
+// with everything its work wrote, and its ClaimTx returns
+// idem.ErrLeaseLost (idemhttp answers 503, and the client's retry gets the
+// other execution's answer): one execution's writes commit, but an effect
+// outside the database would happen twice. Stop the earlier release's
+// replicas before the newer ones take traffic when that matters.
 //
 // What it costs: a duplicate waits with a connection of the pool, where
 // Claim's waiters hold none, so a slow first execution with many
 // duplicates can take a pool's connections until they give up; and a key
 // that exists takes a round trip more than with Claim (the transaction
-// that found it is rolled back in the answer's round trip). Keys that exist
-// and must be written to be claimed (expired, or held by a Claim whose
-// lease ended) are claimed as Claim claims them, in the transaction the
-// work then runs in, with a fenced completion.
+// that found it is rolled back). Keys that exist and must be written to be
+// claimed (expired, or held by a Claim whose lease ended) are claimed as
+// Claim claims them, in the transaction the work then runs in, with a
+// fenced completion.
 //
 // # Time
 //
@@ -283,10 +302,11 @@
 //
 //	idem bench --postgres 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
 //
-// which prints both sides and their ratio. The gap it shows is the
-// server's work on idem_keys itself: a wider row than the minimum's table
-// (the fingerprint, the token, the times), a second index (expires_at, for
-// Purge), and the lease and the database's clock computed in the claim.
+// which prints both sides and their ratio, and each side's CPU per
+// request. The minimum writes its key's row twice (the insert and the
+// update of its response); ClaimTx writes it once, a wider row than the
+// minimum's (the fingerprint, the token, the times) with a second index
+// (expires_at, for Purge).
 //
 // # Purge
 //

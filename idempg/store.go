@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -143,9 +144,13 @@ func checkText(field, s string) error {
 //
 // $7 turns synchronous_commit off for the rest of the transaction (see
 // Claim); CASE calls set_config only when it is set.
-const insertClaimSQL = `WITH n AS MATERIALIZED (
+//
+// It first takes the key's lock (see ClaimTx), waiting for a ClaimTx that
+// holds the key without a row to end, and reads the time after the wait.
+const insertClaimSQL = `WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock(idem_key_lock($1::text, $2::text))),
+n AS MATERIALIZED (
 	SELECT coalesce($6::timestamptz, clock_timestamp()) AS t,
-		CASE WHEN $7::boolean THEN set_config('synchronous_commit', 'off', true) END AS async)
+		CASE WHEN $7::boolean THEN set_config('synchronous_commit', 'off', true) END AS async FROM l)
 INSERT INTO idem_keys AS k (scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at)
 SELECT $1::text, $2::text, $3::text, 'in_flight', idem_clock_us(), n.t,
 	n.t + $4::bigint * interval '1 microsecond', n.t + $5::bigint * interval '1 microsecond'
@@ -300,15 +305,16 @@ func (s *Store) claimExisting(ctx context.Context, q querier, st *txState, req i
 	return claimOf(*outcome, tookOver, row, req)
 }
 
-// insertClaimTxSQL is insertClaimSQL for ClaimTx, in its transaction: the
-// INSERT may wait for another transaction that inserted the key and has not
-// ended, and lock_timeout ($7) bounds that wait for this statement alone:
-// it is set before the INSERT and, when the INSERT returns a row, set back
-// to what it was. (When it returns none, ClaimTx rolls the transaction
-// back.)
+// insertClaimTxSQL is insertClaimSQL for ClaimTx at an isolation level
+// above READ COMMITTED, in its transaction: the key's lock and the INSERT
+// may wait for another transaction that holds the key and has not ended,
+// and lock_timeout ($7) bounds those waits for this statement alone: it is
+// set before them and, when the INSERT returns a row, set back to what it
+// was. (When it returns none, ClaimTx rolls the transaction back.)
 const insertClaimTxSQL = `WITH o AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lt),
-n AS MATERIALIZED (
-	SELECT coalesce($6::timestamptz, clock_timestamp()) AS t, set_config('lock_timeout', $7, true) AS lt FROM o)
+s AS MATERIALIZED (SELECT set_config('lock_timeout', $7, true) FROM o),
+l AS MATERIALIZED (SELECT pg_advisory_xact_lock(idem_key_lock($1::text, $2::text)) FROM s),
+n AS MATERIALIZED (SELECT coalesce($6::timestamptz, clock_timestamp()) AS t FROM l)
 INSERT INTO idem_keys AS k (scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at)
 SELECT $1::text, $2::text, $3::text, 'in_flight', idem_clock_us(), n.t,
 	n.t + $4::bigint * interval '1 microsecond', n.t + $5::bigint * interval '1 microsecond'
@@ -333,20 +339,38 @@ const maxClaimTxAttempts = 5
 // never seen in flight by anyone else, and a crash, a failed work or a
 // rollback leave no trace of the claim.
 //
-// A new key costs the claim's INSERT (with BEGIN, in one round trip), then
-// work's statements, then the completion with COMMIT (one round trip), and
-// one server transaction: against Claim and CompleteTx, a transaction and
-// the wake-up of waiters fewer. A key that exists costs a round trip more
-// than Claim: the answer is read in the transaction, which is then rolled
-// back.
+// At READ COMMITTED (the default), a new key is claimed by its lock, an
+// advisory lock on a hash of scope and key (the function idem_key_lock)
+// that the transaction holds until it ends, and its row is written once,
+// completed, with the COMMIT: BEGIN, the lock (with a new fencing token
+// and the time) and a read of the key go in one round trip, then work's
+// statements, then the row's INSERT with COMMIT in one more, and one
+// server transaction. Against an INSERT of the key in flight first and an
+// UPDATE at the end, that is one row version and one WAL record less per
+// first execution, which is what makes the server's share of a first
+// execution no more than a hand-written minimum's. Every other claim that
+// could create the key's row takes the same lock first (Claim, and the
+// function idem_claim), so none can claim the key while work runs; and
+// should a row of the key appear anyway (a replica of an earlier release,
+// which does not take the lock, claimed it meanwhile), the INSERT fails,
+// everything work wrote is rolled back, and ClaimTx returns
+// idem.ErrLeaseLost.
 //
-// A concurrent ClaimTx of the same key waits in its INSERT for the first
-// transaction to end, holding its connection, at most wait (lock_timeout):
-// when the first commits, it answers Completed (or Mismatch); when the
-// first rolls back, it claims the key itself. After wait it answers
-// InFlight. Under REPEATABLE READ and SERIALIZABLE, a claim that waited
-// fails with a serialization failure, and ClaimTx begins again (up to five
-// times) with a snapshot that sees the key.
+// At a stricter isolation level the key's row is inserted in flight first,
+// after the same lock, and completed at the end: the transaction's
+// snapshot is taken by its first statement, before the lock could be
+// waited for.
+//
+// A key that exists costs one round trip more than Claim: the answer is
+// read in the transaction, which is then rolled back.
+//
+// A concurrent ClaimTx of the same key waits for the first transaction to
+// end, holding its connection, at most wait (lock_timeout): when the first
+// commits, it answers Completed (or Mismatch); when the first rolls back,
+// it claims the key itself. After wait it answers InFlight. Under
+// REPEATABLE READ and SERIALIZABLE, a claim that waited fails with a
+// serialization failure, and ClaimTx begins again (up to five times) with
+// a snapshot that sees the key.
 //
 // A key that exists and must be written to be claimed (its TTL passed, or
 // its lease ended: taken over) is claimed as Claim does, in a new
@@ -366,6 +390,9 @@ func (s *Store) ClaimTx(ctx context.Context, req idem.ClaimRequest, wait time.Du
 		return idem.Claim{}, false, ErrNestedCompleteTx
 	}
 	lockTimeout := strconv.FormatInt(max(wait.Milliseconds(), 1), 10) + "ms"
+	if s.db.readCommitted {
+		return s.claimTxLocked(ctx, req, lockTimeout, work)
+	}
 	for attempt := 1; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return idem.Claim{}, false, err
@@ -388,6 +415,138 @@ func (s *Store) ClaimTx(ctx context.Context, req idem.ClaimRequest, wait time.Du
 			return s.claimTxExisting(ctx, req, work)
 		}
 	}
+}
+
+// lockClaimSQL takes the key's lock if no other transaction holds it, and
+// reads a new fencing token and the time: ClaimTx's claim of a new key at
+// READ COMMITTED, whose row insertCompletedSQL writes once work is done.
+const lockClaimSQL = `SELECT pg_try_advisory_xact_lock(idem_key_lock($1::text, $2::text)), idem_clock_us(),
+	coalesce($3::timestamptz, clock_timestamp())`
+
+// waitLockClaimSQL is lockClaimSQL for a key whose lock another
+// transaction holds: it waits for the lock, at most lock_timeout ($3), set
+// for this statement alone and set back after the wait, and reads the
+// token and the time after it.
+const waitLockClaimSQL = `WITH o AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lt),
+s AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) FROM o),
+l AS MATERIALIZED (SELECT pg_advisory_xact_lock(idem_key_lock($1::text, $2::text)) FROM s)
+SELECT set_config('lock_timeout', (SELECT lt FROM o), true), idem_clock_us(),
+	coalesce($4::timestamptz, clock_timestamp()) FROM l`
+
+// insertCompletedSQL writes the row of a key claimed by its lock, completed
+// (see ClaimTx). A row of the key that is there already (which only a
+// claimant that did not take the lock can have written) fails it with a
+// unique violation.
+const insertCompletedSQL = `INSERT INTO idem_keys (scope, key, fingerprint, state, token, status, header, body, body_omitted,
+	created_at, lease_expires_at, expires_at, completed_at)
+VALUES ($1, $2, $3, 'completed', $4, $5, $6, $7, $8, $9::timestamptz,
+	$9::timestamptz + $10::bigint * interval '1 microsecond', $9::timestamptz + $11::bigint * interval '1 microsecond',
+	coalesce($12::timestamptz, clock_timestamp()))`
+
+// uniqueViolation is the SQLSTATE of insertCompletedSQL's refusal.
+const uniqueViolation = "23505"
+
+// claimTxLocked is ClaimTx at READ COMMITTED: BEGIN, the key's lock and a
+// read of the key in one round trip. The read is a statement of its own
+// after the lock's, so that its snapshot sees whatever a transaction that
+// held the lock before committed.
+func (s *Store) claimTxLocked(ctx context.Context, req idem.ClaimRequest, lockTimeout string, work idem.ClaimedWork) (idem.Claim, bool, error) {
+	st, txCtx := s.db.newTx(ctx)
+	defer st.rollback(false)
+	c, err := st.use()
+	if err != nil {
+		return idem.Claim{}, false, fmt.Errorf("idempg: claim: %w", err)
+	}
+	scope, key := string(req.Scope), string(req.Key)
+	var (
+		locked bool
+		token  int64
+		now    time.Time
+		ans    answerRow
+	)
+	b := &pgx.Batch{}
+	b.Queue(st.beginSQL)
+	b.Queue(lockClaimSQL, scope, key, s.db.now()).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&locked, &token, &now)
+	})
+	b.Queue(answerSQL, scope, key, string(req.Fingerprint), s.db.now()).QueryRow(ans.scan)
+	if err := c.SendBatch(ctx, b).Close(); err != nil {
+		return idem.Claim{}, false, fmt.Errorf("idempg: claim: %w", err)
+	}
+	if !locked {
+		// Another transaction holds the key: wait for it to end, then
+		// read the key again.
+		ans = answerRow{}
+		b := &pgx.Batch{}
+		b.Queue(waitLockClaimSQL, scope, key, lockTimeout, s.db.now()).QueryRow(func(row pgx.Row) error {
+			return row.Scan(nil, &token, &now)
+		})
+		b.Queue(answerSQL, scope, key, string(req.Fingerprint), s.db.now()).QueryRow(ans.scan)
+		err := c.SendBatch(ctx, b).Close()
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
+			return idem.Claim{Outcome: idem.InFlight, Record: idem.Record{
+				Scope: req.Scope, Key: req.Key, State: idem.StateInFlight,
+			}}, false, nil
+		case err != nil:
+			return idem.Claim{}, false, fmt.Errorf("idempg: claim: %w", err)
+		}
+	}
+	switch {
+	case ans.found && ans.outcome != nil:
+		claim, err := claimOf(*ans.outcome, false, ans.row, req)
+		return claim, false, err
+	case ans.found:
+		// The key must be written to be claimed (expired, or its lease
+		// ended): claimed as Claim claims it, in a new transaction.
+		st.rollback(false)
+		return s.claimTxExisting(ctx, req, work)
+	}
+	created := now.UTC()
+	claim := idem.Claim{Outcome: idem.Acquired, Token: idem.Token(token), Record: idem.Record{
+		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint,
+		State: idem.StateInFlight, Token: idem.Token(token), CreatedAt: created,
+		LeaseExpiresAt: created.Add(time.Duration(micros(req.Lease)) * time.Microsecond),
+		ExpiresAt:      created.Add(time.Duration(micros(req.TTL)) * time.Microsecond),
+	}}
+	resp, keep, err := work(txCtx, claim)
+	if err != nil || !keep {
+		return claim, false, err
+	}
+	header, err := headerArg(resp.Header)
+	if err != nil {
+		return claim, false, fmt.Errorf("idempg: complete: %w", err)
+	}
+	_, err = st.commit(&stmt{insertCompletedSQL, []any{scope, key, string(req.Fingerprint), token,
+		int32(resp.Status), header, resp.Body, resp.BodyOmitted, now, micros(req.Lease), micros(req.TTL), s.db.now()}}, false)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == uniqueViolation:
+		return claim, false, fmt.Errorf("idempg: complete: the key was claimed by a claimant that did not take its lock, and this execution was rolled back: %w", idem.ErrLeaseLost)
+	case err != nil:
+		return claim, false, fmt.Errorf("idempg: complete: %w", err)
+	}
+	return claim, true, nil
+}
+
+// answerRow is answerSQL's row, read in a batch.
+type answerRow struct {
+	found   bool
+	outcome *string
+	row     recordRow
+}
+
+func (a *answerRow) scan(row pgx.Row) error {
+	err := row.Scan(append([]any{&a.outcome}, a.row.dest()...)...)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return err
+	}
+	a.found = true
+	return nil
 }
 
 // claimTxOnce begins a transaction and claims a new key in it. When the
@@ -546,16 +705,25 @@ const wakeSQL = `SELECT pg_notify($1, $2) FROM idem_waiters WHERE scope = $3 AND
 
 // completeArgs are the arguments of completeSQL and completeOrRefuseSQL.
 func (s *Store) completeArgs(ref idem.Ref, resp idem.Response) ([]any, error) {
-	var header any // NULL unless there is a header
-	if resp.Header != nil {
-		b, err := json.Marshal(resp.Header)
-		if err != nil {
-			return nil, fmt.Errorf("encoding the header: %w", err)
-		}
-		header = json.RawMessage(b)
+	header, err := headerArg(resp.Header)
+	if err != nil {
+		return nil, err
 	}
 	return []any{string(ref.Scope), string(ref.Key), int64(ref.Token),
 		int32(resp.Status), header, resp.Body, resp.BodyOmitted, s.db.now()}, nil
+}
+
+// headerArg is a response header as the column header takes it: NULL
+// unless there is a header.
+func headerArg(h http.Header) (any, error) {
+	if h == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the header: %w", err)
+	}
+	return json.RawMessage(b), nil
 }
 
 // refused reports the failure of completeOrRefuseSQL's refusal.
