@@ -27,7 +27,19 @@ type Config struct {
 	// ReadConns is the number of read-only connections, which serve Get and
 	// the caller's reads without waiting for the writer. Defaults to 4.
 	ReadConns int
+	// GroupCommit is how long synced write transactions that queue for
+	// the writer one behind the other may keep sharing one transaction,
+	// each in a savepoint, so that one commit (one fsync) serves them all:
+	// a group commits as soon as nobody synced waits behind it, or when it
+	// has been open this long. Each transaction's WithTx (or CompleteTx,
+	// ClaimTx) returns once its group has committed. See the package
+	// documentation, "Group commit", for what a transaction shares with its
+	// group. Defaults to 2ms; negative commits every transaction alone.
+	GroupCommit time.Duration
 }
+
+// defaultGroupCommit is Config.GroupCommit's default.
+const defaultGroupCommit = 2 * time.Millisecond
 
 // DB is one SQLite database file opened for idem: a single writer
 // connection, on which every write transaction runs in turn, and a pool of
@@ -55,6 +67,9 @@ func Open(path string, cfg *Config) (*DB, error) {
 	}
 	if c.ReadConns == 0 {
 		c.ReadConns = 4
+	}
+	if c.GroupCommit == 0 {
+		c.GroupCommit = defaultGroupCommit
 	}
 	switch {
 	case c.BusyTimeout < 0:
@@ -128,7 +143,7 @@ func Open(path string, cfg *Config) (*DB, error) {
 		writer.Close()
 		return nil, fmt.Errorf("idemsqlite: open %s for reading: %w", path, err)
 	}
-	return &DB{path: abs, writer: writer, reader: reader}, nil
+	return &DB{path: abs, writer: writer, reader: reader, queue: writerQueue{window: c.GroupCommit}}, nil
 }
 
 // dsn returns a SQLite URI for the file at the absolute path abs. The URI

@@ -31,7 +31,7 @@ func queued(t *testing.T, q *writerQueue, n int) {
 func TestWriterQueueOrder(t *testing.T) {
 	var q writerQueue
 	ctx := t.Context()
-	if err := q.acquire(ctx); err != nil {
+	if err := q.acquire(ctx, true); err != nil {
 		t.Fatal(err)
 	}
 	order := make(chan int, 4)
@@ -39,10 +39,10 @@ func TestWriterQueueOrder(t *testing.T) {
 	left := make(chan error, 1)
 	for i := range 4 {
 		if i == 2 {
-			go func() { left <- q.acquire(gone) }()
+			go func() { left <- q.acquire(gone, true) }()
 		} else {
 			go func() {
-				if err := q.acquire(ctx); err != nil {
+				if err := q.acquire(ctx, true); err != nil {
 					t.Error(err)
 				}
 				order <- i
@@ -63,7 +63,7 @@ func TestWriterQueueOrder(t *testing.T) {
 		}
 	}
 	// Free again: the next caller takes it at once.
-	if err := q.acquire(ctx); err != nil {
+	if err := q.acquire(ctx, true); err != nil {
 		t.Fatal(err)
 	}
 	q.release()
@@ -74,12 +74,12 @@ func TestWriterQueueOrder(t *testing.T) {
 func TestWriterQueueHandOffToEndedCaller(t *testing.T) {
 	var q writerQueue
 	ctx := t.Context()
-	if err := q.acquire(ctx); err != nil {
+	if err := q.acquire(ctx, true); err != nil {
 		t.Fatal(err)
 	}
 	ended, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- q.acquire(ended) }()
+	go func() { done <- q.acquire(ended, true) }()
 	queued(t, &q, 1)
 	// The turn is handed over and the context ended together: whichever
 	// the waiter sees first, the turn must not be lost.
@@ -91,7 +91,7 @@ func TestWriterQueueHandOffToEndedCaller(t *testing.T) {
 	}
 	got := make(chan struct{})
 	go func() {
-		if err := q.acquire(ctx); err != nil {
+		if err := q.acquire(ctx, true); err != nil {
 			t.Error(err)
 		}
 		close(got)

@@ -329,10 +329,18 @@ func (s *Store) ClaimTx(ctx context.Context, req idem.ClaimRequest, wait time.Du
 		return idem.Claim{}, false, fmt.Errorf("idemsqlite: claim: %w", err)
 	}
 	if claim.Outcome != idem.Acquired {
+		// The answer may come from a transaction of the group not yet
+		// committed: it stands once the group has.
+		if err := st.end(false); err != nil {
+			return idem.Claim{}, false, fmt.Errorf("idemsqlite: claim: %w", err)
+		}
 		return claim, false, nil
 	}
 	resp, keep, err := work(txCtx, claim)
 	if err != nil || !keep {
+		if gerr := st.end(false); gerr != nil {
+			return claim, false, fmt.Errorf("idemsqlite: claim: commit: %w", gerr)
+		}
 		return claim, false, err
 	}
 	if tx = st.begun(); tx == nil {
@@ -547,6 +555,9 @@ func (s *Store) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) 
 
 	resp, keep, err := work(txCtx)
 	if err != nil || !keep {
+		if gerr := st.end(false); gerr != nil {
+			return false, fmt.Errorf("idemsqlite: complete: commit: %w", gerr)
+		}
 		return false, err
 	}
 	tx, err := st.begin()
@@ -558,6 +569,9 @@ func (s *Store) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) 
 		return false, fmt.Errorf("idemsqlite: complete: %w", err)
 	}
 	if already {
+		if err := st.end(false); err != nil {
+			return false, fmt.Errorf("idemsqlite: complete: commit: %w", err)
+		}
 		return true, nil
 	}
 	if err := st.end(true); err != nil {

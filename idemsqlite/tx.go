@@ -34,10 +34,16 @@ type txState struct {
 	// already, so that transactions of two databases can nest.
 	outer *txState
 
-	mu     sync.Mutex
-	tx     *sql.Tx
-	queued bool // the transaction holds the writer's turn (writerQueue) until it ends
-	ended  bool
+	mu sync.Mutex
+	tx *sql.Tx
+	// group is the shared transaction (see writerQueue) that the
+	// transaction is a member of, holding the writer's turn until it ends;
+	// nil for a transaction of its own (unsyncedTx's). afterOthers: members
+	// joined the group before it, so it may have read their writes before
+	// they committed.
+	group       *txGroup
+	afterOthers bool
+	ended       bool
 }
 
 // carried returns the transaction of db that ctx carries, or nil.
@@ -65,15 +71,15 @@ func (st *txState) begin() (*sql.Tx, error) {
 		return nil, errTxEnded
 	}
 	if st.tx == nil {
-		if err := st.db.queue.acquire(st.ctx); err != nil {
+		if err := st.db.queue.acquire(st.ctx, true); err != nil {
 			return nil, err
 		}
-		tx, err := st.db.writer.BeginTx(st.ctx, nil)
+		g, afterOthers, err := st.db.queue.join(st.db.writer)
 		if err != nil {
 			st.db.queue.release()
 			return nil, err
 		}
-		st.tx, st.queued = tx, true
+		st.tx, st.group, st.afterOthers = g.tx, g, afterOthers
 	}
 	return st.tx, nil
 }
@@ -90,23 +96,40 @@ func (st *txState) begun() *sql.Tx {
 
 // end commits or rolls back the transaction, if it began. Only the first
 // call does anything, so a deferred rollback after a commit is harmless.
+//
+// A member of a group (see writerQueue) commits by releasing its savepoint
+// into the group's transaction, and returns once the group has committed,
+// with the group's outcome. One that rolls back returns nil at once, unless
+// it ran after others in its group: it then waits for the group too, and
+// returns the group's failure, if any, which its caller returns instead of
+// its own result.
 func (st *txState) end(commit bool) error {
 	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.ended {
+	if st.ended || st.tx == nil {
+		st.ended = true
+		st.mu.Unlock()
 		return nil
 	}
 	st.ended = true
-	if st.tx == nil {
+	g := st.group
+	if g == nil {
+		defer st.mu.Unlock()
+		if commit {
+			return st.tx.Commit()
+		}
+		return st.tx.Rollback()
+	}
+	err := g.leave(commit)
+	st.mu.Unlock()
+	st.db.queue.release()
+	switch {
+	case err != nil:
+		return err
+	case !commit && !st.afterOthers:
 		return nil
 	}
-	if st.queued {
-		defer st.db.queue.release()
-	}
-	if commit {
-		return st.tx.Commit()
-	}
-	return st.tx.Rollback()
+	<-g.done
+	return g.err
 }
 
 // WithTx runs fn in a write transaction and passes it the transaction, and
@@ -124,7 +147,13 @@ func (st *txState) end(commit bool) error {
 // unchanged) or panics (the panic goes on). Nested WithTx calls made with the
 // context fn receives join this transaction.
 //
-// Inside fn use only tx, and ctx for nested calls. Never use db.Writer(): the
+// The transaction commits together with those queued just before and just
+// after it (see the package documentation, "Group commit"): WithTx returns
+// once that commit is on disk, and when it fails, WithTx returns an error
+// that says "commit" whatever fn returned.
+//
+// Inside fn use only tx, and ctx for nested calls, and never call tx.Commit
+// or tx.Rollback: WithTx ends the transaction. Never use db.Writer(): the
 // transaction holds the writer's only connection, so that call would wait
 // for the transaction, which waits for fn — a deadlock. Store methods called
 // with ctx are safe: they join the transaction.
@@ -162,6 +191,11 @@ func (db *DB) withTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 		return &txError{"begin", err}
 	}
 	if err := fn(txCtx, tx); err != nil {
+		if gerr := st.end(false); gerr != nil {
+			// fn's error may rest on writes that never committed: it is
+			// told, not returned (a caller must not act on it).
+			return &txError{"commit", fmt.Errorf("%w (before it, the transaction's own error: %v)", gerr, err)}
+		}
 		return err
 	}
 	if err := st.end(true); err != nil {
@@ -202,7 +236,7 @@ func (db *DB) unsyncedTx(ctx context.Context, handOut bool, fn func(ctx context.
 	if db.carried(ctx) != nil {
 		return db.withTx(ctx, fn)
 	}
-	if err := db.queue.acquire(ctx); err != nil {
+	if err := db.queue.acquire(ctx, false); err != nil {
 		return &txError{"begin", err}
 	}
 	defer db.queue.release()
