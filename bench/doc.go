@@ -30,5 +30,12 @@
 // in turned order (A B, B A, ...), so that drift on a shared machine hits
 // both alike, and the ratio is the median of the rounds' ratios, each
 // taken between two measurements made back to back.
+//
+// Each side's CPU per request is measured too: this process's (user and
+// system time, the runtime's included) over the round's requests. With the
+// store on the same machine, a ratio below one with the same CPU per
+// request on both sides says the gap is the server's work, and a higher
+// CPU per request says it is the client's. Options.Side measures one side
+// alone, for a CPU profile of it.
 // `idem bench` prints the table.
 package bench
