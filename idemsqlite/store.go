@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/http"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -97,6 +98,12 @@ var (
 			status = NULL, header = NULL, body = NULL, body_omitted = 0,
 			created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
 			expires_at = excluded.expires_at, completed_at = NULL`)
+	// sqlInsertCompletedKey writes the record of a key claimed in
+	// ClaimTx's transaction, completed, once its work is done.
+	sqlInsertCompletedKey = keysSQL(`INSERT INTO idem_keys
+		(scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at,
+			status, header, body, body_omitted, completed_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
 	sqlCompleteKey = keysSQL(`UPDATE idem_keys
 		SET state = ?, status = ?, header = ?, body = ?, body_omitted = ?, completed_at = ?
 		WHERE scope = ? AND key = ? AND token = ? AND state = ?`)
@@ -258,6 +265,13 @@ func (s *Store) claimIn(ctx context.Context, r runner, req idem.ClaimRequest) (i
 	if err != nil {
 		return idem.Claim{}, err
 	}
+	return s.claimFound(ctx, r, req, fresh, rec, found, now)
+}
+
+// claimFound decides the claim of req on the writer, given the key's
+// record as load found it (found false: none), and writes the claim when it
+// acquires the key. fresh is the record a claim of an absent key writes.
+func (s *Store) claimFound(ctx context.Context, r runner, req idem.ClaimRequest, fresh, rec idem.Record, found bool, now time.Time) (idem.Claim, error) {
 	if found && live(rec, now) {
 		switch {
 		case rec.Fingerprint != req.Fingerprint:
@@ -288,7 +302,8 @@ func (s *Store) claimIn(ctx context.Context, r runner, req idem.ClaimRequest) (i
 
 // ClaimTx implements idem.TxClaimer: the claim, work's writes and the
 // completion are one write transaction, one synced commit, where Claim
-// and CompleteTx take two. No other connection sees the key in flight: a
+// and CompleteTx take two. A new key's record is written once, completed,
+// with work's writes (see claimTxIn). No other connection sees the key in flight: a
 // crash, a failed or unkept work, or a panic rolls the claim back with the
 // rest, leaving the key free at once.
 //
@@ -324,7 +339,7 @@ func (s *Store) ClaimTx(ctx context.Context, req idem.ClaimRequest, wait time.Du
 	if err != nil {
 		return idem.Claim{}, false, fmt.Errorf("idemsqlite: claim: begin: %w", err)
 	}
-	claim, err := s.claimIn(ctx, s.db.in(tx), req)
+	claim, absent, err := s.claimTxIn(ctx, s.db.in(tx), req)
 	if err != nil {
 		return idem.Claim{}, false, fmt.Errorf("idemsqlite: claim: %w", err)
 	}
@@ -346,7 +361,12 @@ func (s *Store) ClaimTx(ctx context.Context, req idem.ClaimRequest, wait time.Du
 	if tx = st.begun(); tx == nil {
 		return claim, false, fmt.Errorf("idemsqlite: complete: %w", errTxEnded)
 	}
-	if _, err := s.complete(ctx, tx, idem.Ref{Scope: req.Scope, Key: req.Key, Token: claim.Token}, resp); err != nil {
+	if absent {
+		err = s.insertCompleted(ctx, tx, claim.Record, resp)
+	} else {
+		_, err = s.complete(ctx, tx, idem.Ref{Scope: req.Scope, Key: req.Key, Token: claim.Token}, resp)
+	}
+	if err != nil {
 		return claim, false, fmt.Errorf("idemsqlite: complete: %w", err)
 	}
 	if err := st.end(true); err != nil {
@@ -355,17 +375,68 @@ func (s *Store) ClaimTx(ctx context.Context, req idem.ClaimRequest, wait time.Du
 	return claim, true, nil
 }
 
+// claimTxIn is ClaimTx's claim, on the writer: the key is read first, and
+// an absent key is claimed without a write (absent): the transaction holds
+// the writer, so nobody else can claim the key before it ends, and the
+// record is written once, completed, with the work's writes
+// (insertCompleted), where a claim written first would be updated at the
+// end. A key that exists is claimed as Claim claims it.
+func (s *Store) claimTxIn(ctx context.Context, r runner, req idem.ClaimRequest) (claim idem.Claim, absent bool, err error) {
+	now := s.clock.Now()
+	rec, found, err := load(ctx, r, req.Scope, req.Key)
+	if err != nil {
+		return idem.Claim{}, false, err
+	}
+	fresh := idem.Record{
+		Scope:          req.Scope,
+		Key:            req.Key,
+		Fingerprint:    req.Fingerprint,
+		State:          idem.StateInFlight,
+		Token:          nextToken(0, now),
+		CreatedAt:      now,
+		LeaseExpiresAt: now.Add(req.Lease),
+		ExpiresAt:      now.Add(req.TTL),
+	}
+	if !found {
+		return idem.Claim{Outcome: idem.Acquired, Token: fresh.Token, Record: fresh}, true, nil
+	}
+	claim, err = s.claimFound(ctx, r, req, fresh, rec, found, now)
+	return claim, false, err
+}
+
+// insertCompleted writes rec, claimed by claimTxIn without a write,
+// completed with resp, in tx.
+func (s *Store) insertCompleted(ctx context.Context, tx *sql.Tx, rec idem.Record, resp idem.Response) error {
+	header, err := headerText(resp.Header)
+	if err != nil {
+		return err
+	}
+	_, err = s.db.in(tx).exec(ctx, sqlInsertCompletedKey, string(rec.Scope), string(rec.Key), string(rec.Fingerprint),
+		stateCompleted, int64(rec.Token), rec.CreatedAt.UnixNano(), rec.LeaseExpiresAt.UnixNano(), rec.ExpiresAt.UnixNano(),
+		resp.Status, header, resp.Body, resp.BodyOmitted, s.clock.Now().UnixNano())
+	return err
+}
+
+// headerText is a response header as the column header keeps it: NULL
+// unless there is a header.
+func headerText(h http.Header) (sql.NullString, error) {
+	if h == nil {
+		return sql.NullString{}, nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return sql.NullString{}, fmt.Errorf("encoding the header: %w", err)
+	}
+	return sql.NullString{String: string(b), Valid: true}, nil
+}
+
 // complete marks ref's record completed with resp, in tx. already reports
 // that the same token had completed it before, in which case nothing was
 // written.
 func (s *Store) complete(ctx context.Context, tx *sql.Tx, ref idem.Ref, resp idem.Response) (already bool, err error) {
-	var header sql.NullString
-	if resp.Header != nil {
-		b, err := json.Marshal(resp.Header)
-		if err != nil {
-			return false, fmt.Errorf("encoding the header: %w", err)
-		}
-		header = sql.NullString{String: string(b), Valid: true}
+	header, err := headerText(resp.Header)
+	if err != nil {
+		return false, err
 	}
 	r := s.db.in(tx)
 	res, err := r.exec(ctx, sqlCompleteKey, stateCompleted, resp.Status, header, resp.Body, resp.BodyOmitted, s.clock.Now().UnixNano(),
