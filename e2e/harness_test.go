@@ -217,12 +217,17 @@ func (e *testEnv) serveArgs(extra ...string) []string {
 
 // keyClaimOpen reports whether a transaction that claimed a key is open
 // and waiting for its client: idempg claims a key in the request's own
-// transaction, whose row nobody else sees until it commits, so the claim
-// shows as a session idle in a transaction that holds idem_keys for writing.
+// transaction, by an advisory lock on the key (at READ COMMITTED, with no
+// row until the commit) or by a row nobody else sees until it commits, so
+// the claim shows as a session idle in a transaction that has read or
+// written idem_keys and holds an advisory lock, or holds idem_keys for
+// writing.
 func (e *testEnv) keyClaimOpen(ctx context.Context) (bool, error) {
 	var n int
 	err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-		WHERE l.relation = to_regclass($1) AND l.mode = 'RowExclusiveLock' AND a.state = 'idle in transaction'`,
+		WHERE l.relation = to_regclass($1) AND a.state = 'idle in transaction'
+		AND (l.mode = 'RowExclusiveLock'
+			OR EXISTS (SELECT FROM pg_locks k WHERE k.pid = l.pid AND k.locktype = 'advisory' AND k.granted))`,
 		pgx.Identifier{e.schema, "idem_keys"}.Sanitize()).Scan(&n)
 	return n > 0, err
 }
