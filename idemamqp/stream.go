@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -38,6 +39,13 @@ const (
 // brought.
 type channelGen struct {
 	ch *amqp.Channel
+	// conn is the connection ch is on; dropped is set when the transport
+	// abandons it (see Transport.abandon): its deliveries waiting in
+	// buffered are then not handed out, since their acknowledgements could
+	// only fail, and the broker delivers them again once the connection has
+	// closed.
+	conn    *amqp.Connection
+	dropped atomic.Bool
 	// buffered holds the channel's deliveries as they arrive, so that
 	// NextBatch can take at once those already there; it is closed when
 	// the channel's deliveries end.
@@ -183,7 +191,7 @@ func multipleUpTo(unsettled map[uint64]struct{}, mine map[uint64]bool, received 
 // start declares and binds the queue and starts consuming on a new
 // channel.
 func (s *stream) start(ctx context.Context) error {
-	ch, err := s.t.channel(ctx)
+	ch, conn, err := s.t.channelOn(ctx)
 	if err != nil {
 		return err
 	}
@@ -232,6 +240,7 @@ func (s *stream) start(ctx context.Context) error {
 	}
 	gen := &channelGen{
 		ch:        ch,
+		conn:      conn,
 		buffered:  make(chan *amqp.Delivery, min(prefetch, maxBuffered)),
 		unsettled: make(map[uint64]struct{}),
 		received:  1,
@@ -309,6 +318,9 @@ func (s *stream) take(ctx context.Context, max int) ([]idem.Delivery, error) {
 		case <-s.done:
 			return nil, idem.ErrClosed
 		case d, ok := <-gen.buffered:
+			if ok && gen.dropped.Load() {
+				continue // see channelGen.dropped
+			}
 			if ok {
 				ds := []idem.Delivery{s.handOut(gen, d)}
 				for len(ds) < max {

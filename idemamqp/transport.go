@@ -85,19 +85,25 @@ func Open(ctx context.Context, url string, cfg *Config) (*Transport, error) {
 // channel opens a channel, dialling when the connection is missing or
 // closed.
 func (t *Transport) channel(ctx context.Context) (*amqp.Channel, error) {
+	ch, _, err := t.channelOn(ctx)
+	return ch, err
+}
+
+// channelOn is channel, with the connection the channel is on.
+func (t *Transport) channelOn(ctx context.Context) (*amqp.Channel, *amqp.Connection, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		return nil, idem.ErrClosed
+		return nil, nil, idem.ErrClosed
 	}
 	if t.conn == nil || t.conn.IsClosed() {
 		conn, err := t.dial(ctx)
 		if err != nil {
 			t.mu.Unlock()
-			return nil, err
+			return nil, nil, err
 		}
 		t.conn = conn
 	}
@@ -108,9 +114,9 @@ func (t *Transport) channel(ctx context.Context) (*amqp.Channel, error) {
 	t.mu.Unlock()
 	ch, err := conn.Channel()
 	if err != nil {
-		return nil, fmt.Errorf("idemamqp: open a channel: %w", err)
+		return nil, nil, fmt.Errorf("idemamqp: open a channel: %w", err)
 	}
-	return ch, nil
+	return ch, conn, nil
 }
 
 // dial connects to the first of the nodes that answers, starting after
@@ -186,9 +192,22 @@ func (t *Transport) abandon(ctx context.Context, why error) {
 	t.mu.Lock()
 	conn := t.conn
 	t.conn = nil
+	streams := make([]*stream, 0, len(t.streams))
+	for s := range t.streams {
+		streams = append(streams, s)
+	}
 	t.mu.Unlock()
 	if conn == nil || conn.IsClosed() {
 		return
+	}
+	// Before the connection is closed, in the background: a stream's next
+	// delivery must not be one already waiting on it.
+	for _, s := range streams {
+		s.mu.Lock()
+		if s.gen != nil && s.gen.conn == conn {
+			s.gen.dropped.Store(true)
+		}
+		s.mu.Unlock()
 	}
 	t.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "RabbitMQ stopped answering on a connection; dropping it", slog.String("error", why.Error()))
 	go func() { _ = conn.CloseDeadline(time.Now().Add(closeTimeout)) }()
