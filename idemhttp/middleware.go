@@ -413,6 +413,7 @@ type execCtx struct {
 	parent   context.Context
 	deadline time.Time
 	ex       Execution
+	noEx     bool // carries no Execution of its own (detached's)
 
 	inner   atomic.Pointer[deadlineCtx] // nil until needed
 	mu      sync.Mutex                  // serialises making inner, and stop
@@ -472,6 +473,9 @@ func (c *execCtx) String() string {
 
 func (c *execCtx) Value(key any) any {
 	if _, ok := key.(ctxKey); ok {
+		if c.noEx {
+			return c.parent.Value(key)
+		}
 		return c.ex
 	}
 	// Other values include the context package's own lookups (for
@@ -916,7 +920,13 @@ func (m *Middleware) waitChange(ctx context.Context, wk waitKey, changed <-chan 
 // detached is the context for writing an outcome after the effect: a client
 // hanging up must not leave the key in flight.
 func detached(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	// An execCtx with no Execution of its own (the request's, if any,
+	// comes from ctx): its timer is made only if the store asks for Done
+	// or Err (rueidis reads the deadline alone), which saves a first
+	// execution on Redis about a microsecond.
+	c := newExecCtx(context.WithoutCancel(ctx), 10*time.Second, Execution{})
+	c.noEx = true
+	return c, c.stop
 }
 
 // answerOf is what the middleware keeps in memory of a completion, beside

@@ -64,7 +64,7 @@ func newRecentKeys(n int, keepFor time.Duration, maxBytes int, clock idem.Clock)
 		return nil
 	}
 	return &recentKeys{clock: clock, keepFor: max(keepFor, 0), maxBytes: maxBytes, seed: maphash.MakeSeed(),
-		index: make(map[uint64]int32, min(n, 1024)), slots: make([]recentSlot, n)}
+		index: make(map[uint64]int32, n), slots: make([]recentSlot, n)}
 }
 
 func (r *recentKeys) hash(k waitKey) uint64 { return maphash.Comparable(r.seed, k) }
@@ -120,8 +120,10 @@ func (r *recentKeys) keep(k waitKey, fp idem.Fingerprint, resp *idem.Response, e
 		if last := expires.Add(-r.keepFor); last.Before(until) {
 			until = last
 		}
-		if now.Before(until) && answerSize(k, fp, resp) <= r.maxBytes/64 {
-			enc = encodeAnswer(k, fp, resp)
+		if now.Before(until) && len(resp.Body) <= r.maxBytes/64 {
+			if enc = encodeAnswer(k, fp, resp); len(enc) > r.maxBytes/64 {
+				enc = nil
+			}
 		}
 	}
 	h := r.hash(k)
@@ -158,25 +160,16 @@ func (r *recentKeys) forgetOldest() {
 	r.n--
 }
 
-// answerSize is the length of encodeAnswer's encoding.
-func answerSize(k waitKey, fp idem.Fingerprint, resp *idem.Response) int {
-	n := 4*4 + 1 + len(k.scope) + len(k.key) + len(fp) + 4 + len(resp.Body)
-	for name, vs := range resp.Header {
-		n += 4 + len(name) + 4
-		for _, v := range vs {
-			n += 4 + len(v)
-		}
-	}
-	return n
-}
-
 // encodeAnswer encodes k, fp and resp into one byte slice: lengths as
 // 32-bit little-endian numbers, each before its bytes.
 //
 //	scope key fingerprint status flags(1: body omitted) headers(count, then
 //	name and values(count, then each)) body
 func encodeAnswer(k waitKey, fp idem.Fingerprint, resp *idem.Response) []byte {
-	b := make([]byte, 0, answerSize(k, fp, resp))
+	// Room for all but the headers, which are few and short: iterating
+	// over them once more to size them exactly costs more than the
+	// occasional growth.
+	b := make([]byte, 0, 64+len(k.scope)+len(k.key)+len(fp)+len(resp.Body))
 	b = appendString(b, string(k.scope))
 	b = appendString(b, string(k.key))
 	b = appendString(b, string(fp))
@@ -194,7 +187,8 @@ func encodeAnswer(k waitKey, fp idem.Fingerprint, resp *idem.Response) []byte {
 			b = appendString(b, v)
 		}
 	}
-	return appendString(b, string(resp.Body))
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(resp.Body)))
+	return append(b, resp.Body...)
 }
 
 func appendString(b []byte, s string) []byte {

@@ -1,0 +1,34 @@
+package idemhttp
+
+import (
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// BenchmarkRecentKeys measures what a first execution costs the recent
+// keys: a lookup that finds nothing, then the keep of its answer, with the
+// default bounds and the ring full.
+func BenchmarkRecentKeys(b *testing.B) {
+	r := newRecentKeys(defaultRecentKeys, defaultMemoryReplayFor, defaultMemoryReplayBytes, idem.SystemClock{})
+	resp := &idem.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"pay_bench","status":"succeeded"}`)}
+	expires := time.Now().Add(24 * time.Hour)
+	keys := make([]waitKey, 2*defaultRecentKeys)
+	for i := range keys {
+		keys[i] = waitKey{"", idem.Key("first-0-" + strconv.Itoa(i))}
+	}
+	for _, k := range keys[:defaultRecentKeys] {
+		r.keep(k, "fp", resp, expires)
+	}
+	i := 0
+	for b.Loop() {
+		k := keys[i%len(keys)]
+		i++
+		if _, seen := r.lookup(k, "fp"); !seen {
+			r.keep(k, "fp", resp, expires)
+		}
+	}
+}
