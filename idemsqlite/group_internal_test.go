@@ -53,6 +53,21 @@ func committedIDs(t *testing.T, db *DB) []string {
 	return ids
 }
 
+// writeAfter checks that the writer serves a transaction after a group
+// that failed, and that only its write is there.
+func writeAfter(t *testing.T, db *DB) {
+	t.Helper()
+	if err := db.WithTx(t.Context(), func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO ids (id) VALUES ('after')`)
+		return err
+	}); err != nil {
+		t.Fatalf("the transaction after the failed group: %v", err)
+	}
+	if got := committedIDs(t, db); !slices.Equal(got, []string{"after"}) {
+		t.Errorf("committed %v, want [after]", got)
+	}
+}
+
 // member is one WithTx of a group test: it writes its id, then runs then.
 type member struct {
 	id    string
@@ -203,15 +218,7 @@ func TestGroupCommitFailureFailsEveryMember(t *testing.T) {
 	if got := committedIDs(t, db); len(got) != 0 {
 		t.Errorf("committed %v, want nothing", got)
 	}
-	if err := db.WithTx(t.Context(), func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO ids (id) VALUES ('after')`)
-		return err
-	}); err != nil {
-		t.Fatalf("the transaction after the failed group: %v", err)
-	}
-	if got := committedIDs(t, db); !slices.Equal(got, []string{"after"}) {
-		t.Errorf("committed %v, want [after]", got)
-	}
+	writeAfter(t, db)
 }
 
 var (
@@ -262,15 +269,7 @@ func TestGroupCommitInterruptedMember(t *testing.T) {
 	if got := committedIDs(t, db); len(got) != 0 {
 		t.Errorf("committed %v, want nothing", got)
 	}
-	if err := db.WithTx(t.Context(), func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO ids (id) VALUES ('after')`)
-		return err
-	}); err != nil {
-		t.Fatalf("the transaction after the interrupted group: %v", err)
-	}
-	if got := committedIDs(t, db); !slices.Equal(got, []string{"after"}) {
-		t.Errorf("committed %v, want [after]", got)
-	}
+	writeAfter(t, db)
 }
 
 // A transaction that does not join groups (an unsynced one: a claim, a

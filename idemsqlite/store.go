@@ -241,16 +241,7 @@ func (s *Store) claimIn(ctx context.Context, r runner, req idem.ClaimRequest) (i
 	now := s.clock.Now()
 	// A new key, the common case, is claimed by one INSERT that finds no
 	// row in its way; only a key that exists is read and decided on.
-	fresh := idem.Record{
-		Scope:          req.Scope,
-		Key:            req.Key,
-		Fingerprint:    req.Fingerprint,
-		State:          idem.StateInFlight,
-		Token:          nextToken(0, now),
-		CreatedAt:      now,
-		LeaseExpiresAt: now.Add(req.Lease),
-		ExpiresAt:      now.Add(req.TTL),
-	}
+	fresh := freshRecord(req, now)
 	res, err := r.exec(ctx, sqlInsertKey, string(fresh.Scope), string(fresh.Key), string(fresh.Fingerprint), stateInFlight, int64(fresh.Token),
 		fresh.CreatedAt.UnixNano(), fresh.LeaseExpiresAt.UnixNano(), fresh.ExpiresAt.UnixNano())
 	if err != nil {
@@ -266,6 +257,21 @@ func (s *Store) claimIn(ctx context.Context, r runner, req idem.ClaimRequest) (i
 		return idem.Claim{}, err
 	}
 	return s.claimFound(ctx, r, req, fresh, rec, found, now)
+}
+
+// freshRecord is the record a claim of req made at now writes for a key
+// that has none.
+func freshRecord(req idem.ClaimRequest, now time.Time) idem.Record {
+	return idem.Record{
+		Scope:          req.Scope,
+		Key:            req.Key,
+		Fingerprint:    req.Fingerprint,
+		State:          idem.StateInFlight,
+		Token:          nextToken(0, now),
+		CreatedAt:      now,
+		LeaseExpiresAt: now.Add(req.Lease),
+		ExpiresAt:      now.Add(req.TTL),
+	}
 }
 
 // claimFound decides the claim of req on the writer, given the key's
@@ -387,16 +393,7 @@ func (s *Store) claimTxIn(ctx context.Context, r runner, req idem.ClaimRequest) 
 	if err != nil {
 		return idem.Claim{}, false, err
 	}
-	fresh := idem.Record{
-		Scope:          req.Scope,
-		Key:            req.Key,
-		Fingerprint:    req.Fingerprint,
-		State:          idem.StateInFlight,
-		Token:          nextToken(0, now),
-		CreatedAt:      now,
-		LeaseExpiresAt: now.Add(req.Lease),
-		ExpiresAt:      now.Add(req.TTL),
-	}
+	fresh := freshRecord(req, now)
 	if !found {
 		return idem.Claim{Outcome: idem.Acquired, Token: fresh.Token, Record: fresh}, true, nil
 	}
