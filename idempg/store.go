@@ -234,11 +234,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	).Scan(&token, &created, &leaseEnd, &expiresAt)
 	switch {
 	case err == nil:
-		return idem.Claim{Outcome: idem.Acquired, Token: idem.Token(token), Record: idem.Record{
-			Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint,
-			State: idem.StateInFlight, Token: idem.Token(token),
-			CreatedAt: created.UTC(), LeaseExpiresAt: leaseEnd.UTC(), ExpiresAt: expiresAt.UTC(),
-		}}, nil
+		return acquiredClaim(req, token, created, leaseEnd, expiresAt), nil
 	case !errors.Is(err, pgx.ErrNoRows):
 		return idem.Claim{}, fmt.Errorf("idempg: claim: %w", err)
 	}
@@ -403,9 +399,7 @@ func (s *Store) ClaimTx(ctx context.Context, req idem.ClaimRequest, wait time.Du
 		case done:
 			return claim, kept, err
 		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
-			return idem.Claim{Outcome: idem.InFlight, Record: idem.Record{
-				Scope: req.Scope, Key: req.Key, State: idem.StateInFlight,
-			}}, false, nil
+			return waitedInFlight(req), false, nil
 		case errors.As(err, &pgErr) && pgErr.Code == serializationFailure && attempt < maxClaimTxAttempts:
 			continue
 		case err != nil:
@@ -486,9 +480,7 @@ func (s *Store) claimTxLocked(ctx context.Context, req idem.ClaimRequest, lockTi
 		var pgErr *pgconn.PgError
 		switch {
 		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
-			return idem.Claim{Outcome: idem.InFlight, Record: idem.Record{
-				Scope: req.Scope, Key: req.Key, State: idem.StateInFlight,
-			}}, false, nil
+			return waitedInFlight(req), false, nil
 		case err != nil:
 			return idem.Claim{}, false, fmt.Errorf("idempg: claim: %w", err)
 		}
@@ -503,13 +495,8 @@ func (s *Store) claimTxLocked(ctx context.Context, req idem.ClaimRequest, lockTi
 		st.rollback(false)
 		return s.claimTxExisting(ctx, req, work)
 	}
-	created := now.UTC()
-	claim := idem.Claim{Outcome: idem.Acquired, Token: idem.Token(token), Record: idem.Record{
-		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint,
-		State: idem.StateInFlight, Token: idem.Token(token), CreatedAt: created,
-		LeaseExpiresAt: created.Add(time.Duration(micros(req.Lease)) * time.Microsecond),
-		ExpiresAt:      created.Add(time.Duration(micros(req.TTL)) * time.Microsecond),
-	}}
+	claim := acquiredClaim(req, token, now,
+		now.Add(time.Duration(micros(req.Lease))*time.Microsecond), now.Add(time.Duration(micros(req.TTL))*time.Microsecond))
 	resp, keep, err := work(txCtx, claim)
 	if err != nil || !keep {
 		return claim, false, err
@@ -528,6 +515,24 @@ func (s *Store) claimTxLocked(ctx context.Context, req idem.ClaimRequest, lockTi
 		return claim, false, fmt.Errorf("idempg: complete: %w", err)
 	}
 	return claim, true, nil
+}
+
+// acquiredClaim is the claim of req that acquired a new key, with the
+// token and times the database gave it.
+func acquiredClaim(req idem.ClaimRequest, token int64, created, leaseEnd, expires time.Time) idem.Claim {
+	return idem.Claim{Outcome: idem.Acquired, Token: idem.Token(token), Record: idem.Record{
+		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint,
+		State: idem.StateInFlight, Token: idem.Token(token),
+		CreatedAt: created.UTC(), LeaseExpiresAt: leaseEnd.UTC(), ExpiresAt: expires.UTC(),
+	}}
+}
+
+// waitedInFlight is ClaimTx's answer when lock_timeout ended its wait for
+// another transaction that holds the key.
+func waitedInFlight(req idem.ClaimRequest) idem.Claim {
+	return idem.Claim{Outcome: idem.InFlight, Record: idem.Record{
+		Scope: req.Scope, Key: req.Key, State: idem.StateInFlight,
+	}}
 }
 
 // answerRow is answerSQL's row, read in a batch.
@@ -576,11 +581,7 @@ func (s *Store) claimTxOnce(ctx context.Context, req idem.ClaimRequest, lockTime
 	case err != nil:
 		return idem.Claim{}, false, false, false, err
 	}
-	claim = idem.Claim{Outcome: idem.Acquired, Token: idem.Token(token), Record: idem.Record{
-		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint,
-		State: idem.StateInFlight, Token: idem.Token(token),
-		CreatedAt: created.UTC(), LeaseExpiresAt: leaseEnd.UTC(), ExpiresAt: expiresAt.UTC(),
-	}}
+	claim = acquiredClaim(req, token, created, leaseEnd, expiresAt)
 	ref := idem.Ref{Scope: req.Scope, Key: req.Key, Token: claim.Token}
 	kept, err = s.workAndComplete(ctx, st, txCtx, ref, true, func(ctx context.Context) (idem.Response, bool, error) {
 		return work(ctx, claim)
