@@ -73,6 +73,12 @@ type DB struct {
 	// that each of their statements sees what committed before it began
 	// (Store.ClaimTx relies on it to claim a key by its lock).
 	readCommitted bool
+	// namedStatements says that the connections run their statements
+	// prepared (pgx's default exec mode, which a URL's
+	// default_query_exec_mode may change, for a pooler that keeps no
+	// prepared statements): Store.Replay then runs its own, prepared once
+	// per connection under a name.
+	namedStatements bool
 }
 
 // Open connects to the PostgreSQL database at url (a postgres:// URL or a
@@ -122,7 +128,8 @@ func Open(ctx context.Context, url string, cfg *Config) (*DB, error) {
 		return nil, fmt.Errorf("idempg: open: %w", secreturl.Scrub(err, url))
 	}
 	db := &DB{pool: pool, schema: c.Schema, clock: c.Clock, beginSQL: beginSQL(c.TxOptions), commitSQL: "commit",
-		readCommitted: c.TxOptions.IsoLevel == pgx.ReadCommitted && c.TxOptions.BeginQuery == ""}
+		readCommitted:   c.TxOptions.IsoLevel == pgx.ReadCommitted && c.TxOptions.BeginQuery == "",
+		namedStatements: pcfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement}
 	if c.TxOptions.CommitQuery != "" {
 		db.commitSQL = c.TxOptions.CommitQuery
 	}

@@ -297,6 +297,17 @@
 // same payment takes 4 round trips in one transaction; a replay takes 2
 // (TestRoundTrips counts those too).
 //
+// Store.Replay, the read that answers a duplicate before any claim, is one
+// SELECT of five columns, prepared once per connection under the name
+// idempg_replay and run through pgconn: its three parameters go as text
+// from one buffer and its row is read from the binary columns directly,
+// without pgx's conversions of each argument and column (BenchmarkReplay
+// measures it against the same SELECT through pgx, and against hand-written
+// code's SELECT of a status and a body by key). A store with a Config.Clock,
+// a call inside a carried transaction, and a URL whose
+// default_query_exec_mode is not cache_statement (for a pooler that keeps
+// no prepared statements) read through pgx instead.
+//
 // What this costs against the hand-written minimum (the same payment as one
 // transaction by hand) is measured, never quoted here, by
 //

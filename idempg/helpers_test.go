@@ -100,6 +100,17 @@ func withAppName(url, name string) string {
 	return url + sep + "application_name=" + name
 }
 
+// withExecMode returns url with pgx's default_query_exec_mode set to exec:
+// statements are then described and run unnamed, as behind a connection
+// pooler that keeps no prepared statements.
+func withExecMode(url string) string {
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	return url + sep + "default_query_exec_mode=exec"
+}
+
 // migratePayments creates the application table the tests write to, in the
 // same schema as the keys, the way the payment service does. It has no
 // unique constraint: only the store's fencing keeps a second execution's

@@ -889,48 +889,6 @@ func (s *Store) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.R
 	return rec, nil
 }
 
-// replaySQL reads what the replay of a completed, live key needs: whether
-// its fingerprint is $3, and the kept response. A completed record is live
-// while its TTL has not passed (liveSQL's lease clause is for keys in
-// flight).
-const replaySQL = `SELECT fingerprint = $3, status, header, body, body_omitted
-	FROM idem_keys
-	WHERE scope = $1 AND key = $2 AND state = 'completed'
-	  AND expires_at > coalesce($4::timestamptz, clock_timestamp())`
-
-// Replay implements idem.Replayer: one SELECT of five columns, where Get
-// reads eleven and turns them into a Record. With Config.Clock nil, expiry
-// is judged by the database's clock. Called with a context whose
-// transaction of the DB has begun, it reads in that transaction.
-func (s *Store) Replay(ctx context.Context, scope idem.Scope, key idem.Key, fp idem.Fingerprint) (*idem.Response, bool, error) {
-	q := s.db.readQuerier(ctx)
-	var (
-		same   bool
-		status *int32
-		header []byte
-		resp   idem.Response
-	)
-	err := q.QueryRow(ctx, replaySQL, string(scope), string(key), string(fp), s.db.now()).
-		Scan(&same, &status, &header, &resp.Body, &resp.BodyOmitted)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil, false, nil
-	case err != nil:
-		return nil, false, fmt.Errorf("idempg: replay: %w", err)
-	case !same:
-		return nil, true, nil
-	}
-	if status != nil {
-		resp.Status = int(*status)
-	}
-	if header != nil {
-		if resp.Header, err = headerjson.Decode(header); err != nil {
-			return nil, false, fmt.Errorf("idempg: replay: stored header of %v: %w", key, err)
-		}
-	}
-	return &resp, false, nil
-}
-
 // purgeSQL deletes up to $2 records whose TTL has passed and that no live
 // lease holds.
 //
