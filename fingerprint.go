@@ -7,6 +7,8 @@ import (
 	"mime"
 	"net/url"
 	"strings"
+
+	"github.com/idem-go/idem/internal/jcs"
 )
 
 // Fingerprint identifies the content of a request, so that a key reused
@@ -39,7 +41,10 @@ func NewFingerprint(method, path, rawQuery, contentType string, body []byte) Fin
 	buf = appendField(buf, canonicalQuery(rawQuery))
 	kind, content := "bytes", body
 	if isJSONType(contentType) {
-		if canon, err := CanonicalJSON(body); err == nil {
+		// The canonical form goes to a buffer on the stack, which a
+		// small body fits: no allocation for it.
+		var canonStack [512]byte
+		if canon, err := jcs.AppendCanonical(canonStack[:0], body); err == nil {
 			kind, content = "json", canon
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"sync"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -56,21 +57,62 @@ const MaxDepth = 1000
 // rather than refused. APIs that carry such values should send them as JSON
 // strings, which are compared exactly.
 func Canonical(b []byte) ([]byte, error) {
-	if len(b) > math.MaxInt32 {
-		// Offsets into the input are kept as int32.
-		return nil, &canonicalError{reason: "input is larger than 2 GiB"}
-	}
-	p := jsonParser{s: b}
-	p.skipSpace()
-	root, err := p.value(0)
+	out, err := AppendCanonical(make([]byte, 0, len(b)), b)
 	if err != nil {
 		return nil, err
 	}
+	return out, nil
+}
+
+// AppendCanonical appends the canonical form of b to dst and returns the
+// extended slice, as Canonical would return it; on error dst is returned
+// as it was, with the error Canonical would return. The parser's working
+// memory is reused from call to call, so a small body canonicalised into
+// a dst with room for it allocates nothing.
+func AppendCanonical(dst, b []byte) ([]byte, error) {
+	if len(b) > math.MaxInt32 {
+		// Offsets into the input are kept as int32.
+		return dst, &canonicalError{reason: "input is larger than 2 GiB"}
+	}
+	p := parsers.Get().(*jsonParser)
+	defer p.release()
+	p.s = b
+	p.skipSpace()
+	root, err := p.value(0)
+	if err != nil {
+		return dst, err
+	}
 	p.skipSpace()
 	if p.i != len(p.s) {
-		return nil, p.syntaxErr(p.i, fmt.Sprintf("unexpected %s after the top-level value", p.describe(p.i)))
+		return dst, p.syntaxErr(p.i, fmt.Sprintf("unexpected %s after the top-level value", p.describe(p.i)))
 	}
-	return p.appendNode(make([]byte, 0, len(b)), root), nil
+	return p.appendNode(dst, root), nil
+}
+
+// parsers keeps parsers between calls, with their chunks and buffers.
+var parsers = sync.Pool{New: func() any { return new(jsonParser) }}
+
+// Limits on what a parser given back to parsers keeps: a parser that grew
+// larger for one big body is dropped instead, so that the pool holds only
+// what small bodies need.
+const (
+	keptChunks  = 1
+	keptBuf     = 4 << 10
+	keptMembers = 1 << 10
+)
+
+// release empties p, forgetting its input, and gives it back to parsers
+// unless it grew past the limits above.
+func (p *jsonParser) release() {
+	if len(p.chunks) > keptChunks || cap(p.buf) > keptBuf || cap(p.members) > keptMembers {
+		return
+	}
+	for i := range p.chunks {
+		p.chunks[i] = p.chunks[i][:0]
+	}
+	p.s, p.i, p.nodes = nil, 0, 0
+	p.buf, p.members = p.buf[:0], p.members[:0]
+	parsers.Put(p)
 }
 
 // jsonKind is the type of a parsed JSON value.
@@ -161,7 +203,8 @@ type jsonParser struct {
 const nodeChunkBits = 10
 
 // add appends n to the tree and returns its index. The first chunk starts
-// small and grows by appending, so a small body allocates little.
+// small and grows by appending, so a small body allocates little; a parser
+// reused from parsers appends to the chunks it kept.
 func (p *jsonParser) add(n jsonNode) int32 {
 	n.next = -1
 	c := int(p.nodes >> nodeChunkBits)

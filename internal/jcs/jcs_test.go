@@ -2,6 +2,7 @@ package jcs
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -406,6 +407,62 @@ func BenchmarkCanonicalJSONHostile(b *testing.B) {
 	for b.Loop() {
 		if _, err := Canonical(body); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestAppendCanonicalReusesParsers canonicalises, one after another so
+// that each call takes the parser the previous one gave back, inputs that
+// leave different things in it (strings with escapes, an error halfway
+// through an object, a body too big to keep), and checks every answer
+// against a parser used once.
+func TestAppendCanonicalReusesParsers(t *testing.T) {
+	var big strings.Builder
+	big.WriteString("[")
+	for i := range 3000 {
+		fmt.Fprintf(&big, `{"b\u0062":%d,"a":"x\ty"},`, i)
+	}
+	big.WriteString("0]")
+	inputs := []string{
+		`{"b":"\u00e9\n","a":[1,2,{"d":"\"","c":null}]}`,
+		`{"z":1,"y":{"x":"\u0041","w":`, // ends inside an object
+		`{"a":1,"a":2}`,
+		paymentBody,
+		big.String(),
+		`"\ud83d\ude00"`,
+		`{"k":"v"}`,
+		`[1e400]`,
+		`{}`,
+	}
+	fresh := func(in []byte) ([]byte, error) {
+		p := jsonParser{s: in}
+		p.skipSpace()
+		root, err := p.value(0)
+		if err != nil {
+			return nil, err
+		}
+		p.skipSpace()
+		if p.i != len(p.s) {
+			return nil, p.syntaxErr(p.i, "trailing")
+		}
+		return p.appendNode(nil, root), nil
+	}
+	for round := range 3 {
+		for i, in := range inputs {
+			want, wantErr := fresh([]byte(in))
+			got, err := AppendCanonical([]byte("prefix:"), []byte(in))
+			if (err != nil) != (wantErr != nil) {
+				t.Fatalf("round %d, input %d: error %v, want %v", round, i, err, wantErr)
+			}
+			if err != nil {
+				if string(got) != "prefix:" {
+					t.Errorf("round %d, input %d: failed call returned %q, want dst unchanged", round, i, got)
+				}
+				continue
+			}
+			if string(got) != "prefix:"+string(want) {
+				t.Errorf("round %d, input %d: got %.80q, want %.80q", round, i, got, "prefix:"+string(want))
+			}
 		}
 	}
 }
