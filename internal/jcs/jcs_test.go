@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"unicode/utf16"
 )
@@ -447,6 +448,21 @@ func TestAppendCanonicalReusesParsers(t *testing.T) {
 		}
 		return p.appendNode(nil, root), nil
 	}
+	// The same from several goroutines at once: each call owns the
+	// parser it took (go test -race watches).
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for i, in := range inputs {
+				want, wantErr := fresh([]byte(in))
+				got, err := AppendCanonical(nil, []byte(in))
+				if (err != nil) != (wantErr != nil) || string(got) != string(want) {
+					t.Errorf("concurrent, input %d: got %.80q, %v; want %.80q, %v", i, got, err, want, wantErr)
+				}
+			}
+		})
+	}
+	wg.Wait()
 	for round := range 3 {
 		for i, in := range inputs {
 			want, wantErr := fresh([]byte(in))
