@@ -299,38 +299,56 @@ func entryIDs(entries []idem.OutboxEntry) string {
 }
 
 // Headers and payloads come back byte for byte, also those jsonb cannot
-// hold; a zero time stays zero.
+// hold; a zero time stays zero, and a time set comes back. Both of Add's
+// statements are checked: several messages at once (from arrays) and one
+// at a time (a single-row INSERT).
 func TestOutboxRoundTripsBytes(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	o, err := idempg.NewOutbox(ctx, messagesDB(t), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	at := time.Date(2026, 3, 1, 12, 0, 0, 123456000, time.UTC)
 	msgs := []idem.Message{
 		{ID: "plain", Topic: "t", Headers: map[string]string{"a": "ünïcødé ✓", "": ""}, Payload: []byte("{}")},
 		{ID: "binary", Topic: "t", Headers: map[string]string{"k\x00": "\xff\xfe", "ok": "v"}, Payload: []byte{0, 0xff}},
 		{ID: "empty", Topic: "t", Key: "k"},
+		{ID: "timed", Topic: "t", Key: "k", Payload: []byte("x"), Time: at},
 	}
-	if err := o.Add(ctx, msgs...); err != nil {
-		t.Fatal(err)
-	}
-	got, err := o.Claim(ctx, "r", 10, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != len(msgs) {
-		t.Fatalf("Claim = %d entries, want %d", len(got), len(msgs))
-	}
-	for i, en := range got {
-		m, want := en.Message, msgs[i]
-		if m.ID != want.ID || m.Key != want.Key || !maps.Equal(m.Headers, want.Headers) ||
-			string(m.Payload) != string(want.Payload) || !m.Time.IsZero() {
-			t.Errorf("entry %d = %+v, want %+v", i, m, want)
-		}
-		if en.CreatedAt.IsZero() {
-			t.Errorf("entry %d: CreatedAt is zero, want the database's time", i)
-		}
+	for _, mode := range []string{"together", "one at a time"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			o, err := idempg.NewOutbox(ctx, messagesDB(t), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if mode == "together" {
+				err = o.Add(ctx, msgs...)
+			} else {
+				for _, m := range msgs {
+					if err = o.Add(ctx, m); err != nil {
+						break
+					}
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := o.Claim(ctx, "r", 10, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(msgs) {
+				t.Fatalf("Claim = %d entries, want %d", len(got), len(msgs))
+			}
+			for i, en := range got {
+				m, want := en.Message, msgs[i]
+				if m.ID != want.ID || m.Key != want.Key || !maps.Equal(m.Headers, want.Headers) ||
+					string(m.Payload) != string(want.Payload) || !m.Time.Equal(want.Time) {
+					t.Errorf("entry %d = %+v, want %+v", i, m, want)
+				}
+				if en.CreatedAt.IsZero() {
+					t.Errorf("entry %d: CreatedAt is zero, want the database's time", i)
+				}
+			}
+		})
 	}
 }
 

@@ -53,6 +53,13 @@ const outboxAddSQL = `INSERT INTO idem_outbox (` + messageColumns + `, created_a
 		(SELECT coalesce($8::timestamptz, clock_timestamp()) AS t) AS n
 	ORDER BY m.ord`
 
+// outboxAddOneSQL is outboxAddSQL for one message: a single-row INSERT,
+// which PostgreSQL plans and runs for less than the unnest of seven arrays,
+// and whose arguments pgx encodes without building arrays. An effect's
+// transaction usually announces one event.
+const outboxAddOneSQL = `INSERT INTO idem_outbox (` + messageColumns + `, created_at)
+	VALUES ($1, $2, $3, $4::text::jsonb, $5, $6, $7, coalesce($8::timestamptz, clock_timestamp()))`
+
 // Add implements idem.Outbox: it writes msgs in one statement, in the
 // transaction ctx carries (the caller's own, begun with WithTx, so that the
 // messages commit with the effect), or on its own, when ctx carries none.
@@ -90,7 +97,11 @@ func (o *Outbox) Add(ctx context.Context, msgs ...idem.Message) error {
 		return nil
 	}
 	q, err := o.db.writeQuerier(ctx)
-	if err == nil {
+	switch {
+	case err != nil:
+	case len(msgs) == 1:
+		_, err = q.Exec(ctx, outboxAddOneSQL, ids[0], topics[0], keys[0], headers[0], encoded[0], payloads[0], times[0], o.db.storeNow(o.clock))
+	default:
 		_, err = q.Exec(ctx, outboxAddSQL, ids, topics, keys, headers, encoded, payloads, times, o.db.storeNow(o.clock))
 	}
 	if err != nil {
