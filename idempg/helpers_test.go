@@ -92,23 +92,20 @@ func newStore(t testing.TB, db *idempg.DB) *idempg.Store {
 
 // withAppName returns url with the application_name parameter set, so a
 // test can find its own sessions in pg_stat_activity.
-func withAppName(url, name string) string {
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	return url + sep + "application_name=" + name
-}
+func withAppName(url, name string) string { return withParam(url, "application_name="+name) }
 
 // withExecMode returns url with pgx's default_query_exec_mode set to exec:
 // statements are then described and run unnamed, as behind a connection
 // pooler that keeps no prepared statements.
-func withExecMode(url string) string {
+func withExecMode(url string) string { return withParam(url, "default_query_exec_mode=exec") }
+
+// withParam returns url with the parameter "name=value" param added.
+func withParam(url, param string) string {
 	sep := "?"
 	if strings.Contains(url, "?") {
 		sep = "&"
 	}
-	return url + sep + "default_query_exec_mode=exec"
+	return url + sep + param
 }
 
 // migratePayments creates the application table the tests write to, in the

@@ -76,6 +76,11 @@ func AppendCanonical(dst, b []byte) ([]byte, error) {
 	}
 	p := parsers.Get().(*jsonParser)
 	defer p.release()
+	return p.appendCanonical(dst, b)
+}
+
+// appendCanonical is AppendCanonical on the empty parser p.
+func (p *jsonParser) appendCanonical(dst, b []byte) ([]byte, error) {
 	p.s = b
 	p.skipSpace()
 	root, err := p.value(0)
