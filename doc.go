@@ -54,10 +54,14 @@
 //
 // # Backends
 //
-// Every backend passes the conformance suites of idemtest for each seam it
-// implements (TestStore, TestInbox, TestTransport, TestOutbox,
-// TestDeadLetters, TestLedger), including a linearizability check of its
-// concurrent histories by Porcupine:
+// Each backend is a module of its own, so a program gets only the
+// dependencies of the backends it imports; this module (the vocabulary,
+// idemhttp, idemmem, consumer, outbox, deadletter, console) requires
+// nothing outside the standard library. Every backend passes the
+// conformance suites of idemtest for each seam it implements (TestStore,
+// TestMiddleware, TestInbox, TestTransport, TestOutbox, TestDeadLetters,
+// TestLedger), including a linearizability check of its concurrent
+// histories by Porcupine:
 //
 //   - idemsqlite: the embedded default, one file; every interface.
 //   - idempg: PostgreSQL; every interface, with a SKIP LOCKED transport and
@@ -73,14 +77,15 @@
 // NewInbox, NewTransport and the other New functions build one thing on a
 // handle or client the caller already has, which they never close.
 //
-// idemprom turns the toolkit's counters into Prometheus metrics. payments
-// is the reference payment service, the lab that shows all of this (it
-// double-charges in its unsafe mode and never otherwise), bench measures
-// idem against hand-written minimums, demo tells the lab's story, probe
-// checks any API's Idempotency-Key handling from outside, torture puts the
-// promise under load and faults, and cmd/idem runs them all (idem serve,
-// idem demo, idem dlq, idem keys, idem migrate, idem bench, idem probe,
-// idem torture).
+// idemprom turns the toolkit's counters into Prometheus metrics, and
+// idemotel into OpenTelemetry spans. The command, cmd/idem (a module
+// apart: go install github.com/idem-go/idem/cmd/idem@latest), runs the
+// reference payment service, the lab that shows all of this (it
+// double-charges in its unsafe mode and never otherwise), tells the lab's
+// story (idem demo), measures idem against hand-written minimums (idem
+// bench), checks any API's Idempotency-Key handling from outside (idem
+// probe), puts the promise under load and faults (idem torture), and
+// operates dead letters and keys (idem dlq, idem console, idem keys).
 //
 // # A key's life
 //

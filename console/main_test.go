@@ -3,9 +3,9 @@ package console_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/idem-go/idem/internal/leakcheck"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	leakcheck.Main(m)
 }

@@ -244,6 +244,6 @@
 // # Testing
 //
 // Time comes from Config.Clock and timers from Config.Timers, so a test
-// drives retries and heartbeats by moving a manual clock (idemtest.Clock)
+// drives retries and heartbeats by moving a manual clock (idemmem.Clock)
 // with Timers of its own, instead of sleeping.
 package consumer

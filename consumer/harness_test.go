@@ -13,7 +13,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consumer"
 	"github.com/idem-go/idem/idemmem"
-	"github.com/idem-go/idem/idemtest"
+	"github.com/idem-go/idem/internal/eventually"
 )
 
 const topic = "payments.succeeded"
@@ -25,7 +25,7 @@ const waitLimit = 20 * time.Second
 // fakeTimers are idem.Timers driven by a manual clock: Advance moves
 // the clock and fires the timers that are due.
 type fakeTimers struct {
-	clock *idemtest.Clock
+	clock *idemmem.Clock
 
 	mu      sync.Mutex
 	seq     int
@@ -38,7 +38,7 @@ type fakeTimer struct {
 	f  func()
 }
 
-func newFakeTimers(clock *idemtest.Clock) *fakeTimers {
+func newFakeTimers(clock *idemmem.Clock) *fakeTimers {
 	return &fakeTimers{clock: clock, pending: make(map[int]fakeTimer)}
 }
 
@@ -226,7 +226,7 @@ func (d *recDelivery) InProgress(ctx context.Context) error {
 // and stores, and a recorder of settlements.
 type harness struct {
 	t       *testing.T
-	clock   *idemtest.Clock
+	clock   *idemmem.Clock
 	timers  *fakeTimers
 	tr      *idemmem.Transport
 	rec     *recorder
@@ -238,7 +238,7 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
-	clock := idemtest.NewClock(time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC))
+	clock := idemmem.NewClock(time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC))
 	tr := idemmem.NewTransport(&idemmem.TransportConfig{Clock: clock, Poll: time.Millisecond})
 	t.Cleanup(func() { _ = tr.Close() })
 	return &harness{
@@ -322,7 +322,7 @@ func (h *harness) apply(ctx context.Context, m idem.Message) error {
 // waitFor polls cond until it holds, failing the test after waitLimit.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	idemtest.Eventually(t, waitLimit, what, cond)
+	eventually.True(t, waitLimit, what, cond)
 }
 
 // advanceUntil moves the clock by step, again and again, until cond holds,

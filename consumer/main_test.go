@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/idem-go/idem/internal/leakcheck"
 )
 
 // batchSize is the Config.BatchSize of the harness's consumers: the
@@ -13,7 +13,7 @@ import (
 var batchSize = 0
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(bothModes{m})
+	leakcheck.Main(bothModes{m})
 }
 
 // bothModes runs the package's tests twice: with batches, then one message

@@ -11,7 +11,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consumer"
 	"github.com/idem-go/idem/idemmem"
-	"github.com/idem-go/idem/idemtest"
+	"github.com/idem-go/idem/internal/eventually"
 )
 
 // tally is an Observer that counts outcomes and checks that every
@@ -104,7 +104,7 @@ func TestObserverSeesOutcomes(t *testing.T) {
 				s := c.Stats()
 				return s.Processed == 30 && s.Duplicates == 1 && s.DeadLettered == 2 && s.Parked == 1
 			}
-			idemtest.Eventually(t, 10*time.Second, "every message settled", settled)
+			eventually.True(t, 10*time.Second, "every message settled", settled)
 			cancel()
 			wg.Wait()
 			s := c.Stats()

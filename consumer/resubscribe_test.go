@@ -10,7 +10,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consumer"
-	"github.com/idem-go/idem/idemtest"
+	"github.com/idem-go/idem/internal/eventually"
 )
 
 // flakySubscriber stands for a broker that is unreachable at first, and
@@ -139,7 +139,7 @@ func TestSubscribedClosesWithTheFirstSubscription(t *testing.T) {
 			return false
 		}
 	}
-	idemtest.Eventually(t, waitLimit, "the first, refused, subscription", func() bool { return flaky.Subscribes() >= 1 })
+	eventually.True(t, waitLimit, "the first, refused, subscription", func() bool { return flaky.Subscribes() >= 1 })
 	if subscribed() {
 		t.Fatal("Subscribed closed after a refused subscription")
 	}

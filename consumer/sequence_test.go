@@ -2,30 +2,17 @@ package consumer_test
 
 import (
 	"context"
-	"crypto/rand"
-	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
-	"testing/fstest"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consumer"
-	"github.com/idem-go/idem/idempg"
-	"github.com/idem-go/idem/idemredis"
-	"github.com/idem-go/idem/idemsqlite"
-	"github.com/idem-go/idem/idemtest"
 )
 
 // accountEvent is an event of account acct-1 carrying the account's
@@ -55,15 +42,13 @@ type sequenceBackend struct {
 }
 
 // sequenceBackends are the inboxes the consumer's sequence tests run on:
-// the in-memory reference, and the real ones on their services.
+// the in-memory reference. (The SQL and Redis inboxes pass
+// idemtest.TestSequenceInbox in their own modules.)
 var sequenceBackends = []struct {
 	name string
 	open func(t *testing.T) sequenceBackend
 }{
 	{"memory", openMemoryBackend},
-	{"sqlite", openSQLiteBackend},
-	{"postgres", openPostgresBackend},
-	{"redis", openRedisBackend},
 }
 
 // forEachSequenceBackend runs test as a parallel subtest per backend.
@@ -82,150 +67,6 @@ func openMemoryBackend(t *testing.T) sequenceBackend {
 		inbox: h.inbox,
 		add:   func(ctx context.Context, name string) error { return h.applied.Add(ctx, name, 1) },
 		get:   func(_ *testing.T, name string) int { return int(h.applied.Get(name)) },
-	}
-}
-
-// countersTable is the effect table of the SQL backends.
-var countersTable = fstest.MapFS{
-	"0001_counters.sql": {Data: []byte(`CREATE TABLE counters (name text PRIMARY KEY, n bigint NOT NULL);`)},
-}
-
-func openSQLiteBackend(t *testing.T) sequenceBackend {
-	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "idem.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	if err := db.Migrate(t.Context(), "test_counters", countersTable); err != nil {
-		t.Fatal(err)
-	}
-	in, err := idemsqlite.NewInbox(t.Context(), db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sequenceBackend{
-		inbox: in,
-		add: func(ctx context.Context, name string) error {
-			return db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-				_, err := tx.ExecContext(ctx, `INSERT INTO counters (name, n) VALUES (?, 1)
-					ON CONFLICT (name) DO UPDATE SET n = n + 1`, name)
-				return err
-			})
-		},
-		get: func(t *testing.T, name string) int {
-			var n int
-			err := db.Reader().QueryRowContext(t.Context(), `SELECT n FROM counters WHERE name = ?`, name).Scan(&n)
-			if err != nil && !errors.Is(err, sql.ErrNoRows) {
-				t.Fatal(err)
-			}
-			return n
-		},
-	}
-}
-
-func randomName(prefix string) string {
-	b := make([]byte, 6)
-	rand.Read(b)
-	return prefix + hex.EncodeToString(b)
-}
-
-func openPostgresBackend(t *testing.T) sequenceBackend {
-	url := idemtest.RequireService(t, "PostgreSQL", "IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
-	schema := randomName("consumer_test_")
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-	})
-	// The machine's PostgreSQL is shared: keep each test's share small.
-	db, err := idempg.Open(t.Context(), url, &idempg.Config{Schema: schema, MaxConns: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	if err := db.Migrate(t.Context(), "test_counters", countersTable); err != nil {
-		t.Fatal(err)
-	}
-	in, err := idempg.NewInbox(t.Context(), db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sequenceBackend{
-		inbox: in,
-		add: func(ctx context.Context, name string) error {
-			return db.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `INSERT INTO counters (name, n) VALUES ($1, 1)
-					ON CONFLICT (name) DO UPDATE SET n = counters.n + 1`, name)
-				return err
-			})
-		},
-		get: func(t *testing.T, name string) int {
-			var n int
-			err := db.Pool().QueryRow(t.Context(), `SELECT n FROM counters WHERE name = $1`, name).Scan(&n)
-			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-				t.Fatal(err)
-			}
-			return n
-		},
-	}
-}
-
-func openRedisBackend(t *testing.T) sequenceBackend {
-	url := idemtest.RequireService(t, "Redis", "IDEM_REDIS_URL", "redis://127.0.0.1:6379/0")
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := redis.NewClient(opt)
-	prefix := randomName("consumer-test-")
-	t.Cleanup(func() {
-		defer client.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		keys, err := client.Keys(ctx, prefix+":*").Result()
-		if err == nil && len(keys) > 0 {
-			err = client.Unlink(ctx, keys...).Err()
-		}
-		if err != nil {
-			t.Errorf("deleting the test's keys: %v", err)
-		}
-	})
-	in, err := idemredis.NewInbox(t.Context(), client, &idemredis.InboxConfig{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := func(name string) string { return prefix + ":counter:" + name }
-	return sequenceBackend{
-		inbox: in,
-		add: func(ctx context.Context, name string) error {
-			pipe, ok := idemredis.InboxTx(ctx)
-			if !ok {
-				return errors.New("the context carries no inbox transaction")
-			}
-			return pipe.Incr(ctx, key(name)).Err()
-		},
-		get: func(t *testing.T, name string) int {
-			v, err := client.Get(t.Context(), key(name)).Result()
-			if errors.Is(err, redis.Nil) {
-				return 0
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		},
 	}
 }
 

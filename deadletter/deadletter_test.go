@@ -12,14 +12,13 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/deadletter"
 	"github.com/idem-go/idem/idemmem"
-	"github.com/idem-go/idem/idemtest"
 )
 
 var t0 = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 
 type env struct {
 	t       *testing.T
-	clock   *idemtest.Clock
+	clock   *idemmem.Clock
 	letters *idemmem.DeadLetters
 	ledger  *idemmem.Ledger
 	outbox  *idemmem.Outbox
@@ -28,7 +27,7 @@ type env struct {
 
 func newEnv(t *testing.T, cfg *deadletter.Config) *env {
 	t.Helper()
-	clock := idemtest.NewClock(t0)
+	clock := idemmem.NewClock(t0)
 	e := &env{
 		t:       t,
 		clock:   clock,

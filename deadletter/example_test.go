@@ -9,15 +9,14 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/deadletter"
 	"github.com/idem-go/idem/idemmem"
-	"github.com/idem-go/idem/idemtest"
 )
 
 // exampleStores returns in-memory stores holding one dead letter of the
 // settlement consumer for key acct-1, with a later message of the key
 // parked behind it, as the consumer leaves them.
-func exampleStores() (*idemmem.DeadLetters, *idemmem.Ledger, *idemmem.Outbox, *idemtest.Clock, string) {
+func exampleStores() (*idemmem.DeadLetters, *idemmem.Ledger, *idemmem.Outbox, *idemmem.Clock, string) {
 	ctx := context.Background()
-	clock := idemtest.NewClock(time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC))
+	clock := idemmem.NewClock(time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC))
 	letters := idemmem.NewDeadLetters(&idemmem.DeadLettersConfig{Clock: clock})
 	ledger := idemmem.NewLedger()
 	outbox := idemmem.NewOutbox(&idemmem.OutboxConfig{Clock: clock})

@@ -13,7 +13,7 @@ import (
 	"github.com/idem-go/idem/consumer"
 	"github.com/idem-go/idem/deadletter"
 	"github.com/idem-go/idem/idemmem"
-	"github.com/idem-go/idem/idemtest"
+	"github.com/idem-go/idem/internal/eventually"
 	"github.com/idem-go/idem/outbox"
 )
 
@@ -112,5 +112,5 @@ func TestRedriveThroughThePipeline(t *testing.T) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	idemtest.Eventually(t, 10*time.Second, what, cond)
+	eventually.True(t, 10*time.Second, what, cond)
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/consumer/consumertest"
 	"github.com/idem-go/idem/idemamqp"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -75,7 +76,9 @@ func rabbitFailover(t *testing.T, cluster *idemtest.RabbitMQCluster, url string,
 		figures += "-sequence"
 	}
 	var leader, killed *idemtest.RabbitMQNode
-	idemtest.RunEventFailover(t, idemtest.EventFailover{
+	consumertest.RunEventFailover(t, consumertest.EventFailover{
+		Report:     idemtest.ClusterResult,
+		PerKey:     40 * idemtest.ClusterScale(t),
 		Engine:     "rabbitmq",
 		Sequence:   sequence,
 		Publisher:  tr,

@@ -1,22 +1,20 @@
 package idemhttp_test
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemmem"
-	"github.com/idem-go/idem/idemsqlite"
 )
 
 // BenchmarkMiddleware measures the middleware in front of a trivial handler
-// on each store, for first executions and for replays, beside the bare
+// on the in-memory store (each database store's module measures it on that
+// store), for first executions and for replays, beside the bare
 // handler as the baseline of the same run. Compare with benchstat, or read
 // the ns/op ratios directly:
 //
@@ -47,18 +45,6 @@ func BenchmarkMiddleware(b *testing.B) {
 	})
 	stores := map[string]func(b *testing.B) idem.Store{
 		"mem": func(*testing.B) idem.Store { return idemmem.NewStore(nil) },
-		"sqlite": func(b *testing.B) idem.Store {
-			db, err := idemsqlite.Open(filepath.Join(b.TempDir(), "bench.db"), nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { db.Close() })
-			s, err := idemsqlite.NewStore(context.Background(), db, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return s
-		},
 	}
 	// The same with an Observer that does nothing: what the seam itself
 	// costs once it is set (unset, it costs nothing: compare mem/first
@@ -72,7 +58,7 @@ func BenchmarkMiddleware(b *testing.B) {
 			serve(b, h, fmt.Sprintf("first-%d", i))
 		}
 	})
-	for _, name := range []string{"mem", "sqlite"} {
+	for _, name := range []string{"mem"} {
 		b.Run(name+"/first", func(b *testing.B) {
 			m, _ := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: stores[name](b)})
 			h := m.Handler(handler)

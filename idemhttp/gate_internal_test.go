@@ -2,121 +2,17 @@ package idemhttp
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmem"
-	"github.com/idem-go/idem/idempg"
-	"github.com/idem-go/idem/idemtest"
 )
-
-// With a store that claims keys in the request's transaction (idempg), a
-// duplicate waiting in the database holds a pool connection. A burst of
-// duplicates of one slow request must not take the whole pool: they wait at
-// the key's gate in the process, and a request for another key still gets
-// a connection and runs. Once the slow one commits, every duplicate replays
-// its answer.
-func TestDuplicatesOfASlowRequestLeaveThePoolToOthers(t *testing.T) {
-	url := idemtest.RequireService(t, "PostgreSQL", "IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
-	b := make([]byte, 6)
-	rand.Read(b)
-	schema := "idemhttp_test_" + hex.EncodeToString(b)
-	db, err := idempg.Open(t.Context(), url, &idempg.Config{Schema: schema, MaxConns: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		db.Pool().Exec(ctx, `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
-		db.Close()
-	})
-	store, err := idempg.NewStore(t.Context(), db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
-	m, err := New(&Config{SharedScope: true, Store: store, InflightWait: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	entered := make(chan struct{})
-	release := make(chan struct{})
-	var releaseOnce sync.Once
-	letGo := func() { releaseOnce.Do(func() { close(release) }) }
-	// Registered after the DB's cleanup, so it runs first: a failing test
-	// lets the slow request go before the pool is closed.
-	t.Cleanup(letGo)
-	var slowRuns atomic.Int32
-	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, key, _ := KeyFromContext(r.Context())
-		if key == "slow" {
-			slowRuns.Add(1)
-			close(entered)
-			<-release
-		}
-		w.WriteHeader(http.StatusCreated)
-		io.WriteString(w, "done "+string(key))
-	}))
-	send := func(ctx context.Context, key string) *httptest.ResponseRecorder {
-		req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/payments", strings.NewReader(`{"amount":1}`))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(HeaderKey, key)
-		rr := httptest.NewRecorder()
-		h.ServeHTTP(rr, req)
-		return rr
-	}
-
-	const dups = 10
-	answers := make(chan *httptest.ResponseRecorder, dups+1)
-	var wg sync.WaitGroup
-	wg.Go(func() { answers <- send(t.Context(), "slow") })
-	<-entered
-	for range dups {
-		wg.Go(func() { answers <- send(t.Context(), "slow") })
-	}
-	idemtest.Eventually(t, 10*time.Second, "the duplicates waiting at the key's gate", func() bool {
-		return m.gates.waiting(waitKey{key: "slow"}) == dups
-	})
-
-	// The slow request holds one of the two connections; the other is free
-	// for another key.
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	other := send(ctx, "other")
-	cancel()
-	if other.Code != http.StatusCreated || other.Body.String() != "done other" {
-		t.Fatalf("another key while duplicates wait: %d %s", other.Code, other.Body)
-	}
-
-	letGo()
-	wg.Wait()
-	close(answers)
-	replayed := 0
-	for rr := range answers {
-		if rr.Code != http.StatusCreated || rr.Body.String() != "done slow" {
-			t.Errorf("slow key: %d %s", rr.Code, rr.Body)
-		}
-		if rr.Header().Get(HeaderReplayed) == "true" {
-			replayed++
-		}
-	}
-	if n := slowRuns.Load(); n != 1 || replayed != dups {
-		t.Fatalf("the slow handler ran %d times and %d answers were replays; want 1 and %d", n, replayed, dups)
-	}
-}
 
 // replayClaimer is a TxClaimer whose keys are all completed, and which
 // answers a claim only once a second one of the same key is in ClaimTx

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/idemtest"
+	"github.com/idem-go/idem/idemmem"
 )
 
 func keyN(i int) waitKey { return waitKey{"s", idem.Key(fmt.Sprint("k", i))} }
@@ -46,7 +46,7 @@ func TestRecentKeysForgetsTheOldest(t *testing.T) {
 // the byte bound, oldest dropped first.
 func TestRecentAnswers(t *testing.T) {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	clock := idemtest.NewClock(start)
+	clock := idemmem.NewClock(start)
 	r := newRecentKeys(100, 10*time.Second, 64*1024, clock)
 	resp := &idem.Response{Status: 201, Body: []byte(`{"id":1}`)}
 

@@ -8,11 +8,10 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmem"
-	"github.com/idem-go/idem/idemtest"
 )
 
 func deadLetter(id string) idem.DeadLetter {
-	at := idemtest.Start
+	at := start
 	return idem.DeadLetter{
 		Consumer:      "settlement",
 		Message:       idem.Message{ID: id, Topic: "payments.succeeded", Payload: []byte("{")},
@@ -66,7 +65,7 @@ func TestDeadLettersJoinTx(t *testing.T) {
 
 func TestResolveStampsTime(t *testing.T) {
 	t.Parallel()
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(start)
 	d := idemmem.NewDeadLetters(&idemmem.DeadLettersConfig{Clock: clock})
 	id, err := d.Add(t.Context(), deadLetter("m1"))
 	if err != nil {

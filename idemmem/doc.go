@@ -14,7 +14,7 @@
 // duplicate request can wait for the first one instead of polling.
 //
 // Time comes from Config.Clock, so tests move leases and TTLs with a manual
-// clock (idemtest.Clock) instead of sleeping. Nothing is purged on its own:
+// clock (Clock) instead of sleeping. Nothing is purged on its own:
 // call Purge periodically, as with every Store.
 //
 // The message side lives here too, each described on its type: Transport,

@@ -7,7 +7,6 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmem"
-	"github.com/idem-go/idem/idemtest"
 )
 
 func TestLedgerJoinsTx(t *testing.T) {
@@ -15,7 +14,7 @@ func TestLedgerJoinsTx(t *testing.T) {
 	ctx := t.Context()
 	l := idemmem.NewLedger()
 	a := func(n int) idem.Attempt {
-		return idem.Attempt{Number: n, At: idemtest.Start, Class: idem.ClassTransient, Error: "e"}
+		return idem.Attempt{Number: n, At: start, Class: idem.ClassTransient, Error: "e"}
 	}
 	if _, err := l.RecordAttempt(ctx, "c", "m1", a(1)); err != nil {
 		t.Fatal(err)

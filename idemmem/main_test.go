@@ -1,11 +1,16 @@
 package idemmem_test
 
 import (
+	"time"
+
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/idem-go/idem/internal/leakcheck"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	leakcheck.Main(m)
 }
+
+// start is the time the package's tests start their clocks at.
+var start = time.Date(2030, time.January, 2, 3, 4, 5, 0, time.UTC)

@@ -160,3 +160,18 @@ func copyMessage(m idem.Message) idem.Message {
 	m.Payload = bytes.Clone(m.Payload)
 	return m
 }
+
+// Backlog returns how many entries wait to be sent and when the oldest of
+// them was added (the zero time when none waits), as the SQL outboxes do,
+// for idemprom's outbox gauges.
+func (o *Outbox) Backlog(ctx context.Context) (entries int, oldest time.Time, err error) {
+	if err := ctx.Err(); err != nil {
+		return 0, time.Time{}, err
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.entries) > 0 {
+		oldest = o.entries[0].e.CreatedAt
+	}
+	return len(o.entries), oldest, nil
+}

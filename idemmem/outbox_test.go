@@ -68,3 +68,33 @@ func TestOutboxCancelledClaim(t *testing.T) {
 		t.Errorf("Claim(cancelled) = %v, want context.Canceled", err)
 	}
 }
+
+func TestOutboxBacklog(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(start)
+	o := idemmem.NewOutbox(&idemmem.OutboxConfig{Clock: clock})
+	ctx := context.Background()
+	if n, oldest, err := o.Backlog(ctx); n != 0 || !oldest.IsZero() || err != nil {
+		t.Fatalf("empty: %d %v %v", n, oldest, err)
+	}
+	if err := o.Add(ctx, idem.Message{ID: "e-1", Topic: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Second)
+	if err := o.Add(ctx, idem.Message{ID: "e-2", Topic: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	if n, oldest, err := o.Backlog(ctx); n != 2 || !oldest.Equal(start) || err != nil {
+		t.Fatalf("two waiting: %d %v %v; want 2 and %v", n, oldest, err, start)
+	}
+	got, err := o.Claim(ctx, "r", 1, time.Minute)
+	if err != nil || len(got) != 1 {
+		t.Fatalf("claim: %v %v", got, err)
+	}
+	if err := o.MarkSent(ctx, got[0].Seq); err != nil {
+		t.Fatal(err)
+	}
+	if n, oldest, err := o.Backlog(ctx); n != 1 || !oldest.Equal(start.Add(time.Second)) || err != nil {
+		t.Fatalf("one sent: %d %v %v", n, oldest, err)
+	}
+}

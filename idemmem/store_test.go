@@ -7,7 +7,6 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmem"
-	"github.com/idem-go/idem/idemtest"
 )
 
 func TestNewDefaultsToSystemClock(t *testing.T) {
@@ -38,7 +37,7 @@ func TestPurgeRefusesNonPositiveLimit(t *testing.T) {
 // would otherwise be mistaken for the new one.
 func TestTokensIncreaseWhenClockStepsBack(t *testing.T) {
 	t.Parallel()
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(start)
 	s := idemmem.NewStore(&idemmem.Config{Clock: clock})
 	ctx := t.Context()
 	req := idem.ClaimRequest{Key: "k", Fingerprint: "fp", Lease: time.Second, TTL: time.Minute}
@@ -61,7 +60,7 @@ func TestTokensIncreaseWhenClockStepsBack(t *testing.T) {
 
 func TestWaitChangeReturnsAtOnceWhenNotHeld(t *testing.T) {
 	t.Parallel()
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(start)
 	s := idemmem.NewStore(&idemmem.Config{Clock: clock})
 	ctx := t.Context()
 	req := idem.ClaimRequest{Key: "k", Fingerprint: "fp", Lease: time.Second, TTL: time.Minute}

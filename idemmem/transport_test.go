@@ -8,19 +8,18 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmem"
-	"github.com/idem-go/idem/idemtest"
 )
 
 // fixture is a transport on a manual clock with one subscription.
 type fixture struct {
 	t     *testing.T
 	ctx   context.Context
-	clock *idemtest.Clock
+	clock *idemmem.Clock
 	tr    *idemmem.Transport
 }
 
 func newFixture(t *testing.T) *fixture {
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(start)
 	tr := idemmem.NewTransport(&idemmem.TransportConfig{Clock: clock, AckWait: time.Minute, Poll: time.Millisecond})
 	t.Cleanup(func() { _ = tr.Close() })
 	return &fixture{t: t, ctx: t.Context(), clock: clock, tr: tr}
@@ -206,8 +205,8 @@ func TestPublishBeforeSubscribe(t *testing.T) {
 	f := newFixture(t)
 	f.publish("m1")
 	d := f.next(f.subscribe(idem.Subscription{}), "m1")
-	if !d.Message().Time.Equal(idemtest.Start) {
-		t.Errorf("Time = %v, want the clock's %v", d.Message().Time, idemtest.Start)
+	if !d.Message().Time.Equal(start) {
+		t.Errorf("Time = %v, want the clock's %v", d.Message().Time, start)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/consumer/consumertest"
 	"github.com/idem-go/idem/idemnats"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -141,7 +142,9 @@ func natsFailover(t *testing.T, cluster *idemtest.NATSCluster, engine string, se
 		figures += "-sequence"
 	}
 	var leader, killed *idemtest.NATSServer
-	fig := idemtest.RunEventFailover(t, idemtest.EventFailover{
+	fig := consumertest.RunEventFailover(t, consumertest.EventFailover{
+		Report:     idemtest.ClusterResult,
+		PerKey:     40 * idemtest.ClusterScale(t),
 		Engine:     engine,
 		Sequence:   sequence,
 		Publisher:  tr,

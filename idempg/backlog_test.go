@@ -5,14 +5,14 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idempg"
-	"github.com/idem-go/idem/idemtest"
 )
 
 func TestOutboxBacklog(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	clock := idemtest.NewClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	clock := idemmem.NewClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	o, err := idempg.NewOutbox(ctx, messagesDB(t), &idempg.OutboxConfig{Clock: clock})
 	if err != nil {
 		t.Fatal(err)

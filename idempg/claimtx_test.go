@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -22,13 +23,13 @@ import (
 type claimTxFixture struct {
 	db    *idempg.DB
 	store *idempg.Store
-	clock *idemtest.Clock
+	clock *idemmem.Clock
 	req   idem.ClaimRequest
 }
 
 func newClaimTxFixture(t *testing.T) *claimTxFixture {
 	t.Helper()
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	db := openDB(t, pgURL(t), idempg.Config{Clock: clock})
 	migratePayments(t, db)
 	return &claimTxFixture{

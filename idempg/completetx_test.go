@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -23,7 +24,7 @@ import (
 type txFixture struct {
 	db    *idempg.DB
 	store *idempg.Store
-	clock *idemtest.Clock
+	clock *idemmem.Clock
 	req   idem.ClaimRequest
 	claim idem.Claim
 }
@@ -31,7 +32,7 @@ type txFixture struct {
 func newTxFixture(t *testing.T, cfg idempg.Config) *txFixture {
 	t.Helper()
 	url := pgURL(t)
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	cfg.Clock = clock
 	db := openDB(t, url, cfg)
 	migratePayments(t, db)
@@ -356,7 +357,7 @@ func TestTakeoverWaitsForUncommittedCompletion(t *testing.T) {
 		t.Run(string(iso), func(t *testing.T) {
 			t.Parallel()
 			schema := freshSchema(t, url)
-			clock := idemtest.NewClock(idemtest.Start)
+			clock := idemmem.NewClock(idemtest.Start)
 			holderDB := openDB(t, url, idempg.Config{Schema: schema, Clock: clock, TxOptions: pgx.TxOptions{IsoLevel: iso}})
 			app := randomName("idempg_claimer_")
 			claimerDB := openDB(t, withAppName(url, app), idempg.Config{Schema: schema, Clock: clock})

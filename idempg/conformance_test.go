@@ -33,6 +33,15 @@ func TestStore(t *testing.T) {
 	})
 }
 
+// The middleware on the store, in the same-transaction form.
+func TestMiddleware(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	idemtest.TestMiddleware(t, func(t *testing.T, clock idem.Clock) idem.Store {
+		return newStore(t, openDB(t, url, idempg.Config{Clock: clock}))
+	})
+}
+
 // The work's writes commit with the completion, or not at all.
 // txRunner is DB.WithTx as idemtest.TestWithTx takes it.
 type txRunner struct{ db *idempg.DB }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -173,7 +174,7 @@ func TestInboxSequenceWaitsForTheRowsCreator(t *testing.T) {
 func TestInboxSequenceStoredMark(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	db := openDB(t, pgURL(t), idempg.Config{Clock: clock})
 	in := newInbox(t, db)
 	nop := func(context.Context) error { return nil }

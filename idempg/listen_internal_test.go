@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemtest"
 )
 
@@ -21,7 +22,7 @@ func TestListenerReconnects(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	schema := "idempg_test_listen_" + notifyID(idem.Scope(t.Name()), idem.Key(time.Now().String()))
-	db, err := Open(ctx, url, &Config{Schema: schema, Clock: idemtest.NewClock(idemtest.Start), MaxConns: 2})
+	db, err := Open(ctx, url, &Config{Schema: schema, Clock: idemmem.NewClock(idemtest.Start), MaxConns: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

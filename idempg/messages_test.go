@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -142,7 +143,7 @@ func TestInboxJoinsCallersTx(t *testing.T) {
 func TestPurgeInbox(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	db := openDB(t, pgURL(t), idempg.Config{Clock: clock})
 	in := newInbox(t, db)
 	nop := func(context.Context) error { return nil }
@@ -183,7 +184,7 @@ func TestPurgeInbox(t *testing.T) {
 func TestPurgeInboxOldestFirst(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	db := openDB(t, pgURL(t), idempg.Config{Clock: clock})
 	in := newInbox(t, db)
 	// Recorded in the order c, b, a.

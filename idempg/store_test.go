@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -215,7 +216,7 @@ func TestClaimCommitsAsynchronously(t *testing.T) {
 func TestPurgeSkipsLockedRows(t *testing.T) {
 	t.Parallel()
 	url := pgURL(t)
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	db := openDB(t, url, idempg.Config{Clock: clock})
 	s := newStore(t, db)
 	ctx := t.Context()
@@ -282,7 +283,7 @@ func TestClaimRefusesTextPostgreSQLCannotHold(t *testing.T) {
 func TestPurgeTransactions(t *testing.T) {
 	t.Parallel()
 	url := pgURL(t)
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	db := openDB(t, url, idempg.Config{Clock: clock, MaxConns: 1})
 	s := newStore(t, db)
 	ctx := t.Context()

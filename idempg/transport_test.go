@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -165,7 +166,7 @@ func TestTransportJoinsCallersTx(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	db := transportDB(t)
-	tr := newTransport(t, db, idempg.TransportConfig{Clock: idemtest.NewClock(idemtest.Start)})
+	tr := newTransport(t, db, idempg.TransportConfig{Clock: idemmem.NewClock(idemtest.Start)})
 	s := subscribe(t, tr, idem.Subscription{Topic: "payments", Consumer: "c"})
 	rollback := errors.New("roll back")
 	err := db.WithTx(ctx, func(ctx context.Context, _ pgx.Tx) error {
@@ -266,7 +267,7 @@ func TestTransportRestart(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	db := transportDB(t)
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	sub := idem.Subscription{Topic: "payments", Consumer: "settlement", AckWait: time.Minute}
 	m := idem.Message{ID: "evt-1", Topic: "payments", Payload: []byte("x")}
 
@@ -308,7 +309,7 @@ func TestTransportRestart(t *testing.T) {
 func TestTransportMaxInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	tr := newTransport(t, transportDB(t), idempg.TransportConfig{Clock: clock})
 	s := subscribe(t, tr, idem.Subscription{Topic: "payments", Consumer: "c", MaxInFlight: 2, AckWait: time.Minute})
 	for i := range 3 {
@@ -340,7 +341,7 @@ func TestTransportMaxInFlight(t *testing.T) {
 func TestTransportPurge(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	tr := newTransport(t, transportDB(t), idempg.TransportConfig{Clock: clock})
 	a := subscribe(t, tr, idem.Subscription{Topic: "payments", Consumer: "a"})
 	b := subscribe(t, tr, idem.Subscription{Topic: "payments", Consumer: "b"})
@@ -503,7 +504,7 @@ func TestTransportFirstSubscribeWaitsForPublisher(t *testing.T) {
 func TestTransportStaleDelivery(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	tr := newTransport(t, transportDB(t), idempg.TransportConfig{Clock: clock})
 	s := subscribe(t, tr, idem.Subscription{Topic: "payments", Consumer: "c", AckWait: time.Minute})
 	if err := tr.Publish(ctx, idem.Message{ID: "m", Topic: "payments"}); err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -17,7 +18,7 @@ func TestWaitChangeAcrossReplicas(t *testing.T) {
 	t.Parallel()
 	url := pgURL(t)
 	schema := freshSchema(t, url)
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	a := newStore(t, openDB(t, url, idempg.Config{Schema: schema, Clock: clock}))
 	b := newStore(t, openDB(t, url, idempg.Config{Schema: schema, Clock: clock}))
 	req := idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
@@ -55,7 +56,7 @@ func TestWaitChangeAcrossReplicas(t *testing.T) {
 func TestWaitChangeWakesOnTakeover(t *testing.T) {
 	t.Parallel()
 	url := pgURL(t)
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	db := openDB(t, url, idempg.Config{Clock: clock})
 	s := newStore(t, db)
 	req := idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
@@ -127,7 +128,7 @@ func TestWaitChangeWakesOnTakeover(t *testing.T) {
 func TestWaitChangeAfterClose(t *testing.T) {
 	t.Parallel()
 	url := pgURL(t)
-	db := openDB(t, url, idempg.Config{Clock: idemtest.NewClock(idemtest.Start)})
+	db := openDB(t, url, idempg.Config{Clock: idemmem.NewClock(idemtest.Start)})
 	s := newStore(t, db)
 	req := idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
 	mustClaim(t, s, req)

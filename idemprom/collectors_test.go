@@ -13,7 +13,6 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemprom"
-	"github.com/idem-go/idem/idemtest"
 	"github.com/idem-go/idem/outbox"
 )
 
@@ -26,7 +25,7 @@ func (failingLetters) Stats(context.Context) ([]idem.DeadLetterStats, error) {
 
 func TestDeadLettersGauges(t *testing.T) {
 	t.Parallel()
-	clock := idemtest.NewClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	clock := idemmem.NewClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	letters := idemmem.NewDeadLetters(&idemmem.DeadLettersConfig{Clock: clock})
 	reg := prometheus.NewRegistry()
 	if err := idemprom.RegisterDeadLetters(reg, letters, &idemprom.DeadLettersConfig{Consumers: []string{"settlement", "audit"}, Clock: clock}); err != nil {

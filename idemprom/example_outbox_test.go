@@ -3,15 +3,12 @@ package idemprom_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemprom"
-	"github.com/idem-go/idem/idemsqlite"
 	"github.com/idem-go/idem/outbox"
 )
 
@@ -19,21 +16,8 @@ import (
 // idem_outbox_oldest_age_seconds), and a RelayObserver counts and times
 // the relay's passes: three entries written, two relayed, one left.
 func ExampleRegisterOutbox() {
-	dir, err := os.MkdirTemp("", "idemprom-outbox")
-	if err != nil {
-		panic(err)
-	}
-	defer os.RemoveAll(dir)
-	db, err := idemsqlite.Open(filepath.Join(dir, "idem.db"), nil)
-	if err != nil {
-		panic(err)
-	}
-	defer db.Close()
 	ctx := context.Background()
-	ob, err := idemsqlite.NewOutbox(ctx, db, nil)
-	if err != nil {
-		panic(err)
-	}
+	ob := idemmem.NewOutbox(nil)
 	relayed := idemprom.NewRelayObserver("orders")
 	reg := prometheus.NewRegistry()
 	if err := idemprom.RegisterOutbox(reg, "orders", ob, nil); err != nil {

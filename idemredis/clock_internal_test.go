@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemtest"
 )
 
@@ -14,7 +15,7 @@ import (
 // local clock, and takes rtt of the local clock to do so (half before Redis
 // reads its clock, half after). Each call is reported on calls.
 type fakeTime struct {
-	local *idemtest.Clock
+	local *idemmem.Clock
 	mu    sync.Mutex
 	off   time.Duration
 	rtt   time.Duration
@@ -52,9 +53,9 @@ func (f *fakeTime) waitCall(t *testing.T) {
 	}
 }
 
-func newFakeClock(t *testing.T, off, rtt time.Duration) (*serverClock, *fakeTime, *idemtest.Clock) {
+func newFakeClock(t *testing.T, off, rtt time.Duration) (*serverClock, *fakeTime, *idemmem.Clock) {
 	t.Helper()
-	local := idemtest.NewClock(idemtest.Start)
+	local := idemmem.NewClock(idemtest.Start)
 	f := &fakeTime{local: local, off: off, rtt: rtt, calls: make(chan struct{}, 16)}
 	c := newServerClock(local.Now, f.read)
 	t.Cleanup(c.close)

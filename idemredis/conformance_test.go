@@ -30,6 +30,15 @@ func TestStore(t *testing.T) {
 	})
 }
 
+// The middleware on the store.
+func TestMiddleware(t *testing.T) {
+	t.Parallel()
+	client := newClient(t)
+	idemtest.TestMiddleware(t, func(t *testing.T, clock idem.Clock) idem.Store {
+		return newStore(t, client, &idemredis.Config{Prefix: randomPrefix(t), Clock: clock})
+	})
+}
+
 // The same suite with the store on rueidis, as Open makes it.
 func TestStoreRueidis(t *testing.T) {
 	t.Parallel()

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemtest"
 )
 
@@ -195,7 +196,7 @@ func TestStoreWithIfEq(t *testing.T) {
 func TestIfEqCompletion(t *testing.T) {
 	t.Parallel()
 	client := testClient(t)
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	c := &ifeqConn{goredisConn: goredisConn{client}}
 	native := testStore(t, client, c, clock)
 	scripted := testStore(t, client, goredisConn{client}, clock)

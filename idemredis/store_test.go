@@ -16,6 +16,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemredis"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -227,7 +228,7 @@ func TestOneRoundTripEach(t *testing.T) {
 	client := newClient(t)
 	log := &commandLog{}
 	client.AddHook(log)
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	for _, tc := range []struct {
 		name  string
 		clock idem.Clock
@@ -577,7 +578,7 @@ func TestLeaseEndsInRealTime(t *testing.T) {
 func TestRecordsExpireInRedis(t *testing.T) {
 	t.Parallel()
 	client := newClient(t)
-	clock := idemtest.NewClock(idemtest.Start.AddDate(-40, 0, 0)) // 1990: already past in real time
+	clock := idemmem.NewClock(idemtest.Start.AddDate(-40, 0, 0)) // 1990: already past in real time
 	prefix := randomPrefix(t)
 	s := newStore(t, client, &idemredis.Config{Prefix: prefix, Clock: clock})
 	ctx := t.Context()
@@ -632,7 +633,7 @@ func TestRecordsExpireInRedis(t *testing.T) {
 func TestTakeoverExtendsRedisTTL(t *testing.T) {
 	t.Parallel()
 	client := newClient(t)
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	prefix := randomPrefix(t)
 	s := newStore(t, client, &idemredis.Config{Prefix: prefix, Clock: clock})
 	mustClaim(t, s, claimReq("s", "k", time.Second, 2*time.Second), idem.Acquired)
@@ -653,7 +654,7 @@ func TestTakeoverExtendsRedisTTL(t *testing.T) {
 
 func TestTokensIncreaseAcrossExpiryAndClockSteps(t *testing.T) {
 	t.Parallel()
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	s := newStore(t, newClient(t), &idemredis.Config{Prefix: randomPrefix(t), Clock: clock})
 	ctx := t.Context()
 	req := claimReq("s", "k", time.Second, time.Minute)

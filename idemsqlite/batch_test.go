@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemsqlite"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -62,7 +63,7 @@ func TestAckBatchJoinsCallersTx(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	db := openMessagesDB(t)
-	tr := newTransport(t, db, idemtest.NewClock(idemtest.Start))
+	tr := newTransport(t, db, idemmem.NewClock(idemtest.Start))
 	s := batchStream(t, tr, idem.Subscription{Topic: "payments", Consumer: "c", AckWait: time.Hour})
 	publishN(t, tr, "payments", 3)
 	ds := nextBatch(t, s, 10)
@@ -105,7 +106,7 @@ func TestAckBatchJoinsCallersTx(t *testing.T) {
 func TestNextBatchMaxInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	tr := newTransport(t, openMessagesDB(t), idemtest.NewClock(idemtest.Start))
+	tr := newTransport(t, openMessagesDB(t), idemmem.NewClock(idemtest.Start))
 	s := batchStream(t, tr, idem.Subscription{Topic: "payments", Consumer: "c", MaxInFlight: 3, AckWait: time.Hour})
 	all := publishN(t, tr, "payments", 10)
 	first := nextBatch(t, s, 10)
@@ -132,7 +133,7 @@ func TestNextBatchMaxInFlight(t *testing.T) {
 func TestAckBatchInvalid(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	tr := newTransport(t, openMessagesDB(t), idemtest.NewClock(idemtest.Start))
+	tr := newTransport(t, openMessagesDB(t), idemmem.NewClock(idemtest.Start))
 	sub := idem.Subscription{Topic: "payments", Consumer: "c", AckWait: time.Hour}
 	a, b := batchStream(t, tr, sub), batchStream(t, tr, sub)
 	publishN(t, tr, "payments", 2)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemsqlite"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -17,7 +18,7 @@ import (
 type txFixture struct {
 	db    *idemsqlite.DB
 	store *idemsqlite.Store
-	clock *idemtest.Clock
+	clock *idemmem.Clock
 	req   idem.ClaimRequest
 	claim idem.Claim
 }
@@ -26,7 +27,7 @@ func newTxFixture(t *testing.T) *txFixture {
 	t.Helper()
 	db := openDB(t)
 	migratePayments(t, db)
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	f := &txFixture{
 		db:    db,
 		store: newStore(t, db, clock),

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemsqlite"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -158,7 +159,7 @@ func TestForeignKeysEnforced(t *testing.T) {
 func TestDurableAcrossReopen(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "idem.db")
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	ctx := t.Context()
 	req := idem.ClaimRequest{Scope: "tenant", Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
 	resp := idem.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"pay_1"}`)}

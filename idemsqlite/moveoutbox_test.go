@@ -23,7 +23,7 @@ type moveEnv struct {
 	t     *testing.T
 	ctx   context.Context
 	db    *idemsqlite.DB
-	clock *idemtest.Clock
+	clock *idemmem.Clock
 	tr    *idemsqlite.Transport
 	ob    *idemsqlite.Outbox
 }
@@ -31,7 +31,7 @@ type moveEnv struct {
 func newMoveEnv(t *testing.T) *moveEnv {
 	t.Helper()
 	db := openMessagesDB(t)
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	ob, err := idemsqlite.NewOutbox(t.Context(), db, &idemsqlite.OutboxConfig{Clock: clock})
 	if err != nil {
 		t.Fatal(err)
@@ -362,7 +362,7 @@ func TestMoveOutboxByteExact(t *testing.T) {
 	// The same messages through Publish, on a DB of their own, on a clock
 	// showing the same time.
 	published := openMessagesDB(t)
-	pubClock := idemtest.NewClock(idemtest.Start)
+	pubClock := idemmem.NewClock(idemtest.Start)
 	if err := newTransport(t, published, pubClock).Publish(t.Context(), msgs...); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemsqlite"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -20,7 +21,7 @@ func TestStatementsAcrossReopen(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	path := filepath.Join(t.TempDir(), "idem.db")
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	req := idem.ClaimRequest{Key: "k", Fingerprint: "v1:x", Lease: time.Minute, TTL: time.Hour}
 	sub := idem.Subscription{Topic: "payments", Consumer: "c", AckWait: time.Hour}
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemsqlite"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -31,7 +32,7 @@ func TestTransportRestart(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	db := openMessagesDB(t)
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	sub := idem.Subscription{Topic: "payments", Consumer: "settlement", AckWait: time.Minute}
 	m := idem.Message{ID: "evt-1", Topic: "payments", Payload: []byte("x")}
 
@@ -81,7 +82,7 @@ func TestTransportJoinsCallersTx(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	db := openMessagesDB(t)
-	tr := newTransport(t, db, idemtest.NewClock(idemtest.Start))
+	tr := newTransport(t, db, idemmem.NewClock(idemtest.Start))
 	s, err := tr.Subscribe(ctx, idem.Subscription{Topic: "payments", Consumer: "c"})
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +134,7 @@ func next(t *testing.T, s idem.Stream) idem.Delivery {
 func TestTransportPurge(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	clock := idemtest.NewClock(idemtest.Start)
+	clock := idemmem.NewClock(idemtest.Start)
 	tr := newTransport(t, openMessagesDB(t), clock)
 	a, err := tr.Subscribe(ctx, idem.Subscription{Topic: "payments", Consumer: "a"})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 )
 
 // TestDeadLetters runs the conformance suite of idem.DeadLetters as
@@ -31,7 +32,7 @@ func TestDeadLetters(t *testing.T, newDeadLetters func(t *testing.T, clock idem.
 	for _, tc := range deadLetterTests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			clock := NewClock(Start)
+			clock := idemmem.NewClock(Start)
 			d := newDeadLetters(t, clock)
 			if d == nil {
 				t.Fatal("newDeadLetters returned a nil DeadLetters")
@@ -57,7 +58,7 @@ var deadLetterTests = []struct {
 type letterEnv struct {
 	t     *testing.T
 	ctx   context.Context
-	clock *Clock
+	clock *idemmem.Clock
 	d     idem.DeadLetters
 }
 

@@ -1,6 +1,11 @@
 // Package idemtest holds what backend authors test with: the conformance
-// suite every idem.Store passes, a manual Clock, and the gate for tests that
-// need an external service.
+// suites every idem.Store, transport, inbox and outbox passes, and the gate
+// for tests that need an external service. (The manual clock the suites move
+// is idemmem.Clock.)
+//
+// idemtest is a module of its own, because its linearizability checks need
+// Porcupine and the root module requires nothing; a backend's module
+// requires it for its tests only.
 //
 // # The Store suite
 //
@@ -66,8 +71,14 @@
 // TestInbox's) commit with the key's completion, exactly once, or not at
 // all, whether the work keeps its answer, fails, panics or lost its lease.
 //
+// TestMiddleware checks idemhttp's middleware in front of a store: what a
+// request and its duplicates get (replays, waits, mismatches, classified
+// failures, expiry, takeover, keys and bodies sealed at rest), in the
+// same-transaction form when the store offers it.
+//
 // (consumer/consumertest holds TestPerKeyOrder, which drives the consumer
-// over a transport; idemtest itself needs only the root's interfaces.)
+// over a transport, and RunEventFailover, which does so while a cluster
+// loses a node; idemtest's suites need only the root's interfaces.)
 //
 // TestTransport (gated by TransportFeatures), TestInbox, TestOutbox,
 // TestDeadLetters and TestLedger are suites of the same kind for the message

@@ -3,6 +3,8 @@ package idemtest
 import (
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/internal/eventually"
 )
 
 // Eventually polls cond until it holds, failing the test if it does not
@@ -11,11 +13,5 @@ import (
 // can say when something happened, wait on the channel instead.
 func Eventually(t testing.TB, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for step := time.Millisecond; !cond(); step = min(2*step, 20*time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", limit, what)
-		}
-		time.Sleep(step)
-	}
+	eventually.True(t, limit, what, cond)
 }

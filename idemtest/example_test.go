@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idem-go/idem/idemtest"
+	"github.com/idem-go/idem/idemmem"
 )
 
 // A lease ends when the test says so, not when a machine happens to be slow.
 func ExampleClock() {
-	clock := idemtest.NewClock(time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC))
+	clock := idemmem.NewClock(time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC))
 	leaseEnds := clock.Now().Add(30 * time.Second)
 
 	clock.Advance(29 * time.Second)

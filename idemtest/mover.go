@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 )
 
 // MoverWorld is what TestOutboxMover runs on: an outbox and the transport
@@ -36,7 +37,7 @@ func TestOutboxMover(t *testing.T, newWorld func(t *testing.T, clock idem.Clock)
 	for _, tc := range moverTests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			clock := NewClock(Start)
+			clock := idemmem.NewClock(Start)
 			w := newWorld(t, clock)
 			if w.Outbox == nil || w.Mover == nil || w.Subscriber == nil {
 				t.Fatal("newWorld returned a MoverWorld with a nil field")
@@ -60,7 +61,7 @@ var moverTests = []struct {
 type moverEnv struct {
 	t     *testing.T
 	ctx   context.Context
-	clock *Clock
+	clock *idemmem.Clock
 	w     MoverWorld
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 )
 
 // outboxLease is the lease of the suite's claims.
@@ -33,7 +34,7 @@ func TestOutbox(t *testing.T, newOutbox func(t *testing.T, clock idem.Clock) ide
 	for _, tc := range outboxTests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			clock := NewClock(Start)
+			clock := idemmem.NewClock(Start)
 			o := newOutbox(t, clock)
 			if o == nil {
 				t.Fatal("newOutbox returned a nil Outbox")
@@ -59,7 +60,7 @@ var outboxTests = []struct {
 type outboxEnv struct {
 	t     *testing.T
 	ctx   context.Context
-	clock *Clock
+	clock *idemmem.Clock
 	o     idem.Outbox
 }
 

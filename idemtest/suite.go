@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 )
 
 // Start is the time every Clock handed out by TestStore starts at. It is a
@@ -46,7 +47,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T, clock idem.Clock) idem.
 
 	t.Run("TxStore", func(t *testing.T) {
 		t.Parallel()
-		if _, ok := newStore(t, NewClock(Start)).(idem.TxStore); !ok {
+		if _, ok := newStore(t, idemmem.NewClock(Start)).(idem.TxStore); !ok {
 			t.Skip("the store does not implement idem.TxStore")
 		}
 		for _, tc := range txStoreTests {
@@ -60,7 +61,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T, clock idem.Clock) idem.
 
 	t.Run("TxClaimer", func(t *testing.T) {
 		t.Parallel()
-		if _, ok := newStore(t, NewClock(Start)).(idem.TxClaimer); !ok {
+		if _, ok := newStore(t, idemmem.NewClock(Start)).(idem.TxClaimer); !ok {
 			t.Skip("the store does not implement idem.TxClaimer")
 		}
 		for _, tc := range txClaimerTests {
@@ -74,7 +75,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T, clock idem.Clock) idem.
 
 	t.Run("Replayer", func(t *testing.T) {
 		t.Parallel()
-		if _, ok := newStore(t, NewClock(Start)).(idem.Replayer); !ok {
+		if _, ok := newStore(t, idemmem.NewClock(Start)).(idem.Replayer); !ok {
 			t.Skip("the store does not implement idem.Replayer")
 		}
 		e := newEnv(t, newStore)
@@ -83,7 +84,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T, clock idem.Clock) idem.
 
 	t.Run("Waiter", func(t *testing.T) {
 		t.Parallel()
-		if _, ok := newStore(t, NewClock(Start)).(idem.Waiter); !ok {
+		if _, ok := newStore(t, idemmem.NewClock(Start)).(idem.Waiter); !ok {
 			t.Skip("the store does not implement idem.Waiter")
 		}
 		for _, tc := range waiterTests {
@@ -127,13 +128,13 @@ var storeTests = []struct {
 type env struct {
 	t     *testing.T
 	ctx   context.Context
-	clock *Clock
+	clock *idemmem.Clock
 	store idem.Store
 }
 
 func newEnv(t *testing.T, newStore func(*testing.T, idem.Clock) idem.Store) *env {
 	t.Helper()
-	clock := NewClock(Start)
+	clock := idemmem.NewClock(Start)
 	s := newStore(t, clock)
 	if s == nil {
 		t.Fatal("newStore returned a nil store")

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 )
 
 // TransportFeatures says what a transport supports beyond what every
@@ -150,7 +151,7 @@ type transportEnv struct {
 	ctx context.Context
 	f   TransportFeatures
 	// clock is nil in RealTime mode.
-	clock *Clock
+	clock *idemmem.Clock
 	pub   idem.Publisher
 	sub   idem.Subscriber
 	// run tells this subtest's topics, consumers and IDs apart from other
@@ -173,7 +174,7 @@ func newTransportEnv(t *testing.T, f TransportFeatures, newTransport func(*testi
 		clock = idem.SystemClock{}
 	} else {
 		e.nackDelay, e.ackWait, e.quiet = 10*time.Second, 30*time.Second, 100*time.Millisecond
-		e.clock = NewClock(Start)
+		e.clock = idemmem.NewClock(Start)
 		clock = e.clock
 	}
 	e.pub, e.sub = newTransport(t, clock)

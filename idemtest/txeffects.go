@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 )
 
 // TestTxEffects runs, as subtests of t, the same-transaction contract of
@@ -33,7 +34,7 @@ func TestTxEffects(t *testing.T, newStore func(t *testing.T, clock idem.Clock) (
 	for _, tc := range txEffectsTests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			clock := NewClock(Start)
+			clock := idemmem.NewClock(Start)
 			s, fx := newStore(t, clock)
 			if s == nil || fx == nil {
 				t.Fatal("newStore returned a nil store or effects")

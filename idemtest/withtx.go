@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 )
 
 // TxRunner is a database's own transaction helper as TestWithTx sees it
@@ -37,7 +38,7 @@ func TestWithTx(t *testing.T, newDB func(t *testing.T, clock idem.Clock) (TxRunn
 	for _, tc := range withTxTests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			clock := NewClock(Start)
+			clock := idemmem.NewClock(Start)
 			db, s, fx := newDB(t, clock)
 			if db == nil || s == nil || fx == nil {
 				t.Fatal("newDB returned a nil helper, store or effects")

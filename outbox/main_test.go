@@ -3,9 +3,9 @@ package outbox_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/idem-go/idem/internal/leakcheck"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	leakcheck.Main(m)
 }

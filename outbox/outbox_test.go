@@ -12,7 +12,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmem"
-	"github.com/idem-go/idem/idemtest"
+	"github.com/idem-go/idem/internal/eventually"
 	"github.com/idem-go/idem/outbox"
 )
 
@@ -86,7 +86,7 @@ func addN(t *testing.T, ob idem.Outbox, from, to int) []string {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	idemtest.Eventually(t, 10*time.Second, what, cond)
+	eventually.True(t, 10*time.Second, what, cond)
 }
 
 // drain reads n messages of topic from the transport, as consumer name.
@@ -236,7 +236,7 @@ func (forgetfulOutbox) MarkSent(context.Context, ...int64) error { return nil }
 
 func TestCrashBeforeMarkSentRepublishesAfterLease(t *testing.T) {
 	t.Parallel()
-	clock := idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	ob := idemmem.NewOutbox(&idemmem.OutboxConfig{Clock: clock})
 	rec := &recorder{}
 	want := addN(t, ob, 0, 3)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/idem-go/idem/bench"
+	"github.com/idem-go/idem/cmd/idem/internal/bench"
 	"github.com/idem-go/idem/internal/secreturl"
 )
 
@@ -31,8 +31,9 @@ measured on a temporary file, always when neither --postgres nor --redis is
 given, and beside them with --sqlite. PostgreSQL work happens in a schema of
 its own, dropped afterwards; Redis keys under a prefix of their own, deleted
 afterwards. Every round's figures are also printed as lines
-RESULT,<name>,<metric>,<value>,<unit>, the format ../shared/perf/peers.sh
-prints (idem-http-<store>-<case> and minimum-http-<store>-<case>).
+RESULT,<name>,<metric>,<value>,<unit>, a format other benchmarks can print
+too, for runs taken in turn (idem-http-<store>-<case> and
+minimum-http-<store>-<case>).
 
   idem bench --postgres postgres://postgres@127.0.0.1:5432/test --redis redis://127.0.0.1:6379/0 --sqlite
   idem bench messages --postgres …   (the message half: see idem bench messages --help)`,
@@ -118,8 +119,7 @@ given (their inboxes in PostgreSQL, or SQLite without it). Each backend gets:
   idem-pipeline-B        the payment service in process: payments, settled/s
 
 Every figure is printed, as it is measured, as a line
-RESULT,<name>,<metric>,<value>,<unit> (the format ../shared/perf/peers.sh
-prints), then the medians as a table, with the ratios of idem's consumers to
+RESULT,<name>,<metric>,<value>,<unit>, then the medians as a table, with the ratios of idem's consumers to
 the minimum beside them. Measurements run in turn, round after round.
 
   idem bench messages --postgres postgres://postgres@127.0.0.1:5432/test \

@@ -8,10 +8,10 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idemamqp"
 	"github.com/idem-go/idem/idemnats"
 	"github.com/idem-go/idem/internal/secreturl"
-	"github.com/idem-go/idem/payments"
 )
 
 // defaultBrokerNamespace names what serve creates on a broker: NATS stream

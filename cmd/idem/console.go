@@ -12,9 +12,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/console"
 	"github.com/idem-go/idem/deadletter"
-	"github.com/idem-go/idem/payments"
 )
 
 // envOperators is the environment variable read for the console's

@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/idem-go/idem/demo"
+	"github.com/idem-go/idem/cmd/idem/internal/demo"
 )
 
 func (a *app) demoCmd() *cobra.Command {

@@ -16,9 +16,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/console"
 	"github.com/idem-go/idem/deadletter"
-	"github.com/idem-go/idem/payments"
 )
 
 // dlqFlags are the flags every `idem dlq` command shares.

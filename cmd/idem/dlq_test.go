@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/deadletter"
 	"github.com/idem-go/idem/idemsqlite"
-	"github.com/idem-go/idem/payments"
 )
 
 func TestDLQFilter(t *testing.T) {

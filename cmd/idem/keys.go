@@ -17,8 +17,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idemhttp"
-	"github.com/idem-go/idem/payments"
 )
 
 // purgeBatch keeps each purge transaction short, so a purge run beside a

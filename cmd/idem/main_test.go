@@ -404,6 +404,7 @@ func TestExitStatuses(t *testing.T) {
 		stderrHas string
 	}{
 		{[]string{"version"}, exitOK, "idem ", ""},
+		{[]string{"version", "--modules"}, exitOK, "  github.com/idem-go/idem/idemsqlite ", ""},
 		{[]string{"--help"}, exitOK, "idem demo", ""},
 		{[]string{"nosuch"}, exitUsage, "", `unknown command "nosuch"`},
 		{[]string{"serv"}, exitUsage, "", `did you mean "serve"?`},

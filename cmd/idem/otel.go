@@ -13,8 +13,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idemotel"
-	"github.com/idem-go/idem/payments"
 )
 
 // The standard OpenTelemetry variables serve reads itself; the SDK and the

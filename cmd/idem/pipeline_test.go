@@ -15,13 +15,13 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/deadletter"
 	"github.com/idem-go/idem/idemamqp"
 	"github.com/idem-go/idem/idemnats"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemsqlite"
 	"github.com/idem-go/idem/idemtest"
-	"github.com/idem-go/idem/payments"
 )
 
 type settlementBody struct {

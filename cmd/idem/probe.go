@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/idem-go/idem/probe"
+	"github.com/idem-go/idem/cmd/idem/internal/probe"
 )
 
 func (a *app) probeCmd() *cobra.Command {

@@ -14,9 +14,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemredis"
-	"github.com/idem-go/idem/payments"
 )
 
 // envAPIKeys is the environment variable read for API keys when --api-keys

@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/idem-go/idem/payments"
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
 )
 
 // planFor parses args as serve's flags would be, on a command that never

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/idem-go/idem/torture"
+	"github.com/idem-go/idem/cmd/idem/internal/torture"
 )
 
 func (a *app) tortureMessagesCmd() *cobra.Command {

@@ -2,8 +2,10 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"runtime"
 	"runtime/debug"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -42,14 +44,50 @@ func versionString() string {
 	return fmt.Sprintf("idem %s (%s %s/%s)", v, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }
 
+// idemModules writes the version of each of idem's library modules the
+// command was built with, one a line, as the build information has them
+// ("(devel)" for a module of the workspace it was built in).
+func idemModules(w io.Writer) error {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		_, err := fmt.Fprintln(w, "  (no build information)")
+		return err
+	}
+	for _, m := range info.Deps {
+		if m.Path != "github.com/idem-go/idem" && !strings.HasPrefix(m.Path, "github.com/idem-go/idem/") {
+			continue
+		}
+		v := m.Version
+		if m.Replace != nil {
+			v += " => " + m.Replace.Path
+		}
+		if _, err := fmt.Fprintf(w, "  %s %s\n", m.Path, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (a *app) versionCmd() *cobra.Command {
-	return &cobra.Command{
+	var modules bool
+	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
-		Args:  cobra.NoArgs,
+		Long: `Print the command's version: the module version it was installed at
+(go install github.com/idem-go/idem/cmd/idem@VERSION), or "devel" and the
+commit for a build from a clone. --modules adds the version of each of
+idem's library modules in the build.`,
+		Args: cobra.NoArgs,
 		RunE: a.action(func(*cobra.Command, []string) error {
-			_, err := fmt.Fprintln(a.stdout, versionString())
-			return err
+			if _, err := fmt.Fprintln(a.stdout, versionString()); err != nil {
+				return err
+			}
+			if modules {
+				return idemModules(a.stdout)
+			}
+			return nil
 		}),
 	}
+	cmd.Flags().BoolVar(&modules, "modules", false, "also print the version of each idem library module in the build")
+	return cmd
 }

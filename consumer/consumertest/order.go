@@ -15,7 +15,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consumer"
 	"github.com/idem-go/idem/idemmem"
-	"github.com/idem-go/idem/idemtest"
+	"github.com/idem-go/idem/internal/eventually"
 )
 
 // OrderOptions configures TestPerKeyOrder. The zero value means the
@@ -226,7 +226,7 @@ func TestPerKeyOrder(t *testing.T, pub idem.Publisher, sub idem.Subscriber, opts
 
 	ended := false
 	var runErr error
-	idemtest.Eventually(t, orderWait, "every message applied", func() bool {
+	eventually.True(t, orderWait, "every message applied", func() bool {
 		select {
 		case runErr = <-done:
 			ended = true

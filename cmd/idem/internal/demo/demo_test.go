@@ -1,0 +1,112 @@
+package demo_test
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/idem-go/idem/cmd/idem/internal/demo"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestRunShowsDoubleChargeThenExactlyOnce(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	const customers = 3
+	rep, err := demo.Run(ctx, &demo.Options{Out: &out, Customers: customers})
+	if err != nil {
+		t.Fatalf("Run: %v\noutput:\n%s", err, out.String())
+	}
+	t.Logf("output:\n%s", out.String())
+
+	if !rep.OK() {
+		t.Errorf("OK() = false, want true")
+	}
+	var protected, unsafe int
+	var taken, should int64
+	for _, row := range rep.Rows {
+		if row.Customers != customers {
+			t.Errorf("%s/%s: Customers = %d, want %d", row.Mode, row.Scenario, row.Customers, customers)
+		}
+		owed := rep.Amount
+		if row.Scenario == "double-clicked refund" {
+			owed -= rep.Refund
+			// Unsafe, both clicks refund; protected, one does.
+			want := customers
+			if row.Mode == demo.ModeUnsafe {
+				want = 2 * customers
+			}
+			if row.Refunds != want {
+				t.Errorf("%s/%s: Refunds = %d, want %d", row.Mode, row.Scenario, row.Refunds, want)
+			}
+			if row.Mode == demo.ModeUnsafe && !strings.HasPrefix(row.Verdict(), "REFUNDED TWICE") {
+				t.Errorf("unsafe/%s: verdict %q, want REFUNDED TWICE", row.Scenario, row.Verdict())
+			}
+		}
+		if row.ShouldBe != customers*owed {
+			t.Errorf("%s/%s: ShouldBe = %d, want %d", row.Mode, row.Scenario, row.ShouldBe, customers*owed)
+		}
+		if row.Attempts < customers {
+			t.Errorf("%s/%s: Attempts = %d, want at least one per customer", row.Mode, row.Scenario, row.Attempts)
+		}
+		switch row.Mode {
+		case demo.ModeProtected:
+			protected++
+			if !row.ExactlyOnce() || row.Payments != customers || row.Taken != row.ShouldBe {
+				t.Errorf("protected/%s: payments %d, taken %d, should be %d, verdict %q; want exactly once",
+					row.Scenario, row.Payments, row.Taken, row.ShouldBe, row.Verdict())
+			}
+			if row.Verdict() != "exactly once" {
+				t.Errorf("protected/%s: verdict %q, want %q", row.Scenario, row.Verdict(), "exactly once")
+			}
+		case demo.ModeUnsafe:
+			unsafe++
+			taken += row.Taken
+			should += row.ShouldBe
+		default:
+			t.Errorf("row with unknown mode %q", row.Mode)
+		}
+	}
+	if protected != 5 || unsafe != 5 {
+		t.Errorf("rows: %d protected, %d unsafe; want 5 of each", protected, unsafe)
+	}
+	if taken <= should {
+		t.Errorf("unsafe run took %d, should be %d: want a double charge", taken, should)
+	}
+
+	text := out.String()
+	for _, want := range []string{
+		"run", "scenario", "attempts", "payments", "money taken", "should be", "verdict",
+		"frozen screen", "lost response", "retry storm", "transient failure",
+		"DOUBLE CHARGED (+", "exactly once", "KRW",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if !strings.Contains(text, "run        scenario") {
+		t.Errorf("output lacks the table header line")
+	}
+}
+
+func TestRunStopsWhenCancelled(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	rep, err := demo.Run(ctx, &demo.Options{Customers: 1})
+	if err == nil {
+		t.Fatalf("Run with a cancelled context: err = nil, want an error")
+	}
+	if rep.OK() {
+		t.Errorf("OK() = true after a cancelled run")
+	}
+}

@@ -1,0 +1,831 @@
+package torture
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/localserver"
+)
+
+// The brokers a message torture starts itself (MessagesConfig.Broker),
+// which it may restart.
+const (
+	PrivatePostgres = "private-postgres"
+	PrivateNATS     = "private-nats"
+	PrivateRabbitMQ = "private-rabbitmq"
+)
+
+// Defaults of MessagesConfig.
+const (
+	DefaultEvents            = 1_000_000
+	DefaultEventKeys         = 1000
+	DefaultConsumers         = 2
+	DefaultConsumerKillEvery = 5 * time.Second
+	DefaultAckKillRate       = 0.0005
+	DefaultAckWait           = 2 * time.Second
+	DefaultMessagesTimeout   = 60 * time.Minute
+	DefaultMessagesDrain     = 2 * time.Minute
+	DefaultBacklog           = 100_000
+)
+
+// publishBatch is how many events one Publish call carries; each batch's
+// copies follow the next batch, so that a copy comes after its original
+// but not right behind it.
+const publishBatch = 500
+
+// publishPatience bounds how long a batch's publication may keep failing,
+// longer than a broker's restart.
+const publishPatience = 2 * time.Minute
+
+// MessagesConfig configures RunMessages. The zero value of each field but
+// Executable means its default.
+type MessagesConfig struct {
+	// Executable is the binary whose `torture messages-worker` command runs
+	// RunWorker: the consumers are child processes of it, so that they can
+	// be SIGKILLed. Required.
+	Executable string
+	// WorkerArgs are the arguments that run RunWorker. Defaults to
+	// "torture", "messages-worker".
+	WorkerArgs []string
+	// Env is the consumers' environment, to which the run adds WorkerEnv.
+	Env []string
+
+	// Broker carries the events: "sqlite" (the SQLite file that holds the
+	// inbox too), a PostgreSQL URL (its transport, in a fresh schema that
+	// holds the inbox too), nats://HOST:PORT (a JetStream stream of the
+	// run's own) or amqp://USER:PASS@HOST:PORT/VHOST (an exchange and
+	// queues of the run's own); or PrivatePostgres, PrivateNATS or
+	// PrivateRabbitMQ, a server of the run's own, started in its temporary
+	// directory, which RestartBrokerEvery may restart. Defaults to
+	// "sqlite".
+	Broker string
+	// DB holds the inbox, the dead letters and the effects when the broker
+	// is NATS or RabbitMQ: "sqlite" or a PostgreSQL URL (a fresh schema).
+	// With SQLite or PostgreSQL as the broker it must be empty: the inbox
+	// is in the broker's database. Defaults to "sqlite".
+	DB string
+
+	// Events is how many events are published, each once more after.
+	// Defaults to DefaultEvents.
+	Events int
+	// Keys is how many ordering keys the events are spread over. Defaults
+	// to DefaultEventKeys.
+	Keys int
+	// Consumers is how many consumer processes compete for the events.
+	// Defaults to DefaultConsumers.
+	Consumers int
+	// KillEvery is the time between two SIGKILLs of a random consumer.
+	// Defaults to DefaultConsumerKillEvery; negative means none.
+	KillEvery time.Duration
+	// AckKillRate is the chance that a consumer SIGKILLs itself after a
+	// message's effect committed, before its acknowledgement. Defaults to
+	// DefaultAckKillRate; negative means none.
+	AckKillRate float64
+	// AckWait is the consumers' ack wait: how soon a broker delivers again
+	// what a killed consumer held. Defaults to DefaultAckWait.
+	AckWait time.Duration
+	// RestartBrokerEvery SIGKILLs the private broker that often and starts
+	// it again on its data, never while a consumer starts. Only a private
+	// broker is ever restarted. Defaults to 0: never.
+	RestartBrokerEvery time.Duration
+	// ByID de-duplicates by the event's ID, in batches, instead of by its
+	// key and sequence number: competing consumers may then apply a key's
+	// events out of order, which is reported, not a violation.
+	ByID bool
+	// Unsafe consumes with an inbox that records nothing, which must fail
+	// the check: the torture's own test.
+	Unsafe bool
+	// Backlog bounds the messages published ahead of the consumers: the
+	// publisher waits while more than Backlog messages are neither applied
+	// nor caught (an event applied accounts for its copy too), as a
+	// producer held back by a broker's flow control would. A broker with
+	// millions of messages queued and restarted is another test, of the
+	// broker. Defaults to 100,000; negative means no bound.
+	Backlog int
+	// Seed seeds the run's choices. Defaults to a random one, shown in the
+	// report.
+	Seed uint64
+	// Timeout bounds the run once publishing has begun; events not applied
+	// by then are violations. Defaults to DefaultMessagesTimeout.
+	Timeout time.Duration
+	// Drain is how long a run whose time is up, every event published,
+	// goes on with the faults stopped, to tell the events that were slow
+	// from those that were lost: the report counts the events applied
+	// during the drain apart (MessagesReport.AppliedLate). They remain
+	// violations, of the timeout. Defaults to DefaultMessagesDrain;
+	// negative means none.
+	Drain time.Duration
+
+	// ConsumerLog receives every line the consumers log. Defaults to
+	// nil: none.
+	ConsumerLog io.Writer
+	// Progress receives a progress line now and then. Defaults to
+	// io.Discard.
+	Progress      io.Writer
+	ProgressEvery time.Duration
+}
+
+func (c *MessagesConfig) withDefaults() (MessagesConfig, error) {
+	if c == nil {
+		return MessagesConfig{}, errors.New("torture: RunMessages needs a MessagesConfig")
+	}
+	o := *c
+	if o.WorkerArgs == nil {
+		o.WorkerArgs = []string{"torture", "messages-worker"}
+	}
+	if o.Broker == "" {
+		o.Broker = "sqlite"
+	}
+	if o.Events == 0 {
+		o.Events = DefaultEvents
+	}
+	if o.Keys == 0 {
+		o.Keys = DefaultEventKeys
+	}
+	if o.Consumers == 0 {
+		o.Consumers = DefaultConsumers
+	}
+	if o.KillEvery == 0 {
+		o.KillEvery = DefaultConsumerKillEvery
+	}
+	if o.AckKillRate == 0 {
+		o.AckKillRate = DefaultAckKillRate
+	}
+	if o.AckWait == 0 {
+		o.AckWait = DefaultAckWait
+	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultMessagesTimeout
+	}
+	if o.Backlog == 0 {
+		o.Backlog = DefaultBacklog
+	}
+	if o.Drain == 0 {
+		o.Drain = DefaultMessagesDrain
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	if o.ProgressEvery == 0 {
+		o.ProgressEvery = defaultProgressEvery
+	}
+	if o.Seed == 0 {
+		o.Seed = randomSeed()
+	}
+	broker, _ := brokerKind(o.Broker)
+	switch {
+	case o.Executable == "":
+		return o, errors.New("torture: MessagesConfig.Executable is required")
+	case o.Events < 1 || o.Keys < 1 || o.Consumers < 1:
+		return o, errors.New("torture: Events, Keys and Consumers must be positive")
+	case o.AckKillRate >= 1:
+		return o, fmt.Errorf("torture: AckKillRate must be below 1, got %g", o.AckKillRate)
+	case o.AckWait < 0 || o.Timeout < 0 || o.RestartBrokerEvery < 0:
+		return o, errors.New("torture: AckWait, Timeout and RestartBrokerEvery must not be negative")
+	case broker == "":
+		return o, fmt.Errorf("torture: Broker must be sqlite, postgres://…, nats://…, amqp://…, %s, %s or %s", PrivatePostgres, PrivateNATS, PrivateRabbitMQ)
+	case o.RestartBrokerEvery > 0 && !strings.HasPrefix(o.Broker, "private-"):
+		return o, errors.New("torture: RestartBrokerEvery needs a private broker: the run restarts only servers it started itself, never one that others share")
+	case (broker == "sqlite" || broker == "pg") && o.DB != "":
+		return o, errors.New("torture: DB goes with a NATS or RabbitMQ broker; on SQLite and PostgreSQL the inbox is in the broker's database")
+	}
+	if o.DB == "" && (broker == "nats" || broker == "amqp") {
+		o.DB = "sqlite"
+	}
+	if o.DB != "" && o.DB != "sqlite" && !isPostgresURL(o.DB) {
+		return o, errors.New("torture: DB must be sqlite or postgres://…")
+	}
+	return o, nil
+}
+
+// brokerKind is "sqlite", "pg", "nats" or "amqp" for a Broker value, and
+// the private server it needs, if any; "" for a value it does not know.
+func brokerKind(b string) (kind, private string) {
+	switch {
+	case b == "sqlite":
+		return "sqlite", ""
+	case b == PrivatePostgres:
+		return "pg", "postgres"
+	case b == PrivateNATS:
+		return "nats", "nats"
+	case b == PrivateRabbitMQ:
+		return "amqp", "rabbitmq"
+	case isPostgresURL(b):
+		return "pg", ""
+	case strings.HasPrefix(b, "nats://"):
+		return "nats", ""
+	case strings.HasPrefix(b, "amqp://"), strings.HasPrefix(b, "amqps://"):
+		return "amqp", ""
+	}
+	return "", ""
+}
+
+func isPostgresURL(s string) bool {
+	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://")
+}
+
+func randomSeed() uint64 {
+	var b [8]byte
+	_, _ = crand.Read(b[:])
+	var seed uint64
+	for _, x := range b {
+		seed = seed<<8 | uint64(x)
+	}
+	return seed | 1
+}
+
+// messagesRun is one message torture under way.
+type messagesRun struct {
+	cfg    MessagesConfig
+	rng    *lockedRand
+	spec   siteSpec
+	dir    string
+	site   *site
+	server *localserver.Server // the private broker, if any
+	// dropSchema is the PostgreSQL schema to drop at the end, on a server
+	// others share.
+	dropSchema string
+	consumers  []*replica
+	log        *lineWriter
+	// chaos keeps a consumer's start and a broker's restart apart: a
+	// consumer that starts while its broker is down fails to subscribe.
+	chaos sync.Mutex
+
+	published atomic.Int64
+	copies    atomic.Int64
+	kills     atomic.Int64
+	ackKills  atomic.Int64
+	restarts  atomic.Int64
+	applied   atomic.Int64
+	// late counts the events applied in the drain, after the time was up
+	// and the faults stopped; drained says whether there was a drain.
+	late       int64
+	drained    bool
+	violations []string
+	vmu        sync.Mutex
+}
+
+func (r *messagesRun) violate(format string, args ...any) {
+	r.vmu.Lock()
+	defer r.vmu.Unlock()
+	r.violations = append(r.violations, fmt.Sprintf(format, args...))
+}
+
+// RunMessages runs a message torture: it publishes Events events, each
+// twice (the copy, half of the time, under another message ID), to
+// Consumers consumer processes that compete for them and apply each in
+// the inbox's transaction; it SIGKILLs consumers now and then, has them
+// SIGKILL themselves between a commit and its acknowledgement, and
+// restarts a private broker. Once every event is applied it waits a
+// little longer, for the redeliveries of what was never acknowledged,
+// then checks from the database that every event was applied exactly
+// once, nothing was dead-lettered and, in sequence mode, every key's
+// events were applied in order.
+//
+// It returns an error when the run could not be carried out (a consumer
+// that does not start, a broker that does not answer); a promise that was
+// broken is in the report (MessagesReport.OK).
+func RunMessages(ctx context.Context, cfg *MessagesConfig) (rep *MessagesReport, err error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	r := &messagesRun{cfg: c, rng: newLockedRand(c.Seed)}
+	if c.ConsumerLog != nil {
+		r.log = &lineWriter{w: c.ConsumerLog}
+	}
+	defer func() { err = errors.Join(err, r.cleanup()) }()
+	if err := r.prepare(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.startConsumers(ctx); err != nil {
+		return nil, err
+	}
+	elapsed, err := r.load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("torture: interrupted before the checks: %w", context.Cause(ctx))
+	}
+	return r.check(ctx, elapsed)
+}
+
+// prepare makes the run's place: a temporary directory, the private
+// broker, the site (the stores' tables, the effects table, the stream or
+// exchange) and the consumers' subscription, so that what is published
+// next is kept for them.
+func (r *messagesRun) prepare(ctx context.Context) error {
+	dir, err := os.MkdirTemp("", "idem-torture-messages-")
+	if err != nil {
+		return fmt.Errorf("torture: %w", err)
+	}
+	r.dir = dir
+	kind, private := brokerKind(r.cfg.Broker)
+	spec := siteSpec{Broker: kind, Namespace: strings.ToLower(crand.Text()[:12])}
+	brokerURL := r.cfg.Broker
+	if private != "" {
+		start := map[string]func(context.Context, string) (*localserver.Server, error){
+			"postgres": localserver.StartPostgres,
+			"nats":     localserver.StartNATS,
+			"rabbitmq": localserver.StartRabbitMQ,
+		}[private]
+		s, err := start(ctx, filepath.Join(dir, private))
+		if err != nil {
+			return fmt.Errorf("torture: starting a private %s: %w", private, err)
+		}
+		r.server = s
+		brokerURL = s.URL()
+		fmt.Fprintf(r.cfg.Progress, "torture: private %s in %s\n", s.Name(), dir)
+	}
+	switch kind {
+	case "sqlite":
+		spec.DB = "sqlite"
+	case "pg":
+		spec.DB, spec.PostgresURL = "pg", brokerURL
+	default:
+		spec.BrokerURL = brokerURL
+		spec.DB = "sqlite"
+		if isPostgresURL(r.cfg.DB) {
+			spec.DB, spec.PostgresURL = "pg", r.cfg.DB
+		}
+	}
+	if spec.DB == "sqlite" {
+		spec.SQLite = filepath.Join(dir, "torture.db")
+	}
+	if spec.DB == "pg" && private == "" {
+		r.dropSchema = spec.schema()
+	}
+	r.spec = spec
+	s, err := openSite(ctx, spec, nil)
+	if err != nil {
+		return fmt.Errorf("torture: %w", err)
+	}
+	r.site = s
+	sub, err := s.sub.Subscribe(ctx, idem.Subscription{Topic: messagesTopic, Consumer: messagesConsumer, AckWait: r.cfg.AckWait})
+	if err != nil {
+		return fmt.Errorf("torture: subscribing: %w", err)
+	}
+	return sub.Close()
+}
+
+// startConsumers starts the consumer processes, all at once.
+func (r *messagesRun) startConsumers(ctx context.Context) error {
+	for i := range r.cfg.Consumers {
+		wc, err := json.Marshal(workerConfig{
+			N:           i,
+			Site:        r.spec,
+			Sequence:    !r.cfg.ByID && !r.cfg.Unsafe,
+			Unsafe:      r.cfg.Unsafe,
+			AckKillRate: max(r.cfg.AckKillRate, 0),
+			AckWait:     r.cfg.AckWait,
+			Seed:        r.cfg.Seed + uint64(i),
+		})
+		if err != nil {
+			return err
+		}
+		env := append(append([]string(nil), r.cfg.Env...), WorkerEnv+"="+string(wc))
+		r.consumers = append(r.consumers, &replica{
+			n: i, exe: r.cfg.Executable, args: r.cfg.WorkerArgs, env: env,
+			what: "consumer", ready: consumingPrefix, log: r.log,
+		})
+	}
+	errs := make([]error, len(r.consumers))
+	var wg sync.WaitGroup
+	for i, c := range r.consumers {
+		wg.Go(func() { errs[i] = c.start(ctx) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("torture: %w", err)
+	}
+	return nil
+}
+
+// load publishes the events and their copies, with the kills and the
+// restarts going on, until every event is applied or the time is up;
+// then, the chaos over, it waits AckWait and a little more, for the
+// redeliveries of what was applied but never acknowledged. It returns the
+// time from the first publication to the last event applied.
+func (r *messagesRun) load(ctx context.Context) (time.Duration, error) {
+	runCtx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	// The kills and restarts stop once every event is applied; the
+	// supervisors, which start a killed consumer again, only after the
+	// redeliveries have had their time.
+	stopChaos, stopSupervising := make(chan struct{}), make(chan struct{})
+	var chaos, supervisors sync.WaitGroup
+	errs := make(chan error, len(r.consumers)+2)
+	for _, c := range r.consumers {
+		supervisors.Go(func() { errs <- r.supervise(ctx, c, stopSupervising) })
+	}
+	chaos.Go(func() { errs <- r.killLoop(ctx, stopChaos) })
+	chaos.Go(func() { errs <- r.restartLoop(ctx, stopChaos) })
+	received := 0
+	// collect gathers the loops' errors once they are all told to stop.
+	collect := func() error {
+		var err error
+		for ; received < len(r.consumers)+2; received++ {
+			err = errors.Join(err, <-errs)
+		}
+		return err
+	}
+
+	published := make(chan error, 1)
+	began := time.Now()
+	go func() { published <- r.publish(runCtx) }()
+	var elapsed time.Duration
+	var loadErr error
+	progress := time.NewTicker(r.cfg.ProgressEvery)
+	defer progress.Stop()
+	poll := time.NewTicker(250 * time.Millisecond)
+	defer poll.Stop()
+	publishing := true
+wait:
+	for {
+		select {
+		case err := <-published:
+			publishing = false
+			if err != nil && runCtx.Err() == nil {
+				loadErr = err
+				break wait
+			}
+		case err := <-errs:
+			// A loop with nothing to do ends at once; otherwise only a
+			// consumer or a broker that does not come back ends one early.
+			received++
+			if err != nil {
+				loadErr = err
+				break wait
+			}
+		case <-progress.C:
+			r.printProgress()
+		case <-poll.C:
+			if publishing {
+				// Done means every event and every copy published, too.
+				r.countApplied(runCtx)
+				continue
+			}
+			done, err := r.allApplied(runCtx)
+			if err != nil {
+				// The database may be the broker being restarted.
+				continue
+			}
+			if done {
+				elapsed = time.Since(began)
+				break wait
+			}
+		case <-runCtx.Done():
+			break wait
+		}
+	}
+	timedOut := elapsed == 0 && loadErr == nil && ctx.Err() == nil
+	if elapsed == 0 {
+		elapsed = time.Since(began)
+	}
+	cancel()
+	if publishing {
+		if err := <-published; err != nil && loadErr == nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			loadErr = err
+		}
+	}
+	close(stopChaos)
+	chaos.Wait()
+	if timedOut {
+		at := r.applied.Load()
+		if !publishing && r.cfg.Drain > 0 {
+			r.drain(ctx)
+			r.drained, r.late = true, max(r.applied.Load()-at, 0)
+		}
+		r.violate("%s", timeUp(r.cfg.Timeout, r.cfg.Drain, r.cfg.Events, at, r.late, r.drained))
+	}
+	if loadErr != nil {
+		close(stopSupervising)
+		supervisors.Wait()
+		return 0, errors.Join(loadErr, collect())
+	}
+	// What a consumer applied and did not acknowledge comes back once
+	// AckWait has passed, and must be caught as a duplicate.
+	grace := time.NewTimer(r.cfg.AckWait + 2*time.Second)
+	defer grace.Stop()
+	select {
+	case <-grace.C:
+	case <-ctx.Done():
+	}
+	close(stopSupervising)
+	supervisors.Wait()
+	if err := collect(); err != nil {
+		return 0, err
+	}
+	r.printProgress()
+	return elapsed, nil
+}
+
+// timeUp words the violation of a run whose time was up with at of
+// events applied, and, when it drained, late more applied in the drain:
+// those were slow, the rest lost.
+func timeUp(timeout, drain time.Duration, events int, at, late int64, drained bool) string {
+	switch left := int64(events) - at - late; {
+	case !drained:
+		return fmt.Sprintf("the time was up (%s) with %d of %d events applied", timeout, at, events)
+	case left <= 0:
+		return fmt.Sprintf("the time was up (%s) with %d of %d events applied; with the faults stopped the other %d were applied within %s: slow, not lost",
+			timeout, at, events, late, drain)
+	default:
+		return fmt.Sprintf("the time was up (%s) with %d of %d events applied; with the faults stopped %d more were applied within %s, and %d never were",
+			timeout, at, events, late, drain, left)
+	}
+}
+
+// drain waits, the faults stopped and the consumers still supervised,
+// until every event is applied or Drain has passed.
+func (r *messagesRun) drain(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Drain)
+	defer cancel()
+	fmt.Fprintf(r.cfg.Progress, "torture: the time is up with %d of %d events applied; the faults stopped, waiting up to %s for the rest\n",
+		r.applied.Load(), r.cfg.Events, r.cfg.Drain)
+	poll := time.NewTicker(250 * time.Millisecond)
+	defer poll.Stop()
+	progress := time.NewTicker(r.cfg.ProgressEvery)
+	defer progress.Stop()
+	for {
+		if done, err := r.allApplied(ctx); err == nil && done {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-progress.C:
+			r.printProgress()
+		case <-poll.C:
+		}
+	}
+}
+
+// publish publishes every event in batches, each batch followed by the
+// copies of the one before, so that a copy comes after its original. A
+// batch that fails (a broker restarting) is published again, whole: the
+// copies that makes are caught as the rest are.
+func (r *messagesRun) publish(ctx context.Context) error {
+	n := r.cfg.Events
+	send := func(msgs []idem.Message) error {
+		var delay time.Duration
+		since := time.Now()
+		for failures := 0; ; failures++ {
+			pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			err := r.site.pub.Publish(pctx, msgs...)
+			cancel()
+			if err == nil {
+				r.published.Add(int64(len(msgs)))
+				return nil
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if time.Since(since) > publishPatience {
+				return fmt.Errorf("torture: publishing failed for %s, %d times in a row: %w", publishPatience, failures+1, err)
+			}
+			delay = workerRetry.Delay(failures+1, delay)
+			if !sleepCtx(ctx, delay) {
+				return ctx.Err()
+			}
+		}
+	}
+	batch := func(from int, copies bool) []idem.Message {
+		msgs := make([]idem.Message, 0, publishBatch)
+		for i := from; i < min(from+publishBatch, n); i++ {
+			msgs = append(msgs, eventMessage(i, r.cfg.Keys, copies && i%2 == 1))
+		}
+		return msgs
+	}
+	for from := 0; from < n; from += publishBatch {
+		if !r.waitBacklog(ctx) {
+			return ctx.Err()
+		}
+		if err := send(batch(from, false)); err != nil {
+			return err
+		}
+		if from > 0 {
+			msgs := batch(from-publishBatch, true)
+			if err := send(msgs); err != nil {
+				return err
+			}
+			r.copies.Add(int64(len(msgs)))
+		}
+	}
+	last := (n - 1) / publishBatch * publishBatch
+	msgs := batch(last, true)
+	if err := send(msgs); err != nil {
+		return err
+	}
+	r.copies.Add(int64(len(msgs)))
+	return nil
+}
+
+// waitBacklog waits while more than Backlog messages published are not
+// yet consumed, by the count of effects the run's poll keeps; it returns
+// false when ctx ends first.
+func (r *messagesRun) waitBacklog(ctx context.Context) bool {
+	if r.cfg.Backlog < 0 {
+		return true
+	}
+	for r.published.Load()-2*r.applied.Load() > int64(r.cfg.Backlog) {
+		if !sleepCtx(ctx, 50*time.Millisecond) {
+			return false
+		}
+	}
+	return true
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// countApplied counts the effects, for the progress lines.
+func (r *messagesRun) countApplied(ctx context.Context) (int64, error) {
+	var n int64
+	if err := r.site.query(ctx, `SELECT count(*) FROM torture_effects`, &n); err != nil {
+		return 0, err
+	}
+	r.applied.Store(n)
+	return n, nil
+}
+
+// allApplied reports whether every event has an effect: the count of
+// effects first, which is cheap, then of distinct events.
+func (r *messagesRun) allApplied(ctx context.Context) (bool, error) {
+	n, err := r.countApplied(ctx)
+	if err != nil {
+		return false, err
+	}
+	if n < int64(r.cfg.Events) {
+		return false, nil
+	}
+	var distinct int64
+	if err := r.site.query(ctx, `SELECT count(DISTINCT event) FROM torture_effects`, &distinct); err != nil {
+		return false, err
+	}
+	return distinct >= int64(r.cfg.Events), nil
+}
+
+// supervise starts c again whenever it exits: after the run killed it, or
+// after it killed itself between a commit and its acknowledgement. Any
+// other exit is a violation: a consumer ends only when told to.
+func (r *messagesRun) supervise(ctx context.Context, c *replica, stop <-chan struct{}) error {
+	for {
+		select {
+		case <-stop:
+			return nil
+		case <-c.exited():
+		}
+		byRun, exit := c.ended()
+		if !byRun {
+			var ee *exec.ExitError
+			if errors.As(exit, &ee) {
+				if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+					r.ackKills.Add(1)
+					byRun = true
+				}
+			}
+			if !byRun {
+				r.violate("%s exited by itself (%v): %s", c.name(), exit, c.lastLines())
+			}
+		}
+		select {
+		case <-stop:
+			return nil
+		default:
+		}
+		r.chaos.Lock()
+		var err error
+		for range 3 {
+			if err = c.start(ctx); err == nil || ctx.Err() != nil {
+				break
+			}
+		}
+		r.chaos.Unlock()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("torture: starting again: %w", err)
+		}
+	}
+}
+
+// killLoop SIGKILLs a random consumer every KillEvery; supervise starts it
+// again.
+func (r *messagesRun) killLoop(ctx context.Context, stop <-chan struct{}) error {
+	if r.cfg.KillEvery < 0 {
+		return nil
+	}
+	t := time.NewTicker(r.cfg.KillEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return nil
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		r.chaos.Lock()
+		c := r.consumers[r.rng.IntN(len(r.consumers))]
+		c.kill()
+		r.kills.Add(1)
+		r.chaos.Unlock()
+	}
+}
+
+// restartLoop SIGKILLs the private broker every RestartBrokerEvery and
+// starts it again.
+func (r *messagesRun) restartLoop(ctx context.Context, stop <-chan struct{}) error {
+	if r.cfg.RestartBrokerEvery <= 0 || r.server == nil {
+		return nil
+	}
+	// The interval runs from the end of one restart, however long it took
+	// (RabbitMQ boots in seconds), so the broker serves between two.
+	t := time.NewTimer(r.cfg.RestartBrokerEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return nil
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		r.chaos.Lock()
+		err := r.server.Restart(ctx, true)
+		t.Reset(r.cfg.RestartBrokerEvery)
+		r.chaos.Unlock()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("torture: restarting the private %s: %w", r.server.Name(), err)
+		}
+		r.restarts.Add(1)
+	}
+}
+
+func (r *messagesRun) printProgress() {
+	fmt.Fprintf(r.cfg.Progress, "torture: %d/%d events applied, %d messages published, %d kills, %d killed between commit and ack, %d broker restarts\n",
+		r.applied.Load(), r.cfg.Events, r.published.Load(), r.kills.Load(), r.ackKills.Load(), r.restarts.Load())
+}
+
+// cleanup stops every consumer and deletes what the run made: the
+// stream, or exchange and queues, the PostgreSQL schema, the temporary
+// directory; a private broker is stopped, and goes with the directory.
+func (r *messagesRun) cleanup() error {
+	var wg sync.WaitGroup
+	for _, c := range r.consumers {
+		wg.Go(c.stop)
+	}
+	wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), phaseTimeout)
+	defer cancel()
+	var errs []error
+	if r.site != nil {
+		if r.server == nil {
+			if err := r.site.forget(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("torture: %w", err))
+			}
+		}
+		r.site.close()
+	}
+	if r.dropSchema != "" {
+		errs = append(errs, dropSchema(ctx, r.spec.PostgresURL, r.dropSchema))
+	}
+	if r.server != nil {
+		if err := r.server.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("torture: stopping the private %s: %w", r.server.Name(), err))
+		}
+	}
+	if r.dir != "" {
+		if err := os.RemoveAll(r.dir); err != nil {
+			errs = append(errs, fmt.Errorf("torture: removing %s: %w", r.dir, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,909 @@
+package torture
+
+import (
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-go/idem/cmd/idem/internal/localserver"
+)
+
+// Config configures Run. Executable is required; every other field's zero
+// value means its default.
+type Config struct {
+	// Executable is the idem binary whose `serve` the replicas run.
+	// Required.
+	Executable string
+	// Env is the replicas' environment; the run adds IDEM_API_KEYS, with the
+	// run's own key. Defaults to nothing else.
+	Env []string
+	// DB is the replicas' database: "" or "sqlite" for a SQLite file in a
+	// temporary directory, deleted afterwards; a postgres:// URL, in
+	// which the replicas share a schema of the run's own, dropped
+	// afterwards; or Private, a PostgreSQL server of the run's own, which
+	// it starts with its data in the temporary directory and may restart
+	// (RestartStoresEvery). Defaults to "" (SQLite).
+	DB string
+	// Keys, a redis:// URL, puts the idempotency keys in Redis, under a key
+	// prefix of the run's own, deleted afterwards; Private puts them in a
+	// Redis server of the run's own, started like DB's; PrivateVolatile in
+	// one that keeps nothing on disk, as a Redis run as a cache does, so
+	// that each of its restarts forgets every key. Defaults to "": the keys
+	// live in DB, and commit with each payment.
+	Keys string
+	// RestartStoresEvery is the time between two crashes of a private
+	// store (DB or Keys Private), chosen at random: SIGKILLed, started
+	// again on its port and data, and waited for, while no replica
+	// restarts and no store outage is on. Only the run's own servers are
+	// ever restarted: one that others share is never touched. Defaults to
+	// 0: none.
+	RestartStoresEvery time.Duration
+	// Payments is the number of logical payments. Defaults to 1000.
+	Payments int
+	// Dups is how many times each logical payment is attempted, with the
+	// same key and body: half of them at once, the rest one after another
+	// once those have their answers. Defaults to 8.
+	Dups int
+	// Replicas is the number of `idem serve` processes. Defaults to 3.
+	Replicas int
+	// Clients is the number of logical payments worked on at once.
+	// Defaults to 16.
+	Clients int
+	// DropRate is the fraction of requests whose answer the fault proxies
+	// drop after the replica sent it. Defaults to 0.1; negative means none.
+	DropRate float64
+	// KillEvery is the time between two SIGKILLs of a random replica, each
+	// started again at once. Defaults to 2s; negative means no kills.
+	KillEvery time.Duration
+	// Timeout bounds the load: a logical payment without a 2xx answer by
+	// then is a violation. The checks and the clean-up that follow have
+	// bounds of their own (a minute each). Defaults to 10 minutes.
+	Timeout time.Duration
+	// KeyLease is the replicas' --key-lease: how long a killed execution
+	// holds its key (in Redis, with Keys) before a retry takes it over.
+	// Defaults to 3s.
+	KeyLease time.Duration
+	// Unsafe runs the replicas with --unsafe-no-idempotency: the run must
+	// then find double charges. Defaults to false.
+	Unsafe bool
+	// ReplicaLog, when set, receives every line the replicas log, each
+	// prefixed with its replica's number, and the replicas log warnings
+	// too: what a person reads to find out how a violation came about.
+	// Defaults to nil: the replicas log errors only, kept for the message
+	// of a replica that fails to start.
+	ReplicaLog io.Writer
+	// StoreFaults puts faults between the replicas and their stores: see
+	// StoreFaults. Only with a PostgreSQL DB or Redis Keys (a SQLite file
+	// has no connection to cut). Defaults to nil: none.
+	StoreFaults *StoreFaults
+	// Seed seeds the run's choices (accounts, amounts, replicas, drops,
+	// kills). Defaults to 0: a seed from crypto/rand, shown in the report.
+	Seed uint64
+	// Progress receives a line of progress every ProgressEvery. Defaults to
+	// io.Discard.
+	Progress io.Writer
+	// ProgressEvery is the time between progress lines. Defaults to 2s.
+	ProgressEvery time.Duration
+}
+
+// Defaults of Config.
+const (
+	DefaultPayments      = 1000
+	DefaultDups          = 8
+	DefaultReplicas      = 3
+	DefaultClients       = 16
+	DefaultDropRate      = 0.1
+	DefaultKillEvery     = 2 * time.Second
+	DefaultTimeout       = 10 * time.Minute
+	DefaultKeyLease      = 3 * time.Second
+	defaultProgressEvery = 2 * time.Second
+)
+
+// Private, as Config.DB or Config.Keys, asks for a store of the run's own:
+// a PostgreSQL or Redis server that the run starts on a free loopback
+// port, with its data in the run's temporary directory, and stops and
+// deletes afterwards.
+const Private = "private"
+
+// PrivateVolatile, as Config.Keys, asks for a Redis server of the run's
+// own that keeps nothing on disk: restarted, it comes back empty, and the
+// service must still charge each payment once (see payments' look-back
+// for a payment made under the same key).
+const PrivateVolatile = "private-volatile"
+
+// privateKeys reports whether keys names a Redis server of the run's own.
+func privateKeys(keys string) bool { return keys == Private || keys == PrivateVolatile }
+
+// What the run creates: its tenant, its accounts and their balance, and the
+// largest amount of a payment.
+const (
+	tenant         = "torture"
+	accountCount   = 64
+	accountBalance = int64(1) << 50
+	maxAmount      = 10000
+	currency       = "KRW"
+	phaseTimeout   = time.Minute
+)
+
+func (c *Config) withDefaults() (Config, error) {
+	var o Config
+	if c != nil {
+		o = *c
+	}
+	if o.Payments == 0 {
+		o.Payments = DefaultPayments
+	}
+	if o.Dups == 0 {
+		o.Dups = DefaultDups
+	}
+	if o.Replicas == 0 {
+		o.Replicas = DefaultReplicas
+	}
+	if o.Clients == 0 {
+		o.Clients = DefaultClients
+	}
+	if o.DropRate == 0 {
+		o.DropRate = DefaultDropRate
+	} else if o.DropRate < 0 {
+		o.DropRate = 0
+	}
+	if o.KillEvery == 0 {
+		o.KillEvery = DefaultKillEvery
+	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.KeyLease == 0 {
+		o.KeyLease = DefaultKeyLease
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	if o.ProgressEvery == 0 {
+		o.ProgressEvery = defaultProgressEvery
+	}
+	if o.Seed == 0 {
+		o.Seed = randomSeed()
+	}
+	switch {
+	case o.Executable == "":
+		return o, errors.New("torture: Config.Executable is required")
+	case o.Payments < 0 || o.Dups < 0 || o.Replicas < 0 || o.Clients < 0:
+		return o, errors.New("torture: Payments, Dups, Replicas and Clients must be positive")
+	case o.DropRate >= 1:
+		return o, fmt.Errorf("torture: DropRate must be below 1 (every answer dropped, nothing would ever succeed), got %g", o.DropRate)
+	case o.Timeout < 0 || o.KeyLease < 0 || o.ProgressEvery < 0 || o.RestartStoresEvery < 0:
+		return o, errors.New("torture: Timeout, KeyLease, ProgressEvery and RestartStoresEvery must not be negative")
+	case o.RestartStoresEvery > 0 && o.DB != Private && !privateKeys(o.Keys):
+		return o, errors.New(`torture: RestartStoresEvery needs a private store, DB or Keys "private": the run restarts only servers of its own`)
+	}
+	if _, err := dbKind(o.DB); err != nil {
+		return o, err
+	}
+	if o.Keys != "" && !privateKeys(o.Keys) && !strings.HasPrefix(o.Keys, "redis://") && !strings.HasPrefix(o.Keys, "rediss://") {
+		return o, errors.New(`torture: Keys must be "private", "private-volatile" or a redis:// or rediss:// URL`)
+	}
+	if f := o.StoreFaults; f != nil {
+		if kind, _ := dbKind(o.DB); kind != "pg" && o.Keys == "" {
+			return o, errors.New("torture: StoreFaults need a postgres:// DB or Redis Keys: a SQLite file has no connection to cut")
+		}
+		if f.Latency < 0 || f.ResetRate < 0 || f.ResetRate >= 1 || f.CommitCutRate < 0 || f.CommitCutRate >= 1 || f.OutageEvery < 0 || f.OutageFor < 0 {
+			return o, errors.New("torture: StoreFaults' Latency and outage times must not be negative, and its rates must be at least 0 and below 1")
+		}
+		if f.OutageEvery > 0 && f.OutageFor == 0 {
+			sf := *f
+			sf.OutageFor = time.Second
+			o.StoreFaults = &sf
+		}
+	}
+	return o, nil
+}
+
+// dbKind names the database of a Config.DB value: "sqlite" or "pg".
+func dbKind(db string) (string, error) {
+	switch {
+	case db == "" || db == "sqlite":
+		return "sqlite", nil
+	case db == Private || strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://"):
+		return "pg", nil
+	}
+	return "", errors.New(`torture: DB must be "sqlite", "private" or a postgres:// URL`)
+}
+
+// logical is one logical payment: its key, its body, and every 2xx answer
+// its attempts got.
+type logical struct {
+	key     string
+	account string
+	amount  int64
+	body    []byte
+
+	mu         sync.Mutex
+	answers    []answer
+	unexpected []string // answers that were neither 2xx nor retried
+}
+
+// answer is what one attempt ended with.
+type answer struct {
+	status    int
+	paymentID string
+}
+
+// run is one torture run in progress.
+type run struct {
+	cfg    Config
+	label  string
+	rng    *lockedRand
+	apiKey string
+	token  string // names what the run makes: schema, key prefix, keys
+
+	dir      string // temporary directory (the SQLite file)
+	schema   string // PostgreSQL schema, with cfg.DB postgres://
+	prefix   string // Redis key prefix, with cfg.Keys
+	sqlite   string // the SQLite file's path
+	replicas []*replica
+	proxies  []*faultProxy
+	// pgURL and redisURL are the stores themselves: cfg.DB and cfg.Keys,
+	// or the private servers' URLs.
+	pgURL, redisURL string
+	// dbURL and keysURL are what the replicas connect to: the stores, or
+	// the store proxies in front of them.
+	dbURL, keysURL string
+	stores         []*storeProxy
+	// servers are the private stores, which the run restarts and, at the
+	// end, stops.
+	servers    []*localserver.Server
+	replicaLog *lineWriter // cfg.ReplicaLog, shared by the replicas; nil for none
+	// chaos keeps a replica's restart, a store's outage and a store's
+	// restart apart.
+	chaos  sync.Mutex
+	client *http.Client
+
+	accounts []string
+	payments []*logical
+
+	attempts  atomic.Int64
+	noAnswer  atomic.Int64
+	retried   atomic.Int64
+	kills     atomic.Int64
+	restarts  atomic.Int64 // private stores restarted
+	completed atomic.Int64
+}
+
+// Run starts the replicas and the fault proxies, sends the load while it
+// kills replicas, checks the promise, stops and deletes everything it
+// started and made, and returns the report. An error means the run could
+// not be carried out (a replica that does not start, a database that does
+// not answer); a promise that was broken is in the report (Report.OK).
+func Run(ctx context.Context, cfg *Config) (rep *Report, err error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	kind, _ := dbKind(c.DB)
+	label := kind
+	if c.Keys != "" {
+		label += "-keys"
+	}
+	if c.Unsafe {
+		label += "-unsafe"
+	}
+	token := strings.ToLower(crand.Text()[:16])
+	r := &run{
+		cfg:    c,
+		label:  label,
+		rng:    newLockedRand(c.Seed),
+		apiKey: "torture_" + crand.Text(),
+		token:  token,
+		client: &http.Client{
+			Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 30 * time.Second},
+			// Longer than a replica's own request timeout (15s), so an
+			// attempt ends with the replica's answer when there is one.
+			Timeout: 30 * time.Second,
+		},
+	}
+	if c.ReplicaLog != nil {
+		r.replicaLog = &lineWriter{w: c.ReplicaLog}
+	}
+	defer func() { err = errors.Join(err, r.cleanup()) }()
+	if err := r.prepare(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.startReplicas(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.createAccounts(ctx); err != nil {
+		return nil, err
+	}
+	r.plan()
+	for _, sp := range r.stores {
+		sp.armed.Store(true)
+	}
+	started := time.Now()
+	if err := r.load(ctx); err != nil {
+		return nil, err
+	}
+	elapsed := time.Since(started)
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("torture: interrupted before the checks: %w", context.Cause(ctx))
+	}
+	return r.check(ctx, elapsed)
+}
+
+// prepare makes the run's place for data: a temporary directory, on
+// PostgreSQL a schema name of its own (serve creates the schema), and the
+// private stores.
+func (r *run) prepare(ctx context.Context) error {
+	dir, err := os.MkdirTemp("", "idem-torture-")
+	if err != nil {
+		return fmt.Errorf("torture: %w", err)
+	}
+	r.dir = dir
+	if kind, _ := dbKind(r.cfg.DB); kind == "pg" {
+		r.schema = "idem_torture_" + r.token
+	} else {
+		r.sqlite = filepath.Join(dir, "idem.db")
+	}
+	if r.cfg.Keys != "" {
+		r.prefix = "idemtorture" + r.token
+	}
+	r.pgURL, r.redisURL = r.cfg.DB, r.cfg.Keys
+	private := func(start func(context.Context, string) (*localserver.Server, error), name string) (string, error) {
+		s, err := start(ctx, filepath.Join(dir, name))
+		if err != nil {
+			return "", fmt.Errorf("torture: starting a private %s: %w", name, err)
+		}
+		r.servers = append(r.servers, s)
+		return s.URL(), nil
+	}
+	if r.cfg.DB == Private {
+		if r.pgURL, err = private(localserver.StartPostgres, "postgres"); err != nil {
+			return err
+		}
+	}
+	switch r.cfg.Keys {
+	case Private:
+		if r.redisURL, err = private(localserver.StartRedis, "redis"); err != nil {
+			return err
+		}
+	case PrivateVolatile:
+		if r.redisURL, err = private(localserver.StartVolatileRedis, "redis"); err != nil {
+			return err
+		}
+	}
+	if len(r.servers) > 0 {
+		fmt.Fprintf(r.cfg.Progress, "torture: private %s in %s\n", serverNames(r.servers), dir)
+	}
+	r.dbURL, r.keysURL = r.pgURL, r.redisURL
+	if !r.cfg.StoreFaults.any() {
+		return nil
+	}
+	proxy := func(rawURL, defPort string, commits bool) (string, error) {
+		target, err := targetOf(rawURL, defPort)
+		if err != nil {
+			return "", fmt.Errorf("torture: %w", err)
+		}
+		sp, err := newStoreProxy(target, *r.cfg.StoreFaults, commits, r.rng)
+		if err != nil {
+			return "", fmt.Errorf("torture: %w", err)
+		}
+		r.stores = append(r.stores, sp)
+		return throughProxy(rawURL, sp.addr(), commits && r.cfg.StoreFaults.CommitCutRate > 0)
+	}
+	if r.schema != "" {
+		if r.dbURL, err = proxy(r.pgURL, "5432", true); err != nil {
+			return err
+		}
+	}
+	if r.cfg.Keys != "" {
+		if r.keysURL, err = proxy(r.redisURL, "6379", false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// serverNames lists the servers' names, "postgres and redis".
+func serverNames(servers []*localserver.Server) string {
+	names := make([]string, len(servers))
+	for i, s := range servers {
+		names[i] = s.Name()
+	}
+	return strings.Join(names, " and ")
+}
+
+// serveArgs is the command line of every replica.
+func (r *run) serveArgs() []string {
+	level := "error"
+	if r.cfg.ReplicaLog != nil {
+		level = "warn"
+	}
+	args := []string{"serve", "--addr", "127.0.0.1:0", "--log-level", level,
+		"--key-lease", r.cfg.KeyLease.String()}
+	if r.schema != "" {
+		args = append(args, "--db", r.dbURL, "--pg-schema", r.schema)
+	} else {
+		args = append(args, "--db", "sqlite:"+r.sqlite)
+	}
+	if r.prefix != "" {
+		args = append(args, "--keys", r.keysURL, "--keys-prefix", r.prefix)
+	}
+	if r.cfg.Unsafe {
+		args = append(args, "--unsafe-no-idempotency")
+	}
+	return args
+}
+
+// startReplicas starts the first replica alone, so that it creates the
+// tables, then the others at once, and a fault proxy in front of each.
+func (r *run) startReplicas(ctx context.Context) error {
+	// The key goes in the environment, not on the command line, where
+	// every user of the machine could read it.
+	env := append(slices.Clone(r.cfg.Env), "IDEM_API_KEYS="+tenant+":"+r.apiKey)
+	for i := range r.cfg.Replicas {
+		r.replicas = append(r.replicas, &replica{n: i, exe: r.cfg.Executable, args: r.serveArgs(), env: env, log: r.replicaLog})
+		p, err := newFaultProxy(r.dropNow)
+		if err != nil {
+			return err
+		}
+		r.proxies = append(r.proxies, p)
+	}
+	if err := r.replicas[0].start(ctx); err != nil {
+		return err
+	}
+	errs := make([]error, len(r.replicas))
+	var wg sync.WaitGroup
+	for i, rp := range r.replicas[1:] {
+		wg.Go(func() { errs[i+1] = rp.start(ctx) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for i, rp := range r.replicas {
+		r.proxies[i].setUpstream(rp.baseURL())
+	}
+	fmt.Fprintf(r.cfg.Progress, "torture: %d replicas of idem serve on %s, each behind a fault proxy dropping %.0f%% of answers\n",
+		len(r.replicas), r.label, 100*r.cfg.DropRate)
+	return nil
+}
+
+func (r *run) dropNow() bool { return r.cfg.DropRate > 0 && r.rng.Float64() < r.cfg.DropRate }
+
+// createAccounts creates the accounts, with a balance no run exhausts, on
+// the first replica directly.
+func (r *run) createAccounts(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, phaseTimeout)
+	defer cancel()
+	body := fmt.Appendf(nil, `{"balance":%d,"currency":%q}`, accountBalance, currency)
+	for i := range accountCount {
+		key := fmt.Sprintf("torture-%s-account-%d", r.token, i)
+		status, resp, err := r.post(ctx, r.replicas[0].baseURL(), "/v1/accounts", key, body)
+		if err != nil {
+			return fmt.Errorf("torture: creating account %d: %w", i, err)
+		}
+		var acct struct {
+			ID      string `json:"id"`
+			Balance int64  `json:"balance"`
+		}
+		if status != http.StatusCreated || json.Unmarshal(resp, &acct) != nil || acct.ID == "" || acct.Balance != accountBalance {
+			return fmt.Errorf("torture: creating account %d: answered %d %s", i, status, bytes.TrimSpace(resp))
+		}
+		r.accounts = append(r.accounts, acct.ID)
+	}
+	return nil
+}
+
+// plan draws the logical payments: a key, an account and an amount each.
+// The key is also the payment's description, so the database tells which
+// logical payment every row belongs to, even in unsafe mode, which keeps no
+// keys.
+func (r *run) plan() {
+	for i := range r.cfg.Payments {
+		lp := &logical{
+			key:     fmt.Sprintf("torture-%s-%d", r.token, i),
+			account: r.accounts[r.rng.IntN(len(r.accounts))],
+			amount:  1 + r.rng.Int64N(maxAmount),
+		}
+		lp.body = fmt.Appendf(nil, `{"account_id":%q,"amount":%d,"currency":%q,"description":%q}`,
+			lp.account, lp.amount, currency, lp.key)
+		r.payments = append(r.payments, lp)
+	}
+}
+
+// load sends every logical payment's attempts while it kills replicas, and
+// returns once each has its answers or the Timeout has passed.
+func (r *run) load(ctx context.Context) error {
+	loadCtx, cancel := context.WithTimeoutCause(ctx, r.cfg.Timeout, errors.New("the timeout passed"))
+	defer cancel()
+	loadCtx, abort := context.WithCancelCause(loadCtx)
+	defer abort(nil)
+
+	stopKills := make(chan struct{})
+	// The chaos loops return early only when they fail (a replica or a
+	// store that does not come back) or ctx ends.
+	const chaosLoops = 2
+	chaosDone := make(chan error, chaosLoops)
+	go func() { chaosDone <- r.killLoop(ctx, stopKills) }()
+	go func() { chaosDone <- r.restartLoop(ctx, stopKills) }()
+	outagesDone := make(chan struct{})
+	go func() { defer close(outagesDone); r.outageLoop(ctx, stopKills) }()
+	stopProgress := make(chan struct{})
+	progressDone := make(chan struct{})
+	go func() { defer close(progressDone); r.progressLoop(stopProgress) }()
+
+	work := make(chan *logical)
+	var wg sync.WaitGroup
+	for range r.cfg.Clients {
+		wg.Go(func() {
+			for lp := range work {
+				r.pay(loadCtx, lp)
+			}
+		})
+	}
+	var chaosErr error
+	received := 0
+feed:
+	for _, lp := range r.payments {
+		select {
+		case work <- lp:
+		case <-loadCtx.Done():
+			break feed
+		case chaosErr = <-chaosDone:
+			// A chaos loop stopped: a replica or a store did not come
+			// back.
+			received++
+			abort(chaosErr)
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+	close(stopKills)
+	for ; received < chaosLoops; received++ {
+		chaosErr = errors.Join(chaosErr, <-chaosDone)
+	}
+	<-outagesDone
+	close(stopProgress)
+	<-progressDone
+	r.printProgress()
+	return chaosErr
+}
+
+// pay attempts one logical payment Dups times: half at once, the rest in
+// turn after them.
+func (r *run) pay(ctx context.Context, lp *logical) {
+	atOnce := (r.cfg.Dups + 1) / 2
+	var wg sync.WaitGroup
+	for range atOnce {
+		wg.Go(func() { r.attempt(ctx, lp) })
+	}
+	wg.Wait()
+	for range r.cfg.Dups - atOnce {
+		r.attempt(ctx, lp)
+	}
+	r.completed.Add(1)
+}
+
+// attempt sends the logical payment through a random replica's proxy until
+// it gets a 2xx, retrying, with the same key and body, every request that
+// got no answer, a 409 or a 5xx.
+func (r *run) attempt(ctx context.Context, lp *logical) {
+	for failures := 0; ; failures++ {
+		if failures > 0 && !r.backoff(ctx, failures) {
+			return
+		}
+		p := r.proxies[r.rng.IntN(len(r.proxies))]
+		r.attempts.Add(1)
+		status, resp, err := r.post(ctx, p.url(), "/v1/payments", lp.key, lp.body)
+		switch {
+		case err != nil:
+			if ctx.Err() != nil {
+				return
+			}
+			r.noAnswer.Add(1)
+			continue
+		case status == http.StatusConflict || status >= 500:
+			r.retried.Add(1)
+			continue
+		case status >= 200 && status < 300:
+			var pay struct {
+				ID string `json:"id"`
+			}
+			_ = json.Unmarshal(resp, &pay)
+			lp.mu.Lock()
+			lp.answers = append(lp.answers, answer{status: status, paymentID: pay.ID})
+			lp.mu.Unlock()
+			return
+		default:
+			lp.mu.Lock()
+			lp.unexpected = append(lp.unexpected, fmt.Sprintf("%d %s", status, oneLine(resp)))
+			lp.mu.Unlock()
+			return
+		}
+	}
+}
+
+// backoff waits a jittered delay growing with failures, and reports false
+// when ctx ended first.
+func (r *run) backoff(ctx context.Context, failures int) bool {
+	ceiling := min(250*time.Millisecond, 5*time.Millisecond<<min(failures, 10))
+	t := time.NewTimer(time.Duration(r.rng.Int64N(int64(ceiling)) + 1))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// post sends one POST with an Idempotency-Key and returns the answer.
+func (r *run) post(ctx context.Context, base, path, key string, body []byte) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, oneShot(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.ContentLength = int64(len(body))
+	req.Header.Set("Authorization", "Bearer "+r.apiKey)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	return r.do(req)
+}
+
+func (r *run) do(req *http.Request) (int, []byte, error) {
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		return 0, nil, err
+	}
+	return resp.StatusCode, b, nil
+}
+
+// killLoop SIGKILLs a random replica every KillEvery and starts it again,
+// until stop is closed. It returns an error when a replica does not come
+// back.
+func (r *run) killLoop(ctx context.Context, stop <-chan struct{}) error {
+	if r.cfg.KillEvery < 0 {
+		<-stop
+		return nil
+	}
+	t := time.NewTicker(r.cfg.KillEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return nil
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		i := r.rng.IntN(len(r.replicas))
+		// A replica restarted during a store's outage could not migrate.
+		r.chaos.Lock()
+		r.proxies[i].setUpstream("")
+		r.replicas[i].kill()
+		r.kills.Add(1)
+		var err error
+		for range 3 {
+			if err = r.replicas[i].start(ctx); err == nil {
+				break
+			}
+		}
+		r.chaos.Unlock()
+		if err != nil {
+			return fmt.Errorf("torture: restarting after a kill: %w", err)
+		}
+		r.proxies[i].setUpstream(r.replicas[i].baseURL())
+	}
+}
+
+// outageLoop takes a random store down every StoreFaults.OutageEvery, for
+// OutageFor, until stop.
+func (r *run) outageLoop(ctx context.Context, stop <-chan struct{}) {
+	f := r.cfg.StoreFaults
+	if f == nil || f.OutageEvery <= 0 || len(r.stores) == 0 {
+		return
+	}
+	t := time.NewTicker(f.OutageEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.chaos.Lock()
+		r.stores[r.rng.IntN(len(r.stores))].outage(f.OutageFor, stop)
+		r.chaos.Unlock()
+	}
+}
+
+// restartLoop SIGKILLs a random private store every RestartStoresEvery
+// and starts it again, until stop is closed. It returns an error when a
+// store does not come back.
+func (r *run) restartLoop(ctx context.Context, stop <-chan struct{}) error {
+	if r.cfg.RestartStoresEvery <= 0 || len(r.servers) == 0 {
+		<-stop
+		return nil
+	}
+	t := time.NewTicker(r.cfg.RestartStoresEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return nil
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		s := r.servers[r.rng.IntN(len(r.servers))]
+		// A replica restarted while its store is down could not migrate,
+		// and an outage on top of a restart would only hide it.
+		r.chaos.Lock()
+		err := s.Restart(ctx, true)
+		r.chaos.Unlock()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("torture: restarting the private %s: %w", s.Name(), err)
+		}
+		r.restarts.Add(1)
+	}
+}
+
+func (r *run) progressLoop(stop <-chan struct{}) {
+	t := time.NewTicker(r.cfg.ProgressEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			r.printProgress()
+		}
+	}
+}
+
+func (r *run) printProgress() {
+	fmt.Fprintf(r.cfg.Progress, "torture: %d/%d logical payments done, %d attempts, %d lost responses, %d without an answer, %d retried on 409/5xx, %d kills, %d store restarts\n",
+		r.completed.Load(), len(r.payments), r.attempts.Load(), r.lost(), r.noAnswer.Load(), r.retried.Load(), r.kills.Load(), r.restarts.Load())
+}
+
+// lost is the number of answers the proxies dropped.
+func (r *run) lost() int64 {
+	var n int64
+	for _, p := range r.proxies {
+		n += p.dropped.Load()
+	}
+	return n
+}
+
+// cleanup stops every replica and proxy and deletes what the run made:
+// the temporary directory, the PostgreSQL schema, the Redis keys; a
+// private store is stopped, and goes with the directory.
+func (r *run) cleanup() error {
+	var wg sync.WaitGroup
+	for _, rp := range r.replicas {
+		wg.Go(rp.stop)
+	}
+	wg.Wait()
+	for _, p := range r.proxies {
+		p.close()
+	}
+	for _, p := range r.stores {
+		p.close()
+	}
+	r.client.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), phaseTimeout)
+	defer cancel()
+	var errs []error
+	if r.schema != "" && r.cfg.DB != Private {
+		errs = append(errs, dropSchema(ctx, r.pgURL, r.schema))
+	}
+	if r.prefix != "" && !privateKeys(r.cfg.Keys) {
+		errs = append(errs, deleteKeys(ctx, r.redisURL, r.prefix))
+	}
+	for _, s := range r.servers {
+		if err := s.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("torture: stopping the private %s: %w", s.Name(), err))
+		}
+	}
+	if r.dir != "" {
+		if err := os.RemoveAll(r.dir); err != nil {
+			errs = append(errs, fmt.Errorf("torture: removing %s: %w", r.dir, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func dropSchema(ctx context.Context, url, schema string) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return fmt.Errorf("torture: dropping schema %s: %w", schema, err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		return fmt.Errorf("torture: dropping schema %s: %w", schema, err)
+	}
+	return nil
+}
+
+func deleteKeys(ctx context.Context, url, prefix string) error {
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		return fmt.Errorf("torture: deleting the Redis keys %s:*: %w", prefix, err)
+	}
+	client := redis.NewClient(opts)
+	defer client.Close()
+	iter := client.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+	for iter.Next(ctx) {
+		if err := client.Unlink(ctx, iter.Val()).Err(); err != nil {
+			return fmt.Errorf("torture: deleting the Redis keys %s:*: %w", prefix, err)
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return fmt.Errorf("torture: deleting the Redis keys %s:*: %w", prefix, err)
+	}
+	return nil
+}
+
+// lockedRand is a seeded source safe for the run's goroutines.
+type lockedRand struct {
+	mu sync.Mutex
+	r  *rand.Rand
+}
+
+func newLockedRand(seed uint64) *lockedRand {
+	return &lockedRand{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+}
+
+func (l *lockedRand) IntN(n int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.IntN(n)
+}
+
+func (l *lockedRand) Int64N(n int64) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.Int64N(n)
+}
+
+func (l *lockedRand) Float64() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.Float64()
+}
+
+// oneLine is b on one line, bounded, for a violation's message.
+func oneLine(b []byte) string {
+	s := strings.Join(strings.Fields(string(b)), " ")
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}

@@ -1,0 +1,21 @@
+module github.com/idem-go/idem/idempg
+
+go 1.26.0
+
+require (
+	github.com/idem-go/idem v0.1.0
+	github.com/idem-go/idem/idemtest v0.1.0
+	github.com/jackc/pgx/v5 v5.12.0
+	go.uber.org/goleak v1.3.0
+)
+
+require go.yaml.in/yaml/v3 v3.0.5 // indirect
+
+require (
+	github.com/anishathalye/porcupine v1.3.1 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+)

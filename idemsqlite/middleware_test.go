@@ -1,0 +1,116 @@
+package idemsqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idemsqlite"
+	"github.com/idem-go/idem/idemtest"
+)
+
+// The middleware on the store, in the same-transaction form with the claim
+// in the handler's transaction (ClaimTx), and with CompleteTx alone.
+func TestMiddleware(t *testing.T) {
+	t.Parallel()
+	idemtest.TestMiddleware(t, func(t *testing.T, clock idem.Clock) idem.Store {
+		return newStore(t, openDB(t), clock)
+	})
+}
+
+func TestMiddlewareCompleteTxOnly(t *testing.T) {
+	t.Parallel()
+	idemtest.TestMiddleware(t, func(t *testing.T, clock idem.Clock) idem.Store {
+		return completeTxOnly{newStore(t, openDB(t), clock)}
+	})
+}
+
+// completeTxOnly is a TxStore that does not claim in its transactions, as a
+// TxStore that is not a TxClaimer offers.
+type completeTxOnly struct{ s *idemsqlite.Store }
+
+func (c completeTxOnly) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	return c.s.Claim(ctx, req)
+}
+func (c completeTxOnly) Complete(ctx context.Context, ref idem.Ref, resp idem.Response) error {
+	return c.s.Complete(ctx, ref, resp)
+}
+func (c completeTxOnly) Release(ctx context.Context, ref idem.Ref) error {
+	return c.s.Release(ctx, ref)
+}
+func (c completeTxOnly) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
+	return c.s.Get(ctx, scope, key)
+}
+func (c completeTxOnly) Purge(ctx context.Context, limit int) (int, error) {
+	return c.s.Purge(ctx, limit)
+}
+func (c completeTxOnly) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) (bool, error) {
+	return c.s.CompleteTx(ctx, ref, work)
+}
+
+func mustMiddleware(t *testing.T, cfg *idemhttp.Config) *idemhttp.Middleware {
+	t.Helper()
+	m, err := idemhttp.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// post sends a protected POST of an empty JSON object under key.
+func post(h http.Handler, path, key string) {
+	req := httptest.NewRequest(http.MethodPost, path, strings.NewReader("{}"))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(idemhttp.HeaderKey, key)
+	h.ServeHTTP(httptest.NewRecorder(), req)
+}
+
+// TestSameTransaction: with a TxStore, the handler's writes commit with the
+// key, and a failed execution leaves neither.
+func TestSameTransaction(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	store := newStore(t, db, idem.SystemClock{})
+	ctx := context.Background()
+	if _, err := db.Writer().ExecContext(ctx, `CREATE TABLE charges (key TEXT)`); err != nil {
+		t.Fatal(err)
+	}
+	h := mustMiddleware(t, &idemhttp.Config{SharedScope: true, Store: store}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := db.WithTx(r.Context(), func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO charges VALUES (?)`, r.Header.Get(idemhttp.HeaderKey))
+			return err
+		})
+		if err != nil || r.URL.Path == "/fail" {
+			http.Error(w, "failed after writing", http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	post(h, "/ok", "a")
+	post(h, "/fail", "b")
+	post(h, "/ok", "a")
+	var keys []string
+	rows, err := db.Reader().QueryContext(ctx, `SELECT key FROM charges ORDER BY key`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		rows.Scan(&k)
+		keys = append(keys, k)
+	}
+	if fmt.Sprint(keys) != "[a]" {
+		t.Fatalf("charges %v, want [a]", keys)
+	}
+	if _, err := store.Get(ctx, "", "b"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("failed key b: %v, want ErrNotFound (released)", err)
+	}
+}

@@ -1,0 +1,94 @@
+// This file runs every conformance suite of idemtest that idemmem, the
+// in-memory reference implementation, qualifies for: the suites' own check
+// that what they demand can be met. (idemmem lives in the root module, which
+// requires nothing, so its conformance is tested here.)
+//
+// Passes: TestStore (Store), TestInbox (Inbox), TestOutbox (Outbox),
+// TestDeadLetters (DeadLetters), TestLedger (Ledger), and TestTransport
+// (Transport) on the suite's manual clock and again in real time.
+//
+// Does not implement: TestTxEffects (the Store is no idem.TxStore: its
+// records share no transaction with an effect) and TestOutboxMover (the
+// Transport has no MoveOutbox).
+
+package idemtest_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/idemtest"
+)
+
+func TestMemoryStore(t *testing.T) {
+	t.Parallel()
+	idemtest.TestStore(t, func(t *testing.T, clock idem.Clock) idem.Store {
+		return idemmem.NewStore(&idemmem.Config{Clock: clock})
+	})
+}
+
+func TestMemoryInbox(t *testing.T) {
+	t.Parallel()
+	idemtest.TestInbox(t, func(t *testing.T) (idem.Inbox, idemtest.InboxEffects) {
+		return idemmem.NewInbox(), counterEffects{&idemmem.Counters{}}
+	})
+}
+
+func TestMemoryOutbox(t *testing.T) {
+	t.Parallel()
+	idemtest.TestOutbox(t, func(t *testing.T, clock idem.Clock) idem.Outbox {
+		return idemmem.NewOutbox(&idemmem.OutboxConfig{Clock: clock})
+	})
+}
+
+func TestMemoryDeadLetters(t *testing.T) {
+	t.Parallel()
+	idemtest.TestDeadLetters(t, func(t *testing.T, clock idem.Clock) idem.DeadLetters {
+		return idemmem.NewDeadLetters(&idemmem.DeadLettersConfig{Clock: clock})
+	})
+}
+
+func TestMemoryLedger(t *testing.T) {
+	t.Parallel()
+	idemtest.TestLedger(t, func(t *testing.T) idem.Ledger { return idemmem.NewLedger() })
+}
+
+var allFeatures = idemtest.TransportFeatures{
+	DelayedNack:     true,
+	AttemptCount:    true,
+	AckWait:         true,
+	InProgress:      true,
+	Term:            true,
+	OrderedPerTopic: true,
+}
+
+func TestMemoryTransport(t *testing.T) {
+	t.Parallel()
+	idemtest.TestTransport(t, allFeatures, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
+		tr := idemmem.NewTransport(&idemmem.TransportConfig{Clock: clock, Poll: time.Millisecond})
+		t.Cleanup(func() { _ = tr.Close() })
+		return tr, tr
+	})
+}
+
+// The suite's real-time mode, on the system clock and the transport's
+// polling, with a short tick.
+func TestMemoryTransportRealTime(t *testing.T) {
+	t.Parallel()
+	f := allFeatures
+	f.RealTime, f.Tick = true, 50*time.Millisecond
+	idemtest.TestTransport(t, f, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
+		tr := idemmem.NewTransport(&idemmem.TransportConfig{Clock: clock})
+		t.Cleanup(func() { _ = tr.Close() })
+		return tr, tr
+	})
+}
+
+func TestMemoryMiddleware(t *testing.T) {
+	t.Parallel()
+	idemtest.TestMiddleware(t, func(t *testing.T, clock idem.Clock) idem.Store {
+		return idemmem.NewStore(&idemmem.Config{Clock: clock})
+	})
+}
