@@ -12,6 +12,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consumer/consumertest"
 	"github.com/idem-go/idem/idemamqp"
+	"github.com/idem-go/idem/idemamqp/internal/rabbitcluster"
 	"github.com/idem-go/idem/idemtest"
 )
 
@@ -23,7 +24,7 @@ import (
 // half a minute here.
 func TestClusterRabbitMQ(t *testing.T) {
 	t.Parallel()
-	cluster := idemtest.StartRabbitMQCluster(t, nil)
+	cluster := rabbitcluster.Start(t, nil)
 	url := strings.Join(cluster.URLs(), ",")
 
 	t.Run("Transport", func(t *testing.T) {
@@ -66,7 +67,7 @@ func TestClusterRabbitMQ(t *testing.T) {
 // rabbitFailover publishes and consumes events on cluster while the node
 // that leads the consumer's queue is killed and restarted. sequence makes
 // the consumer de-duplicate by key and sequence number, holding gaps.
-func rabbitFailover(t *testing.T, cluster *idemtest.RabbitMQCluster, url string, sequence bool) {
+func rabbitFailover(t *testing.T, cluster *rabbitcluster.Cluster, url string, sequence bool) {
 	// Mandatory: a message routed to no queue fails its publish, and is
 	// sent again, instead of vanishing.
 	tr := newOnCluster(t, cluster, url, idemamqp.Config{Mandatory: true})
@@ -75,7 +76,7 @@ func rabbitFailover(t *testing.T, cluster *idemtest.RabbitMQCluster, url string,
 	if sequence {
 		figures += "-sequence"
 	}
-	var leader, killed *idemtest.RabbitMQNode
+	var leader, killed *rabbitcluster.Node
 	consumertest.RunEventFailover(t, consumertest.EventFailover{
 		Report:     idemtest.ClusterResult,
 		PerKey:     40 * idemtest.ClusterScale(t),
@@ -108,7 +109,7 @@ func rabbitFailover(t *testing.T, cluster *idemtest.RabbitMQCluster, url string,
 // newOnCluster returns a Transport through every node of cluster (url
 // lists them), on an exchange and queue prefix of its own, deleted with
 // its queues when the test ends.
-func newOnCluster(t testing.TB, cluster *idemtest.RabbitMQCluster, url string, cfg idemamqp.Config) *idemamqp.Transport {
+func newOnCluster(t testing.TB, cluster *rabbitcluster.Cluster, url string, cfg idemamqp.Config) *idemamqp.Transport {
 	t.Helper()
 	run := fmt.Sprintf("%08x", rand.Uint32())
 	cfg.Exchange = "idemcluster." + run

@@ -14,6 +14,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consumer/consumertest"
 	"github.com/idem-go/idem/idemnats"
+	"github.com/idem-go/idem/idemnats/internal/natscluster"
 	"github.com/idem-go/idem/idemtest"
 )
 
@@ -24,8 +25,8 @@ import (
 // and, where the server knows it (2.10 and later), sync_interval: always.
 func TestClusterNATS(t *testing.T) {
 	t.Parallel()
-	version, _ := idemtest.NATSServerVersion(t)
-	cluster := idemtest.StartNATSCluster(t, nil)
+	version, _ := natscluster.ServerVersion(t)
+	cluster := natscluster.Start(t, nil)
 
 	t.Run("Transport", func(t *testing.T) {
 		idemtest.TestTransport(t, features, func(t *testing.T, _ idem.Clock) (idem.Publisher, idem.Subscriber) {
@@ -60,11 +61,11 @@ func TestClusterNATS(t *testing.T) {
 		natsFailover(t, cluster, "nats", true)
 	})
 	t.Run("FailoverSyncAlways", func(t *testing.T) {
-		if !idemtest.VersionAtLeast(version, 2, 10) {
+		if !natscluster.VersionAtLeast(version, 2, 10) {
 			t.Skipf("nats-server %s has no sync_interval (2.10 and later have it; set %s to such a server to measure it)",
-				version, idemtest.NATSServerEnv)
+				version, natscluster.ServerEnv)
 		}
-		always := idemtest.StartNATSCluster(t, &idemtest.NATSClusterConfig{SyncInterval: "always"})
+		always := natscluster.Start(t, &natscluster.Config{SyncInterval: "always"})
 		natsFailover(t, always, "nats-sync-always", false)
 	})
 }
@@ -72,7 +73,7 @@ func TestClusterNATS(t *testing.T) {
 // newOnCluster returns a Transport through every server of cluster, on a
 // stream of its own (Replicas 3 unless cfg says otherwise), deleted when
 // the test ends, and the stream's name.
-func newOnCluster(t testing.TB, cluster *idemtest.NATSCluster, cfg idemnats.Config) (*idemnats.Transport, string) {
+func newOnCluster(t testing.TB, cluster *natscluster.Cluster, cfg idemnats.Config) (*idemnats.Transport, string) {
 	t.Helper()
 	run := fmt.Sprintf("%08x", rand.Uint32())
 	cfg.Stream = "IDEMCLUSTER_" + run
@@ -134,14 +135,14 @@ func newOnCluster(t testing.TB, cluster *idemtest.NATSCluster, cfg idemnats.Conf
 // of their stream is killed and restarted, then checks what the stream
 // holds and that the restarted server caught up. sequence makes the
 // consumer de-duplicate by key and sequence number, holding gaps.
-func natsFailover(t *testing.T, cluster *idemtest.NATSCluster, engine string, sequence bool) {
+func natsFailover(t *testing.T, cluster *natscluster.Cluster, engine string, sequence bool) {
 	cfg := idemnats.Config{PollWait: time.Second, SyncAlways: engine == "nats-sync-always"}
 	tr, stream := newOnCluster(t, cluster, cfg)
 	figures := engine
 	if sequence {
 		figures += "-sequence"
 	}
-	var leader, killed *idemtest.NATSServer
+	var leader, killed *natscluster.Server
 	fig := consumertest.RunEventFailover(t, consumertest.EventFailover{
 		Report:     idemtest.ClusterResult,
 		PerKey:     40 * idemtest.ClusterScale(t),

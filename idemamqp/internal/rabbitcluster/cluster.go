@@ -1,4 +1,8 @@
-package idemtest
+// Package rabbitcluster starts RabbitMQ clusters on loopback for
+// idemamqp's cluster tests, kills and restarts their nodes, and tells who
+// leads a quorum queue. The nodes are the machine's RabbitMQ, run as
+// programs of the tests' own (RequireBinaries gates the tests on them).
+package rabbitcluster
 
 import (
 	"context"
@@ -13,29 +17,31 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/idemtest"
 )
 
-// RabbitMQClusterConfig configures StartRabbitMQCluster. The zero value is
+// Config configures Start. The zero value is
 // the cluster the cluster tests use: three nodes.
-type RabbitMQClusterConfig struct {
+type Config struct {
 	// Nodes is the number of nodes. Defaults to 3, the fewest with which a
 	// quorum queue survives the loss of one.
 	Nodes int
 }
 
-// A RabbitMQCluster is a cluster of private RabbitMQ nodes on loopback,
+// A Cluster is a cluster of private RabbitMQ nodes on loopback,
 // with their own node names, ports, Erlang cookie, configuration and data
 // in the test's temporary directory, killed when the test ends. It never
 // talks to the machine's own node: its cookie is not that node's.
-type RabbitMQCluster struct {
+type Cluster struct {
 	t     testing.TB
 	ctl   string
 	env   []string
-	Nodes []*RabbitMQNode
+	Nodes []*Node
 }
 
-// A RabbitMQNode is one node of a RabbitMQCluster.
-type RabbitMQNode struct {
+// A Node is one node of a Cluster.
+type Node struct {
 	// Name is its Erlang node name, "idem<run>n1@localhost".
 	Name string
 	// URL is its AMQP URL, amqp://guest:guest@127.0.0.1:<port>/.
@@ -46,7 +52,7 @@ type RabbitMQNode struct {
 	addr   string
 	env    []string
 	dir    string
-	proc   *Process
+	proc   *idemtest.Process
 }
 
 // rabbitMQProgram returns the path of a RabbitMQ program. Debian's
@@ -61,7 +67,7 @@ func rabbitMQProgram(inPath string) string {
 	return inPath
 }
 
-// StartRabbitMQCluster starts a RabbitMQ cluster and returns once every
+// Start starts a RabbitMQ cluster and returns once every
 // node runs and sees the others. The first node boots alone; the others
 // then boot together and join it through classic peer discovery (the
 // nodes listed in each configuration), which spares the stop_app,
@@ -72,10 +78,10 @@ func rabbitMQProgram(inPath string) string {
 //
 // Booting takes half a minute on a small machine: start one cluster per
 // test and share it between subtests.
-func StartRabbitMQCluster(t testing.TB, cfg *RabbitMQClusterConfig) *RabbitMQCluster {
+func Start(t testing.TB, cfg *Config) *Cluster {
 	t.Helper()
-	bins := RequireBinaries(t, "rabbitmq-server", "rabbitmqctl")
-	var c RabbitMQClusterConfig
+	bins := idemtest.RequireBinaries(t, "rabbitmq-server", "rabbitmqctl")
+	var c Config
 	if cfg != nil {
 		c = *cfg
 	}
@@ -84,7 +90,7 @@ func StartRabbitMQCluster(t testing.TB, cfg *RabbitMQClusterConfig) *RabbitMQClu
 	}
 	root := t.TempDir()
 	home := filepath.Join(root, "home")
-	if err := mkdir(home); err != nil {
+	if err := makeDir(home); err != nil {
 		t.Fatal(err)
 	}
 	// A cookie of the cluster's own: the CLI and the nodes share it, and
@@ -104,13 +110,13 @@ func StartRabbitMQCluster(t testing.TB, cfg *RabbitMQClusterConfig) *RabbitMQClu
 	if err := os.WriteFile(plugins, []byte("[].\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	rc := &RabbitMQCluster{
+	rc := &Cluster{
 		t: t, ctl: rabbitMQProgram(bins["rabbitmqctl"]),
 		// The empty env file keeps /etc/rabbitmq/rabbitmq-env.conf, which
 		// names the machine's node, out.
 		env: []string{"HOME=" + home, "RABBITMQ_CONF_ENV_FILE=" + envFile},
 	}
-	ports := FreePorts(t, 2*c.Nodes)
+	ports := idemtest.FreePorts(t, 2*c.Nodes)
 	names := make([]string, c.Nodes)
 	for i := range c.Nodes {
 		names[i] = fmt.Sprintf("idem%sn%d@localhost", run, i+1)
@@ -124,7 +130,7 @@ func StartRabbitMQCluster(t testing.TB, cfg *RabbitMQClusterConfig) *RabbitMQClu
 		amqpPort, dist := ports[2*i], ports[2*i+1]
 		dir := filepath.Join(root, fmt.Sprintf("node%d", i+1))
 		for _, d := range []string{"mnesia", "log"} {
-			if err := mkdir(filepath.Join(dir, d)); err != nil {
+			if err := makeDir(filepath.Join(dir, d)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -133,7 +139,7 @@ func StartRabbitMQCluster(t testing.TB, cfg *RabbitMQClusterConfig) *RabbitMQClu
 			t.Fatal(err)
 		}
 		addr := fmt.Sprintf("127.0.0.1:%d", amqpPort)
-		rc.Nodes = append(rc.Nodes, &RabbitMQNode{
+		rc.Nodes = append(rc.Nodes, &Node{
 			Name: names[i], URL: "amqp://guest:guest@" + addr + "/",
 			t: t, server: rabbitMQProgram(bins["rabbitmq-server"]), addr: addr, dir: dir,
 			env: append(append([]string(nil), rc.env...),
@@ -163,14 +169,14 @@ func StartRabbitMQCluster(t testing.TB, cfg *RabbitMQClusterConfig) *RabbitMQClu
 	return rc
 }
 
-func (n *RabbitMQNode) start() {
-	n.proc = StartProcess(n.t, "rabbitmq-server "+n.Name, filepath.Join(n.dir, "rabbitmq.out"),
-		&ProcessOptions{Env: n.env, Group: true, Dir: n.dir}, n.server)
+func (n *Node) start() {
+	n.proc = idemtest.StartProcess(n.t, "rabbitmq-server "+n.Name, filepath.Join(n.dir, "rabbitmq.out"),
+		&idemtest.ProcessOptions{Env: n.env, Group: true, Dir: n.dir}, n.server)
 }
 
 // WaitUp waits up to limit for the node to take AMQP connections, and
 // fails t if it does not, or if the node exits first.
-func (n *RabbitMQNode) WaitUp(t testing.TB, limit time.Duration) {
+func (n *Node) WaitUp(t testing.TB, limit time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for step := 50 * time.Millisecond; ; step = min(2*step, 500*time.Millisecond) {
@@ -191,7 +197,7 @@ func (n *RabbitMQNode) WaitUp(t testing.TB, limit time.Duration) {
 
 // Kill sends the node, the Erlang VM and its launcher, SIGKILL: it dies
 // with whatever it had not written or sent its peers.
-func (n *RabbitMQNode) Kill() {
+func (n *Node) Kill() {
 	n.t.Helper()
 	n.proc.Kill()
 	if err := n.proc.WaitExit(20 * time.Second); err != nil {
@@ -201,7 +207,7 @@ func (n *RabbitMQNode) Kill() {
 
 // Restart starts a killed node again on its ports and data: it rejoins
 // the cluster it was in, and its quorum queues' members catch up.
-func (n *RabbitMQNode) Restart() {
+func (n *Node) Restart() {
 	n.t.Helper()
 	if !n.proc.Exited() {
 		n.t.Fatalf("rabbitmq-server %s: Restart of a node that is running", n.Name)
@@ -210,10 +216,10 @@ func (n *RabbitMQNode) Restart() {
 }
 
 // Alive reports whether the node's process runs.
-func (n *RabbitMQNode) Alive() bool { return !n.proc.Exited() }
+func (n *Node) Alive() bool { return !n.proc.Exited() }
 
 // URLs returns every node's AMQP URL.
-func (rc *RabbitMQCluster) URLs() []string {
+func (rc *Cluster) URLs() []string {
 	urls := make([]string, len(rc.Nodes))
 	for i, n := range rc.Nodes {
 		urls[i] = n.URL
@@ -222,7 +228,7 @@ func (rc *RabbitMQCluster) URLs() []string {
 }
 
 // Node returns the node named name, or nil.
-func (rc *RabbitMQCluster) Node(name string) *RabbitMQNode {
+func (rc *Cluster) Node(name string) *Node {
 	for _, n := range rc.Nodes {
 		if n.Name == name {
 			return n
@@ -233,13 +239,13 @@ func (rc *RabbitMQCluster) Node(name string) *RabbitMQNode {
 
 // Ctl runs rabbitmqctl against node with args, with the cluster's cookie,
 // and returns its output.
-func (rc *RabbitMQCluster) Ctl(ctx context.Context, node *RabbitMQNode, args ...string) (string, error) {
+func (rc *Cluster) Ctl(ctx context.Context, node *Node, args ...string) (string, error) {
 	argv := append([]string{rc.ctl, "-n", node.Name, "-q"}, args...)
-	return RunCommand(ctx, 30*time.Second, &ProcessOptions{Env: rc.env}, argv...)
+	return idemtest.RunCommand(ctx, 30*time.Second, &idemtest.ProcessOptions{Env: rc.env}, argv...)
 }
 
 // live returns a live node, or nil.
-func (rc *RabbitMQCluster) live() *RabbitMQNode {
+func (rc *Cluster) live() *Node {
 	for _, n := range rc.Nodes {
 		if n.Alive() {
 			return n
@@ -250,7 +256,7 @@ func (rc *RabbitMQCluster) live() *RabbitMQNode {
 
 // WaitRunning waits up to limit for every live node to run in the
 // cluster, as the first live node sees it.
-func (rc *RabbitMQCluster) WaitRunning(t testing.TB, limit time.Duration) {
+func (rc *Cluster) WaitRunning(t testing.TB, limit time.Duration) {
 	t.Helper()
 	want := 0
 	for _, n := range rc.Nodes {
@@ -284,7 +290,7 @@ type QuorumQueue struct {
 }
 
 // Queues lists the queues of the cluster, as a live node sees them.
-func (rc *RabbitMQCluster) Queues(ctx context.Context) ([]QuorumQueue, error) {
+func (rc *Cluster) Queues(ctx context.Context) ([]QuorumQueue, error) {
 	node := rc.live()
 	if node == nil {
 		return nil, fmt.Errorf("no live node")
@@ -301,7 +307,7 @@ func (rc *RabbitMQCluster) Queues(ctx context.Context) ([]QuorumQueue, error) {
 }
 
 // Queue returns what the cluster says of the queue named name.
-func (rc *RabbitMQCluster) Queue(ctx context.Context, name string) (QuorumQueue, error) {
+func (rc *Cluster) Queue(ctx context.Context, name string) (QuorumQueue, error) {
 	qs, err := rc.Queues(ctx)
 	if err != nil {
 		return QuorumQueue{}, err
@@ -317,9 +323,9 @@ func (rc *RabbitMQCluster) Queue(ctx context.Context, name string) (QuorumQueue,
 // WaitQueueLeader waits up to limit for the quorum queue named name to
 // have a live leader other than not (nil for any) and at least online of
 // its members online, and returns the leader.
-func (rc *RabbitMQCluster) WaitQueueLeader(t testing.TB, name string, not *RabbitMQNode, online int, limit time.Duration) *RabbitMQNode {
+func (rc *Cluster) WaitQueueLeader(t testing.TB, name string, not *Node, online int, limit time.Duration) *Node {
 	t.Helper()
-	var leader *RabbitMQNode
+	var leader *Node
 	rc.eventually(t, limit, "queue "+name+" to have a leader", func() bool {
 		q, err := rc.Queue(context.Background(), name)
 		if err != nil {
@@ -331,7 +337,7 @@ func (rc *RabbitMQCluster) WaitQueueLeader(t testing.TB, name string, not *Rabbi
 	return leader
 }
 
-func (rc *RabbitMQCluster) eventually(t testing.TB, limit time.Duration, what string, cond func() bool) {
+func (rc *Cluster) eventually(t testing.TB, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for step := 50 * time.Millisecond; !cond(); step = min(2*step, 500*time.Millisecond) {
@@ -344,4 +350,12 @@ func (rc *RabbitMQCluster) eventually(t testing.TB, limit time.Duration, what st
 		}
 		time.Sleep(step)
 	}
+}
+
+// makeDir makes a private folder for a server's data.
+func makeDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("making %s: %w", dir, err)
+	}
+	return nil
 }

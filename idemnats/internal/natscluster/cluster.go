@@ -1,4 +1,8 @@
-package idemtest
+// Package natscluster starts clusters of nats-server with JetStream on
+// loopback for idemnats's cluster tests, kills and restarts their servers,
+// and tells who leads a stream. The servers are programs of the machine's
+// (RequireBinaries gates the tests on them).
+package natscluster
 
 import (
 	"context"
@@ -13,17 +17,19 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/idemtest"
 )
 
-// NATSServerEnv names the environment variable that picks the nats-server
+// ServerEnv names the environment variable that picks the nats-server
 // program the cluster tests start, such as a newer release than the
 // machine's. Defaults to nats-server in PATH.
-const NATSServerEnv = "IDEMTEST_NATS_SERVER"
+const ServerEnv = "IDEMTEST_NATS_SERVER"
 
-// NATSClusterConfig configures StartNATSCluster. The zero value is the
+// Config configures Start. The zero value is the
 // cluster the cluster tests use: three JetStream servers with the server's
 // default sync interval.
-type NATSClusterConfig struct {
+type Config struct {
 	// Servers is the number of servers. Defaults to 3, the fewest with
 	// which a stream of 3 replicas survives the loss of one.
 	Servers int
@@ -35,19 +41,19 @@ type NATSClusterConfig struct {
 	SyncInterval string
 }
 
-// A NATSCluster is a cluster of private nats-server processes with
+// A Cluster is a cluster of private nats-server processes with
 // JetStream on loopback, their data in the test's temporary directory,
 // killed when the test ends.
-type NATSCluster struct {
+type Cluster struct {
 	t testing.TB
 	// Version is the servers' version, as nats-server --version says it
 	// ("2.9.10").
 	Version string
-	Servers []*NATSServer
+	Servers []*Server
 }
 
-// A NATSServer is one nats-server of a NATSCluster.
-type NATSServer struct {
+// A Server is one nats-server of a Cluster.
+type Server struct {
 	// Name is its server_name, which JetStream names a stream's leader
 	// and replicas by.
 	Name string
@@ -58,21 +64,21 @@ type NATSServer struct {
 	args    []string
 	dir     string
 	monitor string
-	proc    *Process
+	proc    *idemtest.Process
 }
 
-// NATSServerVersion returns the version of the nats-server the cluster
-// tests start (see NATSServerEnv) and its path, skipping the test (or
+// ServerVersion returns the version of the nats-server the cluster
+// tests start (see ServerEnv) and its path, skipping the test (or
 // failing it, under IDEM_REQUIRE_SERVICES=1) when there is none.
-func NATSServerVersion(t testing.TB) (version, path string) {
+func ServerVersion(t testing.TB) (version, path string) {
 	t.Helper()
-	path = os.Getenv(NATSServerEnv)
+	path = os.Getenv(ServerEnv)
 	if path == "" {
-		path = RequireBinaries(t, "nats-server")["nats-server"]
+		path = idemtest.RequireBinaries(t, "nats-server")["nats-server"]
 	} else if _, err := os.Stat(path); err != nil {
-		t.Fatalf("%s=%q: %v", NATSServerEnv, path, err)
+		t.Fatalf("%s=%q: %v", ServerEnv, path, err)
 	}
-	out, err := RunCommand(context.Background(), 10*time.Second, nil, path, "--version")
+	out, err := idemtest.RunCommand(context.Background(), 10*time.Second, nil, path, "--version")
 	if err != nil {
 		t.Fatalf("nats-server --version: %v", err)
 	}
@@ -98,15 +104,15 @@ func VersionAtLeast(version string, major, minor int) bool {
 	return ma > major || (ma == major && mi >= minor)
 }
 
-// StartNATSCluster starts a JetStream cluster and returns once every
+// Start starts a JetStream cluster and returns once every
 // server is up and the cluster has elected its meta leader, so that a
 // stream can be created. Each server has a configuration file of its own
 // (server_name, client and cluster ports, routes to the others, a
 // monitoring port, jetstream store_dir). cfg may be nil.
-func StartNATSCluster(t testing.TB, cfg *NATSClusterConfig) *NATSCluster {
+func Start(t testing.TB, cfg *Config) *Cluster {
 	t.Helper()
-	version, bin := NATSServerVersion(t)
-	var c NATSClusterConfig
+	version, bin := ServerVersion(t)
+	var c Config
 	if cfg != nil {
 		c = *cfg
 	}
@@ -116,9 +122,9 @@ func StartNATSCluster(t testing.TB, cfg *NATSClusterConfig) *NATSCluster {
 	if c.SyncInterval != "" && !VersionAtLeast(version, 2, 10) {
 		t.Fatalf("nats-server %s does not know sync_interval (2.10 and later do)", version)
 	}
-	ports := FreePorts(t, 3*c.Servers)
+	ports := idemtest.FreePorts(t, 3*c.Servers)
 	root := t.TempDir()
-	nc := &NATSCluster{t: t, Version: version}
+	nc := &Cluster{t: t, Version: version}
 	routes := make([]string, c.Servers)
 	for i := range c.Servers {
 		routes[i] = fmt.Sprintf("nats://127.0.0.1:%d", ports[3*i+1])
@@ -127,7 +133,7 @@ func StartNATSCluster(t testing.TB, cfg *NATSClusterConfig) *NATSCluster {
 		client, clusterPort, monitor := ports[3*i], ports[3*i+1], ports[3*i+2]
 		name := fmt.Sprintf("n%d", i+1)
 		dir := filepath.Join(root, name)
-		if err := mkdir(filepath.Join(dir, "js")); err != nil {
+		if err := makeDir(filepath.Join(dir, "js")); err != nil {
 			t.Fatal(err)
 		}
 		var others []string
@@ -156,7 +162,7 @@ cluster {
 		if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		s := &NATSServer{
+		s := &Server{
 			Name: name, URL: fmt.Sprintf("nats://127.0.0.1:%d", client),
 			t: t, args: []string{bin, "-c", confPath}, dir: dir,
 			monitor: fmt.Sprintf("http://127.0.0.1:%d", monitor),
@@ -168,13 +174,13 @@ cluster {
 	return nc
 }
 
-func (s *NATSServer) start() {
-	s.proc = StartProcess(s.t, "nats-server "+s.Name, filepath.Join(s.dir, "nats.log"), nil, s.args...)
+func (s *Server) start() {
+	s.proc = idemtest.StartProcess(s.t, "nats-server "+s.Name, filepath.Join(s.dir, "nats.log"), nil, s.args...)
 }
 
 // Kill sends the server SIGKILL: it dies with whatever it had not
 // written, fsynced or sent its peers.
-func (s *NATSServer) Kill() {
+func (s *Server) Kill() {
 	s.t.Helper()
 	s.proc.Kill()
 	if err := s.proc.WaitExit(10 * time.Second); err != nil {
@@ -184,7 +190,7 @@ func (s *NATSServer) Kill() {
 
 // Restart starts a killed server again on its ports and store: it
 // recovers its streams from disk and catches up from the others.
-func (s *NATSServer) Restart() {
+func (s *Server) Restart() {
 	s.t.Helper()
 	if !s.proc.Exited() {
 		s.t.Fatalf("nats-server %s: Restart of a server that is running", s.Name)
@@ -193,11 +199,11 @@ func (s *NATSServer) Restart() {
 }
 
 // Alive reports whether the server's process runs.
-func (s *NATSServer) Alive() bool { return !s.proc.Exited() }
+func (s *Server) Alive() bool { return !s.proc.Exited() }
 
 // URL returns the client URLs of every server, comma-separated, as
 // nats.Connect (and idemnats.Open) take a cluster.
-func (nc *NATSCluster) URL() string {
+func (nc *Cluster) URL() string {
 	urls := make([]string, len(nc.Servers))
 	for i, s := range nc.Servers {
 		urls[i] = s.URL
@@ -206,7 +212,7 @@ func (nc *NATSCluster) URL() string {
 }
 
 // Server returns the server named name, or nil.
-func (nc *NATSCluster) Server(name string) *NATSServer {
+func (nc *Cluster) Server(name string) *Server {
 	for _, s := range nc.Servers {
 		if s.Name == name {
 			return s
@@ -235,7 +241,7 @@ type jsz struct {
 }
 
 // jsz asks the server's monitoring port what JetStream it knows.
-func (s *NATSServer) jsz(ctx context.Context) (*jsz, error) {
+func (s *Server) jsz(ctx context.Context) (*jsz, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.monitor+"/jsz?"+url.Values{
@@ -262,7 +268,7 @@ func (s *NATSServer) jsz(ctx context.Context) (*jsz, error) {
 // WaitMetaLeader waits up to limit for every live server to know the
 // cluster's meta leader, without which no stream can be created or
 // looked up.
-func (nc *NATSCluster) WaitMetaLeader(limit time.Duration) {
+func (nc *Cluster) WaitMetaLeader(limit time.Duration) {
 	nc.t.Helper()
 	nc.eventually(nc.t, limit, "every server to know the JetStream meta leader", func() bool {
 		for _, s := range nc.Servers {
@@ -281,8 +287,8 @@ func (nc *NATSCluster) WaitMetaLeader(limit time.Duration) {
 // StreamLeader returns the server that leads stream, as the live servers
 // see it, and the names of its other replicas that it finds current; nil
 // when no live server knows a leader that is alive.
-func (nc *NATSCluster) StreamLeader(stream string) (leader *NATSServer, current []string) {
-	find := func(s *NATSServer) (leader string, current []string) {
+func (nc *Cluster) StreamLeader(stream string) (leader *Server, current []string) {
+	find := func(s *Server) (leader string, current []string) {
 		j, err := s.jsz(context.Background())
 		if err != nil {
 			return "", nil
@@ -321,9 +327,9 @@ func (nc *NATSCluster) StreamLeader(stream string) (leader *NATSServer, current 
 
 // WaitStreamLeader waits up to limit for stream to have a live leader
 // other than not (nil for any), and returns it; it fails t if none comes.
-func (nc *NATSCluster) WaitStreamLeader(t testing.TB, stream string, not *NATSServer, limit time.Duration) *NATSServer {
+func (nc *Cluster) WaitStreamLeader(t testing.TB, stream string, not *Server, limit time.Duration) *Server {
 	t.Helper()
-	var leader *NATSServer
+	var leader *Server
 	nc.eventually(t, limit, "stream "+stream+" to have a leader", func() bool {
 		leader, _ = nc.StreamLeader(stream)
 		return leader != nil && leader != not
@@ -334,7 +340,7 @@ func (nc *NATSCluster) WaitStreamLeader(t testing.TB, stream string, not *NATSSe
 // WaitStreamCurrent waits up to limit for every replica of stream to be
 // current with its leader (a restarted server has caught up), and fails t
 // if they are not.
-func (nc *NATSCluster) WaitStreamCurrent(t testing.TB, stream string, replicas int, limit time.Duration) {
+func (nc *Cluster) WaitStreamCurrent(t testing.TB, stream string, replicas int, limit time.Duration) {
 	t.Helper()
 	nc.eventually(t, limit, fmt.Sprintf("stream %s to have %d current replicas besides its leader", stream, replicas-1), func() bool {
 		leader, current := nc.StreamLeader(stream)
@@ -342,7 +348,7 @@ func (nc *NATSCluster) WaitStreamCurrent(t testing.TB, stream string, replicas i
 	})
 }
 
-func (nc *NATSCluster) eventually(t testing.TB, limit time.Duration, what string, cond func() bool) {
+func (nc *Cluster) eventually(t testing.TB, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for step := 10 * time.Millisecond; !cond(); step = min(2*step, 200*time.Millisecond) {
@@ -355,4 +361,12 @@ func (nc *NATSCluster) eventually(t testing.TB, limit time.Duration, what string
 		}
 		time.Sleep(step)
 	}
+}
+
+// makeDir makes a private folder for a server's data.
+func makeDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("making %s: %w", dir, err)
+	}
+	return nil
 }
