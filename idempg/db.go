@@ -79,6 +79,9 @@ type DB struct {
 	// prepared statements): Store.Replay then runs its own, prepared once
 	// per connection under a name.
 	namedStatements bool
+	// borrowed says that the pool is the caller's (NewDB): Close leaves it
+	// open.
+	borrowed bool
 }
 
 // Open connects to the PostgreSQL database at url (a postgres:// URL or a
@@ -127,12 +130,7 @@ func Open(ctx context.Context, url string, cfg *Config) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idempg: open: %w", secreturl.Scrub(err, url))
 	}
-	db := &DB{pool: pool, schema: c.Schema, clock: c.Clock, beginSQL: beginSQL(c.TxOptions), commitSQL: "commit",
-		readCommitted:   c.TxOptions.IsoLevel == pgx.ReadCommitted && c.TxOptions.BeginQuery == "",
-		namedStatements: pcfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement}
-	if c.TxOptions.CommitQuery != "" {
-		db.commitSQL = c.TxOptions.CommitQuery
-	}
+	db := newDB(pool, c)
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("idempg: open: %w", secreturl.Scrub(err, url))
@@ -141,6 +139,74 @@ func Open(ctx context.Context, url string, cfg *Config) (*DB, error) {
 		pool.Close()
 		return nil, fmt.Errorf("idempg: open: schema %s: %w", c.Schema, err)
 	}
+	return db, nil
+}
+
+// newDB is a DB on pool, in c.Schema, with c's transactions.
+func newDB(pool *pgxpool.Pool, c Config) *DB {
+	db := &DB{pool: pool, schema: c.Schema, clock: c.Clock, beginSQL: beginSQL(c.TxOptions), commitSQL: "commit",
+		readCommitted:   c.TxOptions.IsoLevel == pgx.ReadCommitted && c.TxOptions.BeginQuery == "",
+		namedStatements: pool.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement}
+	if c.TxOptions.CommitQuery != "" {
+		db.commitSQL = c.TxOptions.CommitQuery
+	}
+	return db
+}
+
+// NewDB returns a DB on a pool the application already has, so that
+// idem's statements and the application's share its connections, and a
+// key's record or an inbox row can commit in the application's own pgx
+// transaction (see DB.WithTx). The pool stays the caller's: Close leaves it
+// open, and its configuration is used as it is. cfg may be nil.
+//
+// Every statement of idem names its tables unqualified, so idem's tables
+// live in the schema the pool's connections use first: their
+// current_schema(), which is "public" unless the pool's config sets a
+// search_path (ConnConfig.RuntimeParams["search_path"]). NewDB reads it;
+// cfg.Schema, when set, must be that schema (a mistake otherwise: idem
+// would not find its tables where the caller expects them), and it must be
+// a plain identifier of at most 53 bytes, as Open's. The tables are all
+// named idem_*, beside the application's. cfg.MaxConns must be zero: the
+// pool's size is the caller's to choose.
+//
+// A pool that Open makes pings, before handing it out, a connection that
+// may have died with its server (a restart, a failover); a pool of the
+// caller's hands connections out as its own configuration says.
+//
+// Returns an error matching idem.ErrInvalidArgument when pool is nil or cfg
+// is refused, and the database's error when the schema cannot be read.
+func NewDB(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*DB, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if pool == nil {
+		return nil, &idem.ArgumentError{Field: "pool", Reason: "is required"}
+	}
+	if c.MaxConns != 0 {
+		return nil, &idem.ArgumentError{Field: "MaxConns", Reason: "must be zero for a pool of the caller's: its size is set where the pool is made"}
+	}
+	if c.TxOptions.IsoLevel == "" {
+		c.TxOptions.IsoLevel = pgx.ReadCommitted
+	}
+	var current *string
+	if err := pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&current); err != nil {
+		return nil, fmt.Errorf("idempg: reading the pool's schema: %w", err)
+	}
+	if current == nil {
+		return nil, &idem.ArgumentError{Field: "pool", Reason: "its connections' search_path names no schema that exists: " +
+			"create the schema, or set search_path in the pool's config (ConnConfig.RuntimeParams)"}
+	}
+	if c.Schema != "" && c.Schema != *current {
+		return nil, &idem.ArgumentError{Field: "Schema", Reason: fmt.Sprintf("is %q, but the pool's connections use %q first (their search_path): "+
+			"idem's tables live in the schema the connections use; leave Schema empty, or set the pool's search_path", c.Schema, *current)}
+	}
+	c.Schema = *current
+	if err := validateSchema(c.Schema); err != nil {
+		return nil, err
+	}
+	db := newDB(pool, c)
+	db.borrowed = true
 	return db, nil
 }
 
@@ -194,9 +260,14 @@ func lockKey(schema, component string) int64 {
 	return int64(binary.BigEndian.Uint64(h.Sum(nil)))
 }
 
-// Close closes the pool, waiting for connections in use to be given back.
-// Close every Store of the DB first.
-func (db *DB) Close() { db.pool.Close() }
+// Close closes the pool, waiting for connections in use to be given back,
+// unless the pool is the caller's (NewDB): that one stays open. Close
+// every Store of the DB first.
+func (db *DB) Close() {
+	if !db.borrowed {
+		db.pool.Close()
+	}
+}
 
 // Pool returns the connection pool. Its connections use the DB's schema.
 // Statements run on it directly commit on their own: inside WithTx's fn use

@@ -38,6 +38,24 @@
 //     by whichever of NewInbox, NewOutbox, NewDeadLetters and NewLedger
 //     runs first.
 //
+// # A pool of the application's
+//
+// An application that already has a pgxpool gives it to NewDB instead of
+// opening another: idem's statements then run on the application's
+// connections, and DB.WithTx and the same-transaction forms below join the
+// application's writes as they do on a pool Open made.
+//
+//	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+//	...
+//	db, err := idempg.NewDB(ctx, pool, nil) // idem's tables in the pool's current_schema()
+//	store, err := idempg.NewStore(ctx, db)
+//
+// idem's tables are then made in the schema the pool's connections use
+// first (their search_path; "public" by default), beside the application's,
+// all named idem_*. DB.Close leaves the pool open. The pool is used as the
+// application configured it; a pool Open makes also pings, before handing
+// it out, a connection that may have died with its server.
+//
 // DB.Migrate applies a component's numbered .sql files, each in its own
 // transaction with its record, under pg_advisory_xact_lock on a hash of the
 // schema and component: replicas starting together all succeed and each
