@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -55,7 +56,7 @@ func (c completeTxOnly) CompleteTx(ctx context.Context, ref idem.Ref, work idem.
 	return c.s.CompleteTx(ctx, ref, work)
 }
 
-func mustMiddleware(t *testing.T, cfg *idemhttp.Config) *idemhttp.Middleware {
+func mustMiddleware(t testing.TB, cfg *idemhttp.Config) *idemhttp.Middleware {
 	t.Helper()
 	m, err := idemhttp.New(cfg)
 	if err != nil {
@@ -113,4 +114,63 @@ func TestSameTransaction(t *testing.T) {
 	if _, err := store.Get(ctx, "", "b"); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("failed key b: %v, want ErrNotFound (released)", err)
 	}
+}
+
+// BenchmarkMiddleware measures idemhttp's middleware in front of a trivial
+// handler on the store (in the same-transaction form: the claim in the
+// handler's transaction), for first executions and for replays, beside the
+// bare handler as the baseline of the same run:
+//
+//	go test -run '^$' -bench Middleware -benchtime 2s ./idemsqlite/
+func BenchmarkMiddleware(b *testing.B) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte(`{"id":"pay_123","status":"succeeded"}`))
+	})
+	body := `{"account_id":"acct_1","amount":12000,"currency":"KRW","description":"coffee"}`
+	serve := func(b *testing.B, h http.Handler, key string) {
+		req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if key != "" {
+			req.Header.Set(idemhttp.HeaderKey, key)
+		}
+		rr := httptest.NewRecorder()
+		h.ServeHTTP(rr, req)
+		if rr.Code != http.StatusCreated {
+			b.Fatalf("status %d: %s", rr.Code, rr.Body)
+		}
+	}
+	open := func(b *testing.B) idem.Store {
+		db, err := idemsqlite.Open(filepath.Join(b.TempDir(), "bench.db"), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { db.Close() })
+		s, err := idemsqlite.NewStore(context.Background(), db, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	}
+	b.Run("baseline", func(b *testing.B) {
+		for b.Loop() {
+			serve(b, handler, "")
+		}
+	})
+	b.Run("first", func(b *testing.B) {
+		h := mustMiddleware(b, &idemhttp.Config{SharedScope: true, Store: open(b)}).Handler(handler)
+		i := 0
+		for b.Loop() {
+			i++
+			serve(b, h, fmt.Sprintf("first-%d", i))
+		}
+	})
+	b.Run("replay", func(b *testing.B) {
+		h := mustMiddleware(b, &idemhttp.Config{SharedScope: true, Store: open(b)}).Handler(handler)
+		serve(b, h, "replayed")
+		for b.Loop() {
+			serve(b, h, "replayed")
+		}
+	})
 }
