@@ -64,7 +64,7 @@ func TestStalledBodyOverTCPRevealsNoAddress(t *testing.T) {
 	var n atomic.Int64
 	m := newMiddleware(t, idemhttp.Config{SharedScope: true,
 		Store:  idemmem.NewStore(nil),
-		Logger: slog.New(slog.NewJSONHandler(lockedWriter{&logs, &mu}, nil)),
+		Logger: slog.New(slog.NewJSONHandler(lockedWriter{W: &logs, Mu: &mu}, nil)),
 	})
 	srv := httptest.NewUnstartedServer(m.Handler(counter(&n)))
 	// Short, so the stalled body times out at once; the headers are sent
@@ -97,7 +97,7 @@ func TestStalledBodyOverTCPRevealsNoAddress(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("status %d, want 400: %s", resp.StatusCode, body)
 	}
-	if got := problemType(t, result{resp.StatusCode, resp.Header, string(body)}); got != idemhttp.ProblemBodyUnreadable {
+	if got := problemType(t, result{Status: resp.StatusCode, Header: resp.Header, Body: string(body)}); got != idemhttp.ProblemBodyUnreadable {
 		t.Errorf("problem type %q, want %q", got, idemhttp.ProblemBodyUnreadable)
 	}
 	if got := problemDetail(t, string(body)); got != bodyUnreadableDetail {
@@ -147,14 +147,14 @@ func TestBodyReadErrorRevealsNothing(t *testing.T) {
 	rr := httptest.NewRecorder()
 	h.ServeHTTP(rr, req)
 
-	r := result{rr.Code, rr.Result().Header, rr.Body.String()}
-	if r.status != http.StatusBadRequest || problemType(t, r) != idemhttp.ProblemBodyUnreadable {
+	r := result{Status: rr.Code, Header: rr.Result().Header, Body: rr.Body.String()}
+	if r.Status != http.StatusBadRequest || problemType(t, r) != idemhttp.ProblemBodyUnreadable {
 		t.Fatalf("answer %+v, want 400 %s", r, idemhttp.ProblemBodyUnreadable)
 	}
-	if got := problemDetail(t, r.body); got != bodyUnreadableDetail {
+	if got := problemDetail(t, r.Body); got != bodyUnreadableDetail {
 		t.Errorf("detail %q, want %q", got, bodyUnreadableDetail)
 	}
-	assertRevealsNone(t, r.header, r.body, opErr.Error(), "10.9.8.7", "10.1.2.3", "tcp", "deadline")
+	assertRevealsNone(t, r.Header, r.Body, opErr.Error(), "10.9.8.7", "10.1.2.3", "tcp", "deadline")
 	if n.Load() != 0 {
 		t.Errorf("the handler ran %d times", n.Load())
 	}
@@ -179,13 +179,13 @@ func TestScopeErrorRevealsNothing(t *testing.T) {
 		},
 	}).Handler(counter(&n))
 	r := do(t, h, http.MethodPost, "/pay", "scope-fails-1", "{}")
-	if r.status != http.StatusBadRequest || problemType(t, r) != idemhttp.ProblemScope {
+	if r.Status != http.StatusBadRequest || problemType(t, r) != idemhttp.ProblemScope {
 		t.Fatalf("answer %+v, want 400 %s", r, idemhttp.ProblemScope)
 	}
-	if problemDetail(t, r.body) == "" {
+	if problemDetail(t, r.Body) == "" {
 		t.Error("the problem has no detail")
 	}
-	assertRevealsNone(t, r.header, r.body, "looking up the tenant", "10.9.8.7", "10.1.2.3", "tcp")
+	assertRevealsNone(t, r.Header, r.Body, "looking up the tenant", "10.9.8.7", "10.1.2.3", "tcp")
 	if n.Load() != 0 {
 		t.Errorf("the handler ran %d times", n.Load())
 	}
@@ -207,10 +207,10 @@ func TestRequestLogHidesKey(t *testing.T) {
 		Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Scope:  func(*http.Request) (idem.Scope, error) { return scope, nil },
 	}).Handler(counter(&n))
-	if r := do(t, h, http.MethodPost, "/pay", key, "{}"); r.status != http.StatusCreated {
+	if r := do(t, h, http.MethodPost, "/pay", key, "{}"); r.Status != http.StatusCreated {
 		t.Fatalf("answer %+v", r)
 	}
-	if r := do(t, h, http.MethodPost, "/pay", key, "{}"); r.header.Get(idemhttp.HeaderReplayed) != "true" {
+	if r := do(t, h, http.MethodPost, "/pay", key, "{}"); r.Header.Get(idemhttp.HeaderReplayed) != "true" {
 		t.Fatalf("duplicate not replayed: %+v", r)
 	}
 	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
@@ -267,11 +267,11 @@ func TestScopeProblemIsSent(t *testing.T) {
 		},
 	}).Handler(counter(&n))
 	r := do(t, h, http.MethodPost, "/pay", "scope-problem-1", "{}")
-	if r.status != http.StatusBadRequest || problemType(t, r) != idemhttp.ProblemScope || problemDetail(t, r.body) != "Send the X-Tenant header." {
+	if r.Status != http.StatusBadRequest || problemType(t, r) != idemhttp.ProblemScope || problemDetail(t, r.Body) != "Send the X-Tenant header." {
 		t.Errorf("wrapped Problem without status or type: %+v", r)
 	}
 	r = do(t, h, http.MethodPost, "/pay", "scope-problem-2", "{}", "X-Tenant", "gone")
-	if r.status != http.StatusForbidden || problemType(t, r) != "urn:example:tenant-closed" || problemDetail(t, r.body) != "This tenant was closed." {
+	if r.Status != http.StatusForbidden || problemType(t, r) != "urn:example:tenant-closed" || problemDetail(t, r.Body) != "This tenant was closed." {
 		t.Errorf("whole Problem: %+v", r)
 	}
 	if n.Load() != 0 {

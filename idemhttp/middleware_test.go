@@ -1,14 +1,11 @@
 package idemhttp_test
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,77 +13,27 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/internal/httpcheck"
 	"github.com/idem-go/idem/internal/leakcheck"
 )
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }
 
-type result struct {
-	status int
-	header http.Header
-	body   string
-}
+// The helpers of the middleware's tests, shared with idemtest's
+// (internal/httpcheck).
+type (
+	result       = httpcheck.Result
+	lockedWriter = httpcheck.LockedWriter
+	recording    = httpcheck.Recording
+	phaseKey     = httpcheck.PhaseKey
+)
 
-func do(t *testing.T, h http.Handler, method, target, key, body string, hdr ...string) result {
-	t.Helper()
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	req := httptest.NewRequest(method, target, rd)
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set(idemhttp.HeaderKey, key)
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	rr := httptest.NewRecorder()
-	h.ServeHTTP(rr, req)
-	return result{rr.Code, rr.Result().Header, rr.Body.String()}
-}
-
-func problemType(t *testing.T, r result) string {
-	t.Helper()
-	if ct := r.header.Get("Content-Type"); ct != idemhttp.ProblemContentType {
-		t.Fatalf("Content-Type = %q, want %q (body %s)", ct, idemhttp.ProblemContentType, r.body)
-	}
-	var p struct {
-		Type   string `json:"type"`
-		Status int    `json:"status"`
-		Title  string `json:"title"`
-	}
-	if err := json.Unmarshal([]byte(r.body), &p); err != nil {
-		t.Fatalf("problem body %q: %v", r.body, err)
-	}
-	if p.Status != r.status || p.Title == "" {
-		t.Fatalf("problem %+v does not match status %d", p, r.status)
-	}
-	return p.Type
-}
-
-func newMiddleware(t *testing.T, cfg idemhttp.Config) *idemhttp.Middleware {
-	t.Helper()
-	m, err := idemhttp.New(&cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
-
-// counter is a handler that counts executions and answers 201 with its
-// execution number, a cookie and a custom header.
-func counter(n *atomic.Int64) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		i := n.Add(1)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Location", fmt.Sprintf("/things/%d", i))
-		w.Header().Set("Set-Cookie", "session=secret")
-		w.Header().Set("X-Private", "no")
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"execution":%d}`, i)
-	})
-}
+var (
+	do            = httpcheck.Do
+	problemType   = httpcheck.ProblemType
+	newMiddleware = httpcheck.NewMiddleware
+	counter       = httpcheck.Counter
+)
 
 func TestTwoKeyHeadersRejected(t *testing.T) {
 	t.Parallel()
@@ -107,11 +54,11 @@ func TestPassThrough(t *testing.T) {
 	var n atomic.Int64
 	h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil), Optional: true}).Handler(counter(&n))
 	for i := 0; i < 2; i++ {
-		if r := do(t, h, "GET", "/x", "", ""); r.status != 201 { // GET is not protected
-			t.Fatalf("GET status %d", r.status)
+		if r := do(t, h, "GET", "/x", "", ""); r.Status != 201 { // GET is not protected
+			t.Fatalf("GET status %d", r.Status)
 		}
-		if r := do(t, h, "POST", "/x", "", "{}"); r.status != 201 || r.header.Get(idemhttp.HeaderReplayed) != "" {
-			t.Fatalf("optional POST without key: %d %v", r.status, r.header)
+		if r := do(t, h, "POST", "/x", "", "{}"); r.Status != 201 || r.Header.Get(idemhttp.HeaderReplayed) != "" {
+			t.Fatalf("optional POST without key: %d %v", r.Status, r.Header)
 		}
 	}
 	if n.Load() != 4 {
@@ -125,8 +72,8 @@ func TestConfiguredReplayHeaders(t *testing.T) {
 	h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil), ReplayHeaders: []string{"x-private"}}).Handler(counter(&n))
 	do(t, h, "POST", "/pay", "k", "{}")
 	r := do(t, h, "POST", "/pay", "k", "{}")
-	if r.header.Get("X-Private") != "no" {
-		t.Fatalf("configured header not replayed: %v", r.header)
+	if r.Header.Get("X-Private") != "no" {
+		t.Fatalf("configured header not replayed: %v", r.Header)
 	}
 	for _, bad := range []string{"set-cookie", "Authorization", "WWW-Authenticate"} {
 		if _, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil), ReplayHeaders: []string{bad}}); err == nil {
@@ -149,17 +96,6 @@ func TestConfigValidation(t *testing.T) {
 			t.Errorf("%s: New succeeded; want an error", name)
 		}
 	}
-}
-
-type lockedWriter struct {
-	w  io.Writer
-	mu *sync.Mutex
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 func TestKeyFromContext(t *testing.T) {

@@ -14,66 +14,6 @@ import (
 	"github.com/idem-go/idem/idemmem"
 )
 
-// recording is an Observer that writes down what it sees.
-type recording struct {
-	mu     sync.Mutex
-	log    []string
-	open   map[int]idemhttp.Phase
-	next   int
-	ends   []idemhttp.Event
-	stores []idemhttp.StoreOp
-}
-
-type phaseKey struct{}
-
-func (r *recording) Begin(ctx context.Context, e idemhttp.Event) context.Context {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.open == nil {
-		r.open = map[int]idemhttp.Phase{}
-	}
-	r.next++
-	r.open[r.next] = e.Phase
-	r.log = append(r.log, "+"+e.Phase.String())
-	return context.WithValue(ctx, phaseKey{}, r.next)
-}
-
-func (r *recording) End(ctx context.Context, e idemhttp.Event) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	id, _ := ctx.Value(phaseKey{}).(int)
-	if p, ok := r.open[id]; !ok || p != e.Phase {
-		r.log = append(r.log, "!end of a phase not begun: "+e.Phase.String())
-	}
-	delete(r.open, id)
-	r.log = append(r.log, "-"+e.Phase.String())
-	r.ends = append(r.ends, e)
-}
-
-func (r *recording) Store(_ context.Context, op idemhttp.StoreOp, d time.Duration, _ error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.stores = append(r.stores, op)
-}
-
-// take returns what was seen since the last take.
-func (r *recording) take() (log []string, ends []idemhttp.Event, stores []idemhttp.StoreOp) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	log, ends, stores = r.log, r.ends, r.stores
-	r.log, r.ends, r.stores = nil, nil, nil
-	return log, ends, stores
-}
-
-func (r *recording) end(ends []idemhttp.Event, p idemhttp.Phase) (idemhttp.Event, bool) {
-	for _, e := range ends {
-		if e.Phase == p {
-			return e, true
-		}
-	}
-	return idemhttp.Event{}, false
-}
-
 // A duplicate that waits for the execution in flight ends its claim when
 // it gets the execution's answer, replayed.
 func TestObserverSeesWaitingDuplicate(t *testing.T) {
@@ -101,7 +41,7 @@ func TestObserverSeesWaitingDuplicate(t *testing.T) {
 	// The duplicate is waiting once its claim saw the key in flight.
 	time.AfterFunc(50*time.Millisecond, func() { close(release) })
 	wg.Wait()
-	_, ends, _ := rec.take()
+	_, ends, _ := rec.Take()
 	var outcomes, claims []string
 	for _, e := range ends {
 		switch e.Phase {
@@ -133,7 +73,7 @@ func TestObservers(t *testing.T) {
 	o.End(ctx, idemhttp.Event{Phase: idemhttp.PhaseClaim})
 	o.Store(ctx, idemhttp.StoreClaim, time.Millisecond, nil)
 	for _, r := range []*recording{a, b} {
-		log, _, stores := r.take()
+		log, _, stores := r.Take()
 		if !slices.Equal(log, []string{"+claim", "-claim"}) || len(stores) != 1 {
 			t.Fatalf("log %v, stores %v", log, stores)
 		}

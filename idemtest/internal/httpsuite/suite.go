@@ -5,7 +5,6 @@ package httpsuite
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +23,23 @@ import (
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/internal/eventually"
+	"github.com/idem-go/idem/internal/httpcheck"
+)
+
+// The helpers of the middleware's tests, shared with idemtest's
+// (internal/httpcheck).
+type (
+	result       = httpcheck.Result
+	lockedWriter = httpcheck.LockedWriter
+	recording    = httpcheck.Recording
+	phaseKey     = httpcheck.PhaseKey
+)
+
+var (
+	do            = httpcheck.Do
+	problemType   = httpcheck.ProblemType
+	newMiddleware = httpcheck.NewMiddleware
+	counter       = httpcheck.Counter
 )
 
 // backend is the store under test: open makes a fresh, empty one, and tx
@@ -70,84 +86,6 @@ func Run(t *testing.T, open func(t *testing.T, clock idem.Clock) idem.Store) {
 			c.run(t, b)
 		})
 	}
-}
-
-func do(t *testing.T, h http.Handler, method, target, key, body string, hdr ...string) result {
-	t.Helper()
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	req := httptest.NewRequest(method, target, rd)
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set(idemhttp.HeaderKey, key)
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	rr := httptest.NewRecorder()
-	h.ServeHTTP(rr, req)
-	return result{rr.Code, rr.Result().Header, rr.Body.String()}
-}
-
-func problemType(t *testing.T, r result) string {
-	t.Helper()
-	if ct := r.header.Get("Content-Type"); ct != idemhttp.ProblemContentType {
-		t.Fatalf("Content-Type = %q, want %q (body %s)", ct, idemhttp.ProblemContentType, r.body)
-	}
-	var p struct {
-		Type   string `json:"type"`
-		Status int    `json:"status"`
-		Title  string `json:"title"`
-	}
-	if err := json.Unmarshal([]byte(r.body), &p); err != nil {
-		t.Fatalf("problem body %q: %v", r.body, err)
-	}
-	if p.Status != r.status || p.Title == "" {
-		t.Fatalf("problem %+v does not match status %d", p, r.status)
-	}
-	return p.Type
-}
-
-func newMiddleware(t *testing.T, cfg idemhttp.Config) *idemhttp.Middleware {
-	t.Helper()
-	m, err := idemhttp.New(&cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
-
-// counter is a handler that counts executions and answers 201 with its
-// execution number, a cookie and a custom header.
-func counter(n *atomic.Int64) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		i := n.Add(1)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Location", fmt.Sprintf("/things/%d", i))
-		w.Header().Set("Set-Cookie", "session=secret")
-		w.Header().Set("X-Private", "no")
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"execution":%d}`, i)
-	})
-}
-
-type result struct {
-	status int
-	header http.Header
-	body   string
-}
-
-type lockedWriter struct {
-	w  io.Writer
-	mu *sync.Mutex
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 // spy wraps s, keeping its TxStore and Replayer faces (not its
@@ -249,8 +187,8 @@ func mwRequestValidation(t *testing.T, b backend) {
 	}
 	for _, tc := range tests {
 		r := do(t, h, tc.method, "/pay", tc.key, tc.body, tc.hdr...)
-		if r.status != tc.status {
-			t.Errorf("%s: status %d, want %d (%s)", tc.name, r.status, tc.status, r.body)
+		if r.Status != tc.status {
+			t.Errorf("%s: status %d, want %d (%s)", tc.name, r.Status, tc.status, r.Body)
 			continue
 		}
 		if got := problemType(t, r); got != tc.problem {
@@ -261,8 +199,8 @@ func mwRequestValidation(t *testing.T, b backend) {
 		t.Fatalf("handler ran %d times for invalid requests; want 0", n.Load())
 	}
 	// Nothing was stored: the same key now executes.
-	if r := do(t, h, "POST", "/pay", "k-large", `{}`); r.status != 201 {
-		t.Fatalf("after 413, status %d", r.status)
+	if r := do(t, h, "POST", "/pay", "k-large", `{}`); r.Status != 201 {
+		t.Fatalf("after 413, status %d", r.Status)
 	}
 	// The middleware's own rejections are counted, nothing else.
 	c := m.Counts()
@@ -275,23 +213,23 @@ func mwReplay(t *testing.T, b backend) {
 	var n atomic.Int64
 	h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: b.open(t, idem.SystemClock{})}).Handler(counter(&n))
 	first := do(t, h, "POST", "/pay?b=2&a=1", "key-1", `{"amount": 100, "currency": "KRW"}`)
-	if first.status != 201 || first.header.Get(idemhttp.HeaderReplayed) != "" || first.header.Get("Set-Cookie") == "" {
+	if first.Status != 201 || first.Header.Get(idemhttp.HeaderReplayed) != "" || first.Header.Get("Set-Cookie") == "" {
 		t.Fatalf("first: %+v", first)
 	}
 	// The same request re-serialised, with its query reordered, and the
 	// key in its structured-field form.
 	again := do(t, h, "POST", "/pay?a=1&b=2", `"key-1"`, `{"currency":"KRW","amount":100}`)
-	if again.status != 201 || again.body != first.body {
+	if again.Status != 201 || again.Body != first.Body {
 		t.Fatalf("replay: %+v, first %+v", again, first)
 	}
-	if again.header.Get(idemhttp.HeaderReplayed) != "true" {
-		t.Fatalf("replay lacks %s: %v", idemhttp.HeaderReplayed, again.header)
+	if again.Header.Get(idemhttp.HeaderReplayed) != "true" {
+		t.Fatalf("replay lacks %s: %v", idemhttp.HeaderReplayed, again.Header)
 	}
-	if again.header.Get("Location") != first.header.Get("Location") || again.header.Get("Content-Type") != "application/json" {
-		t.Fatalf("replayed headers %v", again.header)
+	if again.Header.Get("Location") != first.Header.Get("Location") || again.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("replayed headers %v", again.Header)
 	}
-	if again.header.Get("Set-Cookie") != "" || again.header.Get("X-Private") != "" {
-		t.Fatalf("replay leaked headers outside the allow-list: %v", again.header)
+	if again.Header.Get("Set-Cookie") != "" || again.Header.Get("X-Private") != "" {
+		t.Fatalf("replay leaked headers outside the allow-list: %v", again.Header)
 	}
 	if n.Load() != 1 {
 		t.Fatalf("executions %d, want 1", n.Load())
@@ -308,12 +246,12 @@ func mwRecentKeysAnsweredWithOneRead(t *testing.T, b backend) {
 	var n atomic.Int64
 	h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store, MemoryReplayFor: -1}).Handler(counter(&n))
 	first := do(t, h, "POST", "/pay", "k-1", `{"amount":100}`)
-	if first.status != 201 || sp.claims.Load() != 1 || sp.reads() != 0 {
+	if first.Status != 201 || sp.claims.Load() != 1 || sp.reads() != 0 {
 		t.Fatalf("first: %+v, %d claims, %d reads; want 201 after one claim", first, sp.claims.Load(), sp.reads())
 	}
 	again := do(t, h, "POST", "/pay", "k-1", `{"amount":100}`)
-	if again.status != 201 || again.body != first.body || again.header.Get(idemhttp.HeaderReplayed) != "true" ||
-		again.header.Get("Location") != first.header.Get("Location") || again.header.Get("Set-Cookie") != "" {
+	if again.Status != 201 || again.Body != first.Body || again.Header.Get(idemhttp.HeaderReplayed) != "true" ||
+		again.Header.Get("Location") != first.Header.Get("Location") || again.Header.Get("Set-Cookie") != "" {
 		t.Fatalf("replay from the record: %+v, first %+v", again, first)
 	}
 	if sp.claims.Load() != 1 || sp.reads() != 1 {
@@ -323,7 +261,7 @@ func mwRecentKeysAnsweredWithOneRead(t *testing.T, b backend) {
 	if _, ok := store.(idem.Replayer); ok && sp.replays.Load() != 1 {
 		t.Errorf("replay: %d Replays, %d Gets of a Replayer; want the read to be a Replay", sp.replays.Load(), sp.gets.Load())
 	}
-	if r := do(t, h, "POST", "/pay", "k-1", `{"amount":999}`); r.status != 422 || problemType(t, r) != idemhttp.ProblemKeyMismatch {
+	if r := do(t, h, "POST", "/pay", "k-1", `{"amount":999}`); r.Status != 422 || problemType(t, r) != idemhttp.ProblemKeyMismatch {
 		t.Errorf("another body under a recent key: %+v, want 422", r)
 	}
 	if sp.claims.Load() != 1 {
@@ -336,7 +274,7 @@ func mwRecentKeysAnsweredWithOneRead(t *testing.T, b backend) {
 		before := sp.claims.Load()
 		other := newMiddleware(t, cfg).Handler(counter(&n))
 		r := do(t, other, "POST", "/pay", "k-1", `{"amount":100}`)
-		if r.status != 201 || r.body != first.body || r.header.Get(idemhttp.HeaderReplayed) != "true" {
+		if r.Status != 201 || r.Body != first.Body || r.Header.Get(idemhttp.HeaderReplayed) != "true" {
 			t.Errorf("RecentKeys %d, replay from the claim: %+v", cfg.RecentKeys, r)
 		}
 		if sp.claims.Load() != before+1 {
@@ -365,26 +303,26 @@ func mwMemoryReplay(t *testing.T, b backend) {
 
 	clock.Advance(9 * time.Second)
 	again := do(t, h, "POST", "/pay", "k-1", `{"amount":100}`)
-	if again.status != first.status || again.body != first.body || !reflect.DeepEqual(again.header, fromStore.header) {
+	if again.Status != first.Status || again.Body != first.Body || !reflect.DeepEqual(again.Header, fromStore.Header) {
 		t.Errorf("replay from memory: %+v\nfrom the store: %+v", again, fromStore)
 	}
 	if sp.claims.Load() != claims || sp.reads() != reads {
 		t.Errorf("replay from memory: %d claims, %d reads of the store; want none", sp.claims.Load()-claims, sp.reads()-reads)
 	}
-	if r := do(t, h, "POST", "/pay", "k-1", `{"amount":999}`); r.status != 422 || problemType(t, r) != idemhttp.ProblemKeyMismatch {
+	if r := do(t, h, "POST", "/pay", "k-1", `{"amount":999}`); r.Status != 422 || problemType(t, r) != idemhttp.ProblemKeyMismatch {
 		t.Errorf("another body under a key in memory: %+v, want 422", r)
 	}
 
 	clock.Advance(time.Second) // MemoryReplayFor (10s) has passed
 	reads = sp.reads()
-	if r := do(t, h, "POST", "/pay", "k-1", `{"amount":100}`); r.body != first.body || r.header.Get(idemhttp.HeaderReplayed) != "true" {
+	if r := do(t, h, "POST", "/pay", "k-1", `{"amount":100}`); r.Body != first.Body || r.Header.Get(idemhttp.HeaderReplayed) != "true" {
 		t.Errorf("replay past MemoryReplayFor: %+v", r)
 	}
 	if sp.reads() != reads+1 {
 		t.Errorf("replay past MemoryReplayFor: %d reads of the store, want 1", sp.reads()-reads)
 	}
 	clock.Advance(time.Hour)
-	if r := do(t, h, "POST", "/pay", "k-1", `{"amount":100}`); r.body != `{"execution":2}` {
+	if r := do(t, h, "POST", "/pay", "k-1", `{"amount":100}`); r.Body != `{"execution":2}` {
 		t.Errorf("past the TTL: %+v, want a second execution", r)
 	}
 	if n.Load() != 2 {
@@ -417,10 +355,10 @@ func mwConcurrentDuplicatesExecuteOnce(t *testing.T, b backend) {
 	close(results)
 	var replayed int
 	for r := range results {
-		if r.status != 201 || r.body != `{"execution":1}` {
+		if r.Status != 201 || r.Body != `{"execution":1}` {
 			t.Fatalf("answer %+v", r)
 		}
-		if r.header.Get(idemhttp.HeaderReplayed) == "true" {
+		if r.Header.Get(idemhttp.HeaderReplayed) == "true" {
 			replayed++
 		}
 	}
@@ -444,23 +382,23 @@ func mwInFlightConflictAndMismatch(t *testing.T, b backend) {
 	<-entered
 
 	r := do(t, h, "POST", "/pay", "k", `{"amount":1}`)
-	if r.status != 409 || r.header.Get("Retry-After") == "" || problemType(t, r) != idemhttp.ProblemInFlight {
+	if r.Status != 409 || r.Header.Get("Retry-After") == "" || problemType(t, r) != idemhttp.ProblemInFlight {
 		t.Fatalf("duplicate in flight: %+v", r)
 	}
 	r = do(t, h, "POST", "/pay", "k", `{"amount":2}`)
-	if r.status != 422 || problemType(t, r) != idemhttp.ProblemKeyMismatch {
+	if r.Status != 422 || problemType(t, r) != idemhttp.ProblemKeyMismatch {
 		t.Fatalf("mismatch in flight: %+v", r)
 	}
 	r = do(t, h, "PATCH", "/pay", "k", `{"amount":1}`)
-	if r.status != 422 {
+	if r.Status != 422 {
 		t.Fatalf("same key, other method: %+v", r)
 	}
 	close(release)
-	if first := <-done; first.status != 201 {
+	if first := <-done; first.Status != 201 {
 		t.Fatalf("first: %+v", first)
 	}
 	r = do(t, h, "POST", "/pay", "k", `{"amount":2}`)
-	if r.status != 422 {
+	if r.Status != 422 {
 		t.Fatalf("mismatch after completion: %+v", r)
 	}
 	if n.Load() != 1 {
@@ -499,21 +437,21 @@ func mwFailuresAreClassified(t *testing.T, b backend) {
 	for _, path := range []string{"/5xx", "/panic", "/429"} {
 		n.Store(0)
 		first := do(t, h, "POST", path, "key"+path, "{}")
-		if first.status < 400 {
+		if first.Status < 400 {
 			t.Fatalf("%s first: %+v", path, first)
 		}
-		if path == "/panic" && (first.status != 500 || problemType(t, first) != idemhttp.ProblemHandlerFailed) {
+		if path == "/panic" && (first.Status != 500 || problemType(t, first) != idemhttp.ProblemHandlerFailed) {
 			t.Fatalf("panic answered %+v", first)
 		}
 		retry := do(t, h, "POST", path, "key"+path, "{}")
-		if retry.status != 201 || retry.body != "ok 2" || retry.header.Get(idemhttp.HeaderReplayed) != "" {
+		if retry.Status != 201 || retry.Body != "ok 2" || retry.Header.Get(idemhttp.HeaderReplayed) != "" {
 			t.Fatalf("%s retry did not run again: %+v", path, retry)
 		}
 	}
 	n.Store(0)
 	first := do(t, h, "POST", "/402", "k402", "{}")
 	again := do(t, h, "POST", "/402", "k402", "{}")
-	if first.status != 402 || again.status != 402 || again.body != "insufficient funds 1" || again.header.Get(idemhttp.HeaderReplayed) != "true" {
+	if first.Status != 402 || again.Status != 402 || again.Body != "insufficient funds 1" || again.Header.Get(idemhttp.HeaderReplayed) != "true" {
 		t.Fatalf("402 not replayed: %+v then %+v", first, again)
 	}
 }
@@ -524,7 +462,7 @@ func mwStoreDownFailsClosed(t *testing.T, b backend) {
 	var n atomic.Int64
 	m := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store})
 	r := do(t, m.Handler(counter(&n)), "POST", "/pay", "k", "{}")
-	if r.status != 503 || r.header.Get("Retry-After") == "" || problemType(t, r) != idemhttp.ProblemStoreUnavailable {
+	if r.Status != 503 || r.Header.Get("Retry-After") == "" || problemType(t, r) != idemhttp.ProblemStoreUnavailable {
 		t.Fatalf("store down: %+v", r)
 	}
 	if n.Load() != 0 {
@@ -534,7 +472,7 @@ func mwStoreDownFailsClosed(t *testing.T, b backend) {
 		t.Fatalf("counts %v", m.Counts())
 	}
 	sp.fail.Store(false)
-	if r := do(t, m.Handler(counter(&n)), "POST", "/pay", "k", "{}"); r.status != 201 || n.Load() != 1 {
+	if r := do(t, m.Handler(counter(&n)), "POST", "/pay", "k", "{}"); r.Status != 201 || n.Load() != 1 {
 		t.Fatalf("after recovery: %+v", r)
 	}
 }
@@ -552,10 +490,10 @@ func mwScopesIsolateKeys(t *testing.T, b backend) {
 	}).Handler(counter(&n))
 	a := do(t, h, "POST", "/pay", "k", "{}", "X-Tenant", "a")
 	b2 := do(t, h, "POST", "/pay", "k", "{}", "X-Tenant", "b")
-	if a.body == b2.body || b2.header.Get(idemhttp.HeaderReplayed) != "" {
+	if a.Body == b2.Body || b2.Header.Get(idemhttp.HeaderReplayed) != "" {
 		t.Fatalf("tenant b got tenant a's answer: %+v %+v", a, b2)
 	}
-	if r := do(t, h, "POST", "/pay", "k", "{}"); r.status != 400 || problemType(t, r) != idemhttp.ProblemScope {
+	if r := do(t, h, "POST", "/pay", "k", "{}"); r.Status != 400 || problemType(t, r) != idemhttp.ProblemScope {
 		t.Fatalf("no scope: %+v", r)
 	}
 }
@@ -566,11 +504,11 @@ func mwTTLExpiry(t *testing.T, b backend) {
 	h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: b.open(t, clock), TTL: time.Hour}).Handler(counter(&n))
 	do(t, h, "POST", "/pay", "k", "{}")
 	clock.Advance(59 * time.Minute)
-	if r := do(t, h, "POST", "/pay", "k", "{}"); r.header.Get(idemhttp.HeaderReplayed) != "true" {
+	if r := do(t, h, "POST", "/pay", "k", "{}"); r.Header.Get(idemhttp.HeaderReplayed) != "true" {
 		t.Fatalf("replay before expiry: %+v", r)
 	}
 	clock.Advance(2 * time.Minute)
-	if r := do(t, h, "POST", "/pay", "k", "{}"); r.body != `{"execution":2}` {
+	if r := do(t, h, "POST", "/pay", "k", "{}"); r.Body != `{"execution":2}` {
 		t.Fatalf("after expiry: %+v", r)
 	}
 }
@@ -586,7 +524,7 @@ func mwLeaseTakeoverFencing(t *testing.T, b backend) {
 	}
 	var logs bytes.Buffer
 	var logMu sync.Mutex
-	logger := slog.New(slog.NewTextHandler(lockedWriter{&logs, &logMu}, nil))
+	logger := slog.New(slog.NewTextHandler(lockedWriter{W: &logs, Mu: &logMu}, nil))
 	var n atomic.Int64
 	entered := make(chan int64, 2)
 	release := make(chan struct{})
@@ -605,19 +543,19 @@ func mwLeaseTakeoverFencing(t *testing.T, b backend) {
 	<-entered
 	clock.Advance(3 * time.Minute) // the first execution's lease ends
 	second := do(t, h, "POST", "/pay", "secret-key-123", "{}")
-	if second.status != 201 || second.body != "execution 2" {
+	if second.Status != 201 || second.Body != "execution 2" {
 		t.Fatalf("takeover: %+v", second)
 	}
 	close(release)
 	r1 := <-first
 	if b.tx {
-		if r1.status != 503 || problemType(t, r1) != idemhttp.ProblemLeaseLost {
+		if r1.Status != 503 || problemType(t, r1) != idemhttp.ProblemLeaseLost {
 			t.Fatalf("late execution with the same-transaction form: %+v", r1)
 		}
-	} else if r1.status != 201 {
+	} else if r1.Status != 201 {
 		t.Fatalf("late execution: %+v", r1)
 	}
-	if r := do(t, h, "POST", "/pay", "secret-key-123", "{}"); r.body != "execution 2" {
+	if r := do(t, h, "POST", "/pay", "secret-key-123", "{}"); r.Body != "execution 2" {
 		t.Fatalf("replay after takeover: %+v", r)
 	}
 	logMu.Lock()
@@ -645,19 +583,19 @@ func mwLargeResponses(t *testing.T, b backend) {
 	if b.tx {
 		// Nothing reaches the client before commit, and a truncated
 		// answer is never kept: the transaction is rolled back.
-		if first.status != 500 || problemType(t, first) != idemhttp.ProblemResponseTooLarge {
+		if first.Status != 500 || problemType(t, first) != idemhttp.ProblemResponseTooLarge {
 			t.Fatalf("tx: %+v", first)
 		}
-		if r := do(t, h, "POST", "/pay", "k", "{}"); r.status != 500 || n.Load() != 2 {
+		if r := do(t, h, "POST", "/pay", "k", "{}"); r.Status != 500 || n.Load() != 2 {
 			t.Fatalf("tx retry should run again: %+v, executions %d", r, n.Load())
 		}
 		return
 	}
-	if first.status != 201 || first.body != big {
+	if first.Status != 201 || first.Body != big {
 		t.Fatalf("first caller must get the whole answer: %+v", first)
 	}
 	r := do(t, h, "POST", "/pay", "k", "{}")
-	if r.status != 201 || r.body != "" || r.header.Get(idemhttp.HeaderBodyOmitted) != "true" || r.header.Get(idemhttp.HeaderReplayed) != "true" {
+	if r.Status != 201 || r.Body != "" || r.Header.Get(idemhttp.HeaderBodyOmitted) != "true" || r.Header.Get(idemhttp.HeaderReplayed) != "true" {
 		t.Fatalf("replay of an omitted body: %+v", r)
 	}
 	if n.Load() != 1 {
@@ -754,8 +692,8 @@ func mwKeySecretSealsKeys(t *testing.T, b backend) {
 	other := newMiddleware(t, cfg).Handler(h) // another process: nothing recent
 
 	r1 := do(t, first, "POST", "/pay", "order-1", `{"a":1}`, "X-Tenant", "t1")
-	if r1.status != http.StatusCreated {
-		t.Fatalf("first: %d %s", r1.status, r1.body)
+	if r1.Status != http.StatusCreated {
+		t.Fatalf("first: %d %s", r1.Status, r1.Body)
 	}
 	sealed := idemhttp.SealKey(keySecret, "t1", "order-1")
 	if got := seen.Load().(idem.Key); got != sealed {
@@ -775,24 +713,24 @@ func mwKeySecretSealsKeys(t *testing.T, b backend) {
 	}
 	for name, h := range map[string]http.Handler{"same process": first, "other process": other} {
 		r := do(t, h, "POST", "/pay", "order-1", `{"a":1}`, "X-Tenant", "t1")
-		if r.status != http.StatusCreated || r.body != r1.body || r.header.Get(idemhttp.HeaderReplayed) != "true" {
-			t.Fatalf("%s: duplicate got %d %q (replayed %q), want the first answer %q", name, r.status, r.body, r.header.Get(idemhttp.HeaderReplayed), r1.body)
+		if r.Status != http.StatusCreated || r.Body != r1.Body || r.Header.Get(idemhttp.HeaderReplayed) != "true" {
+			t.Fatalf("%s: duplicate got %d %q (replayed %q), want the first answer %q", name, r.Status, r.Body, r.Header.Get(idemhttp.HeaderReplayed), r1.Body)
 		}
-		if r := do(t, h, "POST", "/pay", "order-1", `{"a":2}`, "X-Tenant", "t1"); r.status != http.StatusUnprocessableEntity {
-			t.Fatalf("%s: another body under the key got %d, want 422", name, r.status)
+		if r := do(t, h, "POST", "/pay", "order-1", `{"a":2}`, "X-Tenant", "t1"); r.Status != http.StatusUnprocessableEntity {
+			t.Fatalf("%s: another body under the key got %d, want 422", name, r.Status)
 		}
 	}
 	// The same key from another tenant is another key.
-	if r := do(t, other, "POST", "/pay", "order-1", `{"a":2}`, "X-Tenant", "t2"); r.status != http.StatusCreated || r.header.Get(idemhttp.HeaderReplayed) != "" {
-		t.Fatalf("another tenant's key: %d %q", r.status, r.body)
+	if r := do(t, other, "POST", "/pay", "order-1", `{"a":2}`, "X-Tenant", "t2"); r.Status != http.StatusCreated || r.Header.Get(idemhttp.HeaderReplayed) != "" {
+		t.Fatalf("another tenant's key: %d %q", r.Status, r.Body)
 	}
 	if seen.Load().(idem.Key) == sealed {
 		t.Fatal("two tenants' keys sealed alike")
 	}
 	// A client that sends a sealed key gets it sealed again: it never
 	// addresses the record it names.
-	if r := do(t, other, "POST", "/pay", string(sealed), `{"a":9}`, "X-Tenant", "t1"); r.status != http.StatusCreated || r.header.Get(idemhttp.HeaderReplayed) != "" {
-		t.Fatalf("a sealed key sent as a key: %d %q, want a new execution", r.status, r.body)
+	if r := do(t, other, "POST", "/pay", string(sealed), `{"a":9}`, "X-Tenant", "t1"); r.Status != http.StatusCreated || r.Header.Get(idemhttp.HeaderReplayed) != "" {
+		t.Fatalf("a sealed key sent as a key: %d %q, want a new execution", r.Status, r.Body)
 	}
 	if got := n.Load(); got != 3 {
 		t.Fatalf("%d executions, want 3", got)
@@ -808,8 +746,8 @@ func mwBodyKeysSealBodies(t *testing.T, b backend) {
 	h := counter(&n)
 	withA := newMiddleware(t, idemhttp.Config{Store: store, SharedScope: true, BodyKeys: []idemhttp.BodyKey{bodyKeyA}}).Handler(h)
 	r1 := do(t, withA, "POST", "/pay", "k1", `{}`)
-	if r1.status != http.StatusCreated || r1.body != `{"execution":1}` {
-		t.Fatalf("first: %d %q", r1.status, r1.body)
+	if r1.Status != http.StatusCreated || r1.Body != `{"execution":1}` {
+		t.Fatalf("first: %d %q", r1.Status, r1.Body)
 	}
 	rec, err := store.Get(context.Background(), "", "k1")
 	if err != nil {
@@ -821,30 +759,30 @@ func mwBodyKeysSealBodies(t *testing.T, b backend) {
 
 	// Rotated: B seals from now on, A still opens.
 	rotated := newMiddleware(t, idemhttp.Config{Store: store, SharedScope: true, BodyKeys: []idemhttp.BodyKey{bodyKeyB, bodyKeyA}}).Handler(h)
-	if r := do(t, rotated, "POST", "/pay", "k1", `{}`); r.status != http.StatusCreated || r.body != r1.body {
-		t.Fatalf("replay after rotation: %d %q, want %q", r.status, r.body, r1.body)
+	if r := do(t, rotated, "POST", "/pay", "k1", `{}`); r.Status != http.StatusCreated || r.Body != r1.Body {
+		t.Fatalf("replay after rotation: %d %q, want %q", r.Status, r.Body, r1.Body)
 	}
 	r2 := do(t, rotated, "POST", "/pay", "k2", `{}`)
 	// A body kept before encryption was turned on replays as it is.
 	plain := newMiddleware(t, idemhttp.Config{Store: store, SharedScope: true}).Handler(h)
 	r3 := do(t, plain, "POST", "/pay", "k3", `{}`)
 	onlyB := newMiddleware(t, idemhttp.Config{Store: store, SharedScope: true, BodyKeys: []idemhttp.BodyKey{bodyKeyB}}).Handler(h)
-	if r := do(t, onlyB, "POST", "/pay", "k2", `{}`); r.status != http.StatusCreated || r.body != r2.body {
-		t.Fatalf("replay with B: %d %q, want %q", r.status, r.body, r2.body)
+	if r := do(t, onlyB, "POST", "/pay", "k2", `{}`); r.Status != http.StatusCreated || r.Body != r2.Body {
+		t.Fatalf("replay with B: %d %q, want %q", r.Status, r.Body, r2.Body)
 	}
-	if r := do(t, onlyB, "POST", "/pay", "k3", `{}`); r.status != http.StatusCreated || r.body != r3.body {
-		t.Fatalf("replay of a body kept in clear: %d %q, want %q", r.status, r.body, r3.body)
+	if r := do(t, onlyB, "POST", "/pay", "k3", `{}`); r.Status != http.StatusCreated || r.Body != r3.Body {
+		t.Fatalf("replay of a body kept in clear: %d %q, want %q", r.Status, r.Body, r3.Body)
 	}
 	// A is gone: k1's body cannot be opened, and k1 does not run again.
 	before := n.Load()
 	r := do(t, onlyB, "POST", "/pay", "k1", `{}`)
-	if r.status != http.StatusInternalServerError || problemType(t, r) != idemhttp.ProblemAnswerUnreadable {
-		t.Fatalf("replay without its key: %d %q, want 500 %s", r.status, r.body, idemhttp.ProblemAnswerUnreadable)
+	if r.Status != http.StatusInternalServerError || problemType(t, r) != idemhttp.ProblemAnswerUnreadable {
+		t.Fatalf("replay without its key: %d %q, want 500 %s", r.Status, r.Body, idemhttp.ProblemAnswerUnreadable)
 	}
 	// Without any BodyKeys, a sealed body is refused the same way, never
 	// sent as the ciphertext.
-	if r := do(t, plain, "POST", "/pay", "k2", `{}`); r.status != http.StatusInternalServerError || strings.Contains(r.body, "idem-gcm") {
-		t.Fatalf("sealed body without BodyKeys: %d %q", r.status, r.body)
+	if r := do(t, plain, "POST", "/pay", "k2", `{}`); r.Status != http.StatusInternalServerError || strings.Contains(r.Body, "idem-gcm") {
+		t.Fatalf("sealed body without BodyKeys: %d %q", r.Status, r.Body)
 	}
 	if n.Load() != before {
 		t.Fatal("an unreadable answer ran the request again")
@@ -873,11 +811,11 @@ func mwSealedBodyBoundToItsRecord(t *testing.T, b backend) {
 	if err := store.Complete(ctx, idem.Ref{Key: "k2", Token: claim.Token}, *rec1.Response); err != nil {
 		t.Fatal(err)
 	}
-	if r := do(t, h, "POST", "/pay", "k2", `{}`); r.status != http.StatusInternalServerError {
-		t.Fatalf("a body moved to another record: %d %q, want 500", r.status, r.body)
+	if r := do(t, h, "POST", "/pay", "k2", `{}`); r.Status != http.StatusInternalServerError {
+		t.Fatalf("a body moved to another record: %d %q, want 500", r.Status, r.Body)
 	}
-	if r := do(t, h, "POST", "/pay", "k1", `{}`); r.status != http.StatusCreated || r.body != `{"execution":1}` {
-		t.Fatalf("its own record: %d %q", r.status, r.body)
+	if r := do(t, h, "POST", "/pay", "k1", `{}`); r.Status != http.StatusCreated || r.Body != `{"execution":1}` {
+		t.Fatalf("its own record: %d %q", r.Status, r.Body)
 	}
 }
 
@@ -886,15 +824,15 @@ func mwDiscardBodies(t *testing.T, b backend) {
 	store := b.open(t, idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)))
 	var n atomic.Int64
 	h := newMiddleware(t, idemhttp.Config{Store: store, SharedScope: true, DiscardBodies: true}).Handler(counter(&n))
-	if r := do(t, h, "POST", "/pay", "k1", `{}`); r.body != `{"execution":1}` {
-		t.Fatalf("the first answer keeps its body: %q", r.body)
+	if r := do(t, h, "POST", "/pay", "k1", `{}`); r.Body != `{"execution":1}` {
+		t.Fatalf("the first answer keeps its body: %q", r.Body)
 	}
 	if rec, err := store.Get(context.Background(), "", "k1"); err != nil || len(rec.Response.Body) != 0 || !rec.Response.BodyOmitted {
 		t.Fatalf("kept: %+v %v, want no body", rec.Response, err)
 	}
 	r := do(t, h, "POST", "/pay", "k1", `{}`)
-	if r.status != http.StatusCreated || r.body != "" || r.header.Get(idemhttp.HeaderBodyOmitted) != "true" || r.header.Get("Location") != "/things/1" {
-		t.Fatalf("replay: %d %q %v", r.status, r.body, r.header)
+	if r.Status != http.StatusCreated || r.Body != "" || r.Header.Get(idemhttp.HeaderBodyOmitted) != "true" || r.Header.Get("Location") != "/things/1" {
+		t.Fatalf("replay: %d %q %v", r.Status, r.Body, r.Header)
 	}
 }
 
@@ -913,66 +851,6 @@ func mwAtRestConfigRefused(t *testing.T, b backend) {
 		}
 	}
 }
-
-// recording is an Observer that writes down what it sees.
-type recording struct {
-	mu     sync.Mutex
-	log    []string
-	open   map[int]idemhttp.Phase
-	next   int
-	ends   []idemhttp.Event
-	stores []idemhttp.StoreOp
-}
-
-func (r *recording) Begin(ctx context.Context, e idemhttp.Event) context.Context {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.open == nil {
-		r.open = map[int]idemhttp.Phase{}
-	}
-	r.next++
-	r.open[r.next] = e.Phase
-	r.log = append(r.log, "+"+e.Phase.String())
-	return context.WithValue(ctx, phaseKey{}, r.next)
-}
-
-func (r *recording) End(ctx context.Context, e idemhttp.Event) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	id, _ := ctx.Value(phaseKey{}).(int)
-	if p, ok := r.open[id]; !ok || p != e.Phase {
-		r.log = append(r.log, "!end of a phase not begun: "+e.Phase.String())
-	}
-	delete(r.open, id)
-	r.log = append(r.log, "-"+e.Phase.String())
-	r.ends = append(r.ends, e)
-}
-
-func (r *recording) Store(_ context.Context, op idemhttp.StoreOp, d time.Duration, _ error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.stores = append(r.stores, op)
-}
-
-// take returns what was seen since the last take.
-func (r *recording) take() (log []string, ends []idemhttp.Event, stores []idemhttp.StoreOp) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	log, ends, stores = r.log, r.ends, r.stores
-	r.log, r.ends, r.stores = nil, nil, nil
-	return log, ends, stores
-}
-
-func (r *recording) end(ends []idemhttp.Event, p idemhttp.Phase) (idemhttp.Event, bool) {
-	for _, e := range ends {
-		if e.Phase == p {
-			return e, true
-		}
-	}
-	return idemhttp.Event{}, false
-}
-
-type phaseKey struct{}
 
 // Every protected request is one PhaseRequest with its outcome around the
 // phases it went through, each begun and ended once, in each of the
@@ -1022,7 +900,7 @@ func mwObserverSeesPhases(t *testing.T, b backend) {
 	}
 	for _, c := range cases {
 		send(c.path, c.key, c.body)
-		log, ends, stores := rec.take()
+		log, ends, stores := rec.Take()
 		var begun []string
 		for _, l := range log {
 			if strings.HasPrefix(l, "!") {
@@ -1038,7 +916,7 @@ func mwObserverSeesPhases(t *testing.T, b backend) {
 		if len(ends) != len(begun) || log[len(log)-1] != "-request" {
 			t.Errorf("%s: log %v: want every phase ended once, the request last", c.name, log)
 		}
-		req, _ := rec.end(ends, idemhttp.PhaseRequest)
+		req, _ := httpcheck.Ended(ends, idemhttp.PhaseRequest)
 		if req.Outcome != c.outcome || req.Status != c.status || req.Store == "" || req.Duration <= 0 {
 			t.Errorf("%s: request ended with outcome %q, status %d, store %q, duration %v; want %q, %d",
 				c.name, req.Outcome, req.Status, req.Store, req.Duration, c.outcome, c.status)
@@ -1046,7 +924,7 @@ func mwObserverSeesPhases(t *testing.T, b backend) {
 		if c.key != "" && string(req.Key) != c.key {
 			t.Errorf("%s: the request's key is %q, want %q", c.name, req.Key, c.key)
 		}
-		if cl, ok := rec.end(ends, idemhttp.PhaseClaim); ok && cl.Claim != c.claim {
+		if cl, ok := httpcheck.Ended(ends, idemhttp.PhaseClaim); ok && cl.Claim != c.claim {
 			t.Errorf("%s: claim %q, want %q", c.name, cl.Claim, c.claim)
 		}
 		for _, op := range c.stores {
