@@ -34,8 +34,8 @@
 // HTTP monitoring port of its own, and waits until /healthz answers 200,
 // which it does once JetStream has recovered its streams.
 //
-// StartRabbitMQ runs a RabbitMQ node of its own, as idemtest's cluster
-// does for each of its nodes: its own node name, AMQP and distribution
+// StartRabbitMQ runs a RabbitMQ node of its own, as idemamqp's cluster tests
+// do for each of their nodes: its own node name, AMQP and distribution
 // ports, Erlang cookie (in dir/home, which is its HOME), configuration,
 // database and logs, all under dir, and no plugins; it waits until an AMQP
 // connection opens, which the node accepts last, once it has booted. The
