@@ -42,7 +42,15 @@
 //
 // Check 2 runs first: its first request, with a fresh key, is the baseline.
 // If it does not succeed (say 401, for missing credentials), nothing else
-// would mean anything, and Run returns ErrBaseline with the answer.
+// would mean anything, and Run returns ErrBaseline with the answer. Check 6
+// runs last, since it reads the replays every other check received.
+//
+// Each check is one row of the table in checks.go (its number, name, title,
+// source, the checks it runs after, the option it needs) and one file,
+// check_*.go, with its run function; Run walks the table, in the order the
+// rows' dependencies allow, and reports in the table's order. A check whose
+// option was not given is not applicable without sending anything; one
+// that cannot finish is an error that keeps the evidence it has.
 //
 // # Telling executions apart
 //

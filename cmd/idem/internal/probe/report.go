@@ -1,7 +1,6 @@
 package probe
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -94,88 +93,6 @@ func (a *Answer) success() bool  { return a.Status >= 200 && a.Status < 300 }
 func (a *Answer) replayed() bool { return strings.EqualFold(a.Header["Idempotent-Replayed"], "true") }
 func (a *Answer) statusText() string {
 	return fmt.Sprintf("%d %s", a.Status, http.StatusText(a.Status))
-}
-
-// answerHeaders are the response headers the report keeps.
-var answerHeaders = []string{"Content-Type", "Location", "Idempotent-Replayed", "Retry-After", "Set-Cookie"}
-
-const shortBody = 200
-
-func (p *prober) describeRequest(req *http.Request, body string) *Sent {
-	s := &Sent{Method: req.Method, URL: req.URL.Redacted(), Body: shorten([]byte(body)), Header: map[string]string{}}
-	for name, vs := range req.Header {
-		v := strings.Join(vs, ", ")
-		if p.secret[http.CanonicalHeaderKey(name)] {
-			v = redact(name, v)
-		}
-		s.Header[name] = v
-	}
-	return s
-}
-
-// redact hides a secret header's value; an Authorization keeps its scheme,
-// which says what kind of credential was sent without giving it away.
-func redact(name, v string) string {
-	if strings.HasSuffix(http.CanonicalHeaderKey(name), "Authorization") {
-		if scheme, _, ok := strings.Cut(strings.TrimSpace(v), " "); ok {
-			return scheme + " xxxxx"
-		}
-	}
-	return "xxxxx"
-}
-
-func (p *prober) describeResponse(resp *http.Response, body []byte) *Answer {
-	a := &Answer{Status: resp.StatusCode, Header: map[string]string{}, Body: shorten(body), body: body}
-	for _, name := range answerHeaders {
-		vs := resp.Header.Values(name)
-		if len(vs) == 0 {
-			continue
-		}
-		if name == "Set-Cookie" {
-			// Cookies are credentials: their names are evidence enough.
-			for i, v := range vs {
-				cookie, _, _ := strings.Cut(v, "=")
-				vs[i] = strings.TrimSpace(cookie) + "=xxxxx"
-			}
-		}
-		a.Header[name] = strings.Join(vs, ", ")
-	}
-	a.ID = answerID(body, resp.Header.Get("Location"))
-	return a
-}
-
-// answerID finds the id an answer names: a top-level "id" of a JSON object,
-// or else the Location header.
-func answerID(body []byte, location string) string {
-	var v struct {
-		ID any `json:"id"`
-	}
-	d := json.NewDecoder(bytes.NewReader(body))
-	d.UseNumber()
-	if d.Decode(&v) == nil {
-		switch id := v.ID.(type) {
-		case string:
-			if id != "" {
-				return id
-			}
-		case json.Number:
-			return id.String()
-		}
-	}
-	return location
-}
-
-// shorten makes a body one short line.
-func shorten(b []byte) string {
-	s := strings.Join(strings.Fields(string(b)), " ")
-	if !utf8.ValidString(s) {
-		s = strings.ToValidUTF8(s, "?")
-	}
-	if utf8.RuneCountInString(s) <= shortBody {
-		return s
-	}
-	r := []rune(s)
-	return string(r[:shortBody]) + "…"
 }
 
 // OK reports whether every applicable check passed.

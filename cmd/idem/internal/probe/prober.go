@@ -1,0 +1,171 @@
+package probe
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+const (
+	defaultConcurrency = 8
+	defaultMaxRequests = 200
+	defaultTimeout     = 60 * time.Second
+	defaultHeadStart   = 200 * time.Millisecond
+)
+
+// prober is one run of the checks: the configuration with its defaults,
+// the HTTP client, the request budget, and what a check leaves for the
+// checks that read it.
+type prober struct {
+	cfg       Config
+	target    *url.URL
+	client    *http.Client
+	transport *http.Transport
+	dialer    *net.Dialer
+	fault     [2]string // name, value; empty name: none
+	slow      [2]string
+	secret    map[string]bool
+	sent      atomic.Int64
+	ops       atomic.Int64
+
+	// completed is the operation check 2 completed with its key, which
+	// check 3 sends again with another body.
+	completed completedOperation
+	// replays are the answers marked or seen as replays, in any check, for
+	// check 6. Only Run's goroutine appends.
+	replays []*Answer
+}
+
+// completedOperation is an operation that ran and was answered under key.
+type completedOperation struct {
+	key    string
+	op     operation
+	answer *Answer
+}
+
+// newProber fills in c's defaults and refuses, before anything is sent, a
+// Config that cannot be probed with or a target that is not loopback.
+func newProber(ctx context.Context, c *Config) (*prober, error) {
+	cfg := *c
+	if cfg.Method == "" {
+		cfg.Method = http.MethodPost
+	}
+	if cfg.KeyHeader == "" {
+		cfg.KeyHeader = "Idempotency-Key"
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = defaultConcurrency
+	}
+	if cfg.MaxRequests == 0 {
+		cfg.MaxRequests = defaultMaxRequests
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = defaultTimeout
+	}
+	if cfg.HeadStart == 0 {
+		cfg.HeadStart = defaultHeadStart
+	}
+	if cfg.NewKey == nil {
+		cfg.NewKey = randomKey
+	}
+	switch {
+	case cfg.Concurrency < 2:
+		return nil, fmt.Errorf("%w: the concurrency must be at least 2, got %d", ErrInvalidConfig, cfg.Concurrency)
+	case cfg.MaxRequests < 0:
+		return nil, fmt.Errorf("%w: the request budget must be positive, got %d", ErrInvalidConfig, cfg.MaxRequests)
+	case cfg.HeadStart < 0:
+		return nil, fmt.Errorf("%w: the head start must be positive, got %s", ErrInvalidConfig, cfg.HeadStart)
+	case cfg.Timeout < 0:
+		return nil, fmt.Errorf("%w: the timeout must be positive, got %s", ErrInvalidConfig, cfg.Timeout)
+	}
+	target, err := parseTarget("URL", cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	urls := []*url.URL{target}
+	if cfg.CountURL != "" {
+		cu, err := parseTarget("count URL", cfg.CountURL)
+		if err != nil {
+			return nil, err
+		}
+		urls = append(urls, cu)
+	}
+	p := &prober{cfg: cfg, target: target, secret: map[string]bool{
+		"Authorization": true, "Proxy-Authorization": true, "Cookie": true,
+	}}
+	for _, h := range cfg.SecretHeaders {
+		p.secret[http.CanonicalHeaderKey(strings.TrimSpace(h))] = true
+	}
+	for _, f := range []struct {
+		flag string
+		v    string
+		dst  *[2]string
+	}{{"fault header", cfg.FaultHeader, &p.fault}, {"slow header", cfg.SlowHeader, &p.slow}} {
+		if f.v == "" {
+			continue
+		}
+		name, value, err := ParseHeader(f.v)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrInvalidConfig, f.flag, err)
+		}
+		*f.dst = [2]string{name, value}
+	}
+	if !cfg.AllowRemote {
+		for _, u := range urls {
+			if err := requireLoopback(ctx, u.Hostname()); err != nil {
+				return nil, err
+			}
+		}
+	}
+	p.setUpClient()
+	return p, nil
+}
+
+func parseTarget(what, raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the %s does not parse: %w", ErrInvalidConfig, what, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("%w: the %s %q must start with http:// or https://", ErrInvalidConfig, what, u.Redacted())
+	}
+	if u.Hostname() == "" {
+		return nil, fmt.Errorf("%w: the %s %q has no host", ErrInvalidConfig, what, u.Redacted())
+	}
+	return u, nil
+}
+
+// ParseHeader parses "Name: value", as curl's -H takes it.
+func ParseHeader(s string) (name, value string, err error) {
+	name, value, ok := strings.Cut(s, ":")
+	name = strings.TrimSpace(name)
+	if !ok || name == "" || strings.ContainsAny(name, " \t\r\n") {
+		return "", "", fmt.Errorf("header %q is not of the form 'Name: value'", redactHeaderLine(s))
+	}
+	return http.CanonicalHeaderKey(name), strings.TrimSpace(value), nil
+}
+
+// redactHeaderLine shows a malformed header's name only, in case its value
+// is a secret.
+func redactHeaderLine(s string) string {
+	if name, _, ok := strings.Cut(s, ":"); ok {
+		return name + ": xxxxx"
+	}
+	if len(s) > 16 {
+		return s[:16] + "…"
+	}
+	return s
+}
+
+func randomKey() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return "probe-" + hex.EncodeToString(b)
+}
