@@ -41,8 +41,8 @@ const (
 	sourceIdem   = "idem's contract"
 )
 
-// checks is every check, in the report's order and with the numbers issue
-// 12 gives them; checkRunOrder is the order they run in.
+// checks is every check, in the report's order and with the numbers the
+// docs give them (doc.go); checkRunOrder is the order they run in.
 var checks = []check{
 	{
 		number: 1, name: "concurrent-duplicates", title: "concurrent duplicates run once",
