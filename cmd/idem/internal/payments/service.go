@@ -359,7 +359,7 @@ func (s *Service) openStorage(ctx context.Context, c *Config) error {
 		if err := migratePostgres(ctx, c.Postgres); err != nil {
 			return fmt.Errorf("payments: migrate: %w", err)
 		}
-		s.store = &pgStorage{db: c.Postgres}
+		s.store = newPGStorage(c.Postgres)
 		if c.Keys == nil {
 			keys, err := idempg.NewStore(ctx, c.Postgres)
 			if err != nil {

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"math"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -25,19 +24,20 @@ const migrationComponent = "payments"
 // timeLayout is fixed-width, so stored times sort as text in time order.
 const timeLayout = "2006-01-02T15:04:05.000000000Z"
 
-// sqliteStorage is storage on an idemsqlite database: writes go through
-// DB.WithTx (joining the idempotency key's transaction when there is one),
-// reads through the read-only pool.
+// sqliteStorage is storage on an idemsqlite database: sqlStorage in
+// SQLite's dialect (writes through DB.WithTx, joining the idempotency key's
+// transaction when there is one; reads through the read-only pool), with
+// its own CreatePayment, Probe and steps of settle.
 type sqliteStorage struct {
+	sqlStorage
 	db *idemsqlite.DB
-	// outbox, when set, receives each payment's event in the payment's
-	// transaction.
-	outbox idem.Outbox
 	// prepared holds the hot paths' statements (sqliteHot), prepared on
 	// the writer once: every payment runs them while it holds the single
 	// writer, where parsing their text again would delay every write.
 	prepared map[string]*sql.Stmt
 }
+
+var _ storage = (*sqliteStorage)(nil)
 
 // The statements of a payment and of a settlement, prepared once.
 const (
@@ -67,10 +67,52 @@ var sqliteHot = []string{sqlPaymentAccount, sqlInsertPayment, sqlDebit, sqlAddSe
 	sqliteMarkSettledSQL("payments"), sqliteMarkSettledSQL("refunds"),
 	sqliteReadSettledSQL("payments"), sqliteReadSettledSQL("refunds")}
 
+// sqliteStatements is sqlStorage's SQL for SQLite: ? placeholders, times
+// as text (timeLayout), upserts on the unique index's columns.
+var sqliteStatements = statements{
+	param: func(int) string { return "?" },
+
+	insertAccount:  `INSERT INTO accounts (id, tenant, balance, currency, created_at) VALUES (?, ?, ?, ?, ?)`,
+	readAccount:    `SELECT balance, currency, created_at FROM accounts WHERE id = ? AND tenant = ?`,
+	accountExists:  `SELECT 1 FROM accounts WHERE id = ? AND tenant = ?`,
+	firstCurrency:  `SELECT currency FROM accounts WHERE tenant = ? ORDER BY created_at, rowid LIMIT 1`,
+	readSettlement: `SELECT total, events, refunds FROM settlements WHERE tenant = ? AND currency = ?`,
+
+	readPayment: `SELECT ` + paymentColumns + ` FROM payments WHERE id = ? AND tenant = ?`,
+	paymentOf: `SELECT ` + paymentColumns + ` FROM payments WHERE tenant = ? AND idempotency_key = ?
+		 AND (key_claimed_at = ? OR (key_claimed_at > ? AND key_claimed_at < ?))
+		 ORDER BY key_claimed_at LIMIT 1`,
+	depositOf: `SELECT ` + depositColumns + ` FROM deposits WHERE tenant = ? AND idempotency_key = ?
+		 AND (key_claimed_at = ? OR (key_claimed_at > ? AND key_claimed_at < ?))
+		 ORDER BY key_claimed_at LIMIT 1`,
+	refundOf: `SELECT ` + refundColumns + ` FROM refunds WHERE tenant = ? AND idempotency_key = ?
+		 AND (key_claimed_at = ? OR (key_claimed_at > ? AND key_claimed_at < ?))
+		 ORDER BY key_claimed_at LIMIT 1`,
+
+	depositAccount: `SELECT balance FROM accounts WHERE id = ? AND tenant = ?`,
+	insertDeposit: `INSERT INTO deposits (id, tenant, account_id, amount, balance_after, created_at, idempotency_key, key_claimed_at)
+			 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+			 ON CONFLICT (tenant, idempotency_key, key_claimed_at) DO NOTHING`,
+	creditDeposit: `UPDATE accounts SET balance = balance + ? WHERE id = ? AND tenant = ? AND balance <= ? RETURNING balance`,
+
+	refundPayment: `SELECT p.account_id, p.amount, p.refunded, p.currency, a.balance FROM payments p JOIN accounts a ON a.id = p.account_id
+			 WHERE p.id = ? AND p.tenant = ?`,
+	insertRefund: `INSERT INTO refunds (id, tenant, payment_id, account_id, amount, currency, reason, status, created_at, idempotency_key, key_claimed_at)
+			 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			 ON CONFLICT (tenant, idempotency_key, key_claimed_at) DO NOTHING`,
+	raiseRefunded: `UPDATE payments SET refunded = refunded + ? WHERE id = ? AND tenant = ? AND refunded + ? <= amount`,
+	creditRefund:  `UPDATE accounts SET balance = balance + ? WHERE id = ? AND tenant = ?`,
+	readRefund:    `SELECT ` + refundColumns + ` FROM refunds WHERE id = ? AND tenant = ?`,
+}
+
 // newSQLiteStorage returns the storage on db, migrated already, with its
 // hot statements prepared.
 func newSQLiteStorage(ctx context.Context, db *idemsqlite.DB) (*sqliteStorage, error) {
-	s := &sqliteStorage{db: db, prepared: make(map[string]*sql.Stmt, len(sqliteHot))}
+	s := &sqliteStorage{
+		sqlStorage: sqlStorage{d: sqliteDialect{db}, sql: &sqliteStatements, reads: sqliteRunner[*sql.DB]{db.Reader()}},
+		db:         db,
+		prepared:   make(map[string]*sql.Stmt, len(sqliteHot)),
+	}
 	for _, q := range sqliteHot {
 		stmt, err := db.Prepare(ctx, q)
 		if err != nil {
@@ -94,7 +136,72 @@ func (s *sqliteStorage) stmt(ctx context.Context, tx *sql.Tx, query string) *sql
 	return tx.StmtContext(ctx, p)
 }
 
-func (s *sqliteStorage) setOutbox(ob idem.Outbox) { s.outbox = ob }
+// sqliteDialect is how sqlStorage runs on an idemsqlite database.
+type sqliteDialect struct{ db *idemsqlite.DB }
+
+func (d sqliteDialect) withTx(ctx context.Context, fn func(ctx context.Context, r runner) error) error {
+	return d.db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, sqliteRunner[*sql.Tx]{tx}) })
+}
+
+// beginFailed: a write that could not begin (the writer busy past its
+// timeout, say) wrote nothing, so its retry may run.
+func (sqliteDialect) beginFailed(err error) error {
+	return fmt.Errorf("begin: %w", errors.Join(err, ErrTransient))
+}
+
+func (d sqliteDialect) readSnapshot(ctx context.Context, fn func(r runner) error) error {
+	tx, err := d.db.Reader().BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return fmt.Errorf("begin read: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // read-only; nothing to undo
+	return fn(sqliteRunner[*sql.Tx]{tx})
+}
+
+func (sqliteDialect) wrap(op string, err error) error { return fmt.Errorf("%s: %w", op, err) }
+
+func (sqliteDialect) timeArg(t time.Time) any { return formatTime(t) }
+
+// kept is t itself: timeLayout keeps every nanosecond.
+func (sqliteDialect) kept(t time.Time) time.Time { return t }
+
+// sqlHandle is a database/sql transaction or pool.
+type sqlHandle interface {
+	*sql.Tx | *sql.DB
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// sqliteRunner is runner on a database/sql transaction or pool. It holds
+// one pointer, so that making a runner of it allocates nothing.
+type sqliteRunner[H sqlHandle] struct{ h H }
+
+func (r sqliteRunner[H]) exec(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := r.h.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (r sqliteRunner[H]) queryRow(ctx context.Context, query string, args ...any) row {
+	return r.h.QueryRowContext(ctx, query, args...)
+}
+
+func (r sqliteRunner[H]) query(ctx context.Context, query string, args ...any) (rows, error) {
+	rs, err := r.h.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return sqliteRows{rs}, nil
+}
+
+// sqliteRows is *sql.Rows closed as pgx's rows are, without an error: a
+// failure of the iteration shows in Err.
+type sqliteRows struct{ *sql.Rows }
+
+func (r sqliteRows) Close() { r.Rows.Close() } //nolint:errcheck // see Err
 
 // Migrate applies the service's own migrations (accounts, payments,
 // deposits, settlements) and the message tables' (outbox, transport, inbox,
@@ -124,28 +231,6 @@ func migrateSQLite(ctx context.Context, db *idemsqlite.DB) error {
 	return db.Migrate(ctx, migrationComponent, sub)
 }
 
-// write runs fn in WithTx. A failure to begin (fn never ran) wrote
-// nothing and is transient; a failure after fn succeeded is the commit's,
-// and is marked with errOutcomeUnknown: after a failed commit nobody knows
-// whether it happened.
-func (s *sqliteStorage) write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	var ran bool
-	var fnErr error
-	err := s.db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		ran = true
-		fnErr = fn(ctx, tx)
-		return fnErr
-	})
-	switch {
-	case err == nil || fnErr != nil:
-		return err
-	case !ran:
-		return fmt.Errorf("begin: %w", errors.Join(err, ErrTransient))
-	default:
-		return fmt.Errorf("%w: %w", errOutcomeUnknown, err)
-	}
-}
-
 func formatTime(t time.Time) string { return t.UTC().Format(timeLayout) }
 
 func parseTime(s string) (time.Time, error) {
@@ -156,456 +241,111 @@ func parseTime(s string) (time.Time, error) {
 	return t, nil
 }
 
-func (s *sqliteStorage) CreateAccount(ctx context.Context, a Account) error {
-	return s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx,
-			`INSERT INTO accounts (id, tenant, balance, currency, created_at) VALUES (?, ?, ?, ?, ?)`,
-			a.ID, a.Tenant, a.Balance, a.Currency, formatTime(a.CreatedAt))
-		if err != nil {
-			return fmt.Errorf("insert account: %w", err)
-		}
-		return injectBeforeCommit(ctx)
-	})
-}
-
-func (s *sqliteStorage) Account(ctx context.Context, tenant, id string) (Account, error) {
-	a := Account{ID: id, Tenant: tenant}
-	var created string
-	err := s.db.Reader().QueryRowContext(ctx,
-		`SELECT balance, currency, created_at FROM accounts WHERE id = ? AND tenant = ?`,
-		id, tenant).Scan(&a.Balance, &a.Currency, &created)
-	if errors.Is(err, sql.ErrNoRows) {
-		return Account{}, ErrAccountNotFound
-	}
-	if err != nil {
-		return Account{}, fmt.Errorf("read account: %w", err)
-	}
-	if a.CreatedAt, err = parseTime(created); err != nil {
-		return Account{}, err
-	}
-	return a, nil
-}
-
-// CreatePayment refuses (not found, currency, funds) by returning nil from
-// the transaction function and the refusal after it: a refusal has written
-// nothing, and under the idempotency middleware the enclosing transaction
-// must still commit so that the 402 or 404 answer is stored with the key.
+// CreatePayment is SQLite's own rather than sqlStorage's: a statement
+// costs no round trip here, but each one holds the single writer, so a
+// payment runs three short statements prepared once (sqliteHot), where
+// PostgreSQL's pays in one statement to spare round trips.
 //
-// The order matters. The payment row is inserted before the debit, and
-// its unique constraint on the origin is what decides: a row that is
-// already there means an earlier execution of the same origin paid, and
-// its payment is the answer, with nothing debited. That payment is looked
-// for only when the constraint says so, or when the checks would refuse
-// (a re-run must answer with its own payment rather than with a 402 caused
-// by its own debit): the common path pays for no look-up.
+// The order matters. The account is read and checked, then the payment row
+// is inserted before the debit, and its unique constraint on the origin is
+// what decides: a row that is already there means an earlier execution of
+// the same origin paid, and its payment is the answer, with nothing
+// debited. That payment is looked for only when the constraint says so,
+// or when the checks would refuse (a re-run must answer with its own
+// payment rather than with a 402 caused by its own debit): the common path
+// pays for no look-up. Refusals (not found, currency, funds) have written
+// nothing, and the key's transaction still commits them (writeWork).
 func (s *sqliteStorage) CreatePayment(ctx context.Context, p Payment, o origin) (Payment, error) {
-	var refusal error
-	var out Payment
-	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		refusal, out = nil, Payment{}
-		var balance int64
-		var currency string
-		err := s.stmt(ctx, tx, sqlPaymentAccount).QueryRowContext(ctx, p.AccountID, p.Tenant).Scan(&balance, &currency)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			refusal = ErrAccountNotFound
-			return nil
-		case err != nil:
-			return fmt.Errorf("read account: %w", err)
-		}
-		if check := paymentRefusal(p, balance, currency); check != nil {
-			existing, found, err := s.paymentOf(ctx, tx, p.Tenant, o)
-			switch {
-			case err != nil:
-				return err
-			case found:
-				out, refusal = existingPayment(existing, p)
-			default:
-				refusal = check
-			}
-			return nil
-		}
-		if !o.since.IsZero() {
-			// The keys live apart: a claim they lost may have paid.
-			existing, found, err := s.paymentOf(ctx, tx, p.Tenant, o)
-			if err != nil {
-				return err
-			}
-			if found {
-				out, refusal = existingPayment(existing, p)
-				return nil
-			}
-		}
-		key, claimedAt := o.sqliteArgs()
-		res, err := s.stmt(ctx, tx, sqlInsertPayment).ExecContext(ctx,
-			p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, formatTime(p.CreatedAt), key, claimedAt)
-		if err != nil {
-			return fmt.Errorf("insert payment: %w", err)
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return fmt.Errorf("insert payment: %w", err)
-		} else if n != 1 {
-			existing, found, err := s.paymentOf(ctx, tx, p.Tenant, o)
-			if err != nil {
-				return err
-			}
-			if !found {
-				return errors.New("insert payment: conflict on the idempotency origin, but no payment has it")
-			}
-			out, refusal = existingPayment(existing, p)
-			return nil
-		}
-		// The balance condition repeats the check above inside the write
-		// itself, so no interleaving of requests can take it below zero.
-		res, err = s.stmt(ctx, tx, sqlDebit).ExecContext(ctx, p.Amount, p.AccountID, p.Tenant, p.Amount)
-		if err != nil {
-			return fmt.Errorf("debit account: %w", err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return fmt.Errorf("debit account: %w", err)
-		}
-		if n != 1 {
-			// Only possible if something wrote the balance between the check
-			// and here, which the single writer rules out; failing undoes
-			// the payment row with the rest.
-			return errors.New("debit account: the balance changed during the transaction")
-		}
-		// The event commits with the payment, or neither does; a payment
-		// re-found through its origin (above) wrote none, so it announces
-		// nothing twice.
-		if s.outbox != nil {
-			msg, err := paymentEvent(p)
-			if err != nil {
-				return err
-			}
-			noteEvent(ctx)
-			if err := s.outbox.Add(ctx, msg); err != nil {
-				return fmt.Errorf("outbox: %w", err)
-			}
-		}
-		out = p
-		return injectBeforeCommit(ctx)
-	})
-	if err != nil {
-		return Payment{}, err
-	}
-	if refusal != nil {
-		return Payment{}, refusal
-	}
-	return out, nil
+	var w writeWork[Payment]
+	err := s.db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error { return w.done(s.pay(ctx, tx, p, o)) })
+	return w.outcome(err, s.d.beginFailed)
 }
 
-// paymentRefusal is why p cannot be paid from an account holding balance
-// in currency, or nil.
-func paymentRefusal(p Payment, balance int64, currency string) error {
+// pay is CreatePayment's work, in tx.
+func (s *sqliteStorage) pay(ctx context.Context, tx *sql.Tx, p Payment, o origin) (Payment, error, error) {
+	var balance int64
+	var currency string
+	err := s.stmt(ctx, tx, sqlPaymentAccount).QueryRowContext(ctx, p.AccountID, p.Tenant).Scan(&balance, &currency)
 	switch {
-	case currency != p.Currency:
-		return &FieldError{Field: "currency",
-			Reason: fmt.Sprintf("is %s but the account holds %s", p.Currency, currency),
-			Err:    ErrCurrencyMismatch}
-	case balance < p.Amount:
-		return ErrInsufficientFunds
+	case errors.Is(err, sql.ErrNoRows):
+		return Payment{}, ErrAccountNotFound, nil
+	case err != nil:
+		return Payment{}, nil, fmt.Errorf("read account: %w", err)
 	}
-	return nil
-}
-
-// existingPayment is the answer to a payment whose origin already made one:
-// that payment, or ErrKeyConflict when it is not the same payment.
-func existingPayment(existing, p Payment) (Payment, error) {
-	if !samePayment(existing, p) {
-		return Payment{}, ErrKeyConflict
-	}
-	return existing, nil
-}
-
-func existingDeposit(existing, d Deposit) (Deposit, error) {
-	if !sameDeposit(existing, d) {
-		return Deposit{}, ErrKeyConflict
-	}
-	return existing, nil
-}
-
-// sqliteArgs are o's column values: NULLs for none.
-func (o origin) sqliteArgs() (key, claimedAt any) {
-	if o.none() {
-		return nil, nil
-	}
-	return o.key, formatTime(o.claimedAt)
-}
-
-// sqliteWindow is o.since and o.until as parameters: NULLs (matching
-// nothing) when unset.
-func (o origin) sqliteWindow() (since, until any) {
-	if o.none() || o.since.IsZero() {
-		return nil, nil
-	}
-	return formatTime(o.since), formatTime(o.until)
-}
-
-// paymentOf returns the payment o made, if any.
-func (s *sqliteStorage) paymentOf(ctx context.Context, tx *sql.Tx, tenant string, o origin) (Payment, bool, error) {
-	if o.none() {
-		return Payment{}, false, nil
-	}
-	key, claimedAt := o.sqliteArgs()
-	since, until := o.sqliteWindow()
-	// The earliest: with origin.since, the payment of the first claim of
-	// the logical request, whichever committed first. The single writer
-	// orders two executions of it, so the second sees the first's payment.
-	p, err := scanPayment(tx.QueryRowContext(ctx,
-		`SELECT `+paymentColumns+` FROM payments WHERE tenant = ? AND idempotency_key = ?
-		 AND (key_claimed_at = ? OR (key_claimed_at > ? AND key_claimed_at < ?))
-		 ORDER BY key_claimed_at LIMIT 1`,
-		tenant, key, claimedAt, since, until))
-	if errors.Is(err, sql.ErrNoRows) {
-		return Payment{}, false, nil
-	}
-	if err != nil {
-		return Payment{}, false, fmt.Errorf("read the payment of the idempotency key: %w", err)
-	}
-	return p, true, nil
-}
-
-const paymentColumns = `id, tenant, account_id, amount, currency, description, status, created_at`
-
-func scanPayment(row interface{ Scan(...any) error }) (Payment, error) {
-	var p Payment
-	var created string
-	if err := row.Scan(&p.ID, &p.Tenant, &p.AccountID, &p.Amount, &p.Currency, &p.Description, &p.Status, &created); err != nil {
-		return Payment{}, err
-	}
-	t, err := parseTime(created)
-	if err != nil {
-		return Payment{}, err
-	}
-	p.CreatedAt = t
-	return p, nil
-}
-
-func (s *sqliteStorage) Payment(ctx context.Context, tenant, id string) (Payment, error) {
-	p, err := scanPayment(s.db.Reader().QueryRowContext(ctx,
-		`SELECT `+paymentColumns+` FROM payments WHERE id = ? AND tenant = ?`, id, tenant))
-	if errors.Is(err, sql.ErrNoRows) {
-		return Payment{}, ErrPaymentNotFound
-	}
-	if err != nil {
-		return Payment{}, fmt.Errorf("read payment: %w", err)
-	}
-	return p, nil
-}
-
-func (s *sqliteStorage) AccountPayments(ctx context.Context, tenant, accountID string, pg listPage) ([]Payment, bool, error) {
-	return sqliteList(ctx, s.db, "payments", paymentColumns, "payment", scanPayment, tenant, accountID, pg)
-}
-
-func (s *sqliteStorage) AccountDeposits(ctx context.Context, tenant, accountID string, pg listPage) ([]Deposit, bool, error) {
-	return sqliteList(ctx, s.db, "deposits", depositColumns, "deposit", scanDeposit, tenant, accountID, pg)
-}
-
-const depositColumns = `id, tenant, account_id, amount, balance_after, created_at`
-
-func scanDeposit(row interface{ Scan(...any) error }) (Deposit, error) {
-	var d Deposit
-	var created string
-	if err := row.Scan(&d.ID, &d.Tenant, &d.AccountID, &d.Amount, &d.Balance, &created); err != nil {
-		return Deposit{}, err
-	}
-	t, err := parseTime(created)
-	if err != nil {
-		return Deposit{}, err
-	}
-	d.CreatedAt = t
-	return d, nil
-}
-
-// sqliteList reads one page of the account's rows of table (payments or
-// deposits), newest first by (created_at, id): stored times are
-// fixed-width text, so they compare in time order.
-func sqliteList[T any](ctx context.Context, db *idemsqlite.DB, table, columns, what string,
-	scan func(interface{ Scan(...any) error }) (T, error), tenant, accountID string, pg listPage) ([]T, bool, error) {
-	// One read transaction, so the account check, the cursor and the list
-	// see the same snapshot.
-	tx, err := db.Reader().BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
-	if err != nil {
-		return nil, false, fmt.Errorf("begin read: %w", err)
-	}
-	defer tx.Rollback() //nolint:errcheck // read-only; nothing to undo
-	var one int
-	err = tx.QueryRowContext(ctx, `SELECT 1 FROM accounts WHERE id = ? AND tenant = ?`, accountID, tenant).Scan(&one)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, false, ErrAccountNotFound
-	}
-	if err != nil {
-		return nil, false, fmt.Errorf("read account: %w", err)
-	}
-	query := `SELECT ` + columns + ` FROM ` + table + ` WHERE account_id = ? AND tenant = ?`
-	args := []any{accountID, tenant}
-	order := ` ORDER BY created_at DESC, id DESC`
-	if id, field, newer := pg.cursor(); id != "" {
-		var created string
-		err := tx.QueryRowContext(ctx, `SELECT created_at FROM `+table+` WHERE id = ? AND tenant = ? AND account_id = ?`,
-			id, tenant, accountID).Scan(&created)
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, false, unknownCursor(field, what)
-		}
-		if err != nil {
-			return nil, false, fmt.Errorf("read the cursor: %w", err)
-		}
-		if newer {
-			query += ` AND (created_at, id) > (?, ?)`
-			order = ` ORDER BY created_at, id`
-		} else {
-			query += ` AND (created_at, id) < (?, ?)`
-		}
-		args = append(args, created, id)
-	}
-	rows, err := tx.QueryContext(ctx, query+order+` LIMIT ?`, append(args, pg.limit+1)...)
-	if err != nil {
-		return nil, false, fmt.Errorf("list %s: %w", table, err)
-	}
-	defer rows.Close()
-	list := []T{}
-	for rows.Next() {
-		v, err := scan(rows)
-		if err != nil {
-			return nil, false, fmt.Errorf("list %s: %w", table, err)
-		}
-		list = append(list, v)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, false, fmt.Errorf("list %s: %w", table, err)
-	}
-	list, more := trimPage(list, pg)
-	return list, more, nil
-}
-
-// CreateDeposit refuses like CreatePayment, and orders its steps the same
-// way: the deposit of the same origin first, then the insert, then the
-// credit.
-func (s *sqliteStorage) CreateDeposit(ctx context.Context, d Deposit, o origin) (Deposit, error) {
-	var refusal error
-	var out Deposit
-	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		refusal, out = nil, Deposit{}
-		var balance int64
-		err := tx.QueryRowContext(ctx,
-			`SELECT balance FROM accounts WHERE id = ? AND tenant = ?`, d.AccountID, d.Tenant).Scan(&balance)
+	r := sqliteRunner[*sql.Tx]{tx}
+	if check := paymentRefusal(p, balance, currency); check != nil {
+		existing, found, err := s.paymentOf(ctx, r, p.Tenant, o)
 		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			refusal = ErrAccountNotFound
-			return nil
 		case err != nil:
-			return fmt.Errorf("read account: %w", err)
+			return Payment{}, nil, err
+		case found:
+			out, refusal := existingPayment(existing, p)
+			return out, refusal, nil
 		}
-		if existing, found, err := s.depositOf(ctx, tx, d.Tenant, o); err != nil {
-			return err
-		} else if found {
-			out, refusal = existingDeposit(existing, d)
-			return nil
-		}
-		if balance > math.MaxInt64-d.Amount {
-			refusal = ErrBalanceOverflow
-			return nil
-		}
-		d.Balance = balance + d.Amount
-		key, claimedAt := o.sqliteArgs()
-		res, err := tx.ExecContext(ctx,
-			`INSERT INTO deposits (id, tenant, account_id, amount, balance_after, created_at, idempotency_key, key_claimed_at)
-			 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-			 ON CONFLICT (tenant, idempotency_key, key_claimed_at) DO NOTHING`,
-			d.ID, d.Tenant, d.AccountID, d.Amount, d.Balance, formatTime(d.CreatedAt), key, claimedAt)
+		return Payment{}, check, nil
+	}
+	if !o.since.IsZero() {
+		// The keys live apart: a claim they lost may have paid.
+		existing, found, err := s.paymentOf(ctx, r, p.Tenant, o)
 		if err != nil {
-			return fmt.Errorf("insert deposit: %w", err)
+			return Payment{}, nil, err
 		}
-		if n, err := res.RowsAffected(); err != nil {
-			return fmt.Errorf("insert deposit: %w", err)
-		} else if n != 1 {
-			existing, found, err := s.depositOf(ctx, tx, d.Tenant, o)
-			if err != nil {
-				return err
-			}
-			if !found {
-				return errors.New("insert deposit: conflict on the idempotency origin, but no deposit has it")
-			}
-			out, refusal = existingDeposit(existing, d)
-			return nil
+		if found {
+			out, refusal := existingPayment(existing, p)
+			return out, refusal, nil
 		}
-		var after int64
-		err = tx.QueryRowContext(ctx,
-			`UPDATE accounts SET balance = balance + ? WHERE id = ? AND tenant = ? AND balance <= ? RETURNING balance`,
-			d.Amount, d.AccountID, d.Tenant, math.MaxInt64-d.Amount).Scan(&after)
+	}
+	key, claimedAt := o.args(s.d)
+	res, err := s.stmt(ctx, tx, sqlInsertPayment).ExecContext(ctx,
+		p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, formatTime(p.CreatedAt), key, claimedAt)
+	if err != nil {
+		return Payment{}, nil, fmt.Errorf("insert payment: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return Payment{}, nil, fmt.Errorf("insert payment: %w", err)
+	} else if n != 1 {
+		existing, found, err := s.paymentOf(ctx, r, p.Tenant, o)
 		if err != nil {
-			return fmt.Errorf("credit account: %w", err)
+			return Payment{}, nil, err
 		}
-		if after != d.Balance {
-			return fmt.Errorf("credit account: the balance changed during the transaction (%d, expected %d)", after, d.Balance)
+		if !found {
+			return Payment{}, nil, errors.New("insert payment: conflict on the idempotency origin, but no payment has it")
 		}
-		out = d
-		return injectBeforeCommit(ctx)
-	})
+		out, refusal := existingPayment(existing, p)
+		return out, refusal, nil
+	}
+	// The balance condition repeats the check above inside the write
+	// itself, so no interleaving of requests can take it below zero.
+	res, err = s.stmt(ctx, tx, sqlDebit).ExecContext(ctx, p.Amount, p.AccountID, p.Tenant, p.Amount)
 	if err != nil {
-		return Deposit{}, err
+		return Payment{}, nil, fmt.Errorf("debit account: %w", err)
 	}
-	if refusal != nil {
-		return Deposit{}, refusal
+	n, err := res.RowsAffected()
+	if err != nil {
+		return Payment{}, nil, fmt.Errorf("debit account: %w", err)
 	}
-	return out, nil
+	if n != 1 {
+		// Only possible if something wrote the balance between the check
+		// and here, which the single writer rules out; failing undoes
+		// the payment row with the rest.
+		return Payment{}, nil, errors.New("debit account: the balance changed during the transaction")
+	}
+	// A payment re-found through its origin (above) wrote no event, so
+	// it announces nothing twice.
+	if err := s.announce(ctx, func() (idem.Message, error) { return paymentEvent(p) }); err != nil {
+		return Payment{}, nil, err
+	}
+	return p, nil, injectBeforeCommit(ctx)
 }
 
-// depositOf returns the deposit o made, if any.
-func (s *sqliteStorage) depositOf(ctx context.Context, tx *sql.Tx, tenant string, o origin) (Deposit, bool, error) {
-	if o.none() {
-		return Deposit{}, false, nil
-	}
-	key, claimedAt := o.sqliteArgs()
-	since, until := o.sqliteWindow()
-	d := Deposit{Tenant: tenant}
-	var created string
-	err := tx.QueryRowContext(ctx,
-		`SELECT id, account_id, amount, balance_after, created_at FROM deposits
-		 WHERE tenant = ? AND idempotency_key = ?
-		   AND (key_claimed_at = ? OR (key_claimed_at > ? AND key_claimed_at < ?))
-		 ORDER BY key_claimed_at LIMIT 1`,
-		tenant, key, claimedAt, since, until).Scan(&d.ID, &d.AccountID, &d.Amount, &d.Balance, &created)
-	if errors.Is(err, sql.ErrNoRows) {
-		return Deposit{}, false, nil
-	}
-	if err != nil {
-		return Deposit{}, false, fmt.Errorf("read the deposit of the idempotency key: %w", err)
-	}
-	if d.CreatedAt, err = parseTime(created); err != nil {
-		return Deposit{}, false, err
-	}
-	return d, true, nil
-}
-
-// Counts reads the totals from the database rather than counting in
-// memory, so the metrics show what was committed, including what another
-// process (or an unsafe run) wrote.
-func (s *sqliteStorage) Counts(ctx context.Context) (accounts, payments, deposits int64, err error) {
-	err = s.db.Reader().QueryRowContext(ctx,
-		`SELECT (SELECT COUNT(*) FROM accounts), (SELECT COUNT(*) FROM payments), (SELECT COUNT(*) FROM deposits)`).
-		Scan(&accounts, &payments, &deposits)
-	if err != nil {
-		return 0, 0, 0, fmt.Errorf("count rows: %w", err)
-	}
-	return accounts, payments, deposits, nil
-}
-
+// Probe is SQLite's own: it writes on the writer's connection outside any
+// transaction, with this process's clock, where PostgreSQL's takes the
+// server's.
 func (s *sqliteStorage) Probe(ctx context.Context) error {
 	_, err := s.db.Writer().ExecContext(ctx, `INSERT INTO health_probe (id, written_at) VALUES (1, ?)
 		ON CONFLICT (id) DO UPDATE SET written_at = excluded.written_at`, time.Now().UnixNano())
 	if err != nil {
 		return fmt.Errorf("probe: %w", err)
-	}
-	return nil
-}
-
-func (s *sqliteStorage) Ping(ctx context.Context) error {
-	var one int
-	if err := s.db.Reader().QueryRowContext(ctx, `SELECT 1`).Scan(&one); err != nil {
-		return fmt.Errorf("ping: %w", err)
 	}
 	return nil
 }
@@ -639,44 +379,19 @@ func sqliteMessaging(ctx context.Context, db *idemsqlite.DB, c *Config) (messagi
 	}, nil
 }
 
-// settle implements storage on SQLite: one UPDATE … RETURNING that marks
-// the batch's unsettled payments settled and reads them, and one upsert per
-// tenant and currency the batch touches. SQLite's RETURNING gives only the
-// rows it changed, so an event whose payment it did not mark (settled
-// already, or unknown) costs one more read, of those payments only: the
-// common batch, of new payments, pays for none.
+// settle runs settleIn with SQLite's steps: one UPDATE … RETURNING that
+// marks the batch's unsettled payments settled and reads them, and one
+// upsert per tenant and currency the batch touches, each a statement
+// prepared once. SQLite's RETURNING gives only the rows it changed, so an
+// event whose payment it did not mark (settled already, or unknown) costs
+// one more read, of those payments only: the common batch, of new
+// payments, pays for none.
 func (s *sqliteStorage) settle(ctx context.Context, evs []PaymentEvent) ([]int, error) {
 	var already []int
 	err := s.db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		payIDs, refundIDs := splitEvents(evs)
-		payments, err := s.markSettled(ctx, tx, "payments", payIDs)
-		if err != nil {
-			return err
-		}
-		refunds, err := s.markSettled(ctx, tx, "refunds", refundIDs)
-		if err != nil {
-			return err
-		}
-		totals, skipped, err := settlementTotals(evs, func(ev PaymentEvent) (settledPayment, bool) {
-			found := payments
-			if ev.isRefund() {
-				found = refunds
-			}
-			p, ok := found[ev.subject()]
-			return p, ok
-		})
-		if err != nil {
-			return err
-		}
-		add := s.stmt(ctx, tx, sqlAddSettlement)
-		for _, t := range totals {
-			_, err = add.ExecContext(ctx, t.tenant, t.currency, t.total, t.events, t.refunds)
-			if err != nil {
-				return fmt.Errorf("settle: %w", err)
-			}
-		}
-		already = skipped
-		return nil
+		var err error
+		already, err = settleIn(ctx, s, tx, evs)
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -684,9 +399,6 @@ func (s *sqliteStorage) settle(ctx context.Context, evs []PaymentEvent) ([]int, 
 	return already, nil
 }
 
-// markSettled marks the rows of table (payments or refunds) with ids
-// settled, where they were not, and returns every one of them found, with
-// whether this call marked it.
 func (s *sqliteStorage) markSettled(ctx context.Context, tx *sql.Tx, table string, ids []string) (map[string]settledPayment, error) {
 	found := make(map[string]settledPayment, len(ids))
 	if len(ids) == 0 {
@@ -733,163 +445,12 @@ func readSettled(ctx context.Context, query *sql.Stmt, found map[string]settledP
 	return rows.Err()
 }
 
-// settlement reads the tenant's settlement in the currency of its first
-// account; zero values when it has none.
-func (s *sqliteStorage) settlement(ctx context.Context, tenant string) (Settlement, error) {
-	var st Settlement
-	err := s.db.Reader().QueryRowContext(ctx,
-		`SELECT currency FROM accounts WHERE tenant = ? ORDER BY created_at, rowid LIMIT 1`, tenant).Scan(&st.Currency)
-	if errors.Is(err, sql.ErrNoRows) {
-		return Settlement{}, nil
-	}
-	if err != nil {
-		return Settlement{}, fmt.Errorf("read accounts: %w", err)
-	}
-	err = s.db.Reader().QueryRowContext(ctx,
-		`SELECT total, events, refunds FROM settlements WHERE tenant = ? AND currency = ?`, tenant, st.Currency).Scan(&st.Total, &st.Events, &st.Refunds)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return Settlement{}, fmt.Errorf("read settlement: %w", err)
-	}
-	return st, nil
-}
-
-// CreateRefund orders its steps like CreateDeposit: the payment, the
-// refund of the same origin, the checks, the insert (the constraint on the
-// origin decides), then the conditional raise of the payment's refunded
-// total and the credit. Refusals return nil from the transaction function,
-// as CreatePayment's do, so the key's transaction still commits them.
-func (s *sqliteStorage) CreateRefund(ctx context.Context, rf Refund, o origin) (Refund, error) {
-	var refusal error
-	var out Refund
-	requested := rf.Amount
-	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		refusal, out, rf.Amount = nil, Refund{}, requested
-		var paid, refunded, balance int64
-		err := tx.QueryRowContext(ctx,
-			`SELECT p.account_id, p.amount, p.refunded, p.currency, a.balance FROM payments p JOIN accounts a ON a.id = p.account_id
-			 WHERE p.id = ? AND p.tenant = ?`, rf.PaymentID, rf.Tenant).Scan(&rf.AccountID, &paid, &refunded, &rf.Currency, &balance)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			refusal = ErrPaymentNotFound
-			return nil
-		case err != nil:
-			return fmt.Errorf("read payment: %w", err)
+func (s *sqliteStorage) addSettlements(ctx context.Context, tx *sql.Tx, totals []settlementTotal) error {
+	add := s.stmt(ctx, tx, sqlAddSettlement)
+	for _, t := range totals {
+		if _, err := add.ExecContext(ctx, t.tenant, t.currency, t.total, t.events, t.refunds); err != nil {
+			return fmt.Errorf("settle: %w", err)
 		}
-		if existing, found, err := s.refundOf(ctx, tx, rf.Tenant, o); err != nil {
-			return err
-		} else if found {
-			out, refusal = existingRefund(existing, rf.PaymentID, requested)
-			return nil
-		}
-		if refusal = refundRefusal(&rf, paid, refunded, balance); refusal != nil {
-			return nil
-		}
-		key, claimedAt := o.sqliteArgs()
-		res, err := tx.ExecContext(ctx,
-			`INSERT INTO refunds (id, tenant, payment_id, account_id, amount, currency, reason, status, created_at, idempotency_key, key_claimed_at)
-			 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-			 ON CONFLICT (tenant, idempotency_key, key_claimed_at) DO NOTHING`,
-			rf.ID, rf.Tenant, rf.PaymentID, rf.AccountID, rf.Amount, rf.Currency, rf.Reason, rf.Status, formatTime(rf.CreatedAt), key, claimedAt)
-		if err != nil {
-			return fmt.Errorf("insert refund: %w", err)
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return fmt.Errorf("insert refund: %w", err)
-		} else if n != 1 {
-			existing, found, err := s.refundOf(ctx, tx, rf.Tenant, o)
-			if err != nil {
-				return err
-			}
-			if !found {
-				return errors.New("insert refund: conflict on the idempotency origin, but no refund has it")
-			}
-			out, refusal = existingRefund(existing, rf.PaymentID, requested)
-			return nil
-		}
-		// The condition repeats the check inside the write itself, so no
-		// interleaving can take the refunds past the payment.
-		res, err = tx.ExecContext(ctx,
-			`UPDATE payments SET refunded = refunded + ? WHERE id = ? AND tenant = ? AND refunded + ? <= amount`,
-			rf.Amount, rf.PaymentID, rf.Tenant, rf.Amount)
-		if err != nil {
-			return fmt.Errorf("raise the refunded total: %w", err)
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return fmt.Errorf("raise the refunded total: %w", err)
-		} else if n != 1 {
-			return errors.New("raise the refunded total: the payment changed during the transaction")
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE accounts SET balance = balance + ? WHERE id = ? AND tenant = ?`,
-			rf.Amount, rf.AccountID, rf.Tenant); err != nil {
-			return fmt.Errorf("credit account: %w", err)
-		}
-		if s.outbox != nil {
-			msg, err := refundEvent(rf)
-			if err != nil {
-				return err
-			}
-			noteEvent(ctx)
-			if err := s.outbox.Add(ctx, msg); err != nil {
-				return fmt.Errorf("outbox: %w", err)
-			}
-		}
-		out = rf
-		return injectBeforeCommit(ctx)
-	})
-	if err != nil {
-		return Refund{}, err
 	}
-	if refusal != nil {
-		return Refund{}, refusal
-	}
-	return out, nil
-}
-
-const refundColumns = `id, tenant, payment_id, account_id, amount, currency, reason, status, created_at`
-
-func scanRefund(row interface{ Scan(...any) error }) (Refund, error) {
-	var rf Refund
-	var created string
-	if err := row.Scan(&rf.ID, &rf.Tenant, &rf.PaymentID, &rf.AccountID, &rf.Amount, &rf.Currency, &rf.Reason, &rf.Status, &created); err != nil {
-		return Refund{}, err
-	}
-	t, err := parseTime(created)
-	if err != nil {
-		return Refund{}, err
-	}
-	rf.CreatedAt = t
-	return rf, nil
-}
-
-// refundOf returns the refund o made, if any.
-func (s *sqliteStorage) refundOf(ctx context.Context, tx *sql.Tx, tenant string, o origin) (Refund, bool, error) {
-	if o.none() {
-		return Refund{}, false, nil
-	}
-	key, claimedAt := o.sqliteArgs()
-	since, until := o.sqliteWindow()
-	rf, err := scanRefund(tx.QueryRowContext(ctx,
-		`SELECT `+refundColumns+` FROM refunds WHERE tenant = ? AND idempotency_key = ?
-		 AND (key_claimed_at = ? OR (key_claimed_at > ? AND key_claimed_at < ?))
-		 ORDER BY key_claimed_at LIMIT 1`,
-		tenant, key, claimedAt, since, until))
-	if errors.Is(err, sql.ErrNoRows) {
-		return Refund{}, false, nil
-	}
-	if err != nil {
-		return Refund{}, false, fmt.Errorf("read the refund of the idempotency key: %w", err)
-	}
-	return rf, true, nil
-}
-
-func (s *sqliteStorage) Refund(ctx context.Context, tenant, id string) (Refund, error) {
-	rf, err := scanRefund(s.db.Reader().QueryRowContext(ctx,
-		`SELECT `+refundColumns+` FROM refunds WHERE id = ? AND tenant = ?`, id, tenant))
-	if errors.Is(err, sql.ErrNoRows) {
-		return Refund{}, ErrRefundNotFound
-	}
-	if err != nil {
-		return Refund{}, fmt.Errorf("read refund: %w", err)
-	}
-	return rf, nil
+	return nil
 }

@@ -15,7 +15,8 @@ import (
 )
 
 // storage is the seam between the HTTP layer and a database: SQLite
-// (sqliteStorage) and PostgreSQL (pgStorage) implement it.
+// (sqliteStorage) and PostgreSQL (pgStorage) implement it, both with the
+// logic of sqlStorage, which is written once.
 //
 // Every write runs in one transaction that joins the transaction carried by
 // ctx, when there is one: under the idempotency middleware's
@@ -319,6 +320,36 @@ func refundRefusal(rf *Refund, paid, refunded, balance int64) error {
 		return ErrBalanceOverflow
 	}
 	return nil
+}
+
+// paymentRefusal is why p cannot be paid from an account holding balance
+// in currency, or nil.
+func paymentRefusal(p Payment, balance int64, currency string) error {
+	switch {
+	case currency != p.Currency:
+		return &FieldError{Field: "currency",
+			Reason: fmt.Sprintf("is %s but the account holds %s", p.Currency, currency),
+			Err:    ErrCurrencyMismatch}
+	case balance < p.Amount:
+		return ErrInsufficientFunds
+	}
+	return nil
+}
+
+// existingPayment is the answer to a payment whose origin already made one:
+// that payment, or ErrKeyConflict when it is not the same payment.
+func existingPayment(existing, p Payment) (Payment, error) {
+	if !samePayment(existing, p) {
+		return Payment{}, ErrKeyConflict
+	}
+	return existing, nil
+}
+
+func existingDeposit(existing, d Deposit) (Deposit, error) {
+	if !sameDeposit(existing, d) {
+		return Deposit{}, ErrKeyConflict
+	}
+	return existing, nil
 }
 
 // existingRefund is the answer to a refund whose origin already made one:

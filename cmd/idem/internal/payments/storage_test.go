@@ -43,7 +43,7 @@ func storagesForTest() map[string]func(t *testing.T) storage {
 			if err := MigratePostgres(context.Background(), db); err != nil {
 				t.Fatal(err)
 			}
-			return &pgStorage{db: db}
+			return newPGStorage(db)
 		},
 	}
 }
