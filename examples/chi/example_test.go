@@ -3,13 +3,13 @@ package chi_test
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync/atomic"
 
 	"github.com/go-chi/chi/v5"
+
+	"github.com/idem-go/idem/examples/internal/show"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemmem"
 )
@@ -47,36 +47,13 @@ func Example() {
 	defer srv.Close()
 
 	const key = "3f1c2b9e-7d4a-4c52-9b1e-0a6f8d2c4e71"
-	post(srv.URL+"/orders", key, `{"item":"book"}`)
-	post(srv.URL+"/orders", key, `{"item":"book"}`) // a retry
-	post(srv.URL+"/orders", key, `{"item":"lamp"}`) // the key reused for another order
+	show.Post(srv.URL+"/orders", key, `{"item":"book"}`)
+	show.Post(srv.URL+"/orders", key, `{"item":"book"}`) // a retry
+	show.Post(srv.URL+"/orders", key, `{"item":"lamp"}`) // the key reused for another order
 	fmt.Println("orders created:", created.Load())
 	// Output:
 	// 201 replayed="" {"id":1,"item":"book"}
 	// 201 replayed="true" {"id":1,"item":"book"}
 	// 422 replayed="" urn:idem:problem:idempotency-key-mismatch
 	// orders created: 1
-}
-
-// post sends body with the Idempotency-Key key and prints the answer: its
-// status, whether it was replayed, and its body (a problem's type).
-func post(url, key, body string) {
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		panic(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(idemhttp.HeaderKey, key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		panic(err)
-	}
-	defer resp.Body.Close()
-	got, _ := io.ReadAll(resp.Body)
-	if resp.Header.Get("Content-Type") == idemhttp.ProblemContentType {
-		var problem struct{ Type string }
-		json.Unmarshal(got, &problem)
-		got = []byte(problem.Type)
-	}
-	fmt.Printf("%d replayed=%q %s\n", resp.StatusCode, resp.Header.Get(idemhttp.HeaderReplayed), strings.TrimSpace(string(got)))
 }

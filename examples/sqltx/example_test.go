@@ -5,14 +5,13 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing/fstest"
 
+	"github.com/idem-go/idem/examples/internal/show"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemsqlite"
 )
@@ -87,9 +86,9 @@ func Example() {
 	defer srv.Close()
 
 	const key = "3f1c2b9e-7d4a-4c52-9b1e-0a6f8d2c4e71"
-	post(srv.URL+"/orders", key, `{"item":"book"}`)
-	post(srv.URL+"/orders", key, `{"item":"book"}`) // a retry
-	post(srv.URL+"/orders", key, `{"item":"lamp"}`) // the key reused for another order
+	show.Post(srv.URL+"/orders", key, `{"item":"book"}`)
+	show.Post(srv.URL+"/orders", key, `{"item":"book"}`) // a retry
+	show.Post(srv.URL+"/orders", key, `{"item":"lamp"}`) // the key reused for another order
 
 	var rows int
 	if err := db.Reader().QueryRowContext(ctx, `SELECT count(*) FROM orders`).Scan(&rows); err != nil {
@@ -101,27 +100,4 @@ func Example() {
 	// 201 replayed="true" {"id":1,"item":"book"}
 	// 422 replayed="" urn:idem:problem:idempotency-key-mismatch
 	// order rows: 1
-}
-
-// post sends body with the Idempotency-Key key and prints the answer: its
-// status, whether it was replayed, and its body (a problem's type).
-func post(url, key, body string) {
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		panic(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(idemhttp.HeaderKey, key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		panic(err)
-	}
-	defer resp.Body.Close()
-	got, _ := io.ReadAll(resp.Body)
-	if resp.Header.Get("Content-Type") == idemhttp.ProblemContentType {
-		var problem struct{ Type string }
-		json.Unmarshal(got, &problem)
-		got = []byte(problem.Type)
-	}
-	fmt.Printf("%d replayed=%q %s\n", resp.StatusCode, resp.Header.Get(idemhttp.HeaderReplayed), strings.TrimSpace(string(got)))
 }
