@@ -716,14 +716,22 @@ func (r *messagesRun) supervise(ctx context.Context, c *replica, stop <-chan str
 			return nil
 		default:
 		}
-		r.chaos.Lock()
+		// Each try holds off the kills and the broker's restarts, but not
+		// the time between two: a broker that cannot serve the consumer's
+		// queue until it boots again (RabbitMQ 3.10, SIGKILLed every few
+		// seconds, now and then answers basic.consume with INTERNAL_ERROR
+		// for a queue until its next boot) gets that restart before the
+		// next try, where holding the lock through every try waited for it
+		// in vain.
 		var err error
 		for range 3 {
-			if err = c.start(ctx); err == nil || ctx.Err() != nil {
+			r.chaos.Lock()
+			err = c.start(ctx)
+			r.chaos.Unlock()
+			if err == nil || ctx.Err() != nil {
 				break
 			}
 		}
-		r.chaos.Unlock()
 		if ctx.Err() != nil {
 			return nil
 		}
