@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/idem-go/idem/internal/pgsql"
 )
 
 // Backlog returns how many entries wait in the outbox to be relayed, and
@@ -19,5 +21,5 @@ func (o *Outbox) Backlog(ctx context.Context) (entries int, oldest time.Time, er
 	if err != nil {
 		return 0, time.Time{}, fmt.Errorf("idempg: outbox backlog: %w", err)
 	}
-	return int(n), timeOf(first), nil
+	return int(n), pgsql.TimeOf(first), nil
 }

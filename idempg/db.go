@@ -2,10 +2,7 @@ package idempg
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"fmt"
-	"regexp"
 	"runtime"
 	"strings"
 
@@ -13,17 +10,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/secreturl"
 )
 
 // DefaultSchema is the schema Open uses when Config.Schema is empty.
 const DefaultSchema = "idem"
-
-// maxSchemaLen keeps "<schema>_idem_keys", the LISTEN/NOTIFY channel, within
-// PostgreSQL's 63-byte identifier limit.
-const maxSchemaLen = 63 - len(channelSuffix)
-
-var schemaName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // Config configures Open. The zero value is ready to use.
 type Config struct {
@@ -99,7 +91,7 @@ func Open(ctx context.Context, url string, cfg *Config) (*DB, error) {
 	if c.Schema == "" {
 		c.Schema = DefaultSchema
 	}
-	if err := validateSchema(c.Schema); err != nil {
+	if err := pgsql.ValidateSchema(c.Schema); err != nil {
 		return nil, err
 	}
 	if c.MaxConns < 0 {
@@ -202,24 +194,12 @@ func NewDB(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*DB, error) {
 			"idem's tables live in the schema the connections use; leave Schema empty, or set the pool's search_path", c.Schema, *current)}
 	}
 	c.Schema = *current
-	if err := validateSchema(c.Schema); err != nil {
+	if err := pgsql.ValidateSchema(c.Schema); err != nil {
 		return nil, err
 	}
 	db := newDB(pool, c)
 	db.borrowed = true
 	return db, nil
-}
-
-func validateSchema(s string) error {
-	switch {
-	case !schemaName.MatchString(s):
-		return &idem.ArgumentError{Field: "Schema", Reason: fmt.Sprintf("%q is not a plain identifier (letters, digits, underscores; not starting with a digit)", s)}
-	case len(s) > maxSchemaLen:
-		return &idem.ArgumentError{Field: "Schema", Reason: fmt.Sprintf("%q is longer than %d bytes", s, maxSchemaLen)}
-	case strings.HasPrefix(strings.ToLower(s), "pg_"):
-		return &idem.ArgumentError{Field: "Schema", Reason: fmt.Sprintf("%q: names starting with pg_ are reserved by PostgreSQL", s)}
-	}
-	return nil
 }
 
 // quoteIdent quotes a validated identifier, so that its case is kept.
@@ -240,24 +220,12 @@ func (db *DB) createSchema(ctx context.Context) error {
 	// miss the other's schema and one then fails on pg_namespace's unique
 	// index; the lock makes the second wait and find it.
 	return pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey(db.schema, "")); err != nil {
+		if _, err := tx.Exec(ctx, pgsql.AdvisoryLock, pgsql.LockKey(db.schema, "")); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+quoteIdent(db.schema))
 		return err
 	})
-}
-
-// lockKey is the advisory lock key that serializes schema changes of one
-// component in one schema, across every process using the database. The
-// empty component stands for the schema itself.
-func lockKey(schema, component string) int64 {
-	h := sha256.New()
-	h.Write([]byte("idempg\x00"))
-	h.Write([]byte(schema))
-	h.Write([]byte{0})
-	h.Write([]byte(component))
-	return int64(binary.BigEndian.Uint64(h.Sum(nil)))
 }
 
 // Close closes the pool, waiting for connections in use to be given back,

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgsql"
 )
 
 // DeadLettersConfig configures NewDeadLetters. The zero value is ready to
@@ -75,16 +76,16 @@ SELECT $1, 1, n.t, $2, 'dead-lettered', $13, 'dead' FROM n`
 // does not validate, its Class is unknown, or its consumer, message ID,
 // topic or key is not storable as text (not UTF-8, or holding a NUL byte).
 func (d *DeadLetters) Add(ctx context.Context, dl idem.DeadLetter) (string, error) {
-	if err := checkName("DeadLetter.Consumer", dl.Consumer); err != nil {
+	if err := pgsql.CheckName("DeadLetter.Consumer", dl.Consumer); err != nil {
 		return "", err
 	}
 	if dl.Class != idem.DeadPermanent && dl.Class != idem.DeadExhausted {
 		return "", &idem.ArgumentError{Field: "DeadLetter.Class", Reason: fmt.Sprintf("%q is neither %q nor %q", dl.Class, idem.DeadPermanent, idem.DeadExhausted)}
 	}
-	if err := checkMessage(dl.Message); err != nil {
+	if err := pgsql.CheckMessage(dl.Message); err != nil {
 		return "", err
 	}
-	msg, err := messageArgs(dl.Message)
+	msg, err := pgsql.MessageArgs(dl.Message)
 	if err != nil {
 		return "", fmt.Errorf("idempg: add dead letter: %w", err)
 	}
@@ -106,7 +107,7 @@ func (d *DeadLetters) Add(ctx context.Context, dl idem.DeadLetter) (string, erro
 	}
 	id := "dl_" + strings.ToLower(rand.Text())
 	args := append([]any{id, dl.Consumer}, msg...)
-	args = append(args, string(dl.Class), timeArg(dl.FirstFailedAt), timeArg(dl.LastFailedAt), freeText(dl.LastError()),
+	args = append(args, string(dl.Class), pgsql.TimeArg(dl.FirstFailedAt), pgsql.TimeArg(dl.LastFailedAt), freeText(dl.LastError()),
 		numbers, ats, classes, texts, d.db.storeNow(d.clock))
 	q, err := d.db.writeQuerier(ctx)
 	if err == nil {
@@ -133,7 +134,7 @@ const letterColumns = `id, consumer, message_id, topic, key, headers, headers_ba
 	class, state, first_failed_at, last_failed_at`
 
 func getLetter(ctx context.Context, q msgQuerier, id string) (idem.DeadLetter, error) {
-	if checkText("id", id) != nil {
+	if pgsql.CheckText("id", id) != nil {
 		// No letter has such an ID.
 		return idem.DeadLetter{}, fmt.Errorf("dead letter %q: %w", id, idem.ErrNotFound)
 	}
@@ -157,18 +158,18 @@ func queryLetters(ctx context.Context, q msgQuerier, query string, args ...any) 
 	letters, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (idem.DeadLetter, error) {
 		var (
 			dl           idem.DeadLetter
-			m            messageRow
+			m            pgsql.MessageRow
 			class, state string
 			first, last  *time.Time
 		)
-		if err := row.Scan(&dl.ID, &dl.Consumer, &m.id, &m.topic, &m.key, &m.headers, &m.encoded, &m.payload, &m.msgTime,
-			&class, &state, &first, &last); err != nil {
+		dest := append(append([]any{&dl.ID, &dl.Consumer}, m.Dest()...), &class, &state, &first, &last)
+		if err := row.Scan(dest...); err != nil {
 			return dl, err
 		}
 		var err error
-		dl.Message, err = m.message()
+		dl.Message, err = m.Message()
 		dl.Class, dl.State = idem.DeadLetterClass(class), idem.LetterState(state)
-		dl.FirstFailedAt, dl.LastFailedAt = timeOf(first), timeOf(last)
+		dl.FirstFailedAt, dl.LastFailedAt = pgsql.TimeOf(first), pgsql.TimeOf(last)
 		return dl, err
 	})
 	if err != nil || len(letters) == 0 {
@@ -193,7 +194,7 @@ func queryLetters(ctx context.Context, q msgQuerier, query string, args ...any) 
 	)
 	_, err = pgx.ForEachRow(rows, []any{&letterID, &a.Number, &at, &class, &a.Error}, func() error {
 		dl := &letters[index[letterID]]
-		dl.Attempts = append(dl.Attempts, idem.Attempt{Number: a.Number, At: timeOf(at), Class: idem.ErrorClass(class), Error: a.Error})
+		dl.Attempts = append(dl.Attempts, idem.Attempt{Number: a.Number, At: pgsql.TimeOf(at), Class: idem.ErrorClass(class), Error: a.Error})
 		return nil
 	})
 	if err != nil {
@@ -211,7 +212,7 @@ func queryLetters(ctx context.Context, q msgQuerier, query string, args ...any) 
 	)
 	_, err = pgx.ForEachRow(rows, []any{&letterID, &at, &ev.Actor, &ev.Action, &ev.Reason, &state}, func() error {
 		dl := &letters[index[letterID]]
-		dl.History = append(dl.History, idem.LetterEvent{At: timeOf(at), Actor: ev.Actor, Action: ev.Action, Reason: ev.Reason, State: idem.LetterState(state)})
+		dl.History = append(dl.History, idem.LetterEvent{At: pgsql.TimeOf(at), Actor: ev.Actor, Action: ev.Action, Reason: ev.Reason, State: idem.LetterState(state)})
 		return nil
 	})
 	if err != nil {
@@ -239,7 +240,7 @@ func (d *DeadLetters) List(ctx context.Context, f idem.DeadLetterFilter) ([]idem
 	for _, f := range []struct{ field, v string }{
 		{"DeadLetterFilter.Consumer", f.Consumer}, {"DeadLetterFilter.Class", string(f.Class)}, {"DeadLetterFilter.State", string(f.State)},
 	} {
-		if err := checkText(f.field, f.v); err != nil {
+		if err := pgsql.CheckText(f.field, f.v); err != nil {
 			return nil, err
 		}
 	}
@@ -299,7 +300,7 @@ func (d *DeadLetters) Resolve(ctx context.Context, id string, to idem.LetterStat
 	default:
 		return idem.DeadLetter{}, &idem.ArgumentError{Field: "to", Reason: fmt.Sprintf("%q is not a dead-letter state", to)}
 	}
-	if checkText("id", id) != nil {
+	if pgsql.CheckText("id", id) != nil {
 		return idem.DeadLetter{}, fmt.Errorf("idempg: resolve: dead letter %q: %w", id, idem.ErrNotFound)
 	}
 	at := d.db.storeNow(d.clock)
@@ -342,7 +343,7 @@ func (d *DeadLetters) Stats(ctx context.Context) ([]idem.DeadLetterStats, error)
 			oldest *time.Time
 		)
 		err := row.Scan(&s.Consumer, &count, &oldest)
-		s.Count, s.Oldest = int(count), timeOf(oldest)
+		s.Count, s.Oldest = int(count), pgsql.TimeOf(oldest)
 		return s, err
 	})
 	if err != nil {

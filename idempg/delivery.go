@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgsql"
 )
 
 type pgDelivery struct {
@@ -62,14 +63,14 @@ func (d *pgDelivery) Term(ctx context.Context) error {
 // Nack implements idem.Delivery, in the transaction ctx carries if any. A
 // negative delay counts as zero.
 func (d *pgDelivery) Nack(ctx context.Context, delay time.Duration) error {
-	return d.update(ctx, "nack", true, d.s.t.sql.nack, d.s.t.now(), micros(max(delay, 0)))
+	return d.update(ctx, "nack", true, d.s.t.sql.nack, d.s.t.now(), pgsql.Micros(max(delay, 0)))
 }
 
 // InProgress implements idem.Delivery, in the transaction ctx carries if
 // any: the delivery's AckWait starts again. Returns ErrStaleDelivery once
 // the AckWait has ended.
 func (d *pgDelivery) InProgress(ctx context.Context) error {
-	return d.update(ctx, "in progress", false, d.s.t.sql.inProgress, d.s.t.now(), micros(d.s.sub.AckWait))
+	return d.update(ctx, "in progress", false, d.s.t.sql.inProgress, d.s.t.now(), pgsql.Micros(d.s.sub.AckWait))
 }
 
 // update runs stmt on the delivery's queue row. settles says the delivery

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgsql"
 )
 
 // Inbox is an idem.Inbox whose records live in the table idem_inbox of a
@@ -35,15 +36,6 @@ func NewInbox(ctx context.Context, db *DB) (*Inbox, error) {
 	}
 	return &Inbox{db: db}, nil
 }
-
-// inboxInsertSQL records a message. Under READ COMMITTED (or any level),
-// ON CONFLICT waits for a concurrent transaction that inserted the same
-// pair: when that one commits, this one inserts nothing (a duplicate);
-// when it rolls back, this one inserts. Its command tag counts the rows
-// inserted.
-const inboxInsertSQL = `INSERT INTO idem_inbox (consumer, dedup_key, processed_at)
-	VALUES ($1, $2, coalesce($3::timestamptz, clock_timestamp()))
-	ON CONFLICT (consumer, dedup_key) DO NOTHING`
 
 // Process implements idem.Inbox. It inserts the (consumer, dedupKey) row
 // with INSERT ... ON CONFLICT DO NOTHING and, when a row was inserted, runs
@@ -71,10 +63,10 @@ const inboxInsertSQL = `INSERT INTO idem_inbox (consumer, dedup_key, processed_a
 // says "commit"), the row and fn's writes may or may not have been
 // committed; a redelivery finds out (idem.ErrDuplicate, or fn runs).
 func (in *Inbox) Process(ctx context.Context, consumer, dedupKey string, fn func(ctx context.Context) error) error {
-	if err := checkName("consumer", consumer); err != nil {
+	if err := pgsql.CheckName("consumer", consumer); err != nil {
 		return err
 	}
-	if err := checkName("dedupKey", dedupKey); err != nil {
+	if err := pgsql.CheckName("dedupKey", dedupKey); err != nil {
 		return err
 	}
 	if fn == nil {
@@ -87,7 +79,7 @@ func (in *Inbox) Process(ctx context.Context, consumer, dedupKey string, fn func
 		return in.processJoined(ctx, consumer, dedupKey, fn)
 	}
 	err := in.db.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, inboxInsertSQL, consumer, dedupKey, in.db.now())
+		tag, err := tx.Exec(ctx, pgsql.InboxInsert, consumer, dedupKey, in.db.now())
 		switch {
 		case err != nil:
 			return &inboxError{err}
@@ -107,7 +99,7 @@ func (in *Inbox) processJoined(ctx context.Context, consumer, dedupKey string, f
 		if err != nil {
 			return &inboxError{err}
 		}
-		tag, err := sp.Exec(ctx, inboxInsertSQL, consumer, dedupKey, in.db.now())
+		tag, err := sp.Exec(ctx, pgsql.InboxInsert, consumer, dedupKey, in.db.now())
 		if err == nil && tag.RowsAffected() == 0 {
 			err = idem.ErrDuplicate
 		}
@@ -153,12 +145,12 @@ const inboxInsertManySQL = `INSERT INTO idem_inbox (consumer, dedup_key, process
 // carries inside a savepoint, as Process does. Arguments are checked as
 // Process checks them, and a repeated key is refused too.
 func (in *Inbox) ProcessBatch(ctx context.Context, consumer string, dedupKeys []string, fn func(ctx context.Context, fresh []bool) error) error {
-	if err := checkName("consumer", consumer); err != nil {
+	if err := pgsql.CheckName("consumer", consumer); err != nil {
 		return err
 	}
 	seen := make(map[string]int, len(dedupKeys))
 	for i, k := range dedupKeys {
-		if err := checkName("dedupKey", k); err != nil {
+		if err := pgsql.CheckName("dedupKey", k); err != nil {
 			return err
 		}
 		if _, dup := seen[k]; dup {
@@ -282,10 +274,10 @@ func (in *Inbox) ProcessSequence(ctx context.Context, consumer, aggregate string
 	if err := idem.CheckSequenceArgs(consumer, aggregate, seq, gap, fn); err != nil {
 		return err
 	}
-	if err := checkText("consumer", consumer); err != nil {
+	if err := pgsql.CheckText("consumer", consumer); err != nil {
 		return err
 	}
-	if err := checkText("aggregate", aggregate); err != nil {
+	if err := pgsql.CheckText("aggregate", aggregate); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -405,17 +397,6 @@ func inboxErr(err error) error {
 	return err
 }
 
-// purgeInboxSQL deletes up to $2 rows recorded before $1, oldest first,
-// through the processed_at index. Rows that another transaction holds (a
-// delivery of the same message in flight) are skipped, not waited for.
-const purgeInboxSQL = `DELETE FROM idem_inbox AS i
-	WHERE (i.consumer, i.dedup_key) IN (
-		SELECT consumer, dedup_key FROM idem_inbox
-		WHERE processed_at < $1
-		ORDER BY processed_at
-		LIMIT $2
-		FOR UPDATE SKIP LOCKED)`
-
 // PurgeInbox deletes at most limit inbox rows recorded before olderThan,
 // and returns how many it deleted. Call it until it returns fewer than
 // limit; a limit of about a thousand keeps each statement short. Called with
@@ -436,7 +417,7 @@ func (in *Inbox) PurgeInbox(ctx context.Context, olderThan time.Time, limit int)
 	if err != nil {
 		return 0, fmt.Errorf("idempg: purge inbox: %w", err)
 	}
-	tag, err := q.Exec(ctx, purgeInboxSQL, olderThan, int64(limit))
+	tag, err := q.Exec(ctx, pgsql.PurgeInbox, olderThan, int64(limit))
 	if err != nil {
 		return 0, fmt.Errorf("idempg: purge inbox: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgsql"
 )
 
 // Ledger is an idem.Ledger whose attempts, holds and parked messages live
@@ -36,10 +37,10 @@ func NewLedger(ctx context.Context, db *DB) (*Ledger, error) {
 }
 
 func checkLedger(consumer, keyField, key string) error {
-	if err := checkName("consumer", consumer); err != nil {
+	if err := pgsql.CheckName("consumer", consumer); err != nil {
 		return err
 	}
-	return checkName(keyField, key)
+	return pgsql.CheckName(keyField, key)
 }
 
 // recordAttemptSQL appends an attempt and returns every attempt of the
@@ -67,7 +68,7 @@ func (l *Ledger) RecordAttempt(ctx context.Context, consumer, dedupKey string, a
 	if err != nil {
 		return nil, fmt.Errorf("idempg: record attempt: %w", err)
 	}
-	rows, err := q.Query(ctx, recordAttemptSQL, consumer, dedupKey, int32(a.Number), timeArg(a.At),
+	rows, err := q.Query(ctx, recordAttemptSQL, consumer, dedupKey, int32(a.Number), pgsql.TimeArg(a.At),
 		freeText(string(a.Class)), freeText(a.Error))
 	if err != nil {
 		return nil, fmt.Errorf("idempg: record attempt: %w", err)
@@ -106,7 +107,7 @@ func collectAttempts(rows pgx.Rows) ([]idem.Attempt, error) {
 		class string
 	)
 	_, err := pgx.ForEachRow(rows, []any{&a.Number, &at, &class, &a.Error}, func() error {
-		out = append(out, idem.Attempt{Number: a.Number, At: timeOf(at), Class: idem.ErrorClass(class), Error: a.Error})
+		out = append(out, idem.Attempt{Number: a.Number, At: pgsql.TimeOf(at), Class: idem.ErrorClass(class), Error: a.Error})
 		return nil
 	})
 	return out, err
@@ -134,7 +135,7 @@ func (l *Ledger) HoldBack(ctx context.Context, consumer, key, letterID string) e
 	if err := checkLedger(consumer, "key", key); err != nil {
 		return err
 	}
-	if err := checkName("letterID", letterID); err != nil {
+	if err := pgsql.CheckName("letterID", letterID); err != nil {
 		return err
 	}
 	q, err := l.db.writeQuerier(ctx)
@@ -187,7 +188,7 @@ func (l *Ledger) HeldBackKeys(ctx context.Context, consumer string, keys []strin
 			return nil, err
 		}
 	}
-	if err := checkName("consumer", consumer); err != nil {
+	if err := pgsql.CheckName("consumer", consumer); err != nil {
 		return nil, err
 	}
 	held := make(map[string]string)
@@ -221,19 +222,19 @@ func (l *Ledger) HeldBackKeys(ctx context.Context, consumer string, keys []strin
 // error matching idem.ErrInvalidArgument when consumer is empty, m does not
 // validate, or a name is not storable as text.
 func (l *Ledger) Park(ctx context.Context, consumer string, m idem.Message) error {
-	if err := checkName("consumer", consumer); err != nil {
+	if err := pgsql.CheckName("consumer", consumer); err != nil {
 		return err
 	}
-	if err := checkMessage(m); err != nil {
+	if err := pgsql.CheckMessage(m); err != nil {
 		return err
 	}
-	args, err := messageArgs(m)
+	args, err := pgsql.MessageArgs(m)
 	if err != nil {
 		return fmt.Errorf("idempg: park: %w", err)
 	}
 	q, err := l.db.writeQuerier(ctx)
 	if err == nil {
-		_, err = q.Exec(ctx, `INSERT INTO idem_ledger_parked (consumer, `+messageColumns+`)
+		_, err = q.Exec(ctx, `INSERT INTO idem_ledger_parked (consumer, `+pgsql.MessageColumns+`)
 			VALUES ($1, $2, $3, $4, $5::text::jsonb, $6, $7, $8) ON CONFLICT (consumer, id) DO NOTHING`,
 			append([]any{consumer}, args...)...)
 	}
@@ -252,8 +253,8 @@ const (
 	letGoHoldSQL   = `DELETE FROM idem_ledger_holds WHERE consumer = $1 AND key = $2`
 	letGoParkedSQL = `WITH parked AS (
 	DELETE FROM idem_ledger_parked WHERE consumer = $1 AND key = $2
-	RETURNING seq, ` + messageColumns + `)
-SELECT ` + messageColumns + ` FROM parked ORDER BY seq`
+	RETURNING seq, ` + pgsql.MessageColumns + `)
+SELECT ` + pgsql.MessageColumns + ` FROM parked ORDER BY seq`
 )
 
 // LetGo implements idem.Ledger, in the transaction ctx carries or in one of
@@ -274,9 +275,9 @@ func (l *Ledger) LetGo(ctx context.Context, consumer, key string) ([]idem.Messag
 		if err != nil {
 			return err
 		}
-		var m messageRow
-		_, err = pgx.ForEachRow(rows, m.dest(), func() error {
-			msg, err := m.message()
+		var m pgsql.MessageRow
+		_, err = pgx.ForEachRow(rows, m.Dest(), func() error {
+			msg, err := m.Message()
 			out = append(out, msg)
 			return err
 		})

@@ -10,6 +10,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemtest"
+	"github.com/idem-go/idem/internal/pgsql"
 )
 
 // When the LISTEN connection dies, the store wakes every waiter (it may
@@ -21,7 +22,7 @@ func TestListenerReconnects(t *testing.T) {
 		"postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	schema := "idempg_test_listen_" + notifyID(idem.Scope(t.Name()), idem.Key(time.Now().String()))
+	schema := "idempg_test_listen_" + pgsql.NotifyID(idem.Scope(t.Name()), idem.Key(time.Now().String()))
 	db, err := Open(ctx, url, &Config{Schema: schema, Clock: idemmem.NewClock(idemtest.Start), MaxConns: 2})
 	if err != nil {
 		t.Fatal(err)

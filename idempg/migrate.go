@@ -9,16 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/sqlmigrate"
 )
-
-const createMigrationsTable = `CREATE TABLE IF NOT EXISTS idem_schema_migrations (
-	component  text        NOT NULL,
-	version    bigint      NOT NULL,
-	name       text        NOT NULL,
-	applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-	PRIMARY KEY (component, version)
-)`
 
 type migration = sqlmigrate.File
 
@@ -83,7 +76,7 @@ func (db *DB) Migrate(ctx context.Context, component string, migrations fs.FS) e
 func (db *DB) createMigrationsTable(ctx context.Context) error {
 	var exists bool
 	if err := db.pool.QueryRow(ctx,
-		`SELECT to_regclass('idem_schema_migrations') IS NOT NULL`).Scan(&exists); err != nil {
+		pgsql.MigrationsTableExists).Scan(&exists); err != nil {
 		return err
 	}
 	if exists {
@@ -92,16 +85,16 @@ func (db *DB) createMigrationsTable(ctx context.Context) error {
 	// Every component shares the table, so its creation is serialized
 	// under the schema's own lock, not a component's.
 	return pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey(db.schema, "")); err != nil {
+		if _, err := tx.Exec(ctx, pgsql.AdvisoryLock, pgsql.LockKey(db.schema, "")); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, createMigrationsTable)
+		_, err := tx.Exec(ctx, pgsql.CreateMigrationsTable)
 		return err
 	})
 }
 
 func (db *DB) appliedVersions(ctx context.Context, component string) (map[int64]bool, error) {
-	rows, err := db.pool.Query(ctx, `SELECT version FROM idem_schema_migrations WHERE component = $1`, component)
+	rows, err := db.pool.Query(ctx, pgsql.AppliedVersions, component)
 	if err != nil {
 		return nil, err
 	}
@@ -122,14 +115,14 @@ func (db *DB) applyMigration(ctx context.Context, component string, fsys fs.FS, 
 		return err
 	}
 	return pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey(db.schema, component)); err != nil {
+		if _, err := tx.Exec(ctx, pgsql.AdvisoryLock, pgsql.LockKey(db.schema, component)); err != nil {
 			return err
 		}
 		// Checked under the lock: another process may have applied the
 		// file while this one waited.
 		var applied bool
 		if err := tx.QueryRow(ctx,
-			`SELECT EXISTS (SELECT 1 FROM idem_schema_migrations WHERE component = $1 AND version = $2)`,
+			pgsql.MigrationApplied,
 			component, m.Version).Scan(&applied); err != nil {
 			return err
 		}
@@ -144,7 +137,7 @@ func (db *DB) applyMigration(ctx context.Context, component string, fsys fs.FS, 
 			}
 		}
 		_, err := tx.Exec(ctx,
-			`INSERT INTO idem_schema_migrations (component, version, name) VALUES ($1, $2, $3)`,
+			pgsql.RecordMigration,
 			component, m.Version, m.Name)
 		return err
 	})

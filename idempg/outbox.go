@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgsql"
 )
 
 // OutboxConfig configures NewOutbox. The zero value is ready to use.
@@ -46,19 +47,12 @@ func NewOutbox(ctx context.Context, db *DB, cfg *OutboxConfig) (*Outbox, error) 
 
 // outboxAddSQL adds messages, one per element of the arrays, in the arrays'
 // order: ORDER BY makes the identity column number them so.
-const outboxAddSQL = `INSERT INTO idem_outbox (` + messageColumns + `, created_at)
+const outboxAddSQL = `INSERT INTO idem_outbox (` + pgsql.MessageColumns + `, created_at)
 	SELECT m.id, m.topic, m.key, m.headers::jsonb, m.headers_base64, m.payload, m.msg_time, n.t
 	FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::boolean[], $6::bytea[], $7::timestamptz[])
 		WITH ORDINALITY AS m(id, topic, key, headers, headers_base64, payload, msg_time, ord),
 		(SELECT coalesce($8::timestamptz, clock_timestamp()) AS t) AS n
 	ORDER BY m.ord`
-
-// outboxAddOneSQL is outboxAddSQL for one message: a single-row INSERT,
-// which PostgreSQL plans and runs for less than the unnest of seven arrays,
-// and whose arguments pgx encodes without building arrays. An effect's
-// transaction usually announces one event.
-const outboxAddOneSQL = `INSERT INTO idem_outbox (` + messageColumns + `, created_at)
-	VALUES ($1, $2, $3, $4::text::jsonb, $5, $6, $7, coalesce($8::timestamptz, clock_timestamp()))`
 
 // Add implements idem.Outbox: it writes msgs in one statement, in the
 // transaction ctx carries (the caller's own, begun with WithTx, so that the
@@ -75,10 +69,10 @@ func (o *Outbox) Add(ctx context.Context, msgs ...idem.Message) error {
 		times             []*time.Time
 	)
 	for _, m := range msgs {
-		if err := checkMessage(m); err != nil {
+		if err := pgsql.CheckMessage(m); err != nil {
 			return err
 		}
-		h, enc, err := headersArg(m.Headers)
+		h, enc, err := pgsql.HeadersArg(m.Headers)
 		if err != nil {
 			return fmt.Errorf("idempg: outbox add: %w", err)
 		}
@@ -88,7 +82,7 @@ func (o *Outbox) Add(ctx context.Context, msgs ...idem.Message) error {
 		}
 		ids, topics, keys = append(ids, m.ID), append(topics, m.Topic), append(keys, m.Key)
 		headers, encoded = append(headers, h), append(encoded, enc)
-		payloads, times = append(payloads, payloadArg(m.Payload)), append(times, t)
+		payloads, times = append(payloads, pgsql.PayloadArg(m.Payload)), append(times, t)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -100,7 +94,7 @@ func (o *Outbox) Add(ctx context.Context, msgs ...idem.Message) error {
 	switch {
 	case err != nil:
 	case len(msgs) == 1:
-		_, err = q.Exec(ctx, outboxAddOneSQL, ids[0], topics[0], keys[0], headers[0], encoded[0], payloads[0], times[0], o.db.storeNow(o.clock))
+		_, err = q.Exec(ctx, pgsql.OutboxAddOne, ids[0], topics[0], keys[0], headers[0], encoded[0], payloads[0], times[0], o.db.storeNow(o.clock))
 	default:
 		_, err = q.Exec(ctx, outboxAddSQL, ids, topics, keys, headers, encoded, payloads, times, o.db.storeNow(o.clock))
 	}
@@ -110,26 +104,7 @@ func (o *Outbox) Add(ctx context.Context, msgs ...idem.Message) error {
 	return nil
 }
 
-// outboxClaimSQL leases up to $2 entries whose lease has ended (or that
-// never had one), oldest first. FOR UPDATE SKIP LOCKED passes over the rows
-// that a concurrent Claim is leasing, instead of waiting for it: concurrent
-// relays lease disjoint entries and never queue behind one another. A row
-// found unlocked is locked and its lease checked again on its newest
-// version, so an entry that another relay leased and committed meanwhile is
-// not taken.
-const outboxClaimSQL = `WITH n AS MATERIALIZED (SELECT coalesce($1::timestamptz, clock_timestamp()) AS t),
-picked AS (
-	SELECT o.seq FROM idem_outbox AS o, n
-	WHERE o.lease_until IS NULL OR o.lease_until <= n.t
-	ORDER BY o.seq
-	LIMIT $2
-	FOR UPDATE OF o SKIP LOCKED)
-UPDATE idem_outbox AS o SET relay = $3, lease_until = n.t + $4::bigint * interval '1 microsecond'
-FROM picked, n
-WHERE o.seq = picked.seq
-RETURNING o.seq, o.id, o.topic, o.key, o.headers, o.headers_base64, o.payload, o.msg_time, o.created_at`
-
-// Claim implements idem.Outbox, in one statement (see outboxClaimSQL), in
+// Claim implements idem.Outbox, in one statement (see pgsql.OutboxClaim), in
 // the transaction ctx carries if any. The lease is rounded up to whole
 // microseconds. Returns an error matching idem.ErrInvalidArgument when relay
 // is empty or limit or lease is not positive.
@@ -142,28 +117,28 @@ func (o *Outbox) Claim(ctx context.Context, relay string, limit int, lease time.
 	case lease <= 0:
 		return nil, &idem.ArgumentError{Field: "lease", Reason: "must be positive"}
 	}
-	if err := checkText("relay", relay); err != nil {
+	if err := pgsql.CheckText("relay", relay); err != nil {
 		return nil, err
 	}
 	q, err := o.db.writeQuerier(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("idempg: outbox claim: %w", err)
 	}
-	rows, err := q.Query(ctx, outboxClaimSQL, o.db.storeNow(o.clock), int64(limit), relay, micros(lease))
+	rows, err := q.Query(ctx, pgsql.OutboxClaim, o.db.storeNow(o.clock), int64(limit), relay, pgsql.Micros(lease))
 	if err != nil {
 		return nil, fmt.Errorf("idempg: outbox claim: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (idem.OutboxEntry, error) {
 		var (
 			en      idem.OutboxEntry
-			m       messageRow
+			m       pgsql.MessageRow
 			created time.Time
 		)
-		if err := row.Scan(append(append([]any{&en.Seq}, m.dest()...), &created)...); err != nil {
+		if err := row.Scan(append(append([]any{&en.Seq}, m.Dest()...), &created)...); err != nil {
 			return en, err
 		}
 		var err error
-		en.Message, err = m.message()
+		en.Message, err = m.Message()
 		en.CreatedAt = created.UTC()
 		return en, err
 	})

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem/idemtest"
+	"github.com/idem-go/idem/internal/pgsql"
 )
 
 // BenchmarkOutboxAddOne measures the statement that adds one message to the
@@ -46,7 +47,7 @@ func BenchmarkOutboxAddOne(b *testing.B) {
 	}{
 		{"values", func(id string) []any {
 			return []any{id, "payments", "acct_1", &headers, false, payload, nil, nil}
-		}, outboxAddOneSQL},
+		}, pgsql.OutboxAddOne},
 		{"unnest", func(id string) []any {
 			return []any{[]string{id}, []string{"payments"}, []string{"acct_1"}, []*string{&headers}, []bool{false}, [][]byte{payload}, []any{nil}, nil}
 		}, outboxAddSQL},

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgsql"
 )
 
 // ensureTopicsSQL creates the topics' rows that are missing, in the
@@ -71,7 +72,7 @@ func (t *Transport) Publish(ctx context.Context, msgs ...idem.Message) error {
 		for _, f := range []struct{ name, v string }{
 			{"Message.ID", m.ID}, {"Message.Topic", m.Topic}, {"Message.Key", m.Key},
 		} {
-			if err := checkText(f.name, f.v); err != nil {
+			if err := pgsql.CheckText(f.name, f.v); err != nil {
 				return err
 			}
 		}
@@ -90,7 +91,7 @@ func (t *Transport) Publish(ctx context.Context, msgs ...idem.Message) error {
 	headers, encoded := make([]*string, n), make([]bool, n)
 	payloads, times := make([][]byte, n), make([]pgtype.Timestamptz, n)
 	for i, m := range msgs {
-		h, enc, err := headersArg(m.Headers)
+		h, enc, err := pgsql.HeadersArg(m.Headers)
 		if err != nil {
 			return fmt.Errorf("idempg: publish: %w", err)
 		}

@@ -15,7 +15,7 @@ import (
 
 // replaySQL reads what the replay of a completed, live key needs: whether
 // its fingerprint is $3, and the kept response. A completed record is live
-// while its TTL has not passed (liveSQL's lease clause is for keys in
+// while its TTL has not passed (pgsql.Live's lease clause is for keys in
 // flight).
 const replaySQL = `SELECT fingerprint = $3, status, header, body, body_omitted
 	FROM idem_keys

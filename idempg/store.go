@@ -2,50 +2,33 @@ package idempg
 
 import (
 	"context"
-	"crypto/sha256"
-	"embed"
-	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/headerjson"
+	"github.com/idem-go/idem/internal/pgsql"
 )
-
-//go:embed migrations/*.sql migrations/waiters/*.sql
-var migrationFiles embed.FS
 
 // StoreComponent is the component under which NewStore records its schema
 // migrations of idem_keys in idem_schema_migrations.
-const StoreComponent = "idem_keys"
+const StoreComponent = pgsql.KeysComponent
 
 // WaitersComponent is the component under which NewStore records its
 // schema migrations of the waiting duplicates' registry, idem_waiters (see
 // Store.WaitChange), in idem_schema_migrations.
-const WaitersComponent = "idem_waiters"
+const WaitersComponent = pgsql.WaitersComponent
 
 // refusedCode is the SQLSTATE of idem_refuse_completion: a completion found
 // the key not held under its token.
 const refusedCode = "IDM01"
-
-// channelSuffix ends the name of the LISTEN/NOTIFY channel of a schema.
-const channelSuffix = "_idem_keys"
-
-const (
-	stateInFlight  = "in_flight"
-	stateCompleted = "completed"
-)
 
 // Store is an idem.Store, idem.TxStore and idem.Waiter whose records live in
 // the table idem_keys of a DB's schema, next to the application's tables.
@@ -73,39 +56,24 @@ func NewStore(ctx context.Context, db *DB) (*Store, error) {
 	if db == nil {
 		return nil, &idem.ArgumentError{Field: "db", Reason: "must not be nil"}
 	}
-	for _, m := range []struct{ component, dir string }{
-		{StoreComponent, "migrations"},
-		{WaitersComponent, "migrations/waiters"},
+	for _, m := range []struct {
+		component string
+		files     fs.FS
+	}{
+		{StoreComponent, pgsql.Keys},
+		{WaitersComponent, pgsql.Waiters},
 	} {
-		sub, err := fs.Sub(migrationFiles, m.dir)
-		if err != nil {
-			return nil, fmt.Errorf("idempg: %w", err)
-		}
-		if err := db.Migrate(ctx, m.component, sub); err != nil {
+		if err := db.Migrate(ctx, m.component, m.files); err != nil {
 			return nil, err
 		}
 	}
-	channel := db.schema + channelSuffix
+	channel := db.schema + pgsql.ChannelSuffix
 	return &Store{db: db, channel: channel, waits: newListener(db, channel)}, nil
 }
 
 // Close stops the store's LISTEN connection, and makes waiting WaitChange
 // calls return. It does not close the DB. Close is idempotent.
 func (s *Store) Close() { s.waits.close() }
-
-// notifyID is the payload that tells waiters which key changed: a short hash
-// of scope and key, so that any key fits in a notification and none is
-// revealed in the server's logs. Two keys sharing one only wake each other's
-// waiters spuriously.
-func notifyID(scope idem.Scope, key idem.Key) string {
-	h := sha256.New()
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(scope)))
-	h.Write(n[:])
-	h.Write([]byte(scope))
-	h.Write([]byte(key))
-	return hex.EncodeToString(h.Sum(nil)[:8])
-}
 
 // q returns what a statement runs on: the transaction ctx carries (which
 // begins with the statement if it has not begun), or the pool. st is the
@@ -120,70 +88,10 @@ func (s *Store) q(ctx context.Context) (q querier, st *txState, err error) {
 	return s.db.pool, nil, nil
 }
 
-// micros converts a positive duration to whole microseconds, PostgreSQL's
-// precision, rounding up so that no positive lease becomes zero.
-func micros(d time.Duration) int64 {
-	return int64((d + time.Microsecond - 1) / time.Microsecond)
-}
-
-// checkText reports a string PostgreSQL's text type cannot hold.
-func checkText(field, s string) error {
-	switch {
-	case !utf8.ValidString(s):
-		return &idem.ArgumentError{Field: field, Reason: "must be valid UTF-8"}
-	case strings.IndexByte(s, 0) >= 0:
-		return &idem.ArgumentError{Field: field, Reason: "must not contain NUL bytes"}
-	}
-	return nil
-}
-
-// insertClaimSQL claims a new key, the common case, without entering
-// plpgsql: it returns the new row's token and times, or no row when the key
-// exists (ON CONFLICT waited for any concurrent inserter and found its row
-// committed), and then idem_claim decides (claimSQL).
-//
-// $7 turns synchronous_commit off for the rest of the transaction (see
-// Claim); CASE calls set_config only when it is set.
-//
-// It first takes the key's lock (see ClaimTx), waiting for a ClaimTx that
-// holds the key without a row to end, and reads the time after the wait.
-const insertClaimSQL = `WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock(idem_key_lock($1::text, $2::text))),
-n AS MATERIALIZED (
-	SELECT coalesce($6::timestamptz, clock_timestamp()) AS t,
-		CASE WHEN $7::boolean THEN set_config('synchronous_commit', 'off', true) END AS async FROM l)
-INSERT INTO idem_keys AS k (scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at)
-SELECT $1::text, $2::text, $3::text, 'in_flight', idem_clock_us(), n.t,
-	n.t + $4::bigint * interval '1 microsecond', n.t + $5::bigint * interval '1 microsecond'
-FROM n
-ON CONFLICT (scope, key) DO NOTHING
-RETURNING k.token, k.created_at, k.lease_expires_at, k.expires_at`
-
-// answerSQL answers a claim of a key that exists without writing: the
-// outcome and the record, as the function idem_claim would answer them, or
-// a NULL outcome when the claim must write (the record expired and is
-// claimed anew, or its lease ended and is taken over), which only the
-// function does. It reads the newest committed row: under READ COMMITTED
-// its snapshot is taken after the INSERT of insertClaimSQL waited for any
-// concurrent inserter.
-const answerSQL = `SELECT CASE
-		WHEN NOT ` + liveSQL + ` THEN NULL
-		WHEN fingerprint <> $3 THEN 'mismatch'
-		WHEN state = 'completed' THEN 'completed'
-		WHEN lease_expires_at > n.t THEN 'in_flight'
-	END, ` + recordColumns + `
-	FROM idem_keys, (SELECT coalesce($4::timestamptz, clock_timestamp()) AS t) AS n
-	WHERE scope = $1 AND key = $2`
-
-// claimSQL claims a key that exists, or answers with its record: see the
-// function idem_claim.
-const claimSQL = `SELECT o_outcome, o_took_over, o_fingerprint, o_state, o_token, o_status, o_header,
-	o_body, o_body_omitted, o_created_at, o_lease_expires_at, o_expires_at, o_completed_at
-	FROM idem_claim($1, $2, $3, $4, $5, $6::timestamptz, $7, $8, $9)`
-
 // Claim implements idem.Store. A new key, the common case, is claimed in one
-// round trip by a plain INSERT ... ON CONFLICT DO NOTHING (insertClaimSQL).
+// round trip by a plain INSERT ... ON CONFLICT DO NOTHING (pgsql.InsertClaim).
 // A key that exists takes a second round trip: a replay, a duplicate in
-// flight or a mismatch is answered by a plain SELECT (answerSQL), and only a
+// flight or a mismatch is answered by a plain SELECT (pgsql.Answer), and only a
 // claim that must write (an expired key claimed anew, an ended lease taken
 // over, or a key deleted since the INSERT looked) takes a third, to the
 // function idem_claim, which the migration created (see its comment for why
@@ -217,7 +125,7 @@ const claimSQL = `SELECT o_outcome, o_took_over, o_fingerprint, o_state, o_token
 // contract says: the claim may have been made (a connection lost after the
 // server ran it). Do not run the effect; claiming again is safe.
 func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
-	if err := validateClaim(req); err != nil {
+	if err := pgsql.ValidateClaim(req); err != nil {
 		return idem.Claim{}, err
 	}
 	q, st, err := s.q(ctx)
@@ -228,13 +136,13 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 		token                        int64
 		created, leaseEnd, expiresAt time.Time
 	)
-	err = q.QueryRow(ctx, insertClaimSQL,
+	err = q.QueryRow(ctx, pgsql.InsertClaim,
 		string(req.Scope), string(req.Key), string(req.Fingerprint),
-		micros(req.Lease), micros(req.TTL), s.db.now(), st == nil,
+		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), st == nil,
 	).Scan(&token, &created, &leaseEnd, &expiresAt)
 	switch {
 	case err == nil:
-		return acquiredClaim(req, token, created, leaseEnd, expiresAt), nil
+		return pgsql.AcquiredClaim(req, token, created, leaseEnd, expiresAt), nil
 	case !errors.Is(err, pgx.ErrNoRows):
 		return idem.Claim{}, fmt.Errorf("idempg: claim: %w", err)
 	}
@@ -245,32 +153,17 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	return s.claimExisting(ctx, q, st, req)
 }
 
-// validateClaim checks req, and that PostgreSQL's text type can hold it.
-func validateClaim(req idem.ClaimRequest) error {
-	if err := req.Validate(); err != nil {
-		return err
-	}
-	for _, f := range []struct{ name, v string }{
-		{"Scope", string(req.Scope)}, {"Key", string(req.Key)}, {"Fingerprint", string(req.Fingerprint)},
-	} {
-		if err := checkText(f.name, f.v); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // answer answers the claim of a key that its INSERT found existing, without
-// writing (answerSQL). answered is false when the claim must write: the
+// writing (pgsql.Answer). answered is false when the claim must write: the
 // key expired or its lease ended (or it is gone since the INSERT), and
 // claimExisting decides.
 func (s *Store) answer(ctx context.Context, queryRow func(ctx context.Context, sql string, args ...any) pgx.Row, req idem.ClaimRequest) (claim idem.Claim, answered bool, err error) {
 	var (
 		outcome *string
-		row     recordRow
+		row     pgsql.RecordRow
 	)
-	err = queryRow(ctx, answerSQL, string(req.Scope), string(req.Key), string(req.Fingerprint), s.db.now()).
-		Scan(append([]any{&outcome}, row.dest()...)...)
+	err = queryRow(ctx, pgsql.Answer, string(req.Scope), string(req.Key), string(req.Fingerprint), s.db.now()).
+		Scan(append([]any{&outcome}, row.Dest()...)...)
 	switch {
 	case err == nil && outcome != nil:
 		claim, err = claimOf(*outcome, false, row, req)
@@ -287,21 +180,21 @@ func (s *Store) answer(ctx context.Context, queryRow func(ctx context.Context, s
 func (s *Store) claimExisting(ctx context.Context, q querier, st *txState, req idem.ClaimRequest) (idem.Claim, error) {
 	var (
 		tookOver bool
-		row      recordRow
+		row      pgsql.RecordRow
 	)
 	outcome := new(string)
-	err := q.QueryRow(ctx, claimSQL,
+	err := q.QueryRow(ctx, pgsql.Claim,
 		string(req.Scope), string(req.Key), string(req.Fingerprint),
-		micros(req.Lease), micros(req.TTL), s.db.now(), st == nil,
-		s.channel, notifyID(req.Scope, req.Key),
-	).Scan(append([]any{outcome, &tookOver}, row.dest()...)...)
+		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), st == nil,
+		s.channel, pgsql.NotifyID(req.Scope, req.Key),
+	).Scan(append([]any{outcome, &tookOver}, row.Dest()...)...)
 	if err != nil {
 		return idem.Claim{}, fmt.Errorf("idempg: claim: %w", err)
 	}
 	return claimOf(*outcome, tookOver, row, req)
 }
 
-// insertClaimTxSQL is insertClaimSQL for ClaimTx at an isolation level
+// insertClaimTxSQL is pgsql.InsertClaim for ClaimTx at an isolation level
 // above READ COMMITTED, in its transaction: the key's lock and the INSERT
 // may wait for another transaction that holds the key and has not ended,
 // and lock_timeout ($7) bounds those waits for this statement alone: it is
@@ -376,7 +269,7 @@ const maxClaimTxAttempts = 5
 // Errors as idem.TxClaimer says; ErrNestedCompleteTx when ctx already
 // carries a transaction of the same DB.
 func (s *Store) ClaimTx(ctx context.Context, req idem.ClaimRequest, wait time.Duration, work idem.ClaimedWork) (idem.Claim, bool, error) {
-	if err := validateClaim(req); err != nil {
+	if err := pgsql.ValidateClaim(req); err != nil {
 		return idem.Claim{}, false, err
 	}
 	if work == nil {
@@ -463,7 +356,7 @@ func (s *Store) claimTxLocked(ctx context.Context, req idem.ClaimRequest, lockTi
 	b.Queue(lockClaimSQL, scope, key, s.db.now()).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&locked, &token, &now)
 	})
-	b.Queue(answerSQL, scope, key, string(req.Fingerprint), s.db.now()).QueryRow(ans.scan)
+	b.Queue(pgsql.Answer, scope, key, string(req.Fingerprint), s.db.now()).QueryRow(ans.scan)
 	if err := c.SendBatch(ctx, b).Close(); err != nil {
 		return idem.Claim{}, false, fmt.Errorf("idempg: claim: %w", err)
 	}
@@ -475,7 +368,7 @@ func (s *Store) claimTxLocked(ctx context.Context, req idem.ClaimRequest, lockTi
 		b.Queue(waitLockClaimSQL, scope, key, lockTimeout, s.db.now()).QueryRow(func(row pgx.Row) error {
 			return row.Scan(nil, &token, &now)
 		})
-		b.Queue(answerSQL, scope, key, string(req.Fingerprint), s.db.now()).QueryRow(ans.scan)
+		b.Queue(pgsql.Answer, scope, key, string(req.Fingerprint), s.db.now()).QueryRow(ans.scan)
 		err := c.SendBatch(ctx, b).Close()
 		var pgErr *pgconn.PgError
 		switch {
@@ -495,8 +388,8 @@ func (s *Store) claimTxLocked(ctx context.Context, req idem.ClaimRequest, lockTi
 		st.rollback(false)
 		return s.claimTxExisting(ctx, req, work)
 	}
-	claim := acquiredClaim(req, token, now,
-		now.Add(time.Duration(micros(req.Lease))*time.Microsecond), now.Add(time.Duration(micros(req.TTL))*time.Microsecond))
+	claim := pgsql.AcquiredClaim(req, token, now,
+		now.Add(time.Duration(pgsql.Micros(req.Lease))*time.Microsecond), now.Add(time.Duration(pgsql.Micros(req.TTL))*time.Microsecond))
 	resp, keep, err := work(txCtx, claim)
 	if err != nil || !keep {
 		return claim, false, err
@@ -506,7 +399,7 @@ func (s *Store) claimTxLocked(ctx context.Context, req idem.ClaimRequest, lockTi
 		return claim, false, fmt.Errorf("idempg: complete: %w", err)
 	}
 	_, err = st.commit(&stmt{insertCompletedSQL, []any{scope, key, string(req.Fingerprint), token,
-		int32(resp.Status), header, resp.Body, resp.BodyOmitted, now, micros(req.Lease), micros(req.TTL), s.db.now()}}, false)
+		int32(resp.Status), header, resp.Body, resp.BodyOmitted, now, pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now()}}, false)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == uniqueViolation:
@@ -517,16 +410,6 @@ func (s *Store) claimTxLocked(ctx context.Context, req idem.ClaimRequest, lockTi
 	return claim, true, nil
 }
 
-// acquiredClaim is the claim of req that acquired a new key, with the
-// token and times the database gave it.
-func acquiredClaim(req idem.ClaimRequest, token int64, created, leaseEnd, expires time.Time) idem.Claim {
-	return idem.Claim{Outcome: idem.Acquired, Token: idem.Token(token), Record: idem.Record{
-		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint,
-		State: idem.StateInFlight, Token: idem.Token(token),
-		CreatedAt: created.UTC(), LeaseExpiresAt: leaseEnd.UTC(), ExpiresAt: expires.UTC(),
-	}}
-}
-
 // waitedInFlight is ClaimTx's answer when lock_timeout ended its wait for
 // another transaction that holds the key.
 func waitedInFlight(req idem.ClaimRequest) idem.Claim {
@@ -535,15 +418,15 @@ func waitedInFlight(req idem.ClaimRequest) idem.Claim {
 	}}
 }
 
-// answerRow is answerSQL's row, read in a batch.
+// answerRow is pgsql.Answer's row, read in a batch.
 type answerRow struct {
 	found   bool
 	outcome *string
-	row     recordRow
+	row     pgsql.RecordRow
 }
 
 func (a *answerRow) scan(row pgx.Row) error {
-	err := row.Scan(append([]any{&a.outcome}, a.row.dest()...)...)
+	err := row.Scan(append([]any{&a.outcome}, a.row.Dest()...)...)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil
@@ -569,7 +452,7 @@ func (s *Store) claimTxOnce(ctx context.Context, req idem.ClaimRequest, lockTime
 	)
 	err = st.tx.QueryRow(txCtx, insertClaimTxSQL,
 		string(req.Scope), string(req.Key), string(req.Fingerprint),
-		micros(req.Lease), micros(req.TTL), s.db.now(), lockTimeout,
+		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), lockTimeout,
 	).Scan(&token, &created, &leaseEnd, &expiresAt, nil) // nil: lock_timeout set back
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -581,7 +464,7 @@ func (s *Store) claimTxOnce(ctx context.Context, req idem.ClaimRequest, lockTime
 	case err != nil:
 		return idem.Claim{}, false, false, false, err
 	}
-	claim = acquiredClaim(req, token, created, leaseEnd, expiresAt)
+	claim = pgsql.AcquiredClaim(req, token, created, leaseEnd, expiresAt)
 	ref := idem.Ref{Scope: req.Scope, Key: req.Key, Token: claim.Token}
 	kept, err = s.workAndComplete(ctx, st, txCtx, ref, true, func(ctx context.Context) (idem.Response, bool, error) {
 		return work(ctx, claim)
@@ -605,106 +488,15 @@ func (s *Store) claimTxExisting(ctx context.Context, req idem.ClaimRequest, work
 	return claim, kept, err
 }
 
-// claimOf is the claim of req whose outcome and record the database
-// returned.
-func claimOf(outcome string, tookOver bool, row recordRow, req idem.ClaimRequest) (idem.Claim, error) {
-	rec, err := row.record(req.Scope, req.Key)
-	if err != nil {
-		return idem.Claim{}, fmt.Errorf("idempg: claim: %w", err)
-	}
-	c := idem.Claim{Record: rec}
-	switch outcome {
-	case "acquired":
-		c.Outcome, c.Token, c.TookOver = idem.Acquired, rec.Token, tookOver
-	case "in_flight":
-		c.Outcome = idem.InFlight
-	case "completed":
-		c.Outcome = idem.Completed
-	case "mismatch":
-		c.Outcome = idem.Mismatch
-	default:
-		return idem.Claim{}, fmt.Errorf("idempg: claim: unknown outcome %q", outcome)
-	}
-	return c, nil
-}
-
-// recordRow is a row of idem_keys as the statements return it.
-type recordRow struct {
-	fingerprint, state                   string
-	token                                int64
-	status                               *int32
-	header, body                         []byte
-	bodyOmitted                          bool
-	createdAt, leaseExpiresAt, expiresAt time.Time
-	completedAt                          *time.Time
-}
-
-func (r *recordRow) dest() []any {
-	return []any{&r.fingerprint, &r.state, &r.token, &r.status, &r.header, &r.body, &r.bodyOmitted,
-		&r.createdAt, &r.leaseExpiresAt, &r.expiresAt, &r.completedAt}
-}
-
-const recordColumns = `fingerprint, state, token, status, header, body, body_omitted,
-	created_at, lease_expires_at, expires_at, completed_at`
-
-func (r *recordRow) record(scope idem.Scope, key idem.Key) (idem.Record, error) {
-	rec := idem.Record{
-		Scope:          scope,
-		Key:            key,
-		Fingerprint:    idem.Fingerprint(r.fingerprint),
-		Token:          idem.Token(r.token),
-		CreatedAt:      r.createdAt.UTC(),
-		LeaseExpiresAt: r.leaseExpiresAt.UTC(),
-		ExpiresAt:      r.expiresAt.UTC(),
-	}
-	switch r.state {
-	case stateInFlight:
-		rec.State = idem.StateInFlight
-	case stateCompleted:
-		rec.State = idem.StateCompleted
-		resp := &idem.Response{Body: r.body, BodyOmitted: r.bodyOmitted}
-		if r.status != nil {
-			resp.Status = int(*r.status)
-		}
-		if r.header != nil {
-			h, err := headerjson.Decode(r.header)
-			if err != nil {
-				return idem.Record{}, fmt.Errorf("stored header of %v: %w", key, err)
-			}
-			resp.Header = h
-		}
-		rec.Response = resp
-		if r.completedAt != nil {
-			rec.CompletedAt = r.completedAt.UTC()
-		}
-	default:
-		return idem.Record{}, fmt.Errorf("stored state %q of %v is unknown", r.state, key)
-	}
-	return rec, nil
-}
-
-// completeSQL completes the key if the token holds it. Its command tag
-// counts the rows completed.
-const completeSQL = `UPDATE idem_keys SET state = 'completed', status = $4, header = $5, body = $6, body_omitted = $7,
-		completed_at = coalesce($8::timestamptz, clock_timestamp())
-	WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'`
-
-// completeOrRefuseSQL is completeSQL for a completion sent in one pipeline
+// completeOrRefuseSQL is pgsql.Complete for a completion sent in one pipeline
 // with its COMMIT: when the token does not hold the key, it fails (with
 // refusedCode), so that the transaction is rolled back instead of
 // committed. The function runs only then: CASE evaluates it lazily.
-const completeOrRefuseSQL = `WITH done AS (` + completeSQL + `
+const completeOrRefuseSQL = `WITH done AS (` + pgsql.Complete + `
 	RETURNING 1)
 SELECT CASE WHEN EXISTS (SELECT FROM done) THEN true ELSE idem_refuse_completion() END`
 
-// wakeSQL wakes the waiters of a key, if it has any (see Store.WaitChange).
-// It runs after the change committed, in a transaction of its own: NOTIFY
-// takes a database-wide lock held until its transaction commits, so a
-// NOTIFY in the completing transaction would serialise the commits of every
-// completion, and here it is skipped for the keys nobody waits for.
-const wakeSQL = `SELECT pg_notify($1, $2) FROM idem_waiters WHERE scope = $3 AND key = $4 LIMIT 1`
-
-// completeArgs are the arguments of completeSQL and completeOrRefuseSQL.
+// completeArgs are the arguments of pgsql.Complete and completeOrRefuseSQL.
 func (s *Store) completeArgs(ref idem.Ref, resp idem.Response) ([]any, error) {
 	header, err := headerArg(resp.Header)
 	if err != nil {
@@ -750,7 +542,7 @@ func (s *Store) completedBy(ctx context.Context, q querier, ref idem.Ref) (bool,
 		return false, idem.ErrLeaseLost
 	case err != nil:
 		return false, err
-	case idem.Token(token) == ref.Token && state == stateCompleted:
+	case idem.Token(token) == ref.Token && state == pgsql.StateCompleted:
 		return true, nil
 	}
 	return false, idem.ErrLeaseLost
@@ -787,7 +579,7 @@ func (s *Store) complete(ctx context.Context, ref idem.Ref, resp idem.Response) 
 		return err
 	}
 	if st != nil {
-		tag, err := q.Exec(ctx, completeSQL, args...)
+		tag, err := q.Exec(ctx, pgsql.Complete, args...)
 		switch {
 		case err != nil:
 			return err
@@ -806,10 +598,6 @@ func (s *Store) complete(ctx context.Context, ref idem.Ref, resp idem.Response) 
 	}
 	return err
 }
-
-// releaseSQL deletes the key if the token holds it in flight. Its command
-// tag counts the rows deleted.
-const releaseSQL = `DELETE FROM idem_keys WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'`
 
 // Release implements idem.Store. It commits durably and wakes the key's
 // waiters. Called with a context that carries a transaction of the DB, it
@@ -833,7 +621,7 @@ func (s *Store) release(ctx context.Context, ref idem.Ref) error {
 	}
 	var tag pgconn.CommandTag
 	if st != nil {
-		if tag, err = q.Exec(ctx, releaseSQL, args...); err == nil && tag.RowsAffected() == 1 {
+		if tag, err = q.Exec(ctx, pgsql.Release, args...); err == nil && tag.RowsAffected() == 1 {
 			st.addWake(w)
 		}
 	} else {
@@ -841,7 +629,7 @@ func (s *Store) release(ctx context.Context, ref idem.Ref) error {
 		// is spurious, which waiters allow.
 		own := s.db.ownTx(ctx, "begin", "commit")
 		own.addWake(w)
-		tag, err = own.commit(&stmt{releaseSQL, args}, false)
+		tag, err = own.commit(&stmt{pgsql.Release, args}, false)
 	}
 	if err != nil {
 		return err
@@ -860,68 +648,28 @@ func (s *Store) release(ctx context.Context, ref idem.Ref) error {
 	return nil
 }
 
-// liveSQL is true when a record counts at the statement's time: its TTL has
-// not passed, or a live lease still holds it (a takeover may push the lease
-// past the TTL, and the holder must not lose the key meanwhile).
-const liveSQL = `(expires_at > n.t OR (state = 'in_flight' AND lease_expires_at > n.t))`
-
-const getSQL = `SELECT ` + recordColumns + `
-	FROM idem_keys, (SELECT coalesce($3::timestamptz, clock_timestamp()) AS t) AS n
-	WHERE scope = $1 AND key = $2 AND ` + liveSQL
-
 // Get implements idem.Store. With Config.Clock nil, expiry is judged by the
 // database's clock. Called with a context whose transaction of the DB has
 // begun, it reads in that transaction and sees its writes.
 func (s *Store) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
 	q := s.db.readQuerier(ctx)
-	var row recordRow
-	err := q.QueryRow(ctx, getSQL, string(scope), string(key), s.db.now()).Scan(row.dest()...)
+	var row pgsql.RecordRow
+	err := q.QueryRow(ctx, pgsql.Get, string(scope), string(key), s.db.now()).Scan(row.Dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
 	}
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("idempg: get: %w", err)
 	}
-	rec, err := row.record(scope, key)
+	rec, err := row.Record(scope, key)
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("idempg: get: %w", err)
 	}
 	return rec, nil
 }
 
-// purgeSQL deletes up to $2 records whose TTL has passed and that no live
-// lease holds.
-//
-// The victims are found in expires_at order through its index: the time is
-// a stable expression (the injected clock's, or statement_timestamp(), the
-// statement's start on the database's clock), so it bounds the index scan
-// instead of filtering every row, and a purge with little to do reads
-// little. They are locked with SKIP LOCKED, so a row that a claim is
-// overwriting (or any transaction holds) is left for a later call instead
-// of waited for. A claim waits for a purge only when it claims anew one of
-// the expired keys that this very statement is deleting, and only until the
-// statement commits; claims of any other key never wait for it. The rows
-// are then deleted by
-// their physical address (ctid), which the row lock keeps valid until the
-// statement ends; the expiry is checked again on delete all the same.
-const purgeSQL = `WITH victims AS (
-	SELECT k.ctid FROM idem_keys AS k
-	WHERE k.expires_at <= coalesce($1::timestamptz, statement_timestamp())
-	  AND NOT (k.state = 'in_flight' AND k.lease_expires_at > coalesce($1::timestamptz, statement_timestamp()))
-	ORDER BY k.expires_at
-	LIMIT $2
-	FOR UPDATE OF k SKIP LOCKED)
-DELETE FROM idem_keys AS k
-WHERE k.ctid = ANY (ARRAY(SELECT ctid FROM victims))
-  AND k.expires_at <= coalesce($1::timestamptz, statement_timestamp())`
-
-// purgeWaitersSQL deletes the registrations of waiters past the lease end
-// they waited for at most: left by a process that died waiting (see
-// Store.WaitChange).
-const purgeWaitersSQL = `DELETE FROM idem_waiters WHERE until <= coalesce($1::timestamptz, statement_timestamp())`
-
 // Purge implements idem.Store. limit must be positive. Each call is one
-// statement in its own short transaction (see purgeSQL) that locks only the
+// statement in its own short transaction (see pgsql.Purge) that locks only the
 // expired rows it deletes, skipping rows others hold, so claims of live keys
 // never wait for it. A limit of about a thousand keeps each call to some
 // milliseconds (BenchmarkClaimDuringPurge measures it). With Config.Clock
@@ -951,11 +699,11 @@ func (s *Store) purge(ctx context.Context, limit int) (int, error) {
 		return 0, err
 	}
 	if st != nil {
-		tag, err := q.Exec(ctx, purgeSQL, s.db.now(), int64(limit))
+		tag, err := q.Exec(ctx, pgsql.Purge, s.db.now(), int64(limit))
 		if err != nil {
 			return 0, err
 		}
-		if _, err := q.Exec(ctx, purgeWaitersSQL, s.db.now()); err != nil {
+		if _, err := q.Exec(ctx, pgsql.PurgeWaiters, s.db.now()); err != nil {
 			return 0, err
 		}
 		return int(tag.RowsAffected()), nil
@@ -963,8 +711,8 @@ func (s *Store) purge(ctx context.Context, limit int) (int, error) {
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
 	b.Queue(`SET LOCAL synchronous_commit TO off`)
-	b.Queue(purgeSQL, s.db.now(), int64(limit))
-	b.Queue(purgeWaitersSQL, s.db.now())
+	b.Queue(pgsql.Purge, s.db.now(), int64(limit))
+	b.Queue(pgsql.PurgeWaiters, s.db.now())
 	b.Queue(`COMMIT`)
 	res := s.db.pool.SendBatch(ctx, b)
 	n, err := purgeResults(res)
@@ -1075,7 +823,7 @@ func (s *Store) workAndComplete(ctx context.Context, st *txState, txCtx context.
 		return false, fmt.Errorf("idempg: complete: %w", err)
 	}
 	if inserted {
-		tag, err := st.commit(&stmt{completeSQL, args}, false)
+		tag, err := st.commit(&stmt{pgsql.Complete, args}, false)
 		switch {
 		case err != nil:
 			return false, fmt.Errorf("idempg: complete: %w", err)
@@ -1099,4 +847,13 @@ func (s *Store) workAndComplete(ctx context.Context, st *txState, txCtx context.
 		return false, fmt.Errorf("idempg: complete: %w", err)
 	}
 	return true, nil
+}
+
+// claimOf is the claim a row of pgsql.Answer or pgsql.Claim answers.
+func claimOf(outcome string, tookOver bool, row pgsql.RecordRow, req idem.ClaimRequest) (idem.Claim, error) {
+	c, err := pgsql.ClaimOf(outcome, tookOver, row, req)
+	if err != nil {
+		return idem.Claim{}, fmt.Errorf("idempg: claim: %w", err)
+	}
+	return c, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgsql"
 )
 
 type pgStream struct {
@@ -223,7 +224,7 @@ func (s *pgStream) take(ctx context.Context, limit int) ([]idem.Delivery, error)
 // takeRows runs the take statement and reads what it handed out, oldest
 // first, and the seqs of the orphans among them.
 func (s *pgStream) takeRows(ctx context.Context, token int64, limit int) ([]idem.Delivery, []int64, error) {
-	rows, err := s.t.db.pool.Query(ctx, s.t.sql.take, s.consumerID, s.t.now(), micros(s.sub.AckWait), s.id, token, int64(limit))
+	rows, err := s.t.db.pool.Query(ctx, s.t.sql.take, s.consumerID, s.t.now(), pgsql.Micros(s.sub.AckWait), s.id, token, int64(limit))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -233,14 +234,14 @@ func (s *pgStream) takeRows(ctx context.Context, token int64, limit int) ([]idem
 		seq     int64
 		attempt int32
 		found   bool
-		r       messageRow
+		r       pgsql.MessageRow
 	)
-	_, err = pgx.ForEachRow(rows, append([]any{&seq, &attempt, &found}, r.dest()...), func() error {
+	_, err = pgx.ForEachRow(rows, append([]any{&seq, &attempt, &found}, r.Dest()...), func() error {
 		if !found {
 			orphans = append(orphans, seq)
 			return nil
 		}
-		m, err := r.message()
+		m, err := r.Message()
 		if err != nil {
 			return fmt.Errorf("message %d of the log: %w", seq, err)
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgsql"
 )
 
 const findConsumerSQL = `SELECT id FROM idem_transport_consumers WHERE topic = $1 AND consumer = $2`
@@ -40,10 +41,10 @@ func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.
 	if err := sub.Validate(); err != nil {
 		return nil, err
 	}
-	if err := checkText("Subscription.Topic", sub.Topic); err != nil {
+	if err := pgsql.CheckText("Subscription.Topic", sub.Topic); err != nil {
 		return nil, err
 	}
-	if err := checkText("Subscription.Consumer", sub.Consumer); err != nil {
+	if err := pgsql.CheckText("Subscription.Consumer", sub.Consumer); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {

@@ -23,7 +23,7 @@ var transportMigrationFiles embed.FS
 const TransportComponent = "idem_transport"
 
 // transportChannelSuffix ends the name of a schema's LISTEN/NOTIFY channel
-// of the transport. It is no longer than channelSuffix, so that the channel
+// of the transport. It is no longer than pgsql.ChannelSuffix, so that the channel
 // of any schema Open accepts fits PostgreSQL's 63-byte identifiers.
 const transportChannelSuffix = "_idem_xprt"
 

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgsql"
 )
 
 // ErrNestedCompleteTx is returned by Store.CompleteTx when ctx already
@@ -249,7 +250,7 @@ func (st *txState) commit(last *stmt, byTx bool) (pgconn.CommandTag, error) {
 	}
 	b.Queue(st.commitSQL)
 	for _, w := range st.wakes {
-		b.Queue(wakeSQL, w.channel, notifyID(idem.Scope(w.scope), idem.Key(w.key)), w.scope, w.key)
+		b.Queue(pgsql.Wake, w.channel, pgsql.NotifyID(idem.Scope(w.scope), idem.Key(w.key)), w.scope, w.key)
 	}
 	res := c.SendBatch(st.ctx, b)
 	var tag pgconn.CommandTag

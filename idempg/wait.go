@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgsql"
 )
 
 // errClosed is returned by WaitChange once the store is closed.
@@ -243,7 +244,7 @@ func (s *Store) WaitChange(ctx context.Context, scope idem.Scope, key idem.Key) 
 	}
 	// Listened for before registering, so that a change notified after the
 	// registration is never missed.
-	changed, unregister, err := s.waits.register(notifyID(scope, key))
+	changed, unregister, err := s.waits.register(pgsql.NotifyID(scope, key))
 	if err != nil {
 		return err
 	}

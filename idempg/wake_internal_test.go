@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgsql"
 )
 
 // Completions and releases notify only the keys someone waits for, and wake
@@ -130,7 +131,7 @@ func TestWakesOnlyWaitedKeys(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		if want := notifyID("", waited); n.Payload != want {
+		if want := pgsql.NotifyID("", waited); n.Payload != want {
 			t.Errorf("%s: notified %s, want only the waited key's %s", tc.name, n.Payload, want)
 		}
 		if err := <-done; err != nil {

@@ -1,0 +1,394 @@
+package idempgsql
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgsql"
+)
+
+// Store is an idem.Store and idem.TxStore whose records live in the table
+// idem_keys of a DB's schema, next to the application's tables. It is safe
+// for concurrent use, by many goroutines and many processes, and by
+// idempg's Store on the same schema at once.
+type Store struct {
+	db *DB
+}
+
+var (
+	_ idem.Store   = (*Store)(nil)
+	_ idem.TxStore = (*Store)(nil)
+)
+
+// NewStore applies the store's schema migrations to db (component
+// "idem_keys": the table idem_keys and the functions idem_claim,
+// idem_clock_us and idem_key_lock; component "idem_waiters": the table
+// idem_waiters and the function idem_refuse_completion), the same as
+// idempg's NewStore, and returns a Store on it.
+func NewStore(ctx context.Context, db *DB) (*Store, error) {
+	if db == nil {
+		return nil, &idem.ArgumentError{Field: "db", Reason: "must not be nil"}
+	}
+	if err := db.Migrate(ctx, pgsql.KeysComponent, pgsql.Keys); err != nil {
+		return nil, err
+	}
+	if err := db.Migrate(ctx, pgsql.WaitersComponent, pgsql.Waiters); err != nil {
+		return nil, err
+	}
+	return &Store{db: db}, nil
+}
+
+// Claim implements idem.Store. A new key is claimed by one INSERT ... ON
+// CONFLICT DO NOTHING; a key that exists is answered by a plain SELECT
+// (a replay, a duplicate in flight, a mismatch), and only a claim that
+// must write (an expired key claimed anew, an ended lease taken over)
+// calls the function idem_claim. These are idempg's statements: the two
+// packages claim alike.
+//
+// On its own, the claim commits with synchronous_commit off, which is safe
+// for the reason idempg's Store.Claim gives: nothing runs under a claim
+// that is not in a later, synchronous commit. Called with a context that
+// carries a transaction of the DB (WithTx, JoinTx), the claim joins it,
+// keeps that transaction's durability, and commits or rolls back with it.
+//
+// With Config.Clock nil, leases and expiry are judged by the database's
+// clock_timestamp() at the moment the claim runs.
+//
+// Errors other than an *idem.ArgumentError are ambiguous, as the idem.Store
+// contract says: the claim may have been made. Do not run the effect;
+// claiming again is safe.
+func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	if err := pgsql.ValidateClaim(req); err != nil {
+		return idem.Claim{}, err
+	}
+	claim, err := s.claim(ctx, req)
+	if err != nil {
+		return idem.Claim{}, fmt.Errorf("idempgsql: claim: %w", err)
+	}
+	return claim, nil
+}
+
+func (s *Store) claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	q, st, err := s.db.writer(ctx)
+	if err != nil {
+		return idem.Claim{}, err
+	}
+	scope, key, fp := string(req.Scope), string(req.Key), string(req.Fingerprint)
+	var (
+		token                        int64
+		created, leaseEnd, expiresAt time.Time
+	)
+	err = q.QueryRowContext(ctx, pgsql.InsertClaim, scope, key, fp,
+		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), st == nil,
+	).Scan(&token, &created, &leaseEnd, &expiresAt)
+	switch {
+	case err == nil:
+		return pgsql.AcquiredClaim(req, token, created, leaseEnd, expiresAt), nil
+	case !errors.Is(err, sql.ErrNoRows):
+		return idem.Claim{}, err
+	}
+	var (
+		outcome sql.NullString
+		row     pgsql.RecordRow
+	)
+	err = q.QueryRowContext(ctx, pgsql.Answer, scope, key, fp, s.db.now()).
+		Scan(append([]any{&outcome}, row.Dest()...)...)
+	switch {
+	case err == nil && outcome.Valid:
+		return pgsql.ClaimOf(outcome.String, false, row, req)
+	case err != nil && !errors.Is(err, sql.ErrNoRows):
+		return idem.Claim{}, err
+	}
+	// The key must be written to be claimed (expired, its lease ended, or
+	// gone since the INSERT looked): the function decides, and answers
+	// whatever state it finds by then.
+	var tookOver bool
+	err = q.QueryRowContext(ctx, pgsql.Claim, scope, key, fp,
+		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), st == nil,
+		s.db.channel, pgsql.NotifyID(req.Scope, req.Key),
+	).Scan(append([]any{&outcome, &tookOver}, row.Dest()...)...)
+	if err != nil {
+		return idem.Claim{}, err
+	}
+	return pgsql.ClaimOf(outcome.String, tookOver, row, req)
+}
+
+// completeArgs are the arguments of pgsql.Complete.
+func (s *Store) completeArgs(ref idem.Ref, resp idem.Response) ([]any, error) {
+	header, err := headerArg(resp.Header)
+	if err != nil {
+		return nil, err
+	}
+	return []any{string(ref.Scope), string(ref.Key), int64(ref.Token),
+		int64(resp.Status), header, resp.Body, resp.BodyOmitted, s.db.now()}, nil
+}
+
+// headerArg is a response header as the column header takes it: the text
+// of a JSON object, or NULL when there is no header. It is sent as text,
+// which every driver passes to a jsonb parameter as it is (lib/pq would
+// send a []byte as bytea).
+func headerArg(h http.Header) (any, error) {
+	if h == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the header: %w", err)
+	}
+	return string(b), nil
+}
+
+// wake wakes the key's waiters (idempg's Store.WaitChange, on the same
+// schema), if it has any, on q: in a transaction, the notification is
+// delivered when it commits.
+func (s *Store) wake(ctx context.Context, q querier, scope idem.Scope, key idem.Key) error {
+	_, err := q.ExecContext(ctx, pgsql.Wake, s.db.channel, pgsql.NotifyID(scope, key), string(scope), string(key))
+	return err
+}
+
+// completedBy tells, after a completion found the key not held under
+// ref.Token, whether that is because the same token completed it before
+// (true) or because it lost the key (idem.ErrLeaseLost).
+func (s *Store) completedBy(ctx context.Context, q querier, ref idem.Ref) (bool, error) {
+	var (
+		state string
+		token int64
+	)
+	err := q.QueryRowContext(ctx, `SELECT state, token FROM idem_keys WHERE scope = $1 AND key = $2`,
+		string(ref.Scope), string(ref.Key)).Scan(&state, &token)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, idem.ErrLeaseLost
+	case err != nil:
+		return false, err
+	case idem.Token(token) == ref.Token && state == pgsql.StateCompleted:
+		return true, nil
+	}
+	return false, idem.ErrLeaseLost
+}
+
+// Complete implements idem.Store: a compare-and-set on the fencing token
+// (UPDATE ... WHERE token = ref.Token AND state = 'in_flight'). It does not
+// look at the lease: a holder whose lease ended but whom nobody took over
+// still owns the key. On its own it commits durably, then wakes the key's
+// waiters; called with a context that carries a transaction of the DB, it
+// joins it, and the waiters wake when that transaction commits.
+//
+// An error other than ErrLeaseLost is ambiguous (the commit may have
+// happened and only its acknowledgement been lost): calling Complete again
+// with the same token is safe, and succeeds if the first one committed.
+func (s *Store) Complete(ctx context.Context, ref idem.Ref, resp idem.Response) error {
+	if err := s.complete(ctx, ref, resp); err != nil {
+		return fmt.Errorf("idempgsql: complete: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) complete(ctx context.Context, ref idem.Ref, resp idem.Response) error {
+	args, err := s.completeArgs(ref, resp)
+	if err != nil {
+		return err
+	}
+	q, _, err := s.db.writer(ctx)
+	if err != nil {
+		return err
+	}
+	res, err := q.ExecContext(ctx, pgsql.Complete, args...)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return err
+	} else if n == 0 {
+		_, err := s.completedBy(ctx, q, ref)
+		return err
+	}
+	return s.wakeAfter(ctx, q, ref.Scope, ref.Key)
+}
+
+// wakeAfter wakes the key's waiters after a change made on q. In a
+// transaction, a failure is the transaction's (it is aborted) and is
+// returned; on its own, the change has committed, and a failure to wake
+// costs the waiters only their wait (they claim again when it ends), so
+// it is not returned as the change's failure.
+func (s *Store) wakeAfter(ctx context.Context, q querier, scope idem.Scope, key idem.Key) error {
+	err := s.wake(ctx, q, scope, key)
+	if _, inTx := q.(*sql.Tx); inTx {
+		return err
+	}
+	return nil
+}
+
+// Release implements idem.Store: it deletes the key if ref.Token holds it
+// in flight, commits durably and wakes the key's waiters. Called with a
+// context that carries a transaction of the DB, it joins it, and the
+// waiters wake when that transaction commits. Releasing a key that is gone
+// succeeds; one held under another token returns idem.ErrLeaseLost.
+//
+// An error other than ErrLeaseLost is ambiguous: calling Release again is
+// safe, and succeeds if the first one committed.
+func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
+	if err := s.release(ctx, ref); err != nil {
+		return fmt.Errorf("idempgsql: release: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) release(ctx context.Context, ref idem.Ref) error {
+	q, _, err := s.db.writer(ctx)
+	if err != nil {
+		return err
+	}
+	res, err := q.ExecContext(ctx, pgsql.Release, string(ref.Scope), string(ref.Key), int64(ref.Token))
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return err
+	} else if n == 1 {
+		return s.wakeAfter(ctx, q, ref.Scope, ref.Key)
+	}
+	var exists bool
+	if err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM idem_keys WHERE scope = $1 AND key = $2)`,
+		string(ref.Scope), string(ref.Key)).Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		return idem.ErrLeaseLost
+	}
+	return nil
+}
+
+// Get implements idem.Store. With Config.Clock nil, expiry is judged by the
+// database's clock. Called with a context whose transaction of the DB has
+// begun, it reads in that transaction and sees its writes.
+func (s *Store) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
+	var row pgsql.RecordRow
+	err := s.db.reader(ctx).QueryRowContext(ctx, pgsql.Get, string(scope), string(key), s.db.now()).Scan(row.Dest()...)
+	if errors.Is(err, sql.ErrNoRows) {
+		return idem.Record{}, idem.ErrNotFound
+	}
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("idempgsql: get: %w", err)
+	}
+	rec, err := row.Record(scope, key)
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("idempgsql: get: %w", err)
+	}
+	return rec, nil
+}
+
+// Purge implements idem.Store. limit must be positive. It deletes up to
+// limit records whose TTL has passed and that no live lease holds, oldest
+// first, skipping rows another transaction holds (so claims of live keys
+// never wait for it), and the registrations of waiters that died waiting.
+// With Config.Clock nil, expiry is judged by the database's clock. Called
+// with a context that carries a transaction of the DB, it joins it.
+func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, &idem.ArgumentError{Field: "limit", Reason: "must be positive"}
+	}
+	n, err := s.purge(ctx, limit)
+	if err != nil {
+		return 0, fmt.Errorf("idempgsql: purge: %w", err)
+	}
+	return n, nil
+}
+
+func (s *Store) purge(ctx context.Context, limit int) (int, error) {
+	q, _, err := s.db.writer(ctx)
+	if err != nil {
+		return 0, err
+	}
+	res, err := q.ExecContext(ctx, pgsql.Purge, s.db.now(), int64(limit))
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, err
+	}
+	if _, err := q.ExecContext(ctx, pgsql.PurgeWaiters, s.db.now()); err != nil {
+		return 0, fmt.Errorf("waiters: %w", err)
+	}
+	return int(n), nil
+}
+
+// CompleteTx implements idem.TxStore.
+//
+// work receives a context carrying a transaction of the DB that has not
+// begun yet: it begins (with Config.TxOptions) with the first statement
+// work runs through WithTx (or a Store method) with that context, or else
+// with the completion, so a handler that waits on something before it
+// writes holds no connection meanwhile. work reaches the transaction with
+// db.WithTx(ctx, ...), whose fn gets the *sql.Tx.
+//
+// When work returns keep=true and no error, the record is completed in the
+// same transaction (a compare-and-set on ref.Token), which then commits
+// durably: the work's writes and the key's completion are durable together
+// or not at all. When work returns keep=false or an error, when the
+// completion finds the key no longer held by ref.Token (ErrLeaseLost), or
+// when work panics (the panic goes on), the transaction is rolled back. A
+// second CompleteTx with a token that already completed the key returns
+// true and rolls back what work wrote this time: the first execution's
+// effect is the one that counts.
+//
+// Errors: work's error is returned unchanged; ErrNestedCompleteTx when ctx
+// already carries a transaction of the same DB. An error that says
+// "commit" is ambiguous: the writes and the completion may have committed,
+// so do not release the key; Get tells which (completed under ref.Token
+// means it committed). Any other error means nothing was committed and the
+// key is still held by ref.Token, unless its lease ends.
+func (s *Store) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) (bool, error) {
+	if work == nil {
+		return false, &idem.ArgumentError{Field: "work", Reason: "must not be nil"}
+	}
+	if s.db.carried(ctx) != nil {
+		return false, ErrNestedCompleteTx
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	st, txCtx := s.db.newTx(ctx)
+	defer st.end(false)
+	resp, keep, err := work(txCtx)
+	if err != nil || !keep {
+		return false, err
+	}
+	args, err := s.completeArgs(ref, resp)
+	if err != nil {
+		return false, fmt.Errorf("idempgsql: complete: %w", err)
+	}
+	tx, err := st.begin()
+	if err != nil {
+		return false, fmt.Errorf("idempgsql: complete: begin: %w", err)
+	}
+	res, err := tx.ExecContext(ctx, pgsql.Complete, args...)
+	if err != nil {
+		return false, fmt.Errorf("idempgsql: complete: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return false, fmt.Errorf("idempgsql: complete: %w", err)
+	} else if n == 0 {
+		// Rolled back. Completed by this token before: the first
+		// execution's effect is the one that counts.
+		st.end(false)
+		if _, err := s.completedBy(ctx, s.db.sql, ref); err != nil {
+			return false, fmt.Errorf("idempgsql: complete: %w", err)
+		}
+		return true, nil
+	}
+	if err := s.wake(ctx, tx, ref.Scope, ref.Key); err != nil {
+		return false, fmt.Errorf("idempgsql: complete: %w", err)
+	}
+	if err := st.end(true); err != nil {
+		return false, fmt.Errorf("idempgsql: complete: commit: %w", err)
+	}
+	return true, nil
+}
