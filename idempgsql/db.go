@@ -108,6 +108,13 @@ func (db *DB) now() any {
 	return db.clock.Now()
 }
 
+// wake wakes the waiters of a key (idempg's Store.WaitChange, on the same
+// schema), if it has any, with a statement on q.
+func (db *DB) wake(ctx context.Context, q querier, scope idem.Scope, key idem.Key) error {
+	_, err := q.ExecContext(ctx, pgsql.Wake, db.channel, pgsql.NotifyID(scope, key), string(scope), string(key))
+	return err
+}
+
 // Migrate applies the migrations of component that are not applied yet, in
 // the DB's schema, exactly as idempg's DB.Migrate does (the two record them
 // in one table, idem_schema_migrations, under the same locks):

@@ -144,14 +144,6 @@ func headerArg(h http.Header) (any, error) {
 	return string(b), nil
 }
 
-// wake wakes the key's waiters (idempg's Store.WaitChange, on the same
-// schema), if it has any, on q: in a transaction, the notification is
-// delivered when it commits.
-func (s *Store) wake(ctx context.Context, q querier, scope idem.Scope, key idem.Key) error {
-	_, err := q.ExecContext(ctx, pgsql.Wake, s.db.channel, pgsql.NotifyID(scope, key), string(scope), string(key))
-	return err
-}
-
 // completedBy tells, after a completion found the key not held under
 // ref.Token, whether that is because the same token completed it before
 // (true) or because it lost the key (idem.ErrLeaseLost).
@@ -195,7 +187,7 @@ func (s *Store) complete(ctx context.Context, ref idem.Ref, resp idem.Response) 
 	if err != nil {
 		return err
 	}
-	q, _, err := s.db.writer(ctx)
+	q, st, err := s.db.writer(ctx)
 	if err != nil {
 		return err
 	}
@@ -209,18 +201,30 @@ func (s *Store) complete(ctx context.Context, ref idem.Ref, resp idem.Response) 
 		_, err := s.completedBy(ctx, q, ref)
 		return err
 	}
-	return s.wakeAfter(ctx, q, ref.Scope, ref.Key)
+	return s.wakeAfter(ctx, q, st, ref.Scope, ref.Key)
 }
 
-// wakeAfter wakes the key's waiters after a change made on q. In a
-// transaction, a failure is the transaction's (it is aborted) and is
-// returned; on its own, the change has committed, and a failure to wake
-// costs the waiters only their wait (they claim again when it ends), so
-// it is not returned as the change's failure.
-func (s *Store) wakeAfter(ctx context.Context, q querier, scope idem.Scope, key idem.Key) error {
-	err := s.wake(ctx, q, scope, key)
-	if _, inTx := q.(*sql.Tx); inTx {
-		return err
+// wakeAfter has the key's waiters woken once the change just made on q,
+// in the transaction st (or on its own, when st is nil), is committed:
+// at once when the change committed on its own; by st's commit when st is
+// a transaction of idem's; and, in a transaction of the application's
+// (JoinTx), whose commit idem does not see, by a notification sent in it,
+// which PostgreSQL delivers when it commits.
+//
+// A waiter registers, then reads the key, and a wake looks for waiters, so
+// one made after the commit misses nobody; one made inside the transaction
+// can miss a waiter that registers between the look and the commit, which
+// then waits until its own time is up (and claims again), no longer.
+// Waking is best effort outside a transaction: the change has committed,
+// and a failed wake costs the waiters only their wait.
+func (s *Store) wakeAfter(ctx context.Context, q querier, st *txState, scope idem.Scope, key idem.Key) error {
+	switch {
+	case st == nil:
+		s.db.wake(ctx, q, scope, key)
+	case st.joined:
+		return s.db.wake(ctx, q, scope, key)
+	default:
+		st.addWake(wakeKey{scope, key})
 	}
 	return nil
 }
@@ -241,7 +245,7 @@ func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
 }
 
 func (s *Store) release(ctx context.Context, ref idem.Ref) error {
-	q, _, err := s.db.writer(ctx)
+	q, st, err := s.db.writer(ctx)
 	if err != nil {
 		return err
 	}
@@ -252,7 +256,7 @@ func (s *Store) release(ctx context.Context, ref idem.Ref) error {
 	if n, err := res.RowsAffected(); err != nil {
 		return err
 	} else if n == 1 {
-		return s.wakeAfter(ctx, q, ref.Scope, ref.Key)
+		return s.wakeAfter(ctx, q, st, ref.Scope, ref.Key)
 	}
 	var exists bool
 	if err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM idem_keys WHERE scope = $1 AND key = $2)`,
@@ -384,9 +388,7 @@ func (s *Store) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) 
 		}
 		return true, nil
 	}
-	if err := s.wake(ctx, tx, ref.Scope, ref.Key); err != nil {
-		return false, fmt.Errorf("idempgsql: complete: %w", err)
-	}
+	st.addWake(wakeKey{ref.Scope, ref.Key})
 	if err := st.end(true); err != nil {
 		return false, fmt.Errorf("idempgsql: complete: commit: %w", err)
 	}

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
+
+	"github.com/idem-go/idem"
 )
 
 // ErrNestedCompleteTx is returned by Store.CompleteTx when ctx already
@@ -20,6 +23,10 @@ var ErrNestedCompleteTx = errors.New("idempgsql: CompleteTx called with a contex
 var errTxEnded = fmt.Errorf("the transaction carried by the context has ended: %w", sql.ErrTxDone)
 
 type txKey struct{}
+
+// wakeTimeout bounds the wake-ups sent after a commit, which the commit's
+// caller waits for.
+const wakeTimeout = 5 * time.Second
 
 // txState is a transaction carried by a context: begun when first needed,
 // and committed or rolled back by whoever created it (WithTx, CompleteTx,
@@ -39,6 +46,22 @@ type txState struct {
 	mu    sync.Mutex
 	tx    *sql.Tx
 	ended bool
+	// wakes are the keys whose waiters to wake once the transaction has
+	// committed (see Store.wakeAfter).
+	wakes []wakeKey
+}
+
+// wakeKey is a key whose waiters a commit wakes.
+type wakeKey struct {
+	scope idem.Scope
+	key   idem.Key
+}
+
+// addWake has the commit wake key's waiters.
+func (st *txState) addWake(w wakeKey) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.wakes = append(st.wakes, w)
 }
 
 // querier is what a statement runs on: the *sql.DB, where it commits on its
@@ -103,10 +126,20 @@ func (st *txState) end(commit bool) error {
 		return nil
 	}
 	st.ended = true
-	if commit {
-		return st.tx.Commit()
+	if !commit {
+		return st.tx.Rollback()
 	}
-	return st.tx.Rollback()
+	if err := st.tx.Commit(); err != nil {
+		return err
+	}
+	if len(st.wakes) > 0 {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(st.ctx), wakeTimeout)
+		defer cancel()
+		for _, w := range st.wakes {
+			st.db.wake(ctx, st.db.sql, w.scope, w.key)
+		}
+	}
+	return nil
 }
 
 // writer returns what a write runs on: the transaction ctx carries (begun

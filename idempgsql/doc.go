@@ -1,0 +1,92 @@
+// Package idempgsql is idem's PostgreSQL store through database/sql: an
+// idem.Store and idem.TxStore, and the Inbox and Outbox, on the
+// application's own *sql.DB, whatever its driver (pgx's stdlib, driver
+// name "pgx", or lib/pq, "postgres"). It is for applications that reach
+// PostgreSQL through database/sql and the libraries built on it (sqlx,
+// sqlc, Bun, GORM, ent): their effect, the key's record and the inbox row
+// commit in one *sql.Tx. The package imports nothing but idem and the
+// standard library; the driver is the application's.
+//
+//	sqldb, err := sql.Open("postgres", os.Getenv("DATABASE_URL")) // or "pgx"
+//	...
+//	db, err := idempgsql.NewDB(ctx, sqldb, nil)
+//	store, err := idempgsql.NewStore(ctx, db) // migrates idem_keys and idem_waiters
+//
+// # The schema: idempg's
+//
+// The tables are idempg's, created by the same migrations and recorded in
+// the same idem_schema_migrations, and the statements that claim, answer,
+// complete, release and purge a key, record an inbox row and add and lease
+// outbox entries are idempg's too. The two packages therefore work on one
+// schema at once: a key claimed through one is claimed for the other, and
+// an outbox entry added in an application's *sql.Tx is published by a
+// relay on idempg (its Outbox, or its Transport's MoveOutbox) as by one on
+// this package's Outbox. An application can move from one to the other
+// without migrating anything.
+//
+// Every statement names its tables unqualified, so they live in the schema
+// the connections use first: their current_schema(), "public" unless the
+// connection string sets a search_path (both drivers take
+// "postgres://.../db?search_path=app"). The tables are all named idem_*, beside the
+// application's. Migrate applies the application's own migrations the
+// same way, under its own component name.
+//
+// # Effect and completion in one transaction
+//
+// Store.CompleteTx runs the caller's work and completes the key in the same
+// transaction: the order row and the key's stored response commit
+// together, or neither does. The work reaches the transaction with
+// DB.WithTx and the context it was given; WithTx hands fn the *sql.Tx,
+// which any library over database/sql can run its statements on:
+//
+//	kept, err := store.CompleteTx(ctx, ref, func(ctx context.Context) (idem.Response, bool, error) {
+//		err := db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+//			_, err := tx.ExecContext(ctx, `INSERT INTO orders (id, item) VALUES ($1, $2)`, id, item)
+//			return err
+//		})
+//		...
+//	})
+//
+// The idemhttp middleware does this by itself for a Store that is an
+// idem.TxStore: a handler behind it writes through
+// db.WithTx(r.Context(), ...) and joins the transaction in which the
+// middleware keeps its answer (see Example). The transaction begins with
+// the first statement, so a handler that waits on something before it
+// writes holds no connection meanwhile.
+//
+// # A transaction of the application's
+//
+// An application whose ORM begins the transaction (GORM's Transaction,
+// sqlx's Beginx, ent's Tx) hands it to DB.JoinTx, and the context it gets
+// back carries it: an Outbox.Add, an Inbox.Process or a Store's Claim,
+// Complete and Release made with that context write in the application's
+// transaction and commit or roll back with it. idem never ends a joined
+// transaction. Store.CompleteTx is the one call that refuses it
+// (ErrNestedCompleteTx): it must own its transaction, to roll the work
+// back when the work fails or the key was lost.
+//
+//	tx, err := sqldb.BeginTx(ctx, nil) // or the ORM's *sql.Tx
+//	ctx := db.JoinTx(ctx, tx)
+//	... the application's writes on tx ...
+//	err = outbox.Add(ctx, idem.Message{ID: orderID, Topic: "orders.created", Payload: body})
+//	err = tx.Commit() // the order and its announcement, or neither
+//
+// # What idempg adds
+//
+// idempg, on pgx, is the faster of the two and does more: it pipelines a
+// statement with its BEGIN and COMMIT (a first execution in fewer round
+// trips), claims a key inside the effect's transaction (idem.TxClaimer),
+// wakes waiting duplicates through LISTEN/NOTIFY (idem.Waiter; here the
+// middleware polls, every Config.PollInterval of idemhttp), answers
+// replays in one read (idem.Replayer), and has dead letters, a ledger and
+// a transport. database/sql has no portable LISTEN, pipeline or COPY, so
+// this package keeps to what every driver runs. Its completions still wake
+// idempg's waiters on the same schema.
+//
+// # Errors
+//
+// Bad arguments return an error matching idem.ErrInvalidArgument and change
+// nothing. An error that says "commit" is ambiguous (the transaction may
+// have committed); so is any error of Claim, Complete and Release, whose
+// retry is safe, as the idem.Store contract says.
+package idempgsql
