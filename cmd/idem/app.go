@@ -108,6 +108,6 @@ Start with 'idem demo': it needs no flags and no setup.`,
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(a.serveCmd(), a.demoCmd(), a.migrateCmd(), a.keysCmd(), a.dlqCmd(), a.consoleCmd(), a.benchCmd(), a.tortureCmd(), a.probeCmd(), a.versionCmd())
+	root.AddCommand(a.serveCmd(), a.acquirerCmd(), a.reconcileCmd(), a.demoCmd(), a.migrateCmd(), a.keysCmd(), a.dlqCmd(), a.consoleCmd(), a.benchCmd(), a.tortureCmd(), a.probeCmd(), a.versionCmd())
 	return root
 }

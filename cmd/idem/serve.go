@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
 	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemredis"
@@ -57,6 +58,9 @@ type serveFlags struct {
 	maxAttempts     int
 	retryBase       time.Duration
 	retryCap        time.Duration
+	acquirer        string
+	acquirerKey     string
+	acquirerKeySet  bool
 
 	// console and operators are --console and --operators.
 	console      bool
@@ -101,6 +105,7 @@ event once; what keeps failing goes to the dead letters (idem dlq).`,
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
 		f.pgSchemaSet, f.apiKeysSet = cmd.Flags().Changed("pg-schema"), cmd.Flags().Changed("api-keys")
 		f.operatorsSet = cmd.Flags().Changed("operators")
+		f.acquirerKeySet = cmd.Flags().Changed("acquirer-key")
 		p, err := a.planServe(&f)
 		if err != nil {
 			return err
@@ -130,7 +135,7 @@ func (f *serveFlags) define(cmd *cobra.Command) {
 	fl.BoolVar(&f.strict, "strict", false, "refuse to serve when a replicated database, key store or broker lacks a setting a guarantee rests on (asynchronous standbys or replicas, queues that can drop); without it, each is logged as a warning")
 	fl.BoolVar(&f.unsafe, "unsafe-no-idempotency", false, "ignore Idempotency-Key entirely: retries DOUBLE CHARGE (the lab's 'before')")
 	fl.BoolVar(&f.workers, "workers", true, "run the outbox relay and the settlement consumer in this process; --workers=false serves requests only, and their events wait in the outbox for a serve with workers on the same --db")
-	fl.BoolVar(&f.faults, "faults", false, "honour the Idem-Fault request header (delay=DURATION, fail-before-commit, drop-after-commit, crash-after-commit) and, on payment events, fail-times=N (the settlement consumer fails their first N attempts) and crash-after-settle (the process dies after settling, before acknowledging)")
+	fl.BoolVar(&f.faults, "faults", false, "honour the Idem-Fault request header (delay=DURATION, fail-before-commit, drop-after-commit, crash-after-commit; with --acquirer, crash-after-charge and drop-charge-answer) and, on payment events, fail-times=N (the settlement consumer fails their first N attempts) and crash-after-settle (the process dies after settling, before acknowledging)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fl.StringVar(&f.broker, "broker", "", "where payment events travel: empty for the --db database itself (the embedded transport), nats://HOST:PORT (JetStream) or amqp://USER:PASS@HOST:PORT/ (RabbitMQ)")
 	fl.StringVar(&f.brokerNamespace, "broker-namespace", defaultBrokerNamespace, "names what serve uses on the broker: NATS stream NAMESPACE (upper-cased) with subjects NAMESPACE.>, or RabbitMQ exchange NAMESPACE and queues NAMESPACE.CONSUMER")
@@ -138,6 +143,8 @@ func (f *serveFlags) define(cmd *cobra.Command) {
 	fl.IntVar(&f.maxAttempts, "max-attempts", payments.DefaultMaxAttempts, "attempts of the settlement consumer at one event, the first included, before it is dead-lettered")
 	fl.DurationVar(&f.retryBase, "retry-base", 100*time.Millisecond, "scale of the settlement consumer's first retry delay (exponential backoff, full jitter)")
 	fl.DurationVar(&f.retryCap, "retry-cap", 30*time.Second, "longest retry delay of the settlement consumer")
+	fl.StringVar(&f.acquirer, "acquirer", "", "the card network (idem acquirer) a payment charges the account's card at before it is recorded: http://HOST:PORT; empty: payments move money in --db alone")
+	fl.StringVar(&f.acquirerKey, "acquirer-key", "", "the card network's API key (default from $"+envAcquirerKey+")")
 }
 
 // servePlan is what serve runs, as its flags asked: plain values, checked,
@@ -236,6 +243,10 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 	if err != nil {
 		return nil, err
 	}
+	card, err := a.planAcquirer(f)
+	if err != nil {
+		return nil, err
+	}
 	requestTimeout := f.requestTimeout
 	if requestTimeout == 0 {
 		requestTimeout = -1 // off: payments.Config's zero means its default
@@ -266,11 +277,36 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 			KeySecret:      rest.keySecret,
 			BodyKeys:       rest.bodyKeys,
 			DiscardBodies:  f.discardBodies,
+			Acquirer:       card,
 		},
 		devKey:  devKey,
 		strict:  f.strict,
 		console: con,
 	}, nil
+}
+
+// planAcquirer makes the card network's client of --acquirer, or nil
+// without it. It opens nothing: the client dials on its first charge.
+func (a *app) planAcquirer(f *serveFlags) (*acquirer.Client, error) {
+	if f.acquirerKeySet && f.acquirer == "" {
+		return nil, errors.New("--acquirer-key applies only with --acquirer")
+	}
+	if f.acquirer == "" {
+		return nil, nil
+	}
+	key := f.acquirerKey
+	if !f.acquirerKeySet {
+		key, _ = a.lookupEnv(envAcquirerKey)
+	}
+	var transport http.RoundTripper
+	if f.faults {
+		transport = payments.ChargeFaults(nil)
+	}
+	c, err := acquirer.NewClient(acquirer.ClientConfig{URL: f.acquirer, APIKey: key, Transport: transport})
+	if err != nil {
+		return nil, fmt.Errorf("--acquirer: %w", err)
+	}
+	return c, nil
 }
 
 // runServe opens the database, the broker and the key store of p, starts
@@ -375,7 +411,7 @@ func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 		logger.Warn("fault injection is on: requests may ask for delays, failures, dropped answers and a crash of this process with the Idem-Fault header")
 	}
 	logger.Info("idem serve started", "addr", ln.Addr().String(), "db", db.shown, "keys", keysShown, "broker", brokerShown,
-		"key_ttl", p.payments.KeyTTL, "key_lease", p.payments.KeyLease, "inflight_wait", p.payments.InflightWait, "unsafe", p.payments.Unsafe, "faults", p.payments.Faults)
+		"acquirer", p.payments.Acquirer != nil, "key_ttl", p.payments.KeyTTL, "key_lease", p.payments.KeyLease, "inflight_wait", p.payments.InflightWait, "unsafe", p.payments.Unsafe, "faults", p.payments.Faults)
 	// A plain line, not a log record: scripts and tests wait for it to learn
 	// the port when --addr asks for port 0.
 	fmt.Fprintf(a.stderr, "idem: listening on %s\n", base)

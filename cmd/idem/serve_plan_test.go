@@ -25,6 +25,7 @@ func planFor(t *testing.T, env map[string]string, args ...string) (*servePlan, e
 		t.Fatalf("parsing %v: %v", args, err)
 	}
 	f.pgSchemaSet, f.apiKeysSet = cmd.Flags().Changed("pg-schema"), cmd.Flags().Changed("api-keys")
+	f.acquirerKeySet = cmd.Flags().Changed("acquirer-key")
 	return newApp(env).planServe(&f)
 }
 
@@ -81,6 +82,8 @@ func TestPlanServeRefusesBadFlags(t *testing.T) {
 		{args: []string{"--request-timeout", "5s"}, want: "--request-timeout (5s) must be longer than --inflight-wait (5s)"},
 		{args: []string{"--request-timeout", "-1s"}, want: "--request-timeout (-1s) must be longer than --inflight-wait"},
 		{args: []string{"--api-keys", ""}, want: "--api-keys is empty"},
+		{args: []string{"--acquirer", "ftp://net"}, want: `--acquirer: acquirer URL "ftp://net": want http://HOST:PORT`},
+		{args: []string{"--acquirer-key", "k"}, want: "--acquirer-key applies only with --acquirer"},
 		{args: []string{"--api-keys", "no-colon"}, want: "--api-keys: "},
 		{env: map[string]string{envAPIKeys: "no-colon"}, want: envAPIKeys + ": "},
 		// The flags are checked in a fixed order: the first bad one is named.

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
 	"github.com/idem-go/idem/idemhttp"
 )
 
@@ -274,8 +275,23 @@ func (s *Service) createPayment(w http.ResponseWriter, r *http.Request) {
 		Status:      StatusSucceeded,
 		CreatedAt:   s.now(),
 	}
+	var charge acquirer.Charge
+	if s.acquirer != nil {
+		if charge, err = s.charge(r.Context(), r, p); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		p.ChargeID = charge.ID
+	}
 	o := s.originOf(r)
 	rec, err := s.store.CreatePayment(r.Context(), p, o)
+	if err != nil && s.acquirer != nil && !errors.Is(err, ErrTransient) && !errors.Is(err, errOutcomeUnknown) {
+		// Refused after the card was charged (the account changed since
+		// the check): the charge goes back before the refusal is answered.
+		if rerr := s.refundCharge(r.Context(), charge); rerr != nil {
+			err = rerr
+		}
+	}
 	if err != nil {
 		s.failWrite(w, r, o, err)
 		return
@@ -590,6 +606,13 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, ErrRefundExceedsPayment):
 		writeProblem(w, http.StatusConflict, "refund-exceeds-payment", "Refund exceeds the payment",
 			"the payment's refunds would sum past its amount (or it is refunded in full already)", nil)
+	case errors.Is(err, ErrCardDeclined):
+		writeProblem(w, http.StatusPaymentRequired, "card-declined", "Card declined",
+			"the card network declined the charge", nil)
+	case errors.Is(err, errAcquirerRefused):
+		s.logger.ErrorContext(r.Context(), "payments: the card network refused the charge", "err", err)
+		writeProblem(w, http.StatusBadGateway, "card-network-refused", "Card network refused the charge",
+			"the card network refused the charge for a reason of its own; retry it with the same Idempotency-Key", nil)
 	case errors.Is(err, ErrInsufficientFunds):
 		writeProblem(w, http.StatusPaymentRequired, "insufficient-funds", "Insufficient funds",
 			"the account's balance is smaller than the amount", nil)

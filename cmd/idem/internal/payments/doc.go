@@ -77,6 +77,8 @@
 //	Idem-Fault: drop-after-commit      the lost acknowledgement: charged, no answer
 //	Idem-Fault: fail-before-commit     a transient failure: 503, nothing charged
 //	Idem-Fault: crash-after-commit     the process dies (SIGKILL) right after the commit
+//	Idem-Fault: crash-after-charge     the card network charged; the process dies before the commit
+//	Idem-Fault: drop-charge-answer     the card network charged; its answer is lost on the way back
 //
 // crash-after-commit is for tests with several processes: the replica dies
 // and the client retries on another one. Where it fires depends on where the
@@ -89,6 +91,32 @@
 // protected mode charges once and answers both with the same payment. Send
 // it with drop-after-commit and retry: unsafe mode charges again, protected
 // mode replays the payment the client never saw.
+//
+// # The card network
+//
+// With Config.Acquirer (idem serve --acquirer URL), a payment moves money
+// past the service's database: it charges the account's card at a card
+// network (package acquirer, run by idem acquirer) over HTTP, then records
+// the payment, with the charge's ID, in its own database. The two share no
+// transaction, and the charge is a call that may be slow, fail, or succeed
+// with its answer lost. The service makes it once all the same:
+//
+//   - The charge is sent with an idempotency key derived from the client's
+//     key and tenant (chargeKey), through idemhttp.RoundTripper: every
+//     execution of the payment, on every replica, after a crash, a lost
+//     answer or a transient failure, sends the same key, and the network,
+//     itself behind idem's middleware, answers with the charge it made.
+//   - The account is checked before the charge, so a payment the service
+//     refuses charges nothing; one refused after the charge all the same
+//     (the account changed meanwhile) refunds it, under a derived key too.
+//   - What no retry repairs is a client that never comes back after a crash
+//     between the charge and the commit: the charge then has no payment.
+//     idem reconcile (Reconcile) lists it, with every other difference
+//     between the books and the network.
+//
+// The faults crash-after-charge and drop-charge-answer open that window on
+// demand. In the unsafe mode every attempt sends a fresh key, and a retry
+// charges the card again.
 //
 // # API
 //

@@ -20,14 +20,17 @@ type Account struct {
 
 // Payment is one charge against an account.
 type Payment struct {
-	ID          string    `json:"id"`
-	Tenant      string    `json:"-"`
-	AccountID   string    `json:"account_id"`
-	Amount      int64     `json:"amount"`
-	Currency    string    `json:"currency"`
-	Description string    `json:"description"`
-	Status      string    `json:"status"`
-	CreatedAt   time.Time `json:"created_at"`
+	ID          string `json:"id"`
+	Tenant      string `json:"-"`
+	AccountID   string `json:"account_id"`
+	Amount      int64  `json:"amount"`
+	Currency    string `json:"currency"`
+	Description string `json:"description"`
+	Status      string `json:"status"`
+	// ChargeID is the card network's charge that paid for the payment,
+	// when the service charges cards (Config.Acquirer).
+	ChargeID  string    `json:"charge_id,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 }
 
 // Deposit is money added to an account. Balance is the account's balance

@@ -319,6 +319,7 @@ type payment struct {
 	Currency    string    `json:"currency"`
 	Description string    `json:"description"`
 	Status      string    `json:"status"`
+	ChargeID    string    `json:"charge_id"`
 	CreatedAt   time.Time `json:"created_at"`
 }
 

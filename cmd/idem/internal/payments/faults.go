@@ -19,6 +19,8 @@ import (
 //	fail-before-commit    fail transiently after the writes, before the commit: 503, rolled back
 //	drop-after-commit     let the work commit, then close the connection without an answer
 //	crash-after-commit    let the work commit, then kill the process (Config.Crash) before it answers
+//	crash-after-charge    with Config.Acquirer: kill the process after the card network charged, before the local commit
+//	drop-charge-answer    with Config.Acquirer: the network charges, and its first answer is lost on the way back
 //
 // crash-after-commit fires at the last moment a real crash could leave the
 // most behind, which depends on where the idempotency key lives:
@@ -49,10 +51,12 @@ type faults struct {
 	failBeforeCommit bool
 	dropAfterCommit  bool
 	crashAfterCommit bool
+	crashAfterCharge bool
+	dropChargeAnswer bool
 }
 
 func (f faults) any() bool {
-	return f.delay > 0 || f.failBeforeCommit || f.dropAfterCommit || f.crashAfterCommit
+	return f.delay > 0 || f.failBeforeCommit || f.dropAfterCommit || f.crashAfterCommit || f.crashAfterCharge || f.dropChargeAnswer
 }
 
 // errInjectedFault is what fail-before-commit makes the transaction return.
@@ -75,6 +79,10 @@ func parseFaults(v string) (faults, error) {
 			f.dropAfterCommit = true
 		case name == "crash-after-commit" && !hasArg:
 			f.crashAfterCommit = true
+		case name == "crash-after-charge" && !hasArg:
+			f.crashAfterCharge = true
+		case name == "drop-charge-answer" && !hasArg:
+			f.dropChargeAnswer = true
 		case name == "delay" && hasArg:
 			d, err := time.ParseDuration(strings.TrimSpace(arg))
 			if err != nil {
@@ -85,7 +93,7 @@ func parseFaults(v string) (faults, error) {
 			}
 			f.delay = d
 		default:
-			return faults{}, fmt.Errorf("unknown fault %q (known: delay=<duration>, fail-before-commit, drop-after-commit, crash-after-commit)", item)
+			return faults{}, fmt.Errorf("unknown fault %q (known: delay=<duration>, fail-before-commit, drop-after-commit, crash-after-commit, crash-after-charge, drop-charge-answer)", item)
 		}
 	}
 	return f, nil

@@ -91,6 +91,8 @@ var pgStatements = statements{
 	readSettlement: `SELECT total, events, refunds FROM settlements WHERE tenant = $1 AND currency = $2`,
 
 	readPayment: `SELECT ` + paymentColumns + ` FROM payments WHERE id = $1 AND tenant = $2`,
+	chargedSince: `SELECT ` + paymentColumns + ` FROM payments WHERE charge_id IS NOT NULL AND created_at >= $1
+		 ORDER BY created_at, id`,
 	paymentOf: `SELECT ` + paymentColumns + ` FROM payments WHERE tenant = $1 AND idempotency_key = $2
 		 AND (key_claimed_at = $3 OR (key_claimed_at > $4 AND key_claimed_at < $5))
 		 ORDER BY key_claimed_at LIMIT 1`,
@@ -223,8 +225,8 @@ const pgPaySQL = `WITH d AS (
 		AND q.key_claimed_at > $11 AND q.key_claimed_at < $12 AND q.key_claimed_at <> $10)
 	RETURNING id),
 i AS (
-	INSERT INTO payments (id, tenant, account_id, amount, currency, description, status, created_at, idempotency_key, key_claimed_at)
-	SELECT $1, $2, d.id, $4, $5, $6, $7, $8, $9, $10 FROM d
+	INSERT INTO payments (id, tenant, account_id, amount, currency, description, status, created_at, idempotency_key, key_claimed_at, charge_id)
+	SELECT $1, $2, d.id, $4, $5, $6, $7, $8, $9, $10, $13 FROM d
 	ON CONFLICT ON CONSTRAINT payments_idempotency DO NOTHING
 	RETURNING 1)
 SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM i)`
@@ -270,6 +272,7 @@ func (s *pgStorage) pay(ctx context.Context, tx pgx.Tx, p Payment, o origin) (Pa
 	var debited, inserted int
 	err := tx.QueryRow(ctx, pgPaySQL,
 		p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, p.CreatedAt, key, claimedAt, since, until,
+		optional(p.ChargeID),
 	).Scan(&debited, &inserted)
 	if err != nil {
 		return Payment{}, nil, pgErr("pay", err)

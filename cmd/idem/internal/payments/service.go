@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemprom"
@@ -141,6 +142,12 @@ type Config struct {
 	// Registry receives the service's metrics and is served at /metrics.
 	// Defaults to a new registry with the Go and process collectors.
 	Registry *prometheus.Registry
+	// Acquirer is the card network a payment charges the account's card
+	// at, before the payment is recorded (see "The card network" in the
+	// package documentation). Its Transport should be ChargeFaults' when
+	// Faults is on. Defaults to nil: payments move money in the service's
+	// database alone.
+	Acquirer *acquirer.Client
 	// Observers are observed beside the service's own latency histograms:
 	// tracing, say (package idemotel). Defaults to nil: histograms only.
 	Observers *Observers
@@ -192,6 +199,9 @@ type Service struct {
 	crashInHandler bool
 	crashFn        func()
 
+	// acquirer is Config.Acquirer: the card network payments charge at.
+	acquirer *acquirer.Client
+
 	paymentsMW *idemhttp.Middleware
 	depositsMW *idemhttp.Middleware
 	refundsMW  *idemhttp.Middleware
@@ -230,6 +240,7 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 		keyTTL:         cmp.Or(c.KeyTTL, DefaultKeyTTL),
 		crashInHandler: c.Keys != nil || c.Unsafe,
 		crashFn:        c.Crash,
+		acquirer:       c.Acquirer,
 		closeKeys:      func() {},
 		retention:      cmp.Or(c.MessageRetention, DefaultMessageRetention),
 		requestTimeout: max(c.RequestTimeout, 0),

@@ -42,8 +42,8 @@ var _ storage = (*sqliteStorage)(nil)
 // The statements of a payment and of a settlement, prepared once.
 const (
 	sqlPaymentAccount = `SELECT balance, currency FROM accounts WHERE id = ? AND tenant = ?`
-	sqlInsertPayment  = `INSERT INTO payments (id, tenant, account_id, amount, currency, description, status, created_at, idempotency_key, key_claimed_at)
-			 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+	sqlInsertPayment  = `INSERT INTO payments (id, tenant, account_id, amount, currency, description, status, created_at, idempotency_key, key_claimed_at, charge_id)
+			 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 			 ON CONFLICT (tenant, idempotency_key, key_claimed_at) DO NOTHING`
 	sqlDebit         = `UPDATE accounts SET balance = balance - ? WHERE id = ? AND tenant = ? AND balance >= ?`
 	sqlAddSettlement = `INSERT INTO settlements (tenant, currency, total, events, refunds) VALUES (?, ?, ?, ?, ?)
@@ -79,6 +79,8 @@ var sqliteStatements = statements{
 	readSettlement: `SELECT total, events, refunds FROM settlements WHERE tenant = ? AND currency = ?`,
 
 	readPayment: `SELECT ` + paymentColumns + ` FROM payments WHERE id = ? AND tenant = ?`,
+	chargedSince: `SELECT ` + paymentColumns + ` FROM payments WHERE charge_id IS NOT NULL AND created_at >= ?
+		 ORDER BY created_at, id`,
 	paymentOf: `SELECT ` + paymentColumns + ` FROM payments WHERE tenant = ? AND idempotency_key = ?
 		 AND (key_claimed_at = ? OR (key_claimed_at > ? AND key_claimed_at < ?))
 		 ORDER BY key_claimed_at LIMIT 1`,
@@ -297,7 +299,7 @@ func (s *sqliteStorage) pay(ctx context.Context, tx *sql.Tx, p Payment, o origin
 	}
 	key, claimedAt := o.args(s.d)
 	res, err := s.stmt(ctx, tx, sqlInsertPayment).ExecContext(ctx,
-		p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, formatTime(p.CreatedAt), key, claimedAt)
+		p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, formatTime(p.CreatedAt), key, claimedAt, optional(p.ChargeID))
 	if err != nil {
 		return Payment{}, nil, fmt.Errorf("insert payment: %w", err)
 	}

@@ -95,6 +95,9 @@ type statements struct {
 	readSettlement string // total, events and refunds of the settlement (tenant, currency)
 
 	readPayment string // paymentColumns of the payment (id, tenant)
+	// chargedSince reads paymentColumns of every tenant's payments made
+	// at the card network since a time, oldest first.
+	chargedSince string
 	// paymentOf, depositOf and refundOf read the earliest row of the
 	// origin (tenant, key, claimed at, since, until), all its columns.
 	paymentOf string
@@ -129,7 +132,7 @@ type statements struct {
 
 // Column lists and statements that read the same in both dialects.
 const (
-	paymentColumns = `id, tenant, account_id, amount, currency, description, status, created_at`
+	paymentColumns = `id, tenant, account_id, amount, currency, description, status, created_at, charge_id`
 	depositColumns = `id, tenant, account_id, amount, balance_after, created_at`
 	refundColumns  = `id, tenant, payment_id, account_id, amount, currency, reason, status, created_at`
 
@@ -240,11 +243,38 @@ func (t *storedTime) ScanTimestamptz(v pgtype.Timestamptz) error {
 
 func scanPayment(r row) (Payment, error) {
 	var p Payment
-	err := r.Scan(&p.ID, &p.Tenant, &p.AccountID, &p.Amount, &p.Currency, &p.Description, &p.Status, (*storedTime)(&p.CreatedAt))
+	err := r.Scan(&p.ID, &p.Tenant, &p.AccountID, &p.Amount, &p.Currency, &p.Description, &p.Status, (*storedTime)(&p.CreatedAt),
+		(*optionalText)(&p.ChargeID))
 	if err != nil {
 		return Payment{}, err
 	}
 	return p, nil
+}
+
+// optionalText scans a text column that may be NULL, as "" when it is.
+type optionalText string
+
+// Scan implements sql.Scanner, which pgx honours too.
+func (t *optionalText) Scan(src any) error {
+	switch v := src.(type) {
+	case nil:
+		*t = ""
+	case string:
+		*t = optionalText(v)
+	case []byte:
+		*t = optionalText(v)
+	default:
+		return fmt.Errorf("optional text: cannot scan %T", src)
+	}
+	return nil
+}
+
+// optional stores s in a nullable text column: "" as NULL.
+func optional(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }
 
 func scanDeposit(r row) (Deposit, error) {
@@ -605,6 +635,28 @@ func (s *sqlStorage) Refund(ctx context.Context, tenant, id string) (Refund, err
 		return Refund{}, s.d.wrap("read refund", err)
 	}
 	return rf, nil
+}
+
+// ChargedPayments returns the payments of every tenant that were paid by
+// a charge at the card network and made at or after since, oldest first.
+func (s *sqlStorage) ChargedPayments(ctx context.Context, since time.Time) ([]Payment, error) {
+	rs, err := s.reads.query(ctx, s.sql.chargedSince, s.d.timeArg(since))
+	if err != nil {
+		return nil, s.d.wrap("read charged payments", err)
+	}
+	defer rs.Close()
+	var out []Payment
+	for rs.Next() {
+		p, err := scanPayment(rs)
+		if err != nil {
+			return nil, s.d.wrap("read charged payments", err)
+		}
+		out = append(out, p)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, s.d.wrap("read charged payments", err)
+	}
+	return out, nil
 }
 
 // Counts reads the totals from the database rather than counting in

@@ -1,0 +1,169 @@
+package payments
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
+	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/idemsqlite"
+)
+
+// The kinds of Difference.
+const (
+	// DiffChargeWithoutPayment: the network charged a card and no payment
+	// records the charge (and it was not refunded in full): money taken
+	// that the books do not show, what a crash between the charge and the
+	// commit leaves until the payment is retried.
+	DiffChargeWithoutPayment = "charge-without-payment"
+	// DiffPaymentWithoutCharge: a payment records a charge the network
+	// does not have.
+	DiffPaymentWithoutCharge = "payment-without-charge"
+	// DiffAmount: a payment and its charge disagree on the amount or the
+	// currency.
+	DiffAmount = "amount"
+	// DiffChargedTwice: one logical payment (one tenant's idempotency
+	// key) was charged more than once.
+	DiffChargedTwice = "charged-twice"
+	// DiffChargeShared: two payments record the same charge.
+	DiffChargeShared = "charge-shared"
+)
+
+// Difference is one disagreement between the service's payments and the
+// card network's charges.
+type Difference struct {
+	Kind    string
+	Payment string // the payment's ID, when one is concerned
+	Charges []string
+	Detail  string
+}
+
+func (d Difference) String() string {
+	s := d.Kind
+	if d.Payment != "" {
+		s += " payment " + d.Payment
+	}
+	if len(d.Charges) > 0 {
+		s += fmt.Sprintf(" charges %v", d.Charges)
+	}
+	return s + ": " + d.Detail
+}
+
+// Reconciliation is what Reconcile compared and found.
+type Reconciliation struct {
+	Since       time.Time
+	Payments    int // payments paid at the network since Since
+	Charges     int // the network's charges since Since
+	Differences []Difference
+}
+
+// reconcileSlack is how much earlier than Since payments are read: a
+// payment is stamped before its charge is made, so one made just before
+// Since may be the one that records a charge made just after.
+const reconcileSlack = 10 * time.Minute
+
+// Reconcile compares the payments recorded in the service's database (db
+// or pg, one of them) that a card network charge paid for, made at or
+// after since, with the network's charges made at or after since, and
+// returns every difference: a charge that no payment records (unless it
+// was refunded in full: a payment refused after its charge gives it
+// back), a payment whose charge the network does not have, amounts that
+// differ, one logical payment (a tenant's idempotency key, as the charge's
+// metadata names it) charged twice, and one charge recorded by two
+// payments. It reads, and changes nothing but the schema's migrations.
+func Reconcile(ctx context.Context, db *idemsqlite.DB, pg *idempg.DB, net *acquirer.Client, since time.Time) (*Reconciliation, error) {
+	var store interface {
+		ChargedPayments(ctx context.Context, since time.Time) ([]Payment, error)
+	}
+	switch {
+	case (db == nil) == (pg == nil):
+		return nil, errors.New("payments: reconcile needs one database")
+	case db != nil:
+		if err := migrateSQLite(ctx, db); err != nil {
+			return nil, fmt.Errorf("payments: migrate: %w", err)
+		}
+		s, err := newSQLiteStorage(ctx, db)
+		if err != nil {
+			return nil, fmt.Errorf("payments: %w", err)
+		}
+		store = s
+	default:
+		if err := migratePostgres(ctx, pg); err != nil {
+			return nil, fmt.Errorf("payments: migrate: %w", err)
+		}
+		store = newPGStorage(pg)
+	}
+	// The charges first: a payment committed while they are read is then
+	// read too, and a charge made after this read is not compared.
+	charges, err := net.Charges(ctx, "")
+	if err != nil {
+		return nil, fmt.Errorf("payments: reading the network's charges: %w", err)
+	}
+	payments, err := store.ChargedPayments(ctx, since.Add(-reconcileSlack))
+	if err != nil {
+		return nil, err
+	}
+	return compareBooks(since, payments, charges), nil
+}
+
+// compareBooks finds the differences Reconcile reports.
+func compareBooks(since time.Time, payments []Payment, charges []acquirer.Charge) *Reconciliation {
+	rec := &Reconciliation{Since: since}
+	byID := make(map[string]acquirer.Charge, len(charges))
+	for _, c := range charges {
+		byID[c.ID] = c
+	}
+	recorded := make(map[string][]string) // charge ID → payment IDs
+	for _, p := range payments {
+		recorded[p.ChargeID] = append(recorded[p.ChargeID], p.ID)
+		if p.CreatedAt.Before(since) {
+			continue // read only to find the charges it records
+		}
+		rec.Payments++
+		c, ok := byID[p.ChargeID]
+		switch {
+		case !ok:
+			rec.Differences = append(rec.Differences, Difference{Kind: DiffPaymentWithoutCharge, Payment: p.ID,
+				Charges: []string{p.ChargeID}, Detail: "the network has no such charge"})
+		case c.Amount != p.Amount || c.Currency != p.Currency:
+			rec.Differences = append(rec.Differences, Difference{Kind: DiffAmount, Payment: p.ID, Charges: []string{c.ID},
+				Detail: fmt.Sprintf("the payment is %d %s, the charge %d %s", p.Amount, p.Currency, c.Amount, c.Currency)})
+		}
+	}
+	logical := make(map[[2]string][]string) // (tenant, idempotency key) → charge IDs
+	for _, c := range charges {
+		if c.CreatedAt.Before(since) {
+			continue
+		}
+		rec.Charges++
+		ps := recorded[c.ID]
+		switch {
+		case len(ps) == 0 && c.AmountRefunded < c.Amount:
+			rec.Differences = append(rec.Differences, Difference{Kind: DiffChargeWithoutPayment, Charges: []string{c.ID},
+				Detail: fmt.Sprintf("%d %s charged to %s (tenant %q, idempotency key %q), %d refunded, and no payment records it",
+					c.Amount, c.Currency, c.Reference, c.Metadata["tenant"], c.Metadata["idempotency_key"], c.AmountRefunded)})
+		case len(ps) > 1:
+			rec.Differences = append(rec.Differences, Difference{Kind: DiffChargeShared, Charges: []string{c.ID},
+				Detail: fmt.Sprintf("payments %v all record this one charge", ps)})
+		}
+		if k := c.Metadata["idempotency_key"]; k != "" && c.AmountRefunded < c.Amount {
+			t := [2]string{c.Metadata["tenant"], k}
+			logical[t] = append(logical[t], c.ID)
+		}
+	}
+	keys := make([][2]string, 0, len(logical))
+	for k, ids := range logical {
+		if len(ids) > 1 {
+			keys = append(keys, k)
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i][0]+"\x00"+keys[i][1] < keys[j][0]+"\x00"+keys[j][1] })
+	for _, k := range keys {
+		rec.Differences = append(rec.Differences, Difference{Kind: DiffChargedTwice, Charges: logical[k],
+			Detail: fmt.Sprintf("tenant %q's payment under idempotency key %q was charged %d times", k[0], k[1], len(logical[k]))})
+	}
+	return rec
+}
