@@ -63,7 +63,15 @@ only.
   idem torture requests --payments 12500 --dups 8 --replicas 3
   idem torture requests --db postgres://postgres@127.0.0.1:5432/test --keys redis://127.0.0.1:6379/0
   idem torture requests --db postgres://postgres@127.0.0.1:5432/test --commit-cuts 0.05 --store-resets 0.001 --store-latency 2ms
-  idem torture requests --db private --keys private --restart-stores-every 10s`,
+  idem torture requests --db private --keys private --restart-stores-every 10s
+  idem torture requests --acquirer private --payments 10000
+
+--acquirer private starts a card network of the run's own (idem acquirer,
+refusing or dropping --acquirer-fault-rate of its answers at random); the
+replicas charge every payment there, --crash-after-charge of the attempts
+make their replica SIGKILL itself between the network's charge and the
+payment's commit, and the checks count the network's charges: exactly one
+per logical payment, the one its payment records.`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()
@@ -78,6 +86,9 @@ only.
 	fl.DurationVar(&c.KillEvery, "kill-every", torture.DefaultKillEvery, "time between two SIGKILLs of a random replica (0 for none)")
 	fl.DurationVar(&c.Timeout, "timeout", torture.DefaultTimeout, "longest the load may take; a logical payment unanswered by then is a violation")
 	fl.DurationVar(&c.KeyLease, "key-lease", torture.DefaultKeyLease, "the replicas' --key-lease: how long a killed execution holds its key in Redis")
+	fl.StringVar(&c.Acquirer, "acquirer", "", "private: put a card network of the run's own (idem acquirer, faults on) between the payments and their money, and count its charges: one per logical payment")
+	fl.Float64Var(&c.AcquirerFaultRate, "acquirer-fault-rate", torture.DefaultAcquirerFaultRate, "with --acquirer, the share of charges the network refuses (503) or whose answer it drops after charging (negative for none)")
+	fl.Float64Var(&c.CrashAfterCharge, "crash-after-charge", torture.DefaultCrashAfterCharge, "with --acquirer, the share of attempts that make their replica SIGKILL itself after the charge, before the commit (negative for none)")
 	fl.Uint64Var(&c.Seed, "seed", 0, "seed of the run's choices (0 for a random one, shown in the report)")
 	var replicaLog string
 	fl.StringVar(&replicaLog, "replica-log", "", "write every line the replicas log, warnings included, to this file")

@@ -54,6 +54,12 @@ func runTorture(t *testing.T, args ...string) (code int, stdout, stderr string, 
 // lost and replicas killed on the way.
 func checkHeld(t *testing.T, payments int64, code int, stdout, stderr string, r map[string]int64) {
 	t.Helper()
+	checkHeldDups(t, payments, 8, code, stdout, stderr, r)
+}
+
+// checkHeldDups is checkHeld for a run of dups attempts per payment.
+func checkHeldDups(t *testing.T, payments, dups int64, code int, stdout, stderr string, r map[string]int64) {
+	t.Helper()
 	if code != exitOK {
 		t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
@@ -63,7 +69,7 @@ func checkHeld(t *testing.T, payments int64, code int, stdout, stderr string, r 
 	if r["money_taken"] != r["money_owed"] || r["money_taken_api"] != r["money_owed"] || r["money_owed"] == 0 {
 		t.Errorf("money taken %d (database) and %d (API), owed %d", r["money_taken"], r["money_taken_api"], r["money_owed"])
 	}
-	if r["attempts"] < payments*8 || r["lost_responses"] == 0 || r["kills"] == 0 {
+	if r["attempts"] < payments*dups || r["lost_responses"] == 0 || r["kills"] == 0 {
 		t.Errorf("attempts %d, lost responses %d, kills %d: the run did not torture much", r["attempts"], r["lost_responses"], r["kills"])
 	}
 	if r["violations"] != 0 || !strings.Contains(stdout, "promise: HELD") {
@@ -93,6 +99,28 @@ func TestTortureRequestsPostgres(t *testing.T) {
 	}
 	if strings.Contains(stdout+stderr, "postgres://") {
 		t.Errorf("the output names the database URL:\n%s\n%s", stdout, stderr)
+	}
+}
+
+// A card network between the payments and their money, refusing and
+// dropping a share of its answers, and replicas that SIGKILL themselves
+// between the network's charge and the payment's commit, besides the
+// usual lost answers and kills: still one charge per logical payment, the
+// one its payment records. (idem torture requests --acquirer private
+// --payments 10000 is the long form.)
+func TestTortureRequestsAcquirer(t *testing.T) {
+	t.Parallel()
+	for name, db := range map[string][]string{"sqlite": nil, "postgres": {"--db", postgresURL(t)}} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			args := append(db, "--acquirer", "private", "--payments", "1000", "--dups", "2", "--crash-after-charge", "0.01", "--clients", "32",
+				"--kill-every", "500ms", "--timeout", "150s")
+			code, stdout, stderr, r := runTorture(t, args...)
+			checkHeldDups(t, 1000, 2, code, stdout, stderr, r)
+			if r["charges"] != 1000 || r["crashes_after_charge"] == 0 {
+				t.Errorf("%d charges, %d crashes after a charge; want 1000 charges, crashes on the way\n%s", r["charges"], r["crashes_after_charge"], stdout)
+			}
+		})
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
 	"github.com/idem-go/idem/idemsqlite"
 )
 
@@ -23,6 +24,7 @@ const maxViolationsShown = 50
 type dbPayment struct {
 	id, account, description string
 	amount                   int64
+	chargeID                 string // the card network's charge, with Config.Acquirer
 }
 
 // check verifies the promise from the database and from the API, and
@@ -49,6 +51,7 @@ func (r *run) check(ctx context.Context, elapsed time.Duration) (*Report, error)
 		CommitCuts:      r.storeCount(func(p *storeProxy) int64 { return p.cuts.Load() }),
 		StoreOutages:    r.storeCount(func(p *storeProxy) int64 { return p.outages.Load() }),
 		StoreRestarts:   r.restarts.Load(),
+		Crashes:         r.crashes.Load(),
 		Payments:        len(rows),
 		Elapsed:         elapsed,
 	}
@@ -108,6 +111,12 @@ func (r *run) check(ctx context.Context, elapsed time.Duration) (*Report, error)
 		violate("the accounts were charged %d in all, in the database; the logical payments owe %d", rep.MoneyTaken, rep.MoneyOwed)
 	}
 
+	if r.acquirer != nil {
+		if err := r.checkCharges(ctx, rep, byKey, violate); err != nil {
+			return nil, err
+		}
+	}
+
 	apiTaken, apiViolations, err := r.checkAPI(ctx)
 	if err != nil {
 		return nil, err
@@ -154,7 +163,7 @@ func shortList(ids []string) string {
 // database itself, not through the service.
 func (r *run) readDB(ctx context.Context) ([]dbPayment, map[string]int64, error) {
 	const (
-		paymentsQuery = `SELECT id, account_id, description, amount FROM %spayments WHERE tenant = $1`
+		paymentsQuery = `SELECT id, account_id, description, amount, coalesce(charge_id, '') FROM %spayments WHERE tenant = $1`
 		accountsQuery = `SELECT id, balance FROM %saccounts WHERE tenant = $1`
 	)
 	var rows []dbPayment
@@ -172,7 +181,7 @@ func (r *run) readDB(ctx context.Context) ([]dbPayment, map[string]int64, error)
 		}
 		for pr.Next() {
 			var p dbPayment
-			if err := pr.Scan(&p.id, &p.account, &p.description, &p.amount); err != nil {
+			if err := pr.Scan(&p.id, &p.account, &p.description, &p.amount, &p.chargeID); err != nil {
 				return nil, nil, fmt.Errorf("torture: reading the payments: %w", err)
 			}
 			rows = append(rows, p)
@@ -210,7 +219,7 @@ func (r *run) readDB(ctx context.Context) ([]dbPayment, map[string]int64, error)
 	defer pr.Close()
 	for pr.Next() {
 		var p dbPayment
-		if err := pr.Scan(&p.id, &p.account, &p.description, &p.amount); err != nil {
+		if err := pr.Scan(&p.id, &p.account, &p.description, &p.amount, &p.chargeID); err != nil {
 			return nil, nil, fmt.Errorf("torture: reading the payments: %w", err)
 		}
 		rows = append(rows, p)
@@ -335,4 +344,55 @@ func (r *run) storeCount(count func(*storeProxy) int64) int64 {
 		n += count(p)
 	}
 	return n
+}
+
+// checkCharges counts the card network's charges: each logical payment
+// must have been charged once (not counting charges refunded in full),
+// with the charge its payment records, and the network must hold no
+// charge of anything else.
+func (r *run) checkCharges(ctx context.Context, rep *Report, byKey map[string][]dbPayment, violate func(string, ...any)) error {
+	net, err := acquirer.NewClient(acquirer.ClientConfig{URL: r.acquirerURL, APIKey: r.acquirerKey, Timeout: phaseTimeout})
+	if err != nil {
+		return fmt.Errorf("torture: %w", err)
+	}
+	charges, err := net.Charges(ctx, "")
+	if err != nil {
+		return fmt.Errorf("torture: reading the card network's charges: %w", err)
+	}
+	rep.Charges = len(charges)
+	charged := map[string][]acquirer.Charge{}
+	for _, c := range charges {
+		if c.AmountRefunded == c.Amount {
+			rep.ChargesRefunded++
+			continue
+		}
+		charged[c.Metadata["idempotency_key"]] = append(charged[c.Metadata["idempotency_key"]], c)
+	}
+	known := map[string]bool{}
+	for _, lp := range r.payments {
+		known[lp.key] = true
+		cs := charged[lp.key]
+		stored := byKey[lp.key]
+		switch {
+		case len(cs) > 1:
+			ids := make([]string, len(cs))
+			for i, c := range cs {
+				ids[i] = c.ID
+			}
+			violate("key %s: the card network charged it %d times: %s", lp.key, len(cs), shortList(ids))
+		case len(cs) == 0 && len(stored) > 0:
+			violate("key %s: payment %s was recorded, but the card network has no charge for it", lp.key, stored[0].id)
+		case len(cs) == 1 && len(stored) == 0:
+			violate("key %s: the card network charged %d (%s), and no payment records it", lp.key, cs[0].Amount, cs[0].ID)
+		case len(cs) == 1 && (stored[0].chargeID != cs[0].ID || cs[0].Amount != lp.amount):
+			violate("key %s: payment %s records charge %q; the network charged %d as %s (want %d)",
+				lp.key, stored[0].id, stored[0].chargeID, cs[0].Amount, cs[0].ID, lp.amount)
+		}
+	}
+	for key, cs := range charged {
+		if !known[key] {
+			violate("charge %s: not one of the run's logical payments (idempotency key %q)", cs[0].ID, key)
+		}
+	}
+	return nil
 }

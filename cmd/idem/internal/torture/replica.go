@@ -105,7 +105,7 @@ func (r *replica) start(ctx context.Context) error {
 	defer timer.Stop()
 	select {
 	case base := <-listening:
-		if r.ready != "" {
+		if r.ready != "" && !strings.HasPrefix(base, "http") {
 			return nil
 		}
 		if err := checkLoopback(base); err != nil {

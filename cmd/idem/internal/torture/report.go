@@ -27,6 +27,9 @@ type Report struct {
 	CommitCuts      int64 // store connections cut after a COMMIT was passed on: ambiguous commits
 	StoreOutages    int64 // outages of a store (Config.StoreFaults.OutageEvery)
 	StoreRestarts   int64 // private stores SIGKILLed and started again (Config.RestartStoresEvery)
+	Crashes         int64 // replicas that SIGKILLed themselves between a charge and its commit (Config.CrashAfterCharge)
+	Charges         int   // the card network's charges (Config.Acquirer)
+	ChargesRefunded int   // of them, charges refunded in full (a payment refused after its charge)
 
 	Payments      int   // payments in the database
 	MoneyOwed     int64 // the sum of the logical payments' amounts
@@ -59,6 +62,9 @@ func (r *Report) Print(w io.Writer) {
 	row("commits cut (ambiguous)", r.CommitCuts)
 	row("store outages", r.StoreOutages)
 	row("stores restarted (SIGKILL)", r.StoreRestarts)
+	row("crashes after a charge (SIGKILL)", r.Crashes)
+	row("card network charges", r.Charges)
+	row("charges refunded in full", r.ChargesRefunded)
 	row("payments in the database", r.Payments)
 	row("money owed", r.MoneyOwed)
 	row("money taken (database)", r.MoneyTaken)
@@ -103,6 +109,9 @@ func (r *Report) PrintResults(w io.Writer) {
 	line("commit_cuts", r.CommitCuts, "connections")
 	line("store_outages", r.StoreOutages, "outages")
 	line("store_restarts", r.StoreRestarts, "restarts")
+	line("crashes_after_charge", r.Crashes, "crashes")
+	line("charges", r.Charges, "charges")
+	line("charges_refunded", r.ChargesRefunded, "charges")
 	line("payments", r.Payments, "payments")
 	line("money_owed", r.MoneyOwed, "minor_units")
 	line("money_taken", r.MoneyTaken, "minor_units")

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -95,6 +96,22 @@ type Config struct {
 	// Seed seeds the run's choices (accounts, amounts, replicas, drops,
 	// kills). Defaults to 0: a seed from crypto/rand, shown in the report.
 	Seed uint64
+	// Acquirer, as Private, puts a card network between the payments and
+	// their money: the run starts `idem acquirer` (a child process of
+	// Executable, its charges in the temporary directory) with its faults
+	// on, and the replicas charge every payment there (serve --acquirer,
+	// with --faults). The checks then count the network's charges: one per
+	// logical payment, the one its payment records. Defaults to "": none.
+	Acquirer string
+	// AcquirerFaultRate is the acquirer's --fault-rate: the share of its
+	// charges refused with 503 or whose answer it drops after charging.
+	// Defaults to 0.1 with Acquirer; negative means none.
+	AcquirerFaultRate float64
+	// CrashAfterCharge is the share of attempts sent with Idem-Fault:
+	// crash-after-charge: the replica SIGKILLs itself after the network
+	// charged and before the payment commits, and the run starts it again.
+	// Defaults to 0.05 with Acquirer; negative means none.
+	CrashAfterCharge float64
 	// Progress receives a line of progress every ProgressEvery. Defaults to
 	// io.Discard.
 	Progress io.Writer
@@ -113,6 +130,11 @@ const (
 	DefaultTimeout       = 10 * time.Minute
 	DefaultKeyLease      = 3 * time.Second
 	defaultProgressEvery = 2 * time.Second
+	// DefaultAcquirerFaultRate and DefaultCrashAfterCharge are
+	// Config.AcquirerFaultRate's and Config.CrashAfterCharge's defaults
+	// with an Acquirer.
+	DefaultAcquirerFaultRate = 0.1
+	DefaultCrashAfterCharge  = 0.05
 )
 
 // Private, as Config.DB or Config.Keys, asks for a store of the run's own:
@@ -181,6 +203,15 @@ func (c *Config) withDefaults() (Config, error) {
 	if o.Seed == 0 {
 		o.Seed = randomSeed()
 	}
+	if o.Acquirer != "" {
+		if o.AcquirerFaultRate == 0 {
+			o.AcquirerFaultRate = DefaultAcquirerFaultRate
+		}
+		if o.CrashAfterCharge == 0 {
+			o.CrashAfterCharge = DefaultCrashAfterCharge
+		}
+	}
+	o.AcquirerFaultRate, o.CrashAfterCharge = max(o.AcquirerFaultRate, 0), max(o.CrashAfterCharge, 0)
 	switch {
 	case o.Executable == "":
 		return o, errors.New("torture: Config.Executable is required")
@@ -190,6 +221,10 @@ func (c *Config) withDefaults() (Config, error) {
 		return o, fmt.Errorf("torture: DropRate must be below 1 (every answer dropped, nothing would ever succeed), got %g", o.DropRate)
 	case o.Timeout < 0 || o.KeyLease < 0 || o.ProgressEvery < 0 || o.RestartStoresEvery < 0:
 		return o, errors.New("torture: Timeout, KeyLease, ProgressEvery and RestartStoresEvery must not be negative")
+	case o.Acquirer != "" && o.Acquirer != Private:
+		return o, errors.New(`torture: Acquirer must be "private" (a card network of the run's own) or empty`)
+	case o.AcquirerFaultRate >= 1 || o.CrashAfterCharge >= 1:
+		return o, errors.New("torture: AcquirerFaultRate and CrashAfterCharge must be below 1")
 	case o.RestartStoresEvery > 0 && o.DB != Private && !privateKeys(o.Keys):
 		return o, errors.New(`torture: RestartStoresEvery needs a private store, DB or Keys "private": the run restarts only servers of its own`)
 	}
@@ -275,6 +310,11 @@ type run struct {
 	chaos  sync.Mutex
 	client *http.Client
 
+	// acquirer is the card network's process, with Config.Acquirer; its
+	// URL and key are acquirerURL and acquirerKey.
+	acquirer                 *replica
+	acquirerURL, acquirerKey string
+
 	accounts []string
 	payments []*logical
 
@@ -284,6 +324,7 @@ type run struct {
 	kills     atomic.Int64
 	restarts  atomic.Int64 // private stores restarted
 	completed atomic.Int64
+	crashes   atomic.Int64 // replicas that killed themselves (crash-after-charge), started again
 }
 
 // Run starts the replicas and the fault proxies, sends the load while it
@@ -300,6 +341,9 @@ func Run(ctx context.Context, cfg *Config) (rep *Report, err error) {
 	label := kind
 	if c.Keys != "" {
 		label += "-keys"
+	}
+	if c.Acquirer != "" {
+		label += "-acquirer"
 	}
 	if c.Unsafe {
 		label += "-unsafe"
@@ -391,6 +435,11 @@ func (r *run) prepare(ctx context.Context) error {
 		fmt.Fprintf(r.cfg.Progress, "torture: private %s in %s\n", serverNames(r.servers), dir)
 	}
 	r.dbURL, r.keysURL = r.pgURL, r.redisURL
+	if r.cfg.Acquirer != "" {
+		if err := r.startAcquirer(ctx); err != nil {
+			return err
+		}
+	}
 	if !r.cfg.StoreFaults.any() {
 		return nil
 	}
@@ -447,7 +496,92 @@ func (r *run) serveArgs() []string {
 	if r.cfg.Unsafe {
 		args = append(args, "--unsafe-no-idempotency")
 	}
+	if r.acquirerURL != "" {
+		args = append(args, "--acquirer", r.acquirerURL, "--faults")
+	}
 	return args
+}
+
+// acquirerReady starts the line `idem acquirer` prints once it listens.
+const acquirerReady = "idem: acquirer listening on "
+
+// startAcquirer starts the run's card network, its charges in the
+// temporary directory, its random faults on.
+func (r *run) startAcquirer(ctx context.Context) error {
+	r.acquirerKey = "torture_net_" + crand.Text()
+	r.acquirer = &replica{what: "acquirer", ready: acquirerReady, exe: r.cfg.Executable,
+		args: []string{"acquirer", "--addr", "127.0.0.1:0", "--db", "sqlite:" + filepath.Join(r.dir, "acquirer.db"),
+			"--faults", "--fault-rate", strconv.FormatFloat(r.cfg.AcquirerFaultRate, 'g', -1, 64),
+			"--seed", strconv.FormatUint(r.cfg.Seed, 10), "--log-level", "error"},
+		env: append(slices.Clone(r.cfg.Env), envAcquirerKey+"="+r.acquirerKey), log: r.replicaLog}
+	if err := r.acquirer.start(ctx); err != nil {
+		return fmt.Errorf("torture: %w", err)
+	}
+	r.acquirerURL = r.acquirer.baseURL()
+	return nil
+}
+
+// envAcquirerKey is the environment variable of the card network's key,
+// for the acquirer and the replicas.
+const envAcquirerKey = "IDEM_ACQUIRER_KEY"
+
+// reviveLoop starts again, until stop is closed, every replica that
+// ended by itself: one that a crash-after-charge fault made SIGKILL
+// itself. It returns an error when one does not come back.
+func (r *run) reviveLoop(ctx context.Context, stop <-chan struct{}) error {
+	if r.cfg.CrashAfterCharge == 0 {
+		<-stop
+		return nil
+	}
+	type exit struct {
+		i    int
+		done <-chan struct{}
+	}
+	ended := make(chan exit, len(r.replicas))
+	watch := func(i int, done <-chan struct{}) {
+		go func() {
+			select {
+			case <-done:
+				ended <- exit{i, done}
+			case <-stop:
+			}
+		}()
+	}
+	for i, rp := range r.replicas {
+		watch(i, rp.exited())
+	}
+	for {
+		select {
+		case <-stop:
+			return nil
+		case <-ctx.Done():
+			return nil
+		case e := <-ended:
+			i, rp := e.i, r.replicas[e.i]
+			r.chaos.Lock()
+			if rp.exited() != e.done {
+				// The kill loop killed it and has started it again (it
+				// holds the chaos lock meanwhile): watch the new one.
+				r.chaos.Unlock()
+				watch(i, rp.exited())
+				continue
+			}
+			r.proxies[i].setUpstream("")
+			r.crashes.Add(1)
+			var err error
+			for range 3 {
+				if err = rp.start(ctx); err == nil {
+					break
+				}
+			}
+			r.chaos.Unlock()
+			if err != nil {
+				return fmt.Errorf("torture: restarting after a crash: %w", err)
+			}
+			r.proxies[i].setUpstream(rp.baseURL())
+			watch(i, rp.exited())
+		}
+	}
 }
 
 // startReplicas starts the first replica alone, so that it creates the
@@ -456,6 +590,9 @@ func (r *run) startReplicas(ctx context.Context) error {
 	// The key goes in the environment, not on the command line, where
 	// every user of the machine could read it.
 	env := append(slices.Clone(r.cfg.Env), "IDEM_API_KEYS="+tenant+":"+r.apiKey)
+	if r.acquirerKey != "" {
+		env = append(env, envAcquirerKey+"="+r.acquirerKey)
+	}
 	for i := range r.cfg.Replicas {
 		r.replicas = append(r.replicas, &replica{n: i, exe: r.cfg.Executable, args: r.serveArgs(), env: env, log: r.replicaLog})
 		p, err := newFaultProxy(r.dropNow)
@@ -494,7 +631,7 @@ func (r *run) createAccounts(ctx context.Context) error {
 	body := fmt.Appendf(nil, `{"balance":%d,"currency":%q}`, accountBalance, currency)
 	for i := range accountCount {
 		key := fmt.Sprintf("torture-%s-account-%d", r.token, i)
-		status, resp, err := r.post(ctx, r.replicas[0].baseURL(), "/v1/accounts", key, body)
+		status, resp, err := r.post(ctx, r.replicas[0].baseURL(), "/v1/accounts", key, "", body)
 		if err != nil {
 			return fmt.Errorf("torture: creating account %d: %w", i, err)
 		}
@@ -538,9 +675,10 @@ func (r *run) load(ctx context.Context) error {
 	stopKills := make(chan struct{})
 	// The chaos loops return early only when they fail (a replica or a
 	// store that does not come back) or ctx ends.
-	const chaosLoops = 2
+	const chaosLoops = 3
 	chaosDone := make(chan error, chaosLoops)
 	go func() { chaosDone <- r.killLoop(ctx, stopKills) }()
+	go func() { chaosDone <- r.reviveLoop(ctx, stopKills) }()
 	go func() { chaosDone <- r.restartLoop(ctx, stopKills) }()
 	outagesDone := make(chan struct{})
 	go func() { defer close(outagesDone); r.outageLoop(ctx, stopKills) }()
@@ -611,7 +749,11 @@ func (r *run) attempt(ctx context.Context, lp *logical) {
 		}
 		p := r.proxies[r.rng.IntN(len(r.proxies))]
 		r.attempts.Add(1)
-		status, resp, err := r.post(ctx, p.url(), "/v1/payments", lp.key, lp.body)
+		fault := ""
+		if r.cfg.CrashAfterCharge > 0 && r.rng.Float64() < r.cfg.CrashAfterCharge {
+			fault = "crash-after-charge"
+		}
+		status, resp, err := r.post(ctx, p.url(), "/v1/payments", lp.key, fault, lp.body)
 		switch {
 		case err != nil:
 			if ctx.Err() != nil {
@@ -654,8 +796,9 @@ func (r *run) backoff(ctx context.Context, failures int) bool {
 	}
 }
 
-// post sends one POST with an Idempotency-Key and returns the answer.
-func (r *run) post(ctx context.Context, base, path, key string, body []byte) (int, []byte, error) {
+// post sends one POST with an Idempotency-Key (and an Idem-Fault header,
+// unless fault is empty) and returns the answer.
+func (r *run) post(ctx context.Context, base, path, key, fault string, body []byte) (int, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, oneShot(body))
 	if err != nil {
 		return 0, nil, err
@@ -664,6 +807,9 @@ func (r *run) post(ctx context.Context, base, path, key string, body []byte) (in
 	req.Header.Set("Authorization", "Bearer "+r.apiKey)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
+	if fault != "" {
+		req.Header.Set("Idem-Fault", fault)
+	}
 	return r.do(req)
 }
 
@@ -811,6 +957,9 @@ func (r *run) cleanup() error {
 		wg.Go(rp.stop)
 	}
 	wg.Wait()
+	if r.acquirer != nil {
+		r.acquirer.stop()
+	}
 	for _, p := range r.proxies {
 		p.close()
 	}
