@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
 	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idemsqlite"
 )
@@ -77,6 +78,9 @@ type Row struct {
 	// ShouldBe is the money that should have been taken: Customers times
 	// the amount.
 	ShouldBe int64
+	// Charges is how many charges the card network made on the customers'
+	// cards: one per payment, each charged once, when all goes well.
+	Charges int
 	// Refunds is how many refunds the service made, in a scenario where
 	// each customer asks for one (else 0).
 	Refunds int
@@ -97,7 +101,7 @@ type Row struct {
 // in the refund scenario, refunded exactly once).
 func (r Row) ExactlyOnce() bool {
 	return r.Customers > 0 && r.ChargedOnce == r.Customers && r.Overcharged == 0 && r.Missing == 0 &&
-		r.Payments == r.Customers && r.Taken == r.ShouldBe && (r.Refunds == 0 || r.Refunds == r.Customers)
+		r.Payments == r.Customers && r.Charges == r.Customers && r.Taken == r.ShouldBe && (r.Refunds == 0 || r.Refunds == r.Customers)
 }
 
 // Verdict is the row's verdict in words: "exactly once",
@@ -115,6 +119,8 @@ func (r Row) Verdict() string {
 		return fmt.Sprintf("REFUNDED TWICE (-%s)", money(r.Missing, r.Currency))
 	case r.Missing > 0:
 		return fmt.Sprintf("lost payment (-%s)", money(r.Missing, r.Currency))
+	case r.Charges > r.Customers:
+		return fmt.Sprintf("CARD CHARGED TWICE (+%d charges)", r.Charges-r.Customers)
 	default:
 		return "inconsistent (payments and balances disagree)"
 	}
@@ -225,6 +231,36 @@ type lab struct {
 	srv    *http.Server
 	served chan error
 	client *client
+	// The card network every payment charges at: its database, its
+	// server, and a client that reads its charges.
+	netDB     *idemsqlite.DB
+	netSrv    *http.Server
+	netServed chan error
+	net       *acquirer.Client
+}
+
+// startNetwork starts the lab's card network on a file of its own, behind
+// an HTTP server on a loopback port.
+func (l *lab) startNetwork(ctx context.Context, logger *slog.Logger) error {
+	db, err := idemsqlite.Open(filepath.Join(l.dir, "acquirer.db"), nil)
+	if err != nil {
+		return fmt.Errorf("opening the card network's database: %w", err)
+	}
+	l.netDB = db
+	net, err := acquirer.New(ctx, acquirer.Config{DB: db, Logger: logger})
+	if err != nil {
+		return fmt.Errorf("starting the card network: %w", err)
+	}
+	ln, err := listenLoopback()
+	if err != nil {
+		return err
+	}
+	l.netSrv = &http.Server{Handler: net.Handler(), ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
+	l.netServed = make(chan error, 1)
+	go func() { l.netServed <- l.netSrv.Serve(ln) }()
+	l.net, err = acquirer.NewClient(acquirer.ClientConfig{URL: "http://" + ln.Addr().String(), Transport: payments.ChargeFaults(nil)})
+	return err
 }
 
 func startLab(ctx context.Context, mode Mode, logger *slog.Logger) (_ *lab, err error) {
@@ -242,20 +278,24 @@ func startLab(ctx context.Context, mode Mode, logger *slog.Logger) (_ *lab, err 
 	if err != nil {
 		return nil, fmt.Errorf("opening the database: %w", err)
 	}
+	if err := l.startNetwork(ctx, logger.With("run", string(mode), "service", "card network")); err != nil {
+		return nil, err
+	}
 	apiKey := newAPIKey()
 	l.svc, err = payments.New(ctx, &payments.Config{
-		DB:      l.db,
-		APIKeys: map[string]string{apiKey: tenant},
-		Unsafe:  mode == ModeUnsafe,
-		Faults:  true,
-		Logger:  logger.With("run", string(mode)),
+		DB:       l.db,
+		APIKeys:  map[string]string{apiKey: tenant},
+		Unsafe:   mode == ModeUnsafe,
+		Faults:   true,
+		Acquirer: l.net,
+		Logger:   logger.With("run", string(mode)),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("starting the payment service: %w", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := listenLoopback()
 	if err != nil {
-		return nil, fmt.Errorf("listening: %w", err)
+		return nil, err
 	}
 	l.srv = &http.Server{
 		Handler:           l.svc.Handler(),
@@ -270,8 +310,16 @@ func startLab(ctx context.Context, mode Mode, logger *slog.Logger) (_ *lab, err 
 	return l, nil
 }
 
-// close stops the server, the service and the database, and removes the
-// temporary directory, in that order.
+func listenLoopback() (net.Listener, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("listening: %w", err)
+	}
+	return ln, nil
+}
+
+// close stops the server, the service, the card network and the
+// databases, and removes the temporary directory, in that order.
 func (l *lab) close() error {
 	var errs []error
 	if l.client != nil {
@@ -292,9 +340,21 @@ func (l *lab) close() error {
 			errs = append(errs, fmt.Errorf("closing the payment service: %w", err))
 		}
 	}
-	if l.db != nil {
-		if err := l.db.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("closing the database: %w", err))
+	if l.netSrv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := l.netSrv.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("stopping the card network: %w", err), l.netSrv.Close())
+		}
+		cancel()
+		if err := <-l.netServed; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs = append(errs, fmt.Errorf("serving the card network: %w", err))
+		}
+	}
+	for _, db := range []*idemsqlite.DB{l.db, l.netDB} {
+		if db != nil {
+			if err := db.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("closing a database: %w", err))
+			}
 		}
 	}
 	if l.dir != "" {
@@ -312,7 +372,7 @@ func runMode(ctx context.Context, o *Options, mode Mode, p *printer) (rows []Row
 	}
 	defer func() { err = errors.Join(err, l.close()) }()
 	for _, sc := range scenarios {
-		row, err := play(ctx, l.client, mode, sc, o, p)
+		row, err := play(ctx, l, mode, sc, o, p)
 		if err != nil {
 			return rows, fmt.Errorf("%s: %w", sc.name, err)
 		}
@@ -426,6 +486,13 @@ var scenarios = []scenario{
 		},
 	},
 	{
+		name:  "card network",
+		story: "the card network's answer is lost, then the service's; both are retried",
+		customer: func(ctx context.Context, in *intent) int {
+			return in.pay(ctx, "drop-charge-answer,drop-after-commit").attempts
+		},
+	},
+	{
 		name:  "retry storm",
 		story: fmt.Sprintf("%d copies of each request arrive at once", stormCopies),
 		customer: func(ctx context.Context, in *intent) int {
@@ -481,7 +548,8 @@ var scenarios = []scenario{
 
 // play runs one scenario: opens an account per customer, lets all customers
 // play at once, then reads back what the service did.
-func play(ctx context.Context, c *client, mode Mode, sc scenario, o *Options, p *printer) (Row, error) {
+func play(ctx context.Context, l *lab, mode Mode, sc scenario, o *Options, p *printer) (Row, error) {
+	c := l.client
 	p.scenarioStarts(sc)
 	start := time.Now()
 
@@ -545,12 +613,21 @@ func play(ctx context.Context, c *client, mode Mode, sc scenario, o *Options, p 
 		if err := c.call(ctx, http.MethodGet, a.path()+"/payments", "", nil, http.StatusOK, &list); err != nil {
 			return Row{}, fmt.Errorf("listing an account's payments: %w", err)
 		}
+		var id string
+		if err := json.Unmarshal(a.ID, &id); err != nil {
+			return Row{}, fmt.Errorf("reading an account's id: %w", err)
+		}
+		charges, err := l.net.Charges(ctx, id)
+		if err != nil {
+			return Row{}, fmt.Errorf("reading the card network's charges: %w", err)
+		}
+		row.Charges += len(charges)
 		taken := openingBalance - now.Balance
 		row.Payments += len(list.Data)
 		row.Taken += taken
 		row.Overcharged += max(0, taken-owed)
 		row.Missing += max(0, owed-taken)
-		if len(list.Data) == 1 && taken == owed {
+		if len(list.Data) == 1 && len(charges) == 1 && taken == owed {
 			row.ChargedOnce++
 		}
 		if sc.refund {

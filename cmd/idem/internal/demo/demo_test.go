@@ -68,16 +68,22 @@ func TestRunShowsDoubleChargeThenExactlyOnce(t *testing.T) {
 			if row.Verdict() != "exactly once" {
 				t.Errorf("protected/%s: verdict %q, want %q", row.Scenario, row.Verdict(), "exactly once")
 			}
+			if row.Charges != customers {
+				t.Errorf("protected/%s: %d card charges, want one per customer", row.Scenario, row.Charges)
+			}
 		case demo.ModeUnsafe:
 			unsafe++
+			if row.Scenario == "card network" && row.Charges <= customers {
+				t.Errorf("unsafe/card network: %d card charges for %d customers; want the card charged twice", row.Charges, customers)
+			}
 			taken += row.Taken
 			should += row.ShouldBe
 		default:
 			t.Errorf("row with unknown mode %q", row.Mode)
 		}
 	}
-	if protected != 5 || unsafe != 5 {
-		t.Errorf("rows: %d protected, %d unsafe; want 5 of each", protected, unsafe)
+	if protected != 6 || unsafe != 6 {
+		t.Errorf("rows: %d protected, %d unsafe; want 6 of each", protected, unsafe)
 	}
 	if taken <= should {
 		t.Errorf("unsafe run took %d, should be %d: want a double charge", taken, should)
@@ -86,7 +92,7 @@ func TestRunShowsDoubleChargeThenExactlyOnce(t *testing.T) {
 	text := out.String()
 	for _, want := range []string{
 		"run", "scenario", "attempts", "payments", "money taken", "should be", "verdict",
-		"frozen screen", "lost response", "retry storm", "transient failure",
+		"frozen screen", "lost response", "card network", "retry storm", "transient failure", "card charges",
 		"DOUBLE CHARGED (+", "exactly once", "KRW",
 	} {
 		if !strings.Contains(text, want) {

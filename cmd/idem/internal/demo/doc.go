@@ -4,13 +4,15 @@
 //
 // Run starts the reference payment service (package payments) in-process
 // twice, each time on a fresh SQLite database in a temporary directory and
-// behind a real HTTP server on a loopback port:
+// behind a real HTTP server on a loopback port, with a card network of its
+// own (package acquirer) that every payment charges the customer's card
+// at:
 //
 //   - the "unsafe" run switches idempotency off, as a naive service would be;
 //   - the "protected" run is the service as shipped, with every POST claimed
 //     by its Idempotency-Key.
 //
-// Against each run it plays the same four scenarios, each with a number of
+// Against each run it plays the same scenarios, each with a number of
 // customers who each mean to pay one fixed amount exactly once, using one
 // idempotency key per intended payment:
 //
@@ -18,6 +20,9 @@
 //     customer presses twice more while it does;
 //   - lost response: the payment commits but the connection drops before the
 //     answer arrives, so the client retries, as it must;
+//   - card network: the card network charges, and its answer is lost on the
+//     way back to the service, whose client retries the charge; then the
+//     service's own answer is lost, and the customer retries;
 //   - retry storm: ten copies of the same request arrive at once (a proxy, a
 //     queue and a mobile app all retrying together);
 //   - transient failure: the first attempt fails before anything commits
@@ -30,7 +35,8 @@
 // The faults are injected by the service itself through its Idem-Fault
 // request header, so the scenarios are reproducible without a flaky network.
 // What each customer was charged is then read back from the service's API
-// (account balances and payment lists), never counted on the client side,
+// (account balances and payment lists) and from the card network (its
+// charges per card), never counted on the client side,
 // and printed as a table with one verdict per run and scenario: "exactly
 // once", "DOUBLE CHARGED" or "lost payment".
 //

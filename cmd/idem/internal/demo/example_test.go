@@ -26,6 +26,7 @@ func ExampleRun() {
 	// Output:
 	// frozen screen         exactly once
 	// lost response         exactly once
+	// card network          exactly once
 	// retry storm           exactly once
 	// double-clicked refund exactly once
 	// transient failure     exactly once

@@ -45,18 +45,18 @@ func (p *printer) scenarioStarts(sc scenario) {
 func (p *printer) customerDone() { p.printf(".") }
 
 func (p *printer) scenarioDone(r Row) {
-	p.printf(" %d attempts, %d payments, %.1fs\n", r.Attempts, r.Payments, r.Elapsed.Seconds())
+	p.printf(" %d attempts, %d payments, %d card charges, %.1fs\n", r.Attempts, r.Payments, r.Charges, r.Elapsed.Seconds())
 }
 
 // table prints the report as columns a person reads at a glance: text to
 // the left, numbers to the right.
 func (p *printer) table(r *Report) {
-	header := []string{"run", "scenario", "attempts", "payments", "money taken", "should be", "verdict"}
-	right := []bool{false, false, true, true, true, true, false}
+	header := []string{"run", "scenario", "attempts", "payments", "card charges", "money taken", "should be", "verdict"}
+	right := []bool{false, false, true, true, true, true, true, false}
 	lines := [][]string{header}
 	for _, row := range r.Rows {
 		lines = append(lines, []string{
-			string(row.Mode), row.Scenario, strconv.Itoa(row.Attempts), strconv.Itoa(row.Payments),
+			string(row.Mode), row.Scenario, strconv.Itoa(row.Attempts), strconv.Itoa(row.Payments), strconv.Itoa(row.Charges),
 			money(row.Taken, row.Currency), money(row.ShouldBe, row.Currency), row.Verdict(),
 		})
 	}
@@ -94,10 +94,12 @@ func (p *printer) table(r *Report) {
 // closing explains what the table showed, or says plainly that it did not.
 func (p *printer) closing(r *Report) {
 	var extra, should int64
+	extraCharges := 0
 	for _, row := range r.Rows {
 		if row.Mode == ModeUnsafe {
 			extra += row.Taken - row.ShouldBe
 			should += row.ShouldBe
+			extraCharges += row.Charges - row.Customers
 		}
 	}
 	if probs := r.problems(); len(probs) > 0 {
@@ -106,10 +108,12 @@ func (p *printer) closing(r *Report) {
 	}
 	text := fmt.Sprintf("What this showed: a client that hears nothing cannot tell a lost request from a "+
 		"lost answer, so it must retry: at-least-once delivery. Without protection every duplicate became "+
-		"a charge, and customers paid %s more than the %s they owed. With idempotency keys the service "+
-		"claimed each key atomically, ran each payment once and replayed its answer to every duplicate: "+
-		"at-least-once delivery + de-duplication at the receiver = exactly once. (%s)",
-		money(extra, r.Currency), money(should, r.Currency), r.Elapsed.Round(100*time.Millisecond))
+		"a charge, and customers paid %s more than the %s they owed; the card network, past the service's "+
+		"own database, made %d charges too many. With idempotency keys the service claimed each key "+
+		"atomically, ran each payment once, charged each card under a key derived from the customer's, "+
+		"and replayed its answer to every duplicate: at-least-once delivery + de-duplication at the "+
+		"receiver = exactly once. (%s)",
+		money(extra, r.Currency), money(should, r.Currency), extraCharges, r.Elapsed.Round(100*time.Millisecond))
 	p.printf("\n%s", wrap(text, 96))
 }
 

@@ -35,7 +35,9 @@ func TestRowVerdict(t *testing.T) {
 		once bool
 		want string
 	}{
-		{"exactly once", func(r *Row) { r.Payments, r.Taken, r.ChargedOnce = 2, 24000, 2 }, true, "exactly once"},
+		{"exactly once", func(r *Row) { r.Payments, r.Charges, r.Taken, r.ChargedOnce = 2, 2, 24000, 2 }, true, "exactly once"},
+		{"card charged twice", func(r *Row) { r.Payments, r.Charges, r.Taken, r.ChargedOnce = 2, 4, 24000, 0 }, false,
+			"CARD CHARGED TWICE (+2 charges)"},
 		{"double charged", func(r *Row) { r.Payments, r.Taken, r.Overcharged, r.ChargedOnce = 5, 60000, 36000, 0 }, false,
 			"DOUBLE CHARGED (+36,000 KRW)"},
 		{"lost", func(r *Row) { r.Payments, r.Taken, r.Missing, r.ChargedOnce = 1, 12000, 12000, 1 }, false,
@@ -64,7 +66,7 @@ func TestRowVerdict(t *testing.T) {
 func TestReportOK(t *testing.T) {
 	t.Parallel()
 	once := func(m Mode, sc string) Row {
-		return Row{Mode: m, Scenario: sc, Customers: 1, Payments: 1, Taken: 100, ShouldBe: 100, ChargedOnce: 1}
+		return Row{Mode: m, Scenario: sc, Customers: 1, Payments: 1, Charges: 1, Taken: 100, ShouldBe: 100, ChargedOnce: 1}
 	}
 	twice := func(m Mode, sc string) Row {
 		return Row{Mode: m, Scenario: sc, Customers: 1, Payments: 2, Taken: 200, ShouldBe: 100, Overcharged: 100}
