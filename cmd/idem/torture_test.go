@@ -114,7 +114,7 @@ func TestTortureRequestsAcquirer(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			args := append(db, "--acquirer", "private", "--payments", "1000", "--dups", "2", "--crash-after-charge", "0.01", "--clients", "32",
-				"--kill-every", "500ms", "--timeout", "150s")
+				"--kill-every", "500ms", "--timeout", "300s")
 			code, stdout, stderr, r := runTorture(t, args...)
 			checkHeldDups(t, 1000, 2, code, stdout, stderr, r)
 			if r["charges"] != 1000 || r["crashes_after_charge"] == 0 {
