@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -26,7 +27,12 @@ prints requests/s, p50 and p99 for both and their ratio:
               the balance update, the payment insert, the key's response update
   SQLite:     the same transaction as PostgreSQL's, on the single writer
 
-plus replays (a key already completed) against the minimum's read. SQLite is
+plus replays (a key already completed) against the minimum's read, and, on
+PostgreSQL and SQLite, "slow": rounds of --concurrency first executions at
+once whose handler waits --slow-handler before its writes (as one that calls
+another service first), on both sides; its figure is a round's wall time
+(round_ms), which a store that made one request's wait everyone's would
+multiply by up to --concurrency. SQLite is
 measured on a temporary file, always when neither --postgres nor --redis is
 given, and beside them with --sqlite. PostgreSQL work happens in a schema of
 its own, dropped afterwards; Redis keys under a prefix of their own, deleted
@@ -46,6 +52,7 @@ minimum-http-<store>-<case>).
 	cmd.Flags().IntVar(&o.ReplayRequests, "replay-requests", 0, "requests per side and round of replays (default 10 × --requests)")
 	cmd.Flags().IntVar(&o.Rounds, "rounds", 5, "rounds; the sides alternate, in turned order each round, and the ratio is the median of the rounds' ratios")
 	cmd.Flags().IntVar(&o.Concurrency, "concurrency", 8, "requests in flight")
+	cmd.Flags().DurationVar(&o.SlowHandler, "slow-handler", 100*time.Millisecond, "how long the handler of the slow case waits before its writes; negative skips the case")
 	cmd.Flags().BoolVar(&o.Sealed, "sealed", false, "measure the middleware with keys sealed and kept bodies encrypted (what IDEM_KEY_SECRET and IDEM_BODY_KEYS turn on); its RESULT lines are idem-http-sealed-<store>-<case>")
 	cmd.Flags().BoolVar(&o.StoreReplays, "store-replays", false, "measure replays read from the store, with the answers kept in memory after a completion turned off (idemhttp's MemoryReplayFor); its RESULT lines are idem-http-storereplays-<store>-<case>")
 	cmd.Flags().StringVar(&o.Side, "side", "", "measure one side alone, middleware or minimum (for a --cpuprofile of it); no ratio is printed")
@@ -93,6 +100,10 @@ minimum-http-<store>-<case>).
 							c.Store, r.Middleware.PerSecond/c.Middleware.PerSecond)
 					}
 				}
+			}
+			if c.Case == "slow" && c.Ratio > 0 {
+				fmt.Fprintf(a.stdout, "%s: %d first executions at once, each waiting %v before its writes, take %.2fx the minimum's wall time\n",
+					c.Store, o.Concurrency, o.SlowHandler, 1/c.Ratio)
 			}
 		}
 		return nil

@@ -43,6 +43,14 @@ type Options struct {
 	Rounds int
 	// Concurrency is the number of requests in flight. Defaults to 8.
 	Concurrency int
+	// SlowHandler is how long the handler of the "slow" case waits before
+	// its writes (a validation, a call to another service): each round of
+	// that case is Concurrency first executions at once, on both sides,
+	// and its figure is the round's wall time, which a store that let one
+	// request's wait hold up the others' writes would multiply by up to
+	// Concurrency. Measured on PostgreSQL and SQLite. Defaults to 100ms;
+	// negative skips the case.
+	SlowHandler time.Duration
 	// SQLite measures SQLite too, on a file in a temporary directory. With
 	// neither URL, SQLite alone is measured whatever it says.
 	SQLite bool
@@ -94,7 +102,7 @@ type Result struct {
 // store and case.
 type Comparison struct {
 	Store      string // "redis", "postgres" or "sqlite"
-	Case       string // "first" or "replay"
+	Case       string // "first", "replay" or "slow"
 	Middleware Result
 	Minimum    Result
 	// Ratio is the median of the rounds' ratios, each the middleware's
@@ -127,6 +135,9 @@ func Run(ctx context.Context, opts *Options) ([]Comparison, error) {
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 8
+	}
+	if o.SlowHandler == 0 {
+		o.SlowHandler = 100 * time.Millisecond
 	}
 	if o.Out == nil {
 		o.Out = io.Discard
@@ -179,8 +190,11 @@ func (o *Options) middlewareConfig(store idem.Store) *idemhttp.Config {
 // compare alternates rounds of the middleware and the minimum.
 func compare(ctx context.Context, o *Options, store, kase string, mw, min side) (Comparison, error) {
 	n := o.Requests
-	if kase == "replay" {
+	switch kase {
+	case "replay":
 		n = o.ReplayRequests
+	case "slow":
+		n = o.Concurrency // one round: that many first executions at once
 	}
 	fmt.Fprintf(o.Out, "%s %s: %d rounds of %d requests, %d in flight\n", store, kase, o.Rounds, n, o.Concurrency)
 	var mwRounds, minRounds []Result
@@ -225,6 +239,9 @@ func compare(ctx context.Context, o *Options, store, kase string, mw, min side) 
 			fmt.Fprintf(o.Results, "RESULT,%s,req_per_s,%.1f,req/s\n", name, res.PerSecond)
 			fmt.Fprintf(o.Results, "RESULT,%s,p99_ms,%.3f,ms\n", name, float64(res.P99.Microseconds())/1000)
 			fmt.Fprintf(o.Results, "RESULT,%s,cpu_us_per_req,%.1f,us\n", name, float64(res.CPUPerRequest.Nanoseconds())/1000)
+			if kase == "slow" {
+				fmt.Fprintf(o.Results, "RESULT,%s,round_ms,%.1f,ms\n", name, float64(res.Elapsed.Microseconds())/1000)
+			}
 			*s.dst = append(*s.dst, res)
 		}
 	}
@@ -399,7 +416,17 @@ const paymentBody = `{"account_id":"acct_1","amount":1,"currency":"KRW"}`
 // servePayment serves one payment through h in-process, its account in the
 // request's context, and checks that it was created.
 func servePayment(ctx context.Context, h http.Handler, key string, acct int) error {
-	req := httptest.NewRequestWithContext(context.WithValue(ctx, accountKey{}, acct), http.MethodPost, "/v1/payments", strings.NewReader(paymentBody))
+	return serveSlowPayment(ctx, h, key, acct, 0)
+}
+
+// serveSlowPayment is servePayment for a handler that waits wait before
+// its writes (see waitBeforeWrites).
+func serveSlowPayment(ctx context.Context, h http.Handler, key string, acct int, wait time.Duration) error {
+	ctx = context.WithValue(ctx, accountKey{}, acct)
+	if wait > 0 {
+		ctx = context.WithValue(ctx, waitKey{}, wait)
+	}
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/payments", strings.NewReader(paymentBody))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(idemhttp.HeaderKey, key)
 	rr := httptest.NewRecorder()
@@ -408,4 +435,27 @@ func servePayment(ctx context.Context, h http.Handler, key string, acct int) err
 		return fmt.Errorf("status %d: %s", rr.Code, rr.Body.String())
 	}
 	return nil
+}
+
+type waitKey struct{}
+
+// waitBeforeWrites is what a handler of the "slow" case does before its
+// transaction: it waits as long as serveSlowPayment asked, as a handler
+// that calls another service first would.
+func waitBeforeWrites(ctx context.Context) {
+	if d, _ := ctx.Value(waitKey{}).(time.Duration); d > 0 {
+		time.Sleep(d)
+	}
+}
+
+// slowSides are the two sides of the "slow" case: each round, o.Concurrency
+// first executions at once, each handler waiting o.SlowHandler before its
+// writes.
+func slowSides(o *Options, accounts int, mw, min http.Handler) (side, side) {
+	serve := func(h http.Handler, prefix string) func(ctx context.Context, round, i int) error {
+		return func(ctx context.Context, round, i int) error {
+			return serveSlowPayment(ctx, h, fmt.Sprintf("%s-%d-%d", prefix, round, i), i%accounts, o.SlowHandler)
+		}
+	}
+	return side{name: "middleware", do: serve(mw, "slow")}, side{name: "minimum", do: serve(min, "min-slow")}
 }

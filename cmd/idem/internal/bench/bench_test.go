@@ -24,11 +24,11 @@ func TestRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var progress bytes.Buffer
-	cs, err := bench.Run(ctx, &bench.Options{PostgresURL: pg, RedisURL: rd, SQLite: true, Requests: 100, Rounds: 1, Concurrency: 4, Out: &progress})
+	cs, err := bench.Run(ctx, &bench.Options{PostgresURL: pg, RedisURL: rd, SQLite: true, Requests: 100, Rounds: 1, Concurrency: 4, SlowHandler: time.Millisecond, Out: &progress})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, progress.String())
 	}
-	want := []string{"redis first", "redis replay", "postgres first", "postgres replay", "sqlite first", "sqlite replay"}
+	want := []string{"redis first", "redis replay", "postgres first", "postgres replay", "postgres slow", "sqlite first", "sqlite replay", "sqlite slow"}
 	if len(cs) != len(want) {
 		t.Fatalf("%d comparisons, want %d", len(cs), len(want))
 	}
@@ -42,7 +42,7 @@ func TestRun(t *testing.T) {
 	}
 	var table bytes.Buffer
 	bench.Print(&table, cs)
-	if !strings.Contains(table.String(), "ratio") || strings.Count(table.String(), "\n") != 7 {
+	if !strings.Contains(table.String(), "ratio") || strings.Count(table.String(), "\n") != 9 {
 		t.Errorf("table:\n%s", table.String())
 	}
 }
@@ -50,12 +50,17 @@ func TestRun(t *testing.T) {
 // With no URL, SQLite alone is measured, on a temporary file.
 func TestRunSQLiteAlone(t *testing.T) {
 	var results bytes.Buffer
-	cs, err := bench.Run(context.Background(), &bench.Options{Requests: 50, Rounds: 1, Concurrency: 2, Results: &results})
+	cs, err := bench.Run(context.Background(), &bench.Options{Requests: 50, Rounds: 1, Concurrency: 2, SlowHandler: time.Millisecond, Results: &results})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cs) != 2 || cs[0].Store != "sqlite" || cs[0].Case != "first" || cs[1].Case != "replay" {
-		t.Fatalf("comparisons %+v, want sqlite first and replay", cs)
+	if len(cs) != 3 || cs[0].Store != "sqlite" || cs[0].Case != "first" || cs[1].Case != "replay" || cs[2].Case != "slow" {
+		t.Fatalf("comparisons %+v, want sqlite first, replay and slow", cs)
+	}
+	for _, name := range []string{"idem-http-sqlite-slow", "minimum-http-sqlite-slow"} {
+		if !strings.Contains(results.String(), "RESULT,"+name+",round_ms,") {
+			t.Errorf("no RESULT line for %s round_ms:\n%s", name, results.String())
+		}
 	}
 	for _, name := range []string{"idem-http-sqlite-first", "minimum-http-sqlite-first", "idem-http-sqlite-replay", "minimum-http-sqlite-replay"} {
 		for _, metric := range []string{"req_per_s", "p99_ms"} {

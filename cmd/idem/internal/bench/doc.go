@@ -23,6 +23,14 @@
 //     it kept in memory (idemhttp's Config.MemoryReplayFor), as it does a
 //     client's retry that comes soon after; Options.StoreReplays turns that
 //     off, and every replay reads the store.
+//   - PostgreSQL and SQLite, "slow": rounds of Concurrency first
+//     executions at once whose handler waits Options.SlowHandler (100ms)
+//     before its writes, as a handler that calls another service first;
+//     against the hand-written minimum waiting as long before its
+//     transaction. Its figure is a round's wall time (round_ms): where
+//     one request's wait held up the others' writes, as a transaction
+//     holding SQLite's single writer from the claim on would, a round
+//     takes up to Concurrency times the wait.
 //
 // Requests are served in-process (no HTTP sockets), both sides through the
 // same request scaffolding, so what is measured is the store work and the

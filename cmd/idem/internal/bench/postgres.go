@@ -49,6 +49,7 @@ func runPostgres(ctx context.Context, o *Options) ([]Comparison, error) {
 	// and the key's completion.
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		acct := r.Context().Value(accountKey{}).(int)
+		waitBeforeWrites(r.Context())
 		err := db.WithTx(r.Context(), func(ctx context.Context, tx pgx.Tx) error {
 			return debit(ctx, tx, acct)
 		})
@@ -65,6 +66,7 @@ func runPostgres(ctx context.Context, o *Options) ([]Comparison, error) {
 		key := r.Header.Get(idemhttp.HeaderKey)
 		acct := ctx.Value(accountKey{}).(int)
 		rr := httptest.NewRecorder()
+		waitBeforeWrites(ctx)
 		err := pgx.BeginFunc(ctx, db.Pool(), func(tx pgx.Tx) error {
 			tag, err := tx.Exec(ctx, `INSERT INTO bench_keys (key) VALUES ($1) ON CONFLICT DO NOTHING`, key)
 			if err != nil {
@@ -127,7 +129,16 @@ func runPostgres(ctx context.Context, o *Options) ([]Comparison, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []Comparison{first, replay}, nil
+	out := []Comparison{first, replay}
+	if o.SlowHandler > 0 {
+		mw, min := slowSides(o, accounts, h, minimumHandler)
+		slow, err := compare(ctx, o, "postgres", "slow", mw, min)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, slow)
+	}
+	return out, nil
 }
 
 type accountKey struct{}

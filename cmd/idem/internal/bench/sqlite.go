@@ -55,6 +55,7 @@ func runSQLite(ctx context.Context, o *Options) ([]Comparison, error) {
 	}
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		acct := r.Context().Value(accountKey{}).(int)
+		waitBeforeWrites(r.Context())
 		err := db.WithTx(r.Context(), func(ctx context.Context, tx *sql.Tx) error { return sqliteDebit(ctx, tx, acct) })
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -67,6 +68,7 @@ func runSQLite(ctx context.Context, o *Options) ([]Comparison, error) {
 		key := r.Header.Get(idemhttp.HeaderKey)
 		acct := ctx.Value(accountKey{}).(int)
 		rr := httptest.NewRecorder()
+		waitBeforeWrites(ctx)
 		err := func() error {
 			tx, err := db.Writer().BeginTx(ctx, nil)
 			if err != nil {
@@ -133,7 +135,16 @@ func runSQLite(ctx context.Context, o *Options) ([]Comparison, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []Comparison{first, replay}, nil
+	out := []Comparison{first, replay}
+	if o.SlowHandler > 0 {
+		mw, min := slowSides(o, accounts, h, minimumHandler)
+		slow, err := compare(ctx, o, "sqlite", "slow", mw, min)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, slow)
+	}
+	return out, nil
 }
 
 func sqliteDebit(ctx context.Context, tx *sql.Tx, acct int) error {
