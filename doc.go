@@ -24,7 +24,9 @@
 //     failure so that a retry runs again; a lease with a fencing Token
 //     covers the key in flight. TxStore completes a key in the caller's own
 //     transaction, with the effect; TxClaimer claims it there too, so no
-//     one ever sees it in flight; Replayer answers replays with one narrow
+//     one ever sees it in flight; SerialWriter says that the store's
+//     writes run one at a time, so that such a transaction would hold up
+//     every other write; Replayer answers replays with one narrow
 //     read; Waiter wakes duplicates waiting for a key.
 //   - idemhttp: the server middleware built on a Store (claim, run once,
 //     keep, replay, refuse mismatches with 422), and the client half, a

@@ -288,6 +288,25 @@ type TxClaimer interface {
 	ClaimTx(ctx context.Context, req ClaimRequest, wait time.Duration, work ClaimedWork) (claim Claim, kept bool, err error)
 }
 
+// SerialWriter is a TxStore whose database runs one write transaction at
+// a time (SQLite: one writer per file). There, a transaction open while its
+// caller does something slow before writing (a validation, a call to
+// another service, a lock wait) makes every other write wait that long, and
+// a TxClaimer's ClaimTx holds its transaction from the claim to the commit,
+// whatever the work does in between. A caller that cannot tell how long its
+// work takes before it writes (idemhttp cannot) therefore claims with
+// Claim, one short write, and runs the work in CompleteTx, which a
+// SerialWriter begins only at the work's first write: the key's completion
+// still commits with the work's writes, and the writer is held only while
+// they are made.
+type SerialWriter interface {
+	TxStore
+
+	// WritesSerially reports whether the store's write transactions run one
+	// at a time. A wrapper of a store forwards its answer.
+	WritesSerially() bool
+}
+
 // Replayer is a Store that answers the duplicate of a completed key with
 // one read of only what the answer needs: the kept response, and whether
 // the duplicate is the same request. idemhttp uses it, when the store

@@ -49,7 +49,10 @@ type Config struct {
 	// writes to the store's database and the stored response commit
 	// together, and nothing reaches the client before that commit. When it
 	// also implements idem.TxClaimer, the key is claimed in that same
-	// transaction (TxClaimer.ClaimTx).
+	// transaction (TxClaimer.ClaimTx), unless it writes serially
+	// (idem.SerialWriter: idemsqlite), where that transaction would hold
+	// the only writer through whatever the handler does before it writes;
+	// there the key is claimed with one short write first.
 	Store idem.Store
 
 	// SeparateTx forces the two-step form (claim, run, complete) even with a

@@ -59,8 +59,16 @@
 // that outlives its lease and was taken over is refused at commit and its
 // writes are rolled back (fencing), so even then the effect happens once.
 //
-// With an idem.TxClaimer (idempg), the key is also claimed in that
-// transaction (ClaimTx): claim, writes and answer commit together, a crash
+// Where the store's write transactions run one at a time (an
+// idem.SerialWriter: idemsqlite, SQLite having one writer per file), the
+// key is claimed with one short write before the handler runs, and the
+// transaction begins at the handler's first write: a handler that waits
+// for something before writing (a validation, a call to another service)
+// holds the writer only while it writes, and other requests' writes go on
+// meanwhile. A duplicate sees the key in flight and waits for the answer.
+//
+// With an idem.TxClaimer that does not write serially (idempg), the key is
+// also claimed in that transaction (ClaimTx): claim, writes and answer commit together, a crash
 // or a failed handler leaves the key free for the retry at once, and a
 // duplicate arriving meanwhile waits in the database (at most
 // Config.InflightWait) for the first transaction, then replays its answer.

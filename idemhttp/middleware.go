@@ -120,6 +120,12 @@ func New(cfg *Config) (*Middleware, error) {
 //   - ClaimTx: claim the key inside the transaction the handler then runs
 //     in, so that the claim, the handler's writes and the answer commit
 //     together, and a duplicate in this process waits at the key's gate.
+//
+// A store whose writes run one at a time (idem.SerialWriter: SQLite) gets
+// the CompleteTx form even when it offers ClaimTx: ClaimTx's transaction,
+// begun at the claim, would hold the only writer through everything the
+// handler does before it writes, and every other request would wait that
+// long; CompleteTx's begins at the handler's first write.
 func (m *Middleware) chooseForm() {
 	m.claim, m.run = m.claimSeparately, m.runSeparately
 	ts, ok := m.store.(idem.TxStore)
@@ -127,6 +133,9 @@ func (m *Middleware) chooseForm() {
 		return
 	}
 	m.txStore, m.run = ts, m.runInTx
+	if sw, ok := ts.(idem.SerialWriter); ok && sw.WritesSerially() {
+		return
+	}
 	if tc, ok := ts.(idem.TxClaimer); ok {
 		m.txClaimer, m.claim = tc, m.claimInTx
 	}

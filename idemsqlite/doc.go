@@ -121,6 +121,15 @@
 // its own. Store methods called with such a context join it too. The
 // transaction of CompleteTx begins only when first used, so a handler that
 // waits for something before writing does not hold the writer meanwhile.
+//
+// That is why idemhttp, on this store, claims a key with Store.Claim (one
+// short write) and runs the handler in CompleteTx, rather than in
+// Store.ClaimTx, which claims the key in the transaction that runs the work
+// and so holds the single writer from the claim to the commit: there, one
+// request whose handler waited 400ms before writing held up every other
+// write of the process for as long, and 8 such requests at once took 3.2s
+// instead of 0.4s. The Store says so through idem.SerialWriter. ClaimTx
+// saves the claim's write, and suits work that writes at once.
 // When the work fails, does not keep its answer, or panics, or the lease was
 // lost to another holder, everything it wrote is rolled back.
 //

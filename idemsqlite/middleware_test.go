@@ -8,8 +8,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
@@ -17,13 +20,97 @@ import (
 	"github.com/idem-go/idem/idemtest"
 )
 
-// The middleware on the store, in the same-transaction form with the claim
-// in the handler's transaction (ClaimTx), and with CompleteTx alone.
+// The middleware on the store: in the form it chooses for it (the store
+// writes serially, so Claim, then the handler in CompleteTx), with the claim
+// in the handler's transaction (ClaimTx), which it chooses for a TxClaimer
+// that does not write serially, and with a TxStore that is no TxClaimer.
 func TestMiddleware(t *testing.T) {
 	t.Parallel()
 	idemtest.TestMiddleware(t, func(t *testing.T, clock idem.Clock) idem.Store {
 		return newStore(t, openDB(t), clock)
 	})
+}
+
+func TestMiddlewareClaimTx(t *testing.T) {
+	t.Parallel()
+	idemtest.TestMiddleware(t, func(t *testing.T, clock idem.Clock) idem.Store {
+		return claimTxForm{completeTxOnly{newStore(t, openDB(t), clock)}}
+	})
+}
+
+// claimTxForm is the store without its WritesSerially, so that the
+// middleware claims in the handler's transaction (ClaimTx).
+type claimTxForm struct{ completeTxOnly }
+
+func (c claimTxForm) ClaimTx(ctx context.Context, req idem.ClaimRequest, wait time.Duration, work idem.ClaimedWork) (idem.Claim, bool, error) {
+	return c.s.ClaimTx(ctx, req, wait, work)
+}
+
+// A handler that waits before its writes (a call to another service) does
+// not hold the single writer meanwhile: another request's writes commit,
+// and its answer comes, while the first still waits; and a duplicate of the
+// waiting request waits for its answer, which it replays, the handler
+// having run once.
+func TestMiddlewareSlowHandlerHoldsNoWriter(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	migratePayments(t, db)
+	store := newStore(t, db, idem.SystemClock{})
+	entered, proceed := make(chan struct{}, 1), make(chan struct{})
+	var runs atomic.Int32
+	h := mustMiddleware(t, &idemhttp.Config{SharedScope: true, Store: store}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get(idemhttp.HeaderKey)
+		if key == "slow" {
+			runs.Add(1)
+			entered <- struct{}{}
+			<-proceed
+		}
+		if err := insertPayment(r.Context(), db, key); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	do := func(key string) <-chan *httptest.ResponseRecorder {
+		out := make(chan *httptest.ResponseRecorder, 1)
+		go func() {
+			req := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader("{}"))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set(idemhttp.HeaderKey, key)
+			rr := httptest.NewRecorder()
+			h.ServeHTTP(rr, req)
+			out <- rr
+		}()
+		return out
+	}
+	slow := do("slow")
+	<-entered
+	dup := do("slow")
+	// A bound, not a measure: with the writer held by the waiting request,
+	// this one would wait for it for ever.
+	select {
+	case rr := <-do("fast"):
+		if rr.Code != http.StatusCreated {
+			t.Fatalf("the other request: %d %s", rr.Code, rr.Body)
+		}
+	case <-time.After(30 * time.Second):
+		close(proceed)
+		t.Fatal("another request could not write while a handler waited before its writes")
+	}
+	if got := payments(t, db); !slices.Equal(got, []string{"fast"}) {
+		t.Errorf("committed %v while the slow request waited, want [fast]", got)
+	}
+	close(proceed)
+	first, second := <-slow, <-dup
+	if first.Code != http.StatusCreated || second.Code != http.StatusCreated || second.Header().Get(idemhttp.HeaderReplayed) != "true" {
+		t.Errorf("the slow request: %d; its duplicate: %d, replayed %q", first.Code, second.Code, second.Header().Get(idemhttp.HeaderReplayed))
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the slow handler ran %d times, want 1", n)
+	}
+	if got := payments(t, db); !slices.Equal(got, []string{"fast", "slow"}) {
+		t.Errorf("committed %v, want [fast slow]", got)
+	}
 }
 
 func TestMiddlewareCompleteTxOnly(t *testing.T) {
@@ -117,8 +204,8 @@ func TestSameTransaction(t *testing.T) {
 }
 
 // BenchmarkMiddleware measures idemhttp's middleware in front of a trivial
-// handler on the store (in the same-transaction form: the claim in the
-// handler's transaction), for first executions and for replays, beside the
+// handler on the store (in the same-transaction form: Claim, then the
+// handler in CompleteTx), for first executions and for replays, beside the
 // bare handler as the baseline of the same run:
 //
 //	go test -run '^$' -bench Middleware -benchtime 2s ./idemsqlite/

@@ -37,9 +37,10 @@ type Store struct {
 }
 
 var (
-	_ idem.Store     = (*Store)(nil)
-	_ idem.TxClaimer = (*Store)(nil)
-	_ idem.Replayer  = (*Store)(nil)
+	_ idem.Store        = (*Store)(nil)
+	_ idem.TxClaimer    = (*Store)(nil)
+	_ idem.Replayer     = (*Store)(nil)
+	_ idem.SerialWriter = (*Store)(nil)
 )
 
 // NewStore applies the store's schema migrations to db (component
@@ -306,6 +307,14 @@ func (s *Store) claimFound(ctx context.Context, r runner, req idem.ClaimRequest,
 	return idem.Claim{Outcome: idem.Acquired, Token: fresh.Token, Record: fresh}, nil
 }
 
+// WritesSerially implements idem.SerialWriter: it is true, as every write
+// transaction of a DB runs on its single writer connection. So idemhttp
+// claims a key with Claim, a short write, and runs the handler in
+// CompleteTx, whose transaction takes the writer at the handler's first
+// write, rather than in ClaimTx, which would hold the writer from the claim
+// on, through whatever the handler does before it writes.
+func (s *Store) WritesSerially() bool { return true }
+
 // ClaimTx implements idem.TxClaimer: the claim, work's writes and the
 // completion are one write transaction, one synced commit, where Claim
 // and CompleteTx take two. A new key's record is written once, completed,
@@ -324,6 +333,12 @@ func (s *Store) claimFound(ctx context.Context, r runner, req idem.ClaimRequest,
 // Config.BusyTimeout, and fails with SQLITE_BUSY after it, without having
 // run anything. Returns ErrNestedCompleteTx when ctx already carries a
 // transaction of the same DB.
+//
+// The transaction holds the DB's single writer from the claim to the
+// commit, whatever work does meanwhile: every other write of the process
+// waits for all of it. Use ClaimTx for work that writes at once; for work
+// that may wait on something first, Claim and CompleteTx hold the writer
+// only while they write (see WritesSerially).
 func (s *Store) ClaimTx(ctx context.Context, req idem.ClaimRequest, wait time.Duration, work idem.ClaimedWork) (idem.Claim, bool, error) {
 	if err := req.Validate(); err != nil {
 		return idem.Claim{}, false, err

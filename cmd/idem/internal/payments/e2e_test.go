@@ -496,27 +496,18 @@ func TestMismatchIsRefusedInFlightAndAfter(t *testing.T) {
 	})
 }
 
-// inFlight reports whether a request holds the key. Where the store claims
-// keys in the request's own transaction (idem.TxClaimer), nobody else sees
-// the key until that commits: on PostgreSQL a claim that must wait for it
-// tells, and the probe's own claim, should it win, is rolled back; on
-// SQLite the transaction holds the writer.
+// inFlight reports whether a request holds the key. Where the middleware
+// claims keys in the request's own transaction (idem.TxClaimer, PostgreSQL),
+// nobody else sees the key until that commits: a claim that must wait for it
+// tells, and the probe's own claim, should it win, is rolled back.
 func (e *env) inFlight(tenant, key string) bool {
 	e.t.Helper()
-	if e.cfg.DB != nil {
-		// SQLite's claiming transaction holds the single writer until it
-		// ends: with one slow request running, a writer busy for longer
-		// than the service's own short writes (its relay's, its purger's)
-		// is that request.
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		defer cancel()
-		conn, err := e.cfg.DB.Writer().Conn(ctx)
-		if err == nil {
-			conn.Close()
-		}
-		return errors.Is(err, context.DeadlineExceeded)
-	}
-	if tc, ok := e.keys.(idem.TxClaimer); ok {
+	// On a store that writes serially (SQLite) the middleware claims the
+	// key with a write of its own, and Get sees it in flight; a TxClaimer
+	// otherwise claims it in the handler's transaction, which only a
+	// claim sees, waiting for it.
+	sw, serial := e.keys.(idem.SerialWriter)
+	if tc, ok := e.keys.(idem.TxClaimer); ok && !(serial && sw.WritesSerially()) {
 		req := idem.ClaimRequest{Scope: idem.Scope(tenant), Key: idem.Key(key), Fingerprint: "probe",
 			Lease: time.Minute, TTL: time.Hour}
 		c, _, err := tc.ClaimTx(context.Background(), req, time.Millisecond,

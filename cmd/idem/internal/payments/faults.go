@@ -120,9 +120,15 @@ func injectBeforeCommit(ctx context.Context) error {
 	return nil
 }
 
-// injectDelay sleeps for the requested delay. It runs before the write's
-// transaction begins, so a delayed request holds its idempotency key but not
-// SQLite's single writer, and delayed requests overlap.
+// injectDelay sleeps for the requested delay, as a handler that calls
+// another service before it writes would. It runs in the handler, under the
+// key's claim and before the write's transaction begins, so a delayed
+// request holds its idempotency key but not SQLite's single writer (on
+// SQLite the middleware claims the key with a write of its own and begins
+// the handler's transaction at its first write: see idem.SerialWriter),
+// and delayed requests of different keys overlap. With PostgreSQL the
+// delayed request holds its pool connection and its key's advisory lock,
+// no lock another key needs.
 func injectDelay(ctx context.Context) error {
 	d := faultsFrom(ctx).delay
 	if d <= 0 {
