@@ -49,7 +49,9 @@
 //     fsyncs the whole WAL file, earlier unsynced frames included: once
 //     anything after the claim is durable, the claim is too. Losing a claim
 //     to a power failure only frees its key. The writer goes back to
-//     synchronous=FULL before anyone else uses it.
+//     synchronous=FULL before anyone else uses it. A claim that reaches
+//     the writer while a group commit is open (see below) joins the group
+//     instead, and shares its sync, rather than make it commit early.
 //
 // # Group commit
 //

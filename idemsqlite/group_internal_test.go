@@ -326,3 +326,60 @@ func TestGroupCommitEndsBeforeAnUnsyncedTransaction(t *testing.T) {
 		t.Errorf("committed %v", got)
 	}
 }
+
+// A claim (withClaimTx) that reaches the writer while a group is open joins
+// it, and commits with it, where another unsynced transaction would end
+// the group first; one that finds no group open runs alone, unsynced.
+func TestGroupCommitTakesInAClaim(t *testing.T) {
+	db := groupDB(t, time.Hour)
+	ctx := t.Context()
+	proceed := make(chan struct{})
+	type result struct {
+		group *txGroup
+		err   error
+	}
+	first := make(chan result, 1)
+	go func() {
+		var r result
+		r.err = db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+			r.group = db.carried(ctx).group
+			if _, err := tx.ExecContext(ctx, `INSERT INTO ids (id) VALUES ('a')`); err != nil {
+				return err
+			}
+			<-proceed
+			return nil
+		})
+		first <- r
+	}()
+	queuedOrHolding(t, &db.queue)
+	claim := func(id string) <-chan result {
+		out := make(chan result, 1)
+		go func() {
+			var r result
+			r.err = db.withClaimTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+				r.group = db.carried(ctx).group
+				_, err := tx.ExecContext(ctx, `INSERT INTO ids (id) VALUES (?)`, id)
+				return err
+			})
+			out <- r
+		}()
+		return out
+	}
+	joined := claim("c")
+	queued(t, &db.queue, 1)
+	close(proceed)
+	a, c := <-first, <-joined
+	if a.err != nil || c.err != nil {
+		t.Fatalf("the transaction: %v; the claim: %v", a.err, c.err)
+	}
+	if c.group == nil || c.group != a.group || a.group.joined != 2 {
+		t.Errorf("the claim ran in group %p, the transaction before it in %p: want one group of 2", c.group, a.group)
+	}
+	alone := <-claim("d")
+	if alone.err != nil || alone.group != nil {
+		t.Errorf("a claim with no group open: %v, in group %p; want alone", alone.err, alone.group)
+	}
+	if got := committedIDs(t, db); !slices.Equal(got, []string{"a", "c", "d"}) {
+		t.Errorf("committed %v", got)
+	}
+}

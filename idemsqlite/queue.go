@@ -129,6 +129,14 @@ func (q *writerQueue) release() {
 	close(next.turn)
 }
 
+// groupOpen reports whether a group is open. Only the turn's holder may
+// rely on the answer: nobody else begins or ends a group.
+func (q *writerQueue) groupOpen() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.group != nil
+}
+
 // keepOpen reports whether g stays open for the first caller waiting.
 // q.mu is held.
 func (q *writerQueue) keepOpen(g *txGroup) bool {

@@ -186,7 +186,9 @@ func nextToken(prev idem.Token, now time.Time) idem.Token {
 }
 
 // Claim implements idem.Store. It is one write transaction on the writer
-// connection, which makes its read and its write atomic. Called with a
+// connection, which makes its read and its write atomic; it commits
+// unsynced, or with the group commit open when it reaches the writer (see
+// the package documentation). Called with a
 // context that carries a transaction of the DB (WithTx), it joins it, and
 // the claim commits or rolls back with that transaction.
 func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
@@ -199,7 +201,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 		}
 	}
 	var claim idem.Claim
-	err := s.db.withUnsyncedTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err := s.db.withClaimTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		var err error
 		claim, err = s.claimIn(ctx, s.db.in(tx), req)
 		return err
