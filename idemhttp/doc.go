@@ -68,9 +68,10 @@
 // meanwhile. A duplicate sees the key in flight and waits for the answer.
 //
 // With an idem.TxClaimer that does not write serially (idempg), the key is
-// also claimed in that transaction (ClaimTx): claim, writes and answer commit together, a crash
-// or a failed handler leaves the key free for the retry at once, and a
-// duplicate arriving meanwhile waits in the database (at most
+// also claimed in that transaction (ClaimTx): claim, writes and answer
+// commit together, a crash or a failed handler leaves the key free for the
+// retry at once, and a duplicate arriving meanwhile waits in the database
+// (at most
 // Config.InflightWait) for the first transaction, then replays its answer.
 // That wait holds a pool connection, so the duplicates of a key the same
 // process is executing wait in the process instead, holding none: a burst
