@@ -25,7 +25,7 @@ type answerOf struct {
 // told when it ends.
 func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, ex Execution, of answerOf, log reqLog) {
 	ref := idem.Ref{Scope: ex.Scope, Key: ex.Key, Token: ex.Token}
-	defer m.local.notify(waitKey{ref.Scope, ref.Key})
+	defer m.local.Notify(waitKey{Scope: ref.Scope, Key: ref.Key})
 	hctx := newExecCtx(m.beginPhase(r.Context(), PhaseHandler), m.cfg.Lease*9/10, ex)
 	defer hctx.stop()
 	m.run(next, w, r, hctx, ref, of, log)
@@ -62,7 +62,7 @@ func (m *Middleware) runSeparately(next http.Handler, w http.ResponseWriter, r *
 			log.LogAttrs(r.Context(), slog.LevelError, "could not store the answer; the key stays in flight until its lease ends",
 				slog.Int("status", status), slog.String("error", err.Error()))
 		default:
-			m.recent.keep(waitKey{ref.Scope, ref.Key}, of.fp, &kept, of.expires)
+			m.recent.keep(waitKey{Scope: ref.Scope, Key: ref.Key}, of.fp, &kept, of.expires)
 			m.tally(r.Context(), OutcomeExecuted)
 			log.LogAttrs(r.Context(), slog.LevelDebug, "executed", slog.Int("status", status))
 		}

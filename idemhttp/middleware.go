@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/keywait"
 )
 
 // Outcome names what the middleware did with one protected request.
@@ -50,8 +51,8 @@ type Middleware struct {
 	methods  map[string]bool
 	replay   []string
 	log      *slog.Logger
-	local    localWaits
-	gates    claimGates
+	local    keywait.Local
+	gates    keywait.Gates
 	// recent are the keys seen completed lately (nil: none are kept).
 	recent *recentKeys
 	// bodies seals kept bodies (nil: they are kept as they are).
@@ -108,7 +109,6 @@ func New(cfg *Config) (*Middleware, error) {
 	if w, ok := c.Store.(idem.Waiter); ok {
 		m.waiter = w
 	}
-	m.local.m = make(map[waitKey]*waitEntry)
 	return m, nil
 }
 

@@ -169,9 +169,9 @@ func encodeAnswer(k waitKey, fp idem.Fingerprint, resp *idem.Response) []byte {
 	// Room for all but the headers, which are few and short: iterating
 	// over them once more to size them exactly costs more than the
 	// occasional growth.
-	b := make([]byte, 0, 64+len(k.scope)+len(k.key)+len(fp)+len(resp.Body))
-	b = appendString(b, string(k.scope))
-	b = appendString(b, string(k.key))
+	b := make([]byte, 0, 64+len(k.Scope)+len(k.Key)+len(fp)+len(resp.Body))
+	b = appendString(b, string(k.Scope))
+	b = appendString(b, string(k.Key))
 	b = appendString(b, string(fp))
 	b = binary.LittleEndian.AppendUint32(b, uint32(resp.Status))
 	var flags byte
@@ -201,7 +201,7 @@ func appendString(b []byte, s string) []byte {
 func decodeAnswer(b []byte, k waitKey, fp idem.Fingerprint) (*idem.Response, bool) {
 	d := answerDecoder{b: b}
 	// string(b) == s compares without making a string of b.
-	if string(d.bytes()) != string(k.scope) || string(d.bytes()) != string(k.key) || string(d.bytes()) != string(fp) {
+	if string(d.bytes()) != string(k.Scope) || string(d.bytes()) != string(k.Key) || string(d.bytes()) != string(fp) {
 		return nil, false
 	}
 	resp := &idem.Response{Status: int(d.uint32())}

@@ -18,7 +18,7 @@ func BenchmarkRecentKeys(b *testing.B) {
 	expires := time.Now().Add(24 * time.Hour)
 	keys := make([]waitKey, 2*defaultRecentKeys)
 	for i := range keys {
-		keys[i] = waitKey{"", idem.Key("first-0-" + strconv.Itoa(i))}
+		keys[i] = waitKey{Scope: "", Key: idem.Key("first-0-" + strconv.Itoa(i))}
 	}
 	for _, k := range keys[:defaultRecentKeys] {
 		r.keep(k, "fp", resp, expires)

@@ -11,7 +11,7 @@ import (
 	"github.com/idem-go/idem/idemmem"
 )
 
-func keyN(i int) waitKey { return waitKey{"s", idem.Key(fmt.Sprint("k", i))} }
+func keyN(i int) waitKey { return waitKey{Scope: "s", Key: idem.Key(fmt.Sprint("k", i))} }
 
 func TestRecentKeysForgetsTheOldest(t *testing.T) {
 	r := newRecentKeys(3, 0, 0, idem.SystemClock{})

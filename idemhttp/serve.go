@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/keywait"
 )
 
 func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
@@ -72,7 +73,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 
 	ctx := r.Context()
 	deadline := time.Now().Add(m.cfg.InflightWait)
-	wk := waitKey{scope, key}
+	wk := waitKey{Scope: scope, Key: key}
 	switch resp, seen := m.recent.lookup(wk, fp); {
 	case resp != nil:
 		m.replayKept(ctx, w, log, resp)
@@ -160,7 +161,7 @@ func (m *Middleware) claimSeparately(_ http.Handler, _ http.ResponseWriter, r *h
 }
 
 // keyWatch is a duplicate's watch for this process's completion of a key
-// in flight (localWaits.watch).
+// in flight (keywait.Local.Watch).
 type keyWatch struct {
 	changed <-chan struct{}
 	end     func()
@@ -169,9 +170,9 @@ type keyWatch struct {
 func (kw *keyWatch) watching() bool { return kw.changed != nil }
 
 // start watches wk afresh, ending the watch before.
-func (kw *keyWatch) start(local *localWaits, wk waitKey) {
+func (kw *keyWatch) start(local *keywait.Local, wk waitKey) {
 	kw.stop()
-	kw.changed, kw.end = local.watch(wk)
+	kw.changed, kw.end = local.Watch(wk)
 }
 
 // stop ends the watch, if any; the channel it watched stays, so that a
@@ -231,7 +232,7 @@ func (m *Middleware) waitChange(ctx context.Context, wk waitKey, changed <-chan 
 		storeSignal = done
 		go func() {
 			defer close(done)
-			m.waiter.WaitChange(wctx, wk.scope, wk.key)
+			m.waiter.WaitChange(wctx, wk.Scope, wk.Key)
 		}()
 		defer func() { cancel(); <-done }()
 	}

@@ -73,9 +73,9 @@ func (m *Middleware) runInTx(next http.Handler, w http.ResponseWriter, r *http.R
 func (m *Middleware) claimInTx(next http.Handler, w http.ResponseWriter, r *http.Request, req idem.ClaimRequest,
 	deadline time.Time, log reqLog, watch *keyWatch) (idem.Claim, bool, error) {
 	ctx := r.Context()
-	wk := waitKey{req.Scope, req.Key}
+	wk := waitKey{Scope: req.Scope, Key: req.Key}
 	for {
-		ended, fp, done := m.gates.executing(wk)
+		ended, fp, done := m.gates.Executing(wk)
 		if ended == nil {
 			break
 		}
@@ -117,7 +117,7 @@ func (m *Middleware) claimTx(next http.Handler, w http.ResponseWriter, r *http.R
 		run.of.expires = c.Record.ExpiresAt
 		m.storeSince(r.Context(), StoreClaim, nil)
 		m.endPhase(r.Context(), PhaseClaim, Event{Claim: ClaimAcquired, TookOver: c.TookOver})
-		endGate = m.gates.begin(waitKey{req.Scope, req.Key}, req.Fingerprint)
+		endGate = m.gates.Begin(waitKey{Scope: req.Scope, Key: req.Key}, req.Fingerprint)
 		if c.TookOver {
 			log.LogAttrs(r.Context(), slog.LevelWarn, "took over an expired lease: an earlier execution may have crashed", slog.Int64("token", int64(c.Token)))
 		}
@@ -129,7 +129,7 @@ func (m *Middleware) claimTx(next http.Handler, w http.ResponseWriter, r *http.R
 		return claim, false, err
 	}
 	ref := idem.Ref{Scope: req.Scope, Key: req.Key, Token: claim.Token}
-	defer m.local.notify(waitKey{ref.Scope, ref.Key})
+	defer m.local.Notify(waitKey{Scope: ref.Scope, Key: ref.Key})
 	// A fresh claim that is not kept was rolled back with everything else;
 	// a key taken over must still be released.
 	m.finishTx(w, r, ref, run, kept, err, !claim.TookOver, log)
@@ -149,7 +149,7 @@ func (m *Middleware) finishTx(w http.ResponseWriter, r *http.Request, ref idem.R
 	}
 	switch {
 	case err == nil && kept:
-		m.recent.keep(waitKey{ref.Scope, ref.Key}, run.of.fp, &run.kept, run.of.expires)
+		m.recent.keep(waitKey{Scope: ref.Scope, Key: ref.Key}, run.of.fp, &run.kept, run.of.expires)
 		m.tally(r.Context(), OutcomeExecuted)
 		log.LogAttrs(r.Context(), slog.LevelDebug, "executed", slog.Int("status", status))
 		rec.send(nil)
