@@ -1,0 +1,235 @@
+package idemgrpc
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemhttp"
+)
+
+// Metadata names.
+const (
+	// MetadataKey carries the client's idempotency key, the gRPC spelling
+	// of HTTP's Idempotency-Key header (metadata names are lower case).
+	MetadataKey = "idempotency-key"
+	// MetadataReplayed is set to "true" in the header metadata of every
+	// replayed answer.
+	MetadataReplayed = "idempotent-replayed"
+)
+
+// Defaults of Config.
+const (
+	DefaultTTL          = 24 * time.Hour
+	DefaultLease        = time.Minute
+	DefaultInflightWait = 5 * time.Second
+)
+
+// Policy says what the interceptor does with a method's calls.
+type Policy int
+
+const (
+	// Required protects the method: a call without a key is refused with
+	// InvalidArgument.
+	Required Policy = iota + 1
+	// Optional protects the calls that carry a key and lets the others
+	// through, unprotected.
+	Optional
+	// Off lets every call through untouched, with or without a key.
+	Off
+)
+
+func (p Policy) String() string {
+	switch p {
+	case Required:
+		return "required"
+	case Optional:
+		return "optional"
+	case Off:
+		return "off"
+	}
+	return fmt.Sprintf("Policy(%d)", int(p))
+}
+
+// Config configures an Interceptor. The zero value of every field but
+// Store and Scope (or SharedScope) means its default.
+type Config struct {
+	// Store keeps the keys. Required. When it implements idem.TxStore and
+	// SeparateTx is false, the handler runs inside Store.CompleteTx, so its
+	// writes to the store's database and the kept answer commit together,
+	// and nothing reaches the client before that commit. When it also
+	// implements idem.TxClaimer, the key is claimed in that same
+	// transaction (TxClaimer.ClaimTx).
+	Store idem.Store
+
+	// SeparateTx forces the two-step form (claim, run, complete) even with a
+	// TxStore or TxClaimer. Defaults to false.
+	SeparateTx bool
+
+	// Scope returns who owns the call's key (a tenant, an authenticated
+	// peer), from the call's context (its metadata, its peer, what an
+	// authentication interceptor before this one put there) and its full
+	// method name. Keys never cross scopes. An error refuses the call with
+	// Unauthenticated and runs nothing; its text is logged, not sent,
+	// unless it is a gRPC status error (status.Error), which is sent as it
+	// is. Required, unless SharedScope says that every caller shares one
+	// scope.
+	Scope func(ctx context.Context, fullMethod string) (idem.Scope, error)
+
+	// SharedScope puts every call's key in one scope, shared by all
+	// callers, when Scope is nil: a key one caller sent is then the same key
+	// for any other, replays included. Set it only for a service with one
+	// caller, or whose keys are unguessable and never shared. Defaults to
+	// false: New refuses a Config with neither.
+	SharedScope bool
+
+	// Methods sets the policy of single methods, by full method name
+	// ("/payments.v1.Payments/Create"), or of a whole service
+	// ("/payments.v1.Payments/*"); a method's own entry wins over its
+	// service's. Defaults to none: every method gets Default.
+	Methods map[string]Policy
+
+	// Default is the policy of the methods Methods does not name. Defaults
+	// to Required, except for methods whose descriptor, in the protobuf
+	// registry, declares idempotency_level NO_SIDE_EFFECTS or IDEMPOTENT:
+	// they are safe to run twice by their own contract, and default to Off.
+	Default Policy
+
+	// TTL is how long a key is remembered from its claim. Defaults to 24h.
+	TTL time.Duration
+
+	// Lease is how long an execution holds its key before a retry may take
+	// it over (after a crash, say). The handler's context is cancelled when
+	// 90% of it has passed, so a well-behaved handler finishes inside its
+	// lease. Defaults to 1m, or TTL when that is shorter.
+	Lease time.Duration
+
+	// InflightWait is how long a duplicate waits for the first execution to
+	// finish before it is answered Aborted, with a RetryInfo. Negative means
+	// not at all. Defaults to 5s, or less when the call's deadline is
+	// sooner: a duplicate never waits past its own deadline.
+	InflightWait time.Duration
+
+	// PollInterval is the longest a waiting duplicate goes without asking
+	// the store again, for changes made by other processes when the store
+	// is not an idem.Waiter. Defaults to 250ms.
+	PollInterval time.Duration
+
+	// Keep decides, from the handler's status code, whether an answer is
+	// kept and replayed (a deterministic outcome) or the key released so a
+	// retry runs again. Defaults to DefaultKeep.
+	Keep func(fullMethod string, code codes.Code) bool
+
+	// ReplayMetadata are the header and trailer metadata names whose values
+	// the handler set (grpc.SetHeader, grpc.SendHeader, grpc.SetTrailer)
+	// that are kept and replayed with the answer. Nothing else is: metadata
+	// often carries what is about one call only (a trace, a server's
+	// timing). Names are compared in lower case. Defaults to none.
+	ReplayMetadata []string
+
+	// KeySecret, when set, seals every key before the store sees it, as
+	// idemhttp.Config.KeySecret does (idemhttp.SealKey): the store keeps an
+	// HMAC of the scope and the key, never the key. At least
+	// idemhttp.MinKeySecretLen bytes, the same for every replica. Defaults
+	// to none.
+	KeySecret []byte
+
+	// Observer sees the phases of every protected call (claim, handler,
+	// complete, replay) and every round trip to the store: it is
+	// idemhttp's seam, so idemprom's MiddlewareObserver and idemotel's
+	// observer work unchanged. An Event's Request describes the call as the
+	// HTTP/2 request it is (POST to the full method name, Content-Type
+	// application/grpc), and its Status is the HTTP status gRPC's code maps
+	// to (HTTPStatus). Defaults to nil: nothing is observed, at no cost.
+	Observer idemhttp.Observer
+
+	// Logger receives one record per protected call that did not simply
+	// run or replay, and the errors that clients are not shown. Keys are
+	// logged as idem.KeyDigest of their scope and key, never as they are.
+	// Defaults to a logger that discards.
+	Logger *slog.Logger
+}
+
+// DefaultKeep keeps the answers a handler decides from the request and
+// the state it finds, which a retry would get again: OK, InvalidArgument,
+// NotFound, AlreadyExists, PermissionDenied, FailedPrecondition and
+// OutOfRange. Every other code is transient, and keeps nothing: Canceled,
+// DeadlineExceeded, Unavailable, ResourceExhausted, Aborted (each asks for
+// a retry by definition), Unknown, Internal, DataLoss (a server's failure,
+// HTTP's 5xx), Unimplemented (a server not yet upgraded) and
+// Unauthenticated (the client refreshes its credentials and retries).
+func DefaultKeep(_ string, code codes.Code) bool {
+	switch code {
+	case codes.OK, codes.InvalidArgument, codes.NotFound, codes.AlreadyExists,
+		codes.PermissionDenied, codes.FailedPrecondition, codes.OutOfRange:
+		return true
+	}
+	return false
+}
+
+// withDefaults returns a copy of cfg with the defaults applied, or an error
+// matching idem.ErrInvalidArgument that names the first field refused.
+func withDefaults(cfg *Config) (Config, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	c := *cfg
+	if c.Store == nil {
+		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Store", Reason: "is required"}
+	}
+	if c.Scope == nil && !c.SharedScope {
+		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Scope", Reason: "is required: give keys a scope per caller " +
+			"(a tenant, an authenticated peer), or set SharedScope to share one scope among all callers, replays across callers included"}
+	}
+	if c.TTL == 0 {
+		c.TTL = DefaultTTL
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+		if c.TTL > 0 && c.TTL < c.Lease {
+			c.Lease = c.TTL
+		}
+	}
+	if c.InflightWait == 0 {
+		c.InflightWait = DefaultInflightWait
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 250 * time.Millisecond
+	}
+	if c.Keep == nil {
+		c.Keep = DefaultKeep
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case c.TTL < 0:
+		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.TTL", Reason: "must not be negative"}
+	case c.Lease < 0:
+		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Lease", Reason: "must not be negative"}
+	case c.TTL < c.Lease:
+		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.TTL", Reason: fmt.Sprintf("(%s) must not be shorter than Config.Lease (%s)", c.TTL, c.Lease)}
+	case c.PollInterval < 0:
+		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.PollInterval", Reason: "must not be negative"}
+	case c.Default != 0 && (c.Default < Required || c.Default > Off):
+		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Default", Reason: fmt.Sprintf("is %s, not a Policy", c.Default)}
+	}
+	for name, p := range c.Methods {
+		if p < Required || p > Off {
+			return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Methods", Reason: fmt.Sprintf("gives %q %s, not a Policy", name, p)}
+		}
+		if len(name) < 3 || name[0] != '/' {
+			return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Methods", Reason: fmt.Sprintf("names %q: want /package.Service/Method or /package.Service/*", name)}
+		}
+	}
+	if c.KeySecret != nil && len(c.KeySecret) < idemhttp.MinKeySecretLen {
+		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.KeySecret", Reason: fmt.Sprintf("is %d bytes; at least %d are needed", len(c.KeySecret), idemhttp.MinKeySecretLen)}
+	}
+	c.KeySecret = bytes.Clone(c.KeySecret)
+	return c, nil
+}

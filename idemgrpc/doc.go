@@ -1,0 +1,122 @@
+// Package idemgrpc makes unary gRPC calls idempotent with an
+// idempotency-key in their metadata: what package idemhttp does for HTTP,
+// on the same stores, for the other way Go services call each other.
+//
+// A unary RPC that creates something (CreatePayment) has HTTP's POST
+// problem: the client's deadline passes, it cannot tell a lost request
+// from a lost answer, and its retry (gRPC's own retryPolicy, or a loop of
+// its own) runs the call again. The Interceptor claims the call's key
+// atomically in an idem.Store as the call arrives, runs the handler at
+// most once per key, keeps the answer, and replays it to every duplicate:
+//
+//	keys, err := idemgrpc.New(&idemgrpc.Config{
+//		Store: store,
+//		// Keys belong to whoever the call authenticated as: the same key
+//		// from two callers names two operations.
+//		Scope: func(ctx context.Context, _ string) (idem.Scope, error) { return tenantOf(ctx) },
+//		Methods: map[string]idemgrpc.Policy{"/payments.v1.Payments/GetPayment": idemgrpc.Off},
+//	})
+//	if err != nil { … }
+//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(authenticate, keys.Unary()), grpc.StreamInterceptor(keys.Stream()))
+//
+// and the client sends one key per intended operation, with every attempt
+// of it:
+//
+//	client := &idemgrpc.Client{}
+//	conn, err := grpc.NewClient(target, grpc.WithChainUnaryInterceptor(client.Unary()), …)
+//
+// # What each call gets
+//
+// Beside idemhttp's answers, for the same situations:
+//
+//	situation                                  gRPC                                  HTTP (idemhttp)
+//	no key where required, a malformed key     InvalidArgument                       400
+//	the first call with a key                  the handler's answer                  the handler's answer
+//	a duplicate of a kept answer               that answer, idempotent-replayed:true 2xx–4xx, Idempotent-Replayed: true
+//	the same key, another request              FailedPrecondition                    422
+//	a duplicate still in flight after the wait Aborted, with a RetryInfo             409 with Retry-After
+//	the store unreachable                      Unavailable, with a RetryInfo         503 with Retry-After
+//	the scope cannot be told                   Unauthenticated                       400
+//
+// Every status the interceptor makes itself carries a google.rpc.ErrorInfo
+// whose domain is ErrorDomain and whose reason is one of the Reason…
+// constants: Reason(err) tells the interceptor's FailedPrecondition (a key
+// reused) from the handler's own.
+//
+// Which answers are kept is the handler's status code's nature
+// (Config.Keep; DefaultKeep): OK and the codes a handler decides from the
+// request and the state it finds (InvalidArgument, NotFound,
+// AlreadyExists, PermissionDenied, FailedPrecondition, OutOfRange) are
+// deterministic, kept and replayed with their message and details. The
+// others (Unavailable, DeadlineExceeded, ResourceExhausted, Aborted,
+// Internal, Unknown…), a handler that gave up when its context ended, and
+// a panic keep nothing and release the key, so that a retry really runs
+// again. A panic goes on up once the key is released (grpc-go does not
+// recover panics: put a recovering interceptor before this one).
+//
+// A kept answer is the response message's deterministic encoding, its
+// status (code, message, details), and the header and trailer metadata
+// Config.ReplayMetadata names; nothing else the handler set is replayed.
+// A replay is returned as the message type the method answers with, found
+// from the handler's earlier answers in this process or from the protobuf
+// registry (where every generated package registers its services); where
+// neither knows it, the encoding is carried as is, and the client reads
+// the same answer.
+//
+// The fingerprint, which tells a retry from another request under the same
+// key, is idem.NewFingerprint over the call as it travels: POST, the full
+// method name, and the request message's deterministic encoding (maps
+// sorted), so that a client that encodes its fields in another order is
+// not refused.
+//
+// # Policies, and streams
+//
+// Config.Methods sets each method's Policy (Required, Optional, Off), by
+// full method name or by service; Config.Default the others'. A method
+// whose descriptor declares idempotency_level NO_SIDE_EFFECTS or
+// IDEMPOTENT is Off unless configured otherwise: its contract already
+// makes a second run harmless.
+//
+// Streaming RPCs are not protected: their messages are many, and their
+// answer is no one message to keep. Interceptor.Stream refuses a stream
+// that carries an idempotency key to a method that is not Off, with
+// Unimplemented (ReasonStreaming), so that its client does not believe it
+// protected; other streams pass through untouched.
+//
+// # Two forms, three stores
+//
+// As idemhttp's: with a plain idem.Store (idemmem, idemredis) the key is
+// claimed, the handler runs, and the answer is kept afterwards. With an
+// idem.TxStore (idemsqlite, idempg, idempgsql) the handler runs inside
+// the store's transaction, reached through its context as the store
+// documents (idemsqlite.DB.WithTx, idempg.DB.WithTx join it): its writes
+// and the kept answer commit together, and an execution whose lease was
+// taken over is refused at commit and rolled back. With an
+// idem.TxClaimer the key is claimed in that same transaction, and the
+// duplicates of a key this process is executing wait in the process, not
+// in the database.
+//
+// # Leases, and keys passed on
+//
+// Each claim holds its key under a lease (Config.Lease) and a fencing
+// token; the handler's context ends at 90% of the lease. A process that
+// dies mid-call leaves its key in flight until the lease ends; then a
+// retry takes it over, and ExecutionFromContext says so (TookOver), with
+// the ClaimedAt that an effect outside the store records to find an
+// earlier run's work.
+//
+// A handler that calls further services through a Client passes its key
+// on: each call it makes gets DownstreamKey of its execution, the method
+// and the call's rank among its calls to that method, so a re-execution
+// (a takeover) sends the same keys, and the services called replay what
+// the first execution asked of them.
+//
+// # Observability
+//
+// Config.Observer is idemhttp's Observer: the same phases, outcomes and
+// store round trips, so idemprom's MiddlewareObserver (latency histograms)
+// and idemotel's observer (spans) watch gRPC calls as they watch HTTP
+// requests. The Event's Request stands for the call (POST, its full method
+// name as the path), and its Status is HTTPStatus of the gRPC code.
+// Interceptor.Counts counts every protected call's Outcome.
+package idemgrpc
