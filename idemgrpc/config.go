@@ -104,9 +104,13 @@ type Config struct {
 	TTL time.Duration
 
 	// Lease is how long an execution holds its key before a retry may take
-	// it over (after a crash, say). The handler's context is cancelled when
-	// 90% of it has passed, so a well-behaved handler finishes inside its
-	// lease. Defaults to 1m, or TTL when that is shorter.
+	// it over (after a crash, say). The handler's context ends when 90% of
+	// it has passed, so a well-behaved handler finishes inside its lease;
+	// it does not end when the caller goes away or the call's own deadline
+	// passes, since the caller's retry is then due, and should find the
+	// answer kept rather than a run cut off half-way (rolled back, in the
+	// same-transaction forms) to start again, and be cut off again.
+	// Defaults to 1m, or TTL when that is shorter.
 	Lease time.Duration
 
 	// InflightWait is how long a duplicate waits for the first execution to

@@ -99,7 +99,11 @@
 // # Leases, and keys passed on
 //
 // Each claim holds its key under a lease (Config.Lease) and a fencing
-// token; the handler's context ends at 90% of the lease. A process that
+// token; the handler's context ends at 90% of the lease, and not before:
+// not when the caller goes away nor when the call's own deadline passes.
+// A caller that gave up retries, and its retry should find the answer kept,
+// not a run cut off half-way (rolled back, in the same-transaction forms)
+// to start again, and be cut off again at the same deadline. A process that
 // dies mid-call leaves its key in flight until the lease ends; then a
 // retry takes it over, and ExecutionFromContext says so (TookOver), with
 // the ClaimedAt that an effect outside the store records to find an

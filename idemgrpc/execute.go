@@ -29,7 +29,10 @@ type run struct {
 
 // handlerContext is the context the handler runs with: the phase's, with
 // the Execution, a deadline inside the lease, and the stream that records
-// the metadata it sets.
+// the metadata it sets. parent is not cancelled with the call: a caller
+// whose deadline passed, or whose connection dropped, retries, and the
+// retry should find the answer kept rather than a run cut off half-way
+// (in the same-transaction forms, rolled back) and run it all again.
 func (c *call) handlerContext(parent context.Context, ex Execution, r *run) (context.Context, context.CancelFunc) {
 	ctx := context.WithValue(c.begin(parent, idemhttp.PhaseHandler), execKey{}, &execution{Execution: ex})
 	ctx, cancel := context.WithTimeout(ctx, c.i.cfg.Lease*9/10)
@@ -72,7 +75,7 @@ func (c *call) execute(req any, handler grpc.UnaryHandler, ex Execution) (any, e
 	ref := idem.Ref{Scope: ex.Scope, Key: ex.Key, Token: ex.Token}
 	defer i.local.Notify(keywait.Key{Scope: ref.Scope, Key: ref.Key})
 	r := &run{}
-	hctx, cancel := c.handlerContext(c.ctx, ex, r)
+	hctx, cancel := c.handlerContext(context.WithoutCancel(c.ctx), ex, r)
 	defer cancel()
 	if i.txStore != nil {
 		c.markStore()
@@ -174,7 +177,9 @@ func (c *call) claimInTx(req any, handler grpc.UnaryHandler, creq idem.ClaimRequ
 		}
 	}()
 	c.markStore()
-	claim, kept, err := i.txClaimer.ClaimTx(c.ctx, creq, max(time.Until(deadline), time.Millisecond), func(txctx context.Context, cl idem.Claim) (idem.Response, bool, error) {
+	// The transaction outlives the caller (see Config.Lease): an answer
+	// the caller did not wait for is kept for its retry.
+	claim, kept, err := i.txClaimer.ClaimTx(context.WithoutCancel(c.ctx), creq, max(time.Until(deadline), time.Millisecond), func(txctx context.Context, cl idem.Claim) (idem.Response, bool, error) {
 		c.storeSince(idemhttp.StoreClaim, nil)
 		c.end(idemhttp.PhaseClaim, idemhttp.Event{Claim: idemhttp.ClaimAcquired, TookOver: cl.TookOver})
 		endGate = i.gates.Begin(wk, creq.Fingerprint)

@@ -1,0 +1,11 @@
+package storetest_test
+
+import (
+	"testing"
+
+	"github.com/idem-go/idem/internal/leakcheck"
+)
+
+func TestMain(m *testing.M) {
+	leakcheck.Main(m)
+}
