@@ -145,6 +145,5 @@ func randomName(prefix string) string {
 	return prefix + hex.EncodeToString(b)
 }
 
-
 // start is when the tests' clocks start.
 var start = time.Date(2030, time.January, 2, 3, 4, 5, 0, time.UTC)
