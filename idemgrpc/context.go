@@ -61,16 +61,17 @@ func KeyFromContext(ctx context.Context) (idem.Scope, idem.Key, bool) {
 }
 
 // DownstreamKey returns the key a handler's n-th call (from 0) to
-// fullMethod is sent with: a digest of the execution's scope, key and
-// ClaimedAt, the method and n, so that every execution of one logical
-// call (a retry that takes over after a crash included) sends the same
-// keys downstream, in the same order, and the service called replays
-// rather than runs again; two calls to one method in one execution get
-// two keys. A Client numbers the calls itself; this is for keys sent some
-// other way (idemhttp.WithKey, an HTTP call).
+// fullMethod is sent with: a digest of the execution's scope and key, the
+// method and n, so that every execution of one logical call (a retry after
+// a transient failure, or one that takes over after a crash) sends the
+// same keys downstream, in the same order, and the services called replay
+// what an earlier execution asked of them rather than run it again; two
+// calls to one method in one execution get two keys. A Client numbers the
+// calls itself; DownstreamKey is for keys sent some other way (an HTTP
+// call through idemhttp.WithKey, say).
 func DownstreamKey(ex Execution, fullMethod string, n int) string {
 	var buf []byte
-	for _, f := range []string{string(ex.Scope), string(ex.Key), ex.ClaimedAt.UTC().Format(time.RFC3339Nano), fullMethod, strconv.Itoa(n)} {
+	for _, f := range []string{string(ex.Scope), string(ex.Key), fullMethod, strconv.Itoa(n)} {
 		buf = binary.AppendUvarint(buf, uint64(len(f)))
 		buf = append(buf, f...)
 	}

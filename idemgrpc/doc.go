@@ -110,10 +110,11 @@
 // earlier run's work.
 //
 // A handler that calls further services through a Client passes its key
-// on: each call it makes gets DownstreamKey of its execution, the method
-// and the call's rank among its calls to that method, so a re-execution
-// (a takeover) sends the same keys, and the services called replay what
-// the first execution asked of them.
+// on: each call it makes gets DownstreamKey of its scope and key, the
+// method and the call's rank among its calls to that method, so a
+// re-execution (after a transient failure, or a takeover) sends the same
+// keys, and the services called replay what the first execution asked of
+// them.
 //
 // # Observability
 //
