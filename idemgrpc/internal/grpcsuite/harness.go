@@ -41,6 +41,7 @@ type Harness struct {
 	Server      *grpc.Server
 
 	handler atomic.Pointer[Handler]
+	lis     *bufconn.Listener
 	// Ends receives the Outcome of every protected call, as it ends;
 	// Claims a value as each begins to claim its key.
 	Ends   chan idemhttp.Outcome
@@ -72,6 +73,7 @@ func New(t testing.TB, cfg idemgrpc.Config, opts *Options) *Harness {
 	}
 	h.Interceptor = ic
 	lis := bufconn.Listen(1 << 20)
+	h.lis = lis
 	h.Server = grpc.NewServer(grpc.ChainUnaryInterceptor(append(opts.Outer, ic.Unary())...), grpc.StreamInterceptor(ic.Stream()))
 	h.Server.RegisterService(&serviceDesc, h)
 	served := make(chan struct{})
@@ -236,3 +238,8 @@ var serviceDesc = grpc.ServiceDesc{
 
 // Open makes a fresh, empty store that reads time from clock.
 type Open func(t *testing.T, clock idem.Clock) idem.Store
+
+// Dialer connects to the Harness's in-memory listener, for a second client.
+func (h *Harness) Dialer() func(context.Context, string) (net.Conn, error) {
+	return func(ctx context.Context, _ string) (net.Conn, error) { return h.lis.DialContext(ctx) }
+}
