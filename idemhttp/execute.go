@@ -62,7 +62,7 @@ func (m *Middleware) runSeparately(next http.Handler, w http.ResponseWriter, r *
 			log.LogAttrs(r.Context(), slog.LevelError, "could not store the answer; the key stays in flight until its lease ends",
 				slog.Int("status", status), slog.String("error", err.Error()))
 		default:
-			m.recent.keep(waitKey{Scope: ref.Scope, Key: ref.Key}, of.fp, &kept, of.expires)
+			m.recent.Keep(waitKey{Scope: ref.Scope, Key: ref.Key}, of.fp, &kept, of.expires)
 			m.tally(r.Context(), OutcomeExecuted)
 			log.LogAttrs(r.Context(), slog.LevelDebug, "executed", slog.Int("status", status))
 		}

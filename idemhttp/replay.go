@@ -44,7 +44,7 @@ func (m *Middleware) answerFromRecord(ctx context.Context, w http.ResponseWriter
 	case rec.State != idem.StateCompleted || rec.Response == nil:
 		return false
 	}
-	m.recent.keep(waitKey{Scope: req.Scope, Key: req.Key}, rec.Fingerprint, rec.Response, rec.ExpiresAt)
+	m.recent.Keep(waitKey{Scope: req.Scope, Key: req.Key}, rec.Fingerprint, rec.Response, rec.ExpiresAt)
 	m.replayKept(ctx, w, log, rec.Response)
 	return true
 }

@@ -74,7 +74,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	ctx := r.Context()
 	deadline := time.Now().Add(m.cfg.InflightWait)
 	wk := waitKey{Scope: scope, Key: key}
-	switch resp, seen := m.recent.lookup(wk, fp); {
+	switch resp, seen := m.recent.Lookup(wk, fp); {
 	case resp != nil:
 		m.replayKept(ctx, w, log, resp)
 		return
@@ -110,7 +110,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			return
 		case idem.Completed:
 			m.endPhase(ctx, PhaseClaim, Event{Claim: ClaimCompleted})
-			m.recent.keep(wk, claim.Record.Fingerprint, claim.Record.Response, claim.Record.ExpiresAt)
+			m.recent.Keep(wk, claim.Record.Fingerprint, claim.Record.Response, claim.Record.ExpiresAt)
 			m.replayKept(ctx, w, log, claim.Record.Response)
 			return
 		case idem.InFlight:

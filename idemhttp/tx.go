@@ -149,7 +149,7 @@ func (m *Middleware) finishTx(w http.ResponseWriter, r *http.Request, ref idem.R
 	}
 	switch {
 	case err == nil && kept:
-		m.recent.keep(waitKey{Scope: ref.Scope, Key: ref.Key}, run.of.fp, &run.kept, run.of.expires)
+		m.recent.Keep(waitKey{Scope: ref.Scope, Key: ref.Key}, run.of.fp, &run.kept, run.of.expires)
 		m.tally(r.Context(), OutcomeExecuted)
 		log.LogAttrs(r.Context(), slog.LevelDebug, "executed", slog.Int("status", status))
 		rec.send(nil)

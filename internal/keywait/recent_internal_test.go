@@ -1,4 +1,4 @@
-package idemhttp
+package keywait
 
 import (
 	"fmt"
@@ -11,21 +11,21 @@ import (
 	"github.com/idem-go/idem/idemmem"
 )
 
-func keyN(i int) waitKey { return waitKey{Scope: "s", Key: idem.Key(fmt.Sprint("k", i))} }
+func keyN(i int) Key { return Key{Scope: "s", Key: idem.Key(fmt.Sprint("k", i))} }
 
 func TestRecentKeysForgetsTheOldest(t *testing.T) {
-	r := newRecentKeys(3, 0, 0, idem.SystemClock{})
+	r := NewRecent(3, 0, 0, idem.SystemClock{})
 	for i := range 3 {
-		r.keep(keyN(i), "", nil, time.Time{})
+		r.Keep(keyN(i), "", nil, time.Time{})
 	}
-	r.keep(keyN(1), "", nil, time.Time{}) // known already: nothing moves
+	r.Keep(keyN(1), "", nil, time.Time{}) // known already: nothing moves
 	for i := range 3 {
 		if !has(r, keyN(i)) {
 			t.Fatalf("k%d forgotten while there was room", i)
 		}
 	}
-	r.keep(keyN(3), "", nil, time.Time{})
-	r.keep(keyN(4), "", nil, time.Time{})
+	r.Keep(keyN(3), "", nil, time.Time{})
+	r.Keep(keyN(4), "", nil, time.Time{})
 	for i, want := range []bool{false, false, true, true, true} {
 		if has(r, keyN(i)) != want {
 			t.Errorf("after two more keys, has(k%d) = %v, want %v", i, !want, want)
@@ -34,8 +34,8 @@ func TestRecentKeysForgetsTheOldest(t *testing.T) {
 	if len(r.index) != 3 || r.n != 3 {
 		t.Errorf("%d remembered, %d in the ring, want 3", len(r.index), r.n)
 	}
-	var none *recentKeys = newRecentKeys(-1, time.Minute, 1<<20, idem.SystemClock{})
-	none.keep(keyN(0), "fp", &idem.Response{Status: 201}, time.Now().Add(time.Hour))
+	var none *Recent = NewRecent(-1, time.Minute, 1<<20, idem.SystemClock{})
+	none.Keep(keyN(0), "fp", &idem.Response{Status: 201}, time.Now().Add(time.Hour))
 	if has(none, keyN(0)) || answer(none, keyN(0), "fp") != nil {
 		t.Error("a disabled recentKeys remembered a key")
 	}
@@ -47,10 +47,10 @@ func TestRecentKeysForgetsTheOldest(t *testing.T) {
 func TestRecentAnswers(t *testing.T) {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := idemmem.NewClock(start)
-	r := newRecentKeys(100, 10*time.Second, 64*1024, clock)
+	r := NewRecent(100, 10*time.Second, 64*1024, clock)
 	resp := &idem.Response{Status: 201, Body: []byte(`{"id":1}`)}
 
-	r.keep(keyN(0), "fp", resp, start.Add(time.Hour))
+	r.Keep(keyN(0), "fp", resp, start.Add(time.Hour))
 	if got := answer(r, keyN(0), "fp"); !reflect.DeepEqual(got, resp) {
 		t.Fatalf("answer = %v, want the kept one", got)
 	}
@@ -66,7 +66,7 @@ func TestRecentAnswers(t *testing.T) {
 	}
 
 	// A record expiring in 15s: kept 5s, leaving 10s for clock skew.
-	r.keep(keyN(1), "fp", resp, clock.Now().Add(15*time.Second))
+	r.Keep(keyN(1), "fp", resp, clock.Now().Add(15*time.Second))
 	clock.Advance(4 * time.Second)
 	if answer(r, keyN(1), "fp") == nil {
 		t.Error("answer dropped before expiry - keepFor")
@@ -76,19 +76,19 @@ func TestRecentAnswers(t *testing.T) {
 		t.Error("answer kept at expiry - keepFor")
 	}
 	// One expiring within keepFor is not kept at all.
-	r.keep(keyN(2), "fp", resp, clock.Now().Add(9*time.Second))
+	r.Keep(keyN(2), "fp", resp, clock.Now().Add(9*time.Second))
 	if answer(r, keyN(2), "fp") != nil || !has(r, keyN(2)) {
 		t.Error("an answer whose record expires within keepFor was kept, or its key forgotten")
 	}
 
 	// An answer over 1/64 of the bound is not kept; the bound drops the
 	// oldest answers, with their keys.
-	r.keep(keyN(3), "fp", &idem.Response{Status: 200, Body: make([]byte, 2000)}, clock.Now().Add(time.Hour))
+	r.Keep(keyN(3), "fp", &idem.Response{Status: 200, Body: make([]byte, 2000)}, clock.Now().Add(time.Hour))
 	if answer(r, keyN(3), "fp") != nil {
 		t.Error("an answer over 1/64 of the bound was kept")
 	}
 	for i := 10; i < 100; i++ {
-		r.keep(keyN(i), "fp", &idem.Response{Status: 200, Body: make([]byte, 900)}, clock.Now().Add(time.Hour))
+		r.Keep(keyN(i), "fp", &idem.Response{Status: 200, Body: make([]byte, 900)}, clock.Now().Add(time.Hour))
 	}
 	if r.bytes > 64*1024 {
 		t.Errorf("%d bytes kept, over the bound of %d", r.bytes, 64*1024)
@@ -101,13 +101,13 @@ func TestRecentAnswers(t *testing.T) {
 	}
 }
 
-func has(r *recentKeys, k waitKey) bool {
-	_, seen := r.lookup(k, "")
+func has(r *Recent, k Key) bool {
+	_, seen := r.Lookup(k, "")
 	return seen
 }
 
-func answer(r *recentKeys, k waitKey, fp idem.Fingerprint) *idem.Response {
-	resp, _ := r.lookup(k, fp)
+func answer(r *Recent, k Key, fp idem.Fingerprint) *idem.Response {
+	resp, _ := r.Lookup(k, fp)
 	return resp
 }
 
@@ -116,13 +116,13 @@ func answer(r *recentKeys, k waitKey, fp idem.Fingerprint) *idem.Response {
 // caller's later changes nor another lookup's reach, and never for a key
 // whose hash it shares without being it.
 func TestRecentAnswerIsACopy(t *testing.T) {
-	r := newRecentKeys(10, time.Minute, 1<<20, idem.SystemClock{})
+	r := NewRecent(10, time.Minute, 1<<20, idem.SystemClock{})
 	resp := &idem.Response{Status: 409, Header: http.Header{
 		"Content-Type": {"application/json"},
 		"Link":         {"</a>; rel=a", "</b>; rel=b"},
 	}, Body: []byte(`{"error":"x"}`), BodyOmitted: false}
 	want := &idem.Response{Status: resp.Status, Header: resp.Header.Clone(), Body: append([]byte(nil), resp.Body...)}
-	r.keep(keyN(0), "fp", resp, time.Now().Add(time.Hour))
+	r.Keep(keyN(0), "fp", resp, time.Now().Add(time.Hour))
 	resp.Body[0] = 'X'
 	resp.Header.Set("Content-Type", "text/plain")
 	got := answer(r, keyN(0), "fp")
@@ -135,7 +135,7 @@ func TestRecentAnswerIsACopy(t *testing.T) {
 		t.Fatalf("after the caller changed its copy: %+v, want %+v", again, want)
 	}
 
-	r.keep(keyN(1), "fp", &idem.Response{Status: 200, BodyOmitted: true}, time.Now().Add(time.Hour))
+	r.Keep(keyN(1), "fp", &idem.Response{Status: 200, BodyOmitted: true}, time.Now().Add(time.Hour))
 	if got := answer(r, keyN(1), "fp"); got == nil || !got.BodyOmitted || got.Body != nil || got.Header != nil {
 		t.Errorf("omitted body: %+v", got)
 	}
@@ -145,7 +145,7 @@ func TestRecentAnswerIsACopy(t *testing.T) {
 	r.mu.Lock()
 	r.index[r.hash(keyN(7))] = r.index[r.hash(keyN(0))]
 	r.mu.Unlock()
-	if resp, seen := r.lookup(keyN(7), "fp"); resp != nil || !seen {
+	if resp, seen := r.Lookup(keyN(7), "fp"); resp != nil || !seen {
 		t.Errorf("a key sharing another's hash: answer %+v, seen %v; want none, seen", resp, seen)
 	}
 }

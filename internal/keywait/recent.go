@@ -1,4 +1,4 @@
-package idemhttp
+package keywait
 
 import (
 	"encoding/binary"
@@ -10,15 +10,16 @@ import (
 	"github.com/idem-go/idem"
 )
 
-// recentKeys remembers the last keys this process saw completed, up to a
+// Recent remembers the last keys this process saw completed, up to a
 // bound, oldest forgotten first: a duplicate of one of them is most likely
-// a replay, which one read of the store answers (see Config.RecentKeys).
-// Remembering a key that has since expired, or been deleted, costs only
-// that read: the request is then claimed as any other.
+// a replay, which one read of the store answers (see idemhttp's
+// Config.RecentKeys, and idemgrpc's). Remembering a key that has since
+// expired, or been deleted, costs only that read: the request is then
+// claimed as any other.
 //
 // For a while after the completion it also keeps the answer itself (see
-// Config.MemoryReplayFor), so that a duplicate reaching this process then
-// is answered with no read at all. A completed record does not change
+// idemhttp's Config.MemoryReplayFor), so that a duplicate reaching this
+// process then is answered with no read at all. A completed record does not change
 // until it expires, so the kept answer is the one the store would give,
 // as long as the record lives: an answer is kept no longer than
 // MemoryReplayFor, and never past the record's expiry less
@@ -34,7 +35,7 @@ import (
 // two keys never hands one key's answer to the other). A key is known by
 // its hash alone: two keys sharing one (once in 2^64) cost at most a read
 // of the store, as a key remembered after its record expired does.
-type recentKeys struct {
+type Recent struct {
 	clock    idem.Clock
 	keepFor  time.Duration // 0: no answers kept
 	maxBytes int
@@ -57,24 +58,24 @@ type recentSlot struct {
 	answer []byte // encodeAnswer's; nil: only the key is remembered
 }
 
-// newRecentKeys remembers up to n keys (none when n <= 0), and with
+// NewRecent remembers up to n keys (none when n <= 0), and with
 // keepFor > 0 their answers for that long, up to maxBytes of them.
-func newRecentKeys(n int, keepFor time.Duration, maxBytes int, clock idem.Clock) *recentKeys {
+func NewRecent(n int, keepFor time.Duration, maxBytes int, clock idem.Clock) *Recent {
 	if n <= 0 {
 		return nil
 	}
-	return &recentKeys{clock: clock, keepFor: max(keepFor, 0), maxBytes: maxBytes, seed: maphash.MakeSeed(),
+	return &Recent{clock: clock, keepFor: max(keepFor, 0), maxBytes: maxBytes, seed: maphash.MakeSeed(),
 		index: make(map[uint64]int32, n), slots: make([]recentSlot, n)}
 }
 
-func (r *recentKeys) hash(k waitKey) uint64 { return maphash.Comparable(r.seed, k) }
+func (r *Recent) hash(k Key) uint64 { return maphash.Comparable(r.seed, k) }
 
-// lookup reports whether k was seen completed lately, and returns the
+// Lookup reports whether k was seen completed lately, and returns the
 // answer kept for it when its request had fingerprint fp and the answer is
 // still kept; nil otherwise (the store then answers, a mismatch
 // included). The answer is the caller's own copy. A nil recentKeys
 // remembers nothing.
-func (r *recentKeys) lookup(k waitKey, fp idem.Fingerprint) (resp *idem.Response, seen bool) {
+func (r *Recent) Lookup(k Key, fp idem.Fingerprint) (resp *idem.Response, seen bool) {
 	if r == nil {
 		return nil, false
 	}
@@ -105,10 +106,10 @@ func (r *recentKeys) lookup(k waitKey, fp idem.Fingerprint) (resp *idem.Response
 	return resp, true
 }
 
-// keep remembers k, completed with resp for a request of fingerprint fp,
+// Keep remembers k, completed with resp for a request of fingerprint fp,
 // in a record that expires at expires (by the store's clock). The answer
 // is kept, encoded, when there is time and room for it.
-func (r *recentKeys) keep(k waitKey, fp idem.Fingerprint, resp *idem.Response, expires time.Time) {
+func (r *Recent) Keep(k Key, fp idem.Fingerprint, resp *idem.Response, expires time.Time) {
 	if r == nil {
 		return
 	}
@@ -151,7 +152,7 @@ func (r *recentKeys) keep(k waitKey, fp idem.Fingerprint, resp *idem.Response, e
 }
 
 // forgetOldest forgets the oldest key. r.mu is held.
-func (r *recentKeys) forgetOldest() {
+func (r *Recent) forgetOldest() {
 	s := &r.slots[r.head]
 	r.bytes -= len(s.answer)
 	delete(r.index, s.hash)
@@ -165,7 +166,7 @@ func (r *recentKeys) forgetOldest() {
 //
 //	scope key fingerprint status flags(1: body omitted) headers(count, then
 //	name and values(count, then each)) body
-func encodeAnswer(k waitKey, fp idem.Fingerprint, resp *idem.Response) []byte {
+func encodeAnswer(k Key, fp idem.Fingerprint, resp *idem.Response) []byte {
 	// Room for all but the headers, which are few and short: iterating
 	// over them once more to size them exactly costs more than the
 	// occasional growth.
@@ -198,7 +199,7 @@ func appendString(b []byte, s string) []byte {
 
 // decodeAnswer decodes encodeAnswer's encoding into a new Response, when it
 // was made for k and fp.
-func decodeAnswer(b []byte, k waitKey, fp idem.Fingerprint) (*idem.Response, bool) {
+func decodeAnswer(b []byte, k Key, fp idem.Fingerprint) (*idem.Response, bool) {
 	d := answerDecoder{b: b}
 	// string(b) == s compares without making a string of b.
 	if string(d.bytes()) != string(k.Scope) || string(d.bytes()) != string(k.Key) || string(d.bytes()) != string(fp) {
