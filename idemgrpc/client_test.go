@@ -45,7 +45,7 @@ func TestClientRetries(t *testing.T) {
 		{"deterministic", []error{status.Error(codes.FailedPrecondition, "no funds")}, 0, 1, 0},
 		{"deadline exceeded", []error{status.Error(codes.DeadlineExceeded, "slow")}, 0, 1, 0},
 		{"gives up after 4", []error{status.Error(codes.Unavailable, "down")}, 0, 4, 0},
-		{"no retry past the deadline", []error{withRetryInfo(codes.Aborted, 3 * time.Second)}, 2 * time.Second, 1, 0},
+		{"no retry past the deadline", []error{withRetryInfo(codes.Aborted, 3*time.Second)}, 2 * time.Second, 1, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -136,6 +136,29 @@ type Config struct {
 	// timing). Names are compared in lower case. Defaults to none.
 	ReplayMetadata []string
 
+	// RecentKeys is how many keys the interceptor remembers having seen
+	// completed in this process, as idemhttp.Config.RecentKeys: a
+	// duplicate of one is answered with one read of the store
+	// (idem.Replayer's Replay where the store has it, Store.Get
+	// otherwise), without claiming it. Defaults to 65,536; negative
+	// remembers none.
+	RecentKeys int
+
+	// MemoryReplayFor is how long after a completion this process keeps
+	// the answer of one of its RecentKeys in memory, and answers its
+	// duplicates from there with no read of the store, as
+	// idemhttp.Config.MemoryReplayFor (which says why that is the answer
+	// the store would give). Defaults to 10s; negative keeps none.
+	MemoryReplayFor time.Duration
+
+	// MemoryReplayBytes bounds the memory the answers of MemoryReplayFor
+	// take, oldest dropped first. Defaults to 32 MiB.
+	MemoryReplayBytes int
+
+	// Clock tells MemoryReplayFor's time. Defaults to idem.SystemClock;
+	// give it the store's clock when that is not the system's.
+	Clock idem.Clock
+
 	// KeySecret, when set, seals every key before the store sees it, as
 	// idemhttp.Config.KeySecret does (idemhttp.SealKey): the store keeps an
 	// HMAC of the scope and the key, never the key. At least
@@ -230,6 +253,21 @@ func withDefaults(cfg *Config) (Config, error) {
 		if len(name) < 3 || name[0] != '/' {
 			return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Methods", Reason: fmt.Sprintf("names %q: want /package.Service/Method or /package.Service/*", name)}
 		}
+	}
+	if c.RecentKeys == 0 {
+		c.RecentKeys = 1 << 16
+	}
+	if c.MemoryReplayFor == 0 {
+		c.MemoryReplayFor = 10 * time.Second
+	}
+	if c.MemoryReplayBytes == 0 {
+		c.MemoryReplayBytes = 32 << 20
+	}
+	if c.MemoryReplayBytes < 0 {
+		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.MemoryReplayBytes", Reason: "must not be negative"}
+	}
+	if c.Clock == nil {
+		c.Clock = idem.SystemClock{}
 	}
 	if c.KeySecret != nil && len(c.KeySecret) < idemhttp.MinKeySecretLen {
 		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.KeySecret", Reason: fmt.Sprintf("is %d bytes; at least %d are needed", len(c.KeySecret), idemhttp.MinKeySecretLen)}

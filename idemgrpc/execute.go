@@ -25,6 +25,10 @@ type run struct {
 	// kept is what the run completed with; keepErr why it could not be kept.
 	kept    idem.Response
 	keepErr error
+	// fp and expires are the request's fingerprint and its record's
+	// expiry, for the memory of recent keys.
+	fp      idem.Fingerprint
+	expires time.Time
 }
 
 // handlerContext is the context the handler runs with: the phase's, with
@@ -70,11 +74,11 @@ func (c *call) keeps(r *run) bool {
 // execute runs the handler for a key a claim acquired and answers, in the
 // separate form or inside the store's CompleteTx; duplicates of the key
 // waiting in this process are told when it ends.
-func (c *call) execute(req any, handler grpc.UnaryHandler, ex Execution) (any, error) {
+func (c *call) execute(req any, handler grpc.UnaryHandler, ex Execution, fp idem.Fingerprint, expires time.Time) (any, error) {
 	i := c.i
 	ref := idem.Ref{Scope: ex.Scope, Key: ex.Key, Token: ex.Token}
 	defer i.local.Notify(keywait.Key{Scope: ref.Scope, Key: ref.Key})
-	r := &run{}
+	r := &run{fp: fp, expires: expires}
 	hctx, cancel := c.handlerContext(context.WithoutCancel(c.ctx), ex, r)
 	defer cancel()
 	if i.txStore != nil {
@@ -111,6 +115,7 @@ func (c *call) execute(req any, handler grpc.UnaryHandler, ex Execution) (any, e
 			slog.String("code", code.String()), slog.String("error", err.Error()))
 	default:
 		i.types.learn(c.method, r.resp)
+		i.recent.Keep(keywait.Key{Scope: ref.Scope, Key: ref.Key}, fp, &kept, expires)
 		c.tally(idemhttp.OutcomeExecuted)
 	}
 	// The effect has happened, kept or not: its caller gets its answer.
@@ -167,7 +172,7 @@ func (c *call) claimInTx(req any, handler grpc.UnaryHandler, creq idem.ClaimRequ
 			return idem.Claim{}, true, nil, c.inFlightTooLong()
 		}
 	}
-	r := &run{}
+	r := &run{fp: creq.Fingerprint}
 	var cancel context.CancelFunc
 	endGate := func() {}
 	defer func() {
@@ -183,6 +188,7 @@ func (c *call) claimInTx(req any, handler grpc.UnaryHandler, creq idem.ClaimRequ
 		c.storeSince(idemhttp.StoreClaim, nil)
 		c.end(idemhttp.PhaseClaim, idemhttp.Event{Claim: idemhttp.ClaimAcquired, TookOver: cl.TookOver})
 		endGate = i.gates.Begin(wk, creq.Fingerprint)
+		r.expires = cl.Record.ExpiresAt
 		if cl.TookOver {
 			c.log.LogAttrs(c.ctx, slog.LevelWarn, "took over an expired lease: an earlier execution may have crashed", slog.Int64("token", int64(cl.Token)))
 		}
@@ -216,6 +222,7 @@ func (c *call) finishTx(ref idem.Ref, r *run, kept bool, err error, rolledBack b
 	switch {
 	case err == nil && kept:
 		i.types.learn(c.method, r.resp)
+		i.recent.Keep(keywait.Key{Scope: ref.Scope, Key: ref.Key}, r.fp, &r.kept, r.expires)
 		c.tally(idemhttp.OutcomeExecuted)
 		return r.resp, r.err
 	case err == nil:
@@ -285,6 +292,43 @@ func (c *call) released(r *run) {
 		attrs = append(attrs, slog.String("failure", r.failure))
 	}
 	c.log.LogAttrs(c.ctx, slog.LevelInfo, "transient failure: key released so a retry runs again", attrs...)
+}
+
+// answerFromRecord answers a duplicate of a key seen completed lately
+// from the key's record, read without claiming it, and reports whether it
+// did: a completed record is replayed, one with another fingerprint
+// refused. Anything else (the key gone, in flight again after it expired,
+// the store failing) is left to the claim.
+func (c *call) answerFromRecord(creq idem.ClaimRequest) (answered bool, resp any, err error) {
+	i := c.i
+	c.begin(c.ctx, idemhttp.PhaseReplay)
+	defer c.end(idemhttp.PhaseReplay, idemhttp.Event{}) // when the claim is left to answer
+	c.markStore()
+	if i.replayer != nil {
+		kept, mismatch, rerr := i.replayer.Replay(c.ctx, creq.Scope, creq.Key, creq.Fingerprint)
+		c.storeSince(idemhttp.StoreReplay, rerr)
+		switch {
+		case rerr != nil || (!mismatch && kept == nil):
+			return false, nil, nil
+		case mismatch:
+			return true, nil, c.refuseMismatch(idem.StateCompleted)
+		}
+		resp, err = c.replay(kept)
+		return true, resp, err
+	}
+	rec, gerr := i.store.Get(c.ctx, creq.Scope, creq.Key)
+	c.storeSince(idemhttp.StoreGet, gerr)
+	switch {
+	case gerr != nil:
+		return false, nil, nil
+	case rec.Fingerprint != creq.Fingerprint:
+		return true, nil, c.refuseMismatch(rec.State)
+	case rec.State != idem.StateCompleted || rec.Response == nil:
+		return false, nil, nil
+	}
+	i.recent.Keep(keywait.Key{Scope: creq.Scope, Key: creq.Key}, rec.Fingerprint, rec.Response, rec.ExpiresAt)
+	resp, err = c.replay(rec.Response)
+	return true, resp, err
 }
 
 // replay answers a duplicate with the key's kept answer.

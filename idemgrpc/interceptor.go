@@ -30,6 +30,8 @@ type Interceptor struct {
 	txStore   idem.TxStore   // the store, in the same-transaction forms
 	txClaimer idem.TxClaimer // the store, when it claims in its transaction too
 	waiter    idem.Waiter
+	replayer  idem.Replayer
+	recent    *keywait.Recent // nil: none remembered
 	replayMD  []string
 	log       *slog.Logger
 	local     keywait.Local
@@ -49,6 +51,8 @@ func New(cfg *Config) (*Interceptor, error) {
 	}
 	i := &Interceptor{cfg: c, store: c.Store, log: c.Logger, obs: c.Observer, storeName: fmt.Sprintf("%T", c.Store)}
 	i.waiter, _ = c.Store.(idem.Waiter)
+	i.replayer, _ = c.Store.(idem.Replayer)
+	i.recent = keywait.NewRecent(c.RecentKeys, c.MemoryReplayFor, c.MemoryReplayBytes, c.Clock)
 	if ts, ok := c.Store.(idem.TxStore); ok && !c.SeparateTx {
 		i.txStore = ts
 		i.txClaimer, _ = ts.(idem.TxClaimer)
@@ -231,13 +235,23 @@ func (c *call) serve(values []string, req any, handler grpc.UnaryHandler) (any, 
 	// idemhttp's recipe over the request as it travels (encoded
 	// deterministically, so that a client's field order does not matter).
 	fp := idem.NewFingerprint("POST", c.method, "", "application/grpc", body)
-	creq := idem.ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: i.cfg.Lease, TTL: i.cfg.TTL, Unseen: true}
+	creq := idem.ClaimRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: i.cfg.Lease, TTL: i.cfg.TTL}
+	wk := keywait.Key{Scope: scope, Key: key}
+	switch kept, seen := i.recent.Lookup(wk, fp); {
+	case kept != nil:
+		return c.replay(kept)
+	case !seen:
+		creq.Unseen = true
+	default:
+		if answered, resp, err := c.answerFromRecord(creq); answered {
+			return resp, err
+		}
+	}
 
 	deadline := time.Now().Add(i.cfg.InflightWait)
 	if d, ok := c.ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	wk := keywait.Key{Scope: scope, Key: key}
 	var watch <-chan struct{}
 	var endWatch func()
 	defer func() {
@@ -273,6 +287,7 @@ func (c *call) serve(values []string, req any, handler grpc.UnaryHandler) (any, 
 			return nil, c.refuseMismatch(claim.Record.State)
 		case idem.Completed:
 			c.end(idemhttp.PhaseClaim, idemhttp.Event{Claim: idemhttp.ClaimCompleted})
+			i.recent.Keep(wk, claim.Record.Fingerprint, claim.Record.Response, claim.Record.ExpiresAt)
 			return c.replay(claim.Record.Response)
 		case idem.InFlight:
 			creq.Unseen = false
@@ -298,7 +313,7 @@ func (c *call) serve(values []string, req any, handler grpc.UnaryHandler) (any, 
 				c.log.LogAttrs(c.ctx, slog.LevelWarn, "took over an expired lease: an earlier execution may have crashed", slog.Int64("token", int64(claim.Token)))
 			}
 			ex := Execution{Scope: scope, Key: key, FullMethod: c.method, Token: claim.Token, ClaimedAt: claim.Record.CreatedAt, TookOver: claim.TookOver}
-			return c.execute(req, handler, ex)
+			return c.execute(req, handler, ex, fp, claim.Record.ExpiresAt)
 		default:
 			c.end(idemhttp.PhaseClaim, idemhttp.Event{Claim: idemhttp.ClaimError})
 			c.tally(idemhttp.OutcomeStoreError)

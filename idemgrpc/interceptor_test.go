@@ -227,7 +227,7 @@ func TestObserver(t *testing.T) {
 	})
 	for _, want := range []string{
 		"[claim handler complete request(POST " + grpcsuite.Method + " executed 404)]",
-		"[claim replay request(POST " + grpcsuite.Method + " replayed 404)]",
+		"[replay request(POST " + grpcsuite.Method + " replayed 404)]", // from memory
 	} {
 		h.Call(t.Context(), "k", grpcsuite.Msg(t, map[string]any{"a": 1}))
 		h.WaitEnds(t, 1)
@@ -254,5 +254,37 @@ func TestKeySecret(t *testing.T) {
 	}
 	if _, err := store.Get(t.Context(), "t1", idemhttp.SealKey(secret, "t1", "order-7")); err != nil {
 		t.Fatalf("the sealed key: %v", err)
+	}
+}
+
+// With no answers kept in memory, a duplicate of a key completed here is
+// answered from one read of its record, and another request under it is
+// refused from the record too.
+func TestReplayFromRecord(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	h := grpcsuite.New(t, idemgrpc.Config{Store: idemmem.NewStore(nil), SharedScope: true, MemoryReplayFor: -1, Observer: rec}, nil)
+	runs := 0
+	h.Handle(func(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
+		runs++
+		return req, nil
+	})
+	req := grpcsuite.Msg(t, map[string]any{"a": 1})
+	h.Call(t.Context(), "k", req)
+	h.WaitEnds(t, 1)
+	rec.take()
+	out, header, err := h.Call(t.Context(), "k", req)
+	if err != nil || !proto.Equal(out, req) || header[idemgrpc.MetadataReplayed] == nil {
+		t.Fatalf("duplicate: %v %v %v", out, header, err)
+	}
+	h.WaitEnds(t, 1)
+	if got := fmt.Sprint(rec.take()); got != "[replay request(POST "+grpcsuite.Method+" replayed 200)]" {
+		t.Errorf("phases %s: want the replay alone, no claim", got)
+	}
+	if _, _, err := h.Call(t.Context(), "k", grpcsuite.Msg(t, map[string]any{"a": 2})); idemgrpc.Reason(err) != idemgrpc.ReasonKeyMismatch {
+		t.Fatalf("another request: %v, want %s", err, idemgrpc.ReasonKeyMismatch)
+	}
+	if runs != 1 {
+		t.Fatalf("ran %d times", runs)
 	}
 }
