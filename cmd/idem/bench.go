@@ -55,6 +55,7 @@ minimum-http-<store>-<case>).
 	cmd.Flags().DurationVar(&o.SlowHandler, "slow-handler", 100*time.Millisecond, "how long the handler of the slow case waits before its writes; negative skips the case")
 	cmd.Flags().BoolVar(&o.Sealed, "sealed", false, "measure the middleware with keys sealed and kept bodies encrypted (what IDEM_KEY_SECRET and IDEM_BODY_KEYS turn on); its RESULT lines are idem-http-sealed-<store>-<case>")
 	cmd.Flags().BoolVar(&o.StoreReplays, "store-replays", false, "measure replays read from the store, with the answers kept in memory after a completion turned off (idemhttp's MemoryReplayFor); its RESULT lines are idem-http-storereplays-<store>-<case>")
+	cmd.Flags().BoolVar(&o.GRPC, "grpc", false, "measure idemgrpc's interceptor too, on SQLite and PostgreSQL, against a hand-written interceptor; its RESULT lines are idem-grpc-<store>-<case>")
 	cmd.Flags().StringVar(&o.Side, "side", "", "measure one side alone, middleware or minimum (for a --cpuprofile of it); no ratio is printed")
 	var cpuProfile string
 	cmd.PersistentFlags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole measurement (both sides) to this file, for go tool pprof")

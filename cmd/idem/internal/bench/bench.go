@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -66,6 +67,11 @@ type Options struct {
 	// completion. Its RESULT lines are named
 	// idem-http-storereplays-<store>-<case>. Defaults to false.
 	StoreReplays bool
+	// GRPC measures idemgrpc's interceptor too, on SQLite and PostgreSQL,
+	// against a hand-written interceptor (see grpc.go). Its RESULT lines
+	// are idem-grpc-<store>-<case> and minimum-grpc-<store>-<case>.
+	// Defaults to false.
+	GRPC bool
 	// Side, when "middleware" or "minimum", measures that side alone (for
 	// a CPU profile of it); the comparisons then have no ratio. Defaults
 	// to both.
@@ -101,6 +107,7 @@ type Result struct {
 // Comparison is the middleware against the hand-written minimum for one
 // store and case.
 type Comparison struct {
+	Protocol   string // "http" or "grpc"
 	Store      string // "redis", "postgres" or "sqlite"
 	Case       string // "first", "replay" or "slow"
 	Middleware Result
@@ -189,6 +196,11 @@ func (o *Options) middlewareConfig(store idem.Store) *idemhttp.Config {
 
 // compare alternates rounds of the middleware and the minimum.
 func compare(ctx context.Context, o *Options, store, kase string, mw, min side) (Comparison, error) {
+	return compareProto(ctx, o, "http", store, kase, mw, min)
+}
+
+// compareProto is compare for protocol's middleware ("http", "grpc").
+func compareProto(ctx context.Context, o *Options, protocol, store, kase string, mw, min side) (Comparison, error) {
 	n := o.Requests
 	switch kase {
 	case "replay":
@@ -196,7 +208,7 @@ func compare(ctx context.Context, o *Options, store, kase string, mw, min side) 
 	case "slow":
 		n = o.Concurrency // one round: that many first executions at once
 	}
-	fmt.Fprintf(o.Out, "%s %s: %d rounds of %d requests, %d in flight\n", store, kase, o.Rounds, n, o.Concurrency)
+	fmt.Fprintf(o.Out, "%s %s %s: %d rounds of %d requests, %d in flight\n", protocol, store, kase, o.Rounds, n, o.Concurrency)
 	var mwRounds, minRounds []Result
 	for r := 0; r < o.Rounds; r++ {
 		type turn struct {
@@ -233,8 +245,11 @@ func compare(ctx context.Context, o *Options, store, kase string, mw, min side) 
 			case o.StoreReplays:
 				name = "idem-http-storereplays-" + resultStore(store) + "-" + kase
 			}
+			if protocol != "http" {
+				name = "idem-" + protocol + "-" + resultStore(store) + "-" + kase
+			}
 			if s.side.name == "minimum" {
-				name = "minimum-http-" + resultStore(store) + "-" + kase
+				name = "minimum-" + protocol + "-" + resultStore(store) + "-" + kase
 			}
 			fmt.Fprintf(o.Results, "RESULT,%s,req_per_s,%.1f,req/s\n", name, res.PerSecond)
 			fmt.Fprintf(o.Results, "RESULT,%s,p99_ms,%.3f,ms\n", name, float64(res.P99.Microseconds())/1000)
@@ -245,7 +260,7 @@ func compare(ctx context.Context, o *Options, store, kase string, mw, min side) 
 			*s.dst = append(*s.dst, res)
 		}
 	}
-	c := Comparison{Store: store, Case: kase}
+	c := Comparison{Protocol: protocol, Store: store, Case: kase}
 	if len(mwRounds) > 0 {
 		c.Middleware = median(mwRounds)
 	}
@@ -364,7 +379,7 @@ func round(d time.Duration) time.Duration {
 // Print writes the comparisons as a table.
 func Print(w io.Writer, cs []Comparison) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "store\tcase\tmiddleware req/s\tp50\tp99\tcpu/req\tminimum req/s\tp50\tp99\tcpu/req\tratio\t")
+	fmt.Fprintln(tw, "protocol\tstore\tcase\tmiddleware req/s\tp50\tp99\tcpu/req\tminimum req/s\tp50\tp99\tcpu/req\tratio\t")
 	side := func(r Result) string {
 		if r.PerSecond == 0 {
 			return "-\t-\t-\t-"
@@ -376,7 +391,7 @@ func Print(w io.Writer, cs []Comparison) {
 		if c.Ratio > 0 {
 			ratio = fmt.Sprintf("%.2fx", c.Ratio)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", c.Store, c.Case, side(c.Middleware), side(c.Minimum), ratio)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", cmp.Or(c.Protocol, "http"), c.Store, c.Case, side(c.Middleware), side(c.Minimum), ratio)
 	}
 	tw.Flush()
 }

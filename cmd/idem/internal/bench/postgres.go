@@ -138,6 +138,13 @@ func runPostgres(ctx context.Context, o *Options) ([]Comparison, error) {
 		}
 		out = append(out, slow)
 	}
+	if o.GRPC {
+		gs, err := grpcPostgres(ctx, o, db, store, accounts)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, gs...)
+	}
 	return out, nil
 }
 

@@ -144,6 +144,13 @@ func runSQLite(ctx context.Context, o *Options) ([]Comparison, error) {
 		}
 		out = append(out, slow)
 	}
+	if o.GRPC {
+		gs, err := grpcSQLite(ctx, o, db, store, accounts)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, gs...)
+	}
 	return out, nil
 }
 
