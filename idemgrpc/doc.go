@@ -69,6 +69,13 @@
 // sorted), so that a client that encodes its fields in another order is
 // not refused.
 //
+// A duplicate of a key this process completed is answered, within
+// Config.MemoryReplayFor (10s) of the completion, from the answer it kept
+// in memory; later, and for keys it remembers (Config.RecentKeys), by one
+// read of the record (idem.Replayer where the store has it); anywhere
+// else, by the claim, which finds the key completed. Every path gives the
+// same answer, as in idemhttp ("Where a replay comes from").
+//
 // # Policies, and streams
 //
 // Config.Methods sets each method's Policy (Required, Optional, Off), by

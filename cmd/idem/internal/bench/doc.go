@@ -32,6 +32,12 @@
 //     holding SQLite's single writer from the claim on would, a round
 //     takes up to Concurrency times the wait.
 //
+// With Options.GRPC, idemgrpc's interceptor is measured the same way on
+// SQLite and PostgreSQL (idem-grpc-<store>-<case>), in front of the same
+// payment, against a hand-written interceptor that does what the HTTP
+// minimum does and decodes its replays into the response message (see
+// grpc.go).
+//
 // Requests are served in-process (no HTTP sockets), both sides through the
 // same request scaffolding, so what is measured is the store work and the
 // middleware, not the network stack. Rounds of the two sides alternate,
