@@ -34,6 +34,11 @@ import (
 // honoured, up to Policy.Cap; otherwise the delays are Policy's, with its
 // jitter. No retry is started that could not begin before the call's
 // deadline. Everything else is returned as it is.
+//
+// Those retries are safe against a service that de-duplicates by key (an
+// Interceptor, or idemhttp behind a gateway): against one that does not, a
+// retry after a lost answer runs the call again. Give such methods the
+// policy Off.
 type Client struct {
 	// Policy bounds and spaces the attempts. Defaults to 4 attempts, 100ms
 	// base, 5s cap, full jitter.

@@ -92,15 +92,19 @@ func (i *Interceptor) Policy(fullMethod string) Policy {
 	if p, ok := i.policies.Load(fullMethod); ok {
 		return p.(Policy)
 	}
-	p := resolvePolicy(i.cfg.Methods, i.cfg.Default, fullMethod)
-	if methodDescriptor(fullMethod) != nil || len(fullMethod) < 256 {
-		// Methods a server answers are few; a name no registered service
-		// has is not remembered unless short, so that a client making up
-		// names cannot grow the map without bound. (A server refuses
-		// unknown methods before interceptors run, unless it has an
-		// UnknownServiceHandler.)
-		i.policies.Store(fullMethod, p)
+	return resolvePolicy(i.cfg.Methods, i.cfg.Default, fullMethod)
+}
+
+// unaryPolicy is Policy, remembered: grpc-go calls unary interceptors only
+// for the methods a server registered, which are few, so the map stays
+// small. (Streams reach Stream for any name a client makes up, when the
+// server has an UnknownServiceHandler: theirs are not remembered.)
+func (i *Interceptor) unaryPolicy(fullMethod string) Policy {
+	if p, ok := i.policies.Load(fullMethod); ok {
+		return p.(Policy)
 	}
+	p := resolvePolicy(i.cfg.Methods, i.cfg.Default, fullMethod)
+	i.policies.Store(fullMethod, p)
 	return p
 }
 
@@ -166,7 +170,7 @@ type call struct {
 }
 
 func (i *Interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	pol := i.Policy(info.FullMethod)
+	pol := i.unaryPolicy(info.FullMethod)
 	if pol == Off {
 		return handler(ctx, req)
 	}
