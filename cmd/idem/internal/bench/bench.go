@@ -69,8 +69,9 @@ type Options struct {
 	StoreReplays bool
 	// GRPC measures idemgrpc's interceptor too, on SQLite and PostgreSQL,
 	// against a hand-written interceptor (see grpc.go). Its RESULT lines
-	// are idem-grpc-<store>-<case> and minimum-grpc-<store>-<case>.
-	// Defaults to false.
+	// are idem-grpc-<store>-<case> and minimum-grpc-<store>-<case>
+	// (idem-grpc-storereplays-… with StoreReplays; Sealed applies to HTTP
+	// alone). Defaults to false.
 	GRPC bool
 	// Side, when "middleware" or "minimum", measures that side alone (for
 	// a CPU profile of it); the comparisons then have no ratio. Defaults
@@ -236,18 +237,14 @@ func compareProto(ctx context.Context, o *Options, protocol, store, kase string,
 				return Comparison{}, fmt.Errorf("%s %s %s: %w", store, kase, s.side.name, err)
 			}
 			fmt.Fprintf(o.Out, "  round %d %-10s %8.0f req/s  p50 %-9s p99 %-9s cpu %s/req, machine %s/req\n", r+1, s.side.name, res.PerSecond, round(res.P50), round(res.P99), round(res.CPUPerRequest), round(res.MachineCPUPerRequest))
-			name := "idem-http-" + resultStore(store) + "-" + kase
-			switch {
-			case o.Sealed && o.StoreReplays:
-				name = "idem-http-sealed-storereplays-" + resultStore(store) + "-" + kase
-			case o.Sealed:
-				name = "idem-http-sealed-" + resultStore(store) + "-" + kase
-			case o.StoreReplays:
-				name = "idem-http-storereplays-" + resultStore(store) + "-" + kase
+			name := "idem-" + protocol + "-"
+			if o.Sealed && protocol == "http" {
+				name += "sealed-"
 			}
-			if protocol != "http" {
-				name = "idem-" + protocol + "-" + resultStore(store) + "-" + kase
+			if o.StoreReplays {
+				name += "storereplays-"
 			}
+			name += resultStore(store) + "-" + kase
 			if s.side.name == "minimum" {
 				name = "minimum-" + protocol + "-" + resultStore(store) + "-" + kase
 			}

@@ -83,7 +83,11 @@ type grpcSides struct {
 }
 
 func runGRPC(ctx context.Context, o *Options, storeName string, g grpcSides) ([]Comparison, error) {
-	ic, err := idemgrpc.New(&idemgrpc.Config{Store: g.store, SharedScope: true, TTL: benchTTL})
+	cfg := &idemgrpc.Config{Store: g.store, SharedScope: true, TTL: benchTTL}
+	if o.StoreReplays {
+		cfg.MemoryReplayFor = -1
+	}
+	ic, err := idemgrpc.New(cfg)
 	if err != nil {
 		return nil, err
 	}
