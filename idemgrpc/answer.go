@@ -2,6 +2,7 @@ package idemgrpc
 
 import (
 	"encoding/base64"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -75,9 +76,15 @@ func (s *callStream) SetTrailer(md metadata.MD) error {
 	return s.ServerTransportStream.SetTrailer(md)
 }
 
+// errTooLarge is keptAnswer's refusal of a response over MaxResponseBytes,
+// in the same-transaction forms.
+var errTooLarge = errors.New("the response exceeds MaxResponseBytes")
+
 // keptAnswer is what the store keeps of a handler's answer: resp when err
 // is nil, err's status otherwise, and the metadata named in ReplayMetadata.
-func (i *Interceptor) keptAnswer(resp any, err error, cs *callStream) (idem.Response, error) {
+// A response over MaxResponseBytes is kept without its message (omit), or
+// refused with errTooLarge.
+func (i *Interceptor) keptAnswer(resp any, err error, cs *callStream, omit bool) (idem.Response, error) {
 	st := status.Convert(err)
 	h := http.Header{hdrStatus: {strconv.Itoa(int(st.Code()))}}
 	if msg := st.Message(); msg != "" {
@@ -107,7 +114,14 @@ func (i *Interceptor) keptAnswer(resp any, err error, cs *callStream) (idem.Resp
 		if merr != nil {
 			return idem.Response{}, merr
 		}
-		kept.Body = b
+		switch {
+		case len(b) <= i.cfg.MaxResponseBytes:
+			kept.Body = b
+		case omit:
+			kept.BodyOmitted = true
+		default:
+			return idem.Response{}, errTooLarge
+		}
 	}
 	return kept, nil
 }
@@ -174,6 +188,9 @@ func decodeAnswer(resp *idem.Response) (*replayed, error) {
 	}
 	if r.code == codes.OK {
 		r.body = resp.Body
+		if resp.BodyOmitted {
+			r.header.Set(MetadataBodyOmitted, "true")
+		}
 		return r, nil
 	}
 	if d := resp.Header.Get(hdrDetails); d != "" {

@@ -21,13 +21,18 @@ const (
 	// MetadataReplayed is set to "true" in the header metadata of every
 	// replayed answer.
 	MetadataReplayed = "idempotent-replayed"
+	// MetadataBodyOmitted is set to "true" in the header metadata of a
+	// replay whose response was too large to keep (Config.MaxResponseBytes):
+	// its message is then empty.
+	MetadataBodyOmitted = "idempotent-body-omitted"
 )
 
 // Defaults of Config.
 const (
-	DefaultTTL          = 24 * time.Hour
-	DefaultLease        = time.Minute
-	DefaultInflightWait = 5 * time.Second
+	DefaultTTL              = 24 * time.Hour
+	DefaultLease            = time.Minute
+	DefaultInflightWait     = 5 * time.Second
+	DefaultMaxResponseBytes = 1 << 20
 )
 
 // Policy says what the interceptor does with a method's calls.
@@ -128,6 +133,16 @@ type Config struct {
 	// kept and replayed (a deterministic outcome) or the key released so a
 	// retry runs again. Defaults to DefaultKeep.
 	Keep func(fullMethod string, code codes.Code) bool
+
+	// MaxResponseBytes caps the response encoding kept for replay. Defaults
+	// to 1 MiB. A larger response is never silently truncated:
+	//   - in the same-transaction forms the transaction is rolled back, the
+	//     key released, and the caller gets Internal (ReasonResponseTooLarge);
+	//   - otherwise the effect has happened: the caller gets the whole
+	//     response, and the key is completed with the status and metadata
+	//     but no message; replays then carry idempotent-body-omitted: true
+	//     and an empty message, as idemhttp's carry Idempotent-Body-Omitted.
+	MaxResponseBytes int
 
 	// ReplayMetadata are the header and trailer metadata names whose values
 	// the handler set (grpc.SetHeader, grpc.SendHeader, grpc.SetTrailer)
@@ -231,6 +246,9 @@ func withDefaults(cfg *Config) (Config, error) {
 	if c.Keep == nil {
 		c.Keep = DefaultKeep
 	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = DefaultMaxResponseBytes
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -241,6 +259,8 @@ func withDefaults(cfg *Config) (Config, error) {
 		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Lease", Reason: "must not be negative"}
 	case c.TTL < c.Lease:
 		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.TTL", Reason: fmt.Sprintf("(%s) must not be shorter than Config.Lease (%s)", c.TTL, c.Lease)}
+	case c.MaxResponseBytes < 0:
+		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.MaxResponseBytes", Reason: "must not be negative"}
 	case c.PollInterval < 0:
 		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.PollInterval", Reason: "must not be negative"}
 	case c.Default != 0 && (c.Default < Required || c.Default > Off):

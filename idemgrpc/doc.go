@@ -57,6 +57,10 @@
 // A kept answer is the response message's deterministic encoding, its
 // status (code, message, details), and the header and trailer metadata
 // Config.ReplayMetadata names; nothing else the handler set is replayed.
+// An encoding over Config.MaxResponseBytes (1 MiB) is never truncated: in
+// the same-transaction forms the call is rolled back (Internal,
+// ReasonResponseTooLarge); otherwise its replays carry an empty message
+// and idempotent-body-omitted: true.
 // A replay is returned as the message type the method answers with, found
 // from the handler's earlier answers in this process or from the protobuf
 // registry (where every generated package registers its services); where

@@ -3,6 +3,7 @@ package idemgrpc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -94,7 +95,7 @@ func (c *call) execute(req any, handler grpc.UnaryHandler, ex Execution, fp idem
 		return c.answer(r)
 	}
 	c.begin(c.ctx, idemhttp.PhaseComplete)
-	kept, err := i.keptAnswer(r.resp, r.err, r.cs)
+	kept, err := i.keptAnswer(r.resp, r.err, r.cs, true)
 	if err == nil {
 		dctx, dcancel := detached(c.ctx)
 		c.markStore()
@@ -139,7 +140,7 @@ func (c *call) runInTx(txctx context.Context, req any, handler grpc.UnaryHandler
 	if !c.keeps(r) {
 		return idem.Response{}, false, nil
 	}
-	kept, err := c.i.keptAnswer(r.resp, r.err, r.cs)
+	kept, err := c.i.keptAnswer(r.resp, r.err, r.cs, false)
 	if err != nil {
 		r.keepErr = err
 		return idem.Response{}, false, nil
@@ -231,7 +232,12 @@ func (c *call) finishTx(ref idem.Ref, r *run, kept bool, err error, rolledBack b
 		} else {
 			c.release(ref, r)
 		}
-		if r.keepErr != nil {
+		switch {
+		case errors.Is(r.keepErr, errTooLarge):
+			c.log.LogAttrs(c.ctx, slog.LevelWarn, "answer too large to keep: call rolled back", slog.Int("max_response_bytes", i.cfg.MaxResponseBytes))
+			return nil, refusal(codes.Internal, ReasonResponseTooLarge,
+				fmt.Sprintf("the answer exceeded %d bytes, the most that is kept for replay, so the call was rolled back", i.cfg.MaxResponseBytes), 0)
+		case r.keepErr != nil:
 			c.log.LogAttrs(c.ctx, slog.LevelError, "answer cannot be kept: call rolled back", slog.String("error", r.keepErr.Error()))
 			return nil, status.Error(codes.Internal, "the answer could not be kept, so the call was rolled back")
 		}

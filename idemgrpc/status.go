@@ -29,6 +29,7 @@ const (
 	ReasonLeaseLost        = "LEASE_LOST"               // Unavailable with RetryInfo; HTTP 503 with Retry-After
 	ReasonRequestType      = "REQUEST_NOT_PROTOBUF"     // Internal: the request cannot be fingerprinted
 	ReasonStreaming        = "STREAMING_NOT_PROTECTED"  // Unimplemented: a key sent on a streaming RPC
+	ReasonResponseTooLarge = "RESPONSE_TOO_LARGE"       // Internal, rolled back: the answer exceeds MaxResponseBytes; HTTP 500
 )
 
 // refusal makes one of the interceptor's own statuses; retryAfter, when

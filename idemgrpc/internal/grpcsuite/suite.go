@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemgrpc"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemmem"
@@ -29,7 +31,8 @@ var start = time.Date(2030, time.January, 2, 3, 4, 5, 0, time.UTC)
 // a transient status keeps nothing and a deterministic one is replayed
 // (details and kept metadata included), a panic keeps nothing, a crashed
 // execution's key is taken over once its lease ends, and the Client's key
-// survives gRPC's own retries. A store that is an idem.TxStore is checked
+// survives gRPC's own retries; an answer too large to keep is kept without
+// its message, or rolled back in the same-transaction forms. A store that is an idem.TxStore is checked
 // in its same-transaction form, and in the separate form where a case
 // needs it. The cases run as parallel subtests.
 func Run(t *testing.T, open Open) {
@@ -47,6 +50,7 @@ func Run(t *testing.T, open Open) {
 		{"CrashThenRetryOnce", crashThenRetry},
 		{"ClientKeySurvivesRetries", clientKeySurvivesRetries},
 		{"KeyRules", keyRules},
+		{"LargeAnswer", largeAnswer},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -402,5 +406,46 @@ func keyRules(t *testing.T, open Open) {
 	}
 	if got := effects.Of("any"); got != 0 {
 		t.Fatalf("refused calls ran %d times", got)
+	}
+}
+
+// largeAnswer: an answer over MaxResponseBytes. In the same-transaction
+// forms it is rolled back, and the retry runs again; otherwise the caller
+// gets it whole and its replays an empty message marked
+// idempotent-body-omitted.
+func largeAnswer(t *testing.T, open Open) {
+	clock := idemmem.NewClock(start)
+	store := open(t, clock)
+	_, tx := store.(idem.TxStore)
+	h := New(t, idemgrpc.Config{Store: store, SharedScope: true, MaxResponseBytes: 64}, nil)
+	var effects Effects
+	big := strings.Repeat("x", 100)
+	h.Handle(func(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
+		effects.Add("k")
+		return Msg(t, map[string]any{"receipt": big}), nil
+	})
+	req := Msg(t, map[string]any{"amount": 1})
+	out, _, err := h.Call(t.Context(), "k", req)
+	if tx {
+		if status.Code(err) != codes.Internal || idemgrpc.Reason(err) != idemgrpc.ReasonResponseTooLarge {
+			t.Fatalf("in a transaction: %v, want Internal %s", err, idemgrpc.ReasonResponseTooLarge)
+		}
+		if _, _, err := h.Call(t.Context(), "k", req); status.Code(err) != codes.Internal {
+			t.Fatalf("the retry: %v, want it run and refused again", err)
+		}
+		if got := effects.Of("k"); got != 2 {
+			t.Fatalf("ran %d times, want 2 (rolled back each time)", got)
+		}
+		return
+	}
+	if err != nil || out.Fields["receipt"].GetStringValue() != big {
+		t.Fatalf("first call: %v %v, want the whole answer", out, err)
+	}
+	out, header, err := h.Call(t.Context(), "k", req)
+	if err != nil || len(out.Fields) != 0 || header[idemgrpc.MetadataBodyOmitted] == nil || header[idemgrpc.MetadataReplayed] == nil {
+		t.Fatalf("replay: %v %v %v, want an empty message marked idempotent-body-omitted", out, header, err)
+	}
+	if got := effects.Of("k"); got != 1 {
+		t.Fatalf("ran %d times, want 1", got)
 	}
 }
