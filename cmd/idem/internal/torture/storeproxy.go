@@ -42,8 +42,13 @@ func (f *StoreFaults) any() bool {
 	return f != nil && (f.Latency > 0 || f.ResetRate > 0 || f.CommitCutRate > 0 || f.OutageEvery > 0)
 }
 
-// faultGrace is how long a new connection to a store goes without faults.
-const faultGrace = 500 * time.Millisecond
+// faultGrace is how long a new connection to a store goes without faults:
+// long enough for a restarted replica to migrate and prepare on the
+// connections it opens at start, even on a loaded machine (in CI, beside
+// other tortures, a start took more than half a second, and a reset in
+// its migrations made it exit), and short beside a run, whose replicas
+// keep their connections.
+const faultGrace = 3 * time.Second
 
 // storeProxy forwards TCP connections to one store, with faults.
 type storeProxy struct {
