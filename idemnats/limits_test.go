@@ -134,7 +134,7 @@ func TestExistingStreamReported(t *testing.T) {
 			stream, prefix := uniqueStream(t, js)
 			sc := tc.cfg
 			sc.Name, sc.Subjects = stream, []string{prefix + ".>"}
-			st, err := js.CreateStream(t.Context(), sc)
+			st, err := createStream(t, js, sc)
 			if err != nil {
 				t.Fatalf("create stream: %v", err)
 			}
@@ -222,3 +222,25 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// createStream creates the stream, trying again when the server failed to
+// make its storage: nats-server 2.x can lose the race between a stream
+// created in one account directory and the last stream of that directory
+// deleted at the same moment by a parallel test ("could not create storage
+// directory … no such file or directory", err_code 10049), which a second
+// try does not meet.
+func createStream(t *testing.T, js jetstream.JetStream, sc jetstream.StreamConfig) (jetstream.Stream, error) {
+	t.Helper()
+	for try := 1; ; try++ {
+		st, err := js.CreateStream(t.Context(), sc)
+		var apiErr *jetstream.APIError
+		if err == nil || try == 3 || !errors.As(err, &apiErr) || apiErr.ErrorCode != storeFailed {
+			return st, err
+		}
+		t.Logf("create stream, try %d: %v; trying again", try, err)
+	}
+}
+
+// storeFailed is JetStream's error code for a stream whose storage could
+// not be made.
+const storeFailed jetstream.ErrorCode = 10049
