@@ -107,8 +107,8 @@ type Config struct {
 	// charges refused with 503 or whose answer it drops after charging.
 	// Defaults to 0.1 with Acquirer; negative means none.
 	AcquirerFaultRate float64
-	// CrashAfterCharge is the share of attempts sent with Idem-Fault:
-	// crash-after-charge: the replica SIGKILLs itself after the network
+	// CrashAfterCharge is the share of attempts whose first try is sent
+	// with Idem-Fault: crash-after-charge: the replica SIGKILLs itself after the network
 	// charged and before the payment commits, and the run starts it again.
 	// Defaults to 0.05 with Acquirer; negative means none.
 	CrashAfterCharge float64
@@ -749,8 +749,11 @@ func (r *run) attempt(ctx context.Context, lp *logical) {
 		}
 		p := r.proxies[r.rng.IntN(len(r.proxies))]
 		r.attempts.Add(1)
+		// Only an attempt's first try asks for the crash: its retries, sent
+		// while the crashed replica restarts, asking again would crash
+		// the others in turn.
 		fault := ""
-		if r.cfg.CrashAfterCharge > 0 && r.rng.Float64() < r.cfg.CrashAfterCharge {
+		if failures == 0 && r.cfg.CrashAfterCharge > 0 && r.rng.Float64() < r.cfg.CrashAfterCharge {
 			fault = "crash-after-charge"
 		}
 		status, resp, err := r.post(ctx, p.url(), "/v1/payments", lp.key, fault, lp.body)
