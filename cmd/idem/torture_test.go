@@ -113,7 +113,7 @@ func TestTortureRequestsAcquirer(t *testing.T) {
 	for name, db := range map[string][]string{"sqlite": nil, "postgres": {"--db", postgresURL(t)}} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			args := append(db, "--acquirer", "private", "--payments", "1000", "--dups", "2", "--crash-after-charge", "0.01", "--clients", "32",
+			args := append(db, "--acquirer", "private", "--payments", "1000", "--dups", "2", "--crash-after-charge", "0.05", "--clients", "32",
 				"--kill-every", "500ms", "--timeout", "300s")
 			code, stdout, stderr, r := runTorture(t, args...)
 			checkHeldDups(t, 1000, 2, code, stdout, stderr, r)
