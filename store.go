@@ -74,6 +74,10 @@ type Record struct {
 	ExpiresAt time.Time
 	// CompletedAt is when the record was completed; zero while in flight.
 	CompletedAt time.Time
+	// Recovery is the last recovery point an execution saved (see
+	// Recoverer); zero when none was, or the store keeps none. A
+	// completion keeps it, for the record's history.
+	Recovery RecoveryPoint
 }
 
 // Outcome says what a Claim found.

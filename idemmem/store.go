@@ -3,6 +3,7 @@ package idemmem
 import (
 	"bytes"
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -31,8 +32,9 @@ type Store struct {
 }
 
 var (
-	_ idem.Store  = (*Store)(nil)
-	_ idem.Waiter = (*Store)(nil)
+	_ idem.Store     = (*Store)(nil)
+	_ idem.Waiter    = (*Store)(nil)
+	_ idem.Recoverer = (*Store)(nil)
 )
 
 type slot struct {
@@ -61,9 +63,11 @@ func NewStore(cfg *Config) *Store {
 
 // live reports whether the record still counts at now: its TTL has not
 // passed, or a live lease still holds it (a takeover may push the lease past
-// the TTL, and the holder must not lose the key to a newcomer meanwhile).
+// the TTL, and the holder must not lose the key to a newcomer meanwhile), or
+// it is in flight with a recovery point (see idem.Recoverer).
 func (e *entry) live(now time.Time) bool {
-	return now.Before(e.rec.ExpiresAt) || e.leaseLive(now)
+	return now.Before(e.rec.ExpiresAt) || e.leaseLive(now) ||
+		(e.rec.State == idem.StateInFlight && !e.rec.Recovery.IsZero())
 }
 
 func (e *entry) leaseLive(now time.Time) bool {
@@ -80,6 +84,7 @@ func (e *entry) signal() {
 func (e *entry) snapshot() idem.Record {
 	r := e.rec
 	r.Response = copyResponse(r.Response)
+	r.Recovery.Data = bytes.Clone(r.Recovery.Data)
 	return r
 }
 
@@ -261,4 +266,47 @@ func (s *Store) WaitChange(ctx context.Context, scope idem.Scope, key idem.Key) 
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// SaveRecovery implements idem.Recoverer. The store has no transactions:
+// the point is saved at once.
+func (s *Store) SaveRecovery(ctx context.Context, ref idem.Ref, rp idem.RecoveryPoint) error {
+	if err := rp.Validate(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.records[slot{ref.Scope, ref.Key}]
+	if e == nil || e.rec.Token != ref.Token || e.rec.State != idem.StateInFlight {
+		return idem.ErrLeaseLost
+	}
+	e.rec.Recovery = idem.RecoveryPoint{Name: rp.Name, Data: bytes.Clone(rp.Data), SavedAt: s.clock.Now()}
+	return nil
+}
+
+// Abandoned implements idem.Recoverer.
+func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error) {
+	if limit <= 0 {
+		return nil, &idem.ArgumentError{Field: "limit", Reason: "must be positive"}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	var out []idem.Record
+	for _, e := range s.records {
+		if e.rec.State == idem.StateInFlight && !e.rec.Recovery.IsZero() && !e.leaseLive(now) {
+			out = append(out, e.snapshot())
+		}
+	}
+	slices.SortFunc(out, func(a, b idem.Record) int { return a.LeaseExpiresAt.Compare(b.LeaseExpiresAt) })
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
 }
