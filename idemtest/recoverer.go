@@ -86,7 +86,9 @@ func (e *recEnv) acquire(key string) idem.Claim {
 	return c
 }
 
-func keyRef(key string, c idem.Claim) idem.Ref { return idem.Ref{Scope: "s", Key: idem.Key(key), Token: c.Token} }
+func keyRef(key string, c idem.Claim) idem.Ref {
+	return idem.Ref{Scope: "s", Key: idem.Key(key), Token: c.Token}
+}
 
 func (e *recEnv) save(r idem.Ref, name, data string) {
 	e.t.Helper()
