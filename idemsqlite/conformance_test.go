@@ -1,7 +1,7 @@
 // This file runs every conformance suite of idemtest that idemsqlite
 // qualifies for; the package's own tests are in the other files.
 //
-// Passes all of them: TestStore and TestTxEffects (Store), TestInbox
+// Passes all of them: TestStore, TestTxEffects and TestRecoverer (Store), TestInbox
 // (Inbox), TestOutbox (Outbox), TestDeadLetters (DeadLetters), TestLedger
 // (Ledger), TestTransport (Transport), TestOutboxMover (Transport's
 // MoveOutbox of an Outbox in the same file), and TestPerKeyOrder (the
@@ -52,6 +52,14 @@ func TestWithTx(t *testing.T) {
 	idemtest.TestWithTx(t, func(t *testing.T, clock idem.Clock) (idemtest.TxRunner, idem.Store, idemtest.InboxEffects) {
 		db := openDB(t)
 		return txRunner{db}, newStore(t, db, clock), newEffects(t, db)
+	})
+}
+
+func TestRecoverer(t *testing.T) {
+	t.Parallel()
+	idemtest.TestRecoverer(t, func(t *testing.T, clock idem.Clock) (idem.Recoverer, idemtest.TxRunner, idemtest.InboxEffects) {
+		db := openDB(t)
+		return newStore(t, db, clock), txRunner{db}, newEffects(t, db)
 	})
 }
 

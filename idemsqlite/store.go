@@ -76,9 +76,13 @@ const (
 
 // The store's statements, prepared once per DB.
 var (
-	sqlLoadKey = keysSQL(`SELECT fingerprint, state, token, status, header, body, body_omitted,
-		created_at, lease_expires_at, expires_at, completed_at
-		FROM idem_keys WHERE scope = ? AND key = ?`)
+	sqlLoadKey = keysSQL(`SELECT ` + keyColumns + ` FROM idem_keys WHERE scope = ? AND key = ?`)
+	// sqlAbandonedKeys lists the keys a Completer takes over.
+	sqlAbandonedKeys = keysSQL(`SELECT scope, key, ` + keyColumns + ` FROM idem_keys
+		WHERE state = 'in_flight' AND recovery_point IS NOT NULL AND lease_expires_at <= ?
+		ORDER BY lease_expires_at LIMIT ?`)
+	sqlSaveRecovery = keysSQL(`UPDATE idem_keys SET recovery_point = ?, recovery_data = ?, recovery_saved_at = ?
+		WHERE scope = ? AND key = ? AND token = ? AND state = 'in_flight'`)
 	// sqlReplayKey reads what the replay of a completed key needs; the
 	// caller judges its expiry.
 	sqlReplayKey = keysSQL(`SELECT fingerprint = ?, status, header, body, body_omitted, expires_at
@@ -98,7 +102,8 @@ var (
 			fingerprint = excluded.fingerprint, state = excluded.state, token = excluded.token,
 			status = NULL, header = NULL, body = NULL, body_omitted = 0,
 			created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
-			expires_at = excluded.expires_at, completed_at = NULL`)
+			expires_at = excluded.expires_at, completed_at = NULL,
+			recovery_point = NULL, recovery_data = NULL, recovery_saved_at = NULL`)
 	// sqlInsertCompletedKey writes the record of a key claimed in
 	// ClaimTx's transaction, completed, once its work is done.
 	sqlInsertCompletedKey = keysSQL(`INSERT INTO idem_keys
@@ -113,65 +118,90 @@ var (
 	sqlKeyExists     = keysSQL(`SELECT 1 FROM idem_keys WHERE scope = ? AND key = ?`)
 	sqlPurgeKeys     = keysSQL(`DELETE FROM idem_keys WHERE (scope, key) IN (
 		SELECT scope, key FROM idem_keys
-		WHERE expires_at <= ? AND NOT (state = ? AND lease_expires_at > ?)
+		WHERE expires_at <= ? AND NOT (state = ? AND (lease_expires_at > ? OR recovery_point IS NOT NULL))
 		LIMIT ?)`)
 )
 
+// keyColumns are the columns of a record, as keyRow scans them.
+const keyColumns = `fingerprint, state, token, status, header, body, body_omitted,
+	created_at, lease_expires_at, expires_at, completed_at,
+	recovery_point, recovery_data, recovery_saved_at`
+
+// keyRow is a row of idem_keys as keyColumns read it.
+type keyRow struct {
+	fingerprint, state           string
+	token                        int64
+	status, completedAt          sql.NullInt64
+	header, recoveryPoint        sql.NullString
+	body, recoveryData           []byte
+	bodyOmitted                  bool
+	createdAt, leaseEnd, expires int64
+	recoverySavedAt              sql.NullInt64
+}
+
+func (k *keyRow) dest() []any {
+	return []any{&k.fingerprint, &k.state, &k.token, &k.status, &k.header, &k.body, &k.bodyOmitted,
+		&k.createdAt, &k.leaseEnd, &k.expires, &k.completedAt,
+		&k.recoveryPoint, &k.recoveryData, &k.recoverySavedAt}
+}
+
 // load reads the record of scope and key, expired or not.
 func load(ctx context.Context, r runner, scope idem.Scope, key idem.Key) (idem.Record, bool, error) {
-	var (
-		fingerprint, state           string
-		token                        int64
-		status, completedAt          sql.NullInt64
-		header                       sql.NullString
-		body                         []byte
-		bodyOmitted                  bool
-		createdAt, leaseEnd, expires int64
-	)
-	err := r.queryRow(ctx, sqlLoadKey, string(scope), string(key)).
-		Scan(&fingerprint, &state, &token, &status, &header, &body, &bodyOmitted,
-			&createdAt, &leaseEnd, &expires, &completedAt)
+	var k keyRow
+	err := r.queryRow(ctx, sqlLoadKey, string(scope), string(key)).Scan(k.dest()...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return idem.Record{}, false, nil
 	}
 	if err != nil {
 		return idem.Record{}, false, err
 	}
+	rec, err := k.record(scope, key)
+	return rec, err == nil, err
+}
+
+// record is the row as an idem.Record of scope and key.
+func (k *keyRow) record(scope idem.Scope, key idem.Key) (idem.Record, error) {
 	rec := idem.Record{
 		Scope:          scope,
 		Key:            key,
-		Fingerprint:    idem.Fingerprint(fingerprint),
-		Token:          idem.Token(token),
-		CreatedAt:      fromNanos(createdAt),
-		LeaseExpiresAt: fromNanos(leaseEnd),
-		ExpiresAt:      fromNanos(expires),
+		Fingerprint:    idem.Fingerprint(k.fingerprint),
+		Token:          idem.Token(k.token),
+		CreatedAt:      fromNanos(k.createdAt),
+		LeaseExpiresAt: fromNanos(k.leaseEnd),
+		ExpiresAt:      fromNanos(k.expires),
 	}
-	switch state {
+	if k.recoveryPoint.Valid {
+		rec.Recovery = idem.RecoveryPoint{Name: k.recoveryPoint.String, Data: k.recoveryData, SavedAt: fromNanos(k.recoverySavedAt.Int64)}
+	}
+	var err error
+	switch k.state {
 	case stateInFlight:
 		rec.State = idem.StateInFlight
 	case stateCompleted:
 		rec.State = idem.StateCompleted
-		resp := &idem.Response{Status: int(status.Int64), Body: body, BodyOmitted: bodyOmitted}
-		if header.Valid {
-			if resp.Header, err = headerjson.Decode([]byte(header.String)); err != nil {
-				return idem.Record{}, false, fmt.Errorf("stored header of %q: %w", key, err)
+		resp := &idem.Response{Status: int(k.status.Int64), Body: k.body, BodyOmitted: k.bodyOmitted}
+		if k.header.Valid {
+			if resp.Header, err = headerjson.Decode([]byte(k.header.String)); err != nil {
+				return idem.Record{}, fmt.Errorf("stored header of %q: %w", key, err)
 			}
 		}
 		rec.Response = resp
-		rec.CompletedAt = fromNanos(completedAt.Int64)
+		rec.CompletedAt = fromNanos(k.completedAt.Int64)
 	default:
-		return idem.Record{}, false, fmt.Errorf("stored state %q of %q is unknown", state, key)
+		return idem.Record{}, fmt.Errorf("stored state %q of %q is unknown", k.state, key)
 	}
-	return rec, true, nil
+	return rec, nil
 }
 
 func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
 
 // live reports whether a record still counts at now: its TTL has not passed,
 // or a live lease still holds it (a takeover may push the lease past the
-// TTL, and the holder must not lose the key to a newcomer meanwhile).
+// TTL, and the holder must not lose the key to a newcomer meanwhile), or it
+// is in flight with a recovery point (see idem.Recoverer).
 func live(r idem.Record, now time.Time) bool {
-	return now.Before(r.ExpiresAt) || leaseLive(r, now)
+	return now.Before(r.ExpiresAt) || leaseLive(r, now) ||
+		(r.State == idem.StateInFlight && !r.Recovery.IsZero())
 }
 
 func leaseLive(r idem.Record, now time.Time) bool {
@@ -663,4 +693,63 @@ func (s *Store) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) 
 		return false, fmt.Errorf("idemsqlite: complete: commit: %w", err)
 	}
 	return true, nil
+}
+
+// SaveRecovery implements idem.Recoverer. Called with a context that
+// carries a transaction of the DB (WithTx, CompleteTx), it writes in it, so
+// the point commits or rolls back with the phase's writes; otherwise it is
+// one short write transaction of its own.
+func (s *Store) SaveRecovery(ctx context.Context, ref idem.Ref, rp idem.RecoveryPoint) error {
+	if err := rp.Validate(); err != nil {
+		return err
+	}
+	err := s.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		data := rp.Data
+		if data == nil {
+			data = []byte{}
+		}
+		res, err := s.db.in(tx).exec(ctx, sqlSaveRecovery, rp.Name, data, s.clock.Now().UnixNano(),
+			string(ref.Scope), string(ref.Key), int64(ref.Token))
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 1 {
+			return err
+		}
+		return idem.ErrLeaseLost
+	})
+	if err != nil {
+		return fmt.Errorf("idemsqlite: save recovery point: %w", err)
+	}
+	return nil
+}
+
+// Abandoned implements idem.Recoverer. It reads on a reader connection,
+// through an index that holds only the keys in flight with a point.
+func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error) {
+	if limit <= 0 {
+		return nil, &idem.ArgumentError{Field: "limit", Reason: "must be positive"}
+	}
+	rows, err := s.reader(ctx).query(ctx, sqlAbandonedKeys, s.clock.Now().UnixNano(), limit)
+	if err != nil {
+		return nil, fmt.Errorf("idemsqlite: abandoned: %w", err)
+	}
+	defer rows.Close()
+	var out []idem.Record
+	for rows.Next() {
+		var scope, key string
+		var k keyRow
+		if err := rows.Scan(append([]any{&scope, &key}, k.dest()...)...); err != nil {
+			return nil, fmt.Errorf("idemsqlite: abandoned: %w", err)
+		}
+		rec, err := k.record(idem.Scope(scope), idem.Key(key))
+		if err != nil {
+			return nil, fmt.Errorf("idemsqlite: abandoned: %w", err)
+		}
+		out = append(out, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("idemsqlite: abandoned: %w", err)
+	}
+	return out, nil
 }
