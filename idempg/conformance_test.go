@@ -68,6 +68,15 @@ func TestTxEffects(t *testing.T) {
 	})
 }
 
+func TestRecoverer(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	idemtest.TestRecoverer(t, func(t *testing.T, clock idem.Clock) (idem.Recoverer, idemtest.TxRunner, idemtest.InboxEffects) {
+		db := openDB(t, url, idempg.Config{Clock: clock})
+		return newStore(t, db), txRunner{db}, newEffects(t, db)
+	})
+}
+
 func TestInbox(t *testing.T) {
 	t.Parallel()
 	idemtest.TestInbox(t, func(t *testing.T) (idem.Inbox, idemtest.InboxEffects) {

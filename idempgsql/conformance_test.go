@@ -1,6 +1,7 @@
 // This file runs every conformance suite of idemtest that idempgsql
 // qualifies for, on each driver: TestStore, TestMiddleware (in the
-// same-transaction form), TestWithTx and TestTxEffects (Store), TestInbox
+// same-transaction form), TestWithTx, TestTxEffects and TestRecoverer
+// (Store), TestInbox
 // (Inbox) and TestOutbox (Outbox), on the suites' manual clock.
 
 package idempgsql_test
@@ -56,6 +57,16 @@ func TestTxEffects(t *testing.T) {
 		idemtest.TestTxEffects(t, func(t *testing.T, clock idem.Clock) (idem.TxStore, idemtest.InboxEffects) {
 			db := openDB(t, driver, idempgsql.Config{Clock: clock})
 			return newStore(t, db), newEffects(t, db)
+		})
+	})
+}
+
+func TestRecoverer(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, driver string) {
+		idemtest.TestRecoverer(t, func(t *testing.T, clock idem.Clock) (idem.Recoverer, idemtest.TxRunner, idemtest.InboxEffects) {
+			db := openDB(t, driver, idempgsql.Config{Clock: clock})
+			return newStore(t, db), txRunner{db}, newEffects(t, db)
 		})
 	})
 }

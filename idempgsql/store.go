@@ -22,8 +22,9 @@ type Store struct {
 }
 
 var (
-	_ idem.Store   = (*Store)(nil)
-	_ idem.TxStore = (*Store)(nil)
+	_ idem.Store     = (*Store)(nil)
+	_ idem.TxStore   = (*Store)(nil)
+	_ idem.Recoverer = (*Store)(nil)
 )
 
 // NewStore applies the store's schema migrations to db (component
@@ -393,4 +394,63 @@ func (s *Store) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) 
 		return false, fmt.Errorf("idempgsql: complete: commit: %w", err)
 	}
 	return true, nil
+}
+
+// SaveRecovery implements idem.Recoverer. Called with a context that
+// carries a transaction of the DB (WithTx, JoinTx, CompleteTx), it writes
+// in it, so the point commits or rolls back with the phase's writes;
+// otherwise it commits on its own. With Config.Clock nil, SavedAt is the
+// database's time.
+func (s *Store) SaveRecovery(ctx context.Context, ref idem.Ref, rp idem.RecoveryPoint) error {
+	if err := pgsql.ValidateRecovery(rp); err != nil {
+		return err
+	}
+	q, _, err := s.db.writer(ctx)
+	if err != nil {
+		return fmt.Errorf("idempgsql: save recovery point: %w", err)
+	}
+	data := rp.Data
+	if data == nil {
+		data = []byte{}
+	}
+	res, err := q.ExecContext(ctx, pgsql.SaveRecovery, string(ref.Scope), string(ref.Key), int64(ref.Token), rp.Name, data, s.db.now())
+	if err != nil {
+		return fmt.Errorf("idempgsql: save recovery point: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("idempgsql: save recovery point: %w", err)
+	} else if n != 1 {
+		return idem.ErrLeaseLost
+	}
+	return nil
+}
+
+// Abandoned implements idem.Recoverer, through a partial index that holds
+// only the keys in flight with a point. With Config.Clock nil, leases are
+// judged by the database's clock.
+func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error) {
+	if limit <= 0 {
+		return nil, &idem.ArgumentError{Field: "limit", Reason: "must be positive"}
+	}
+	rows, err := s.db.reader(ctx).QueryContext(ctx, pgsql.Abandoned, s.db.now(), limit)
+	if err != nil {
+		return nil, fmt.Errorf("idempgsql: abandoned: %w", err)
+	}
+	defer rows.Close()
+	var out []idem.Record
+	for rows.Next() {
+		var row pgsql.KeyedRow
+		if err := rows.Scan(row.Dest()...); err != nil {
+			return nil, fmt.Errorf("idempgsql: abandoned: %w", err)
+		}
+		rec, err := row.Record()
+		if err != nil {
+			return nil, fmt.Errorf("idempgsql: abandoned: %w", err)
+		}
+		out = append(out, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("idempgsql: abandoned: %w", err)
+	}
+	return out, nil
 }

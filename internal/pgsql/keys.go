@@ -59,7 +59,8 @@ const Answer = `SELECT CASE
 // Claim claims a key that exists, or answers with its record: see the
 // function idem_claim.
 const Claim = `SELECT o_outcome, o_took_over, o_fingerprint, o_state, o_token, o_status, o_header,
-	o_body, o_body_omitted, o_created_at, o_lease_expires_at, o_expires_at, o_completed_at
+	o_body, o_body_omitted, o_created_at, o_lease_expires_at, o_expires_at, o_completed_at,
+	o_recovery_point, o_recovery_data, o_recovery_saved_at
 	FROM idem_claim($1, $2, $3, $4, $5, $6::timestamptz, $7, $8, $9)`
 
 // RecordRow is a row of idem_keys as the statements return it.
@@ -71,15 +72,20 @@ type RecordRow struct {
 	bodyOmitted                          bool
 	createdAt, leaseExpiresAt, expiresAt time.Time
 	completedAt                          *time.Time
+	recoveryPoint                        *string
+	recoveryData                         []byte
+	recoverySavedAt                      *time.Time
 }
 
 func (r *RecordRow) Dest() []any {
 	return []any{&r.fingerprint, &r.state, &r.token, &r.status, &r.header, &r.body, &r.bodyOmitted,
-		&r.createdAt, &r.leaseExpiresAt, &r.expiresAt, &r.completedAt}
+		&r.createdAt, &r.leaseExpiresAt, &r.expiresAt, &r.completedAt,
+		&r.recoveryPoint, &r.recoveryData, &r.recoverySavedAt}
 }
 
 const RecordColumns = `fingerprint, state, token, status, header, body, body_omitted,
-	created_at, lease_expires_at, expires_at, completed_at`
+	created_at, lease_expires_at, expires_at, completed_at,
+	recovery_point, recovery_data, recovery_saved_at`
 
 func (r *RecordRow) Record(scope idem.Scope, key idem.Key) (idem.Record, error) {
 	rec := idem.Record{
@@ -90,6 +96,12 @@ func (r *RecordRow) Record(scope idem.Scope, key idem.Key) (idem.Record, error) 
 		CreatedAt:      r.createdAt.UTC(),
 		LeaseExpiresAt: r.leaseExpiresAt.UTC(),
 		ExpiresAt:      r.expiresAt.UTC(),
+	}
+	if r.recoveryPoint != nil {
+		rec.Recovery = idem.RecoveryPoint{Name: *r.recoveryPoint, Data: r.recoveryData}
+		if r.recoverySavedAt != nil {
+			rec.Recovery.SavedAt = r.recoverySavedAt.UTC()
+		}
 	}
 	switch r.state {
 	case StateInFlight:
@@ -136,8 +148,9 @@ const Release = `DELETE FROM idem_keys WHERE scope = $1 AND key = $2 AND token =
 
 // Live is true when a record counts at the statement's time: its TTL has
 // not passed, or a live lease still holds it (a takeover may push the lease
-// past the TTL, and the holder must not lose the key meanwhile).
-const Live = `(expires_at > n.t OR (state = 'in_flight' AND lease_expires_at > n.t))`
+// past the TTL, and the holder must not lose the key meanwhile), or it is
+// in flight with a recovery point (see idem.Recoverer).
+const Live = `(expires_at > n.t OR (state = 'in_flight' AND (lease_expires_at > n.t OR recovery_point IS NOT NULL)))`
 
 const Get = `SELECT ` + RecordColumns + `
 	FROM idem_keys, (SELECT coalesce($3::timestamptz, clock_timestamp()) AS t) AS n
@@ -161,13 +174,39 @@ const Get = `SELECT ` + RecordColumns + `
 const Purge = `WITH victims AS (
 	SELECT k.ctid FROM idem_keys AS k
 	WHERE k.expires_at <= coalesce($1::timestamptz, statement_timestamp())
-	  AND NOT (k.state = 'in_flight' AND k.lease_expires_at > coalesce($1::timestamptz, statement_timestamp()))
+	  AND NOT (k.state = 'in_flight' AND (k.lease_expires_at > coalesce($1::timestamptz, statement_timestamp())
+	           OR k.recovery_point IS NOT NULL))
 	ORDER BY k.expires_at
 	LIMIT $2
 	FOR UPDATE OF k SKIP LOCKED)
 DELETE FROM idem_keys AS k
 WHERE k.ctid = ANY (ARRAY(SELECT ctid FROM victims))
   AND k.expires_at <= coalesce($1::timestamptz, statement_timestamp())`
+
+// SaveRecovery sets the key's recovery point if the token holds it in
+// flight. Its command tag counts the rows changed.
+const SaveRecovery = `UPDATE idem_keys SET recovery_point = $4, recovery_data = $5,
+		recovery_saved_at = coalesce($6::timestamptz, clock_timestamp())
+	WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'`
+
+// Abandoned lists up to $2 keys in flight with a recovery point whose lease
+// ended, oldest lease end first, through the partial index
+// idem_keys_recovering.
+const Abandoned = `SELECT scope, key, ` + RecordColumns + `
+	FROM idem_keys
+	WHERE state = 'in_flight' AND recovery_point IS NOT NULL
+	  AND lease_expires_at <= coalesce($1::timestamptz, statement_timestamp())
+	ORDER BY lease_expires_at
+	LIMIT $2`
+
+// ValidateRecovery checks rp, and that PostgreSQL's text type can hold its
+// name.
+func ValidateRecovery(rp idem.RecoveryPoint) error {
+	if err := rp.Validate(); err != nil {
+		return err
+	}
+	return CheckText("RecoveryPoint.Name", rp.Name)
+}
 
 // PurgeWaiters deletes the registrations of waiters past the lease end
 // they waited for at most: left by a process that died waiting (see
@@ -251,4 +290,19 @@ func ClaimOf(outcome string, tookOver bool, row RecordRow, req idem.ClaimRequest
 		return idem.Claim{}, fmt.Errorf("unknown outcome %q", outcome)
 	}
 	return c, nil
+}
+
+// KeyedRow is a row of Abandoned: a key and its record.
+type KeyedRow struct {
+	scope, key string
+	RecordRow
+}
+
+func (r *KeyedRow) Dest() []any {
+	return append([]any{&r.scope, &r.key}, r.RecordRow.Dest()...)
+}
+
+// Record is the row as an idem.Record.
+func (r *KeyedRow) Record() (idem.Record, error) {
+	return r.RecordRow.Record(idem.Scope(r.scope), idem.Key(r.key))
 }

@@ -17,7 +17,7 @@ func TestMigrations(t *testing.T) {
 		fsys  fs.FS
 		files []string
 	}{
-		"keys":     {Keys, []string{"0001_create_idem_keys.sql", "0002_drop_state_check.sql", "0003_claim_in_one_write.sql"}},
+		"keys":     {Keys, []string{"0001_create_idem_keys.sql", "0002_drop_state_check.sql", "0003_claim_in_one_write.sql", "0004_recovery_points.sql"}},
 		"waiters":  {Waiters, []string{"0001_create_idem_waiters.sql"}},
 		"messages": {Messages, []string{"0001_create_messages.sql", "0002_create_inbox_sequences.sql"}},
 	} {
