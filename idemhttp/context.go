@@ -110,6 +110,13 @@ type Execution struct {
 	// TookOver reports that an earlier execution's lease ended before it
 	// finished: it may have crashed half-way, or be still running.
 	TookOver bool
+	// Recovery is the recovery point an earlier execution of the key saved
+	// (see SaveRecovery): the phase to go on from. Zero for a first
+	// execution, and whenever the store keeps no points.
+	Recovery idem.RecoveryPoint
+
+	// points saves this execution's recovery points; nil when it cannot.
+	points *pointSaver
 }
 
 // ExecutionFromContext returns the protected request's Execution.

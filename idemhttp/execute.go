@@ -69,6 +69,10 @@ func (m *Middleware) runSeparately(next http.Handler, w http.ResponseWriter, r *
 		rec.send(nil)
 		return
 	}
+	if hctx.ex.hasRecovery() && !abort {
+		m.unfinished(r.Context(), w, rec, failure, log)
+		return
+	}
 	if abort {
 		// The handler cut the connection (http.ErrAbortHandler): like a
 		// crash, nobody knows how far its effect got, and outside a shared
@@ -85,6 +89,23 @@ func (m *Middleware) runSeparately(next http.Handler, w http.ResponseWriter, r *
 	if failure != "" && !rec.streaming {
 		(&Problem{Type: ProblemHandlerFailed, Title: "Request failed", Status: http.StatusInternalServerError,
 			Detail: "The request " + failure + " and was not completed. Retry with the same key.", RetryAfter: 1}).Write(w)
+		return
+	}
+	rec.send(nil)
+}
+
+// unfinished answers a failure of an execution that saved a recovery point
+// (or went on from one): its key is not released, since its phases may
+// have done something past the database's edge; it stays in flight until
+// its lease ends, and then a retry or a Completer takes it over and goes
+// on from the point.
+func (m *Middleware) unfinished(ctx context.Context, w http.ResponseWriter, rec *recorder, failure string, log reqLog) {
+	m.tally(ctx, OutcomeUnfinished)
+	log.LogAttrs(ctx, slog.LevelWarn, "failed after a recovery point: the key stays in flight until its lease ends, then a retry or the completer goes on from the point",
+		slog.Int("status", rec.statusCode()), slog.String("failure", failure), slog.Duration("lease", m.cfg.Lease))
+	if failure != "" && !rec.streaming {
+		(&Problem{Type: ProblemHandlerFailed, Title: "Request unfinished", Status: http.StatusServiceUnavailable,
+			Detail: "The request " + failure + " part-way and will be finished. Retry with the same key to get its result.", RetryAfter: 1}).Write(w)
 		return
 	}
 	rec.send(nil)

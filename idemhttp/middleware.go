@@ -29,12 +29,14 @@ const (
 	OutcomeLeaseLost  Outcome = "lease_lost"  // the completion was refused (fencing)
 	OutcomeRejected   Outcome = "rejected"    // 400/413: missing or malformed key, body too large
 	OutcomeAborted    Outcome = "aborted"     // the handler aborted (http.ErrAbortHandler) outside a shared transaction; key left to its lease
+	OutcomeUnfinished Outcome = "unfinished"  // failed after a recovery point; key left in flight for a retry or a Completer
 )
 
 // Outcomes lists every Outcome, in a stable order.
 var Outcomes = []Outcome{
 	OutcomeExecuted, OutcomeReplayed, OutcomeConflict, OutcomeMismatch,
 	OutcomeReleased, OutcomeStoreError, OutcomeLeaseLost, OutcomeRejected, OutcomeAborted,
+	OutcomeUnfinished,
 }
 
 // Middleware makes unsafe requests idempotent. Create it with New; it is
@@ -59,7 +61,7 @@ type Middleware struct {
 	bodies *bodySealer
 	// keys seals keys (nil: they are kept as they are).
 	keys   *keySealer
-	counts [9]atomic.Uint64
+	counts [10]atomic.Uint64
 	// obs is Config.Observer; storeName the store's type, for it.
 	obs       Observer
 	storeName string

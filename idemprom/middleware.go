@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-const requestsHelp = "Requests seen by an idempotency middleware, by outcome: executed, replayed, conflict (409 in flight), mismatch (422), released (transient failure), store_error, lease_lost, rejected (400/413), aborted."
+const requestsHelp = "Requests seen by an idempotency middleware, by outcome: executed, replayed, conflict (409 in flight), mismatch (422), released (transient failure), store_error, lease_lost, rejected (400/413), aborted, unfinished (failed after a recovery point; left for a retry or a completer)."
 
 // middlewareCollector reads the middleware's counters at scrape time, so
 // counting costs the request path one atomic add and nothing else.

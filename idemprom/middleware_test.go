@@ -32,7 +32,7 @@ func TestRegisterMiddleware(t *testing.T) {
 	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/x", nil)) // no key: rejected
 
 	want := `
-# HELP idem_http_requests_total Requests seen by an idempotency middleware, by outcome: executed, replayed, conflict (409 in flight), mismatch (422), released (transient failure), store_error, lease_lost, rejected (400/413), aborted.
+# HELP idem_http_requests_total Requests seen by an idempotency middleware, by outcome: executed, replayed, conflict (409 in flight), mismatch (422), released (transient failure), store_error, lease_lost, rejected (400/413), aborted, unfinished (failed after a recovery point; left for a retry or a completer).
 # TYPE idem_http_requests_total counter
 idem_http_requests_total{middleware="api",outcome="aborted"} 0
 idem_http_requests_total{middleware="api",outcome="conflict"} 0
@@ -43,6 +43,7 @@ idem_http_requests_total{middleware="api",outcome="rejected"} 1
 idem_http_requests_total{middleware="api",outcome="released"} 0
 idem_http_requests_total{middleware="api",outcome="replayed"} 1
 idem_http_requests_total{middleware="api",outcome="store_error"} 0
+idem_http_requests_total{middleware="api",outcome="unfinished"} 0
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,346 @@
+package idemhttp_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idemmem"
+)
+
+// phased is a handler in two phases around a call that leaves the
+// database: it saves "charging" before the call, and answers with what the
+// call returned. crash makes the first execution stop after the call, as a
+// process killed there would (its goroutine panics; the middleware sees a
+// failure). calls counts the calls made per phase reached.
+type phased struct {
+	mu     sync.Mutex
+	calls  int
+	resume []string // the recovery point each execution started from
+	crash  atomic.Bool
+}
+
+func (p *phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ex, _ := idemhttp.ExecutionFromContext(r.Context())
+	p.mu.Lock()
+	p.resume = append(p.resume, ex.Recovery.Name)
+	p.mu.Unlock()
+	if ex.Recovery.IsZero() {
+		if err := idemhttp.SaveRecovery(r.Context(), "charging", []byte("amount=10")); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+	}
+	p.charge()
+	if p.crash.CompareAndSwap(true, false) {
+		panic("crashed after the charge")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprint(w, `{"charged":10}`)
+}
+
+func (p *phased) charge() {
+	p.mu.Lock()
+	p.calls++
+	p.mu.Unlock()
+}
+
+func newPhased(t *testing.T, lease time.Duration) (*idemmem.Clock, *idemmem.Store, *idemhttp.Middleware) {
+	t.Helper()
+	clock := idemmem.NewClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	m := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store, Lease: lease, Clock: clock,
+		InflightWait: 20 * time.Millisecond})
+	return clock, store, m
+}
+
+func TestSaveRecoveryRefusedWhereItCannotHold(t *testing.T) {
+	t.Parallel()
+	if err := idemhttp.SaveRecovery(t.Context(), "charging", nil); !errors.Is(err, idemhttp.ErrNoRecovery) {
+		t.Errorf("outside a protected request: %v; want ErrNoRecovery", err)
+	}
+	cases := map[string]idem.Store{
+		// A store without points.
+		"no points": storeWithoutPoints{idemmem.NewStore(nil)},
+		// The handler runs in the store's transaction.
+		"same transaction": txMemStore{idemmem.NewStore(nil)},
+	}
+	for name, store := range cases {
+		t.Run(name, func(t *testing.T) {
+			var got error
+			h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				got = idemhttp.SaveRecovery(r.Context(), "charging", nil)
+				w.WriteHeader(http.StatusCreated)
+			}))
+			do(t, h, "POST", "/pay", "k", "{}")
+			if !errors.Is(got, idemhttp.ErrNoRecovery) {
+				t.Fatalf("SaveRecovery = %v; want ErrNoRecovery", got)
+			}
+		})
+	}
+	// A malformed point is refused, and the execution goes on.
+	_, _, m := newPhased(t, time.Minute)
+	var got error
+	do(t, m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = idemhttp.SaveRecovery(r.Context(), "", nil)
+		w.WriteHeader(http.StatusCreated)
+	})), "POST", "/pay", "k", "{}")
+	if !errors.Is(got, idem.ErrInvalidArgument) {
+		t.Fatalf("SaveRecovery with no name = %v; want an *idem.ArgumentError", got)
+	}
+}
+
+type storeWithoutPoints struct{ s *idemmem.Store }
+
+func (s storeWithoutPoints) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	return s.s.Claim(ctx, req)
+}
+func (s storeWithoutPoints) Complete(ctx context.Context, ref idem.Ref, resp idem.Response) error {
+	return s.s.Complete(ctx, ref, resp)
+}
+func (s storeWithoutPoints) Release(ctx context.Context, ref idem.Ref) error {
+	return s.s.Release(ctx, ref)
+}
+func (s storeWithoutPoints) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
+	return s.s.Get(ctx, scope, key)
+}
+func (s storeWithoutPoints) Purge(ctx context.Context, limit int) (int, error) {
+	return s.s.Purge(ctx, limit)
+}
+
+// txMemStore runs CompleteTx's work without a transaction: enough for the
+// middleware to choose its same-transaction form.
+type txMemStore struct{ *idemmem.Store }
+
+func (s txMemStore) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) (bool, error) {
+	resp, keep, err := work(ctx)
+	if err != nil || !keep {
+		return false, err
+	}
+	return true, s.Complete(ctx, ref, resp)
+}
+
+// A failure after a recovery point does not release the key: a retry
+// before the lease ends waits and is told the request is in flight; the
+// retry after it takes the key over, goes on from the point, and the call
+// past the edge is made by the phase that needs it, not again from the
+// start.
+func TestFailureAfterPointKeepsKey(t *testing.T) {
+	t.Parallel()
+	clock, store, m := newPhased(t, 10*time.Second)
+	p := &phased{}
+	p.crash.Store(true)
+	h := m.Handler(p)
+	if r := do(t, h, "POST", "/pay", "k", "{}"); r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("the execution that failed after its point answered %d %s; want 503", r.Status, r.Body)
+	}
+	rec, err := store.Get(t.Context(), "", "k")
+	if err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" {
+		t.Fatalf("after the failure: %+v, %v; want the key in flight at point charging", rec, err)
+	}
+	if n := m.Counts()[idemhttp.OutcomeUnfinished]; n != 1 {
+		t.Fatalf("unfinished count %d; want 1", n)
+	}
+	if r := do(t, h, "POST", "/pay", "k", "{}"); r.Status != http.StatusConflict {
+		t.Fatalf("a retry within the lease answered %d; want 409", r.Status)
+	}
+	clock.Advance(11 * time.Second)
+	r := do(t, h, "POST", "/pay", "k", "{}")
+	if r.Status != http.StatusCreated || r.Body != `{"charged":10}` {
+		t.Fatalf("the retry after the lease answered %d %s", r.Status, r.Body)
+	}
+	if fmt.Sprint(p.resume) != "[ charging]" {
+		t.Fatalf("executions started from %q; want the first from nothing, the second from charging", p.resume)
+	}
+	if r := do(t, h, "POST", "/pay", "k", "{}"); r.Header.Get(idemhttp.HeaderReplayed) != "true" || r.Body != `{"charged":10}` {
+		t.Fatalf("a later duplicate: %d %v %s; want the replay", r.Status, r.Header, r.Body)
+	}
+}
+
+// With no client retry at all, the Completer finishes the abandoned
+// execution from its point, and the client who comes back later gets the
+// Completer's answer replayed.
+func TestCompleterFinishesAbandoned(t *testing.T) {
+	t.Parallel()
+	clock, store, m := newPhased(t, 10*time.Second)
+	p := &phased{}
+	p.crash.Store(true)
+	do(t, m.Handler(p), "POST", "/pay", "k", "{}")
+
+	var resumed []idemhttp.Execution
+	c, err := m.NewCompleter(&idemhttp.CompleterConfig{Resume: func(ctx context.Context, w http.ResponseWriter, ex idemhttp.Execution) error {
+		resumed = append(resumed, ex)
+		if got, _ := idemhttp.ExecutionFromContext(ctx); got.Key != ex.Key {
+			t.Errorf("Resume's context carries key %q; want %q", got.Key, ex.Key)
+		}
+		p.charge()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, `{"charged":10,"by":"completer"}`)
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Within the lease the key is not abandoned: nothing to do.
+	if n, err := c.RunOnce(t.Context()); err != nil || n != 0 || len(resumed) != 0 {
+		t.Fatalf("a round within the lease finished %d, %v", n, err)
+	}
+	clock.Advance(11 * time.Second)
+	if n, err := c.RunOnce(t.Context()); err != nil || n != 1 {
+		t.Fatalf("a round after the lease finished %d, %v; want 1", n, err)
+	}
+	if len(resumed) != 1 || resumed[0].Recovery.Name != "charging" || string(resumed[0].Recovery.Data) != "amount=10" || !resumed[0].TookOver {
+		t.Fatalf("Resume saw %+v", resumed)
+	}
+	rec, err := store.Get(t.Context(), "", "k")
+	if err != nil || rec.State != idem.StateCompleted {
+		t.Fatalf("after the round: %v, %v; want completed", rec.State, err)
+	}
+	r := do(t, m.Handler(p), "POST", "/pay", "k", "{}")
+	if r.Status != http.StatusCreated || r.Body != `{"charged":10,"by":"completer"}` || r.Header.Get(idemhttp.HeaderReplayed) != "true" {
+		t.Fatalf("the client coming back got %d %v %s; want the completer's answer replayed", r.Status, r.Header, r.Body)
+	}
+	if p.calls != 2 || len(p.resume) != 1 {
+		t.Fatalf("calls %d, handler executions %d; want the crashed one's call and the completer's, one handler run", p.calls, len(p.resume))
+	}
+	if s := c.Stats(); s.Completed != 1 || s.Unknown != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	if want := 10*time.Second + time.Second + 9*time.Second; c.Bound() != want {
+		t.Fatalf("Bound() = %v; want lease + every + timeout = %v", c.Bound(), want)
+	}
+}
+
+// An outcome Resume cannot learn stays unknown: the key is not released,
+// the Completer counts it, and tries again after the lease it took.
+func TestCompleterUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	clock, store, m := newPhased(t, 10*time.Second)
+	p := &phased{}
+	p.crash.Store(true)
+	do(t, m.Handler(p), "POST", "/pay", "k", "{}")
+	networkDown := errors.New("the card network does not answer")
+	var down atomic.Bool
+	down.Store(true)
+	c, err := m.NewCompleter(&idemhttp.CompleterConfig{Resume: func(ctx context.Context, w http.ResponseWriter, ex idemhttp.Execution) error {
+		if down.Load() {
+			return networkDown
+		}
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(11 * time.Second)
+	failedAt := clock.Now()
+	if n, _ := c.RunOnce(t.Context()); n != 0 {
+		t.Fatalf("finished %d with the network down", n)
+	}
+	s := c.Stats()
+	if s.Unknown != 1 || s.Failed != 1 || !s.OldestUnknown.Equal(failedAt) {
+		t.Fatalf("stats %+v; want one unknown since %v", s, failedAt)
+	}
+	rec, err := store.Get(t.Context(), "", "k")
+	if err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" {
+		t.Fatalf("the unknown key: %+v, %v; want it in flight with its point", rec, err)
+	}
+	// The lease the Completer took has not ended: the next round leaves it.
+	if n, _ := c.RunOnce(t.Context()); n != 0 || c.Stats().Failed != 1 {
+		t.Fatalf("a round within the completer's lease tried again")
+	}
+	down.Store(false)
+	clock.Advance(11 * time.Second)
+	if n, _ := c.RunOnce(t.Context()); n != 1 {
+		t.Fatal("the round after the network came back did not finish the key")
+	}
+	if s := c.Stats(); s.Unknown != 0 || s.Completed != 1 {
+		t.Fatalf("stats %+v; want it finished and no longer unknown", s)
+	}
+}
+
+// ErrNothingDone releases the key, and the next request with it runs anew.
+func TestCompleterReleasesWhenNothingDone(t *testing.T) {
+	t.Parallel()
+	clock, store, m := newPhased(t, 10*time.Second)
+	p := &phased{}
+	p.crash.Store(true)
+	do(t, m.Handler(p), "POST", "/pay", "k", "{}")
+	c, err := m.NewCompleter(&idemhttp.CompleterConfig{Resume: func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
+		return fmt.Errorf("no charge under this key: %w", idemhttp.ErrNothingDone)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(11 * time.Second)
+	if n, _ := c.RunOnce(t.Context()); n != 1 {
+		t.Fatal("the round did not end the key")
+	}
+	if _, err := store.Get(t.Context(), "", "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get after the release = %v; want ErrNotFound", err)
+	}
+	if s := c.Stats(); s.Released != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	if r := do(t, m.Handler(p), "POST", "/pay", "k", "{}"); r.Status != http.StatusCreated || r.Header.Get(idemhttp.HeaderReplayed) != "" {
+		t.Fatalf("the next request: %d %v; want a new execution", r.Status, r.Header)
+	}
+}
+
+// Two Completers (two replicas) on one abandoned key: one resumes it.
+func TestCompletersShareTheWork(t *testing.T) {
+	t.Parallel()
+	clock, _, m := newPhased(t, 10*time.Second)
+	p := &phased{}
+	for i := range 20 {
+		p.crash.Store(true)
+		do(t, m.Handler(p), "POST", "/pay", fmt.Sprint("k", i), "{}")
+	}
+	var resumes atomic.Int64
+	resume := func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
+		resumes.Add(1)
+		return nil
+	}
+	clock.Advance(11 * time.Second)
+	var wg sync.WaitGroup
+	for range 2 {
+		c, err := m.NewCompleter(&idemhttp.CompleterConfig{Resume: resume})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { c.RunOnce(t.Context()) })
+	}
+	wg.Wait()
+	if resumes.Load() != 20 {
+		t.Fatalf("%d resumes of 20 abandoned keys; want each once", resumes.Load())
+	}
+}
+
+func TestNewCompleterRefuses(t *testing.T) {
+	t.Parallel()
+	_, _, m := newPhased(t, time.Minute)
+	resume := func(context.Context, http.ResponseWriter, idemhttp.Execution) error { return nil }
+	for name, cfg := range map[string]*idemhttp.CompleterConfig{
+		"nil":            nil,
+		"no resume":      {},
+		"negative every": {Resume: resume, Every: -1},
+		"negative limit": {Resume: resume, Limit: -1},
+	} {
+		if _, err := m.NewCompleter(cfg); !errors.Is(err, idem.ErrInvalidArgument) {
+			t.Errorf("%s: %v; want an *idem.ArgumentError", name, err)
+		}
+	}
+	plain := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: storeWithoutPoints{idemmem.NewStore(nil)}})
+	if _, err := plain.NewCompleter(&idemhttp.CompleterConfig{Resume: resume}); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Errorf("a store without points: %v; want an *idem.ArgumentError", err)
+	}
+}
