@@ -355,3 +355,7 @@ func (c *Completer) count(f func(*CompleterStats)) {
 	f(&c.stats)
 	c.mu.Unlock()
 }
+
+// Since is how long ago t was by the Middleware's clock (Config.Clock), for
+// reading CompleterStats.OldestUnknown.
+func (c *Completer) Since(t time.Time) time.Duration { return c.m.cfg.Clock.Now().Sub(t) }

@@ -275,14 +275,35 @@ func (s *Service) createPayment(w http.ResponseWriter, r *http.Request) {
 		Status:      StatusSucceeded,
 		CreatedAt:   s.now(),
 	}
-	var charge acquirer.Charge
 	if s.acquirer != nil {
-		if charge, err = s.charge(r.Context(), r, p); err != nil {
+		clientKey := r.Header.Get(idemhttp.HeaderKey)
+		if p, clientKey, err = s.startCharging(r.Context(), p, clientKey); err != nil {
 			s.fail(w, r, err)
 			return
 		}
-		p.ChargeID = charge.ID
+		s.chargeAndRecord(w, r, p, clientKey)
+		return
 	}
+	s.record(w, r, p, acquirer.Charge{})
+}
+
+// chargeAndRecord charges the payment at the card network, records it and
+// answers: phase 2 of a payment in phases (see pointCharging), all of a
+// payment otherwise. clientKey is the client's Idempotency-Key, which the
+// charge carries for reconciliation.
+func (s *Service) chargeAndRecord(w http.ResponseWriter, r *http.Request, p Payment, clientKey string) {
+	charge, err := s.charge(r.Context(), r, p, clientKey)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	p.ChargeID = charge.ID
+	s.record(w, r, p, charge)
+}
+
+// record records the payment (paid for by charge, when the service charges
+// cards) and answers.
+func (s *Service) record(w http.ResponseWriter, r *http.Request, p Payment, charge acquirer.Charge) {
 	o := s.originOf(r)
 	rec, err := s.store.CreatePayment(r.Context(), p, o)
 	if err != nil && s.acquirer != nil && !errors.Is(err, ErrTransient) && !errors.Is(err, errOutcomeUnknown) {

@@ -57,7 +57,7 @@ func chargeKey(ctx context.Context, purpose string) string {
 // the payment sends the same charge key (chargeKey) and gets the same
 // charge back, so however often the payment runs, the card is charged
 // once.
-func (s *Service) charge(ctx context.Context, r *http.Request, p Payment) (acquirer.Charge, error) {
+func (s *Service) charge(ctx context.Context, r *http.Request, p Payment, clientKey string) (acquirer.Charge, error) {
 	acct, err := s.store.Account(ctx, p.Tenant, p.AccountID)
 	if err != nil {
 		return acquirer.Charge{}, err
@@ -68,8 +68,8 @@ func (s *Service) charge(ctx context.Context, r *http.Request, p Payment) (acqui
 	meta := map[string]string{"tenant": p.Tenant, "account_id": p.AccountID}
 	// The client's key names the logical payment, so that a reconciliation
 	// counts its charges: even in the unsafe mode, which ignores it.
-	if k := r.Header.Get(idemhttp.HeaderKey); k != "" {
-		meta["idempotency_key"] = k
+	if clientKey != "" {
+		meta["idempotency_key"] = clientKey
 	}
 	f := faultsFrom(ctx)
 	if f.dropChargeAnswer {

@@ -11,6 +11,7 @@ import (
 	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
 	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idemsqlite"
+	"github.com/idem-go/idem/idemtest"
 )
 
 // cardNetwork starts an acquirer on a file of its own, sets cfg to charge
@@ -179,20 +180,41 @@ func TestCardNetworkDown(t *testing.T) {
 }
 
 // The payment fails after the charge, before its commit, with a transient
-// error: the key is freed, and the retry finds the charge made, whatever
-// form the key took (a claim rolled back with the work, or released).
+// error, and the retry finds the charge made. In phases (the keys in the
+// service's database) the key was not released, since its "charging" point
+// says the card may have been charged: the retry waits for the lease to
+// end (409 until then) and goes on from the point. With the keys apart
+// (Redis) the key is released, and the derived charge key alone finds the
+// charge.
 func TestCardFailAfterCharge(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, []backend{onSQLite, onPostgres, onPostgresRedis}, func(t *testing.T, on backend) {
 		var net *acquirer.Client
-		e := newEnvOn(t, on, func(c *payments.Config) { net = cardNetwork(t, c) })
+		e := newEnvOn(t, on, func(c *payments.Config) {
+			net = cardNetwork(t, c)
+			c.KeyLease = time.Second
+			c.CompleterEvery = time.Hour // the retry, not the completer, finishes it here
+		})
 		acct := e.createAccount(keyA, 10_000, "EUR")
 		q := req{method: "POST", path: "/v1/payments", idemKey: "fails-once", fault: "fail-before-commit",
 			body: payBody(acct.ID, 700, "EUR")}
 		expectProblem(t, e.do(q), http.StatusServiceUnavailable, "urn:idem:problem:temporarily-unavailable")
 		e.expectPayments(keyA, acct.ID, 0)
 		q.fault = ""
-		p := decode[payment](t, e.expect(q, http.StatusCreated))
+		var r resp
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			if r = e.do(q); r.status == http.StatusCreated || time.Now().After(deadline) {
+				break
+			}
+			if r.status != http.StatusConflict || on == onPostgresRedis {
+				t.Fatalf("the retry answered %s; want 201, or 409 while the lease of a key with a point runs", r)
+			}
+			e.clock.Advance(time.Second)
+		}
+		if r.status != http.StatusCreated {
+			t.Fatalf("the retry answered %s; want 201", r)
+		}
+		p := decode[payment](t, r)
 		made := charges(t, net, acct.ID)
 		if len(made) != 1 || made[0].ID != p.ChargeID {
 			t.Fatalf("charges %+v for payment %+v; want one, made by the failed attempt", made, p)
@@ -263,4 +285,66 @@ func TestReconcileUnsafeChargedTwice(t *testing.T) {
 	if len(rec.Differences) != 1 || rec.Differences[0].Kind != payments.DiffChargedTwice || len(rec.Differences[0].Charges) != 2 {
 		t.Fatalf("unsafe reconciliation: %+v; want one payment charged twice", rec)
 	}
+}
+
+// The process dies between the charge and the commit, and the client never
+// comes back: the completer finishes the payment by itself, from its
+// "charging" point, within its bound (the lease, a round, a resume). The
+// books agree, the card was charged once, and the client who does come back
+// later gets the completer's answer replayed.
+func TestCompleterFinishesAbandonedPayment(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, []backend{onSQLite, onPostgres}, func(t *testing.T, on backend) {
+		var (
+			crashes crashCounter
+			net     *acquirer.Client
+		)
+		e := newEnvOn(t, on, func(c *payments.Config) {
+			net = cardNetwork(t, c)
+			c.Crash = crashes.crash
+			c.KeyLease = time.Second
+			c.CompleterEvery = 20 * time.Millisecond
+		})
+		comp, err := e.svc.Completer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		since := time.Now().Add(-time.Hour)
+		if e.clock != nil {
+			since = e.clock.Now().Add(-time.Hour)
+		}
+		acct := e.createAccount(keyA, 10_000, "EUR")
+		q := req{method: "POST", path: "/v1/payments", idemKey: "abandoned", fault: "crash-after-charge", body: payBody(acct.ID, 300, "EUR")}
+		if _, err := e.sendAlone(q); err == nil {
+			t.Fatal("crash-after-charge answered")
+		}
+		crashes.expect(t, 1)
+		if e.clock != nil {
+			e.clock.Advance(2 * time.Second) // the lease ends, by the SQLite store's clock
+		}
+		idemtest.Eventually(t, 30*time.Second, "the completer finished the abandoned payment", func() bool {
+			return comp.Stats().Completed == 1
+		})
+		list := e.expectPayments(keyA, acct.ID, 1)
+		made := charges(t, net, acct.ID)
+		if len(made) != 1 || made[0].ID != list[0].ChargeID {
+			t.Fatalf("charges %+v for payment %+v; want its one charge", made, list[0])
+		}
+		e.expectBalance(keyA, acct.ID, 9_700)
+		rec, err := payments.Reconcile(t.Context(), e.cfg.DB, e.cfg.Postgres, net, since)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rec.Differences) != 0 {
+			t.Fatalf("reconciliation after the completer: %+v", rec.Differences)
+		}
+		q.fault = ""
+		r := e.expect(q, http.StatusCreated)
+		if p := decode[payment](t, r); p.ID != list[0].ID || r.header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("the client coming back got %s; want payment %s replayed", r, list[0].ID)
+		}
+		if s := comp.Stats(); s.Unknown != 0 || s.Failed != 0 {
+			t.Fatalf("completer stats %+v", s)
+		}
+	})
 }

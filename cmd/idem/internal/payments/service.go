@@ -148,6 +148,10 @@ type Config struct {
 	// Faults is on. Defaults to nil: payments move money in the service's
 	// database alone.
 	Acquirer *acquirer.Client
+	// CompleterEvery is how often the completer looks for payments whose
+	// execution died after its recovery point (see Completer). Defaults
+	// to 1s.
+	CompleterEvery time.Duration
 	// Observers are observed beside the service's own latency histograms:
 	// tracing, say (package idemotel). Defaults to nil: histograms only.
 	Observers *Observers
@@ -203,6 +207,10 @@ type Service struct {
 	acquirer *acquirer.Client
 
 	paymentsMW *idemhttp.Middleware
+	// completer finishes the payments at the card network whose execution
+	// died after its recovery point; nil when payments charge no card, or
+	// the key store keeps no points.
+	completer *idemhttp.Completer
 	depositsMW *idemhttp.Middleware
 	refundsMW  *idemhttp.Middleware
 	accountsMW *idemhttp.Middleware
@@ -213,8 +221,9 @@ type Service struct {
 	// pipeline announces payments and settles them.
 	pipeline *pipeline
 
-	stop      context.CancelFunc
-	done      chan struct{}
+	stop          context.CancelFunc
+	done          chan struct{}
+	completerDone chan struct{}
 	closeOnce sync.Once
 }
 
@@ -278,7 +287,9 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 			mwObs := idemprom.NewMiddlewareObserver(m.name)
 			mw, err := idemhttp.New(&idemhttp.Config{
 				Store:         s.keys,
-				SeparateTx:    s.twoStores,
+				// A payment at a card network runs in phases, each
+				// committed on its own (see phases.go): claim first.
+				SeparateTx: s.twoStores || (m.name == "payments" && s.phased()),
 				Lease:         c.KeyLease,
 				Optional:      m.optional,
 				Scope:         scopeByTenant,
@@ -298,6 +309,14 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 			}
 			metrics = append(metrics, idemprom.NewMiddlewareCollector(m.name, mw), mwObs)
 			*m.dst = mw
+		}
+		if s.phased() {
+			comp, err := s.paymentsMW.NewCompleter(&idemhttp.CompleterConfig{Resume: s.resume, Every: c.CompleterEvery, Logger: c.Logger})
+			if err != nil {
+				return nil, fmt.Errorf("payments: completer: %w", err)
+			}
+			s.completer = comp
+			metrics = append(metrics, idemprom.NewCompleterCollector("payments", comp))
 		}
 	}
 	var msgs messaging
@@ -338,6 +357,13 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 	s.stop = stop
 	s.done = make(chan struct{})
 	go s.purge(pctx)
+	s.completerDone = make(chan struct{})
+	go func() {
+		defer close(s.completerDone)
+		if s.completer != nil {
+			s.completer.Run(pctx) //nolint:errcheck // ends with pctx
+		}
+	}()
 	if s.pipeline != nil && !c.RequestsOnly {
 		s.pipeline.start()
 	}
@@ -482,6 +508,7 @@ func (s *Service) Close() error {
 	s.closeOnce.Do(func() {
 		s.stop()
 		<-s.done
+		<-s.completerDone
 		if s.pipeline != nil {
 			err = s.pipeline.close()
 		}
