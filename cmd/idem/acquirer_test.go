@@ -40,17 +40,7 @@ func TestAcquirerBadFlagsCreateNothing(t *testing.T) {
 // in agreement.
 func TestServeWithAcquirerReconciles(t *testing.T) {
 	t.Parallel()
-	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "acquirer.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	net, err := acquirer.New(t.Context(), acquirer.Config{DB: db, APIKey: "net-key"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(net.Handler())
-	t.Cleanup(hs.Close)
+	hs := startCardNetwork(t)
 
 	dbURL := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
 	const apiKey = "test-key-1"
@@ -69,4 +59,21 @@ func TestServeWithAcquirerReconciles(t *testing.T) {
 	if code, _, stderr := runCmd(t, "reconcile", "--db", dbURL, "--acquirer", hs.URL, "--since", "yesterday"); code != exitUsage || !strings.Contains(stderr, "--since") {
 		t.Errorf("reconcile --since yesterday: exit %d, %q", code, stderr)
 	}
+}
+
+// startCardNetwork runs a card network in the test, its API key net-key.
+func startCardNetwork(t *testing.T) *httptest.Server {
+	t.Helper()
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "acquirer.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	net, err := acquirer.New(t.Context(), acquirer.Config{DB: db, APIKey: "net-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(net.Handler())
+	t.Cleanup(hs.Close)
+	return hs
 }

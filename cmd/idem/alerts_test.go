@@ -17,17 +17,20 @@ import (
 // idemhttp.Outcome values and the consumer's outcomes.
 var knownOutcomes = map[string]bool{
 	"executed": true, "replayed": true, "conflict": true, "mismatch": true, "released": true,
-	"store_error": true, "lease_lost": true, "rejected": true, "aborted": true,
+	"store_error": true, "lease_lost": true, "rejected": true, "aborted": true, "unfinished": true,
 	"processed": true, "duplicate": true, "retried": true, "dead_lettered": true, "parked": true, "interrupted": true,
 }
 
-// exportedMetrics runs idem serve, sends it a payment, its retry and a
-// payment the settlement consumer settles, and returns the metric families
-// its /metrics exports, by name, with their types.
+// exportedMetrics runs idem serve, charging cards at a card network (so its
+// completer's figures are exported too), sends it a payment, its retry and
+// a payment the settlement consumer settles, and returns the metric
+// families its /metrics exports, by name, with their types.
 func exportedMetrics(t *testing.T) map[string]string {
 	t.Helper()
 	const apiKey = "test-key-metrics"
-	srv := startServe(t, newApp(nil), "--db", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"), "--api-keys", "acme:"+apiKey, "--log-level", "warn")
+	net := startCardNetwork(t)
+	srv := startServe(t, newApp(map[string]string{envAcquirerKey: "net-key"}), "--db", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"),
+		"--api-keys", "acme:"+apiKey, "--log-level", "warn", "--acquirer", net.URL)
 	checkChargesOnce(t, srv, apiKey)
 	idemtest.Eventually(t, 30*time.Second, "the settlement of the payment", func() bool {
 		return metricValue(metricsOf(t, srv), `idem_consumer_messages_total{consumer="settlement",outcome="processed"}`) >= 1

@@ -31,7 +31,7 @@ func (a *app) keysCmd() *cobra.Command {
 		Short: "Inspect and purge stored idempotency keys",
 		Args:  cobra.NoArgs,
 	}
-	cmd.AddCommand(a.keysPurgeCmd(), a.keysShowCmd(), a.keysSealCmd())
+	cmd.AddCommand(a.keysPurgeCmd(), a.keysShowCmd(), a.keysSealCmd(), a.keysAbandonedCmd())
 	return cmd
 }
 
@@ -198,6 +198,61 @@ client sent it, and is sealed the same way to be found.`,
 	return cmd
 }
 
+func (a *app) keysAbandonedCmd() *cobra.Command {
+	var dbURL, pgSchema string
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "abandoned",
+		Short: "List the executions stopped after a recovery point that nobody has finished",
+		Long: `List the idempotency keys in flight whose execution reached a recovery point
+(a payment at the card network, before or after the charge) and whose holder
+is gone: their outcome is unknown until the completer, or a retry of the
+client, goes on from the point. The server's completer takes each within a
+lease and a second; a key listed here for longer means the completer cannot
+learn the outcome (the card network down, say). Such keys are never released.
+Exits 1 when there is one.`,
+		Args: cobra.NoArgs,
+	}
+	dbFlags(cmd, &dbURL, &pgSchema)
+	cmd.Flags().IntVar(&limit, "limit", 100, "list at most this many, oldest first")
+	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) (err error) {
+		if limit <= 0 {
+			return &usageError{fmt.Errorf("--limit must be positive, got %d", limit)}
+		}
+		if err := checkPGSchema(cmd, dbURL); err != nil {
+			return err
+		}
+		store, closeDB, err := keyStore(cmd.Context(), dbURL, pgSchema, "", "")
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, closeDB()) }()
+		rs, ok := store.(idem.Recoverer)
+		if !ok {
+			return fmt.Errorf("the key store (%T) keeps no recovery points", store)
+		}
+		recs, err := rs.Abandoned(cmd.Context(), limit)
+		if err != nil {
+			return fmt.Errorf("listing abandoned executions: %w", err)
+		}
+		if len(recs) == 0 {
+			fmt.Fprintln(a.stdout, "no abandoned executions")
+			return nil
+		}
+		now := time.Now()
+		tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "SCOPE\tKEY\tPOINT\tSAVED\tUNKNOWN SINCE")
+		for _, r := range recs {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Scope, r.Key, r.Recovery.Name, when(r.Recovery.SavedAt, now), when(r.LeaseExpiresAt, now))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		return fmt.Errorf("%d executions stopped after a recovery point and are not finished", len(recs))
+	})
+	return cmd
+}
+
 // writeRecord prints a record for a person: one field per line, times with
 // how far away they are, and the stored body indented when it is JSON.
 func writeRecord(w io.Writer, rec idem.Record, now time.Time) error {
@@ -218,6 +273,13 @@ func writeRecord(w io.Writer, rec idem.Record, now time.Time) error {
 		row("completed", "%s", when(rec.CompletedAt, now))
 	}
 	row("expires", "%s", when(rec.ExpiresAt, now))
+	if rp := rec.Recovery; !rp.IsZero() {
+		row("recovery point", "%s, saved %s", rp.Name, when(rp.SavedAt, now))
+		if rec.State == idem.StateInFlight && !now.Before(rec.LeaseExpiresAt) {
+			row("outcome", "unknown since %s: the execution stopped after reaching %q and nobody has finished it yet; "+
+				"the completer (or a retry) goes on from there; the key is never released meanwhile", when(rec.LeaseExpiresAt, now), rp.Name)
+		}
+	}
 	resp := rec.Response
 	if resp != nil {
 		row("status", "%d %s", resp.Status, http.StatusText(resp.Status))
@@ -231,7 +293,7 @@ func writeRecord(w io.Writer, rec idem.Record, now time.Time) error {
 		return err
 	}
 	if resp == nil {
-		_, err := fmt.Fprintln(w, "no stored answer yet (the first request is still in flight)")
+		_, err := fmt.Fprintln(w, "no stored answer yet (the request is still in flight)")
 		return err
 	}
 	_, err := fmt.Fprintf(w, "body:\n%s\n", formatBody(resp))

@@ -210,7 +210,7 @@ type Service struct {
 	// completer finishes the payments at the card network whose execution
 	// died after its recovery point; nil when payments charge no card, or
 	// the key store keeps no points.
-	completer *idemhttp.Completer
+	completer  *idemhttp.Completer
 	depositsMW *idemhttp.Middleware
 	refundsMW  *idemhttp.Middleware
 	accountsMW *idemhttp.Middleware
@@ -224,7 +224,7 @@ type Service struct {
 	stop          context.CancelFunc
 	done          chan struct{}
 	completerDone chan struct{}
-	closeOnce sync.Once
+	closeOnce     sync.Once
 }
 
 // New checks cfg, applies the service's migrations (and the key store's,
@@ -286,10 +286,10 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 		for _, m := range mws {
 			mwObs := idemprom.NewMiddlewareObserver(m.name)
 			mw, err := idemhttp.New(&idemhttp.Config{
-				Store:         s.keys,
+				Store: s.keys,
 				// A payment at a card network runs in phases, each
 				// committed on its own (see phases.go): claim first.
-				SeparateTx: s.twoStores || (m.name == "payments" && s.phased()),
+				SeparateTx:    s.twoStores || (m.name == "payments" && s.phased()),
 				Lease:         c.KeyLease,
 				Optional:      m.optional,
 				Scope:         scopeByTenant,
