@@ -71,7 +71,13 @@ refusing or dropping --acquirer-fault-rate of its answers at random); the
 replicas charge every payment there, --crash-after-charge of the attempts
 make their replica SIGKILL itself between the network's charge and the
 payment's commit, and the checks count the network's charges: exactly one
-per logical payment, the one its payment records.`,
+per logical payment, the one its payment records. With --abandon, a share
+of the payments' clients send one attempt, which crashes its replica after
+the charge, and never come back: the replicas' completers must finish each
+(charged once and recorded) within their bound after the load, with no
+client asking.
+
+  idem torture requests --acquirer private --abandon 0.5 --payments 2000`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()
@@ -89,6 +95,7 @@ per logical payment, the one its payment records.`,
 	fl.StringVar(&c.Acquirer, "acquirer", "", "private: put a card network of the run's own (idem acquirer, faults on) between the payments and their money, and count its charges: one per logical payment")
 	fl.Float64Var(&c.AcquirerFaultRate, "acquirer-fault-rate", torture.DefaultAcquirerFaultRate, "with --acquirer, the share of charges the network refuses (503) or whose answer it drops after charging (negative for none)")
 	fl.Float64Var(&c.CrashAfterCharge, "crash-after-charge", torture.DefaultCrashAfterCharge, "with --acquirer, the share of attempts that make their replica SIGKILL itself after the charge, before the commit (negative for none)")
+	fl.Float64Var(&c.Abandon, "abandon", 0, "with --acquirer, the share of logical payments whose client sends one attempt asking for crash-after-charge and never comes back: only the replicas' completers finish them, and the run waits for that")
 	fl.Uint64Var(&c.Seed, "seed", 0, "seed of the run's choices (0 for a random one, shown in the report)")
 	var replicaLog string
 	fl.StringVar(&replicaLog, "replica-log", "", "write every line the replicas log, warnings included, to this file")

@@ -124,6 +124,37 @@ func TestTortureRequestsAcquirer(t *testing.T) {
 	}
 }
 
+// Clients that never come back: half the logical payments send one
+// attempt, which SIGKILLs its replica between the network's charge and
+// the payment's commit, and give up. Only the replicas' completers finish
+// them, with nobody asking: each abandoned payment ends charged once and
+// recorded (or, when its try died before its recovery point, neither), and
+// the books agree.
+func TestTortureRequestsAbandoned(t *testing.T) {
+	t.Parallel()
+	for name, db := range map[string][]string{"sqlite": nil, "postgres": {"--db", postgresURL(t)}} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			args := append(db, "--acquirer", "private", "--abandon", "0.5", "--payments", "300", "--dups", "2",
+				"--kill-every", "1s", "--timeout", "300s")
+			code, stdout, stderr, r := runTorture(t, args...)
+			if code != exitOK || r["violations"] != 0 || !strings.Contains(stdout, "promise: HELD") {
+				t.Fatalf("exit %d, violations %d\nstdout:\n%s\nstderr:\n%s", code, r["violations"], stdout, stderr)
+			}
+			if r["abandoned"] == 0 || r["abandoned_finished"] == 0 {
+				t.Errorf("%d abandoned, %d finished by a completer; want some of each\n%s", r["abandoned"], r["abandoned_finished"], stdout)
+			}
+			if want := r["logical_payments"] - r["abandoned"] + r["abandoned_finished"]; r["payments"] != want || r["charges"] != want {
+				t.Errorf("%d payments, %d charges; want %d of each (every payment whose client stayed, and every abandoned one a completer finished)\n%s",
+					r["payments"], r["charges"], want, stdout)
+			}
+			if r["money_taken"] != r["money_owed"] || r["money_taken_api"] != r["money_owed"] {
+				t.Errorf("money taken %d (database) and %d (API), owed %d", r["money_taken"], r["money_taken_api"], r["money_owed"])
+			}
+		})
+	}
+}
+
 // Faults between the replicas and their stores: COMMIT's answer lost after
 // the database committed (the ambiguous commit), connections reset, and
 // latency, on PostgreSQL with the keys in Redis too. Nothing twice, nothing

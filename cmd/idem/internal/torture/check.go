@@ -65,9 +65,33 @@ func (r *run) check(ctx context.Context, elapsed time.Duration) (*Report, error)
 		byKey[p.description] = append(byKey[p.description], p)
 		byID[p.id] = p
 	}
+	rep.CompleterWait = r.completerWait
+	if r.unfinished > 0 {
+		violate("%d executions stopped after a recovery point were still unfinished %s after the load (the completers' bound)",
+			r.unfinished, r.completerBound())
+	}
 	known := map[string]bool{}
 	for _, lp := range r.payments {
 		known[lp.key] = true
+		if lp.abandoned {
+			// Its client gave up after one try. The completer ends it:
+			// charged once and recorded (it owes its amount then), or,
+			// when the try stopped before its recovery point, neither
+			// (checkCharges finds a charge without its payment).
+			rep.Abandoned++
+			if len(byKey[lp.key]) == 0 {
+				continue
+			}
+			rep.AbandonedFinished++
+			rep.MoneyOwed += lp.amount
+			if ids := answeredIDs(lp); len(ids) == 1 && ids[0] != byKey[lp.key][0].id {
+				violate("key %s: answered with payment %s, the database has %s", lp.key, ids[0], byKey[lp.key][0].id)
+			}
+			if len(byKey[lp.key]) > 1 {
+				violate("key %s: %d payments in the database for one logical payment: %s", lp.key, len(byKey[lp.key]), paymentIDs(byKey[lp.key]))
+			}
+			continue
+		}
 		rep.MoneyOwed += lp.amount
 		if len(lp.answers) == rep.Dups {
 			rep.Answered++

@@ -30,6 +30,13 @@ type Report struct {
 	Crashes         int64 // replicas that SIGKILLed themselves between a charge and its commit (Config.CrashAfterCharge)
 	Charges         int   // the card network's charges (Config.Acquirer)
 	ChargesRefunded int   // of them, charges refunded in full (a payment refused after its charge)
+	// Abandoned are the logical payments whose client sent one try and
+	// never came back (Config.Abandon); AbandonedFinished those of them
+	// the completers charged and recorded; CompleterWait how long after the
+	// load the last abandoned execution took to be finished.
+	Abandoned         int
+	AbandonedFinished int
+	CompleterWait     time.Duration
 
 	Payments      int   // payments in the database
 	MoneyOwed     int64 // the sum of the logical payments' amounts
@@ -65,6 +72,11 @@ func (r *Report) Print(w io.Writer) {
 	row("crashes after a charge (SIGKILL)", r.Crashes)
 	row("card network charges", r.Charges)
 	row("charges refunded in full", r.ChargesRefunded)
+	if r.Abandoned > 0 {
+		row("abandoned by their client", r.Abandoned)
+		row("of them finished by a completer", r.AbandonedFinished)
+		row("completers' wait after the load", r.CompleterWait.Round(time.Millisecond))
+	}
 	row("payments in the database", r.Payments)
 	row("money owed", r.MoneyOwed)
 	row("money taken (database)", r.MoneyTaken)
@@ -112,6 +124,11 @@ func (r *Report) PrintResults(w io.Writer) {
 	line("crashes_after_charge", r.Crashes, "crashes")
 	line("charges", r.Charges, "charges")
 	line("charges_refunded", r.ChargesRefunded, "charges")
+	if r.Abandoned > 0 {
+		line("abandoned", r.Abandoned, "payments")
+		line("abandoned_finished", r.AbandonedFinished, "payments")
+		line("completer_wait_s", fmt.Sprintf("%.2f", r.CompleterWait.Seconds()), "s")
+	}
 	line("payments", r.Payments, "payments")
 	line("money_owed", r.MoneyOwed, "minor_units")
 	line("money_taken", r.MoneyTaken, "minor_units")

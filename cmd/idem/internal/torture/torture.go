@@ -112,6 +112,14 @@ type Config struct {
 	// charged and before the payment commits, and the run starts it again.
 	// Defaults to 0.05 with Acquirer; negative means none.
 	CrashAfterCharge float64
+	// Abandon is the share of logical payments whose client sends one
+	// attempt, asking for crash-after-charge, and never comes back, whatever
+	// it got: no retry, no duplicate. Only the replicas' completers can
+	// finish them. After the load the run waits for them (CompleterWait),
+	// and the checks want each charged once and recorded, or neither.
+	// Needs Acquirer, and the keys in DB (the completer needs recovery
+	// points). Defaults to 0: every client retries.
+	Abandon float64
 	// Progress receives a line of progress every ProgressEvery. Defaults to
 	// io.Discard.
 	Progress io.Writer
@@ -225,6 +233,10 @@ func (c *Config) withDefaults() (Config, error) {
 		return o, errors.New(`torture: Acquirer must be "private" (a card network of the run's own) or empty`)
 	case o.AcquirerFaultRate >= 1 || o.CrashAfterCharge >= 1:
 		return o, errors.New("torture: AcquirerFaultRate and CrashAfterCharge must be below 1")
+	case o.Abandon < 0 || o.Abandon > 1:
+		return o, fmt.Errorf("torture: Abandon must be between 0 and 1, got %g", o.Abandon)
+	case o.Abandon > 0 && (o.Acquirer == "" || o.Keys != ""):
+		return o, errors.New("torture: Abandon needs Acquirer, and the keys in DB (no Keys): only a completer finishes an abandoned payment, and it needs the recovery points kept with the keys")
 	case o.RestartStoresEvery > 0 && o.DB != Private && !privateKeys(o.Keys):
 		return o, errors.New(`torture: RestartStoresEvery needs a private store, DB or Keys "private": the run restarts only servers of its own`)
 	}
@@ -268,6 +280,9 @@ type logical struct {
 	account string
 	amount  int64
 	body    []byte
+	// abandoned: its client sends one attempt and never comes back
+	// (Config.Abandon).
+	abandoned bool
 
 	mu         sync.Mutex
 	answers    []answer
@@ -289,6 +304,12 @@ type run struct {
 	token  string // names what the run makes: schema, key prefix, keys
 
 	dir      string // temporary directory (the SQLite file)
+	// completerWait is how long the completers took, after the load, to
+	// finish the abandoned payments; unfinished how many keys were still
+	// in flight with a recovery point when the bound passed.
+	completerWait time.Duration
+	unfinished    int
+
 	schema   string // PostgreSQL schema, with cfg.DB postgres://
 	prefix   string // Redis key prefix, with cfg.Keys
 	sqlite   string // the SQLite file's path
@@ -386,6 +407,11 @@ func Run(ctx context.Context, cfg *Config) (rep *Report, err error) {
 	elapsed := time.Since(started)
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("torture: interrupted before the checks: %w", context.Cause(ctx))
+	}
+	if c.Abandon > 0 {
+		if r.completerWait, r.unfinished, err = r.awaitCompleters(ctx); err != nil {
+			return nil, err
+		}
 	}
 	return r.check(ctx, elapsed)
 }
@@ -529,7 +555,7 @@ const envAcquirerKey = "IDEM_ACQUIRER_KEY"
 // ended by itself: one that a crash-after-charge fault made SIGKILL
 // itself. It returns an error when one does not come back.
 func (r *run) reviveLoop(ctx context.Context, stop <-chan struct{}) error {
-	if r.cfg.CrashAfterCharge == 0 {
+	if r.cfg.CrashAfterCharge == 0 && r.cfg.Abandon == 0 {
 		<-stop
 		return nil
 	}
@@ -658,6 +684,7 @@ func (r *run) plan() {
 			account: r.accounts[r.rng.IntN(len(r.accounts))],
 			amount:  1 + r.rng.Int64N(maxAmount),
 		}
+		lp.abandoned = r.cfg.Abandon > 0 && r.rng.Float64() < r.cfg.Abandon
 		lp.body = fmt.Appendf(nil, `{"account_id":%q,"amount":%d,"currency":%q,"description":%q}`,
 			lp.account, lp.amount, currency, lp.key)
 		r.payments = append(r.payments, lp)
@@ -727,6 +754,11 @@ feed:
 // pay attempts one logical payment Dups times: half at once, the rest in
 // turn after them.
 func (r *run) pay(ctx context.Context, lp *logical) {
+	if lp.abandoned {
+		r.attempt(ctx, lp)
+		r.completed.Add(1)
+		return
+	}
 	atOnce := (r.cfg.Dups + 1) / 2
 	var wg sync.WaitGroup
 	for range atOnce {
@@ -753,10 +785,14 @@ func (r *run) attempt(ctx context.Context, lp *logical) {
 		// while the crashed replica restarts, asking again would crash
 		// the others in turn.
 		fault := ""
-		if failures == 0 && r.cfg.CrashAfterCharge > 0 && r.rng.Float64() < r.cfg.CrashAfterCharge {
+		if failures == 0 && (lp.abandoned || r.cfg.CrashAfterCharge > 0 && r.rng.Float64() < r.cfg.CrashAfterCharge) {
 			fault = "crash-after-charge"
 		}
 		status, resp, err := r.post(ctx, p.url(), "/v1/payments", lp.key, fault, lp.body)
+		if lp.abandoned && !(status >= 200 && status < 300) {
+			// The client gives up for good, whatever happened.
+			return
+		}
 		switch {
 		case err != nil:
 			if ctx.Err() != nil {
