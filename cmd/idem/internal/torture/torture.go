@@ -303,7 +303,7 @@ type run struct {
 	apiKey string
 	token  string // names what the run makes: schema, key prefix, keys
 
-	dir      string // temporary directory (the SQLite file)
+	dir string // temporary directory (the SQLite file)
 	// completerWait is how long the completers took, after the load, to
 	// finish the abandoned payments; unfinished how many keys were still
 	// in flight with a recovery point when the bound passed.
