@@ -85,6 +85,19 @@ type Recoverer interface {
 	// been saved; saving it again is safe.
 	SaveRecovery(ctx context.Context, ref Ref, rp RecoveryPoint) error
 
+	// Yield ends ref's lease now, if ref.Token holds the key in flight,
+	// and keeps everything else: the key stays in flight with its recovery
+	// point, and the next Claim with its fingerprint takes it over at once
+	// and goes on from the point (a Completer's next round lists it). An
+	// execution that failed after saving a point yields rather than
+	// releases: it is over, but what it did past the database's edge is
+	// not known to be undone. It wakes the key's waiters as a release does.
+	//
+	// Returns ErrLeaseLost when ref.Token does not hold the key in flight,
+	// having changed nothing. On any other error the lease may or may not
+	// have ended; it ends on its own anyway.
+	Yield(ctx context.Context, ref Ref) error
+
 	// Abandoned lists up to limit keys in flight whose lease has ended and
 	// that carry a recovery point, oldest lease end first: executions that
 	// reached a phase and whose holder is gone, which a Completer takes

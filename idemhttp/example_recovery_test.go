@@ -40,7 +40,7 @@ func ExampleSaveRecovery() {
 		charge(r.Context())
 		if crash {
 			crash = false
-			panic("the process dies between the charge and its commit")
+			panic("the execution fails between the charge and its commit")
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
@@ -62,7 +62,7 @@ func ExampleSaveRecovery() {
 		return rec
 	}
 	fmt.Println("first attempt:", send().Code)
-	clock.Advance(11 * time.Second) // the lease ends; the client never retried
+	clock.Advance(time.Second) // the client never retried
 	n, _ := completer.RunOnce(context.Background())
 	fmt.Println("finished by the completer:", n)
 	later := send()

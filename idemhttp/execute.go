@@ -70,7 +70,7 @@ func (m *Middleware) runSeparately(next http.Handler, w http.ResponseWriter, r *
 		return
 	}
 	if hctx.ex.hasRecovery() && !abort {
-		m.unfinished(r.Context(), w, rec, failure, log)
+		m.unfinished(r.Context(), w, ref, hctx.ex.points, rec, failure, log)
 		return
 	}
 	if abort {
@@ -99,10 +99,19 @@ func (m *Middleware) runSeparately(next http.Handler, w http.ResponseWriter, r *
 // have done something past the database's edge; it stays in flight until
 // its lease ends, and then a retry or a Completer takes it over and goes
 // on from the point.
-func (m *Middleware) unfinished(ctx context.Context, w http.ResponseWriter, rec *recorder, failure string, log reqLog) {
+func (m *Middleware) unfinished(ctx context.Context, w http.ResponseWriter, ref idem.Ref, points *pointSaver, rec *recorder, failure string, log reqLog) {
 	m.tally(ctx, OutcomeUnfinished)
-	log.LogAttrs(ctx, slog.LevelWarn, "failed after a recovery point: the key stays in flight until its lease ends, then a retry or the completer goes on from the point",
-		slog.Int("status", rec.statusCode()), slog.String("failure", failure), slog.Duration("lease", m.cfg.Lease))
+	// The execution is over: its lease ends now, so that the client's
+	// retry (or a Completer) takes the key over at once and goes on from
+	// the point, rather than after the lease.
+	dctx, cancel := detached(ctx)
+	err := points.store.Yield(dctx, ref)
+	cancel()
+	attrs := []slog.Attr{slog.Int("status", rec.statusCode()), slog.String("failure", failure)}
+	if err != nil {
+		attrs = append(attrs, slog.String("yield_error", err.Error()), slog.Duration("lease", m.cfg.Lease))
+	}
+	log.LogAttrs(ctx, slog.LevelWarn, "failed after a recovery point: the key stays in flight with its point, for a retry or the completer to go on from", attrs...)
 	if failure != "" && !rec.streaming {
 		(&Problem{Type: ProblemHandlerFailed, Title: "Request unfinished", Status: http.StatusServiceUnavailable,
 			Detail: "The request " + failure + " part-way and will be finished. Retry with the same key to get its result.", RetryAfter: 1}).Write(w)

@@ -42,9 +42,11 @@ type pointSaver struct {
 //
 // Once an execution saved a point, its key is never released after a
 // failure: whatever the phases did past the database's edge may have
-// happened. It stays in flight until its lease ends; then a client's retry
-// takes it over (Execution.Recovery says where to go on from), or a
-// Completer does with nobody asking.
+// happened. The key stays in flight with its point and the execution
+// yields its lease (idem.Recoverer.Yield), so the client's retry takes it
+// over at once and goes on from the point (Execution.Recovery), or, with
+// nobody asking, a Completer does. An execution that dies (a crash) holds
+// its lease until it ends.
 //
 // Returns ErrNoRecovery (see there), an *idem.ArgumentError for a malformed
 // point, or idem.ErrLeaseLost when another execution took the key over.

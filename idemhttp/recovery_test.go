@@ -25,6 +25,10 @@ type phased struct {
 	calls  int
 	resume []string // the recovery point each execution started from
 	crash  atomic.Bool
+	// abort makes the crash cut the connection (http.ErrAbortHandler), as
+	// a process killed after the charge leaves it: the key keeps its lease
+	// until it ends. Otherwise the crash is a failure the middleware sees.
+	abort bool
 }
 
 func (p *phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -40,7 +44,10 @@ func (p *phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	p.charge()
 	if p.crash.CompareAndSwap(true, false) {
-		panic("crashed after the charge")
+		if p.abort {
+			panic(http.ErrAbortHandler)
+		}
+		panic("failed after the charge")
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
@@ -51,6 +58,17 @@ func (p *phased) charge() {
 	p.mu.Lock()
 	p.calls++
 	p.mu.Unlock()
+}
+
+// crashed sends h a request whose handler aborts, as a killed process.
+func crashed(t *testing.T, h http.Handler, key string) {
+	t.Helper()
+	defer func() {
+		if v := recover(); v != http.ErrAbortHandler {
+			t.Fatalf("the crashed request ended with %v; want http.ErrAbortHandler", v)
+		}
+	}()
+	do(t, h, "POST", "/pay", key, "{}")
 }
 
 func newPhased(t *testing.T, lease time.Duration) (*idemmem.Clock, *idemmem.Store, *idemhttp.Middleware) {
@@ -128,11 +146,11 @@ func (s txMemStore) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWo
 	return true, s.Complete(ctx, ref, resp)
 }
 
-// A failure after a recovery point does not release the key: a retry
-// before the lease ends waits and is told the request is in flight; the
-// retry after it takes the key over, goes on from the point, and the call
-// past the edge is made by the phase that needs it, not again from the
-// start.
+// A failure after a recovery point does not release the key: it stays in
+// flight with its point, its lease yielded, and the client's retry takes it
+// over at once and goes on from the point: the call past the edge is made
+// by the phase that needs it, not again from the start. A crash (the
+// handler aborts) holds the lease until it ends.
 func TestFailureAfterPointKeepsKey(t *testing.T) {
 	t.Parallel()
 	clock, store, m := newPhased(t, 10*time.Second)
@@ -143,25 +161,33 @@ func TestFailureAfterPointKeepsKey(t *testing.T) {
 		t.Fatalf("the execution that failed after its point answered %d %s; want 503", r.Status, r.Body)
 	}
 	rec, err := store.Get(t.Context(), "", "k")
-	if err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" {
-		t.Fatalf("after the failure: %+v, %v; want the key in flight at point charging", rec, err)
+	if err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" || rec.LeaseExpiresAt.After(clock.Now()) {
+		t.Fatalf("after the failure: %+v, %v; want the key in flight at point charging, its lease yielded", rec, err)
 	}
 	if n := m.Counts()[idemhttp.OutcomeUnfinished]; n != 1 {
 		t.Fatalf("unfinished count %d; want 1", n)
 	}
-	if r := do(t, h, "POST", "/pay", "k", "{}"); r.Status != http.StatusConflict {
-		t.Fatalf("a retry within the lease answered %d; want 409", r.Status)
-	}
-	clock.Advance(11 * time.Second)
 	r := do(t, h, "POST", "/pay", "k", "{}")
 	if r.Status != http.StatusCreated || r.Body != `{"charged":10}` {
-		t.Fatalf("the retry after the lease answered %d %s", r.Status, r.Body)
+		t.Fatalf("the retry answered %d %s", r.Status, r.Body)
 	}
 	if fmt.Sprint(p.resume) != "[ charging]" {
 		t.Fatalf("executions started from %q; want the first from nothing, the second from charging", p.resume)
 	}
 	if r := do(t, h, "POST", "/pay", "k", "{}"); r.Header.Get(idemhttp.HeaderReplayed) != "true" || r.Body != `{"charged":10}` {
 		t.Fatalf("a later duplicate: %d %v %s; want the replay", r.Status, r.Header, r.Body)
+	}
+
+	// A crash after the point: the lease holds until it ends.
+	p.abort = true
+	p.crash.Store(true)
+	crashed(t, h, "c")
+	if r := do(t, h, "POST", "/pay", "c", "{}"); r.Status != http.StatusConflict {
+		t.Fatalf("a retry within a crashed execution's lease answered %d; want 409", r.Status)
+	}
+	clock.Advance(11 * time.Second)
+	if r := do(t, h, "POST", "/pay", "c", "{}"); r.Status != http.StatusCreated {
+		t.Fatalf("the retry after the crashed execution's lease answered %d %s", r.Status, r.Body)
 	}
 }
 
@@ -173,7 +199,8 @@ func TestCompleterFinishesAbandoned(t *testing.T) {
 	clock, store, m := newPhased(t, 10*time.Second)
 	p := &phased{}
 	p.crash.Store(true)
-	do(t, m.Handler(p), "POST", "/pay", "k", "{}")
+	p.abort = true
+	crashed(t, m.Handler(p), "k")
 
 	var resumed []idemhttp.Execution
 	c, err := m.NewCompleter(&idemhttp.CompleterConfig{Resume: func(ctx context.Context, w http.ResponseWriter, ex idemhttp.Execution) error {
@@ -227,7 +254,8 @@ func TestCompleterUnknownOutcome(t *testing.T) {
 	clock, store, m := newPhased(t, 10*time.Second)
 	p := &phased{}
 	p.crash.Store(true)
-	do(t, m.Handler(p), "POST", "/pay", "k", "{}")
+	p.abort = true
+	crashed(t, m.Handler(p), "k")
 	networkDown := errors.New("the card network does not answer")
 	var down atomic.Bool
 	down.Store(true)
@@ -274,7 +302,8 @@ func TestCompleterReleasesWhenNothingDone(t *testing.T) {
 	clock, store, m := newPhased(t, 10*time.Second)
 	p := &phased{}
 	p.crash.Store(true)
-	do(t, m.Handler(p), "POST", "/pay", "k", "{}")
+	p.abort = true
+	crashed(t, m.Handler(p), "k")
 	c, err := m.NewCompleter(&idemhttp.CompleterConfig{Resume: func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
 		return fmt.Errorf("no charge under this key: %w", idemhttp.ErrNothingDone)
 	}})
@@ -301,9 +330,10 @@ func TestCompletersShareTheWork(t *testing.T) {
 	t.Parallel()
 	clock, _, m := newPhased(t, 10*time.Second)
 	p := &phased{}
+	p.abort = true
 	for i := range 20 {
 		p.crash.Store(true)
-		do(t, m.Handler(p), "POST", "/pay", fmt.Sprint("k", i), "{}")
+		crashed(t, m.Handler(p), fmt.Sprint("k", i))
 	}
 	var resumes atomic.Int64
 	resume := func(context.Context, http.ResponseWriter, idemhttp.Execution) error {

@@ -287,6 +287,24 @@ func (s *Store) SaveRecovery(ctx context.Context, ref idem.Ref, rp idem.Recovery
 	return nil
 }
 
+// Yield implements idem.Recoverer.
+func (s *Store) Yield(ctx context.Context, ref idem.Ref) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.records[slot{ref.Scope, ref.Key}]
+	if e == nil || e.rec.Token != ref.Token || e.rec.State != idem.StateInFlight {
+		return idem.ErrLeaseLost
+	}
+	if now := s.clock.Now(); e.rec.LeaseExpiresAt.After(now) {
+		e.rec.LeaseExpiresAt = now
+	}
+	e.signal()
+	return nil
+}
+
 // Abandoned implements idem.Recoverer.
 func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error) {
 	if limit <= 0 {

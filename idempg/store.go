@@ -915,3 +915,33 @@ func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error)
 	}
 	return out, nil
 }
+
+// Yield implements idem.Recoverer. On its own it commits in one round trip
+// and wakes the key's waiters, so a duplicate waiting for the key takes it
+// over at once; called with a context that carries a transaction of the
+// DB, it joins it, and the waiters wake when that transaction commits.
+func (s *Store) Yield(ctx context.Context, ref idem.Ref) error {
+	args := []any{string(ref.Scope), string(ref.Key), int64(ref.Token), s.db.now()}
+	w := wake{s.channel, string(ref.Scope), string(ref.Key)}
+	q, st, err := s.q(ctx)
+	if err != nil {
+		return fmt.Errorf("idempg: yield: %w", err)
+	}
+	var tag pgconn.CommandTag
+	if st != nil {
+		if tag, err = q.Exec(ctx, pgsql.Yield, args...); err == nil && tag.RowsAffected() == 1 {
+			st.addWake(w)
+		}
+	} else {
+		own := s.db.ownTx(ctx, "begin", "commit")
+		own.addWake(w)
+		tag, err = own.commit(&stmt{pgsql.Yield, args}, false)
+	}
+	if err != nil {
+		return fmt.Errorf("idempg: yield: %w", err)
+	}
+	if tag.RowsAffected() != 1 {
+		return idem.ErrLeaseLost
+	}
+	return nil
+}

@@ -454,3 +454,26 @@ func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error)
 	}
 	return out, nil
 }
+
+// Yield implements idem.Recoverer, and wakes the key's waiters once the
+// change is committed (see wakeAfter). Called with a context that carries a
+// transaction of the DB, it joins it.
+func (s *Store) Yield(ctx context.Context, ref idem.Ref) error {
+	q, st, err := s.db.writer(ctx)
+	if err != nil {
+		return fmt.Errorf("idempgsql: yield: %w", err)
+	}
+	res, err := q.ExecContext(ctx, pgsql.Yield, string(ref.Scope), string(ref.Key), int64(ref.Token), s.db.now())
+	if err != nil {
+		return fmt.Errorf("idempgsql: yield: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("idempgsql: yield: %w", err)
+	} else if n != 1 {
+		return idem.ErrLeaseLost
+	}
+	if err := s.wakeAfter(ctx, q, st, ref.Scope, ref.Key); err != nil {
+		return fmt.Errorf("idempgsql: yield: %w", err)
+	}
+	return nil
+}

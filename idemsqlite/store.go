@@ -81,6 +81,8 @@ var (
 	sqlAbandonedKeys = keysSQL(`SELECT scope, key, ` + keyColumns + ` FROM idem_keys
 		WHERE state = 'in_flight' AND recovery_point IS NOT NULL AND lease_expires_at <= ?
 		ORDER BY lease_expires_at LIMIT ?`)
+	sqlYieldKey = keysSQL(`UPDATE idem_keys SET lease_expires_at = min(lease_expires_at, ?)
+		WHERE scope = ? AND key = ? AND token = ? AND state = 'in_flight'`)
 	sqlSaveRecovery = keysSQL(`UPDATE idem_keys SET recovery_point = ?, recovery_data = ?, recovery_saved_at = ?
 		WHERE scope = ? AND key = ? AND token = ? AND state = 'in_flight'`)
 	// sqlReplayKey reads what the replay of a completed key needs; the
@@ -720,6 +722,25 @@ func (s *Store) SaveRecovery(ctx context.Context, ref idem.Ref, rp idem.Recovery
 	})
 	if err != nil {
 		return fmt.Errorf("idemsqlite: save recovery point: %w", err)
+	}
+	return nil
+}
+
+// Yield implements idem.Recoverer. Called with a context that carries a
+// transaction of the DB, it joins it.
+func (s *Store) Yield(ctx context.Context, ref idem.Ref) error {
+	err := s.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		res, err := s.db.in(tx).exec(ctx, sqlYieldKey, s.clock.Now().UnixNano(), string(ref.Scope), string(ref.Key), int64(ref.Token))
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 1 {
+			return err
+		}
+		return idem.ErrLeaseLost
+	})
+	if err != nil {
+		return fmt.Errorf("idemsqlite: yield: %w", err)
 	}
 	return nil
 }

@@ -24,6 +24,9 @@ import (
 //   - A key claimed anew (expired and not held) starts with no point.
 //   - A key in flight with a point outlives its TTL: Get returns it, a Claim
 //     takes it over, Purge keeps it.
+//   - Yield ends the holder's lease at once and keeps the rest: the key is
+//     in flight with its point, listed by Abandoned, and taken over by the
+//     next Claim at once; a stale token's Yield is refused.
 //   - Abandoned lists exactly the keys in flight, with a point, whose lease
 //     ended, oldest lease end first, at most limit of them.
 //   - With a database (db not nil): a point saved in the transaction of a
@@ -64,6 +67,7 @@ var recovererTests = []struct {
 	{"InvalidPoint", false, testRecoveryInvalid},
 	{"ClaimAnewStartsEmpty", false, testRecoveryClaimAnew},
 	{"OutlivesTTL", false, testRecoveryOutlivesTTL},
+	{"Yield", false, testRecoveryYield},
 	{"Abandoned", false, testRecoveryAbandoned},
 	{"AbandonedLimit", false, testRecoveryAbandonedLimit},
 	{"CommitsWithPhase", true, testRecoveryCommits},
@@ -431,5 +435,53 @@ func testRecoveryRollsBack(t *testing.T, e *recEnv) {
 	}
 	if err := samePoint(e.point("k"), "charging", "params", at); err != nil {
 		t.Fatalf("the point saved in a rolled-back phase stayed: %v", err)
+	}
+}
+
+func testRecoveryYield(t *testing.T, e *recEnv) {
+	c := e.acquire("k")
+	e.save(keyRef("k", c), "charging", "params")
+	at := e.clock.Now()
+	e.clock.Advance(time.Millisecond)
+	if err := e.rec.Yield(e.ctx, keyRef("k", c)); err != nil {
+		t.Fatalf("Yield = %v", err)
+	}
+	rec, err := e.rec.Get(e.ctx, "s", "k")
+	if err != nil || rec.State != idem.StateInFlight || rec.Token != c.Token || rec.LeaseExpiresAt.After(e.clock.Now()) {
+		t.Fatalf("after Yield: %+v, %v; want in flight under the same token, its lease ended", rec, err)
+	}
+	if err := samePoint(rec.Recovery, "charging", "params", at); err != nil {
+		t.Fatalf("after Yield: %v", err)
+	}
+	got, err := e.rec.Abandoned(e.ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := abandonedKeys(got, "k"); err != nil {
+		t.Fatalf("right after Yield: %v", err)
+	}
+	// The next claim takes it over at once, the point with it.
+	c2, err := e.rec.Claim(e.ctx, e.req("k", "fp"))
+	if err != nil || c2.Outcome != idem.Acquired || !c2.TookOver {
+		t.Fatalf("Claim after Yield = %v (took over %v), %v; want a takeover at once", c2.Outcome, c2.TookOver, err)
+	}
+	if err := samePoint(c2.Record.Recovery, "charging", "params", at); err != nil {
+		t.Fatalf("the takeover after Yield: %v", err)
+	}
+	// The stale holder cannot yield the new one's lease.
+	if err := e.rec.Yield(e.ctx, keyRef("k", c)); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Yield by the stale holder = %v; want ErrLeaseLost", err)
+	}
+	if got, _ := e.rec.Abandoned(e.ctx, 10); len(got) != 0 {
+		t.Fatalf("the stale holder's refused Yield ended the new lease: Abandoned = %v", got)
+	}
+	if err := e.rec.Complete(e.ctx, keyRef("k", c2), idem.Response{Status: 201}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rec.Yield(e.ctx, keyRef("k", c2)); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Yield of a completed key = %v; want ErrLeaseLost", err)
+	}
+	if err := e.rec.Yield(e.ctx, idem.Ref{Scope: "s", Key: "absent", Token: c2.Token}); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Yield of an absent key = %v; want ErrLeaseLost", err)
 	}
 }

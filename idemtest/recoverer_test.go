@@ -116,6 +116,7 @@ var brokenRecoverers = map[string]struct {
 	"saves outside the phase":  {"RollsBackWithPhase", func(db *stagedDB) idem.Recoverer { return savesOutsideTx{db} }},
 	"lists live keys":          {"Abandoned", func(db *stagedDB) idem.Recoverer { return listsLive{db} }},
 	"ignores fencing":          {"RefusedWithoutLease", func(db *stagedDB) idem.Recoverer { return saveIgnoresFencing{db} }},
+	"yield releases":           {"Yield", func(db *stagedDB) idem.Recoverer { return yieldReleases{db} }},
 }
 
 type clearsOnTakeover struct{ *stagedDB }
@@ -160,6 +161,11 @@ func (s saveIgnoresFencing) SaveRecovery(ctx context.Context, ref idem.Ref, rp i
 	}
 	return s.stagedDB.SaveRecovery(ctx, ref, rp)
 }
+
+type yieldReleases struct{ *stagedDB }
+
+// Yield gives the key up, point and all.
+func (s yieldReleases) Yield(ctx context.Context, ref idem.Ref) error { return s.Release(ctx, ref) }
 
 const brokenRecovererEnv = "IDEMTEST_BROKEN_RECOVERER"
 

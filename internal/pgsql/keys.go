@@ -189,6 +189,11 @@ const SaveRecovery = `UPDATE idem_keys SET recovery_point = $4, recovery_data = 
 		recovery_saved_at = coalesce($6::timestamptz, clock_timestamp())
 	WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'`
 
+// Yield ends the key's lease now if the token holds it in flight. Its
+// command tag counts the rows changed.
+const Yield = `UPDATE idem_keys SET lease_expires_at = least(lease_expires_at, coalesce($4::timestamptz, clock_timestamp()))
+	WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'`
+
 // Abandoned lists up to $2 keys in flight with a recovery point whose lease
 // ended, oldest lease end first, through the partial index
 // idem_keys_recovering.

@@ -23,15 +23,13 @@ func (r *run) completerBound() time.Duration {
 	return 2*one + 10*time.Second
 }
 
-// awaitCompleters waits, once the load is over, until no key is in flight
-// with a recovery point: every execution that stopped after its point
-// (the abandoned payments, whose clients never came back) has been finished
-// by a replica's completer. A replica that crashed itself at the end of the
-// load is started again first. It returns how long the wait took, and how
-// many keys were still unfinished when completerBound passed.
-func (r *run) awaitCompleters(ctx context.Context) (time.Duration, int, error) {
-	started := time.Now()
+// reviveExited starts again every replica that ended by itself and is
+// still down once the load is over: one that a crash-after-charge fault
+// made SIGKILL itself in the load's last moments, which the revive loop,
+// stopped with the load, left down. The checks ask every replica.
+func (r *run) reviveExited(ctx context.Context) error {
 	r.chaos.Lock()
+	defer r.chaos.Unlock()
 	for i, rp := range r.replicas {
 		select {
 		case <-rp.exited():
@@ -39,13 +37,22 @@ func (r *run) awaitCompleters(ctx context.Context) (time.Duration, int, error) {
 			continue
 		}
 		r.crashes.Add(1)
+		r.proxies[i].setUpstream("")
 		if err := rp.start(ctx); err != nil {
-			r.chaos.Unlock()
-			return 0, 0, fmt.Errorf("torture: restarting after a crash: %w", err)
+			return fmt.Errorf("torture: restarting after a crash: %w", err)
 		}
 		r.proxies[i].setUpstream(rp.baseURL())
 	}
-	r.chaos.Unlock()
+	return nil
+}
+
+// awaitCompleters waits, once the load is over, until no key is in flight
+// with a recovery point: every execution that stopped after its point
+// (the abandoned payments, whose clients never came back) has been finished
+// by a replica's completer. It returns how long the wait took, and how
+// many keys were still unfinished when completerBound passed.
+func (r *run) awaitCompleters(ctx context.Context) (time.Duration, int, error) {
+	started := time.Now()
 	deadline := started.Add(r.completerBound())
 	for {
 		n, err := r.pendingRecovery(ctx)

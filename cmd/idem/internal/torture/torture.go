@@ -408,6 +408,9 @@ func Run(ctx context.Context, cfg *Config) (rep *Report, err error) {
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("torture: interrupted before the checks: %w", context.Cause(ctx))
 	}
+	if err := r.reviveExited(ctx); err != nil {
+		return nil, err
+	}
 	if c.Abandon > 0 {
 		if r.completerWait, r.unfinished, err = r.awaitCompleters(ctx); err != nil {
 			return nil, err
