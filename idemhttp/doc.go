@@ -105,6 +105,24 @@
 // ends so a well-behaved handler never outlives it. A completion that
 // arrives after its lease was taken over is refused and logged.
 //
+// # Effects past the database's edge
+//
+// A handler whose work calls another service (a charge at a card network)
+// cannot commit that call with the key's answer. It sends the call with a
+// key derived from its own (KeyFromContext), so every execution makes the
+// same one, and it runs in phases, in the claim-first form
+// (Config.SeparateTx): SaveRecovery records the phase reached with the
+// key's record (in the phase's own transaction when the context carries
+// one), and a later execution reads it from Execution.Recovery and goes on
+// from there. A key with a recovery point is never released after a
+// failure: the failed execution yields its lease (OutcomeUnfinished), so the
+// client's retry takes the key over at once. An execution that died is
+// finished, with nobody asking, by a Completer (Middleware.NewCompleter):
+// within Completer.Bound of the death, or, when the outcome cannot be
+// learned, kept in flight and counted as unknown, never released. The store
+// must be an idem.Recoverer (idemmem, idemsqlite, idempg, idempgsql).
+// docs/recovery.md tells the whole story.
+//
 // # Replayed headers
 //
 // Only Content-Type, Content-Language, Location and Config.ReplayHeaders are

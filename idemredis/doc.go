@@ -253,6 +253,17 @@
 // lost, every waiter is woken to look again. Close stops the subscription. A
 // *redis.Ring is refused by NewStore: its shards do not share pub/sub.
 //
+// # Recovery points
+//
+// The Store is no idem.Recoverer. A recovery point could live in the key's
+// hash, fenced by the token in the same script, but it could not commit
+// with the writes of the phase it describes, which live in another
+// database: it could say a phase was reached whose writes rolled back. With
+// the keys in Redis, keep what resuming needs in the effect's own database,
+// under the request's origin (scope, key and Execution.ClaimedAt, which a
+// takeover keeps), as the lab's payment service does in its two-store form.
+// A client's retry then finishes the execution; there is no Completer.
+//
 // # Ambiguous failures
 //
 // An error from Redis or the network (a timeout, a dropped connection, a
