@@ -437,19 +437,8 @@ func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error)
 		return nil, fmt.Errorf("idempgsql: abandoned: %w", err)
 	}
 	defer rows.Close()
-	var out []idem.Record
-	for rows.Next() {
-		var row pgsql.KeyedRow
-		if err := rows.Scan(row.Dest()...); err != nil {
-			return nil, fmt.Errorf("idempgsql: abandoned: %w", err)
-		}
-		rec, err := row.Record()
-		if err != nil {
-			return nil, fmt.Errorf("idempgsql: abandoned: %w", err)
-		}
-		out = append(out, rec)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := pgsql.AbandonedRecords(rows)
+	if err != nil {
 		return nil, fmt.Errorf("idempgsql: abandoned: %w", err)
 	}
 	return out, nil

@@ -705,32 +705,23 @@ func (s *Store) SaveRecovery(ctx context.Context, ref idem.Ref, rp idem.Recovery
 	if err := rp.Validate(); err != nil {
 		return err
 	}
-	err := s.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		data := rp.Data
-		if data == nil {
-			data = []byte{}
-		}
-		res, err := s.db.in(tx).exec(ctx, sqlSaveRecovery, rp.Name, data, s.clock.Now().UnixNano(),
-			string(ref.Scope), string(ref.Key), int64(ref.Token))
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil || n == 1 {
-			return err
-		}
-		return idem.ErrLeaseLost
-	})
+	data := rp.Data
+	if data == nil {
+		data = []byte{}
+	}
+	err := s.fencedUpdate(ctx, sqlSaveRecovery, rp.Name, data, s.clock.Now().UnixNano(), string(ref.Scope), string(ref.Key), int64(ref.Token))
 	if err != nil {
 		return fmt.Errorf("idemsqlite: save recovery point: %w", err)
 	}
 	return nil
 }
 
-// Yield implements idem.Recoverer. Called with a context that carries a
-// transaction of the DB, it joins it.
-func (s *Store) Yield(ctx context.Context, ref idem.Ref) error {
-	err := s.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		res, err := s.db.in(tx).exec(ctx, sqlYieldKey, s.clock.Now().UnixNano(), string(ref.Scope), string(ref.Key), int64(ref.Token))
+// fencedUpdate runs stmt, which changes the row of a key its token holds
+// in flight, in the transaction ctx carries or in one of its own, and
+// returns idem.ErrLeaseLost when it changed no row.
+func (s *Store) fencedUpdate(ctx context.Context, stmt *statement, args ...any) error {
+	return s.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		res, err := s.db.in(tx).exec(ctx, stmt, args...)
 		if err != nil {
 			return err
 		}
@@ -739,6 +730,12 @@ func (s *Store) Yield(ctx context.Context, ref idem.Ref) error {
 		}
 		return idem.ErrLeaseLost
 	})
+}
+
+// Yield implements idem.Recoverer. Called with a context that carries a
+// transaction of the DB, it joins it.
+func (s *Store) Yield(ctx context.Context, ref idem.Ref) error {
+	err := s.fencedUpdate(ctx, sqlYieldKey, s.clock.Now().UnixNano(), string(ref.Scope), string(ref.Key), int64(ref.Token))
 	if err != nil {
 		return fmt.Errorf("idemsqlite: yield: %w", err)
 	}

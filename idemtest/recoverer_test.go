@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
-	"strings"
 	"sync"
 	"testing"
 
@@ -189,28 +187,9 @@ func TestBrokenRecoverer(t *testing.T) {
 
 func TestRecovererSuiteCatchesBrokenStores(t *testing.T) {
 	t.Parallel()
-	if os.Getenv(brokenRecovererEnv) != "" {
-		t.Skip("inside a child process")
-	}
+	wantFail := map[string]string{}
 	for name, b := range brokenRecoverers {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			cmd := exec.CommandContext(t.Context(), os.Args[0],
-				"-test.run=^TestBrokenRecoverer$", "-test.v", "-test.count=1", "-test.timeout=2m")
-			cmd.Env = append(os.Environ(), brokenRecovererEnv+"="+name, "TMPDIR="+t.TempDir())
-			out, err := cmd.CombinedOutput()
-			if b.wantFail == "" {
-				if err != nil {
-					t.Fatalf("the suite failed the reference recoverer: %v\n%s", err, out)
-				}
-				return
-			}
-			if err == nil {
-				t.Fatalf("the suite passed a recoverer that %s\n%s", name, out)
-			}
-			if want := "--- FAIL: TestBrokenRecoverer/" + b.wantFail + " "; !strings.Contains(string(out), want) {
-				t.Errorf("subtest %s did not fail; output:\n%s", b.wantFail, out)
-			}
-		})
+		wantFail[name] = b.wantFail
 	}
+	catchesBroken(t, brokenRecovererEnv, "TestBrokenRecoverer", wantFail)
 }

@@ -172,19 +172,31 @@ func TestBrokenStore(t *testing.T) {
 
 func TestSuiteCatchesBrokenStores(t *testing.T) {
 	t.Parallel()
-	if os.Getenv(brokenEnv) != "" {
+	wantFail := map[string]string{}
+	for name, b := range brokenStores {
+		wantFail[name] = b.wantFail
+	}
+	catchesBroken(t, brokenEnv, "TestBrokenStore", wantFail)
+}
+
+// catchesBroken runs testName in a child process once per broken store of
+// wantFail, named by the environment variable env, and checks that the
+// suite fails it in the subtest named there ("" for the reference store,
+// which must pass).
+func catchesBroken(t *testing.T, env, testName string, wantFail map[string]string) {
+	if os.Getenv(env) != "" {
 		t.Skip("inside a child process")
 	}
-	for name, b := range brokenStores {
+	for name, subtest := range wantFail {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			cmd := exec.CommandContext(t.Context(), os.Args[0],
-				"-test.run=^TestBrokenStore$", "-test.v", "-test.count=1", "-test.timeout=2m")
+				"-test.run=^"+testName+"$", "-test.v", "-test.count=1", "-test.timeout=2m")
 			// TMPDIR: what a failing check saves for a person to read is
 			// this test's to clean up.
-			cmd.Env = append(os.Environ(), brokenEnv+"="+name, "TMPDIR="+t.TempDir())
+			cmd.Env = append(os.Environ(), env+"="+name, "TMPDIR="+t.TempDir())
 			out, err := cmd.CombinedOutput()
-			if b.wantFail == "" {
+			if subtest == "" {
 				if err != nil {
 					t.Fatalf("the suite failed the reference store: %v\n%s", err, out)
 				}
@@ -193,8 +205,8 @@ func TestSuiteCatchesBrokenStores(t *testing.T) {
 			if err == nil {
 				t.Fatalf("the suite passed a store whose %s\n%s", name, out)
 			}
-			if want := "--- FAIL: TestBrokenStore/" + b.wantFail + " "; !strings.Contains(string(out), want) {
-				t.Errorf("subtest %s did not fail; output:\n%s", b.wantFail, out)
+			if want := "--- FAIL: " + testName + "/" + subtest + " "; !strings.Contains(string(out), want) {
+				t.Errorf("subtest %s did not fail; output:\n%s", subtest, out)
 			}
 		})
 	}

@@ -297,17 +297,27 @@ func ClaimOf(outcome string, tookOver bool, row RecordRow, req idem.ClaimRequest
 	return c, nil
 }
 
-// KeyedRow is a row of Abandoned: a key and its record.
-type KeyedRow struct {
-	scope, key string
-	RecordRow
+// Rows is what pgx.Rows and *sql.Rows both offer.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
 }
 
-func (r *KeyedRow) Dest() []any {
-	return append([]any{&r.scope, &r.key}, r.RecordRow.Dest()...)
-}
-
-// Record is the row as an idem.Record.
-func (r *KeyedRow) Record() (idem.Record, error) {
-	return r.RecordRow.Record(idem.Scope(r.scope), idem.Key(r.key))
+// AbandonedRecords reads the rows of Abandoned. The caller closes rows.
+func AbandonedRecords(rows Rows) ([]idem.Record, error) {
+	var out []idem.Record
+	for rows.Next() {
+		var scope, key string
+		var row RecordRow
+		if err := rows.Scan(append([]any{&scope, &key}, row.Dest()...)...); err != nil {
+			return nil, err
+		}
+		rec, err := row.Record(idem.Scope(scope), idem.Key(key))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rec)
+	}
+	return out, rows.Err()
 }

@@ -233,10 +233,12 @@ type lab struct {
 	client *client
 	// The card network every payment charges at: its database, its
 	// server, and a client that reads its charges.
-	netDB     *idemsqlite.DB
-	netSrv    *http.Server
-	netServed chan error
-	net       *acquirer.Client
+	netDB  *idemsqlite.DB
+	netSrv *http.Server
+	// netTransport carries the service's requests to the card network.
+	netTransport *http.Transport
+	netServed    chan error
+	net          *acquirer.Client
 }
 
 // startNetwork starts the lab's card network on a file of its own, behind
@@ -259,7 +261,11 @@ func (l *lab) startNetwork(ctx context.Context, logger *slog.Logger) error {
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
 	l.netServed = make(chan error, 1)
 	go func() { l.netServed <- l.netSrv.Serve(ln) }()
-	l.net, err = acquirer.NewClient(acquirer.ClientConfig{URL: "http://" + ln.Addr().String(), Transport: payments.ChargeFaults(nil)})
+	// A transport of the lab's own, whose connections close lets the card
+	// network shut down at once: a connection the client opened and never
+	// sent a request on counts as active to the server for five seconds.
+	l.netTransport = http.DefaultTransport.(*http.Transport).Clone()
+	l.net, err = acquirer.NewClient(acquirer.ClientConfig{URL: "http://" + ln.Addr().String(), Transport: payments.ChargeFaults(l.netTransport)})
 	return err
 }
 
@@ -339,6 +345,9 @@ func (l *lab) close() error {
 		if err := l.svc.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("closing the payment service: %w", err))
 		}
+	}
+	if l.netTransport != nil {
+		l.netTransport.CloseIdleConnections()
 	}
 	if l.netSrv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
