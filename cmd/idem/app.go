@@ -41,6 +41,17 @@ type silentError struct{ err error }
 func (e *silentError) Error() string { return e.err.Error() }
 func (e *silentError) Unwrap() error { return e.err }
 
+// statusError is a failure the command already explained, with an exit
+// status of its own (the probe's "could not run" is 2 without being a
+// usage error).
+type statusError struct {
+	code int
+	err  error
+}
+
+func (e *statusError) Error() string { return e.err.Error() }
+func (e *statusError) Unwrap() error { return e.err }
+
 func (a *app) run(ctx context.Context, args []string) int {
 	root := a.rootCmd()
 	root.SetArgs(args)
@@ -56,6 +67,10 @@ func (a *app) run(ctx context.Context, args []string) int {
 		}
 		fmt.Fprintf(a.stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
 		return exitUsage
+	}
+	var status *statusError
+	if errors.As(err, &status) {
+		return status.code
 	}
 	var silent *silentError
 	if !errors.As(err, &silent) {

@@ -19,6 +19,7 @@ func (a *app) probeCmd() *cobra.Command {
 		body    string
 		headers []string
 		asJSON  bool
+		junit   string
 	)
 	cmd := &cobra.Command{
 		Use:   "probe URL",
@@ -39,6 +40,28 @@ and answers of every check that did not pass.
     not kept, the retry runs again
   8 with --slow-header (which must hold the request in flight): a duplicate
     waits for the first's answer or gets 409 with Retry-After
+  9 with --as-other (a second credential): a key the first credential used
+    never gives the other one its answer
+ 10 with --revocable and --revoke (a credential, and the request that revokes
+    it): after the revocation, the key's replay is refused with 401 or 403
+ 11 with --ttl (how long the endpoint keeps a key): after it, the key runs
+    anew or is refused, and the report says which
+ 12 with --history N: N requests under --history-keys keys from
+    --history-clients clients at once, with duplicates, hung-up connections
+    and mismatched bodies; Porcupine checks that every key ran once and
+    every answer under it is its first execution's or a refusal. A history
+    that is not linearizable is saved as Porcupine's HTML view, and named
+
+When the first request is refused, the probe sends it again with the same
+key, then with a fresh one, and reports what it saw: a 5xx replayed to the
+retry fails check 7 even without --fault-header; an endpoint that accepts
+none of them leaves the other checks not run.
+
+Each check names its source: the sections of the IETF draft
+draft-ietf-httpapi-idempotency-key-header-09, Stripe's or Adyen's documented
+behaviour, or idem's contract. Where idem differs from the draft (a duplicate
+in flight waits for the first answer, within a bound, before 409; the draft
+says 409 at once), checks 1 and 8 accept either.
 
 Executions are told apart by the answers (a top-level "id" in the JSON body,
 or Location) and, with --count URL, by reading the effect before and after
@@ -57,8 +80,14 @@ Authorization, Cookie and every --secret-header are shown as xxxxx.
       --fault-header 'Idem-Fault: fail-before-commit' --slow-header 'Idem-Fault: delay=2s' \
       http://127.0.0.1:8080/v1/payments
 
-Exit status: 0 when every applicable check passes, 1 when one does not, 2 on
-a usage error.`,
+--json prints the report as JSON instead of text; --junit FILE also writes
+it as JUnit XML, one test case per check (failed: <failure>; could not
+finish: <error>; not applicable or not run: <skipped>), for a CI pipeline.
+
+Exit status: 0 when every applicable check passes; 1 when a check fails;
+2 when the probe could not run (a usage error, a target refused, an endpoint
+that accepts none of its requests, a check that could not finish) and none
+failed.`,
 		Args: cobra.ExactArgs(1),
 	}
 	fl := cmd.Flags()
@@ -72,14 +101,31 @@ a usage error.`,
 	fl.StringVar(&cfg.SlowHeader, "slow-header", "", "a header, 'Name: value', that holds the request in flight (enables check 8)")
 	fl.DurationVar(&cfg.HeadStart, "head-start", 200*time.Millisecond, "how long check 8's slow request runs before its duplicate is sent")
 	fl.IntVar(&cfg.Concurrency, "concurrency", 8, "duplicates sent at once by check 1")
-	fl.IntVar(&cfg.MaxRequests, "max-requests", 200, "the most requests sent in all, count reads included")
+	fl.StringVar(&cfg.OtherHeader, "as-other", "", "a second credential, 'Name: value', sent instead of the --header of the same name (enables check 9)")
+	fl.StringVar(&cfg.RevocableHeader, "revocable", "", "a credential, 'Name: value', that --revoke revokes (with --revoke, enables check 10)")
+	fl.StringVar(&cfg.Revoke, "revoke", "", "the request, 'METHOD URL', that revokes the credential it is sent with (--revocable)")
+	fl.DurationVar(&cfg.TTL, "ttl", 0, "how long the endpoint keeps a key; the probe waits it out (enables check 11)")
+	fl.IntVar(&cfg.History, "history", 0, "requests in a concurrent history checked by Porcupine (enables check 12)")
+	fl.IntVar(&cfg.HistoryKeys, "history-keys", 0, "keys the history's requests share (default --history/4)")
+	fl.IntVar(&cfg.HistoryClients, "history-clients", 8, "clients sending the history's requests at once")
+	fl.Uint64Var(&cfg.HistorySeed, "history-seed", 0, "seed of the history's choices, to send a failing one again (default random, printed)")
+	fl.StringVar(&cfg.HistoryDir, "history-dir", "", "where a history that is not linearizable is saved (default the temporary directory)")
+	fl.IntVar(&cfg.MaxRequests, "max-requests", 0, "the most requests sent in all, count reads included (default 200, plus --history and two count reads)")
 	fl.DurationVar(&cfg.Timeout, "timeout", 60*time.Second, "the longest the whole probe may take")
 	fl.BoolVar(&cfg.AllowRemote, "allow-remote", false, "probe a host that is not loopback")
 	fl.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	fl.StringVar(&junit, "junit", "", "also write the report as JUnit XML to FILE")
 	cmd.RunE = a.action(func(cmd *cobra.Command, args []string) error {
 		cfg.URL = args[0]
-		if cfg.Concurrency < 2 || cfg.MaxRequests < 1 || cfg.Timeout <= 0 || cfg.HeadStart <= 0 {
+		if cfg.Concurrency < 2 || cfg.MaxRequests < 0 || (cmd.Flags().Changed("max-requests") && cfg.MaxRequests < 1) ||
+			cfg.Timeout <= 0 || cfg.HeadStart <= 0 {
 			return &usageError{errors.New("--concurrency must be at least 2, and --max-requests, --timeout and --head-start positive")}
+		}
+		if cfg.TTL < 0 || cfg.History < 0 || cfg.HistoryKeys < 0 || cfg.HistoryClients < 1 {
+			return &usageError{errors.New("--ttl, --history and --history-keys must not be negative, and --history-clients must be positive")}
+		}
+		if (cfg.RevocableHeader == "") != (cfg.Revoke == "") {
+			return &usageError{errors.New("--revocable and --revoke go together")}
 		}
 		if file, ok := strings.CutPrefix(body, "@"); ok {
 			b, err := os.ReadFile(file)
@@ -114,10 +160,36 @@ a usage error.`,
 		if err != nil {
 			return err
 		}
-		if !rep.OK() {
+		if junit != "" {
+			if err := writeJUnit(junit, rep); err != nil {
+				return err
+			}
+		}
+		switch rep.Outcome() {
+		case probe.OutcomeFail:
 			return &silentError{errors.New("a check did not pass")}
+		case probe.OutcomeNotRun:
+			// Not the endpoint's fault as far as anyone can tell: the
+			// exit status a pipeline reads as "could not run", not "broken".
+			return &statusError{exitUsage, errors.New("the probe could not run every check: see the report")}
 		}
 		return nil
 	})
 	return cmd
+}
+
+// writeJUnit writes rep as JUnit XML to file.
+func writeJUnit(file string, rep *probe.Report) error {
+	f, err := os.Create(file)
+	if err != nil {
+		return fmt.Errorf("--junit: %w", err)
+	}
+	if err := rep.WriteJUnit(f); err != nil {
+		f.Close()
+		return fmt.Errorf("--junit: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("--junit: %w", err)
+	}
+	return nil
 }

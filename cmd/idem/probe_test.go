@@ -16,9 +16,9 @@ import (
 // the probe's arguments for paying from that account (the URL last).
 func probeServe(t *testing.T, args ...string) []string {
 	t.Helper()
-	const apiKey = "probe-api-key-s3cret"
+	const apiKey, otherKey = "probe-api-key-s3cret", "other-api-key-s3cret"
 	dbURL := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-	srv := startServe(t, newApp(nil), append([]string{"--db", dbURL, "--api-keys", "acme:" + apiKey, "--log-level", "warn"}, args...)...)
+	srv := startServe(t, newApp(nil), append([]string{"--db", dbURL, "--api-keys", "acme:" + apiKey + ",globex:" + otherKey, "--log-level", "warn"}, args...)...)
 	var acct accountBody
 	if resp := srv.call(t, "POST", "/v1/accounts", apiKey, "", map[string]any{"balance": 1000000, "currency": "KRW"}, &acct); resp.StatusCode != http.StatusCreated {
 		t.Fatalf("POST /v1/accounts: status %d", resp.StatusCode)
@@ -30,6 +30,10 @@ func probeServe(t *testing.T, args ...string) []string {
 		"--count", srv.base + "/v1/accounts/" + acct.ID + "/payments?limit=1000",
 		"--fault-header", "Idem-Fault: fail-before-commit",
 		"--slow-header", "Idem-Fault: delay=1s",
+		// Another tenant, and a short concurrent history: enough
+		// overlapping duplicates for an unsafe server to show.
+		"--as-other", "Authorization: Bearer " + otherKey,
+		"--history", "60", "--history-keys", "10", "--history-dir", t.TempDir(),
 		srv.base + "/v1/payments",
 	}
 }
@@ -49,9 +53,10 @@ func TestProbeServePassesEveryCheck(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("probe: exit %d, stderr %q; stdout:\n%s", code, errOut, out)
 	}
-	// Nine lines, every one a pass: checks 7 and 8 ran too.
-	if n := strings.Count(out, "\n✓ "); n != 9 || !strings.Contains(out, "PASS: all 9 applicable checks passed") {
-		t.Errorf("probe passed %d checks, want 9:\n%s", n, out)
+	// Every line a pass but checks 10 and 11 (no --revoke, no --ttl):
+	// checks 7, 8, 9 and 12 ran too.
+	if n := strings.Count(out, "\n✓ "); n != 11 || !strings.Contains(out, "PASS: all 11 applicable checks passed") {
+		t.Errorf("probe passed %d checks, want 11:\n%s", n, out)
 	}
 	if strings.Contains(out, "s3cret") {
 		t.Errorf("the report shows the API key:\n%s", out)
@@ -77,11 +82,13 @@ func TestProbeServeUnsafeFailsTheRightChecks(t *testing.T) {
 		got[c.Status] = append(got[c.Status], c.Name)
 	}
 	want := map[string][]string{
-		"fail": {"concurrent-duplicates", "sequential-replay", "key-reuse-refused", "malformed-key-refused", "lost-response", "in-flight-duplicate"},
+		"fail": {"concurrent-duplicates", "sequential-replay", "key-reuse-refused", "malformed-key-refused", "lost-response",
+			"in-flight-duplicate", "history-linearizable"},
 		// Keys are ignored, so none is required and nothing is replayed;
-		// nothing is kept either, so a retry after a 5xx does run again.
-		"n/a":  {"missing-key-refused", "no-credentials-replayed"},
-		"pass": {"5xx-not-kept"},
+		// nothing is kept either, so a retry after a 5xx does run again,
+		// and another tenant never gets the first one's answer.
+		"n/a":  {"missing-key-refused", "no-credentials-replayed", "revoked-credential", "key-expiry"},
+		"pass": {"5xx-not-kept", "scope-isolation"},
 	}
 	for status, names := range want {
 		if !slices.Equal(got[status], names) {
@@ -107,6 +114,8 @@ func TestProbeUsageErrors(t *testing.T) {
 		{[]string{"probe", "--max-requests", "0", "http://127.0.0.1:1/x"}, "--max-requests"},
 		{[]string{"probe", "--fault-header", "nope", "http://127.0.0.1:1/x"}, "fault header"},
 		{[]string{"probe", "ftp://127.0.0.1/x"}, "http://"},
+		{[]string{"probe", "--revoke", "POST http://127.0.0.1:1/revoke", "http://127.0.0.1:1/x"}, "go together"},
+		{[]string{"probe", "--history", "-1", "http://127.0.0.1:1/x"}, "--history"},
 	} {
 		code, _, errOut := runCmd(t, tc.args...)
 		if code != exitUsage || !strings.Contains(errOut, tc.want) {
@@ -144,7 +153,7 @@ func TestProbeBodyFromFile(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b := make([]byte, 64)
 		n, _ := r.Body.Read(b)
-		bodies.Store(string(b[:n]))
+		bodies.CompareAndSwap(nil, string(b[:n])) // the first request's
 		http.Error(w, "no", http.StatusForbidden)
 	}))
 	t.Cleanup(srv.Close)
@@ -152,10 +161,15 @@ func TestProbeBodyFromFile(t *testing.T) {
 	if err := os.WriteFile(file, []byte(`{"amount":{{n}}}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	code, _, errOut := runCmd(t, "probe", "--body", "@"+file, srv.URL)
-	// The baseline is refused: exit 1, with the answer on stderr.
-	if code != exitFailure || !strings.Contains(errOut, "403") {
-		t.Errorf("exit %d, stderr %q; want 1 naming the 403", code, errOut)
+	junit := filepath.Join(t.TempDir(), "probe.xml")
+	code, out, errOut := runCmd(t, "probe", "--body", "@"+file, "--junit", junit, srv.URL)
+	// The baseline is refused: the probe could not run, exit 2, with the
+	// answers in the report.
+	if code != exitUsage || !strings.Contains(out, "403") || !strings.Contains(out, "COULD NOT RUN") {
+		t.Errorf("exit %d, stderr %q; want 2 and a report naming the 403:\n%s", code, errOut, out)
+	}
+	if x, err := os.ReadFile(junit); err != nil || !strings.Contains(string(x), "<error message=") || !strings.Contains(string(x), "<skipped") {
+		t.Errorf("--junit wrote %q (%v), want an <error> and <skipped> cases", x, err)
 	}
 	if got, _ := bodies.Load().(string); got != `{"amount":1}` {
 		t.Errorf("the server got body %q, want the file's with {{n}} = 1", got)

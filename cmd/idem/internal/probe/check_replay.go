@@ -2,23 +2,18 @@ package probe
 
 import (
 	"context"
-	"fmt"
+	"strings"
 )
 
 // checkSequentialReplay sends one operation twice with one fresh key: the
 // second must get the first answer again. Its first request is the
-// baseline; when that one does not succeed, it returns ErrBaseline.
+// baseline, which every other check needs the endpoint to accept; when it
+// is not accepted, baseline diagnoses why instead.
 func checkSequentialReplay(ctx context.Context, p *prober, c *Check) error {
-	key, op := p.cfg.NewKey(), p.newOperation()
 	k := p.startCount(ctx, c)
-	first := p.send(ctx, op, key, false)
-	c.record(first)
-	if first.Error != "" {
-		return fmt.Errorf("%w: %s %s: %s", ErrBaseline, p.cfg.Method, p.target.Redacted(), first.Error)
-	}
-	if !first.Response.success() {
-		return fmt.Errorf("%w: %s %s with a fresh key answered %s: %s; the probe needs a request that succeeds",
-			ErrBaseline, p.cfg.Method, p.target.Redacted(), first.Response.statusText(), first.Response.Body)
+	key, op, first, ok := p.baseline(ctx, c)
+	if !ok {
+		return nil
 	}
 	p.completed = completedOperation{key: key, op: op, answer: first.Response}
 	second := p.send(ctx, op, key, false)
@@ -55,3 +50,55 @@ func checkSequentialReplay(ctx context.Context, p *prober, c *Check) error {
 	}
 	return nil
 }
+
+// baseline sends a fresh operation with a fresh key until the endpoint
+// accepts it, as a client would: the same key once more, then a fresh one.
+// Every attempt is evidence, and a 5xx met on the way is kept with its
+// retry for check 7 to judge. When no attempt succeeds, it marks the
+// check as not run (the endpoint fails every request) and ok is false.
+func (p *prober) baseline(ctx context.Context, c *Check) (key string, op operation, first Exchange, ok bool) {
+	key, op = p.cfg.NewKey(), p.newOperation()
+	first = p.send(ctx, op, key, false)
+	c.record(first)
+	if accepted(first) {
+		return key, op, first, true
+	}
+	attempts := []Exchange{first}
+	retry := p.send(ctx, op, key, false)
+	retry.Note = "the baseline's retry with the same key"
+	c.record(retry)
+	attempts = append(attempts, retry)
+	var met *metFailure
+	if first.Response != nil && first.Response.Status >= 500 {
+		p.failures = append(p.failures, metFailure{failed: first, retry: retry})
+		met = &p.failures[len(p.failures)-1]
+	}
+	if accepted(retry) {
+		return key, op, retry, true
+	}
+	// The same key may be stuck on what it kept: a fresh one tells a
+	// key's trouble from the endpoint's.
+	key, op = p.cfg.NewKey(), p.newOperation()
+	fresh := p.send(ctx, op, key, false)
+	fresh.Note = "the baseline with a fresh key"
+	c.record(fresh)
+	attempts = append(attempts, fresh)
+	if met != nil {
+		met.fresh = &fresh
+	}
+	if accepted(fresh) {
+		return key, op, fresh, true
+	}
+	p.baselineFailed = true
+	seen := make([]string, len(attempts))
+	for i, ex := range attempts {
+		seen[i] = answerOrError(ex)
+	}
+	c.errorf("could not run: %s %s answered %s (the first attempt, its retry with the same key, a fresh key); "+
+		"the probe needs a request that succeeds: check --header, --body and --method",
+		p.cfg.Method, p.target.Redacted(), strings.Join(seen, ", "))
+	return "", operation{}, Exchange{}, false
+}
+
+// accepted reports whether ex got a successful answer.
+func accepted(ex Exchange) bool { return ex.Error == "" && ex.Response != nil && ex.Response.success() }

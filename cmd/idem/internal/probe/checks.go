@@ -24,6 +24,10 @@ type check struct {
 	// afterAll marks a check that reads what every other check received:
 	// it runs once all those without the mark have.
 	afterAll bool
+	// judgesFailures marks a check that still runs when the endpoint
+	// accepted none of the baseline's attempts, since it judges what those
+	// failures showed; every other check is then not run.
+	judgesFailures bool
 	// requires, when set, returns why the check does not apply with this
 	// Config (an option it needs was not given), or "" when it does. A
 	// check that does not apply sends nothing.
@@ -34,11 +38,19 @@ type check struct {
 	run func(ctx context.Context, p *prober, c *Check) error
 }
 
-// Where the checks' rules come from.
+// Where the checks' rules come from. Each row's source names the section of
+// the draft it follows (the section names of -07 and -08, which -09 keeps),
+// and says where idem's own behaviour differs from it.
 const (
-	sourceDraft  = "draft-ietf-httpapi-idempotency-key-header"
+	sourceDraft  = "draft-ietf-httpapi-idempotency-key-header-09"
 	sourceStripe = "Stripe's idempotent requests"
 	sourceIdem   = "idem's contract"
+	sourceAdyen  = "Adyen's API idempotency"
+
+	// idemWaits is where idem differs from the draft's 409 for a request
+	// in progress: a duplicate waits for the first answer, within a bound
+	// (idemhttp's InflightWait, 5s), and gets 409 only past it.
+	idemWaits = "idem differs: a duplicate in flight waits for the first answer, within a bound, before 409"
 )
 
 // checks is every check, in the report's order and with the numbers the
@@ -46,34 +58,36 @@ const (
 var checks = []check{
 	{
 		number: 1, name: "concurrent-duplicates", title: "concurrent duplicates run once",
-		source: sourceDraft + " (Error Scenarios: 409 for a request in progress); " + sourceStripe,
-		run:    checkConcurrentDuplicates,
+		source: sourceDraft + " §2.6 Idempotency Enforcement, §2.7 Error Scenarios (409 for a request in progress; " +
+			idemWaits + "); " + sourceStripe,
+		run: checkConcurrentDuplicates,
 	},
 	{
 		number: 2, name: "sequential-replay", title: "sequential duplicates are replayed",
-		source:   sourceDraft + " (the first response is returned again); " + sourceStripe + " (Idempotent-Replayed: true)",
-		baseline: true,
-		run:      checkSequentialReplay,
+		source:         sourceDraft + " §2.6 Idempotency Enforcement (the first response is returned again); " + sourceStripe + " (Idempotent-Replayed: true)",
+		baseline:       true,
+		judgesFailures: true,
+		run:            checkSequentialReplay,
 	},
 	{
 		number: 3, name: "key-reuse-refused", title: "a key reused with another body is refused (422)",
-		source: sourceDraft + " (Error Scenarios)",
+		source: sourceDraft + " §2.4 Idempotency Fingerprint, §2.7 Error Scenarios (422 for a key reused with another payload)",
 		after:  []string{"sequential-replay"},
 		run:    checkKeyReuse,
 	},
 	{
 		number: 4, name: "missing-key-refused", title: "a missing key is refused (400)",
-		source: sourceDraft + " (Error Scenarios)",
+		source: sourceDraft + " §2.7 Error Scenarios (400 for a missing key)",
 		run:    checkMissingKey,
 	},
 	{
 		number: 4, name: "malformed-key-refused", title: "a malformed key is refused (400)",
-		source: sourceDraft + " (the key is a structured-field string); " + sourceStripe + " (keys of at most 255 characters)",
+		source: sourceDraft + " §2.1 Syntax (the key is a structured-field string); " + sourceStripe + " (keys of at most 255 characters)",
 		run:    checkMalformedKey,
 	},
 	{
 		number: 5, name: "lost-response", title: "a retry after a lost response gets the first execution's answer",
-		source: sourceStripe + " (retry with the same key after a network error)",
+		source: sourceDraft + " §2.6 Idempotency Enforcement; " + sourceStripe + " (retry with the same key after a network error)",
 		run:    checkLostResponse,
 	},
 	{
@@ -84,15 +98,44 @@ var checks = []check{
 	},
 	{
 		number: 7, name: "5xx-not-kept", title: "a 5xx is not kept: the retry runs again",
-		source:   sourceIdem + " (transient failures keep nothing; Stripe instead replays 500s)",
-		requires: needsFaultHeader,
-		run:      checkTransientFailure,
+		source: sourceIdem + " (transient failures keep nothing; the draft's §2.6 Idempotency Enforcement leaves it to the server, " +
+			"and Stripe instead replays 500s)",
+		judgesFailures: true,
+		run:            checkTransientFailure,
 	},
 	{
 		number: 8, name: "in-flight-duplicate", title: "a duplicate in flight waits or gets 409 + Retry-After",
-		source:   sourceDraft + " (Error Scenarios: 409 for a request in progress)",
+		source:   sourceDraft + " §2.7 Error Scenarios (409 for a request in progress; " + idemWaits + ")",
 		requires: needsSlowHeader,
 		run:      checkInFlightDuplicate,
+	},
+	{
+		number: 9, name: "scope-isolation", title: "another credential never gets a key's answer",
+		source:   sourceDraft + " §2.2 Uniqueness of Idempotency Key; " + sourceAdyen + " (keys are scoped to the account); " + sourceIdem + " (keys are scoped by tenant)",
+		requires: needsOtherHeader,
+		run:      checkScopeIsolation,
+	},
+	{
+		number: 10, name: "revoked-credential", title: "a replay does not outlive a revoked credential",
+		source:   sourceIdem + " (a replay is an answer like any other: it goes to an authenticated client only); " + sourceDraft + " §2.5 Responsibilities",
+		requires: needsRevoke,
+		run:      checkRevokedCredential,
+	},
+	{
+		number: 11, name: "key-expiry", title: "after its TTL a key runs anew or is refused",
+		source:   sourceDraft + " §2.3 Idempotency Key Validity and Expiry",
+		requires: needsTTL,
+		run:      checkKeyExpiry,
+	},
+	{
+		number: 12, name: "history-linearizable", title: "a concurrent history is linearizable (Porcupine)",
+		source: sourceIdem + " (each key runs once; every answer under it is its first execution's, or a refusal); " +
+			sourceDraft + " §2.6 Idempotency Enforcement",
+		requires: needsHistory,
+		// Last, so that its many requests neither crowd the other checks
+		// nor wear down a budget they need.
+		afterAll: true,
+		run:      checkHistory,
 	},
 }
 

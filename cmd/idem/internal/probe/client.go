@@ -35,7 +35,7 @@ func (p *prober) setUpClient() {
 	}
 	p.transport = &http.Transport{
 		DialContext:         p.dialer.DialContext,
-		MaxIdleConnsPerHost: cfg.Concurrency,
+		MaxIdleConnsPerHost: max(cfg.Concurrency, cfg.HistoryClients),
 		ForceAttemptHTTP2:   false,
 	}
 	p.client = &http.Client{

@@ -8,16 +8,20 @@
 //		Body:   `{"account_id":"acct_1","amount":{{n}},"currency":"KRW"}`,
 //		Header: http.Header{"Authorization": {"Bearer " + key}},
 //	})
-//	if err != nil { … }          // could not start: see ErrInvalidConfig, ErrRemote, ErrBaseline
-//	rep.WriteText(os.Stdout)     // or WriteJSON
-//	if !rep.OK() { … }           // a check failed
+//	if err != nil { … }          // could not start: see ErrInvalidConfig, ErrRemote
+//	rep.WriteText(os.Stdout)     // or WriteJSON, WriteJUnit
+//	switch rep.Outcome() { … }   // OutcomePass, OutcomeFail, OutcomeNotRun
 //
 // # The checks
 //
-// Each is pass, fail or not applicable, with the requests sent and the answers
-// as evidence, and names where its rule comes from: the IETF draft
-// draft-ietf-httpapi-idempotency-key-header, Stripe's idempotent requests, or
-// idem's own contract where the two say nothing or differ.
+// Each is pass, fail, not applicable, not run or an error, with the requests
+// sent and the answers as evidence, and names where its rule comes from: a
+// section of the IETF draft draft-ietf-httpapi-idempotency-key-header-09,
+// Stripe's or Adyen's documented behaviour, or idem's own contract where
+// they say nothing or differ. idem differs from the draft on one point the
+// checks meet: the draft answers 409 at once to a duplicate in flight,
+// idem's middleware lets it wait for the first answer, within a bound,
+// before 409; checks 1 and 8 accept either. docs/probe.md has the table.
 //
 //  1. Concurrent duplicates (Config.Concurrency, 8, at once with one fresh key)
 //     run once: every successful answer is the same, and any other is 409.
@@ -34,16 +38,33 @@
 //     client whose network failed would; the retry with the same key must get
 //     the first execution's answer, not a second execution.
 //  6. No replay carries Set-Cookie: a replay goes to whoever presents the key.
-//  7. With Config.FaultHeader, which must make the endpoint answer 5xx with no
-//     effect: the 5xx is not kept, and the retry runs again.
+//  7. A 5xx is not kept, and the retry runs again: judged on a 5xx the
+//     baseline met on the way, by the retry the probe sent with its key, and
+//     with Config.FaultHeader, which must make the endpoint answer 5xx with
+//     no effect, on one the probe causes.
 //  8. With Config.SlowHeader, which must hold the request in flight: a
 //     duplicate sent meanwhile waits for the first's answer or gets 409 with
 //     Retry-After, and never runs a second time.
+//  9. With Config.OtherHeader, a second credential: a key the first one used
+//     never gives the other one its answer (keys are scoped by tenant).
+//  10. With Config.RevocableHeader and Config.Revoke: a key used under a
+//     credential that is then revoked is refused (401, 403), not replayed.
+//  11. With Config.TTL: after it, a reused key runs anew or is refused, per
+//     the server's policy, and the report says which.
+//  12. With Config.History: a history of concurrent requests under a few
+//     keys, with duplicates, lost connections and mismatched bodies, is
+//     linearizable against "each key runs once and every answer under it
+//     is its first execution's, or a refusal", as Porcupine checks it; a
+//     history that is not is saved as Porcupine's HTML visualisation.
 //
 // Check 2 runs first: its first request, with a fresh key, is the baseline.
-// If it does not succeed (say 401, for missing credentials), nothing else
-// would mean anything, and Run returns ErrBaseline with the answer. Check 6
-// runs last, since it reads the replays every other check received.
+// If it does not succeed, the probe sends it again with the same key, then
+// with a fresh one, as a client would. A 5xx replayed to the retry fails
+// check 7; if none of the three succeeds (say 401, for missing credentials),
+// nothing else would mean anything, and every other check is not run
+// (Report.Outcome is OutcomeNotRun unless check 7 failed). Checks 6 and 12
+// run last: 6 reads the replays every other check received, and 12's many
+// requests must not crowd the others.
 //
 // Each check is one row of the table in checks.go (its number, name, title,
 // source, the checks it runs after, the option it needs) and one file,
@@ -73,8 +94,8 @@
 //
 // # Safety
 //
-// The probe never sends more than Config.MaxRequests (200) requests in all,
-// count reads included; a check that would go beyond stops with an error line.
+// The probe never sends more than Config.MaxRequests (200, plus the
+// history's) requests in all, count reads included; a check that would go beyond stops with an error line.
 // The whole probe ends within Config.Timeout (60s). A target that is not
 // loopback (127.0.0.0/8, ::1, localhost, after resolving the name) is refused
 // with ErrRemote unless Config.AllowRemote, and every connection's address is

@@ -53,5 +53,9 @@ func Example() {
 	// no-credentials-replayed pass
 	// 5xx-not-kept n/a
 	// in-flight-duplicate n/a
+	// scope-isolation n/a
+	// revoked-credential n/a
+	// key-expiry n/a
+	// history-linearizable n/a
 	// all applicable checks pass: true
 }

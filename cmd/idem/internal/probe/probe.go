@@ -15,9 +15,6 @@ var (
 	// ErrRemote: the target is not on this machine and AllowRemote is not
 	// set. Nothing was sent.
 	ErrRemote = errors.New("target is not a loopback address")
-	// ErrBaseline: the first request, with a fresh key, did not succeed, so
-	// no check could be told apart from a request that is simply refused.
-	ErrBaseline = errors.New("the endpoint did not accept the probe's request")
 	// ErrBudget: a check needed more requests than MaxRequests leaves.
 	ErrBudget = errors.New("the request budget is spent")
 )
@@ -77,8 +74,52 @@ type Config struct {
 	// to 8.
 	Concurrency int
 
+	// OtherHeader, "Name: value", is a second credential (another tenant's):
+	// it enables check 9, which sends a key the first credential used
+	// under this one instead. Defaults to none (check 9 is not applicable).
+	OtherHeader string
+
+	// RevocableHeader, "Name: value", is a credential the probe may revoke
+	// with Revoke; with both, check 10 uses a key under it, revokes it and
+	// sends the key again. Defaults to none (check 10 is not applicable).
+	RevocableHeader string
+
+	// Revoke, "METHOD URL", is the request that revokes the credential it
+	// is sent with (RevocableHeader). The probe cannot revoke a credential
+	// by itself, so the endpoint's owner names how. Defaults to none.
+	Revoke string
+
+	// TTL is how long the endpoint says it keeps a key; with it, check 11
+	// waits that long after a key's answer and sends the key again, which
+	// must then run anew or be refused, not be replayed. Defaults to none
+	// (check 11 is not applicable). Keep it short: the probe waits it out.
+	TTL time.Duration
+
+	// History is how many operations check 12 sends, from HistoryClients
+	// concurrent clients under HistoryKeys keys, with duplicates, lost
+	// connections and mismatched bodies, before Porcupine checks the
+	// history. Defaults to 0 (check 12 is not applicable).
+	History int
+
+	// HistoryKeys is how many keys check 12's operations share. Defaults
+	// to History/4, at least 1, so that each key is sent about four times.
+	HistoryKeys int
+
+	// HistoryClients is how many clients send check 12's operations at
+	// once. Defaults to 8.
+	HistoryClients int
+
+	// HistorySeed seeds the choices of check 12 (which operation is a
+	// duplicate, lost, mismatched), so that a failure can be sent again.
+	// Defaults to one drawn at random, which the report names.
+	HistorySeed uint64
+
+	// HistoryDir is where check 12 saves Porcupine's visualisation of a
+	// history that is not linearizable. Defaults to os.TempDir().
+	HistoryDir string
+
 	// MaxRequests bounds the requests sent in all, count reads included.
-	// Defaults to 200.
+	// Defaults to 200, plus History and its two count reads.
 	MaxRequests int
 
 	// Timeout bounds the whole probe. Defaults to 60s.
@@ -96,10 +137,12 @@ type Config struct {
 }
 
 // Run probes cfg.URL and returns the report card. An error means the probe
-// could not start (ErrInvalidConfig, ErrRemote) or the endpoint did not
-// accept even the first request (ErrBaseline); a check that cannot finish
-// (the budget or the timeout spent, the connection refused) is reported as
-// an error in its line instead.
+// could not start (ErrInvalidConfig, ErrRemote): nothing was sent. A check
+// that cannot finish (the budget or the timeout spent, the connection
+// refused) is reported as an error in its line instead; so is an endpoint
+// that accepts none of the probe's requests, which leaves the checks that
+// need one not run (Report.Outcome is NotRun) but still judges what the
+// failures showed (a 5xx kept and replayed fails check 7).
 func Run(ctx context.Context, cfg *Config) (*Report, error) {
 	p, err := newProber(ctx, cfg)
 	if err != nil {
@@ -116,6 +159,12 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 	for _, i := range checkRunOrder {
 		row, c := &checks[i], &results[i]
 		*c = Check{Number: row.number, Name: row.name, Title: row.title, Source: row.source}
+		if p.baselineFailed && !row.judgesFailures {
+			// Against an endpoint that accepted nothing, a check would only
+			// repeat the baseline's refusal.
+			c.notRun("the endpoint accepted none of the probe's requests (see sequential-replay)")
+			continue
+		}
 		if row.requires != nil {
 			if reason := row.requires(p); reason != "" {
 				c.notApplicable(reason)
@@ -123,7 +172,7 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 			}
 		}
 		if err := row.run(ctx, p, c); err != nil {
-			return nil, err
+			c.errorf("%s", err)
 		}
 		if c.Status == "" {
 			// A verdict forgotten on some path must not read as a pass.

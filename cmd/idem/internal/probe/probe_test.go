@@ -3,11 +3,13 @@ package probe_test
 import (
 	"bytes"
 	"encoding/json"
+	"encoding/xml"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,15 +29,29 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type flaw int
 
 const (
-	correct           flaw = iota
-	noAtomicClaim          // checks for a completed key, then runs: duplicates in flight run too
-	noMismatchCheck        // replays the first answer whatever the body
-	replaysCookies         // replays every header, Set-Cookie included
-	keeps5xx               // keeps and replays a 5xx
-	noReplay               // requires a key, and then ignores it
-	cookiesToWaiters       // replays Set-Cookie to a duplicate that waited for the first
-	conflictsInFlight      // not a flaw: a duplicate in flight gets 409 with Retry-After
-	conflictsNoRetry       // a duplicate in flight gets 409 without Retry-After
+	correct                flaw = iota
+	noAtomicClaim               // checks for a completed key, then runs: duplicates in flight run too
+	noMismatchCheck             // replays the first answer whatever the body
+	replaysCookies              // replays every header, Set-Cookie included
+	keeps5xx                    // keeps and replays a 5xx
+	noReplay                    // requires a key, and then ignores it
+	cookiesToWaiters            // replays Set-Cookie to a duplicate that waited for the first
+	conflictsInFlight           // not a flaw: a duplicate in flight gets 409 with Retry-After
+	conflictsNoRetry            // a duplicate in flight gets 409 without Retry-After
+	failsFirstRequest           // not a flaw: the very first payment fails with 503, kept nowhere
+	keepsFirst5xx               // the very first payment fails with 503, which its key keeps and replays
+	keeps5xxEveryKey            // every key's first attempt fails with 500, which the key keeps and replays
+	leaksAcrossCredentials      // keys are not scoped by credential: another tenant gets the replay
+	replaysToRevoked            // looks a replay up before it checks the credential
+	neverExpires                // keeps keys past the TTL it was given
+	runsTwiceRarely             // one duplicate in fifty that arrives in flight runs again
+)
+
+// Credentials the fake accepts; any other gets 401.
+const (
+	tokenMain      = "Bearer s3cret-token"
+	tokenOther     = "Bearer other-token"
+	tokenRevocable = "Bearer revocable-token"
 )
 
 // fakeAPI is a small idempotent endpoint at /pay, written by hand, with at
@@ -44,11 +60,18 @@ const (
 type fakeAPI struct {
 	flaw     flaw
 	requests atomic.Int64 // every request, /count included
+	// ttl, when set, is how long a completed key is kept; refuseExpired
+	// answers 409 to an expired key instead of running it anew.
+	ttl           time.Duration
+	refuseExpired bool
 
 	mu       sync.Mutex
 	payments int
 	keys     map[string]*fakeRecord
 	pairs    map[string]*pairing
+	revoked  map[string]bool
+	attempts int // payments with a key, for the first-request flaws
+	waiters  int // duplicates that arrived in flight, for runsTwiceRarely
 }
 
 type fakeRecord struct {
@@ -57,6 +80,7 @@ type fakeRecord struct {
 	status int           // 0 while in flight, or when released
 	header http.Header
 	resp   []byte
+	doneAt time.Time
 }
 
 // pairing makes the first two executions of one key meet, so that a flawed
@@ -67,7 +91,7 @@ type pairing struct {
 }
 
 func newFakeAPI(t *testing.T, f flaw) (*fakeAPI, *httptest.Server) {
-	api := &fakeAPI{flaw: f, keys: map[string]*fakeRecord{}, pairs: map[string]*pairing{}}
+	api := &fakeAPI{flaw: f, keys: map[string]*fakeRecord{}, pairs: map[string]*pairing{}, revoked: map[string]bool{}}
 	srv := httptest.NewServer(api)
 	t.Cleanup(srv.Close)
 	return api, srv
@@ -82,12 +106,38 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, n)
 		return
 	}
+	auth := r.Header.Get("Authorization")
+	if auth != tokenMain && auth != tokenOther && auth != tokenRevocable {
+		http.Error(w, `{"error":"unknown credential"}`, http.StatusUnauthorized)
+		return
+	}
+	if r.URL.Path == "/revoke" {
+		f.mu.Lock()
+		f.revoked[auth] = true
+		f.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
 	body, _ := io.ReadAll(r.Body)
 	key := r.Header.Get("Idempotency-Key")
 	if key == "" || len(key) > 255 || strings.ContainsFunc(key, func(c rune) bool { return c < 0x21 || c > 0x7e }) {
 		http.Error(w, `{"error":"bad key"}`, http.StatusBadRequest)
 		return
 	}
+	// Keys are scoped by credential, as a tenant's are.
+	scoped := auth + " " + key
+	if f.flaw == leaksAcrossCredentials {
+		scoped = key
+	}
+	f.mu.Lock()
+	revoked := f.revoked[auth]
+	rec := f.keys[scoped]
+	f.mu.Unlock()
+	if revoked && !(f.flaw == replaysToRevoked && rec != nil) {
+		http.Error(w, `{"error":"revoked credential"}`, http.StatusUnauthorized)
+		return
+	}
+	key = scoped
 	switch f.flaw {
 	case noReplay:
 		f.execute(w, r, body)
@@ -117,16 +167,43 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for {
 		f.mu.Lock()
 		rec := f.keys[key]
+		if rec != nil && f.ttl > 0 && f.flaw != neverExpires && rec.status != 0 && time.Since(rec.doneAt) > f.ttl {
+			if f.refuseExpired {
+				f.mu.Unlock()
+				http.Error(w, `{"error":"key expired"}`, http.StatusConflict)
+				return
+			}
+			delete(f.keys, key)
+			rec = nil
+		}
 		if rec == nil {
 			rec = &fakeRecord{body: string(body), done: make(chan struct{})}
 			f.keys[key] = rec
+			f.attempts++
+			fail := 0
+			switch {
+			case f.flaw == keeps5xxEveryKey:
+				fail = http.StatusInternalServerError
+			case (f.flaw == failsFirstRequest || f.flaw == keepsFirst5xx) && f.attempts == 1:
+				fail = http.StatusServiceUnavailable
+			}
 			f.mu.Unlock()
-			status, header, resp := f.record(w, r, body)
+			var status int
+			var header http.Header
+			var resp []byte
+			if fail != 0 {
+				status, header, resp = fail, http.Header{"Content-Type": {"application/json"}}, []byte(`{"error":"internal"}`)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(fail)
+				w.Write(resp)
+			} else {
+				status, header, resp = f.record(w, r, body)
+			}
 			f.mu.Lock()
-			if status >= 500 && f.flaw != keeps5xx {
+			if status >= 500 && f.flaw != keeps5xx && f.flaw != keepsFirst5xx && f.flaw != keeps5xxEveryKey {
 				delete(f.keys, key)
 			} else {
-				rec.status, rec.header, rec.resp = status, header, resp
+				rec.status, rec.header, rec.resp, rec.doneAt = status, header, resp, time.Now()
 			}
 			close(rec.done)
 			f.mu.Unlock()
@@ -148,6 +225,16 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			case conflictsNoRetry:
 				http.Error(w, `{"error":"in flight"}`, http.StatusConflict)
 				return
+			}
+			if f.flaw == runsTwiceRarely {
+				f.mu.Lock()
+				f.waiters++
+				again := f.waiters%50 == 0
+				f.mu.Unlock()
+				if again {
+					f.execute(w, r, body)
+					return
+				}
 			}
 			waited = true
 			<-rec.done
@@ -209,6 +296,10 @@ func (f *fakeAPI) execute(w http.ResponseWriter, r *http.Request, body []byte) {
 	if fault == "fail-before-commit" {
 		http.Error(w, `{"error":"injected"}`, http.StatusServiceUnavailable)
 		return
+	}
+	if f.flaw == runsTwiceRarely {
+		// Work that takes a while, so that duplicates arrive in flight.
+		time.Sleep(20 * time.Millisecond)
 	}
 	f.mu.Lock()
 	f.payments++
@@ -273,6 +364,9 @@ func text(t *testing.T, rep *probe.Report) string {
 	return b.String()
 }
 
+// optional are the checks that need a flag fakeConfig does not give.
+var optional = map[string]bool{"scope-isolation": true, "revoked-credential": true, "key-expiry": true, "history-linearizable": true}
+
 func TestCorrectEndpointPassesEveryCheck(t *testing.T) {
 	t.Parallel()
 	for _, counted := range []bool{true, false} {
@@ -288,10 +382,16 @@ func TestCorrectEndpointPassesEveryCheck(t *testing.T) {
 				t.Fatal(err)
 			}
 			out := text(t, rep)
-			if !rep.OK() || len(rep.Checks) != 9 {
-				t.Fatalf("report not OK or not 9 checks:\n%s", out)
+			if !rep.OK() || len(rep.Checks) != 13 {
+				t.Fatalf("report not OK or not 13 checks:\n%s", out)
 			}
 			for name, s := range verdicts(rep) {
+				if optional[name] {
+					if s != probe.NotApplicable {
+						t.Errorf("check %s: %s, want n/a without its flag", name, s)
+					}
+					continue
+				}
 				if s != probe.Pass {
 					t.Errorf("check %s: %s, want pass:\n%s", name, s, out)
 				}
@@ -404,15 +504,282 @@ func TestRespectsMaxRequests(t *testing.T) {
 	}
 }
 
-func TestBaselineMustSucceed(t *testing.T) {
+// An endpoint that accepts none of the probe's requests gets a report, not
+// an error: the baseline's attempts as evidence, every other check not run.
+func TestBaselineRefusedIsReportedNotRun(t *testing.T) {
 	t.Parallel()
+	var requests atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		requests.Add(1)
 		http.Error(w, "send an API key", http.StatusUnauthorized)
 	}))
 	t.Cleanup(srv.Close)
-	_, err := probe.Run(t.Context(), &probe.Config{URL: srv.URL})
-	if !errors.Is(err, probe.ErrBaseline) || !strings.Contains(err.Error(), "401") {
-		t.Errorf("Run against a 401 = %v, want ErrBaseline naming 401", err)
+	rep, err := probe.Run(t.Context(), &probe.Config{URL: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := text(t, rep)
+	if rep.Outcome() != probe.OutcomeNotRun || !strings.Contains(out, "COULD NOT RUN") {
+		t.Errorf("outcome %s, want not run:\n%s", rep.Outcome(), out)
+	}
+	for _, c := range rep.Checks {
+		switch {
+		case c.Name == "sequential-replay":
+			if c.Status != probe.Error || !strings.Contains(c.Reason, "401") || len(c.Evidence) != 3 {
+				t.Errorf("baseline: %s %q with %d exchanges, want an error naming 401 with its 3 attempts", c.Status, c.Reason, len(c.Evidence))
+			}
+		case c.Status != probe.NotRun:
+			t.Errorf("check %s: %s, want not run", c.Name, c.Status)
+		}
+	}
+	// The first attempt, its retry with the same key, a fresh key: no more.
+	if n := requests.Load(); n != 3 {
+		t.Errorf("the server saw %d requests, want 3", n)
+	}
+}
+
+// A server that answers 500 to every key's first attempt and keeps it: the
+// probe cannot run the checks that need a success, but names the bug.
+func TestEveryFirstAttemptFailsAndIsKept(t *testing.T) {
+	t.Parallel()
+	_, srv := newFakeAPI(t, keeps5xxEveryKey)
+	cfg := fakeConfig(srv)
+	cfg.FaultHeader = "" // no fault header: the bug is met on the way
+	rep, err := probe.Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := text(t, rep)
+	v := verdicts(rep)
+	if v["5xx-not-kept"] != probe.Fail || v["sequential-replay"] != probe.Error || v["concurrent-duplicates"] != probe.NotRun {
+		t.Errorf("5xx-not-kept %s, sequential-replay %s, concurrent-duplicates %s; want fail, error, not run:\n%s",
+			v["5xx-not-kept"], v["sequential-replay"], v["concurrent-duplicates"], out)
+	}
+	if rep.Outcome() != probe.OutcomeFail || !strings.Contains(out, "a transient failure was kept") {
+		t.Errorf("outcome %s, want fail naming the kept failure:\n%s", rep.Outcome(), out)
+	}
+}
+
+// Without a fault header, a 5xx met by the baseline is judged by the
+// retry the probe sends with its key; the probe then goes on.
+func TestFiveHundredMetOnTheWay(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		flaw flaw
+		want probe.Status
+	}{
+		{failsFirstRequest, probe.Pass},
+		{keepsFirst5xx, probe.Fail},
+	} {
+		_, srv := newFakeAPI(t, tc.flaw)
+		cfg := fakeConfig(srv)
+		cfg.FaultHeader = ""
+		rep, err := probe.Run(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := text(t, rep)
+		for _, c := range rep.Checks {
+			want := probe.Pass
+			if optional[c.Name] {
+				want = probe.NotApplicable
+			}
+			if c.Name == "5xx-not-kept" {
+				want = tc.want
+				if !strings.Contains(c.Reason, "met on the way") {
+					t.Errorf("flaw %d: check 7 says %q, want it met on the way", tc.flaw, c.Reason)
+				}
+			}
+			if c.Status != want {
+				t.Errorf("flaw %d: check %s: %s, want %s:\n%s", tc.flaw, c.Name, c.Status, want, out)
+			}
+		}
+	}
+}
+
+func TestScopeIsolation(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		flaw flaw
+		want probe.Status
+	}{{correct, probe.Pass}, {leaksAcrossCredentials, probe.Fail}} {
+		_, srv := newFakeAPI(t, tc.flaw)
+		cfg := fakeConfig(srv)
+		cfg.OtherHeader = "Authorization: " + tokenOther
+		rep, err := probe.Run(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := verdicts(rep)["scope-isolation"]; got != tc.want {
+			t.Errorf("flaw %d: scope-isolation %s, want %s:\n%s", tc.flaw, got, tc.want, text(t, rep))
+		}
+		if strings.Contains(text(t, rep), "other-token") {
+			t.Errorf("the report shows the other credential")
+		}
+	}
+}
+
+func TestRevokedCredential(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		flaw flaw
+		want probe.Status
+	}{{correct, probe.Pass}, {replaysToRevoked, probe.Fail}} {
+		_, srv := newFakeAPI(t, tc.flaw)
+		cfg := fakeConfig(srv)
+		cfg.RevocableHeader = "Authorization: " + tokenRevocable
+		cfg.Revoke = "POST " + srv.URL + "/revoke"
+		rep, err := probe.Run(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := verdicts(rep)["revoked-credential"]; got != tc.want {
+			t.Errorf("flaw %d: revoked-credential %s, want %s:\n%s", tc.flaw, got, tc.want, text(t, rep))
+		}
+	}
+	// A revoke request that revokes nothing is the probe's problem to say.
+	_, srv := newFakeAPI(t, correct)
+	cfg := fakeConfig(srv)
+	cfg.RevocableHeader = "Authorization: " + tokenRevocable
+	cfg.Revoke = "GET " + srv.URL + "/count"
+	rep, err := probe.Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rep.Checks {
+		if c.Name == "revoked-credential" && (c.Status != probe.Error || !strings.Contains(c.Reason, "did not take")) {
+			t.Errorf("revoke that does nothing: %s %q, want an error saying the revocation did not take", c.Status, c.Reason)
+		}
+	}
+}
+
+func TestKeyExpiry(t *testing.T) {
+	t.Parallel()
+	const ttl = 200 * time.Millisecond
+	for _, tc := range []struct {
+		name    string
+		flaw    flaw
+		refuse  bool
+		want    probe.Status
+		because string
+	}{
+		{"runs anew", correct, false, probe.Pass, "ran anew"},
+		{"refused", correct, true, probe.Pass, "is refused (409 Conflict)"},
+		{"never expires", neverExpires, false, probe.Fail, "still replayed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			api, srv := newFakeAPI(t, tc.flaw)
+			api.ttl, api.refuseExpired = ttl, tc.refuse
+			cfg := fakeConfig(srv)
+			cfg.TTL = ttl
+			rep, err := probe.Run(t.Context(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range rep.Checks {
+				if c.Name == "key-expiry" && (c.Status != tc.want || !strings.Contains(c.Reason, tc.because)) {
+					t.Errorf("key-expiry: %s %q, want %s saying %q:\n%s", c.Status, c.Reason, tc.want, tc.because, text(t, rep))
+				}
+			}
+		})
+	}
+}
+
+// A server that runs one in-flight duplicate in fifty again passes every
+// check made a few requests at a time; only the history finds it, and
+// saves Porcupine's view of it.
+func TestHistoryFindsARareDoubleRun(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		flaw flaw
+		fail []string
+	}{
+		{correct, nil},
+		{runsTwiceRarely, []string{"history-linearizable"}},
+	} {
+		_, srv := newFakeAPI(t, tc.flaw)
+		cfg := fakeConfig(srv)
+		cfg.History, cfg.HistoryKeys, cfg.HistoryClients, cfg.HistorySeed = 200, 50, 8, 30
+		cfg.HistoryDir = t.TempDir()
+		rep, err := probe.Run(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := text(t, rep)
+		if got := notPassing(rep); !slices.Equal(got, tc.fail) {
+			t.Errorf("flaw %d: checks not passing = %v, want %v:\n%s", tc.flaw, got, tc.fail, out)
+		}
+		for _, c := range rep.Checks {
+			if c.Name != "history-linearizable" {
+				continue
+			}
+			if tc.fail == nil {
+				if c.Artifact != "" || !strings.Contains(c.Reason, "linearizable") {
+					t.Errorf("history of a correct server: %q, artifact %q", c.Reason, c.Artifact)
+				}
+				continue
+			}
+			html, err := os.ReadFile(c.Artifact)
+			if err != nil || !bytes.Contains(html, []byte("<html")) || !strings.Contains(out, c.Artifact) {
+				t.Errorf("visualisation %q (%v) not saved as HTML or not named in the report:\n%s", c.Artifact, err, out)
+			}
+		}
+	}
+}
+
+func TestJUnitReport(t *testing.T) {
+	t.Parallel()
+	_, srv := newFakeAPI(t, keeps5xx)
+	cfg := fakeConfig(srv)
+	cfg.SlowHeader = "X-Ignored: 1" // check 8 cannot finish: an <error>
+	rep, err := probe.Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := rep.WriteJUnit(&b); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Suites []struct {
+			Tests    int `xml:"tests,attr"`
+			Failures int `xml:"failures,attr"`
+			Errors   int `xml:"errors,attr"`
+			Skipped  int `xml:"skipped,attr"`
+			Cases    []struct {
+				Name    string    `xml:"name,attr"`
+				Failure *struct{} `xml:"failure"`
+				Error   *struct{} `xml:"error"`
+				Skipped *struct{} `xml:"skipped"`
+			} `xml:"testcase"`
+		} `xml:"testsuite"`
+	}
+	if err := xml.Unmarshal(b.Bytes(), &got); err != nil {
+		t.Fatalf("%v\n%s", err, b.String())
+	}
+	if len(got.Suites) != 1 {
+		t.Fatalf("%d suites, want 1", len(got.Suites))
+	}
+	s := got.Suites[0]
+	if s.Tests != len(rep.Checks) || len(s.Cases) != len(rep.Checks) || s.Failures != 1 || s.Errors != 1 || s.Skipped != 4 {
+		t.Errorf("tests %d (%d cases), failures %d, errors %d, skipped %d; want %d, 1, 1, 4:\n%s",
+			s.Tests, len(s.Cases), s.Failures, s.Errors, s.Skipped, len(rep.Checks), b.String())
+	}
+	for i, c := range s.Cases {
+		want := map[probe.Status]string{probe.Fail: "failure", probe.Error: "error", probe.NotApplicable: "skipped", probe.Pass: ""}[rep.Checks[i].Status]
+		gotKind := ""
+		switch {
+		case c.Failure != nil:
+			gotKind = "failure"
+		case c.Error != nil:
+			gotKind = "error"
+		case c.Skipped != nil:
+			gotKind = "skipped"
+		}
+		if gotKind != want || !strings.Contains(c.Name, rep.Checks[i].Name) {
+			t.Errorf("case %q: %q, want %q", c.Name, gotKind, want)
+		}
 	}
 }
 
@@ -467,7 +834,7 @@ func TestJSONReport(t *testing.T) {
 	if err := json.Unmarshal(b.Bytes(), &got); err != nil {
 		t.Fatal(err)
 	}
-	wantNumbers := []int{1, 2, 3, 4, 4, 5, 6, 7, 8}
+	wantNumbers := []int{1, 2, 3, 4, 4, 5, 6, 7, 8, 9, 10, 11, 12}
 	if len(got.Checks) != len(wantNumbers) {
 		t.Fatalf("%d checks, want %d", len(got.Checks), len(wantNumbers))
 	}
@@ -522,9 +889,12 @@ func TestTimeoutBoundsTheProbe(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	start := time.Now()
-	_, err := probe.Run(t.Context(), &probe.Config{URL: srv.URL, Timeout: 200 * time.Millisecond})
-	if !errors.Is(err, probe.ErrBaseline) || !strings.Contains(err.Error(), "timeout") {
-		t.Errorf("Run against a server that never answers = %v, want ErrBaseline naming the timeout", err)
+	rep, err := probe.Run(t.Context(), &probe.Config{URL: srv.URL, Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Outcome() != probe.OutcomeNotRun || !strings.Contains(text(t, rep), "timeout") {
+		t.Errorf("Run against a server that never answers: %s, want not run naming the timeout:\n%s", rep.Outcome(), text(t, rep))
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("Run took %s with a timeout of 200ms", d)

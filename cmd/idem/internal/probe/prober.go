@@ -3,6 +3,7 @@ package probe
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -18,6 +19,8 @@ const (
 	defaultMaxRequests = 200
 	defaultTimeout     = 60 * time.Second
 	defaultHeadStart   = 200 * time.Millisecond
+	// defaultHistoryClients is how many clients check 12 runs at once.
+	defaultHistoryClients = 8
 )
 
 // prober is one run of the checks: the configuration with its defaults,
@@ -31,6 +34,10 @@ type prober struct {
 	dialer    *net.Dialer
 	fault     [2]string // name, value; empty name: none
 	slow      [2]string
+	other     [2]string // OtherHeader
+	revocable [2]string // RevocableHeader
+	revoke    *url.URL  // Revoke's URL, and its method
+	revokeBy  string
 	secret    map[string]bool
 	sent      atomic.Int64
 	ops       atomic.Int64
@@ -41,6 +48,20 @@ type prober struct {
 	// replays are the answers marked or seen as replays, in any check, for
 	// check 6. Only Run's goroutine appends.
 	replays []*Answer
+	// baselineFailed says that the endpoint accepted none of the baseline's
+	// attempts: the checks that need a request it accepts do not run.
+	baselineFailed bool
+	// failures are the 5xx answers met on the way (the baseline's), each
+	// with the retry the probe sent with its key, for check 7 to judge
+	// when no FaultHeader lets it make one of its own.
+	failures []metFailure
+}
+
+// metFailure is a 5xx met on the way, the retry of its key, and what a
+// fresh key got next, if one was sent.
+type metFailure struct {
+	failed, retry Exchange
+	fresh         *Exchange
 }
 
 // completedOperation is an operation that ran and was answered under key.
@@ -64,7 +85,12 @@ func newProber(ctx context.Context, c *Config) (*prober, error) {
 		cfg.Concurrency = defaultConcurrency
 	}
 	if cfg.MaxRequests == 0 {
+		// The history's requests (and its two count reads) come on top of
+		// the other checks', so that asking for one starves none of them.
 		cfg.MaxRequests = defaultMaxRequests
+		if cfg.History > 0 {
+			cfg.MaxRequests += cfg.History + 2
+		}
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = defaultTimeout
@@ -75,6 +101,18 @@ func newProber(ctx context.Context, c *Config) (*prober, error) {
 	if cfg.NewKey == nil {
 		cfg.NewKey = randomKey
 	}
+	if cfg.HistoryKeys == 0 {
+		cfg.HistoryKeys = max(cfg.History/4, 1)
+	}
+	if cfg.HistoryClients == 0 {
+		cfg.HistoryClients = defaultHistoryClients
+	}
+	if cfg.HistorySeed == 0 {
+		var b [8]byte
+		_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+		cfg.HistorySeed = binary.LittleEndian.Uint64(b[:]) | 1
+	}
+
 	switch {
 	case cfg.Concurrency < 2:
 		return nil, fmt.Errorf("%w: the concurrency must be at least 2, got %d", ErrInvalidConfig, cfg.Concurrency)
@@ -84,6 +122,13 @@ func newProber(ctx context.Context, c *Config) (*prober, error) {
 		return nil, fmt.Errorf("%w: the head start must be positive, got %s", ErrInvalidConfig, cfg.HeadStart)
 	case cfg.Timeout < 0:
 		return nil, fmt.Errorf("%w: the timeout must be positive, got %s", ErrInvalidConfig, cfg.Timeout)
+	case cfg.TTL < 0:
+		return nil, fmt.Errorf("%w: the TTL must be positive, got %s", ErrInvalidConfig, cfg.TTL)
+	case cfg.History < 0 || cfg.HistoryKeys < 1 || cfg.HistoryClients < 1:
+		return nil, fmt.Errorf("%w: the history needs a positive length, keys and clients, got %d, %d and %d",
+			ErrInvalidConfig, cfg.History, cfg.HistoryKeys, cfg.HistoryClients)
+	case (cfg.RevocableHeader == "") != (cfg.Revoke == ""):
+		return nil, fmt.Errorf("%w: a revocable credential and the request that revokes it go together", ErrInvalidConfig)
 	}
 	target, err := parseTarget("URL", cfg.URL)
 	if err != nil {
@@ -97,7 +142,20 @@ func newProber(ctx context.Context, c *Config) (*prober, error) {
 		}
 		urls = append(urls, cu)
 	}
-	p := &prober{cfg: cfg, target: target, secret: map[string]bool{
+	var revoke *url.URL
+	revokeBy := ""
+	if cfg.Revoke != "" {
+		method, raw, ok := strings.Cut(strings.TrimSpace(cfg.Revoke), " ")
+		if !ok || method == "" || strings.ToUpper(method) != method {
+			return nil, fmt.Errorf("%w: the revoke request %q is not of the form 'METHOD URL'", ErrInvalidConfig, cfg.Revoke)
+		}
+		if revoke, err = parseTarget("revoke URL", strings.TrimSpace(raw)); err != nil {
+			return nil, err
+		}
+		revokeBy = method
+		urls = append(urls, revoke)
+	}
+	p := &prober{cfg: cfg, target: target, revoke: revoke, revokeBy: revokeBy, secret: map[string]bool{
 		"Authorization": true, "Proxy-Authorization": true, "Cookie": true,
 	}}
 	for _, h := range cfg.SecretHeaders {
@@ -107,7 +165,10 @@ func newProber(ctx context.Context, c *Config) (*prober, error) {
 		flag string
 		v    string
 		dst  *[2]string
-	}{{"fault header", cfg.FaultHeader, &p.fault}, {"slow header", cfg.SlowHeader, &p.slow}} {
+	}{
+		{"fault header", cfg.FaultHeader, &p.fault}, {"slow header", cfg.SlowHeader, &p.slow},
+		{"other credential", cfg.OtherHeader, &p.other}, {"revocable credential", cfg.RevocableHeader, &p.revocable},
+	} {
 		if f.v == "" {
 			continue
 		}
@@ -116,6 +177,12 @@ func newProber(ctx context.Context, c *Config) (*prober, error) {
 			return nil, fmt.Errorf("%w: %s: %w", ErrInvalidConfig, f.flag, err)
 		}
 		*f.dst = [2]string{name, value}
+	}
+	// The other credentials are shown as little as the main one.
+	for _, h := range [][2]string{p.other, p.revocable} {
+		if h[0] != "" {
+			p.secret[h[0]] = true
+		}
 	}
 	if !cfg.AllowRemote {
 		for _, u := range urls {

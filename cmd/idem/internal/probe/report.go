@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -23,8 +24,27 @@ const (
 	// with these flags; the reason says why.
 	NotApplicable Status = "n/a"
 	// Error: the probe could not finish the check (no answer, the budget
-	// or the timeout spent). It counts as a failure of the probe.
+	// or the timeout spent). The report then says the probe could not run
+	// (OutcomeNotRun), unless another check failed.
 	Error Status = "error"
+	// NotRun: the check was not made because the endpoint accepted none of
+	// the baseline's requests; the baseline's check says why.
+	NotRun Status = "not run"
+)
+
+// Outcome is a whole report's verdict, which the command's exit status
+// follows: 0, 1 and 2 in the order below.
+type Outcome string
+
+const (
+	// OutcomePass: every check that applies passed.
+	OutcomePass Outcome = "pass"
+	// OutcomeFail: at least one check failed: the endpoint broke a rule.
+	OutcomeFail Outcome = "fail"
+	// OutcomeNotRun: no check failed, but at least one could not finish
+	// (the endpoint accepted nothing, the budget or the timeout ran out):
+	// the probe could not tell.
+	OutcomeNotRun Outcome = "not run"
 )
 
 // Report is the report card of one probe.
@@ -38,12 +58,15 @@ type Report struct {
 
 // Check is one check's verdict and evidence.
 type Check struct {
-	Number   int        `json:"number"`
-	Name     string     `json:"name"` // stable, for machines
-	Title    string     `json:"title"`
-	Source   string     `json:"source"` // where the rule comes from
-	Status   Status     `json:"status"`
-	Reason   string     `json:"reason"`
+	Number int    `json:"number"`
+	Name   string `json:"name"` // stable, for machines
+	Title  string `json:"title"`
+	Source string `json:"source"` // where the rule comes from
+	Status Status `json:"status"`
+	Reason string `json:"reason"`
+	// Artifact is a file the check saved (check 12's visualisation of a
+	// history that is not linearizable).
+	Artifact string     `json:"artifact,omitempty"`
 	Evidence []Exchange `json:"evidence,omitempty"`
 }
 
@@ -53,6 +76,7 @@ func (c *Check) errorf(format string, args ...any) {
 	c.set(Error, format, args...)
 }
 func (c *Check) notApplicable(reason string) { c.Status, c.Reason = NotApplicable, reason }
+func (c *Check) notRun(reason string)        { c.Status, c.Reason = NotRun, reason }
 
 func (c *Check) set(s Status, format string, args ...any) {
 	c.Status, c.Reason = s, fmt.Sprintf(format, args...)
@@ -96,26 +120,39 @@ func (a *Answer) statusText() string {
 }
 
 // OK reports whether every applicable check passed.
-func (r *Report) OK() bool {
+func (r *Report) OK() bool { return r.Outcome() == OutcomePass }
+
+// Outcome is the report's verdict: a failed check makes it OutcomeFail, a
+// check that could not finish OutcomeNotRun, and OutcomePass otherwise.
+// A failure wins over a check that could not finish, since it is a finding.
+func (r *Report) Outcome() Outcome {
+	o := OutcomePass
 	for _, c := range r.Checks {
-		if c.Status == Fail || c.Status == Error {
-			return false
+		switch c.Status {
+		case Fail:
+			return OutcomeFail
+		case Error:
+			o = OutcomeNotRun
 		}
 	}
-	return true
+	return o
 }
 
-// WriteJSON writes the report as one JSON document.
+// WriteJSON writes the report as one JSON document, its outcome included.
 func (r *Report) WriteJSON(w io.Writer) error {
+	type report Report // without the methods, so as not to recurse
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(r); err != nil {
+	if err := enc.Encode(struct {
+		Outcome Outcome `json:"outcome"`
+		*report
+	}{r.Outcome(), (*report)(r)}); err != nil {
 		return fmt.Errorf("writing the report: %w", err)
 	}
 	return nil
 }
 
-var marks = map[Status]string{Pass: "✓", Fail: "✗", NotApplicable: "–", Error: "!"}
+var marks = map[Status]string{Pass: "✓", Fail: "✗", NotApplicable: "–", NotRun: "–", Error: "!"}
 
 // WriteText writes the report card: one line per check, a summary, then
 // the evidence of every check that did not pass.
@@ -126,22 +163,33 @@ func (r *Report) WriteText(w io.Writer) error {
 	for _, c := range r.Checks {
 		width = max(width, utf8.RuneCountInString(c.Title))
 	}
-	var passed, failed, na int
+	var passed, failed, na, notRun int
 	for _, c := range r.Checks {
-		fmt.Fprintf(&b, "%s %d %-*s  %s [%s]\n", marks[c.Status], c.Number, width, c.Title, c.Reason, citation(c.Source))
+		fmt.Fprintf(&b, "%s %2d %-*s  %s [%s]\n", marks[c.Status], c.Number, width, c.Title, c.Reason, citation(c.Source))
 		switch c.Status {
 		case Pass:
 			passed++
 		case NotApplicable:
 			na++
+		case NotRun:
+			notRun++
 		default:
 			failed++
 		}
 	}
 	b.WriteString("\n")
-	if failed == 0 {
+	switch {
+	case notRun > 0 && r.Outcome() == OutcomeFail:
+		fmt.Fprintf(&b, "FAIL: %d of %d checks made did not pass; %d not run, since the endpoint accepted none of the probe's requests\n",
+			failed, passed+failed, notRun)
+	case notRun > 0:
+		fmt.Fprintf(&b, "COULD NOT RUN: the endpoint accepted none of the probe's requests; %d checks not run\n", notRun)
+	case failed == 0:
 		fmt.Fprintf(&b, "PASS: all %d applicable checks passed (%d not applicable)\n", passed, na)
-	} else {
+	case r.Outcome() == OutcomeNotRun:
+		fmt.Fprintf(&b, "COULD NOT RUN: %d of %d applicable checks could not finish, and none failed (%d not applicable)\n",
+			failed, passed+failed, na)
+	default:
 		fmt.Fprintf(&b, "FAIL: %d of %d applicable checks did not pass (%d not applicable)\n", failed, passed+failed, na)
 	}
 	for _, c := range r.Checks {
@@ -150,6 +198,9 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 		fmt.Fprintf(&b, "\n%s %d %s (%s)\n  %s\n", marks[c.Status], c.Number, c.Title, c.Name, c.Reason)
 		fmt.Fprintf(&b, "  source: %s\n", c.Source)
+		if c.Artifact != "" {
+			fmt.Fprintf(&b, "  saved: %s\n", c.Artifact)
+		}
 		for _, ex := range c.Evidence {
 			writeExchange(&b, ex)
 		}
@@ -158,19 +209,31 @@ func (r *Report) WriteText(w io.Writer) error {
 	return err
 }
 
+// citation is the short reference a report line ends with: the draft's
+// revision and sections, Stripe, Adyen, idem.
 func citation(source string) string {
 	var cs []string
 	if strings.Contains(source, sourceDraft) {
-		cs = append(cs, "IETF draft")
+		d := "IETF draft-09"
+		if secs := draftSection.FindAllString(source, -1); len(secs) > 0 {
+			d += " " + strings.Join(secs, ", ")
+		}
+		cs = append(cs, d)
 	}
 	if strings.Contains(source, "Stripe") && !strings.Contains(source, "Stripe instead") {
 		cs = append(cs, "Stripe")
+	}
+	if strings.Contains(source, sourceAdyen) {
+		cs = append(cs, "Adyen")
 	}
 	if strings.Contains(source, sourceIdem) {
 		cs = append(cs, "idem")
 	}
 	return strings.Join(cs, ", ")
 }
+
+// draftSection finds the draft's section numbers a source names.
+var draftSection = regexp.MustCompile(`§[0-9]+(\.[0-9]+)*`)
 
 func writeExchange(b *strings.Builder, ex Exchange) {
 	if s := ex.Request; s != nil {

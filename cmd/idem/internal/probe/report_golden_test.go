@@ -36,6 +36,7 @@ func TestReportGolden(t *testing.T) {
 		{"5xx-kept", keeps5xx, nil},
 		{"slow-header-ignored", correct, func(cfg *probe.Config) { cfg.SlowHeader = "X-Ignored: 1" }},
 		{"budget-spent", correct, func(cfg *probe.Config) { cfg.MaxRequests = 25 }},
+		{"5xx-every-key-kept", keeps5xxEveryKey, func(cfg *probe.Config) { cfg.FaultHeader = "" }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
