@@ -55,7 +55,8 @@ and answers of every check that did not pass.
 When the first request is refused, the probe sends it again with the same
 key, then with a fresh one, and reports what it saw: a 5xx replayed to the
 retry fails check 7 even without --fault-header; an endpoint that accepts
-none of them leaves the other checks not run.
+none of them leaves the other checks not run. Check 7 also retries, with its
+key, a 5xx any other check met on the way.
 
 Each check names its source: the sections of the IETF draft
 draft-ietf-httpapi-idempotency-key-header-09, Stripe's or Adyen's documented

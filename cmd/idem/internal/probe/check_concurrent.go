@@ -40,6 +40,9 @@ func checkConcurrentDuplicates(ctx context.Context, p *prober, c *Check) error {
 	close(gate)
 	wg.Wait()
 	c.record(exs...)
+	for _, ex := range exs {
+		p.noteFailure(key, op, ex)
+	}
 	d, counted, err := k.delta(ctx, c)
 	if err != nil {
 		c.errorf("%s", err)

@@ -54,6 +54,7 @@ func checkInFlightDuplicate(ctx context.Context, p *prober, c *Check) error {
 	select {
 	case <-done:
 		c.record(exs[0])
+		p.noteFailure(key, op, exs[0])
 		c.errorf("the slow request was answered (%s) within the head start of %s: the slow header did not hold it in flight",
 			answerOrError(exs[0]), p.cfg.HeadStart)
 		return nil
@@ -62,6 +63,9 @@ func checkInFlightDuplicate(ctx context.Context, p *prober, c *Check) error {
 	p.do(dupReq, &exs[1], nil)
 	<-done
 	c.record(exs...)
+	for _, ex := range exs {
+		p.noteFailure(key, op, ex)
+	}
 	d, counted, err := k.delta(ctx, c)
 	if err != nil {
 		c.errorf("%s", err)

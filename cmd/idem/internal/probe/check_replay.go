@@ -54,7 +54,7 @@ func checkSequentialReplay(ctx context.Context, p *prober, c *Check) error {
 // baseline sends a fresh operation with a fresh key until the endpoint
 // accepts it, as a client would: the same key once more, then a fresh one.
 // Every attempt is evidence, and a 5xx met on the way is kept with its
-// retry for check 7 to judge. When no attempt succeeds, it marks the
+// retry (and the fresh key's answer) for check 7 to judge. When no attempt succeeds, it marks the
 // check as not run (the endpoint fails every request) and ok is false.
 func (p *prober) baseline(ctx context.Context, c *Check) (key string, op operation, first Exchange, ok bool) {
 	key, op = p.cfg.NewKey(), p.newOperation()
@@ -68,10 +68,9 @@ func (p *prober) baseline(ctx context.Context, c *Check) (key string, op operati
 	retry.Note = "the baseline's retry with the same key"
 	c.record(retry)
 	attempts = append(attempts, retry)
-	var met *metFailure
-	if first.Response != nil && first.Response.Status >= 500 {
-		p.failures = append(p.failures, metFailure{failed: first, retry: retry})
-		met = &p.failures[len(p.failures)-1]
+	met := p.failureOf(key) // send kept a 5xx, which this retry judges
+	if met != nil {
+		met.retry = &retry
 	}
 	if accepted(retry) {
 		return key, op, retry, true

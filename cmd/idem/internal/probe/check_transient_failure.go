@@ -5,26 +5,50 @@ import (
 	"fmt"
 )
 
-// checkTransientFailure judges whether a 5xx was kept. It first judges the
-// 5xx the baseline met on the way, if any, by the retry the baseline sent
-// with its key: a server that fails and keeps the failure shows it there,
-// with or without a fault header. Then, with Config.FaultHeader, it makes
-// the endpoint fail and retries with the same key without the header: the
-// 5xx must not have been kept, so the retry runs again and succeeds.
+// maxFailuresJudged bounds the 5xx met on the way that check 7 retries, so
+// that a flaky endpoint does not spend the budget.
+const maxFailuresJudged = 3
+
+// checkTransientFailure judges whether a 5xx was kept. It runs after the
+// other checks and first judges the 5xx they met on the way, whatever the
+// flags: it retries each with its key (the baseline already did), and
+// when the retry gets the same 5xx unmarked, sends a fresh key too, to
+// tell a key stuck on a kept failure from an endpoint that still fails.
+// Then, with Config.FaultHeader, it makes the endpoint fail and retries
+// with the same key without the header: the 5xx must not have been kept,
+// so the retry runs again and succeeds.
 func checkTransientFailure(ctx context.Context, p *prober, c *Check) error {
+	var judged []*metFailure
 	for _, f := range p.failures {
-		c.record(f.failed, f.retry)
+		if len(judged) == maxFailuresJudged {
+			break
+		}
+		if f.retry == nil {
+			if p.baselineFailed {
+				continue // nothing is accepted: more requests tell nothing
+			}
+			retry := p.send(ctx, f.op, f.key, false)
+			retry.Note = "a retry of a 5xx met on the way, with its key"
+			f.retry = &retry
+			if sameFailure(f.failed, retry) {
+				fresh := p.send(ctx, p.newOperation(), p.cfg.NewKey(), false)
+				fresh.Note = "a fresh key, to tell whether the endpoint still fails"
+				f.fresh = &fresh
+			}
+		}
+		judged = append(judged, f)
+		c.record(f.failed, *f.retry)
 		if f.fresh != nil {
 			c.record(*f.fresh)
 		}
-		if kept(f.failed, f.retry, f.fresh) {
+		if kept(f.failed, *f.retry, f.fresh) {
 			c.failf("met on the way: the retry with the same key got the %s replayed: a transient failure was kept",
 				f.failed.Response.statusText())
 			return nil
 		}
 	}
 	if p.fault[0] == "" || p.baselineFailed {
-		if len(p.failures) == 0 {
+		if len(judged) == 0 {
 			if p.baselineFailed {
 				c.notRun("the endpoint accepted none of the probe's requests, and none of its failures was a 5xx")
 			} else {
@@ -32,18 +56,18 @@ func checkTransientFailure(ctx context.Context, p *prober, c *Check) error {
 			}
 			return nil
 		}
-		f := p.failures[0]
+		f := judged[0]
 		switch {
-		case accepted(f.retry):
+		case accepted(*f.retry):
 			c.passf("met on the way: after %s the retry with the same key ran again and answered %s%s",
 				f.failed.Response.statusText(), f.retry.Response.statusText(), idNote(f.retry.Response))
-		case f.retry.Response != nil && f.retry.Response.Status == f.failed.Response.Status && sameBody(f.retry.Response.body, f.failed.Response.body):
+		case sameFailure(f.failed, *f.retry):
 			// Not kept only because a fresh key got the same answer: an
 			// endpoint that fails everything alike tells nothing.
 			c.notRun(fmt.Sprintf("every key got the same %s, unmarked: whether it was kept cannot be told", f.failed.Response.statusText()))
 		default:
 			c.passf("met on the way: after %s the retry with the same key was not given it again (%s)",
-				f.failed.Response.statusText(), answerOrError(f.retry))
+				f.failed.Response.statusText(), answerOrError(*f.retry))
 		}
 		return nil
 	}
@@ -95,16 +119,21 @@ func kept(failed, retry Exchange, fresh *Exchange) bool {
 	if failed.Response == nil || retry.Response == nil || failed.Response.Status < 500 {
 		return false
 	}
-	f, a := failed.Response, retry.Response
+	a := retry.Response
 	if a.Status < 500 {
 		return false
 	}
 	if a.replayed() {
 		return true
 	}
-	same := func(b *Answer) bool { return b != nil && b.Status == f.Status && sameBody(b.body, f.body) }
-	if fresh != nil && same(fresh.Response) {
+	if fresh != nil && sameFailure(failed, *fresh) {
 		return false
 	}
-	return same(a)
+	return sameFailure(failed, retry)
+}
+
+// sameFailure reports whether ex got failed's status and body.
+func sameFailure(failed, ex Exchange) bool {
+	f, b := failed.Response, ex.Response
+	return f != nil && b != nil && b.Status == f.Status && sameBody(b.body, f.body)
 }

@@ -101,7 +101,9 @@ var checks = []check{
 		source: sourceIdem + " (transient failures keep nothing; the draft's §2.6 Idempotency Enforcement leaves it to the server, " +
 			"and Stripe instead replays 500s)",
 		judgesFailures: true,
-		run:            checkTransientFailure,
+		// After the others, to judge every 5xx they met on the way.
+		afterAll: true,
+		run:      checkTransientFailure,
 	},
 	{
 		number: 8, name: "in-flight-duplicate", title: "a duplicate in flight waits or gets 409 + Retry-After",

@@ -38,10 +38,10 @@
 //     client whose network failed would; the retry with the same key must get
 //     the first execution's answer, not a second execution.
 //  6. No replay carries Set-Cookie: a replay goes to whoever presents the key.
-//  7. A 5xx is not kept, and the retry runs again: judged on a 5xx the
-//     baseline met on the way, by the retry the probe sent with its key, and
-//     with Config.FaultHeader, which must make the endpoint answer 5xx with
-//     no effect, on one the probe causes.
+//  7. A 5xx is not kept, and the retry runs again: judged on every 5xx the
+//     other checks met on the way (up to three), by a retry with its key,
+//     and with Config.FaultHeader, which must make the endpoint answer 5xx
+//     with no effect, on one the probe causes.
 //  8. With Config.SlowHeader, which must hold the request in flight: a
 //     duplicate sent meanwhile waits for the first's answer or gets 409 with
 //     Retry-After, and never runs a second time.
@@ -62,9 +62,9 @@
 // with a fresh one, as a client would. A 5xx replayed to the retry fails
 // check 7; if none of the three succeeds (say 401, for missing credentials),
 // nothing else would mean anything, and every other check is not run
-// (Report.Outcome is OutcomeNotRun unless check 7 failed). Checks 6 and 12
-// run last: 6 reads the replays every other check received, and 12's many
-// requests must not crowd the others.
+// (Report.Outcome is OutcomeNotRun unless check 7 failed). Checks 6, 7 and
+// 12 run last: 6 reads the replays every other check received, 7 the 5xx
+// they met, and 12's many requests must not crowd the others.
 //
 // Each check is one row of the table in checks.go (its number, name, title,
 // source, the checks it runs after, the option it needs) and one file,

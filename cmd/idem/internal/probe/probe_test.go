@@ -64,14 +64,19 @@ type fakeAPI struct {
 	// answers 409 to an expired key instead of running it anew.
 	ttl           time.Duration
 	refuseExpired bool
+	// failKey, when set, makes the first request with that key fail with
+	// 503, which the key keeps when failKept.
+	failKey  string
+	failKept bool
 
 	mu       sync.Mutex
 	payments int
 	keys     map[string]*fakeRecord
 	pairs    map[string]*pairing
 	revoked  map[string]bool
-	attempts int // payments with a key, for the first-request flaws
-	waiters  int // duplicates that arrived in flight, for runsTwiceRarely
+	attempts int  // payments with a key, for the first-request flaws
+	failed   bool // failKey has failed
+	waiters  int  // duplicates that arrived in flight, for runsTwiceRarely
 }
 
 type fakeRecord struct {
@@ -186,6 +191,8 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				fail = http.StatusInternalServerError
 			case (f.flaw == failsFirstRequest || f.flaw == keepsFirst5xx) && f.attempts == 1:
 				fail = http.StatusServiceUnavailable
+			case f.failKey != "" && strings.HasSuffix(key, " "+f.failKey) && !f.failed:
+				fail, f.failed = http.StatusServiceUnavailable, true
 			}
 			f.mu.Unlock()
 			var status int
@@ -200,7 +207,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				status, header, resp = f.record(w, r, body)
 			}
 			f.mu.Lock()
-			if status >= 500 && f.flaw != keeps5xx && f.flaw != keepsFirst5xx && f.flaw != keeps5xxEveryKey {
+			if status >= 500 && f.flaw != keeps5xx && f.flaw != keepsFirst5xx && f.flaw != keeps5xxEveryKey && !(fail != 0 && f.failKept) {
 				delete(f.keys, key)
 			} else {
 				rec.status, rec.header, rec.resp, rec.doneAt = status, header, resp, time.Now()
@@ -597,6 +604,32 @@ func TestFiveHundredMetOnTheWay(t *testing.T) {
 	}
 }
 
+// A 5xx met by any check, not only the baseline, is judged by check 7,
+// which retries its key once the other checks are done.
+func TestFiveHundredMetLater(t *testing.T) {
+	t.Parallel()
+	for _, kept := range []bool{false, true} {
+		api, srv := newFakeAPI(t, correct)
+		// Keys come from a counter: the baseline's is key-1, check 1's
+		// key-2, the malformed one's key-3, check 5's key-4, check 8's key-5.
+		api.failKey, api.failKept = "key-5", kept
+		cfg := fakeConfig(srv)
+		cfg.FaultHeader = ""
+		var keys atomic.Int64
+		cfg.NewKey = func() string { return fmt.Sprintf("key-%d", keys.Add(1)) }
+		rep, err := probe.Run(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[bool]probe.Status{false: probe.Pass, true: probe.Fail}[kept]
+		for _, c := range rep.Checks {
+			if c.Name == "5xx-not-kept" && (c.Status != want || !strings.Contains(c.Reason, "met on the way")) {
+				t.Errorf("kept %v: check 7 %s %q, want %s met on the way:\n%s", kept, c.Status, c.Reason, want, text(t, rep))
+			}
+		}
+	}
+}
+
 func TestScopeIsolation(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -856,6 +889,11 @@ func TestInvalidConfig(t *testing.T) {
 		{URL: "http://127.0.0.1/x", Concurrency: 1},
 		{URL: "http://127.0.0.1/x", MaxRequests: -1},
 		{URL: "http://127.0.0.1/x", FaultHeader: "no colon"},
+		{URL: "http://127.0.0.1/x", TTL: time.Minute},
+		{URL: "http://127.0.0.1/x", History: -1},
+		{URL: "http://127.0.0.1/x", Revoke: "POST http://127.0.0.1/revoke"},
+		{URL: "http://127.0.0.1/x", RevocableHeader: "Authorization: Bearer x", Revoke: "http://127.0.0.1/revoke"},
+		{URL: "http://127.0.0.1/x", OtherHeader: "no colon"},
 	} {
 		if _, err := probe.Run(t.Context(), &cfg); !errors.Is(err, probe.ErrInvalidConfig) {
 			t.Errorf("Run(%+v) = %v, want ErrInvalidConfig", cfg, err)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -51,17 +52,51 @@ type prober struct {
 	// baselineFailed says that the endpoint accepted none of the baseline's
 	// attempts: the checks that need a request it accepts do not run.
 	baselineFailed bool
-	// failures are the 5xx answers met on the way (the baseline's), each
-	// with the retry the probe sent with its key, for check 7 to judge
-	// when no FaultHeader lets it make one of its own.
-	failures []metFailure
+	// failures are the 5xx answers met on the way, in any check but when
+	// the probe caused them with FaultHeader, one per key, for check 7 to
+	// judge by a retry with the key. failuresMu guards it, since check 1
+	// sends at once.
+	failuresMu sync.Mutex
+	failures   []*metFailure
 }
 
-// metFailure is a 5xx met on the way, the retry of its key, and what a
-// fresh key got next, if one was sent.
+// metFailure is a 5xx met on the way, with what the probe needs to retry
+// it; then the retry with its key, and what a fresh key got meanwhile, if
+// one was sent to tell a key's stuck failure from the endpoint's.
 type metFailure struct {
-	failed, retry Exchange
-	fresh         *Exchange
+	key    string
+	op     operation
+	failed Exchange
+	retry  *Exchange
+	fresh  *Exchange
+}
+
+// noteFailure keeps ex, sent with key, if it is a 5xx and the first met
+// under that key.
+func (p *prober) noteFailure(key string, op operation, ex Exchange) {
+	if ex.Response == nil || ex.Response.Status < 500 || key == "" {
+		return
+	}
+	p.failuresMu.Lock()
+	defer p.failuresMu.Unlock()
+	for _, f := range p.failures {
+		if f.key == key {
+			return
+		}
+	}
+	p.failures = append(p.failures, &metFailure{key: key, op: op, failed: ex})
+}
+
+// failureOf is the failure met under key, or nil.
+func (p *prober) failureOf(key string) *metFailure {
+	p.failuresMu.Lock()
+	defer p.failuresMu.Unlock()
+	for _, f := range p.failures {
+		if f.key == key {
+			return f
+		}
+	}
+	return nil
 }
 
 // completedOperation is an operation that ran and was answered under key.
@@ -124,6 +159,10 @@ func newProber(ctx context.Context, c *Config) (*prober, error) {
 		return nil, fmt.Errorf("%w: the timeout must be positive, got %s", ErrInvalidConfig, cfg.Timeout)
 	case cfg.TTL < 0:
 		return nil, fmt.Errorf("%w: the TTL must be positive, got %s", ErrInvalidConfig, cfg.TTL)
+	case cfg.TTL > 0 && cfg.TTL+expiryGrace(cfg.TTL) >= cfg.Timeout:
+		// Check 11 waits the TTL out: it must fit in the probe's time.
+		return nil, fmt.Errorf("%w: a TTL of %s and its grace of %s do not fit in the timeout of %s",
+			ErrInvalidConfig, cfg.TTL, expiryGrace(cfg.TTL), cfg.Timeout)
 	case cfg.History < 0 || cfg.HistoryKeys < 1 || cfg.HistoryClients < 1:
 		return nil, fmt.Errorf("%w: the history needs a positive length, keys and clients, got %d, %d and %d",
 			ErrInvalidConfig, cfg.History, cfg.HistoryKeys, cfg.HistoryClients)

@@ -95,5 +95,11 @@ func (p *prober) send(ctx context.Context, op operation, key string, noKey bool,
 		return ex
 	}
 	p.do(req, &ex, nil)
+	// A failure met on the way, with the probe's plain request: not one it
+	// caused with the fault header, nor one under another credential, which
+	// a retry with the main one would not be a retry of.
+	if len(extra) == 0 {
+		p.noteFailure(key, op, ex)
+	}
 	return ex
 }
