@@ -36,8 +36,9 @@ and answers of every check that did not pass.
     not require keys); a malformed key is refused with 400
   5 a retry after a lost response gets the first execution's answer
   6 replays carry no Set-Cookie
-  7 with --fault-header (which must make the endpoint answer 5xx): the 5xx is
-    not kept, the retry runs again
+  7 a 5xx is not kept, the retry with its key runs again: one the probe
+    causes with --fault-header (which must make the endpoint answer 5xx), or
+    one met on the way
   8 with --slow-header (which must hold the request in flight): a duplicate
     waits for the first's answer or gets 409 with Retry-After
   9 with --as-other (a second credential): a key the first credential used
@@ -71,10 +72,11 @@ number. --body takes a string or @file; every {{n}} in it becomes a counter,
 one value per logical operation, for APIs that refuse two operations with the
 same content.
 
-The probe sends at most --max-requests requests in all and ends within
---timeout. It refuses a host that is not loopback (127.0.0.0/8, ::1,
-localhost) unless --allow-remote. It never prints a credential: the values of
-Authorization, Cookie and every --secret-header are shown as xxxxx.
+The probe sends at most --max-requests requests in all (200, plus
+--history's) and ends within --timeout. It refuses a host that is not
+loopback (127.0.0.0/8, ::1, localhost) unless --allow-remote. It never prints
+a credential: the values of Authorization, Cookie, --as-other, --revocable
+and every --secret-header are shown as xxxxx.
 
   idem probe --body @payment.json --header "Authorization: Bearer KEY" \
       --count 'http://127.0.0.1:8080/v1/accounts/ACCT/payments?limit=1000' \

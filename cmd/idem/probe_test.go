@@ -100,6 +100,37 @@ func TestProbeServeUnsafeFailsTheRightChecks(t *testing.T) {
 	}
 }
 
+// idem serve forgets a key after --key-ttl, and a reused key then runs
+// anew: check 11 says so. No --slow-header: a lease as short as the TTL
+// would let check 8's duplicate take the key over.
+func TestProbeServeKeyExpiry(t *testing.T) {
+	t.Parallel()
+	args := probeServe(t, "--faults", "--key-ttl", "1s")
+	var probeArgs []string
+	for i := 0; i < len(args); i++ {
+		if args[i] == "--slow-header" {
+			i++
+			continue
+		}
+		probeArgs = append(probeArgs, args[i])
+	}
+	url := probeArgs[len(probeArgs)-1]
+	probeArgs = append(probeArgs[:len(probeArgs)-1], "--json", "--ttl", "1s", url)
+	code, out, errOut := runCmd(t, probeArgs...)
+	if code != exitOK {
+		t.Fatalf("probe: exit %d, stderr %q; stdout:\n%s", code, errOut, out)
+	}
+	var rep probeJSON
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("decoding the JSON report: %v\n%s", err, out)
+	}
+	for _, c := range rep.Checks {
+		if c.Name == "key-expiry" && (c.Status != "pass" || !strings.Contains(c.Reason, "ran anew")) {
+			t.Errorf("key-expiry: %s %q, want a pass saying the key ran anew", c.Status, c.Reason)
+		}
+	}
+}
+
 func TestProbeUsageErrors(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

@@ -856,7 +856,8 @@ func TestJSONReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got struct {
-		Checks []struct {
+		Outcome string
+		Checks  []struct {
 			Number   int
 			Name     string
 			Source   string
@@ -866,6 +867,9 @@ func TestJSONReport(t *testing.T) {
 	}
 	if err := json.Unmarshal(b.Bytes(), &got); err != nil {
 		t.Fatal(err)
+	}
+	if got.Outcome != "fail" {
+		t.Errorf("outcome %q, want fail", got.Outcome)
 	}
 	wantNumbers := []int{1, 2, 3, 4, 4, 5, 6, 7, 8, 9, 10, 11, 12}
 	if len(got.Checks) != len(wantNumbers) {
