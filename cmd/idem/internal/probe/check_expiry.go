@@ -75,7 +75,15 @@ func checkKeyExpiry(ctx context.Context, p *prober, c *Check) error {
 			c.errorf("the request after the TTL answered %s", b.statusText())
 			return nil
 		case !b.success():
-			c.passf("after the TTL of %s the key is refused (%s): the server's policy is to refuse an expired key", p.cfg.TTL, b.statusText())
+			d, counted, err := k.delta(ctx, c)
+			switch {
+			case err != nil:
+				c.errorf("%s", err)
+			case counted && d != 1:
+				c.failf("after the TTL the key is refused (%s), but the effect grew by %d in all, want 1", b.statusText(), d)
+			default:
+				c.passf("after the TTL of %s the key is refused (%s): the server's policy is to refuse an expired key", p.cfg.TTL, b.statusText())
+			}
 			return nil
 		case !isReplayOf(b, a):
 			d, counted, err := k.delta(ctx, c)

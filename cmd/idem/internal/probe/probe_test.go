@@ -45,6 +45,7 @@ const (
 	replaysToRevoked            // looks a replay up before it checks the credential
 	neverExpires                // keeps keys past the TTL it was given
 	runsTwiceRarely             // one duplicate in fifty that arrives in flight runs again
+	effectTwiceRarely           // the same, but it answers the first execution's answer: only a count shows it
 )
 
 // Credentials the fake accepts; any other gets 401.
@@ -233,14 +234,17 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				http.Error(w, `{"error":"in flight"}`, http.StatusConflict)
 				return
 			}
-			if f.flaw == runsTwiceRarely {
+			if f.flaw == runsTwiceRarely || f.flaw == effectTwiceRarely {
 				f.mu.Lock()
 				f.waiters++
 				again := f.waiters%50 == 0
 				f.mu.Unlock()
-				if again {
+				switch {
+				case again && f.flaw == runsTwiceRarely:
 					f.execute(w, r, body)
 					return
+				case again:
+					f.execute(httptest.NewRecorder(), r, body) // its answer is dropped
 				}
 			}
 			waited = true
@@ -304,7 +308,7 @@ func (f *fakeAPI) execute(w http.ResponseWriter, r *http.Request, body []byte) {
 		http.Error(w, `{"error":"injected"}`, http.StatusServiceUnavailable)
 		return
 	}
-	if f.flaw == runsTwiceRarely {
+	if f.flaw == runsTwiceRarely || f.flaw == effectTwiceRarely {
 		// Work that takes a while, so that duplicates arrive in flight.
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -486,6 +490,11 @@ func TestRefusesRemoteTargets(t *testing.T) {
 		if !errors.Is(err, probe.ErrRemote) {
 			t.Errorf("Run(%s, count %q) = %v, want ErrRemote", tc.url, tc.count, err)
 		}
+	}
+	_, err := probe.Run(t.Context(), &probe.Config{URL: "http://127.0.0.1:1/pay",
+		RevocableHeader: "Authorization: Bearer x", Revoke: "POST http://192.0.2.1/revoke"})
+	if !errors.Is(err, probe.ErrRemote) {
+		t.Errorf("Run with a remote revoke URL = %v, want ErrRemote", err)
 	}
 }
 
@@ -730,29 +739,47 @@ func TestHistoryFindsARareDoubleRun(t *testing.T) {
 	}{
 		{correct, nil},
 		{runsTwiceRarely, []string{"history-linearizable"}},
+		// The other body under a key that ran gets the first answer.
+		{noMismatchCheck, []string{"key-reuse-refused", "history-linearizable"}},
+		// Answers all linearizable: the count catches the second effect.
+		{effectTwiceRarely, []string{"history-linearizable"}},
 	} {
-		_, srv := newFakeAPI(t, tc.flaw)
-		cfg := fakeConfig(srv)
-		cfg.History, cfg.HistoryKeys, cfg.HistoryClients, cfg.HistorySeed = 200, 50, 8, 30
-		cfg.HistoryDir = t.TempDir()
-		rep, err := probe.Run(t.Context(), cfg)
-		if err != nil {
-			t.Fatal(err)
+		t.Run(fmt.Sprint(tc.flaw), func(t *testing.T) {
+			t.Parallel()
+			testHistory(t, tc.flaw, tc.fail)
+		})
+	}
+}
+
+// testHistory probes a fake with flaw, a history included, and wants the
+// checks in fail, and only those, not to pass.
+func testHistory(t *testing.T, f flaw, fail []string) {
+	_, srv := newFakeAPI(t, f)
+	cfg := fakeConfig(srv)
+	cfg.History, cfg.HistoryKeys, cfg.HistoryClients, cfg.HistorySeed = 200, 50, 8, 30
+	cfg.HistoryDir = t.TempDir()
+	rep, err := probe.Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := text(t, rep)
+	if got := notPassing(rep); !slices.Equal(got, fail) {
+		t.Errorf("checks not passing = %v, want %v:\n%s", got, fail, out)
+	}
+	for _, c := range rep.Checks {
+		if c.Name != "history-linearizable" {
+			continue
 		}
-		out := text(t, rep)
-		if got := notPassing(rep); !slices.Equal(got, tc.fail) {
-			t.Errorf("flaw %d: checks not passing = %v, want %v:\n%s", tc.flaw, got, tc.fail, out)
-		}
-		for _, c := range rep.Checks {
-			if c.Name != "history-linearizable" {
-				continue
+		switch {
+		case f == effectTwiceRarely:
+			if c.Artifact != "" || !strings.Contains(c.Reason, "linearizable by the answers, but the effect grew") {
+				t.Errorf("history of a server that doubles an effect: %q, artifact %q", c.Reason, c.Artifact)
 			}
-			if tc.fail == nil {
-				if c.Artifact != "" || !strings.Contains(c.Reason, "linearizable") {
-					t.Errorf("history of a correct server: %q, artifact %q", c.Reason, c.Artifact)
-				}
-				continue
+		case fail == nil:
+			if c.Artifact != "" || !strings.Contains(c.Reason, "linearizable") {
+				t.Errorf("history of a correct server: %q, artifact %q", c.Reason, c.Artifact)
 			}
+		default:
 			html, err := os.ReadFile(c.Artifact)
 			if err != nil || !bytes.Contains(html, []byte("<html")) || !strings.Contains(out, c.Artifact) {
 				t.Errorf("visualisation %q (%v) not saved as HTML or not named in the report:\n%s", c.Artifact, err, out)
