@@ -255,7 +255,9 @@ func checkHistory(ctx context.Context, p *prober, c *Check) error {
 		return nil
 	}
 	// Keys whose fate is unknown (only lost requests or 5xx answers) may
-	// or may not have run.
+	// or may not have run. A lost request the server finishes after this
+	// count is read escapes it: the bound can miss a second execution only
+	// a lost request made, never blame a server that ran each key once.
 	maybe := 0
 	for key := range unknown {
 		if !ran[key] {

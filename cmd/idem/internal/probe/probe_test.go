@@ -239,6 +239,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				f.waiters++
 				again := f.waiters%50 == 0
 				f.mu.Unlock()
+
 				switch {
 				case again && f.flaw == runsTwiceRarely:
 					f.execute(w, r, body)
@@ -756,7 +757,12 @@ func TestHistoryFindsARareDoubleRun(t *testing.T) {
 func testHistory(t *testing.T, f flaw, fail []string) {
 	_, srv := newFakeAPI(t, f)
 	cfg := fakeConfig(srv)
-	cfg.History, cfg.HistoryKeys, cfg.HistoryClients, cfg.HistorySeed = 200, 50, 8, 30
+	// Eight requests a key, as many as clients, so that most duplicates
+	// arrive in flight: some 400 of them, enough for the one-in-fifty
+	// flaws to strike several times, not only on a request whose client
+	// hangs up (whose answer no one sees, and whose effect may land after
+	// the last count).
+	cfg.History, cfg.HistoryKeys, cfg.HistoryClients, cfg.HistorySeed = 600, 75, 8, 30
 	cfg.HistoryDir = t.TempDir()
 	rep, err := probe.Run(t.Context(), cfg)
 	if err != nil {
