@@ -15,8 +15,8 @@ type check struct {
 
 	// baseline marks the check whose first request is the baseline: it
 	// runs before every other, since nothing means anything against an
-	// endpoint that refuses the probe's request, and only its run may
-	// return an error, which stops the probe.
+	// endpoint that refuses the probe's request; when the endpoint accepts
+	// none of its attempts, only the checks that judge failures run.
 	baseline bool
 	// after names the checks whose outcome this one reads on the prober,
 	// so that they run first.
@@ -34,7 +34,7 @@ type check struct {
 	requires func(p *prober) string
 	// run makes the check: it sets c's verdict and records its evidence.
 	// A check that cannot finish says so with c.errorf, keeping the
-	// evidence it has.
+	// evidence it has; an error it returns is reported the same way.
 	run func(ctx context.Context, p *prober, c *Check) error
 }
 

@@ -141,7 +141,7 @@ type Config struct {
 // that cannot finish (the budget or the timeout spent, the connection
 // refused) is reported as an error in its line instead; so is an endpoint
 // that accepts none of the probe's requests, which leaves the checks that
-// need one not run (Report.Outcome is NotRun) but still judges what the
+// need one not run (Report.Outcome is OutcomeNotRun) but still judges what the
 // failures showed (a 5xx kept and replayed fails check 7).
 func Run(ctx context.Context, cfg *Config) (*Report, error) {
 	p, err := newProber(ctx, cfg)
