@@ -165,9 +165,11 @@ type CompleterStats struct {
 	// Unknown is how many keys are in flight, with a point, whose last
 	// Resume failed: outcomes nobody has learned yet.
 	Unknown int
-	// OldestUnknown is when the oldest of them first failed; zero when
-	// Unknown is 0.
+	// OldestUnknown is when the oldest of them first failed, and
+	// UnknownFor how long ago that was, by the Middleware's clock; zero
+	// when Unknown is 0.
 	OldestUnknown time.Time
+	UnknownFor    time.Duration
 }
 
 // NewCompleter returns a Completer for m's store, which must be an
@@ -222,6 +224,9 @@ func (c *Completer) Stats() CompleterStats {
 		if s.OldestUnknown.IsZero() || since.Before(s.OldestUnknown) {
 			s.OldestUnknown = since
 		}
+	}
+	if !s.OldestUnknown.IsZero() {
+		s.UnknownFor = c.m.cfg.Clock.Now().Sub(s.OldestUnknown)
 	}
 	return s
 }
@@ -357,7 +362,3 @@ func (c *Completer) count(f func(*CompleterStats)) {
 	f(&c.stats)
 	c.mu.Unlock()
 }
-
-// Since is how long ago t was by the Middleware's clock (Config.Clock), for
-// reading CompleterStats.OldestUnknown.
-func (c *Completer) Since(t time.Time) time.Duration { return c.m.cfg.Clock.Now().Sub(t) }

@@ -275,7 +275,8 @@ func TestCompleterUnknownOutcome(t *testing.T) {
 		t.Fatalf("finished %d with the network down", n)
 	}
 	s := c.Stats()
-	if s.Unknown != 1 || s.Failed != 1 || !s.OldestUnknown.Equal(failedAt) {
+	clock.Advance(time.Second)
+	if s = c.Stats(); s.Unknown != 1 || s.Failed != 1 || !s.OldestUnknown.Equal(failedAt) || s.UnknownFor != time.Second {
 		t.Fatalf("stats %+v; want one unknown since %v", s, failedAt)
 	}
 	rec, err := store.Get(t.Context(), "", "k")

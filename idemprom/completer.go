@@ -46,12 +46,8 @@ func (cc *completerCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (cc *completerCollector) Collect(ch chan<- prometheus.Metric) {
 	s := cc.c.Stats()
-	oldest := 0.0
-	if !s.OldestUnknown.IsZero() {
-		oldest = cc.c.Since(s.OldestUnknown).Seconds()
-	}
 	ch <- prometheus.MustNewConstMetric(cc.unknown, prometheus.GaugeValue, float64(s.Unknown))
-	ch <- prometheus.MustNewConstMetric(cc.oldest, prometheus.GaugeValue, oldest)
+	ch <- prometheus.MustNewConstMetric(cc.oldest, prometheus.GaugeValue, s.UnknownFor.Seconds())
 	ch <- prometheus.MustNewConstMetric(cc.ended, prometheus.CounterValue, float64(s.Completed), "completed")
 	ch <- prometheus.MustNewConstMetric(cc.ended, prometheus.CounterValue, float64(s.Released), "released")
 	ch <- prometheus.MustNewConstMetric(cc.failed, prometheus.CounterValue, float64(s.Failed))
