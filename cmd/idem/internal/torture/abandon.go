@@ -97,3 +97,70 @@ func (r *run) pendingRecovery(ctx context.Context) (int, error) {
 	}
 	return n, nil
 }
+
+// slowestCompletion is the longest time from an abandoned payment's client
+// giving up to its key's completion (by a completer, since nobody else
+// asked), among those completed.
+func (r *run) slowestCompletion(ctx context.Context) (time.Duration, error) {
+	gaveUp := map[string]time.Time{}
+	for _, lp := range r.payments {
+		lp.mu.Lock()
+		if lp.abandoned && !lp.gaveUpAt.IsZero() {
+			gaveUp[lp.key] = lp.gaveUpAt
+		}
+		lp.mu.Unlock()
+	}
+	completed := map[string]time.Time{}
+	const q = `SELECT key, completed_at FROM %sidem_keys WHERE scope = $1 AND state = 'completed'`
+	if r.schema != "" {
+		conn, err := pgx.Connect(ctx, r.pgURL)
+		if err != nil {
+			return 0, fmt.Errorf("torture: reading the keys: %w", err)
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		rows, err := conn.Query(ctx, fmt.Sprintf(q, pgx.Identifier{r.schema}.Sanitize()+"."), tenant)
+		if err != nil {
+			return 0, fmt.Errorf("torture: reading the keys: %w", err)
+		}
+		for rows.Next() {
+			var key string
+			var at time.Time
+			if err := rows.Scan(&key, &at); err != nil {
+				return 0, fmt.Errorf("torture: reading the keys: %w", err)
+			}
+			completed[key] = at
+		}
+		if err := rows.Err(); err != nil {
+			return 0, fmt.Errorf("torture: reading the keys: %w", err)
+		}
+	} else {
+		db, err := idemsqlite.Open(r.sqlite, nil)
+		if err != nil {
+			return 0, fmt.Errorf("torture: reading the keys: %w", err)
+		}
+		defer db.Close()
+		rows, err := db.Reader().QueryContext(ctx, fmt.Sprintf(q, ""), tenant)
+		if err != nil {
+			return 0, fmt.Errorf("torture: reading the keys: %w", err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var key string
+			var at int64
+			if err := rows.Scan(&key, &at); err != nil {
+				return 0, fmt.Errorf("torture: reading the keys: %w", err)
+			}
+			completed[key] = time.Unix(0, at)
+		}
+		if err := rows.Err(); err != nil {
+			return 0, fmt.Errorf("torture: reading the keys: %w", err)
+		}
+	}
+	var slowest time.Duration
+	for key, t := range gaveUp {
+		if at, ok := completed[key]; ok {
+			slowest = max(slowest, at.Sub(t))
+		}
+	}
+	return slowest, nil
+}

@@ -66,6 +66,7 @@ func (r *run) check(ctx context.Context, elapsed time.Duration) (*Report, error)
 		byID[p.id] = p
 	}
 	rep.CompleterWait = r.completerWait
+	rep.SlowestFinish = r.slowestFinish
 	if r.unfinished > 0 {
 		violate("%d executions stopped after a recovery point were still unfinished %s after the load (the completers' bound)",
 			r.unfinished, r.completerBound())

@@ -37,6 +37,9 @@ type Report struct {
 	Abandoned         int
 	AbandonedFinished int
 	CompleterWait     time.Duration
+	// SlowestFinish is the longest an abandoned payment waited, from its
+	// client giving up to its completion by a completer.
+	SlowestFinish time.Duration
 
 	Payments      int   // payments in the database
 	MoneyOwed     int64 // the sum of the logical payments' amounts
@@ -76,6 +79,7 @@ func (r *Report) Print(w io.Writer) {
 		row("abandoned by their client", r.Abandoned)
 		row("of them finished by a completer", r.AbandonedFinished)
 		row("completers' wait after the load", r.CompleterWait.Round(time.Millisecond))
+		row("slowest finished after its client gave up", r.SlowestFinish.Round(time.Millisecond))
 	}
 	row("payments in the database", r.Payments)
 	row("money owed", r.MoneyOwed)
@@ -128,6 +132,7 @@ func (r *Report) PrintResults(w io.Writer) {
 		line("abandoned", r.Abandoned, "payments")
 		line("abandoned_finished", r.AbandonedFinished, "payments")
 		line("completer_wait_s", fmt.Sprintf("%.2f", r.CompleterWait.Seconds()), "s")
+		line("slowest_finish_s", fmt.Sprintf("%.2f", r.SlowestFinish.Seconds()), "s")
 	}
 	line("payments", r.Payments, "payments")
 	line("money_owed", r.MoneyOwed, "minor_units")

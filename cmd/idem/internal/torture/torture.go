@@ -283,6 +283,8 @@ type logical struct {
 	// abandoned: its client sends one attempt and never comes back
 	// (Config.Abandon).
 	abandoned bool
+	// gaveUpAt is when its client gave up (abandoned only).
+	gaveUpAt time.Time
 
 	mu         sync.Mutex
 	answers    []answer
@@ -309,6 +311,10 @@ type run struct {
 	// in flight with a recovery point when the bound passed.
 	completerWait time.Duration
 	unfinished    int
+	// slowestFinish is the longest an abandoned payment took to be
+	// finished by a completer, from its client giving up to its key's
+	// completion.
+	slowestFinish time.Duration
 
 	schema   string // PostgreSQL schema, with cfg.DB postgres://
 	prefix   string // Redis key prefix, with cfg.Keys
@@ -413,6 +419,9 @@ func Run(ctx context.Context, cfg *Config) (rep *Report, err error) {
 	}
 	if c.Abandon > 0 {
 		if r.completerWait, r.unfinished, err = r.awaitCompleters(ctx); err != nil {
+			return nil, err
+		}
+		if r.slowestFinish, err = r.slowestCompletion(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -794,6 +803,9 @@ func (r *run) attempt(ctx context.Context, lp *logical) {
 		status, resp, err := r.post(ctx, p.url(), "/v1/payments", lp.key, fault, lp.body)
 		if lp.abandoned && !(status >= 200 && status < 300) {
 			// The client gives up for good, whatever happened.
+			lp.mu.Lock()
+			lp.gaveUpAt = time.Now()
+			lp.mu.Unlock()
 			return
 		}
 		switch {
