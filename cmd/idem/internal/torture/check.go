@@ -1,10 +1,13 @@
 package torture
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"os/exec"
 	"slices"
 	"sort"
 	"strings"
@@ -138,6 +141,9 @@ func (r *run) check(ctx context.Context, elapsed time.Duration) (*Report, error)
 
 	if r.acquirer != nil {
 		if err := r.checkCharges(ctx, rep, byKey, violate); err != nil {
+			return nil, err
+		}
+		if err := r.reconcile(ctx, rep, violate); err != nil {
 			return nil, err
 		}
 	}
@@ -418,6 +424,33 @@ func (r *run) checkCharges(ctx context.Context, rep *Report, byKey map[string][]
 		if !known[key] {
 			violate("charge %s: not one of the run's logical payments (idempotency key %q)", cs[0].ID, key)
 		}
+	}
+	return nil
+}
+
+// reconcile runs `idem reconcile` on the run's database and card network,
+// as an operator would, and wants it to find the books in agreement.
+func (r *run) reconcile(ctx context.Context, rep *Report, violate func(string, ...any)) error {
+	args := []string{"reconcile", "--acquirer", r.acquirerURL}
+	if r.schema != "" {
+		args = append(args, "--db", r.dbURL, "--pg-schema", r.schema)
+	} else {
+		args = append(args, "--db", "sqlite:"+r.sqlite)
+	}
+	cmd := exec.CommandContext(ctx, r.cfg.Executable, args...)
+	cmd.Env = append(slices.Clone(r.cfg.Env), envAcquirerKey+"="+r.acquirerKey)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		rep.Reconciled = true
+	case errors.As(err, &exit) && exit.ExitCode() == 1 && bytes.Contains(out, []byte("the books do not agree")):
+		rep.Reconciled = true
+		rep.Differences = bytes.Count(out, []byte("DIFFERENCE "))
+		violate("idem reconcile found %d differences between the payments and the card network's charges: %s",
+			rep.Differences, oneLine(out))
+	default:
+		return fmt.Errorf("torture: idem reconcile: %w: %s", err, oneLine(out))
 	}
 	return nil
 }

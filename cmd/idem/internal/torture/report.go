@@ -30,6 +30,8 @@ type Report struct {
 	Crashes         int64 // replicas that SIGKILLed themselves between a charge and its commit (Config.CrashAfterCharge)
 	Charges         int   // the card network's charges (Config.Acquirer)
 	ChargesRefunded int   // of them, charges refunded in full (a payment refused after its charge)
+	Reconciled      bool  // idem reconcile ran on the run's database and card network
+	Differences     int   // the differences it found
 	// Abandoned are the logical payments whose client sent one try and
 	// never came back (Config.Abandon); AbandonedFinished those of them
 	// the completers charged and recorded; CompleterWait how long after the
@@ -75,6 +77,9 @@ func (r *Report) Print(w io.Writer) {
 	row("crashes after a charge (SIGKILL)", r.Crashes)
 	row("card network charges", r.Charges)
 	row("charges refunded in full", r.ChargesRefunded)
+	if r.Reconciled {
+		row("idem reconcile: differences", r.Differences)
+	}
 	if r.Abandoned > 0 {
 		row("abandoned by their client", r.Abandoned)
 		row("of them finished by a completer", r.AbandonedFinished)
@@ -128,6 +133,9 @@ func (r *Report) PrintResults(w io.Writer) {
 	line("crashes_after_charge", r.Crashes, "crashes")
 	line("charges", r.Charges, "charges")
 	line("charges_refunded", r.ChargesRefunded, "charges")
+	if r.Reconciled {
+		line("reconcile_differences", r.Differences, "differences")
+	}
 	if r.Abandoned > 0 {
 		line("abandoned", r.Abandoned, "payments")
 		line("abandoned_finished", r.AbandonedFinished, "payments")
