@@ -117,6 +117,9 @@ func TestTortureRequestsAcquirer(t *testing.T) {
 				"--kill-every", "500ms", "--timeout", "300s")
 			code, stdout, stderr, r := runTorture(t, args...)
 			checkHeldDups(t, 1000, 2, code, stdout, stderr, r)
+			if d, ok := r["reconcile_differences"]; !ok || d != 0 {
+				t.Errorf("idem reconcile: ran %v, %d differences; want it run, with none", ok, d)
+			}
 			if r["charges"] != 1000 || r["crashes_after_charge"] == 0 {
 				t.Errorf("%d charges, %d crashes after a charge; want 1000 charges, crashes on the way\n%s", r["charges"], r["crashes_after_charge"], stdout)
 			}
@@ -140,6 +143,9 @@ func TestTortureRequestsAbandoned(t *testing.T) {
 			code, stdout, stderr, r := runTorture(t, args...)
 			if code != exitOK || r["violations"] != 0 || !strings.Contains(stdout, "promise: HELD") {
 				t.Fatalf("exit %d, violations %d\nstdout:\n%s\nstderr:\n%s", code, r["violations"], stdout, stderr)
+			}
+			if d, ok := r["reconcile_differences"]; !ok || d != 0 {
+				t.Errorf("idem reconcile: ran %v, %d differences; want it run, with none", ok, d)
 			}
 			if r["abandoned"] == 0 || r["abandoned_finished"] == 0 {
 				t.Errorf("%d abandoned, %d finished by a completer; want some of each\n%s", r["abandoned"], r["abandoned_finished"], stdout)
