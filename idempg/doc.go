@@ -169,6 +169,17 @@
 // Claim claims them, in the transaction the work then runs in, with a
 // fenced completion.
 //
+// # Recovery points
+//
+// The Store is an idem.Recoverer: a handler whose work calls out of the
+// database (a charge at a card network) saves how far it got with the key
+// (idemhttp.SaveRecovery), in the transaction of the phase's own writes
+// when the context carries one (WithTx). The points live in idem_keys (keys
+// migration 0004, which idempg and idempgsql share): idem_claim returns a
+// key's point, keeps it on takeover, clears it when the key is claimed
+// anew, and never claims anew a key in flight with one; Abandoned reads a
+// partial index that holds only those keys. See docs/recovery.md.
+//
 // # Time
 //
 // With Config.Clock nil, the database's clock decides: claims, Get,

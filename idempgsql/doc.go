@@ -83,6 +83,17 @@
 // this package keeps to what every driver runs. Its completions still wake
 // idempg's waiters on the same schema.
 //
+// # Recovery points
+//
+// The Store is an idem.Recoverer: a handler whose work calls out of the
+// database (a charge at a card network) saves how far it got with the key
+// (idemhttp.SaveRecovery), in the transaction of the phase's own writes
+// when the context carries one (WithTx). The points live in idem_keys (keys
+// migration 0004, which idempg and idempgsql share): idem_claim returns a
+// key's point, keeps it on takeover, clears it when the key is claimed
+// anew, and never claims anew a key in flight with one; Abandoned reads a
+// partial index that holds only those keys. See docs/recovery.md.
+//
 // # Errors
 //
 // Bad arguments return an error matching idem.ErrInvalidArgument and change

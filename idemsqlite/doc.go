@@ -135,6 +135,17 @@
 // When the work fails, does not keep its answer, or panics, or the lease was
 // lost to another holder, everything it wrote is rolled back.
 //
+// # Recovery points
+//
+// The Store is an idem.Recoverer: a handler whose work calls out of the
+// database (a charge at a card network) saves how far it got with the key
+// (idemhttp.SaveRecovery), in the transaction of the phase's own writes
+// when the context carries one (WithTx). The points live in idem_keys
+// (migration 0002); Abandoned reads them through a partial index that holds
+// only the keys in flight with one, so an idemhttp.Completer polling it
+// every second reads almost nothing. A key in flight with a point never
+// expires. See docs/recovery.md.
+//
 // # The deadlock to avoid
 //
 // Inside WithTx's fn, or CompleteTx's work once it has written, use only the
