@@ -260,6 +260,7 @@ func (c *Completer) RunOnce(ctx context.Context) (finished int, err error) {
 	if err != nil {
 		return 0, err
 	}
+	c.pruneUnknown(ctx, recs)
 	for _, rec := range recs {
 		if ctx.Err() != nil {
 			return finished, ctx.Err()
@@ -284,6 +285,18 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record) bool {
 	}
 	if claim.Outcome != idem.Acquired {
 		// A client's retry or another replica got there first.
+		c.forget(wk)
+		return false
+	}
+	if claim.Record.Recovery.IsZero() {
+		// The key was released (or purged) since it was listed, and this
+		// claim made it anew: there is nothing to go on from. Give it back
+		// as it was.
+		dctx, cancel := detached(ctx)
+		defer cancel()
+		if err := c.rs.Release(dctx, idem.Ref{Scope: rec.Scope, Key: rec.Key, Token: claim.Token}); err != nil {
+			log.LogAttrs(ctx, slog.LevelWarn, "completer: could not give back a key it claimed anew", slog.String("error", err.Error()))
+		}
 		c.forget(wk)
 		return false
 	}
@@ -349,6 +362,37 @@ func runResume(ctx context.Context, resume ResumeFunc, w http.ResponseWriter, ex
 		}
 	}()
 	return resume(ctx, w, ex)
+}
+
+// pruneUnknown forgets the unknown outcomes that ended without the
+// Completer: a client's retry finished the key, say. A key the round lists
+// is still unknown; one it does not list may be held under the lease the
+// Completer took when its Resume failed, so its record decides: still in
+// flight, it stays unknown.
+func (c *Completer) pruneUnknown(ctx context.Context, listed []idem.Record) {
+	c.mu.Lock()
+	var check []waitKey
+	for wk := range c.unknown {
+		check = append(check, wk)
+	}
+	c.mu.Unlock()
+	if len(check) == 0 {
+		return
+	}
+	inList := make(map[waitKey]bool, len(listed))
+	for _, r := range listed {
+		inList[waitKey{Scope: r.Scope, Key: r.Key}] = true
+	}
+	for _, wk := range check {
+		if inList[wk] {
+			continue
+		}
+		rec, err := c.rs.Get(ctx, wk.Scope, wk.Key)
+		switch {
+		case errors.Is(err, idem.ErrNotFound), err == nil && rec.State != idem.StateInFlight:
+			c.forget(wk)
+		}
+	}
 }
 
 func (c *Completer) forget(wk waitKey) {

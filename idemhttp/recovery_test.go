@@ -375,3 +375,77 @@ func TestNewCompleterRefuses(t *testing.T) {
 		t.Errorf("a store without points: %v; want an *idem.ArgumentError", err)
 	}
 }
+
+// An unknown outcome that a client's retry finishes is no longer counted
+// as unknown, though the Completer never resumed it again.
+func TestCompleterForgetsOutcomesOthersFinish(t *testing.T) {
+	t.Parallel()
+	clock, _, m := newPhased(t, 10*time.Second)
+	p := &phased{abort: true}
+	p.crash.Store(true)
+	h := m.Handler(p)
+	crashed(t, h, "k")
+	c, err := m.NewCompleter(&idemhttp.CompleterConfig{Resume: func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
+		return errors.New("the card network does not answer")
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(11 * time.Second)
+	c.RunOnce(t.Context())
+	if s := c.Stats(); s.Unknown != 1 {
+		t.Fatalf("stats %+v; want one unknown", s)
+	}
+	// The completer's own lease ends; the client's retry takes the key
+	// over and finishes it.
+	clock.Advance(11 * time.Second)
+	if r := do(t, h, "POST", "/pay", "k", "{}"); r.Status != http.StatusCreated {
+		t.Fatalf("the client's retry answered %d %s", r.Status, r.Body)
+	}
+	c.RunOnce(t.Context())
+	if s := c.Stats(); s.Unknown != 0 {
+		t.Fatalf("stats %+v; want the finished key no longer unknown", s)
+	}
+}
+
+// A key released between the listing and the Completer's claim is claimed
+// anew, with no point: the Completer gives it back and resumes nothing.
+func TestCompleterGivesBackKeysClaimedAnew(t *testing.T) {
+	t.Parallel()
+	clock, store, m := newPhased(t, 10*time.Second)
+	p := &phased{abort: true}
+	p.crash.Store(true)
+	crashed(t, m.Handler(p), "k")
+	clock.Advance(11 * time.Second)
+	var resumed atomic.Int64
+	lister := releasedAfterListing{Store: store}
+	m2 := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: lister, Lease: 10 * time.Second, Clock: clock})
+	c, err := m2.NewCompleter(&idemhttp.CompleterConfig{Resume: func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
+		resumed.Add(1)
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.RunOnce(t.Context()); err != nil || n != 0 || resumed.Load() != 0 {
+		t.Fatalf("round: finished %d, %v, %d resumes; want none", n, err, resumed.Load())
+	}
+	if _, err := store.Get(t.Context(), "", "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get = %v; want the key given back (not found)", err)
+	}
+}
+
+// releasedAfterListing releases every key Abandoned lists, as an operator
+// (or a retry that found nothing done) might between the listing and the
+// Completer's claim.
+type releasedAfterListing struct{ *idemmem.Store }
+
+func (s releasedAfterListing) Abandoned(ctx context.Context, limit int) ([]idem.Record, error) {
+	recs, err := s.Store.Abandoned(ctx, limit)
+	for _, r := range recs {
+		if rerr := s.Release(ctx, idem.Ref{Scope: r.Scope, Key: r.Key, Token: r.Token}); rerr != nil {
+			return nil, rerr
+		}
+	}
+	return recs, err
+}
