@@ -28,7 +28,7 @@ func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.
 	if err := sub.Validate(); err != nil {
 		return nil, err
 	}
-	if err := checkTopic("Subscription.Topic", sub.Topic); err != nil {
+	if err := checkTopic("Subscription.Topic", t.cfg.TopicPrefix+sub.Topic); err != nil {
 		return nil, err
 	}
 	if t.isClosed() {
@@ -52,7 +52,7 @@ func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.
 	opts := append([]kgo.Opt{
 		kgo.SeedBrokers(t.seeds...),
 		kgo.ConsumerGroup(sub.Consumer),
-		kgo.ConsumeTopics(sub.Topic),
+		kgo.ConsumeTopics(t.cfg.TopicPrefix + sub.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		// Offsets are committed by the stream, only past what was
 		// settled: franz-go's autocommit would commit what was polled.
@@ -274,7 +274,7 @@ func (s *stream) poll(ctx context.Context, room int, wait time.Duration) {
 		if n := len(ps.entries); n > 0 && ps.entries[n-1].rec.Offset >= r.Offset {
 			return
 		}
-		e := &entry{ps: ps, rec: r, msg: message(r)}
+		e := &entry{ps: ps, rec: r, msg: message(r, s.t.cfg.TopicPrefix)}
 		ps.entries = append(ps.entries, e)
 		s.ready = append(s.ready, e)
 		added = true

@@ -39,6 +39,10 @@ type Config struct {
 	// ReplicationFactor of the topics the transport creates. Defaults to
 	// -1, the broker's default.replication.factor.
 	ReplicationFactor int16
+	// TopicPrefix is put before every topic's name on Kafka, so that
+	// services (or test runs) sharing a cluster keep apart; delivered
+	// messages carry the topic without it. Defaults to none.
+	TopicPrefix string
 	// ManualTopics stops the transport from creating the topics it finds
 	// missing: publishing to one, or subscribing to one, then fails.
 	ManualTopics bool
@@ -203,8 +207,9 @@ func checkTopic(field, topic string) error {
 	return nil
 }
 
-// ensureTopic creates topic unless it is known to exist, and logs its
-// warnings the first time the transport meets it.
+// ensureTopic creates topic (an idem topic, without Config.TopicPrefix)
+// unless it is known to exist, and logs its warnings the first time the
+// transport meets it.
 func (t *Transport) ensureTopic(ctx context.Context, topic string) error {
 	t.mu.Lock()
 	known := t.known[topic]
@@ -213,7 +218,7 @@ func (t *Transport) ensureTopic(ctx context.Context, topic string) error {
 		return nil
 	}
 	if !t.cfg.ManualTopics {
-		res, err := t.adm.CreateTopic(ctx, t.cfg.Partitions, t.cfg.ReplicationFactor, nil, topic)
+		res, err := t.adm.CreateTopic(ctx, t.cfg.Partitions, t.cfg.ReplicationFactor, nil, t.cfg.TopicPrefix+topic)
 		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 			return fmt.Errorf("idemkafka: creating topic %q: %w", topic, err)
 		}
@@ -248,7 +253,7 @@ func (t *Transport) Publish(ctx context.Context, msgs ...idem.Message) error {
 		if err := m.Validate(); err != nil {
 			return err
 		}
-		if err := checkTopic("Message.Topic", m.Topic); err != nil {
+		if err := checkTopic("Message.Topic", t.cfg.TopicPrefix+m.Topic); err != nil {
 			return err
 		}
 		if _, ok := m.Headers[HeaderID]; ok {
@@ -273,7 +278,7 @@ func (t *Transport) Publish(ctx context.Context, msgs ...idem.Message) error {
 
 // record copies m into a record, so that the caller may change m after.
 func (t *Transport) record(m idem.Message) *kgo.Record {
-	r := &kgo.Record{Topic: m.Topic, Value: append([]byte(nil), m.Payload...)}
+	r := &kgo.Record{Topic: t.cfg.TopicPrefix + m.Topic, Value: append([]byte(nil), m.Payload...)}
 	if m.Key != "" {
 		r.Key = []byte(m.Key)
 	}
@@ -292,8 +297,8 @@ func (t *Transport) record(m idem.Message) *kgo.Record {
 // message is the idem.Message a record carries. A record that another
 // producer wrote, without HeaderID, is named by its place in the log,
 // topic/partition/offset, which no redelivery changes.
-func message(r *kgo.Record) idem.Message {
-	m := idem.Message{Topic: r.Topic, Key: string(r.Key), Payload: r.Value, Time: r.Timestamp}
+func message(r *kgo.Record, prefix string) idem.Message {
+	m := idem.Message{Topic: strings.TrimPrefix(r.Topic, prefix), Key: string(r.Key), Payload: r.Value, Time: r.Timestamp}
 	for _, h := range r.Headers {
 		if h.Key == HeaderID {
 			m.ID = string(h.Value)

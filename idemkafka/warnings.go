@@ -46,8 +46,11 @@ func (w *Warning) Unwrap() error { return ErrDropsMessages }
 //   - unclean.leader.election.enable=true: a replica that missed writes
 //     can become leader and truncate what every other replica had.
 //
-// A topic that does not exist is an error.
+// topic is an idem topic: Config.TopicPrefix is put before it, and
+// Warning.Topic names the topic on Kafka. A topic that does not exist is
+// an error.
 func (t *Transport) Warnings(ctx context.Context, topic string) ([]*Warning, error) {
+	topic = t.cfg.TopicPrefix + topic
 	details, err := t.adm.ListTopics(ctx, topic)
 	if err != nil {
 		return nil, fmt.Errorf("idemkafka: describing topic %q: %w", topic, err)
