@@ -10,19 +10,21 @@ import (
 
 	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idemamqp"
+	"github.com/idem-go/idem/idemkafka"
 	"github.com/idem-go/idem/idemnats"
 	"github.com/idem-go/idem/internal/secreturl"
 )
 
 // defaultBrokerNamespace names what serve creates on a broker: NATS stream
-// IDEM with subjects idem.>, or RabbitMQ exchange idem and queues idem.*.
+// IDEM with subjects idem.>, RabbitMQ exchange idem and queues idem.*, or
+// Kafka topics idem.*.
 const defaultBrokerNamespace = "idem"
 
-const supportedBrokers = "empty (the --db database), nats://HOST:PORT or amqp://USER:PASS@HOST:PORT/VHOST (amqps:// too)"
+const supportedBrokers = "empty (the --db database), nats://HOST:PORT, amqp://USER:PASS@HOST:PORT/VHOST (amqps:// too) or kafka://HOST:PORT[,HOST:PORT]"
 
 // brokerTarget is a parsed --broker value.
 type brokerTarget struct {
-	kind  string // "nats" or "amqp"
+	kind  string // "nats", "amqp" or "kafka"
 	url   string
 	shown string
 }
@@ -41,6 +43,13 @@ func parseBroker(s string) (brokerTarget, error) {
 		kind = "nats"
 	case "amqp", "amqps":
 		kind = "amqp"
+	case "kafka":
+		// Brokers are a list, which net/url cannot parse; a Kafka URL
+		// carries no secret (SASL is not configured through it).
+		if _, err := idemkafka.ParseURL(s); err != nil {
+			return brokerTarget{}, fmt.Errorf("--broker: %w", err)
+		}
+		return brokerTarget{kind: "kafka", url: s, shown: s}, nil
 	default:
 		if strings.ContainsAny(scheme, "@:/") {
 			return brokerTarget{}, errors.New("--broker: unsupported broker; supported: " + supportedBrokers)
@@ -91,6 +100,19 @@ func openBroker(ctx context.Context, raw, namespace string, logger *slog.Logger)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("opening NATS JetStream at %s: %w", t.shown, secreturl.Scrub(err, t.url))
+		}
+		return &openedBroker{Transport: tr, close: tr.Close, shown: t.shown}, nil
+	case "kafka":
+		seeds, err := idemkafka.ParseURL(t.url)
+		if err != nil {
+			return nil, err
+		}
+		tr, err := idemkafka.Open(ctx, seeds, &idemkafka.Config{
+			TopicPrefix: namespace + ".",
+			Logger:      logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("opening Kafka at %s: %w", t.shown, err)
 		}
 		return &openedBroker{Transport: tr, close: tr.Close, shown: t.shown}, nil
 	default:

@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idemamqp"
+	"github.com/idem-go/idem/idemkafka"
 	"github.com/idem-go/idem/idemnats"
 	"github.com/idem-go/idem/idemredis"
 )
@@ -54,6 +56,17 @@ func guaranteeGaps(ctx context.Context, db *database, keys *idemredis.Store, bro
 		case *idemamqp.Transport:
 			for _, w := range tr.Warnings() {
 				gaps = append(gaps, "RabbitMQ: "+w.Error())
+				fromBroker++
+			}
+		case *idemkafka.Transport:
+			// The topic exists once the pipeline has started (the relay
+			// and the consumer create it); its settings were logged then.
+			ws, err := tr.Warnings(ctx, payments.TopicPaymentSucceeded)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("asking Kafka for the settings of its topic: %w", err))
+			}
+			for _, w := range ws {
+				gaps = append(gaps, "Kafka: "+w.Error())
 				fromBroker++
 			}
 		}

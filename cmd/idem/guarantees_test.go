@@ -1,6 +1,7 @@
 package main
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -40,4 +41,20 @@ func TestServeStrictServesASyncStandby(t *testing.T) {
 	srv := startServe(t, newApp(nil), "--db", pair.Primary.URL("postgres"), "--api-keys", "acme:"+apiKey, "--log-level", "warn", "--strict")
 	checkChargesOnce(t, srv, apiKey)
 	stopCleanly(t, srv)
+}
+
+// kfake is one broker without replicas: every Kafka topic serve uses has
+// one copy, which --strict refuses, naming the setting.
+func TestServeStrictRefusesAnUnreplicatedKafkaTopic(t *testing.T) {
+	t.Parallel()
+	seeds := startKafka(t)
+	db := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	code, _, errOut := runCmd(t, "serve", "--addr", "127.0.0.1:0", "--db", db, "--api-keys", "acme:test-key-1",
+		"--broker", "kafka://"+strings.Join(seeds, ","), "--strict")
+	if code != exitFailure || !strings.Contains(errOut, "--strict") || !strings.Contains(errOut, "Kafka: ") || !strings.Contains(errOut, "replication.factor 1") {
+		t.Fatalf("serve --strict on an unreplicated Kafka topic: exit %d, stderr:\n%s", code, errOut)
+	}
+	if strings.Contains(errOut, "listening on") {
+		t.Fatalf("serve --strict listened before refusing:\n%s", errOut)
+	}
 }

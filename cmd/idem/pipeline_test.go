@@ -18,6 +18,7 @@ import (
 	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/deadletter"
 	"github.com/idem-go/idem/idemamqp"
+	"github.com/idem-go/idem/idemkafka"
 	"github.com/idem-go/idem/idemnats"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemsqlite"
@@ -87,8 +88,9 @@ type pipelineTransport struct {
 }
 
 // pipelineCases are the transports serve's pipeline is tested on: the
-// SQLite file's embedded transport, PostgreSQL's, NATS JetStream and
-// RabbitMQ (the last two with the events' stores in SQLite).
+// SQLite file's embedded transport, PostgreSQL's, NATS JetStream, Kafka
+// (kfake, in the test's process) and RabbitMQ (the last three with the
+// events' stores in SQLite).
 var pipelineCases = []struct {
 	name  string
 	setup func(t *testing.T) pipelineTransport
@@ -140,6 +142,19 @@ var pipelineCases = []struct {
 		})
 		pt.tr = tr
 		pt.args = append(pt.args, "--broker", url, "--broker-namespace", ns)
+		return pt
+	}},
+	{"kafka", func(t *testing.T) pipelineTransport {
+		pt, _ := sqlitePipeline(t)
+		seeds := startKafka(t)
+		ns := "idemtest-" + randomName("")[:8]
+		tr, err := idemkafka.Open(t.Context(), seeds, &idemkafka.Config{TopicPrefix: ns + "."})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close() })
+		pt.tr = tr
+		pt.args = append(pt.args, "--broker", "kafka://"+strings.Join(seeds, ","), "--broker-namespace", ns)
 		return pt
 	}},
 	{"amqp", func(t *testing.T) pipelineTransport {
@@ -461,7 +476,9 @@ func TestServeBrokerFlag(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--broker", "kafka://x"}, `unsupported broker scheme "kafka"`},
+		{[]string{"--broker", "redis://x"}, `unsupported broker scheme "redis"`},
+		{[]string{"--broker", "kafka://x"}, `"x": want HOST:PORT`},
+		{[]string{"--broker", "kafka://127.0.0.1:1"}, "opening Kafka at kafka://127.0.0.1:1"},
 		{[]string{"--broker", "127.0.0.1:4222"}, "--broker needs a URL"},
 		{[]string{"--broker", "nats://127.0.0.1:4222", "--broker-namespace", "Bad.Name"}, "--broker-namespace"},
 		{[]string{"--broker", "nats://127.0.0.1:4222", "--ack-wait", "0s"}, "--ack-wait must be positive"},
