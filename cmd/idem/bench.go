@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idem-go/idem/cmd/idem/internal/bench"
+	"github.com/idem-go/idem/idemkafka"
 	"github.com/idem-go/idem/internal/secreturl"
 )
 
@@ -119,7 +120,8 @@ func (a *app) benchMessagesCmd() *cobra.Command {
 		Short: "Measure the message half (consumer, transport, relay, pipeline) against hand-written minimums",
 		Long: `Measure the message half on SQLite (a temporary file), on PostgreSQL when
 --postgres is given, and on NATS JetStream and RabbitMQ when their URLs are
-given (their inboxes in PostgreSQL, or SQLite without it). Each backend gets:
+given, and on Kafka when --kafka names its brokers (their inboxes in
+PostgreSQL, or SQLite without it). Each backend gets:
 
   idem-consumer-B        consumer.Consumer with its defaults: dedup by message ID
                          in the inbox, a counter incremented in the inbox's
@@ -127,6 +129,8 @@ given (their inboxes in PostgreSQL, or SQLite without it). Each backend gets:
   idem-consumer-batch-B  the same with a batch handler (one statement a batch)
   minimum-consumer-B     the same work by hand, one transaction per message
   idem-transport-B       one stream taking and acknowledging the backlog
+  idem-publish-B         (brokers) publishing the consumer's backlog through
+                         the transport; minimum-publish-B with the client alone
   idem-relay-B           the outbox relay moving --messages entries
   idem-pipeline-B        the payment service in process: payments, settled/s
 
@@ -135,13 +139,16 @@ RESULT,<name>,<metric>,<value>,<unit>, then the medians as a table, with the rat
 the minimum beside them. Measurements run in turn, round after round.
 
   idem bench messages --postgres postgres://postgres@127.0.0.1:5432/test \
-      --nats nats://127.0.0.1:4222 --amqp amqp://guest:guest@127.0.0.1:5672/`,
+      --nats nats://127.0.0.1:4222 --amqp amqp://guest:guest@127.0.0.1:5672/ \
+      --kafka 127.0.0.1:9092`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&o.PostgresURL, "postgres", "", "PostgreSQL URL to measure (and to hold the brokers' inboxes)")
 	fl.StringVar(&o.NATSURL, "nats", "", "NATS JetStream URL to measure")
 	fl.StringVar(&o.AMQPURL, "amqp", "", "RabbitMQ URL to measure")
+	var kafka string
+	fl.StringVar(&kafka, "kafka", "", "Kafka brokers to measure, HOST:PORT[,HOST:PORT] (or kafka://…)")
 	fl.IntVar(&o.Messages, "messages", 20000, "messages per measurement")
 	fl.IntVar(&o.Keys, "keys", 100, "ordering keys the messages are spread over")
 	fl.IntVar(&o.Rounds, "rounds", 3, "rounds; the median counts")
@@ -149,6 +156,13 @@ the minimum beside them. Measurements run in turn, round after round.
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
 		if o.Messages < 1 || o.Keys < 1 || o.Rounds < 1 {
 			return &usageError{fmt.Errorf("--messages, --keys and --rounds must be positive")}
+		}
+		if kafka != "" {
+			seeds, err := idemkafka.ParseURL(kafka)
+			if err != nil {
+				return &usageError{fmt.Errorf("--kafka: %w", err)}
+			}
+			o.KafkaSeeds = seeds
 		}
 		o.Out = a.stderr
 		o.Results = a.stdout

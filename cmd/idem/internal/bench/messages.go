@@ -32,6 +32,9 @@ type MessagesOptions struct {
 	// amqp://guest:guest@127.0.0.1:5672/. Its queues and exchanges are made
 	// for the run and deleted.
 	AMQPURL string
+	// KafkaSeeds are the brokers of a Kafka to measure (HOST:PORT each).
+	// Its topics are made for the run and deleted.
+	KafkaSeeds []string
 	// Dir holds the SQLite files, each removed after its measurement.
 	// Defaults to a temporary directory of its own.
 	Dir string
@@ -199,6 +202,9 @@ func messageMeasurements(o *MessagesOptions) []measurement {
 	}
 	if o.AMQPURL != "" {
 		ms = append(ms, brokerMeasurements(amqpBroker(o.AMQPURL), inboxes)...)
+	}
+	if len(o.KafkaSeeds) > 0 {
+		ms = append(ms, brokerMeasurements(kafkaBroker(o.KafkaSeeds), inboxes)...)
 	}
 	return ms
 }
