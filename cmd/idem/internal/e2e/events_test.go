@@ -18,10 +18,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idemamqp"
+	"github.com/idem-go/idem/idemkafka"
 	"github.com/idem-go/idem/idemnats"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemsqlite"
@@ -106,6 +108,25 @@ var eventsCases = []struct {
 		})
 		return eventsTransport{args: []string{"--db", e.pgURL, "--pg-schema", e.schema, "--broker", url, "--broker-namespace", ns},
 			tr: tr, dropsIDs: true}
+	}},
+	{"kafka", func(t *testing.T, e *testEnv) eventsTransport {
+		// kfake, in the test's process: no Kafka can be installed on the
+		// project's machines. A killed replica's group member keeps its
+		// partitions until the group's rebalance gives up on it (the
+		// transport's RevokeWait and 5s, 15s), so each restart costs that.
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cluster.Close)
+		seeds := cluster.ListenAddrs()
+		ns := "e2e-" + randHex(4)
+		tr, err := idemkafka.Open(t.Context(), seeds, &idemkafka.Config{TopicPrefix: ns + "."})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close() })
+		return eventsTransport{args: []string{"--db", e.pgURL, "--pg-schema", e.schema, "--broker", "kafka://" + strings.Join(seeds, ","), "--broker-namespace", ns}, tr: tr}
 	}},
 	{"amqp", func(t *testing.T, e *testEnv) eventsTransport {
 		url := idemtest.RequireService(t, "RabbitMQ", "IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
