@@ -61,7 +61,10 @@ func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.
 		kgo.SessionTimeout(t.cfg.SessionTimeout),
 		// Kafka's own ratio: three heartbeats a session.
 		kgo.HeartbeatInterval(min(3*time.Second, t.cfg.SessionTimeout/3)),
-		kgo.RebalanceTimeout(t.cfg.RevokeWait + 5*time.Second),
+		// RevokeWait, and as long again (5s at most) to commit after it:
+		// the coordinator waits that long for a member to rejoin, so a
+		// killed member delays a rebalance by no more.
+		kgo.RebalanceTimeout(t.cfg.RevokeWait + min(t.cfg.RevokeWait, 5*time.Second)),
 		kgo.OnPartitionsAssigned(s.assigned),
 		kgo.OnPartitionsRevoked(s.revoked),
 		kgo.OnPartitionsLost(s.lost),
