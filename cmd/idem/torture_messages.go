@@ -42,10 +42,15 @@ exits 0 only when the promise held.
 --broker is sqlite (a file in a temporary directory, which holds the inbox
 too; the default), postgres://USER@HOST/DB (its transport and the inbox in a
 fresh schema), nats://HOST:PORT (a stream of the run's own) or
-amqp://USER:PASS@HOST:PORT/VHOST (an exchange and queues of the run's own),
-with the inbox in --db (sqlite, or postgres://…); or private-postgres,
-private-nats or private-rabbitmq, a server the run starts itself in its
-temporary directory, on 127.0.0.1 only. Only a private broker is ever
+amqp://USER:PASS@HOST:PORT/VHOST (an exchange and queues of the run's own)
+or kafka://HOST:PORT[,HOST:PORT] (a topic of the run's own), with the inbox
+in --db (sqlite, or postgres://…); or private-postgres, private-nats or
+private-rabbitmq, a server the run starts itself in its temporary directory,
+on 127.0.0.1 only; or private-kafka, kfake (franz-go's Kafka) in the run's
+own process, which is never restarted. On Kafka, --ack-wait is the
+consumers' session timeout (how soon a killed consumer's partitions move),
+at least 6s on a broker of kafka://, whose group.min.session.timeout.ms
+refuses less by default. Only a private broker is ever
 restarted, never one that others share. Everything the run made is deleted
 afterwards, and every consumer and server stopped, on failure and Ctrl-C
 too.
@@ -53,12 +58,13 @@ too.
   idem torture messages --events 1000000 --by-id
   idem torture messages --events 50000
   idem torture messages --broker nats://127.0.0.1:4222 --db postgres://postgres@127.0.0.1:5432/test --by-id --events 200000
-  idem torture messages --broker private-rabbitmq --restart-broker-every 20s --by-id --events 100000`,
+  idem torture messages --broker private-rabbitmq --restart-broker-every 20s --by-id --events 100000
+  idem torture messages --broker private-kafka --db postgres://postgres@127.0.0.1:5432/test --events 50000`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&c.Broker, "broker", "sqlite", "sqlite, postgres://…, nats://…, amqp://…, private-postgres, private-nats or private-rabbitmq")
-	fl.StringVar(&c.DB, "db", "", "with a NATS or RabbitMQ broker, the inbox's database: sqlite (the default) or postgres://USER@HOST/DB")
+	fl.StringVar(&c.Broker, "broker", "sqlite", "sqlite, postgres://…, nats://…, amqp://…, kafka://…, private-postgres, private-nats, private-rabbitmq or private-kafka")
+	fl.StringVar(&c.DB, "db", "", "with a NATS, RabbitMQ or Kafka broker, the inbox's database: sqlite (the default) or postgres://USER@HOST/DB")
 	fl.IntVar(&c.Events, "events", torture.DefaultEvents, "events published (each twice)")
 	fl.IntVar(&c.Keys, "keys", torture.DefaultEventKeys, "ordering keys the events are spread over")
 	fl.IntVar(&c.Consumers, "consumers", torture.DefaultConsumers, "consumer processes competing for the events")
@@ -84,22 +90,24 @@ too.
 			return &usageError{fmt.Errorf("--ack-kills must be at least 0 and below 1, got %g", ackKills)}
 		case c.KillEvery < 0 || c.RestartBrokerEvery < 0 || c.Drain < 0 || c.AckWait <= 0 || c.Timeout <= 0:
 			return &usageError{errors.New("--kill-every, --restart-broker-every and --drain must not be negative; --ack-wait and --timeout must be positive")}
+		case c.RestartBrokerEvery > 0 && c.Broker == torture.PrivateKafka:
+			return &usageError{errors.New("--restart-broker-every cannot restart private-kafka: kfake runs in this process and keeps nothing on disk")}
 		case c.RestartBrokerEvery > 0 && !strings.HasPrefix(c.Broker, "private-"):
 			return &usageError{errors.New("--restart-broker-every needs --broker private-postgres, private-nats or private-rabbitmq: the run restarts only servers it started itself, never one that others share")}
 		}
 		switch c.Broker {
-		case "sqlite", torture.PrivatePostgres, torture.PrivateNATS, torture.PrivateRabbitMQ:
+		case "sqlite", torture.PrivatePostgres, torture.PrivateNATS, torture.PrivateRabbitMQ, torture.PrivateKafka:
 		default:
 			if t, err := parseDB(c.Broker); err == nil && t.postgres {
 				break
 			}
 			if _, err := parseBroker(c.Broker); err != nil {
-				return &usageError{fmt.Errorf("--broker must be sqlite, postgres://…, nats://…, amqp://…, private-postgres, private-nats or private-rabbitmq")}
+				return &usageError{fmt.Errorf("--broker must be sqlite, postgres://…, nats://…, amqp://…, kafka://…, private-postgres, private-nats, private-rabbitmq or private-kafka")}
 			}
 		}
 		if c.DB != "" {
 			if c.Broker == "sqlite" || c.Broker == torture.PrivatePostgres || strings.HasPrefix(c.Broker, "postgres") {
-				return &usageError{errors.New("--db goes with a NATS or RabbitMQ broker: on SQLite and PostgreSQL the inbox is in the broker's database")}
+				return &usageError{errors.New("--db goes with a NATS, RabbitMQ or Kafka broker: on SQLite and PostgreSQL the inbox is in the broker's database")}
 			}
 			if c.DB != "sqlite" {
 				if t, err := parseDB(c.DB); err != nil || !t.postgres {

@@ -16,16 +16,22 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
+
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/localserver"
 )
 
 // The brokers a message torture starts itself (MessagesConfig.Broker),
-// which it may restart.
+// which it may restart (all but kfake).
 const (
 	PrivatePostgres = "private-postgres"
 	PrivateNATS     = "private-nats"
 	PrivateRabbitMQ = "private-rabbitmq"
+	// PrivateKafka is kfake, franz-go's Kafka, in the run's own process:
+	// no Kafka can be installed on the machines the project runs on. It
+	// keeps nothing on disk, so it is never restarted.
+	PrivateKafka = "private-kafka"
 )
 
 // Defaults of MessagesConfig.
@@ -196,13 +202,15 @@ func (c *MessagesConfig) withDefaults() (MessagesConfig, error) {
 	case o.AckWait < 0 || o.Timeout < 0 || o.RestartBrokerEvery < 0:
 		return o, errors.New("torture: AckWait, Timeout and RestartBrokerEvery must not be negative")
 	case broker == "":
-		return o, fmt.Errorf("torture: Broker must be sqlite, postgres://…, nats://…, amqp://…, %s, %s or %s", PrivatePostgres, PrivateNATS, PrivateRabbitMQ)
+		return o, fmt.Errorf("torture: Broker must be sqlite, postgres://…, nats://…, amqp://…, kafka://…, %s, %s, %s or %s", PrivatePostgres, PrivateNATS, PrivateRabbitMQ, PrivateKafka)
+	case o.RestartBrokerEvery > 0 && o.Broker == PrivateKafka:
+		return o, errors.New("torture: RestartBrokerEvery cannot restart kfake: it runs in this process and keeps nothing on disk")
 	case o.RestartBrokerEvery > 0 && !strings.HasPrefix(o.Broker, "private-"):
 		return o, errors.New("torture: RestartBrokerEvery needs a private broker: the run restarts only servers it started itself, never one that others share")
 	case (broker == "sqlite" || broker == "pg") && o.DB != "":
-		return o, errors.New("torture: DB goes with a NATS or RabbitMQ broker; on SQLite and PostgreSQL the inbox is in the broker's database")
+		return o, errors.New("torture: DB goes with a NATS, RabbitMQ or Kafka broker; on SQLite and PostgreSQL the inbox is in the broker's database")
 	}
-	if o.DB == "" && (broker == "nats" || broker == "amqp") {
+	if o.DB == "" && (broker == "nats" || broker == "amqp" || broker == "kafka") {
 		o.DB = "sqlite"
 	}
 	if o.DB != "" && o.DB != "sqlite" && !isPostgresURL(o.DB) {
@@ -211,7 +219,7 @@ func (c *MessagesConfig) withDefaults() (MessagesConfig, error) {
 	return o, nil
 }
 
-// brokerKind is "sqlite", "pg", "nats" or "amqp" for a Broker value, and
+// brokerKind is "sqlite", "pg", "nats", "amqp" or "kafka" for a Broker value, and
 // the private server it needs, if any; "" for a value it does not know.
 func brokerKind(b string) (kind, private string) {
 	switch {
@@ -223,12 +231,16 @@ func brokerKind(b string) (kind, private string) {
 		return "nats", "nats"
 	case b == PrivateRabbitMQ:
 		return "amqp", "rabbitmq"
+	case b == PrivateKafka:
+		return "kafka", "kafka"
 	case isPostgresURL(b):
 		return "pg", ""
 	case strings.HasPrefix(b, "nats://"):
 		return "nats", ""
 	case strings.HasPrefix(b, "amqp://"), strings.HasPrefix(b, "amqps://"):
 		return "amqp", ""
+	case strings.HasPrefix(b, "kafka://"):
+		return "kafka", ""
 	}
 	return "", ""
 }
@@ -255,6 +267,7 @@ type messagesRun struct {
 	dir    string
 	site   *site
 	server *localserver.Server // the private broker, if any
+	kfake  *kfake.Cluster      // the private Kafka, in this process
 	// dropSchema is the PostgreSQL schema to drop at the end, on a server
 	// others share.
 	dropSchema string
@@ -336,8 +349,26 @@ func (r *messagesRun) prepare(ctx context.Context) error {
 	r.dir = dir
 	kind, private := brokerKind(r.cfg.Broker)
 	spec := siteSpec{Broker: kind, Namespace: strings.ToLower(crand.Text()[:12])}
+	if kind == "kafka" {
+		// A killed consumer's partitions move when its session times out:
+		// that is Kafka's ack wait. A broker refuses sessions shorter than
+		// its group.min.session.timeout.ms, 6s by default; the private
+		// kfake is started allowing shorter ones.
+		spec.KafkaSession = r.cfg.AckWait
+		if private == "" {
+			spec.KafkaSession = max(r.cfg.AckWait, 6*time.Second)
+		}
+	}
 	brokerURL := r.cfg.Broker
-	if private != "" {
+	if private == "kafka" {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+		if err != nil {
+			return fmt.Errorf("torture: starting kfake: %w", err)
+		}
+		r.kfake = c
+		brokerURL = "kafka://" + strings.Join(c.ListenAddrs(), ",")
+		fmt.Fprintf(r.cfg.Progress, "torture: private Kafka (kfake, in this process) at %s\n", brokerURL)
+	} else if private != "" {
 		start := map[string]func(context.Context, string) (*localserver.Server, error){
 			"postgres": localserver.StartPostgres,
 			"nats":     localserver.StartNATS,
@@ -824,6 +855,9 @@ func (r *messagesRun) cleanup() error {
 	}
 	if r.dropSchema != "" {
 		errs = append(errs, dropSchema(ctx, r.spec.PostgresURL, r.dropSchema))
+	}
+	if r.kfake != nil {
+		r.kfake.Close()
 	}
 	if r.server != nil {
 		if err := r.server.Close(); err != nil {

@@ -20,7 +20,7 @@ func (r *messagesRun) check(ctx context.Context, elapsed time.Duration) (*Messag
 	defer cancel()
 	kind, _ := brokerKind(r.cfg.Broker)
 	name := "torture-messages-" + kind
-	if kind == "nats" || kind == "amqp" {
+	if kind == "nats" || kind == "amqp" || kind == "kafka" {
 		name += "-" + r.spec.DB
 	}
 	mode := "key and sequence number"

@@ -14,9 +14,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemamqp"
+	"github.com/idem-go/idem/idemkafka"
 	"github.com/idem-go/idem/idemnats"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemsqlite"
@@ -34,10 +37,12 @@ const (
 // run passes it to each consumer process, as JSON, so it holds only what
 // both sides can rebuild a site from.
 type siteSpec struct {
-	// Broker is "sqlite", "pg", "nats" or "amqp"; BrokerURL its URL, for
-	// "nats" and "amqp".
+	// Broker is "sqlite", "pg", "nats", "amqp" or "kafka"; BrokerURL its
+	// URL, for the brokers.
 	Broker    string `json:"broker"`
 	BrokerURL string `json:"broker_url,omitempty"`
+	// KafkaSession is the consumers' session timeout on Kafka.
+	KafkaSession time.Duration `json:"kafka_session,omitempty"`
 	// DB is "sqlite" or "pg": SQLite is the file SQLite, PostgreSQL the
 	// server at PostgresURL, in schema Schema.
 	DB          string `json:"db"`
@@ -52,6 +57,7 @@ func (s siteSpec) schema() string      { return "idem_torture_msgs_" + s.Namespa
 func (s siteSpec) natsStream() string  { return "IDEMTORTURE_" + strings.ToUpper(s.Namespace) }
 func (s siteSpec) natsSubject() string { return "idemtorture" + s.Namespace }
 func (s siteSpec) amqpPrefix() string  { return "idemtorture-" + s.Namespace }
+func (s siteSpec) kafkaPrefix() string { return "idemtorture-" + s.Namespace + "." }
 
 // effect is one row the consumers' handler writes: an event applied.
 type effect struct{ event, key, seq int64 }
@@ -188,6 +194,23 @@ func openSite(ctx context.Context, spec siteSpec, logger *slog.Logger) (_ *site,
 			}
 			return deleteExchange(spec.BrokerURL, spec.amqpPrefix())
 		}
+	case "kafka":
+		seeds, err := idemkafka.ParseURL(spec.BrokerURL)
+		if err != nil {
+			return nil, err
+		}
+		tr, err := idemkafka.Open(ctx, seeds, &idemkafka.Config{
+			TopicPrefix:    spec.kafkaPrefix(),
+			SessionTimeout: spec.KafkaSession,
+			RevokeWait:     spec.KafkaSession,
+			Logger:         logger,
+		})
+		if err != nil {
+			return nil, err
+		}
+		s.closers = append(s.closers, func() { tr.Close() })
+		s.pub, s.sub = tr, tr
+		s.forget = func(ctx context.Context) error { return deleteKafkaTopic(ctx, seeds, spec.kafkaPrefix()+messagesTopic) }
 	default:
 		return nil, fmt.Errorf("torture: no broker %q", spec.Broker)
 	}
@@ -352,6 +375,22 @@ func deleteExchange(url, name string) error {
 	}
 	if err := ch.ExchangeDelete(name, false, false); err != nil {
 		return fmt.Errorf("deleting the exchange %s: %w", name, err)
+	}
+	return nil
+}
+
+func deleteKafkaTopic(ctx context.Context, seeds []string, topic string) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	res, err := kadm.NewClient(cl).DeleteTopic(ctx, topic)
+	if err == nil {
+		err = res.Err
+	}
+	if err != nil {
+		return fmt.Errorf("deleting the topic %s: %w", topic, err)
 	}
 	return nil
 }

@@ -17,7 +17,8 @@ func TestMessagesConfigRefusesBadInput(t *testing.T) {
 		"negative consumers":     {Executable: "idem", Consumers: -1},
 		"every ack a kill":       {Executable: "idem", AckKillRate: 1},
 		"negative ack wait":      {Executable: "idem", AckWait: -time.Second},
-		"kafka":                  {Executable: "idem", Broker: "kafka://h:9092"},
+		"redis":                  {Executable: "idem", Broker: "redis://h:6379"},
+		"restarts of kfake":      {Executable: "idem", Broker: PrivateKafka, RestartBrokerEvery: time.Second},
 		"a db beside sqlite":     {Executable: "idem", DB: "postgres://u@h/db"},
 		"a db beside postgres":   {Executable: "idem", Broker: "postgres://u@h/db", DB: "sqlite"},
 		"a db that is not one":   {Executable: "idem", Broker: "nats://h:4222", DB: "mysql://x"},
@@ -45,6 +46,7 @@ func TestMessagesConfigDefaults(t *testing.T) {
 	for broker, want := range map[string]string{
 		"sqlite": "sqlite", "postgres://u@h/db": "pg", PrivatePostgres: "pg", "nats://h:4222": "nats",
 		PrivateNATS: "nats", "amqps://u:p@h/": "amqp", PrivateRabbitMQ: "amqp", "redis://h": "",
+		"kafka://h:9092": "kafka", PrivateKafka: "kafka",
 	} {
 		if kind, _ := brokerKind(broker); kind != want {
 			t.Errorf("brokerKind(%q) = %q, want %q", broker, kind, want)
