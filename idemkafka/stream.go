@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -286,7 +287,16 @@ func (s *stream) poll(ctx context.Context, room int, wait time.Duration) {
 		if errors.Is(fe.Err, context.Canceled) || errors.Is(fe.Err, context.DeadlineExceeded) {
 			continue
 		}
-		// Fetch errors are retried by the client; they are only logged.
+		// franz-go reports the group's own failures without a topic. One
+		// that retrying cannot mend (a session timeout the broker refuses,
+		// a group the client may not join) ends the stream, so that the
+		// consumer says so and subscribes again; the client retries the
+		// others, which are only logged.
+		if fe.Topic == "" && !kerr.IsRetriable(fe.Err) {
+			s.err = fmt.Errorf("idemkafka: consumer group %q: %w", s.sub.Consumer, fe.Err)
+			s.broadcastLocked()
+			return
+		}
 		s.t.cfg.Logger.Warn("fetching from Kafka", "topic", fe.Topic, "partition", fe.Partition, "error", fe.Err)
 	}
 	if added {

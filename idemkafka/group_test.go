@@ -1,0 +1,34 @@
+package idemkafka_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemkafka"
+)
+
+// A group the broker will not let the stream join (here a session timeout
+// below the broker's group.min.session.timeout.ms) ends the stream with
+// the broker's error, instead of a Next that waits for good.
+func TestGroupRefusalEndsTheStream(t *testing.T) {
+	t.Parallel()
+	seeds := startKafka(t, kfake.GroupMinSessionTimeout(6*time.Second))
+	tr := open(t, seeds, idemkafka.Config{SessionTimeout: time.Second})
+	s, err := tr.Subscribe(t.Context(), idem.Subscription{Topic: "orders", Consumer: "c"})
+	if err != nil {
+		t.Fatalf("Subscribe: %v", err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, err = s.Next(ctx)
+	if !errors.Is(err, kerr.InvalidSessionTimeout) {
+		t.Fatalf("Next = %v, want the broker's INVALID_SESSION_TIMEOUT", err)
+	}
+}
