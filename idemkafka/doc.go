@@ -78,6 +78,14 @@
 // TestRebalanceMidBatch has a second member join while the first holds
 // deliveries in its handlers, then kills the first.
 //
+// Every change of membership is a rebalance, and a member that died
+// without leaving holds the next one up for RevokeWait and as long again
+// (5s at most). Consumers that come and go faster than that keep the
+// group rebalancing and consume little: nothing is lost or applied twice,
+// but `idem torture messages --broker private-kafka` with a consumer
+// killed every 700ms applied 12.5 events a second, against 115 with one
+// killed every 3s.
+//
 // # Retries without blocking the partition
 //
 // Kafka settles a partition's records by moving one offset, not one record
