@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
+
 	"github.com/idem-go/idem/cmd/idem/internal/bench"
 	"github.com/idem-go/idem/idemtest"
 	"go.uber.org/goleak"
@@ -79,11 +81,17 @@ func TestMessages(t *testing.T) {
 	pg := idemtest.RequireService(t, "PostgreSQL", "IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	nats := idemtest.RequireService(t, "NATS", "IDEM_NATS_URL", "nats://127.0.0.1:4222")
 	amqp := idemtest.RequireService(t, "RabbitMQ", "IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	// Kafka is kfake, in the test's process: none can be installed here.
+	kafka, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kafka.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var progress, results bytes.Buffer
 	fs, err := bench.Messages(ctx, &bench.MessagesOptions{
-		PostgresURL: pg, NATSURL: nats, AMQPURL: amqp, Dir: t.TempDir(),
+		PostgresURL: pg, NATSURL: nats, AMQPURL: amqp, KafkaSeeds: kafka.ListenAddrs(), Dir: t.TempDir(),
 		Messages: 400, Keys: 10, Rounds: 1, Out: &progress, Results: &results,
 	})
 	if err != nil {
@@ -102,6 +110,8 @@ func TestMessages(t *testing.T) {
 		"idem-consumer-sqlite msgs_per_s", "minimum-consumer-sqlite msgs_per_s", "idem-pipeline-sqlite settled_per_s",
 		"idem-consumer-nats msgs_per_s", "minimum-consumer-nats msgs_per_s", "idem-transport-nats take_ack_per_s",
 		"idem-consumer-amqp msgs_per_s", "minimum-consumer-amqp msgs_per_s", "idem-transport-amqp take_ack_per_s",
+		"idem-consumer-kafka msgs_per_s", "idem-publish-kafka publish_per_s", "minimum-consumer-kafka msgs_per_s",
+		"idem-transport-kafka take_ack_per_s",
 	} {
 		if !slices.Contains(names, want) {
 			t.Errorf("no figure %q among %v", want, names)
