@@ -32,3 +32,24 @@ func TestGroupRefusalEndsTheStream(t *testing.T) {
 		t.Fatalf("Next = %v, want the broker's INVALID_SESSION_TIMEOUT", err)
 	}
 }
+
+// EnsureTopics creates what is missing, so that Warnings can read it
+// before anything was published; a name Kafka cannot hold is refused.
+func TestEnsureTopics(t *testing.T) {
+	t.Parallel()
+	tr := open(t, startKafka(t), idemkafka.Config{TopicPrefix: "svc."})
+	if _, err := tr.Warnings(t.Context(), "orders"); err == nil {
+		t.Fatal("Warnings of a topic not created yet = nil error")
+	}
+	if err := tr.EnsureTopics(t.Context(), "orders", "refunds"); err != nil {
+		t.Fatalf("EnsureTopics: %v", err)
+	}
+	for _, topic := range []string{"orders", "refunds"} {
+		if _, err := tr.Warnings(t.Context(), topic); err != nil {
+			t.Errorf("Warnings(%q) after EnsureTopics: %v", topic, err)
+		}
+	}
+	if err := tr.EnsureTopics(t.Context(), "no spaces"); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Errorf("EnsureTopics(\"no spaces\") = %v, want idem.ErrInvalidArgument", err)
+	}
+}

@@ -207,6 +207,27 @@ func checkTopic(field, topic string) error {
 	return nil
 }
 
+// EnsureTopics makes sure the topics exist before anything is published
+// or consumed, as Publish and Subscribe do on their first use of a topic:
+// those missing are created (unless Config.ManualTopics), and the
+// settings of each that can lose messages are logged (see Warnings). A
+// service calls it at start, so that its topics can be checked before the
+// first message.
+func (t *Transport) EnsureTopics(ctx context.Context, topics ...string) error {
+	if t.isClosed() {
+		return idem.ErrClosed
+	}
+	for _, topic := range topics {
+		if err := checkTopic("topics", t.cfg.TopicPrefix+topic); err != nil {
+			return err
+		}
+		if err := t.ensureTopic(ctx, topic); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // ensureTopic creates topic (an idem topic, without Config.TopicPrefix)
 // unless it is known to exist, and logs its warnings the first time the
 // transport meets it.

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // ErrDropsMessages is what every Warning wraps: a setting of a topic that
@@ -51,19 +54,35 @@ func (w *Warning) Unwrap() error { return ErrDropsMessages }
 // an error.
 func (t *Transport) Warnings(ctx context.Context, topic string) ([]*Warning, error) {
 	topic = t.cfg.TopicPrefix + topic
-	details, err := t.adm.ListTopics(ctx, topic)
+	// A request of its own, not kadm's ListTopics: that one answers from
+	// the client's metadata cache, which can still say that a topic just
+	// created does not exist.
+	req := kmsg.NewPtrMetadataRequest()
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, t.cl)
 	if err != nil {
 		return nil, fmt.Errorf("idemkafka: describing topic %q: %w", topic, err)
 	}
-	d, ok := details[topic]
-	if !ok || d.Err != nil {
-		return nil, fmt.Errorf("idemkafka: describing topic %q: %v", topic, d.Err)
-	}
 	rf := 0
-	for _, p := range d.Partitions {
-		if rf == 0 || len(p.Replicas) < rf {
-			rf = len(p.Replicas)
+	found := false
+	for _, mt := range resp.Topics {
+		if mt.Topic == nil || *mt.Topic != topic {
+			continue
 		}
+		if err := kerr.ErrorForCode(mt.ErrorCode); err != nil {
+			return nil, fmt.Errorf("idemkafka: describing topic %q: %w", topic, err)
+		}
+		found = true
+		for _, p := range mt.Partitions {
+			if rf == 0 || len(p.Replicas) < rf {
+				rf = len(p.Replicas)
+			}
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("idemkafka: describing topic %q: %w", topic, kerr.UnknownTopicOrPartition)
 	}
 	rcs, err := t.adm.DescribeTopicConfigs(ctx, topic)
 	if err != nil {
