@@ -114,6 +114,13 @@ func openBroker(ctx context.Context, raw, namespace string, logger *slog.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("opening Kafka at %s: %w", t.shown, err)
 		}
+		// The topic exists before the pipeline starts, so that its
+		// settings are checked (and, under --strict, refused) before the
+		// first event, as a NATS stream's are.
+		if err := tr.EnsureTopics(ctx, payments.TopicPaymentSucceeded); err != nil {
+			tr.Close()
+			return nil, fmt.Errorf("opening Kafka at %s: %w", t.shown, err)
+		}
 		return &openedBroker{Transport: tr, close: tr.Close, shown: t.shown}, nil
 	default:
 		tr, err := idemamqp.Open(ctx, t.url, &idemamqp.Config{

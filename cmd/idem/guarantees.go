@@ -59,8 +59,8 @@ func guaranteeGaps(ctx context.Context, db *database, keys *idemredis.Store, bro
 				fromBroker++
 			}
 		case *idemkafka.Transport:
-			// The topic exists once the pipeline has started (the relay
-			// and the consumer create it); its settings were logged then.
+			// openBroker made sure the topic exists, and logged its
+			// settings.
 			ws, err := tr.Warnings(ctx, payments.TopicPaymentSucceeded)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("asking Kafka for the settings of its topic: %w", err))
