@@ -37,8 +37,8 @@ type Interceptor struct {
 	local     keywait.Local
 	gates     keywait.Gates
 	types     responseTypes
-	policies  sync.Map // full method -> Policy, as resolved
-	counts    [9]atomic.Uint64
+	policies  sync.Map        // full method -> Policy, as resolved
+	counts    []atomic.Uint64 // one per idemhttp.Outcomes
 	obs       idemhttp.Observer
 	storeName string
 }
@@ -49,7 +49,8 @@ func New(cfg *Config) (*Interceptor, error) {
 	if err != nil {
 		return nil, err
 	}
-	i := &Interceptor{cfg: c, store: c.Store, log: c.Logger, obs: c.Observer, storeName: fmt.Sprintf("%T", c.Store)}
+	i := &Interceptor{cfg: c, store: c.Store, log: c.Logger, obs: c.Observer, storeName: fmt.Sprintf("%T", c.Store),
+		counts: make([]atomic.Uint64, len(idemhttp.Outcomes))}
 	i.waiter, _ = c.Store.(idem.Waiter)
 	i.replayer, _ = c.Store.(idem.Replayer)
 	i.recent = keywait.NewRecent(c.RecentKeys, c.MemoryReplayFor, c.MemoryReplayBytes, c.Clock)

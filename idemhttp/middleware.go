@@ -61,7 +61,7 @@ type Middleware struct {
 	bodies *bodySealer
 	// keys seals keys (nil: they are kept as they are).
 	keys   *keySealer
-	counts [10]atomic.Uint64
+	counts []atomic.Uint64 // one per Outcomes
 	// obs is Config.Observer; storeName the store's type, for it.
 	obs       Observer
 	storeName string
@@ -93,7 +93,8 @@ func New(cfg *Config) (*Middleware, error) {
 	if err != nil {
 		return nil, &idem.ArgumentError{Field: "idemhttp.Config.BodyKeys", Reason: err.Error()}
 	}
-	m := &Middleware{cfg: c, store: c.Store, methods: map[string]bool{}, log: c.Logger, recent: newRecentKeys(c.RecentKeys, c.MemoryReplayFor, c.MemoryReplayBytes, c.Clock), bodies: bodies, keys: newKeySealer(c.KeySecret)}
+	m := &Middleware{cfg: c, store: c.Store, methods: map[string]bool{}, log: c.Logger, recent: newRecentKeys(c.RecentKeys, c.MemoryReplayFor, c.MemoryReplayBytes, c.Clock), bodies: bodies, keys: newKeySealer(c.KeySecret),
+		counts: make([]atomic.Uint64, len(Outcomes))}
 	m.replayer, _ = c.Store.(idem.Replayer)
 	m.obs, m.storeName = c.Observer, fmt.Sprintf("%T", c.Store)
 	for _, meth := range c.Methods {
