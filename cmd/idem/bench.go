@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idem-go/idem/cmd/idem/internal/bench"
 	"github.com/idem-go/idem/idemkafka"
@@ -140,7 +142,12 @@ the minimum beside them. Measurements run in turn, round after round.
 
   idem bench messages --postgres postgres://postgres@127.0.0.1:5432/test \
       --nats nats://127.0.0.1:4222 --amqp amqp://guest:guest@127.0.0.1:5672/ \
-      --kafka 127.0.0.1:9092`,
+      --kafka 127.0.0.1:9092
+
+--kafka private measures kfake (franz-go's Kafka) started in this process, as
+the tests use it where no Kafka broker can be installed: it shares the
+machine with what it measures, so its figures say how idem's consumer
+compares with the minimum, not what a Kafka cluster carries.`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()
@@ -148,7 +155,7 @@ the minimum beside them. Measurements run in turn, round after round.
 	fl.StringVar(&o.NATSURL, "nats", "", "NATS JetStream URL to measure")
 	fl.StringVar(&o.AMQPURL, "amqp", "", "RabbitMQ URL to measure")
 	var kafka string
-	fl.StringVar(&kafka, "kafka", "", "Kafka brokers to measure, HOST:PORT[,HOST:PORT] (or kafka://…)")
+	fl.StringVar(&kafka, "kafka", "", "Kafka brokers to measure, HOST:PORT[,HOST:PORT] (or kafka://…), or private: kfake in this process")
 	fl.IntVar(&o.Messages, "messages", 20000, "messages per measurement")
 	fl.IntVar(&o.Keys, "keys", 100, "ordering keys the messages are spread over")
 	fl.IntVar(&o.Rounds, "rounds", 3, "rounds; the median counts")
@@ -156,6 +163,15 @@ the minimum beside them. Measurements run in turn, round after round.
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
 		if o.Messages < 1 || o.Keys < 1 || o.Rounds < 1 {
 			return &usageError{fmt.Errorf("--messages, --keys and --rounds must be positive")}
+		}
+		if kafka == "private" {
+			// kfake, in this process, for as long as the bench runs.
+			c, err := kfake.NewCluster(kfake.NumBrokers(1))
+			if err != nil {
+				return fmt.Errorf("--kafka private: starting kfake: %w", err)
+			}
+			defer c.Close()
+			kafka = strings.Join(c.ListenAddrs(), ",")
 		}
 		if kafka != "" {
 			seeds, err := idemkafka.ParseURL(kafka)
