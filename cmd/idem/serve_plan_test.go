@@ -70,7 +70,7 @@ func TestPlanServeRefusesBadFlags(t *testing.T) {
 		{args: []string{"--inflight-wait", "0s"}, want: "--key-ttl, --inflight-wait and --shutdown-timeout must be positive"},
 		{args: []string{"--shutdown-timeout", "-1s"}, want: "--key-ttl, --inflight-wait and --shutdown-timeout must be positive"},
 		{args: []string{"--key-lease", "-1s"}, want: "--key-lease must not be negative"},
-		{args: []string{"--broker", "kafka://x"}, want: `--broker: unsupported broker scheme "kafka"`},
+		{args: []string{"--broker", "mqtt://x"}, want: `--broker: unsupported broker scheme "mqtt"`},
 		{args: []string{"--broker", "127.0.0.1:4222"}, want: "--broker needs a URL"},
 		{args: []string{"--broker-namespace", "Bad.Name"}, want: `--broker-namespace "Bad.Name": want a lower-case letter`},
 		{args: []string{"--ack-wait", "0s"}, want: "--ack-wait must be positive"},
