@@ -24,6 +24,9 @@ type execCtx struct {
 	deadline time.Time
 	ex       Execution
 	noEx     bool // carries no Execution of its own (detached's)
+	// points is ex.points when the store keeps recovery points: part of
+	// the context, so an execution costs no allocation of its own for it.
+	points pointSaver
 
 	inner   atomic.Pointer[deadlineCtx] // nil until needed
 	mu      sync.Mutex                  // serialises making inner, and stop

@@ -26,7 +26,7 @@ type answerOf struct {
 func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, ex Execution, of answerOf, log reqLog) {
 	ref := idem.Ref{Scope: ex.Scope, Key: ex.Key, Token: ex.Token}
 	defer m.local.Notify(waitKey{Scope: ref.Scope, Key: ref.Key})
-	hctx := newExecCtx(m.beginPhase(r.Context(), PhaseHandler), m.cfg.Lease*9/10, ex)
+	hctx := m.handlerCtx(m.beginPhase(r.Context(), PhaseHandler), ex, m.txStore != nil)
 	defer hctx.stop()
 	m.run(next, w, r, hctx, ref, of, log)
 }

@@ -49,12 +49,14 @@ type Middleware struct {
 	txClaimer idem.TxClaimer
 	// replayer is the store when it reads replays narrowly.
 	replayer idem.Replayer
-	waiter   idem.Waiter
-	methods  map[string]bool
-	replay   []string
-	log      *slog.Logger
-	local    keywait.Local
-	gates    keywait.Gates
+	// recoverer is the store when it keeps recovery points.
+	recoverer idem.Recoverer
+	waiter    idem.Waiter
+	methods   map[string]bool
+	replay    []string
+	log       *slog.Logger
+	local     keywait.Local
+	gates     keywait.Gates
 	// recent are the keys seen completed lately (nil: none are kept).
 	recent *recentKeys
 	// bodies seals kept bodies (nil: they are kept as they are).
@@ -96,6 +98,7 @@ func New(cfg *Config) (*Middleware, error) {
 	m := &Middleware{cfg: c, store: c.Store, methods: map[string]bool{}, log: c.Logger, recent: newRecentKeys(c.RecentKeys, c.MemoryReplayFor, c.MemoryReplayBytes, c.Clock), bodies: bodies, keys: newKeySealer(c.KeySecret),
 		counts: make([]atomic.Uint64, len(Outcomes))}
 	m.replayer, _ = c.Store.(idem.Replayer)
+	m.recoverer, _ = c.Store.(idem.Recoverer)
 	m.obs, m.storeName = c.Observer, fmt.Sprintf("%T", c.Store)
 	for _, meth := range c.Methods {
 		m.methods[strings.ToUpper(meth)] = true

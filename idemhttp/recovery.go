@@ -76,14 +76,16 @@ func (ex Execution) hasRecovery() bool {
 	return !ex.Recovery.IsZero() || (ex.points != nil && ex.points.saved.Load())
 }
 
-// newPoints is the pointSaver of an execution of m's store; nil when the
-// store keeps no points.
-func (m *Middleware) newPoints(inTx bool) *pointSaver {
-	rs, ok := m.store.(idem.Recoverer)
-	if !ok {
-		return nil
+// handlerCtx is the handler's context for ex: its deadline nine tenths of
+// the lease, and, when the store keeps recovery points, ex's access to
+// them (inTx: the handler runs in the store's transaction).
+func (m *Middleware) handlerCtx(parent context.Context, ex Execution, inTx bool) *execCtx {
+	c := newExecCtx(parent, m.cfg.Lease*9/10, ex)
+	if m.recoverer != nil {
+		c.points = pointSaver{store: m.recoverer, inTx: inTx}
+		c.ex.points = &c.points
 	}
-	return &pointSaver{store: rs, inTx: inTx}
+	return c
 }
 
 // ErrNothingDone is what a Resume returns when it learned that nothing

@@ -136,7 +136,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 				log.LogAttrs(ctx, slog.LevelWarn, "took over an expired lease: an earlier execution may have crashed", slog.Int64("token", int64(claim.Token)))
 			}
 			m.execute(next, w, r, Execution{Scope: scope, Key: key, Token: claim.Token, ClaimedAt: claim.Record.CreatedAt, TookOver: claim.TookOver,
-				Recovery: claim.Record.Recovery, points: m.newPoints(m.txStore != nil)},
+				Recovery: claim.Record.Recovery},
 				answerOf{fp: fp, expires: claim.Record.ExpiresAt}, log)
 			return
 		default:

@@ -121,8 +121,8 @@ func (m *Middleware) claimTx(next http.Handler, w http.ResponseWriter, r *http.R
 		if c.TookOver {
 			log.LogAttrs(r.Context(), slog.LevelWarn, "took over an expired lease: an earlier execution may have crashed", slog.Int64("token", int64(c.Token)))
 		}
-		hctx = newExecCtx(m.beginPhase(txctx, PhaseHandler), m.cfg.Lease*9/10, Execution{Scope: req.Scope, Key: req.Key, Token: c.Token, ClaimedAt: c.Record.CreatedAt, TookOver: c.TookOver,
-			Recovery: c.Record.Recovery, points: m.newPoints(true)})
+		hctx = m.handlerCtx(m.beginPhase(txctx, PhaseHandler), Execution{Scope: req.Scope, Key: req.Key, Token: c.Token, ClaimedAt: c.Record.CreatedAt, TookOver: c.TookOver,
+			Recovery: c.Record.Recovery}, true)
 		return m.runTx(next, r, run, hctx)
 	})
 	if claim.Outcome != idem.Acquired {
