@@ -279,12 +279,22 @@ func (s *Store) SaveRecovery(ctx context.Context, ref idem.Ref, rp idem.Recovery
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.records[slot{ref.Scope, ref.Key}]
-	if e == nil || e.rec.Token != ref.Token || e.rec.State != idem.StateInFlight {
+	e := s.held(ref)
+	if e == nil {
 		return idem.ErrLeaseLost
 	}
 	e.rec.Recovery = idem.RecoveryPoint{Name: rp.Name, Data: bytes.Clone(rp.Data), SavedAt: s.clock.Now()}
 	return nil
+}
+
+// held returns ref's entry when ref.Token holds it in flight, else nil.
+// s.mu is held.
+func (s *Store) held(ref idem.Ref) *entry {
+	e := s.records[slot{ref.Scope, ref.Key}]
+	if e == nil || e.rec.Token != ref.Token || e.rec.State != idem.StateInFlight {
+		return nil
+	}
+	return e
 }
 
 // Yield implements idem.Recoverer.
@@ -294,8 +304,8 @@ func (s *Store) Yield(ctx context.Context, ref idem.Ref) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.records[slot{ref.Scope, ref.Key}]
-	if e == nil || e.rec.Token != ref.Token || e.rec.State != idem.StateInFlight {
+	e := s.held(ref)
+	if e == nil {
 		return idem.ErrLeaseLost
 	}
 	if now := s.clock.Now(); e.rec.LeaseExpiresAt.After(now) {
