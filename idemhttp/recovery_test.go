@@ -60,9 +60,12 @@ func (p *phased) charge() {
 	p.mu.Unlock()
 }
 
-// crashed sends h a request whose handler aborts, as a killed process.
-func crashed(t *testing.T, h http.Handler, key string) {
+// crashed sends p, through h, a request whose handler aborts after the
+// charge, as a process killed there would.
+func crashed(t *testing.T, h http.Handler, p *phased, key string) {
 	t.Helper()
+	p.abort = true
+	p.crash.Store(true)
 	defer func() {
 		if v := recover(); v != http.ErrAbortHandler {
 			t.Fatalf("the crashed request ended with %v; want http.ErrAbortHandler", v)
@@ -179,9 +182,7 @@ func TestFailureAfterPointKeepsKey(t *testing.T) {
 	}
 
 	// A crash after the point: the lease holds until it ends.
-	p.abort = true
-	p.crash.Store(true)
-	crashed(t, h, "c")
+	crashed(t, h, p, "c")
 	if r := do(t, h, "POST", "/pay", "c", "{}"); r.Status != http.StatusConflict {
 		t.Fatalf("a retry within a crashed execution's lease answered %d; want 409", r.Status)
 	}
@@ -198,9 +199,7 @@ func TestCompleterFinishesAbandoned(t *testing.T) {
 	t.Parallel()
 	clock, store, m := newPhased(t, 10*time.Second)
 	p := &phased{}
-	p.crash.Store(true)
-	p.abort = true
-	crashed(t, m.Handler(p), "k")
+	crashed(t, m.Handler(p), p, "k")
 
 	var resumed []idemhttp.Execution
 	c, err := m.NewCompleter(&idemhttp.CompleterConfig{Resume: func(ctx context.Context, w http.ResponseWriter, ex idemhttp.Execution) error {
@@ -253,9 +252,7 @@ func TestCompleterUnknownOutcome(t *testing.T) {
 	t.Parallel()
 	clock, store, m := newPhased(t, 10*time.Second)
 	p := &phased{}
-	p.crash.Store(true)
-	p.abort = true
-	crashed(t, m.Handler(p), "k")
+	crashed(t, m.Handler(p), p, "k")
 	networkDown := errors.New("the card network does not answer")
 	var down atomic.Bool
 	down.Store(true)
@@ -302,9 +299,7 @@ func TestCompleterReleasesWhenNothingDone(t *testing.T) {
 	t.Parallel()
 	clock, store, m := newPhased(t, 10*time.Second)
 	p := &phased{}
-	p.crash.Store(true)
-	p.abort = true
-	crashed(t, m.Handler(p), "k")
+	crashed(t, m.Handler(p), p, "k")
 	c, err := m.NewCompleter(&idemhttp.CompleterConfig{Resume: func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
 		return fmt.Errorf("no charge under this key: %w", idemhttp.ErrNothingDone)
 	}})
@@ -331,10 +326,8 @@ func TestCompletersShareTheWork(t *testing.T) {
 	t.Parallel()
 	clock, _, m := newPhased(t, 10*time.Second)
 	p := &phased{}
-	p.abort = true
 	for i := range 20 {
-		p.crash.Store(true)
-		crashed(t, m.Handler(p), fmt.Sprint("k", i))
+		crashed(t, m.Handler(p), p, fmt.Sprint("k", i))
 	}
 	var resumes atomic.Int64
 	resume := func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
@@ -381,10 +374,9 @@ func TestNewCompleterRefuses(t *testing.T) {
 func TestCompleterForgetsOutcomesOthersFinish(t *testing.T) {
 	t.Parallel()
 	clock, _, m := newPhased(t, 10*time.Second)
-	p := &phased{abort: true}
-	p.crash.Store(true)
+	p := &phased{}
 	h := m.Handler(p)
-	crashed(t, h, "k")
+	crashed(t, h, p, "k")
 	c, err := m.NewCompleter(&idemhttp.CompleterConfig{Resume: func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
 		return errors.New("the card network does not answer")
 	}})
@@ -413,9 +405,8 @@ func TestCompleterForgetsOutcomesOthersFinish(t *testing.T) {
 func TestCompleterGivesBackKeysClaimedAnew(t *testing.T) {
 	t.Parallel()
 	clock, store, m := newPhased(t, 10*time.Second)
-	p := &phased{abort: true}
-	p.crash.Store(true)
-	crashed(t, m.Handler(p), "k")
+	p := &phased{}
+	crashed(t, m.Handler(p), p, "k")
 	clock.Advance(11 * time.Second)
 	var resumed atomic.Int64
 	lister := releasedAfterListing{Store: store}
