@@ -52,11 +52,17 @@ func (r *run) reviveExited(ctx context.Context) error {
 // by a replica's completer. It returns how long the wait took, and how
 // many keys were still unfinished when completerBound passed.
 func (r *run) awaitCompleters(ctx context.Context) (time.Duration, int, error) {
+	db, err := r.openRunDB(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer db.close(ctx)
+	const pending = `SELECT count(*) FROM %sidem_keys WHERE state = 'in_flight' AND recovery_point IS NOT NULL`
 	started := time.Now()
 	deadline := started.Add(r.completerBound())
 	for {
-		n, err := r.pendingRecovery(ctx)
-		if err != nil {
+		var n int
+		if err := db.each(ctx, pending, func(scan func(...any) error) error { return scan(&n) }); err != nil {
 			return 0, 0, err
 		}
 		if n == 0 || time.Now().After(deadline) {
@@ -72,32 +78,6 @@ func (r *run) awaitCompleters(ctx context.Context) (time.Duration, int, error) {
 	}
 }
 
-// pendingRecovery counts the keys in flight with a recovery point.
-func (r *run) pendingRecovery(ctx context.Context) (int, error) {
-	const q = `SELECT count(*) FROM %sidem_keys WHERE state = 'in_flight' AND recovery_point IS NOT NULL`
-	var n int
-	if r.schema != "" {
-		conn, err := pgx.Connect(ctx, r.pgURL)
-		if err != nil {
-			return 0, fmt.Errorf("torture: reading the keys: %w", err)
-		}
-		defer conn.Close(context.WithoutCancel(ctx))
-		if err := conn.QueryRow(ctx, fmt.Sprintf(q, pgx.Identifier{r.schema}.Sanitize()+".")).Scan(&n); err != nil {
-			return 0, fmt.Errorf("torture: reading the keys: %w", err)
-		}
-		return n, nil
-	}
-	db, err := idemsqlite.Open(r.sqlite, nil)
-	if err != nil {
-		return 0, fmt.Errorf("torture: reading the keys: %w", err)
-	}
-	defer db.Close()
-	if err := db.Reader().QueryRowContext(ctx, fmt.Sprintf(q, "")).Scan(&n); err != nil {
-		return 0, fmt.Errorf("torture: reading the keys: %w", err)
-	}
-	return n, nil
-}
-
 // slowestCompletion is the longest time from an abandoned payment's client
 // giving up to its key's completion (by a completer, since nobody else
 // asked), among those completed.
@@ -110,57 +90,98 @@ func (r *run) slowestCompletion(ctx context.Context) (time.Duration, error) {
 		}
 		lp.mu.Unlock()
 	}
-	completed := map[string]time.Time{}
-	const q = `SELECT key, completed_at FROM %sidem_keys WHERE scope = $1 AND state = 'completed'`
+	db, err := r.openRunDB(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer db.close(ctx)
+	var slowest time.Duration
+	err = db.each(ctx, `SELECT key, completed_at FROM %sidem_keys WHERE scope = $1 AND state = 'completed'`,
+		func(scan func(...any) error) error {
+			var key string
+			var at time.Time
+			if db.pg != nil {
+				if err := scan(&key, &at); err != nil {
+					return err
+				}
+			} else {
+				var nanos int64 // SQLite keeps unix nanoseconds
+				if err := scan(&key, &nanos); err != nil {
+					return err
+				}
+				at = time.Unix(0, nanos)
+			}
+			if t, ok := gaveUp[key]; ok {
+				slowest = max(slowest, at.Sub(t))
+			}
+			return nil
+		}, tenant)
+	return slowest, err
+}
+
+// runDB reads the run's database, PostgreSQL or SQLite, over one
+// connection for as long as it is open.
+type runDB struct {
+	pg     *pgx.Conn
+	lite   *idemsqlite.DB
+	prefix string // the tables' schema, with its dot, on PostgreSQL
+}
+
+func (r *run) openRunDB(ctx context.Context) (*runDB, error) {
 	if r.schema != "" {
 		conn, err := pgx.Connect(ctx, r.pgURL)
 		if err != nil {
-			return 0, fmt.Errorf("torture: reading the keys: %w", err)
+			return nil, fmt.Errorf("torture: reading the database: %w", err)
 		}
-		defer conn.Close(context.WithoutCancel(ctx))
-		rows, err := conn.Query(ctx, fmt.Sprintf(q, pgx.Identifier{r.schema}.Sanitize()+"."), tenant)
+		return &runDB{pg: conn, prefix: pgx.Identifier{r.schema}.Sanitize() + "."}, nil
+	}
+	db, err := idemsqlite.Open(r.sqlite, nil)
+	if err != nil {
+		return nil, fmt.Errorf("torture: reading the database: %w", err)
+	}
+	return &runDB{lite: db}, nil
+}
+
+func (d *runDB) close(ctx context.Context) {
+	if d.pg != nil {
+		d.pg.Close(context.WithoutCancel(ctx))
+		return
+	}
+	d.lite.Close()
+}
+
+// each runs q, whose %s is the tables' prefix, and calls row for every row
+// with the row's Scan.
+func (d *runDB) each(ctx context.Context, q string, row func(scan func(...any) error) error, args ...any) error {
+	q = fmt.Sprintf(q, d.prefix)
+	if d.pg != nil {
+		rows, err := d.pg.Query(ctx, q, args...)
 		if err != nil {
-			return 0, fmt.Errorf("torture: reading the keys: %w", err)
-		}
-		for rows.Next() {
-			var key string
-			var at time.Time
-			if err := rows.Scan(&key, &at); err != nil {
-				return 0, fmt.Errorf("torture: reading the keys: %w", err)
-			}
-			completed[key] = at
-		}
-		if err := rows.Err(); err != nil {
-			return 0, fmt.Errorf("torture: reading the keys: %w", err)
-		}
-	} else {
-		db, err := idemsqlite.Open(r.sqlite, nil)
-		if err != nil {
-			return 0, fmt.Errorf("torture: reading the keys: %w", err)
-		}
-		defer db.Close()
-		rows, err := db.Reader().QueryContext(ctx, fmt.Sprintf(q, ""), tenant)
-		if err != nil {
-			return 0, fmt.Errorf("torture: reading the keys: %w", err)
+			return fmt.Errorf("torture: reading the database: %w", err)
 		}
 		defer rows.Close()
 		for rows.Next() {
-			var key string
-			var at int64
-			if err := rows.Scan(&key, &at); err != nil {
-				return 0, fmt.Errorf("torture: reading the keys: %w", err)
+			if err := row(rows.Scan); err != nil {
+				return fmt.Errorf("torture: reading the database: %w", err)
 			}
-			completed[key] = time.Unix(0, at)
 		}
 		if err := rows.Err(); err != nil {
-			return 0, fmt.Errorf("torture: reading the keys: %w", err)
+			return fmt.Errorf("torture: reading the database: %w", err)
+		}
+		return nil
+	}
+	rows, err := d.lite.Reader().QueryContext(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("torture: reading the database: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := row(rows.Scan); err != nil {
+			return fmt.Errorf("torture: reading the database: %w", err)
 		}
 	}
-	var slowest time.Duration
-	for key, t := range gaveUp {
-		if at, ok := completed[key]; ok {
-			slowest = max(slowest, at.Sub(t))
-		}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("torture: reading the database: %w", err)
 	}
-	return slowest, nil
+	return nil
 }
