@@ -9,7 +9,7 @@ var (
 	// ErrNotFound is returned when a record does not exist or has expired.
 	ErrNotFound = errors.New("idem: not found")
 
-	// ErrLeaseLost is returned by Complete, Release and CompleteTx when the
+	// ErrLeaseLost is returned by Complete, Release, Renew and CompleteTx when the
 	// caller's fencing token no longer holds the key: its lease ended and
 	// another holder took the key over, or the key was completed or released.
 	ErrLeaseLost = errors.New("idem: lease lost: the key is held under another token")

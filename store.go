@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"time"
+	"unicode/utf8"
 )
 
 // Token is a fencing token: it identifies one holder of a key's lease. Every
@@ -74,6 +75,11 @@ type Record struct {
 	ExpiresAt time.Time
 	// CompletedAt is when the record was completed; zero while in flight.
 	CompletedAt time.Time
+	// Holder is who claimed the key last (the claim, or the takeover, that
+	// gave it its current token), as ClaimRequest.Holder said; zero for an
+	// anonymous claim, or a store that keeps no holders (see Restarter). A
+	// completion keeps it.
+	Holder Holder
 	// Recovery is the last recovery point an execution saved (see
 	// Recoverer); zero when none was, or the store keeps none. A
 	// completion keeps it, for the record's history.
@@ -130,6 +136,11 @@ type ClaimRequest struct {
 	// record where a read is cheaper than a claim (idemsqlite reads from
 	// its read pool first otherwise). The outcome is the same either way.
 	Unseen bool
+	// Holder says who claims: a replica and one run of its process. The
+	// record keeps it while the claim holds the key (Record.Holder), so
+	// that a replica that restarts can end at once the leases its earlier
+	// run held (Restarter). Zero: anonymous, as every claim was before.
+	Holder Holder
 }
 
 // Validate reports whether the request is well formed, naming what is not.
@@ -145,6 +156,62 @@ func (r ClaimRequest) Validate() error {
 		return &ArgumentError{Field: "TTL", Reason: "must be positive"}
 	case r.TTL < r.Lease:
 		return &ArgumentError{Field: "TTL", Reason: "must not be shorter than Lease"}
+	}
+	return r.Holder.validate("Holder")
+}
+
+// Holder names who holds a key: a replica (a process of a service, under a
+// name that stays the same when it restarts: a host or pod name, or
+// idem serve's --replica-id) and its incarnation (one run of that
+// process, different every time it starts: its start time with some
+// randomness, say). The zero Holder is anonymous. A Holder is zero or has
+// both parts.
+//
+// Two processes that run at once must never share a Replica: each takes
+// the other for its own dead incarnation (Restarter.YieldEarlier).
+type Holder struct {
+	Replica     string
+	Incarnation string
+}
+
+// MaxHolderLen is the longest Replica or Incarnation every store accepts,
+// in bytes.
+const MaxHolderLen = 200
+
+// IsZero reports whether h is anonymous.
+func (h Holder) IsZero() bool { return h == Holder{} }
+
+// String returns "replica/incarnation", or "" for the zero Holder.
+func (h Holder) String() string {
+	if h.IsZero() {
+		return ""
+	}
+	return h.Replica + "/" + h.Incarnation
+}
+
+// Validate reports whether h can be given with a claim: zero, or both
+// parts non-empty, at most MaxHolderLen bytes of UTF-8 each, with no
+// control characters.
+func (h Holder) Validate() error { return h.validate("Holder") }
+
+func (h Holder) validate(field string) error {
+	if h.IsZero() {
+		return nil
+	}
+	for _, p := range []struct{ name, v string }{{".Replica", h.Replica}, {".Incarnation", h.Incarnation}} {
+		switch {
+		case p.v == "":
+			return &ArgumentError{Field: field + p.name, Reason: "must not be empty when the other part is set"}
+		case len(p.v) > MaxHolderLen:
+			return &ArgumentError{Field: field + p.name, Reason: "must be at most 200 bytes"}
+		case !utf8.ValidString(p.v):
+			return &ArgumentError{Field: field + p.name, Reason: "must be valid UTF-8"}
+		}
+		for _, c := range p.v {
+			if c < 0x20 || c == 0x7f {
+				return &ArgumentError{Field: field + p.name, Reason: "must not contain control characters"}
+			}
+		}
 	}
 	return nil
 }
@@ -213,6 +280,26 @@ type Store interface {
 	// Returns ErrLeaseLost when the key is held under another token or was
 	// completed.
 	Release(ctx context.Context, ref Ref) error
+
+	// Renew extends the lease ref.Token holds on the key so that it ends
+	// lease from now, by the store's clock, and returns the new lease end
+	// (which replaces the old one, earlier or later). It is one round trip
+	// and is fenced by ref.Token. A holder whose work may outlast its lease
+	// renews it while it works (every third of the lease, say), so that a
+	// short lease ends early only for a holder that died.
+	//
+	// A holder whose lease ended but whom nobody took over still holds the
+	// key (Complete accepts it), so its renewal succeeds and gives it a live
+	// lease again. A record whose TTL would end before the new lease end
+	// has its expiry (Record.ExpiresAt) moved to the lease end, so a key in
+	// flight never expires under a live holder.
+	//
+	// Returns an *ArgumentError for a lease that is not positive, and
+	// ErrLeaseLost when ref.Token does not hold the key in flight (it was
+	// completed, released, taken over, or expired and claimed anew), having
+	// changed nothing. On any other error the lease may or may not have been
+	// renewed; renewing again is safe.
+	Renew(ctx context.Context, ref Ref, lease time.Duration) (time.Time, error)
 
 	// Get returns the key's record. Returns ErrNotFound when there is none
 	// or it has expired.
@@ -328,6 +415,32 @@ type Replayer interface {
 	// context that carries a transaction of the store's database, it reads
 	// in that transaction, as Get does.
 	Replay(ctx context.Context, scope Scope, key Key, fp Fingerprint) (resp *Response, mismatch bool, err error)
+}
+
+// Restarter is a Store that keeps the Holder of each key in flight, so
+// that a replica that restarts can take back at once what its earlier
+// incarnation held when it died: that process is certainly dead, and its
+// keys need not wait out their leases.
+type Restarter interface {
+	Store
+
+	// YieldEarlier ends at once the lease of every key in flight whose
+	// holder is current.Replica under an incarnation other than
+	// current.Incarnation, as Recoverer.Yield does for one key, and returns
+	// how many leases it ended (a key whose lease had ended already is not
+	// counted). Each key stays in flight with its token and its recovery
+	// point, if any; the next Claim with its fingerprint takes it over at
+	// once, and a Recoverer lists it in Abandoned when it has a point. The
+	// keys' waiters wake, as a Yield's do. A replica calls it as it
+	// starts, with the Holder its claims give from then on.
+	//
+	// It never touches a key held by another replica, by current itself,
+	// or anonymously, nor a completed key.
+	//
+	// Returns an *ArgumentError when current is zero or malformed, having
+	// changed nothing. On any other error some of the leases may have
+	// ended; calling again is safe, and ends the rest.
+	YieldEarlier(ctx context.Context, current Holder) (int, error)
 }
 
 // Waiter is implemented by stores that can tell a waiting duplicate when a

@@ -130,6 +130,9 @@ func (s storeWithoutPoints) Complete(ctx context.Context, ref idem.Ref, resp ide
 func (s storeWithoutPoints) Release(ctx context.Context, ref idem.Ref) error {
 	return s.s.Release(ctx, ref)
 }
+func (s storeWithoutPoints) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (time.Time, error) {
+	return s.s.Renew(ctx, ref, lease)
+}
 func (s storeWithoutPoints) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
 	return s.s.Get(ctx, scope, key)
 }

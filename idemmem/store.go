@@ -35,6 +35,7 @@ var (
 	_ idem.Store     = (*Store)(nil)
 	_ idem.Waiter    = (*Store)(nil)
 	_ idem.Recoverer = (*Store)(nil)
+	_ idem.Restarter = (*Store)(nil)
 )
 
 type slot struct {
@@ -143,6 +144,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 				CreatedAt:      now,
 				LeaseExpiresAt: now.Add(req.Lease),
 				ExpiresAt:      now.Add(req.TTL),
+				Holder:         req.Holder,
 			},
 			changed: make(chan struct{}),
 		}
@@ -157,6 +159,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	default:
 		e.rec.Token = s.nextToken(now)
 		e.rec.LeaseExpiresAt = now.Add(req.Lease)
+		e.rec.Holder = req.Holder
 		e.signal()
 		return idem.Claim{Outcome: idem.Acquired, Token: e.rec.Token, Record: e.snapshot(), TookOver: true}, nil
 	}
@@ -201,6 +204,61 @@ func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
 	}
 	s.remove(k, e)
 	return nil
+}
+
+// Renew implements idem.Store. Like Complete, it does not look at the
+// lease: a holder whose lease ended but whom nobody took over renews it.
+func (s *Store) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (time.Time, error) {
+	if lease <= 0 {
+		return time.Time{}, &idem.ArgumentError{Field: "lease", Reason: "must be positive"}
+	}
+	if err := ctx.Err(); err != nil {
+		return time.Time{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.held(ref)
+	if e == nil {
+		return time.Time{}, idem.ErrLeaseLost
+	}
+	end := s.clock.Now().Add(lease)
+	e.rec.LeaseExpiresAt = end
+	if e.rec.ExpiresAt.Before(end) {
+		e.rec.ExpiresAt = end
+	}
+	return end, nil
+}
+
+// YieldEarlier implements idem.Restarter. It walks every record.
+func (s *Store) YieldEarlier(ctx context.Context, current idem.Holder) (int, error) {
+	if err := validateCurrent(current); err != nil {
+		return 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	n := 0
+	for _, e := range s.records {
+		h := e.rec.Holder
+		if h.Replica != current.Replica || h.Incarnation == current.Incarnation || !e.leaseLive(now) {
+			continue
+		}
+		e.rec.LeaseExpiresAt = now
+		e.signal()
+		n++
+	}
+	return n, nil
+}
+
+// validateCurrent checks the Holder given to YieldEarlier.
+func validateCurrent(h idem.Holder) error {
+	if h.IsZero() {
+		return &idem.ArgumentError{Field: "current", Reason: "must name a replica and its incarnation"}
+	}
+	return h.Validate()
 }
 
 // Get implements idem.Store.

@@ -270,6 +270,36 @@ func (s *Store) release(ctx context.Context, ref idem.Ref) error {
 	return nil
 }
 
+// Renew implements idem.Store: one statement (idempg's). Like Complete,
+// it does not look at the lease: a holder whose lease ended but whom nobody
+// took over renews it. With Config.Clock nil, the lease is counted from the
+// database's clock_timestamp() as the statement runs. On its own it
+// commits durably, as idempg's does, for the reason idempg gives; called
+// with a context that carries a transaction of the DB, it joins it, and
+// counts only once that transaction commits: renew with a context of its
+// own.
+//
+// An error other than ErrLeaseLost or an *idem.ArgumentError is ambiguous:
+// the lease may or may not have been renewed; renewing again is safe.
+func (s *Store) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (time.Time, error) {
+	if lease <= 0 {
+		return time.Time{}, &idem.ArgumentError{Field: "lease", Reason: "must be positive"}
+	}
+	q, _, err := s.db.writer(ctx)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("idempgsql: renew: %w", err)
+	}
+	var end time.Time
+	err = q.QueryRowContext(ctx, pgsql.Renew, string(ref.Scope), string(ref.Key), int64(ref.Token), pgsql.Micros(lease), s.db.now()).Scan(&end)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return time.Time{}, idem.ErrLeaseLost
+	case err != nil:
+		return time.Time{}, fmt.Errorf("idempgsql: renew: %w", err)
+	}
+	return end.UTC(), nil
+}
+
 // Get implements idem.Store. With Config.Clock nil, expiry is judged by the
 // database's clock. Called with a context whose transaction of the DB has
 // begun, it reads in that transaction and sees its writes.

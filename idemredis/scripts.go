@@ -294,4 +294,43 @@ tombstone(rk, token)
 return 1
 `)
 
-var allScripts = []*script{claimScript, completeScript, releaseScript, getScript, leaseScript, purgeScript}
+// renewScript starts a new lease of the key at now if the token holds it
+// in flight (see Store.Renew): the record's lease begins now and lasts
+// ARGV[3], its TTL is stretched to end no earlier than that lease, and Redis
+// keeps it at least that long; the waiter flag and everything after the
+// TTL are kept.
+//
+// KEYS: record. ARGV: now, token, lease (µs).
+//
+// Returns the renewed record, or nil when the token does not hold the key
+// in flight.
+var renewScript = newScript(`
+local rk = KEYS[1]
+local v = redis.call('GET', rk)
+if not v or string.byte(v) ~= 105 then -- absent, or not 'i'
+  return false
+end
+local p = ARGV[2] .. ' '
+if string.sub(v, 3, #p + 2) ~= p then
+  return false
+end
+` + luaNowNumber + `
+local head, created, ttl, rest = string.match(v, '^(i[-w]%d+ (%-?%d+) )%-?%d+ %d+ (%d+) ()')
+if not head then
+  return redis.error_reply('idemredis: ' .. rk .. ' is not a record')
+end
+local lease = tonumber(ARGV[3])
+local t = tonumber(ttl)
+if now + lease > tonumber(created) + t then
+  t = now + lease - tonumber(created)
+end
+local nv = head .. string.format('%d', now) .. ' ' .. ARGV[3] .. ' ' .. string.format('%d', t) .. ' ' .. string.sub(v, rest)
+redis.call('SET', rk, nv, 'KEEPTTL')
+local ms = math.ceil(lease / 1000) + ` + evictionSlackMs + `
+if redis.call('PTTL', rk) < ms then
+  redis.call('PEXPIRE', rk, ms)
+end
+return nv
+`)
+
+var allScripts = []*script{claimScript, completeScript, releaseScript, getScript, leaseScript, purgeScript, renewScript}

@@ -491,6 +491,46 @@ func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
 	return nil
 }
 
+// Renew implements idem.Store: one script, judged by Redis's clock (or
+// the injected one), which starts the lease anew at that time if the token
+// holds the key in flight, stretches the record's TTL to the lease end if
+// it would end before, and keeps the record in Redis at least that long.
+// Like Complete, it does not look at the lease: a holder whose lease ended
+// but whom nobody took over renews it (so long as Redis still keeps the
+// record).
+//
+// Ambiguous failures: on an error other than idem.ErrLeaseLost or an
+// *idem.ArgumentError the lease may or may not have been renewed; renewing
+// again is safe.
+func (s *Store) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (time.Time, error) {
+	if lease <= 0 {
+		return time.Time{}, &idem.ArgumentError{Field: "lease", Reason: "must be positive"}
+	}
+	if err := ctx.Err(); err != nil {
+		return time.Time{}, err
+	}
+	rk := recordKey(s.prefix, ref.Scope, ref.Key)
+	v, err := s.conn.evalText(ctx, renewScript, []string{rk},
+		s.scriptNow(), strconv.FormatInt(int64(ref.Token), 10), strconv.FormatInt(micros(lease), 10))
+	if errors.Is(err, errNilReply) {
+		return time.Time{}, idem.ErrLeaseLost
+	}
+	if err != nil {
+		return time.Time{}, fail("renew", err)
+	}
+	h, err := parseHeader(v, false)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("idemredis: renew: %w", err)
+	}
+	if s.ifeq.Load() {
+		// The record a completion by IFEQ compares with is the renewed one.
+		if _, ok := s.held.take(rk, int64(ref.Token)); ok {
+			s.held.put(rk, int64(ref.Token), v)
+		}
+	}
+	return usTime(h.leased + h.lease), nil
+}
+
 // Get implements idem.Store: a GET, judged by the process's clock (a read
 // decides nothing between holders), or the get script while the process
 // has no usable estimate of Redis's clock. An error other than

@@ -133,6 +133,9 @@ func (c completeTxOnly) Complete(ctx context.Context, ref idem.Ref, resp idem.Re
 func (c completeTxOnly) Release(ctx context.Context, ref idem.Ref) error {
 	return c.s.Release(ctx, ref)
 }
+func (c completeTxOnly) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (time.Time, error) {
+	return c.s.Renew(ctx, ref, lease)
+}
 func (c completeTxOnly) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
 	return c.s.Get(ctx, scope, key)
 }

@@ -41,6 +41,8 @@ var (
 	_ idem.TxClaimer    = (*Store)(nil)
 	_ idem.Replayer     = (*Store)(nil)
 	_ idem.SerialWriter = (*Store)(nil)
+	_ idem.Recoverer    = (*Store)(nil)
+	_ idem.Restarter    = (*Store)(nil)
 )
 
 // NewStore applies the store's schema migrations to db (component
@@ -83,35 +85,44 @@ var (
 		ORDER BY lease_expires_at LIMIT ?`)
 	sqlYieldKey = keysSQL(`UPDATE idem_keys SET lease_expires_at = min(lease_expires_at, ?)
 		WHERE scope = ? AND key = ? AND token = ? AND state = 'in_flight'`)
+	// sqlRenewKey sets the lease end ?1 and moves the expiry out to it.
+	sqlRenewKey = keysSQL(`UPDATE idem_keys SET lease_expires_at = ?1, expires_at = max(expires_at, ?1)
+		WHERE scope = ?2 AND key = ?3 AND token = ?4 AND state = 'in_flight'`)
+	// sqlYieldEarlier ends, at ?1, the live leases of replica ?2's keys
+	// held under an incarnation other than ?3, through idem_keys_holders.
+	sqlYieldEarlier = keysSQL(`UPDATE idem_keys SET lease_expires_at = ?1
+		WHERE state = 'in_flight' AND holder_replica = ?2 AND holder_incarnation <> ?3 AND lease_expires_at > ?1`)
 	sqlSaveRecovery = keysSQL(`UPDATE idem_keys SET recovery_point = ?, recovery_data = ?, recovery_saved_at = ?
 		WHERE scope = ? AND key = ? AND token = ? AND state = 'in_flight'`)
 	// sqlReplayKey reads what the replay of a completed key needs; the
 	// caller judges its expiry.
 	sqlReplayKey = keysSQL(`SELECT fingerprint = ?, status, header, body, body_omitted, expires_at
 		FROM idem_keys WHERE scope = ? AND key = ? AND state = 'completed'`)
-	sqlTakeOverKey = keysSQL(`UPDATE idem_keys SET token = ?, lease_expires_at = ? WHERE scope = ? AND key = ?`)
+	sqlTakeOverKey = keysSQL(`UPDATE idem_keys SET token = ?, lease_expires_at = ?, holder_replica = ?, holder_incarnation = ?
+		WHERE scope = ? AND key = ?`)
 	// sqlInsertKey claims a key that has no record.
 	sqlInsertKey = keysSQL(`INSERT INTO idem_keys
-		(scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+		(scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at, holder_replica, holder_incarnation)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (scope, key) DO NOTHING`)
 	// An expired record is overwritten in place: its token is the floor of
 	// the new one.
 	sqlClaimKey = keysSQL(`INSERT INTO idem_keys
-		(scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+		(scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at, holder_replica, holder_incarnation)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (scope, key) DO UPDATE SET
 			fingerprint = excluded.fingerprint, state = excluded.state, token = excluded.token,
 			status = NULL, header = NULL, body = NULL, body_omitted = 0,
 			created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
 			expires_at = excluded.expires_at, completed_at = NULL,
-			recovery_point = NULL, recovery_data = NULL, recovery_saved_at = NULL`)
+			recovery_point = NULL, recovery_data = NULL, recovery_saved_at = NULL,
+			holder_replica = excluded.holder_replica, holder_incarnation = excluded.holder_incarnation`)
 	// sqlInsertCompletedKey writes the record of a key claimed in
 	// ClaimTx's transaction, completed, once its work is done.
 	sqlInsertCompletedKey = keysSQL(`INSERT INTO idem_keys
 		(scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at,
-			status, header, body, body_omitted, completed_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+			status, header, body, body_omitted, completed_at, holder_replica, holder_incarnation)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
 	sqlCompleteKey = keysSQL(`UPDATE idem_keys
 		SET state = ?, status = ?, header = ?, body = ?, body_omitted = ?, completed_at = ?
 		WHERE scope = ? AND key = ? AND token = ? AND state = ?`)
@@ -127,7 +138,7 @@ var (
 // keyColumns are the columns of a record, as keyRow scans them.
 const keyColumns = `fingerprint, state, token, status, header, body, body_omitted,
 	created_at, lease_expires_at, expires_at, completed_at,
-	recovery_point, recovery_data, recovery_saved_at`
+	recovery_point, recovery_data, recovery_saved_at, holder_replica, holder_incarnation`
 
 // keyRow is a row of idem_keys as keyColumns read it.
 type keyRow struct {
@@ -139,12 +150,22 @@ type keyRow struct {
 	bodyOmitted                  bool
 	createdAt, leaseEnd, expires int64
 	recoverySavedAt              sql.NullInt64
+	holderReplica, holderInc     sql.NullString
 }
 
 func (k *keyRow) dest() []any {
 	return []any{&k.fingerprint, &k.state, &k.token, &k.status, &k.header, &k.body, &k.bodyOmitted,
 		&k.createdAt, &k.leaseEnd, &k.expires, &k.completedAt,
-		&k.recoveryPoint, &k.recoveryData, &k.recoverySavedAt}
+		&k.recoveryPoint, &k.recoveryData, &k.recoverySavedAt, &k.holderReplica, &k.holderInc}
+}
+
+// holderArgs are h as the columns holder_replica and holder_incarnation
+// keep it: NULL for an anonymous holder.
+func holderArgs(h idem.Holder) (replica, incarnation sql.NullString) {
+	if h.IsZero() {
+		return sql.NullString{}, sql.NullString{}
+	}
+	return sql.NullString{String: h.Replica, Valid: true}, sql.NullString{String: h.Incarnation, Valid: true}
 }
 
 // load reads the record of scope and key, expired or not.
@@ -171,6 +192,7 @@ func (k *keyRow) record(scope idem.Scope, key idem.Key) (idem.Record, error) {
 		CreatedAt:      fromNanos(k.createdAt),
 		LeaseExpiresAt: fromNanos(k.leaseEnd),
 		ExpiresAt:      fromNanos(k.expires),
+		Holder:         idem.Holder{Replica: k.holderReplica.String, Incarnation: k.holderInc.String},
 	}
 	if k.recoveryPoint.Valid {
 		rec.Recovery = idem.RecoveryPoint{Name: k.recoveryPoint.String, Data: k.recoveryData, SavedAt: fromNanos(k.recoverySavedAt.Int64)}
@@ -277,8 +299,9 @@ func (s *Store) claimIn(ctx context.Context, r runner, req idem.ClaimRequest) (i
 	// A new key, the common case, is claimed by one INSERT that finds no
 	// row in its way; only a key that exists is read and decided on.
 	fresh := freshRecord(req, now)
+	hr, hi := holderArgs(req.Holder)
 	res, err := r.exec(ctx, sqlInsertKey, string(fresh.Scope), string(fresh.Key), string(fresh.Fingerprint), stateInFlight, int64(fresh.Token),
-		fresh.CreatedAt.UnixNano(), fresh.LeaseExpiresAt.UnixNano(), fresh.ExpiresAt.UnixNano())
+		fresh.CreatedAt.UnixNano(), fresh.LeaseExpiresAt.UnixNano(), fresh.ExpiresAt.UnixNano(), hr, hi)
 	if err != nil {
 		return idem.Claim{}, err
 	}
@@ -306,6 +329,7 @@ func freshRecord(req idem.ClaimRequest, now time.Time) idem.Record {
 		CreatedAt:      now,
 		LeaseExpiresAt: now.Add(req.Lease),
 		ExpiresAt:      now.Add(req.TTL),
+		Holder:         req.Holder,
 	}
 }
 
@@ -324,7 +348,9 @@ func (s *Store) claimFound(ctx context.Context, r runner, req idem.ClaimRequest,
 		}
 		rec.Token = nextToken(rec.Token, now)
 		rec.LeaseExpiresAt = now.Add(req.Lease)
-		if _, err := r.exec(ctx, sqlTakeOverKey, int64(rec.Token), rec.LeaseExpiresAt.UnixNano(), string(req.Scope), string(req.Key)); err != nil {
+		rec.Holder = req.Holder
+		hr, hi := holderArgs(req.Holder)
+		if _, err := r.exec(ctx, sqlTakeOverKey, int64(rec.Token), rec.LeaseExpiresAt.UnixNano(), hr, hi, string(req.Scope), string(req.Key)); err != nil {
 			return idem.Claim{}, err
 		}
 		return idem.Claim{Outcome: idem.Acquired, Token: rec.Token, Record: rec, TookOver: true}, nil
@@ -334,8 +360,9 @@ func (s *Store) claimFound(ctx context.Context, r runner, req idem.ClaimRequest,
 	if found {
 		fresh.Token = nextToken(rec.Token, now)
 	}
+	hr, hi := holderArgs(req.Holder)
 	if _, err := r.exec(ctx, sqlClaimKey, string(fresh.Scope), string(fresh.Key), string(fresh.Fingerprint), stateInFlight, int64(fresh.Token),
-		fresh.CreatedAt.UnixNano(), fresh.LeaseExpiresAt.UnixNano(), fresh.ExpiresAt.UnixNano()); err != nil {
+		fresh.CreatedAt.UnixNano(), fresh.LeaseExpiresAt.UnixNano(), fresh.ExpiresAt.UnixNano(), hr, hi); err != nil {
 		return idem.Claim{}, err
 	}
 	return idem.Claim{Outcome: idem.Acquired, Token: fresh.Token, Record: fresh}, nil
@@ -457,9 +484,10 @@ func (s *Store) insertCompleted(ctx context.Context, tx *sql.Tx, rec idem.Record
 	if err != nil {
 		return err
 	}
+	hr, hi := holderArgs(rec.Holder)
 	_, err = s.db.in(tx).exec(ctx, sqlInsertCompletedKey, string(rec.Scope), string(rec.Key), string(rec.Fingerprint),
 		stateCompleted, int64(rec.Token), rec.CreatedAt.UnixNano(), rec.LeaseExpiresAt.UnixNano(), rec.ExpiresAt.UnixNano(),
-		resp.Status, header, resp.Body, resp.BodyOmitted, s.clock.Now().UnixNano())
+		resp.Status, header, resp.Body, resp.BodyOmitted, s.clock.Now().UnixNano(), hr, hi)
 	return err
 }
 
@@ -551,6 +579,58 @@ func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
 		return fmt.Errorf("idemsqlite: release: %w", err)
 	}
 	return nil
+}
+
+// Renew implements idem.Store. Like Complete, it does not look at the
+// lease: a holder whose lease ended but whom nobody took over renews it.
+//
+// On its own it is one short write transaction that commits without a
+// sync, and joins no group commit (see the package documentation): a
+// renewal that a power failure loses was made by a process that died
+// with it, and holds nothing any more; and a renewal that waited for a
+// group's commit would count its lease from before that wait. Called with
+// a context that carries a transaction of the DB, it joins it, and counts
+// only once that transaction commits: renew with a context of its own.
+func (s *Store) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (time.Time, error) {
+	if lease <= 0 {
+		return time.Time{}, &idem.ArgumentError{Field: "lease", Reason: "must be positive"}
+	}
+	var end time.Time
+	err := s.db.withUnsyncedTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		// The time is read once the writer is ours.
+		end = s.clock.Now().Add(lease)
+		return s.fencedUpdateIn(ctx, tx, sqlRenewKey, end.UnixNano(), string(ref.Scope), string(ref.Key), int64(ref.Token))
+	})
+	if err != nil {
+		return time.Time{}, fmt.Errorf("idemsqlite: renew: %w", err)
+	}
+	return end, nil
+}
+
+// YieldEarlier implements idem.Restarter: one synced write transaction,
+// through an index that holds only the keys in flight under a named
+// holder. Called with a context that carries a transaction of the DB, it
+// joins it.
+func (s *Store) YieldEarlier(ctx context.Context, current idem.Holder) (int, error) {
+	if current.IsZero() {
+		return 0, &idem.ArgumentError{Field: "current", Reason: "must name a replica and its incarnation"}
+	}
+	if err := current.Validate(); err != nil {
+		return 0, err
+	}
+	var n int64
+	err := s.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		res, err := s.db.in(tx).exec(ctx, sqlYieldEarlier, s.clock.Now().UnixNano(), current.Replica, current.Incarnation)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("idemsqlite: yield earlier: %w", err)
+	}
+	return int(n), nil
 }
 
 // Get implements idem.Store. It reads on a reader connection, so it never
@@ -721,15 +801,20 @@ func (s *Store) SaveRecovery(ctx context.Context, ref idem.Ref, rp idem.Recovery
 // returns idem.ErrLeaseLost when it changed no row.
 func (s *Store) fencedUpdate(ctx context.Context, stmt *statement, args ...any) error {
 	return s.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		res, err := s.db.in(tx).exec(ctx, stmt, args...)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil || n == 1 {
-			return err
-		}
-		return idem.ErrLeaseLost
+		return s.fencedUpdateIn(ctx, tx, stmt, args...)
 	})
+}
+
+// fencedUpdateIn is fencedUpdate's statement, in tx.
+func (s *Store) fencedUpdateIn(ctx context.Context, tx *sql.Tx, stmt *statement, args ...any) error {
+	res, err := s.db.in(tx).exec(ctx, stmt, args...)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 1 {
+		return err
+	}
+	return idem.ErrLeaseLost
 }
 
 // Yield implements idem.Recoverer. Called with a context that carries a

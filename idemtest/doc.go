@@ -14,10 +14,15 @@
 // (atomic claims under 64 racing goroutines, replay of the exact response,
 // fingerprint mismatches, scopes, lease takeover with greater fencing tokens,
 // refused stale holders, TTL expiry, Purge limits, argument validation,
-// cancellation, and linearizability, below). When the store also implements
-// idem.TxStore, idem.TxClaimer, idem.Replayer or idem.Waiter,
-// their contracts are checked too; otherwise those groups are skipped with
-// the reason.
+// cancellation, lease renewal (a renewed key is not taken over before its
+// new end, outlives its TTL while renewed, and a stale, taken-over or
+// completed holder's renewal changes nothing), and linearizability, below).
+// When the store also implements idem.TxStore, idem.TxClaimer,
+// idem.Replayer, idem.Restarter (the holder recorded; ending an earlier
+// incarnation's leases touches only those, which are then taken over at
+// once, and listed as abandoned when they have a recovery point) or
+// idem.Waiter, their contracts are checked too; otherwise those groups are
+// skipped with the reason.
 //
 // The constructor gets each subtest's *testing.T and a Clock, and must return
 // a fresh, empty store that reads time from that clock:

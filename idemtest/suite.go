@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,9 +29,8 @@ const (
 )
 
 // TestStore runs the conformance suite for idem.Store, and for
-// idem.TxStore, idem.TxClaimer, idem.Replayer and idem.Waiter when the
-// store implements
-// them, as subtests of t.
+// idem.TxStore, idem.TxClaimer, idem.Replayer, idem.Restarter and
+// idem.Waiter when the store implements them, as subtests of t.
 //
 // newStore is called once per subtest, from that subtest's goroutine, and
 // must return a fresh, empty store that reads the time from clock. It should
@@ -82,6 +82,20 @@ func TestStore(t *testing.T, newStore func(t *testing.T, clock idem.Clock) idem.
 		testReplayer(t, e, e.store.(idem.Replayer))
 	})
 
+	t.Run("Restarter", func(t *testing.T) {
+		t.Parallel()
+		if _, ok := newStore(t, idemmem.NewClock(Start)).(idem.Restarter); !ok {
+			t.Skip("the store does not implement idem.Restarter")
+		}
+		for _, tc := range restarterTests {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t, newStore)
+				tc.run(t, e, e.store.(idem.Restarter))
+			})
+		}
+	})
+
 	t.Run("Waiter", func(t *testing.T) {
 		t.Parallel()
 		if _, ok := newStore(t, idemmem.NewClock(Start)).(idem.Waiter); !ok {
@@ -120,6 +134,11 @@ var storeTests = []struct {
 	{"InvalidClaim", testInvalidClaim},
 	{"CancelledContext", testCancelledContext},
 	{"GetUnknown", testGetUnknown},
+	{"Renew", testRenew},
+	{"RenewRefused", testRenewRefused},
+	{"RenewLateHolder", testRenewLateHolder},
+	{"RenewOutlivesTTL", testRenewOutlivesTTL},
+	{"RenewInvalid", testRenewInvalid},
 	{"Linearizable", testLinearizable},
 }
 
@@ -261,6 +280,9 @@ func checkRecord(t *testing.T, what string, got, want idem.Record) {
 	}
 	if d := responseDiff(got.Response, want.Response); d != "" {
 		diffs = append(diffs, d)
+	}
+	if got.Holder != want.Holder {
+		diff("Holder", got.Holder, want.Holder)
 	}
 	if len(diffs) > 0 {
 		t.Errorf("%s: record differs:\n\t%s\n\tgot  %+v\n\twant %+v", what, joinLines(diffs), got, want)
@@ -867,6 +889,13 @@ func testInvalidClaim(t *testing.T, e *env) {
 		{"negative lease", func(r *idem.ClaimRequest) { r.Lease = -time.Second }},
 		{"zero TTL", func(r *idem.ClaimRequest) { r.TTL = 0 }},
 		{"TTL shorter than lease", func(r *idem.ClaimRequest) { r.TTL = r.Lease - time.Millisecond }},
+		{"holder without incarnation", func(r *idem.ClaimRequest) { r.Holder = idem.Holder{Replica: "a"} }},
+		{"holder without replica", func(r *idem.ClaimRequest) { r.Holder = idem.Holder{Incarnation: "1"} }},
+		{"holder with a control character", func(r *idem.ClaimRequest) { r.Holder = idem.Holder{Replica: "a", Incarnation: "1\x00"} }},
+		{"holder not UTF-8", func(r *idem.ClaimRequest) { r.Holder = idem.Holder{Replica: "\xff", Incarnation: "1"} }},
+		{"holder too long", func(r *idem.ClaimRequest) {
+			r.Holder = idem.Holder{Replica: "a", Incarnation: strings.Repeat("1", idem.MaxHolderLen+1)}
+		}},
 	}
 	for _, tc := range cases {
 		req := valid

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmem"
@@ -16,7 +17,10 @@ import (
 // txMem adds a CompleteTx to the reference store, so the suite's TxStore
 // group runs here too. It is not transactional (there is no database), which
 // the suite cannot see and does not need to.
-type txMem struct{ *idemmem.Store }
+type txMem struct {
+	*idemmem.Store
+	clock idem.Clock
+}
 
 func (s txMem) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) (bool, error) {
 	resp, keep, err := work(ctx)
@@ -46,7 +50,7 @@ func (s txMem) Replay(ctx context.Context, scope idem.Scope, key idem.Key, fp id
 }
 
 func newReference(clock idem.Clock) txMem {
-	return txMem{idemmem.NewStore(&idemmem.Config{Clock: clock})}
+	return txMem{idemmem.NewStore(&idemmem.Config{Clock: clock}), clock}
 }
 
 func TestStoreOnReference(t *testing.T) {
@@ -72,10 +76,13 @@ var brokenStores = map[string]struct {
 	"claim always acquires":    {"ConcurrentClaimOneKey", func(s txMem) idem.Store { return claimAlwaysAcquires{s} }},
 	// The same store, as the linearizability check sees it.
 	"claim always acquires, checked for linearizability": {"Linearizable", func(s txMem) idem.Store { return claimAlwaysAcquires{s} }},
-	"no takeover flag":           {"LeaseTakeover", func(s txMem) idem.Store { return noTakeoverFlag{s} }},
-	"tx keeps on error":          {"TxStore/WorkError", func(s txMem) idem.Store { return txKeepsOnError{s} }},
-	"replay ignores fingerprint": {"Replayer", func(s txMem) idem.Store { return replayIgnoresFingerprint{s} }},
-	"replays keys in flight":     {"Replayer", func(s txMem) idem.Store { return replaysInFlight{s} }},
+	"no takeover flag":                             {"LeaseTakeover", func(s txMem) idem.Store { return noTakeoverFlag{s} }},
+	"tx keeps on error":                            {"TxStore/WorkError", func(s txMem) idem.Store { return txKeepsOnError{s} }},
+	"replay ignores fingerprint":                   {"Replayer", func(s txMem) idem.Store { return replayIgnoresFingerprint{s} }},
+	"replays keys in flight":                       {"Replayer", func(s txMem) idem.Store { return replaysInFlight{s} }},
+	"renew ignores fencing":                        {"RenewRefused", func(s txMem) idem.Store { return renewIgnoresFencing{s} }},
+	"renew keeps nothing":                          {"Renew", func(s txMem) idem.Store { return renewKeepsNothing{s, s.clock} }},
+	"yield earlier ends the current incarnation's": {"Restarter/YieldEarlier", func(s txMem) idem.Store { return yieldsEveryIncarnation{s} }},
 }
 
 type completeIgnoresFencing struct{ txMem }
@@ -233,4 +240,33 @@ func (s replaysInFlight) Replay(ctx context.Context, scope idem.Scope, key idem.
 		return &idem.Response{}, false, nil
 	}
 	return s.txMem.Replay(ctx, scope, key, fp)
+}
+
+type renewIgnoresFencing struct{ txMem }
+
+// Renew renews whatever token holds the key.
+func (s renewIgnoresFencing) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (time.Time, error) {
+	if rec, err := s.Get(ctx, ref.Scope, ref.Key); err == nil && rec.State == idem.StateInFlight {
+		ref.Token = rec.Token
+	}
+	return s.txMem.Renew(ctx, ref, lease)
+}
+
+type renewKeepsNothing struct {
+	txMem
+	clock idem.Clock
+}
+
+// Renew answers as if it renewed, and changes nothing.
+func (s renewKeepsNothing) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (time.Time, error) {
+	return s.clock.Now().Add(lease), nil
+}
+
+type yieldsEveryIncarnation struct{ txMem }
+
+// YieldEarlier ends the leases of every incarnation of the replica, the
+// current one's too.
+func (s yieldsEveryIncarnation) YieldEarlier(ctx context.Context, current idem.Holder) (int, error) {
+	current.Incarnation = "none of them"
+	return s.txMem.YieldEarlier(ctx, current)
 }

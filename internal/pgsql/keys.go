@@ -194,6 +194,16 @@ const SaveRecovery = `UPDATE idem_keys SET recovery_point = $4, recovery_data = 
 const Yield = `UPDATE idem_keys SET lease_expires_at = least(lease_expires_at, coalesce($4::timestamptz, clock_timestamp()))
 	WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'`
 
+// Renew starts a new lease of $4 µs at the statement's time if the token
+// holds the key in flight, moving the record's expiry out to the lease end
+// when it would end before, and returns the lease end; no row when the
+// token does not hold the key.
+const Renew = `UPDATE idem_keys AS k SET lease_expires_at = n.t + $4::bigint * interval '1 microsecond',
+		expires_at = greatest(k.expires_at, n.t + $4::bigint * interval '1 microsecond')
+	FROM (SELECT coalesce($5::timestamptz, clock_timestamp()) AS t) AS n
+	WHERE k.scope = $1 AND k.key = $2 AND k.token = $3 AND k.state = 'in_flight'
+	RETURNING k.lease_expires_at`
+
 // Abandoned lists up to $2 keys in flight with a recovery point whose lease
 // ended, oldest lease end first, through the partial index
 // idem_keys_recovering.
