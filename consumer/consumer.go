@@ -61,7 +61,8 @@ type Config struct {
 	// Subscriber delivers the topic's messages. Required.
 	Subscriber idem.Subscriber
 	// Inbox de-duplicates the messages, in the database the handler writes
-	// to. Required.
+	// to. Required: NoInbox, which de-duplicates nothing, says so where
+	// the handler's effect is idempotent by itself.
 	Inbox idem.Inbox
 	// DeadLetters keeps the messages that failed for good. Required.
 	DeadLetters idem.DeadLetters
@@ -130,6 +131,20 @@ type Config struct {
 	// AfterDeadLetter says what happens to a key's later messages once one
 	// of its messages is dead-lettered. Defaults to Park.
 	AfterDeadLetter OrderPolicy
+
+	// Unordered handles messages that have a Key as those without one: no
+	// per-key order. A key's messages may then be handled at once, in
+	// batches side by side, and a message that failed is handed back to
+	// the transport with its delay (Nack), so that the later messages of
+	// its key overtake it; a dead letter holds no key back, whatever
+	// AfterDeadLetter says. For consumers whose messages carry the final
+	// state with a version (Sequence with idem.GapAllow: a message older
+	// than what was applied is a duplicate), where the order of arrival
+	// does not change the outcome and waiting behind a key only costs
+	// time. An effect that adds, or that sets a state without a version,
+	// needs the order: see the package documentation, "Order". Defaults
+	// to false: a key's messages are handled one at a time, in order.
+	Unordered bool
 
 	// Concurrency is how many messages are handled at once. Messages of
 	// one key are always handled one at a time, in order. Defaults to 4.

@@ -39,6 +39,12 @@
 //     attempt really runs again (unlike a de-duplicator that marks a message
 //     seen before its handler runs).
 //
+// Where the handler's effect is idempotent by itself (it sets a state
+// under a version it checks, or passes the message ID on to a service that
+// de-duplicates by it), NoInbox records nothing and saves the inbox's
+// write; every delivery then reaches the handler, and an effect that adds
+// counts a redelivery twice.
+//
 // # De-duplication keys
 //
 // A message usually carries its key already, of one of two kinds. The
@@ -191,6 +197,17 @@
 // Several processes sharing one consumer name keep per-key order only if
 // the transport gives each key to one of them.
 //
+// Which effects need the order: one that adds (a balance) ends with the
+// right total in any order, but passes through states that never were (a
+// refund before its payment, a negative balance); one that sets a state
+// ("paid", then "refunded") ends wrong when a retry lets the earlier
+// message land last, undoing the later one. A message that carries the
+// final state with a version needs no order: with Config.Sequence under
+// idem.GapAllow, a message older than what was applied is a duplicate, so
+// the last state wins whatever the order of arrival. Such a consumer may
+// set Config.Unordered, so that a key's messages no longer wait for each
+// other. `idem demo messages` shows the four side by side.
+//
 // # Dead letters and parked keys
 //
 // A dead letter keeps the original message, the consumer's name, every
@@ -244,6 +261,7 @@
 // # Testing
 //
 // Time comes from Config.Clock and timers from Config.Timers, so a test
-// drives retries and heartbeats by moving a manual clock (idemmem.Clock)
-// with Timers of its own, instead of sleeping.
+// drives retries and heartbeats by moving a manual clock instead of
+// sleeping: idemmem.Clock is both, its timers firing when the test moves
+// it.
 package consumer

@@ -3,7 +3,9 @@ package consumer_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -84,4 +86,90 @@ func Example_sequence() {
 	// balance: 130
 	// duplicates: 1
 	// version 4 held for version 3: true
+}
+
+// Events that carry the final state with a version need no order: under
+// idem.GapAllow a version older than the one applied is a duplicate, so
+// the last state wins whatever the order of arrival, and Unordered lets a
+// key's events overtake each other instead of waiting. Here "paid"
+// (version 1) fails once and is retried after "refunded" (version 2) was
+// applied: its retry is a duplicate, and the refund stands. The clock is
+// a manual one, so the retry comes exactly when the example moves it.
+func ExampleConfig_unordered() {
+	ctx := context.Background()
+	clock := idemmem.NewClock(time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC))
+	transport := idemmem.NewTransport(&idemmem.TransportConfig{Clock: clock, Poll: time.Millisecond})
+	defer transport.Close()
+	status := make(map[string]string)
+
+	c, err := consumer.New(&consumer.Config{
+		Name:        "payment-status",
+		Topic:       "payments.changed",
+		Subscriber:  transport,
+		Inbox:       idemmem.NewInbox(), // an idem.SequenceInbox
+		DeadLetters: idemmem.NewDeadLetters(nil),
+		Ledger:      idemmem.NewLedger(),
+		InTx:        idemmem.Transact,
+		Sequence: func(m idem.Message) (string, uint64, error) {
+			var e struct {
+				Payment string `json:"payment"`
+				Version uint64 `json:"version"`
+			}
+			err := json.Unmarshal(m.Payload, &e)
+			return e.Payment, e.Version, err
+		},
+		Gap:       idem.GapAllow, // each event is the whole state: skipping is fine
+		Unordered: true,          // so a key's events need not wait for each other
+		Clock:     clock,
+		Timers:    clock,
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	event := func(id string, version uint64, state string) idem.Message {
+		return idem.Message{
+			ID: id, Topic: "payments.changed", Key: "pay_1",
+			Payload: fmt.Appendf(nil, `{"payment":"pay_1","version":%d,"status":%q}`, version, state),
+		}
+	}
+	_ = transport.Publish(ctx, event("m-1", 1, "paid"), event("m-2", 2, "refunded"))
+
+	var mu sync.Mutex
+	failed := false
+	h := func(ctx context.Context, m idem.Message) error {
+		var e struct{ Status string }
+		if err := json.Unmarshal(m.Payload, &e); err != nil {
+			return idem.Permanent(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if e.Status == "paid" && !failed {
+			failed = true
+			return idem.RetryAfter(errors.New("database timeout"), time.Minute)
+		}
+		status["pay_1"] = e.Status // a real handler writes in the inbox's transaction
+		return nil
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() { stopped <- c.Run(runCtx, h) }()
+	waitStats := func(done func(consumer.Stats) bool) {
+		for deadline := time.Now().Add(time.Minute); !done(c.Stats()) && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitStats(func(s consumer.Stats) bool { return s.Processed == 1 && s.Retried == 1 })
+	clock.Advance(time.Minute) // the retry of "paid" is due
+	waitStats(func(s consumer.Stats) bool { return s.Duplicates == 1 })
+	cancel()
+	<-stopped
+
+	mu.Lock()
+	defer mu.Unlock()
+	fmt.Println("status:", status["pay_1"])
+	fmt.Println("late paid was a duplicate:", c.Stats().Duplicates == 1)
+	// Output:
+	// status: refunded
+	// late paid was a duplicate: true
 }

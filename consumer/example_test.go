@@ -231,3 +231,43 @@ func ExampleConsumer_RunBatch() {
 	// total: 2500
 	// dead letter: evt-2 bad amount in evt-2
 }
+
+// NoInbox records nothing, so a message delivered twice runs the handler
+// twice: fine for an effect that sets a state, as here, and wrong for one
+// that adds, which needs an inbox.
+func ExampleNoInbox() {
+	ctx := context.Background()
+	transport := idemmem.NewTransport(nil)
+	defer transport.Close()
+	c, err := consumer.New(&consumer.Config{
+		Name:        "email",
+		Topic:       "customers.changed",
+		Subscriber:  transport,
+		Inbox:       consumer.NoInbox{},
+		DeadLetters: idemmem.NewDeadLetters(nil),
+		Ledger:      idemmem.NewLedger(),
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	m := idem.Message{ID: "m-1", Topic: "customers.changed", Key: "cus_1", Payload: []byte(`{"email":"a@b.com"}`)}
+	_ = transport.Publish(ctx, m, m) // delivered twice
+
+	var email string
+	runs := 0
+	runUntil(c, func(ctx context.Context, m idem.Message) error {
+		var e struct{ Email string }
+		if err := json.Unmarshal(m.Payload, &e); err != nil {
+			return idem.Permanent(err)
+		}
+		runs++
+		email = e.Email // setting: the same result however often it runs
+		return nil
+	}, func(s consumer.Stats) bool { return s.Processed == 2 })
+	fmt.Println("handler runs:", runs)
+	fmt.Println("email:", email)
+	// Output:
+	// handler runs: 2
+	// email: a@b.com
+}

@@ -33,7 +33,7 @@ type entry struct {
 	dedupErr  error
 	aggregate string // with Config.Sequence: what the inbox
 	seq       uint64 // de-duplicates by
-	ordered   bool   // msg.Key != "": one at a time, in order, with its key
+	ordered   bool   // msg.Key != "" and not Unordered: one at a time, in order, with its key
 	d         idem.Delivery
 
 	// Guarded by runner.mu.
@@ -176,7 +176,7 @@ func (r *runner) read() error {
 		for i, d := range ds {
 			m := d.Message()
 			dedup, derr := r.dedupKey(m)
-			e := &entry{msg: m, dedup: dedup, dedupErr: derr, ordered: m.Key != "", d: d}
+			e := &entry{msg: m, dedup: dedup, dedupErr: derr, ordered: m.Key != "" && !r.cfg.Unordered, d: d}
 			if r.seqInbox != nil && derr == nil {
 				e.aggregate, e.seq, e.dedupErr = r.sequence(m)
 			}

@@ -79,3 +79,25 @@ func ExampleStore_WaitChange() {
 	// Output:
 	// duplicate: completed 200
 }
+
+// A Clock is also idem.Timers: a timer fires when the clock is moved past
+// it, never because real time passed, so a test of retries or heartbeats
+// takes no time and cannot be late.
+func ExampleClock_AfterFunc() {
+	clock := idemmem.NewClock(time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC))
+	fired := make(chan time.Time, 1)
+	clock.AfterFunc(30*time.Second, func() { fired <- clock.Now() })
+
+	clock.Advance(29 * time.Second)
+	select {
+	case <-fired:
+		fmt.Println("fired early")
+	default:
+		fmt.Println("after 29s: waiting")
+	}
+	clock.Advance(time.Second)
+	fmt.Println("fired at", (<-fired).Format(time.TimeOnly))
+	// Output:
+	// after 29s: waiting
+	// fired at 12:00:30
+}
