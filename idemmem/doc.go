@@ -9,6 +9,10 @@
 // greater fencing token, and a completed key replays its response. Every
 // record handed out is a copy; callers cannot change what the store keeps.
 //
+// It is an idem.Recoverer and an idem.Restarter too: it keeps recovery
+// points and the holder of each claim, and Renew and YieldEarlier change
+// a lease under the same lock.
+//
 // The store also implements idem.Waiter: each record has a channel that is
 // closed when it is completed, released, taken over or purged, so a
 // duplicate request can wait for the first one instead of polling.

@@ -32,7 +32,7 @@ func TestInsertClaimCommitsAsynchronously(t *testing.T) {
 		err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
 			var token int64
 			var a, b, c any
-			if err := tx.QueryRow(ctx, pgsql.InsertClaim, "s", "k", "fp", int64(1000000), int64(3600000000), nil, async).
+			if err := tx.QueryRow(ctx, pgsql.InsertClaim, "s", "k", "fp", int64(1000000), int64(3600000000), nil, async, nil, nil).
 				Scan(&token, &a, &b, &c); err != nil {
 				return err
 			}

@@ -180,6 +180,20 @@
 // anew, and never claims anew a key in flight with one; Abandoned reads a
 // partial index that holds only those keys. See docs/recovery.md.
 //
+// # Leases and holders
+//
+// Renew starts a holder's lease anew, fenced by its token, in one
+// statement that commits durably (a renewal the server lost in a crash
+// would leave a live holder with a shorter lease than it was told); it
+// moves the record's expiry out to the new lease end when that is later.
+// The Store is an idem.Restarter: the claim's holder (replica and
+// incarnation) lives in idem_keys (keys migration 0005, shared with
+// idempgsql), written by every claim and takeover; YieldEarlier ends an
+// earlier incarnation's leases through a partial index that holds only the
+// keys in flight under a named holder, and wakes their waiters. The
+// function idem_claim of migration 0004 (nine arguments) stays, for
+// replicas not yet upgraded, and claims anonymously through the new one.
+//
 // # Time
 //
 // With Config.Clock nil, the database's clock decides: claims, Get,

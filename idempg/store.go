@@ -46,6 +46,7 @@ var (
 	_ idem.Waiter    = (*Store)(nil)
 	_ idem.Replayer  = (*Store)(nil)
 	_ idem.Recoverer = (*Store)(nil)
+	_ idem.Restarter = (*Store)(nil)
 )
 
 // NewStore applies the store's schema migrations to db (component
@@ -137,9 +138,10 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 		token                        int64
 		created, leaseEnd, expiresAt time.Time
 	)
+	hr, hi := pgsql.HolderArgs(req.Holder)
 	err = q.QueryRow(ctx, pgsql.InsertClaim,
 		string(req.Scope), string(req.Key), string(req.Fingerprint),
-		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), st == nil,
+		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), st == nil, hr, hi,
 	).Scan(&token, &created, &leaseEnd, &expiresAt)
 	switch {
 	case err == nil:
@@ -184,10 +186,11 @@ func (s *Store) claimExisting(ctx context.Context, q querier, st *txState, req i
 		row      pgsql.RecordRow
 	)
 	outcome := new(string)
+	hr, hi := pgsql.HolderArgs(req.Holder)
 	err := q.QueryRow(ctx, pgsql.Claim,
 		string(req.Scope), string(req.Key), string(req.Fingerprint),
 		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), st == nil,
-		s.channel, pgsql.NotifyID(req.Scope, req.Key),
+		s.channel, pgsql.NotifyID(req.Scope, req.Key), hr, hi,
 	).Scan(append([]any{outcome, &tookOver}, row.Dest()...)...)
 	if err != nil {
 		return idem.Claim{}, fmt.Errorf("idempg: claim: %w", err)
@@ -205,9 +208,10 @@ const insertClaimTxSQL = `WITH o AS MATERIALIZED (SELECT current_setting('lock_t
 s AS MATERIALIZED (SELECT set_config('lock_timeout', $7, true) FROM o),
 l AS MATERIALIZED (SELECT pg_advisory_xact_lock(idem_key_lock($1::text, $2::text)) FROM s),
 n AS MATERIALIZED (SELECT coalesce($6::timestamptz, clock_timestamp()) AS t FROM l)
-INSERT INTO idem_keys AS k (scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at)
+INSERT INTO idem_keys AS k (scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at,
+	holder_replica, holder_incarnation)
 SELECT $1::text, $2::text, $3::text, 'in_flight', idem_clock_us(), n.t,
-	n.t + $4::bigint * interval '1 microsecond', n.t + $5::bigint * interval '1 microsecond'
+	n.t + $4::bigint * interval '1 microsecond', n.t + $5::bigint * interval '1 microsecond', $8::text, $9::text
 FROM n
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING k.token, k.created_at, k.lease_expires_at, k.expires_at, set_config('lock_timeout', (SELECT lt FROM o), true)`
@@ -326,10 +330,10 @@ SELECT set_config('lock_timeout', (SELECT lt FROM o), true), idem_clock_us(),
 // claimant that did not take the lock can have written) fails it with a
 // unique violation.
 const insertCompletedSQL = `INSERT INTO idem_keys (scope, key, fingerprint, state, token, status, header, body, body_omitted,
-	created_at, lease_expires_at, expires_at, completed_at)
+	created_at, lease_expires_at, expires_at, completed_at, holder_replica, holder_incarnation)
 VALUES ($1, $2, $3, 'completed', $4, $5, $6, $7, $8, $9::timestamptz,
 	$9::timestamptz + $10::bigint * interval '1 microsecond', $9::timestamptz + $11::bigint * interval '1 microsecond',
-	coalesce($12::timestamptz, clock_timestamp()))`
+	coalesce($12::timestamptz, clock_timestamp()), $13::text, $14::text)`
 
 // uniqueViolation is the SQLSTATE of insertCompletedSQL's refusal.
 const uniqueViolation = "23505"
@@ -399,8 +403,9 @@ func (s *Store) claimTxLocked(ctx context.Context, req idem.ClaimRequest, lockTi
 	if err != nil {
 		return claim, false, fmt.Errorf("idempg: complete: %w", err)
 	}
+	hr, hi := pgsql.HolderArgs(req.Holder)
 	_, err = st.commit(&stmt{insertCompletedSQL, []any{scope, key, string(req.Fingerprint), token,
-		int32(resp.Status), header, resp.Body, resp.BodyOmitted, now, pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now()}}, false)
+		int32(resp.Status), header, resp.Body, resp.BodyOmitted, now, pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), hr, hi}}, false)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == uniqueViolation:
@@ -451,9 +456,10 @@ func (s *Store) claimTxOnce(ctx context.Context, req idem.ClaimRequest, lockTime
 		token                        int64
 		created, leaseEnd, expiresAt time.Time
 	)
+	hr, hi := pgsql.HolderArgs(req.Holder)
 	err = st.tx.QueryRow(txCtx, insertClaimTxSQL,
 		string(req.Scope), string(req.Key), string(req.Fingerprint),
-		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), lockTimeout,
+		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), lockTimeout, hr, hi,
 	).Scan(&token, &created, &leaseEnd, &expiresAt, nil) // nil: lock_timeout set back
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -679,6 +685,59 @@ func (s *Store) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (t
 		return time.Time{}, fmt.Errorf("idempg: renew: %w", err)
 	}
 	return end.UTC(), nil
+}
+
+// YieldEarlier implements idem.Restarter: one statement through a partial
+// index that holds only the keys in flight under a named holder, then the
+// wake-ups of the keys it ended, so that duplicates waiting for them take
+// them over at once. On its own it commits durably; called with a context
+// that carries a transaction of the DB, it joins it, and the waiters wake
+// when that transaction commits. With Config.Clock nil, leases are ended
+// at the database's time.
+func (s *Store) YieldEarlier(ctx context.Context, current idem.Holder) (int, error) {
+	if err := pgsql.ValidateCurrent(current); err != nil {
+		return 0, err
+	}
+	_, st, err := s.q(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("idempg: yield earlier: %w", err)
+	}
+	query := s.db.pool.Query
+	if st != nil {
+		query = st.tx.Query
+	}
+	rows, err := query(ctx, pgsql.YieldEarlier, current.Replica, current.Incarnation, s.db.now())
+	if err != nil {
+		return 0, fmt.Errorf("idempg: yield earlier: %w", err)
+	}
+	var ended []wake
+	for rows.Next() {
+		w := wake{channel: s.channel}
+		if err := rows.Scan(&w.scope, &w.key); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("idempg: yield earlier: %w", err)
+		}
+		ended = append(ended, w)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("idempg: yield earlier: %w", err)
+	}
+	if st != nil {
+		for _, w := range ended {
+			st.addWake(w)
+		}
+		return len(ended), nil
+	}
+	if len(ended) > 0 {
+		// Committed: a wake-up that fails costs the waiters only their
+		// wait.
+		b := &pgx.Batch{}
+		for _, w := range ended {
+			b.Queue(pgsql.Wake, w.channel, pgsql.NotifyID(idem.Scope(w.scope), idem.Key(w.key)), w.scope, w.key)
+		}
+		s.db.pool.SendBatch(ctx, b).Close()
+	}
+	return len(ended), nil
 }
 
 // Get implements idem.Store. With Config.Clock nil, expiry is judged by the

@@ -312,3 +312,39 @@ func TestPurgeTransactions(t *testing.T) {
 		t.Errorf("Purge after the rolled back one = %d, %v; want 2, nil", n, err)
 	}
 }
+
+// A process that has not been upgraded past the holders' migration still
+// claims through the function it knows (idem_claim's nine arguments), and
+// its takeover records no holder: the key is no longer the named holder's,
+// so a YieldEarlier of that holder's replica leaves it alone.
+func TestEarlierClaimFunctionTakesOverAnonymously(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	clock := idemmem.NewClock(idemtest.Start)
+	db := openDB(t, url, idempg.Config{Clock: clock})
+	s := newStore(t, db)
+	ctx := t.Context()
+	held := idem.Holder{Replica: "a", Incarnation: "1"}
+	c, err := s.Claim(ctx, idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Second, TTL: time.Hour, Holder: held})
+	if err != nil || c.Outcome != idem.Acquired || c.Record.Holder != held {
+		t.Fatalf("Claim = %v, holder %+v, %v", c.Outcome, c.Record.Holder, err)
+	}
+	var (
+		outcome  string
+		tookOver bool
+	)
+	after := idemtest.Start.Add(time.Second + time.Millisecond)
+	err = db.Pool().QueryRow(ctx, `SELECT o_outcome, o_took_over FROM idem_claim('s', 'k', 'fp', 1000000, 3600000000, $1, false, 'c', 'id')`, after).
+		Scan(&outcome, &tookOver)
+	if err != nil || outcome != "acquired" || !tookOver {
+		t.Fatalf("the nine-argument idem_claim = %q, took over %v, %v; want a takeover", outcome, tookOver, err)
+	}
+	clock.Set(after)
+	rec, err := s.Get(ctx, "s", "k")
+	if err != nil || !rec.Holder.IsZero() {
+		t.Fatalf("Get after the earlier function's takeover = holder %+v, %v; want none", rec.Holder, err)
+	}
+	if n, err := s.YieldEarlier(ctx, idem.Holder{Replica: "a", Incarnation: "2"}); err != nil || n != 0 {
+		t.Fatalf("YieldEarlier of the replica whose key was taken over = %d, %v; want 0", n, err)
+	}
+}

@@ -94,6 +94,13 @@
 // anew, and never claims anew a key in flight with one; Abandoned reads a
 // partial index that holds only those keys. See docs/recovery.md.
 //
+// # Leases and holders
+//
+// Renew and YieldEarlier (idem.Restarter) run idempg's statements, on the
+// same columns (keys migration 0005): a renewal commits durably, and
+// YieldEarlier wakes the waiters of the keys whose leases it ended once
+// the change is committed.
+//
 // # Errors
 //
 // Bad arguments return an error matching idem.ErrInvalidArgument and change

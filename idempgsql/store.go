@@ -25,6 +25,7 @@ var (
 	_ idem.Store     = (*Store)(nil)
 	_ idem.TxStore   = (*Store)(nil)
 	_ idem.Recoverer = (*Store)(nil)
+	_ idem.Restarter = (*Store)(nil)
 )
 
 // NewStore applies the store's schema migrations to db (component
@@ -85,8 +86,9 @@ func (s *Store) claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 		token                        int64
 		created, leaseEnd, expiresAt time.Time
 	)
+	hr, hi := pgsql.HolderArgs(req.Holder)
 	err = q.QueryRowContext(ctx, pgsql.InsertClaim, scope, key, fp,
-		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), st == nil,
+		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), st == nil, hr, hi,
 	).Scan(&token, &created, &leaseEnd, &expiresAt)
 	switch {
 	case err == nil:
@@ -112,7 +114,7 @@ func (s *Store) claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	var tookOver bool
 	err = q.QueryRowContext(ctx, pgsql.Claim, scope, key, fp,
 		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), st == nil,
-		s.db.channel, pgsql.NotifyID(req.Scope, req.Key),
+		s.db.channel, pgsql.NotifyID(req.Scope, req.Key), hr, hi,
 	).Scan(append([]any{&outcome, &tookOver}, row.Dest()...)...)
 	if err != nil {
 		return idem.Claim{}, err
@@ -298,6 +300,55 @@ func (s *Store) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (t
 		return time.Time{}, fmt.Errorf("idempgsql: renew: %w", err)
 	}
 	return end.UTC(), nil
+}
+
+// YieldEarlier implements idem.Restarter: one statement (idempg's),
+// through a partial index that holds only the keys in flight under a named
+// holder, then the wake-ups of the keys it ended once the change is
+// committed (see wakeAfter). Called with a context that carries a
+// transaction of the DB, it joins it. With Config.Clock nil, leases are
+// ended at the database's time.
+func (s *Store) YieldEarlier(ctx context.Context, current idem.Holder) (int, error) {
+	if err := pgsql.ValidateCurrent(current); err != nil {
+		return 0, err
+	}
+	n, err := s.yieldEarlier(ctx, current)
+	if err != nil {
+		return 0, fmt.Errorf("idempgsql: yield earlier: %w", err)
+	}
+	return n, nil
+}
+
+func (s *Store) yieldEarlier(ctx context.Context, current idem.Holder) (int, error) {
+	q, st, err := s.db.writer(ctx)
+	if err != nil {
+		return 0, err
+	}
+	rows, err := q.QueryContext(ctx, pgsql.YieldEarlier, current.Replica, current.Incarnation, s.db.now())
+	if err != nil {
+		return 0, err
+	}
+	var ended []wakeKey
+	for rows.Next() {
+		var scope, key string
+		if err := rows.Scan(&scope, &key); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		ended = append(ended, wakeKey{idem.Scope(scope), idem.Key(key)})
+	}
+	if err := rows.Close(); err != nil {
+		return 0, err
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	for _, w := range ended {
+		if err := s.wakeAfter(ctx, q, st, w.scope, w.key); err != nil {
+			return 0, err
+		}
+	}
+	return len(ended), nil
 }
 
 // Get implements idem.Store. With Config.Clock nil, expiry is judged by the

@@ -264,6 +264,17 @@
 // takeover keeps), as the lab's payment service does in its two-store form.
 // A client's retry then finishes the execution; there is no Completer.
 //
+// # Leases and holders
+//
+// Renew is one script, judged by Redis's clock: it starts the lease anew
+// if the token holds the key in flight, stretches the record's TTL to the
+// new lease end when it would end before, and keeps the key in Redis at
+// least that long. The Store is no idem.Restarter, and keeps no holder
+// (Record.Holder is zero): finding a replica's keys would take an index
+// that one script could update with the record only on one node, and on
+// Redis Cluster a scope's keys and a replica's index live on different
+// slots.
+//
 // # Ambiguous failures
 //
 // An error from Redis or the network (a timeout, a dropped connection, a

@@ -146,6 +146,17 @@
 // every second reads almost nothing. A key in flight with a point never
 // expires. See docs/recovery.md.
 //
+// # Leases and holders
+//
+// Renew starts a holder's lease anew, fenced by its token, in one short
+// write transaction that commits without a sync and joins no group commit:
+// a renewal a power failure loses was made by a process that died with
+// it, and a renewal that waited for a group's commit would count its lease
+// from before that wait. The Store is an idem.Restarter: the claim's holder
+// lives in idem_keys (migration 0003), and YieldEarlier ends an earlier
+// incarnation's leases through a partial index that holds only the keys in
+// flight under a named holder.
+//
 // # The deadlock to avoid
 //
 // Inside WithTx's fn, or CompleteTx's work once it has written, use only the

@@ -25,7 +25,8 @@ const (
 // committed), and then idem_claim decides (Claim).
 //
 // $7 turns synchronous_commit off for the rest of the transaction (see
-// idempg's Store.Claim); CASE calls set_config only when it is set.
+// idempg's Store.Claim); CASE calls set_config only when it is set. $8 and
+// $9 are the claimant's holder (HolderArgs).
 //
 // It first takes the key's lock (see idem_key_lock), waiting for a ClaimTx that
 // holds the key without a row to end, and reads the time after the wait.
@@ -33,9 +34,10 @@ const InsertClaim = `WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock(idem_k
 n AS MATERIALIZED (
 	SELECT coalesce($6::timestamptz, clock_timestamp()) AS t,
 		CASE WHEN $7::boolean THEN set_config('synchronous_commit', 'off', true) END AS async FROM l)
-INSERT INTO idem_keys AS k (scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at)
+INSERT INTO idem_keys AS k (scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at,
+	holder_replica, holder_incarnation)
 SELECT $1::text, $2::text, $3::text, 'in_flight', idem_clock_us(), n.t,
-	n.t + $4::bigint * interval '1 microsecond', n.t + $5::bigint * interval '1 microsecond'
+	n.t + $4::bigint * interval '1 microsecond', n.t + $5::bigint * interval '1 microsecond', $8::text, $9::text
 FROM n
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING k.token, k.created_at, k.lease_expires_at, k.expires_at`
@@ -57,11 +59,20 @@ const Answer = `SELECT CASE
 	WHERE scope = $1 AND key = $2`
 
 // Claim claims a key that exists, or answers with its record: see the
-// function idem_claim.
+// function idem_claim. $10 and $11 are the claimant's holder (HolderArgs).
 const Claim = `SELECT o_outcome, o_took_over, o_fingerprint, o_state, o_token, o_status, o_header,
 	o_body, o_body_omitted, o_created_at, o_lease_expires_at, o_expires_at, o_completed_at,
-	o_recovery_point, o_recovery_data, o_recovery_saved_at
-	FROM idem_claim($1, $2, $3, $4, $5, $6::timestamptz, $7, $8, $9)`
+	o_recovery_point, o_recovery_data, o_recovery_saved_at, o_holder_replica, o_holder_incarnation
+	FROM idem_claim($1, $2, $3, $4, $5, $6::timestamptz, $7, $8, $9, $10::text, $11::text)`
+
+// HolderArgs are h as the columns holder_replica and holder_incarnation
+// take it: NULL for an anonymous holder.
+func HolderArgs(h idem.Holder) (replica, incarnation any) {
+	if h.IsZero() {
+		return nil, nil
+	}
+	return h.Replica, h.Incarnation
+}
 
 // RecordRow is a row of idem_keys as the statements return it.
 type RecordRow struct {
@@ -75,17 +86,18 @@ type RecordRow struct {
 	recoveryPoint                        *string
 	recoveryData                         []byte
 	recoverySavedAt                      *time.Time
+	holderReplica, holderIncarnation     *string
 }
 
 func (r *RecordRow) Dest() []any {
 	return []any{&r.fingerprint, &r.state, &r.token, &r.status, &r.header, &r.body, &r.bodyOmitted,
 		&r.createdAt, &r.leaseExpiresAt, &r.expiresAt, &r.completedAt,
-		&r.recoveryPoint, &r.recoveryData, &r.recoverySavedAt}
+		&r.recoveryPoint, &r.recoveryData, &r.recoverySavedAt, &r.holderReplica, &r.holderIncarnation}
 }
 
 const RecordColumns = `fingerprint, state, token, status, header, body, body_omitted,
 	created_at, lease_expires_at, expires_at, completed_at,
-	recovery_point, recovery_data, recovery_saved_at`
+	recovery_point, recovery_data, recovery_saved_at, holder_replica, holder_incarnation`
 
 func (r *RecordRow) Record(scope idem.Scope, key idem.Key) (idem.Record, error) {
 	rec := idem.Record{
@@ -96,6 +108,9 @@ func (r *RecordRow) Record(scope idem.Scope, key idem.Key) (idem.Record, error) 
 		CreatedAt:      r.createdAt.UTC(),
 		LeaseExpiresAt: r.leaseExpiresAt.UTC(),
 		ExpiresAt:      r.expiresAt.UTC(),
+	}
+	if r.holderReplica != nil && r.holderIncarnation != nil {
+		rec.Holder = idem.Holder{Replica: *r.holderReplica, Incarnation: *r.holderIncarnation}
 	}
 	if r.recoveryPoint != nil {
 		rec.Recovery = idem.RecoveryPoint{Name: *r.recoveryPoint, Data: r.recoveryData}
@@ -204,6 +219,24 @@ const Renew = `UPDATE idem_keys AS k SET lease_expires_at = n.t + $4::bigint * i
 	WHERE k.scope = $1 AND k.key = $2 AND k.token = $3 AND k.state = 'in_flight'
 	RETURNING k.lease_expires_at`
 
+// YieldEarlier ends, at the statement's time, the live leases of the keys
+// in flight held by replica $1 under an incarnation other than $2, through
+// the partial index idem_keys_holders, and returns their scopes and keys.
+const YieldEarlier = `UPDATE idem_keys AS k SET lease_expires_at = n.t
+	FROM (SELECT coalesce($3::timestamptz, clock_timestamp()) AS t) AS n
+	WHERE k.state = 'in_flight' AND k.holder_replica = $1 AND k.holder_incarnation <> $2
+	  AND k.lease_expires_at > n.t
+	RETURNING k.scope, k.key`
+
+// ValidateCurrent checks the Holder given to YieldEarlier, and that
+// PostgreSQL's text type can hold it.
+func ValidateCurrent(h idem.Holder) error {
+	if h.IsZero() {
+		return &idem.ArgumentError{Field: "current", Reason: "must name a replica and its incarnation"}
+	}
+	return h.Validate()
+}
+
 // Abandoned lists up to $2 keys in flight with a recovery point whose lease
 // ended, oldest lease end first, through the partial index
 // idem_keys_recovering.
@@ -281,6 +314,7 @@ func AcquiredClaim(req idem.ClaimRequest, token int64, created, leaseEnd, expire
 		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint,
 		State: idem.StateInFlight, Token: idem.Token(token),
 		CreatedAt: created.UTC(), LeaseExpiresAt: leaseEnd.UTC(), ExpiresAt: expires.UTC(),
+		Holder: req.Holder,
 	}}
 }
 
