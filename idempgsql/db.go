@@ -29,8 +29,12 @@ type Config struct {
 	// TxOptions are the options of the transactions that WithTx,
 	// Store.CompleteTx and Inbox.Process begin. Nil means READ COMMITTED,
 	// read-write, whatever the server's default_transaction_isolation.
-	// Any level is safe for the keys: a claim commits before the work
-	// runs, and the completion is a compare-and-set on the fencing token.
+	// Every level keeps the promises (a key executed once, a message
+	// processed once), and Process and CompleteTx answer alike at each:
+	// where REPEATABLE READ or SERIALIZABLE fails one of their statements
+	// with a serialization failure because another transaction committed
+	// after the snapshot, Process begins again and CompleteTx looks at
+	// the key anew (see the package documentation, "Isolation levels").
 	TxOptions *sql.TxOptions
 }
 
@@ -40,8 +44,12 @@ type Config struct {
 // concurrent use. It owns nothing that needs closing: the *sql.DB stays
 // the application's.
 type DB struct {
-	sql       *sql.DB
-	schema    string
+	sql    *sql.DB
+	schema string
+	// identity names the server (its start time), the database and the
+	// schema the connections reach: two DBs with one identity work on the
+	// same tables, so each joins the other's transactions.
+	identity  string
 	channel   string
 	clock     idem.Clock
 	txOptions sql.TxOptions
@@ -69,7 +77,9 @@ func NewDB(ctx context.Context, db *sql.DB, cfg *Config) (*DB, error) {
 		return nil, &idem.ArgumentError{Field: "db", Reason: "is required"}
 	}
 	var current sql.NullString
-	if err := db.QueryRowContext(ctx, `SELECT current_schema()`).Scan(&current); err != nil {
+	var database, started string
+	if err := db.QueryRowContext(ctx, `SELECT current_schema(), current_database(), extract(epoch FROM pg_postmaster_start_time())::text`).
+		Scan(&current, &database, &started); err != nil {
 		return nil, fmt.Errorf("idempgsql: reading the connections' schema: %w", err)
 	}
 	if !current.Valid {
@@ -84,6 +94,7 @@ func NewDB(ctx context.Context, db *sql.DB, cfg *Config) (*DB, error) {
 		return nil, err
 	}
 	d := &DB{sql: db, schema: current.String, channel: current.String + pgsql.ChannelSuffix, clock: c.Clock,
+		identity:  started + "\x00" + database + "\x00" + current.String,
 		txOptions: sql.TxOptions{Isolation: sql.LevelReadCommitted}}
 	if c.TxOptions != nil {
 		d.txOptions = *c.TxOptions

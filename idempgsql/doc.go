@@ -62,14 +62,89 @@
 // Complete and Release made with that context write in the application's
 // transaction and commit or roll back with it. idem never ends a joined
 // transaction. Store.CompleteTx is the one call that refuses it
-// (ErrNestedCompleteTx): it must own its transaction, to roll the work
-// back when the work fails or the key was lost.
+// (ErrNestedCompleteTx): it must own its transaction, to roll the work back
+// when the work fails or the key was lost.
 //
 //	tx, err := sqldb.BeginTx(ctx, nil) // or the ORM's *sql.Tx
 //	ctx := db.JoinTx(ctx, tx)
 //	... the application's writes on tx ...
 //	err = outbox.Add(ctx, idem.Message{ID: orderID, Topic: "orders.created", Payload: body})
 //	err = tx.Commit() // the order and its announcement, or neither
+//
+// A transaction a context carries is the transaction of its database, not
+// of one DB: every DB made on the same *sql.DB (or on another *sql.DB whose
+// connections reach the same schema of the same database) joins it. Only
+// a transaction of another database or schema is left alone, and a call
+// through a DB of that one commits in a transaction of its own.
+//
+// Each call of idem's in a transaction (joined, or begun by WithTx,
+// CompleteTx or Process) runs inside a savepoint of its own, named for
+// that call alone and released when it ends, also after a rollback to it.
+// When the call fails, the transaction rolls back to its savepoint: its
+// own writes are undone, those of the application and of calls before it
+// are not, and the transaction goes on (the error says "rolled back to its
+// savepoint"; one that could not roll back matches ErrTxAborted, and only
+// a rollback ends the transaction then). Inbox.Process's savepoint holds
+// its handler's writes too, and the Process calls the handler makes with
+// its context nest inside it: a handler for message A that processes
+// message B, whose handler fails, keeps its own writes and loses B's; when
+// A's handler then fails, A's writes and B's row go, and both messages are
+// delivered again. Two round trips per call (SAVEPOINT, RELEASE) are what
+// this costs.
+//
+// A transaction is one connection, used by one goroutine at a time. idem
+// serialises its own calls in one transaction (each waits for the one
+// before it), except while an Inbox.Process handler runs in it: then a
+// call made from outside that handler (another goroutine, or the handler
+// with a context from outside it) is refused with ErrTxBusy, having done
+// nothing, since it would run inside the handler's savepoint and be undone
+// by the handler's failure after it had reported success, or wait for a
+// handler that waits for it. A handler's context used after its Process
+// returned is refused too (an error matching sql.ErrTxDone). Statements
+// the application runs on the *sql.Tx itself from several goroutines are
+// beyond idem's sight: they may land inside a call's savepoint, and be
+// undone with it. Join a transaction once and pass the context down: the
+// contexts of two separate JoinTx of one transaction cannot see each
+// other's calls.
+//
+// # Isolation levels
+//
+// How idem answers at each isolation level, each tested
+// (isolation_test.go, on both drivers):
+//
+//   - READ COMMITTED, the default: a delivery of a message that another
+//     transaction is processing waits for it, and is a duplicate when it
+//     commits (idem.ErrDuplicate) or runs when it rolls back; a claim in a
+//     transaction of a key another transaction claimed answers InFlight;
+//     CompleteTx whose key was taken over meanwhile returns
+//     idem.ErrLeaseLost.
+//   - REPEATABLE READ and SERIALIZABLE, in transactions idem begins
+//     (Config.TxOptions): the same answers. Where the snapshot predates
+//     another transaction's commit, PostgreSQL fails the statement with a
+//     serialization failure (40001) instead: Process then begins again
+//     (its handler has not run), and CompleteTx reads the key anew and
+//     returns idem.ErrLeaseLost, or true when its token completed the key,
+//     or the failure when the key is still its own (nothing committed).
+//   - REPEATABLE READ and SERIALIZABLE, in the application's transaction
+//     (JoinTx): idem cannot begin it again, so a delivery or a claim of a
+//     key that another transaction committed after the snapshot returns
+//     the serialization failure (Classify: transient), rolled back to its
+//     savepoint; the transaction stays usable, and the same call in a new
+//     transaction answers as at READ COMMITTED. SERIALIZABLE may also fail
+//     the application's COMMIT (40001), which rolls back idem's writes with
+//     the application's: retry the transaction.
+//
+// # Errors by SQLSTATE
+//
+// SQLState reads the code of a server's error with either driver (lib/pq's
+// *pq.Error, pgx's *pgconn.PgError), and Classify classes an error as idem
+// does (idem.Classify): a serialization failure, a deadlock, a lock not
+// available, a cancelled statement, a server restarting and a lost
+// connection are transient, retried (inside a transaction, by running the
+// whole transaction again); a unique violation, a data exception or a
+// missing table are permanent. Classified marks the permanent ones with
+// idem.Permanent, for a consumer's handler to return, so that the consumer
+// dead-letters them at once and retries the rest.
 //
 // # What idempg adds
 //
@@ -105,6 +180,10 @@
 //
 // Bad arguments return an error matching idem.ErrInvalidArgument and change
 // nothing. An error that says "commit" is ambiguous (the transaction may
-// have committed); so is any error of Claim, Complete and Release, whose
-// retry is safe, as the idem.Store contract says.
+// have committed); so is any error of Claim, Complete and Release on their
+// own, whose retry is safe, as the idem.Store contract says. In a
+// transaction, a call's error means its writes were rolled back to its
+// savepoint (or, matching ErrTxAborted, that the transaction is aborted).
+// A context that ends while a statement runs may end the connection with
+// it (pgx's driver closes it), and with it the transaction.
 package idempgsql

@@ -218,3 +218,102 @@ func ExampleInbox() {
 	// <nil>
 	// total: 1550
 }
+
+// Inbox.Process in the application's own transaction, with a handler that
+// processes a second message whose handler fails: the second's writes and
+// row are rolled back to its savepoint, the first's commit with the
+// application's transaction, and the failed message runs again when it is
+// delivered again.
+func ExampleInbox_Process() {
+	sqldb, done := exampleSQL("pgx")
+	defer done()
+
+	ctx := context.Background()
+	db, err := idempgsql.NewDB(ctx, sqldb, nil)
+	if err != nil {
+		panic(err)
+	}
+	inbox, err := idempgsql.NewInbox(ctx, db)
+	if err != nil {
+		panic(err)
+	}
+	if _, err := sqldb.Exec(`CREATE TABLE applied (event text PRIMARY KEY)`); err != nil {
+		panic(err)
+	}
+	apply := func(event string) func(ctx context.Context) error {
+		return func(ctx context.Context) error {
+			return db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx, `INSERT INTO applied (event) VALUES ($1)`, event)
+				return err
+			})
+		}
+	}
+
+	tx, err := sqldb.BeginTx(ctx, nil) // the ORM's transaction
+	if err != nil {
+		panic(err)
+	}
+	ctx = db.JoinTx(ctx, tx)
+	err = inbox.Process(ctx, "shipping", "order-placed", func(ctx context.Context) error {
+		if err := apply("order-placed")(ctx); err != nil {
+			return err
+		}
+		// A message this one leads to, handled in the same transaction
+		// with the handler's context; it fails.
+		err := inbox.Process(ctx, "shipping", "label-printed", func(ctx context.Context) error {
+			if err := apply("label-printed")(ctx); err != nil {
+				return err
+			}
+			return errors.New("the printer is out of paper")
+		})
+		fmt.Println("label-printed:", err)
+		return nil // order-placed goes on without it
+	})
+	fmt.Println("order-placed:", err)
+	if err := tx.Commit(); err != nil {
+		panic(err)
+	}
+
+	rows, err := sqldb.Query(`SELECT event FROM applied ORDER BY event`)
+	if err != nil {
+		panic(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var event string
+		rows.Scan(&event)
+		fmt.Println("applied:", event)
+	}
+	// The failed message, delivered again, runs again.
+	fmt.Println("label-printed again:", inbox.Process(context.Background(), "shipping", "label-printed", apply("label-printed")))
+	// Output:
+	// label-printed: the printer is out of paper
+	// order-placed: <nil>
+	// applied: order-placed
+	// label-printed again: <nil>
+}
+
+// Classified in a consumer's handler: a unique violation is permanent, so
+// the consumer dead-letters the message at once; a serialization failure
+// or a deadlock stays transient, and is retried.
+func ExampleClassified() {
+	sqldb, done := exampleSQL("postgres")
+	defer done()
+
+	if _, err := sqldb.Exec(`CREATE TABLE orders (id text PRIMARY KEY)`); err != nil {
+		panic(err)
+	}
+	insert := func(id string) error {
+		_, err := sqldb.Exec(`INSERT INTO orders (id) VALUES ($1)`, id)
+		return idempgsql.Classified(err)
+	}
+	fmt.Println(insert("o-1"))
+	err := insert("o-1")
+	fmt.Println(idempgsql.SQLState(err), idem.Classify(err))
+	_, err = sqldb.Exec(`DO $$ BEGIN RAISE EXCEPTION 'deadlock' USING ERRCODE = '40P01'; END $$`)
+	fmt.Println(idempgsql.SQLState(err), idem.Classify(idempgsql.Classified(err)))
+	// Output:
+	// <nil>
+	// 23505 permanent
+	// 40P01 transient
+}

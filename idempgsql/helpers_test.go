@@ -60,8 +60,9 @@ func withParam(url, param string) string {
 
 // openSQL opens a *sql.DB with driver whose connections use a fresh schema
 // (their search_path), dropped with everything in it when the test ends,
-// and at most 4 connections: the machine's PostgreSQL is shared.
-func openSQL(t testing.TB, driver string) *sql.DB {
+// and at most 4 connections: the machine's PostgreSQL is shared. params
+// are added to the connection string ("name=value").
+func openSQL(t testing.TB, driver string, params ...string) *sql.DB {
 	t.Helper()
 	url := pgURL(t)
 	schema := randomName("idempgsql_test_")
@@ -80,7 +81,11 @@ func openSQL(t testing.TB, driver string) *sql.DB {
 			t.Errorf("dropping schema %s: %v", schema, err)
 		}
 	})
-	db, err := sql.Open(driver, withParam(url, "search_path="+schema))
+	url = withParam(url, "search_path="+schema)
+	for _, p := range params {
+		url = withParam(url, p)
+	}
+	db, err := sql.Open(driver, url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,13 +50,28 @@ func migrateMessages(ctx context.Context, db *DB) error {
 // fn's context carries the transaction: the handler reaches it with
 // db.WithTx(ctx, ...), which joins it, so its writes commit with the row.
 //
-// When ctx carries no transaction of db, Process begins one (with
-// Config.TxOptions), commits it when fn returns nil, and rolls it back when
-// fn fails, returning fn's error unchanged. When ctx carries one (an
-// enclosing WithTx, or the application's own through JoinTx), Process joins
-// it inside a savepoint: when fn fails, it rolls back to the savepoint,
-// which undoes the row and fn's writes and leaves the caller's transaction
-// usable; the row commits when the caller's transaction does.
+// When ctx carries no transaction of db's database, Process begins one
+// (with Config.TxOptions), commits it when fn returns nil, and rolls it
+// back when fn fails, returning fn's error unchanged. At REPEATABLE READ
+// or SERIALIZABLE, a concurrent delivery that committed after the
+// transaction's snapshot fails the INSERT with a serialization failure
+// before fn runs; Process then begins again (up to five times), and the
+// new snapshot sees the row: a duplicate, as at READ COMMITTED.
+//
+// When ctx carries one (an enclosing WithTx or Process, or the
+// application's own through JoinTx), Process joins it inside a savepoint of
+// its own: when fn fails, or the message is a duplicate, it rolls back to
+// the savepoint, which undoes the row and everything fn wrote, nested
+// Process calls included, and nothing else, and the caller's transaction
+// goes on; the row commits when the caller's transaction does. fn's
+// context carries the savepoint: calls made with it nest inside it. Calls
+// in the same transaction from any other context while fn runs (another
+// goroutine's, or a context from outside fn) are refused with ErrTxBusy.
+// In a transaction above READ COMMITTED, a delivery that another
+// transaction committed after this one's snapshot returns the
+// serialization failure (Classify: transient) rather than
+// idem.ErrDuplicate, which the snapshot cannot see: the transaction is
+// still usable, and a delivery in a new transaction is a duplicate.
 //
 // Returns an error matching idem.ErrInvalidArgument when consumer or
 // dedupKey is empty or not storable as text (not UTF-8, or holding a NUL
@@ -76,15 +91,35 @@ func (in *Inbox) Process(ctx context.Context, consumer, dedupKey string, fn func
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	joined := in.db.carried(ctx) != nil
-	err := in.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		if joined {
-			return in.inSavepoint(ctx, tx, consumer, dedupKey, fn)
+	if r := in.db.carried(ctx); r != nil {
+		call := fmt.Sprintf("Inbox.Process(%q, %q)", consumer, dedupKey)
+		err := in.db.inSavepoint(ctx, r, call, true, func(ctx context.Context, tx *sql.Tx) error {
+			return in.record(ctx, tx, consumer, dedupKey, fn)
+		})
+		if ie := (*inboxError)(nil); errors.As(err, &ie) && !errors.Is(err, ErrTxAborted) {
+			return fmt.Errorf("idempgsql: inbox: %w", usable(ie.err))
 		}
-		return in.record(ctx, tx, consumer, dedupKey, fn)
-	})
-	return inboxErr(err)
+		return inboxErr(err)
+	}
+	for attempt := 1; ; attempt++ {
+		ran := false
+		err := in.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+			return in.record(ctx, tx, consumer, dedupKey, func(ctx context.Context) error {
+				ran = true
+				return fn(ctx)
+			})
+		})
+		var ie *inboxError
+		if !ran && attempt < maxInboxAttempts && errors.As(err, &ie) && SQLState(ie.err) == serializationFailure && ctx.Err() == nil {
+			continue
+		}
+		return inboxErr(err)
+	}
 }
+
+// maxInboxAttempts bounds how often Process begins again after its INSERT
+// failed with a serialization failure.
+const maxInboxAttempts = 5
 
 // record inserts the message's row in tx and, when it is new, runs fn.
 func (in *Inbox) record(ctx context.Context, tx *sql.Tx, consumer, dedupKey string, fn func(ctx context.Context) error) error {
@@ -100,34 +135,6 @@ func (in *Inbox) record(ctx context.Context, tx *sql.Tx, consumer, dedupKey stri
 	return fn(ctx)
 }
 
-// rollbackTimeout bounds a rollback to a savepoint made after ctx ended.
-const rollbackTimeout = 5 * time.Second
-
-// inSavepoint is record inside a savepoint of the caller's transaction.
-func (in *Inbox) inSavepoint(ctx context.Context, tx *sql.Tx, consumer, dedupKey string, fn func(ctx context.Context) error) error {
-	if _, err := tx.ExecContext(ctx, `SAVEPOINT idem_inbox`); err != nil {
-		return &inboxError{err}
-	}
-	err := in.record(ctx, tx, consumer, dedupKey, fn)
-	if err != nil {
-		// Rolled back even when ctx is done, so that the caller's
-		// transaction stays usable.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
-		defer cancel()
-		if _, rerr := tx.ExecContext(rctx, `ROLLBACK TO SAVEPOINT idem_inbox`); rerr != nil && errors.Is(err, idem.ErrDuplicate) {
-			return &inboxError{rerr}
-		}
-		// A failed rollback after fn failed leaves the caller's
-		// transaction failed: its commit fails, so fn's error is the
-		// one to return.
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, `RELEASE SAVEPOINT idem_inbox`); err != nil {
-		return &inboxError{err}
-	}
-	return nil
-}
-
 // inboxError is a failure of the inbox's own statements, as opposed to
 // fn's error or idem.ErrDuplicate.
 type inboxError struct{ err error }
@@ -138,11 +145,16 @@ func (e *inboxError) Unwrap() error { return e.err }
 // inboxErr prefixes the inbox's own errors and a failure to begin or
 // commit, and returns fn's error and idem.ErrDuplicate unchanged.
 func inboxErr(err error) error {
+	var se *savepointError
 	switch e := err.(type) {
 	case *inboxError:
 		return fmt.Errorf("idempgsql: inbox: %w", e.err)
 	case *txError:
 		return fmt.Errorf("idempgsql: inbox: %w", e)
+	}
+	switch {
+	case errors.As(err, &se), errors.Is(err, ErrTxBusy), errors.Is(err, errTxEnded), errors.Is(err, errCallReturned):
+		return fmt.Errorf("idempgsql: inbox: %w", err)
 	}
 	return err
 }
@@ -163,15 +175,15 @@ func (in *Inbox) PurgeInbox(ctx context.Context, olderThan time.Time, limit int)
 	if limit <= 0 {
 		return 0, &idem.ArgumentError{Field: "limit", Reason: "must be positive"}
 	}
-	q, _, err := in.db.writer(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("idempgsql: purge inbox: %w", err)
-	}
-	res, err := q.ExecContext(ctx, pgsql.PurgeInbox, olderThan, int64(limit))
-	if err != nil {
-		return 0, fmt.Errorf("idempgsql: purge inbox: %w", err)
-	}
-	n, err := res.RowsAffected()
+	var n int64
+	err := in.db.statement(ctx, "Inbox.PurgeInbox", func(ctx context.Context, q querier, _ *txState) error {
+		res, err := q.ExecContext(ctx, pgsql.PurgeInbox, olderThan, int64(limit))
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("idempgsql: purge inbox: %w", err)
 	}

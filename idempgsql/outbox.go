@@ -58,8 +58,10 @@ func (o *Outbox) now() any {
 
 // Add implements idem.Outbox: it writes msgs in the transaction ctx
 // carries (the caller's own, begun with WithTx or joined with JoinTx, so
-// that the messages commit with the effect), or in one of its own when ctx
-// carries none; entries are numbered in msgs' order. Returns an error
+// that the messages commit with the effect), inside a savepoint of its
+// own, so that a failure adds none of them and leaves the transaction
+// usable; or in one of its own when ctx carries none. Entries are numbered
+// in msgs' order. Returns an error
 // matching idem.ErrInvalidArgument, having added nothing, when a message
 // does not validate or its ID, topic or key is not storable as text (not
 // UTF-8, or holding a NUL byte).
@@ -91,10 +93,13 @@ func (o *Outbox) Add(ctx context.Context, msgs ...idem.Message) error {
 		return nil
 	}
 	var err error
-	if len(rows) == 1 && o.db.carried(ctx) == nil {
+	switch {
+	case o.db.carried(ctx) != nil:
+		err = o.db.statement(ctx, "Outbox.Add", func(ctx context.Context, q querier, _ *txState) error { return add(ctx, q) })
+	case len(rows) == 1:
 		// One statement commits on its own.
 		err = add(ctx, o.db.sql)
-	} else {
+	default:
 		err = o.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error { return add(ctx, tx) })
 	}
 	if err != nil {
@@ -130,11 +135,16 @@ func (o *Outbox) Claim(ctx context.Context, relay string, limit int, lease time.
 	return out, nil
 }
 
-func (o *Outbox) claim(ctx context.Context, relay string, limit int, lease time.Duration) ([]idem.OutboxEntry, error) {
-	q, _, err := o.db.writer(ctx)
-	if err != nil {
-		return nil, err
-	}
+func (o *Outbox) claim(ctx context.Context, relay string, limit int, lease time.Duration) (out []idem.OutboxEntry, err error) {
+	err = o.db.statement(ctx, "Outbox.Claim", func(ctx context.Context, q querier, _ *txState) error {
+		out, err = o.lease(ctx, q, relay, limit, lease)
+		return err
+	})
+	return out, err
+}
+
+// lease runs the statement of Claim on q.
+func (o *Outbox) lease(ctx context.Context, q querier, relay string, limit int, lease time.Duration) ([]idem.OutboxEntry, error) {
 	rows, err := q.QueryContext(ctx, pgsql.OutboxClaim, o.now(), int64(limit), relay, pgsql.Micros(lease))
 	if err != nil {
 		return nil, err
@@ -175,10 +185,10 @@ func (o *Outbox) MarkSent(ctx context.Context, seqs ...int64) error {
 	for i, s := range seqs {
 		list[i] = strconv.FormatInt(s, 10)
 	}
-	q, _, err := o.db.writer(ctx)
-	if err == nil {
-		_, err = q.ExecContext(ctx, markSentSQL, strings.Join(list, ","))
-	}
+	err := o.db.statement(ctx, "Outbox.MarkSent", func(ctx context.Context, q querier, _ *txState) error {
+		_, err := q.ExecContext(ctx, markSentSQL, strings.Join(list, ","))
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("idempgsql: outbox mark sent: %w", err)
 	}

@@ -2,7 +2,9 @@ package idempgsql
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -55,9 +57,23 @@ func NewStore(ctx context.Context, db *DB) (*Store, error) {
 //
 // On its own, the claim commits with synchronous_commit off, which is safe
 // for the reason idempg's Store.Claim gives: nothing runs under a claim
-// that is not in a later, synchronous commit. Called with a context that
-// carries a transaction of the DB (WithTx, JoinTx), the claim joins it,
-// keeps that transaction's durability, and commits or rolls back with it.
+// that is not in a later, synchronous commit. It waits for a transaction
+// that holds the key (one that claimed it and has not ended) to end.
+//
+// Called with a context that carries a transaction of the DB (WithTx,
+// JoinTx), the claim joins it, inside a savepoint of its own, keeps that
+// transaction's durability, and commits or rolls back with it. It then
+// never waits for another transaction, so claims in long transactions, in
+// any order, cannot deadlock: a replay, a mismatch or a key in flight is
+// answered from the key's committed row without taking a lock, and a key
+// that another transaction is claiming, or has claimed and not yet
+// committed, is answered InFlight at once (its record then holds only the
+// scope and the key). A key it acquires stays locked until the transaction
+// ends, since its row is not committed before: claims of it in other
+// transactions answer InFlight, and claims on their own wait. Above READ
+// COMMITTED, a key that another transaction claimed and committed after
+// the snapshot fails the claim with a serialization failure (Classify:
+// transient; retry in a new transaction).
 //
 // With Config.Clock nil, leases and expiry are judged by the database's
 // clock_timestamp() at the moment the claim runs.
@@ -76,19 +92,29 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	return claim, nil
 }
 
-func (s *Store) claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
-	q, st, err := s.db.writer(ctx)
-	if err != nil {
-		return idem.Claim{}, err
-	}
+func (s *Store) claim(ctx context.Context, req idem.ClaimRequest) (claim idem.Claim, err error) {
+	err = s.db.statement(ctx, "Store.Claim", func(ctx context.Context, q querier, st *txState) error {
+		var err error
+		if st == nil {
+			claim, err = s.claimAlone(ctx, q, req)
+		} else {
+			claim, err = s.claimInTx(ctx, q, req)
+		}
+		return err
+	})
+	return claim, err
+}
+
+// claimAlone is a claim on its own, each statement committing by itself.
+func (s *Store) claimAlone(ctx context.Context, q querier, req idem.ClaimRequest) (idem.Claim, error) {
 	scope, key, fp := string(req.Scope), string(req.Key), string(req.Fingerprint)
 	var (
 		token                        int64
 		created, leaseEnd, expiresAt time.Time
 	)
 	hr, hi := pgsql.HolderArgs(req.Holder)
-	err = q.QueryRowContext(ctx, pgsql.InsertClaim, scope, key, fp,
-		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), st == nil, hr, hi,
+	err := q.QueryRowContext(ctx, pgsql.InsertClaim, scope, key, fp,
+		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), true, hr, hi,
 	).Scan(&token, &created, &leaseEnd, &expiresAt)
 	switch {
 	case err == nil:
@@ -96,30 +122,157 @@ func (s *Store) claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	case !errors.Is(err, sql.ErrNoRows):
 		return idem.Claim{}, err
 	}
-	var (
-		outcome sql.NullString
-		row     pgsql.RecordRow
-	)
-	err = q.QueryRowContext(ctx, pgsql.Answer, scope, key, fp, s.db.now()).
-		Scan(append([]any{&outcome}, row.Dest()...)...)
-	switch {
-	case err == nil && outcome.Valid:
-		return pgsql.ClaimOf(outcome.String, false, row, req)
-	case err != nil && !errors.Is(err, sql.ErrNoRows):
-		return idem.Claim{}, err
+	claim, answered, err := s.answer(ctx, q, req)
+	if err != nil || answered {
+		return claim, err
 	}
 	// The key must be written to be claimed (expired, its lease ended, or
 	// gone since the INSERT looked): the function decides, and answers
 	// whatever state it finds by then.
-	var tookOver bool
-	err = q.QueryRowContext(ctx, pgsql.Claim, scope, key, fp,
-		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), st == nil,
+	return s.claimFunction(ctx, q, req, true)
+}
+
+// answer answers a claim of a key that exists from its committed row,
+// without writing (answered), or says that the claim must write: the key
+// is absent, or expired, or its lease ended.
+func (s *Store) answer(ctx context.Context, q querier, req idem.ClaimRequest) (claim idem.Claim, answered bool, err error) {
+	var (
+		outcome sql.NullString
+		row     pgsql.RecordRow
+	)
+	err = q.QueryRowContext(ctx, pgsql.Answer, string(req.Scope), string(req.Key), string(req.Fingerprint), s.db.now()).
+		Scan(append([]any{&outcome}, row.Dest()...)...)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return idem.Claim{}, false, nil
+	case err != nil:
+		return idem.Claim{}, false, err
+	case !outcome.Valid:
+		return idem.Claim{}, false, nil
+	}
+	claim, err = pgsql.ClaimOf(outcome.String, false, row, req)
+	return claim, err == nil, err
+}
+
+// claimFunction claims a key that must be written to be claimed with the
+// function idem_claim. async turns synchronous_commit off for the claim's
+// own transaction.
+func (s *Store) claimFunction(ctx context.Context, q querier, req idem.ClaimRequest, async bool) (idem.Claim, error) {
+	var (
+		outcome  sql.NullString
+		tookOver bool
+		row      pgsql.RecordRow
+	)
+	hr, hi := pgsql.HolderArgs(req.Holder)
+	err := q.QueryRowContext(ctx, pgsql.Claim, string(req.Scope), string(req.Key), string(req.Fingerprint),
+		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), async,
 		s.db.channel, pgsql.NotifyID(req.Scope, req.Key), hr, hi,
 	).Scan(append([]any{&outcome, &tookOver}, row.Dest()...)...)
 	if err != nil {
 		return idem.Claim{}, err
 	}
 	return pgsql.ClaimOf(outcome.String, tookOver, row, req)
+}
+
+// claimLockedSQL claims a new key in a transaction that goes on after the
+// claim, without waiting for any other: it takes the key's lock in the
+// schema ($7, Store.txLock) only if no other transaction holds it, and then
+// inserts the key unless it exists. It returns whether it took the lock,
+// and the new row's token and times when it inserted one. Every claim in a
+// transaction takes that lock first and holds it until its transaction
+// ends, so a lock held by another transaction means that it is claiming
+// the key, or has claimed it and not committed.
+//
+// The lock is not idem_key_lock's, which the claims that commit on their
+// own (and idempg's ClaimTx) wait for: that one is a hash of scope and key
+// alone, shared by every schema of the database, so a transaction holding
+// it in one schema would look like a holder of the same key in every
+// other. A claim on its own, or a ClaimTx, of a key that a transaction
+// claimed here waits for that transaction's row instead (and a ClaimTx
+// that claimed the key by its lock alone meanwhile finds the row when it
+// completes, and returns idem.ErrLeaseLost, its work rolled back).
+const claimLockedSQL = `WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($7::bigint) AS locked),
+n AS MATERIALIZED (SELECT coalesce($6::timestamptz, clock_timestamp()) AS t FROM l WHERE l.locked),
+ins AS (
+	INSERT INTO idem_keys AS k (scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at,
+		holder_replica, holder_incarnation)
+	SELECT $1::text, $2::text, $3::text, 'in_flight', idem_clock_us(), n.t,
+		n.t + $4::bigint * interval '1 microsecond', n.t + $5::bigint * interval '1 microsecond', $8::text, $9::text
+	FROM n
+	ON CONFLICT (scope, key) DO NOTHING
+	RETURNING k.token, k.created_at, k.lease_expires_at, k.expires_at)
+SELECT l.locked, ins.token, ins.created_at, ins.lease_expires_at, ins.expires_at FROM l LEFT JOIN ins ON true`
+
+// txLock is the advisory lock of a key that claims in transactions take
+// (claimLockedSQL): a hash of the schema, the scope and the key.
+func (s *Store) txLock(scope idem.Scope, key idem.Key) int64 {
+	h := sha256.New()
+	var n [8]byte
+	for _, part := range []string{"idempgsql claim", s.db.schema, string(scope)} {
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		h.Write(n[:])
+		h.Write([]byte(part))
+	}
+	h.Write([]byte(key))
+	return int64(binary.BigEndian.Uint64(h.Sum(nil)))
+}
+
+// lockRowSQL locks the key's row for the claim that must write it, unless
+// another transaction holds it: it counts the rows it locked.
+const lockRowSQL = `WITH r AS (SELECT 1 FROM idem_keys WHERE scope = $1 AND key = $2 FOR UPDATE SKIP LOCKED)
+SELECT count(*) FROM r`
+
+// claimInTx is a claim in a transaction that goes on after it (the
+// application's, or a WithTx): it never waits for another transaction, so
+// claims made in long transactions, in any order, cannot deadlock. A key
+// that exists and needs no write (a replay, a mismatch, a key in flight)
+// is answered from its committed row, taking no lock; a key that another
+// transaction is claiming, or has claimed and not committed, is answered
+// InFlight at once (its record holds only the scope and the key); a key it
+// claims stays locked until the transaction ends, as its row is
+// uncommitted until then.
+func (s *Store) claimInTx(ctx context.Context, q querier, req idem.ClaimRequest) (idem.Claim, error) {
+	claim, answered, err := s.answer(ctx, q, req)
+	if err != nil || answered {
+		return claim, err
+	}
+	hr, hi := pgsql.HolderArgs(req.Holder)
+	var (
+		locked                       bool
+		token                        sql.NullInt64
+		created, leaseEnd, expiresAt sql.NullTime
+	)
+	err = q.QueryRowContext(ctx, claimLockedSQL, string(req.Scope), string(req.Key), string(req.Fingerprint),
+		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), s.txLock(req.Scope, req.Key), hr, hi,
+	).Scan(&locked, &token, &created, &leaseEnd, &expiresAt)
+	switch {
+	case err != nil:
+		return idem.Claim{}, err
+	case !locked:
+		return heldElsewhere(req), nil
+	case token.Valid:
+		return pgsql.AcquiredClaim(req, token.Int64, created.Time, leaseEnd.Time, expiresAt.Time), nil
+	}
+	// The key exists: committed since the first look, or one that must be
+	// written to be claimed.
+	if claim, answered, err := s.answer(ctx, q, req); err != nil || answered {
+		return claim, err
+	}
+	var rows int
+	if err := q.QueryRowContext(ctx, lockRowSQL, string(req.Scope), string(req.Key)).Scan(&rows); err != nil {
+		return idem.Claim{}, err
+	}
+	if rows == 0 {
+		return heldElsewhere(req), nil
+	}
+	return s.claimFunction(ctx, q, req, false)
+}
+
+// heldElsewhere is the answer of a claim in a transaction to a key that
+// another transaction holds: in flight. Its record holds only the key: the
+// other transaction's row is not committed, and may never be.
+func heldElsewhere(req idem.ClaimRequest) idem.Claim {
+	return idem.Claim{Outcome: idem.InFlight, Record: idem.Record{Scope: req.Scope, Key: req.Key, State: idem.StateInFlight}}
 }
 
 // completeArgs are the arguments of pgsql.Complete.
@@ -190,21 +343,19 @@ func (s *Store) complete(ctx context.Context, ref idem.Ref, resp idem.Response) 
 	if err != nil {
 		return err
 	}
-	q, st, err := s.db.writer(ctx)
-	if err != nil {
-		return err
-	}
-	res, err := q.ExecContext(ctx, pgsql.Complete, args...)
-	if err != nil {
-		return err
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return err
-	} else if n == 0 {
-		_, err := s.completedBy(ctx, q, ref)
-		return err
-	}
-	return s.wakeAfter(ctx, q, st, ref.Scope, ref.Key)
+	return s.db.statement(ctx, "Store.Complete", func(ctx context.Context, q querier, st *txState) error {
+		res, err := q.ExecContext(ctx, pgsql.Complete, args...)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			_, err := s.completedBy(ctx, q, ref)
+			return err
+		}
+		return s.wakeAfter(ctx, q, st, ref.Scope, ref.Key)
+	})
 }
 
 // wakeAfter has the key's waiters woken once the change just made on q,
@@ -248,28 +399,26 @@ func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
 }
 
 func (s *Store) release(ctx context.Context, ref idem.Ref) error {
-	q, st, err := s.db.writer(ctx)
-	if err != nil {
-		return err
-	}
-	res, err := q.ExecContext(ctx, pgsql.Release, string(ref.Scope), string(ref.Key), int64(ref.Token))
-	if err != nil {
-		return err
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return err
-	} else if n == 1 {
-		return s.wakeAfter(ctx, q, st, ref.Scope, ref.Key)
-	}
-	var exists bool
-	if err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM idem_keys WHERE scope = $1 AND key = $2)`,
-		string(ref.Scope), string(ref.Key)).Scan(&exists); err != nil {
-		return err
-	}
-	if exists {
-		return idem.ErrLeaseLost
-	}
-	return nil
+	return s.db.statement(ctx, "Store.Release", func(ctx context.Context, q querier, st *txState) error {
+		res, err := q.ExecContext(ctx, pgsql.Release, string(ref.Scope), string(ref.Key), int64(ref.Token))
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 1 {
+			return s.wakeAfter(ctx, q, st, ref.Scope, ref.Key)
+		}
+		var exists bool
+		if err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM idem_keys WHERE scope = $1 AND key = $2)`,
+			string(ref.Scope), string(ref.Key)).Scan(&exists); err != nil {
+			return err
+		}
+		if exists {
+			return idem.ErrLeaseLost
+		}
+		return nil
+	})
 }
 
 // Renew implements idem.Store: one statement (idempg's). Like Complete,
@@ -277,9 +426,9 @@ func (s *Store) release(ctx context.Context, ref idem.Ref) error {
 // took over renews it. With Config.Clock nil, the lease is counted from the
 // database's clock_timestamp() as the statement runs. On its own it
 // commits durably, as idempg's does, for the reason idempg gives; called
-// with a context that carries a transaction of the DB, it joins it, and
-// counts only once that transaction commits: renew with a context of its
-// own.
+// with a context that carries a transaction of the DB, it joins it
+// (inside a savepoint of its own), and counts only once that transaction
+// commits: renew with a context of its own.
 //
 // An error other than ErrLeaseLost or an *idem.ArgumentError is ambiguous:
 // the lease may or may not have been renewed; renewing again is safe.
@@ -287,14 +436,16 @@ func (s *Store) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (t
 	if lease <= 0 {
 		return time.Time{}, &idem.ArgumentError{Field: "lease", Reason: "must be positive"}
 	}
-	q, _, err := s.db.writer(ctx)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("idempgsql: renew: %w", err)
-	}
 	var end time.Time
-	err = q.QueryRowContext(ctx, pgsql.Renew, string(ref.Scope), string(ref.Key), int64(ref.Token), pgsql.Micros(lease), s.db.now()).Scan(&end)
+	err := s.db.statement(ctx, "Store.Renew", func(ctx context.Context, q querier, _ *txState) error {
+		err := q.QueryRowContext(ctx, pgsql.Renew, string(ref.Scope), string(ref.Key), int64(ref.Token), pgsql.Micros(lease), s.db.now()).Scan(&end)
+		if errors.Is(err, sql.ErrNoRows) {
+			return idem.ErrLeaseLost
+		}
+		return err
+	})
 	switch {
-	case errors.Is(err, sql.ErrNoRows):
+	case errors.Is(err, idem.ErrLeaseLost):
 		return time.Time{}, idem.ErrLeaseLost
 	case err != nil:
 		return time.Time{}, fmt.Errorf("idempgsql: renew: %w", err)
@@ -319,36 +470,36 @@ func (s *Store) YieldEarlier(ctx context.Context, current idem.Holder) (int, err
 	return n, nil
 }
 
-func (s *Store) yieldEarlier(ctx context.Context, current idem.Holder) (int, error) {
-	q, st, err := s.db.writer(ctx)
-	if err != nil {
-		return 0, err
-	}
-	rows, err := q.QueryContext(ctx, pgsql.YieldEarlier, current.Replica, current.Incarnation, s.db.now())
-	if err != nil {
-		return 0, err
-	}
-	var ended []wakeKey
-	for rows.Next() {
-		var scope, key string
-		if err := rows.Scan(&scope, &key); err != nil {
-			rows.Close()
-			return 0, err
+func (s *Store) yieldEarlier(ctx context.Context, current idem.Holder) (n int, err error) {
+	err = s.db.statement(ctx, "Store.YieldEarlier", func(ctx context.Context, q querier, st *txState) error {
+		rows, err := q.QueryContext(ctx, pgsql.YieldEarlier, current.Replica, current.Incarnation, s.db.now())
+		if err != nil {
+			return err
 		}
-		ended = append(ended, wakeKey{idem.Scope(scope), idem.Key(key)})
-	}
-	if err := rows.Close(); err != nil {
-		return 0, err
-	}
-	if err := rows.Err(); err != nil {
-		return 0, err
-	}
-	for _, w := range ended {
-		if err := s.wakeAfter(ctx, q, st, w.scope, w.key); err != nil {
-			return 0, err
+		var ended []wakeKey
+		for rows.Next() {
+			var scope, key string
+			if err := rows.Scan(&scope, &key); err != nil {
+				rows.Close()
+				return err
+			}
+			ended = append(ended, wakeKey{idem.Scope(scope), idem.Key(key)})
 		}
-	}
-	return len(ended), nil
+		if err := rows.Close(); err != nil {
+			return err
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, w := range ended {
+			if err := s.wakeAfter(ctx, q, st, w.scope, w.key); err != nil {
+				return err
+			}
+		}
+		n = len(ended)
+		return nil
+	})
+	return n, err
 }
 
 // Get implements idem.Store. With Config.Clock nil, expiry is judged by the
@@ -356,7 +507,9 @@ func (s *Store) yieldEarlier(ctx context.Context, current idem.Holder) (int, err
 // begun, it reads in that transaction and sees its writes.
 func (s *Store) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
 	var row pgsql.RecordRow
-	err := s.db.reader(ctx).QueryRowContext(ctx, pgsql.Get, string(scope), string(key), s.db.now()).Scan(row.Dest()...)
+	err := s.db.read(ctx, "Store.Get", func(ctx context.Context, q querier) error {
+		return q.QueryRowContext(ctx, pgsql.Get, string(scope), string(key), s.db.now()).Scan(row.Dest()...)
+	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
 	}
@@ -387,23 +540,23 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	return n, nil
 }
 
-func (s *Store) purge(ctx context.Context, limit int) (int, error) {
-	q, _, err := s.db.writer(ctx)
-	if err != nil {
-		return 0, err
-	}
-	res, err := q.ExecContext(ctx, pgsql.Purge, s.db.now(), int64(limit))
-	if err != nil {
-		return 0, err
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, err
-	}
-	if _, err := q.ExecContext(ctx, pgsql.PurgeWaiters, s.db.now()); err != nil {
-		return 0, fmt.Errorf("waiters: %w", err)
-	}
-	return int(n), nil
+func (s *Store) purge(ctx context.Context, limit int) (n int, err error) {
+	err = s.db.statement(ctx, "Store.Purge", func(ctx context.Context, q querier, _ *txState) error {
+		res, err := q.ExecContext(ctx, pgsql.Purge, s.db.now(), int64(limit))
+		if err != nil {
+			return err
+		}
+		deleted, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		if _, err := q.ExecContext(ctx, pgsql.PurgeWaiters, s.db.now()); err != nil {
+			return fmt.Errorf("waiters: %w", err)
+		}
+		n = int(deleted)
+		return nil
+	})
+	return n, err
 }
 
 // CompleteTx implements idem.TxStore.
@@ -456,6 +609,14 @@ func (s *Store) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) 
 		return false, fmt.Errorf("idempgsql: complete: begin: %w", err)
 	}
 	res, err := tx.ExecContext(ctx, pgsql.Complete, args...)
+	if SQLState(err) == serializationFailure {
+		// Above READ COMMITTED: the key's row changed after the
+		// transaction's snapshot. Rolled back; whoever changed it decides.
+		st.end(false)
+		if kept, lerr := s.changedUnder(ctx, ref); lerr != nil || kept {
+			return kept, lerr
+		}
+	}
 	if err != nil {
 		return false, fmt.Errorf("idempgsql: complete: %w", err)
 	}
@@ -477,31 +638,62 @@ func (s *Store) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) 
 	return true, nil
 }
 
+// changedUnder tells, after CompleteTx's completion failed with a
+// serialization failure and was rolled back, what became of the key: kept
+// when this token completed it before (the first execution's effect is the
+// one that counts), idem.ErrLeaseLost when another token holds it or it is
+// gone, and neither (false, nil) when this token still holds it in flight,
+// and the failure stands: nothing was committed, and the key is still held.
+func (s *Store) changedUnder(ctx context.Context, ref idem.Ref) (kept bool, err error) {
+	var (
+		state string
+		token int64
+	)
+	err = s.db.sql.QueryRowContext(ctx, `SELECT state, token FROM idem_keys WHERE scope = $1 AND key = $2`,
+		string(ref.Scope), string(ref.Key)).Scan(&state, &token)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, fmt.Errorf("idempgsql: complete: %w", idem.ErrLeaseLost)
+	case err != nil:
+		return false, fmt.Errorf("idempgsql: complete: %w", err)
+	case idem.Token(token) != ref.Token:
+		return false, fmt.Errorf("idempgsql: complete: %w", idem.ErrLeaseLost)
+	case state == pgsql.StateCompleted:
+		return true, nil
+	}
+	return false, nil
+}
+
 // SaveRecovery implements idem.Recoverer. Called with a context that
 // carries a transaction of the DB (WithTx, JoinTx, CompleteTx), it writes
-// in it, so the point commits or rolls back with the phase's writes;
-// otherwise it commits on its own. With Config.Clock nil, SavedAt is the
-// database's time.
+// in it, inside a savepoint of its own, so the point commits or rolls back
+// with the phase's writes; otherwise it commits on its own. With
+// Config.Clock nil, SavedAt is the database's time.
 func (s *Store) SaveRecovery(ctx context.Context, ref idem.Ref, rp idem.RecoveryPoint) error {
 	if err := pgsql.ValidateRecovery(rp); err != nil {
 		return err
-	}
-	q, _, err := s.db.writer(ctx)
-	if err != nil {
-		return fmt.Errorf("idempgsql: save recovery point: %w", err)
 	}
 	data := rp.Data
 	if data == nil {
 		data = []byte{}
 	}
-	res, err := q.ExecContext(ctx, pgsql.SaveRecovery, string(ref.Scope), string(ref.Key), int64(ref.Token), rp.Name, data, s.db.now())
-	if err != nil {
-		return fmt.Errorf("idempgsql: save recovery point: %w", err)
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return fmt.Errorf("idempgsql: save recovery point: %w", err)
-	} else if n != 1 {
+	err := s.db.statement(ctx, "Store.SaveRecovery", func(ctx context.Context, q querier, _ *txState) error {
+		res, err := q.ExecContext(ctx, pgsql.SaveRecovery, string(ref.Scope), string(ref.Key), int64(ref.Token), rp.Name, data, s.db.now())
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n != 1 {
+			return idem.ErrLeaseLost
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, idem.ErrLeaseLost):
 		return idem.ErrLeaseLost
+	case err != nil:
+		return fmt.Errorf("idempgsql: save recovery point: %w", err)
 	}
 	return nil
 }
@@ -509,16 +701,19 @@ func (s *Store) SaveRecovery(ctx context.Context, ref idem.Ref, rp idem.Recovery
 // Abandoned implements idem.Recoverer, through a partial index that holds
 // only the keys in flight with a point. With Config.Clock nil, leases are
 // judged by the database's clock.
-func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error) {
+func (s *Store) Abandoned(ctx context.Context, limit int) (out []idem.Record, err error) {
 	if limit <= 0 {
 		return nil, &idem.ArgumentError{Field: "limit", Reason: "must be positive"}
 	}
-	rows, err := s.db.reader(ctx).QueryContext(ctx, pgsql.Abandoned, s.db.now(), limit)
-	if err != nil {
-		return nil, fmt.Errorf("idempgsql: abandoned: %w", err)
-	}
-	defer rows.Close()
-	out, err := pgsql.AbandonedRecords(rows)
+	err = s.db.read(ctx, "Store.Abandoned", func(ctx context.Context, q querier) error {
+		rows, err := q.QueryContext(ctx, pgsql.Abandoned, s.db.now(), limit)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		out, err = pgsql.AbandonedRecords(rows)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("idempgsql: abandoned: %w", err)
 	}
@@ -527,22 +722,24 @@ func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error)
 
 // Yield implements idem.Recoverer, and wakes the key's waiters once the
 // change is committed (see wakeAfter). Called with a context that carries a
-// transaction of the DB, it joins it.
+// transaction of the DB, it joins it, inside a savepoint of its own.
 func (s *Store) Yield(ctx context.Context, ref idem.Ref) error {
-	q, st, err := s.db.writer(ctx)
-	if err != nil {
-		return fmt.Errorf("idempgsql: yield: %w", err)
-	}
-	res, err := q.ExecContext(ctx, pgsql.Yield, string(ref.Scope), string(ref.Key), int64(ref.Token), s.db.now())
-	if err != nil {
-		return fmt.Errorf("idempgsql: yield: %w", err)
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return fmt.Errorf("idempgsql: yield: %w", err)
-	} else if n != 1 {
+	err := s.db.statement(ctx, "Store.Yield", func(ctx context.Context, q querier, st *txState) error {
+		res, err := q.ExecContext(ctx, pgsql.Yield, string(ref.Scope), string(ref.Key), int64(ref.Token), s.db.now())
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n != 1 {
+			return idem.ErrLeaseLost
+		}
+		return s.wakeAfter(ctx, q, st, ref.Scope, ref.Key)
+	})
+	switch {
+	case errors.Is(err, idem.ErrLeaseLost):
 		return idem.ErrLeaseLost
-	}
-	if err := s.wakeAfter(ctx, q, st, ref.Scope, ref.Key); err != nil {
+	case err != nil:
 		return fmt.Errorf("idempgsql: yield: %w", err)
 	}
 	return nil
