@@ -107,6 +107,10 @@
 // contexts of two separate JoinTx of one transaction cannot see each
 // other's calls.
 //
+// The module idempgsql/internal/ormtest runs the Inbox, the Outbox and the
+// middleware this way under GORM (its nested Transaction included) and
+// sqlx, on both drivers.
+//
 // # Isolation levels
 //
 // How idem answers at each isolation level, each tested
