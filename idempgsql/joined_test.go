@@ -442,7 +442,8 @@ func TestJoinedClaimLocks(t *testing.T) {
 }
 
 // failOn makes the inserts into idem_outbox of a message whose topic names
-// a SQLSTATE fail with it, and the completions of a key with status 599 fail
+// a SQLSTATE ("fail-40001") fail with it, those whose topic names an
+// advisory lock ("slow-42") wait for it, and the completions of a key with status 599 fail
 // with a serialization failure: a failure of idem's own statement, in the
 // middle of the application's transaction.
 func failOn(t *testing.T, db *idempgsql.DB) {
@@ -452,6 +453,9 @@ CREATE FUNCTION test_fail_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
 	IF NEW.topic LIKE 'fail-%' THEN
 		RAISE EXCEPTION 'the test fails this insert' USING ERRCODE = substr(NEW.topic, 6);
+	END IF;
+	IF NEW.topic LIKE 'slow-%' THEN
+		PERFORM pg_advisory_xact_lock(substr(NEW.topic, 6)::bigint);
 	END IF;
 	RETURN NEW;
 END $$;
@@ -522,6 +526,63 @@ func TestIdemFailureLeavesTxUsable(t *testing.T) {
 		rec, err := store.Get(ctx, "s", "k")
 		if err != nil || rec.State != idem.StateInFlight || rec.Token != c.Token {
 			t.Errorf("the key after its failed completion = %+v, %v; want the claim committed, in flight", rec, err)
+		}
+	})
+}
+
+// A handler that returns while a call it started with its context in
+// another goroutine is still running: Process waits for that call, which
+// ends inside the handler's savepoint, before it ends the savepoint; the
+// transaction is then free for the next call.
+func TestHandlerLeavesCallRunning(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, driver string) {
+		ctx := t.Context()
+		db, app := openNamedDB(t, driver, idempgsql.Config{})
+		inbox, _ := newInbox(t, db), newStore(t, db)
+		outbox, err := idempgsql.NewOutbox(ctx, db, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		failOn(t, db)
+		lock := time.Now().UnixNano() // an advisory lock no other test takes
+		holder, err := db.SQL().Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer holder.Close()
+		if _, err := holder.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, lock); err != nil {
+			t.Fatal(err)
+		}
+		tx := begin(t, db, nil)
+		jctx := db.JoinTx(ctx, tx)
+		left := make(chan error, 1)
+		err = inbox.Process(jctx, "c", "m", func(ctx context.Context) error {
+			go func() { left <- outbox.Add(ctx, idem.Message{ID: "slow", Topic: fmt.Sprintf("slow-%d", lock)}) }()
+			waitBlocked(t, db, app)
+			if _, err := holder.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, lock); err != nil {
+				t.Error(err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("Process = %v", err)
+		}
+		if err := <-left; err != nil {
+			t.Fatalf("the Add the handler left running = %v", err)
+		}
+		if err := outbox.Add(jctx, idem.Message{ID: "after", Topic: "t"}); err != nil {
+			t.Fatalf("an Add after the handler's = %v", err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		var entries int
+		if err := db.SQL().QueryRowContext(ctx, `SELECT count(*) FROM idem_outbox`).Scan(&entries); err != nil {
+			t.Fatal(err)
+		}
+		if entries != 2 {
+			t.Errorf("%d entries, want 2", entries)
 		}
 	})
 }

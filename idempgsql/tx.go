@@ -89,8 +89,11 @@ type savepoint struct {
 	// made to wait (ErrTxBusy).
 	call    string
 	handler bool
-	closed  bool
-	done    chan struct{} // closed when the savepoint is closed
+	// ending says that the call has returned and its savepoint is being
+	// ended: the context it handed out opens no savepoint any more.
+	ending bool
+	closed bool
+	done   chan struct{} // closed when the savepoint is closed
 }
 
 // savepoints numbers the savepoints of the process, so that no two share a
@@ -232,7 +235,7 @@ func (r *txRef) wait(ctx context.Context, call string, handler, open bool) (*sav
 		case st.ended:
 			st.mu.Unlock()
 			return nil, errTxEnded
-		case r.at != nil && r.at.closed:
+		case r.at != nil && (r.at.closed || r.at.ending):
 			st.mu.Unlock()
 			return nil, errCallReturned
 		case st.top == r.at:
@@ -253,6 +256,7 @@ func (r *txRef) wait(ctx context.Context, call string, handler, open bool) (*sav
 		}
 		done := st.top.done
 		st.mu.Unlock()
+		testHookBlocked()
 		select {
 		case <-done:
 		case <-ctx.Done():
@@ -260,6 +264,29 @@ func (r *txRef) wait(ctx context.Context, call string, handler, open bool) (*sav
 		}
 	}
 }
+
+// settle waits until sp is the innermost savepoint again, and marks it
+// ending: calls that sp's code started with its context and left running
+// (a goroutine it did not wait for) end first, inside sp, and none starts
+// after.
+func (st *txState) settle(sp *savepoint) {
+	for {
+		st.mu.Lock()
+		if st.top == sp {
+			sp.ending = true
+			st.mu.Unlock()
+			return
+		}
+		done := st.top.done
+		st.mu.Unlock()
+		testHookBlocked()
+		<-done
+	}
+}
+
+// testHookBlocked is called as a call blocks, waiting for another to close
+// its savepoint: tests learn from it that a wait has begun.
+var testHookBlocked = func() {}
 
 // close closes sp, the innermost savepoint, once the statement that ends
 // it has run: the next call may then open its own.
@@ -305,6 +332,7 @@ func (db *DB) inSavepoint(ctx context.Context, r *txRef, call string, handler bo
 	}
 	// Ended even when ctx is done, so that the transaction stays usable.
 	end := func(rollback bool) error {
+		r.st.settle(sp)
 		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 		defer cancel()
 		if rollback {
