@@ -586,3 +586,54 @@ func TestHandlerLeavesCallRunning(t *testing.T) {
 		}
 	})
 }
+
+// A DB on another *sql.DB whose connections reach the same schema (here
+// with the other driver) joins the transaction too; one on another schema
+// leaves it alone, and its Add commits on its own, in its own tables.
+func TestTwoSQLDBs(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, driver string) {
+		ctx := t.Context()
+		db1 := openDB(t, driver, idempgsql.Config{})
+		other := map[string]string{"pgx": "postgres", "postgres": "pgx"}[driver]
+		same, err := sql.Open(other, withParam(pgURL(t), "search_path="+db1.Schema()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer same.Close()
+		db2, err := idempgsql.NewDB(ctx, same, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		elsewhere := openDB(t, other, idempgsql.Config{})
+		outbox2, err := idempgsql.NewOutbox(ctx, db2, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		outbox3, err := idempgsql.NewOutbox(ctx, elsewhere, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx := begin(t, db1, nil)
+		jctx := db1.JoinTx(ctx, tx)
+		if err := outbox2.Add(jctx, idem.Message{ID: "joined", Topic: "t"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := outbox3.Add(jctx, idem.Message{ID: "own", Topic: "t"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		var here, there int
+		if err := db1.SQL().QueryRowContext(ctx, `SELECT count(*) FROM idem_outbox`).Scan(&here); err != nil {
+			t.Fatal(err)
+		}
+		if err := elsewhere.SQL().QueryRowContext(ctx, `SELECT count(*) FROM idem_outbox`).Scan(&there); err != nil {
+			t.Fatal(err)
+		}
+		if here != 0 || there != 1 {
+			t.Errorf("%d entries in the joined schema (want 0: rolled back), %d in the other (want 1: its own)", here, there)
+		}
+	})
+}
