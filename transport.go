@@ -90,3 +90,26 @@ type Delivery interface {
 
 // ErrClosed is returned by a closed Stream, Publisher or Subscriber.
 var ErrClosed = errors.New("idem: closed")
+
+// StreamStats is what the streams a Subscriber opened for one consumer
+// hold in the process's memory, and how their commits of the consumer's
+// position fared. A transport that can tell has a method
+// StreamStats(consumer string) StreamStats (idemkafka's Transport does);
+// idemprom exports it as gauges.
+type StreamStats struct {
+	// Held counts the messages the streams hold: fetched and not yet
+	// handed out, handed out and not settled, or Nacked and waiting for
+	// their delay.
+	Held int
+	// HeldBytes counts their keys, payloads and headers.
+	HeldBytes int64
+	// Delayed counts the messages of Held that wait for their delay.
+	Delayed int
+	// Limit is the most Held may reach: the streams' MaxInFlight, summed.
+	Limit int
+	// CommitFailures counts the commits of a partition's position that
+	// failed since the Subscriber was made. Each is tried again by the
+	// next commit; until one succeeds, a restart redelivers what was
+	// settled since the last.
+	CommitFailures int64
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemkafka/internal/stream"
 )
 
 // Header names the transport reserves in every record it publishes. A
@@ -24,7 +25,7 @@ const (
 	// HeaderID carries Message.ID: the inbox de-duplicates by it, so the
 	// copy a producer retry wrote (or a relay that published twice) is
 	// absorbed.
-	HeaderID = "idem.id"
+	HeaderID = stream.HeaderID
 )
 
 // Config configures a Transport. The zero value is the default.
@@ -138,6 +139,10 @@ type Transport struct {
 	mu     sync.Mutex
 	known  map[string]bool // topics found or created
 	closed bool
+	// streams are the open streams of each consumer group, and
+	// groupCounters what their commits met, for StreamStats.
+	streams       map[string]map[*stream.Stream]bool
+	groupCounters map[string]*stream.Counters
 }
 
 var _ interface {
@@ -171,7 +176,8 @@ func Open(ctx context.Context, seeds []string, cfg *Config) (*Transport, error) 
 		cl.Close()
 		return nil, fmt.Errorf("idemkafka: no broker answers at %s: %w", strings.Join(seeds, ","), err)
 	}
-	return &Transport{cfg: c, seeds: seeds, cl: cl, adm: kadm.NewClient(cl), known: make(map[string]bool)}, nil
+	return &Transport{cfg: c, seeds: seeds, cl: cl, adm: kadm.NewClient(cl), known: make(map[string]bool),
+		streams: make(map[string]map[*stream.Stream]bool), groupCounters: make(map[string]*stream.Counters)}, nil
 }
 
 // Close closes the publishing client. Streams are closed on their own.
@@ -313,27 +319,6 @@ func (t *Transport) record(m idem.Message) *kgo.Record {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
 	return r
-}
-
-// message is the idem.Message a record carries. A record that another
-// producer wrote, without HeaderID, is named by its place in the log,
-// topic/partition/offset, which no redelivery changes.
-func message(r *kgo.Record, prefix string) idem.Message {
-	m := idem.Message{Topic: strings.TrimPrefix(r.Topic, prefix), Key: string(r.Key), Payload: r.Value, Time: r.Timestamp}
-	for _, h := range r.Headers {
-		if h.Key == HeaderID {
-			m.ID = string(h.Value)
-			continue
-		}
-		if m.Headers == nil {
-			m.Headers = make(map[string]string, len(r.Headers))
-		}
-		m.Headers[h.Key] = string(h.Value)
-	}
-	if m.ID == "" {
-		m.ID = fmt.Sprintf("%s/%d/%d", r.Topic, r.Partition, r.Offset)
-	}
-	return m
 }
 
 // ParseURL returns the seed brokers of a kafka://HOST:PORT[,HOST:PORT…]

@@ -1,11 +1,14 @@
-package idemkafka
+package stream
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -15,68 +18,122 @@ import (
 	"github.com/idem-go/idem"
 )
 
-// Subscribe joins the consumer group sub.Consumer on sub.Topic and returns
-// its stream, an idem.BatchStream. A group that has committed nothing yet
-// starts at the topic's oldest record, so what was published before the
-// first Subscribe is delivered too. The topic is created when missing
-// (unless Config.ManualTopics), and its settings that can lose messages
-// are logged (see Warnings).
-//
-// sub.AckWait is not used: Kafka hands a partition to one group member at
-// a time and redelivers only after a rebalance, so a delivery is held
-// until it is settled, the stream closes, or its partition moves.
-func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.Stream, error) {
-	if err := sub.Validate(); err != nil {
-		return nil, err
-	}
-	if err := checkTopic("Subscription.Topic", t.cfg.TopicPrefix+sub.Topic); err != nil {
-		return nil, err
-	}
-	if t.isClosed() {
-		return nil, idem.ErrClosed
-	}
-	if err := t.ensureTopic(ctx, sub.Topic); err != nil {
-		return nil, err
-	}
-	s := &stream{
-		t:           t,
-		sub:         sub,
-		maxInFlight: t.cfg.MaxInFlight,
+// HeaderID is the record header that carries Message.ID (idemkafka.HeaderID).
+const HeaderID = "idem.id"
+
+// Client is what a Stream needs of franz-go's group consumer: KgoClient
+// makes one of a *kgo.Client; tests put a fake under the stream.
+type Client interface {
+	// PollRecords is kgo.Client.PollRecords.
+	PollRecords(ctx context.Context, max int) kgo.Fetches
+	// CommitOffsets commits offsets and waits for the broker's answer:
+	// err when the request failed as a whole; otherwise the outcome of
+	// each partition the broker answered for, nil for those it committed.
+	CommitOffsets(ctx context.Context, offsets map[string]map[int32]kgo.EpochOffset) (map[string]map[int32]error, error)
+	// Close leaves the group and closes the client.
+	Close()
+}
+
+// KgoClient is cl as a Client.
+func KgoClient(cl *kgo.Client) Client { return kgoClient{cl} }
+
+type kgoClient struct{ *kgo.Client }
+
+func (c kgoClient) CommitOffsets(ctx context.Context, offsets map[string]map[int32]kgo.EpochOffset) (map[string]map[int32]error, error) {
+	var out map[string]map[int32]error
+	var rerr error
+	c.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			rerr = err
+			return
+		}
+		out = make(map[string]map[int32]error, len(resp.Topics))
+		for _, rt := range resp.Topics {
+			ps := make(map[int32]error, len(rt.Partitions))
+			for _, rp := range rt.Partitions {
+				ps[rp.Partition] = kerr.ErrorForCode(rp.ErrorCode)
+			}
+			out[rt.Topic] = ps
+		}
+	})
+	return out, rerr
+}
+
+// Callbacks are the stream's answers to the group's rebalances, for
+// kgo.OnPartitionsAssigned, OnPartitionsRevoked and OnPartitionsLost.
+type Callbacks struct {
+	Assigned, Revoked, Lost func(ctx context.Context, _ *kgo.Client, parts map[string][]int32)
+}
+
+// Config configures a Stream. Every field is required.
+type Config struct {
+	// Consumer is the consumer group, for errors and logs.
+	Consumer string
+	// TopicPrefix is taken off the topic of every delivered message.
+	TopicPrefix    string
+	Clock          idem.Clock
+	Logger         *slog.Logger
+	MaxInFlight    int
+	CommitInterval time.Duration
+	RevokeWait     time.Duration
+	// Counters, when not nil, counts what the stream's commits meet,
+	// across the streams that share it.
+	Counters *Counters
+}
+
+// Counters are counts that outlive a stream: a transport keeps one per
+// consumer group.
+type Counters struct {
+	// CommitFailures counts partitions whose offset a commit failed to
+	// store.
+	CommitFailures atomic.Int64
+}
+
+// New makes a stream and its client: dial gets the callbacks the client
+// must call on rebalances.
+func New(cfg Config, dial func(Callbacks) (Client, error)) (*Stream, error) {
+	s := &Stream{
+		cfg:         cfg,
+		maxInFlight: cfg.MaxInFlight,
 		parts:       make(map[partition]*partState),
 		wake:        make(chan struct{}),
 		done:        make(chan struct{}),
 		committed:   make(chan struct{}),
+		started:     make(chan struct{}),
 	}
-	if sub.MaxInFlight > 0 {
-		s.maxInFlight = sub.MaxInFlight
-	}
-	opts := append([]kgo.Opt{
-		kgo.SeedBrokers(t.seeds...),
-		kgo.ConsumerGroup(sub.Consumer),
-		kgo.ConsumeTopics(t.cfg.TopicPrefix + sub.Topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		// Offsets are committed by the stream, only past what was
-		// settled: franz-go's autocommit would commit what was polled.
-		kgo.DisableAutoCommit(),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.SessionTimeout(t.cfg.SessionTimeout),
-		// Kafka's own ratio: three heartbeats a session.
-		kgo.HeartbeatInterval(min(3*time.Second, t.cfg.SessionTimeout/3)),
-		// RevokeWait, and as long again (5s at most) to commit after it:
-		// the coordinator waits that long for a member to rejoin, so a
-		// killed member delays a rebalance by no more.
-		kgo.RebalanceTimeout(t.cfg.RevokeWait + min(t.cfg.RevokeWait, 5*time.Second)),
-		kgo.OnPartitionsAssigned(s.assigned),
-		kgo.OnPartitionsRevoked(s.revoked),
-		kgo.OnPartitionsLost(s.lost),
-	}, t.cfg.ClientOptions...)
-	cl, err := kgo.NewClient(opts...)
+	cl, err := dial(Callbacks{
+		Assigned: func(ctx context.Context, _ *kgo.Client, m map[string][]int32) { <-s.started; s.assigned(ctx, m) },
+		Revoked:  func(ctx context.Context, _ *kgo.Client, m map[string][]int32) { <-s.started; s.revoked(ctx, m) },
+		Lost:     func(ctx context.Context, _ *kgo.Client, m map[string][]int32) { <-s.started; s.lost(ctx, m) },
+	})
 	if err != nil {
-		return nil, fmt.Errorf("idemkafka: %w", err)
+		return nil, err
 	}
 	s.cl = cl
+	close(s.started)
 	go s.commitLoop()
 	return s, nil
+}
+
+// Message is the idem.Message a record carries. A record that another
+// producer wrote, without HeaderID, is named by its place in the log,
+// topic/partition/offset, which no redelivery changes.
+func Message(r *kgo.Record, prefix string) idem.Message {
+	m := idem.Message{Topic: strings.TrimPrefix(r.Topic, prefix), Key: string(r.Key), Payload: r.Value, Time: r.Timestamp}
+	for _, h := range r.Headers {
+		if h.Key == HeaderID {
+			m.ID = string(h.Value)
+			continue
+		}
+		if m.Headers == nil {
+			m.Headers = make(map[string]string, len(r.Headers))
+		}
+		m.Headers[h.Key] = string(h.Value)
+	}
+	if m.ID == "" {
+		m.ID = fmt.Sprintf("%s/%d/%d", r.Topic, r.Partition, r.Offset)
+	}
+	return m
 }
 
 type partition struct {
@@ -125,11 +182,13 @@ func (ps *partState) advance() {
 	}
 }
 
-type stream struct {
-	t           *Transport
-	sub         idem.Subscription
-	cl          *kgo.Client
+// Stream is one member of a consumer group: an idem.BatchStream of the
+// records of the partitions the group assigns it.
+type Stream struct {
+	cfg         Config
+	cl          Client
 	maxInFlight int
+	started     chan struct{} // closed once cl is set
 
 	mu    sync.Mutex
 	parts map[partition]*partState
@@ -151,10 +210,10 @@ type stream struct {
 	committed chan struct{} // closed when commitLoop has ended
 }
 
-var _ idem.BatchStream = (*stream)(nil)
+var _ idem.BatchStream = (*Stream)(nil)
 
 // broadcastLocked wakes every waiting Next, and a poll that blocks them.
-func (s *stream) broadcastLocked() {
+func (s *Stream) broadcastLocked() {
 	close(s.wake)
 	s.wake = make(chan struct{})
 	if s.stopPoll != nil {
@@ -162,7 +221,7 @@ func (s *stream) broadcastLocked() {
 	}
 }
 
-func (s *stream) Next(ctx context.Context) (idem.Delivery, error) {
+func (s *Stream) Next(ctx context.Context) (idem.Delivery, error) {
 	ds, err := s.NextBatch(ctx, 1)
 	if err != nil {
 		return nil, err
@@ -170,7 +229,7 @@ func (s *stream) Next(ctx context.Context) (idem.Delivery, error) {
 	return ds[0], nil
 }
 
-func (s *stream) NextBatch(ctx context.Context, max int) ([]idem.Delivery, error) {
+func (s *Stream) NextBatch(ctx context.Context, max int) ([]idem.Delivery, error) {
 	if max < 1 {
 		return nil, &idem.ArgumentError{Field: "max", Reason: "must be at least 1"}
 	}
@@ -188,7 +247,7 @@ func (s *stream) NextBatch(ctx context.Context, max int) ([]idem.Delivery, error
 			s.mu.Unlock()
 			return nil, err
 		}
-		now := s.t.cfg.Clock.Now()
+		now := s.cfg.Clock.Now()
 		if ds := s.takeLocked(max, now); len(ds) > 0 {
 			s.mu.Unlock()
 			return ds, nil
@@ -223,7 +282,7 @@ func (s *stream) NextBatch(ctx context.Context, max int) ([]idem.Delivery, error
 
 // takeLocked hands out up to max records: due redeliveries first, then
 // records in the order they were polled.
-func (s *stream) takeLocked(max int, now time.Time) []idem.Delivery {
+func (s *Stream) takeLocked(max int, now time.Time) []idem.Delivery {
 	var ds []idem.Delivery
 	for len(ds) < max && len(s.delayed) > 0 && !s.delayed[0].due.After(now) && s.inFlight < s.maxInFlight {
 		e := s.delayed[0]
@@ -239,7 +298,7 @@ func (s *stream) takeLocked(max int, now time.Time) []idem.Delivery {
 	return ds
 }
 
-func (s *stream) handOutLocked(e *entry) idem.Delivery {
+func (s *Stream) handOutLocked(e *entry) idem.Delivery {
 	s.nextToken++
 	e.token = s.nextToken
 	e.attempt++
@@ -252,7 +311,7 @@ func (s *stream) handOutLocked(e *entry) idem.Delivery {
 // called with s.mu held and returns with it released. A Nack or a settle
 // meanwhile stops the poll early (broadcastLocked), so that what it made
 // ready is handed out at once.
-func (s *stream) poll(ctx context.Context, room int, wait time.Duration) {
+func (s *Stream) poll(ctx context.Context, room int, wait time.Duration) {
 	pctx, cancel := context.WithCancel(ctx)
 	if wait >= 0 {
 		pctx, cancel = context.WithTimeout(ctx, wait)
@@ -278,7 +337,7 @@ func (s *stream) poll(ctx context.Context, room int, wait time.Duration) {
 		if n := len(ps.entries); n > 0 && ps.entries[n-1].rec.Offset >= r.Offset {
 			return
 		}
-		e := &entry{ps: ps, rec: r, msg: message(r, s.t.cfg.TopicPrefix)}
+		e := &entry{ps: ps, rec: r, msg: Message(r, s.cfg.TopicPrefix)}
 		ps.entries = append(ps.entries, e)
 		s.ready = append(s.ready, e)
 		added = true
@@ -293,11 +352,11 @@ func (s *stream) poll(ctx context.Context, room int, wait time.Duration) {
 		// consumer says so and subscribes again; the client retries the
 		// others, which are only logged.
 		if fe.Topic == "" && !kerr.IsRetriable(fe.Err) {
-			s.err = fmt.Errorf("idemkafka: consumer group %q: %w", s.sub.Consumer, fe.Err)
+			s.err = fmt.Errorf("idemkafka: consumer group %q: %w", s.cfg.Consumer, fe.Err)
 			s.broadcastLocked()
 			return
 		}
-		s.t.cfg.Logger.Warn("fetching from Kafka", "topic", fe.Topic, "partition", fe.Partition, "error", fe.Err)
+		s.cfg.Logger.Warn("fetching from Kafka", "topic", fe.Topic, "partition", fe.Partition, "error", fe.Err)
 	}
 	if added {
 		s.broadcastLocked()
@@ -306,7 +365,7 @@ func (s *stream) poll(ctx context.Context, room int, wait time.Duration) {
 
 // settleLocked settles d's record if d still stands for it: Ack and Term
 // do so for good; Nack with redeliver puts it back after delay.
-func (s *stream) settleLocked(d *delivery, redeliver bool, delay time.Duration) bool {
+func (s *Stream) settleLocked(d *delivery, redeliver bool, delay time.Duration) bool {
 	e := d.e
 	if e.token != d.token || e.settled || e.ps.gone {
 		return false
@@ -314,7 +373,7 @@ func (s *stream) settleLocked(d *delivery, redeliver bool, delay time.Duration) 
 	e.token = 0
 	s.inFlight--
 	if redeliver {
-		e.due = s.t.cfg.Clock.Now().Add(delay)
+		e.due = s.cfg.Clock.Now().Add(delay)
 		i, _ := slices.BinarySearchFunc(s.delayed, e.due, func(x *entry, t time.Time) int {
 			if x.due.After(t) {
 				return 1
@@ -330,7 +389,7 @@ func (s *stream) settleLocked(d *delivery, redeliver bool, delay time.Duration) 
 	return true
 }
 
-func (s *stream) settle(ctx context.Context, d *delivery, redeliver bool, delay time.Duration) error {
+func (s *Stream) settle(ctx context.Context, d *delivery, redeliver bool, delay time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -346,7 +405,7 @@ func (s *stream) settle(ctx context.Context, d *delivery, redeliver bool, delay 
 // AckBatch settles every delivery of ds that still stands for its record.
 // No round trip happens here: the offsets it allows are committed by the
 // next commit (Config.CommitInterval).
-func (s *stream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, error) {
+func (s *Stream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, error) {
 	if len(ds) == 0 {
 		return 0, nil
 	}
@@ -373,11 +432,11 @@ func (s *stream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, error) 
 
 // AcksInTx reports false: offsets live in Kafka, not in the inbox's
 // database, so the consumer acknowledges after its transaction commits.
-func (s *stream) AcksInTx(context.Context) bool { return false }
+func (s *Stream) AcksInTx(context.Context) bool { return false }
 
 // marksLocked returns the offsets to commit: of the partitions ps names, or
 // of every partition when ps is nil, those whose mark moved.
-func (s *stream) marksLocked(only map[partition]bool) map[string]map[int32]kgo.EpochOffset {
+func (s *Stream) marksLocked(only map[partition]bool) map[string]map[int32]kgo.EpochOffset {
 	var out map[string]map[int32]kgo.EpochOffset
 	for p, ps := range s.parts {
 		if only != nil && !only[p] {
@@ -400,36 +459,38 @@ func (s *stream) marksLocked(only map[partition]bool) map[string]map[int32]kgo.E
 // commit commits offsets and, once the broker has them, records them as
 // committed. A failed commit is tried again by the next one: the marks
 // only move forward.
-func (s *stream) commit(ctx context.Context, offsets map[string]map[int32]kgo.EpochOffset) {
+func (s *Stream) commit(ctx context.Context, offsets map[string]map[int32]kgo.EpochOffset) {
 	if len(offsets) == 0 {
 		return
 	}
-	s.cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-		if err != nil {
-			s.t.cfg.Logger.Warn("committing Kafka offsets", "consumer", s.sub.Consumer, "error", err)
-			return
+	res, err := s.cl.CommitOffsets(ctx, offsets)
+	if err != nil {
+		if s.cfg.Counters != nil {
+			s.cfg.Counters.CommitFailures.Add(1)
 		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		for _, rt := range resp.Topics {
-			for _, rp := range rt.Partitions {
-				ps := s.parts[partition{rt.Topic, rp.Partition}]
-				if ps == nil || rp.ErrorCode != 0 {
-					continue
-				}
-				if o := offsets[rt.Topic][rp.Partition].Offset; o > ps.committed {
-					ps.committed = o
-				}
+		s.cfg.Logger.Warn("committing Kafka offsets", "consumer", s.cfg.Consumer, "error", err)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for topic, parts := range res {
+		for p, perr := range parts {
+			ps := s.parts[partition{topic, p}]
+			if ps == nil || perr != nil {
+				continue
+			}
+			if o := offsets[topic][p].Offset; o > ps.committed {
+				ps.committed = o
 			}
 		}
-	})
+	}
 }
 
 // commitLoop commits, every CommitInterval, what the settles since the
 // last commit allow.
-func (s *stream) commitLoop() {
+func (s *Stream) commitLoop() {
 	defer close(s.committed)
-	tick := time.NewTicker(s.t.cfg.CommitInterval)
+	tick := time.NewTicker(s.cfg.CommitInterval)
 	defer tick.Stop()
 	for {
 		select {
@@ -447,7 +508,7 @@ func (s *stream) commitLoop() {
 }
 
 // assigned starts holding the partitions a rebalance gave the stream.
-func (s *stream) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+func (s *Stream) assigned(_ context.Context, assigned map[string][]int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for topic, parts := range assigned {
@@ -466,12 +527,12 @@ func (s *stream) assigned(_ context.Context, _ *kgo.Client, assigned map[string]
 // what was. What is still unsettled then goes to the next owner, whose
 // inbox finds it a duplicate should this stream's handler commit it after
 // all. The rebalance waits for this to return.
-func (s *stream) revoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+func (s *Stream) revoked(ctx context.Context, revoked map[string][]int32) {
 	only := s.dropReady(revoked)
 	if len(only) == 0 {
 		return
 	}
-	deadline := time.NewTimer(s.t.cfg.RevokeWait)
+	deadline := time.NewTimer(s.cfg.RevokeWait)
 	defer deadline.Stop()
 	s.mu.Lock()
 	for expired := false; !expired && !s.closed && s.handedOutLocked(only); {
@@ -496,13 +557,13 @@ func (s *stream) revoked(ctx context.Context, _ *kgo.Client, revoked map[string]
 
 // lost forgets partitions taken away without a rebalance's courtesy (the
 // session expired): their offsets can no longer be committed.
-func (s *stream) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+func (s *Stream) lost(_ context.Context, lost map[string][]int32) {
 	s.forget(s.dropReady(lost))
 }
 
 // dropReady stops handing out the records of the partitions in ps, and
 // returns them as a set.
-func (s *stream) dropReady(ps map[string][]int32) map[partition]bool {
+func (s *Stream) dropReady(ps map[string][]int32) map[partition]bool {
 	only := make(map[partition]bool)
 	for topic, parts := range ps {
 		for _, p := range parts {
@@ -519,7 +580,7 @@ func (s *stream) dropReady(ps map[string][]int32) map[partition]bool {
 
 // handedOutLocked reports whether a delivery of the partitions in only is
 // unsettled.
-func (s *stream) handedOutLocked(only map[partition]bool) bool {
+func (s *Stream) handedOutLocked(only map[partition]bool) bool {
 	for p := range only {
 		if ps := s.parts[p]; ps != nil {
 			for _, e := range ps.entries {
@@ -534,7 +595,7 @@ func (s *stream) handedOutLocked(only map[partition]bool) bool {
 
 // forget drops the partitions in only; their deliveries still out become
 // stale.
-func (s *stream) forget(only map[partition]bool) {
+func (s *Stream) forget(only map[partition]bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for p := range only {
@@ -557,7 +618,7 @@ func (s *stream) forget(only map[partition]bool) {
 // Close commits what was settled, leaves the group and stops. Unsettled
 // records go to the group's next member that owns their partition, or to
 // this consumer's next incarnation.
-func (s *stream) Close() error {
+func (s *Stream) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.done)
 		<-s.committed
@@ -577,7 +638,7 @@ func (s *stream) Close() error {
 }
 
 type delivery struct {
-	s       *stream
+	s       *Stream
 	e       *entry
 	token   uint64
 	attempt int
@@ -616,4 +677,57 @@ func (d *delivery) InProgress(ctx context.Context) error {
 		return idem.ErrClosed
 	}
 	return nil
+}
+
+// Stats is what a stream holds in memory.
+type Stats struct {
+	// Held counts the records held: polled and not handed out, handed out
+	// and not settled, waiting for a redelivery, or settled and held
+	// behind an unsettled one of their partition.
+	Held int
+	// HeldBytes counts their keys, values and headers.
+	HeldBytes int64
+	// Delayed counts the records Nacked and waiting for their delay.
+	Delayed int
+	// InFlight counts the deliveries handed out and not settled.
+	InFlight int
+	// Limit is MaxInFlight.
+	Limit int
+}
+
+// Stats returns what the stream holds now.
+func (s *Stream) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := Stats{Delayed: len(s.delayed), InFlight: s.inFlight, Limit: s.maxInFlight}
+	seen := make(map[*entry]bool)
+	count := func(e *entry) {
+		if seen[e] {
+			return
+		}
+		seen[e] = true
+		st.Held++
+		st.HeldBytes += recordBytes(e.rec)
+	}
+	for _, ps := range s.parts {
+		for _, e := range ps.entries {
+			count(e)
+		}
+	}
+	for _, e := range s.ready {
+		count(e)
+	}
+	for _, e := range s.delayed {
+		count(e)
+	}
+	return st
+}
+
+// recordBytes is the size of r's key, value and headers.
+func recordBytes(r *kgo.Record) int64 {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return int64(n)
 }
