@@ -99,17 +99,28 @@ var ErrClosed = errors.New("idem: closed")
 type StreamStats struct {
 	// Held counts the messages the streams hold: fetched and not yet
 	// handed out, handed out and not settled, or Nacked and waiting for
-	// their delay.
+	// their delay. It stays within Limit.
 	Held int
 	// HeldBytes counts their keys, payloads and headers.
 	HeldBytes int64
+	// HeldPeak is the most the streams have held at once, each since it
+	// was opened, summed.
+	HeldPeak int
 	// Delayed counts the messages of Held that wait for their delay.
 	Delayed int
 	// Limit is the most Held may reach: the streams' MaxInFlight, summed.
 	Limit int
+	// Uncommitted counts the messages fetched past the position last
+	// committed: what a crash would deliver again. A message that stays
+	// unsettled (retried in memory, or in a handler that does not return)
+	// holds its partition's position, and the count grows behind it.
+	Uncommitted int64
+	// OldestHeld is when the message held longest was fetched; zero when
+	// none is held.
+	OldestHeld time.Time
 	// CommitFailures counts the commits of a partition's position that
 	// failed since the Subscriber was made. Each is tried again by the
-	// next commit; until one succeeds, a restart redelivers what was
+	// next commit; until one succeeds, a restart delivers again what was
 	// settled since the last.
 	CommitFailures int64
 }

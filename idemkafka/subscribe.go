@@ -138,8 +138,13 @@ func (t *Transport) StreamStats(consumer string) idem.StreamStats {
 		st := s.Stats()
 		out.Held += st.Held
 		out.HeldBytes += st.HeldBytes
+		out.HeldPeak += st.Peak
 		out.Delayed += st.Delayed
 		out.Limit += st.Limit
+		out.Uncommitted += st.Uncommitted
+		if !st.OldestHeld.IsZero() && (out.OldestHeld.IsZero() || st.OldestHeld.Before(out.OldestHeld)) {
+			out.OldestHeld = st.OldestHeld
+		}
 	}
 	if c != nil {
 		out.CommitFailures = c.CommitFailures.Load()

@@ -100,6 +100,7 @@ func New(cfg Config, dial func(Callbacks) (Client, error)) (*Stream, error) {
 		done:        make(chan struct{}),
 		committed:   make(chan struct{}),
 		started:     make(chan struct{}),
+		committing:  make(chan struct{}, 1),
 	}
 	cl, err := dial(Callbacks{
 		Assigned: func(ctx context.Context, _ *kgo.Client, m map[string][]int32) { <-s.started; s.assigned(ctx, m) },
@@ -142,44 +143,54 @@ type partition struct {
 }
 
 // partState is what a stream holds of one assigned partition: its records
-// from the oldest unsettled one on, in offset order. The offset to commit
-// is the oldest unsettled record's, since everything before it is settled.
+// polled and not settled, in offset order. The offset to commit is the
+// oldest of them, since every record before it is settled; when none is
+// held, the one past the newest polled. Settled records are not kept, so
+// a record that stays unsettled at the head of its partition (a keyed
+// message the consumer retries in memory) holds no memory but its own,
+// however many are settled behind it.
 type partState struct {
 	partition
-	entries []*entry
-	// mark is the offset everything before which is settled; -1 until a
-	// record was settled.
-	mark      int64
-	markEpoch int32
-	// committed is the mark last committed.
+	held []*entry
+	// next is one past the newest record polled, -1 before the first;
+	// nextEpoch is that record's leader epoch.
+	next      int64
+	nextEpoch int32
+	// committed is the offset last committed, or the first polled: the
+	// group's position is at or before it, and nothing before it was
+	// this stream's to settle.
 	committed int64
-	gone      bool
+	// revoking is set when a revocation of the partition begins: from
+	// then on, nothing of it is handed out, put back in line, or taken in
+	// from a poll.
+	revoking bool
+	gone     bool
 }
 
 // entry is one record a stream holds.
 type entry struct {
-	ps      *partState
-	rec     *kgo.Record
-	msg     idem.Message
-	settled bool
+	ps   *partState
+	rec  *kgo.Record
+	msg  idem.Message
+	size int64
+	// prevEpoch is the leader epoch of the record polled before this one
+	// in its partition: the epoch committed with this record's offset,
+	// which names the last record settled.
+	prevEpoch int32
+	polled    time.Time
 	// token names the current hand-out; 0 while not handed out.
 	token   uint64
 	attempt int
 	due     time.Time
 }
 
-// advance moves ps.mark past the settled records at its front.
-func (ps *partState) advance() {
-	i := 0
-	for i < len(ps.entries) && ps.entries[i].settled {
-		r := ps.entries[i].rec
-		ps.mark, ps.markEpoch = r.Offset+1, r.LeaderEpoch
-		i++
+// mark returns the offset to commit and its epoch; ok is false before a
+// record was polled.
+func (ps *partState) mark() (offset int64, epoch int32, ok bool) {
+	if len(ps.held) > 0 {
+		return ps.held[0].rec.Offset, ps.held[0].prevEpoch, true
 	}
-	if i > 0 {
-		clear(ps.entries[:i])
-		ps.entries = ps.entries[i:]
-	}
+	return ps.next, ps.nextEpoch, ps.next >= 0
 }
 
 // Stream is one member of a consumer group: an idem.BatchStream of the
@@ -195,15 +206,32 @@ type Stream struct {
 	// ready holds records polled and not yet handed out, oldest first;
 	// delayed holds Nacked records waiting for their delay, soonest first.
 	ready, delayed []*entry
-	inFlight       int
-	nextToken      uint64
-	polling        bool
-	stopPoll       context.CancelFunc
+	// held counts the records of every partState's held, heldBytes their
+	// sizes, peak the most held at once; they stay within maxInFlight.
+	held      int
+	heldBytes int64
+	peak      int
+	inFlight  int
+	nextToken uint64
+	// polling is set while a poll is under way, pollDone closed when it
+	// has taken in what it fetched; stopPoll stops it early.
+	polling  bool
+	pollDone chan struct{}
+	stopPoll context.CancelFunc
+	// fences counts the rebalance callbacks that keep new polls from
+	// starting (see fenceLocked).
+	fences int
 	// wake is closed, and replaced, whenever a waiting Next may proceed.
 	wake   chan struct{}
 	closed bool
 	// err is a fatal error of the client, returned by Next.
 	err error
+
+	// committing holds a token while a commit is under way: one commit
+	// at a time, each with the marks of its time, so that an older offset
+	// never lands after a newer one. (A channel, not a mutex, so that a
+	// revocation waiting for it is seen waiting by testing/synctest.)
+	committing chan struct{}
 
 	closeOnce sync.Once
 	done      chan struct{} // closed by Close
@@ -212,7 +240,8 @@ type Stream struct {
 
 var _ idem.BatchStream = (*Stream)(nil)
 
-// broadcastLocked wakes every waiting Next, and a poll that blocks them.
+// broadcastLocked wakes every waiting Next, and stops a poll that blocks
+// them.
 func (s *Stream) broadcastLocked() {
 	close(s.wake)
 	s.wake = make(chan struct{})
@@ -256,8 +285,10 @@ func (s *Stream) NextBatch(ctx context.Context, max int) ([]idem.Delivery, error
 		if len(s.delayed) > 0 {
 			wait = s.delayed[0].due.Sub(now)
 		}
-		room := s.maxInFlight - s.inFlight - len(s.ready)
-		if !s.polling && room > 0 {
+		// Every record held counts against MaxInFlight: handed out,
+		// ready, waiting for its delay or given back by a revocation.
+		room := s.maxInFlight - s.held
+		if !s.polling && s.fences == 0 && room > 0 {
 			s.poll(ctx, room, wait) // unlocks
 			continue
 		}
@@ -284,12 +315,13 @@ func (s *Stream) NextBatch(ctx context.Context, max int) ([]idem.Delivery, error
 // records in the order they were polled.
 func (s *Stream) takeLocked(max int, now time.Time) []idem.Delivery {
 	var ds []idem.Delivery
-	for len(ds) < max && len(s.delayed) > 0 && !s.delayed[0].due.After(now) && s.inFlight < s.maxInFlight {
+	for len(ds) < max && len(s.delayed) > 0 && !s.delayed[0].due.After(now) {
 		e := s.delayed[0]
+		s.delayed[0] = nil
 		s.delayed = s.delayed[1:]
 		ds = append(ds, s.handOutLocked(e))
 	}
-	for len(ds) < max && len(s.ready) > 0 && s.inFlight < s.maxInFlight {
+	for len(ds) < max && len(s.ready) > 0 {
 		e := s.ready[0]
 		s.ready[0] = nil
 		s.ready = s.ready[1:]
@@ -307,41 +339,57 @@ func (s *Stream) handOutLocked(e *entry) idem.Delivery {
 }
 
 // poll fetches up to room records, for at most wait when wait is not
-// negative, and keeps those of the partitions the stream owns. It is
+// negative, and takes in those of the partitions the stream owns. It is
 // called with s.mu held and returns with it released. A Nack or a settle
 // meanwhile stops the poll early (broadcastLocked), so that what it made
 // ready is handed out at once.
 func (s *Stream) poll(ctx context.Context, room int, wait time.Duration) {
-	pctx, cancel := context.WithCancel(ctx)
+	var pctx context.Context
+	var cancel context.CancelFunc
 	if wait >= 0 {
 		pctx, cancel = context.WithTimeout(ctx, wait)
+	} else {
+		pctx, cancel = context.WithCancel(ctx)
 	}
-	s.polling, s.stopPoll = true, cancel
+	done := make(chan struct{})
+	s.polling, s.stopPoll, s.pollDone = true, cancel, done
 	s.mu.Unlock()
 	fetches := s.cl.PollRecords(pctx, room)
 	cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.polling, s.stopPoll = false, nil
+	s.polling, s.stopPoll, s.pollDone = false, nil, nil
+	defer close(done)
 	if fetches.IsClientClosed() {
 		s.err = idem.ErrClosed
 		return
 	}
 	added := false
+	now := s.cfg.Clock.Now()
 	fetches.EachRecord(func(r *kgo.Record) {
 		ps := s.parts[partition{r.Topic, r.Partition}]
-		if ps == nil {
-			// Polled before its partition went: its next owner gets it.
+		if ps == nil || ps.revoking {
+			// Fetched before its partition went, or while it goes: its
+			// next owner gets it, from an offset that does not pass it.
 			return
 		}
-		if n := len(ps.entries); n > 0 && ps.entries[n-1].rec.Offset >= r.Offset {
-			return
+		if r.Offset < ps.next {
+			return // held or settled already
 		}
-		e := &entry{ps: ps, rec: r, msg: Message(r, s.cfg.TopicPrefix)}
-		ps.entries = append(ps.entries, e)
+		e := &entry{ps: ps, rec: r, msg: Message(r, s.cfg.TopicPrefix), size: recordBytes(r), prevEpoch: r.LeaderEpoch, polled: now}
+		if ps.next >= 0 {
+			e.prevEpoch = ps.nextEpoch
+		} else {
+			ps.committed = max(ps.committed, r.Offset)
+		}
+		ps.next, ps.nextEpoch = r.Offset+1, r.LeaderEpoch
+		ps.held = append(ps.held, e)
+		s.held++
+		s.heldBytes += e.size
 		s.ready = append(s.ready, e)
 		added = true
 	})
+	s.peak = max(s.peak, s.held)
 	for _, fe := range fetches.Errors() {
 		if errors.Is(fe.Err, context.Canceled) || errors.Is(fe.Err, context.DeadlineExceeded) {
 			continue
@@ -356,23 +404,58 @@ func (s *Stream) poll(ctx context.Context, room int, wait time.Duration) {
 			s.broadcastLocked()
 			return
 		}
-		s.cfg.Logger.Warn("fetching from Kafka", "topic", fe.Topic, "partition", fe.Partition, "error", fe.Err)
+		s.cfg.Logger.Warn("fetching from Kafka", "consumer", s.cfg.Consumer, "topic", fe.Topic, "partition", fe.Partition, "error", fe.Err)
 	}
 	if added {
 		s.broadcastLocked()
 	}
 }
 
+// fenceLocked waits until no poll is under way, stopping the one that is,
+// and keeps new ones from starting until unfenceLocked. It is called with
+// s.mu held, which it releases while it waits.
+//
+// franz-go stops fetching a partition it revokes before it calls
+// OnPartitionsRevoked, and drops what it had buffered of it: a poll that
+// begins after that returns none of its records (see the documentation of
+// kgo.OnPartitionsRevoked, and groupConsumer.revoke in consumer_group.go,
+// which invalidates the partitions under the consumer's lock that
+// PollRecords takes them under). A poll under way when the callback
+// begins may have taken some just before; on a lost session, franz-go
+// drops the buffers only after OnPartitionsLost returns. A fence at the
+// start of each callback lets such a poll take its records in while the
+// stream still knows them for what they are, records of an assignment
+// that is over: never into the state of the partition assigned again.
+func (s *Stream) fenceLocked() {
+	s.fences++
+	for s.polling {
+		s.stopPoll()
+		w := s.pollDone
+		s.mu.Unlock()
+		<-w
+		s.mu.Lock()
+	}
+}
+
+func (s *Stream) unfenceLocked() {
+	s.fences--
+	s.broadcastLocked()
+}
+
 // settleLocked settles d's record if d still stands for it: Ack and Term
-// do so for good; Nack with redeliver puts it back after delay.
+// do so for good; Nack with redeliver puts it back in line after delay,
+// unless its partition is being revoked: it is then given back, for the
+// next owner.
 func (s *Stream) settleLocked(d *delivery, redeliver bool, delay time.Duration) bool {
 	e := d.e
-	if e.token != d.token || e.settled || e.ps.gone {
+	if e.token == 0 || e.token != d.token || e.ps.gone {
 		return false
 	}
 	e.token = 0
 	s.inFlight--
-	if redeliver {
+	switch {
+	case redeliver && e.ps.revoking:
+	case redeliver:
 		e.due = s.cfg.Clock.Now().Add(delay)
 		i, _ := slices.BinarySearchFunc(s.delayed, e.due, func(x *entry, t time.Time) int {
 			if x.due.After(t) {
@@ -381,12 +464,36 @@ func (s *Stream) settleLocked(d *delivery, redeliver bool, delay time.Duration) 
 			return -1
 		})
 		s.delayed = slices.Insert(s.delayed, i, e)
-	} else {
-		e.settled = true
-		e.ps.advance()
+	default:
+		s.releaseLocked(e)
 	}
 	s.broadcastLocked()
 	return true
+}
+
+// releaseLocked takes the settled e out of its partition's held records.
+func (s *Stream) releaseLocked(e *entry) {
+	ps := e.ps
+	if len(ps.held) > 0 && ps.held[0] == e {
+		ps.held[0] = nil
+		ps.held = ps.held[1:]
+	} else {
+		i, found := slices.BinarySearchFunc(ps.held, e.rec.Offset, func(x *entry, o int64) int {
+			switch {
+			case x.rec.Offset < o:
+				return -1
+			case x.rec.Offset > o:
+				return 1
+			}
+			return 0
+		})
+		if !found || ps.held[i] != e {
+			return
+		}
+		ps.held = slices.Delete(ps.held, i, i+1)
+	}
+	s.held--
+	s.heldBytes -= e.size
 }
 
 func (s *Stream) settle(ctx context.Context, d *delivery, redeliver bool, delay time.Duration) error {
@@ -434,57 +541,68 @@ func (s *Stream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, error) 
 // database, so the consumer acknowledges after its transaction commits.
 func (s *Stream) AcksInTx(context.Context) bool { return false }
 
-// marksLocked returns the offsets to commit: of the partitions ps names, or
-// of every partition when ps is nil, those whose mark moved.
-func (s *Stream) marksLocked(only map[partition]bool) map[string]map[int32]kgo.EpochOffset {
-	var out map[string]map[int32]kgo.EpochOffset
+// commitMarks commits the marks that moved, of the partitions in only or
+// of all when only is nil, and records those the coordinator stored. A
+// failure is logged and counted, and tried again by the next commit: the
+// marks only move forward.
+func (s *Stream) commitMarks(ctx context.Context, only map[partition]bool) {
+	s.committing <- struct{}{}
+	defer func() { <-s.committing }()
+	s.mu.Lock()
+	var offsets map[string]map[int32]kgo.EpochOffset
+	states := make(map[partition]*partState)
 	for p, ps := range s.parts {
 		if only != nil && !only[p] {
 			continue
 		}
-		if ps.mark < 0 || ps.mark == ps.committed {
+		o, epoch, ok := ps.mark()
+		if !ok || o <= ps.committed {
 			continue
 		}
-		if out == nil {
-			out = make(map[string]map[int32]kgo.EpochOffset)
+		if offsets == nil {
+			offsets = make(map[string]map[int32]kgo.EpochOffset)
 		}
-		if out[p.topic] == nil {
-			out[p.topic] = make(map[int32]kgo.EpochOffset)
+		if offsets[p.topic] == nil {
+			offsets[p.topic] = make(map[int32]kgo.EpochOffset)
 		}
-		out[p.topic][p.part] = kgo.EpochOffset{Epoch: ps.markEpoch, Offset: ps.mark}
+		offsets[p.topic][p.part] = kgo.EpochOffset{Epoch: epoch, Offset: o}
+		states[p] = ps
 	}
-	return out
-}
-
-// commit commits offsets and, once the broker has them, records them as
-// committed. A failed commit is tried again by the next one: the marks
-// only move forward.
-func (s *Stream) commit(ctx context.Context, offsets map[string]map[int32]kgo.EpochOffset) {
+	s.mu.Unlock()
 	if len(offsets) == 0 {
 		return
 	}
 	res, err := s.cl.CommitOffsets(ctx, offsets)
 	if err != nil {
 		if s.cfg.Counters != nil {
-			s.cfg.Counters.CommitFailures.Add(1)
+			s.cfg.Counters.CommitFailures.Add(int64(len(states)))
 		}
-		s.cfg.Logger.Warn("committing Kafka offsets", "consumer", s.cfg.Consumer, "error", err)
+		s.cfg.Logger.Warn("committing Kafka offsets failed; the next commit tries again", "consumer", s.cfg.Consumer, "partitions", len(states), "error", err)
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for topic, parts := range res {
-		for p, perr := range parts {
-			ps := s.parts[partition{topic, p}]
-			if ps == nil || perr != nil {
-				continue
-			}
-			if o := offsets[topic][p].Offset; o > ps.committed {
-				ps.committed = o
-			}
+	for p, ps := range states {
+		perr, answered := res[p.topic][p.part]
+		if !answered {
+			continue
 		}
+		if perr != nil {
+			if s.cfg.Counters != nil {
+				s.cfg.Counters.CommitFailures.Add(1)
+			}
+			s.cfg.Logger.Warn("committing a Kafka offset failed; the next commit tries again", "consumer", s.cfg.Consumer,
+				"topic", p.topic, "partition", p.part, "offset", offsets[p.topic][p.part].Offset, "error", perr)
+			continue
+		}
+		// The partition may have gone and come back meanwhile: the state
+		// the marks were read from learns of its commit, not a new one.
+		ps.committed = max(ps.committed, offsets[p.topic][p.part].Offset)
 	}
 }
+
+// commitTimeout bounds a commit.
+const commitTimeout = 30 * time.Second
 
 // commitLoop commits, every CommitInterval, what the settles since the
 // last commit allow.
@@ -498,11 +616,8 @@ func (s *Stream) commitLoop() {
 			return
 		case <-tick.C:
 		}
-		s.mu.Lock()
-		offsets := s.marksLocked(nil)
-		s.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		s.commit(ctx, offsets)
+		ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
+		s.commitMarks(ctx, nil)
 		cancel()
 	}
 }
@@ -511,30 +626,47 @@ func (s *Stream) commitLoop() {
 func (s *Stream) assigned(_ context.Context, assigned map[string][]int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var fresh []partition
 	for topic, parts := range assigned {
 		for _, p := range parts {
-			key := partition{topic, p}
-			if s.parts[key] == nil {
-				s.parts[key] = &partState{partition: key, mark: -1, committed: -1}
+			if key := (partition{topic, p}); s.parts[key] == nil {
+				fresh = append(fresh, key)
 			}
 		}
+	}
+	if len(fresh) == 0 {
+		return
+	}
+	// A poll under way takes its records in first: those of an earlier
+	// assignment of these partitions then find none and are dropped.
+	s.fenceLocked()
+	defer s.unfenceLocked()
+	for _, key := range fresh {
+		s.parts[key] = &partState{partition: key, next: -1, committed: -1}
 	}
 }
 
 // revoked finishes, or gives back, what the stream holds of the partitions
 // a rebalance takes away: it hands out nothing more of them, waits up to
-// RevokeWait for the deliveries it handed out to be settled, and commits
-// what was. What is still unsettled then goes to the next owner, whose
-// inbox finds it a duplicate should this stream's handler commit it after
-// all. The rebalance waits for this to return.
+// RevokeWait for the deliveries of them it handed out to be settled, and
+// commits what was. What is still unsettled then goes to the next owner,
+// whose inbox finds it a duplicate should this stream's handler commit it
+// after all. The rebalance waits for this to return.
 func (s *Stream) revoked(ctx context.Context, revoked map[string][]int32) {
-	only := s.dropReady(revoked)
+	s.mu.Lock()
+	only := s.ownedLocked(revoked)
 	if len(only) == 0 {
+		s.mu.Unlock()
 		return
 	}
+	for p := range only {
+		s.parts[p].revoking = true
+	}
+	s.dropQueuedLocked(only)
+	s.fenceLocked()
+	s.unfenceLocked()
 	deadline := time.NewTimer(s.cfg.RevokeWait)
 	defer deadline.Stop()
-	s.mu.Lock()
 	for expired := false; !expired && !s.closed && s.handedOutLocked(only); {
 		w := s.wake
 		s.mu.Unlock()
@@ -547,35 +679,51 @@ func (s *Stream) revoked(ctx context.Context, revoked map[string][]int32) {
 		}
 		s.mu.Lock()
 	}
-	offsets := s.marksLocked(only)
 	s.mu.Unlock()
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	s.commit(cctx, offsets)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	s.commitMarks(cctx, only)
 	cancel()
-	s.forget(only)
+	s.mu.Lock()
+	s.forgetLocked(only)
+	s.mu.Unlock()
 }
 
 // lost forgets partitions taken away without a rebalance's courtesy (the
 // session expired): their offsets can no longer be committed.
 func (s *Stream) lost(_ context.Context, lost map[string][]int32) {
-	s.forget(s.dropReady(lost))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	only := s.ownedLocked(lost)
+	if len(only) == 0 {
+		return
+	}
+	for p := range only {
+		s.parts[p].revoking = true
+	}
+	s.fenceLocked()
+	defer s.unfenceLocked()
+	s.forgetLocked(only)
 }
 
-// dropReady stops handing out the records of the partitions in ps, and
-// returns them as a set.
-func (s *Stream) dropReady(ps map[string][]int32) map[partition]bool {
+// ownedLocked returns, as a set, the partitions of ps the stream holds.
+func (s *Stream) ownedLocked(ps map[string][]int32) map[partition]bool {
 	only := make(map[partition]bool)
 	for topic, parts := range ps {
 		for _, p := range parts {
-			only[partition{topic, p}] = true
+			if key := (partition{topic, p}); s.parts[key] != nil {
+				only[key] = true
+			}
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	keep := func(e *entry) bool { return only[e.ps.partition] }
-	s.ready = slices.DeleteFunc(s.ready, keep)
-	s.delayed = slices.DeleteFunc(s.delayed, keep)
 	return only
+}
+
+// dropQueuedLocked takes the records of the partitions in only out of
+// line: they stay held, unsettled, until the partitions are forgotten.
+func (s *Stream) dropQueuedLocked(only map[partition]bool) {
+	of := func(e *entry) bool { return only[e.ps.partition] }
+	s.ready = slices.DeleteFunc(s.ready, of)
+	s.delayed = slices.DeleteFunc(s.delayed, of)
 }
 
 // handedOutLocked reports whether a delivery of the partitions in only is
@@ -583,7 +731,7 @@ func (s *Stream) dropReady(ps map[string][]int32) map[partition]bool {
 func (s *Stream) handedOutLocked(only map[partition]bool) bool {
 	for p := range only {
 		if ps := s.parts[p]; ps != nil {
-			for _, e := range ps.entries {
+			for _, e := range ps.held {
 				if e.token != 0 {
 					return true
 				}
@@ -593,22 +741,24 @@ func (s *Stream) handedOutLocked(only map[partition]bool) bool {
 	return false
 }
 
-// forget drops the partitions in only; their deliveries still out become
-// stale.
-func (s *Stream) forget(only map[partition]bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// forgetLocked drops the partitions in only and everything the stream
+// holds of them; their deliveries still out become stale.
+func (s *Stream) forgetLocked(only map[partition]bool) {
+	s.dropQueuedLocked(only)
 	for p := range only {
 		ps := s.parts[p]
 		if ps == nil {
 			continue
 		}
-		for _, e := range ps.entries {
+		for _, e := range ps.held {
 			if e.token != 0 {
 				s.inFlight--
 				e.token = 0
 			}
+			s.held--
+			s.heldBytes -= e.size
 		}
+		ps.held = nil
 		ps.gone = true
 		delete(s.parts, p)
 	}
@@ -622,11 +772,8 @@ func (s *Stream) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.done)
 		<-s.committed
-		s.mu.Lock()
-		offsets := s.marksLocked(nil)
-		s.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		s.commit(ctx, offsets)
+		ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
+		s.commitMarks(ctx, nil)
 		cancel()
 		s.mu.Lock()
 		s.closed = true
@@ -682,43 +829,42 @@ func (d *delivery) InProgress(ctx context.Context) error {
 // Stats is what a stream holds in memory.
 type Stats struct {
 	// Held counts the records held: polled and not handed out, handed out
-	// and not settled, waiting for a redelivery, or settled and held
-	// behind an unsettled one of their partition.
+	// and not settled, waiting for a redelivery, or given back by a
+	// revocation under way. It never passes Limit.
 	Held int
 	// HeldBytes counts their keys, values and headers.
 	HeldBytes int64
+	// Peak is the most Held has been.
+	Peak int
 	// Delayed counts the records Nacked and waiting for their delay.
 	Delayed int
 	// InFlight counts the deliveries handed out and not settled.
 	InFlight int
 	// Limit is MaxInFlight.
 	Limit int
+	// Uncommitted counts, over the partitions, the offsets from the last
+	// committed one to the newest polled: what a crash would deliver
+	// again. A partition whose head stays unsettled makes it grow.
+	Uncommitted int64
+	// OldestHeld is when the record held longest was polled; zero when
+	// none is held.
+	OldestHeld time.Time
 }
 
 // Stats returns what the stream holds now.
 func (s *Stream) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := Stats{Delayed: len(s.delayed), InFlight: s.inFlight, Limit: s.maxInFlight}
-	seen := make(map[*entry]bool)
-	count := func(e *entry) {
-		if seen[e] {
-			return
-		}
-		seen[e] = true
-		st.Held++
-		st.HeldBytes += recordBytes(e.rec)
-	}
+	st := Stats{Held: s.held, HeldBytes: s.heldBytes, Peak: s.peak, Delayed: len(s.delayed), InFlight: s.inFlight, Limit: s.maxInFlight}
 	for _, ps := range s.parts {
-		for _, e := range ps.entries {
-			count(e)
+		if ps.next >= 0 && ps.committed >= 0 {
+			st.Uncommitted += ps.next - ps.committed
 		}
-	}
-	for _, e := range s.ready {
-		count(e)
-	}
-	for _, e := range s.delayed {
-		count(e)
+		if len(ps.held) > 0 {
+			if t := ps.held[0].polled; st.OldestHeld.IsZero() || t.Before(st.OldestHeld) {
+				st.OldestHeld = t
+			}
+		}
 	}
 	return st
 }
