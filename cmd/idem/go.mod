@@ -3,7 +3,6 @@ module github.com/idem-go/idem/cmd/idem
 go 1.26.0
 
 require (
-	github.com/anishathalye/porcupine v1.3.1
 	github.com/chromedp/chromedp v0.23.0
 	github.com/getkin/kin-openapi v0.153.0
 	github.com/idem-go/idem v0.1.0
@@ -13,6 +12,7 @@ require (
 	github.com/idem-go/idem/idemnats v0.1.0
 	github.com/idem-go/idem/idemotel v0.1.0
 	github.com/idem-go/idem/idempg v0.1.0
+	github.com/idem-go/idem/idemprobe v0.1.0
 	github.com/idem-go/idem/idemprom v0.1.0
 	github.com/idem-go/idem/idemredis v0.1.0
 	github.com/idem-go/idem/idemsqlite v0.1.0
@@ -37,6 +37,7 @@ require (
 )
 
 require (
+	github.com/anishathalye/porcupine v1.3.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

@@ -10,16 +10,17 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/idem-go/idem/cmd/idem/internal/probe"
+	"github.com/idem-go/idem/idemprobe"
 )
 
 func (a *app) probeCmd() *cobra.Command {
 	var (
-		cfg     probe.Config
+		cfg     idemprobe.Config
 		body    string
 		headers []string
 		asJSON  bool
 		junit   string
+		draft   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "probe URL",
@@ -60,10 +61,17 @@ none of them leaves the other checks not run. Check 7 also retries, with its
 key, a 5xx any other check met on the way.
 
 Each check names its source: the sections of the IETF draft
-draft-ietf-httpapi-idempotency-key-header-09, Stripe's or Adyen's documented
+draft-ietf-httpapi-idempotency-key-header-07, Stripe's or Adyen's documented
 behaviour, or idem's contract. Where idem differs from the draft (a duplicate
 in flight waits for the first answer, within a bound, before 409; the draft
-says 409 at once), checks 1 and 8 accept either.
+says 409), checks 1 and 8 accept either; --strict holds a duplicate in
+flight to the draft's 409 (check 8, and --draft's). --draft adds the draft's core behaviours as checks 13 to 20,
+each citing its section. --replay-header names the header that marks a
+replay, for a server that sends another than Idempotent-Replayed.
+
+The checks are those of the Go package github.com/idem-go/idem/idemprobe,
+whose Test runs each as a subtest of a go test, against a handler served
+in-process.
 
 Executions are told apart by the answers (a top-level "id" in the JSON body,
 or Location) and, with --count URL, by reading the effect before and after
@@ -116,6 +124,9 @@ failed.`,
 	fl.IntVar(&cfg.MaxRequests, "max-requests", 0, "the most requests sent in all, count reads included (default 200, plus --history and two count reads)")
 	fl.DurationVar(&cfg.Timeout, "timeout", 60*time.Second, "the longest the whole probe may take")
 	fl.BoolVar(&cfg.AllowRemote, "allow-remote", false, "probe a host that is not loopback")
+	fl.StringVar(&cfg.ReplayHeader, "replay-header", "Idempotent-Replayed", "the response header that marks a replay when it is \"true\"")
+	fl.BoolVar(&cfg.Strict, "strict", false, "a duplicate in flight must get 409, as the draft words it, not wait for the first's answer")
+	fl.BoolVar(&draft, "draft", false, "also run the IETF draft's core behaviours, each citing its section (checks 13 to 20)")
 	fl.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	fl.StringVar(&junit, "junit", "", "also write the report as JUnit XML to FILE")
 	cmd.RunE = a.action(func(cmd *cobra.Command, args []string) error {
@@ -138,19 +149,22 @@ failed.`,
 			body = string(b)
 		}
 		cfg.Body = body
+		if draft {
+			cfg.Cases = idemprobe.DraftCases()
+		}
 		cfg.Header = http.Header{}
 		for _, h := range headers {
-			name, value, err := probe.ParseHeader(h)
+			name, value, err := idemprobe.ParseHeader(h)
 			if err != nil {
 				return &usageError{fmt.Errorf("--header: %w", err)}
 			}
 			cfg.Header.Add(name, value)
 		}
-		rep, err := probe.Run(cmd.Context(), &cfg)
+		rep, err := idemprobe.Run(cmd.Context(), &cfg)
 		switch {
-		case errors.Is(err, probe.ErrRemote):
+		case errors.Is(err, idemprobe.ErrRemote):
 			return &usageError{fmt.Errorf("%w; give --allow-remote to probe it", err)}
-		case errors.Is(err, probe.ErrInvalidConfig):
+		case errors.Is(err, idemprobe.ErrInvalidConfig):
 			return &usageError{err}
 		case err != nil:
 			return err
@@ -169,9 +183,9 @@ failed.`,
 			}
 		}
 		switch rep.Outcome() {
-		case probe.OutcomeFail:
+		case idemprobe.OutcomeFail:
 			return &silentError{errors.New("a check did not pass")}
-		case probe.OutcomeNotRun:
+		case idemprobe.OutcomeNotRun:
 			// Not the endpoint's fault as far as anyone can tell: the
 			// exit status a pipeline reads as "could not run", not "broken".
 			return &statusError{exitUsage, errors.New("the probe could not run every check: see the report")}
@@ -182,7 +196,7 @@ failed.`,
 }
 
 // writeJUnit writes rep as JUnit XML to file.
-func writeJUnit(file string, rep *probe.Report) error {
+func writeJUnit(file string, rep *idemprobe.Report) error {
 	f, err := os.Create(file)
 	if err != nil {
 		return fmt.Errorf("--junit: %w", err)

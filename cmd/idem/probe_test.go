@@ -100,6 +100,45 @@ func TestProbeServeUnsafeFailsTheRightChecks(t *testing.T) {
 	}
 }
 
+// --draft adds the draft's core behaviours, which idem serve passes; with
+// --strict, a duplicate in flight must get 409, which idem serve, waiting
+// for the first answer instead (--inflight-wait is always positive), does
+// not give: checks 8 and draft-concurrent-conflict fail, and nothing else.
+func TestProbeServeDraftAndStrict(t *testing.T) {
+	t.Parallel()
+	args := probeServe(t, "--faults")
+	for _, tc := range []struct {
+		flags []string
+		code  int
+		fail  []string
+	}{
+		{[]string{"--draft"}, exitOK, nil},
+		{[]string{"--draft", "--strict"}, exitFailure, []string{"in-flight-duplicate", "draft-concurrent-conflict"}},
+	} {
+		code, out, errOut := runCmd(t, append(append([]string{"probe", "--json"}, tc.flags...), args[1:]...)...)
+		if code != tc.code {
+			t.Errorf("%v: exit %d, stderr %q, want %d; stdout:\n%s", tc.flags, code, errOut, tc.code, out)
+			continue
+		}
+		var rep probeJSON
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("decoding the JSON report: %v\n%s", err, out)
+		}
+		var fail, draft []string
+		for _, c := range rep.Checks {
+			if c.Status != "pass" && c.Status != "n/a" {
+				fail = append(fail, c.Name)
+			}
+			if strings.HasPrefix(c.Name, "draft-") {
+				draft = append(draft, c.Name+" "+c.Status)
+			}
+		}
+		if !slices.Equal(fail, tc.fail) || len(draft) != 8 {
+			t.Errorf("%v: not passing %v, want %v; the draft's checks: %v", tc.flags, fail, tc.fail, draft)
+		}
+	}
+}
+
 // idem serve forgets a key after --key-ttl, and a reused key then runs
 // anew: check 11 says so. No --slow-header: a lease as short as the TTL
 // would let check 8's duplicate take the key over.

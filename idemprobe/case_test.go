@@ -1,0 +1,119 @@
+package idemprobe_test
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idem-go/idem/idemprobe"
+)
+
+// A case that cannot run as written is refused before anything is sent,
+// saying what is wrong.
+func TestCaseValidation(t *testing.T) {
+	t.Parallel()
+	ok := idemprobe.Step{Name: "first"}
+	for _, tc := range []struct {
+		c    idemprobe.Case
+		says string
+	}{
+		{idemprobe.Case{Name: "Has Spaces", Steps: []idemprobe.Step{ok}}, "lowercase"},
+		{idemprobe.Case{Name: "no-steps"}, "no steps"},
+		{idemprobe.Case{Name: "bad-effect", Steps: []idemprobe.Step{ok}, Effect: -2}, "Effect -2"},
+		{idemprobe.Case{Name: "sequential-replay", Steps: []idemprobe.Step{ok}}, `two checks are named "sequential-replay"`},
+		{idemprobe.Case{Name: "dup-steps", Steps: []idemprobe.Step{ok, ok}}, `two steps are named "first"`},
+		{idemprobe.Case{Name: "later-ref", Steps: []idemprobe.Step{{Want: idemprobe.Want{Same: "second"}}, {Name: "second"}}}, "not an earlier step"},
+		{idemprobe.Case{Name: "hangup-ref", Steps: []idemprobe.Step{{Name: "lost", HangUp: true}, {Want: idemprobe.Want{Same: "lost"}}}}, "hangs up and has no answer"},
+		{idemprobe.Case{Name: "hangup-want", Steps: []idemprobe.Step{{HangUp: true, Want: idemprobe.Want{Status: []int{201}}}}}, "no answer to want"},
+		{idemprobe.Case{Name: "last-background", Steps: []idemprobe.Step{{Background: true}}}, "no next step"},
+		{idemprobe.Case{Name: "copies-background", Steps: []idemprobe.Step{{Copies: 3, Background: true}, ok}}, "copies cannot"},
+		{idemprobe.Case{Name: "lone-conflict", Steps: []idemprobe.Step{ok, {Want: idemprobe.Want{Conflict: true}}}}, "Conflict needs a duplicate in flight"},
+		{idemprobe.Case{Name: "conflict-status", Steps: []idemprobe.Step{{Copies: 2, Want: idemprobe.Want{Conflict: true, Status: []int{409}}}}}, "Conflict decides the status"},
+		{idemprobe.Case{Name: "bad-status", Steps: []idemprobe.Step{{Want: idemprobe.Want{Status: []int{42}}}}}, "status 42"},
+		{idemprobe.Case{Name: "nokey-rawkey", Steps: []idemprobe.Step{{NoKey: true, RawKey: "k"}}}, "contradict"},
+		{idemprobe.Case{Name: "bad-header", Steps: []idemprobe.Step{{Want: idemprobe.Want{Header: []string{"Retry After"}}}}}, "not a header name"},
+	} {
+		var sent atomic.Int64
+		srv := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { sent.Add(1) })
+		_, err := idemprobe.Run(t.Context(), &idemprobe.Config{Handler: srv, Cases: []idemprobe.Case{tc.c}})
+		if !errors.Is(err, idemprobe.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("case %q: %v, want ErrInvalidConfig saying %q", tc.c.Name, err, tc.says)
+		}
+		if n := sent.Load(); n != 0 {
+			t.Errorf("case %q: %d requests sent", tc.c.Name, n)
+		}
+	}
+}
+
+// A team's own cases against idemhttp: one that holds passes with its
+// reason, one whose expectation the endpoint does not meet fails naming
+// the step and what it wanted, and one that needs an option not given is
+// not applicable.
+func TestOwnCases(t *testing.T) {
+	t.Parallel()
+	cfg := paymentsConfig(newPaymentsAPI(t, false, nil))
+	cfg.History, cfg.SlowHeader = 0, ""
+	cfg.Cases = []idemprobe.Case{
+		{
+			Name:  "replay-marked",
+			Title: "a retry is marked as a replay and carries the first Location",
+			Steps: []idemprobe.Step{
+				{Name: "first", Want: idemprobe.Want{Status: []int{201}, Header: []string{"Location"}}},
+				{Name: "retry", Want: idemprobe.Want{Same: "first", Replayed: true, Header: []string{"Location"}}},
+				// Another key is another payment.
+				{Name: "other-key", Key: "b", Want: idemprobe.Want{Other: "first"}},
+			},
+			Effect: 2,
+			Pass:   "replayed and marked",
+		},
+		{
+			Name:  "lost-then-copies",
+			Title: "after a lost answer, copies of the retry all get the first execution's answer",
+			Steps: []idemprobe.Step{
+				{Name: "lost", HangUp: true},
+				{Name: "retries", Copies: 4, Want: idemprobe.Want{Replayed: true}},
+			},
+			Effect: 1,
+		},
+		{
+			Name:  "wrong-expectation",
+			Title: "a reused key with another body is accepted (it is not: this case is wrong)",
+			Steps: []idemprobe.Step{
+				{Name: "first"},
+				{Name: "other", OtherBody: true, Want: idemprobe.Want{Status: []int{2}}},
+			},
+			Effect: 2,
+		},
+		{
+			Name:  "needs-slow",
+			Steps: []idemprobe.Step{{Slow: true, Background: true}, {Want: idemprobe.Want{Conflict: true}}},
+		},
+	}
+	rep, err := idemprobe.Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]struct {
+		status idemprobe.Status
+		says   string
+	}{
+		"replay-marked":     {idemprobe.Pass, "replayed and marked"},
+		"lost-then-copies":  {idemprobe.Pass, "retries: 4 answered 201 Created"},
+		"wrong-expectation": {idemprobe.Fail, "other: answered 422 Unprocessable Entity, want 2xx; the effect grew by 1, want 2"},
+		"needs-slow":        {idemprobe.NotApplicable, "no --slow-header given"},
+	}
+	for i, c := range rep.Checks {
+		w, ok := want[c.Name]
+		if !ok {
+			continue
+		}
+		if c.Status != w.status || !strings.Contains(c.Reason, w.says) {
+			t.Errorf("%s: %s %q, want %s saying %q", c.Name, c.Status, c.Reason, w.status, w.says)
+		}
+		if i < 13 || c.Number != i {
+			t.Errorf("%s is check %d at %d, want it after the probe's 13, numbered on", c.Name, c.Number, i)
+		}
+	}
+}
