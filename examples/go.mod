@@ -6,10 +6,12 @@ require (
 	github.com/gin-gonic/gin v1.12.0
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/idem-go/idem v0.1.0
+	github.com/idem-go/idem/idemprobe v0.1.0
 	github.com/labstack/echo/v4 v4.16.5
 )
 
 require (
+	github.com/anishathalye/porcupine v1.3.1 // indirect
 	github.com/bytedance/gopkg v0.1.3 // indirect
 	github.com/bytedance/sonic v1.15.0 // indirect
 	github.com/bytedance/sonic/loader v0.5.0 // indirect

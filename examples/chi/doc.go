@@ -5,5 +5,7 @@
 // untouched; it protects POST and PATCH unless Config.Methods says
 // otherwise).
 //
-// The whole program is in Example.
+// The whole program is in Example. probe_test.go probes the same kind of
+// router with idemprobe, each check a subtest, as a team's own go test
+// would.
 package chi
