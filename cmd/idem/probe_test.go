@@ -141,10 +141,14 @@ func TestProbeServeDraftAndStrict(t *testing.T) {
 
 // idem serve forgets a key after --key-ttl, and a reused key then runs
 // anew: check 11 says so. No --slow-header: a lease as short as the TTL
-// would let check 8's duplicate take the key over.
+// would let check 8's duplicate take the key over. The TTL is every
+// check's too: check 3 sends check 2's key again after check 1, so it must
+// outlast what those take on a loaded machine (1s did not, at a load
+// average of 28 on 2 cores).
 func TestProbeServeKeyExpiry(t *testing.T) {
 	t.Parallel()
-	args := probeServe(t, "--faults", "--key-ttl", "1s")
+	const ttl = "5s"
+	args := probeServe(t, "--faults", "--key-ttl", ttl)
 	var probeArgs []string
 	for i := 0; i < len(args); i++ {
 		if args[i] == "--slow-header" {
@@ -154,7 +158,7 @@ func TestProbeServeKeyExpiry(t *testing.T) {
 		probeArgs = append(probeArgs, args[i])
 	}
 	url := probeArgs[len(probeArgs)-1]
-	probeArgs = append(probeArgs[:len(probeArgs)-1], "--json", "--ttl", "1s", url)
+	probeArgs = append(probeArgs[:len(probeArgs)-1], "--json", "--ttl", ttl, url)
 	code, out, errOut := runCmd(t, probeArgs...)
 	if code != exitOK {
 		t.Fatalf("probe: exit %d, stderr %q; stdout:\n%s", code, errOut, out)
