@@ -1,13 +1,14 @@
 package idemhttp
 
 import (
-	"bytes"
-	"fmt"
+	"errors"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/keyed"
 )
 
 // Header names.
@@ -23,9 +24,9 @@ const (
 
 // Defaults of Config.
 const (
-	DefaultTTL              = 24 * time.Hour
-	DefaultLease            = time.Minute
-	DefaultInflightWait     = 5 * time.Second
+	DefaultTTL              = keyed.DefaultTTL
+	DefaultLease            = keyed.DefaultLease
+	DefaultInflightWait     = keyed.DefaultInflightWait
 	DefaultMaxBodyBytes     = 1 << 20
 	DefaultMaxResponseBytes = 1 << 20
 )
@@ -92,11 +93,15 @@ type Config struct {
 	// Lease is how long an execution holds its key before a retry may take
 	// it over (after a crash, say). The handler's context is cancelled when
 	// 90% of it has passed, so a well-behaved handler finishes inside its
-	// lease. Defaults to 1m, or TTL when that is shorter.
+	// lease; it is not cancelled when the client goes away, since the
+	// client's retry is then due, and should find the answer kept rather
+	// than an execution cut off half-way to run again. Defaults to 1m, or
+	// TTL when that is shorter.
 	Lease time.Duration
 
 	// InflightWait is how long a duplicate waits for the first execution to
-	// finish before it gets 409 with Retry-After. Negative means not at all.
+	// finish before it gets 409 with Retry-After, and never past the
+	// request's own deadline (its context's). Negative means not at all.
 	// Defaults to 5s.
 	InflightWait time.Duration
 
@@ -201,14 +206,6 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// defaultRecentKeys is Config.RecentKeys's default, and the next two
-// Config.MemoryReplayFor's and Config.MemoryReplayBytes's.
-const (
-	defaultRecentKeys        = 1 << 16
-	defaultMemoryReplayFor   = 10 * time.Second
-	defaultMemoryReplayBytes = 32 << 20
-)
-
 // DefaultKeep keeps every 2xx, 3xx and 4xx answer except those that by
 // definition ask the client to retry later: 408 Request Timeout, 425 Too
 // Early and 429 Too Many Requests. 5xx answers are transient: the key is
@@ -221,8 +218,10 @@ func DefaultKeep(_ *http.Request, status int) bool {
 	return status >= 200 && status < 500
 }
 
-// withDefaults returns a copy of cfg with the defaults applied, or an error
-// matching idem.ErrInvalidArgument that names the first field refused.
+// withDefaults returns a copy of cfg with the defaults of the fields the
+// engine does not take applied, or an error matching
+// idem.ErrInvalidArgument that names the first field refused. New applies
+// the engine's (keyed.Config's) and copies them back.
 func withDefaults(cfg *Config) (Config, error) {
 	if cfg == nil {
 		cfg = &Config{}
@@ -238,20 +237,6 @@ func withDefaults(cfg *Config) (Config, error) {
 	if len(c.Methods) == 0 {
 		c.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
-	if c.TTL == 0 {
-		c.TTL = DefaultTTL
-	}
-	if c.Lease == 0 {
-		// A TTL shorter than the default lease lowers the lease, rather
-		// than refuse a configuration that never set one.
-		c.Lease = DefaultLease
-		if c.TTL > 0 && c.TTL < c.Lease {
-			c.Lease = c.TTL
-		}
-	}
-	if c.InflightWait == 0 {
-		c.InflightWait = DefaultInflightWait
-	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
@@ -261,44 +246,36 @@ func withDefaults(cfg *Config) (Config, error) {
 	if c.Keep == nil {
 		c.Keep = DefaultKeep
 	}
-	if c.PollInterval == 0 {
-		c.PollInterval = 250 * time.Millisecond
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
 	switch {
-	case c.TTL < 0:
-		return Config{}, &idem.ArgumentError{Field: "idemhttp.Config.TTL", Reason: "must not be negative"}
-	case c.Lease < 0:
-		return Config{}, &idem.ArgumentError{Field: "idemhttp.Config.Lease", Reason: "must not be negative"}
-	case c.TTL < c.Lease:
-		return Config{}, &idem.ArgumentError{Field: "idemhttp.Config.TTL", Reason: fmt.Sprintf("(%s) must not be shorter than Config.Lease (%s)", c.TTL, c.Lease)}
 	case c.MaxBodyBytes < 0:
 		return Config{}, &idem.ArgumentError{Field: "idemhttp.Config.MaxBodyBytes", Reason: "must not be negative"}
 	case c.MaxResponseBytes < 0:
 		return Config{}, &idem.ArgumentError{Field: "idemhttp.Config.MaxResponseBytes", Reason: "must not be negative"}
-	case c.PollInterval < 0:
-		return Config{}, &idem.ArgumentError{Field: "idemhttp.Config.PollInterval", Reason: "must not be negative"}
 	}
-	if c.RecentKeys == 0 {
-		c.RecentKeys = defaultRecentKeys
-	}
-	if c.MemoryReplayFor == 0 {
-		c.MemoryReplayFor = defaultMemoryReplayFor
-	}
-	if c.MemoryReplayBytes == 0 {
-		c.MemoryReplayBytes = defaultMemoryReplayBytes
-	}
-	if c.MemoryReplayBytes < 0 {
-		return Config{}, &idem.ArgumentError{Field: "idemhttp.Config.MemoryReplayBytes", Reason: "must not be negative"}
-	}
-	if c.Clock == nil {
-		c.Clock = idem.SystemClock{}
-	}
-	if c.KeySecret != nil && len(c.KeySecret) < MinKeySecretLen {
-		return Config{}, &idem.ArgumentError{Field: "idemhttp.Config.KeySecret", Reason: fmt.Sprintf("is %d bytes; at least %d are needed", len(c.KeySecret), MinKeySecretLen)}
-	}
-	c.KeySecret = bytes.Clone(c.KeySecret)
 	return c, nil
+}
+
+// engineConfig is the engine's share of c.
+func (c *Config) engineConfig() *keyed.Config {
+	return &keyed.Config{Store: c.Store, SeparateTx: c.SeparateTx, TTL: c.TTL, Lease: c.Lease, InflightWait: c.InflightWait,
+		PollInterval: c.PollInterval, RecentKeys: c.RecentKeys, MemoryReplayFor: c.MemoryReplayFor, MemoryReplayBytes: c.MemoryReplayBytes,
+		Clock: c.Clock, KeySecret: c.KeySecret, BodyKeys: c.BodyKeys, DiscardBodies: c.DiscardBodies, Observer: c.Observer, Logger: c.Logger}
+}
+
+// applied copies the engine's configuration, its defaults applied, back
+// into c.
+func (c *Config) applied(e keyed.Config) {
+	c.TTL, c.Lease, c.InflightWait, c.PollInterval = e.TTL, e.Lease, e.InflightWait, e.PollInterval
+	c.RecentKeys, c.MemoryReplayFor, c.MemoryReplayBytes, c.Clock = e.RecentKeys, e.MemoryReplayFor, e.MemoryReplayBytes, e.Clock
+	c.KeySecret, c.Logger = e.KeySecret, e.Logger
+}
+
+// renamed is err, an error of keyed.New, naming the field of
+// idemhttp.Config it refused.
+func renamed(err error) error {
+	var ae *idem.ArgumentError
+	if errors.As(err, &ae) {
+		return &idem.ArgumentError{Field: strings.Replace(ae.Field, "keyed.Config", "idemhttp.Config", 1), Reason: strings.ReplaceAll(ae.Reason, "keyed.Config", "Config")}
+	}
+	return err
 }

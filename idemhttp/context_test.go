@@ -98,23 +98,39 @@ func TestHandlerContextEndsWithRequest(t *testing.T) {
 	}
 }
 
-// TestHandlerContextFollowsRequest: the handler's context ends when the
-// request's does, with its cause.
-func TestHandlerContextFollowsRequest(t *testing.T) {
+// TestHandlerContextOutlivesRequest: the handler's context does not end
+// when the request's does (the client went away): the handler goes on, its
+// answer is kept, and the client's retry gets it replayed rather than a
+// second execution. The request's values stay in it.
+func TestHandlerContextOutlivesRequest(t *testing.T) {
 	t.Parallel()
-	cause := errors.New("client went away")
-	ctx, cancel := context.WithCancelCause(context.Background())
+	type valueKey struct{}
+	ctx, cancel := context.WithCancelCause(context.WithValue(context.Background(), valueKey{}, "v"))
 	defer cancel(nil)
-	serveWith(t, ctx, time.Minute, func(w http.ResponseWriter, r *http.Request) {
-		cancel(cause)
-		select {
-		case <-r.Context().Done():
-		case <-time.After(10 * time.Second):
-			t.Fatal("the handler's context did not end with the request's")
+	m := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil)})
+	runs := 0
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		cancel(errors.New("client went away"))
+		if err := r.Context().Err(); err != nil {
+			t.Errorf("the handler's context ended with the request's: %v (cause %v)", err, context.Cause(r.Context()))
 		}
-		if !errors.Is(r.Context().Err(), context.Canceled) || !errors.Is(context.Cause(r.Context()), cause) {
-			t.Errorf("Err = %v, Cause = %v", r.Context().Err(), context.Cause(r.Context()))
+		if r.Context().Value(valueKey{}) != "v" {
+			t.Error("the request's values are lost")
 		}
 		w.WriteHeader(http.StatusCreated)
-	})
+	}))
+	req := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`)).WithContext(ctx)
+	req.Header.Set(idemhttp.HeaderKey, "k")
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	if c := m.Counts()[idemhttp.OutcomeExecuted]; c != 1 {
+		t.Fatalf("counts %v: want the answer kept", m.Counts())
+	}
+	retry := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`))
+	retry.Header.Set(idemhttp.HeaderKey, "k")
+	rr := httptest.NewRecorder()
+	h.ServeHTTP(rr, retry)
+	if rr.Code != http.StatusCreated || rr.Header().Get(idemhttp.HeaderReplayed) != "true" || runs != 1 {
+		t.Fatalf("retry: %d, replayed %q, %d runs; want the kept answer replayed", rr.Code, rr.Header().Get(idemhttp.HeaderReplayed), runs)
+	}
 }

@@ -15,6 +15,12 @@
 //	if err != nil { … }
 //	mux.Handle("POST /v1/payments", m.Handler(payments))
 //
+// The middleware is a face of the engine (package keyed): it reads the
+// key, the scope and a fingerprint from the request and speaks the
+// engine's answers as HTTP; every decision about a key is the engine's,
+// the same as on idemgrpc's interceptor, and keyed's documentation has the
+// table of what each case gets on each.
+//
 // A Config must say whose keys are whose: Scope, keyed by whoever the
 // request authenticated as, or SharedScope, for a service with one caller,
 // knowing that a key is then the same key for every caller, replays
@@ -102,8 +108,11 @@
 // Each claim holds the key under a lease (Config.Lease) and a fencing token.
 // If the process dies mid-request, the lease ends and a retry takes the key
 // over with a new token; the handler's context is cancelled before its lease
-// ends so a well-behaved handler never outlives it. A completion that
-// arrives after its lease was taken over is refused and logged.
+// ends so a well-behaved handler never outlives it. It is not cancelled
+// when the client goes away: the client's retry is then due, and gets the
+// answer kept rather than an execution cut off half-way to run again. A
+// completion that arrives after its lease was taken over is refused and
+// logged.
 //
 // # Effects past the database's edge
 //

@@ -4,86 +4,48 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync/atomic"
-	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/keywait"
+	"github.com/idem-go/idem/keyed"
 )
 
-// Outcome names what the middleware did with one protected request.
-type Outcome string
+// Outcome names what the middleware did with one protected request: the
+// engine's outcomes (keyed.Outcome), the same on every face.
+type Outcome = keyed.Outcome
 
 // Outcomes, as counted by Middleware.Counts.
 const (
-	OutcomeExecuted   Outcome = "executed"    // ran and its answer was kept
-	OutcomeReplayed   Outcome = "replayed"    // a duplicate got the kept answer
-	OutcomeConflict   Outcome = "conflict"    // 409: still in flight after InflightWait
-	OutcomeMismatch   Outcome = "mismatch"    // 422: the key was used with another request
-	OutcomeReleased   Outcome = "released"    // ran and failed transiently; key released
-	OutcomeStoreError Outcome = "store_error" // the store failed; 503 or an unkept answer
-	OutcomeLeaseLost  Outcome = "lease_lost"  // the completion was refused (fencing)
-	OutcomeRejected   Outcome = "rejected"    // 400/413: missing or malformed key, body too large
-	OutcomeAborted    Outcome = "aborted"     // the handler aborted (http.ErrAbortHandler) outside a shared transaction; key left to its lease
-	OutcomeUnfinished Outcome = "unfinished"  // failed after a recovery point; key left in flight for a retry or a Completer
+	OutcomeExecuted   = keyed.OutcomeExecuted   // ran and its answer was kept
+	OutcomeReplayed   = keyed.OutcomeReplayed   // a duplicate got the kept answer
+	OutcomeConflict   = keyed.OutcomeConflict   // 409: still in flight after InflightWait
+	OutcomeMismatch   = keyed.OutcomeMismatch   // 422: the key was used with another request
+	OutcomeReleased   = keyed.OutcomeReleased   // ran and failed transiently; key released
+	OutcomeStoreError = keyed.OutcomeStoreError // the store failed; 503 or an unkept answer
+	OutcomeLeaseLost  = keyed.OutcomeLeaseLost  // the completion was refused (fencing)
+	OutcomeRejected   = keyed.OutcomeRejected   // 400/413: missing or malformed key, body too large
+	OutcomeAborted    = keyed.OutcomeAborted    // the handler aborted (http.ErrAbortHandler) outside a shared transaction; key left to its lease
+	OutcomeUnfinished = keyed.OutcomeUnfinished // failed after a recovery point; key left in flight for a retry or a Completer
 )
 
 // Outcomes lists every Outcome, in a stable order.
-var Outcomes = []Outcome{
-	OutcomeExecuted, OutcomeReplayed, OutcomeConflict, OutcomeMismatch,
-	OutcomeReleased, OutcomeStoreError, OutcomeLeaseLost, OutcomeRejected, OutcomeAborted,
-	OutcomeUnfinished,
-}
+var Outcomes = keyed.Outcomes
 
 // Middleware makes unsafe requests idempotent. Create it with New; it is
-// safe for concurrent use, and one Middleware may wrap many routes.
+// safe for concurrent use, and one Middleware may wrap many routes. It is
+// a face of the engine (package keyed): it reads the key and fingerprints
+// the request, and speaks the engine's answers as HTTP; every decision
+// about the key is the engine's.
 type Middleware struct {
 	cfg     Config
-	store   idem.Store
-	txStore idem.TxStore
-	// txClaimer is txStore when it claims keys in its transaction too.
-	txClaimer idem.TxClaimer
-	// replayer is the store when it reads replays narrowly.
-	replayer idem.Replayer
-	// recoverer is the store when it keeps recovery points.
-	recoverer idem.Recoverer
-	waiter    idem.Waiter
-	methods   map[string]bool
-	replay    []string
-	log       *slog.Logger
-	local     keywait.Local
-	gates     keywait.Gates
-	// recent are the keys seen completed lately (nil: none are kept).
-	recent *recentKeys
-	// bodies seals kept bodies (nil: they are kept as they are).
-	bodies *bodySealer
-	// keys seals keys (nil: they are kept as they are).
-	keys   *keySealer
-	counts []atomic.Uint64 // one per Outcomes
-	// obs is Config.Observer; storeName the store's type, for it.
-	obs       Observer
-	storeName string
-
-	// claim and run are the form chosen in New (see chooseForm): how a key
-	// is claimed, and how the handler runs once it is.
-	claim claimFunc
-	run   runFunc
+	eng     *keyed.Engine
+	methods map[string]bool
+	replay  []string
+	log     *slog.Logger
+	obs     bool // the engine has an Observer
 }
-
-// claimFunc claims req's key. answered says that it answered the request
-// itself: the claim's transaction ran the handler (ClaimTx), or the key's
-// gate refused the request or let it wait too long. Otherwise serve answers
-// by the claim's outcome, or by err.
-type claimFunc func(next http.Handler, w http.ResponseWriter, r *http.Request, req idem.ClaimRequest,
-	deadline time.Time, log reqLog, watch *keyWatch) (claim idem.Claim, answered bool, err error)
-
-// runFunc runs the handler for a key claimed (ref), with hctx its
-// context, and answers.
-type runFunc func(next http.Handler, w http.ResponseWriter, r *http.Request, hctx *execCtx, ref idem.Ref, of answerOf, log reqLog)
 
 // New applies the defaults to cfg, validates it and returns a Middleware.
 func New(cfg *Config) (*Middleware, error) {
@@ -91,15 +53,12 @@ func New(cfg *Config) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	bodies, err := newBodySealer(c.BodyKeys)
+	eng, err := keyed.New(c.engineConfig())
 	if err != nil {
-		return nil, &idem.ArgumentError{Field: "idemhttp.Config.BodyKeys", Reason: err.Error()}
+		return nil, renamed(err)
 	}
-	m := &Middleware{cfg: c, store: c.Store, methods: map[string]bool{}, log: c.Logger, recent: newRecentKeys(c.RecentKeys, c.MemoryReplayFor, c.MemoryReplayBytes, c.Clock), bodies: bodies, keys: newKeySealer(c.KeySecret),
-		counts: make([]atomic.Uint64, len(Outcomes))}
-	m.replayer, _ = c.Store.(idem.Replayer)
-	m.recoverer, _ = c.Store.(idem.Recoverer)
-	m.obs, m.storeName = c.Observer, fmt.Sprintf("%T", c.Store)
+	c.applied(eng.Config())
+	m := &Middleware{cfg: c, eng: eng, methods: map[string]bool{}, log: c.Logger, obs: c.Observer != nil}
 	for _, meth := range c.Methods {
 		m.methods[strings.ToUpper(meth)] = true
 	}
@@ -111,59 +70,14 @@ func New(cfg *Config) (*Middleware, error) {
 		}
 		m.replay = append(m.replay, ch)
 	}
-	m.chooseForm()
-	if w, ok := c.Store.(idem.Waiter); ok {
-		m.waiter = w
-	}
 	return m, nil
 }
 
-// chooseForm decides, once, how the middleware claims a key and runs its
-// handler, from what the store offers (see Config.Store):
-//   - the separate form: Claim, run the handler, then Complete or Release;
-//   - CompleteTx: Claim, then run the handler inside the store's
-//     transaction, which keeps the answer as it commits;
-//   - ClaimTx: claim the key inside the transaction the handler then runs
-//     in, so that the claim, the handler's writes and the answer commit
-//     together, and a duplicate in this process waits at the key's gate.
-//
-// A store whose writes run one at a time (idem.SerialWriter: SQLite) gets
-// the CompleteTx form even when it offers ClaimTx: ClaimTx's transaction,
-// begun at the claim, would hold the only writer through everything the
-// handler does before it writes, and every other request would wait that
-// long; CompleteTx's begins at the handler's first write.
-func (m *Middleware) chooseForm() {
-	m.claim, m.run = m.claimSeparately, m.runSeparately
-	ts, ok := m.store.(idem.TxStore)
-	if !ok || m.cfg.SeparateTx {
-		return
-	}
-	m.txStore, m.run = ts, m.runInTx
-	if sw, ok := ts.(idem.SerialWriter); ok && sw.WritesSerially() {
-		return
-	}
-	if tc, ok := ts.(idem.TxClaimer); ok {
-		m.txClaimer, m.claim = tc, m.claimInTx
-	}
-}
+// Engine returns the engine the middleware is a face of.
+func (m *Middleware) Engine() *keyed.Engine { return m.eng }
 
 // Counts returns how many protected requests ended in each Outcome.
-func (m *Middleware) Counts() map[Outcome]uint64 {
-	out := make(map[Outcome]uint64, len(Outcomes))
-	for i, o := range Outcomes {
-		out[o] = m.counts[i].Load()
-	}
-	return out
-}
-
-func (m *Middleware) count(o Outcome) {
-	for i, x := range Outcomes {
-		if x == o {
-			m.counts[i].Add(1)
-			return
-		}
-	}
-}
+func (m *Middleware) Counts() map[Outcome]uint64 { return m.eng.Counts() }
 
 // Handler wraps next so that every request with a protected method is
 // executed at most once per key.
@@ -173,16 +87,17 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if m.obs != nil {
-			m.serveObserved(next, w, r)
-			return
+		if m.obs {
+			ctx := m.eng.Begin(r.Context(), r)
+			defer m.eng.End(ctx)
+			r = r.WithContext(ctx)
 		}
 		m.serve(next, w, r)
 	})
 }
 
-func (m *Middleware) reject(ctx context.Context, w http.ResponseWriter, status int, typ, title, detail string) {
-	m.tally(ctx, OutcomeRejected)
+func (m *Middleware) reject(ctx context.Context, w http.ResponseWriter, scope idem.Scope, key idem.Key, status int, typ, title, detail string) {
+	m.eng.Reject(ctx, scope, key)
 	(&Problem{Type: typ, Title: title, Status: status, Detail: detail}).Write(w)
 }
 
@@ -196,7 +111,7 @@ const scopeTitle = "Cannot tell who owns this key"
 func (m *Middleware) rejectScope(w http.ResponseWriter, r *http.Request, key idem.Key, err error) {
 	var p *Problem
 	if errors.As(err, &p) {
-		m.tally(r.Context(), OutcomeRejected)
+		m.eng.Reject(r.Context(), "", "")
 		q := *p
 		if q.Status == 0 {
 			q.Status = http.StatusBadRequest
@@ -210,6 +125,6 @@ func (m *Middleware) rejectScope(w http.ResponseWriter, r *http.Request, key ide
 	// No scope, so no KeyDigest: the key alone is digested.
 	m.log.LogAttrs(r.Context(), slog.LevelWarn, "scope unavailable: request refused", slog.Any("key", key),
 		slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("error", err.Error()))
-	m.reject(r.Context(), w, http.StatusBadRequest, ProblemScope, scopeTitle,
+	m.reject(r.Context(), w, "", "", http.StatusBadRequest, ProblemScope, scopeTitle,
 		"The server could not tell whom this request's Idempotency-Key belongs to, so nothing was run. Check the request's credentials and send it again.")
 }

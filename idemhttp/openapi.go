@@ -95,7 +95,7 @@ func (m *Middleware) Policy() Policy {
 	}
 	failed := []PolicyProblem{{ProblemHandlerFailed, "Request failed"}}
 	unavailable := []PolicyProblem{{ProblemStoreUnavailable, "Idempotency store unavailable"}}
-	if m.txStore != nil {
+	if m.eng.InTx() {
 		// Only the same-transaction form rolls back an answer too large
 		// to keep, and refuses a superseded execution's commit.
 		failed = append(failed, PolicyProblem{ProblemResponseTooLarge, "Response too large to keep"})

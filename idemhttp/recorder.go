@@ -35,7 +35,14 @@ type recorder struct {
 }
 
 func newRecorder(w http.ResponseWriter, limit int, canStream bool) *recorder {
-	return &recorder{w: w, header: make(http.Header), limit: limit, canStream: canStream}
+	r := &recorder{}
+	r.init(w, limit, canStream)
+	return r
+}
+
+// init makes r ready to record a handler's answer to w.
+func (r *recorder) init(w http.ResponseWriter, limit int, canStream bool) {
+	*r = recorder{w: w, header: make(http.Header), limit: limit, canStream: canStream}
 }
 
 func (r *recorder) Header() http.Header {

@@ -2,15 +2,13 @@ package idemhttp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/keyed"
 )
 
 // ErrNoRecovery is returned by SaveRecovery when the protected request
@@ -18,81 +16,31 @@ import (
 // no idem.Recoverer, or the handler runs inside the store's transaction
 // (the same-transaction forms), where a point would roll back with
 // everything else on a failure and so say nothing. Phases need the
-// claim-first form: Config.SeparateTx.
-var ErrNoRecovery = errors.New("idemhttp: this execution cannot save recovery points")
-
-// pointSaver is an execution's access to recovery points.
-type pointSaver struct {
-	store idem.Recoverer
-	// inTx: the handler runs in the store's transaction (see ErrNoRecovery).
-	inTx bool
-	// saved is set once the execution tried to save a point: from then on
-	// its key is never released after a failure.
-	saved atomic.Bool
-}
+// claim-first form: Config.SeparateTx. It is keyed.ErrNoRecovery.
+var ErrNoRecovery = keyed.ErrNoRecovery
 
 // SaveRecovery records that the protected request ctx belongs to reached
 // the phase name, with data what the next phases need, in the key's
-// record. Called with a context that carries a transaction of the store's
-// database (the backend's WithTx), the point commits or rolls back with
-// that transaction's writes: save each phase's point with the phase's own
-// writes. Otherwise it commits at once; save it so before a call that
-// leaves the database (a charge at a card network), with what a retry
-// needs to make the same call again.
+// record: keyed.SaveRecovery, which says what it promises.
 //
 // Once an execution saved a point, its key is never released after a
 // failure: whatever the phases did past the database's edge may have
 // happened. The key stays in flight with its point and the execution
-// yields its lease (idem.Recoverer.Yield), so the client's retry takes it
-// over at once and goes on from the point (Execution.Recovery), or, with
-// nobody asking, a Completer does. An execution that dies (a crash) holds
-// its lease until it ends.
+// yields its lease, so the client's retry takes it over at once and goes
+// on from the point (Execution.Recovery), or, with nobody asking, a
+// Completer does.
 //
 // Returns ErrNoRecovery (see there), an *idem.ArgumentError for a malformed
 // point, or idem.ErrLeaseLost when another execution took the key over.
 func SaveRecovery(ctx context.Context, name string, data []byte) error {
-	ex, ok := ExecutionFromContext(ctx)
-	switch {
-	case !ok:
-		return fmt.Errorf("%w: the context belongs to no protected request", ErrNoRecovery)
-	case ex.points == nil:
-		return fmt.Errorf("%w: the store keeps no recovery points (it is no idem.Recoverer)", ErrNoRecovery)
-	case ex.points.inTx:
-		return fmt.Errorf("%w: the handler runs inside the store's transaction; set Config.SeparateTx", ErrNoRecovery)
-	}
-	rp := idem.RecoveryPoint{Name: name, Data: data}
-	if err := rp.Validate(); err != nil {
-		return err
-	}
-	// Set before saving: a save whose outcome is unknown may have
-	// committed.
-	ex.points.saved.Store(true)
-	return ex.points.store.SaveRecovery(ctx, idem.Ref{Scope: ex.Scope, Key: ex.Key, Token: ex.Token}, rp)
-}
-
-// hasRecovery reports whether ex's key carries a recovery point, saved
-// by this execution or an earlier one.
-func (ex Execution) hasRecovery() bool {
-	return !ex.Recovery.IsZero() || (ex.points != nil && ex.points.saved.Load())
-}
-
-// handlerCtx is the handler's context for ex: its deadline nine tenths of
-// the lease, and, when the store keeps recovery points, ex's access to
-// them (inTx: the handler runs in the store's transaction).
-func (m *Middleware) handlerCtx(parent context.Context, ex Execution, inTx bool) *execCtx {
-	c := newExecCtx(parent, m.cfg.Lease*9/10, ex)
-	if m.recoverer != nil {
-		c.points = pointSaver{store: m.recoverer, inTx: inTx}
-		c.ex.points = &c.points
-	}
-	return c
+	return keyed.SaveRecovery(ctx, name, data)
 }
 
 // ErrNothingDone is what a Resume returns when it learned that nothing
 // happened past the database's edge (the card network has no charge under
 // the execution's key, say): the Completer then releases the key, and the
-// client's retry runs the request anew.
-var ErrNothingDone = errors.New("idemhttp: the abandoned execution did nothing that needs finishing")
+// client's retry runs the request anew. It is keyed.ErrNothingDone.
+var ErrNothingDone = keyed.ErrNothingDone
 
 // ResumeFunc finishes an abandoned execution from its recovery point
 // (ex.Recovery), with nobody waiting for the answer: it does what the
@@ -127,284 +75,57 @@ type CompleterConfig struct {
 }
 
 // Completer finishes, in the background, the executions whose holder died
-// after saving a recovery point, without waiting for the client to retry:
-// a replica that crashed between a charge at a card network and its own
-// commit, a client that gave up. Every Every, it lists the abandoned keys
-// (idem.Recoverer.Abandoned), takes each over with a Claim (so two
-// Completers, or a Completer and a client's retry, never run one key at
-// once), runs Resume from the key's recovery point and keeps its answer,
-// which the client's retry then gets as a replay.
-//
-// Bound: a key is abandoned once its lease ends; the next round takes it,
-// and Resume ends within Timeout. So an abandoned execution is finished
-// within Lease + Every + Timeout of its holder's death, unless its outcome
-// cannot be learned: then it stays in flight, with its point, never
-// released (Unknown counts it), and is tried again after the lease the
-// Completer took.
-//
-// Make one with Middleware.NewCompleter, run it with Run.
-type Completer struct {
-	m   *Middleware
-	cfg CompleterConfig
-	rs  idem.Recoverer
-	log *slog.Logger
-
-	mu      sync.Mutex
-	unknown map[waitKey]time.Time // keys whose outcome is unknown, since when
-	stats   CompleterStats
-}
+// after saving a recovery point: the engine's (keyed.Completer), which says
+// how and within what bound. Make one with Middleware.NewCompleter, run it
+// with Run.
+type Completer = keyed.Completer
 
 // CompleterStats counts what a Completer did since it was made.
-type CompleterStats struct {
-	// Rounds is how many times it looked for abandoned keys.
-	Rounds uint64
-	// Completed: executions finished, their answer kept.
-	Completed uint64
-	// Released: executions Resume found had done nothing.
-	Released uint64
-	// Failed: Resume calls that ended in an error (the outcome unknown).
-	Failed uint64
-	// Unknown is how many keys are in flight, with a point, whose last
-	// Resume failed: outcomes nobody has learned yet.
-	Unknown int
-	// OldestUnknown is when the oldest of them first failed, and
-	// UnknownFor how long ago that was, by the Middleware's clock; zero
-	// when Unknown is 0.
-	OldestUnknown time.Time
-	UnknownFor    time.Duration
-}
+type CompleterStats = keyed.CompleterStats
 
 // NewCompleter returns a Completer for m's store, which must be an
 // idem.Recoverer. Its takeovers use m's lease and TTL, and it keeps answers
-// as m keeps them (sealed with Config.BodyKeys).
+// as m keeps them: the headers m replays, the body sealed with
+// Config.BodyKeys; an answer over Config.MaxResponseBytes is an unknown
+// outcome, tried again.
 func (m *Middleware) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
-	rs, ok := m.store.(idem.Recoverer)
-	if !ok {
-		return nil, &idem.ArgumentError{Field: "idemhttp.Middleware", Reason: fmt.Sprintf("its store (%T) keeps no recovery points: it is no idem.Recoverer", m.store)}
-	}
 	var c CompleterConfig
 	if cfg != nil {
 		c = *cfg
 	}
-	switch {
-	case c.Resume == nil:
+	if c.Resume == nil {
 		return nil, &idem.ArgumentError{Field: "idemhttp.CompleterConfig.Resume", Reason: "is required"}
-	case c.Every < 0:
-		return nil, &idem.ArgumentError{Field: "idemhttp.CompleterConfig.Every", Reason: "must not be negative"}
-	case c.Timeout < 0:
-		return nil, &idem.ArgumentError{Field: "idemhttp.CompleterConfig.Timeout", Reason: "must not be negative"}
-	case c.Limit < 0:
-		return nil, &idem.ArgumentError{Field: "idemhttp.CompleterConfig.Limit", Reason: "must not be negative"}
 	}
-	if c.Every == 0 {
-		c.Every = time.Second
-	}
-	if c.Timeout == 0 {
-		c.Timeout = m.cfg.Lease * 9 / 10
-	}
-	if c.Limit == 0 {
-		c.Limit = 100
-	}
-	if c.Logger == nil {
-		c.Logger = m.log
-	}
-	return &Completer{m: m, cfg: c, rs: rs, log: c.Logger, unknown: map[waitKey]time.Time{}}, nil
-}
-
-// Bound is the longest an abandoned execution waits to be finished, when
-// its outcome can be learned: the lease, one round's interval and one
-// Resume.
-func (c *Completer) Bound() time.Duration { return c.m.cfg.Lease + c.cfg.Every + c.cfg.Timeout }
-
-// Stats returns what the Completer did so far.
-func (c *Completer) Stats() CompleterStats {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	s := c.stats
-	s.Unknown = len(c.unknown)
-	for _, since := range c.unknown {
-		if s.OldestUnknown.IsZero() || since.Before(s.OldestUnknown) {
-			s.OldestUnknown = since
-		}
-	}
-	if !s.OldestUnknown.IsZero() {
-		s.UnknownFor = c.m.cfg.Clock.Now().Sub(s.OldestUnknown)
-	}
-	return s
-}
-
-// Run runs rounds every Every until ctx is done, and returns ctx's error.
-// A round that fails (the store unavailable) is logged and tried again at
-// the next tick.
-func (c *Completer) Run(ctx context.Context) error {
-	t := time.NewTicker(c.cfg.Every)
-	defer t.Stop()
-	for {
-		if _, err := c.RunOnce(ctx); err != nil && ctx.Err() == nil {
-			c.log.LogAttrs(ctx, slog.LevelWarn, "completer: could not list abandoned executions", slog.String("error", err.Error()))
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
-}
-
-// RunOnce runs one round: it takes on every abandoned key the store lists
-// (at most Limit), one after the other, and returns how many it finished.
-// Rounds of one Completer must not overlap; Run runs them one at a time.
-func (c *Completer) RunOnce(ctx context.Context) (finished int, err error) {
-	c.mu.Lock()
-	c.stats.Rounds++
-	c.mu.Unlock()
-	recs, err := c.rs.Abandoned(ctx, c.cfg.Limit)
+	resume := c.Resume
+	comp, err := m.eng.NewCompleter(&keyed.CompleterConfig{Every: c.Every, Timeout: c.Timeout, Limit: c.Limit, Logger: c.Logger,
+		Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
+			w := newRecorder(nil, m.cfg.MaxResponseBytes, false)
+			if err := resume(ctx, w, ex); err != nil {
+				return idem.Response{}, err
+			}
+			if w.overflow {
+				return idem.Response{}, fmt.Errorf("the answer exceeded %d bytes, the most that is kept", m.cfg.MaxResponseBytes)
+			}
+			return m.keptResponse(w), nil
+		}})
 	if err != nil {
-		return 0, err
+		return nil, renamedCompleter(err)
 	}
-	c.pruneUnknown(ctx, recs)
-	for _, rec := range recs {
-		if ctx.Err() != nil {
-			return finished, ctx.Err()
-		}
-		if c.resume(ctx, rec) {
-			finished++
-		}
-	}
-	return finished, nil
+	return comp, nil
 }
 
-// resume takes rec's key over and finishes it; true when it ended it
-// (completed or released).
-func (c *Completer) resume(ctx context.Context, rec idem.Record) bool {
-	wk := waitKey{Scope: rec.Scope, Key: rec.Key}
-	log := reqLog{l: c.log, scope: rec.Scope, key: rec.Key, method: "completer", path: rec.Recovery.Name}
-	claim, err := c.rs.Claim(ctx, idem.ClaimRequest{Scope: rec.Scope, Key: rec.Key, Fingerprint: rec.Fingerprint,
-		Lease: c.m.cfg.Lease, TTL: max(c.m.cfg.TTL, c.m.cfg.Lease)})
-	if err != nil {
-		log.LogAttrs(ctx, slog.LevelWarn, "completer: could not take the abandoned execution over", slog.String("error", err.Error()))
-		return false
-	}
-	if claim.Outcome != idem.Acquired {
-		// A client's retry or another replica got there first.
-		c.forget(wk)
-		return false
-	}
-	if claim.Record.Recovery.IsZero() {
-		// The key was released (or purged) since it was listed, and this
-		// claim made it anew: there is nothing to go on from. Give it back
-		// as it was.
-		dctx, cancel := detached(ctx)
-		defer cancel()
-		if err := c.rs.Release(dctx, idem.Ref{Scope: rec.Scope, Key: rec.Key, Token: claim.Token}); err != nil {
-			log.LogAttrs(ctx, slog.LevelWarn, "completer: could not give back a key it claimed anew", slog.String("error", err.Error()))
-		}
-		c.forget(wk)
-		return false
-	}
-	defer c.m.local.Notify(wk)
-	ex := Execution{Scope: rec.Scope, Key: rec.Key, Token: claim.Token, ClaimedAt: claim.Record.CreatedAt,
-		TookOver: claim.TookOver, Recovery: claim.Record.Recovery, points: &pointSaver{store: c.rs}}
-	ref := idem.Ref{Scope: rec.Scope, Key: rec.Key, Token: claim.Token}
-	log.LogAttrs(ctx, slog.LevelWarn, "completer: finishing an abandoned execution",
-		slog.String("recovery_point", ex.Recovery.Name), slog.Time("saved_at", ex.Recovery.SavedAt))
-
-	hctx := newExecCtx(ctx, c.cfg.Timeout, ex)
-	w := newRecorder(nil, c.m.cfg.MaxResponseBytes, false)
-	rerr := runResume(hctx, c.cfg.Resume, w, ex)
-	hctx.stop()
-	if rerr == nil && w.overflow {
-		rerr = fmt.Errorf("the answer exceeded %d bytes, the most that is kept", c.m.cfg.MaxResponseBytes)
-	}
-	dctx, cancel := detached(ctx)
-	defer cancel()
-	switch {
-	case errors.Is(rerr, ErrNothingDone):
-		if err := c.rs.Release(dctx, ref); err != nil {
-			log.LogAttrs(ctx, slog.LevelWarn, "completer: could not release the key", slog.String("error", err.Error()))
-			return false
-		}
-		c.forget(wk)
-		c.count(func(s *CompleterStats) { s.Released++ })
-		log.LogAttrs(ctx, slog.LevelInfo, "completer: the abandoned execution had done nothing; key released")
-		return true
-	case rerr != nil:
-		c.mu.Lock()
-		if _, ok := c.unknown[wk]; !ok {
-			c.unknown[wk] = c.m.cfg.Clock.Now()
-		}
-		c.stats.Failed++
-		c.mu.Unlock()
-		log.LogAttrs(ctx, slog.LevelError, "completer: outcome unknown; the key stays in flight and is tried again after its lease",
-			slog.String("error", rerr.Error()), slog.Duration("lease", c.m.cfg.Lease))
-		return false
-	}
-	kept, err := c.m.keptResponse(w, rec.Scope, rec.Key)
-	if err == nil {
-		err = c.rs.Complete(dctx, ref, kept)
-	}
-	if err != nil {
-		log.LogAttrs(ctx, slog.LevelError, "completer: finished, but could not keep the answer; tried again after the lease",
-			slog.String("error", err.Error()))
-		return false
-	}
-	c.forget(wk)
-	c.count(func(s *CompleterStats) { s.Completed++ })
-	c.m.recent.Keep(wk, rec.Fingerprint, &kept, claim.Record.ExpiresAt)
-	log.LogAttrs(ctx, slog.LevelInfo, "completer: finished an abandoned execution", slog.Int("status", kept.Status))
-	return true
-}
-
-// runResume runs resume, turning a panic into an error: one execution's
-// bug must not stop the Completer.
-func runResume(ctx context.Context, resume ResumeFunc, w http.ResponseWriter, ex Execution) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = fmt.Errorf("resume panicked: %v", v)
-		}
-	}()
-	return resume(ctx, w, ex)
-}
-
-// pruneUnknown forgets the unknown outcomes that ended without the
-// Completer: a client's retry finished the key, say. A key the round lists
-// is still unknown; one it does not list may be held under the lease the
-// Completer took when its Resume failed, so its record decides: still in
-// flight, it stays unknown.
-func (c *Completer) pruneUnknown(ctx context.Context, listed []idem.Record) {
-	c.mu.Lock()
-	var check []waitKey
-	for wk := range c.unknown {
-		check = append(check, wk)
-	}
-	c.mu.Unlock()
-	if len(check) == 0 {
-		return
-	}
-	inList := make(map[waitKey]bool, len(listed))
-	for _, r := range listed {
-		inList[waitKey{Scope: r.Scope, Key: r.Key}] = true
-	}
-	for _, wk := range check {
-		if inList[wk] {
-			continue
-		}
-		rec, err := c.rs.Get(ctx, wk.Scope, wk.Key)
+// renamedCompleter is err, an error of keyed.Engine.NewCompleter, naming
+// what idemhttp's caller gave.
+func renamedCompleter(err error) error {
+	if ae, ok := err.(*idem.ArgumentError); ok {
+		field := ae.Field
 		switch {
-		case errors.Is(err, idem.ErrNotFound), err == nil && rec.State != idem.StateInFlight:
-			c.forget(wk)
+		case field == "keyed.Engine":
+			field = "idemhttp.Middleware"
+		case len(field) > len("keyed.") && field[:len("keyed.")] == "keyed.":
+			field = "idemhttp." + field[len("keyed."):]
 		}
+		return &idem.ArgumentError{Field: field, Reason: ae.Reason}
 	}
-}
-
-func (c *Completer) forget(wk waitKey) {
-	c.mu.Lock()
-	delete(c.unknown, wk)
-	c.mu.Unlock()
-}
-
-func (c *Completer) count(f func(*CompleterStats)) {
-	c.mu.Lock()
-	f(&c.stats)
-	c.mu.Unlock()
+	return err
 }

@@ -80,6 +80,7 @@ func Run(t *testing.T, open func(t *testing.T, clock idem.Clock) idem.Store) {
 		{"DiscardBodies", mwDiscardBodies},
 		{"AtRestConfigRefused", mwAtRestConfigRefused},
 		{"ObserverSeesPhases", mwObserverSeesPhases},
+		{"PointNeverReleased", mwPointNeverReleased},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -944,4 +945,60 @@ func claimsInTx(store idem.Store) bool {
 	}
 	sw, ok := store.(idem.SerialWriter)
 	return !ok || !sw.WritesSerially()
+}
+
+// PointNeverReleased: a key that carries a recovery point (an earlier
+// execution saved it, then died) is never released after a failure, in
+// whatever form the middleware runs its handler: the same-transaction
+// forms included, where the handler's rollback cannot undo what the
+// earlier execution did past the database's edge. The key stays in flight
+// with its point for the next retry or a Completer.
+func mwPointNeverReleased(t *testing.T, b backend) {
+	clock := idemmem.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	store := b.open(t, clock)
+	rs, ok := store.(idem.Recoverer)
+	if !ok {
+		t.Skipf("%T keeps no recovery points", store)
+	}
+	ctx := context.Background()
+	const lease = time.Minute
+	m := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store, Clock: clock, Lease: lease, InflightWait: -1})
+	var runs atomic.Int64
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		ex, _ := idemhttp.ExecutionFromContext(r.Context())
+		if ex.Recovery.Name != "charging" {
+			t.Errorf("the execution goes on from %q, want charging", ex.Recovery.Name)
+		}
+		w.WriteHeader(http.StatusServiceUnavailable) // the card network is down: transient
+	}))
+	// An execution claimed the key, saved its point before the charge,
+	// and died.
+	body := `{"amount":10}`
+	fp := idem.NewFingerprint(http.MethodPost, "/pay", "", "application/json", []byte(body))
+	claim, err := store.Claim(ctx, idem.ClaimRequest{Key: "k", Fingerprint: fp, Lease: lease, TTL: 24 * time.Hour})
+	if err != nil || claim.Outcome != idem.Acquired {
+		t.Fatalf("claim: %+v %v", claim, err)
+	}
+	if err := rs.SaveRecovery(ctx, idem.Ref{Key: "k", Token: claim.Token}, idem.RecoveryPoint{Name: "charging", Data: []byte("10")}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(lease + time.Second)
+	rr := do(t, h, http.MethodPost, "/pay", "k", body, "Content-Type", "application/json")
+	if runs.Load() != 1 {
+		t.Fatalf("the retry ran the handler %d times, want 1 (answered %d %s)", runs.Load(), rr.Status, rr.Body)
+	}
+	rec, err := store.Get(ctx, "", "k")
+	if err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" {
+		t.Fatalf("after the failure: %+v, %v; want the key in flight with its point, never released", rec, err)
+	}
+	if c := m.Counts(); c[idemhttp.OutcomeUnfinished] != 1 || c[idemhttp.OutcomeReleased] != 0 {
+		t.Fatalf("counts %v: want the failure unfinished, nothing released", c)
+	}
+	// The next retry takes it over at once (the lease was yielded, or had
+	// ended) and goes on from the point.
+	do(t, h, http.MethodPost, "/pay", "k", body, "Content-Type", "application/json")
+	if runs.Load() != 2 {
+		t.Fatalf("the next retry: %d runs in all, want 2", runs.Load())
+	}
 }

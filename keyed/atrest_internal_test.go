@@ -1,4 +1,4 @@
-package idemhttp
+package keyed
 
 import (
 	"bytes"
@@ -9,7 +9,7 @@ import (
 // the key, one AES-256-GCM seal of the kept body (on a first execution) or
 // open (on a replay), for a 200-byte answer like the payment service's.
 //
-//	go test -run '^$' -bench AtRest ./idemhttp/
+//	go test -run '^$' -bench AtRest ./keyed/
 func BenchmarkAtRest(b *testing.B) {
 	secret := bytes.Repeat([]byte("s"), 32)
 	s, err := newBodySealer([]BodyKey{{ID: "k1", Key: bytes.Repeat([]byte("k"), 32)}})
@@ -19,7 +19,7 @@ func BenchmarkAtRest(b *testing.B) {
 	body := bytes.Repeat([]byte(`{"a":1}`), 29)[:200]
 	ks := newKeySealer(secret)
 	if got, want := ks.seal("tenant-a", "k"), SealKey(secret, "tenant-a", "k"); got != want {
-		b.Fatalf("the middleware's sealer gives %q, SealKey %q", got, want)
+		b.Fatalf("the engine's sealer gives %q, SealKey %q", got, want)
 	}
 	b.Run("SealKey", func(b *testing.B) {
 		for b.Loop() {

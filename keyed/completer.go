@@ -1,0 +1,333 @@
+package keyed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/keywait"
+)
+
+// ErrNothingDone is what a Resume returns when it learned that nothing
+// happened past the database's edge (the card network has no charge under
+// the execution's key, say): the Completer then releases the key, and the
+// client's retry runs the request anew.
+var ErrNothingDone = errors.New("keyed: the abandoned execution did nothing that needs finishing")
+
+// ResumeFunc finishes an abandoned execution from its recovery point
+// (ex.Recovery), with nobody waiting for the answer: it does what the
+// handler's remaining phases would, and returns the answer the client
+// would have got, which the Completer keeps for the client's retry, as a
+// face's Ran.Answer (the headers to replay, the body as written; the
+// engine seals it). ctx carries ex, so SaveRecovery and KeyFromContext work
+// as in the handler, and ends at CompleterConfig.Timeout.
+//
+// Returning a nil error keeps the answer, whatever its status. Returning
+// ErrNothingDone releases the key. Any other error leaves the key in
+// flight with its point: its outcome is unknown, and the Completer tries
+// again once the lease it took ends.
+type ResumeFunc func(ctx context.Context, ex Execution) (idem.Response, error)
+
+// CompleterConfig configures a Completer.
+type CompleterConfig struct {
+	// Resume finishes one abandoned execution. Required. One Completer
+	// serves every route of its Engine's store: dispatch on
+	// ex.Recovery.Name.
+	Resume ResumeFunc
+	// Every is how often the Completer looks for abandoned executions.
+	// Defaults to 1s.
+	Every time.Duration
+	// Timeout bounds one Resume. Defaults to nine tenths of the Engine's
+	// lease, so that a Resume ends before another replica may take the
+	// key over.
+	Timeout time.Duration
+	// Limit is how many abandoned keys one round takes on. Defaults to 100.
+	Limit int
+	// Logger defaults to the Engine's.
+	Logger *slog.Logger
+}
+
+// Completer finishes, in the background, the executions whose holder died
+// after saving a recovery point, without waiting for the client to retry:
+// a replica that crashed between a charge at a card network and its own
+// commit, a client that gave up. Every Every, it lists the abandoned keys
+// (idem.Recoverer.Abandoned), takes each over with a Claim (so two
+// Completers, or a Completer and a client's retry, never run one key at
+// once), runs Resume from the key's recovery point and keeps its answer,
+// which the client's retry then gets as a replay.
+//
+// Bound: a key is abandoned once its lease ends; the next round takes it,
+// and Resume ends within Timeout. So an abandoned execution is finished
+// within Lease + Every + Timeout of its holder's death, unless its outcome
+// cannot be learned: then it stays in flight, with its point, never
+// released (Unknown counts it), and is tried again after the lease the
+// Completer took.
+//
+// Make one with Engine.NewCompleter (or a face's NewCompleter), run it
+// with Run.
+type Completer struct {
+	e   *Engine
+	cfg CompleterConfig
+	rs  idem.Recoverer
+	log *slog.Logger
+
+	mu      sync.Mutex
+	unknown map[keywait.Key]time.Time // keys whose outcome is unknown, since when
+	stats   CompleterStats
+}
+
+// CompleterStats counts what a Completer did since it was made.
+type CompleterStats struct {
+	// Rounds is how many times it looked for abandoned keys.
+	Rounds uint64
+	// Completed: executions finished, their answer kept.
+	Completed uint64
+	// Released: executions Resume found had done nothing.
+	Released uint64
+	// Failed: Resume calls that ended in an error (the outcome unknown).
+	Failed uint64
+	// Unknown is how many keys are in flight, with a point, whose last
+	// Resume failed: outcomes nobody has learned yet.
+	Unknown int
+	// OldestUnknown is when the oldest of them first failed, and
+	// UnknownFor how long ago that was, by the Engine's clock; zero when
+	// Unknown is 0.
+	OldestUnknown time.Time
+	UnknownFor    time.Duration
+}
+
+// NewCompleter returns a Completer for e's store, which must be an
+// idem.Recoverer. Its takeovers use e's lease and TTL, and it keeps answers
+// as e keeps them (sealed with Config.BodyKeys).
+func (e *Engine) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
+	rs, ok := e.store.(idem.Recoverer)
+	if !ok {
+		return nil, &idem.ArgumentError{Field: "keyed.Engine", Reason: fmt.Sprintf("its store (%T) keeps no recovery points: it is no idem.Recoverer", e.store)}
+	}
+	var c CompleterConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	switch {
+	case c.Resume == nil:
+		return nil, &idem.ArgumentError{Field: "keyed.CompleterConfig.Resume", Reason: "is required"}
+	case c.Every < 0:
+		return nil, &idem.ArgumentError{Field: "keyed.CompleterConfig.Every", Reason: "must not be negative"}
+	case c.Timeout < 0:
+		return nil, &idem.ArgumentError{Field: "keyed.CompleterConfig.Timeout", Reason: "must not be negative"}
+	case c.Limit < 0:
+		return nil, &idem.ArgumentError{Field: "keyed.CompleterConfig.Limit", Reason: "must not be negative"}
+	}
+	if c.Every == 0 {
+		c.Every = time.Second
+	}
+	if c.Timeout == 0 {
+		c.Timeout = e.cfg.Lease * 9 / 10
+	}
+	if c.Limit == 0 {
+		c.Limit = 100
+	}
+	if c.Logger == nil {
+		c.Logger = e.log
+	}
+	return &Completer{e: e, cfg: c, rs: rs, log: c.Logger, unknown: map[keywait.Key]time.Time{}}, nil
+}
+
+// Bound is the longest an abandoned execution waits to be finished, when
+// its outcome can be learned: the lease, one round's interval and one
+// Resume.
+func (c *Completer) Bound() time.Duration { return c.e.cfg.Lease + c.cfg.Every + c.cfg.Timeout }
+
+// Stats returns what the Completer did so far.
+func (c *Completer) Stats() CompleterStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.stats
+	s.Unknown = len(c.unknown)
+	for _, since := range c.unknown {
+		if s.OldestUnknown.IsZero() || since.Before(s.OldestUnknown) {
+			s.OldestUnknown = since
+		}
+	}
+	if !s.OldestUnknown.IsZero() {
+		s.UnknownFor = c.e.cfg.Clock.Now().Sub(s.OldestUnknown)
+	}
+	return s
+}
+
+// Run runs rounds every Every until ctx is done, and returns ctx's error.
+// A round that fails (the store unavailable) is logged and tried again at
+// the next tick.
+func (c *Completer) Run(ctx context.Context) error {
+	t := time.NewTicker(c.cfg.Every)
+	defer t.Stop()
+	for {
+		if _, err := c.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			c.log.LogAttrs(ctx, slog.LevelWarn, "completer: could not list abandoned executions", slog.String("error", err.Error()))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// RunOnce runs one round: it takes on every abandoned key the store lists
+// (at most Limit), one after the other, and returns how many it finished.
+// Rounds of one Completer must not overlap; Run runs them one at a time.
+func (c *Completer) RunOnce(ctx context.Context) (finished int, err error) {
+	c.mu.Lock()
+	c.stats.Rounds++
+	c.mu.Unlock()
+	recs, err := c.rs.Abandoned(ctx, c.cfg.Limit)
+	if err != nil {
+		return 0, err
+	}
+	c.pruneUnknown(ctx, recs)
+	for _, rec := range recs {
+		if ctx.Err() != nil {
+			return finished, ctx.Err()
+		}
+		if c.resume(ctx, rec) {
+			finished++
+		}
+	}
+	return finished, nil
+}
+
+// resume takes rec's key over and finishes it; true when it ended it
+// (completed or released).
+func (c *Completer) resume(ctx context.Context, rec idem.Record) bool {
+	e := c.e
+	wk := keywait.Key{Scope: rec.Scope, Key: rec.Key}
+	log := reqLog{l: c.log, scope: rec.Scope, key: rec.Key, method: "completer", path: rec.Recovery.Name}
+	claim, err := c.rs.Claim(ctx, idem.ClaimRequest{Scope: rec.Scope, Key: rec.Key, Fingerprint: rec.Fingerprint,
+		Lease: e.cfg.Lease, TTL: max(e.cfg.TTL, e.cfg.Lease)})
+	if err != nil {
+		log.LogAttrs(ctx, slog.LevelWarn, "completer: could not take the abandoned execution over", slog.String("error", err.Error()))
+		return false
+	}
+	if claim.Outcome != idem.Acquired {
+		// A client's retry or another replica got there first.
+		c.forget(wk)
+		return false
+	}
+	if claim.Record.Recovery.IsZero() {
+		// The key was released (or purged) since it was listed, and this
+		// claim made it anew: there is nothing to go on from. Give it back
+		// as it was.
+		dctx, cancel := detached(ctx)
+		defer cancel()
+		if err := c.rs.Release(dctx, idem.Ref{Scope: rec.Scope, Key: rec.Key, Token: claim.Token}); err != nil {
+			log.LogAttrs(ctx, slog.LevelWarn, "completer: could not give back a key it claimed anew", slog.String("error", err.Error()))
+		}
+		c.forget(wk)
+		return false
+	}
+	defer e.local.Notify(wk)
+	ex := Execution{Scope: rec.Scope, Key: rec.Key, Token: claim.Token, ClaimedAt: claim.Record.CreatedAt,
+		TookOver: claim.TookOver, Recovery: claim.Record.Recovery, points: &pointSaver{store: c.rs}}
+	ref := idem.Ref{Scope: rec.Scope, Key: rec.Key, Token: claim.Token}
+	log.LogAttrs(ctx, slog.LevelWarn, "completer: finishing an abandoned execution",
+		slog.String("recovery_point", ex.Recovery.Name), slog.Time("saved_at", ex.Recovery.SavedAt))
+
+	hctx := newExecCtx(ctx, c.cfg.Timeout, ex)
+	answer, rerr := runResume(hctx, c.cfg.Resume, ex)
+	hctx.stop()
+	dctx, cancel := detached(ctx)
+	defer cancel()
+	switch {
+	case errors.Is(rerr, ErrNothingDone):
+		if err := c.rs.Release(dctx, ref); err != nil {
+			log.LogAttrs(ctx, slog.LevelWarn, "completer: could not release the key", slog.String("error", err.Error()))
+			return false
+		}
+		c.forget(wk)
+		c.count(func(s *CompleterStats) { s.Released++ })
+		log.LogAttrs(ctx, slog.LevelInfo, "completer: the abandoned execution had done nothing; key released")
+		return true
+	case rerr != nil:
+		c.mu.Lock()
+		if _, ok := c.unknown[wk]; !ok {
+			c.unknown[wk] = e.cfg.Clock.Now()
+		}
+		c.stats.Failed++
+		c.mu.Unlock()
+		log.LogAttrs(ctx, slog.LevelError, "completer: outcome unknown; the key stays in flight and is tried again after its lease",
+			slog.String("error", rerr.Error()), slog.Duration("lease", e.cfg.Lease))
+		return false
+	}
+	kept, err := e.keptAnswer(ref, answer, false)
+	if err == nil {
+		err = c.rs.Complete(dctx, ref, kept)
+	}
+	if err != nil {
+		log.LogAttrs(ctx, slog.LevelError, "completer: finished, but could not keep the answer; tried again after the lease",
+			slog.String("error", err.Error()))
+		return false
+	}
+	c.forget(wk)
+	c.count(func(s *CompleterStats) { s.Completed++ })
+	e.recent.Keep(wk, rec.Fingerprint, &kept, claim.Record.ExpiresAt)
+	log.LogAttrs(ctx, slog.LevelInfo, "completer: finished an abandoned execution", slog.Int("status", kept.Status))
+	return true
+}
+
+// runResume runs resume, turning a panic into an error: one execution's
+// bug must not stop the Completer.
+func runResume(ctx context.Context, resume ResumeFunc, ex Execution) (answer idem.Response, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("resume panicked: %v", v)
+		}
+	}()
+	return resume(ctx, ex)
+}
+
+// pruneUnknown forgets the unknown outcomes that ended without the
+// Completer: a client's retry finished the key, say. A key the round lists
+// is still unknown; one it does not list may be held under the lease the
+// Completer took when its Resume failed, so its record decides: still in
+// flight, it stays unknown.
+func (c *Completer) pruneUnknown(ctx context.Context, listed []idem.Record) {
+	c.mu.Lock()
+	var check []keywait.Key
+	for wk := range c.unknown {
+		check = append(check, wk)
+	}
+	c.mu.Unlock()
+	if len(check) == 0 {
+		return
+	}
+	inList := make(map[keywait.Key]bool, len(listed))
+	for _, r := range listed {
+		inList[keywait.Key{Scope: r.Scope, Key: r.Key}] = true
+	}
+	for _, wk := range check {
+		if inList[wk] {
+			continue
+		}
+		rec, err := c.rs.Get(ctx, wk.Scope, wk.Key)
+		switch {
+		case errors.Is(err, idem.ErrNotFound), err == nil && rec.State != idem.StateInFlight:
+			c.forget(wk)
+		}
+	}
+}
+
+func (c *Completer) forget(wk keywait.Key) {
+	c.mu.Lock()
+	delete(c.unknown, wk)
+	c.mu.Unlock()
+}
+
+func (c *Completer) count(f func(*CompleterStats)) {
+	c.mu.Lock()
+	f(&c.stats)
+	c.mu.Unlock()
+}

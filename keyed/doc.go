@@ -1,0 +1,104 @@
+// Package keyed is the engine of idempotency keys: the one place where the
+// key's protocol is written, whatever carries the request. It claims a
+// request's key in an idem.Store, waits for an execution of the key already
+// in flight (within the caller's deadline), runs the request's handler at
+// most once, keeps its answer or releases the key, replays the kept answer
+// to every duplicate, keeps recovery points for work that leaves the
+// database, finishes abandoned executions (Completer), and tells an
+// Observer every phase.
+//
+// A face puts a protocol in front of it: idemhttp (HTTP middleware),
+// idemgrpc (a gRPC interceptor), or one of your own. A face reads the key, the
+// scope and a fingerprint from its request, runs its handler capturing the
+// answer as an idem.Response, writes an answer or a replay back, and speaks
+// the engine's refusals in its protocol's words: it implements Face and
+// calls Engine.Serve. It makes no call to the store of its own, so every
+// rule below holds the same on every face.
+//
+//	eng, err := keyed.New(&keyed.Config{Store: store})
+//	…
+//	ctx = eng.Begin(ctx, nil) // observed requests only; End ends it
+//	defer eng.End(ctx)
+//	eng.Serve(ctx, keyed.Request{Scope: tenant, Key: key, Fingerprint: fp, Method: "pay"}, face)
+//
+// # What happens, on each face
+//
+// Every request ends in one Outcome (Engine.Counts; an Observer's
+// PhaseRequest), and the answer it gets:
+//
+//	case                              engine                                    idemhttp                               idemgrpc
+//	first run, answer deterministic   claim, run, keep (OutcomeExecuted)         the handler's answer                   the handler's answer
+//	duplicate of a completed key      replay; nothing runs (OutcomeReplayed)     kept answer, Idempotent-Replayed       kept answer, idempotent-replayed
+//	same key, another request         refused; nothing runs (OutcomeMismatch)    422 key-mismatch                       FailedPrecondition IDEMPOTENCY_KEY_MISMATCH
+//	duplicate while one is in flight  waits; then replays its answer             (as a replay)                          (as a replay)
+//	  … still in flight at the end    OutcomeConflict                           409, Retry-After                       Aborted, RetryInfo
+//	  … whose caller left meanwhile   OutcomeConflict                           nothing (nobody reads it)              Canceled or DeadlineExceeded
+//	caller leaves while handler runs  handler goes on; its answer is kept        —                                      —
+//	transient answer (5xx; Unavail.)  key released (OutcomeReleased)             the handler's answer                   the handler's status
+//	handler panics                    key released (OutcomeReleased)             500 handler-failed                     the panic, raised again
+//	handler's time ends, no answer    key released (OutcomeReleased)             500 handler-failed                     the handler's error
+//	handler ends like a crash         outside a transaction: key left to its     connection cut (http.ErrAbortHandler)  —
+//	                                  lease (OutcomeAborted); inside: released
+//	failure after a recovery point    never released: lease yielded, key kept    503 unfinished, or the handler's       the handler's error, or its panic
+//	  (any form, any failure)         in flight with its point (Unfinished)      answer
+//	answer too large to keep          outside a transaction: kept without its    the whole answer; replays say          the whole answer; replays say
+//	                                  body; inside: rolled back, released        Idempotent-Body-Omitted / 500          idempotent-body-omitted / Internal
+//	store fails at the claim          nothing runs (OutcomeStoreError)           503, Retry-After                       Unavailable, RetryInfo
+//	store fails keeping the answer    key left to its lease (OutcomeStoreError)  the handler's answer                   the handler's answer
+//	lease taken over meanwhile        completion refused (OutcomeLeaseLost);     the answer / 503 lease-lost            the answer / Unavailable LEASE_LOST
+//	                                  inside a transaction: rolled back
+//	commit fails, outcome unknown     the store is asked: committed, executed;   the answer / 503 store-unavailable     the answer / Unavailable
+//	                                  else released (with a point: yielded)
+//	kept answer cannot be read        refused; never run again (StoreError)      500 kept-answer-unreadable             Internal
+//	key missing, malformed; body      refused by the face (OutcomeRejected)      400 / 413                              InvalidArgument
+//	  too large to fingerprint
+//	abandoned key with a point        a Completer resumes it, keeps the answer   the retry gets it replayed             the retry gets it replayed
+//
+// The wait for a duplicate in flight lasts at most Config.InflightWait and
+// never past the caller's own deadline; it ends at once when the caller
+// leaves. It is woken by this process's own completion of the key, by the
+// store (idem.Waiter) or by polling (Config.PollInterval).
+//
+// The handler's context carries the request context's values, not its
+// cancellation: a caller that leaves (a client timing out, a dropped
+// connection) does not cut its execution short, since its retry is due
+// and should find the answer kept, not an effect cut off half-way to run
+// again. The handler's context ends when its own time is up: nine tenths
+// of Config.Lease after the claim, so that a well-behaved handler finishes
+// inside its lease.
+//
+// # Forms
+//
+// How the key is claimed and the handler run depends on the store (see
+// Config.Store): the separate form (Claim, run, Complete or Release); the
+// CompleteTx form (Claim, then the handler inside the store's transaction,
+// which keeps the answer as it commits: an idem.TxStore); the ClaimTx form
+// (the claim in that same transaction: an idem.TxClaimer that does not
+// write serially). Recovery points need the separate form: in a
+// transaction they would roll back with everything else.
+//
+// # Recovery points
+//
+// An execution whose work leaves the database (a charge at a card network)
+// saves a recovery point before it does (SaveRecovery, from the handler's
+// context, on any face). From then on its key is never released after a
+// failure, in any form: its phases may have done something outside, so
+// the key stays in flight with its point, its lease yielded, for the
+// client's retry (which goes on from Execution.Recovery) or a Completer.
+//
+// # Keys and answers at rest
+//
+// The engine seals keys (Config.KeySecret: the store keeps an HMAC of the
+// scope and the key) and kept bodies (Config.BodyKeys: AES-256-GCM, bound
+// to their record) before the store sees them, or keeps no bodies at all
+// (Config.DiscardBodies), the same on every face and every store.
+//
+// # Observing
+//
+// Config.Observer sees each request as PhaseRequest (Begin to End), around
+// PhaseClaim, PhaseHandler and PhaseComplete, or PhaseReplay, and every
+// round trip to the store. The handler's context is derived from
+// PhaseHandler's, so a tracing observer's span is the parent of what the
+// handler does. With no Observer the engine calls nothing and allocates
+// nothing for it.
+package keyed
