@@ -2,7 +2,7 @@ package idemgrpc
 
 import (
 	"encoding/base64"
-	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -76,15 +76,11 @@ func (s *callStream) SetTrailer(md metadata.MD) error {
 	return s.ServerTransportStream.SetTrailer(md)
 }
 
-// errTooLarge is keptAnswer's refusal of a response over MaxResponseBytes,
-// in the same-transaction forms.
-var errTooLarge = errors.New("the response exceeds MaxResponseBytes")
-
-// keptAnswer is what the store keeps of a handler's answer: resp when err
+// keptAnswer is what the engine keeps of a handler's answer: resp when err
 // is nil, err's status otherwise, and the metadata named in ReplayMetadata.
-// A response over MaxResponseBytes is kept without its message (omit), or
-// refused with errTooLarge.
-func (i *Interceptor) keptAnswer(resp any, err error, cs *callStream, omit bool) (idem.Response, error) {
+// A response over MaxResponseBytes is kept without its message (overflow:
+// the engine decides what that means).
+func (i *Interceptor) keptAnswer(resp any, err error, cs *callStream) (kept idem.Response, overflow bool, kerr error) {
 	st := status.Convert(err)
 	h := http.Header{hdrStatus: {strconv.Itoa(int(st.Code()))}}
 	if msg := st.Message(); msg != "" {
@@ -94,7 +90,7 @@ func (i *Interceptor) keptAnswer(resp any, err error, cs *callStream, omit bool)
 	if len(p.GetDetails()) > 0 {
 		b, merr := deterministic.Marshal(p)
 		if merr != nil {
-			return idem.Response{}, merr
+			return idem.Response{}, false, merr
 		}
 		h[hdrDetails] = []string{base64.StdEncoding.EncodeToString(b)}
 	}
@@ -104,26 +100,22 @@ func (i *Interceptor) keptAnswer(resp any, err error, cs *callStream, omit bool)
 		keepMD(h, hdrTrailer, cs.trailer, i.replayMD)
 		cs.mu.Unlock()
 	}
-	kept := idem.Response{Status: HTTPStatus(st.Code()), Header: h}
+	kept = idem.Response{Status: HTTPStatus(st.Code()), Header: h}
 	if err == nil {
 		m, ok := resp.(proto.Message)
 		if !ok {
-			return idem.Response{}, status.Errorf(codes.Internal, "idemgrpc: the response, a %T, is not a protocol buffer message", resp)
+			return idem.Response{}, false, fmt.Errorf("%w: a %T", errNotMessage, resp)
 		}
 		b, merr := deterministic.Marshal(m)
 		if merr != nil {
-			return idem.Response{}, merr
+			return idem.Response{}, false, merr
 		}
-		switch {
-		case len(b) <= i.cfg.MaxResponseBytes:
-			kept.Body = b
-		case omit:
-			kept.BodyOmitted = true
-		default:
-			return idem.Response{}, errTooLarge
+		if len(b) > i.cfg.MaxResponseBytes {
+			return kept, true, nil
 		}
+		kept.Body = b
 	}
-	return kept, nil
+	return kept, false, nil
 }
 
 func keepMD(h http.Header, prefix string, md metadata.MD, names []string) {

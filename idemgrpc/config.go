@@ -1,16 +1,17 @@
 package idemgrpc
 
 import (
-	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/keyed"
 )
 
 // Metadata names.
@@ -29,9 +30,9 @@ const (
 
 // Defaults of Config.
 const (
-	DefaultTTL              = 24 * time.Hour
-	DefaultLease            = time.Minute
-	DefaultInflightWait     = 5 * time.Second
+	DefaultTTL              = keyed.DefaultTTL
+	DefaultLease            = keyed.DefaultLease
+	DefaultInflightWait     = keyed.DefaultInflightWait
 	DefaultMaxResponseBytes = 1 << 20
 )
 
@@ -175,20 +176,31 @@ type Config struct {
 	Clock idem.Clock
 
 	// KeySecret, when set, seals every key before the store sees it, as
-	// idemhttp.Config.KeySecret does (idemhttp.SealKey): the store keeps an
+	// idemhttp.Config.KeySecret does (keyed.SealKey): the store keeps an
 	// HMAC of the scope and the key, never the key. At least
-	// idemhttp.MinKeySecretLen bytes, the same for every replica. Defaults
+	// keyed.MinKeySecretLen bytes, the same for every replica. Defaults
 	// to none.
 	KeySecret []byte
 
+	// BodyKeys, when set, encrypt the response messages kept for replay
+	// (AES-256-GCM, bound to their record's scope and key), as
+	// idemhttp.Config.BodyKeys does. The first key seals; every key opens.
+	// Defaults to none.
+	BodyKeys []keyed.BodyKey
+
+	// DiscardBodies keeps only the status and the replayed metadata of an
+	// answer, never its message: a replay of an OK answer is then an empty
+	// message marked idempotent-body-omitted. Defaults to false.
+	DiscardBodies bool
+
 	// Observer sees the phases of every protected call (claim, handler,
-	// complete, replay) and every round trip to the store: it is
-	// idemhttp's seam, so idemprom's MiddlewareObserver and idemotel's
-	// observer work unchanged. An Event's Request describes the call as the
+	// complete, replay) and every round trip to the store: it is the
+	// engine's (keyed.Observer, which idemhttp.Observer names too), so
+	// idemprom's MiddlewareObserver and idemotel's observer work unchanged. An Event's Request describes the call as the
 	// HTTP/2 request it is (POST to the full method name, Content-Type
 	// application/grpc), and its Status is the HTTP status gRPC's code maps
 	// to (HTTPStatus). Defaults to nil: nothing is observed, at no cost.
-	Observer idemhttp.Observer
+	Observer keyed.Observer
 
 	// Logger receives one record per protected call that did not simply
 	// run or replay, and the errors that clients are not shown. Keys are
@@ -214,8 +226,10 @@ func DefaultKeep(_ string, code codes.Code) bool {
 	return false
 }
 
-// withDefaults returns a copy of cfg with the defaults applied, or an error
-// matching idem.ErrInvalidArgument that names the first field refused.
+// withDefaults returns a copy of cfg with the defaults of the fields the
+// engine does not take applied, or an error matching
+// idem.ErrInvalidArgument that names the first field refused. New applies
+// the engine's (keyed.Config's) and copies them back.
 func withDefaults(cfg *Config) (Config, error) {
 	if cfg == nil {
 		cfg = &Config{}
@@ -228,41 +242,15 @@ func withDefaults(cfg *Config) (Config, error) {
 		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Scope", Reason: "is required: give keys a scope per caller " +
 			"(a tenant, an authenticated peer), or set SharedScope to share one scope among all callers, replays across callers included"}
 	}
-	if c.TTL == 0 {
-		c.TTL = DefaultTTL
-	}
-	if c.Lease == 0 {
-		c.Lease = DefaultLease
-		if c.TTL > 0 && c.TTL < c.Lease {
-			c.Lease = c.TTL
-		}
-	}
-	if c.InflightWait == 0 {
-		c.InflightWait = DefaultInflightWait
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = 250 * time.Millisecond
-	}
 	if c.Keep == nil {
 		c.Keep = DefaultKeep
 	}
 	if c.MaxResponseBytes == 0 {
 		c.MaxResponseBytes = DefaultMaxResponseBytes
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
 	switch {
-	case c.TTL < 0:
-		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.TTL", Reason: "must not be negative"}
-	case c.Lease < 0:
-		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Lease", Reason: "must not be negative"}
-	case c.TTL < c.Lease:
-		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.TTL", Reason: fmt.Sprintf("(%s) must not be shorter than Config.Lease (%s)", c.TTL, c.Lease)}
 	case c.MaxResponseBytes < 0:
 		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.MaxResponseBytes", Reason: "must not be negative"}
-	case c.PollInterval < 0:
-		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.PollInterval", Reason: "must not be negative"}
 	case c.Default != 0 && (c.Default < Required || c.Default > Off):
 		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Default", Reason: fmt.Sprintf("is %s, not a Policy", c.Default)}
 	}
@@ -274,24 +262,30 @@ func withDefaults(cfg *Config) (Config, error) {
 			return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Methods", Reason: fmt.Sprintf("names %q: want /package.Service/Method or /package.Service/*", name)}
 		}
 	}
-	if c.RecentKeys == 0 {
-		c.RecentKeys = 1 << 16
-	}
-	if c.MemoryReplayFor == 0 {
-		c.MemoryReplayFor = 10 * time.Second
-	}
-	if c.MemoryReplayBytes == 0 {
-		c.MemoryReplayBytes = 32 << 20
-	}
-	if c.MemoryReplayBytes < 0 {
-		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.MemoryReplayBytes", Reason: "must not be negative"}
-	}
-	if c.Clock == nil {
-		c.Clock = idem.SystemClock{}
-	}
-	if c.KeySecret != nil && len(c.KeySecret) < idemhttp.MinKeySecretLen {
-		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.KeySecret", Reason: fmt.Sprintf("is %d bytes; at least %d are needed", len(c.KeySecret), idemhttp.MinKeySecretLen)}
-	}
-	c.KeySecret = bytes.Clone(c.KeySecret)
 	return c, nil
+}
+
+// engineConfig is the engine's share of c.
+func (c *Config) engineConfig() *keyed.Config {
+	return &keyed.Config{Store: c.Store, SeparateTx: c.SeparateTx, TTL: c.TTL, Lease: c.Lease, InflightWait: c.InflightWait,
+		PollInterval: c.PollInterval, RecentKeys: c.RecentKeys, MemoryReplayFor: c.MemoryReplayFor, MemoryReplayBytes: c.MemoryReplayBytes,
+		Clock: c.Clock, KeySecret: c.KeySecret, BodyKeys: c.BodyKeys, DiscardBodies: c.DiscardBodies, Observer: c.Observer, Logger: c.Logger}
+}
+
+// applied copies the engine's configuration, its defaults applied, back
+// into c.
+func (c *Config) applied(e keyed.Config) {
+	c.TTL, c.Lease, c.InflightWait, c.PollInterval = e.TTL, e.Lease, e.InflightWait, e.PollInterval
+	c.RecentKeys, c.MemoryReplayFor, c.MemoryReplayBytes, c.Clock = e.RecentKeys, e.MemoryReplayFor, e.MemoryReplayBytes, e.Clock
+	c.KeySecret, c.Logger = e.KeySecret, e.Logger
+}
+
+// renamed is err, an error of keyed.New, naming the field of
+// idemgrpc.Config it refused.
+func renamed(err error) error {
+	var ae *idem.ArgumentError
+	if errors.As(err, &ae) {
+		return &idem.ArgumentError{Field: strings.Replace(ae.Field, "keyed.Config", "idemgrpc.Config", 1), Reason: strings.ReplaceAll(ae.Reason, "keyed.Config", "Config")}
+	}
+	return err
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/keyed"
 )
 
 // Execution describes the protected call whose handler is running.
@@ -30,6 +31,10 @@ type Execution struct {
 	// TookOver reports that an earlier execution's lease ended before it
 	// finished: it may have crashed half-way, or be still running.
 	TookOver bool
+	// Recovery is the recovery point an earlier execution of the key saved
+	// (SaveRecovery): the phase to go on from. Zero for a first execution,
+	// and whenever the store keeps no points.
+	Recovery idem.RecoveryPoint
 }
 
 type execKey struct{}
@@ -102,8 +107,20 @@ func WithKey(ctx context.Context, key string) context.Context {
 	return context.WithValue(ctx, keyContextKey{}, key)
 }
 
-// detached is the context for writing an outcome after the effect: a
-// client hanging up must not leave the key in flight.
-func detached(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+// ErrNoRecovery is returned by SaveRecovery when the call cannot keep
+// recovery points: it is not a protected call, the store is no
+// idem.Recoverer, or the handler runs inside the store's transaction (the
+// same-transaction forms), where a point would roll back with everything
+// else on a failure. Phases need the claim-first form: Config.SeparateTx.
+// It is keyed.ErrNoRecovery.
+var ErrNoRecovery = keyed.ErrNoRecovery
+
+// SaveRecovery records, from a handler's context, that the protected call
+// reached the phase name, with data what the next phases need, in the
+// key's record: keyed.SaveRecovery, which says what it promises. Once a
+// call saved a point, its key is never released after a failure: it stays
+// in flight with its point, its lease yielded, for the client's retry
+// (which goes on from Execution.Recovery) or a Completer.
+func SaveRecovery(ctx context.Context, name string, data []byte) error {
+	return keyed.SaveRecovery(ctx, name, data)
 }

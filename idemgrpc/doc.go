@@ -7,7 +7,10 @@
 // from a lost answer, and its retry (gRPC's own retryPolicy, or a loop of
 // its own) runs the call again. The Interceptor claims the call's key
 // atomically in an idem.Store as the call arrives, runs the handler at
-// most once per key, keeps the answer, and replays it to every duplicate:
+// most once per key, keeps the answer, and replays it to every duplicate.
+// It is a face of the engine (package keyed), as idemhttp is: every
+// decision about a key is the engine's, the same on both, and keyed's
+// documentation has the table of what each case gets on each.
 //
 //	keys, err := idemgrpc.New(&idemgrpc.Config{
 //		Store: store,
@@ -94,6 +97,17 @@
 // Unimplemented (ReasonStreaming), so that its client does not believe it
 // protected; other streams pass through untouched.
 //
+// # Effects past the database's edge
+//
+// As on idemhttp: a handler whose work calls another service (a charge at
+// a card network) saves a recovery point before it does (SaveRecovery,
+// from its context), in the claim-first form (Config.SeparateTx); from
+// then on its key is never released after a failure, in any form: it
+// stays in flight with its point, for the client's retry (which goes on
+// from Execution.Recovery) or a Completer (Interceptor.NewCompleter),
+// which finishes an abandoned call with nobody asking. The store must be
+// an idem.Recoverer.
+//
 // # Two forms, three stores
 //
 // As idemhttp's: with a plain idem.Store (idemmem, idemredis) the key is
@@ -129,10 +143,10 @@
 //
 // # Observability
 //
-// Config.Observer is idemhttp's Observer: the same phases, outcomes and
-// store round trips, so idemprom's MiddlewareObserver (latency histograms)
-// and idemotel's observer (spans) watch gRPC calls as they watch HTTP
-// requests. The Event's Request stands for the call (POST, its full method
+// Config.Observer is the engine's Observer, as idemhttp's is: the same
+// phases, outcomes and store round trips, so idemprom's MiddlewareObserver
+// (latency histograms) and idemotel's observer (spans) watch gRPC calls as
+// they watch HTTP requests. The Event's Request stands for the call (POST, its full method
 // name as the path), and its Status is HTTPStatus of the gRPC code.
 // Interceptor.Counts counts every protected call's Outcome.
 package idemgrpc

@@ -1,12 +1,12 @@
 // Package keywait lets the duplicates of a key wait, in one process, for
-// that process's own execution of the key: idemhttp's middleware and
-// idemgrpc's interceptor both use it, so that a duplicate is woken as soon
+// that process's own execution of the key: the engine (package keyed) uses
+// it, for every face, so that a duplicate is woken as soon
 // as the execution it waits for ends, rather than at its next poll of the
 // store, and so that, with an idem.TxClaimer, a burst of duplicates waits
 // here instead of in the database, one pool connection each.
 //
-// It is API between idem's modules (see docs/releasing.md): it changes
-// only compatibly.
+// It was API between idem's modules (idemgrpc v0.1.0 imports it; see
+// docs/releasing.md): it changes only compatibly.
 package keywait
 
 import (

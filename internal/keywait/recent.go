@@ -12,13 +12,13 @@ import (
 
 // Recent remembers the last keys this process saw completed, up to a
 // bound, oldest forgotten first: a duplicate of one of them is most likely
-// a replay, which one read of the store answers (see idemhttp's
-// Config.RecentKeys, and idemgrpc's). Remembering a key that has since
+// a replay, which one read of the store answers (see keyed's
+// Config.RecentKeys). Remembering a key that has since
 // expired, or been deleted, costs only that read: the request is then
 // claimed as any other.
 //
 // For a while after the completion it also keeps the answer itself (see
-// idemhttp's Config.MemoryReplayFor), so that a duplicate reaching this
+// keyed's Config.MemoryReplayFor), so that a duplicate reaching this
 // process then is answered with no read at all. A completed record does not change
 // until it expires, so the kept answer is the one the store would give,
 // as long as the record lives: an answer is kept no longer than
