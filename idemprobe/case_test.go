@@ -87,6 +87,17 @@ func TestOwnCases(t *testing.T) {
 			Effect: 2,
 		},
 		{
+			Name:  "fault-then-retry",
+			Title: "a 5xx keeps nothing: the retry runs, under another credential given as a header",
+			Steps: []idemprobe.Step{
+				{Name: "fault", Fault: true, Want: idemprobe.Want{Status: []int{5}}},
+				{Name: "retry", Want: idemprobe.Want{Status: []int{201}, Other: "fault"}},
+				{Name: "theirs", Header: http.Header{"Authorization": {tokenOther}}, Want: idemprobe.Want{Other: "retry"}},
+				{Name: "get", Method: http.MethodGet, NoKey: true, Want: idemprobe.Want{Status: []int{405}}},
+			},
+			Effect: 2,
+		},
+		{
 			Name:  "needs-slow",
 			Steps: []idemprobe.Step{{Slow: true, Background: true}, {Want: idemprobe.Want{Conflict: true}}},
 		},
@@ -102,7 +113,12 @@ func TestOwnCases(t *testing.T) {
 		"replay-marked":     {idemprobe.Pass, "replayed and marked"},
 		"lost-then-copies":  {idemprobe.Pass, "retries: 4 answered 201 Created"},
 		"wrong-expectation": {idemprobe.Fail, "other: answered 422 Unprocessable Entity, want 2xx; the effect grew by 1, want 2"},
+		"fault-then-retry":  {idemprobe.Pass, "fault: 503 Service Unavailable; retry: 201 Created"},
 		"needs-slow":        {idemprobe.NotApplicable, "no --slow-header given"},
+	}
+	// Cases that name no source end their lines without a citation.
+	if out := text(t, rep); strings.Contains(out, "[]") {
+		t.Errorf("a line cites nothing in brackets:\n%s", out)
 	}
 	for i, c := range rep.Checks {
 		w, ok := want[c.Name]

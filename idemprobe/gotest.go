@@ -58,7 +58,7 @@ func tell(t *testing.T, c *Check) {
 	w := t.Output()
 	switch c.Status {
 	case Pass:
-		fmt.Fprintf(w, "%s [%s]\n", c.Reason, citation(c.Source))
+		fmt.Fprintf(w, "%s%s\n", c.Reason, cited(c.Source))
 	case Fail:
 		fmt.Fprintf(w, "%s\n%s", c.Reason, evidenceText(*c))
 		t.Fail()

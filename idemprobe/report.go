@@ -169,7 +169,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	var passed, failed, na, notRun int
 	for _, c := range r.Checks {
-		fmt.Fprintf(&b, "%s %2d %-*s  %s [%s]\n", marks[c.Status], c.Number, width, c.Title, c.Reason, citation(c.Source))
+		fmt.Fprintf(&b, "%s %2d %-*s  %s%s\n", marks[c.Status], c.Number, width, c.Title, c.Reason, cited(c.Source))
 		switch c.Status {
 		case Pass:
 			passed++
@@ -238,6 +238,15 @@ func citation(source string) string {
 		return source
 	}
 	return strings.Join(cs, ", ")
+}
+
+// cited is the citation of source as a line ends with it, " [IETF
+// draft-07 §2.6, Stripe]", or nothing for a case that names no source.
+func cited(source string) string {
+	if c := citation(source); c != "" {
+		return " [" + c + "]"
+	}
+	return ""
 }
 
 // draftSection finds the draft's section numbers a source names.
