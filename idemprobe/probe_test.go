@@ -968,6 +968,9 @@ func TestInvalidConfig(t *testing.T) {
 			t.Errorf("Run(%+v) = %v, want ErrInvalidConfig", cfg, err)
 		}
 	}
+	if _, err := idemprobe.Run(t.Context(), nil); !errors.Is(err, idemprobe.ErrInvalidConfig) {
+		t.Errorf("Run(nil) = %v, want ErrInvalidConfig", err)
+	}
 }
 
 func TestSlowHeaderThatDoesNotSlow(t *testing.T) {

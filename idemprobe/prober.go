@@ -119,6 +119,9 @@ type completedOperation struct {
 // Config that cannot be probed with or a target that is not loopback;
 // then it starts serving Config.Handler, if there is one.
 func newProber(ctx context.Context, c *Config) (*prober, error) {
+	if c == nil {
+		return nil, fmt.Errorf("%w: no Config", ErrInvalidConfig)
+	}
 	cfg := *c
 	if cfg.Method == "" {
 		cfg.Method = http.MethodPost
