@@ -122,8 +122,9 @@
 //
 // Nobody else ever sees the key in flight. At READ COMMITTED (the default
 // of Config.TxOptions) a new key is claimed by its lock, a transaction
-// advisory lock on a hash of scope and key (the function idem_key_lock),
-// and its row is written once, completed, in the transaction's last
+// advisory lock on a hash of the schema, scope and key (the function
+// idem_key_lock, which every claimant of the key takes, idempgsql's
+// included), and its row is written once, completed, in the transaction's last
 // statement: while the work runs there is no row at all, only the lock.
 // At REPEATABLE READ and SERIALIZABLE the row is inserted in flight after
 // the same lock, and stays uncommitted until it is completed. A crash of

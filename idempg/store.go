@@ -234,8 +234,8 @@ const maxClaimTxAttempts = 5
 // rollback leave no trace of the claim.
 //
 // At READ COMMITTED (the default), a new key is claimed by its lock, an
-// advisory lock on a hash of scope and key (the function idem_key_lock)
-// that the transaction holds until it ends, and its row is written once,
+// advisory lock on a hash of the schema, scope and key (the function
+// idem_key_lock) that the transaction holds until it ends, and its row is written once,
 // completed, with the COMMIT: BEGIN, the lock (with a new fencing token
 // and the time) and a read of the key go in one round trip, then work's
 // statements, then the row's INSERT with COMMIT in one more, and one
@@ -243,8 +243,8 @@ const maxClaimTxAttempts = 5
 // UPDATE at the end, that is one row version and one WAL record less per
 // first execution, which is what makes the server's share of a first
 // execution no more than a hand-written minimum's. Every other claim that
-// could create the key's row takes the same lock first (Claim, and the
-// function idem_claim), so none can claim the key while work runs; and
+// could create the key's row takes the same lock first (Claim, the
+// function idem_claim, and idempgsql's claims), so none can claim the key while work runs; and
 // should a row of the key appear anyway (a replica of an earlier release,
 // which does not take the lock, claimed it meanwhile), the INSERT fails,
 // everything work wrote is rolled back, and ClaimTx returns

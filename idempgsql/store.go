@@ -2,9 +2,7 @@ package idempgsql
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -67,10 +65,13 @@ func NewStore(ctx context.Context, db *DB) (*Store, error) {
 // any order, cannot deadlock: a replay, a mismatch or a key in flight is
 // answered from the key's committed row without taking a lock, and a key
 // that another transaction is claiming, or has claimed and not yet
-// committed, is answered InFlight at once (its record then holds only the
-// scope and the key). A key it acquires stays locked until the transaction
-// ends, since its row is not committed before: claims of it in other
-// transactions answer InFlight, and claims on their own wait. Above READ
+// committed (idempg's ClaimTx running its work included), is answered
+// InFlight at once (its record then holds only the scope and the key). A
+// key it acquires stays locked until the transaction ends, since its row
+// is not committed before: claims of it in other transactions answer
+// InFlight, claims on their own wait, and idempg's ClaimTx waits as long
+// as it is told to, then answers InFlight. The key's lock is the
+// schema's: a transaction in another schema never holds it. Above READ
 // COMMITTED, a key that another transaction claimed and committed after
 // the snapshot fails the claim with a serialization failure (Classify:
 // transient; retry in a new transaction).
@@ -175,47 +176,31 @@ func (s *Store) claimFunction(ctx context.Context, q querier, req idem.ClaimRequ
 }
 
 // claimLockedSQL claims a new key in a transaction that goes on after the
-// claim, without waiting for any other: it takes the key's lock in the
-// schema ($7, Store.txLock) only if no other transaction holds it, and then
-// inserts the key unless it exists. It returns whether it took the lock,
-// and the new row's token and times when it inserted one. Every claim in a
-// transaction takes that lock first and holds it until its transaction
-// ends, so a lock held by another transaction means that it is claiming
-// the key, or has claimed it and not committed.
+// claim, without waiting for any other: it takes the key's lock
+// (idem_key_lock, a hash of the schema, the scope and the key) only if no
+// other transaction holds it, and then inserts the key unless it exists.
+// It returns whether it took the lock, and the new row's token and times
+// when it inserted one.
 //
-// The lock is not idem_key_lock's, which the claims that commit on their
-// own (and idempg's ClaimTx) wait for: that one is a hash of scope and key
-// alone, shared by every schema of the database, so a transaction holding
-// it in one schema would look like a holder of the same key in every
-// other. A claim on its own, or a ClaimTx, of a key that a transaction
-// claimed here waits for that transaction's row instead (and a ClaimTx
-// that claimed the key by its lock alone meanwhile finds the row when it
-// completes, and returns idem.ErrLeaseLost, its work rolled back).
-const claimLockedSQL = `WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($7::bigint) AS locked),
+// Every claimant that could create the key's row takes that lock first and
+// holds it until its transaction ends: a claim in a transaction (this one,
+// or idempg's in its WithTx), idempg's ClaimTx, which holds a new key by
+// the lock alone while its work runs, and a claim on its own for the
+// moment of its statement. A lock held by another transaction therefore
+// means that it is claiming the key, or has claimed it and not committed:
+// the key is in flight. Claims on their own and ClaimTx, which may wait,
+// wait for the lock; this one answers InFlight at once.
+const claimLockedSQL = `WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock(idem_key_lock($1::text, $2::text)) AS locked),
 n AS MATERIALIZED (SELECT coalesce($6::timestamptz, clock_timestamp()) AS t FROM l WHERE l.locked),
 ins AS (
 	INSERT INTO idem_keys AS k (scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at,
 		holder_replica, holder_incarnation)
 	SELECT $1::text, $2::text, $3::text, 'in_flight', idem_clock_us(), n.t,
-		n.t + $4::bigint * interval '1 microsecond', n.t + $5::bigint * interval '1 microsecond', $8::text, $9::text
+		n.t + $4::bigint * interval '1 microsecond', n.t + $5::bigint * interval '1 microsecond', $7::text, $8::text
 	FROM n
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING k.token, k.created_at, k.lease_expires_at, k.expires_at)
 SELECT l.locked, ins.token, ins.created_at, ins.lease_expires_at, ins.expires_at FROM l LEFT JOIN ins ON true`
-
-// txLock is the advisory lock of a key that claims in transactions take
-// (claimLockedSQL): a hash of the schema, the scope and the key.
-func (s *Store) txLock(scope idem.Scope, key idem.Key) int64 {
-	h := sha256.New()
-	var n [8]byte
-	for _, part := range []string{"idempgsql claim", s.db.schema, string(scope)} {
-		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
-		h.Write(n[:])
-		h.Write([]byte(part))
-	}
-	h.Write([]byte(key))
-	return int64(binary.BigEndian.Uint64(h.Sum(nil)))
-}
 
 // lockRowSQL locks the key's row for the claim that must write it, unless
 // another transaction holds it: it counts the rows it locked.
@@ -243,7 +228,7 @@ func (s *Store) claimInTx(ctx context.Context, q querier, req idem.ClaimRequest)
 		created, leaseEnd, expiresAt sql.NullTime
 	)
 	err = q.QueryRowContext(ctx, claimLockedSQL, string(req.Scope), string(req.Key), string(req.Fingerprint),
-		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), s.txLock(req.Scope, req.Key), hr, hi,
+		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), hr, hi,
 	).Scan(&locked, &token, &created, &leaseEnd, &expiresAt)
 	switch {
 	case err != nil:
