@@ -13,6 +13,8 @@ import (
 	"context"
 	"database/sql"
 	"flag"
+	"path/filepath"
+	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -28,6 +30,49 @@ func TestStore(t *testing.T) {
 	t.Parallel()
 	idemtest.TestStore(t, func(t *testing.T, clock idem.Clock) idem.Store {
 		return newStore(t, openDB(t), clock)
+	})
+}
+
+// What group commit must not cost a claim or a completion: the claim's
+// lease counts from when it is acknowledged, and a refusal waits for its
+// group's fate. The groups stay open as long as transactions queue.
+func TestSerialWriter(t *testing.T) {
+	t.Parallel()
+	idemtest.TestSerialWriter(t, func(t *testing.T, clock idem.Clock) (idem.SerialWriter, idemtest.WriterControl) {
+		db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "serial.db"), &idemsqlite.Config{GroupCommit: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		err = db.Migrate(t.Context(), "test_hold", fstest.MapFS{"0001_hold.sql": {Data: []byte(`
+			CREATE TABLE holds (id INTEGER PRIMARY KEY);
+			CREATE TABLE parents (id INTEGER PRIMARY KEY);
+			CREATE TABLE orphans (id INTEGER PRIMARY KEY, parent INTEGER REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED);`)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return newStore(t, db, clock), idemtest.WriterControl{
+			Hold: func(ctx context.Context, fail bool) (<-chan struct{}, func(), <-chan error) {
+				held, release, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+				go func() {
+					done <- db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+						if _, err := tx.ExecContext(ctx, `INSERT INTO holds DEFAULT VALUES`); err != nil {
+							return err
+						}
+						close(held)
+						<-release
+						if fail {
+							// Checked at COMMIT: the whole group fails.
+							_, err := tx.ExecContext(ctx, `INSERT INTO orphans (parent) VALUES (42)`)
+							return err
+						}
+						return nil
+					})
+				}()
+				return held, sync.OnceFunc(func() { close(release) }), done
+			},
+			Waiting: func(t *testing.T, n int) { idemsqlite.WaitingForWriter(t, db, n) },
+		}
 	})
 }
 

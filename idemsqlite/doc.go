@@ -42,16 +42,20 @@
 // any of that up:
 //   - a Claim that finds a live record (a replay, a duplicate in flight, a
 //     mismatch) is answered from the read pool and never queues for the
-//     writer; only a claim that may write goes to the writer, which reads
-//     the record again there, so exactly one claimant still wins;
-//   - a claim (and a purge) commits without a sync. Nothing ran under a
-//     claim that is not in a later, synced commit, and a synced commit
-//     fsyncs the whole WAL file, earlier unsynced frames included: once
-//     anything after the claim is durable, the claim is too. Losing a claim
-//     to a power failure only frees its key. The writer goes back to
-//     synchronous=FULL before anyone else uses it. A claim that reaches
-//     the writer while a group commit is open (see below) joins the group
-//     instead, and shares its sync, rather than make it commit early.
+//     writer, unless the request is Unseen (most likely a new key, which
+//     the read would not find); only a claim that may write goes to the
+//     writer, which reads the record again there, so exactly one claimant
+//     still wins;
+//   - a claim alone on the writer commits without a sync. Nothing ran
+//     under a claim that is not in a later, synced commit, and a synced
+//     commit fsyncs the whole WAL file, earlier unsynced frames included:
+//     once anything after the claim is durable, the claim is too. Losing a
+//     claim to a power failure only frees its key. The writer goes back to
+//     synchronous=FULL before anyone else uses it. A claim that reaches the
+//     writer while a group commit is open (see below) joins the group
+//     instead, and shares its sync, rather than make it commit early; it
+//     then counts its lease from when it returns, not from its turn (see
+//     Store.Claim).
 //
 // # Group commit
 //
@@ -60,10 +64,14 @@
 // transactions that queue for the writer one behind the other share one
 // SQLite transaction and one commit: each runs in a savepoint of it, and
 // the last one in line (or the one ending when the group has been open
-// Config.GroupCommit, 2ms by default) commits for all. Each WithTx,
-// CompleteTx and ClaimTx returns once its group has committed, with the
-// group's outcome, so nothing is acknowledged before it is on disk. A lone
-// transaction is a group of one and commits at once. Measured with idem
+// Config.GroupCommit, 2ms by default) commits for all. A claim that
+// reaches the writer while a group is open joins it too. Each WithTx,
+// CompleteTx, ClaimTx and joined Claim returns once its group has
+// committed or failed, with the group's outcome, so nothing is
+// acknowledged before it is on disk, and nothing is refused (an
+// idem.ErrLeaseLost, an idem.ErrDuplicate) before the writes it rests on
+// have committed. A lone transaction is a group of one and commits at
+// once. Measured with idem
 // bench on a two-core machine, eight payments in flight: the payment and
 // its key's record, which committed about 3,000 times a second one by
 // one, commit some 9,900 times a second in groups.
@@ -72,23 +80,38 @@
 //   - its commit waits for the members behind it in the group, so a
 //     transaction that holds the writer long (a handler calling another
 //     service inside its transaction) delays those that ran just before it,
-//     not only those after;
-//   - its fate: when the group's commit fails, or SQLite rolls the whole
-//     transaction back because a member's write was interrupted (its
-//     context ended in the middle of an INSERT, UPDATE or DELETE), every
-//     member's writes are lost together, and every member returns an error
-//     that says "commit"; none was acknowledged;
+//     not only those after. A claim that joined a group and spent more than
+//     a hundredth of its lease so renews its lease, in a short write of its
+//     own, before it returns: its lease counts from then;
+//   - its fate: when the group's commit fails, every member's writes are
+//     lost together, and every member returns an error that says
+//     "commit"; none was acknowledged;
 //   - what it reads: a member sees the writes of the members before it in
 //     its group, which have not committed yet. So when the group fails, a
 //     member that ran after others returns the group's error, never its own
-//     result, even an error of its own (an idem.ErrDuplicate, say): nothing
+//     result, even an error of its own (an idem.ErrLeaseLost because a
+//     takeover before it had changed the key, an idem.ErrDuplicate): nothing
 //     a caller acts on rests on writes that never committed.
+//
+// A member's context does not interrupt its statements: SQLite rolls the
+// whole transaction back when a write is interrupted, and a client's
+// hang-up would fail every member of its group. The statements of a member
+// (WithTx's fn, run with the context fn receives, and the store's own)
+// finish instead, and when the member's context has ended by then, its
+// part alone is rolled back (to its savepoint) and it returns the
+// context's error, as database/sql rolls back a transaction whose context
+// ends before its commit. A statement still running 5s after its
+// context's end is interrupted all the same, failing the group, rather than
+// hold the writer for ever; so is a statement run inside fn with a context
+// of its own.
 //
 // fn must not call the *sql.Tx's Commit or Rollback: WithTx ends the
 // transaction, which is the group's. Config.GroupCommit negative makes
-// every transaction commit on its own. The unsynced transactions (claims,
-// purges, hand-outs) never join a group; one waiting first in line makes
-// the open group commit before it runs.
+// every transaction commit on its own. The unsynced transactions (a claim
+// when no group is open, a lease's renewal, the inbox's and the
+// transport's purges, the transport's hand-outs, settlements and
+// MoveOutbox) never join a group; one waiting first in line makes the open
+// group commit before it runs.
 //
 // # Schemas
 //
@@ -217,12 +240,14 @@
 // valid UTF-8, which JSON could not carry).
 //
 // More writes commit without a sync, for the same reason as a claim: the
-// purges (Inbox.PurgeInbox, Transport.Purge), and the transport's hand-outs
-// and settlements (Ack, AckBatch, Nack, Term, InProgress) made outside a
+// purges of messages (Inbox.PurgeInbox, Transport.Purge), and the
+// transport's hand-outs, settlements (Ack, AckBatch, Nack, Term,
+// InProgress) and moves from the outbox (MoveOutbox) made outside a
 // caller's transaction. Losing a hand-out or a settlement to a power
 // failure delivers a message once more, which delivery at least once allows
-// and the inbox absorbs. Publish, MoveOutbox, the inbox row, the outbox,
-// the ledger and the dead letters are synced.
+// and the inbox absorbs; losing a move puts its entries back in the outbox,
+// to be moved again. Publish, the inbox row, the outbox, the ledger, the
+// dead letters, and the store's own Purge are synced (they join groups).
 //
 // # How long inbox rows are kept
 //

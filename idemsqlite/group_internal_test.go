@@ -11,10 +11,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"modernc.org/sqlite"
+
+	"github.com/idem-go/idem"
 )
 
 // groupDB opens a DB whose groups stay open as long as members queue
@@ -226,10 +229,11 @@ var (
 	writeStarted    = make(chan struct{}, 1)
 )
 
-// A member's write interrupted by its context makes SQLite roll back the
-// whole transaction: the group fails, so the member before it returns an
-// error and its write is not there, and the member after it runs in a
-// group of its own.
+// A member's write interrupted makes SQLite roll back the whole
+// transaction: the group fails, so the member before it returns an error
+// and its write is not there. The context fn receives does not interrupt
+// (see TestGroupCommitCancelledClaim); a statement run with a context of
+// its own does.
 func TestGroupCommitInterruptedMember(t *testing.T) {
 	registerStarted.Do(func() {
 		sqlite.MustRegisterScalarFunction("idemtest_started", 0, func(*sqlite.FunctionContext, []driver.Value) (driver.Value, error) {
@@ -381,5 +385,85 @@ func TestGroupCommitTakesInAClaim(t *testing.T) {
 	}
 	if got := committedIDs(t, db); !slices.Equal(got, []string{"a", "c", "d"}) {
 		t.Errorf("committed %v", got)
+	}
+}
+
+// claimHook is what idemtest_claim_started signals and waits for, set
+// by each run of TestGroupCommitCancelledClaim.
+type claimHook struct{ started, proceed chan struct{} }
+
+var (
+	registerClaimStarted sync.Once
+	currentClaimHook     atomic.Pointer[claimHook]
+)
+
+// A claim whose request is cancelled while its statement runs in a group
+// fails alone: its statement is not interrupted (which would make SQLite
+// roll back the whole group), its part is rolled back once the statement
+// is done, and it returns its context's error; the member before it, and
+// the group, commit. A trigger on the claim's INSERT makes the statement
+// last: it waits until the claim's context is cancelled, then calls, for
+// each of 2,000 rows, a function that yields the processor, so that the
+// driver's goroutine watching the context runs, and interrupts the
+// statement, if the claim's statement has the claim's context.
+func TestGroupCommitCancelledClaim(t *testing.T) {
+	registerClaimStarted.Do(func() {
+		sqlite.MustRegisterScalarFunction("idemtest_claim_started", 0, func(*sqlite.FunctionContext, []driver.Value) (driver.Value, error) {
+			h := currentClaimHook.Load()
+			h.started <- struct{}{}
+			<-h.proceed
+			return int64(1), nil
+		})
+		sqlite.MustRegisterScalarFunction("idemtest_yield", 1, func(_ *sqlite.FunctionContext, args []driver.Value) (driver.Value, error) {
+			runtime.Gosched()
+			return args[0], nil
+		})
+	})
+	hook := &claimHook{started: make(chan struct{}, 1), proceed: make(chan struct{})}
+	currentClaimHook.Store(hook)
+	db := groupDB(t, time.Hour)
+	ctx := t.Context()
+	store, err := NewStore(ctx, db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = db.Writer().ExecContext(ctx, `CREATE TABLE filler (x INTEGER);
+		INSERT INTO filler WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n LIMIT 2000) SELECT x FROM n;
+		CREATE TRIGGER slow_claim AFTER INSERT ON idem_keys WHEN NEW.key = 'slow' BEGIN
+			SELECT idemtest_claim_started();
+			SELECT sum(idemtest_yield(x)) FROM filler;
+		END;`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		<-hook.started
+		cancel()
+		close(hook.proceed)
+	}()
+	claimed := make(chan error, 1)
+	ms := []*member{{id: "a", then: func(context.Context, *sql.Tx) error {
+		go func() {
+			_, err := store.Claim(claimCtx, idem.ClaimRequest{Key: "slow", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Unseen: true})
+			claimed <- err
+		}()
+		queued(t, &db.queue, 1)
+		return nil
+	}}}
+	runGroup(t, db, ms)
+	err = <-claimed
+	if ms[0].err != nil {
+		t.Errorf("the member before the cancelled claim: %v; want it committed", ms[0].err)
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("the cancelled claim: %v; want its context's error", err)
+	}
+	if got := committedIDs(t, db); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("committed %v, want [a]", got)
+	}
+	if _, err := store.Get(ctx, "", "slow"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Get of the cancelled claim's key = %v; want ErrNotFound (its part rolled back)", err)
 	}
 }

@@ -53,17 +53,9 @@ func (e effects) Write(ctx context.Context, tag string) error {
 	})
 }
 
-// carriesTx reports whether ctx carries a transaction of db: WithTx joins
-// it and hands fn the same context, where otherwise it would hand a new one
-// carrying its own transaction.
-func carriesTx(ctx context.Context, db *idemsqlite.DB) bool {
-	joined := false
-	_ = db.WithTx(ctx, func(inner context.Context, _ *sql.Tx) error {
-		joined = inner == ctx
-		return nil
-	})
-	return joined
-}
+// carriesTx reports whether ctx carries a transaction of db, which WithTx
+// then joins.
+func carriesTx(ctx context.Context, db *idemsqlite.DB) bool { return idemsqlite.CarriesTx(ctx, db) }
 
 func (e effects) Count(ctx context.Context, tag string) (int, error) {
 	var n int

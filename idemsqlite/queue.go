@@ -46,13 +46,15 @@ import (
 // its group (a member that holds the writer long delays the commit of those
 // before it too, not only of those after it); and a member shares the fate
 // of its group: when the group's commit fails, or a member's statement is
-// interrupted by its context in the middle of a write (SQLite then rolls
-// back the whole transaction), every member's writes are lost together and
-// every member returns an error, none of them having been acknowledged. A
-// member that ran after others in its group may have read their writes
-// before they committed, so whatever it returns, even an error of its own,
-// is replaced by the group's error when the group fails: nothing a member
-// returns rests on writes that never committed.
+// interrupted in the middle of a write (SQLite then rolls back the whole
+// transaction; txState.stmtContext keeps a member's context from doing so
+// but for a runaway statement), every member's writes are lost together
+// and every member returns an error, none of them having been
+// acknowledged. Every member returns only once its group has committed or
+// failed, and a member that ran after others in its group may have read
+// their writes before they committed, so whatever it returns, even an
+// error of its own, is replaced by the group's error when the group fails:
+// nothing a member returns rests on writes that never committed.
 type writerQueue struct {
 	// window is Config.GroupCommit: how long a group stays open for
 	// members to join it; 0 or less: none joins (each commits alone).

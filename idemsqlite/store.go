@@ -242,20 +242,32 @@ func nextToken(prev idem.Token, now time.Time) idem.Token {
 // Claim implements idem.Store. It is one write transaction on the writer
 // connection, which makes its read and its write atomic; it commits
 // unsynced, or with the group commit open when it reaches the writer (see
-// the package documentation). Called with a
-// context that carries a transaction of the DB (WithTx), it joins it, and
-// the claim commits or rolls back with that transaction.
+// the package documentation, "Group commit"). A claim that acquires the
+// key in a group returns with its whole lease left, counted from when it
+// returns, less at most a hundredth of it (see fullLease). A claim whose context ends
+// while it waits in a group is rolled back on its own, and returns the
+// context's error.
+//
+// Called with a context that carries a transaction of the DB (WithTx), it
+// joins it, and the claim commits or rolls back with that transaction; its
+// lease then counts from the claim's statement, whenever that transaction
+// commits.
 func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
 	if err := req.Validate(); err != nil {
 		return idem.Claim{}, err
 	}
-	if s.db.carried(ctx) == nil && !req.Unseen {
+	carried := s.db.carried(ctx) != nil
+	if !carried && !req.Unseen {
 		if claim, answered, err := s.answerFromReader(ctx, req); err != nil || answered {
 			return claim, err
 		}
 	}
-	var claim idem.Claim
+	var (
+		claim   idem.Claim
+		grouped bool
+	)
 	err := s.db.withClaimTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		grouped = s.db.carried(ctx).group != nil
 		var err error
 		claim, err = s.claimIn(ctx, s.db.in(tx), req)
 		return err
@@ -263,7 +275,46 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	if err != nil {
 		return idem.Claim{}, fmt.Errorf("idemsqlite: claim: %w", err)
 	}
+	if claim.Outcome == idem.Acquired && grouped && !carried {
+		return s.fullLease(ctx, req, claim)
+	}
 	return claim, nil
+}
+
+// fullLease gives claim, which acquired the key in a group, its whole lease
+// back when it spent more than a hundredth of it waiting for its commit: a
+// claim that joins a group commit reads the time when its turn comes, and then
+// waits for every member behind it in the group, one of which may hold the
+// writer as long as its handler runs. Without it, the claim would return
+// with part of its lease, or all of it, gone, and a duplicate could take
+// the key over while the first execution runs. The lease is renewed (see
+// Renew: a short write of its own, which waits for no group) from the time
+// the renewal runs. When the claim's lease ended meanwhile and another
+// claimant took the key over, fullLease answers as the key now is
+// (in flight under the other holder, or completed).
+func (s *Store) fullLease(ctx context.Context, req idem.ClaimRequest, claim idem.Claim) (idem.Claim, error) {
+	start := claim.Record.LeaseExpiresAt.Add(-req.Lease)
+	if s.clock.Now().Sub(start) <= req.Lease/100 {
+		return claim, nil
+	}
+	end, err := s.Renew(ctx, idem.Ref{Scope: req.Scope, Key: req.Key, Token: claim.Token}, req.Lease)
+	switch {
+	case err == nil:
+		claim.Record.LeaseExpiresAt = end
+		if claim.Record.ExpiresAt.Before(end) {
+			claim.Record.ExpiresAt = end
+		}
+		return claim, nil
+	case errors.Is(err, idem.ErrLeaseLost):
+		if answer, answered, rerr := s.answerFromReader(ctx, req); rerr == nil && answered {
+			return answer, nil
+		}
+		return idem.Claim{}, errors.New("idemsqlite: claim: the claim's lease ended while it waited for its commit and another took the key over; claim again")
+	}
+	// The claim stands, with its lease as it was: the caller must not run
+	// the effect, and its retry sees the key in flight until that lease
+	// ends (the contract's ambiguous failure).
+	return idem.Claim{}, fmt.Errorf("idemsqlite: claim: renewing the lease after the claim's commit: %w", err)
 }
 
 // answerFromReader answers, from the read pool, the claims that find a
@@ -421,9 +472,10 @@ func (s *Store) ClaimTx(ctx context.Context, req idem.ClaimRequest, wait time.Du
 	if err != nil {
 		return idem.Claim{}, false, fmt.Errorf("idemsqlite: claim: begin: %w", err)
 	}
-	claim, absent, err := s.claimTxIn(ctx, s.db.in(tx), req)
+	sctx := st.stmtContext(ctx)
+	claim, absent, err := s.claimTxIn(sctx, s.db.in(tx), req)
 	if err != nil {
-		return idem.Claim{}, false, fmt.Errorf("idemsqlite: claim: %w", err)
+		return idem.Claim{}, false, fmt.Errorf("idemsqlite: claim: %w", st.fail(err))
 	}
 	if claim.Outcome != idem.Acquired {
 		// The answer may come from a transaction of the group not yet
@@ -444,15 +496,15 @@ func (s *Store) ClaimTx(ctx context.Context, req idem.ClaimRequest, wait time.Du
 		return claim, false, fmt.Errorf("idemsqlite: complete: %w", errTxEnded)
 	}
 	if absent {
-		err = s.insertCompleted(ctx, tx, claim.Record, resp)
+		err = s.insertCompleted(sctx, tx, claim.Record, resp)
 	} else {
-		_, err = s.complete(ctx, tx, idem.Ref{Scope: req.Scope, Key: req.Key, Token: claim.Token}, resp)
+		_, err = s.complete(sctx, tx, idem.Ref{Scope: req.Scope, Key: req.Key, Token: claim.Token}, resp)
 	}
 	if err != nil {
-		return claim, false, fmt.Errorf("idemsqlite: complete: %w", err)
+		return claim, false, fmt.Errorf("idemsqlite: complete: %w", st.fail(err))
 	}
-	if err := st.end(true); err != nil {
-		return claim, false, fmt.Errorf("idemsqlite: complete: commit: %w", err)
+	if err := st.finish(); err != nil {
+		return claim, false, fmt.Errorf("idemsqlite: complete: %w", err)
 	}
 	return claim, true, nil
 }
@@ -729,7 +781,12 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 // same transaction, which then commits: the work's writes and the key's
 // completion are durable together or not at all. When work returns
 // keep=false or an error, when the completion is refused (ErrLeaseLost), or
-// when work panics (the panic goes on), the transaction is rolled back.
+// when work panics (the panic goes on), the transaction is rolled back; so
+// it is when ctx ends before the commit, and CompleteTx returns ctx's
+// error. Every outcome, a refusal included, is returned once the group the
+// transaction committed with (see the package documentation) has
+// committed or failed; when the group failed, CompleteTx returns an error
+// that says "commit".
 //
 // A second CompleteTx with a token that already completed the key returns
 // true and rolls back what work wrote this time: the first execution's
@@ -761,9 +818,12 @@ func (s *Store) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) 
 	if err != nil {
 		return false, fmt.Errorf("idemsqlite: complete: begin: %w", err)
 	}
-	already, err := s.complete(ctx, tx, ref, resp)
+	already, err := s.complete(st.stmtContext(ctx), tx, ref, resp)
 	if err != nil {
-		return false, fmt.Errorf("idemsqlite: complete: %w", err)
+		// Returned once the group's fate is known: a refusal may rest on
+		// a takeover before it in the group, which counts only if the
+		// group commits.
+		return false, fmt.Errorf("idemsqlite: complete: %w", st.fail(err))
 	}
 	if already {
 		if err := st.end(false); err != nil {
@@ -771,8 +831,8 @@ func (s *Store) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) 
 		}
 		return true, nil
 	}
-	if err := st.end(true); err != nil {
-		return false, fmt.Errorf("idemsqlite: complete: commit: %w", err)
+	if err := st.finish(); err != nil {
+		return false, fmt.Errorf("idemsqlite: complete: %w", err)
 	}
 	return true, nil
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // ErrNestedCompleteTx is returned by Store.CompleteTx when ctx already
@@ -47,6 +48,38 @@ type txState struct {
 	// turnHeld: the writer's turn was taken for the transaction before it
 	// began (withClaimTx), so begin does not queue for it again.
 	turnHeld bool
+	// detached are the ends of the contexts stmtContext made, released
+	// when the transaction ends.
+	detached []context.CancelFunc
+}
+
+// interruptGrace is how long a statement of a group's member may run on
+// once its caller's context has ended, before it is interrupted all the
+// same. An interrupted write makes SQLite roll back the whole transaction,
+// every member's writes with it; the grace spares the others that for any
+// statement that ends within it, and still stops one that would hold the
+// writer for ever.
+const interruptGrace = 5 * time.Second
+
+// stmtContext returns the context st's statements run with, given the
+// caller's ctx: ctx itself for a transaction of its own; for a member of
+// a group, a context with ctx's values whose end comes interruptGrace
+// after ctx's (see interruptGrace). A member whose caller's context ends
+// so finishes the statement it runs, and is rolled back on its own when
+// it ends (see run and end). st has begun.
+func (st *txState) stmtContext(ctx context.Context) context.Context {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.group == nil || ctx.Done() == nil || st.ended {
+		return ctx
+	}
+	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(interruptGrace, cancel) })
+	st.detached = append(st.detached, func() {
+		stop()
+		cancel()
+	})
+	return dctx
 }
 
 // carried returns the transaction of db that ctx carries, or nil.
@@ -104,13 +137,22 @@ func (st *txState) begun() *sql.Tx {
 // call does anything, so a deferred rollback after a commit is harmless.
 //
 // A member of a group (see writerQueue) commits by releasing its savepoint
-// into the group's transaction, and returns once the group has committed,
-// with the group's outcome. One that rolls back returns nil at once, unless
-// it ran after others in its group: it then waits for the group too, and
-// returns the group's failure, if any, which its caller returns instead of
-// its own result.
+// into the group's transaction, or rolls back to it, and in either case
+// returns only once the group has committed or failed: nobody learns
+// anything of a member before its group's fate is known. One that commits
+// returns the group's outcome. One that rolls back returns nil, unless it
+// ran after others in its group and the group failed: it then returns the
+// group's failure, which its caller returns instead of its own result (see
+// fail).
 func (st *txState) end(commit bool) error {
 	st.mu.Lock()
+	detached := st.detached
+	st.detached = nil
+	defer func() {
+		for _, cancel := range detached {
+			cancel()
+		}
+	}()
 	if st.ended || st.tx == nil {
 		st.ended = true
 		st.mu.Unlock()
@@ -128,14 +170,42 @@ func (st *txState) end(commit bool) error {
 	err := g.leave(commit)
 	st.mu.Unlock()
 	st.db.queue.release()
-	switch {
-	case err != nil:
+	if err != nil {
 		return err
-	case !commit && !st.afterOthers:
-		return nil
 	}
 	<-g.done
+	if !commit && !st.afterOthers {
+		return nil
+	}
 	return g.err
+}
+
+// fail rolls the transaction back after its own error err, and returns
+// what its caller returns: err, or, when the transaction ran after others
+// in a group that then failed, the group's failure as a "commit" error,
+// err told but not returned: err may rest on writes that never committed
+// (an idem.ErrLeaseLost because a takeover before it in the group had
+// changed the key, say), and a caller must not act on it.
+func (st *txState) fail(err error) error {
+	if gerr := st.end(false); gerr != nil {
+		return &txError{"commit", fmt.Errorf("%w (before it, the transaction's own error: %v)", gerr, err)}
+	}
+	return err
+}
+
+// finish commits the transaction after its fn succeeded, unless the
+// owner's context ended meanwhile: then, as database/sql does with a
+// transaction whose context ends before its commit, it rolls back (only
+// this transaction's part of its group) and returns the context's error.
+// A commit's failure is a *txError.
+func (st *txState) finish() error {
+	if err := st.ctx.Err(); err != nil {
+		return st.fail(err)
+	}
+	if err := st.end(true); err != nil {
+		return &txError{"commit", err}
+	}
+	return nil
 }
 
 // WithTx runs fn in a write transaction and passes it the transaction, and
@@ -151,12 +221,19 @@ func (st *txState) end(commit bool) error {
 // Otherwise WithTx begins a transaction on the writer connection, commits it
 // when fn returns nil, and rolls it back when fn returns an error (returned
 // unchanged) or panics (the panic goes on). Nested WithTx calls made with the
-// context fn receives join this transaction.
+// context fn receives join this transaction. When ctx ends before the
+// commit, the transaction is rolled back and WithTx returns ctx's error, as
+// database/sql does with the context of BeginTx.
 //
 // The transaction commits together with those queued just before and just
 // after it (see the package documentation, "Group commit"): WithTx returns
 // once that commit is on disk, and when it fails, WithTx returns an error
-// that says "commit" whatever fn returned.
+// that says "commit" whatever fn returned. The context fn receives is not
+// ended by ctx's end at once, but interruptGrace (5s) after it: a statement
+// that runs on it when ctx ends finishes, rather than be interrupted, which
+// would make SQLite roll back every transaction of the group; the
+// transaction is then rolled back on its own. A statement run with another
+// context is interrupted when that context ends, and fails the group.
 //
 // Inside fn use only tx, and ctx for nested calls, and never call tx.Commit
 // or tx.Rollback: WithTx ends the transaction. Never use db.Writer(): the
@@ -188,7 +265,7 @@ func (db *DB) withTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 		if err != nil {
 			return &txError{"begin", err}
 		}
-		return fn(ctx, tx)
+		return fn(st.stmtContext(ctx), tx)
 	}
 	st, txCtx := db.newTx(ctx)
 	return st.run(txCtx, fn)
@@ -202,25 +279,19 @@ func (st *txState) run(txCtx context.Context, fn func(ctx context.Context, tx *s
 	if err != nil {
 		return &txError{"begin", err}
 	}
-	if err := fn(txCtx, tx); err != nil {
-		if gerr := st.end(false); gerr != nil {
-			// fn's error may rest on writes that never committed: it is
-			// told, not returned (a caller must not act on it).
-			return &txError{"commit", fmt.Errorf("%w (before it, the transaction's own error: %v)", gerr, err)}
-		}
-		return err
+	if err := fn(st.stmtContext(txCtx), tx); err != nil {
+		return st.fail(err)
 	}
-	if err := st.end(true); err != nil {
-		return &txError{"commit", err}
-	}
-	return nil
+	return st.finish()
 }
 
 // withUnsyncedTx is withTx for writes that a power failure may lose without
-// harm: a claim (nothing ran under it that is not in a later, synced
-// commit) and a purge (the rows are deleted again next time). Their commit
-// is not synced to disk (synchronous=NORMAL for that transaction alone),
-// which halves the fsyncs of a first execution.
+// harm: a renewal of a lease (its holder died with the machine), the
+// purges of the inbox and the transport (the rows are deleted again next
+// time), the transport's settlements and MoveOutbox (see their comments).
+// Their commit is not synced to disk (synchronous=NORMAL for that
+// transaction alone). A claim alone on the writer commits so too (see
+// withClaimTx).
 //
 // That is safe because of how WAL works: a commit appends its frames to the
 // WAL file, and a synced commit fsyncs the whole file, so once any later
@@ -243,7 +314,9 @@ func (db *DB) withUnsyncedTx(ctx context.Context, fn func(ctx context.Context, t
 // the hand-written minimum's rate in idem bench (8 in flight), where
 // ClaimTx's one transaction ran at 3. Joined, the claim waits for the
 // group's commit, one sync that it shares, instead of forcing one: about 2
-// times the minimum. Alone, it commits without a sync, as before.
+// times the minimum. Alone, it commits without a sync, as before. A
+// joined claim waits for every member behind it in its group: Store.Claim
+// renews its lease afterwards when that took long (see Store.fullLease).
 func (db *DB) withClaimTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	if db.carried(ctx) != nil {
 		return db.withTx(ctx, fn)

@@ -65,6 +65,13 @@
 // Subtests run in parallel, each on its own store. Waits for other
 // goroutines are bounded (10 s), so a broken store fails instead of hanging.
 //
+// TestSerialWriter checks what a store whose writes queue for one writer
+// and commit in groups (idemsqlite) must still promise, through a
+// WriterControl that holds the writer: a claim that waits for a slow
+// member behind it in its group gets its whole lease, and a completion
+// reports a lease lost to a takeover in its group only once that group has
+// committed.
+//
 // TestWithTx checks a database's own transaction helper (DB.WithTx,
 // adapted to TxRunner), which the same-transaction forms stand on: commit,
 // rollback on error and on panic, nested calls joining, a context kept past
