@@ -183,6 +183,10 @@
 //
 // # Leases and holders
 //
+// A claim that must write (a takeover, a key claimed anew) locks the key's
+// row before it reads the time (keys migration 0007), so one that waited
+// for a transaction holding the row counts its lease from after the wait.
+//
 // Renew starts a holder's lease anew, fenced by its token, in one
 // statement that commits durably (a renewal the server lost in a crash
 // would leave a live holder with a shorter lease than it was told); it

@@ -348,3 +348,74 @@ func TestEarlierClaimFunctionTakesOverAnonymously(t *testing.T) {
 		t.Fatalf("YieldEarlier of the replica whose key was taken over = %d, %v; want 0", n, err)
 	}
 }
+
+// A takeover that waits for a transaction holding the key's row (here one
+// that locked it, as a purge deciding on the row does) counts its lease
+// from when it writes, after the wait, on the database's clock: it returns
+// with its whole lease, not with part of it spent waiting. (The claim's
+// INSERT and its read do not wait for a lock that changes nothing; only
+// the function idem_claim does.)
+func TestTakeoverAfterARowWaitGetsWholeLease(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	schema := freshSchema(t, url)
+	app := randomName("idem_rowwait_")
+	holderDB := openDB(t, url, idempg.Config{Schema: schema})
+	claimerDB := openDB(t, withAppName(url, app), idempg.Config{Schema: schema})
+	holder, claimer := newStore(t, holderDB), newStore(t, claimerDB)
+	ctx := t.Context()
+	req := idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Millisecond, TTL: time.Hour}
+	first, err := holder.Claim(ctx, req)
+	if err != nil || first.Outcome != idem.Acquired {
+		t.Fatalf("Claim = %v, %v", first.Outcome, err)
+	}
+	dbNow := func() time.Time {
+		t.Helper()
+		var now time.Time
+		if err := holderDB.Pool().QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
+			t.Fatal(err)
+		}
+		return now
+	}
+	idemtest.Eventually(t, 10*time.Second, "the first lease's end", func() bool {
+		return dbNow().After(first.Record.LeaseExpiresAt)
+	})
+
+	locked, proceed := make(chan struct{}), make(chan struct{})
+	lock := make(chan error, 1)
+	go func() {
+		lock <- holderDB.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `SELECT 1 FROM idem_keys WHERE scope = 's' AND key = 'k' FOR UPDATE`)
+			close(locked)
+			if err != nil {
+				return err
+			}
+			<-proceed
+			return nil
+		})
+	}()
+	<-locked
+
+	const lease = time.Minute
+	taken := make(chan idem.Claim, 1)
+	takenErr := make(chan error, 1)
+	go func() {
+		c, err := claimer.Claim(ctx, idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: lease, TTL: time.Hour})
+		taken <- c
+		takenErr <- err
+	}()
+	waitingOn(t, claimerDB, app, "SELECT o_outcome")
+	waited := dbNow()
+	close(proceed)
+	if err := <-lock; err != nil {
+		t.Fatalf("the transaction holding the row: %v", err)
+	}
+	c, err := <-taken, <-takenErr
+	if err != nil || c.Outcome != idem.Acquired || !c.TookOver {
+		t.Fatalf("the takeover = %v (took over %v), %v", c.Outcome, c.TookOver, err)
+	}
+	if start := c.Record.LeaseExpiresAt.Add(-lease); !start.After(waited) {
+		t.Errorf("the takeover's lease starts at %v, before the end of its wait (it was still waiting at %v): %v of it spent waiting",
+			start, waited, waited.Sub(start))
+	}
+}
