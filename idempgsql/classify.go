@@ -34,17 +34,26 @@ func SQLState(err error) string {
 //     many connections, out of memory, disk full), a connection exception
 //     (class 08), and a system or I/O error (class 58). A connection that
 //     failed without a SQLSTATE (driver.ErrBadConn, an unexpected EOF, a
-//     network error) is transient too, as any unmarked error is.
+//     network error) is transient too, as any unmarked error is. So are
+//     the database's own failures that a SQLSTATE of a statement's class
+//     would not tell: a server that refuses the connection's role or
+//     password (class 28) or database (3D000), which is a store that is
+//     down (credentials being rotated, a database being restored), not a
+//     bad message; and a feature not supported (0A000), whose most common
+//     case is "cached plan must not change result type": a statement that
+//     pgx's stdlib cached, or that the application prepared, before a
+//     migration changed its table fails on that connection only, and runs
+//     on a new one.
 //   - permanent, so dead-lettered at once rather than retried: an
 //     integrity constraint violation (class 23: a unique violation, 23505;
 //     a foreign key, a NOT NULL or a CHECK constraint), a data exception
-//     (class 22: a value out of range, malformed text), a syntax error or
-//     an access rule violation (class 42: a table or column that does not
-//     exist, a privilege missing), a cardinality violation (21), an
-//     invalid authorization (28), a database or schema that does not
-//     exist (3D, 3F), a feature not supported (0A) and a WITH CHECK
-//     OPTION violation (44): the same statement fails the same way when
-//     retried.
+//     (class 22: a value out of range, malformed text), a program limit
+//     exceeded (class 54: an index row over PostgreSQL's size limit, too
+//     many columns or arguments), a syntax error or an access rule
+//     violation (class 42: a table or column that does not exist, a
+//     privilege missing), a cardinality violation (21), a schema that does
+//     not exist (3F) and a WITH CHECK OPTION violation (44): the same
+//     statement fails the same way when retried.
 //
 // Any other error, and one marked with idem.Permanent, is classed as
 // idem.Classify classes it. A serialization failure or a deadlock inside a
@@ -62,9 +71,9 @@ func Classify(err error) idem.ErrorClass {
 			return idem.ClassTransient
 		}
 		switch code[:2] {
-		case "08", "53", "58":
+		case "08", "53", "58", "28", "3D", "0A":
 			return idem.ClassTransient
-		case "21", "22", "23", "28", "3D", "3F", "42", "0A", "44":
+		case "21", "22", "23", "3F", "42", "44", "54":
 			return idem.ClassPermanent
 		}
 	}

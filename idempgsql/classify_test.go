@@ -2,7 +2,9 @@ package idempgsql_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"net/url"
 	"testing"
 
 	"github.com/idem-go/idem"
@@ -76,4 +78,114 @@ func TestClassify(t *testing.T) {
 			t.Errorf("Classify of an error marked permanent = %v", got)
 		}
 	})
+}
+
+// The failures that are the database's, not the message's, are transient,
+// whatever their SQLSTATE's class says of a statement: a server that
+// refuses the connection's role or database (28000, 3D000: credentials
+// rotated, a database being restored) is a store that is down; and a
+// statement whose cached plan a schema change made stale (0A000, "cached
+// plan must not change result type": pgx's stdlib caches every statement,
+// and an application's *sql.Stmt is prepared) fails on that connection
+// only, and runs on a new one. A message that no retry can store (an index
+// row over PostgreSQL's limit, 54000) is permanent.
+func TestClassifyTheDatabasesOwnFailures(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, driver string) {
+		ctx := t.Context()
+		u, err := url.Parse(pgURL(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct{ what, code string }{{"role", "28000"}, {"database", "3D000"}} {
+			bad := *u
+			switch c.what {
+			case "role":
+				bad.User = url.User(randomName("no_such_role_"))
+			case "database":
+				bad.Path = "/" + randomName("no_such_database_")
+			}
+			refused, err := sql.Open(driver, bad.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = refused.PingContext(ctx)
+			refused.Close()
+			if got := idempgsql.SQLState(err); got != c.code {
+				t.Fatalf("connecting with a %s that does not exist = %v (SQLSTATE %q), want %s", c.what, err, got, c.code)
+			}
+			if got := idempgsql.Classify(err); got != idem.ClassTransient {
+				t.Errorf("a server that refuses the connection's %s: Classify(%v) = %v, want transient", c.what, err, got)
+			}
+		}
+
+		sqldb := openSQL(t, driver)
+		sqldb.SetMaxOpenConns(1) // the statement's cached plan lives on this connection
+		if _, err := sqldb.ExecContext(ctx, `CREATE TABLE orders (id int); INSERT INTO orders VALUES (1)`); err != nil {
+			t.Fatal(err)
+		}
+		const query = `SELECT * FROM orders`
+		stmt, err := sqldb.PrepareContext(ctx, query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stmt.Close()
+		read := func(rows *sql.Rows, err error) error {
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+			}
+			return rows.Err()
+		}
+		if err := read(stmt.QueryContext(ctx)); err != nil {
+			t.Fatal(err)
+		}
+		if err := read(sqldb.QueryContext(ctx, query)); err != nil {
+			t.Fatal(err)
+		}
+		// A migration, as a deploy runs it beside the service.
+		if _, err := sqldb.ExecContext(ctx, `ALTER TABLE orders ADD COLUMN note text`); err != nil {
+			t.Fatal(err)
+		}
+		err = read(stmt.QueryContext(ctx))
+		if got := idempgsql.SQLState(err); got != "0A000" {
+			t.Fatalf("the prepared statement after the migration = %v (SQLSTATE %q), want 0A000", err, got)
+		}
+		if got := idempgsql.Classify(err); got != idem.ClassTransient {
+			t.Errorf("a plan made stale by a migration: Classify(%v) = %v, want transient", err, got)
+		}
+		fresh := openSQLOn(t, driver, sqldb)
+		if err := read(fresh.QueryContext(ctx, query)); err != nil {
+			t.Errorf("the same statement on a new connection = %v, want it to run", err)
+		}
+
+		if _, err := sqldb.ExecContext(ctx, `CREATE TABLE notes (body text PRIMARY KEY)`); err != nil {
+			t.Fatal(err)
+		}
+		_, err = sqldb.ExecContext(ctx, `INSERT INTO notes SELECT string_agg(md5(i::text), '') FROM generate_series(1, 200) AS i`)
+		if got := idempgsql.SQLState(err); got != "54000" {
+			t.Fatalf("an index row over the limit = %v (SQLSTATE %q), want 54000", err, got)
+		}
+		if got := idempgsql.Classify(err); got != idem.ClassPermanent {
+			t.Errorf("an index row over PostgreSQL's limit: Classify(%v) = %v, want permanent", err, got)
+		}
+	})
+}
+
+// openSQLOn is a second *sql.DB of driver on the schema of db's
+// connections, with connections of its own.
+func openSQLOn(t *testing.T, driver string, db *sql.DB) *sql.DB {
+	t.Helper()
+	var schema string
+	if err := db.QueryRowContext(t.Context(), `SELECT current_schema()`).Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	other, err := sql.Open(driver, withParam(pgURL(t), "search_path="+schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	return other
 }

@@ -143,10 +143,12 @@
 // SQLState reads the code of a server's error with either driver (lib/pq's
 // *pq.Error, pgx's *pgconn.PgError), and Classify classes an error as idem
 // does (idem.Classify): a serialization failure, a deadlock, a lock not
-// available, a cancelled statement, a server restarting and a lost
-// connection are transient, retried (inside a transaction, by running the
-// whole transaction again); a unique violation, a data exception or a
-// missing table are permanent. Classified marks the permanent ones with
+// available, a cancelled statement, a server restarting, a lost
+// connection, a server refusing the connection's credentials or database,
+// and a statement's plan made stale by a migration are transient, retried
+// (inside a transaction, by running the whole transaction again); a
+// unique violation, a data exception, an index row over PostgreSQL's limit
+// or a missing table are permanent. Classified marks the permanent ones with
 // idem.Permanent, for a consumer's handler to return, so that the consumer
 // dead-letters them at once and retries the rest.
 //
