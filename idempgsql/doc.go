@@ -190,6 +190,8 @@
 // own, whose retry is safe, as the idem.Store contract says. In a
 // transaction, a call's error means its writes were rolled back to its
 // savepoint (or, matching ErrTxAborted, that the transaction is aborted).
+// A call made in a transaction with a context that has already ended
+// sends nothing and returns the context's error: the transaction goes on.
 // A context that ends while a statement runs may end the connection with
 // it (pgx's driver closes it), and with it the transaction.
 package idempgsql

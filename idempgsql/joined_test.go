@@ -637,3 +637,69 @@ func TestTwoSQLDBs(t *testing.T) {
 		}
 	})
 }
+
+// A call of idem's in the application's transaction with a context that
+// has ended sends nothing, and says so: its error is the context's, never
+// ErrTxAborted (which tells the application to roll its transaction back),
+// and the transaction goes on.
+func TestEndedContextLeavesTxUsable(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, driver string) {
+		ctx := t.Context()
+		db := openDB(t, driver, idempgsql.Config{})
+		store, inbox, fx := newStore(t, db), newInbox(t, db), newEffects(t, db)
+		outbox, err := idempgsql.NewOutbox(ctx, db, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx := begin(t, db, nil)
+		jctx := db.JoinTx(ctx, tx)
+		if err := fx.Write(jctx, "before"); err != nil {
+			t.Fatal(err)
+		}
+		c, err := store.Claim(jctx, keyReq("k"))
+		if err != nil || c.Outcome != idem.Acquired {
+			t.Fatalf("Claim = %v, %v", c.Outcome, err)
+		}
+		ref := idem.Ref{Scope: "s", Key: "k", Token: c.Token}
+		ended, cancel := context.WithCancel(jctx)
+		cancel()
+		for name, call := range map[string]func(ctx context.Context) error{
+			"Claim":        func(ctx context.Context) error { _, err := store.Claim(ctx, keyReq("k2")); return err },
+			"Complete":     func(ctx context.Context) error { return store.Complete(ctx, ref, idem.Response{Status: 201}) },
+			"Release":      func(ctx context.Context) error { return store.Release(ctx, ref) },
+			"Renew":        func(ctx context.Context) error { _, err := store.Renew(ctx, ref, time.Minute); return err },
+			"Get":          func(ctx context.Context) error { _, err := store.Get(ctx, "s", "k"); return err },
+			"Purge":        func(ctx context.Context) error { _, err := store.Purge(ctx, 10); return err },
+			"Yield":        func(ctx context.Context) error { return store.Yield(ctx, ref) },
+			"SaveRecovery": func(ctx context.Context) error { return store.SaveRecovery(ctx, ref, idem.RecoveryPoint{Name: "p"}) },
+			"Abandoned":    func(ctx context.Context) error { _, err := store.Abandoned(ctx, 10); return err },
+			"Outbox.Add":   func(ctx context.Context) error { return outbox.Add(ctx, idem.Message{ID: "m", Topic: "t"}) },
+			"Outbox.Claim": func(ctx context.Context) error { _, err := outbox.Claim(ctx, "r", 10, time.Minute); return err },
+			"Outbox.Mark":  func(ctx context.Context) error { return outbox.MarkSent(ctx, 1) },
+			"Inbox.Process": func(ctx context.Context) error {
+				return inbox.Process(ctx, "c", "m", func(context.Context) error { return nil })
+			},
+			"Inbox.Purge": func(ctx context.Context) error { _, err := inbox.PurgeInbox(ctx, time.Now(), 10); return err },
+		} {
+			err := call(ended)
+			if !errors.Is(err, context.Canceled) || errors.Is(err, idempgsql.ErrTxAborted) {
+				t.Errorf("%s with a context that has ended = %v; want the context's error, not ErrTxAborted", name, err)
+			}
+		}
+		if err := fx.Write(jctx, "after"); err != nil {
+			t.Fatalf("the application's write after the calls: %v", err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatalf("the application's commit: %v", err)
+		}
+		for _, tag := range []string{"before", "after"} {
+			if n, err := fx.Count(ctx, tag); err != nil || n != 1 {
+				t.Errorf("the application's write %q: %d, %v; want committed", tag, n, err)
+			}
+		}
+		if rec, err := store.Get(ctx, "s", "k"); err != nil || rec.State != idem.StateInFlight || rec.Token != c.Token {
+			t.Errorf("the key = %+v, %v; want the claim committed, in flight, untouched", rec, err)
+		}
+	})
+}

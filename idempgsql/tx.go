@@ -323,6 +323,12 @@ func (db *DB) inSavepoint(ctx context.Context, r *txRef, call string, handler bo
 		return err
 	}
 	defer r.st.close(sp)
+	// A context that has ended sends nothing (database/sql refuses the
+	// statement before it reaches the connection): its error is not the
+	// transaction's.
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	tx, err := r.st.begin()
 	if err != nil {
 		return &txError{"begin", err}
