@@ -116,9 +116,20 @@ func (s *Store) q(ctx context.Context) (q querier, st *txState, err error) {
 // so once that later commit is durable the claim before it is durable too;
 // if the crash took the claim, it took everything done under it, and the
 // retry runs the work once. (The package documentation says what it means
-// for effects outside the database.) Called with a context that carries a
-// transaction of the DB (WithTx), the claim joins it, keeps that
-// transaction's durability, and commits or rolls back with it.
+// for effects outside the database.)
+//
+// Called with a context that carries a transaction of the DB (WithTx), the
+// claim joins it, keeps that transaction's durability, and commits or
+// rolls back with it. It then never waits for another transaction, so
+// claims in long transactions, in any order, cannot deadlock, as
+// idempgsql's in a transaction: a replay, a mismatch or a key in flight is
+// answered from the key's committed row without taking a lock, and a key
+// that another transaction is claiming, or has claimed and not yet
+// committed (a ClaimTx running its work included), is answered InFlight at
+// once, its record holding only the scope and the key. A key it acquires
+// stays locked until the transaction ends: claims of it in other
+// transactions answer InFlight, claims on their own wait, and ClaimTx
+// waits as long as it is told to.
 //
 // With Config.Clock nil, leases and expiry are judged by the database's
 // clock_timestamp() at the moment the claim runs.
@@ -133,6 +144,9 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	q, st, err := s.q(ctx)
 	if err != nil {
 		return idem.Claim{}, fmt.Errorf("idempg: claim: %w", err)
+	}
+	if st != nil {
+		return s.claimInTx(ctx, q, st, req)
 	}
 	var (
 		token                        int64
@@ -152,6 +166,52 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	claim, answered, err := s.answer(ctx, q.QueryRow, req)
 	if err != nil || answered {
 		return claim, err
+	}
+	return s.claimExisting(ctx, q, st, req)
+}
+
+// claimInTx is a claim in a transaction that goes on after it (WithTx, or
+// CompleteTx's work), idempgsql's own: it never waits for another
+// transaction, so claims made in long transactions, in any order, cannot
+// deadlock. A key that exists and needs no write (a replay, a mismatch, a
+// key in flight) is answered from its committed row, taking no lock; a key
+// that another transaction is claiming, or has claimed and not committed,
+// is answered InFlight at once (its record holds only the scope and the
+// key); a key it claims stays locked until the transaction ends, as its
+// row is uncommitted until then.
+func (s *Store) claimInTx(ctx context.Context, q querier, st *txState, req idem.ClaimRequest) (idem.Claim, error) {
+	claim, answered, err := s.answer(ctx, q.QueryRow, req)
+	if err != nil || answered {
+		return claim, err
+	}
+	hr, hi := pgsql.HolderArgs(req.Holder)
+	var (
+		locked                       bool
+		token                        *int64
+		created, leaseEnd, expiresAt *time.Time
+	)
+	err = q.QueryRow(ctx, pgsql.ClaimInTx, string(req.Scope), string(req.Key), string(req.Fingerprint),
+		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), hr, hi,
+	).Scan(&locked, &token, &created, &leaseEnd, &expiresAt)
+	switch {
+	case err != nil:
+		return idem.Claim{}, fmt.Errorf("idempg: claim: %w", err)
+	case !locked:
+		return waitedInFlight(req), nil
+	case token != nil:
+		return pgsql.AcquiredClaim(req, *token, *created, *leaseEnd, *expiresAt), nil
+	}
+	// The key exists: committed since the first look, or one that must be
+	// written to be claimed.
+	if claim, answered, err := s.answer(ctx, q.QueryRow, req); err != nil || answered {
+		return claim, err
+	}
+	var rows int
+	if err := q.QueryRow(ctx, pgsql.LockRow, string(req.Scope), string(req.Key)).Scan(&rows); err != nil {
+		return idem.Claim{}, fmt.Errorf("idempg: claim: %w", err)
+	}
+	if rows == 0 {
+		return waitedInFlight(req), nil
 	}
 	return s.claimExisting(ctx, q, st, req)
 }
@@ -417,7 +477,8 @@ func (s *Store) claimTxLocked(ctx context.Context, req idem.ClaimRequest, lockTi
 }
 
 // waitedInFlight is ClaimTx's answer when lock_timeout ended its wait for
-// another transaction that holds the key.
+// another transaction that holds the key, and a claim's in a transaction
+// when another holds it (claimInTx).
 func waitedInFlight(req idem.ClaimRequest) idem.Claim {
 	return idem.Claim{Outcome: idem.InFlight, Record: idem.Record{
 		Scope: req.Scope, Key: req.Key, State: idem.StateInFlight,

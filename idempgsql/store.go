@@ -175,38 +175,6 @@ func (s *Store) claimFunction(ctx context.Context, q querier, req idem.ClaimRequ
 	return pgsql.ClaimOf(outcome.String, tookOver, row, req)
 }
 
-// claimLockedSQL claims a new key in a transaction that goes on after the
-// claim, without waiting for any other: it takes the key's lock
-// (idem_key_lock, a hash of the schema, the scope and the key) only if no
-// other transaction holds it, and then inserts the key unless it exists.
-// It returns whether it took the lock, and the new row's token and times
-// when it inserted one.
-//
-// Every claimant that could create the key's row takes that lock first and
-// holds it until its transaction ends: a claim in a transaction (this one,
-// or idempg's in its WithTx), idempg's ClaimTx, which holds a new key by
-// the lock alone while its work runs, and a claim on its own for the
-// moment of its statement. A lock held by another transaction therefore
-// means that it is claiming the key, or has claimed it and not committed:
-// the key is in flight. Claims on their own and ClaimTx, which may wait,
-// wait for the lock; this one answers InFlight at once.
-const claimLockedSQL = `WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock(idem_key_lock($1::text, $2::text)) AS locked),
-n AS MATERIALIZED (SELECT coalesce($6::timestamptz, clock_timestamp()) AS t FROM l WHERE l.locked),
-ins AS (
-	INSERT INTO idem_keys AS k (scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at,
-		holder_replica, holder_incarnation)
-	SELECT $1::text, $2::text, $3::text, 'in_flight', idem_clock_us(), n.t,
-		n.t + $4::bigint * interval '1 microsecond', n.t + $5::bigint * interval '1 microsecond', $7::text, $8::text
-	FROM n
-	ON CONFLICT (scope, key) DO NOTHING
-	RETURNING k.token, k.created_at, k.lease_expires_at, k.expires_at)
-SELECT l.locked, ins.token, ins.created_at, ins.lease_expires_at, ins.expires_at FROM l LEFT JOIN ins ON true`
-
-// lockRowSQL locks the key's row for the claim that must write it, unless
-// another transaction holds it: it counts the rows it locked.
-const lockRowSQL = `WITH r AS (SELECT 1 FROM idem_keys WHERE scope = $1 AND key = $2 FOR UPDATE SKIP LOCKED)
-SELECT count(*) FROM r`
-
 // claimInTx is a claim in a transaction that goes on after it (the
 // application's, or a WithTx): it never waits for another transaction, so
 // claims made in long transactions, in any order, cannot deadlock. A key
@@ -227,7 +195,7 @@ func (s *Store) claimInTx(ctx context.Context, q querier, req idem.ClaimRequest)
 		token                        sql.NullInt64
 		created, leaseEnd, expiresAt sql.NullTime
 	)
-	err = q.QueryRowContext(ctx, claimLockedSQL, string(req.Scope), string(req.Key), string(req.Fingerprint),
+	err = q.QueryRowContext(ctx, pgsql.ClaimInTx, string(req.Scope), string(req.Key), string(req.Fingerprint),
 		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), hr, hi,
 	).Scan(&locked, &token, &created, &leaseEnd, &expiresAt)
 	switch {
@@ -244,7 +212,7 @@ func (s *Store) claimInTx(ctx context.Context, q querier, req idem.ClaimRequest)
 		return claim, err
 	}
 	var rows int
-	if err := q.QueryRowContext(ctx, lockRowSQL, string(req.Scope), string(req.Key)).Scan(&rows); err != nil {
+	if err := q.QueryRowContext(ctx, pgsql.LockRow, string(req.Scope), string(req.Key)).Scan(&rows); err != nil {
 		return idem.Claim{}, err
 	}
 	if rows == 0 {

@@ -65,6 +65,40 @@ const Claim = `SELECT o_outcome, o_took_over, o_fingerprint, o_state, o_token, o
 	o_recovery_point, o_recovery_data, o_recovery_saved_at, o_holder_replica, o_holder_incarnation
 	FROM idem_claim($1, $2, $3, $4, $5, $6::timestamptz, $7, $8, $9, $10::text, $11::text)`
 
+// ClaimInTx claims a new key in a transaction that goes on after the
+// claim, without waiting for any other: it takes the key's lock
+// (idem_key_lock, a hash of the schema, the scope and the key) only if no
+// other transaction holds it, and then inserts the key unless it exists.
+// It returns whether it took the lock, and the new row's token and times
+// when it inserted one.
+//
+// Every claimant that could create the key's row takes that lock first and
+// holds it until its transaction ends: a claim in a transaction (this one,
+// of idempg or idempgsql), idempg's ClaimTx, which holds a new key by
+// the lock alone while its work runs, and a claim on its own for the
+// moment of its statement. A lock held by another transaction therefore
+// means that it is claiming the key, or has claimed it and not committed:
+// the key is in flight. Claims on their own and ClaimTx, which may wait,
+// wait for the lock; this one answers InFlight at once, so claims in
+// transactions, made in any order, never deadlock. $7 and $8 are the
+// claimant's holder (HolderArgs).
+const ClaimInTx = `WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock(idem_key_lock($1::text, $2::text)) AS locked),
+n AS MATERIALIZED (SELECT coalesce($6::timestamptz, clock_timestamp()) AS t FROM l WHERE l.locked),
+ins AS (
+	INSERT INTO idem_keys AS k (scope, key, fingerprint, state, token, created_at, lease_expires_at, expires_at,
+		holder_replica, holder_incarnation)
+	SELECT $1::text, $2::text, $3::text, 'in_flight', idem_clock_us(), n.t,
+		n.t + $4::bigint * interval '1 microsecond', n.t + $5::bigint * interval '1 microsecond', $7::text, $8::text
+	FROM n
+	ON CONFLICT (scope, key) DO NOTHING
+	RETURNING k.token, k.created_at, k.lease_expires_at, k.expires_at)
+SELECT l.locked, ins.token, ins.created_at, ins.lease_expires_at, ins.expires_at FROM l LEFT JOIN ins ON true`
+
+// LockRow locks the key's row for the claim that must write it, unless
+// another transaction holds it: it counts the rows it locked.
+const LockRow = `WITH r AS (SELECT 1 FROM idem_keys WHERE scope = $1 AND key = $2 FOR UPDATE SKIP LOCKED)
+SELECT count(*) FROM r`
+
 // HolderArgs are h as the columns holder_replica and holder_incarnation
 // take it: NULL for an anonymous holder.
 func HolderArgs(h idem.Holder) (replica, incarnation any) {
