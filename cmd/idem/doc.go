@@ -2,6 +2,7 @@
 //
 //	idem serve     run the payment service over HTTP
 //	idem demo      run the lab: retries double charge without idempotency keys, and never with them
+//	               (demo messages: redeliveries, a poison message, a retry storm, reordered events)
 //	idem migrate   create or update the database's tables
 //	idem keys      inspect, purge and seal stored idempotency keys (show, purge, seal)
 //	idem dlq       list, show, edit, re-drive and discard dead letters (ls, show, edit, redrive, discard)
@@ -10,7 +11,8 @@
 //	idem probe     check from outside whether any endpoint honours idempotency keys (a report card)
 //	idem version   print the version
 //
-// `idem demo` needs no flags and no setup: it is the place to start.
+// `idem demo` needs no flags and no setup: it is the place to start, and
+// `idem demo messages` the second half, on consumers.
 // `idem <command> --help` describes each command's flags.
 //
 // Data lives in --db: a SQLite file (sqlite:idem.db, the default) or a

@@ -376,6 +376,46 @@ func TestDemoCommand(t *testing.T) {
 	}
 }
 
+// `idem demo messages` exits 0, and its tables say, row by row, that each
+// unsafe consumer failed the way its scenario says and each protected one
+// held.
+func TestDemoMessagesCommand(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := runCmd(t, "demo", "messages")
+	if code != exitOK {
+		t.Fatalf("demo messages: exit %d; stdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	var rows []string
+	for line := range strings.Lines(out) {
+		if strings.HasPrefix(line, "unsafe ") || strings.HasPrefix(line, "protected ") {
+			rows = append(rows, strings.TrimSpace(line))
+		}
+	}
+	want := []struct{ run, consumer, verdict string }{
+		{"unsafe", "no inbox", "COUNTED TWICE (+72,000 KRW)"},
+		{"protected", "inbox in the effect's tx", "exactly once"},
+		{"unsafe", "retries its head every 1s, forever", "BLOCKED: 20 healthy events stuck behind it"},
+		{"protected", "idem: 10 attempts, jittered backoff", "flows; poison dead-lettered after 10 attempts"},
+		{"unsafe", "no jitter", "FELL OVER AGAIN (3 times)"},
+		{"protected", "full jitter", "held"},
+		{"unsafe", "adds, unordered", "HISTORY WRONG (went to -5,000 KRW): adding needs order"},
+		{"unsafe", "sets status, unordered", "WRONG STATE (5 refunds undone): setting needs order or versions"},
+		{"protected", "sets status, per-key order", "right: it keeps per-key order"},
+		{"protected", "sets status+version, unordered", "right: a version needs no order"},
+	}
+	if len(rows) != len(want) {
+		t.Fatalf("%d table rows, want %d:\n%s", len(rows), len(want), out)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(rows[i], w.run+" ") || !strings.Contains(rows[i], "  "+w.consumer+"  ") || !strings.HasSuffix(rows[i], "  "+w.verdict) {
+			t.Errorf("row %d: %q; want %s, %s, ending %q", i+1, rows[i], w.run, w.consumer, w.verdict)
+		}
+	}
+	if !strings.Contains(out, "idem dlq show dl_") {
+		t.Errorf("output does not name the command that reads the poison's dead letter:\n%s", out)
+	}
+}
+
 func TestKeysPurgeOnNewDatabase(t *testing.T) {
 	t.Parallel()
 	dbURL := "sqlite://" + filepath.Join(t.TempDir(), "new.db")
@@ -414,6 +454,8 @@ func TestExitStatuses(t *testing.T) {
 		{[]string{"keys", "show", "--db", dbURL, "--scope", "t"}, exitUsage, "", "accepts 1 arg(s)"},
 		{[]string{"keys", "show", "--db", dbURL, "--scope", "t", "bad key"}, exitUsage, "", "invalid idempotency key"},
 		{[]string{"demo", "--customers", "0"}, exitUsage, "", "--customers must be between 1 and 1000"},
+		{[]string{"demo", "messages", "--capacity", "0"}, exitUsage, "", "--capacity must be between 1 and 10000"},
+		{[]string{"demo", "messages", "extra"}, exitUsage, "", "Run 'idem demo messages --help' for usage."},
 		{[]string{"serve", "--db", "mysql://x", "--api-keys", "a:b"}, exitFailure, "", `unsupported database scheme "mysql"`},
 		{[]string{"serve", "--db", dbURL, "--api-keys", "no-colon"}, exitFailure, "", "--api-keys: "},
 		{[]string{"serve", "--db", dbURL, "--log-level", "loud"}, exitFailure, "", `--log-level "loud"`},

@@ -93,7 +93,7 @@ func TestRunShowsDoubleChargeThenExactlyOnce(t *testing.T) {
 	for _, want := range []string{
 		"run", "scenario", "attempts", "payments", "money taken", "should be", "verdict",
 		"frozen screen", "lost response", "card network", "retry storm", "transient failure", "card charges",
-		"DOUBLE CHARGED (+", "exactly once", "KRW",
+		"DOUBLE CHARGED (+", "exactly once", "KRW", "idem demo messages",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q", want)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // printer writes the demo's progress and results. Customers finish on their
@@ -60,23 +61,30 @@ func (p *printer) table(r *Report) {
 			money(row.Taken, row.Currency), money(row.ShouldBe, row.Currency), row.Verdict(),
 		})
 	}
-	widths := make([]int, len(header))
+	p.printf("\n%s", columns(lines, right, true))
+}
+
+// columns lays lines out in columns, the first line being the header:
+// right[i] aligns column i to the right (numbers), else to the left; two
+// spaces between columns, no trailing spaces, and, with breaks, a blank
+// line wherever the first column changes.
+func columns(lines [][]string, right []bool, breaks bool) string {
+	widths := make([]int, len(right))
 	for _, l := range lines {
 		for i, cell := range l {
-			widths[i] = max(widths[i], len(cell))
+			widths[i] = max(widths[i], utf8.RuneCountInString(cell))
 		}
 	}
 	var b strings.Builder
-	b.WriteString("\n")
 	for n, l := range lines {
-		if n > 1 && l[0] != lines[n-1][0] {
+		if breaks && n > 1 && l[0] != lines[n-1][0] {
 			b.WriteString("\n") // a blank line between the runs
 		}
 		for i, cell := range l {
 			if i > 0 {
 				b.WriteString("  ")
 			}
-			pad := strings.Repeat(" ", widths[i]-len(cell))
+			pad := strings.Repeat(" ", widths[i]-utf8.RuneCountInString(cell))
 			switch {
 			case right[i]:
 				b.WriteString(pad + cell)
@@ -88,7 +96,7 @@ func (p *printer) table(r *Report) {
 		}
 		b.WriteString("\n")
 	}
-	p.printf("%s", b.String())
+	return b.String()
 }
 
 // closing explains what the table showed, or says plainly that it did not.
@@ -115,6 +123,7 @@ func (p *printer) closing(r *Report) {
 		"receiver = exactly once. (%s)",
 		money(extra, r.Currency), money(should, r.Currency), extraCharges, r.Elapsed.Round(100*time.Millisecond))
 	p.printf("\n%s", wrap(text, 96))
+	p.printf("\nThe same for messages (redeliveries, a poison message, a retry storm, reordered events): idem demo messages\n")
 }
 
 // wrap breaks text into lines of at most width bytes, at spaces.
