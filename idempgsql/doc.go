@@ -100,7 +100,10 @@
 // nothing, since it would run inside the handler's savepoint and be undone
 // by the handler's failure after it had reported success, or wait for a
 // handler that waits for it. A handler's context used after its Process
-// returned is refused too (an error matching sql.ErrTxDone). Statements
+// returned is refused too (an error matching sql.ErrTxDone). A call that
+// code left running in another goroutine when it returned ends before what
+// encloses it does: Process ends the handler's savepoint, and WithTx,
+// CompleteTx and Process commit their own transactions, only after it. Statements
 // the application runs on the *sql.Tx itself from several goroutines are
 // beyond idem's sight: they may land inside a call's savepoint, and be
 // undone with it. Join a transaction once and pass the context down: the

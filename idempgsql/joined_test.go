@@ -703,3 +703,109 @@ func TestEndedContextLeavesTxUsable(t *testing.T) {
 		}
 	})
 }
+
+// A work that returns while a Process it started with its context in
+// another goroutine is still running its handler: CompleteTx waits for
+// that Process to end, inside the transaction, before it completes the key
+// and commits. Committed under it, the handler's first writes and its
+// message's row would be kept while its later calls failed (the
+// transaction gone), and the redelivery of a message whose handler never
+// finished would be a duplicate: what the handler had still to write (its
+// outbox entry here) lost. WithTx and Process, which commit their own
+// transactions too, wait alike. (Not parallel: it sets the package's hook.)
+func TestCommitWaitsForCallsLeftRunning(t *testing.T) {
+	pgURL(t)
+	for _, driver := range drivers {
+		for _, owner := range []string{"CompleteTx", "WithTx", "Process"} {
+			t.Run(driver+"/"+owner, func(t *testing.T) {
+				ctx := t.Context()
+				db := openDB(t, driver, idempgsql.Config{})
+				store, inbox, fx := newStore(t, db), newInbox(t, db), newEffects(t, db)
+				outbox, err := idempgsql.NewOutbox(ctx, db, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				blocked := make(chan struct{}, 1)
+				restore := idempgsql.SetBlockedHook(func() {
+					select {
+					case blocked <- struct{}{}:
+					default:
+					}
+				})
+				defer restore()
+				c, err := store.Claim(ctx, keyReq("k"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ref := idem.Ref{Scope: "s", Key: "k", Token: c.Token}
+
+				started, proceed := make(chan struct{}), make(chan struct{})
+				left := make(chan error, 1)
+				// work starts the Process and returns once its handler runs.
+				work := func(ctx context.Context) {
+					go func() {
+						left <- inbox.Process(ctx, "c", "m", func(ctx context.Context) error {
+							if err := fx.Write(ctx, "m"); err != nil {
+								return err
+							}
+							close(started)
+							<-proceed
+							return outbox.Add(ctx, idem.Message{ID: "m-done", Topic: "t"})
+						})
+					}()
+					<-started
+				}
+				owned := make(chan error, 1)
+				go func() {
+					switch owner {
+					case "CompleteTx":
+						kept, err := store.CompleteTx(ctx, ref, func(ctx context.Context) (idem.Response, bool, error) {
+							work(ctx)
+							return idem.Response{Status: 201}, true, nil
+						})
+						if err == nil && !kept {
+							err = errors.New("not kept")
+						}
+						owned <- err
+					case "WithTx":
+						owned <- db.WithTx(ctx, func(ctx context.Context, _ *sql.Tx) error {
+							work(ctx)
+							return nil
+						})
+					case "Process":
+						owned <- inbox.Process(ctx, "c", "owner", func(ctx context.Context) error {
+							work(ctx)
+							return nil
+						})
+					}
+				}()
+				select {
+				case err := <-owned:
+					t.Errorf("%s returned (%v) while a Process its code left running was in its handler", owner, err)
+					close(proceed)
+					<-left
+				case <-blocked:
+					close(proceed)
+					if err := <-left; err != nil {
+						t.Errorf("the Process left running = %v", err)
+					}
+					if err := <-owned; err != nil {
+						t.Errorf("%s = %v", owner, err)
+					}
+				}
+				var entries int
+				if err := db.SQL().QueryRowContext(ctx, `SELECT count(*) FROM idem_outbox WHERE id = 'm-done'`).Scan(&entries); err != nil {
+					t.Fatal(err)
+				}
+				n, err := fx.Count(ctx, "m")
+				if err != nil {
+					t.Fatal(err)
+				}
+				redelivery := inbox.Process(ctx, "c", "m", func(context.Context) error { return nil })
+				if n != 1 || entries != 1 || !errors.Is(redelivery, idem.ErrDuplicate) {
+					t.Errorf("the handler's effect %d, its outbox entry %d, its redelivery %v; want 1, 1, a duplicate", n, entries, redelivery)
+				}
+			})
+		}
+	}
+}

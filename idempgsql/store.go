@@ -553,6 +553,9 @@ func (s *Store) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) 
 	if err != nil || !keep {
 		return false, err
 	}
+	// The completion and the commit come after the calls work left
+	// running: neither may land in their savepoints.
+	st.drain()
 	args, err := s.completeArgs(ref, resp)
 	if err != nil {
 		return false, fmt.Errorf("idempgsql: complete: %w", err)

@@ -69,6 +69,9 @@ type txState struct {
 	mu    sync.Mutex
 	tx    *sql.Tx
 	ended bool
+	// draining says that the owner is about to commit (see drain): no
+	// call opens a savepoint any more.
+	draining bool
 	// wakes are the keys whose waiters to wake once the transaction has
 	// committed (see Store.wakeAfter).
 	wakes []wakeKey
@@ -232,7 +235,7 @@ func (r *txRef) wait(ctx context.Context, call string, handler, open bool) (*sav
 	for {
 		st.mu.Lock()
 		switch {
-		case st.ended:
+		case st.ended, st.draining:
 			st.mu.Unlock()
 			return nil, errTxEnded
 		case r.at != nil && (r.at.closed || r.at.ending):
@@ -274,6 +277,28 @@ func (st *txState) settle(sp *savepoint) {
 		st.mu.Lock()
 		if st.top == sp {
 			sp.ending = true
+			st.mu.Unlock()
+			return
+		}
+		done := st.top.done
+		st.mu.Unlock()
+		testHookBlocked()
+		<-done
+	}
+}
+
+// drain waits until no call of idem's has a savepoint open in the
+// transaction, and then refuses new ones (errTxEnded): its owner is about
+// to commit. A call that the owner's code started with its context and
+// left running (a goroutine it did not wait for) ends first, inside the
+// transaction, rather than see the commit take its savepoint as it stands,
+// half done, and then fail (or, a Process, have its message recorded
+// although its handler did not finish).
+func (st *txState) drain() {
+	for {
+		st.mu.Lock()
+		if st.top == nil {
+			st.draining = true
 			st.mu.Unlock()
 			return
 		}
@@ -504,6 +529,7 @@ func (db *DB) withTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 	if err := fn(txCtx, tx); err != nil {
 		return err
 	}
+	st.drain()
 	if err := st.end(true); err != nil {
 		return &txError{"commit", err}
 	}
