@@ -41,11 +41,15 @@ type CompleterConfig struct {
 	// Every is how often the Completer looks for abandoned executions.
 	// Defaults to 1s.
 	Every time.Duration
-	// Timeout bounds one Resume. Defaults to nine tenths of the
-	// Interceptor's lease.
+	// Timeout bounds one Resume (whose lease is renewed while it runs),
+	// and is part of the Completer's Bound. Defaults to nine tenths of the
+	// lease.
 	Timeout time.Duration
 	// Limit is how many abandoned keys one round takes on. Defaults to 100.
 	Limit int
+	// Parallel is how many of a round's keys are resumed at once. Defaults
+	// to 16.
+	Parallel int
 	// Logger defaults to the Interceptor's.
 	Logger *slog.Logger
 }
@@ -69,7 +73,7 @@ func (i *Interceptor) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
 		return nil, &idem.ArgumentError{Field: "idemgrpc.CompleterConfig.Resume", Reason: "is required"}
 	}
 	resume := c.Resume
-	comp, err := i.eng.NewCompleter(&keyed.CompleterConfig{Every: c.Every, Timeout: c.Timeout, Limit: c.Limit, Logger: c.Logger,
+	comp, err := i.eng.NewCompleter(&keyed.CompleterConfig{Every: c.Every, Timeout: c.Timeout, Limit: c.Limit, Parallel: c.Parallel, Logger: c.Logger,
 		Resume: func(ctx context.Context, kex keyed.Execution) (idem.Response, error) {
 			ex := Execution{Scope: kex.Scope, Key: kex.Key, Token: kex.Token, ClaimedAt: kex.ClaimedAt, TookOver: kex.TookOver, Recovery: kex.Recovery}
 			ctx = context.WithValue(ctx, execKey{}, &execution{Execution: ex})

@@ -225,3 +225,9 @@ func (c *call) serve(values []string) {
 	fp := idem.NewFingerprint("POST", c.method, "", "application/grpc", body)
 	i.eng.Serve(c.ctx, keyed.Request{Scope: scope, Key: key, Fingerprint: fp, Method: c.method}, c)
 }
+
+// Restart ends at once the leases an earlier incarnation of this replica
+// (Config.Holder) held when it died, on a store that keeps holders
+// (idem.Restarter), and returns how many: see keyed.Engine.Restart. Call
+// it once as the process starts, before the Completer.
+func (i *Interceptor) Restart(ctx context.Context) (int, error) { return i.eng.Restart(ctx) }

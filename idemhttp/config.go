@@ -26,6 +26,7 @@ const (
 const (
 	DefaultTTL              = keyed.DefaultTTL
 	DefaultLease            = keyed.DefaultLease
+	DefaultTimeout          = keyed.DefaultTimeout
 	DefaultInflightWait     = keyed.DefaultInflightWait
 	DefaultMaxBodyBytes     = 1 << 20
 	DefaultMaxResponseBytes = 1 << 20
@@ -90,14 +91,33 @@ type Config struct {
 	// TTL is how long a key is remembered from its claim. Defaults to 24h.
 	TTL time.Duration
 
-	// Lease is how long an execution holds its key before a retry may take
-	// it over (after a crash, say). The handler's context is cancelled when
-	// 90% of it has passed, so a well-behaved handler finishes inside its
-	// lease; it is not cancelled when the client goes away, since the
-	// client's retry is then due, and should find the answer kept rather
-	// than an execution cut off half-way to run again. Defaults to 1m, or
-	// TTL when that is shorter.
+	// Lease is how long an execution holds its key, past its last renewal,
+	// before a retry may take it over: how soon the key of a holder that
+	// died is free again. A running execution renews it every third of it,
+	// so a live one keeps its key however long it runs (up to Timeout); one
+	// that cannot renew it before it ends (the store unreachable) has its
+	// context cancelled, so that it stops before another takes over.
+	// Defaults to 10s, or TTL when that is shorter.
 	Lease time.Duration
+
+	// Timeout bounds one execution of the handler: its context ends then.
+	// It does not end when the caller goes away, nor at the call's own
+	// deadline: the caller's retry is then due, and should find the answer
+	// kept rather than an execution cut off half-way to run again.
+	// Defaults to 1m.
+	Timeout time.Duration
+
+	// Holder names this process as the holder of the keys it claims: a
+	// replica (a name it keeps when it restarts) and its incarnation (new
+	// at every start). With a store that keeps holders (idem.Restarter),
+	// Restart ends at once the leases an earlier incarnation of the
+	// replica held when it died. Defaults to none: claims are anonymous.
+	Holder idem.Holder
+
+	// Timers schedule the lease's renewals. Defaults to idem.RuntimeTimers;
+	// a test that drives Clock by hand gives the same clock here (an
+	// idemmem.Clock is both).
+	Timers idem.Timers
 
 	// InflightWait is how long a duplicate waits for the first execution to
 	// finish before it gets 409 with Retry-After, and never past the
@@ -257,7 +277,7 @@ func withDefaults(cfg *Config) (Config, error) {
 
 // engineConfig is the engine's share of c.
 func (c *Config) engineConfig() *keyed.Config {
-	return &keyed.Config{Store: c.Store, SeparateTx: c.SeparateTx, TTL: c.TTL, Lease: c.Lease, InflightWait: c.InflightWait,
+	return &keyed.Config{Store: c.Store, SeparateTx: c.SeparateTx, TTL: c.TTL, Lease: c.Lease, Timeout: c.Timeout, Holder: c.Holder, Timers: c.Timers, InflightWait: c.InflightWait,
 		PollInterval: c.PollInterval, RecentKeys: c.RecentKeys, MemoryReplayFor: c.MemoryReplayFor, MemoryReplayBytes: c.MemoryReplayBytes,
 		Clock: c.Clock, KeySecret: c.KeySecret, BodyKeys: c.BodyKeys, DiscardBodies: c.DiscardBodies, Observer: c.Observer, Logger: c.Logger}
 }
@@ -265,7 +285,8 @@ func (c *Config) engineConfig() *keyed.Config {
 // applied copies the engine's configuration, its defaults applied, back
 // into c.
 func (c *Config) applied(e keyed.Config) {
-	c.TTL, c.Lease, c.InflightWait, c.PollInterval = e.TTL, e.Lease, e.InflightWait, e.PollInterval
+	c.TTL, c.Lease, c.Timeout, c.InflightWait, c.PollInterval = e.TTL, e.Lease, e.Timeout, e.InflightWait, e.PollInterval
+	c.Timers = e.Timers
 	c.RecentKeys, c.MemoryReplayFor, c.MemoryReplayBytes, c.Clock = e.RecentKeys, e.MemoryReplayFor, e.MemoryReplayBytes, e.Clock
 	c.KeySecret, c.Logger = e.KeySecret, e.Logger
 }

@@ -128,3 +128,9 @@ func (m *Middleware) rejectScope(w http.ResponseWriter, r *http.Request, key ide
 	m.reject(r.Context(), w, "", "", http.StatusBadRequest, ProblemScope, scopeTitle,
 		"The server could not tell whom this request's Idempotency-Key belongs to, so nothing was run. Check the request's credentials and send it again.")
 }
+
+// Restart ends at once the leases an earlier incarnation of this replica
+// (Config.Holder) held when it died, on a store that keeps holders
+// (idem.Restarter), and returns how many: see keyed.Engine.Restart. Call
+// it once as the process starts, before the Completer.
+func (m *Middleware) Restart(ctx context.Context) (int, error) { return m.eng.Restart(ctx) }

@@ -64,12 +64,15 @@ type CompleterConfig struct {
 	// Every is how often the Completer looks for abandoned executions.
 	// Defaults to 1s.
 	Every time.Duration
-	// Timeout bounds one Resume. Defaults to nine tenths of the
-	// Middleware's lease, so that a Resume ends before another replica may
-	// take the key over.
+	// Timeout bounds one Resume (whose lease is renewed while it runs),
+	// and is part of the Completer's Bound. Defaults to nine tenths of the
+	// lease.
 	Timeout time.Duration
 	// Limit is how many abandoned keys one round takes on. Defaults to 100.
 	Limit int
+	// Parallel is how many of a round's keys are resumed at once. Defaults
+	// to 16.
+	Parallel int
 	// Logger defaults to the Middleware's.
 	Logger *slog.Logger
 }
@@ -97,7 +100,7 @@ func (m *Middleware) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
 		return nil, &idem.ArgumentError{Field: "idemhttp.CompleterConfig.Resume", Reason: "is required"}
 	}
 	resume := c.Resume
-	comp, err := m.eng.NewCompleter(&keyed.CompleterConfig{Every: c.Every, Timeout: c.Timeout, Limit: c.Limit, Logger: c.Logger,
+	comp, err := m.eng.NewCompleter(&keyed.CompleterConfig{Every: c.Every, Timeout: c.Timeout, Limit: c.Limit, Parallel: c.Parallel, Logger: c.Logger,
 		Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
 			w := newRecorder(nil, m.cfg.MaxResponseBytes, false)
 			if err := resume(ctx, w, ex); err != nil {

@@ -42,6 +42,16 @@ func TestMiddleware(t *testing.T) {
 	})
 }
 
+// The engine's behaviours through idemhttp, in the ClaimTx form (and the
+// others, where a case needs them).
+func TestFace(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	idemtest.TestFace(t, idemtest.HTTP, func(t *testing.T, clock idem.Clock) idem.Store {
+		return newStore(t, openDB(t, url, idempg.Config{Clock: clock}))
+	})
+}
+
 // The work's writes commit with the completion, or not at all.
 // txRunner is DB.WithTx as idemtest.TestWithTx takes it.
 type txRunner struct{ db *idempg.DB }

@@ -34,6 +34,15 @@ func TestMiddleware(t *testing.T) {
 	})
 }
 
+func TestFace(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, driver string) {
+		idemtest.TestFace(t, idemtest.HTTP, func(t *testing.T, clock idem.Clock) idem.Store {
+			return newStore(t, openDB(t, driver, idempgsql.Config{Clock: clock}))
+		})
+	})
+}
+
 // txRunner is DB.WithTx as idemtest.TestWithTx takes it.
 type txRunner struct{ db *idempgsql.DB }
 

@@ -39,6 +39,15 @@ func TestMiddleware(t *testing.T) {
 	})
 }
 
+// The engine's behaviours through idemhttp, in the separate form.
+func TestFace(t *testing.T) {
+	t.Parallel()
+	client := newClient(t)
+	idemtest.TestFace(t, idemtest.HTTP, func(t *testing.T, clock idem.Clock) idem.Store {
+		return newStore(t, client, &idemredis.Config{Prefix: randomPrefix(t), Clock: clock})
+	})
+}
+
 // The same suite with the store on rueidis, as Open makes it.
 func TestStoreRueidis(t *testing.T) {
 	t.Parallel()

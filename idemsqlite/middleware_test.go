@@ -31,6 +31,16 @@ func TestMiddleware(t *testing.T) {
 	})
 }
 
+// The engine's behaviours through idemhttp (idemtest.TestFace), in the
+// form the engine chooses for the store: Claim, then the handler in
+// CompleteTx.
+func TestFace(t *testing.T) {
+	t.Parallel()
+	idemtest.TestFace(t, idemtest.HTTP, func(t *testing.T, clock idem.Clock) idem.Store {
+		return newStore(t, openDB(t), clock)
+	})
+}
+
 func TestMiddlewareClaimTx(t *testing.T) {
 	t.Parallel()
 	idemtest.TestMiddleware(t, func(t *testing.T, clock idem.Clock) idem.Store {

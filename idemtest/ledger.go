@@ -167,8 +167,8 @@ func (e *ledgerEnv) letGo(consumer, key string, want ...idem.Message) {
 	}
 }
 
-// keyed returns event i with key.
-func keyed(i int, key string) idem.Message {
+// keyedEvent returns event i with key.
+func keyedEvent(i int, key string) idem.Message {
 	m := event(i)
 	m.Key = key
 	return m
@@ -211,7 +211,7 @@ func testLedgerHoldParkLetGo(t *testing.T, e *ledgerEnv) {
 		t.Fatalf("HoldBack: %v", err)
 	}
 	e.wantHeld("c", "acct-1", "dl-7", true)
-	m1, m2, m3 := keyed(1, "acct-1"), keyed(2, "acct-1"), keyed(3, "acct-1")
+	m1, m2, m3 := keyedEvent(1, "acct-1"), keyedEvent(2, "acct-1"), keyedEvent(3, "acct-1")
 	e.park("c", m1)
 	e.park("c", m2)
 	e.park("c", m3)
@@ -224,7 +224,7 @@ func testLedgerHoldParkLetGo(t *testing.T, e *ledgerEnv) {
 		t.Fatalf("HoldBack again: %v", err)
 	}
 	e.wantHeld("c", "acct-1", "dl-8", true)
-	m4 := keyed(4, "acct-1")
+	m4 := keyedEvent(4, "acct-1")
 	e.park("c", m4)
 	e.letGo("c", "acct-1", m4)
 }
@@ -233,7 +233,7 @@ func testLedgerParkTwice(t *testing.T, e *ledgerEnv) {
 	if err := e.l.HoldBack(e.ctx, "c", "acct-1", "dl-1"); err != nil {
 		t.Fatalf("HoldBack: %v", err)
 	}
-	m1, m2, m3 := keyed(1, "acct-1"), keyed(2, "acct-1"), keyed(3, "acct-1")
+	m1, m2, m3 := keyedEvent(1, "acct-1"), keyedEvent(2, "acct-1"), keyedEvent(3, "acct-1")
 	e.park("c", m1)
 	e.park("c", m2)
 	e.park("c", m3)
@@ -258,7 +258,7 @@ func testLedgerIndependent(t *testing.T, e *ledgerEnv) {
 	}
 	e.wantHeld("c2", "acct-1", "", false)
 	e.wantHeld("c1", "acct-3", "", false)
-	a1, a2, b1, c2m := keyed(1, "acct-1"), keyed(2, "acct-2"), keyed(3, "acct-1"), keyed(4, "acct-1")
+	a1, a2, b1, c2m := keyedEvent(1, "acct-1"), keyedEvent(2, "acct-2"), keyedEvent(3, "acct-1"), keyedEvent(4, "acct-1")
 	e.park("c1", a1)
 	e.park("c1", a2)
 	e.park("c1", b1)
@@ -273,7 +273,7 @@ func testLedgerIndependent(t *testing.T, e *ledgerEnv) {
 }
 
 func testLedgerInvalid(t *testing.T, e *ledgerEnv) {
-	noID := keyed(1, "acct-1")
+	noID := keyedEvent(1, "acct-1")
 	noID.ID = ""
 	checks := map[string]error{
 		"RecordAttempt with no consumer": func() error {
@@ -286,7 +286,7 @@ func testLedgerInvalid(t *testing.T, e *ledgerEnv) {
 		}(),
 		"HoldBack with no key":      e.l.HoldBack(e.ctx, "c", "", "dl-1"),
 		"HoldBack with no letter":   e.l.HoldBack(e.ctx, "c", "acct-1", ""),
-		"Park with no consumer":     e.l.Park(e.ctx, "", keyed(1, "acct-1")),
+		"Park with no consumer":     e.l.Park(e.ctx, "", keyedEvent(1, "acct-1")),
 		"Park a message with no ID": e.l.Park(e.ctx, "c", noID),
 	}
 	for what, err := range checks {

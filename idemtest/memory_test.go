@@ -92,3 +92,11 @@ func TestMemoryMiddleware(t *testing.T) {
 		return idemmem.NewStore(&idemmem.Config{Clock: clock})
 	})
 }
+
+// The engine's behaviours through idemhttp, on the in-memory store.
+func TestMemoryFaceHTTP(t *testing.T) {
+	t.Parallel()
+	idemtest.TestFace(t, idemtest.HTTP, func(t *testing.T, clock idem.Clock) idem.Store {
+		return idemmem.NewStore(&idemmem.Config{Clock: clock})
+	})
+}

@@ -41,12 +41,15 @@ type CompleterConfig struct {
 	// Every is how often the Completer looks for abandoned executions.
 	// Defaults to 1s.
 	Every time.Duration
-	// Timeout bounds one Resume. Defaults to nine tenths of the Engine's
-	// lease, so that a Resume ends before another replica may take the
-	// key over.
+	// Timeout bounds one Resume (whose lease is renewed while it runs),
+	// and is part of the Completer's Bound. Defaults to nine tenths of the
+	// lease.
 	Timeout time.Duration
 	// Limit is how many abandoned keys one round takes on. Defaults to 100.
 	Limit int
+	// Parallel is how many of a round's keys are resumed at once. Defaults
+	// to 16.
+	Parallel int
 	// Logger defaults to the Engine's.
 	Logger *slog.Logger
 }
@@ -60,12 +63,16 @@ type CompleterConfig struct {
 // once), runs Resume from the key's recovery point and keeps its answer,
 // which the client's retry then gets as a replay.
 //
-// Bound: a key is abandoned once its lease ends; the next round takes it,
-// and Resume ends within Timeout. So an abandoned execution is finished
-// within Lease + Every + Timeout of its holder's death, unless its outcome
-// cannot be learned: then it stays in flight, with its point, never
-// released (Unknown counts it), and is tried again after the lease the
-// Completer took.
+// Bound: a holder renews its lease while it lives, so a key is abandoned
+// at most Lease after its holder's death (at once when the holder's
+// replica restarts: Engine.Restart); the next round takes it, resuming up
+// to Parallel keys at once, each renewing its own lease, and a Resume ends
+// within Timeout. So an abandoned execution is finished within
+// Lease + Every + Timeout of its holder's death (Bound), when no more than
+// Parallel keys are abandoned at once, unless its outcome cannot be
+// learned or its answer kept: then it stays in flight, with its point,
+// never released (Unknown counts it), and is tried again after the lease
+// the Completer took.
 //
 // Make one with Engine.NewCompleter (or a face's NewCompleter), run it
 // with Run.
@@ -88,7 +95,8 @@ type CompleterStats struct {
 	Completed uint64
 	// Released: executions Resume found had done nothing.
 	Released uint64
-	// Failed: Resume calls that ended in an error (the outcome unknown).
+	// Failed: resumes whose outcome is unknown: Resume ended in an error,
+	// or its answer could not be kept.
 	Failed uint64
 	// Unknown is how many keys are in flight, with a point, whose last
 	// Resume failed: outcomes nobody has learned yet.
@@ -121,6 +129,8 @@ func (e *Engine) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
 		return nil, &idem.ArgumentError{Field: "keyed.CompleterConfig.Timeout", Reason: "must not be negative"}
 	case c.Limit < 0:
 		return nil, &idem.ArgumentError{Field: "keyed.CompleterConfig.Limit", Reason: "must not be negative"}
+	case c.Parallel < 0:
+		return nil, &idem.ArgumentError{Field: "keyed.CompleterConfig.Parallel", Reason: "must not be negative"}
 	}
 	if c.Every == 0 {
 		c.Every = time.Second
@@ -130,6 +140,9 @@ func (e *Engine) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
 	}
 	if c.Limit == 0 {
 		c.Limit = 100
+	}
+	if c.Parallel == 0 {
+		c.Parallel = 16
 	}
 	if c.Logger == nil {
 		c.Logger = e.log
@@ -178,8 +191,9 @@ func (c *Completer) Run(ctx context.Context) error {
 }
 
 // RunOnce runs one round: it takes on every abandoned key the store lists
-// (at most Limit), one after the other, and returns how many it finished.
-// Rounds of one Completer must not overlap; Run runs them one at a time.
+// (at most Limit), Parallel at once, and returns how many it finished
+// once all have ended. Rounds of one Completer must not overlap; Run runs
+// them one at a time.
 func (c *Completer) RunOnce(ctx context.Context) (finished int, err error) {
 	c.mu.Lock()
 	c.stats.Rounds++
@@ -189,15 +203,30 @@ func (c *Completer) RunOnce(ctx context.Context) (finished int, err error) {
 		return 0, err
 	}
 	c.pruneUnknown(ctx, recs)
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		slots = make(chan struct{}, c.cfg.Parallel)
+	)
 	for _, rec := range recs {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+		}
 		if ctx.Err() != nil {
-			return finished, ctx.Err()
+			break
 		}
-		if c.resume(ctx, rec) {
-			finished++
-		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if c.resume(ctx, rec) {
+				mu.Lock()
+				finished++
+				mu.Unlock()
+			}
+		})
 	}
-	return finished, nil
+	wg.Wait()
+	return finished, ctx.Err()
 }
 
 // resume takes rec's key over and finishes it; true when it ended it
@@ -206,8 +235,9 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record) bool {
 	e := c.e
 	wk := keywait.Key{Scope: rec.Scope, Key: rec.Key}
 	log := reqLog{l: c.log, scope: rec.Scope, key: rec.Key, method: "completer", path: rec.Recovery.Name}
+	sent := e.cfg.Clock.Now()
 	claim, err := c.rs.Claim(ctx, idem.ClaimRequest{Scope: rec.Scope, Key: rec.Key, Fingerprint: rec.Fingerprint,
-		Lease: e.cfg.Lease, TTL: max(e.cfg.TTL, e.cfg.Lease)})
+		Lease: e.cfg.Lease, TTL: max(e.cfg.TTL, e.cfg.Lease), Holder: e.cfg.Holder})
 	if err != nil {
 		log.LogAttrs(ctx, slog.LevelWarn, "completer: could not take the abandoned execution over", slog.String("error", err.Error()))
 		return false
@@ -237,6 +267,9 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record) bool {
 		slog.String("recovery_point", ex.Recovery.Name), slog.Time("saved_at", ex.Recovery.SavedAt))
 
 	hctx := newExecCtx(ctx, c.cfg.Timeout, ex)
+	held := &heldLease{ref: ref, ctx: hctx, log: log}
+	e.hb.hold(held, sent)
+	defer e.hb.drop(held) // once the key is settled
 	answer, rerr := runResume(hctx, c.cfg.Resume, ex)
 	hctx.stop()
 	dctx, cancel := detached(ctx)
@@ -252,12 +285,7 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record) bool {
 		log.LogAttrs(ctx, slog.LevelInfo, "completer: the abandoned execution had done nothing; key released")
 		return true
 	case rerr != nil:
-		c.mu.Lock()
-		if _, ok := c.unknown[wk]; !ok {
-			c.unknown[wk] = e.cfg.Clock.Now()
-		}
-		c.stats.Failed++
-		c.mu.Unlock()
+		c.unknownNow(wk)
 		log.LogAttrs(ctx, slog.LevelError, "completer: outcome unknown; the key stays in flight and is tried again after its lease",
 			slog.String("error", rerr.Error()), slog.Duration("lease", e.cfg.Lease))
 		return false
@@ -267,6 +295,9 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record) bool {
 		err = c.rs.Complete(dctx, ref, kept)
 	}
 	if err != nil {
+		// Finished, but nobody can tell from the store: as unknown as a
+		// Resume that failed.
+		c.unknownNow(wk)
 		log.LogAttrs(ctx, slog.LevelError, "completer: finished, but could not keep the answer; tried again after the lease",
 			slog.String("error", err.Error()))
 		return false
@@ -318,6 +349,17 @@ func (c *Completer) pruneUnknown(ctx context.Context, listed []idem.Record) {
 			c.forget(wk)
 		}
 	}
+}
+
+// unknownNow counts a resume whose outcome nobody can learn from the
+// store: its Resume failed, or its answer could not be kept.
+func (c *Completer) unknownNow(wk keywait.Key) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.unknown[wk]; !ok {
+		c.unknown[wk] = c.e.cfg.Clock.Now()
+	}
+	c.stats.Failed++
 }
 
 func (c *Completer) forget(wk keywait.Key) {

@@ -12,7 +12,8 @@ import (
 // Defaults of Config.
 const (
 	DefaultTTL          = 24 * time.Hour
-	DefaultLease        = time.Minute
+	DefaultLease        = 10 * time.Second
+	DefaultTimeout      = time.Minute
 	DefaultInflightWait = 5 * time.Second
 )
 
@@ -38,11 +39,32 @@ type Config struct {
 	// TTL is how long a key is remembered from its claim. Defaults to 24h.
 	TTL time.Duration
 
-	// Lease is how long an execution holds its key before a retry may take
-	// it over (after a crash, say). The handler's context ends when 90% of
-	// it has passed, so a well-behaved handler finishes inside its lease.
-	// Defaults to 1m, or TTL when that is shorter.
+	// Lease is how long an execution holds its key, past its last renewal,
+	// before a retry may take it over: how soon the key of a holder that
+	// died (a crash, a lost machine) is free again. A running execution
+	// renews its lease every third of it (idem.Store.Renew), so a live one
+	// keeps its key however long it runs (up to Timeout), and one that
+	// cannot renew it before it ends (the store unreachable) has its
+	// context cancelled, so that it stops before another takes over; its
+	// late completion is refused (fencing). Defaults to 10s, or TTL when
+	// that is shorter.
 	Lease time.Duration
+
+	// Timeout bounds one execution of the handler: its context ends then,
+	// whatever the lease, which is renewed until it does. Defaults to 1m.
+	Timeout time.Duration
+
+	// Holder names this process as the holder of the keys it claims: a
+	// replica (a name it keeps when it restarts) and its incarnation (new
+	// at every start). With a store that keeps holders (idem.Restarter),
+	// Engine.Restart ends at once the leases an earlier incarnation of the
+	// replica held when it died. Defaults to none: claims are anonymous.
+	Holder idem.Holder
+
+	// Timers schedule the lease's renewals. Defaults to idem.RuntimeTimers;
+	// a test that drives Clock by hand gives the same clock here (an
+	// idemmem.Clock is both), so that moving it renews.
+	Timers idem.Timers
 
 	// InflightWait is how long a duplicate waits for the execution in
 	// flight to finish before it is refused (RefusedInFlight), and never
@@ -163,6 +185,12 @@ func withDefaults(cfg *Config) (Config, error) {
 	if c.InflightWait == 0 {
 		c.InflightWait = DefaultInflightWait
 	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.Timers == nil {
+		c.Timers = idem.RuntimeTimers{}
+	}
 	if c.PollInterval == 0 {
 		c.PollInterval = defaultPollInterval
 	}
@@ -178,6 +206,11 @@ func withDefaults(cfg *Config) (Config, error) {
 		return refuse("TTL", fmt.Sprintf("(%s) must not be shorter than %s.Lease (%s)", c.TTL, prefix, c.Lease))
 	case c.PollInterval < 0:
 		return refuse("PollInterval", "must not be negative")
+	case c.Timeout < 0:
+		return refuse("Timeout", "must not be negative")
+	}
+	if err := c.Holder.Validate(); err != nil {
+		return refuse("Holder", err.Error())
 	}
 	if c.RecentKeys == 0 {
 		c.RecentKeys = defaultRecentKeys

@@ -16,12 +16,12 @@ type ctxKey struct{}
 // context.WithValue(context.WithDeadline(context.WithoutCancel(parent),
 // deadline), ctxKey{}, ex): it carries parent's values, not its
 // cancellation (a caller that leaves does not cut its execution short:
-// the answer is kept for its retry), and ends at its own deadline. It
-// makes the deadline's context (a timer, and a registration with the
-// parent) only once something asks for more than the Execution or the
-// deadline: Done, Err or another value. A handler that never looks at its
-// context (a trivial one) then costs no timer, and one that does sees
-// exactly what WithDeadline gives.
+// the answer is kept for its retry), and ends at its own deadline, or
+// when its lease cannot be kept (fail). It makes the deadline's context (a
+// timer, and a registration with the parent) only once something asks for
+// more than the Execution or the deadline: Done, Err or another value. A
+// handler that never looks at its context (a trivial one) then costs no
+// timer, and one that does sees exactly what WithDeadline gives.
 type execCtx struct {
 	parent   context.Context
 	deadline time.Time
@@ -32,13 +32,15 @@ type execCtx struct {
 	points pointSaver
 
 	inner   atomic.Pointer[deadlineCtx] // nil until needed
-	mu      sync.Mutex                  // serialises making inner, and stop
+	mu      sync.Mutex                  // serialises making inner, stop and fail
 	stopped bool
+	lost    error // fail's cause, once it failed
 }
 
 type deadlineCtx struct {
 	ctx    context.Context
 	cancel context.CancelFunc
+	fail   context.CancelCauseFunc
 }
 
 func newExecCtx(parent context.Context, timeout time.Duration, ex Execution) *execCtx {
@@ -54,7 +56,7 @@ func (c *execCtx) init(parent context.Context, timeout time.Duration) {
 }
 
 // ctx returns the deadline's context, making it on first use; once stop
-// has run it is made cancelled.
+// or fail has run it is made cancelled.
 func (c *execCtx) ctx() context.Context {
 	if in := c.inner.Load(); in != nil {
 		return in.ctx
@@ -64,11 +66,15 @@ func (c *execCtx) ctx() context.Context {
 	if in := c.inner.Load(); in != nil {
 		return in.ctx
 	}
-	ctx, cancel := context.WithDeadline(context.WithoutCancel(c.parent), c.deadline)
-	if c.stopped {
+	base, fail := context.WithCancelCause(context.WithoutCancel(c.parent))
+	ctx, cancel := context.WithDeadline(base, c.deadline)
+	switch {
+	case c.lost != nil:
+		fail(c.lost)
+	case c.stopped:
 		cancel()
 	}
-	c.inner.Store(&deadlineCtx{ctx: ctx, cancel: cancel})
+	c.inner.Store(&deadlineCtx{ctx: ctx, cancel: cancel, fail: fail})
 	return ctx
 }
 
@@ -81,6 +87,27 @@ func (c *execCtx) stop() {
 	if in != nil {
 		in.cancel()
 	}
+}
+
+// fail cancels the context with cause, unless it has ended already: the
+// execution's lease cannot be kept.
+func (c *execCtx) fail(cause error) {
+	c.mu.Lock()
+	if c.lost == nil && !c.stopped {
+		c.lost = cause
+	}
+	in := c.inner.Load()
+	c.mu.Unlock()
+	if in != nil {
+		in.fail(cause)
+	}
+}
+
+// failed returns fail's cause, or nil.
+func (c *execCtx) failed() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lost
 }
 
 func (c *execCtx) Deadline() (time.Time, bool) { return c.deadline, true }

@@ -13,7 +13,8 @@
 // answer as an idem.Response, writes an answer or a replay back, and speaks
 // the engine's refusals in its protocol's words: it implements Face and
 // calls Engine.Serve. It makes no call to the store of its own, so every
-// rule below holds the same on every face.
+// rule below holds the same on every face, and one suite,
+// idemtest.TestFace, checks each face against it on each store.
 //
 //	eng, err := keyed.New(&keyed.Config{Store: store})
 //	…
@@ -63,9 +64,29 @@
 // cancellation: a caller that leaves (a client timing out, a dropped
 // connection) does not cut its execution short, since its retry is due
 // and should find the answer kept, not an effect cut off half-way to run
-// again. The handler's context ends when its own time is up: nine tenths
-// of Config.Lease after the claim, so that a well-behaved handler finishes
-// inside its lease.
+// again. What bounds a handler is its own time, Config.Timeout (a minute by
+// default), not the lease: while it runs, the engine renews its lease every
+// third of it (idem.Store.Renew; one chain of timers for the whole engine,
+// and nothing at all for a request shorter than that), so a live handler
+// keeps its key however long it runs, and the lease can be short (10s by
+// default), so that the key of a holder that died is free within seconds.
+// A handler whose lease cannot be renewed before it ends (the store
+// unreachable) has its context cancelled, with a cause that wraps
+// idem.ErrLeaseLost, so that it stops before another takes the key over;
+// its late completion is refused (fencing). In the ClaimTx form there is
+// nothing to renew: no other transaction sees the key until the claim
+// commits.
+//
+// A duplicate refused because the key is still in flight is told to retry
+// when the holder's lease ends (Refusal.RetryAfter, at least a second): a
+// holder that died can be taken over then; a live one will have renewed it.
+//
+// A replica names itself as the holder of its claims (Config.Holder: a
+// replica and an incarnation of it). One that restarts calls
+// Engine.Restart, which ends at once the leases its earlier incarnation
+// held (on a store that keeps holders, idem.Restarter): the client's retry
+// then takes such a key over at once, and the Completer resumes those with
+// a recovery point in its first round.
 //
 // # Forms
 //

@@ -41,6 +41,8 @@ type Engine struct {
 	// obs is Config.Observer; storeName the store's type, for it.
 	obs       Observer
 	storeName string
+	// hb renews the leases of the executions running here.
+	hb heartbeat
 }
 
 // New applies the defaults to cfg, validates it and returns an Engine.
@@ -60,6 +62,7 @@ func New(cfg *Config) (*Engine, error) {
 	e.recoverer, _ = c.Store.(idem.Recoverer)
 	e.waiter, _ = c.Store.(idem.Waiter)
 	e.chooseForm()
+	e.hb.init(e)
 	return e, nil
 }
 
@@ -142,3 +145,30 @@ func (e *Engine) seal(scope idem.Scope, key idem.Key) idem.Key {
 // SealKey returns key as the engine's store keeps it: sealed with
 // Config.KeySecret, or as it is without one.
 func (e *Engine) SealKey(scope idem.Scope, key idem.Key) idem.Key { return e.seal(scope, key) }
+
+// Restart ends at once the leases that earlier incarnations of this
+// replica (Config.Holder's Replica under another Incarnation) held when
+// they died, on a store that keeps holders (idem.Restarter): a process
+// that starts again knows its earlier run is dead, so its keys need not
+// wait out their leases. A client's retry then takes such a key over at
+// once, and a Completer started afterwards lists those with a recovery
+// point in its first round and resumes them. Call it once as the process
+// starts, before its Completer. It never ends another replica's leases.
+//
+// It returns how many leases it ended; 0 and no error without a Holder or
+// with a store that keeps none.
+func (e *Engine) Restart(ctx context.Context) (int, error) {
+	rs, ok := e.store.(idem.Restarter)
+	if !ok || e.cfg.Holder.IsZero() {
+		return 0, nil
+	}
+	n, err := rs.YieldEarlier(ctx, e.cfg.Holder)
+	if err != nil {
+		return n, fmt.Errorf("keyed: ending an earlier incarnation's leases: %w", err)
+	}
+	if n > 0 {
+		e.log.LogAttrs(ctx, slog.LevelWarn, "restarted: ended the leases an earlier incarnation of this replica held",
+			slog.String("replica", e.cfg.Holder.Replica), slog.Int("leases", n))
+	}
+	return n, nil
+}

@@ -26,6 +26,16 @@ type execution struct {
 	// watch is the request's watch for this process's completion of the
 	// key, while it waits for an execution in flight.
 	watch keyWatch
+	// held is the execution's lease, renewed while it runs (outside the
+	// ClaimTx form, whose claim no other transaction sees before it
+	// commits).
+	held heldLease
+	// sent is when the claim that acquired the key was sent.
+	sent time.Time
+	// leaseEnds is when the lease of the execution in flight that a
+	// duplicate waits for ends, as its last claim found it; zero when not
+	// known.
+	leaseEnds time.Time
 }
 
 // acquired records the claim the execution runs under.
@@ -44,7 +54,7 @@ func (x *execution) acquired(claim idem.Claim) {
 // inside the store's transaction.
 func (x *execution) handlerCtx(parent context.Context, inTx bool) *execCtx {
 	e := x.e
-	x.hctx.init(parent, e.cfg.Lease*9/10)
+	x.hctx.init(parent, e.cfg.Timeout)
 	if e.recoverer != nil {
 		x.hctx.points = pointSaver{store: e.recoverer, inTx: inTx}
 		x.hctx.ex.points = &x.hctx.points
@@ -58,6 +68,9 @@ func (x *execution) handlerCtx(parent context.Context, inTx bool) *execCtx {
 func (x *execution) execute() {
 	e := x.e
 	defer e.local.Notify(x.wk)
+	x.held.ref, x.held.ctx, x.held.log = x.ref, &x.hctx, x.log
+	e.hb.hold(&x.held, x.sent)
+	defer e.hb.drop(&x.held)
 	if e.txStore != nil {
 		x.runInTx()
 		return
@@ -84,6 +97,9 @@ func (x *execution) run(hctx context.Context, inTx bool) {
 	}
 	if ran.Failure != "" {
 		ran.Keep = false
+		if x.hctx.failed() != nil {
+			ran.Failure = "lost its lease"
+		}
 	}
 	x.e.endPhase(x.ctx, PhaseHandler, Event{Status: x.ran.Status, Err: failureErr(x.ran.Failure)})
 }

@@ -39,7 +39,7 @@ func (e *Engine) Serve(ctx context.Context, req Request, face Face) Outcome {
 	key := e.seal(req.Scope, req.Key)
 	c := call{e: e, ctx: ctx, face: face,
 		log: reqLog{l: e.log, scope: req.Scope, key: key, method: req.Method, path: req.Path},
-		req: idem.ClaimRequest{Scope: req.Scope, Key: key, Fingerprint: req.Fingerprint, Lease: e.cfg.Lease, TTL: e.cfg.TTL},
+		req: idem.ClaimRequest{Scope: req.Scope, Key: key, Fingerprint: req.Fingerprint, Lease: e.cfg.Lease, TTL: e.cfg.TTL, Holder: e.cfg.Holder},
 		wk:  keywait.Key{Scope: req.Scope, Key: key}}
 	e.noteKey(ctx, req.Scope, key)
 	switch resp, seen := e.recent.Lookup(c.wk, req.Fingerprint); {
@@ -84,8 +84,16 @@ func (x *execution) claimKey() {
 			}
 		} else {
 			e.markStore(ctx)
+			x.sent = e.cfg.Clock.Now()
 			claim, err = e.store.Claim(ctx, c.req)
 			e.storeSince(ctx, StoreClaim, err)
+		}
+		if err != nil && ctx.Err() != nil {
+			// The caller left while its claim waited in the store (behind
+			// the execution of the key in flight, say): as a duplicate
+			// whose caller left while it waited here.
+			c.inFlightTooLong(x.leaseEnds)
+			return
 		}
 		if err != nil {
 			e.endPhase(ctx, PhaseClaim, Event{Claim: ClaimError, Err: err})
@@ -106,6 +114,7 @@ func (x *execution) claimKey() {
 		case idem.InFlight:
 			// Claimed again, it is no longer a key nobody has seen.
 			c.req.Unseen = false
+			x.leaseEnds = claim.Record.LeaseExpiresAt
 			if !watch.watching() {
 				// Watch from now on and look again at once, so a completion
 				// between the claim and the watch cannot be missed.
@@ -113,7 +122,7 @@ func (x *execution) claimKey() {
 				continue
 			}
 			if !c.waitChange(watch.changed, waits) {
-				c.inFlightTooLong()
+				c.inFlightTooLong(x.leaseEnds)
 				return
 			}
 			waits++
@@ -160,14 +169,21 @@ func (kw *keyWatch) stop() {
 }
 
 // inFlightTooLong refuses a duplicate that waited as long as it may (or
-// whose caller left).
-func (c *call) inFlightTooLong() {
+// whose caller left). leaseEnds is when the holder's lease ends, as its
+// last claim found it (zero: not known): the client may retry then, when
+// a holder that died can be taken over; a live holder renews it meanwhile,
+// and the retry waits again.
+func (c *call) inFlightTooLong(leaseEnds time.Time) {
 	c.e.endPhase(c.ctx, PhaseClaim, Event{Claim: ClaimInFlight, Err: c.ctx.Err()})
 	c.tally(OutcomeConflict)
-	if c.ctx.Err() == nil {
-		c.log.LogAttrs(c.ctx, slog.LevelInfo, "duplicate still in flight after waiting")
+	retry := time.Second
+	if !leaseEnds.IsZero() {
+		retry = max(leaseEnds.Sub(c.e.cfg.Clock.Now()), time.Second)
 	}
-	c.face.Refuse(Refusal{Reason: RefusedInFlight, RetryAfter: time.Second})
+	if c.ctx.Err() == nil {
+		c.log.LogAttrs(c.ctx, slog.LevelInfo, "duplicate still in flight after waiting", slog.Duration("retry_after", retry))
+	}
+	c.face.Refuse(Refusal{Reason: RefusedInFlight, RetryAfter: retry})
 }
 
 // refuseMismatch refuses a request whose key was used for another one,

@@ -70,7 +70,7 @@ func (x *execution) claimInTx() (claim idem.Claim, answered bool, err error) {
 		ok := c.waitGate(ended)
 		done()
 		if !ok {
-			c.inFlightTooLong()
+			c.inFlightTooLong(time.Time{})
 			return idem.Claim{}, true, nil
 		}
 	}
@@ -198,7 +198,15 @@ func (x *execution) afterAmbiguousCommit(cerr error) {
 		x.face.Send()
 		return
 	}
-	x.tally(OutcomeStoreError)
+	// The execution's lease could not be kept, and its context, which the
+	// transaction ran under, was cancelled: the transaction rolled back
+	// (Get says it did not commit).
+	lost := x.hctx.failed()
+	if lost != nil {
+		x.tally(OutcomeLeaseLost)
+	} else {
+		x.tally(OutcomeStoreError)
+	}
 	if gerr == nil && record.State == idem.StateInFlight && record.Token == x.ref.Token {
 		var rerr error
 		if x.hctx.ex.hasRecovery() {
@@ -209,6 +217,12 @@ func (x *execution) afterAmbiguousCommit(cerr error) {
 		if rerr != nil && !errors.Is(rerr, idem.ErrLeaseLost) {
 			x.log.LogAttrs(ctx, slog.LevelError, "could not release the key; it frees itself when its lease ends", slog.String("error", rerr.Error()))
 		}
+	}
+	if lost != nil {
+		x.log.LogAttrs(ctx, slog.LevelWarn, "the lease could not be kept while the handler ran; its effect was rolled back",
+			slog.String("error", cerr.Error()), slog.String("cause", lost.Error()))
+		x.face.Refuse(Refusal{Reason: RefusedLeaseLost, RetryAfter: time.Second, Err: lost})
+		return
 	}
 	x.log.LogAttrs(ctx, slog.LevelError, "commit failed; nothing was kept", slog.String("error", cerr.Error()))
 	x.face.Refuse(Refusal{Reason: RefusedCommitFailed, RetryAfter: time.Second, Err: fmt.Errorf("commit: %w", cerr)})

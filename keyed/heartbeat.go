@@ -1,0 +1,156 @@
+package keyed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// heldLease is one lease this process holds on a key and renews while its
+// execution runs (heartbeat). An execution holds it inside its own
+// allocation: holding and letting go cost no allocation.
+type heldLease struct {
+	prev, next *heldLease
+	ref        idem.Ref
+	// since is when the lease last began: when its claim, or its last
+	// successful renewal, was sent, by the engine's clock (the store began
+	// it a little later, so the lease ends no sooner than since + Lease).
+	since time.Time
+	// renewing says a renewal is in flight; failed that the lease was
+	// given up as lost (its context cancelled).
+	renewing, failed bool
+	// listed says the lease is in the heartbeat's list.
+	listed bool
+	// ctx is the execution's context, cancelled when the lease cannot be
+	// kept.
+	ctx *execCtx
+	// log names the key in log records.
+	log reqLog
+}
+
+// heartbeat renews the leases of the executions running in this process.
+// One chain of timers serves the engine, ticking every sixth of the lease
+// while anything runs and not at all otherwise; at each tick a lease whose
+// last renewal (or claim) is a third of the lease old is renewed, on a
+// goroutine of its own, and one about to end unrenewed (a sixth of the
+// lease left) has its execution's context cancelled, so that it stops
+// before another may take the key over. A request shorter than a third of
+// the lease is never renewed: it costs two list operations.
+type heartbeat struct {
+	e       *Engine
+	mu      sync.Mutex
+	head    heldLease // the sentinel of a circular list
+	ticking bool
+	// tick is every sixth of the lease; each is a third.
+	tick, each time.Duration
+	// beatFn is beat, made once.
+	beatFn func()
+}
+
+func (hb *heartbeat) init(e *Engine) {
+	hb.e = e
+	hb.head.prev, hb.head.next = &hb.head, &hb.head
+	hb.tick = max(e.cfg.Lease/6, time.Millisecond)
+	hb.each = max(e.cfg.Lease/3, time.Millisecond)
+	hb.beatFn = hb.beat
+}
+
+// hold starts renewing l, whose claim was sent at since.
+func (hb *heartbeat) hold(l *heldLease, since time.Time) {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	l.since, l.renewing, l.failed, l.listed = since, false, false, true
+	l.prev, l.next = hb.head.prev, &hb.head
+	hb.head.prev.next = l
+	hb.head.prev = l
+	if !hb.ticking {
+		hb.ticking = true
+		hb.e.cfg.Timers.AfterFunc(hb.tick, hb.beatFn)
+	}
+}
+
+// drop stops renewing l: its execution has settled its key.
+func (hb *heartbeat) drop(l *heldLease) {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	if !l.listed {
+		return
+	}
+	l.prev.next, l.next.prev = l.next, l.prev
+	l.prev, l.next, l.listed = nil, nil, false
+}
+
+// beat is one tick: it renews the leases due and gives up those about to
+// end, then schedules the next tick while any lease is held.
+func (hb *heartbeat) beat() {
+	now := hb.e.cfg.Clock.Now()
+	lease := hb.e.cfg.Lease
+	var due []*heldLease
+	hb.mu.Lock()
+	for l := hb.head.next; l != &hb.head; l = l.next {
+		age := now.Sub(l.since)
+		switch {
+		case l.failed:
+		case age >= lease-hb.tick:
+			// Renewals failed for two thirds of the lease: before it ends,
+			// the execution stops, rather than run on while another may
+			// take the key over.
+			l.failed = true
+			l.ctx.fail(fmt.Errorf("%w: the lease could not be renewed for %s, and ends in %s", errLeaseEnding, age.Round(time.Millisecond), (lease - age).Round(time.Millisecond)))
+			l.log.LogAttrs(context.Background(), slog.LevelError, "lease not renewed: the execution is cancelled before another may take its key over",
+				slog.Duration("since_renewal", age), slog.Duration("lease", lease))
+		case !l.renewing && age >= hb.each:
+			l.renewing = true
+			due = append(due, l)
+		}
+	}
+	more := hb.head.next != &hb.head
+	if !more {
+		hb.ticking = false
+	}
+	hb.mu.Unlock()
+	for _, l := range due {
+		go hb.renew(l)
+	}
+	if more {
+		hb.e.cfg.Timers.AfterFunc(hb.tick, hb.beatFn)
+	}
+}
+
+// errLeaseEnding is the cause an execution's context ends with when its
+// lease could not be renewed in time: it wraps idem.ErrLeaseLost.
+var errLeaseEnding = fmt.Errorf("keyed: lease not renewed: %w", idem.ErrLeaseLost)
+
+// renew renews l once.
+func (hb *heartbeat) renew(l *heldLease) {
+	e := hb.e
+	sent := e.cfg.Clock.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), hb.tick)
+	_, err := e.store.Renew(ctx, l.ref, e.cfg.Lease)
+	cancel()
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	l.renewing = false
+	if !l.listed {
+		return // settled meanwhile
+	}
+	switch {
+	case err == nil:
+		l.since = sent
+	case errors.Is(err, idem.ErrLeaseLost):
+		// Taken over (or ended by hand): whatever the execution does now
+		// will be refused; it stops at once.
+		if !l.failed {
+			l.failed = true
+			l.ctx.fail(fmt.Errorf("keyed: renewing the lease: %w", err))
+			l.log.LogAttrs(context.Background(), slog.LevelWarn, "lease lost while the execution ran: it is cancelled", slog.String("error", err.Error()))
+		}
+	default:
+		l.log.LogAttrs(context.Background(), slog.LevelWarn, "could not renew the lease; trying again", slog.String("error", err.Error()))
+	}
+}
