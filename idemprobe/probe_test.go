@@ -782,6 +782,50 @@ func TestHistoryFindsADoubleRunUnderLoad(t *testing.T) {
 	}
 }
 
+// Many requests under one key, a tenth of them hung up: a request whose
+// answer is unknown may take effect at any time after it was sent, so a
+// search over every order of them explodes once the history goes wrong
+// late. A server that, past three quarters of the history, runs the key
+// again must still be found out (a failure, not "could not finish"), and
+// at once: refusals and unknown answers change nothing in the model, so
+// they cannot make a history linearizable or not.
+func TestHistoryOneKeyGoingWrongLate(t *testing.T) {
+	t.Parallel()
+	const history = 120
+	for _, wrong := range []bool{false, true} {
+		t.Run(fmt.Sprint("wrong=", wrong), func(t *testing.T) {
+			t.Parallel()
+			var mu sync.Mutex
+			seen := 0
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				seen++
+				id := "pay_1"
+				if wrong && seen > history*3/4 {
+					id = "pay_2" // ran again
+				}
+				mu.Unlock()
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, `{"id":%q}`, id)
+			})
+			rep, err := idemprobe.Run(t.Context(), &idemprobe.Config{
+				Handler: h, URL: "/pay",
+				History: history, HistoryKeys: 1, HistorySeed: 3, HistoryDir: t.TempDir(),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := map[bool]idemprobe.Status{false: idemprobe.Pass, true: idemprobe.Fail}[wrong]
+			for _, c := range rep.Checks {
+				if c.Name == "history-linearizable" && c.Status != want {
+					t.Errorf("history-linearizable: %s %q, want %s", c.Status, c.Reason, want)
+				}
+			}
+		})
+	}
+}
+
 // testHistory probes a fake with flaw, a history included, and wants the
 // checks in fail, and only those, not to pass.
 func testHistory(t *testing.T, f flaw, fail []string) {
