@@ -617,10 +617,12 @@ func (p *prober) judgeAnswer(w *Want, a *Answer, ref func(string) *Answer, infli
 		case inflight == nil && a.success():
 			// Among copies, the one that ran or a replay of it: allSame
 			// tells them apart.
-		case inflight != nil && isReplayOf(a, inflight) && p.cfg.Strict:
+		case inflight != nil && sameAnswer(a, inflight) && p.cfg.Strict:
 			return fmt.Sprintf("409 while the first is in flight, not its answer after waiting for it (%s%s): Strict holds a duplicate in flight to the draft's 409",
 				inflight.statusText(), idNote(inflight))
-		case inflight != nil && isReplayOf(a, inflight):
+		case inflight != nil && sameAnswer(a, inflight):
+			// The first's answer itself, not merely one marked as a
+			// replay: a duplicate that ran again may be marked too.
 		case p.cfg.Strict || inflight == nil:
 			return "409 for a duplicate in flight"
 		default:
@@ -634,7 +636,7 @@ func (p *prober) judgeAnswer(w *Want, a *Answer, ref func(string) *Answer, infli
 		return "a 2xx"
 	}
 	if w.Same != "" {
-		if b := ref(w.Same); !(a.Status == b.Status && sameBody(a.body, b.body) && a.ID == b.ID) {
+		if b := ref(w.Same); !sameAnswer(a, b) {
 			return fmt.Sprintf("the answer of %s again (%s%s)", w.Same, b.statusText(), idNote(b))
 		}
 	}

@@ -2,8 +2,10 @@ package idemprobe_test
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -130,6 +132,69 @@ func TestOwnCases(t *testing.T) {
 		}
 		if i < 13 || c.Number != i {
 			t.Errorf("%s is check %d at %d, want it after the probe's 13, numbered on", c.Name, c.Number, i)
+		}
+	}
+}
+
+// markedTwice runs every request, a duplicate in flight included, and
+// marks a duplicate's answer as a replay all the same: the mark is no
+// proof that the answer is the first execution's. A request with X-Slow
+// is held until its duplicate has arrived, so that the duplicate is
+// certainly in flight.
+type markedTwice struct {
+	mu   sync.Mutex
+	n    int
+	keys map[string]*arrival
+}
+
+type arrival struct {
+	dup  chan struct{}
+	once sync.Once
+}
+
+func (h *markedTwice) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	h.mu.Lock()
+	a, seen := h.keys[key]
+	if !seen {
+		a = &arrival{dup: make(chan struct{})}
+		h.keys[key] = a
+	}
+	h.n++
+	id := h.n
+	h.mu.Unlock()
+	switch {
+	case seen:
+		a.once.Do(func() { close(a.dup) })
+		w.Header().Set("Idempotent-Replayed", "true")
+	case r.Header.Get("X-Slow") != "":
+		select {
+		case <-a.dup:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"id":"ord_%d"}`, id)
+}
+
+// A duplicate in flight that ran again is no conflict and no wait, even
+// marked as a replay: the answer must be the first's.
+func TestConflictWantsTheFirstsAnswer(t *testing.T) {
+	t.Parallel()
+	rep, err := idemprobe.Run(t.Context(), &idemprobe.Config{
+		Handler:    &markedTwice{keys: map[string]*arrival{}},
+		URL:        "/orders",
+		SlowHeader: "X-Slow: 1",
+		Cases:      idemprobe.DraftCases()[1:2], // draft-concurrent-conflict
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rep.Checks {
+		if (c.Name == "in-flight-duplicate" || c.Name == "draft-concurrent-conflict") && c.Status != idemprobe.Fail {
+			t.Errorf("%s: %s %q, want a failure", c.Name, c.Status, c.Reason)
 		}
 	}
 }

@@ -125,6 +125,11 @@ func sameBody(a, b []byte) bool {
 	return bytes.Equal(ca, cb)
 }
 
+// sameAnswer reports whether b is a again: the same status, body and id.
+func sameAnswer(a, b *Answer) bool {
+	return a.Status == b.Status && sameBody(a.body, b.body) && a.ID == b.ID
+}
+
 func allSame(as []*Answer) bool {
 	for _, a := range as[1:] {
 		if a.Status != as[0].Status || !sameBody(a.body, as[0].body) {
