@@ -392,3 +392,40 @@ func TestHandlerServerIsClosed(t *testing.T) {
 		t.Errorf("the handler is still served after Run: %s", resp.Status)
 	}
 }
+
+// A handler that never returns (it ignores its request's context) must
+// not keep Run past Config.Timeout: the probe gives up on it, reports the
+// request it held as cut short, and returns.
+func TestHandlerThatHangsEndsWithTheTimeout(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // lets the handler end before the leak check
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Hang") != "" {
+			<-release
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	type result struct {
+		rep *idemprobe.Report
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rep, err := idemprobe.Run(t.Context(), &idemprobe.Config{Handler: h, SlowHeader: "X-Hang: 1", Timeout: 2 * time.Second})
+		done <- result{rep, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		for _, c := range r.rep.Checks {
+			if c.Name == "in-flight-duplicate" && (c.Status != idemprobe.Error || !strings.Contains(c.Reason, "timeout")) {
+				t.Errorf("in-flight-duplicate: %s %q, want an error saying the timeout ran out", c.Status, c.Reason)
+			}
+		}
+	case <-time.After(30 * time.Second):
+		t.Errorf("Run has not returned 30s after it began, with a Timeout of 2s")
+	}
+}

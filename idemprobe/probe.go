@@ -29,10 +29,14 @@ type Config struct {
 
 	// Handler, when set, is the endpoint's handler (a router, a handler
 	// wrapped in a middleware), which the probe serves in-process for the
-	// length of its run: on an httptest.Server on loopback, closed when Run
+	// length of its run: on an HTTP server on loopback, closed when Run
 	// returns, so that the checks that hang up a connection or overlap
 	// requests meet it as they would a real server. URL, CountURL and the
-	// URL of Revoke are then paths on it. Defaults to none: URL is probed.
+	// URL of Revoke are then paths on it. Run waits for the handler's
+	// requests to end, those the probe hung up on included, within
+	// Timeout; a handler still running then is left running (its
+	// connections closed), so that Run returns. Defaults to none: URL is
+	// probed.
 	Handler http.Handler
 
 	// Method is the request's method. Defaults to POST.
@@ -191,10 +195,10 @@ func run(ctx context.Context, cfg *Config, each func(row *check, c *Check, do fu
 	if err != nil {
 		return nil, err
 	}
-	defer p.close()
 	table, order := p.table, p.order
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
+	defer p.close(ctx) // before cancel: the handlers have what is left of the timeout
 
 	start := time.Now()
 	// The report lists the checks in the table's order, whatever order they

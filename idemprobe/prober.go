@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
@@ -37,7 +36,8 @@ type prober struct {
 	// the report's order; order is the order they run in.
 	table     []check
 	order     []int
-	server    *httptest.Server // serving Config.Handler, or nil
+	server    *http.Server  // serving Config.Handler, or nil
+	served    chan struct{} // closed when server's Serve has returned
 	target    *url.URL
 	client    *http.Client
 	transport *http.Transport
@@ -258,15 +258,21 @@ func newProber(ctx context.Context, c *Config) (*prober, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if cfg.Handler != nil {
-		// Served on loopback, by construction.
-		p.server = httptest.NewServer(cfg.Handler)
-		base, err := url.Parse(p.server.URL)
+		// Served on loopback, by construction. Not on an httptest.Server,
+		// whose Close waits for every handler however long it runs: a
+		// handler that never returns would keep Run past its Timeout.
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			p.server.Close()
 			return nil, fmt.Errorf("serving the handler: %w", err)
 		}
+		p.server = &http.Server{Handler: cfg.Handler}
+		p.served = make(chan struct{})
+		go func() {
+			defer close(p.served)
+			_ = p.server.Serve(ln) // ErrServerClosed once close begins
+		}()
 		for _, u := range urls {
-			u.Scheme, u.Host = base.Scheme, base.Host
+			u.Scheme, u.Host = "http", ln.Addr().String()
 		}
 		if count != nil {
 			p.cfg.CountURL = count.String()
@@ -283,12 +289,19 @@ func newProber(ctx context.Context, c *Config) (*prober, error) {
 }
 
 // close ends what the probe started: its idle connections, and the
-// server of Config.Handler.
-func (p *prober) close() {
+// server of Config.Handler, once the handlers it runs have returned (a
+// request whose answer the probe lost on purpose may still be running)
+// or ctx, the probe's own time, has ended. A handler still running then
+// is left to end by itself: its connection is closed, and Run returns.
+func (p *prober) close(ctx context.Context) {
 	p.transport.CloseIdleConnections()
-	if p.server != nil {
-		p.server.Close()
+	if p.server == nil {
+		return
 	}
+	if err := p.server.Shutdown(ctx); err != nil {
+		_ = p.server.Close()
+	}
+	<-p.served
 }
 
 func parseTarget(what, raw string) (*url.URL, error) {
