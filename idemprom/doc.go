@@ -21,6 +21,14 @@
 //   - RegisterOutbox: idem_outbox_backlog{outbox} and
 //     idem_outbox_oldest_age_seconds{outbox}, from an outbox that tells its
 //     backlog (Backlogger: idemsqlite's and idempg's).
+//   - RegisterStream: idem_stream_held_messages{consumer},
+//     idem_stream_held_bytes, idem_stream_held_peak_messages,
+//     idem_stream_delayed_messages, idem_stream_held_limit,
+//     idem_stream_uncommitted_messages, idem_stream_oldest_held_age_seconds
+//     and idem_stream_commit_failures_total, from a transport that tells
+//     what its streams hold (StreamStatser: idemkafka's), so that a
+//     partition pinned by a message that keeps failing shows before it
+//     hurts.
 //
 // Histograms and relay counters, given to the toolkit's Config.Observer and
 // registered like any collector:

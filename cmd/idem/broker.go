@@ -82,6 +82,10 @@ type openedBroker struct {
 	shown string
 }
 
+// Unwrap returns the broker's transport, for what only some transports
+// tell (idemprom.StreamStatser).
+func (b *openedBroker) Unwrap() payments.Transport { return b.Transport }
+
 // openBroker connects to the broker a --broker value names and makes sure
 // its stream, or exchange, exists. The settlement consumer's subscription
 // carries --ack-wait (payments.Config.AckWait).

@@ -301,6 +301,13 @@ func testServeSettles(t *testing.T, pt pipelineTransport) {
 	if s := settlement(); s.Total != sum || s.Events != n || s.Currency != "KRW" {
 		t.Fatalf("settlement = %+v, want %d KRW over %d events", s, sum, n)
 	}
+	// A transport whose streams hold messages in memory shows them, and
+	// their bound (idemprom.StreamStatser); the others have no such
+	// gauges.
+	limit := metricValue(metricsOf(t, srv), `idem_stream_held_limit{consumer="settlement"}`)
+	if kafka := strings.Contains(strings.Join(pt.args, " "), "kafka://"); kafka != (limit > 0) {
+		t.Errorf("idem_stream_held_limit = %v on a transport that is Kafka: %v", limit, kafka)
+	}
 
 	// The test publishes straight to the transport, as another relay
 	// would.

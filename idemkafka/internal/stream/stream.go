@@ -312,20 +312,26 @@ func (s *Stream) NextBatch(ctx context.Context, max int) ([]idem.Delivery, error
 }
 
 // takeLocked hands out up to max records: due redeliveries first, then
-// records in the order they were polled.
+// records in the order they were polled. A record of a partition being
+// revoked is not handed out (the revocation takes them out of line; this
+// is the second guard).
 func (s *Stream) takeLocked(max int, now time.Time) []idem.Delivery {
 	var ds []idem.Delivery
 	for len(ds) < max && len(s.delayed) > 0 && !s.delayed[0].due.After(now) {
 		e := s.delayed[0]
 		s.delayed[0] = nil
 		s.delayed = s.delayed[1:]
-		ds = append(ds, s.handOutLocked(e))
+		if !e.ps.revoking {
+			ds = append(ds, s.handOutLocked(e))
+		}
 	}
 	for len(ds) < max && len(s.ready) > 0 {
 		e := s.ready[0]
 		s.ready[0] = nil
 		s.ready = s.ready[1:]
-		ds = append(ds, s.handOutLocked(e))
+		if !e.ps.revoking {
+			ds = append(ds, s.handOutLocked(e))
+		}
 	}
 	return ds
 }
@@ -700,6 +706,7 @@ func (s *Stream) lost(_ context.Context, lost map[string][]int32) {
 	for p := range only {
 		s.parts[p].revoking = true
 	}
+	s.dropQueuedLocked(only)
 	s.fenceLocked()
 	defer s.unfenceLocked()
 	s.forgetLocked(only)

@@ -591,7 +591,8 @@ func (h *headerOutbox) Add(ctx context.Context, msgs ...idem.Message) error {
 
 // collectors are the pipeline's metrics: the settlement consumer's counts
 // and histograms, the dead letters' gauges, the relay's counts and
-// histograms and, where the outbox tells it, its backlog.
+// histograms and, where the transport and the outbox tell them, what the
+// consumer's streams hold and the outbox's backlog.
 func (p *pipeline) collectors(c *Config) ([]prometheus.Collector, error) {
 	letters, err := idemprom.NewDeadLettersCollector(p.msgs.letters, &idemprom.DeadLettersConfig{
 		Consumers: []string{SettlementConsumer}, Clock: c.Clock, Logger: c.Logger})
@@ -600,6 +601,16 @@ func (p *pipeline) collectors(c *Config) ([]prometheus.Collector, error) {
 	}
 	cs := []prometheus.Collector{
 		idemprom.NewConsumerCollector(SettlementConsumer, p.consumer), p.consumerObs, letters, p.relayObs,
+	}
+	// A transport that holds messages in the process's memory (Kafka's
+	// streams) tells how many, and how long its partitions' positions
+	// have stood still.
+	t := p.transport
+	if u, ok := t.(interface{ Unwrap() Transport }); ok {
+		t = u.Unwrap()
+	}
+	if s, ok := t.(idemprom.StreamStatser); ok {
+		cs = append(cs, idemprom.NewStreamCollector(SettlementConsumer, s, c.Clock))
 	}
 	if b, ok := p.msgs.outbox.(idemprom.Backlogger); ok {
 		backlog, err := idemprom.NewOutboxCollector(outboxName, b, &idemprom.OutboxConfig{Clock: c.Clock, Logger: c.Logger})

@@ -1,0 +1,16 @@
+module github.com/idem-go/idem/idemkafka/internal/streammodel
+
+go 1.26.0
+
+require (
+	github.com/idem-go/idem v0.1.0
+	github.com/idem-go/idem/idemkafka v0.1.0
+	github.com/twmb/franz-go v1.22.3
+	pgregory.net/rapid v1.3.0
+)
+
+require (
+	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
+)
