@@ -78,6 +78,29 @@
 // TestRebalanceMidBatch has a second member join while the first holds
 // deliveries in its handlers, then kills the first.
 //
+// A poll under way when franz-go revokes a partition may still return
+// records of it (franz-go promises only that a poll begun after
+// OnPartitionsRevoked returns none), and on a lost session franz-go drops
+// what it buffered only after OnPartitionsLost: each rebalance callback
+// therefore waits for the poll under way to take its records in first, and
+// no record of a partition being revoked is taken in or handed out, so the
+// records of an ended assignment never mix with those the partition brings
+// when it comes back. A model-based test (module
+// idemkafka/internal/streammodel) holds the stream to this under arbitrary
+// interleavings; docs/kafka.md says what was proven and how.
+//
+// # Memory
+//
+// A stream holds no more than MaxInFlight records (the Subscription's, the
+// consumer's MaxPending): fetched and not handed out, handed out and not
+// settled, waiting for a Nack's delay, or given back by a revocation under
+// way. Settled records are not kept, so a message that keeps failing at the
+// head of its partition holds only itself; the partition's committed
+// position stays at it meanwhile. Transport.StreamStats tells what the
+// streams of a consumer hold, how far they have fetched past the committed
+// position and since when the oldest is held; idemprom.RegisterStream
+// exports it.
+//
 // Every change of membership is a rebalance, and a member that died
 // without leaving holds the next one up for RevokeWait and as long again
 // (5s at most). Consumers that come and go faster than that keep the

@@ -59,7 +59,16 @@ too.
   idem torture messages --events 50000
   idem torture messages --broker nats://127.0.0.1:4222 --db postgres://postgres@127.0.0.1:5432/test --by-id --events 200000
   idem torture messages --broker private-rabbitmq --restart-broker-every 20s --by-id --events 100000
-  idem torture messages --broker private-kafka --db postgres://postgres@127.0.0.1:5432/test --events 50000`,
+  idem torture messages --broker private-kafka --db postgres://postgres@127.0.0.1:5432/test --events 50000
+  idem torture messages --broker private-kafka --db postgres://postgres@127.0.0.1:5432/test --events 100000 \
+      --consumers 4 --churn-every 300ms --kill-every 5s
+
+--churn-every has a random consumer leave its group cleanly (SIGTERM) and
+join it again that often: on Kafka, a rebalance storm. The run is calm (no
+churn, no kills by the run) until a fifth of the events are applied, and
+the report sets the events applied per second under churn beside the calm
+rate. On Kafka the consumers also say what their streams hold, and the run
+holds it against their limit (MaxPending).`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()
@@ -73,6 +82,7 @@ too.
 	fl.Float64Var(&ackKills, "ack-kills", torture.DefaultAckKillRate, "chance that a consumer SIGKILLs itself between an event's commit and its acknowledgement (0 for none)")
 	fl.DurationVar(&c.AckWait, "ack-wait", torture.DefaultAckWait, "the consumers' ack wait: how soon what a killed consumer held is delivered again")
 	fl.DurationVar(&c.RestartBrokerEvery, "restart-broker-every", 0, "SIGKILL the private broker this often and start it again (0 for never)")
+	fl.DurationVar(&c.ChurnEvery, "churn-every", 0, "time between two consumers leaving their group cleanly and joining again, a rebalance storm; the run is calm until a fifth of the events are applied, and reports both rates (0 for none)")
 	fl.DurationVar(&c.Timeout, "timeout", torture.DefaultMessagesTimeout, "longest the run may take once publishing began; events not applied by then are violations")
 	fl.DurationVar(&c.Drain, "drain", torture.DefaultMessagesDrain, "once the time is up, every event published, how long to go on with the faults stopped, to tell slow events from lost ones (0 for none)")
 	fl.IntVar(&c.Backlog, "backlog", torture.DefaultBacklog, "most messages published ahead of the consumers (0 for no bound)")
@@ -88,8 +98,8 @@ too.
 			return &usageError{errors.New("--backlog must not be negative")}
 		case ackKills < 0 || ackKills >= 1:
 			return &usageError{fmt.Errorf("--ack-kills must be at least 0 and below 1, got %g", ackKills)}
-		case c.KillEvery < 0 || c.RestartBrokerEvery < 0 || c.Drain < 0 || c.AckWait <= 0 || c.Timeout <= 0:
-			return &usageError{errors.New("--kill-every, --restart-broker-every and --drain must not be negative; --ack-wait and --timeout must be positive")}
+		case c.KillEvery < 0 || c.RestartBrokerEvery < 0 || c.ChurnEvery < 0 || c.Drain < 0 || c.AckWait <= 0 || c.Timeout <= 0:
+			return &usageError{errors.New("--kill-every, --restart-broker-every, --churn-every and --drain must not be negative; --ack-wait and --timeout must be positive")}
 		case c.RestartBrokerEvery > 0 && c.Broker == torture.PrivateKafka:
 			return &usageError{errors.New("--restart-broker-every cannot restart private-kafka: kfake runs in this process and keeps nothing on disk")}
 		case c.RestartBrokerEvery > 0 && !strings.HasPrefix(c.Broker, "private-"):

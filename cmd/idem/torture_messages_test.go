@@ -203,3 +203,32 @@ func TestTortureMessagesUsage(t *testing.T) {
 		t.Errorf("messages-worker without its configuration: exit %d, stderr %q", code, errOut.String())
 	}
 }
+
+// The rebalance storm, short: on Kafka (kfake in the run's process), with
+// the inboxes in PostgreSQL, a consumer leaves its group cleanly and joins
+// again every 300ms once the calm part is over, another is SIGKILLed every
+// 3s, and some kill themselves between a commit and its acknowledgement:
+// every event applied once, in its key's order, no consumer's streams
+// holding more than their limit, and both rates reported. The long form
+// (100,000 events and more) is in docs/kafka.md.
+func TestTortureMessagesRebalanceStorm(t *testing.T) {
+	t.Parallel()
+	pg := postgresURL(t)
+	const events = 2000
+	code, stdout, stderr, r := runTortureMessages(t, "--broker", "private-kafka", "--db", pg, "--events", strconv.Itoa(events),
+		"--keys", "50", "--consumers", "3", "--churn-every", "300ms", "--kill-every", "3s", "--ack-kills", "0.003",
+		"--ack-wait", "1s", "--timeout", "300s")
+	checkMessagesHeld(t, events, "torture-messages-kafka-pg", code, stdout, stderr, r)
+	if r["out_of_order"] != 0 {
+		t.Errorf("%d effects out of their key's order", r["out_of_order"])
+	}
+	if r["churns"] == 0 {
+		t.Errorf("no consumer left and joined: the storm did not blow")
+	}
+	if r["held_reports"] == 0 || r["held_peak"] == 0 || r["held_peak"] > r["held_limit"] {
+		t.Errorf("held at most %d of %d (%d reports)", r["held_peak"], r["held_limit"], r["held_reports"])
+	}
+	if !strings.Contains(stdout, "RESULT,torture-messages-kafka-pg,calm_events_per_s,") || !strings.Contains(stdout, "RESULT,torture-messages-kafka-pg,churn_events_per_s,") {
+		t.Errorf("no rates reported:\n%s", stdout)
+	}
+}

@@ -107,6 +107,13 @@ type MessagesConfig struct {
 	// it again on its data, never while a consumer starts. Only a private
 	// broker is ever restarted. Defaults to 0: never.
 	RestartBrokerEvery time.Duration
+	// ChurnEvery is the time between two consumers leaving their group
+	// (SIGTERM: a clean stop, which on Kafka leaves the group at once) and
+	// joining it again (started again at once): a rebalance storm. With
+	// churn, the run is calm (no churn, no kills by the run) until a fifth
+	// of the events are applied, and the report sets the rate under churn
+	// beside the calm rate. Defaults to 0: none.
+	ChurnEvery time.Duration
 	// ByID de-duplicates by the event's ID, in batches, instead of by its
 	// key and sequence number: competing consumers may then apply a key's
 	// events out of order, which is reported, not a violation.
@@ -199,8 +206,8 @@ func (c *MessagesConfig) withDefaults() (MessagesConfig, error) {
 		return o, errors.New("torture: Events, Keys and Consumers must be positive")
 	case o.AckKillRate >= 1:
 		return o, fmt.Errorf("torture: AckKillRate must be below 1, got %g", o.AckKillRate)
-	case o.AckWait < 0 || o.Timeout < 0 || o.RestartBrokerEvery < 0:
-		return o, errors.New("torture: AckWait, Timeout and RestartBrokerEvery must not be negative")
+	case o.AckWait < 0 || o.Timeout < 0 || o.RestartBrokerEvery < 0 || o.ChurnEvery < 0:
+		return o, errors.New("torture: AckWait, Timeout, RestartBrokerEvery and ChurnEvery must not be negative")
 	case broker == "":
 		return o, fmt.Errorf("torture: Broker must be sqlite, postgres://…, nats://…, amqp://…, kafka://…, %s, %s, %s or %s", PrivatePostgres, PrivateNATS, PrivateRabbitMQ, PrivateKafka)
 	case o.RestartBrokerEvery > 0 && o.Broker == PrivateKafka:
@@ -280,9 +287,19 @@ type messagesRun struct {
 	published atomic.Int64
 	copies    atomic.Int64
 	kills     atomic.Int64
-	ackKills  atomic.Int64
-	restarts  atomic.Int64
-	applied   atomic.Int64
+	churns    atomic.Int64
+	// calm is closed when the calm part of a churned run ends: calmAt
+	// and calmApplied say when, and with how many events applied.
+	calm        chan struct{}
+	calmAt      time.Time
+	calmApplied int64
+	began       time.Time
+	// held is what the consumers' streams said they held at most, and
+	// their limit (see holding).
+	heldPeak, heldLimit, heldReports atomic.Int64
+	ackKills                         atomic.Int64
+	restarts                         atomic.Int64
+	applied                          atomic.Int64
 	// late counts the events applied in the drain, after the time was up
 	// and the faults stopped; drained says whether there was a drain.
 	late       int64
@@ -316,7 +333,10 @@ func RunMessages(ctx context.Context, cfg *MessagesConfig) (rep *MessagesReport,
 	if err != nil {
 		return nil, err
 	}
-	r := &messagesRun{cfg: c, rng: newLockedRand(c.Seed)}
+	r := &messagesRun{cfg: c, rng: newLockedRand(c.Seed), calm: make(chan struct{})}
+	if c.ChurnEvery <= 0 {
+		close(r.calm)
+	}
 	if c.ConsumerLog != nil {
 		r.log = &lineWriter{w: c.ConsumerLog}
 	}
@@ -431,7 +451,7 @@ func (r *messagesRun) startConsumers(ctx context.Context) error {
 		env := append(append([]string(nil), r.cfg.Env...), WorkerEnv+"="+string(wc))
 		r.consumers = append(r.consumers, &replica{
 			n: i, exe: r.cfg.Executable, args: r.cfg.WorkerArgs, env: env,
-			what: "consumer", ready: consumingPrefix, log: r.log,
+			what: "consumer", ready: consumingPrefix, log: r.log, onLine: r.holding,
 		})
 	}
 	errs := make([]error, len(r.consumers))
@@ -459,17 +479,18 @@ func (r *messagesRun) load(ctx context.Context) (time.Duration, error) {
 	// redeliveries have had their time.
 	stopChaos, stopSupervising := make(chan struct{}), make(chan struct{})
 	var chaos, supervisors sync.WaitGroup
-	errs := make(chan error, len(r.consumers)+2)
+	errs := make(chan error, len(r.consumers)+3)
 	for _, c := range r.consumers {
 		supervisors.Go(func() { errs <- r.supervise(ctx, c, stopSupervising) })
 	}
 	chaos.Go(func() { errs <- r.killLoop(ctx, stopChaos) })
 	chaos.Go(func() { errs <- r.restartLoop(ctx, stopChaos) })
+	chaos.Go(func() { errs <- r.churnLoop(ctx, stopChaos) })
 	received := 0
 	// collect gathers the loops' errors once they are all told to stop.
 	collect := func() error {
 		var err error
-		for ; received < len(r.consumers)+2; received++ {
+		for ; received < len(r.consumers)+3; received++ {
 			err = errors.Join(err, <-errs)
 		}
 		return err
@@ -477,6 +498,7 @@ func (r *messagesRun) load(ctx context.Context) (time.Duration, error) {
 
 	published := make(chan error, 1)
 	began := time.Now()
+	r.began = began
 	go func() { published <- r.publish(runCtx) }()
 	var elapsed time.Duration
 	var loadErr error
@@ -505,6 +527,7 @@ wait:
 		case <-progress.C:
 			r.printProgress()
 		case <-poll.C:
+			r.endCalm()
 			if publishing {
 				// Done means every event and every copy published, too.
 				r.countApplied(runCtx)
@@ -778,6 +801,13 @@ func (r *messagesRun) killLoop(ctx context.Context, stop <-chan struct{}) error 
 	if r.cfg.KillEvery < 0 {
 		return nil
 	}
+	select {
+	case <-r.calm:
+	case <-stop:
+		return nil
+	case <-ctx.Done():
+		return nil
+	}
 	t := time.NewTicker(r.cfg.KillEvery)
 	defer t.Stop()
 	for {
@@ -870,4 +900,83 @@ func (r *messagesRun) cleanup() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// endCalm ends the calm part of a churned run once a fifth of the events
+// are applied.
+func (r *messagesRun) endCalm() {
+	select {
+	case <-r.calm:
+		return
+	default:
+	}
+	if n := r.applied.Load(); n >= int64(r.cfg.Events)/5 {
+		r.calmAt, r.calmApplied = time.Now(), n
+		close(r.calm)
+		fmt.Fprintf(r.cfg.Progress, "torture: calm part over (%d events applied in %s); the churn begins\n", n, time.Since(r.began).Round(time.Millisecond))
+	}
+}
+
+// churnLoop has a random consumer leave its group every ChurnEvery: a
+// clean stop (SIGTERM), after which supervise starts it again at once,
+// and it joins again.
+func (r *messagesRun) churnLoop(ctx context.Context, stop <-chan struct{}) error {
+	if r.cfg.ChurnEvery <= 0 {
+		return nil
+	}
+	select {
+	case <-r.calm:
+	case <-stop:
+		return nil
+	case <-ctx.Done():
+		return nil
+	}
+	t := time.NewTicker(r.cfg.ChurnEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return nil
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		r.chaos.Lock()
+		c := r.consumers[r.rng.IntN(len(r.consumers))]
+		c.stop()
+		r.churns.Add(1)
+		r.chaos.Unlock()
+	}
+}
+
+// heldPrefix starts the line a consumer prints now and then with what
+// its transport's streams hold (holdingEvery).
+const heldPrefix = "idem: stream holds "
+
+// holding reads a consumer's line, keeping the most its streams held and
+// their limit: held beyond the limit is a violation.
+func (r *messagesRun) holding(line string) {
+	rest, ok := strings.CutPrefix(line, heldPrefix)
+	if !ok {
+		return
+	}
+	var held, peak, limit, bytes int64
+	if _, err := fmt.Sscanf(rest, "%d peak %d limit %d bytes %d", &held, &peak, &limit, &bytes); err != nil {
+		return
+	}
+	r.heldReports.Add(1)
+	for _, v := range []struct {
+		a *atomic.Int64
+		n int64
+	}{{&r.heldPeak, peak}, {&r.heldLimit, limit}} {
+		for {
+			cur := v.a.Load()
+			if v.n <= cur || v.a.CompareAndSwap(cur, v.n) {
+				break
+			}
+		}
+	}
+	if peak > limit || held > limit {
+		r.violate("a consumer's streams held %d messages (peak %d) above their limit of %d", held, peak, limit)
+	}
 }

@@ -40,6 +40,14 @@ func (r *messagesRun) check(ctx context.Context, elapsed time.Duration) (*Messag
 		Kills:     r.kills.Load(), AckKills: r.ackKills.Load(), BrokerRestarts: r.restarts.Load(),
 		AppliedLate: r.late, Drained: r.drained,
 		Elapsed: elapsed,
+		Churns:  r.churns.Load(), HeldPeak: r.heldPeak.Load(), HeldLimit: r.heldLimit.Load(), HeldReports: r.heldReports.Load(),
+	}
+	if r.cfg.ChurnEvery > 0 && !r.calmAt.IsZero() {
+		rep.Churned = true
+		rep.CalmRate = float64(r.calmApplied) / r.calmAt.Sub(r.began).Seconds()
+		if end := r.began.Add(elapsed); end.After(r.calmAt) {
+			rep.ChurnRate = float64(int64(r.cfg.Events)-r.calmApplied) / end.Sub(r.calmAt).Seconds()
+		}
 	}
 	s := r.site
 	var lo, hi int64

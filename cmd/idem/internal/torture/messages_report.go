@@ -44,7 +44,18 @@ type MessagesReport struct {
 	Kills          int64 // consumers SIGKILLed by the run (and started again)
 	AckKills       int64 // consumers that SIGKILLed themselves between a commit and its acknowledgement
 	BrokerRestarts int64 // private brokers SIGKILLed and started again
+	Churns         int64 // consumers that left their group cleanly and joined again
 	Elapsed        time.Duration
+
+	// Churned says whether the run had churn: CalmRate is then the events
+	// applied per second in its calm part (no churn, no kills by the run),
+	// ChurnRate in the rest.
+	Churned             bool
+	CalmRate, ChurnRate float64
+	// HeldPeak is the most messages a consumer's streams said they held,
+	// HeldLimit their limit, HeldReports how often they said it (Kafka's
+	// streams; 0 on the other transports).
+	HeldPeak, HeldLimit, HeldReports int64
 
 	// Violations says, one line each, every way the promise was broken.
 	Violations []string
@@ -67,6 +78,12 @@ func (r *MessagesReport) Print(w io.Writer) {
 	row("consumers killed", r.Kills)
 	row("killed between commit and ack", r.AckKills)
 	row("brokers restarted (SIGKILL)", r.BrokerRestarts)
+	if r.Churned {
+		row("consumers that left and joined", r.Churns)
+	}
+	if r.HeldReports > 0 {
+		row("most held by a consumer's streams", fmt.Sprintf("%d of %d", r.HeldPeak, r.HeldLimit))
+	}
 	row("effects applied", r.Applied)
 	row("events applied", r.Distinct)
 	row("events applied twice", r.Twice)
@@ -82,6 +99,10 @@ func (r *MessagesReport) Print(w io.Writer) {
 	row("dead letters", r.DeadLetters)
 	row("time", r.Elapsed.Round(time.Millisecond))
 	row("events/s", fmt.Sprintf("%.1f", r.eventsPerSecond()))
+	if r.Churned {
+		row("events/s calm", fmt.Sprintf("%.1f", r.CalmRate))
+		row("events/s under churn", fmt.Sprintf("%.1f", r.ChurnRate))
+	}
 	tw.Flush()
 	printVerdict(w, r.Violations)
 }
@@ -109,6 +130,16 @@ func (r *MessagesReport) PrintResults(w io.Writer) {
 	line("dead_letters", r.DeadLetters, "messages")
 	line("time_s", fmt.Sprintf("%.2f", r.Elapsed.Seconds()), "s")
 	line("events_per_s", fmt.Sprintf("%.1f", r.eventsPerSecond()), "events/s")
+	if r.Churned {
+		line("churns", r.Churns, "churns")
+		line("calm_events_per_s", fmt.Sprintf("%.1f", r.CalmRate), "events/s")
+		line("churn_events_per_s", fmt.Sprintf("%.1f", r.ChurnRate), "events/s")
+	}
+	if r.HeldReports > 0 {
+		line("held_peak", r.HeldPeak, "messages")
+		line("held_limit", r.HeldLimit, "messages")
+		line("held_reports", r.HeldReports, "reports")
+	}
 	line("violations", len(r.Violations), "violations")
 }
 

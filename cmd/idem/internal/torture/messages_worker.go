@@ -48,6 +48,9 @@ var (
 	workerResubscribe = idem.RetryPolicy{Base: 50 * time.Millisecond, Cap: time.Second}
 )
 
+// holdingEvery is how often a consumer says what its streams hold.
+const holdingEvery = 100 * time.Millisecond
+
 // sequencePending is MaxPending and BatchSize in sequence mode. A message
 // whose key's previous one is still held by another consumer is handed
 // back until that one is applied (GapHold), so each consumer holds few:
@@ -117,6 +120,25 @@ func RunWorker(ctx context.Context, config string, stderr io.Writer) error {
 		case <-ctx.Done():
 		}
 	}()
+	// A transport that tells what its streams hold (Kafka's) has it said
+	// now and then, for the run to hold against the limit.
+	if h, ok := s.sub.(interface {
+		StreamStats(consumer string) idem.StreamStats
+	}); ok {
+		go func() {
+			t := time.NewTicker(holdingEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				st := h.StreamStats(messagesConsumer)
+				fmt.Fprintf(stderr, "%s%d peak %d limit %d bytes %d\n", heldPrefix, st.Held, st.HeldPeak, st.Limit, st.HeldBytes)
+			}
+		}()
+	}
 	one := func(ctx context.Context, m idem.Message) error {
 		e, err := parseEvent(m)
 		if err != nil {

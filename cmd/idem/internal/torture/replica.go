@@ -48,6 +48,8 @@ type replica struct {
 	base string
 	tail []string    // its last stderr lines, for the error that says why it failed
 	log  *lineWriter // receives every line; nil for none
+	// onLine, when set, is given every line the process writes on stderr.
+	onLine func(line string)
 	// exit is how the last process ended, once done is closed; killed says
 	// whether the run killed or stopped it.
 	exit   error
@@ -141,6 +143,9 @@ func (r *replica) read(stderr io.Reader, listening chan<- string) {
 		line := sc.Text()
 		if r.log != nil {
 			r.log.line(r.name(), line)
+		}
+		if r.onLine != nil {
+			r.onLine(line)
 		}
 		if base, ok := strings.CutPrefix(line, prefix); ok {
 			select {
