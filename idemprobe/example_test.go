@@ -106,16 +106,18 @@ func ExampleCase() {
 // InflightWait is negative.
 func ExampleConfig_strict() {
 	for _, wait := range []time.Duration{0, -1} {
-		m, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil), InflightWait: wait})
+		// The request with X-Slow is held in flight until its duplicate
+		// has met it there (meetings, an Observer of this package's
+		// tests), so that the duplicate's answer is idemhttp's choice and
+		// not the scheduler's.
+		met := newMeetings()
+		m, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil), InflightWait: wait, Observer: met})
 		if err != nil {
 			panic(err)
 		}
 		slow := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Header.Get("X-Slow") != "" {
-				select { // the request held in flight
-				case <-time.After(300 * time.Millisecond):
-				case <-r.Context().Done():
-				}
+				met.hold(r)
 			}
 			w.WriteHeader(http.StatusCreated)
 		}))

@@ -1,6 +1,7 @@
 package idemprobe_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -15,27 +16,31 @@ import (
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemprobe"
+	"github.com/idem-go/idem/keyed"
 )
 
 // paymentsAPI is an endpoint as an API team builds one: POST /pay behind
 // idemhttp on idemmem, keys scoped by the credential, an authentication
 // layer in front that refuses unknown and revoked credentials, GET /count
 // and POST /revoke beside it. The payment honours Idem-Fault:
-// fail-before-commit (503, no effect) and delay=DURATION, as idem serve
-// --faults does. With unsafe, POST /pay runs every request, keys or not, as
-// idem serve --unsafe-no-idempotency does.
+// fail-before-commit (503, no effect), as idem serve --faults does, and
+// hold, which holds the payment until a duplicate has met its key in
+// flight (meetings). With unsafe, POST /pay runs every request, keys or
+// not, as idem serve --unsafe-no-idempotency does.
 type paymentsAPI struct {
 	mu       sync.Mutex
 	payments int
 	revoked  map[string]bool
+	meetings *meetings
 }
 
 func newPaymentsAPI(t *testing.T, unsafe bool, adjust func(*idemhttp.Config)) http.Handler {
 	t.Helper()
-	api := &paymentsAPI{revoked: map[string]bool{}}
+	api := &paymentsAPI{revoked: map[string]bool{}, meetings: newMeetings()}
 	cfg := &idemhttp.Config{
-		Store: idemmem.NewStore(nil),
-		Scope: func(r *http.Request) (idem.Scope, error) { return idem.Scope(r.Header.Get("Authorization")), nil },
+		Store:    idemmem.NewStore(nil),
+		Scope:    func(r *http.Request) (idem.Scope, error) { return idem.Scope(r.Header.Get("Authorization")), nil },
+		Observer: api.meetings,
 	}
 	if adjust != nil {
 		adjust(cfg)
@@ -81,13 +86,11 @@ func (api *paymentsAPI) pay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fault := r.Header.Get("Idem-Fault")
-	if d, ok := strings.CutPrefix(fault, "delay="); ok {
-		dur, _ := time.ParseDuration(d)
-		select {
-		case <-time.After(dur): // the delay the client asked for
-		case <-r.Context().Done():
-			return
-		}
+	if fault == "hold" {
+		api.meetings.hold(r)
+	} else {
+		// Unprotected (unsafe), a duplicate runs here, beside the one held.
+		api.meetings.met(idem.Key(r.Header.Get("Idempotency-Key")))
 	}
 	if fault == "fail-before-commit" {
 		http.Error(w, `{"error":"injected"}`, http.StatusServiceUnavailable)
@@ -114,9 +117,9 @@ func paymentsConfig(h http.Handler) *idemprobe.Config {
 		Header:      http.Header{"Authorization": {tokenMain}},
 		CountURL:    "/count",
 		FaultHeader: "Idem-Fault: fail-before-commit",
-		// Held long past the head start (200ms), so that a loaded machine
-		// does not answer it within the head start.
-		SlowHeader:      "Idem-Fault: delay=1s",
+		// Held until its duplicate has met it in flight, however late a
+		// loaded machine sends that.
+		SlowHeader:      "Idem-Fault: hold",
 		OtherHeader:     "Authorization: " + tokenOther,
 		RevocableHeader: "Authorization: " + tokenRevocable,
 		Revoke:          "POST /revoke",
@@ -427,5 +430,83 @@ func TestHandlerThatHangsEndsWithTheTimeout(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Errorf("Run has not returned 30s after it began, with a Timeout of 2s")
+	}
+}
+
+// meetings holds a request in flight until a duplicate has met its key
+// there, so that what the duplicate gets (the first's answer after
+// waiting for it, or 409) is the middleware's doing, not the scheduler's.
+// It is idemhttp's Observer: a duplicate that finds its key in flight
+// claims it again at once, and after that second look either waits for
+// the first's answer or, its InflightWait spent, refuses with 409; so a
+// request's second claim releases the key's held request. A duplicate that
+// reaches the handler (no middleware) releases it too.
+type meetings struct {
+	mu   sync.Mutex
+	keys map[idem.Key]chan struct{}
+}
+
+func newMeetings() *meetings { return &meetings{keys: map[idem.Key]chan struct{}{}} }
+
+func (m *meetings) meeting(key idem.Key) chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.keys[key]
+	if !ok {
+		c = make(chan struct{})
+		m.keys[key] = c
+	}
+	return c
+}
+
+// hold waits until a duplicate has met r's key in flight, or r's client
+// has gone.
+func (m *meetings) hold(r *http.Request) {
+	select {
+	case <-m.meeting(idem.Key(r.Header.Get("Idempotency-Key"))):
+	case <-r.Context().Done():
+	}
+}
+
+// met releases the request held under key, if any.
+func (m *meetings) met(key idem.Key) {
+	c := m.meeting(key)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	select {
+	case <-c:
+	default:
+		close(c)
+	}
+}
+
+// claims counts one request's claims of its key; only the request's
+// goroutine touches it.
+type claims struct {
+	key idem.Key
+	n   int
+}
+
+type claimsKey struct{}
+
+func (m *meetings) Begin(ctx context.Context, e keyed.Event) context.Context {
+	switch e.Phase {
+	case keyed.PhaseRequest:
+		return context.WithValue(ctx, claimsKey{}, &claims{})
+	case keyed.PhaseClaim:
+		if c, ok := ctx.Value(claimsKey{}).(*claims); ok {
+			c.key = e.Key
+		}
+	}
+	return ctx
+}
+
+func (m *meetings) End(context.Context, keyed.Event) {}
+
+func (m *meetings) Store(ctx context.Context, op keyed.StoreOp, _ time.Duration, err error) {
+	if c, ok := ctx.Value(claimsKey{}).(*claims); ok && op == keyed.StoreClaim && err == nil {
+		if c.n++; c.n == 2 {
+			m.met(c.key)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package idemprobe_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"encoding/xml"
 	"errors"
@@ -62,7 +63,10 @@ const (
 
 // fakeAPI is a small idempotent endpoint at /pay, written by hand, with at
 // most one flaw. GET /count answers how many payments ran. It honours
-// Idem-Fault: fail-before-commit (503, no effect) and delay=DURATION.
+// Idem-Fault: fail-before-commit (503, no effect) and hold, which holds a
+// key's first execution until another request under the key has met it in
+// flight (holdHeader): that check 8's duplicate arrives in flight is
+// certain, however late a loaded machine sends it.
 type fakeAPI struct {
 	flaw     flaw
 	requests atomic.Int64 // every request, /count included
@@ -74,6 +78,11 @@ type fakeAPI struct {
 	// 503, which the key keeps when failKept.
 	failKey  string
 	failKept bool
+	// concurrentKeys are keys (as the probe sends them) whose requests
+	// come at once, check 1's: under noAtomicClaim, the first execution of
+	// one waits until a second has arrived, so that the two certainly
+	// overlap.
+	concurrentKeys []string
 
 	mu       sync.Mutex
 	payments int
@@ -92,14 +101,18 @@ type fakeRecord struct {
 	resp   []byte
 	doneAt time.Time
 
-	// held, for the twice-when-busy flaws once busy, holds the first
-	// execution until another request under the key has arrived (and, if
-	// it has the key's body, is waiting for it): that the flaw meets a
-	// duplicate in flight is certain, not a matter of timing. release
-	// closes it; struck says a waiter has run again.
+	// held, for a request with holdHeader and, for the twice-when-busy
+	// flaws once busy, for every first execution, holds the execution
+	// until another request under the key has met it in flight (waits for
+	// it, is refused as in flight, or carries another body): that a
+	// duplicate meets it in flight is certain, not a matter of timing.
+	// release closes it; struck says a waiter has run again.
 	held    chan struct{}
 	release sync.Once
 	struck  bool
+	// busy marks a first execution of a twice-when-busy flaw once busy:
+	// the first duplicate that meets it in flight runs again.
+	busy bool
 }
 
 // pairing makes the first two executions of one key meet, so that a flawed
@@ -157,8 +170,11 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key = scoped
+	hold := r.Header.Get("Idem-Fault") == "hold"
 	switch f.flaw {
 	case noReplay:
+		// Every request runs: a held one once another has arrived.
+		f.meet(r.Context(), key, hold)
 		f.execute(w, r, body)
 		return
 	case noAtomicClaim:
@@ -173,7 +189,8 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			f.replay(w, rec)
 			return
 		}
-		f.meet(key)
+		concurrent := slices.ContainsFunc(f.concurrentKeys, func(k string) bool { return strings.HasSuffix(key, " "+k) })
+		f.meet(r.Context(), key, hold || concurrent)
 		rec = &fakeRecord{body: string(body)}
 		rec.status, rec.header, rec.resp = f.record(w, r, body)
 		if rec.status < 500 {
@@ -199,7 +216,8 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			rec = &fakeRecord{body: string(body), done: make(chan struct{})}
 			f.keys[key] = rec
 			f.attempts++
-			if (f.flaw == runsTwiceWhenBusy || f.flaw == effectTwiceWhenBusy) && f.attempts > busyAfter {
+			rec.busy = (f.flaw == runsTwiceWhenBusy || f.flaw == effectTwiceWhenBusy) && f.attempts > busyAfter
+			if hold || rec.busy {
 				rec.held = make(chan struct{})
 			}
 			fail := 0
@@ -254,10 +272,13 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Retry-After", "1")
 				fallthrough
 			case conflictsNoRetry:
+				// Refused while the first is in flight (held, if it is),
+				// which may then end.
 				http.Error(w, `{"error":"in flight"}`, http.StatusConflict)
+				rec.releaseHeld()
 				return
 			}
-			if rec.held != nil {
+			if rec.busy {
 				// This request waits for the held execution, which cannot
 				// end before it is released: a duplicate in flight.
 				f.mu.Lock()
@@ -273,6 +294,9 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 					f.execute(httptest.NewRecorder(), r, body) // its answer is dropped
 				}
 			}
+			// Known to wait (waited is set before the first may end), the
+			// duplicate lets a held first execution go on.
+			rec.releaseHeld()
 			waited = true
 			<-rec.done
 		}
@@ -297,22 +321,29 @@ func (rec *fakeRecord) releaseHeld() {
 	}
 }
 
-// meet waits until a second execution of key arrives, or a moment passes.
-func (f *fakeAPI) meet(key string) {
+// meet pairs the first two requests of key that reach it: with wait, the
+// first waits until the second has arrived (or its client has gone), so
+// that a flawed endpoint certainly runs both at once; without, it goes on,
+// but a second request still pairs with a first that waits.
+func (f *fakeAPI) meet(ctx context.Context, key string, wait bool) {
 	f.mu.Lock()
 	p := f.pairs[key]
-	if p == nil {
-		p = &pairing{met: make(chan struct{})}
-		f.pairs[key] = p
+	if p != nil {
 		f.mu.Unlock()
-		select {
-		case <-p.met:
-		case <-time.After(300 * time.Millisecond): // a duplicate would have come by now
-		}
+		p.once.Do(func() { close(p.met) })
 		return
 	}
+	if !wait {
+		f.mu.Unlock()
+		return
+	}
+	p = &pairing{met: make(chan struct{})}
+	f.pairs[key] = p
 	f.mu.Unlock()
-	p.once.Do(func() { close(p.met) })
+	select {
+	case <-p.met:
+	case <-ctx.Done():
+	}
 }
 
 // record executes and returns what it answered, as the middleware keeps it.
@@ -371,7 +402,7 @@ func fakeConfig(srv *httptest.Server) *idemprobe.Config {
 		Header:      http.Header{"Authorization": {"Bearer s3cret-token"}},
 		CountURL:    srv.URL + "/count",
 		FaultHeader: "Idem-Fault: fail-before-commit",
-		SlowHeader:  "Idem-Fault: delay=300ms",
+		SlowHeader:  "Idem-Fault: hold",
 		Timeout:     30 * time.Second,
 	}
 }
@@ -459,27 +490,78 @@ func TestEachFlawFailsItsCheck(t *testing.T) {
 		{"409 with Retry-After", conflictsInFlight, nil},
 		{"no replay at all", noReplay, []string{"concurrent-duplicates", "sequential-replay", "key-reuse-refused", "lost-response", "in-flight-duplicate"}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			_, srv := newFakeAPI(t, tc.flaw)
-			rep, err := idemprobe.Run(t.Context(), fakeConfig(srv))
-			if err != nil {
-				t.Fatal(err)
-			}
-			out := text(t, rep)
-			if got := notPassing(rep); !slices.Equal(got, tc.fail) {
-				t.Errorf("checks not passing = %v, want %v:\n%s", got, tc.fail, out)
-			}
-			if rep.OK() != (len(tc.fail) == 0) {
-				t.Errorf("report OK = %v, with %d checks failing", rep.OK(), len(tc.fail))
-			}
-			for _, name := range tc.fail {
-				if !strings.Contains(out, "("+name+")") {
-					t.Errorf("the evidence does not name %s:\n%s", name, out)
+		// Late: duplicates reach the endpoint well after the probe sent
+		// them, as on a loaded machine: a duplicate sent while its key is
+		// in flight arrives 350ms later, and check 8's leaves only after a
+		// head start of 400ms. The fakes hold what must still be in flight
+		// when a duplicate comes, rather than count on it arriving soon, so
+		// the verdicts are the same.
+		for _, late := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/late=%v", tc.name, late), func(t *testing.T) {
+				t.Parallel()
+				api, srv := newFakeAPI(t, tc.flaw)
+				// Keys from a counter: check 1's is key-2 (see
+				// TestFiveHundredMetLater).
+				api.concurrentKeys = []string{"key-2"}
+				if late {
+					srv = httptest.NewServer(lateDuplicates(api))
+					t.Cleanup(srv.Close)
 				}
-			}
-		})
+				cfg := fakeConfig(srv)
+				var keys atomic.Int64
+				cfg.NewKey = func() string { return fmt.Sprintf("key-%d", keys.Add(1)) }
+				if late {
+					cfg.HeadStart = 400 * time.Millisecond
+				}
+				rep, err := idemprobe.Run(t.Context(), cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out := text(t, rep)
+				if got := notPassing(rep); !slices.Equal(got, tc.fail) {
+					t.Errorf("checks not passing = %v, want %v:\n%s", got, tc.fail, out)
+				}
+				if rep.OK() != (len(tc.fail) == 0) {
+					t.Errorf("report OK = %v, with %d checks failing", rep.OK(), len(tc.fail))
+				}
+				for _, name := range tc.fail {
+					if !strings.Contains(out, "("+name+")") {
+						t.Errorf("the evidence does not name %s:\n%s", name, out)
+					}
+				}
+			})
+		}
 	}
+}
+
+// lateDuplicates hands a request to api only 350ms after it arrived when
+// another request under its key is being handled: a duplicate in flight
+// that a loaded machine delivers late.
+func lateDuplicates(api *fakeAPI) http.Handler {
+	var mu sync.Mutex
+	inFlight := map[string]int{}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		dup := key != "" && inFlight[key] > 0
+		inFlight[key]++
+		mu.Unlock()
+		defer func() {
+			mu.Lock()
+			inFlight[key]--
+			mu.Unlock()
+		}()
+		if dup {
+			timer := time.NewTimer(350 * time.Millisecond) // the lateness simulated, not a wait for anything
+			select {
+			case <-timer.C:
+			case <-r.Context().Done():
+				timer.Stop()
+				return
+			}
+		}
+		api.ServeHTTP(w, r)
+	})
 }
 
 func TestNeverShowsCredentials(t *testing.T) {
