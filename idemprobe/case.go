@@ -95,7 +95,8 @@ type Step struct {
 	// Method is the step's method. Defaults to Config.Method.
 	Method string
 	// Header is sent on top of Config.Header, replacing a header of the
-	// same name.
+	// same name. A name that is not a token, or a value with a line break
+	// or another control character but a tab, makes the Config invalid.
 	Header http.Header
 	// AsOther sends the step under Config.OtherHeader, the other
 	// credential; Slow with Config.SlowHeader, which holds it in flight;
@@ -105,7 +106,8 @@ type Step struct {
 
 	// Copies sends this many copies of the request at once. Each answer is
 	// judged by Want, and those that succeed must all be the same: copies
-	// are duplicates of each other. Defaults to 1.
+	// are duplicates of each other. Defaults to 1; at most
+	// Config.MaxRequests.
 	Copies int
 	// Background sends the next step while this one is in flight: once
 	// this one is written and Config.HeadStart has passed. Give it Slow, so
@@ -138,7 +140,10 @@ type Want struct {
 	Same string
 	// Other names an earlier step whose answer this one must not be: not
 	// the same id, not marked as a replay, and, when neither has an id,
-	// not the same status and body. A second execution or a refusal passes.
+	// not the same status and body. Status still applies: a second
+	// execution passes, and a refusal too where Status accepts it
+	// (Status: []int{2, 4}); with Status left to its default, a refusal
+	// is not the 2xx wanted.
 	Other string
 	// Replayed wants the answer marked as a replay (Config.ReplayHeader:
 	// true).
@@ -229,6 +234,24 @@ func (c *Case) validate() error {
 			if !validHeaderName(h) {
 				return bad("%q is not a header name", h)
 			}
+		}
+		// What the HTTP client would refuse only when the step is sent,
+		// the earlier steps sent by then: refused before anything is.
+		for name, vs := range s.Header {
+			if !validHeaderName(name) {
+				return bad("%q is not a header name", name)
+			}
+			for _, v := range vs {
+				if !validHeaderValue(v) {
+					return bad("the value of %s has a line break or a control character", name)
+				}
+			}
+		}
+		if s.Method != "" && !validHeaderName(s.Method) {
+			return bad("method %q is not a method (a token)", s.Method)
+		}
+		if !validHeaderValue(s.RawKey) {
+			return bad("RawKey has a line break or a control character other than a tab")
 		}
 		for _, ref := range []string{w.Same, w.Other} {
 			if ref == "" {

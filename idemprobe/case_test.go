@@ -36,6 +36,12 @@ func TestCaseValidation(t *testing.T) {
 		{idemprobe.Case{Name: "bad-status", Steps: []idemprobe.Step{{Want: idemprobe.Want{Status: []int{42}}}}}, "status 42"},
 		{idemprobe.Case{Name: "nokey-rawkey", Steps: []idemprobe.Step{{NoKey: true, RawKey: "k"}}}, "contradict"},
 		{idemprobe.Case{Name: "bad-header", Steps: []idemprobe.Step{{Want: idemprobe.Want{Header: []string{"Retry After"}}}}}, "not a header name"},
+		// Found before the first step is sent, not when the second is.
+		{idemprobe.Case{Name: "bad-step-header", Steps: []idemprobe.Step{ok, {Header: http.Header{"X Trace": {"1"}}}}}, `"X Trace" is not a header name`},
+		{idemprobe.Case{Name: "bad-step-value", Steps: []idemprobe.Step{ok, {Header: http.Header{"X-Trace": {"1\r\nX-Evil: 1"}}}}}, "X-Trace"},
+		{idemprobe.Case{Name: "bad-method", Steps: []idemprobe.Step{ok, {Method: "GE T"}}}, "method"},
+		{idemprobe.Case{Name: "bad-raw-key", Steps: []idemprobe.Step{ok, {RawKey: "k\n{{key}}"}}}, "RawKey"},
+		{idemprobe.Case{Name: "too-many-copies", Steps: []idemprobe.Step{ok, {Copies: 201}}}, "Copies 201"},
 	} {
 		var sent atomic.Int64
 		srv := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { sent.Add(1) })

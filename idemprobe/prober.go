@@ -257,6 +257,16 @@ func newProber(ctx context.Context, c *Config) (*prober, error) {
 	if p.table, p.order, err = checkTable(cfg.Cases); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	for _, c := range cfg.Cases {
+		for i, s := range c.Steps {
+			if s.Copies > cfg.MaxRequests {
+				// Not built to be refused by the budget: a step's copies
+				// are made before they are sent.
+				return nil, fmt.Errorf("%w: case %q: step %d: Copies %d exceed the request budget of %d",
+					ErrInvalidConfig, c.Name, i+1, s.Copies, cfg.MaxRequests)
+			}
+		}
+	}
 	if cfg.Handler != nil {
 		// Served on loopback, by construction. Not on an httptest.Server,
 		// whose Close waits for every handler however long it runs: a
@@ -337,6 +347,17 @@ func validHeaderName(name string) bool {
 	}
 	for _, r := range name {
 		if r > 0x7e || r <= ' ' || strings.ContainsRune(`"(),/:;<=>?@[\]{}`, r) {
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue reports whether v can be sent as a header's value: no
+// control character but a tab.
+func validHeaderValue(v string) bool {
+	for _, r := range v {
+		if (r < ' ' && r != '\t') || r == 0x7f {
 			return false
 		}
 	}
