@@ -3,6 +3,7 @@ package idemprobe_test
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -201,6 +202,67 @@ func TestConflictWantsTheFirstsAnswer(t *testing.T) {
 	for _, c := range rep.Checks {
 		if (c.Name == "in-flight-duplicate" || c.Name == "draft-concurrent-conflict") && c.Status != idemprobe.Fail {
 			t.Errorf("%s: %s %q, want a failure", c.Name, c.Status, c.Reason)
+		}
+	}
+}
+
+// refusesOnce refuses a key reused with another body the first time only:
+// sent again uncorrected, the other body runs. The draft's §2.7 says the
+// resource MUST fail a retry the client did not correct.
+type refusesOnce struct {
+	mu      sync.Mutex
+	n       int
+	first   map[string]string // key → body of its first request
+	answers map[string]string // key and body → answer
+	refused map[string]bool   // key and body → refused once
+}
+
+func (h *refusesOnce) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	key, body := r.Header.Get("Idempotency-Key"), string(b)
+	if key == "" {
+		http.Error(w, "a key is required", http.StatusBadRequest)
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if first, ok := h.first[key]; ok && first != body && !h.refused[key+" "+body] {
+		h.refused[key+" "+body] = true
+		http.Error(w, "key reused with another body", http.StatusUnprocessableEntity)
+		return
+	}
+	if _, ok := h.first[key]; !ok {
+		h.first[key] = body
+	}
+	a, ok := h.answers[key+" "+body]
+	if !ok {
+		h.n++
+		a = fmt.Sprintf(`{"id":"ord_%d"}`, h.n)
+		h.answers[key+" "+body] = a
+	} else {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, a)
+}
+
+// draft-corrected-retry holds the resource to §2.7's MUST: a retry that
+// was not corrected is refused again.
+func TestDraftUncorrectedRetryRefusedAgain(t *testing.T) {
+	t.Parallel()
+	rep, err := idemprobe.Run(t.Context(), &idemprobe.Config{
+		Handler: &refusesOnce{first: map[string]string{}, answers: map[string]string{}, refused: map[string]bool{}},
+		URL:     "/orders",
+		Body:    `{"item":"book {{n}}"}`,
+		Cases:   idemprobe.DraftCases(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rep.Checks {
+		if c.Name == "draft-corrected-retry" && (c.Status != idemprobe.Fail || !strings.Contains(c.Reason, "uncorrected")) {
+			t.Errorf("draft-corrected-retry: %s %q, want a failure of the uncorrected retry", c.Status, c.Reason)
 		}
 	}
 }

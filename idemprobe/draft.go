@@ -64,12 +64,13 @@ func DraftCases() []Case {
 		},
 		{
 			Name:  "draft-corrected-retry",
-			Title: "after a 422, the corrected request gets the first result",
-			Source: sourceDraft + " §2.7 " + draftErrors + " (clients MUST correct the request before retrying it), " +
-				"§2.6 Idempotency Enforcement (Retry)",
+			Title: "after a 422, a retry not corrected is refused again, and the corrected one gets the first result",
+			Source: sourceDraft + " §2.7 " + draftErrors + " (clients MUST correct the request before retrying it, " +
+				"or the resource MUST fail the request), §2.6 Idempotency Enforcement (Retry)",
 			Steps: []Step{
 				{Name: "first"},
 				{Name: "other-payload", OtherBody: true, Want: Want{Status: []int{422}}},
+				{Name: "uncorrected", OtherBody: true, Want: Want{Status: []int{422}}},
 				{Name: "corrected", Want: Want{Same: "first"}},
 			},
 			Effect: 1,

@@ -95,7 +95,7 @@ func ExampleCase() {
 	// 15 draft-concurrent-conflict n/a: draft-ietf-httpapi-idempotency-key-header-07 §2.6 Idempotency Enforcement (Concurrent Request: the resource SHOULD respond with a resource conflict error), §2.7 Error Handling (409 for a request retried while the original is still being processed)
 	// 16 draft-missing-key pass: draft-ietf-httpapi-idempotency-key-header-07 §2.7 Error Handling (400 when the key is missing for an operation that requires it)
 	// 17 draft-payload-mismatch pass: draft-ietf-httpapi-idempotency-key-header-07 §2.2 Uniqueness of Idempotency Key (a key MUST NOT be reused with a different payload), §2.4 Idempotency Fingerprint, §2.7 Error Handling (422 for a key reused with a different payload)
-	// 18 draft-corrected-retry pass: draft-ietf-httpapi-idempotency-key-header-07 §2.7 Error Handling (clients MUST correct the request before retrying it), §2.6 Idempotency Enforcement (Retry)
+	// 18 draft-corrected-retry pass: draft-ietf-httpapi-idempotency-key-header-07 §2.7 Error Handling (clients MUST correct the request before retrying it, or the resource MUST fail the request), §2.6 Idempotency Enforcement (Retry)
 	// 19 draft-sf-string-key pass: draft-ietf-httpapi-idempotency-key-header-07 §2.1 Syntax (the value is an Item Structured Header whose value MUST be a String)
 	// 20 draft-invalid-key pass: draft-ietf-httpapi-idempotency-key-header-07 §2.1 Syntax (a String), §5 Security Considerations (always validate the key before processing any request)
 	// 21 draft-scoped-key n/a: draft-ietf-httpapi-idempotency-key-header-07 §5 Security Considerations (a composite key: the client's key and attributes of the client known only to the resource)
