@@ -96,8 +96,9 @@ var checks = []check{
 	},
 	{
 		number: 7, name: "5xx-not-kept", title: "a 5xx is not kept: the retry runs again",
-		source: sourceIdem + " (transient failures keep nothing; the draft's §2.6 Idempotency Enforcement leaves it to the server, " +
-			"and Stripe instead replays 500s)",
+		source: sourceIdem + " (transient failures keep nothing; idem differs from the draft's §2.6 Idempotency Enforcement, " +
+			"which replays a completed operation's error too, and §2.7 " + draftErrors + " leaves other 5xx to the resource's documentation; " +
+			"Stripe instead replays 500s)",
 		judgesFailures: true,
 		// After the others, to judge every 5xx they met on the way.
 		afterAll: true,
