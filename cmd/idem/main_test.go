@@ -400,6 +400,7 @@ func TestDemoMessagesCommand(t *testing.T) {
 		{"protected", "full jitter", "held"},
 		{"unsafe", "adds, unordered", "HISTORY WRONG (went to -5,000 KRW): adding needs order"},
 		{"unsafe", "sets status, unordered", "WRONG STATE (5 refunds undone): setting needs order or versions"},
+		{"protected", "adds, per-key order", "right: it keeps per-key order"},
 		{"protected", "sets status, per-key order", "right: it keeps per-key order"},
 		{"protected", "sets status+version, unordered", "right: a version needs no order"},
 	}

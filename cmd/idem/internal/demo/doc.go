@@ -79,7 +79,8 @@
 //     event failing its first attempt. Without per-key order
 //     (consumer.Config.Unordered) a consumer that adds ends right through a
 //     negative balance, and one that sets the status ends "paid", the
-//     refund undone; with per-key order it ends right; and a consumer whose
+//     refund undone; with per-key order both end right, every step in
+//     its order; and a consumer whose
 //     events carry the state with a version (Config.Sequence under
 //     idem.GapAllow) ends right with no order at all.
 //

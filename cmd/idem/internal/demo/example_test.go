@@ -65,6 +65,7 @@ func ExampleRunMessages() {
 	// order      unsafe    HISTORY WRONG (went to -5,000 KRW): adding needs order
 	// order      unsafe    WRONG STATE (5 refunds undone): setting needs order or versions
 	// order      protected right: it keeps per-key order
+	// order      protected right: it keeps per-key order
 	// order      protected right: a version needs no order
 	// OK: true
 }

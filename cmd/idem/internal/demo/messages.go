@@ -86,11 +86,12 @@ func (r *MessagesReport) problems() []string {
 			p.Peak, p.Capacity, p.FellOver, p.Applied, p.Events, p.Peak)
 	}
 	if check(len(r.Order) == len(orderDesigns), "the order scenario has %d rows, want %d", len(r.Order), len(orderDesigns)) {
-		adds, sets, ordered, versioned := r.Order[0], r.Order[1], r.Order[2], r.Order[3]
+		adds, sets, addsOrdered, ordered, versioned := r.Order[0], r.Order[1], r.Order[2], r.Order[3], r.Order[4]
 		check(adds.FinalRight == adds.Accounts && adds.HistoryRight < adds.Accounts,
 			"order, %s: %d of %d final states right, %d histories right; want every total right and a history wrong",
 			adds.Consumer, adds.FinalRight, adds.Accounts, adds.HistoryRight)
 		check(sets.FinalRight < sets.Accounts, "order, %s: %s; want a refund undone", sets.Consumer, sets.Verdict())
+		check(addsOrdered.Right(), "order, %s: %s; want every account right", addsOrdered.Consumer, addsOrdered.Verdict())
 		check(ordered.Right(), "order, %s: %s; want every account right", ordered.Consumer, ordered.Verdict())
 		check(versioned.Right() && versioned.RefundFirst > 0,
 			"order, %s: %s, %d refunds first; want every account right although refunds came first", versioned.Consumer, versioned.Verdict(), versioned.RefundFirst)

@@ -43,9 +43,13 @@ type orderDesign struct {
 	versioned bool
 }
 
+// orderDesigns are the order scenario's consumers: each effect without
+// per-key order, then with it, then the status with a version and no
+// order, so that every verdict's "needs order" is shown fixed by it.
 var orderDesigns = []orderDesign{
 	{mode: ModeUnsafe, consumer: "adds, unordered", adds: true},
 	{mode: ModeUnsafe, consumer: "sets status, unordered"},
+	{mode: ModeProtected, consumer: "adds, per-key order", adds: true, ordered: true},
 	{mode: ModeProtected, consumer: "sets status, per-key order", ordered: true},
 	{mode: ModeProtected, consumer: "sets status+version, unordered", versioned: true},
 }

@@ -25,6 +25,7 @@ func goodMessages() *MessagesReport {
 		Order: []OrderRow{
 			{Mode: ModeUnsafe, Adds: true, Accounts: 5, Events: 10, RefundFirst: 5, FinalRight: 5, HistoryRight: 0, Lowest: -5_000},
 			{Mode: ModeUnsafe, Accounts: 5, Events: 10, RefundFirst: 5, FinalRight: 0, HistoryRight: 0},
+			{Mode: ModeProtected, Adds: true, Ordered: true, Accounts: 5, Events: 10, FinalRight: 5, HistoryRight: 5},
 			{Mode: ModeProtected, Ordered: true, Accounts: 5, Events: 10, FinalRight: 5, HistoryRight: 5},
 			{Mode: ModeProtected, Accounts: 5, Events: 10, RefundFirst: 5, FinalRight: 5, HistoryRight: 5},
 		},
@@ -50,9 +51,10 @@ func TestMessagesReportOK(t *testing.T) {
 		{"jitter lost events", func(r *MessagesReport) { r.Storm[1].Applied = 90 }, "storm, full jitter"},
 		{"adding got the history right", func(r *MessagesReport) { r.Order[0].HistoryRight = 5 }, "history wrong"},
 		{"setting got it right unordered", func(r *MessagesReport) { r.Order[1].FinalRight = 5 }, "want a refund undone"},
-		{"per-key order got it wrong", func(r *MessagesReport) { r.Order[2].FinalRight = 4 }, "per-key order"},
-		{"versions got it wrong", func(r *MessagesReport) { r.Order[3].HistoryRight = 4 }, "version"},
-		{"versions never saw a refund first", func(r *MessagesReport) { r.Order[3].RefundFirst = 0 }, "refunds came first"},
+		{"per-key order got adding wrong", func(r *MessagesReport) { r.Order[2].HistoryRight = 4 }, "adds, per-key order"},
+		{"per-key order got it wrong", func(r *MessagesReport) { r.Order[3].FinalRight = 4 }, "sets status, per-key order"},
+		{"versions got it wrong", func(r *MessagesReport) { r.Order[4].HistoryRight = 4 }, "version"},
+		{"versions never saw a refund first", func(r *MessagesReport) { r.Order[4].RefundFirst = 0 }, "refunds came first"},
 		{"a scenario missing", func(r *MessagesReport) { r.Storm = nil }, "storm scenario has 0 rows"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -98,7 +100,8 @@ func TestRowVerdicts(t *testing.T) {
 		{r.Order[0].Verdict(), "HISTORY WRONG (went to -5,000): adding needs order"},
 		{r.Order[1].Verdict(), "WRONG STATE (5 refunds undone): setting needs order or versions"},
 		{r.Order[2].Verdict(), "right: it keeps per-key order"},
-		{r.Order[3].Verdict(), "right: a version needs no order"},
+		{r.Order[3].Verdict(), "right: it keeps per-key order"},
+		{r.Order[4].Verdict(), "right: a version needs no order"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("verdict %q, want %q", tc.got, tc.want)

@@ -154,20 +154,25 @@ func checkMessagesReport(t *testing.T, rep *demo.MessagesReport, out, dir string
 		}
 	}
 
-	// Order: the additive consumer ends right through a negative balance,
-	// "set the status" without order ends paid, with order or versions
-	// it ends refunded.
-	if len(rep.Order) != 4 {
-		t.Fatalf("%d order rows, want 4", len(rep.Order))
+	// Order: without per-key order the additive consumer ends right
+	// through a negative balance and "set the status" ends paid; with
+	// per-key order both end right, every step in order, which is what the
+	// closing says ("per-key order fixes both"); with versions the status
+	// ends refunded with no order at all.
+	if len(rep.Order) != 5 {
+		t.Fatalf("%d order rows, want 5", len(rep.Order))
 	}
-	adds, sets, ordered, versioned := rep.Order[0], rep.Order[1], rep.Order[2], rep.Order[3]
+	adds, sets, addsOrdered, ordered, versioned := rep.Order[0], rep.Order[1], rep.Order[2], rep.Order[3], rep.Order[4]
 	if adds.FinalRight != 5 || adds.HistoryRight != 0 || adds.RefundFirst != 5 || adds.Lowest != -5_000 {
 		t.Errorf("order, adds: %+v; want every total right, every history wrong, a balance of -5,000", adds)
 	}
 	if sets.FinalRight != 0 || sets.RefundFirst != 5 || !strings.HasPrefix(sets.Verdict(), "WRONG STATE (5 refunds undone)") {
 		t.Errorf("order, sets: %+v, %q; want every refund undone", sets, sets.Verdict())
 	}
-	if !ordered.Right() || ordered.RefundFirst != 0 {
+	if !addsOrdered.Adds || !addsOrdered.Ordered || !addsOrdered.Right() || addsOrdered.RefundFirst != 0 || addsOrdered.Lowest != 0 {
+		t.Errorf("order, adds with per-key order: %+v, %q; want right, no refund first, never below zero", addsOrdered, addsOrdered.Verdict())
+	}
+	if ordered.Adds || !ordered.Ordered || !ordered.Right() || ordered.RefundFirst != 0 {
 		t.Errorf("order, per-key order: %+v, %q; want right, no refund first", ordered, ordered.Verdict())
 	}
 	if !versioned.Right() || versioned.RefundFirst != 5 {
