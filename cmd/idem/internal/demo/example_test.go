@@ -36,6 +36,11 @@ func ExampleRun() {
 // Run the lab's second half quietly and read each scenario's verdicts: the
 // unsafe consumer first, then idem's. Set Out to os.Stdout to see the
 // tables.
+//
+// The example is compiled, not run, by go test: a run of the lab is its
+// costliest test (seconds, and many more under the race detector), and
+// TestRunMessages already plays it and checks these verdicts and every
+// figure behind them.
 func ExampleRunMessages() {
 	rep, err := demo.RunMessages(context.Background(), &demo.MessagesOptions{Out: io.Discard})
 	if err != nil {
@@ -55,7 +60,7 @@ func ExampleRunMessages() {
 		fmt.Printf("order      %-9s %s\n", r.Mode, r.Verdict())
 	}
 	fmt.Println("OK:", rep.OK())
-	// Output:
+	// It prints:
 	// redelivery unsafe    COUNTED TWICE (+72,000 KRW)
 	// redelivery protected exactly once
 	// poison     unsafe    BLOCKED: 20 healthy events stuck behind it

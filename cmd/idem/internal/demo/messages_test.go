@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,7 +16,16 @@ import (
 	"github.com/idem-go/idem/idemsqlite"
 )
 
-var runs = flag.Int("demo.runs", 2, "how many times TestRunMessages plays the message demo, each run's figures compared with the first's (20 checks what the lab promises)")
+var (
+	runs = flag.Int("demo.runs", 1, "how many times TestRunMessages plays the message demo, every run's figures "+
+		"compared with "+figuresFile+" (20 checks what the lab promises)")
+	update = flag.Bool("demo.update", false, "rewrite "+figuresFile+" with the figures TestRunMessages' first run finds")
+)
+
+// figuresFile holds every figure and verdict of the message demo, as
+// figures writes them: the same on every run, on every machine, since the
+// lab's time is its own clock and its jitter a seeded source.
+const figuresFile = "testdata/messages.figures"
 
 // runMessages plays the message demo with opts, failing the test if it
 // could not run.
@@ -37,8 +47,11 @@ func runMessages(t *testing.T, opts *demo.MessagesOptions) (*demo.MessagesReport
 
 // Each unsafe row fails the way it says, each protected row holds, and the
 // figures are the ones the scenarios' plans make; and they are the same on
-// every run, since the lab's figures come from its own clock and counts.
-// CI plays it twice; -demo.runs 20 is the lab's promise.
+// every run, since the lab's figures come from its own clock and counts:
+// every run's are compared with those recorded in figuresFile (on another
+// day, another machine), so one run in CI checks what two runs side by
+// side would, and more. -demo.runs 20 is the lab's promise. The README
+// shows the tables a run prints.
 func TestRunMessages(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -49,8 +62,23 @@ func TestRunMessages(t *testing.T) {
 		t.Errorf("OK() = false, want true")
 	}
 	checkMessagesReport(t, rep, out, dir)
+	checkREADME(t, out)
 
-	first := figures(rep)
+	got := figures(rep)
+	if *update {
+		if err := os.WriteFile(figuresFile, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(figuresFile)
+	if err != nil {
+		t.Fatalf("reading the recorded figures: %v (-demo.update records them)", err)
+	}
+	if got != string(want) {
+		t.Fatalf("the figures differ from those recorded in %s; the lab's figures are the same on every run, so this is "+
+			"a change of the lab or of what it runs (after a deliberate one, -demo.update records the new figures, and "+
+			"the README's tables follow):\n%s\nrecorded:\n%s", figuresFile, got, want)
+	}
 	for i := 2; i <= *runs; i++ {
 		began := time.Now()
 		rep, out := runMessages(t, &demo.MessagesOptions{})
@@ -58,9 +86,53 @@ func TestRunMessages(t *testing.T) {
 		if !rep.OK() {
 			t.Fatalf("run %d: OK() = false; output:\n%s", i, out)
 		}
-		if got := figures(rep); got != first {
-			t.Fatalf("run %d differs from run 1:\n%s\nrun 1:\n%s", i, got, first)
+		if got := figures(rep); got != string(want) {
+			t.Fatalf("run %d differs from the recorded figures:\n%s\nrecorded:\n%s", i, got, want)
 		}
+	}
+}
+
+// checkREADME checks that the README's lab section shows the tables out
+// holds, row for row, so that what it says each row proves is what the
+// command prints.
+func checkREADME(t *testing.T, out string) {
+	t.Helper()
+	readme := findREADME(t)
+	lines := make(map[string]bool)
+	for line := range strings.Lines(readme) {
+		lines[strings.TrimSuffix(line, "\n")] = true
+	}
+	for line := range strings.Lines(out) {
+		line = strings.TrimSuffix(line, "\n")
+		if strings.HasPrefix(line, "run  ") || strings.HasPrefix(line, "unsafe  ") || strings.HasPrefix(line, "protected  ") {
+			if !lines[line] {
+				t.Errorf("README.md does not show the table row\n%s", line)
+			}
+		}
+	}
+}
+
+// findREADME reads the repository's README.md, in the first directory
+// above this one that holds go.work.
+func findREADME(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
+			b, err := os.ReadFile(filepath.Join(dir, "README.md"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return string(b)
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatalf("no go.work above the test's directory: the README is the repository's")
+		}
+		dir = parent
 	}
 }
 
