@@ -14,6 +14,15 @@ var (
 	// another holder took the key over, or the key was completed or released.
 	ErrLeaseLost = errors.New("idem: lease lost: the key is held under another token")
 
+	// ErrHasRecoveryPoint is returned by a Recoverer's Release for a key in
+	// flight with a recovery point: what its phases did past the
+	// database's edge may have happened, and releasing it would let a new
+	// request with the same key do it again. The key is left as it was.
+	// Yield it, so that a retry or a Completer goes on from the point, or,
+	// having learned that nothing happened, release it with
+	// Recoverer.ReleaseWithPoint.
+	ErrHasRecoveryPoint = errors.New("idem: the key has a recovery point: yield it, or release it with ReleaseWithPoint once nothing happened past the database")
+
 	// ErrInvalidKey is matched (with errors.Is) by every *KeyError.
 	ErrInvalidKey = errors.New("idem: invalid idempotency key")
 

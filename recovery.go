@@ -66,9 +66,11 @@ func (rp RecoveryPoint) Validate() error {
 //     until an execution completes or releases it. Whatever its phases did
 //     past the database's edge may have happened, so forgetting the key
 //     would let a new request with the same key do it again.
-//   - Releasing such a key is the caller's decision (it learned that
-//     nothing happened outside); idemhttp never releases one after a
-//     failure.
+//   - Release refuses such a key (ErrHasRecoveryPoint), whoever asks: a
+//     failure after a point is answered by Yield, so that the next
+//     execution goes on from it. Releasing it is a decision apart,
+//     ReleaseWithPoint, for a caller that learned that nothing happened
+//     outside (a Completer whose Resume returned ErrNothingDone).
 type Recoverer interface {
 	Store
 
@@ -97,6 +99,17 @@ type Recoverer interface {
 	// having changed nothing. On any other error the lease may or may not
 	// have ended; it ends on its own anyway.
 	Yield(ctx context.Context, ref Ref) error
+
+	// ReleaseWithPoint releases ref's key, in flight under ref.Token,
+	// recovery point and all, as Release does a key without one: the next
+	// Claim runs the effect anew. Call it only once nothing the key's
+	// phases did past the database's edge has happened, or all of it was
+	// undone. Releasing a key that is already gone succeeds, so a retry
+	// after an ambiguous failure is safe.
+	//
+	// Returns ErrLeaseLost when the key is held under another token or was
+	// completed, having changed nothing.
+	ReleaseWithPoint(ctx context.Context, ref Ref) error
 
 	// Abandoned lists up to limit keys in flight whose lease has ended and
 	// that carry a recovery point, oldest lease end first: executions that

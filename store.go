@@ -278,7 +278,9 @@ type Store interface {
 	// so a retry after an ambiguous failure is safe.
 	//
 	// Returns ErrLeaseLost when the key is held under another token or was
-	// completed.
+	// completed. A Recoverer returns ErrHasRecoveryPoint for a key in flight
+	// with a recovery point, and changes nothing: see
+	// Recoverer.ReleaseWithPoint.
 	Release(ctx context.Context, ref Ref) error
 
 	// Renew extends the lease ref.Token holds on the key so that it ends

@@ -437,7 +437,7 @@ type releasedAfterListing struct{ *idemmem.Store }
 func (s releasedAfterListing) Abandoned(ctx context.Context, limit int) ([]idem.Record, error) {
 	recs, err := s.Store.Abandoned(ctx, limit)
 	for _, r := range recs {
-		if rerr := s.Release(ctx, idem.Ref{Scope: r.Scope, Key: r.Key, Token: r.Token}); rerr != nil {
+		if rerr := s.ReleaseWithPoint(ctx, idem.Ref{Scope: r.Scope, Key: r.Key, Token: r.Token}); rerr != nil {
 			return nil, rerr
 		}
 	}

@@ -187,8 +187,18 @@ func (s *Store) Complete(ctx context.Context, ref idem.Ref, resp idem.Response) 
 	return nil
 }
 
-// Release implements idem.Store.
+// Release implements idem.Store. It refuses a key with a recovery point
+// (idem.ErrHasRecoveryPoint): see ReleaseWithPoint.
 func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
+	return s.release(ctx, ref, false)
+}
+
+// ReleaseWithPoint implements idem.Recoverer.
+func (s *Store) ReleaseWithPoint(ctx context.Context, ref idem.Ref) error {
+	return s.release(ctx, ref, true)
+}
+
+func (s *Store) release(ctx context.Context, ref idem.Ref, withPoint bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -201,6 +211,8 @@ func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
 		return nil
 	case e.rec.Token != ref.Token || e.rec.State != idem.StateInFlight:
 		return idem.ErrLeaseLost
+	case !withPoint && !e.rec.Recovery.IsZero():
+		return idem.ErrHasRecoveryPoint
 	}
 	s.remove(k, e)
 	return nil

@@ -669,18 +669,30 @@ func (s *Store) complete(ctx context.Context, ref idem.Ref, resp idem.Response) 
 
 // Release implements idem.Store. It commits durably and wakes the key's
 // waiters. Called with a context that carries a transaction of the DB, it
-// joins it, and the waiters wake when that transaction commits.
+// joins it, and the waiters wake when that transaction commits. It refuses
+// a key with a recovery point (idem.ErrHasRecoveryPoint): see
+// ReleaseWithPoint.
 //
-// An error other than ErrLeaseLost is ambiguous: calling Release again is
+// An error other than ErrLeaseLost or ErrHasRecoveryPoint is ambiguous: calling Release again is
 // safe, and succeeds if the first one committed.
 func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
-	if err := s.release(ctx, ref); err != nil {
+	if err := s.release(ctx, ref, pgsql.Release); err != nil {
 		return fmt.Errorf("idempg: release: %w", err)
 	}
 	return nil
 }
 
-func (s *Store) release(ctx context.Context, ref idem.Ref) error {
+// ReleaseWithPoint implements idem.Recoverer, as Release does for a key
+// without a point: it commits durably, wakes the key's waiters, and joins
+// the transaction ctx carries, if any.
+func (s *Store) ReleaseWithPoint(ctx context.Context, ref idem.Ref) error {
+	if err := s.release(ctx, ref, pgsql.ReleaseWithPoint); err != nil {
+		return fmt.Errorf("idempg: release: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) release(ctx context.Context, ref idem.Ref, release string) error {
 	args := []any{string(ref.Scope), string(ref.Key), int64(ref.Token)}
 	w := wake{s.channel, string(ref.Scope), string(ref.Key)}
 	q, st, err := s.q(ctx)
@@ -689,7 +701,7 @@ func (s *Store) release(ctx context.Context, ref idem.Ref) error {
 	}
 	var tag pgconn.CommandTag
 	if st != nil {
-		if tag, err = q.Exec(ctx, pgsql.Release, args...); err == nil && tag.RowsAffected() == 1 {
+		if tag, err = q.Exec(ctx, release, args...); err == nil && tag.RowsAffected() == 1 {
 			st.addWake(w)
 		}
 	} else {
@@ -697,7 +709,7 @@ func (s *Store) release(ctx context.Context, ref idem.Ref) error {
 		// is spurious, which waiters allow.
 		own := s.db.ownTx(ctx, "begin", "commit")
 		own.addWake(w)
-		tag, err = own.commit(&stmt{pgsql.Release, args}, false)
+		tag, err = own.commit(&stmt{release, args}, false)
 	}
 	if err != nil {
 		return err
@@ -705,15 +717,17 @@ func (s *Store) release(ctx context.Context, ref idem.Ref) error {
 	if tag.RowsAffected() == 1 {
 		return nil
 	}
-	var exists bool
-	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM idem_keys WHERE scope = $1 AND key = $2)`,
-		string(ref.Scope), string(ref.Key)).Scan(&exists); err != nil {
+	var withPoint bool
+	err = q.QueryRow(ctx, pgsql.Unreleased, args...).Scan(&withPoint)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
 		return err
+	case withPoint:
+		return idem.ErrHasRecoveryPoint
 	}
-	if exists {
-		return idem.ErrLeaseLost
-	}
-	return nil
+	return idem.ErrLeaseLost
 }
 
 // Renew implements idem.Store: one statement, one round trip (pgsql.Renew).

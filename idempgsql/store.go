@@ -340,20 +340,31 @@ func (s *Store) wakeAfter(ctx context.Context, q querier, st *txState, scope ide
 // in flight, commits durably and wakes the key's waiters. Called with a
 // context that carries a transaction of the DB, it joins it, and the
 // waiters wake when that transaction commits. Releasing a key that is gone
-// succeeds; one held under another token returns idem.ErrLeaseLost.
+// succeeds; one held under another token returns idem.ErrLeaseLost, and
+// one in flight with a recovery point idem.ErrHasRecoveryPoint (see
+// ReleaseWithPoint).
 //
-// An error other than ErrLeaseLost is ambiguous: calling Release again is
+// An error other than those is ambiguous: calling Release again is
 // safe, and succeeds if the first one committed.
 func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
-	if err := s.release(ctx, ref); err != nil {
+	if err := s.release(ctx, ref, pgsql.Release); err != nil {
 		return fmt.Errorf("idempgsql: release: %w", err)
 	}
 	return nil
 }
 
-func (s *Store) release(ctx context.Context, ref idem.Ref) error {
+// ReleaseWithPoint implements idem.Recoverer, as Release does for a key
+// without a point.
+func (s *Store) ReleaseWithPoint(ctx context.Context, ref idem.Ref) error {
+	if err := s.release(ctx, ref, pgsql.ReleaseWithPoint); err != nil {
+		return fmt.Errorf("idempgsql: release: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) release(ctx context.Context, ref idem.Ref, release string) error {
 	return s.db.statement(ctx, "Store.Release", func(ctx context.Context, q querier, st *txState) error {
-		res, err := q.ExecContext(ctx, pgsql.Release, string(ref.Scope), string(ref.Key), int64(ref.Token))
+		res, err := q.ExecContext(ctx, release, string(ref.Scope), string(ref.Key), int64(ref.Token))
 		if err != nil {
 			return err
 		}
@@ -362,15 +373,17 @@ func (s *Store) release(ctx context.Context, ref idem.Ref) error {
 		} else if n == 1 {
 			return s.wakeAfter(ctx, q, st, ref.Scope, ref.Key)
 		}
-		var exists bool
-		if err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM idem_keys WHERE scope = $1 AND key = $2)`,
-			string(ref.Scope), string(ref.Key)).Scan(&exists); err != nil {
+		var withPoint bool
+		err = q.QueryRowContext(ctx, pgsql.Unreleased, string(ref.Scope), string(ref.Key), int64(ref.Token)).Scan(&withPoint)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return nil
+		case err != nil:
 			return err
+		case withPoint:
+			return idem.ErrHasRecoveryPoint
 		}
-		if exists {
-			return idem.ErrLeaseLost
-		}
-		return nil
+		return idem.ErrLeaseLost
 	})
 }
 

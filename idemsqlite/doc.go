@@ -167,7 +167,9 @@
 // (migration 0002); Abandoned reads them through a partial index that holds
 // only the keys in flight with one, so an idemhttp.Completer polling it
 // every second reads almost nothing. A key in flight with a point never
-// expires. See docs/recovery.md.
+// expires, and Release refuses it (idem.ErrHasRecoveryPoint), so that no
+// failure path forgets it: ReleaseWithPoint releases it for a caller that
+// learned nothing happened outside. See docs/recovery.md.
 //
 // # Leases and holders
 //

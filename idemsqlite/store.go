@@ -127,9 +127,16 @@ var (
 		SET state = ?, status = ?, header = ?, body = ?, body_omitted = ?, completed_at = ?
 		WHERE scope = ? AND key = ? AND token = ? AND state = ?`)
 	sqlKeyStateToken = keysSQL(`SELECT state, token FROM idem_keys WHERE scope = ? AND key = ?`)
-	sqlReleaseKey    = keysSQL(`DELETE FROM idem_keys WHERE scope = ? AND key = ? AND token = ? AND state = ?`)
-	sqlKeyExists     = keysSQL(`SELECT 1 FROM idem_keys WHERE scope = ? AND key = ?`)
-	sqlPurgeKeys     = keysSQL(`DELETE FROM idem_keys WHERE (scope, key) IN (
+	// sqlReleaseKey releases a key in flight without a recovery point;
+	// sqlReleaseKeyWithPoint, with one or without.
+	sqlReleaseKey          = keysSQL(`DELETE FROM idem_keys WHERE scope = ? AND key = ? AND token = ? AND state = ? AND recovery_point IS NULL`)
+	sqlReleaseKeyWithPoint = keysSQL(`DELETE FROM idem_keys WHERE scope = ? AND key = ? AND token = ? AND state = ?`)
+	// sqlKeyHeldWithPoint tells why a release deleted nothing: the key is
+	// gone (no row), or held with a point under the token (1), or not
+	// held under it (0).
+	sqlKeyHeldWithPoint = keysSQL(`SELECT token = ? AND state = 'in_flight' AND recovery_point IS NOT NULL
+		FROM idem_keys WHERE scope = ? AND key = ?`)
+	sqlPurgeKeys = keysSQL(`DELETE FROM idem_keys WHERE (scope, key) IN (
 		SELECT scope, key FROM idem_keys
 		WHERE expires_at <= ? AND NOT (state = ? AND (lease_expires_at > ? OR recovery_point IS NOT NULL))
 		LIMIT ?)`)
@@ -605,25 +612,38 @@ func (s *Store) Complete(ctx context.Context, ref idem.Ref, resp idem.Response) 
 	return nil
 }
 
-// Release implements idem.Store. Called with a context that carries a
-// transaction of the DB, it joins it.
+// Release implements idem.Store. It refuses a key with a recovery point
+// (idem.ErrHasRecoveryPoint): see ReleaseWithPoint. Called with a context
+// that carries a transaction of the DB, it joins it.
 func (s *Store) Release(ctx context.Context, ref idem.Ref) error {
+	return s.release(ctx, ref, sqlReleaseKey)
+}
+
+// ReleaseWithPoint implements idem.Recoverer. Called with a context that
+// carries a transaction of the DB, it joins it.
+func (s *Store) ReleaseWithPoint(ctx context.Context, ref idem.Ref) error {
+	return s.release(ctx, ref, sqlReleaseKeyWithPoint)
+}
+
+func (s *Store) release(ctx context.Context, ref idem.Ref, stmt *statement) error {
 	err := s.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		r := s.db.in(tx)
-		res, err := r.exec(ctx, sqlReleaseKey, string(ref.Scope), string(ref.Key), int64(ref.Token), stateInFlight)
+		res, err := r.exec(ctx, stmt, string(ref.Scope), string(ref.Key), int64(ref.Token), stateInFlight)
 		if err != nil {
 			return err
 		}
 		if n, err := res.RowsAffected(); err != nil || n == 1 {
 			return err
 		}
-		var one int
-		err = r.queryRow(ctx, sqlKeyExists, string(ref.Scope), string(ref.Key)).Scan(&one)
-		if errors.Is(err, sql.ErrNoRows) {
+		var withPoint bool
+		err = r.queryRow(ctx, sqlKeyHeldWithPoint, int64(ref.Token), string(ref.Scope), string(ref.Key)).Scan(&withPoint)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
 			return nil
-		}
-		if err != nil {
+		case err != nil:
 			return err
+		case withPoint:
+			return idem.ErrHasRecoveryPoint
 		}
 		return idem.ErrLeaseLost
 	})

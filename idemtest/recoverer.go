@@ -27,6 +27,9 @@ import (
 //   - Yield ends the holder's lease at once and keeps the rest: the key is
 //     in flight with its point, listed by Abandoned, and taken over by the
 //     next Claim at once; a stale token's Yield is refused.
+//   - Release refuses a key in flight with a point (ErrHasRecoveryPoint),
+//     changing nothing; ReleaseWithPoint releases it, under its holder's
+//     token only, and succeeds again once it is gone.
 //   - Abandoned lists exactly the keys in flight, with a point, whose lease
 //     ended, oldest lease end first, at most limit of them.
 //   - With a database (db not nil): a point saved in the transaction of a
@@ -68,6 +71,7 @@ var recovererTests = []struct {
 	{"ClaimAnewStartsEmpty", false, testRecoveryClaimAnew},
 	{"OutlivesTTL", false, testRecoveryOutlivesTTL},
 	{"Yield", false, testRecoveryYield},
+	{"ReleaseRefusedWithPoint", false, testRecoveryRelease},
 	{"Abandoned", false, testRecoveryAbandoned},
 	{"AbandonedLimit", false, testRecoveryAbandonedLimit},
 	{"CommitsWithPhase", true, testRecoveryCommits},
@@ -214,7 +218,7 @@ func testRecoveryRefused(t *testing.T, e *recEnv) {
 	// A released key is gone, its point with it.
 	c3 := e.acquire("r")
 	e.save(keyRef("r", c3), "charging", "")
-	if err := e.rec.Release(e.ctx, keyRef("r", c3)); err != nil {
+	if err := e.rec.ReleaseWithPoint(e.ctx, keyRef("r", c3)); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.rec.SaveRecovery(e.ctx, keyRef("r", c3), idem.RecoveryPoint{Name: "x"}); !errors.Is(err, idem.ErrLeaseLost) {
@@ -321,7 +325,7 @@ func testRecoveryAbandoned(t *testing.T, e *recEnv) {
 	// released: gone.
 	rel := e.acquire("released")
 	e.save(keyRef("released", rel), "charging", "r")
-	if err := e.rec.Release(e.ctx, keyRef("released", rel)); err != nil {
+	if err := e.rec.ReleaseWithPoint(e.ctx, keyRef("released", rel)); err != nil {
 		t.Fatal(err)
 	}
 	e.clock.Advance(lease - time.Second + time.Millisecond)
@@ -483,5 +487,57 @@ func testRecoveryYield(t *testing.T, e *recEnv) {
 	}
 	if err := e.rec.Yield(e.ctx, idem.Ref{Scope: "s", Key: "absent", Token: c2.Token}); !errors.Is(err, idem.ErrLeaseLost) {
 		t.Fatalf("Yield of an absent key = %v; want ErrLeaseLost", err)
+	}
+}
+
+func testRecoveryRelease(t *testing.T, e *recEnv) {
+	c := e.acquire("k")
+	e.save(keyRef("k", c), "charging", "params")
+	at := e.clock.Now()
+	before, err := e.rec.Get(e.ctx, "s", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Whoever asks, a key whose phases may have acted outside stays.
+	if err := e.rec.Release(e.ctx, keyRef("k", c)); !errors.Is(err, idem.ErrHasRecoveryPoint) {
+		t.Fatalf("Release of a key with a point = %v; want ErrHasRecoveryPoint", err)
+	}
+	checkRecord(t, "Get after the refused Release", e.get("s", "k"), before)
+	if err := samePoint(e.point("k"), "charging", "params", at); err != nil {
+		t.Fatalf("after the refused Release: %v", err)
+	}
+	// A stale token releases nothing, with ReleaseWithPoint either.
+	e.clock.Advance(lease + time.Millisecond)
+	c2, err := e.rec.Claim(e.ctx, e.req("k", "fp"))
+	if err != nil || !c2.TookOver {
+		t.Fatalf("takeover = %v, %v", c2.Outcome, err)
+	}
+	if err := e.rec.ReleaseWithPoint(e.ctx, keyRef("k", c)); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("ReleaseWithPoint by the stale holder = %v; want ErrLeaseLost", err)
+	}
+	if err := e.rec.Release(e.ctx, keyRef("k", c)); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Release by the stale holder = %v; want ErrLeaseLost", err)
+	}
+	// The holder that learned nothing happened outside releases it.
+	if err := e.rec.ReleaseWithPoint(e.ctx, keyRef("k", c2)); err != nil {
+		t.Fatalf("ReleaseWithPoint by the holder = %v", err)
+	}
+	if _, err := e.rec.Get(e.ctx, "s", "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get after ReleaseWithPoint = %v; want ErrNotFound", err)
+	}
+	if err := e.rec.ReleaseWithPoint(e.ctx, keyRef("k", c2)); err != nil {
+		t.Fatalf("ReleaseWithPoint of a key already gone = %v; want nil", err)
+	}
+	if c3 := e.acquire("k"); c3.TookOver || !c3.Record.Recovery.IsZero() {
+		t.Fatalf("Claim after ReleaseWithPoint = took over %v, point %+v; want the key anew", c3.TookOver, c3.Record.Recovery)
+	}
+	// A completed key is not the holder's to release either way.
+	d := e.acquire("done")
+	e.save(keyRef("done", d), "charging", "")
+	if err := e.rec.Complete(e.ctx, keyRef("done", d), idem.Response{Status: 201}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rec.ReleaseWithPoint(e.ctx, keyRef("done", d)); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("ReleaseWithPoint of a completed key = %v; want ErrLeaseLost", err)
 	}
 }

@@ -109,12 +109,13 @@ var brokenRecoverers = map[string]struct {
 	wantFail string
 	store    func(*stagedDB) idem.Recoverer
 }{
-	"none":                     {"", func(db *stagedDB) idem.Recoverer { return db }},
-	"clears point on takeover": {"SurvivesTakeover", func(db *stagedDB) idem.Recoverer { return clearsOnTakeover{db} }},
-	"saves outside the phase":  {"RollsBackWithPhase", func(db *stagedDB) idem.Recoverer { return savesOutsideTx{db} }},
-	"lists live keys":          {"Abandoned", func(db *stagedDB) idem.Recoverer { return listsLive{db} }},
-	"ignores fencing":          {"RefusedWithoutLease", func(db *stagedDB) idem.Recoverer { return saveIgnoresFencing{db} }},
-	"yield releases":           {"Yield", func(db *stagedDB) idem.Recoverer { return yieldReleases{db} }},
+	"none":                        {"", func(db *stagedDB) idem.Recoverer { return db }},
+	"clears point on takeover":    {"SurvivesTakeover", func(db *stagedDB) idem.Recoverer { return clearsOnTakeover{db} }},
+	"saves outside the phase":     {"RollsBackWithPhase", func(db *stagedDB) idem.Recoverer { return savesOutsideTx{db} }},
+	"lists live keys":             {"Abandoned", func(db *stagedDB) idem.Recoverer { return listsLive{db} }},
+	"ignores fencing":             {"RefusedWithoutLease", func(db *stagedDB) idem.Recoverer { return saveIgnoresFencing{db} }},
+	"yield releases":              {"Yield", func(db *stagedDB) idem.Recoverer { return yieldReleases{db} }},
+	"releases a key with a point": {"ReleaseRefusedWithPoint", func(db *stagedDB) idem.Recoverer { return releasesWithPoint{db} }},
 }
 
 type clearsOnTakeover struct{ *stagedDB }
@@ -163,7 +164,16 @@ func (s saveIgnoresFencing) SaveRecovery(ctx context.Context, ref idem.Ref, rp i
 type yieldReleases struct{ *stagedDB }
 
 // Yield gives the key up, point and all.
-func (s yieldReleases) Yield(ctx context.Context, ref idem.Ref) error { return s.Release(ctx, ref) }
+func (s yieldReleases) Yield(ctx context.Context, ref idem.Ref) error {
+	return s.ReleaseWithPoint(ctx, ref)
+}
+
+type releasesWithPoint struct{ *stagedDB }
+
+// Release gives the key up, whatever point it has.
+func (s releasesWithPoint) Release(ctx context.Context, ref idem.Ref) error {
+	return s.ReleaseWithPoint(ctx, ref)
+}
 
 const brokenRecovererEnv = "IDEMTEST_BROKEN_RECOVERER"
 

@@ -276,7 +276,9 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record) bool {
 	defer cancel()
 	switch {
 	case errors.Is(rerr, ErrNothingDone):
-		if err := c.rs.Release(dctx, ref); err != nil {
+		// The one release of a key with a point: Resume learned that
+		// nothing happened outside (Release itself refuses such a key).
+		if err := c.rs.ReleaseWithPoint(dctx, ref); err != nil {
 			log.LogAttrs(ctx, slog.LevelWarn, "completer: could not release the key", slog.String("error", err.Error()))
 			return false
 		}

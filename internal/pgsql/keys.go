@@ -191,9 +191,21 @@ const Complete = `UPDATE idem_keys SET state = 'completed', status = $4, header 
 // completion, and here it is skipped for the keys nobody waits for.
 const Wake = `SELECT pg_notify($1, $2) FROM idem_waiters WHERE scope = $3 AND key = $4 LIMIT 1`
 
-// Release deletes the key if the token holds it in flight. Its command
-// tag counts the rows deleted.
-const Release = `DELETE FROM idem_keys WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'`
+// Release deletes the key if the token holds it in flight without a
+// recovery point (see idem.ErrHasRecoveryPoint). Its command tag counts the
+// rows deleted.
+const Release = `DELETE FROM idem_keys WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'
+	AND recovery_point IS NULL`
+
+// ReleaseWithPoint deletes the key if the token holds it in flight, with a
+// recovery point or without. Its command tag counts the rows deleted.
+const ReleaseWithPoint = `DELETE FROM idem_keys WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'`
+
+// Unreleased tells why a release deleted nothing: no row when the key is
+// gone (released already), true when the token holds it in flight with a
+// recovery point, false when the token does not hold it.
+const Unreleased = `SELECT token = $3 AND state = 'in_flight' AND recovery_point IS NOT NULL
+	FROM idem_keys WHERE scope = $1 AND key = $2`
 
 // Live is true when a record counts at the statement's time: its TTL has
 // not passed, or a live lease still holds it (a takeover may push the lease
