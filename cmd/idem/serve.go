@@ -9,11 +9,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
 	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idemhttp"
@@ -61,6 +63,7 @@ type serveFlags struct {
 	acquirer        string
 	acquirerKey     string
 	acquirerKeySet  bool
+	replicaID       string
 
 	// console and operators are --console and --operators.
 	console      bool
@@ -145,6 +148,8 @@ func (f *serveFlags) define(cmd *cobra.Command) {
 	fl.DurationVar(&f.retryCap, "retry-cap", 30*time.Second, "longest retry delay of the settlement consumer")
 	fl.StringVar(&f.acquirer, "acquirer", "", "the card network (idem acquirer) a payment charges the account's card at before it is recorded: http://HOST:PORT; empty: payments move money in --db alone")
 	fl.StringVar(&f.acquirerKey, "acquirer-key", "", "the card network's API key (default from $"+envAcquirerKey+")")
+	fl.StringVar(&f.replicaID, "replica-id", "", "this replica's name as the holder of the keys it claims: the same when it restarts, different for every replica that runs at once; "+
+		"at start it ends the leases its earlier run held, so what that run left is finished at once (default: the host's name and the address it listens on)")
 }
 
 // servePlan is what serve runs, as its flags asked: plain values, checked,
@@ -175,6 +180,9 @@ type servePlan struct {
 	// devKey is the development tenant's key when no API keys were
 	// configured, to be shown once the server listens; else empty.
 	devKey string
+	// replicaID is --replica-id; empty for the default, which needs the
+	// address the server listens on.
+	replicaID string
 }
 
 // planServe checks every flag of serve and returns what to run. It opens
@@ -228,6 +236,11 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 	if f.keyLease > f.keyTTL {
 		return nil, fmt.Errorf("--key-lease (%s) must not be longer than --key-ttl (%s)", f.keyLease, f.keyTTL)
 	}
+	if f.replicaID != "" {
+		if err := (idem.Holder{Replica: f.replicaID, Incarnation: "x"}).Validate(); err != nil {
+			return nil, fmt.Errorf("--replica-id: %w", err)
+		}
+	}
 	if f.requestTimeout < 0 || (f.requestTimeout > 0 && f.requestTimeout <= f.inflightWait) {
 		return nil, fmt.Errorf("--request-timeout (%s) must be longer than --inflight-wait (%s), or 0 for none", f.requestTimeout, f.inflightWait)
 	}
@@ -279,9 +292,10 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 			DiscardBodies:  f.discardBodies,
 			Acquirer:       card,
 		},
-		devKey:  devKey,
-		strict:  f.strict,
-		console: con,
+		devKey:    devKey,
+		strict:    f.strict,
+		console:   con,
+		replicaID: f.replicaID,
 	}, nil
 }
 
@@ -360,6 +374,17 @@ func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 		cfg.Keys = rs
 		keysShown = kt.shown + " (prefix " + p.keysPrefix + ")"
 	}
+	// Listening before the service starts, whose holder's name defaults
+	// to the address: connections wait in the backlog until it serves.
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", p.addr, err)
+	}
+	defer ln.Close() // when the server never took it over
+	cfg.Holder = idem.Holder{Replica: p.replicaID, Incarnation: newIncarnation()}
+	if cfg.Holder.Replica == "" {
+		cfg.Holder.Replica = defaultReplicaID(ln.Addr())
+	}
 	svc, err := payments.New(ctx, &cfg)
 	if err != nil {
 		return fmt.Errorf("starting the payment service: %w", err)
@@ -373,10 +398,6 @@ func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 	handler, err := mountConsole(ctx, p.console, db, logger, svc.Handler())
 	if err != nil {
 		return err
-	}
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", p.addr, err)
 	}
 	srv := &http.Server{
 		Handler:           handler,
@@ -411,7 +432,8 @@ func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 		logger.Warn("fault injection is on: requests may ask for delays, failures, dropped answers and a crash of this process with the Idem-Fault header")
 	}
 	logger.Info("idem serve started", "addr", ln.Addr().String(), "db", db.shown, "keys", keysShown, "broker", brokerShown,
-		"acquirer", p.payments.Acquirer != nil, "key_ttl", p.payments.KeyTTL, "key_lease", p.payments.KeyLease, "inflight_wait", p.payments.InflightWait, "unsafe", p.payments.Unsafe, "faults", p.payments.Faults)
+		"acquirer", p.payments.Acquirer != nil, "key_ttl", p.payments.KeyTTL, "key_lease", p.payments.KeyLease, "inflight_wait", p.payments.InflightWait, "unsafe", p.payments.Unsafe, "faults", p.payments.Faults,
+		"replica", cfg.Holder.Replica, "incarnation", cfg.Holder.Incarnation)
 	// A plain line, not a log record: scripts and tests wait for it to learn
 	// the port when --addr asks for port 0.
 	fmt.Fprintf(a.stderr, "idem: listening on %s\n", base)
@@ -464,6 +486,30 @@ func (a *app) apiKeys(flagValue string, flagSet bool) (keys map[string]string, d
 		return nil, "", fmt.Errorf("%s: %w", from, err)
 	}
 	return keys, "", nil
+}
+
+// defaultReplicaID is --replica-id's default: the host's name and the
+// address the server listens on, the same when a replica restarts on its
+// address, and different for two replicas on one host (they cannot listen
+// on one address). A replica on a port picked at random (--addr :0) gets a
+// new name at every start: it then never ends its earlier runs' leases,
+// which end on their own.
+func defaultReplicaID(addr net.Addr) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "localhost"
+	}
+	id := host + "/" + addr.String()
+	if len(id) > idem.MaxHolderLen {
+		id = id[:idem.MaxHolderLen]
+	}
+	return id
+}
+
+// newIncarnation names this run of the process: its start time and a
+// random part, so that no two runs share one.
+func newIncarnation() string {
+	return time.Now().UTC().Format("20060102T150405.000Z") + "-" + crand.Text()[:8]
 }
 
 // displayAddr is the address to show people: a wildcard listen address is

@@ -50,11 +50,21 @@ type Config struct {
 	APIKeys map[string]string
 	// KeyTTL is how long an idempotency key is remembered. Defaults to 24h.
 	KeyTTL time.Duration
-	// KeyLease is how long an execution holds its key before a retry may
-	// take it over (after a crash, say); the handler's context ends at 90%
-	// of it. Defaults to 1m (idemhttp.DefaultLease), or KeyTTL when that
-	// is shorter.
+	// KeyLease is how long an execution holds its key, past its last
+	// renewal, before a retry may take it over: a running execution renews
+	// it every third of it, so this is how soon the key of a replica that
+	// died is free again. Defaults to 10s (idemhttp.DefaultLease), or
+	// KeyTTL when that is shorter.
 	KeyLease time.Duration
+	// Holder names this replica as the holder of the keys it claims: a
+	// replica ID that stays the same when it restarts, and an incarnation
+	// new at every start. On a key store that keeps holders (the
+	// service's database), New ends at once the leases an earlier
+	// incarnation of the replica held when it died (idemhttp.Middleware's
+	// Restart), so a client's retry, or the completer, finishes them
+	// without waiting out their leases. Defaults to none: anonymous
+	// claims, taken over only when their leases end.
+	Holder idem.Holder
 	// InflightWait is how long a duplicate waits for the first request with
 	// its key to finish before it gets 409. Defaults to 5s.
 	InflightWait time.Duration
@@ -291,6 +301,7 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 				// committed on its own (see phases.go): claim first.
 				SeparateTx:    s.twoStores || (m.name == "payments" && s.phased()),
 				Lease:         c.KeyLease,
+				Holder:        c.Holder,
 				Optional:      m.optional,
 				Scope:         scopeByTenant,
 				TTL:           c.KeyTTL,
@@ -353,6 +364,15 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 	s.metrics = promhttp.HandlerFor(c.Registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(c.Logger.Handler(), slog.LevelError)})
 	s.handler = s.routes()
 
+	if s.paymentsMW != nil && !c.Holder.IsZero() {
+		// Before the completer's first round, which then finds the keys
+		// with a recovery point among those ended here.
+		if n, err := s.paymentsMW.Restart(ctx); err != nil {
+			c.Logger.Warn("payments: could not end the leases an earlier run of this replica held; they end on their own", "err", err)
+		} else if n > 0 {
+			c.Logger.Info("payments: ended the leases an earlier run of this replica held", "replica", c.Holder.Replica, "keys", n)
+		}
+	}
 	pctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s.stop = stop
 	s.done = make(chan struct{})
@@ -436,6 +456,9 @@ func (c *Config) defaults() error {
 	}
 	if c.KeyLease < 0 {
 		problems = append(problems, fmt.Sprintf("KeyLease must not be negative, got %s", c.KeyLease))
+	}
+	if err := c.Holder.Validate(); err != nil {
+		problems = append(problems, err.Error())
 	}
 	// A lease left to its default is lowered to a shorter TTL (idemhttp
 	// does so); only a lease set longer than the TTL is refused.

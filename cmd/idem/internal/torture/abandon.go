@@ -23,6 +23,33 @@ func (r *run) completerBound() time.Duration {
 	return 2*one + 10*time.Second
 }
 
+// finishBound is the completers' documented bound (keyed.Completer.Bound,
+// with payments' defaults): a lease for the dead holder's to end, a round,
+// and a resume (nine tenths of a lease). Every abandoned payment must be
+// finished within it of its holder's death (when its client gave up: the
+// try's replica SIGKILLed itself), as long as a completer runs: see
+// finishDeadline.
+func (r *run) finishBound() time.Duration {
+	return r.cfg.KeyLease + completerEvery + r.cfg.KeyLease*9/10
+}
+
+// finishDeadline is when an abandoned payment whose holder died at died
+// must be finished: its lease ends, then the first replica that is up for
+// a round and a resume without a break finishes it by the end of them. The
+// run's chaos can leave no replica up (every abandoned try crashes its
+// replica); the bound counts from when one is. ok is false when none ever
+// was up that long after the lease.
+func (r *run) finishDeadline(died time.Time) (deadline time.Time, ok bool) {
+	window := completerEvery + r.cfg.KeyLease*9/10
+	from := died.Add(r.cfg.KeyLease)
+	for _, rp := range r.replicas {
+		if t, up := rp.upFor(from, window); up && (!ok || t.Before(deadline)) {
+			deadline, ok = t, true
+		}
+	}
+	return deadline.Add(window), ok
+}
+
 // reviveExited starts again every replica that ended by itself and is
 // still down once the load is over: one that a crash-after-charge fault
 // made SIGKILL itself in the load's last moments, which the revive loop,
@@ -80,8 +107,9 @@ func (r *run) awaitCompleters(ctx context.Context) (time.Duration, int, error) {
 
 // slowestCompletion is the longest time from an abandoned payment's client
 // giving up to its key's completion (by a completer, since nobody else
-// asked), among those completed.
-func (r *run) slowestCompletion(ctx context.Context) (time.Duration, error) {
+// asked), among those completed, and how many were finished after their
+// finishDeadline.
+func (r *run) slowestCompletion(ctx context.Context) (slowest time.Duration, late int, err error) {
 	gaveUp := map[string]time.Time{}
 	for _, lp := range r.payments {
 		lp.mu.Lock()
@@ -92,10 +120,9 @@ func (r *run) slowestCompletion(ctx context.Context) (time.Duration, error) {
 	}
 	db, err := r.openRunDB(ctx)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer db.close(ctx)
-	var slowest time.Duration
 	err = db.each(ctx, `SELECT key, completed_at FROM %sidem_keys WHERE scope = $1 AND state = 'completed'`,
 		func(scan func(...any) error) error {
 			var key string
@@ -113,10 +140,13 @@ func (r *run) slowestCompletion(ctx context.Context) (time.Duration, error) {
 			}
 			if t, ok := gaveUp[key]; ok {
 				slowest = max(slowest, at.Sub(t))
+				if d, ok := r.finishDeadline(t); ok && at.After(d) {
+					late++
+				}
 			}
 			return nil
 		}, tenant)
-	return slowest, err
+	return slowest, late, err
 }
 
 // runDB reads the run's database, PostgreSQL or SQLite, over one

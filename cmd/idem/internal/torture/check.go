@@ -70,6 +70,13 @@ func (r *run) check(ctx context.Context, elapsed time.Duration) (*Report, error)
 	}
 	rep.CompleterWait = r.completerWait
 	rep.SlowestFinish = r.slowestFinish
+	if r.cfg.Abandon > 0 {
+		rep.FinishBound = r.finishBound()
+	}
+	if r.lateFinishes > 0 {
+		violate("%d abandoned payments were finished more than the completers' bound (%s) after their holder died and a replica was up; the slowest took %s",
+			r.lateFinishes, r.finishBound(), r.slowestFinish.Round(time.Millisecond))
+	}
 	if r.unfinished > 0 {
 		violate("%d executions stopped after a recovery point were still unfinished %s after the load (the completers' bound)",
 			r.unfinished, r.completerBound())

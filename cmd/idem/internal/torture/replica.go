@@ -54,6 +54,29 @@ type replica struct {
 	// whether the run killed or stopped it.
 	exit   error
 	killed bool
+	// ups are the spans the process was up: from its ready line to its
+	// exit (zero while it runs).
+	ups []upSpan
+}
+
+// upSpan is a span of time a replica was up.
+type upSpan struct{ from, to time.Time }
+
+// upFor returns the earliest time t at or after from such that the
+// replica was up without a break from t to t+d, and whether there is one.
+func (r *replica) upFor(from time.Time, d time.Duration) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, u := range r.ups {
+		t := u.from
+		if t.Before(from) {
+			t = from
+		}
+		if u.to.IsZero() || !t.Add(d).After(u.to) {
+			return t, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // name is how errors and logs name the process: "replica 2".
@@ -100,6 +123,9 @@ func (r *replica) start(ctx context.Context) error {
 		err := cmd.Wait()
 		r.mu.Lock()
 		r.exit = err
+		if n := len(r.ups); n > 0 && r.ups[n-1].to.IsZero() {
+			r.ups[n-1].to = time.Now()
+		}
 		r.mu.Unlock()
 	}()
 
@@ -116,6 +142,7 @@ func (r *replica) start(ctx context.Context) error {
 		}
 		r.mu.Lock()
 		r.base = base
+		r.ups = append(r.ups, upSpan{from: time.Now()})
 		r.mu.Unlock()
 		return nil
 	case <-done:

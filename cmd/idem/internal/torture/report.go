@@ -40,8 +40,11 @@ type Report struct {
 	AbandonedFinished int
 	CompleterWait     time.Duration
 	// SlowestFinish is the longest an abandoned payment waited, from its
-	// client giving up to its completion by a completer.
+	// client giving up (its replica died) to its completion by a
+	// completer, and FinishBound the bound every one must be finished
+	// within (the completer's documented bound).
 	SlowestFinish time.Duration
+	FinishBound   time.Duration
 
 	Payments      int   // payments in the database
 	MoneyOwed     int64 // the sum of the logical payments' amounts
@@ -85,6 +88,7 @@ func (r *Report) Print(w io.Writer) {
 		row("of them finished by a completer", r.AbandonedFinished)
 		row("completers' wait after the load", r.CompleterWait.Round(time.Millisecond))
 		row("slowest finished after its client gave up", r.SlowestFinish.Round(time.Millisecond))
+		row("the completers' bound", r.FinishBound)
 	}
 	row("payments in the database", r.Payments)
 	row("money owed", r.MoneyOwed)
@@ -141,6 +145,7 @@ func (r *Report) PrintResults(w io.Writer) {
 		line("abandoned_finished", r.AbandonedFinished, "payments")
 		line("completer_wait_s", fmt.Sprintf("%.2f", r.CompleterWait.Seconds()), "s")
 		line("slowest_finish_s", fmt.Sprintf("%.2f", r.SlowestFinish.Seconds()), "s")
+		line("finish_bound_s", fmt.Sprintf("%.2f", r.FinishBound.Seconds()), "s")
 	}
 	line("payments", r.Payments, "payments")
 	line("money_owed", r.MoneyOwed, "minor_units")

@@ -315,6 +315,9 @@ type run struct {
 	// finished by a completer, from its client giving up to its key's
 	// completion.
 	slowestFinish time.Duration
+	// lateFinishes is how many abandoned payments were finished later
+	// than finishBound after their client gave up.
+	lateFinishes int
 
 	schema   string // PostgreSQL schema, with cfg.DB postgres://
 	prefix   string // Redis key prefix, with cfg.Keys
@@ -421,7 +424,7 @@ func Run(ctx context.Context, cfg *Config) (rep *Report, err error) {
 		if r.completerWait, r.unfinished, err = r.awaitCompleters(ctx); err != nil {
 			return nil, err
 		}
-		if r.slowestFinish, err = r.slowestCompletion(ctx); err != nil {
+		if r.slowestFinish, r.lateFinishes, err = r.slowestCompletion(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -632,7 +635,11 @@ func (r *run) startReplicas(ctx context.Context) error {
 		env = append(env, envAcquirerKey+"="+r.acquirerKey)
 	}
 	for i := range r.cfg.Replicas {
-		r.replicas = append(r.replicas, &replica{n: i, exe: r.cfg.Executable, args: r.serveArgs(), env: env, log: r.replicaLog})
+		// Each replica keeps its name across its restarts (its port is
+		// new each time), so that a restarted one ends at once the leases
+		// its killed run held.
+		args := append(r.serveArgs(), "--replica-id", "torture-replica-"+strconv.Itoa(i))
+		r.replicas = append(r.replicas, &replica{n: i, exe: r.cfg.Executable, args: args, env: env, log: r.replicaLog})
 		p, err := newFaultProxy(r.dropNow)
 		if err != nil {
 			return err
