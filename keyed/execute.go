@@ -228,6 +228,17 @@ func (x *execution) release() {
 			x.log.LogAttrs(ctx, slog.LevelWarn, "release refused: the lease was lost while the handler ran", attrs...)
 			return
 		}
+		if errors.Is(err, idem.ErrHasRecoveryPoint) {
+			// A point this execution did not know of (saved by an earlier
+			// one after its claim was read): the store keeps the key, and
+			// it is yielded, as after any failure with a point.
+			x.tally(OutcomeUnfinished)
+			if yerr := x.yield(); yerr != nil {
+				attrs = append(attrs, slog.String("yield_error", yerr.Error()))
+			}
+			x.log.LogAttrs(ctx, slog.LevelWarn, "failed on a key with a recovery point: it stays in flight with its point", attrs...)
+			return
+		}
 		x.tally(OutcomeStoreError)
 		x.log.LogAttrs(ctx, slog.LevelError, "could not release the key; it frees itself when its lease ends",
 			append(attrs, slog.String("error", err.Error()))...)
