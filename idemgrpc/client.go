@@ -19,11 +19,14 @@ import (
 // grpc.WithChainUnaryInterceptor(client.Unary()).
 //
 // The key of a call is, in order: the idempotency-key already in its
-// outgoing metadata; the one WithKey put in its context; inside a handler
-// the Interceptor protects, a key derived from that execution's
-// (DownstreamKey), so that a server calling further services passes its
-// key on and a re-execution of it sends the same keys again; otherwise a
-// fresh one (a UUID v4). The same key goes with every attempt: gRPC's own
+// outgoing metadata; the one WithKey or WithCallName put in its context;
+// inside a handler the Interceptor protects, a key derived from that
+// execution's, numbered by the order of its calls to the method
+// (DownstreamKey); otherwise a fresh one (a UUID v4). A server calling
+// further services so passes its key on, and a re-execution of it sends
+// the same keys again, provided that it makes its calls in the same order:
+// a handler that makes calls concurrently names each (WithCallName), since
+// goroutines start in another order each time. The same key goes with every attempt: gRPC's own
 // retries (a retryPolicy in the service config) resend the call's
 // metadata, and the Client's own retries reuse it.
 //

@@ -2,6 +2,9 @@ package idemgrpc_test
 
 import (
 	"context"
+	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -162,5 +165,137 @@ func TestKeyPassedDownstream(t *testing.T) {
 	defer mu.Unlock()
 	if upRuns != 2 || len(downRuns) != 2 || downRuns[wantKeys[0]] != 1 || downRuns[wantKeys[1]] != 1 {
 		t.Fatalf("upstream ran %d times; downstream runs by key %v, want one each for %q", upRuns, downRuns, wantKeys)
+	}
+}
+
+// A handler that calls several services at once, each call named
+// (WithCallName), sends each call with the same key in every execution,
+// although its calls start in another order: here the first execution
+// starts them in one order and fails after a recovery point, and the
+// retry goes on from the point and starts them in the reverse order. The
+// numbered keys of unnamed calls would have swapped.
+func TestNamedCallsKeepTheirKeysAcrossExecutions(t *testing.T) {
+	t.Parallel()
+	legs := []string{"debit", "credit", "fee", "notify"}
+	reversed := slices.Clone(legs)
+	slices.Reverse(reversed)
+	orders := [][]string{legs, reversed}
+
+	type arrival struct{ leg, key string }
+	var mu sync.Mutex
+	var arrivals [][]arrival // per upstream execution, as the calls arrived downstream
+	downRuns := map[string]int{}
+	record := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		mu.Lock()
+		last := &arrivals[len(arrivals)-1]
+		*last = append(*last, arrival{req.(*structpb.Struct).Fields["leg"].GetStringValue(), strings.Join(md.Get(idemgrpc.MetadataKey), ",")})
+		mu.Unlock()
+		return handler(ctx, req)
+	}
+	down := grpcsuite.New(t, idemgrpc.Config{Store: idemmem.NewStore(nil), SharedScope: true}, &grpcsuite.Options{Outer: []grpc.UnaryServerInterceptor{record}})
+	down.Handle(func(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
+		ex, _ := idemgrpc.ExecutionFromContext(ctx)
+		mu.Lock()
+		downRuns[string(ex.Key)]++
+		mu.Unlock()
+		return req, nil
+	})
+	client := &idemgrpc.Client{}
+	downstream, err := grpc.NewClient("passthrough:///down", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(down.Dialer()),
+		grpc.WithChainUnaryInterceptor(client.Unary()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer downstream.Close()
+
+	up := grpcsuite.New(t, idemgrpc.Config{Store: idemmem.NewStore(nil), KeySecret: []byte("0123456789abcdef0123"),
+		Scope: func(context.Context, string) (idem.Scope, error) { return "tenant-a", nil }}, nil)
+	var resumed []string
+	want := map[string]string{}
+	up.Handle(func(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
+		ex, _ := idemgrpc.ExecutionFromContext(ctx)
+		mu.Lock()
+		run := len(arrivals)
+		arrivals = append(arrivals, nil)
+		resumed = append(resumed, ex.Recovery.Name)
+		mu.Unlock()
+		if ex.Recovery.IsZero() {
+			if err := idemgrpc.SaveRecovery(ctx, "calling", nil); err != nil {
+				return nil, err
+			}
+		}
+		gates := map[string]chan struct{}{}
+		done := make(chan error)
+		for _, leg := range legs {
+			gate := make(chan struct{})
+			gates[leg] = gate
+			go func() {
+				<-gate
+				done <- downstream.Invoke(idemgrpc.WithCallName(ctx, "leg", leg), grpcsuite.Method, grpcsuite.Msg(t, map[string]any{"leg": leg}), new(structpb.Struct))
+			}()
+			if run == 0 {
+				mu.Lock()
+				want[leg] = ex.DownstreamKey("leg", leg)
+				mu.Unlock()
+			}
+		}
+		var errs []error
+		for _, leg := range orders[run] {
+			close(gates[leg])
+			errs = append(errs, <-done)
+		}
+		if err := errors.Join(errs...); err != nil {
+			return nil, err
+		}
+		if run == 0 {
+			return nil, status.Error(codes.Unavailable, "failed after the calls") // past the point: kept in flight, yielded
+		}
+		return grpcsuite.Msg(t, map[string]any{"ok": true}), nil
+	})
+	req := grpcsuite.Msg(t, map[string]any{"transfer": 10})
+	if _, _, err := up.Call(t.Context(), "t-1", req); status.Code(err) != codes.Unavailable {
+		t.Fatalf("first execution: %v", err)
+	}
+	if _, _, err := up.Call(t.Context(), "t-1", req); err != nil {
+		t.Fatalf("the retry: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(arrivals) != 2 || !slices.Equal(resumed, []string{"", "calling"}) {
+		t.Fatalf("%d executions, from points %q; want 2, the second resumed from calling", len(arrivals), resumed)
+	}
+	keys := make([]map[string]string, 2)
+	for run, as := range arrivals {
+		keys[run] = map[string]string{}
+		var order []string
+		for _, a := range as {
+			keys[run][a.leg] = a.key
+			order = append(order, a.leg)
+		}
+		if !slices.Equal(order, orders[run]) {
+			t.Fatalf("execution %d: the calls arrived in the order %q; want %q", run+1, order, orders[run])
+		}
+	}
+	for _, leg := range legs {
+		k := keys[0][leg]
+		if k == "" || k != keys[1][leg] || k != want[leg] || downRuns[k] != 1 {
+			t.Fatalf("keys of %s: %q then %q (DownstreamKey %q); want the same in both executions, run once downstream: %v, runs %v",
+				leg, k, keys[1][leg], want[leg], keys, downRuns)
+		}
+	}
+	if len(downRuns) != len(legs) {
+		t.Fatalf("downstream runs by key %v; want one per call", downRuns)
+	}
+}
+
+// The numbered keys of a Client's unnamed calls are those earlier
+// versions sent, so that an execution resumed on this one sends its
+// predecessor's keys.
+func TestNumberedDownstreamKeyUnchanged(t *testing.T) {
+	t.Parallel()
+	ex := idemgrpc.Execution{Scope: "tenant-a", Key: "k-1", FullMethod: "/payments.v1.Payments/Create"}
+	if got, want := idemgrpc.DownstreamKey(ex, ex.FullMethod, 0), "idg1_6Wp4G8M87QPQC_jhb0NEBzng12Y9zxX4fCNFwfXEKpc"; got != want {
+		t.Fatalf("DownstreamKey(…, 0) = %q; want %q", got, want)
 	}
 }

@@ -2,9 +2,6 @@ package idemgrpc
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/binary"
 	"strconv"
 	"sync"
 	"time"
@@ -66,25 +63,48 @@ func KeyFromContext(ctx context.Context) (idem.Scope, idem.Key, bool) {
 }
 
 // DownstreamKey returns the key a handler's n-th call (from 0) to
-// fullMethod is sent with: a digest of the execution's scope and key, the
-// method and n, so that every execution of one logical call (a retry after
-// a transient failure, or one that takes over after a crash) sends the
-// same keys downstream, in the same order, and the services called replay
-// what an earlier execution asked of them rather than run it again; two
-// calls to one method in one execution get two keys. A Client numbers the
-// calls itself; DownstreamKey is for keys sent some other way (an HTTP
-// call through idemhttp.WithKey, say).
+// fullMethod is sent with, numbering its calls to each method in the order
+// they are made: Execution.DownstreamKey(fullMethod, n), the key a Client
+// gives a call that is not named (WithCallName).
+//
+// Deprecated: a number depends on the order the calls are made in, which
+// is not the same in every execution when they are made concurrently, and
+// a re-execution would then send one call's key with another. Name the
+// call instead: Execution.DownstreamKey, or WithCallName for a Client's
+// call. The keys are unchanged: an execution resumed on a newer version
+// sends the keys its predecessor sent.
 func DownstreamKey(ex Execution, fullMethod string, n int) string {
-	var buf []byte
-	for _, f := range []string{string(ex.Scope), string(ex.Key), fullMethod, strconv.Itoa(n)} {
-		buf = binary.AppendUvarint(buf, uint64(len(f)))
-		buf = append(buf, f...)
-	}
-	sum := sha256.Sum256(buf)
-	return "idg1_" + base64.RawURLEncoding.EncodeToString(sum[:])
+	return ex.DownstreamKey(fullMethod, strconv.Itoa(n))
 }
 
-// nextKey is the key of the handler's next call to fullMethod.
+// DownstreamKey returns the key ex sends with its call named name (and
+// parts) to another service: the same for every execution of one logical
+// call, whatever order its calls are made in, and on every face: the
+// engine's (keyed.Execution.DownstreamKey), which says how to name a call.
+func (ex Execution) DownstreamKey(name string, parts ...string) string {
+	return keyed.Execution{Scope: ex.Scope, Key: ex.Key, Token: ex.Token, ClaimedAt: ex.ClaimedAt, TookOver: ex.TookOver,
+		Recovery: ex.Recovery}.DownstreamKey(name, parts...)
+}
+
+// WithCallName returns a context whose calls, made through a Client, carry
+// the downstream key of the call named name (and parts), as
+// Execution.DownstreamKey derives it from the execution ctx belongs to
+// (keyed.DownstreamKey): a handler that calls several services at once,
+// from goroutines, names each call, and every execution sends each call
+// with the same key whichever starts first. Outside a protected call's
+// handler it returns ctx as it is, and a Client gives the call a fresh
+// key. A call whose outgoing metadata already holds an idempotency-key
+// keeps its own.
+func WithCallName(ctx context.Context, name string, parts ...string) context.Context {
+	key, ok := keyed.DownstreamKey(ctx, name, parts...)
+	if !ok {
+		return ctx
+	}
+	return WithKey(ctx, key)
+}
+
+// nextKey is the key of the handler's next call to fullMethod that is not
+// named.
 func (e *execution) nextKey(fullMethod string) string {
 	e.mu.Lock()
 	n := e.calls[fullMethod]
@@ -93,7 +113,7 @@ func (e *execution) nextKey(fullMethod string) string {
 	}
 	e.calls[fullMethod] = n + 1
 	e.mu.Unlock()
-	return DownstreamKey(e.Execution, fullMethod, n)
+	return e.Execution.DownstreamKey(fullMethod, strconv.Itoa(n))
 }
 
 type keyContextKey struct{}

@@ -124,22 +124,29 @@
 // # Leases, and keys passed on
 //
 // Each claim holds its key under a lease (Config.Lease) and a fencing
-// token; the handler's context ends at 90% of the lease, and not before:
-// not when the caller goes away nor when the call's own deadline passes.
-// A caller that gave up retries, and its retry should find the answer kept,
+// token, and the engine renews the lease while the handler runs, so a live
+// handler keeps its key however long it runs; its context ends at
+// Config.Timeout, or when its lease cannot be renewed, and not before: not
+// when the caller goes away nor when the call's own deadline passes. A
+// caller that gave up retries, and its retry should find the answer kept,
 // not a run cut off half-way (rolled back, in the same-transaction forms)
 // to start again, and be cut off again at the same deadline. A process that
 // dies mid-call leaves its key in flight until the lease ends; then a
 // retry takes it over, and ExecutionFromContext says so (TookOver), with
 // the ClaimedAt that an effect outside the store records to find an
-// earlier run's work.
+// earlier run's work. The engine's table (package keyed) says what
+// happens in every case, the same as on idemhttp.
 //
-// A handler that calls further services through a Client passes its key
-// on: each call it makes gets DownstreamKey of its scope and key, the
-// method and the call's rank among its calls to that method, so a
-// re-execution (after a transient failure, or a takeover) sends the same
-// keys, and the services called replay what the first execution asked of
-// them.
+// A handler that calls further services passes its key on, one key per
+// call, derived from its own and the call's name: WithCallName(ctx,
+// "reserve-stock") for a call through a Client, Execution.DownstreamKey
+// for a key sent another way. Every execution of the call (after a
+// transient failure, a takeover, a Completer's resume) sends each call with
+// the same key, whatever order its calls start in, so the services called
+// replay what the first execution asked of them. A call through a Client
+// that is not named gets a key numbered by its rank among the handler's
+// calls to that method (DownstreamKey, deprecated): the same only when the
+// calls are made one after another, in the same order.
 //
 // # Observability
 //

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/keyed"
 )
 
 // RoundTripper is the client's half: an http.RoundTripper that gives every
@@ -57,6 +58,24 @@ type keyContextKey struct{}
 // that sets the header itself keeps its own.
 func WithKey(ctx context.Context, key string) context.Context {
 	return context.WithValue(ctx, keyContextKey{}, key)
+}
+
+// WithCallName returns a context whose requests, sent through a
+// RoundTripper, carry the downstream key of the call named name (and
+// parts), as Execution.DownstreamKey derives it from the protected
+// request ctx belongs to (keyed.DownstreamKey): every execution of that
+// request (a retry after a transient failure, a takeover, a Completer's
+// resume) sends the call with the same key, whatever order its calls are
+// made in, so the service called replays what an earlier execution asked
+// of it. Outside a protected request's handler it returns ctx as it is,
+// and the request gets a fresh key. A request that sets the header itself
+// keeps its own.
+func WithCallName(ctx context.Context, name string, parts ...string) context.Context {
+	key, ok := keyed.DownstreamKey(ctx, name, parts...)
+	if !ok {
+		return ctx
+	}
+	return WithKey(ctx, key)
 }
 
 // RoundTrip implements http.RoundTripper.

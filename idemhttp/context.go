@@ -18,8 +18,17 @@ func ExecutionFromContext(ctx context.Context) (Execution, bool) {
 }
 
 // KeyFromContext returns the scope and key of the protected request whose
-// handler is running, so the handler can pass the key downstream as the
-// idempotency key of the next call.
+// handler is running. To pass the key on downstream, derive one per call
+// from it: DownstreamKey, or WithCallName for a RoundTripper's request.
 func KeyFromContext(ctx context.Context) (idem.Scope, idem.Key, bool) {
 	return keyed.KeyFromContext(ctx)
+}
+
+// DownstreamKey returns the key the protected request's handler sends
+// with its call named name (and parts) to another service: the engine's
+// (keyed.DownstreamKey), the same on every face and for every execution
+// of the request, whatever order its calls are made in. False outside a
+// protected request's handler.
+func DownstreamKey(ctx context.Context, name string, parts ...string) (string, bool) {
+	return keyed.DownstreamKey(ctx, name, parts...)
 }

@@ -17,7 +17,8 @@ import (
 // call needs, so that an execution that dies after the call is finished,
 // by the client's retry or, with nobody asking, by a Completer, instead of
 // being run again from the start. Every execution sends the card network
-// the same key, derived from the client's.
+// the same key, derived from the client's and named for the call
+// (DownstreamKey), the completer's too.
 func ExampleSaveRecovery() {
 	clock := idemmem.NewClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
 	store := idemmem.NewStore(&idemmem.Config{Clock: clock}) // an idem.Recoverer, as idemsqlite's and idempg's are
@@ -25,8 +26,8 @@ func ExampleSaveRecovery() {
 
 	charges := map[string]int{} // the card network: charges by key
 	charge := func(ctx context.Context) {
-		_, key, _ := idemhttp.KeyFromContext(ctx)
-		charges["charge-"+string(key)]++ // idempotent by key at the network
+		key, _ := idemhttp.DownstreamKey(ctx, "charge")
+		charges[key]++ // idempotent by key at the network
 	}
 	crash := true
 	pay := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -67,11 +68,13 @@ func ExampleSaveRecovery() {
 	fmt.Println("finished by the completer:", n)
 	later := send()
 	fmt.Println("the client comes back:", later.Code, later.Body.String(), later.Header().Get(idemhttp.HeaderReplayed))
-	fmt.Println("charge requests per key:", charges)
+	for _, n := range charges {
+		fmt.Println("charge requests:", n, "under one key of", len(charges))
+	}
 	// Output:
 	// first attempt: 503
 	// completer: going on from "charging" with {"amount":1000}
 	// finished by the completer: 1
 	// the client comes back: 201 {"status":"succeeded"} true
-	// charge requests per key: map[charge-order-42:2]
+	// charge requests: 2 under one key of 1
 }

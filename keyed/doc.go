@@ -107,6 +107,18 @@
 // the key stays in flight with its point, its lease yielded, for the
 // client's retry (which goes on from Execution.Recovery) or a Completer.
 //
+// # Keys passed on
+//
+// A handler whose work calls other services sends each call with a key
+// derived from its own and the call's name: Execution.DownstreamKey(name),
+// or DownstreamKey(ctx, name) from its context (idemhttp.WithCallName and
+// idemgrpc.WithCallName give it to their clients' calls). Every execution
+// of one request, on any face and any replica, a Completer's resume
+// included, sends the same key for the same name, so the service called
+// replays what an earlier execution asked of it. A name, not a number: a
+// handler that makes its calls concurrently starts them in another order
+// each time.
+//
 // # Keys and answers at rest
 //
 // The engine seals keys (Config.KeySecret: the store keeps an HMAC of the

@@ -1,0 +1,40 @@
+package keyed_test
+
+import (
+	"testing"
+
+	"github.com/idem-go/idem/keyed"
+)
+
+// A downstream key is the execution's scope and key and the call's name,
+// part by part: each list of names gets its own key, and the derivation
+// does not change unnoticed (a key that changes between two versions makes
+// an execution resumed on the newer one call its services again).
+func TestDownstreamKey(t *testing.T) {
+	t.Parallel()
+	ex := keyed.Execution{Scope: "tenant-a", Key: "k-1", Token: 7}
+	if got, want := ex.DownstreamKey("charge"), "idg1_wwM9ByN1BC2ZkX79NoA6HJGPHJqk5NCzI_pK6-yRidI"; got != want {
+		t.Fatalf("DownstreamKey(charge) = %q; want %q, the key earlier versions derived", got, want)
+	}
+	other := ex
+	other.Token, other.TookOver = 8, true
+	if ex.DownstreamKey("charge") != other.DownstreamKey("charge") {
+		t.Fatal("another execution of the same key derives another key")
+	}
+	seen := map[string][]string{}
+	for _, c := range [][]string{{"charge"}, {"refund"}, {"a", "bc"}, {"ab", "c"}, {"abc"}, {"a", "b", "c"}, {""}, {"", ""}} {
+		k := ex.DownstreamKey(c[0], c[1:]...)
+		if prev, dup := seen[k]; dup {
+			t.Fatalf("%q and %q derive one key, %s", prev, c, k)
+		}
+		seen[k] = c
+	}
+	for _, e := range []keyed.Execution{{Scope: "tenant-b", Key: "k-1"}, {Scope: "tenant-a", Key: "k-2"}, {Scope: "tenant-ak", Key: "-1"}} {
+		if e.DownstreamKey("charge") == ex.DownstreamKey("charge") {
+			t.Fatalf("%s/%s derives the key of tenant-a/k-1", e.Scope, e.Key)
+		}
+	}
+	if _, ok := keyed.DownstreamKey(t.Context(), "charge"); ok {
+		t.Fatal("DownstreamKey outside an execution: ok; want false")
+	}
+}
