@@ -733,7 +733,8 @@ func (s *Store) release(ctx context.Context, ref idem.Ref, release string) error
 // Renew implements idem.Store: one statement, one round trip (pgsql.Renew).
 // Like Complete, it does not look at the lease: a holder whose lease ended
 // but whom nobody took over renews it. With Config.Clock nil, the lease is
-// counted from the database's clock_timestamp() as the statement runs.
+// counted from the database's clock_timestamp(), read once the statement
+// holds the key's row (after any wait for a transaction holding it).
 //
 // On its own it commits durably (synchronous_commit as the server has it):
 // a renewal lost in a crash of the database server would leave a holder

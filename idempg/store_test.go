@@ -419,3 +419,118 @@ func TestTakeoverAfterARowWaitGetsWholeLease(t *testing.T) {
 			start, waited, waited.Sub(start))
 	}
 }
+
+// A renewal that waits for a transaction holding the key's row (here one
+// that locked it, as a phase's transaction that saved a recovery point
+// does) counts its lease from when it writes, after the wait, on the
+// database's clock: the holder is not told it holds the key for longer
+// than it does, and a duplicate cannot take the key over from a live
+// execution as soon as the wait ends.
+func TestRenewAfterARowWaitGetsWholeLease(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	schema := freshSchema(t, url)
+	app := randomName("idem_renewwait_")
+	lockDB := openDB(t, url, idempg.Config{Schema: schema})
+	renewDB := openDB(t, withAppName(url, app), idempg.Config{Schema: schema})
+	store := newStore(t, renewDB)
+	ctx := t.Context()
+	c := mustClaim(t, store, idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
+
+	locked, proceed := make(chan struct{}), make(chan struct{})
+	lock := make(chan error, 1)
+	go func() {
+		lock <- lockDB.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `SELECT 1 FROM idem_keys WHERE scope = 's' AND key = 'k' FOR UPDATE`)
+			close(locked)
+			if err != nil {
+				return err
+			}
+			<-proceed
+			return nil
+		})
+	}()
+	<-locked
+
+	const lease = time.Minute
+	type renewal struct {
+		end time.Time
+		err error
+	}
+	renewed := make(chan renewal, 1)
+	go func() {
+		end, err := store.Renew(ctx, refOf(c), lease)
+		renewed <- renewal{end, err}
+	}()
+	waitingOn(t, renewDB, app, "")
+	// The wait lasts long enough to be told from the database's clock.
+	idemtest.Eventually(t, 10*time.Second, "time passing during the wait", func() bool {
+		var waiting time.Duration
+		err := lockDB.Pool().QueryRow(ctx, `SELECT clock_timestamp() - query_start FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event_type = 'Lock'`, app).Scan(&waiting)
+		return err == nil && waiting > 50*time.Millisecond
+	})
+	waited := dbNow(t, lockDB)
+	close(proceed)
+	if err := <-lock; err != nil {
+		t.Fatalf("the transaction holding the row: %v", err)
+	}
+	r := <-renewed
+	if r.err != nil {
+		t.Fatalf("Renew = %v", r.err)
+	}
+	if start := r.end.Add(-lease); !start.After(waited) {
+		t.Errorf("the renewed lease starts at %v, before the end of its wait (it was still waiting at %v): %v of it spent waiting",
+			start, waited, waited.Sub(start))
+	}
+	if got, err := store.Get(ctx, "s", "k"); err != nil || !got.LeaseExpiresAt.Equal(r.end) {
+		t.Errorf("Get = lease end %v, %v; want %v, as Renew said", got.LeaseExpiresAt, err, r.end)
+	}
+}
+
+// A renewal that waits for a transaction that completes the key is
+// refused once that transaction commits: the lock rechecks the token and
+// the state on the row as the wait left it.
+func TestRenewAfterARowWaitSeesTheCompletion(t *testing.T) {
+	t.Parallel()
+	url := pgURL(t)
+	schema := freshSchema(t, url)
+	app := randomName("idem_renewdone_")
+	lockDB := openDB(t, url, idempg.Config{Schema: schema})
+	renewDB := openDB(t, withAppName(url, app), idempg.Config{Schema: schema})
+	store, completer := newStore(t, renewDB), newStore(t, lockDB)
+	ctx := t.Context()
+	c := mustClaim(t, store, idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
+
+	locked, proceed := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := completer.CompleteTx(ctx, refOf(c), func(ctx context.Context) (idem.Response, bool, error) {
+			err := lockDB.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `SELECT 1 FROM idem_keys WHERE scope = 's' AND key = 'k' FOR UPDATE`)
+				return err
+			})
+			close(locked)
+			<-proceed
+			return idem.Response{Status: 201}, true, err
+		})
+		done <- err
+	}()
+	<-locked
+	renewErr := make(chan error, 1)
+	go func() {
+		_, err := store.Renew(ctx, refOf(c), time.Minute)
+		renewErr <- err
+	}()
+	waitingOn(t, renewDB, app, "")
+	close(proceed)
+	if err := <-done; err != nil {
+		t.Fatalf("CompleteTx = %v", err)
+	}
+	if err := <-renewErr; !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Renew after the completion committed = %v; want ErrLeaseLost", err)
+	}
+	if got, err := store.Get(ctx, "s", "k"); err != nil || got.State != idem.StateCompleted || !got.LeaseExpiresAt.Equal(c.Record.LeaseExpiresAt) {
+		t.Fatalf("Get = %v, lease end %v, %v; want completed with the claim's lease end %v", got.State, got.LeaseExpiresAt, err, c.Record.LeaseExpiresAt)
+	}
+}

@@ -390,7 +390,8 @@ func (s *Store) release(ctx context.Context, ref idem.Ref, release string) error
 // Renew implements idem.Store: one statement (idempg's). Like Complete,
 // it does not look at the lease: a holder whose lease ended but whom nobody
 // took over renews it. With Config.Clock nil, the lease is counted from the
-// database's clock_timestamp() as the statement runs. On its own it
+// database's clock_timestamp(), read once the statement holds the key's
+// row (after any wait for a transaction holding it). On its own it
 // commits durably, as idempg's does, for the reason idempg gives; called
 // with a context that carries a transaction of the DB, it joins it
 // (inside a savepoint of its own), and counts only once that transaction

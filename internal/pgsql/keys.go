@@ -259,9 +259,21 @@ const Yield = `UPDATE idem_keys SET lease_expires_at = least(lease_expires_at, c
 // holds the key in flight, moving the record's expiry out to the lease end
 // when it would end before, and returns the lease end; no row when the
 // token does not hold the key.
-const Renew = `UPDATE idem_keys AS k SET lease_expires_at = n.t + $4::bigint * interval '1 microsecond',
+//
+// The row is locked first, waiting for any transaction that holds it (a
+// phase's transaction that saved a recovery point, say), and the time is
+// read after, as idem_claim does since keys migration 0007: read before,
+// it would count the lease from before the wait, and the holder would be
+// told of a lease longer than it has. After the wait the lock rechecks the
+// token and the state on the row as it is then.
+const Renew = `WITH l AS MATERIALIZED (
+	SELECT 1 FROM idem_keys
+	WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'
+	FOR UPDATE),
+n AS MATERIALIZED (SELECT coalesce($5::timestamptz, clock_timestamp()) AS t FROM l)
+UPDATE idem_keys AS k SET lease_expires_at = n.t + $4::bigint * interval '1 microsecond',
 		expires_at = greatest(k.expires_at, n.t + $4::bigint * interval '1 microsecond')
-	FROM (SELECT coalesce($5::timestamptz, clock_timestamp()) AS t) AS n
+	FROM n
 	WHERE k.scope = $1 AND k.key = $2 AND k.token = $3 AND k.state = 'in_flight'
 	RETURNING k.lease_expires_at`
 
