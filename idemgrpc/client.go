@@ -51,9 +51,10 @@ type Client struct {
 	// retries). Defaults to none.
 	Methods map[string]Policy
 	// Default is the policy of the other methods. Defaults to Required
-	// (a key for every call), except for methods whose registered
-	// descriptor declares idempotency_level NO_SIDE_EFFECTS or IDEMPOTENT,
-	// which default to Off.
+	// (a key for every call), except for the health and reflection
+	// services and methods whose registered descriptor declares
+	// idempotency_level NO_SIDE_EFFECTS or IDEMPOTENT, which are Off (as
+	// Config.Default says).
 	Default Policy
 	// NewKey makes a key. Defaults to idemhttp.NewKey, a random UUID v4.
 	NewKey func() string

@@ -98,13 +98,19 @@ type Config struct {
 	// Methods sets the policy of single methods, by full method name
 	// ("/payments.v1.Payments/Create"), or of a whole service
 	// ("/payments.v1.Payments/*"); a method's own entry wins over its
-	// service's. Defaults to none: every method gets Default.
+	// service's. Mark a method Off to let its calls through without a key
+	// (a read, a probe of your own). Defaults to none: every method gets
+	// Default, except the health service (grpc.health.v1.Health) and
+	// server reflection (grpc.reflection.v1.ServerReflection and
+	// v1alpha's), which are Off unless named here, so that adding the
+	// interceptor to a server keeps its health probes and grpcurl working.
 	Methods map[string]Policy
 
-	// Default is the policy of the methods Methods does not name. Defaults
-	// to Required, except for methods whose descriptor, in the protobuf
-	// registry, declares idempotency_level NO_SIDE_EFFECTS or IDEMPOTENT:
-	// they are safe to run twice by their own contract, and default to Off.
+	// Default is the policy of the methods Methods does not name, beside
+	// health and reflection (Off). Defaults to Required, except for
+	// methods whose descriptor, in the protobuf registry, declares
+	// idempotency_level NO_SIDE_EFFECTS or IDEMPOTENT: they are safe to run
+	// twice by their own contract, and default to Off.
 	Default Policy
 
 	// TTL is how long a key is remembered from its claim. Defaults to 24h.

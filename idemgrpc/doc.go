@@ -86,10 +86,16 @@
 // # Policies, and streams
 //
 // Config.Methods sets each method's Policy (Required, Optional, Off), by
-// full method name or by service; Config.Default the others'. A method
-// whose descriptor declares idempotency_level NO_SIDE_EFFECTS or
-// IDEMPOTENT is Off unless configured otherwise: its contract already
-// makes a second run harmless.
+// full method name or by service; Config.Default the others'. Off lets a
+// method's calls through without a key: mark so what must never be
+// refused for want of one. The health service (grpc.health.v1.Health) and
+// server reflection (v1 and v1alpha) are Off unless Config.Methods names
+// them, whatever Default says: a load balancer's or Kubernetes' probe and
+// grpcurl send no key, and a server that adds the interceptor must go on
+// answering them. A method whose descriptor declares idempotency_level
+// NO_SIDE_EFFECTS or IDEMPOTENT is Off unless configured otherwise: its
+// contract already makes a second run harmless. A Client resolves the
+// same policies, and sends the calls that are Off without a key.
 //
 // Streaming RPCs are not protected: their messages are many, and their
 // answer is no one message to keep. Interceptor.Stream refuses a stream

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 
@@ -65,7 +66,8 @@ func (i *Interceptor) Engine() *keyed.Engine { return i.eng }
 func (i *Interceptor) Counts() map[keyed.Outcome]uint64 { return i.eng.Counts() }
 
 // Policy returns the policy of fullMethod's calls: its entry in
-// Config.Methods, its service's, or Config.Default.
+// Config.Methods, its service's; Off for the health and reflection
+// services; else Config.Default, or the descriptor's idempotency_level.
 func (i *Interceptor) Policy(fullMethod string) Policy {
 	if p, ok := i.policies.Load(fullMethod); ok {
 		return p.(Policy)
@@ -86,6 +88,13 @@ func (i *Interceptor) unaryPolicy(fullMethod string) Policy {
 	return p
 }
 
+// infrastructure are the services whose calls pass through without a key
+// unless Config.Methods names them: what a platform calls on every server
+// (a health probe, grpcurl listing services) knows nothing of keys, reads
+// only, and must not be refused because the server protects its own
+// methods.
+var infrastructure = []string{"grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"}
+
 func resolvePolicy(methods map[string]Policy, def Policy, fullMethod string) Policy {
 	if p, ok := methods[fullMethod]; ok {
 		return p
@@ -94,6 +103,9 @@ func resolvePolicy(methods map[string]Policy, def Policy, fullMethod string) Pol
 		if p, ok := methods["/"+svc+"/*"]; ok {
 			return p
 		}
+	}
+	if svc, _, ok := splitMethod(fullMethod); ok && slices.Contains(infrastructure, svc) {
+		return Off
 	}
 	if def != 0 {
 		return def
