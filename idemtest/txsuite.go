@@ -3,6 +3,7 @@ package idemtest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync"
 	"testing"
@@ -163,6 +164,26 @@ var waiterTests = []struct {
 	{"WakesOnRelease", func(t *testing.T, e *env, w idem.Waiter) {
 		testWake(t, e, w, func(c idem.Claim) error { return e.store.Release(e.ctx, ref(c)) })
 	}},
+	{"WakesOnYield", func(t *testing.T, e *env, w idem.Waiter) {
+		rec, ok := w.(idem.Recoverer)
+		if !ok {
+			t.Skip("the store does not implement idem.Recoverer")
+		}
+		testWake(t, e, w, func(c idem.Claim) error { return rec.Yield(e.ctx, ref(c)) })
+	}},
+	{"WakesOnYieldEarlier", func(t *testing.T, e *env, w idem.Waiter) {
+		r, ok := w.(idem.Restarter)
+		if !ok {
+			t.Skip("the store does not implement idem.Restarter")
+		}
+		testWakeReq(t, e, w, e.holderReq("k", replicaA1), func(c idem.Claim) error {
+			n, err := r.YieldEarlier(e.ctx, replicaA2)
+			if err == nil && n != 1 {
+				err = fmt.Errorf("YieldEarlier = %d; want 1", n)
+			}
+			return err
+		})
+	}},
 	{"Cancelled", testWaitCancelled},
 }
 
@@ -170,7 +191,11 @@ var waiterTests = []struct {
 // the holder changes it. The waiter may start waiting before or after the
 // change; either way it must return, so no wake-up may be lost.
 func testWake(t *testing.T, e *env, w idem.Waiter, change func(idem.Claim) error) {
-	req := e.req("k", "fp")
+	testWakeReq(t, e, w, e.req("k", "fp"), change)
+}
+
+// testWakeReq is testWake with the claim of req.
+func testWakeReq(t *testing.T, e *env, w idem.Waiter, req idem.ClaimRequest, change func(idem.Claim) error) {
 	c := e.acquire(req)
 
 	ctx, cancel := context.WithTimeout(e.ctx, waitLimit)
