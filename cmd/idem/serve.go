@@ -149,7 +149,7 @@ func (f *serveFlags) define(cmd *cobra.Command) {
 	fl.StringVar(&f.acquirer, "acquirer", "", "the card network (idem acquirer) a payment charges the account's card at before it is recorded: http://HOST:PORT; empty: payments move money in --db alone")
 	fl.StringVar(&f.acquirerKey, "acquirer-key", "", "the card network's API key (default from $"+envAcquirerKey+")")
 	fl.StringVar(&f.replicaID, "replica-id", "", "this replica's name as the holder of the keys it claims: the same when it restarts, different for every replica that runs at once; "+
-		"at start it ends the leases its earlier run held, so what that run left is finished at once (default: the host's name and the address it listens on)")
+		"at start it ends the leases its earlier run held, so what that run left is finished at once (default: the host's name and the address it listens on; none on a host without a name of its own, such as localhost)")
 }
 
 // servePlan is what serve runs, as its flags asked: plain values, checked,
@@ -383,7 +383,12 @@ func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 	defer ln.Close() // when the server never took it over
 	cfg.Holder = idem.Holder{Replica: p.replicaID, Incarnation: newIncarnation()}
 	if cfg.Holder.Replica == "" {
-		cfg.Holder.Replica = defaultReplicaID(ln.Addr())
+		host, herr := os.Hostname()
+		cfg.Holder.Replica = defaultReplicaID(host, herr, ln.Addr())
+	}
+	if cfg.Holder.Replica == "" {
+		cfg.Holder = idem.Holder{}
+		logger.Warn("the host has no name of its own: claims name no replica, and the keys a killed run held wait out their leases; --replica-id names this replica")
 	}
 	svc, err := payments.New(ctx, &cfg)
 	if err != nil {
@@ -488,22 +493,40 @@ func (a *app) apiKeys(flagValue string, flagSet bool) (keys map[string]string, d
 	return keys, "", nil
 }
 
-// defaultReplicaID is --replica-id's default: the host's name and the
-// address the server listens on, the same when a replica restarts on its
-// address, and different for two replicas on one host (they cannot listen
-// on one address). A replica on a port picked at random (--addr :0) gets a
-// new name at every start: it then never ends its earlier runs' leases,
-// which end on their own.
-func defaultReplicaID(addr net.Addr) string {
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "localhost"
+// defaultReplicaID is --replica-id's default, given the host's name (and
+// the error that reading it gave): that name and the address the server
+// listens on, the same when a replica restarts on its address, and
+// different for two replicas on one host (they cannot listen on one
+// address). A replica on a port picked at random (--addr :0) gets a new
+// name at every start: it then never ends its earlier runs' leases, which
+// end on their own.
+//
+// It returns "" (anonymous claims, no ending of earlier leases) for a host
+// with no name of its own: none, or localhost, which some container
+// platforms give every instance. Replicas that shared a name would each,
+// as it started, end the live leases of the others. A long host name is
+// shortened, never the address.
+func defaultReplicaID(host string, err error, addr net.Addr) string {
+	if err != nil || host == "" || !distinctiveHost(host) {
+		return ""
 	}
-	id := host + "/" + addr.String()
+	a := "/" + addr.String()
+	if n := idem.MaxHolderLen - len(a); len(host) > n {
+		host = strings.ToValidUTF8(host[:max(n, 0)], "")
+	}
+	id := host + a
 	if len(id) > idem.MaxHolderLen {
-		id = id[:idem.MaxHolderLen]
+		return ""
 	}
 	return id
+}
+
+// distinctiveHost reports whether a host name may tell a host apart: not
+// localhost, nor one of its common forms.
+func distinctiveHost(host string) bool {
+	h := strings.ToLower(strings.TrimSuffix(host, "."))
+	return h != "localhost" && !strings.HasPrefix(h, "localhost.") && h != "localhost6" &&
+		!strings.HasPrefix(h, "localhost6.")
 }
 
 // newIncarnation names this run of the process: its start time and a
