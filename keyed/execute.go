@@ -197,11 +197,13 @@ func (x *execution) unfinished() {
 }
 
 // yield ends the execution's lease now, keeping its key in flight with its
-// recovery point.
+// recovery point. The lease is no longer renewed, and a renewal on its way
+// lands first: one after the Yield would end the lease a whole lease later.
 func (x *execution) yield() error {
 	if x.e.recoverer == nil {
 		return errors.New("the store keeps no recovery points")
 	}
+	x.e.hb.settle(&x.held)
 	dctx, cancel := detached(x.ctx)
 	defer cancel()
 	return x.e.recoverer.Yield(dctx, x.ref)

@@ -26,6 +26,9 @@ type heldLease struct {
 	renewing, failed bool
 	// listed says the lease is in the heartbeat's list.
 	listed bool
+	// settled, made by settle when a renewal is in flight, is closed when
+	// that renewal has returned.
+	settled chan struct{}
 	// ctx is the execution's context, cancelled when the lease cannot be
 	// kept.
 	ctx *execCtx
@@ -85,6 +88,31 @@ func (hb *heartbeat) drop(l *heldLease) {
 	l.prev, l.next, l.listed = nil, nil, false
 }
 
+// settle stops renewing l, as drop does, and returns once no renewal of
+// it is on its way: before an execution yields its lease, since a renewal
+// that reached the store after the Yield would give the key a live lease
+// again, for nobody, and a retry or a Completer would wait for it to end.
+// It waits only when a renewal is in flight, at most that renewal's time
+// (a sixth of the lease).
+func (hb *heartbeat) settle(l *heldLease) {
+	hb.mu.Lock()
+	if l.listed {
+		l.prev.next, l.next.prev = l.next, l.prev
+		l.prev, l.next, l.listed = nil, nil, false
+	}
+	var wait chan struct{}
+	if l.renewing {
+		if l.settled == nil {
+			l.settled = make(chan struct{})
+		}
+		wait = l.settled
+	}
+	hb.mu.Unlock()
+	if wait != nil {
+		<-wait
+	}
+}
+
 // beat is one tick: it renews the leases due and gives up those about to
 // end, then schedules the next tick while any lease is held.
 func (hb *heartbeat) beat() {
@@ -136,6 +164,10 @@ func (hb *heartbeat) renew(l *heldLease) {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	l.renewing = false
+	if l.settled != nil {
+		close(l.settled)
+		l.settled = nil
+	}
 	if !l.listed {
 		return // settled meanwhile
 	}
