@@ -40,9 +40,9 @@ type heldLease struct {
 // One chain of timers serves the engine, ticking every sixth of the lease
 // while anything runs and not at all otherwise; at each tick a lease whose
 // last renewal (or claim) is a third of the lease old is renewed, on a
-// goroutine of its own, and one about to end unrenewed (a sixth of the
-// lease left) has its execution's context cancelled, so that it stops
-// before another may take the key over. A request shorter than a third of
+// goroutine of its own, and one that would have less than a sixth of the
+// lease left by the next tick, unrenewed, has its execution's context
+// cancelled, so that it stops before another may take the key over. A request shorter than a third of
 // the lease is never renewed: it costs two list operations.
 type heartbeat struct {
 	e       *Engine
@@ -124,10 +124,13 @@ func (hb *heartbeat) beat() {
 		age := now.Sub(l.since)
 		switch {
 		case l.failed:
-		case age >= lease-hb.tick:
-			// Renewals failed for two thirds of the lease: before it ends,
-			// the execution stops, rather than run on while another may
-			// take the key over.
+		case age >= lease-2*hb.tick:
+			// Renewals failed since a third of the lease, and by the next
+			// tick less than a sixth of it would be left (the ticks are
+			// the engine's, not this lease's: a lease begun between two
+			// ends up to a tick later than they see): before it ends, the
+			// execution stops, rather than run on while another may take
+			// the key over.
 			l.failed = true
 			l.ctx.fail(fmt.Errorf("%w: the lease could not be renewed for %s, and ends in %s", errLeaseEnding, age.Round(time.Millisecond), (lease - age).Round(time.Millisecond)))
 			l.log.LogAttrs(context.Background(), slog.LevelError, "lease not renewed: the execution is cancelled before another may take its key over",

@@ -2,6 +2,7 @@ package keyed_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -96,4 +97,103 @@ func TestYieldOutlastsARenewalInFlight(t *testing.T) {
 	if err != nil || claim.Outcome != idem.Acquired || claim.Record.Recovery.Name != "charging" {
 		t.Fatalf("the retry's claim: %v, %v; want it acquired at once, with the point", claim.Outcome, err)
 	}
+}
+
+// countedTimers are a manual clock's timers, counted, so that a test
+// tells when the heartbeat's tick has run: it sets the next one last.
+type countedTimers struct {
+	*idemmem.Clock
+	set chan struct{}
+}
+
+func (c countedTimers) AfterFunc(d time.Duration, f func()) func() bool {
+	defer func() { c.set <- struct{}{} }()
+	return c.Clock.AfterFunc(d, f)
+}
+
+// refusedRenewals is a store whose renewals fail (unreachable, for them).
+type refusedRenewals struct{ *idemmem.Store }
+
+func (refusedRenewals) Renew(context.Context, idem.Ref, time.Duration) (time.Time, error) {
+	return time.Time{}, errors.New("dial tcp: connection refused")
+}
+
+// funcFace runs run as its handler, and keeps what it answered.
+type funcFace struct {
+	run     func(ctx context.Context) keyed.Ran
+	refused keyed.Reason
+}
+
+func (f *funcFace) Run(ctx context.Context, inTx bool) keyed.Ran { return f.run(ctx) }
+func (f *funcFace) Send()                                        {}
+func (f *funcFace) Replay(*idem.Response) error                  { return nil }
+func (f *funcFace) Refuse(r keyed.Refusal)                       { f.refused = r.Reason }
+
+// A handler whose lease cannot be renewed is cancelled while a sixth of
+// its lease is left, whenever its claim fell between two of the
+// heartbeat's ticks (which an earlier execution set going): not in the
+// lease's last moments, when another may take the key over before the
+// handler has noticed.
+func TestUnrenewedLeaseCancelledWithASixthLeft(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := refusedRenewals{idemmem.NewStore(&idemmem.Config{Clock: clock})}
+	const lease, tick = 12 * time.Second, 2 * time.Second
+	timers := countedTimers{clock, make(chan struct{}, 1)}
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: timers, Lease: lease, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// step moves the clock to the heartbeat's next tick, and returns once
+	// the tick has run.
+	step := func(d time.Duration) {
+		clock.Advance(d)
+		<-timers.set
+	}
+	serve := func(key idem.Key, run func(ctx context.Context) keyed.Ran) chan keyed.Outcome {
+		out := make(chan keyed.Outcome, 1)
+		fp := idem.NewFingerprint("POST", "/pay", "", "", []byte(key))
+		go func() {
+			out <- eng.Serve(context.Background(), keyed.Request{Key: key, Fingerprint: fp}, &funcFace{run: run})
+		}()
+		return out
+	}
+	// The first execution sets the heartbeat's ticks going, and holds its
+	// key until the case ends.
+	letGo, aRunning := make(chan struct{}), make(chan struct{})
+	a := serve("a", func(ctx context.Context) keyed.Ran {
+		close(aRunning)
+		<-letGo
+		return keyed.Ran{Status: 503}
+	})
+	defer func() { close(letGo); <-a }()
+	<-aRunning
+	<-timers.set // the first tick set
+	// The second claims half a tick later.
+	clock.Advance(tick / 2)
+	ctxs := make(chan context.Context, 1)
+	b := serve("b", func(ctx context.Context) keyed.Ran {
+		ctxs <- ctx
+		<-ctx.Done()
+		return keyed.Ran{Status: 503, Failure: "timed out"}
+	})
+	bctx := <-ctxs
+	rec, err := store.Get(t.Context(), "", "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	step(tick / 2)
+	for bctx.Err() == nil {
+		if !clock.Now().Before(rec.LeaseExpiresAt) {
+			t.Fatalf("the lease ended at %v, its handler's context still live", rec.LeaseExpiresAt)
+		}
+		step(tick)
+	}
+	if left := rec.LeaseExpiresAt.Sub(clock.Now()); left < tick {
+		t.Fatalf("the handler was cancelled with %v of its lease left (cause %v); want at least a sixth of it, %v", left, context.Cause(bctx), tick)
+	}
+	if !errors.Is(context.Cause(bctx), idem.ErrLeaseLost) {
+		t.Fatalf("cause %v; want one that wraps idem.ErrLeaseLost", context.Cause(bctx))
+	}
+	<-b
 }
