@@ -176,3 +176,13 @@ func TestFaceRedis(t *testing.T) {
 		return s
 	})
 }
+
+// The suite on idempgsql, PostgreSQL through database/sql (pgx's stdlib
+// driver), as idempgsql's own tests run it for idemhttp.
+func TestFacePostgresSQL(t *testing.T) {
+	t.Parallel()
+	url := idemtest.RequireService(t, "PostgreSQL", "IDEM_POSTGRES_URL", defaultPostgresURL)
+	idemtest.TestFace(t, grpcFace{}, func(t *testing.T, clock idem.Clock) idem.Store {
+		return pgsqlStore(t, url, clock)
+	})
+}

@@ -7,6 +7,7 @@ require (
 	github.com/idem-go/idem/idemgrpc v0.1.0
 	github.com/idem-go/idem/idemotel v0.1.0
 	github.com/idem-go/idem/idempg v0.1.0
+	github.com/idem-go/idem/idempgsql v0.1.0
 	github.com/idem-go/idem/idemprom v0.1.0
 	github.com/idem-go/idem/idemredis v0.1.0
 	github.com/idem-go/idem/idemsqlite v0.1.0
@@ -15,6 +16,7 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.opentelemetry.io/otel/sdk v1.47.0
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 )
@@ -49,7 +51,6 @@ require (
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
-	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect

@@ -3,17 +3,21 @@ package storetest_test
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver, for idempgsql
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemgrpc/internal/grpcsuite"
 	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/idempgsql"
 	"github.com/idem-go/idem/idemredis"
 	"github.com/idem-go/idem/idemsqlite"
 	"github.com/idem-go/idem/idemtest"
@@ -147,3 +151,41 @@ func randomName(prefix string) string {
 
 // start is when the tests' clocks start.
 var start = time.Date(2030, time.January, 2, 3, 4, 5, 0, time.UTC)
+
+// pgsqlStore is an idempgsql store on a fresh schema (the connections'
+// search_path), through pgx's database/sql driver, with at most 4
+// connections: the machine's PostgreSQL is shared.
+func pgsqlStore(t *testing.T, url string, clock idem.Clock) *idempgsql.Store {
+	t.Helper()
+	schema := randomName("idemgrpc_test_")
+	t.Cleanup(func() { dropSchema(t, url, schema) })
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	sqlDB, err := sql.Open("pgx", url+sep+"search_path="+schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB.SetMaxOpenConns(4)
+	t.Cleanup(func() { sqlDB.Close() })
+	db, err := idempgsql.NewDB(t.Context(), sqlDB, &idempgsql.Config{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := idempgsql.NewStore(t.Context(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
