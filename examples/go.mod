@@ -7,6 +7,7 @@ require (
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/idem-go/idem v0.1.0
 	github.com/idem-go/idem/idemprobe v0.1.0
+	github.com/idem-go/idem/idemtest v0.1.0
 	github.com/labstack/echo/v4 v4.16.5
 )
 

@@ -54,7 +54,7 @@ func f() { s.Claim(ctx, "a"); x.store.CompleteTx(ctx); keyed.SaveRecovery(ctx, "
 	if err != nil || len(found) != 3 {
 		t.Fatalf("the scan of a file with three store calls found %q, %v", found, err)
 	}
-	faces := []string{"../idemhttp", "../idemgrpc"}
+	faces := []string{"../idemhttp", "../idemgrpc", "../examples/jsonrpc"}
 	for _, dir := range faces {
 		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil || len(files) == 0 {
