@@ -28,9 +28,20 @@
 //     writes run one at a time, so that such a transaction would hold up
 //     every other write; Replayer answers replays with one narrow
 //     read; Waiter wakes duplicates waiting for a key.
-//   - idemhttp: the server middleware built on a Store (claim, run once,
-//     keep, replay, refuse mismatches with 422), and the client half, a
-//     RoundTripper that gives each operation one key and retries it safely.
+//   - keyed: the engine, the one place where a key's protocol is written
+//     (claim, wait for a duplicate in flight within the caller's deadline,
+//     run once, keep or release, replay, renew the lease while the handler
+//     runs, recovery points and the Completer that finishes abandoned
+//     executions, keys passed on downstream by name), whatever carries the
+//     request. Its documentation has the table of what every case gets.
+//   - idemhttp: the engine's HTTP face, server middleware (refusals as
+//     problem+json: 422 for a mismatch, 409 for a key in flight), and the
+//     client half, a RoundTripper that gives each operation one key and
+//     retries it safely.
+//   - idemgrpc (a module of its own, on grpc-go): the engine's gRPC face,
+//     a unary interceptor (refusals as gRPC statuses) and a client
+//     interceptor that keys and retries calls. A face of your own is a few
+//     hundred lines: examples/jsonrpc is one, for JSON-RPC 2.0.
 //
 // # The message half
 //
@@ -58,18 +69,22 @@
 //
 // Each backend is a module of its own, so a program gets only the
 // dependencies of the backends it imports; this module (the vocabulary,
-// idemhttp, idemmem, consumer, outbox, deadletter, console) requires
-// nothing outside the standard library. Every backend passes the
-// conformance suites of idemtest for each seam it implements (TestStore,
-// TestMiddleware, TestInbox, TestTransport, TestOutbox, TestDeadLetters,
-// TestLedger), including a linearizability check of its concurrent
-// histories by Porcupine:
+// keyed, idemhttp, idemmem, consumer and consumertest, outbox, deadletter,
+// console) requires nothing outside the standard library. Every backend
+// passes the conformance suites of idemtest (a module of its own) for each
+// seam it implements (TestStore, TestMiddleware, TestFace, TestInbox,
+// TestTransport, TestOutbox, TestDeadLetters, TestLedger), including a
+// linearizability check of its concurrent histories by Porcupine:
 //
 //   - idemsqlite: the embedded default, one file; every interface.
-//   - idempg: PostgreSQL; every interface, with a SKIP LOCKED transport and
-//     LISTEN/NOTIFY wake-ups.
+//   - idempg: PostgreSQL through pgx; every interface, with a SKIP LOCKED
+//     transport and LISTEN/NOTIFY wake-ups.
+//   - idempgsql: PostgreSQL through database/sql, on the application's own
+//     *sql.DB and driver, so that sqlx, sqlc, Bun, GORM or ent commit
+//     their effect with the key's record or the inbox row.
 //   - idemredis: a Store (a claim in one command) and an Inbox.
-//   - idemnats (JetStream) and idemamqp (RabbitMQ): transports.
+//   - idemnats (JetStream), idemamqp (RabbitMQ) and idemkafka (Kafka, on
+//     franz-go): transports.
 //   - idemmem: everything in memory, the reference the suites are checked
 //     against, and a store for tests.
 //
@@ -80,7 +95,11 @@
 // handle or client the caller already has, which they never close.
 //
 // idemprom turns the toolkit's counters into Prometheus metrics, and
-// idemotel into OpenTelemetry spans. The command, cmd/idem (a module
+// idemotel into OpenTelemetry spans. idemprobe (a module of its own)
+// checks from outside whether any HTTP endpoint honours idempotency keys,
+// from an API team's go test or the command. The examples module shows the
+// middleware under net/http's ServeMux, chi, echo and gin, an effect in
+// the key's own transaction (sqltx), and a third face (jsonrpc). The command, cmd/idem (a module
 // apart: go install github.com/idem-go/idem/cmd/idem@latest), runs the
 // reference payment service, the lab that shows all of this (it
 // double-charges in its unsafe mode and never otherwise), tells the lab's
