@@ -6,6 +6,7 @@ import (
 	neturl "net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -30,12 +31,48 @@ func init() {
 	os.Setenv(tortureChildEnv, "1")
 }
 
+// tortureSeedEnv replays a torture test's run: the seed its failure
+// printed, given here, makes the same choices (payments, drops, kills, the
+// scheduled store faults) again.
+const tortureSeedEnv = "IDEM_TORTURE_SEED"
+
+// seedArgs returns --seed with the seed of tortureSeedEnv, if set.
+func seedArgs(t *testing.T) []string {
+	t.Helper()
+	s := os.Getenv(tortureSeedEnv)
+	if s == "" {
+		return nil
+	}
+	if _, err := strconv.ParseUint(s, 10, 64); err != nil {
+		t.Fatalf("%s=%q: want a run's seed, a number", tortureSeedEnv, s)
+	}
+	return []string{"--seed", s}
+}
+
+// logSeedOnFailure logs, when t fails, the seed of the run whose output
+// is out and how to replay it.
+func logSeedOnFailure(t *testing.T, out string) {
+	t.Helper()
+	m := regexp.MustCompile(`seed (\d+)\)`).FindStringSubmatch(out)
+	if m == nil {
+		return
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the run's seed was %s: replay it with %s=%s go test -run '^%s$' ./cmd/idem", m[1], tortureSeedEnv, m[1], t.Name())
+		}
+	})
+}
+
 // runTorture runs `idem torture requests` with args and returns its exit
-// status, its output and its RESULT figures by metric.
+// status, its output and its RESULT figures by metric. The seed is
+// tortureSeedEnv's when set, and is logged if the test fails.
 func runTorture(t *testing.T, args ...string) (code int, stdout, stderr string, results map[string]int64) {
 	t.Helper()
 	var out, errOut bytes.Buffer
+	args = append(args, seedArgs(t)...)
 	code = run(t.Context(), append([]string{"torture", "requests"}, args...), &out, &errOut)
+	logSeedOnFailure(t, out.String())
 	results = map[string]int64{}
 	for line := range strings.Lines(out.String()) {
 		f := strings.Split(strings.TrimSpace(line), ",")

@@ -43,7 +43,7 @@
 // With Config.StoreFaults, a TCP proxy of the run's own also stands
 // between the replicas and each store (PostgreSQL, and Redis with
 // Config.Keys), and once the load starts (and after a connection's first
-// half second, so that replicas start and migrate) it delays chunks of
+// three seconds, so that replicas start and migrate) it delays chunks of
 // bytes, resets connections, and, on PostgreSQL, drops the answer to a
 // COMMIT the database carried out and resets the connection instead: the
 // ambiguous commit, after which a replica cannot tell whether its
@@ -51,7 +51,14 @@
 // the replicas reach it with sslmode=disable; it never touches the stores
 // themselves. With StoreFaults.OutageEvery it also takes a random store
 // down now and then (every connection reset, new ones refused, for
-// OutageFor), never while a killed replica restarts. Report.StoreResets,
+// OutageFor), never while a killed replica restarts. Rates alone would
+// leave the faults to chance (replicas killed more often than a
+// connection's grace keep almost every connection young), so the first
+// fault of each kind asked for is scheduled: at a payment of the first
+// half of the load, drawn from the seed, the run waits until no replica
+// is starting and faults the next chunk (or COMMIT's answer) of a store
+// drawn too, whatever its connection's age, or starts an outage. A run
+// with a rate meets at least one of its faults. Report.StoreResets,
 // Report.CommitCuts and Report.StoreOutages count what it did.
 //
 // With Config.DB or Config.Keys Private, the run starts a PostgreSQL or a

@@ -20,18 +20,22 @@ type StoreFaults struct {
 	// to it. Defaults to 0: none.
 	Latency time.Duration
 	// ResetRate is the chance that a chunk, either way, is not passed on
-	// and both sides of its connection are reset instead. Defaults to 0.
+	// and both sides of its connection are reset instead; with it, the
+	// run resets at least one connection, at a payment drawn from the
+	// seed. Defaults to 0.
 	ResetRate float64
 	// CommitCutRate is the chance that PostgreSQL's answer to a COMMIT,
 	// which it has carried out, is not passed on and the connection reset
 	// instead: the ambiguous commit, after which the replica cannot tell
-	// whether its transaction committed. Defaults to 0.
+	// whether its transaction committed; with it, the run cuts at least
+	// one, at a payment drawn from the seed. Defaults to 0.
 	CommitCutRate float64
 	// OutageEvery is the time between two outages of a random store: for
 	// OutageFor, every connection to it is reset and every new one refused,
 	// as while a server restarts or a network partition lasts; the store
 	// itself keeps its data. No replica is restarted during an outage.
-	// Defaults to 0: none.
+	// The first outage comes at a payment drawn from the seed, so a run
+	// meets at least one however short it is. Defaults to 0: none.
 	OutageEvery time.Duration
 	// OutageFor is how long an outage lasts. Defaults to 1s when
 	// OutageEvery is set.
@@ -72,6 +76,13 @@ type storeProxy struct {
 	// down refuses connections: an outage is on.
 	down atomic.Bool
 
+	// forceReset and forceCut are faults a run has ordered (see force):
+	// the next chunk, or the next COMMIT's answer, is faulted whatever the
+	// rates and the connection's grace; forced is told when one is carried
+	// out (one order at a time: the run's chaos lock keeps them apart).
+	forceReset, forceCut atomic.Bool
+	forced               chan struct{}
+
 	resets  atomic.Int64 // connections reset
 	outages atomic.Int64 // outages begun
 	cuts    atomic.Int64 // connections cut instead of passing COMMIT's answer on
@@ -82,7 +93,7 @@ func newStoreProxy(target string, faults StoreFaults, commits bool, rng *lockedR
 	if err != nil {
 		return nil, fmt.Errorf("store proxy: %w", err)
 	}
-	p := &storeProxy{ln: ln, target: target, faults: faults, commits: commits, rng: rng, conns: map[net.Conn]struct{}{}}
+	p := &storeProxy{ln: ln, target: target, faults: faults, commits: commits, rng: rng, conns: map[net.Conn]struct{}{}, forced: make(chan struct{}, 1)}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -127,28 +138,39 @@ func (p *storeProxy) pipe(dst, src net.Conn, toStore bool, client, store net.Con
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 && (!p.armed.Load() || time.Since(opened) < faultGrace) {
+		young := time.Since(opened) < faultGrace
+		if n > 0 && (!p.armed.Load() || young && !p.forceReset.Load() && !p.forceCut.Load()) {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}
 		} else if n > 0 {
 			chunk := buf[:n]
-			if p.faults.Latency > 0 {
+			if p.faults.Latency > 0 && !young {
 				time.Sleep(time.Duration(p.rng.Int64N(int64(p.faults.Latency) + 1)))
 			}
-			if p.faults.ResetRate > 0 && p.rng.Float64() < p.faults.ResetRate {
+			forced := p.forceReset.CompareAndSwap(true, false)
+			if forced || !young && p.faults.ResetRate > 0 && p.rng.Float64() < p.faults.ResetRate {
 				p.resets.Add(1)
 				reset(client)
 				reset(store)
+				if forced {
+					p.forced <- struct{}{}
+				}
 				return
 			}
-			if !toStore && p.commits && p.faults.CommitCutRate > 0 && answersCommit(chunk) && p.rng.Float64() < p.faults.CommitCutRate {
-				// The database has committed and says so; the replica
-				// never hears it.
-				p.cuts.Add(1)
-				reset(client)
-				reset(store)
-				return
+			if !toStore && p.commits && answersCommit(chunk) {
+				forced := p.forceCut.CompareAndSwap(true, false)
+				if forced || !young && p.faults.CommitCutRate > 0 && p.rng.Float64() < p.faults.CommitCutRate {
+					// The database has committed and says so; the
+					// replica never hears it.
+					p.cuts.Add(1)
+					reset(client)
+					reset(store)
+					if forced {
+						p.forced <- struct{}{}
+					}
+					return
+				}
 			}
 			if _, werr := dst.Write(chunk); werr != nil {
 				return
@@ -178,6 +200,25 @@ func reset(c net.Conn) {
 		_ = tc.SetLinger(0)
 	}
 	_ = c.Close()
+}
+
+// force orders a fault of its own, whatever the rates and the grace (see
+// run.forceFaults): the next chunk either way reset (cut false) or the next
+// COMMIT's answer cut (cut true). It returns once the fault is carried
+// out, or at stop, with the order withdrawn.
+func (p *storeProxy) force(cut bool, stop <-chan struct{}) {
+	order := &p.forceReset
+	if cut {
+		order = &p.forceCut
+	}
+	order.Store(true)
+	select {
+	case <-p.forced:
+	case <-stop:
+		if !order.CompareAndSwap(true, false) {
+			<-p.forced // carried out as stop came
+		}
+	}
 }
 
 func (p *storeProxy) track(c ...net.Conn) bool {

@@ -347,6 +347,9 @@ type run struct {
 
 	accounts []string
 	payments []*logical
+	// scheduled are the store faults each run meets whatever its rates
+	// (see scheduleFaults), each at its payment.
+	scheduled []scheduledFault
 
 	attempts  atomic.Int64
 	noAnswer  atomic.Int64
@@ -406,6 +409,7 @@ func Run(ctx context.Context, cfg *Config) (rep *Report, err error) {
 		return nil, err
 	}
 	r.plan()
+	r.scheduleFaults()
 	for _, sp := range r.stores {
 		sp.armed.Store(true)
 	}
@@ -710,6 +714,66 @@ func (r *run) plan() {
 	}
 }
 
+// scheduledFault is a store fault a run orders when it hands payment at
+// to its clients.
+type scheduledFault struct {
+	at    int
+	kind  string // "reset", "commit cut" or "outage"
+	store *storeProxy
+}
+
+// scheduleFaults draws, from the seed, when the run meets the first fault
+// of each kind its StoreFaults ask for: a reset (ResetRate), a cut COMMIT
+// answer (CommitCutRate), an outage (OutageEvery), each at a payment of
+// the first half of the load and on a store drawn too. A rate alone leaves
+// a run to chance: where replicas are killed faster than a connection's
+// grace, almost no connection lives to meet a fault. The rates and the
+// outages' ticks go on as before, beside these.
+func (r *run) scheduleFaults() {
+	f := r.cfg.StoreFaults
+	if !f.any() || len(r.stores) == 0 {
+		return
+	}
+	half := max(1, len(r.payments)/2)
+	add := func(kind string, stores []*storeProxy) {
+		if len(stores) > 0 {
+			r.scheduled = append(r.scheduled, scheduledFault{at: r.rng.IntN(half), kind: kind, store: stores[r.rng.IntN(len(stores))]})
+		}
+	}
+	if f.ResetRate > 0 {
+		add("reset", r.stores)
+	}
+	if f.CommitCutRate > 0 {
+		var pg []*storeProxy
+		for _, sp := range r.stores {
+			if sp.commits {
+				pg = append(pg, sp)
+			}
+		}
+		add("commit cut", pg)
+	}
+	if f.OutageEvery > 0 {
+		add("outage", r.stores)
+	}
+	for _, sf := range r.scheduled {
+		fmt.Fprintf(r.cfg.Progress, "torture: a store %s at payment %d\n", sf.kind, sf.at+1)
+	}
+}
+
+// force carries out a scheduled fault, under the chaos lock so that no
+// replica is starting meanwhile (a fault in its migrations would only
+// stop it): it returns once the fault has happened, or at stop.
+func (r *run) force(sf scheduledFault, stop <-chan struct{}) {
+	r.chaos.Lock()
+	defer r.chaos.Unlock()
+	switch sf.kind {
+	case "outage":
+		sf.store.outage(r.cfg.StoreFaults.OutageFor, stop)
+	default:
+		sf.store.force(sf.kind == "commit cut", stop)
+	}
+}
+
 // load sends every logical payment's attempts while it kills replicas, and
 // returns once each has its answers or the Timeout has passed.
 func (r *run) load(ctx context.Context) error {
@@ -743,8 +807,14 @@ func (r *run) load(ctx context.Context) error {
 	}
 	var chaosErr error
 	received := 0
+	var forcing sync.WaitGroup
 feed:
-	for _, lp := range r.payments {
+	for i, lp := range r.payments {
+		for _, sf := range r.scheduled {
+			if sf.at == i {
+				forcing.Go(func() { r.force(sf, stopKills) })
+			}
+		}
 		select {
 		case work <- lp:
 		case <-loadCtx.Done():
@@ -760,6 +830,7 @@ feed:
 	close(work)
 	wg.Wait()
 	close(stopKills)
+	forcing.Wait()
 	for ; received < chaosLoops; received++ {
 		chaosErr = errors.Join(chaosErr, <-chaosDone)
 	}

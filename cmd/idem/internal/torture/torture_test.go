@@ -3,8 +3,10 @@ package torture
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -137,5 +139,107 @@ func TestAnswersCommit(t *testing.T) {
 		if got := answersCommit(tc.chunk); got != tc.want {
 			t.Errorf("%s: answersCommit = %v, want %v", name, got, tc.want)
 		}
+	}
+}
+
+// A fault the run orders happens on a connection still in its grace, where
+// no rate ever reaches: a reset on the next chunk, a cut on the next
+// COMMIT's answer (and on no other answer).
+func TestStoreProxyForcedFaults(t *testing.T) {
+	t.Parallel()
+	// The store: answers each read with a PostgreSQL CommandComplete, for
+	// COMMIT when the client sent "commit", for INSERT otherwise.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64)
+				for {
+					n, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					tag := "INSERT 0 1"
+					if string(buf[:n]) == "commit" {
+						tag = "COMMIT"
+					}
+					c.Write(append(append([]byte{'C', 0, 0, 0, byte(4 + len(tag) + 1)}, tag...), 0))
+				}
+			}()
+		}
+	}()
+	p, err := newStoreProxy(ln.Addr().String(), StoreFaults{ResetRate: 1e-9, CommitCutRate: 1e-9}, true, newLockedRand(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	p.armed.Store(true)
+
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", p.addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		return c
+	}
+	// roundTrip reports whether msg got its answer.
+	roundTrip := func(c net.Conn, msg string) bool {
+		if _, err := c.Write([]byte(msg)); err != nil {
+			return false
+		}
+		_, err := c.Read(make([]byte, 64))
+		return err == nil
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+
+	c := dial()
+	defer c.Close()
+	if !roundTrip(c, "insert") || !roundTrip(c, "commit") {
+		t.Fatal("a young connection met a fault nobody ordered")
+	}
+	done := make(chan struct{})
+	go func() { p.force(false, stop); close(done) }()
+	for p.resets.Load() == 0 && roundTrip(c, "insert") {
+	}
+	<-done
+	if p.resets.Load() != 1 || roundTrip(c, "insert") {
+		t.Fatalf("after an ordered reset: %d resets, and the connection still answers", p.resets.Load())
+	}
+
+	c = dial()
+	defer c.Close()
+	done = make(chan struct{})
+	go func() { p.force(true, stop); close(done) }()
+	for !p.forceCut.Load() {
+		runtime.Gosched()
+	}
+	if !roundTrip(c, "insert") || !roundTrip(c, "insert") || p.cuts.Load() != 0 {
+		t.Fatalf("an ordered cut fell on an answer other than COMMIT's (%d cuts)", p.cuts.Load())
+	}
+	if roundTrip(c, "commit") {
+		t.Fatal("COMMIT's answer came through an ordered cut")
+	}
+	<-done
+	if p.cuts.Load() != 1 || p.resets.Load() != 1 {
+		t.Errorf("%d cuts and %d resets; want 1 of each", p.cuts.Load(), p.resets.Load())
+	}
+
+	// An order withdrawn at stop leaves nothing behind.
+	early := make(chan struct{})
+	close(early)
+	p.force(false, early)
+	if p.forceReset.Load() {
+		t.Error("an order outlived its stop")
 	}
 }
