@@ -5,7 +5,9 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -23,6 +25,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemgrpc"
 	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/keyed"
 )
 
 // probeService is a hand-described service of two unary methods on
@@ -222,5 +225,40 @@ func TestHealthProtectedWhenNamed(t *testing.T) {
 		if p := ic.Policy(m); p != idemgrpc.Off {
 			t.Fatalf("Policy(%s) = %s; want off by default", m, p)
 		}
+	}
+}
+
+// seen counts what an Observer is shown.
+type seen struct{ n atomic.Int64 }
+
+func (s *seen) Begin(ctx context.Context, _ keyed.Event) context.Context { s.n.Add(1); return ctx }
+func (s *seen) End(context.Context, keyed.Event)                         { s.n.Add(1) }
+func (s *seen) Store(context.Context, keyed.StoreOp, time.Duration, error) {
+	s.n.Add(1)
+}
+
+// A call the interceptor lets through (a probe, a method marked Off) is
+// none of the engine's: an Observer sees nothing of it and nothing is
+// counted, as on idemhttp.
+func TestObserverSeesNothingOfPassedCalls(t *testing.T) {
+	t.Parallel()
+	obs := &seen{}
+	conn, _, _ := infraServer(t, idemgrpc.Config{Store: idemmem.NewStore(nil), SharedScope: true, Observer: obs,
+		Methods: map[string]idemgrpc.Policy{"/idemgrpc.test.Probe/Ping": idemgrpc.Off}})
+	if _, err := healthpb.NewHealthClient(conn).Check(t.Context(), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Invoke(t.Context(), "/idemgrpc.test.Probe/Ping", &structpb.Struct{}, new(structpb.Struct)); err != nil {
+		t.Fatal(err)
+	}
+	if n := obs.n.Load(); n != 0 {
+		t.Fatalf("the observer was shown %d events of calls let through; want none", n)
+	}
+	ctx := metadata.AppendToOutgoingContext(t.Context(), idemgrpc.MetadataKey, "c-1")
+	if err := conn.Invoke(ctx, "/idemgrpc.test.Probe/Charge", &structpb.Struct{}, new(structpb.Struct)); err != nil {
+		t.Fatal(err)
+	}
+	if obs.n.Load() == 0 {
+		t.Fatal("the observer saw nothing of a keyed call")
 	}
 }

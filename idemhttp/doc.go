@@ -56,7 +56,7 @@
 // the handler runs, and the answer is stored afterwards. A crash between the
 // effect and that store leaves the key in flight until its lease ends; a
 // retry then runs the handler again, so effects outside the store should
-// themselves be keyed (pass the key downstream: KeyFromContext).
+// themselves be keyed (pass a key on downstream: DownstreamKey).
 //
 // With an idem.TxStore (idemsqlite), the handler runs inside the store's
 // transaction: its writes to that database and the kept answer commit
@@ -105,21 +105,26 @@
 //
 // # Leases and fencing
 //
-// Each claim holds the key under a lease (Config.Lease) and a fencing token.
-// If the process dies mid-request, the lease ends and a retry takes the key
-// over with a new token; the handler's context is cancelled before its lease
-// ends so a well-behaved handler never outlives it. It is not cancelled
-// when the client goes away: the client's retry is then due, and gets the
-// answer kept rather than an execution cut off half-way to run again. A
-// completion that arrives after its lease was taken over is refused and
-// logged.
+// Each claim holds the key under a lease (Config.Lease) and a fencing token,
+// which the engine renews while the handler runs, so a live handler keeps
+// its key however long it runs (up to Config.Timeout). If the process dies
+// mid-request, the lease ends and a retry takes the key over with a new
+// token; a handler whose lease cannot be renewed (the store unreachable)
+// has its context cancelled before the lease ends, so a well-behaved
+// handler never outlives it. It is not cancelled when the client goes
+// away: the client's retry is then due, and gets the answer kept rather
+// than an execution cut off half-way to run again. A completion that
+// arrives after its lease was taken over is refused and logged. The
+// engine's table (package keyed) says what happens in every case, the same
+// as on idemgrpc.
 //
 // # Effects past the database's edge
 //
 // A handler whose work calls another service (a charge at a card network)
 // cannot commit that call with the key's answer. It sends the call with a
-// key derived from its own (KeyFromContext), so every execution makes the
-// same one, and it runs in phases, in the claim-first form
+// key derived from its own and named for the call (DownstreamKey, or
+// WithCallName for a RoundTripper's request), so every execution makes the
+// same one, whatever order its calls start in, and it runs in phases, in the claim-first form
 // (Config.SeparateTx): SaveRecovery records the phase reached with the
 // key's record (in the phase's own transaction when the context carries
 // one), and a later execution reads it from Execution.Recovery and goes on

@@ -83,7 +83,9 @@ func (m *Middleware) Counts() map[Outcome]uint64 { return m.eng.Counts() }
 // executed at most once per key.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !m.methods[r.Method] {
+		if !m.methods[r.Method] || (m.cfg.Optional && len(r.Header.Values(HeaderKey)) == 0) {
+			// Not protected: none of the engine's business, so nothing is
+			// observed or counted (as on idemgrpc).
 			next.ServeHTTP(w, r)
 			return
 		}

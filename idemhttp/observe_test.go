@@ -86,3 +86,34 @@ type nopObserver struct{}
 func (nopObserver) Begin(ctx context.Context, _ idemhttp.Event) context.Context   { return ctx }
 func (nopObserver) End(context.Context, idemhttp.Event)                           {}
 func (nopObserver) Store(context.Context, idemhttp.StoreOp, time.Duration, error) {}
+
+// A request the middleware lets through unprotected (no key where keys
+// are optional, a method it does not protect) is none of the engine's: an
+// Observer sees nothing of it and nothing is counted, as on idemgrpc.
+func TestObserverSeesNothingOfUnprotectedRequests(t *testing.T) {
+	t.Parallel()
+	rec := &recording{}
+	m, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil), Observer: rec, Optional: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	for _, method := range []string{http.MethodPost, http.MethodGet} {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(method, "/pay", strings.NewReader(`{}`)))
+	}
+	if log, _, _ := rec.Take(); len(log) != 0 {
+		t.Fatalf("the observer saw %q of requests let through unprotected; want nothing", log)
+	}
+	for o, n := range m.Counts() {
+		if n != 0 {
+			t.Fatalf("%s counted %d; want nothing counted", o, n)
+		}
+	}
+	// A keyed request is observed.
+	req := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`))
+	req.Header.Set(idemhttp.HeaderKey, "k")
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	if log, _, _ := rec.Take(); !slices.Contains(log, "+request") {
+		t.Fatalf("the observer saw %q of a keyed request", log)
+	}
+}

@@ -12,11 +12,7 @@ import (
 
 func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
 	values := r.Header.Values(HeaderKey)
-	if len(values) == 0 {
-		if m.cfg.Optional {
-			next.ServeHTTP(w, r)
-			return
-		}
+	if len(values) == 0 { // (with Config.Optional, Handler let it through)
 		m.reject(r.Context(), w, "", "", http.StatusBadRequest, ProblemKeyMissing, "Idempotency key missing",
 			"This request must carry an Idempotency-Key header: a unique value (a UUID, say) per intended operation, reused only to retry it.")
 		return

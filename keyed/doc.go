@@ -24,36 +24,49 @@
 //
 // # What happens, on each face
 //
-// Every request ends in one Outcome (Engine.Counts; an Observer's
-// PhaseRequest), and the answer it gets:
+// Every request ends in one Outcome (Engine.Counts; the End of an
+// Observer's PhaseRequest), goes through the phases an Observer sees
+// within PhaseRequest (C claim, H handler, K complete, R replay; in the
+// same-transaction forms K begins before H and ends with the commit), and
+// gets its answer:
 //
-//	case                              engine                                    idemhttp                               idemgrpc
-//	first run, answer deterministic   claim, run, keep (OutcomeExecuted)         the handler's answer                   the handler's answer
-//	duplicate of a completed key      replay; nothing runs (OutcomeReplayed)     kept answer, Idempotent-Replayed       kept answer, idempotent-replayed
-//	same key, another request         refused; nothing runs (OutcomeMismatch)    422 key-mismatch                       FailedPrecondition IDEMPOTENCY_KEY_MISMATCH
-//	duplicate while one is in flight  waits; then replays its answer             (as a replay)                          (as a replay)
-//	  … still in flight at the end    OutcomeConflict                           409, Retry-After                       Aborted, RetryInfo
-//	  … whose caller left meanwhile   OutcomeConflict                           nothing (nobody reads it)              Canceled or DeadlineExceeded
-//	caller leaves while handler runs  handler goes on; its answer is kept        —                                      —
-//	transient answer (5xx; Unavail.)  key released (OutcomeReleased)             the handler's answer                   the handler's status
-//	handler panics                    key released (OutcomeReleased)             500 handler-failed                     the panic, raised again
-//	handler's time ends, no answer    key released (OutcomeReleased)             500 handler-failed                     the handler's error
-//	handler ends like a crash         outside a transaction: key left to its     connection cut (http.ErrAbortHandler)  —
-//	                                  lease (OutcomeAborted); inside: released
-//	failure after a recovery point    never released: lease yielded, key kept    503 unfinished, or the handler's       the handler's error, or its panic
-//	  (any form, any failure)         in flight with its point (Unfinished)      answer
-//	answer too large to keep          outside a transaction: kept without its    the whole answer; replays say          the whole answer; replays say
-//	                                  body; inside: rolled back, released        Idempotent-Body-Omitted / 500          idempotent-body-omitted / Internal
-//	store fails at the claim          nothing runs (OutcomeStoreError)           503, Retry-After                       Unavailable, RetryInfo
-//	store fails keeping the answer    key left to its lease (OutcomeStoreError)  the handler's answer                   the handler's answer
-//	lease taken over meanwhile        completion refused (OutcomeLeaseLost);     the answer / 503 lease-lost            the answer / Unavailable LEASE_LOST
-//	                                  inside a transaction: rolled back
-//	commit fails, outcome unknown     the store is asked: committed, executed;   the answer / 503 store-unavailable     the answer / Unavailable
-//	                                  else released (with a point: yielded)
-//	kept answer cannot be read        refused; never run again (StoreError)      500 kept-answer-unreadable             Internal
-//	key missing, malformed; body      refused by the face (OutcomeRejected)      400 / 413                              InvalidArgument
+//	case                                phases     engine                                      idemhttp                               idemgrpc
+//	first run, answer deterministic     C H K      claim, run, keep (OutcomeExecuted)          the handler's answer                   the handler's answer
+//	duplicate of a completed key        R, or C R  replay; nothing runs (OutcomeReplayed)      kept answer, Idempotent-Replayed       kept answer, idempotent-replayed
+//	same key, another request           C, or R    refused; nothing runs (OutcomeMismatch)     422 key-mismatch                       FailedPrecondition IDEMPOTENCY_KEY_MISMATCH
+//	duplicate while one is in flight    C R        waits (within C); then replays its answer   (as a replay)                          (as a replay)
+//	  … still in flight at the end      C          OutcomeConflict; retry when its lease ends  409, Retry-After                       Aborted, RetryInfo
+//	  … whose caller left meanwhile     C          OutcomeConflict                             nothing (nobody reads it)              Canceled or DeadlineExceeded
+//	caller leaves while handler runs    C H K      handler goes on; its answer is kept         —                                      —
+//	handler runs past its lease         C H K      lease renewed every third of it; kept       duplicates: 409, Retry-After           duplicates: Aborted, RetryInfo
+//	lease cannot be renewed             C H K      handler's context cancelled (cause wraps    as its handler answers; its            as its handler answers; its
+//	                                               idem.ErrLeaseLost); completion fenced       completion may be refused (below)      completion may be refused (below)
+//	transient answer (5xx; Unavail.)    C H K      key released (OutcomeReleased)              the handler's answer                   the handler's status
+//	handler panics                      C H K      key released (OutcomeReleased)              500 handler-failed                     the panic, raised again
+//	handler's time ends, no answer      C H K      key released (OutcomeReleased)              500 handler-failed                     the handler's error
+//	handler ends like a crash           C H        outside a transaction: key left to its      connection cut (http.ErrAbortHandler)  —
+//	                                               lease (OutcomeAborted); inside: released
+//	handler saves a recovery point                 SaveRecovery from the handler's context;    idemhttp.SaveRecovery; its Completer:  idemgrpc.SaveRecovery; its Completer:
+//	                                               separate form, an idem.Recoverer store      Middleware.NewCompleter                Interceptor.NewCompleter
+//	failure after a recovery point      C H        never released: lease yielded, key kept     503 unfinished, or the handler's       the handler's error, or its panic
+//	  (any form, any failure)                      in flight with its point (Unfinished)       answer
+//	answer too large to keep            C H K      outside a transaction: kept without its     the whole answer; replays say          the whole answer; replays say
+//	                                               body; inside: rolled back, released         Idempotent-Body-Omitted / 500          idempotent-body-omitted / Internal
+//	store fails at the claim            C          nothing runs (OutcomeStoreError)            503, Retry-After                       Unavailable, RetryInfo
+//	store fails keeping the answer      C H K      key left to its lease (OutcomeStoreError)   the handler's answer                   the handler's answer
+//	lease taken over meanwhile          C H K      completion refused (OutcomeLeaseLost);      the answer / 503 lease-lost            the answer / Unavailable LEASE_LOST
+//	                                               inside a transaction: rolled back
+//	commit fails, outcome unknown       C H K      the store is asked: committed, executed;    the answer / 503 store-unavailable     the answer / Unavailable
+//	                                               else released (with a point: yielded)
+//	kept answer cannot be read          R, or C R  refused; never run again (StoreError)       500 kept-answer-unreadable             Internal
+//	key missing, malformed; body        —          refused by the face (OutcomeRejected)       400 / 413                              InvalidArgument
 //	  too large to fingerprint
-//	abandoned key with a point        a Completer resumes it, keeps the answer   the retry gets it replayed             the retry gets it replayed
+//	scope cannot be told                —          refused by the face (OutcomeRejected)       400 scope                              Unauthenticated
+//	not protected: no key where         —          not involved: nothing observed, counted     Config.Optional                        Policy Off, Optional; the health
+//	  optional, or a method let through                                                                                               and reflection services
+//	abandoned key with a point          —          a Completer resumes it, keeps the answer    the retry gets it replayed             the retry gets it replayed
+//	calls the handler passes on                    Execution.DownstreamKey(name): one key      WithCallName for a RoundTripper        WithCallName for a Client
+//	                                               per named call, the same every execution
 //
 // The wait for a duplicate in flight lasts at most Config.InflightWait and
 // never past the caller's own deadline; it ends at once when the caller
