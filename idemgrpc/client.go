@@ -34,7 +34,9 @@ import (
 // Unavailable (the request may or may not have arrived: a lost answer),
 // Aborted (the Interceptor's answer to a duplicate still in flight) and
 // ResourceExhausted with a google.rpc.RetryInfo. A RetryInfo's delay is
-// honoured, up to Policy.Cap; otherwise the delays are Policy's, with its
+// honoured in full, up to idemhttp.MaxRetryAfter (an Aborted duplicate's
+// says when the holder's lease ends, which may be past Policy.Cap);
+// otherwise the delays are Policy's, with its
 // jitter. No retry is started that could not begin before the call's
 // deadline. Everything else is returned as it is.
 //
@@ -109,7 +111,11 @@ func (c *Client) invoke(ctx context.Context, method string, req, reply any, cc *
 		}
 		delay := policy.Delay(attempt, prev)
 		if after > 0 {
-			delay = min(max(delay, after), policy.Cap)
+			// The server said when a retry can succeed (an Aborted
+			// duplicate: when the holder's lease ends): that is waited in
+			// full, not cut to Policy.Cap, which bounds the client's own
+			// delays; idemhttp.MaxRetryAfter bounds what a server may ask.
+			delay = min(max(delay, after), max(policy.Cap, idemhttp.MaxRetryAfter))
 		}
 		if deadline, ok := ctx.Deadline(); ok && !now().Add(delay).Before(deadline) {
 			// A retry could not even begin before the deadline: the caller

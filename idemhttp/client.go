@@ -25,7 +25,9 @@ import (
 // attempt is retried when its outcome is unknown or transient: a network
 // error (the request may or may not have arrived: the lost acknowledgement),
 // 409 (still in flight), 425, 429, 500, 502, 503 and 504. Retry-After is
-// honoured, in seconds or as an HTTP date, up to Policy.Cap; no retry is
+// honoured, in seconds or as an HTTP date, in full up to MaxRetryAfter
+// (a 409's says when the holder's lease ends, which may be past
+// Policy.Cap); no retry is
 // started that could not begin before the request context's deadline; the
 // delays are Policy's, with its Jitter (full jitter by default). Everything else, 422 included, is returned as
 // it is. Requests without a protected method pass through untouched, as do
@@ -48,6 +50,13 @@ type RoundTripper struct {
 	// deadline. Defaults to time.Now.
 	Now func() time.Time
 }
+
+// MaxRetryAfter is the longest wait the clients (RoundTripper, and
+// idemgrpc's Client) honour when a server asks for one (Retry-After, a
+// RetryInfo), whatever their Policy.Cap: a server that asks for more gets
+// a retry after MaxRetryAfter. A request's deadline bounds it further: no
+// retry starts that could not begin before it.
+const MaxRetryAfter = time.Minute
 
 type keyContextKey struct{}
 
@@ -127,7 +136,11 @@ func (t *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		delay := policy.Delay(attempt, prev)
 		if after > 0 {
-			delay = min(max(delay, after), policy.Cap)
+			// The server said when a retry can succeed (a duplicate's
+			// 409: when the holder's lease ends): that is waited in
+			// full, not cut to Policy.Cap, which bounds the client's
+			// own delays; MaxRetryAfter bounds what a server may ask.
+			delay = min(max(delay, after), max(policy.Cap, MaxRetryAfter))
 		}
 		if deadline, ok := ctx.Deadline(); ok && !now().Add(delay).Before(deadline) {
 			// A retry could not even start before the deadline: the
