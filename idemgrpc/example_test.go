@@ -133,3 +133,73 @@ func ExampleClient() {
 	fmt.Println(out.Fields["status"].GetStringValue(), "after", attempts.Load(), "attempts;", payments.Load(), "payment")
 	// Output: paid after 2 attempts; 1 payment
 }
+
+// A handler that calls another service several times at once names each
+// call (WithCallName): every execution of it sends each call with the
+// same key, whichever goroutine starts first, so when the first execution
+// fails after its calls and the client's retry runs it again, the service
+// called replays what it did instead of charging again.
+func ExampleWithCallName() {
+	serve := func(create func(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error)) (addr string, stop func()) {
+		keys, err := idemgrpc.New(&idemgrpc.Config{Store: idemmem.NewStore(nil), SharedScope: true})
+		if err != nil {
+			panic(err)
+		}
+		srv := grpc.NewServer(grpc.ChainUnaryInterceptor(keys.Unary()))
+		servePayments(srv, create)
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			panic(err)
+		}
+		go srv.Serve(lis)
+		return lis.Addr().String(), srv.Stop
+	}
+	dial := func(addr string) *grpc.ClientConn {
+		client := &idemgrpc.Client{}
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithChainUnaryInterceptor(client.Unary()))
+		if err != nil {
+			panic(err)
+		}
+		return conn
+	}
+
+	var charges atomic.Int64
+	network, stopNetwork := serve(func(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
+		charges.Add(1)
+		return req, nil
+	})
+	defer stopNetwork()
+	card := dial(network)
+	defer card.Close()
+
+	var runs atomic.Int64
+	checkout, stopCheckout := serve(func(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
+		errs := make(chan error, 2)
+		for _, leg := range []string{"charge", "fee"} {
+			go func() {
+				msg, _ := structpb.NewStruct(map[string]any{"leg": leg})
+				errs <- card.Invoke(idemgrpc.WithCallName(ctx, leg), createPayment, msg, new(structpb.Struct))
+			}()
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				return nil, err
+			}
+		}
+		if runs.Add(1) == 1 {
+			return nil, status.Error(codes.Unavailable, "the ledger timed out") // transient: the client retries
+		}
+		return structpb.NewStruct(map[string]any{"status": "paid"})
+	})
+	defer stopCheckout()
+	conn := dial(checkout)
+	defer conn.Close()
+
+	req, _ := structpb.NewStruct(map[string]any{"amount": 25})
+	out := new(structpb.Struct)
+	if err := conn.Invoke(idemgrpc.WithKey(context.Background(), "order-1042"), createPayment, req, out); err != nil {
+		panic(err)
+	}
+	fmt.Println(out.Fields["status"].GetStringValue(), "after", runs.Load(), "executions;", charges.Load(), "calls made at the card network")
+	// Output: paid after 2 executions; 2 calls made at the card network
+}
