@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -65,8 +66,9 @@ type CompleterConfig struct {
 //
 // Bound: a holder renews its lease while it lives, so a key is abandoned
 // at most Lease after its holder's death (at once when the holder's
-// replica restarts: Engine.Restart); the next round takes it, resuming up
-// to Parallel keys at once, each renewing its own lease, and a Resume ends
+// replica restarts: Engine.Restart); the next round takes it (a round
+// does not wait for the resumes of the one before), resuming up to
+// Parallel keys at once, each renewing its own lease, and a Resume ends
 // within Timeout. So an abandoned execution is finished within
 // Lease + Every + Timeout of its holder's death (Bound), when no more than
 // Parallel keys are abandoned at once, unless its outcome cannot be
@@ -82,9 +84,14 @@ type Completer struct {
 	rs  idem.Recoverer
 	log *slog.Logger
 
+	// slots bounds the resumes running at once (Parallel), across rounds.
+	slots chan struct{}
+
 	mu      sync.Mutex
 	unknown map[keywait.Key]time.Time // keys whose outcome is unknown, since when
 	stats   CompleterStats
+	// active are the keys being resumed, which no round takes on again.
+	active map[keywait.Key]bool
 }
 
 // CompleterStats counts what a Completer did since it was made.
@@ -147,7 +154,8 @@ func (e *Engine) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
 	if c.Logger == nil {
 		c.Logger = e.log
 	}
-	return &Completer{e: e, cfg: c, rs: rs, log: c.Logger, unknown: map[keywait.Key]time.Time{}}, nil
+	return &Completer{e: e, cfg: c, rs: rs, log: c.Logger, slots: make(chan struct{}, c.Parallel),
+		unknown: map[keywait.Key]time.Time{}, active: map[keywait.Key]bool{}}, nil
 }
 
 // Bound is the longest an abandoned execution waits to be finished, when
@@ -172,14 +180,19 @@ func (c *Completer) Stats() CompleterStats {
 	return s
 }
 
-// Run runs rounds every Every until ctx is done, and returns ctx's error.
-// A round that fails (the store unavailable) is logged and tried again at
-// the next tick.
+// Run runs rounds every Every until ctx is done, and returns ctx's error
+// once the resumes it started have ended. A round waits for a slot for
+// each key it takes on (at most Parallel resumes run at once), not for
+// their resumes to end: a key abandoned while a slow one is resumed is
+// taken on by the next round. A round that fails (the store unavailable)
+// is logged and tried again at the next tick.
 func (c *Completer) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	t := time.NewTicker(c.cfg.Every)
 	defer t.Stop()
 	for {
-		if _, err := c.RunOnce(ctx); err != nil && ctx.Err() == nil {
+		if err := c.round(ctx, &wg, nil); err != nil && ctx.Err() == nil {
 			c.log.LogAttrs(ctx, slog.LevelWarn, "completer: could not list abandoned executions", slog.String("error", err.Error()))
 		}
 		select {
@@ -191,42 +204,72 @@ func (c *Completer) Run(ctx context.Context) error {
 }
 
 // RunOnce runs one round: it takes on every abandoned key the store lists
-// (at most Limit), Parallel at once, and returns how many it finished
-// once all have ended. Rounds of one Completer must not overlap; Run runs
-// them one at a time.
+// (at most Limit) and that the Completer is not resuming already, with at
+// most Parallel resumes running at once, and returns how many it finished
+// once all have ended.
 func (c *Completer) RunOnce(ctx context.Context) (finished int, err error) {
+	var wg sync.WaitGroup
+	var n atomic.Int64
+	err = c.round(ctx, &wg, &n)
+	wg.Wait()
+	if err == nil {
+		err = ctx.Err()
+	}
+	return int(n.Load()), err
+}
+
+// round lists the abandoned keys and starts a resume, in wg, of each that
+// no resume of this Completer has under way, each once a slot is free;
+// it returns once it has started them all, or ctx ended. finished, when
+// not nil, counts the keys finished.
+func (c *Completer) round(ctx context.Context, wg *sync.WaitGroup, finished *atomic.Int64) error {
 	c.mu.Lock()
 	c.stats.Rounds++
 	c.mu.Unlock()
 	recs, err := c.rs.Abandoned(ctx, c.cfg.Limit)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	c.pruneUnknown(ctx, recs)
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		slots = make(chan struct{}, c.cfg.Parallel)
-	)
 	for _, rec := range recs {
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
+		wk := keywait.Key{Scope: rec.Scope, Key: rec.Key}
+		if !c.begin(wk) {
+			continue // a resume of it is under way
 		}
-		if ctx.Err() != nil {
-			break
+		select {
+		case c.slots <- struct{}{}:
+		case <-ctx.Done():
+			c.end(wk)
+			return nil
 		}
 		wg.Go(func() {
-			defer func() { <-slots }()
-			if c.resume(ctx, rec) {
-				mu.Lock()
-				finished++
-				mu.Unlock()
+			defer func() {
+				c.end(wk)
+				<-c.slots
+			}()
+			if c.resume(ctx, rec) && finished != nil {
+				finished.Add(1)
 			}
 		})
 	}
-	wg.Wait()
-	return finished, ctx.Err()
+	return nil
+}
+
+// begin marks wk as being resumed, unless it is already: false then.
+func (c *Completer) begin(wk keywait.Key) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.active[wk] {
+		return false
+	}
+	c.active[wk] = true
+	return true
+}
+
+func (c *Completer) end(wk keywait.Key) {
+	c.mu.Lock()
+	delete(c.active, wk)
+	c.mu.Unlock()
 }
 
 // resume takes rec's key over and finishes it; true when it ended it
