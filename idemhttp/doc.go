@@ -33,11 +33,14 @@
 //   - the first request with a key: the handler runs. Its answer is kept if
 //     it is deterministic (2xx, 3xx and 4xx by default, see DefaultKeep) and
 //     replayed to every later duplicate with Idempotent-Replayed: true. A
-//     transient failure (5xx, a panic, a timeout, a store error) keeps
-//     nothing and releases the key, so a retry really runs again.
+//     transient failure (5xx, a panic, a timeout) keeps nothing and
+//     releases the key, so a retry really runs again; after a recovery
+//     point it keeps the key in flight with its point instead.
 //   - a duplicate while the first is still running: it waits (InflightWait,
-//     5s by default) and gets the first's answer; if the first is still
-//     running after that, 409 with Retry-After.
+//     5s by default, never past the request context's deadline, and not at
+//     all once its client has gone) and gets the first's answer; if the
+//     first is still running after that, 409 with Retry-After (when the
+//     holder's lease ends).
 //   - the same key with a different request (method, path, query or body;
 //     JSON bodies compared canonically, so key order and white space do not
 //     matter): 422, whether the first is finished or still running.
