@@ -94,6 +94,9 @@ type Server struct {
 
 // New returns a Server for cfg, or an error that names the field refused.
 func New(cfg *Config) (*Server, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
 	if cfg.Scope == nil && !cfg.SharedScope {
 		return nil, &idem.ArgumentError{Field: "jsonrpc.Config.Scope", Reason: "is required, unless SharedScope is set"}
 	}
