@@ -13,8 +13,9 @@ import (
 // Face is a face of the engine (package keyed) as TestFace drives it: it
 // serves a handler the suite writes, through its protocol, in front of a
 // store, and sends that server requests as a client of its protocol would.
-// idemtest.HTTP is idemhttp's; idemgrpc's tests have one for idemgrpc; a
-// face written outside this repository writes its own, a page long.
+// idemtest.HTTP is idemhttp's; idemgrpc's tests have one for idemgrpc, and
+// examples/jsonrpc's for its JSON-RPC face; a face written outside this
+// repository writes its own, a page long.
 type Face interface {
 	// Name names the face in the subtests' names.
 	Name() string
