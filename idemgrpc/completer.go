@@ -75,7 +75,7 @@ func (i *Interceptor) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
 	resume := c.Resume
 	comp, err := i.eng.NewCompleter(&keyed.CompleterConfig{Every: c.Every, Timeout: c.Timeout, Limit: c.Limit, Parallel: c.Parallel, Logger: c.Logger,
 		Resume: func(ctx context.Context, kex keyed.Execution) (idem.Response, error) {
-			ex := Execution{Scope: kex.Scope, Key: kex.Key, Token: kex.Token, ClaimedAt: kex.ClaimedAt, TookOver: kex.TookOver, Recovery: kex.Recovery}
+			ex := Execution{Scope: kex.Scope, Key: kex.Key, Token: kex.Token, ClaimedAt: kex.ClaimedAt, TookOver: kex.TookOver, Recovery: kex.Recovery, engine: kex}
 			ctx = context.WithValue(ctx, execKey{}, &execution{Execution: ex})
 			resp, rerr := resume(ctx, ex)
 			if errors.Is(rerr, keyed.ErrNothingDone) {

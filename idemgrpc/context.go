@@ -32,6 +32,11 @@ type Execution struct {
 	// (SaveRecovery): the phase to go on from. Zero for a first execution,
 	// and whenever the store keeps no points.
 	Recovery idem.RecoveryPoint
+
+	// engine is the engine's Execution, which the downstream keys derive
+	// from (it knows the request's seed, which sealing does not change);
+	// zero in an Execution made outside the interceptor.
+	engine keyed.Execution
 }
 
 type execKey struct{}
@@ -82,6 +87,9 @@ func DownstreamKey(ex Execution, fullMethod string, n int) string {
 // call, whatever order its calls are made in, and on every face: the
 // engine's (keyed.Execution.DownstreamKey), which says how to name a call.
 func (ex Execution) DownstreamKey(name string, parts ...string) string {
+	if ex.engine.Key != "" {
+		return ex.engine.DownstreamKey(name, parts...)
+	}
 	return keyed.Execution{Scope: ex.Scope, Key: ex.Key, Token: ex.Token, ClaimedAt: ex.ClaimedAt, TookOver: ex.TookOver,
 		Recovery: ex.Recovery}.DownstreamKey(name, parts...)
 }

@@ -45,7 +45,7 @@ func (c *call) Run(ctx context.Context, inTx bool) keyed.Ran {
 	i := c.i
 	ex, _ := keyed.ExecutionFromContext(ctx)
 	hctx := context.WithValue(ctx, execKey{}, &execution{Execution: Execution{Scope: ex.Scope, Key: ex.Key, FullMethod: c.method,
-		Token: ex.Token, ClaimedAt: ex.ClaimedAt, TookOver: ex.TookOver, Recovery: ex.Recovery}})
+		Token: ex.Token, ClaimedAt: ex.ClaimedAt, TookOver: ex.TookOver, Recovery: ex.Recovery, engine: ex}})
 	if st := grpc.ServerTransportStreamFromContext(hctx); st != nil {
 		c.cs = &callStream{ServerTransportStream: st}
 		hctx = grpc.NewContextWithServerTransportStream(hctx, c.cs)

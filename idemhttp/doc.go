@@ -181,11 +181,25 @@
 //     Headers are kept in clear: keep secrets out of ReplayHeaders.
 //   - Config.DiscardBodies keeps no body at all, only the status and the
 //     replayed headers: replays carry Idempotent-Body-Omitted: true.
+//   - Recovery points' data (SaveRecovery) is sealed with the same
+//     BodyKeys, rotated the same way, bound to its record and to the
+//     point's name; a point no key opens is answered 500
+//     ProblemAnswerUnreadable, and nothing runs (the key stays in flight
+//     with its point until a key that opens it is given back). Without
+//     BodyKeys the data is kept as it was saved. `idem keys seal` rebinds
+//     sealed bodies and points to the sealed keys, and seals the points
+//     and bodies it finds in clear when BodyKeys are given.
 //
 // What stays readable: the scope, the request's fingerprint (a SHA-256 of
 // the method, path, query, content type and body, which reveals a body
 // only to someone who can guess it whole), the status and the replayed
-// headers, and the times.
+// headers, the recovery point's name (a phase such as "charging", chosen
+// by the application), the fencing token, the holder (replica and
+// incarnation) and the times. Everything else of a record (the key, the
+// body, the point's data) is sealed when both settings are given. What an
+// application writes to its own tables, and what it sends downstream, is
+// its own business: keyed.DownstreamKey gives a digest to send instead of
+// the client's key.
 //
 // # Publishing the policy
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -187,6 +188,7 @@ func runFaceCases(t *testing.T, face Face, open func(t *testing.T, clock idem.Cl
 		{"PanicKeepsNothing", fcPanic},
 		{"PointNeverReleased", fcPointNeverReleased},
 		{"CompleterFinishes", fcCompleter},
+		{"PointSealedAtRest", fcPointSealed},
 		{"LeaseLost", fcLeaseLost},
 		{"AmbiguousCommit", fcAmbiguousCommit},
 		{"LongHandlerRenewsItsLease", fcLongHandler},
@@ -465,6 +467,94 @@ func fcCompleter(t *testing.T, r *faceRun) {
 	want(t, "the client's retry", s.Do(ctx, "k", "pay 10"), Created, "finished by the completer", true)
 	if runs.Load() != 1 || comp.Stats().Completed != 1 {
 		t.Fatalf("%d runs, completer stats %+v; want 1 run and 1 completed", runs.Load(), comp.Stats())
+	}
+}
+
+// A recovery point's data is kept sealed with the body keys, bound to its
+// record: the store never returns it in clear. A server that lacks the key
+// that sealed it runs nothing and keeps the key in flight with its point;
+// one whose body keys were rotated (a new key first, the old one still
+// given) reads it back as it was saved, and so does its Completer. Every
+// execution derives the same downstream key.
+func fcPointSealed(t *testing.T, r *faceRun) {
+	if !r.form.points {
+		t.Skipf("%T keeps no recovery points", r.store)
+	}
+	secret := []byte("a key secret of 32 bytes, random")
+	old := keyed.BodyKey{ID: "2026-01", Key: []byte("0123456789abcdef0123456789abcdef")}
+	rotated := keyed.BodyKey{ID: "2026-02", Key: []byte("fedcba9876543210fedcba9876543210")}
+	const data = "charge card 4242 for the sealed point"
+	var (
+		runs atomic.Int64
+		mu   sync.Mutex
+		keys []string
+	)
+	downstream := func(ex keyed.Execution) {
+		mu.Lock()
+		keys = append(keys, ex.DownstreamKey("charge"))
+		mu.Unlock()
+	}
+	h := func(ctx context.Context, body string) Reply {
+		n := runs.Add(1)
+		ex, _ := keyed.ExecutionFromContext(ctx)
+		downstream(ex)
+		if n == 1 {
+			if err := keyed.SaveRecovery(ctx, "charging", []byte(data)); err != nil {
+				t.Errorf("SaveRecovery: %v", err)
+			}
+		} else if ex.Recovery.Name != "charging" || string(ex.Recovery.Data) != data {
+			t.Errorf("run %d goes on from %q %q, want charging %q", n, ex.Recovery.Name, ex.Recovery.Data, data)
+		}
+		return Reply{Kind: Transient, Body: "card network down"}
+	}
+	with := func(bodyKeys ...keyed.BodyKey) func(*FaceConfig) {
+		return func(c *FaceConfig) {
+			c.Engine.SeparateTx, c.Engine.InflightWait = true, -1
+			c.Engine.KeySecret, c.Engine.BodyKeys = secret, bodyKeys
+		}
+	}
+	ctx := t.Context()
+	stored := func(after string) idem.Record {
+		t.Helper()
+		rec, err := r.store.Get(ctx, "", keyed.SealKey(secret, "", "k"))
+		if err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" {
+			t.Fatalf("after %s: %+v, %v; want the key in flight with its point", after, rec, err)
+		}
+		if len(rec.Recovery.Data) == 0 || strings.Contains(string(rec.Recovery.Data), "4242") {
+			t.Fatalf("after %s the store keeps the point's data as %q, in clear", after, rec.Recovery.Data)
+		}
+		return rec
+	}
+	want(t, "the first, which saves a point", r.serve(h, with(old)).Do(ctx, "k", "pay"), Transient, "card network down", false)
+	stored("the first run")
+
+	a := r.serve(h, with(rotated)).Do(ctx, "k", "pay")
+	if a.Kind != Unreadable || runs.Load() != 1 {
+		t.Fatalf("a server without the point's body key answered %v after %d runs; want nothing run", a, runs.Load())
+	}
+	stored("the server without its body key")
+
+	s := r.serve(h, with(rotated, old))
+	want(t, "the retry after the rotation", s.Do(ctx, "k", "pay"), Transient, "card network down", false)
+	stored("the retry")
+	comp, err := s.NewCompleter(keyed.CompleterConfig{Every: time.Hour}, func(ctx context.Context, ex keyed.Execution) (Reply, error) {
+		downstream(ex)
+		if ex.Recovery.Name != "charging" || string(ex.Recovery.Data) != data {
+			return Reply{}, fmt.Errorf("resumed from %q %q", ex.Recovery.Name, ex.Recovery.Data)
+		}
+		return Reply{Kind: Created, Body: "charged"}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := comp.RunOnce(ctx); n != 1 || err != nil {
+		t.Fatalf("RunOnce = %d, %v; want the key finished", n, err)
+	}
+	want(t, "the client's next retry", s.Do(ctx, "k", "pay"), Created, "charged", true)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(keys) != 3 || keys[0] != keys[1] || keys[1] != keys[2] {
+		t.Fatalf("downstream keys %q; want the same three times", keys)
 	}
 }
 

@@ -168,6 +168,11 @@ func bodyAD(scope idem.Scope, key idem.Key) []byte {
 // seal returns body encrypted with the current key, in the form
 // magic | len(id) | id | nonce | ciphertext and tag.
 func (s *bodySealer) seal(scope idem.Scope, key idem.Key, body []byte) ([]byte, error) {
+	return s.sealAD(bodyAD(scope, key), body)
+}
+
+// sealAD is seal with ad, what the sealed bytes are bound to.
+func (s *bodySealer) sealAD(ad, body []byte) ([]byte, error) {
 	k := s.current
 	ns := k.aead.NonceSize()
 	out := make([]byte, 0, len(sealedBodyMagic)+1+len(k.id)+ns+len(body)+k.aead.Overhead())
@@ -179,12 +184,18 @@ func (s *bodySealer) seal(scope idem.Scope, key idem.Key, body []byte) ([]byte, 
 		return nil, err
 	}
 	out = out[:len(out)+ns]
-	return k.aead.Seal(out, nonce, body, bodyAD(scope, key)), nil
+	return k.aead.Seal(out, nonce, body, ad), nil
 }
 
 // open returns the plain body of a kept one, and whether it was sealed: a
 // sealed body decrypted, any other as it is (kept before BodyKeys was set).
 func (s *bodySealer) open(scope idem.Scope, key idem.Key, body []byte) ([]byte, bool, error) {
+	return s.openAD(bodyAD(scope, key), body)
+}
+
+// openAD is open with ad, what the sealed bytes are bound to. s may be
+// nil: then only bytes that were never sealed open.
+func (s *bodySealer) openAD(ad, body []byte) ([]byte, bool, error) {
 	if !bytes.HasPrefix(body, []byte(sealedBodyMagic)) {
 		return body, false, nil
 	}
@@ -205,7 +216,7 @@ func (s *bodySealer) open(scope idem.Scope, key idem.Key, body []byte) ([]byte, 
 	if len(rest) < ns {
 		return nil, true, fmt.Errorf("%w: truncated", ErrBodyUnreadable)
 	}
-	plain, err := k.aead.Open(nil, rest[:ns], rest[ns:], bodyAD(scope, key))
+	plain, err := k.aead.Open(nil, rest[:ns], rest[ns:], ad)
 	if err != nil {
 		return nil, true, fmt.Errorf("%w: key %q does not authenticate it (altered, or moved from another record)", ErrBodyUnreadable, id)
 	}

@@ -303,9 +303,23 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record) bool {
 		return false
 	}
 	defer e.local.Notify(wk)
-	ex := Execution{Scope: rec.Scope, Key: rec.Key, Token: claim.Token, ClaimedAt: claim.Record.CreatedAt,
-		TookOver: claim.TookOver, Recovery: claim.Record.Recovery, points: &pointSaver{store: c.rs}}
 	ref := idem.Ref{Scope: rec.Scope, Key: rec.Key, Token: claim.Token}
+	rp, seed, err := unwrapPoint(e.bodies, rec.Scope, rec.Key, claim.Record.Recovery)
+	if err != nil {
+		// Nothing can go on from data nobody can read; the key stays in
+		// flight with its point until someone gives the key that opens it.
+		c.unknownNow(wk)
+		log.LogAttrs(ctx, slog.LevelError, "completer: the recovery point cannot be opened (are BodyKeys missing a key?); the key stays in flight",
+			slog.String("error", err.Error()))
+		dctx, cancel := detached(ctx)
+		defer cancel()
+		if yerr := c.rs.Yield(dctx, ref); yerr != nil {
+			log.LogAttrs(ctx, slog.LevelWarn, "completer: could not yield the key", slog.String("error", yerr.Error()))
+		}
+		return false
+	}
+	ex := Execution{Scope: rec.Scope, Key: rec.Key, Token: claim.Token, ClaimedAt: claim.Record.CreatedAt,
+		TookOver: claim.TookOver, Recovery: rp, points: &pointSaver{store: c.rs, bodies: e.bodies}, seed: seed, hasSeed: true}
 	log.LogAttrs(ctx, slog.LevelWarn, "completer: finishing an abandoned execution",
 		slog.String("recovery_point", ex.Recovery.Name), slog.Time("saved_at", ex.Recovery.SavedAt))
 

@@ -155,6 +155,10 @@ type Execution struct {
 
 	// points saves this execution's recovery points; nil when it cannot.
 	points *pointSaver
+	// seed is what downstreamKey derives from (see downstreamSeed), when
+	// hasSeed: the engine made the Execution.
+	seed    [32]byte
+	hasSeed bool
 }
 
 // ExecutionFromContext returns the Execution of the request whose handler

@@ -23,10 +23,13 @@ import (
 // the second time. Names are compared as they are, part by part: ("a",
 // "bc") and ("ab", "c") are different calls.
 //
-// The key is a digest (SHA-256, base64url) of the execution's scope and
-// key and the call's name: it reveals neither, and is 45 characters of
-// visible ASCII, a valid key for idemhttp, idemgrpc and most APIs that
-// take one.
+// The key is a digest (SHA-256, base64url) of the request's scope, the
+// key its client sent and the call's name (see downstreamSeed): it is the
+// same before and after the store's keys are sealed (`idem keys seal`)
+// or Config.KeySecret changes, and it is 45 characters of visible ASCII, a
+// valid key for idemhttp, idemgrpc and most APIs that take one. It
+// reveals neither the scope nor the key, but whoever can guess a client's
+// key (a short or predictable one) can test the guess against it.
 func (ex Execution) DownstreamKey(name string, parts ...string) string {
 	return downstreamKey(ex, name, parts)
 }
@@ -53,8 +56,16 @@ func downstreamKey(ex Execution, name string, parts []string) string {
 		buf = binary.AppendUvarint(buf, uint64(len(f)))
 		buf = append(buf, f...)
 	}
-	field(string(ex.Scope))
-	field(string(ex.Key))
+	// The request's seed, not the key as the store keeps it: sealing the
+	// keys, or a new KeySecret, changes that form, and an execution that
+	// goes on after either must send the keys its first one sent.
+	seed := ex.seed
+	if !ex.hasSeed {
+		// An Execution the engine did not make (a test's): its key is
+		// the only one known.
+		seed = downstreamSeed(ex.Scope, ex.Key)
+	}
+	field(string(seed[:]))
 	field(name)
 	for _, p := range parts {
 		field(p)

@@ -32,6 +32,9 @@ type execution struct {
 	held heldLease
 	// sent is when the claim that acquired the key was sent.
 	sent time.Time
+	// pointErr says why the key's recovery point cannot be read: the
+	// handler is not run.
+	pointErr error
 	// leaseEnds is when the lease of the execution in flight that a
 	// duplicate waits for ends, as its last claim found it; zero when not
 	// known.
@@ -43,7 +46,21 @@ func (x *execution) acquired(claim idem.Claim) {
 	x.ref = idem.Ref{Scope: x.req.Scope, Key: x.req.Key, Token: claim.Token}
 	x.expires = claim.Record.ExpiresAt
 	x.hctx.ex = Execution{Scope: x.req.Scope, Key: x.req.Key, Token: claim.Token,
-		ClaimedAt: claim.Record.CreatedAt, TookOver: claim.TookOver, Recovery: claim.Record.Recovery}
+		ClaimedAt: claim.Record.CreatedAt, TookOver: claim.TookOver, hasSeed: true}
+	x.hctx.ex.seed = downstreamSeed(x.req.Scope, x.clientKey)
+	if !claim.Record.Recovery.IsZero() {
+		rp, seed, err := unwrapPoint(x.e.bodies, x.req.Scope, x.req.Key, claim.Record.Recovery)
+		if err != nil {
+			// The handler must not run as a first execution would (its
+			// effect may have happened), nor from data it cannot read: it
+			// does not run, and the key stays in flight with its point.
+			x.pointErr = err
+			rp = idem.RecoveryPoint{Name: claim.Record.Recovery.Name, SavedAt: claim.Record.Recovery.SavedAt}
+		} else {
+			x.hctx.ex.seed = seed
+		}
+		x.hctx.ex.Recovery = rp
+	}
 	if claim.TookOver {
 		x.log.LogAttrs(x.ctx, slog.LevelWarn, "took over an expired lease: an earlier execution may have crashed", slog.Int64("token", int64(claim.Token)))
 	}
@@ -56,7 +73,7 @@ func (x *execution) handlerCtx(parent context.Context, inTx bool) *execCtx {
 	e := x.e
 	x.hctx.init(parent, e.cfg.Timeout)
 	if e.recoverer != nil {
-		x.hctx.points = pointSaver{store: e.recoverer, inTx: inTx}
+		x.hctx.points = pointSaver{store: e.recoverer, inTx: inTx, bodies: e.bodies}
 		x.hctx.ex.points = &x.hctx.points
 	}
 	return &x.hctx
@@ -80,7 +97,13 @@ func (x *execution) execute() {
 
 // run runs the face's handler with hctx and classifies what it did.
 func (x *execution) run(hctx context.Context, inTx bool) {
-	x.ran = x.face.Run(hctx, inTx)
+	if x.pointErr != nil {
+		x.log.LogAttrs(x.ctx, slog.LevelError, "the key's recovery point cannot be opened (are BodyKeys missing a key?): the handler was not run",
+			slog.String("error", x.pointErr.Error()))
+		x.ran = Ran{Status: 500, Failure: "could not open its recovery point"}
+	} else {
+		x.ran = x.face.Run(hctx, inTx)
+	}
 	ran := &x.ran
 	if !ran.Keep {
 		ran.Err = nil // nothing was to be kept
@@ -189,6 +212,10 @@ func (x *execution) unfinished() {
 		attrs = append(attrs, slog.String("yield_error", err.Error()), slog.Duration("lease", e.cfg.Lease))
 	}
 	x.log.LogAttrs(ctx, slog.LevelWarn, "failed after a recovery point: the key stays in flight with its point, for a retry or the completer to go on from", attrs...)
+	if x.pointErr != nil {
+		x.face.Refuse(Refusal{Reason: RefusedUnreadable, Err: x.pointErr})
+		return
+	}
 	if x.ran.Failure != "" {
 		x.face.Refuse(Refusal{Reason: RefusedUnfinished, RetryAfter: time.Second})
 		return

@@ -140,9 +140,10 @@ const (
 	// RefusedUnkeepable: the answer could not be kept (Ran.Err), inside
 	// the store's transaction, which was rolled back. HTTP 500; Internal.
 	RefusedUnkeepable
-	// RefusedUnreadable: the key's kept answer cannot be read (sealed with
-	// a key no longer among Config.BodyKeys, altered in the store); the
-	// request is not run again. HTTP 500; Internal.
+	// RefusedUnreadable: the key's kept answer, or its recovery point,
+	// cannot be read (sealed with a key no longer among Config.BodyKeys,
+	// altered in the store); the request is not run again. HTTP 500;
+	// Internal.
 	RefusedUnreadable
 )
 

@@ -22,6 +22,8 @@ type pointSaver struct {
 	store idem.Recoverer
 	// inTx: the handler runs in the store's transaction (see ErrNoRecovery).
 	inTx bool
+	// bodies seal the points' data (nil: kept in the envelope alone).
+	bodies *bodySealer
 	// saved is set once the execution tried to save a point: from then on
 	// its key is never released after a failure.
 	saved atomic.Bool
@@ -44,6 +46,12 @@ type pointSaver struct {
 // nobody asking, a Completer does. An execution that dies (a crash) holds
 // its lease until it ends.
 //
+// The store keeps data with the seed of the request's downstream keys,
+// sealed like kept answers when Config.BodyKeys are set (AES-256-GCM,
+// bound to the record's scope and key and to name): a dump of the store
+// shows the point's name, never its data. data may be up to
+// MaxRecoveryDataLen bytes.
+//
 // Returns ErrNoRecovery (see there), an *idem.ArgumentError for a malformed
 // point, or idem.ErrLeaseLost when another execution took the key over.
 func SaveRecovery(ctx context.Context, name string, data []byte) error {
@@ -58,6 +66,14 @@ func SaveRecovery(ctx context.Context, name string, data []byte) error {
 	}
 	rp := idem.RecoveryPoint{Name: name, Data: data}
 	if err := rp.Validate(); err != nil {
+		return err
+	}
+	seed := ex.seed
+	if !ex.hasSeed {
+		seed = downstreamSeed(ex.Scope, ex.Key)
+	}
+	rp, err := wrapPoint(ex.points.bodies, ex.Scope, ex.Key, seed, rp)
+	if err != nil {
 		return err
 	}
 	// Set before saving: a save whose outcome is unknown may have

@@ -16,7 +16,10 @@ type call struct {
 	face Face
 	log  reqLog
 	req  idem.ClaimRequest
-	wk   keywait.Key
+	// clientKey is the key as the client sent it, before sealing: what
+	// the request's downstream keys derive from.
+	clientKey idem.Key
+	wk        keywait.Key
 	// deadline is when a duplicate stops waiting for an execution in
 	// flight: Config.InflightWait, or the caller's deadline if sooner.
 	deadline time.Time
@@ -37,7 +40,7 @@ func (c *call) tally(o Outcome) {
 // own context ends when its time is up.
 func (e *Engine) Serve(ctx context.Context, req Request, face Face) Outcome {
 	key := e.seal(req.Scope, req.Key)
-	c := call{e: e, ctx: ctx, face: face,
+	c := call{e: e, ctx: ctx, face: face, clientKey: req.Key,
 		log: reqLog{l: e.log, scope: req.Scope, key: key, method: req.Method, path: req.Path},
 		req: idem.ClaimRequest{Scope: req.Scope, Key: key, Fingerprint: req.Fingerprint, Lease: e.cfg.Lease, TTL: e.cfg.TTL, Holder: e.cfg.Holder},
 		wk:  keywait.Key{Scope: req.Scope, Key: key}}

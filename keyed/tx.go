@@ -171,6 +171,8 @@ func (x *execution) notKeptTx(rolledBack bool) {
 		x.release()
 	}
 	switch {
+	case x.pointErr != nil:
+		x.face.Refuse(Refusal{Reason: RefusedUnreadable, Err: x.pointErr})
 	case ran.Overflow && ran.Failure == tooLarge:
 		x.face.Refuse(Refusal{Reason: RefusedTooLarge})
 	case ran.Err != nil:

@@ -86,6 +86,11 @@ the payments', deposits' and refunds' origins) into the form a server with
 commits in one transaction, or nothing does; keys already sealed are left
 alone, so running it twice is harmless.
 
+The answers and recovery points kept with a key are bound to it: they are
+opened and sealed again for the sealed key, and, with ` + envBodyKeys + ` set as the
+server has it, those kept in clear are sealed. A payment in flight at its
+recovery point goes on after the rewrite and charges under the same key.
+
 This is the migration for turning ` + envKeySecret + ` on: stop every replica of
 the server, run 'idem keys seal' with the secret in the environment, then
 start the replicas with the same secret. A replica left running without it
@@ -112,9 +117,9 @@ would look duplicates up in clear, miss them, and run them again.`,
 		defer func() { err = errors.Join(err, db.Close()) }()
 		var n payments.SealedKeys
 		if db.pg != nil {
-			n, err = payments.SealKeysPostgres(ctx, db.pg, rest.keySecret)
+			n, err = payments.SealKeysPostgres(ctx, db.pg, rest.keySecret, rest.bodyKeys)
 		} else {
-			n, err = payments.SealKeys(ctx, db.sqlite, rest.keySecret)
+			n, err = payments.SealKeys(ctx, db.sqlite, rest.keySecret, rest.bodyKeys)
 		}
 		if err != nil {
 			return fmt.Errorf("sealing the keys of %s (nothing was changed): %w", db.shown, err)

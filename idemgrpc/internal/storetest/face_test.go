@@ -2,6 +2,7 @@ package storetest_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -121,8 +122,13 @@ func (s *grpcServer) NewCompleter(cfg keyed.CompleterConfig, resume idemtest.Fac
 	return s.h.Interceptor.NewCompleter(&idemgrpc.CompleterConfig{Every: cfg.Every, Timeout: cfg.Timeout, Limit: cfg.Limit,
 		Parallel: cfg.Parallel, Logger: cfg.Logger,
 		Resume: func(ctx context.Context, ex idemgrpc.Execution) (any, error) {
-			reply, err := resume(ctx, keyed.Execution{Scope: ex.Scope, Key: ex.Key, Token: ex.Token, ClaimedAt: ex.ClaimedAt,
-				TookOver: ex.TookOver, Recovery: ex.Recovery})
+			// The engine's own Execution, which the context carries: the
+			// downstream keys derive from it (keyed.DownstreamKey).
+			kex, ok := keyed.ExecutionFromContext(ctx)
+			if !ok || kex.Key != ex.Key || kex.Token != ex.Token {
+				return nil, fmt.Errorf("the Resume's context carries %+v, its Execution is %+v", kex, ex)
+			}
+			reply, err := resume(ctx, kex)
 			if err != nil {
 				return nil, err
 			}

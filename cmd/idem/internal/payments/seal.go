@@ -1,6 +1,7 @@
 package payments
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemsqlite"
+	"github.com/idem-go/idem/keyed"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -19,9 +21,9 @@ type SealedKeys struct {
 }
 
 // sealTables are the tables that keep a key, with the columns that name
-// its scope and the key itself.
+// its scope and the key itself. idem_keys comes first, and apart (see
+// sealRecords): its bodies and recovery points are bound to its keys.
 var sealTables = []struct{ table, scope, key string }{
-	{"idem_keys", "scope", "key"},
 	{"payments", "tenant", "idempotency_key"},
 	{"deposits", "tenant", "idempotency_key"},
 	{"refunds", "tenant", "idempotency_key"},
@@ -50,13 +52,28 @@ func (n *SealedKeys) add(table string, k int) {
 // service that ran without it: stop every replica, run it (`idem keys
 // seal`), start them with the secret. A replica that ran without the secret
 // in between would look its duplicates up in clear and run them again.
-func SealKeys(ctx context.Context, db *idemsqlite.DB, secret []byte) (SealedKeys, error) {
+//
+// The kept bodies and recovery points of the keys it rewrites are bound to
+// the keys (see keyed.ResealBody, keyed.ResealPoint): it opens them with
+// bodyKeys and seals them again for the sealed key, and seals those kept
+// in clear when bodyKeys are given (the first seals; give the server's
+// IDEM_BODY_KEYS). A recovery point saved before its data carried its
+// downstream seed gets the seed of the key in clear, so that a payment in
+// flight at its point charges under the same key after the rewrite.
+func SealKeys(ctx context.Context, db *idemsqlite.DB, secret []byte, bodyKeys []idemhttp.BodyKey) (SealedKeys, error) {
 	if err := checkSealSecret(secret); err != nil {
 		return SealedKeys{}, err
 	}
 	var n SealedKeys
 	err := db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) (err error) {
-		n, err = sealKeys(secret, sealAccess{
+		n, err = sealKeys(secret, bodyKeys, sealAccess{
+			records: func(q string) ([]keyRecord, error) {
+				rows, err := tx.QueryContext(ctx, q)
+				if err != nil {
+					return nil, err
+				}
+				return scanRecords(rows.Next, rows.Scan, func() error { return errors.Join(rows.Err(), rows.Close()) })
+			},
 			keys: func(q string) ([][2]string, error) {
 				rows, err := tx.QueryContext(ctx, q)
 				if err != nil {
@@ -71,7 +88,7 @@ func SealKeys(ctx context.Context, db *idemsqlite.DB, secret []byte) (SealedKeys
 				}
 				return res.RowsAffected()
 			},
-			placeholders: [3]string{"?", "?", "?"},
+			placeholders: [5]string{"?", "?", "?", "?", "?"},
 		})
 		return err
 	})
@@ -84,13 +101,20 @@ func SealKeys(ctx context.Context, db *idemsqlite.DB, secret []byte) (SealedKeys
 // SealKeysPostgres is SealKeys for a payment database on PostgreSQL (in
 // the schema db was opened with). It locks the tables it rewrites for the
 // length of its transaction.
-func SealKeysPostgres(ctx context.Context, db *idempg.DB, secret []byte) (SealedKeys, error) {
+func SealKeysPostgres(ctx context.Context, db *idempg.DB, secret []byte, bodyKeys []idemhttp.BodyKey) (SealedKeys, error) {
 	if err := checkSealSecret(secret); err != nil {
 		return SealedKeys{}, err
 	}
 	var n SealedKeys
 	err := db.WithTx(ctx, func(ctx context.Context, tx pgx.Tx) (err error) {
-		n, err = sealKeys(secret, sealAccess{
+		n, err = sealKeys(secret, bodyKeys, sealAccess{
+			records: func(q string) ([]keyRecord, error) {
+				rows, err := tx.Query(ctx, q)
+				if err != nil {
+					return nil, err
+				}
+				return scanRecords(rows.Next, rows.Scan, func() error { rows.Close(); return rows.Err() })
+			},
 			lock: func(table string) error {
 				// A replica left running would write keys in clear behind
 				// the rewrite; the lock makes it wait instead, and then find
@@ -110,7 +134,7 @@ func SealKeysPostgres(ctx context.Context, db *idempg.DB, secret []byte) (Sealed
 				tag, err := tx.Exec(ctx, q, args...)
 				return tag.RowsAffected(), err
 			},
-			placeholders: [3]string{"$1", "$2", "$3"},
+			placeholders: [5]string{"$1", "$2", "$3", "$4", "$5"},
 		})
 		return err
 	})
@@ -130,15 +154,21 @@ func checkSealSecret(secret []byte) error {
 // sealAccess is what sealKeys needs of one database's transaction.
 type sealAccess struct {
 	lock         func(table string) error // nil: no lock needed
+	records      func(query string) ([]keyRecord, error)
 	keys         func(query string) ([][2]string, error)
 	update       func(query string, args ...any) (int64, error)
-	placeholders [3]string // the sealed key's, the scope's, the key's
+	placeholders [5]string // the first five parameters
 }
 
 // sealKeys rewrites the keys kept in clear of every table of sealTables.
-func sealKeys(secret []byte, db sealAccess) (SealedKeys, error) {
+func sealKeys(secret []byte, bodyKeys []idemhttp.BodyKey, db sealAccess) (SealedKeys, error) {
 	var n SealedKeys
 	ph := db.placeholders
+	k, err := sealRecords(secret, bodyKeys, db)
+	if err != nil {
+		return SealedKeys{}, err
+	}
+	n.Keys = k
 	for _, t := range sealTables {
 		if db.lock != nil {
 			if err := db.lock(t.table); err != nil {
@@ -179,4 +209,77 @@ func scanClearKeys(next func() bool, scan func(...any) error, done func() error)
 		return nil, err
 	}
 	return clear, nil
+}
+
+// keyRecord is what sealRecords reads of one row of idem_keys.
+type keyRecord struct {
+	scope, key string
+	body       []byte
+	point      *string
+	data       []byte
+}
+
+// scanRecords reads keyRecords.
+func scanRecords(next func() bool, scan func(...any) error, done func() error) ([]keyRecord, error) {
+	var recs []keyRecord
+	for next() {
+		var r keyRecord
+		if err := scan(&r.scope, &r.key, &r.body, &r.point, &r.data); err != nil {
+			done()
+			return nil, err
+		}
+		recs = append(recs, r)
+	}
+	if err := done(); err != nil {
+		return nil, err
+	}
+	return recs, nil
+}
+
+// sealRecords rewrites the records of idem_keys whose key is kept in
+// clear, or whose body or recovery point is (when bodyKeys are given): the
+// key sealed, the body and the point's data opened and sealed again for
+// it. It returns how many records it rewrote. A body or point that
+// bodyKeys do not open stops it, so that nothing is rewritten that a
+// server could no longer read.
+func sealRecords(secret []byte, bodyKeys []idemhttp.BodyKey, db sealAccess) (int, error) {
+	if db.lock != nil {
+		if err := db.lock("idem_keys"); err != nil {
+			return 0, fmt.Errorf("locking idem_keys: %w", err)
+		}
+	}
+	recs, err := db.records(`SELECT scope, key, body, recovery_point, recovery_data FROM idem_keys`)
+	if err != nil {
+		return 0, fmt.Errorf("reading idem_keys: %w", err)
+	}
+	ph := db.placeholders
+	n := 0
+	for _, r := range recs {
+		scope, key := idem.Scope(r.scope), idem.Key(r.key)
+		sealed := key
+		if !idemhttp.IsSealedKey(key) {
+			sealed = idemhttp.SealKey(secret, scope, key)
+		}
+		body, data := r.body, r.data
+		if len(body) > 0 && (sealed != key || (bodyKeys != nil && !keyed.IsSealedData(body))) {
+			if body, err = keyed.ResealBody(bodyKeys, scope, key, sealed, body); err != nil {
+				return 0, fmt.Errorf("the body kept for a key of scope %q: %w", r.scope, err)
+			}
+		}
+		if r.point != nil && (sealed != key || !keyed.IsSealedData(data)) {
+			if data, err = keyed.ResealPoint(bodyKeys, scope, key, sealed, *r.point, data); err != nil {
+				return 0, fmt.Errorf("the recovery point of a key of scope %q: %w", r.scope, err)
+			}
+		}
+		if sealed == key && bytes.Equal(body, r.body) && bytes.Equal(data, r.data) {
+			continue
+		}
+		k, err := db.update(`UPDATE idem_keys SET key = `+ph[0]+`, body = `+ph[1]+`, recovery_data = `+ph[2]+
+			` WHERE scope = `+ph[3]+` AND key = `+ph[4], string(sealed), body, data, r.scope, r.key)
+		if err != nil {
+			return 0, fmt.Errorf("sealing a record of idem_keys: %w", err)
+		}
+		n += int(k)
+	}
+	return n, nil
 }

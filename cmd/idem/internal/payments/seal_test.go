@@ -29,9 +29,9 @@ func TestSealKeysMigratesAServiceInClear(t *testing.T) {
 			var n payments.SealedKeys
 			var err error
 			if b == onSQLite {
-				n, err = payments.SealKeys(context.Background(), e.cfg.DB, secret)
+				n, err = payments.SealKeys(context.Background(), e.cfg.DB, secret, nil)
 			} else {
-				n, err = payments.SealKeysPostgres(context.Background(), e.cfg.Postgres, secret)
+				n, err = payments.SealKeysPostgres(context.Background(), e.cfg.Postgres, secret, nil)
 			}
 			if err != nil {
 				t.Fatalf("SealKeys: %v", err)
@@ -70,7 +70,7 @@ func TestSealKeysMigratesAServiceInClear(t *testing.T) {
 
 func TestSealKeysRefusesAShortSecret(t *testing.T) {
 	e := newEnv(t, nil)
-	if _, err := payments.SealKeys(context.Background(), e.cfg.DB, []byte("short")); !errors.Is(err, idem.ErrInvalidArgument) {
+	if _, err := payments.SealKeys(context.Background(), e.cfg.DB, []byte("short"), nil); !errors.Is(err, idem.ErrInvalidArgument) {
 		t.Fatalf("SealKeys with a short secret = %v, want ErrInvalidArgument", err)
 	}
 }
