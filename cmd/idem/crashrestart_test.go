@@ -87,6 +87,7 @@ const defaultLease = 10 * time.Second
 type replicaProc struct {
 	id   string
 	args []string
+	env  []string // beyond the test's own and the API keys
 	cmd  *exec.Cmd
 	base string
 	done chan struct{}
@@ -114,7 +115,7 @@ func (r *replicaProc) start(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(exe, r.args...)
-	cmd.Env = append(os.Environ(), envAPIKeys+"=acme:test-key", envAcquirerKey+"=net-key")
+	cmd.Env = append(append(os.Environ(), envAPIKeys+"=acme:test-key", envAcquirerKey+"=net-key"), r.env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

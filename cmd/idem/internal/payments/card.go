@@ -2,8 +2,6 @@ package payments
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -23,16 +21,17 @@ var ErrCardDeclined = errors.New("payments: the card was declined")
 var errAcquirerRefused = errors.New("payments: the card network refused the charge")
 
 // chargeKey is the idempotency key of a payment's charge (or refund) at
-// the card network: derived from the client's key and its scope (the
-// tenant), so that every execution of the payment, on every replica, sends
-// the same key, and the network makes one charge. It is the client's key
-// alone, not the time the key was claimed: an execution that crashed after
-// the charge, or failed after it with a transient error, leaves no claim
-// behind in some forms (the claim rolls back with the work, or is
-// released), and the retry claims the key anew; it must still find the
-// charge made. (A client that reuses a key after it expired, while the
-// network still remembers it, gets that old charge back; the payment it
-// paid for has it already, and the new payment is refused.)
+// the card network: the execution's DownstreamKey, named by
+// purpose, a digest of the tenant and the key the client sent. Every
+// execution of the payment, on every replica, sends the same key, and the
+// network makes one charge: a retry whose claim is new (the earlier claim
+// rolled back with the work, or was released), a takeover after a crash,
+// the completer going on from the recovery point, and each of them after
+// `idem keys seal` rewrote the keys or IDEM_KEY_SECRET changed. The client's
+// key itself never reaches the network. (A client that reuses a key after
+// it expired, while the network still remembers it, gets that old charge
+// back; the payment it paid for has it already, and the new payment is
+// refused.)
 //
 // Without a key (the unsafe mode) every attempt gets a fresh key, and every
 // retry charges again: the double charge the lab shows.
@@ -41,11 +40,7 @@ func chargeKey(ctx context.Context, purpose string) string {
 	if !ok || ex.Key == "" {
 		return idemhttp.NewKey()
 	}
-	h := sha256.New()
-	for _, part := range []string{purpose, string(ex.Scope), string(ex.Key)} {
-		fmt.Fprintf(h, "%d:%s;", len(part), part)
-	}
-	return "idem-" + purpose + "-" + hex.EncodeToString(h.Sum(nil)[:16])
+	return ex.DownstreamKey("payments", purpose)
 }
 
 // charge charges the payment's amount at the card network, before the
