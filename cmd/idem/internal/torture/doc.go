@@ -163,8 +163,10 @@
 // MessagesConfig.KillEvery a random consumer is SIGKILLed; each consumer
 // also SIGKILLs itself, at MessagesConfig.AckKillRate, as soon as an event
 // is processed (its effect and its inbox row committed) and before its
-// acknowledgement is sent: the broker delivers it again after
-// MessagesConfig.AckWait, and the inbox must catch it. A consumer that
+// acknowledgement is sent (one consumer drawn from the seed does so too
+// after a message number drawn from it, in each life until it has, so
+// that a short run meets at least one such kill): the broker delivers it
+// again after MessagesConfig.AckWait, and the inbox must catch it. A consumer that
 // exits is started again; one that exits by itself, not by a SIGKILL, is
 // a violation.
 //

@@ -298,8 +298,11 @@ type messagesRun struct {
 	// their limit (see holding).
 	heldPeak, heldLimit, heldReports atomic.Int64
 	ackKills                         atomic.Int64
-	restarts                         atomic.Int64
-	applied                          atomic.Int64
+	// ackKiller is the consumer that SIGKILLs itself after its ackKillAt-th
+	// message, until it has done so once; -1 for none.
+	ackKiller, ackKillAt int
+	restarts             atomic.Int64
+	applied              atomic.Int64
 	// late counts the events applied in the drain, after the time was up
 	// and the faults stopped; drained says whether there was a drain.
 	late       int64
@@ -433,22 +436,27 @@ func (r *messagesRun) prepare(ctx context.Context) error {
 	return sub.Close()
 }
 
-// startConsumers starts the consumer processes, all at once.
+// startConsumers starts the consumer processes, all at once. With an
+// ack-kill rate, one consumer drawn from the seed also SIGKILLs itself
+// after a number of messages drawn too (see workerConfig.AckKillAt), in
+// each of its lives until one such kill happened: a rate alone leaves a
+// short run to chance.
 func (r *messagesRun) startConsumers(ctx context.Context) error {
+	r.ackKiller, r.ackKillAt = -1, 0
+	if r.cfg.AckKillRate > 0 {
+		r.ackKiller = r.rng.IntN(r.cfg.Consumers)
+		r.ackKillAt = 1 + r.rng.IntN(max(1, min(maxAckKillAt, r.cfg.Events/(4*r.cfg.Consumers))))
+		fmt.Fprintf(r.cfg.Progress, "torture: consumer %d SIGKILLs itself after its message %d, before acknowledging it\n", r.ackKiller, r.ackKillAt)
+	}
 	for i := range r.cfg.Consumers {
-		wc, err := json.Marshal(workerConfig{
-			N:           i,
-			Site:        r.spec,
-			Sequence:    !r.cfg.ByID && !r.cfg.Unsafe,
-			Unsafe:      r.cfg.Unsafe,
-			AckKillRate: max(r.cfg.AckKillRate, 0),
-			AckWait:     r.cfg.AckWait,
-			Seed:        r.cfg.Seed + uint64(i),
-		})
+		at := 0
+		if i == r.ackKiller {
+			at = r.ackKillAt
+		}
+		env, err := r.workerEnv(i, at)
 		if err != nil {
 			return err
 		}
-		env := append(append([]string(nil), r.cfg.Env...), WorkerEnv+"="+string(wc))
 		r.consumers = append(r.consumers, &replica{
 			n: i, exe: r.cfg.Executable, args: r.cfg.WorkerArgs, env: env,
 			what: "consumer", ready: consumingPrefix, log: r.log, onLine: r.holding,
@@ -464,6 +472,29 @@ func (r *messagesRun) startConsumers(ctx context.Context) error {
 		return fmt.Errorf("torture: %w", err)
 	}
 	return nil
+}
+
+// maxAckKillAt bounds the scheduled ack kill's message number: a consumer
+// killed by the run every few seconds still lives to reach it.
+const maxAckKillAt = 50
+
+// workerEnv is consumer i's environment, its configuration in WorkerEnv;
+// ackKillAt as in workerConfig.
+func (r *messagesRun) workerEnv(i, ackKillAt int) ([]string, error) {
+	wc, err := json.Marshal(workerConfig{
+		N:           i,
+		Site:        r.spec,
+		Sequence:    !r.cfg.ByID && !r.cfg.Unsafe,
+		Unsafe:      r.cfg.Unsafe,
+		AckKillRate: max(r.cfg.AckKillRate, 0),
+		AckKillAt:   ackKillAt,
+		AckWait:     r.cfg.AckWait,
+		Seed:        r.cfg.Seed + uint64(i),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return append(append([]string(nil), r.cfg.Env...), WorkerEnv+"="+string(wc)), nil
 }
 
 // load publishes the events and their copies, with the kills and the
@@ -759,6 +790,15 @@ func (r *messagesRun) supervise(ctx context.Context, c *replica, stop <-chan str
 				if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
 					r.ackKills.Add(1)
 					byRun = true
+					if c.n == r.ackKiller {
+						// The scheduled kill (or one at the rate) has
+						// happened: the rate alone from now on.
+						env, err := r.workerEnv(c.n, 0)
+						if err != nil {
+							return err
+						}
+						c.env = env
+					}
 				}
 			}
 			if !byRun {

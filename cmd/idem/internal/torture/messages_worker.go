@@ -34,10 +34,15 @@ type workerConfig struct {
 	// event number, in batches.
 	Sequence bool `json:"sequence"`
 	// Unsafe consumes with an inbox that records nothing.
-	Unsafe      bool          `json:"unsafe,omitempty"`
-	AckKillRate float64       `json:"ack_kill_rate,omitempty"`
-	AckWait     time.Duration `json:"ack_wait"`
-	Seed        uint64        `json:"seed"`
+	Unsafe      bool    `json:"unsafe,omitempty"`
+	AckKillRate float64 `json:"ack_kill_rate,omitempty"`
+	// AckKillAt, when above 0, makes the consumer SIGKILL itself after
+	// its AckKillAt-th processed message, whatever AckKillRate draws: the
+	// run gives it to one consumer until one such kill happened, so that
+	// every run with an ack-kill rate meets at least one.
+	AckKillAt int           `json:"ack_kill_at,omitempty"`
+	AckWait   time.Duration `json:"ack_wait"`
+	Seed      uint64        `json:"seed"`
 }
 
 // The consumers' policies: patient enough that a broker restart, a
@@ -88,8 +93,8 @@ func RunWorker(ctx context.Context, config string, stderr io.Writer) error {
 		AckWait:     cfg.AckWait,
 		Logger:      logger,
 	}
-	if cfg.AckKillRate > 0 {
-		cc.Observer = &ackKiller{rate: cfg.AckKillRate, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(os.Getpid())))}
+	if cfg.AckKillRate > 0 || cfg.AckKillAt > 0 {
+		cc.Observer = &ackKiller{rate: cfg.AckKillRate, at: cfg.AckKillAt, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(os.Getpid())))}
 	}
 	switch {
 	case cfg.Unsafe:
@@ -183,8 +188,10 @@ func eventKey(m idem.Message) (string, error) {
 // acknowledges).
 type ackKiller struct {
 	rate float64
+	at   int // kill after this many processed messages (0: only at rate)
 	mu   sync.Mutex
 	rng  *rand.Rand
+	n    int // messages processed
 }
 
 func (k *ackKiller) Begin(ctx context.Context, _ consumer.Event) context.Context { return ctx }
@@ -194,7 +201,8 @@ func (k *ackKiller) End(_ context.Context, e consumer.Event) {
 		return
 	}
 	k.mu.Lock()
-	hit := k.rng.Float64() < k.rate
+	k.n++
+	hit := k.n == k.at || k.rng.Float64() < k.rate
 	k.mu.Unlock()
 	if hit {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
