@@ -84,12 +84,14 @@ type Config struct {
 	// method name. Keys never cross scopes. An error refuses the call with
 	// Unauthenticated and runs nothing; its text is logged, not sent,
 	// unless it is a gRPC status error (status.Error), which is sent as it
-	// is. Required, unless SharedScope says that every caller shares one
-	// scope.
+	// is. An empty scope without an error is refused the same way, unless
+	// SharedScope is set too. Required, unless SharedScope says that
+	// every caller shares one scope.
 	Scope func(ctx context.Context, fullMethod string) (idem.Scope, error)
 
 	// SharedScope puts every call's key in one scope, shared by all
-	// callers, when Scope is nil: a key one caller sent is then the same key
+	// callers, when Scope is nil (and lets Scope's empty scope through as
+	// that one): a key one caller sent is then the same key
 	// for any other, replays included. Set it only for a service with one
 	// caller, or whose keys are unguessable and never shared. Defaults to
 	// false: New refuses a Config with neither.

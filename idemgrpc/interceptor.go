@@ -216,6 +216,14 @@ func (c *call) serve(values []string) {
 				"the server could not tell whom this call's idempotency-key belongs to, so nothing was run", 0))
 			return
 		}
+		if scope == "" && !i.cfg.SharedScope {
+			// A Scope that reads a tenant from metadata the call lacks:
+			// such calls must not share one set of keys and answers.
+			i.log.LogAttrs(c.ctx, slog.LevelWarn, "empty scope: call refused", slog.Any("key", key), slog.String("method", c.method))
+			c.reject(refusal(codes.Unauthenticated, ReasonScope,
+				"the server could not tell whom this call's idempotency-key belongs to (no tenant or credentials), so nothing was run", 0))
+			return
+		}
 	}
 	msg, ok := c.req.(proto.Message)
 	if !ok {

@@ -257,6 +257,28 @@ func TestKeySecret(t *testing.T) {
 	}
 }
 
+// A Scope that returns no scope and no error (metadata the call lacks) is
+// refused Unauthenticated and runs nothing, unless SharedScope is set.
+func TestEmptyScopeRefused(t *testing.T) {
+	t.Parallel()
+	for _, shared := range []bool{false, true} {
+		h := grpcsuite.New(t, idemgrpc.Config{Store: idemmem.NewStore(nil), SharedScope: shared,
+			Scope: func(context.Context, string) (idem.Scope, error) { return "", nil }}, nil)
+		runs := 0
+		h.Handle(func(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
+			runs++
+			return req, nil
+		})
+		_, _, err := h.Call(t.Context(), "k-1", grpcsuite.Msg(t, map[string]any{"a": 1}))
+		switch {
+		case !shared && (status.Code(err) != codes.Unauthenticated || runs != 0):
+			t.Fatalf("an empty scope: %v after %d runs; want Unauthenticated and nothing run", err, runs)
+		case shared && (err != nil || runs != 1):
+			t.Fatalf("an empty scope, SharedScope: %v after %d runs; want it run", err, runs)
+		}
+	}
+}
+
 // With no answers kept in memory, a duplicate of a key completed here is
 // answered from one read of its record, and another request under it is
 // refused from the record too.

@@ -74,12 +74,17 @@ type Config struct {
 	// logged, not sent, since it may tell internal details. To tell the
 	// client something, return a *Problem (or an error wrapping one): it is
 	// sent as it is, with status 400, and type ProblemScope and its title,
-	// where it leaves them empty. Required, unless SharedScope says that
-	// every caller shares one scope.
+	// where it leaves them empty. An empty scope without an error is
+	// refused, 401 with type ProblemScope, and nothing runs, unless
+	// SharedScope is set too: a Scope that reads a tenant header returns ""
+	// for a request without one, and such requests must not share one set
+	// of keys and answers. Required, unless SharedScope says that every
+	// caller shares one scope.
 	Scope func(r *http.Request) (idem.Scope, error)
 
 	// SharedScope puts every request's key in one scope, shared by all
-	// callers, when Scope is nil. Then a key one caller sent is the same key
+	// callers, when Scope is nil; with Scope, it lets Scope's empty scope
+	// through as that shared one. Then a key one caller sent is the same key
 	// for any other: a second caller who sends it (by chance, or having
 	// seen it) gets the first caller's answer replayed, and one who sends
 	// it with another body gets 422. Set it only for a service with one

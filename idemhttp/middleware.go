@@ -131,6 +131,17 @@ func (m *Middleware) rejectScope(w http.ResponseWriter, r *http.Request, key ide
 		"The server could not tell whom this request's Idempotency-Key belongs to, so nothing was run. Check the request's credentials and send it again.")
 }
 
+// rejectEmptyScope answers 401 to a request whose Scope returned no
+// scope and no error (a tenant header the request lacks, say): outside
+// SharedScope, every such request would otherwise share one set of keys
+// and answers with every other caller that has none.
+func (m *Middleware) rejectEmptyScope(w http.ResponseWriter, r *http.Request, key idem.Key) {
+	m.log.LogAttrs(r.Context(), slog.LevelWarn, "empty scope: request refused", slog.Any("key", key),
+		slog.String("method", r.Method), slog.String("path", r.URL.Path))
+	m.reject(r.Context(), w, "", "", http.StatusUnauthorized, ProblemScope, scopeTitle,
+		"The server could not tell whom this request's Idempotency-Key belongs to (no tenant or credentials), so nothing was run. Send it again with its credentials.")
+}
+
 // Restart ends at once the leases an earlier incarnation of this replica
 // (Config.Holder) held when it died, on a store that keeps holders
 // (idem.Restarter), and returns how many: see keyed.Engine.Restart. Call

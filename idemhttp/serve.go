@@ -38,6 +38,10 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			m.rejectScope(w, r, key, err)
 			return
 		}
+		if scope == "" && !m.cfg.SharedScope {
+			m.rejectEmptyScope(w, r, key)
+			return
+		}
 	}
 	body, tooLarge, err := readBody(r, m.cfg.MaxBodyBytes)
 	switch {
