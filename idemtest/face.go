@@ -117,7 +117,9 @@ type FaceResume func(ctx context.Context, ex keyed.Execution) (Reply, error)
 // points never released in any form, yielded leases, the Completer, a
 // lease lost, an ambiguous commit, a handler that runs three times its
 // lease while its lease is renewed, a renewal that fails, a replica's
-// restart), the same on every face. A store that is an idem.TxStore is
+// restart, a duplicate told to retry when the holder's lease ends, the
+// Completer resuming Parallel keys at once, renewing what it resumes and
+// counting an answer it could not keep as unknown), the same on every face. A store that is an idem.TxStore is
 // checked in its same-transaction form, and in the separate form where a
 // case needs it; a case that needs what the store lacks (recovery points,
 // holders) is skipped with the reason.

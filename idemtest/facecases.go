@@ -194,6 +194,10 @@ func runFaceCases(t *testing.T, face Face, open func(t *testing.T, clock idem.Cl
 		{"LongHandlerRenewsItsLease", fcLongHandler},
 		{"UnrenewedLeaseStopsHandler", fcRenewalFails},
 		{"RestartTakesBackItsKeys", fcRestart},
+		{"RetryAfterFromTheLease", fcRetryAfterFromLease},
+		{"CompleterResumesInParallel", fcCompleterParallel},
+		{"CompleterRenewsWhatItResumes", fcCompleterRenews},
+		{"CompleterAnswerNotKeptIsUnknown", fcCompleterAnswerNotKept},
 	} {
 		t.Run(face.Name()+"/"+c.name, func(t *testing.T) {
 			t.Parallel()
