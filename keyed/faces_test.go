@@ -54,6 +54,11 @@ func f() { s.Claim(ctx, "a"); x.store.CompleteTx(ctx); keyed.SaveRecovery(ctx, "
 	if err != nil || len(found) != 3 {
 		t.Fatalf("the scan of a file with three store calls found %q, %v", found, err)
 	}
+	if _, err := os.Stat("../go.work"); err != nil {
+		// idemgrpc and the examples are modules of their own, absent from
+		// this module's download: the check is the repository's.
+		t.Skip("not in idem's repository (no go.work): the faces' sources are not all here")
+	}
 	faces := []string{"../idemhttp", "../idemgrpc", "../examples/jsonrpc"}
 	for _, dir := range faces {
 		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
