@@ -8,6 +8,8 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
+	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -61,7 +63,7 @@ meets the ambiguous outcome for real.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.addr, "addr", "127.0.0.1:8090", "address to listen on (host:port; port 0 picks a free one)")
 	fl.StringVar(&f.db, "db", defaultAcquirerDB, "where the charges live: sqlite:FILE")
-	fl.StringVar(&f.apiKey, "api-key", "", "the bearer key callers must send (default from $"+envAcquirerKey+"; none: open to anyone who reaches it)")
+	fl.StringVar(&f.apiKey, "api-key", "", "the bearer key callers must send (default from $"+envAcquirerKey+"; none: open to anyone who reaches it, so only on a loopback --addr)")
 	fl.BoolVar(&f.faults, "faults", false, "honour the Idem-Fault request header and --fault-rate")
 	fl.Float64Var(&f.faultRate, "fault-rate", 0, "with --faults, the share (0 to 1) of charges and refunds refused with 503 or whose answer is dropped after the charge, at random")
 	fl.Uint64Var(&f.seed, "seed", 0, "seed of the random faults, to repeat a run (default: random)")
@@ -99,6 +101,11 @@ func (a *app) runAcquirer(ctx context.Context, f *acquirerFlags) (err error) {
 	apiKey := f.apiKey
 	if !f.apiKeySet {
 		apiKey, _ = a.lookupEnv(envAcquirerKey)
+	}
+	if apiKey == "" && !loopbackAddr(f.addr) {
+		// Its charges carry tenants, accounts and amounts: without a key,
+		// anyone who reaches the address could list them, or charge.
+		return fmt.Errorf("--addr %s: the card network refuses to listen beyond loopback without an API key (--api-key or $%s)", f.addr, envAcquirerKey)
 	}
 	logger := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))
 	seed := f.seed
@@ -156,4 +163,18 @@ func (a *app) runAcquirer(ctx context.Context, f *acquirerFlags) (err error) {
 		return fmt.Errorf("serving HTTP: %w", err)
 	}
 	return nil
+}
+
+// loopbackAddr reports whether addr (host:port) listens on loopback alone:
+// a loopback IP, or localhost. An empty host listens on every interface.
+func loopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }

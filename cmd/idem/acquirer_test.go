@@ -21,6 +21,10 @@ func TestAcquirerBadFlagsCreateNothing(t *testing.T) {
 		{[]string{"--faults", "--fault-rate", "2"}, "--fault-rate 2: want a share from 0 to 1"},
 		{[]string{"--key-ttl", "0s"}, "--key-ttl must be positive"},
 		{[]string{"--log-level", "loud"}, `--log-level "loud"`},
+		{[]string{"--addr", "0.0.0.0:0"}, "refuses to listen beyond loopback without an API key"},
+		{[]string{"--addr", ":0"}, "refuses to listen beyond loopback without an API key"},
+		{[]string{"--addr", "[::]:0"}, "refuses to listen beyond loopback without an API key"},
+		{[]string{"--addr", "192.0.2.1:0"}, "refuses to listen beyond loopback without an API key"},
 	} {
 		path := filepath.Join(t.TempDir(), "acquirer.db")
 		code, _, stderr := runCmd(t, append([]string{"acquirer", "--addr", "127.0.0.1:0", "--db", "sqlite:" + path}, tc.args...)...)

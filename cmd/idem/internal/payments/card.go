@@ -2,6 +2,8 @@ package payments
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -43,6 +45,24 @@ func chargeKey(ctx context.Context, purpose string) string {
 	return ex.DownstreamKey("payments", purpose)
 }
 
+// MetaKeyDigest is the metadata of a charge that names its logical
+// payment: ClientKeyDigest of its tenant and the client's key.
+const MetaKeyDigest = "idempotency_key_digest"
+
+// ClientKeyDigest is how the card network and `idem reconcile` name a
+// logical payment: "ck1_" and 32 hex characters of a SHA-256 of the tenant
+// and the key the client sent, so that the client's key itself never
+// leaves the service. It is the same in the unsafe mode (which has no
+// execution to derive a DownstreamKey from), and before and after the
+// service's keys are sealed.
+func ClientKeyDigest(tenant, clientKey string) string {
+	h := sha256.New()
+	for _, part := range []string{"idem lab client key", tenant, clientKey} {
+		fmt.Fprintf(h, "%d:%s;", len(part), part)
+	}
+	return "ck1_" + hex.EncodeToString(h.Sum(nil)[:16])
+}
+
 // charge charges the payment's amount at the card network, before the
 // payment is recorded, and returns the charge. The account is checked
 // first, so that a payment the service would refuse charges nothing.
@@ -62,9 +82,10 @@ func (s *Service) charge(ctx context.Context, r *http.Request, p Payment, client
 	}
 	meta := map[string]string{"tenant": p.Tenant, "account_id": p.AccountID}
 	// The client's key names the logical payment, so that a reconciliation
-	// counts its charges: even in the unsafe mode, which ignores it.
+	// counts its charges: even in the unsafe mode, which ignores it. Its
+	// digest, never the key: the client's key does not leave the service.
 	if clientKey != "" {
-		meta["idempotency_key"] = clientKey
+		meta[MetaKeyDigest] = ClientKeyDigest(p.Tenant, clientKey)
 	}
 	f := faultsFrom(ctx)
 	if f.dropChargeAnswer {

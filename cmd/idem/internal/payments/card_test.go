@@ -65,7 +65,7 @@ func TestCardPaymentChargesOnce(t *testing.T) {
 			t.Fatalf("the retry = %s; want payment %s replayed", again, first.ID)
 		}
 		made := charges(t, net, acct.ID)
-		if len(made) != 1 || made[0].ID != first.ChargeID || made[0].Amount != 1_250 || made[0].Metadata["idempotency_key"] != "card-1" {
+		if len(made) != 1 || made[0].ID != first.ChargeID || made[0].Amount != 1_250 || made[0].Metadata[payments.MetaKeyDigest] != payments.ClientKeyDigest(tenantA, "card-1") || made[0].Metadata["idempotency_key"] != "" {
 			t.Fatalf("charges = %+v; want the one of payment %s", made, first.ID)
 		}
 		e.expectBalance(keyA, acct.ID, 8_750)

@@ -143,13 +143,13 @@ func compareBooks(since time.Time, payments []Payment, charges []acquirer.Charge
 		switch {
 		case len(ps) == 0 && c.AmountRefunded < c.Amount:
 			rec.Differences = append(rec.Differences, Difference{Kind: DiffChargeWithoutPayment, Charges: []string{c.ID},
-				Detail: fmt.Sprintf("%d %s charged to %s (tenant %q, idempotency key %q), %d refunded, and no payment records it",
-					c.Amount, c.Currency, c.Reference, c.Metadata["tenant"], c.Metadata["idempotency_key"], c.AmountRefunded)})
+				Detail: fmt.Sprintf("%d %s charged to %s (tenant %q, idempotency key digest %q), %d refunded, and no payment records it",
+					c.Amount, c.Currency, c.Reference, c.Metadata["tenant"], chargeKeyDigest(c), c.AmountRefunded)})
 		case len(ps) > 1:
 			rec.Differences = append(rec.Differences, Difference{Kind: DiffChargeShared, Charges: []string{c.ID},
 				Detail: fmt.Sprintf("payments %v all record this one charge", ps)})
 		}
-		if k := c.Metadata["idempotency_key"]; k != "" && c.AmountRefunded < c.Amount {
+		if k := chargeKeyDigest(c); k != "" && c.AmountRefunded < c.Amount {
 			t := [2]string{c.Metadata["tenant"], k}
 			logical[t] = append(logical[t], c.ID)
 		}
@@ -163,7 +163,20 @@ func compareBooks(since time.Time, payments []Payment, charges []acquirer.Charge
 	sort.Slice(keys, func(i, j int) bool { return keys[i][0]+"\x00"+keys[i][1] < keys[j][0]+"\x00"+keys[j][1] })
 	for _, k := range keys {
 		rec.Differences = append(rec.Differences, Difference{Kind: DiffChargedTwice, Charges: logical[k],
-			Detail: fmt.Sprintf("tenant %q's payment under idempotency key %q was charged %d times", k[0], k[1], len(logical[k]))})
+			Detail: fmt.Sprintf("tenant %q's payment under idempotency key digest %q was charged %d times", k[0], k[1], len(logical[k]))})
 	}
 	return rec
+}
+
+// chargeKeyDigest is the digest of the client's key a charge's metadata
+// names (MetaKeyDigest): a charge made by an earlier version, which sent
+// the key itself, is digested here, so that no client key is printed.
+func chargeKeyDigest(c acquirer.Charge) string {
+	if d := c.Metadata[MetaKeyDigest]; d != "" {
+		return d
+	}
+	if k := c.Metadata["idempotency_key"]; k != "" {
+		return ClientKeyDigest(c.Metadata["tenant"], k)
+	}
+	return ""
 }

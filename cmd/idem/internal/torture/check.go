@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idemsqlite"
 )
 
@@ -404,12 +405,13 @@ func (r *run) checkCharges(ctx context.Context, rep *Report, byKey map[string][]
 			rep.ChargesRefunded++
 			continue
 		}
-		charged[c.Metadata["idempotency_key"]] = append(charged[c.Metadata["idempotency_key"]], c)
+		charged[c.Metadata[payments.MetaKeyDigest]] = append(charged[c.Metadata[payments.MetaKeyDigest]], c)
 	}
 	known := map[string]bool{}
 	for _, lp := range r.payments {
-		known[lp.key] = true
-		cs := charged[lp.key]
+		digest := payments.ClientKeyDigest(tenant, lp.key)
+		known[digest] = true
+		cs := charged[digest]
 		stored := byKey[lp.key]
 		switch {
 		case len(cs) > 1:
@@ -429,7 +431,7 @@ func (r *run) checkCharges(ctx context.Context, rep *Report, byKey map[string][]
 	}
 	for key, cs := range charged {
 		if !known[key] {
-			violate("charge %s: not one of the run's logical payments (idempotency key %q)", cs[0].ID, key)
+			violate("charge %s: not one of the run's logical payments (idempotency key digest %q)", cs[0].ID, key)
 		}
 	}
 	return nil
