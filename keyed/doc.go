@@ -88,7 +88,11 @@
 // idem.ErrLeaseLost, so that it stops before another takes the key over;
 // its late completion is refused (fencing). In the ClaimTx form there is
 // nothing to renew: no other transaction sees the key until the claim
-// commits.
+// commits. On a store that writes serially (idemsqlite), whose CompleteTx
+// holds the only writer from the handler's first write to its commit, the
+// renewals wait behind that transaction, and so would another's takeover:
+// there a handler is cancelled only when a renewal finds its key taken
+// over, not for want of renewals.
 //
 // A duplicate refused because the key is still in flight is told to retry
 // when the holder's lease ends (Refusal.RetryAfter, at least a second): a

@@ -43,6 +43,11 @@ type Engine struct {
 	storeName string
 	// hb renews the leases of the executions running here.
 	hb heartbeat
+	// serialTx says the handler runs in the transaction of a store that
+	// writes serially (CompleteTx on idemsqlite): from its first write it
+	// holds the only writer, which its renewals wait for, as would
+	// another's takeover.
+	serialTx bool
 }
 
 // New applies the defaults to cfg, validates it and returns an Engine.
@@ -87,6 +92,7 @@ func (e *Engine) chooseForm() {
 	}
 	e.txStore = ts
 	if sw, ok := ts.(idem.SerialWriter); ok && sw.WritesSerially() {
+		e.serialTx = true
 		return
 	}
 	e.txClaimer, _ = ts.(idem.TxClaimer)

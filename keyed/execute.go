@@ -85,7 +85,7 @@ func (x *execution) handlerCtx(parent context.Context, inTx bool) *execCtx {
 func (x *execution) execute() {
 	e := x.e
 	defer e.local.Notify(x.wk)
-	x.held.ref, x.held.ctx, x.held.log = x.ref, &x.hctx, x.log
+	x.held.ref, x.held.ctx, x.held.log, x.held.patient = x.ref, &x.hctx, x.log, e.serialTx
 	e.hb.hold(&x.held, x.sent)
 	defer e.hb.drop(&x.held)
 	if e.txStore != nil {

@@ -32,6 +32,14 @@ type heldLease struct {
 	// ctx is the execution's context, cancelled when the lease cannot be
 	// kept.
 	ctx *execCtx
+	// patient says that the renewals may wait behind the execution's own
+	// transaction (a serial writer's CompleteTx: see Engine.serialTx), and
+	// so may any takeover: once a renewal has been sent, the execution is
+	// not cancelled for want of renewals, only when one finds the key
+	// taken over, and its completion is fenced as any. (A lease that ran
+	// out with none sent, the process stalled, is given up as any.)
+	// tried says a renewal was sent since the lease last began.
+	patient, tried bool
 	// log names the key in log records.
 	log reqLog
 }
@@ -67,7 +75,7 @@ func (hb *heartbeat) init(e *Engine) {
 func (hb *heartbeat) hold(l *heldLease, since time.Time) {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
-	l.since, l.renewing, l.failed, l.listed = since, false, false, true
+	l.since, l.renewing, l.failed, l.listed, l.tried = since, false, false, true, false
 	l.prev, l.next = hb.head.prev, &hb.head
 	hb.head.prev.next = l
 	hb.head.prev = l
@@ -124,7 +132,7 @@ func (hb *heartbeat) beat() {
 		age := now.Sub(l.since)
 		switch {
 		case l.failed:
-		case age >= lease-2*hb.tick:
+		case age >= lease-2*hb.tick && !(l.patient && l.tried):
 			// Renewals failed since a third of the lease, and by the next
 			// tick less than a sixth of it would be left (the ticks are
 			// the engine's, not this lease's: a lease begun between two
@@ -136,7 +144,7 @@ func (hb *heartbeat) beat() {
 			l.log.LogAttrs(context.Background(), slog.LevelError, "lease not renewed: the execution is cancelled before another may take its key over",
 				slog.Duration("since_renewal", age), slog.Duration("lease", lease))
 		case !l.renewing && age >= hb.each:
-			l.renewing = true
+			l.renewing, l.tried = true, true
 			due = append(due, l)
 		}
 	}
@@ -176,7 +184,7 @@ func (hb *heartbeat) renew(l *heldLease) {
 	}
 	switch {
 	case err == nil:
-		l.since = sent
+		l.since, l.tried = sent, false
 	case errors.Is(err, idem.ErrLeaseLost):
 		// Taken over (or ended by hand): whatever the execution does now
 		// will be refused; it stops at once.
