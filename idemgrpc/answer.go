@@ -2,6 +2,7 @@ package idemgrpc
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -111,11 +112,78 @@ func (i *Interceptor) keptAnswer(resp any, err error, cs *callStream) (kept idem
 			return idem.Response{}, false, merr
 		}
 		if len(b) > i.cfg.MaxResponseBytes {
+			if len(i.cfg.BodyKeys) > 0 {
+				// Nothing to seal the metadata in: none is kept.
+				for name := range h {
+					if strings.HasPrefix(name, hdrHeader) || strings.HasPrefix(name, hdrTrailer) {
+						delete(h, name)
+					}
+				}
+			}
 			return kept, true, nil
 		}
 		kept.Body = b
 	}
+	if len(i.cfg.BodyKeys) > 0 || i.cfg.DiscardBodies {
+		kept = envelop(kept, len(i.cfg.BodyKeys) > 0)
+	}
 	return kept, false, nil
+}
+
+// hdrEnvelope marks a kept answer whose body is an envelope: with
+// Config.BodyKeys or DiscardBodies, what an answer says beyond its code
+// (the status message and details, and, with BodyKeys, the replayed
+// metadata) is kept in the body with the response message, which the
+// engine seals (or drops), rather than in headers, which every store keeps
+// in clear.
+const hdrEnvelope = "Grpc-Enveloped"
+
+// envelope is the body of an answer marked hdrEnvelope.
+type envelope struct {
+	Header http.Header `json:"h,omitempty"`
+	Body   []byte      `json:"b,omitempty"`
+}
+
+// envelop moves kept's headers but its code (and, unless withMD, its
+// metadata) into its body.
+func envelop(kept idem.Response, withMD bool) idem.Response {
+	env := envelope{Header: http.Header{}, Body: kept.Body}
+	h := http.Header{hdrEnvelope: {"1"}}
+	for name, vals := range kept.Header {
+		isMD := strings.HasPrefix(name, hdrHeader) || strings.HasPrefix(name, hdrTrailer)
+		if name == hdrStatus || (isMD && !withMD) {
+			h[name] = vals
+			continue
+		}
+		env.Header[name] = vals
+	}
+	b, err := json.Marshal(env)
+	if err != nil {
+		panic(err) // strings and bytes always encode
+	}
+	kept.Header, kept.Body = h, b
+	return kept
+}
+
+// unenvelop reverses envelop; an envelope dropped (DiscardBodies) leaves
+// the code alone.
+func unenvelop(resp *idem.Response) (*idem.Response, error) {
+	if resp.Header.Get(hdrEnvelope) == "" {
+		return resp, nil
+	}
+	out := &idem.Response{Status: resp.Status, Header: resp.Header.Clone(), BodyOmitted: resp.BodyOmitted}
+	if len(resp.Body) == 0 {
+		return out, nil
+	}
+	var env envelope
+	if err := json.Unmarshal(resp.Body, &env); err != nil {
+		return nil, errUnreadable
+	}
+	for name, vals := range env.Header {
+		out.Header[name] = vals
+	}
+	out.Body = env.Body
+	return out, nil
 }
 
 func keepMD(h http.Header, prefix string, md metadata.MD, names []string) {
@@ -151,6 +219,10 @@ func decodeAnswer(resp *idem.Response) (*replayed, error) {
 	r := &replayed{header: metadata.Pairs(MetadataReplayed, "true"), code: codes.Unknown}
 	if resp == nil {
 		return nil, errUnreadable
+	}
+	resp, err := unenvelop(resp)
+	if err != nil {
+		return nil, err
 	}
 	found := false
 	for name, vals := range resp.Header {

@@ -209,15 +209,20 @@ type Config struct {
 	// to none.
 	KeySecret []byte
 
-	// BodyKeys, when set, encrypt the response messages kept for replay
-	// (AES-256-GCM, bound to their record's scope and key), as
-	// idemhttp.Config.BodyKeys does. The first key seals; every key opens.
-	// Defaults to none.
+	// BodyKeys, when set, encrypt what a kept answer says beyond its code
+	// (AES-256-GCM, bound to its record's scope and key), as
+	// idemhttp.Config.BodyKeys does: the response message, the status
+	// message and details, and the replayed metadata (ReplayMetadata) are
+	// kept together in the sealed body, never in the record's headers,
+	// which every store keeps in clear. The first key seals; every key
+	// opens. Recovery points are sealed with them too. Defaults to none.
 	BodyKeys []keyed.BodyKey
 
-	// DiscardBodies keeps only the status and the replayed metadata of an
-	// answer, never its message: a replay of an OK answer is then an empty
-	// message marked idempotent-body-omitted. Defaults to false.
+	// DiscardBodies keeps only the code and the replayed metadata of an
+	// answer (in clear, unless BodyKeys are set too), never its message,
+	// status message or details: a replay of an OK answer is then an empty
+	// message marked idempotent-body-omitted, and a replay of a refusal its
+	// code with no message. Defaults to false.
 	DiscardBodies bool
 
 	// Observer sees the phases of every protected call (claim, handler,
