@@ -98,7 +98,10 @@ func (s *grpcServer) Do(ctx context.Context, key, body string) idemtest.Answer {
 		a.Kind = idemtest.LeaseLost
 	case reason != "":
 		a.Kind = idemtest.Other
-	case ctx.Err() != nil:
+	case ctx.Err() != nil, st.Code() == codes.DeadlineExceeded && deadlineEnds(ctx):
+		// The server's deadline, the caller's as it arrived, may end a
+		// moment before the caller's context does: its DeadlineExceeded
+		// is the caller giving up all the same.
 		a.Kind = idemtest.Gone
 	case st.Code() == codes.Internal && strings.HasPrefix(st.Message(), "panic: "):
 		a.Kind = idemtest.Failed
@@ -191,4 +194,13 @@ func TestFacePostgresSQL(t *testing.T) {
 	idemtest.TestFace(t, grpcFace{}, func(t *testing.T, clock idem.Clock) idem.Store {
 		return pgsqlStore(t, url, clock)
 	})
+}
+
+// deadlineEnds reports whether ctx has a deadline, once it has ended.
+func deadlineEnds(ctx context.Context) bool {
+	if _, ok := ctx.Deadline(); !ok {
+		return false
+	}
+	<-ctx.Done()
+	return true
 }
