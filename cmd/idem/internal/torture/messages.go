@@ -134,6 +134,11 @@ type MessagesConfig struct {
 	// Timeout bounds the run once publishing has begun; events not applied
 	// by then are violations. Defaults to DefaultMessagesTimeout.
 	Timeout time.Duration
+	// Stall, when set, also ends the run as Timeout does once no event has
+	// been applied for that long: a run on a slow or busy machine may
+	// then take as long as it keeps applying events (up to Timeout), and
+	// one that is stuck still ends early. Defaults to 0: Timeout alone.
+	Stall time.Duration
 	// Drain is how long a run whose time is up, every event published,
 	// goes on with the faults stopped, to tell the events that were slow
 	// from those that were lost: the report counts the events applied
@@ -206,8 +211,8 @@ func (c *MessagesConfig) withDefaults() (MessagesConfig, error) {
 		return o, errors.New("torture: Events, Keys and Consumers must be positive")
 	case o.AckKillRate >= 1:
 		return o, fmt.Errorf("torture: AckKillRate must be below 1, got %g", o.AckKillRate)
-	case o.AckWait < 0 || o.Timeout < 0 || o.RestartBrokerEvery < 0 || o.ChurnEvery < 0:
-		return o, errors.New("torture: AckWait, Timeout, RestartBrokerEvery and ChurnEvery must not be negative")
+	case o.AckWait < 0 || o.Timeout < 0 || o.Stall < 0 || o.RestartBrokerEvery < 0 || o.ChurnEvery < 0:
+		return o, errors.New("torture: AckWait, Timeout, Stall, RestartBrokerEvery and ChurnEvery must not be negative")
 	case broker == "":
 		return o, fmt.Errorf("torture: Broker must be sqlite, postgres://…, nats://…, amqp://…, kafka://…, %s, %s, %s or %s", PrivatePostgres, PrivateNATS, PrivateRabbitMQ, PrivateKafka)
 	case o.RestartBrokerEvery > 0 && o.Broker == PrivateKafka:
@@ -538,6 +543,9 @@ func (r *messagesRun) load(ctx context.Context) (time.Duration, error) {
 	poll := time.NewTicker(250 * time.Millisecond)
 	defer poll.Stop()
 	publishing := true
+	// stalled is set when Stall passed with no event applied.
+	stalled := false
+	lastApplied, moved := int64(0), time.Now()
 wait:
 	for {
 		select {
@@ -559,6 +567,12 @@ wait:
 			r.printProgress()
 		case <-poll.C:
 			r.endCalm()
+			if n := r.applied.Load(); n > lastApplied {
+				lastApplied, moved = n, time.Now()
+			} else if r.cfg.Stall > 0 && time.Since(moved) > r.cfg.Stall {
+				stalled = true
+				break wait
+			}
 			if publishing {
 				// Done means every event and every copy published, too.
 				r.countApplied(runCtx)
@@ -595,7 +609,12 @@ wait:
 			r.drain(ctx)
 			r.drained, r.late = true, max(r.applied.Load()-at, 0)
 		}
-		r.violate("%s", timeUp(r.cfg.Timeout, r.cfg.Drain, r.cfg.Events, at, r.late, r.drained))
+		if stalled {
+			r.violate("no event was applied for %s (stall), with %d of %d applied; with the faults stopped %d more were applied within the drain",
+				r.cfg.Stall, at, r.cfg.Events, r.late)
+		} else {
+			r.violate("%s", timeUp(r.cfg.Timeout, r.cfg.Drain, r.cfg.Events, at, r.late, r.drained))
+		}
 	}
 	if loadErr != nil {
 		close(stopSupervising)
