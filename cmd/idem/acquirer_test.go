@@ -63,6 +63,26 @@ func TestServeWithAcquirerReconciles(t *testing.T) {
 	if code, _, stderr := runCmd(t, "reconcile", "--db", dbURL, "--acquirer", hs.URL, "--since", "yesterday"); code != exitUsage || !strings.Contains(stderr, "--since") {
 		t.Errorf("reconcile --since yesterday: exit %d, %q", code, stderr)
 	}
+	// A read-only audit: a database without the service's schema is
+	// refused, and left as it was.
+	bare := filepath.Join(t.TempDir(), "bare.db")
+	bdb, err := idemsqlite.Open(bare, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bdb.Close()
+	if code, _, stderr := runCmd(t, "reconcile", "--db", "sqlite:"+bare, "--acquirer", hs.URL, "--acquirer-key", "net-key"); code == 0 || !strings.Contains(stderr, "not migrated") {
+		t.Errorf("reconcile of a database never migrated: exit %d, %q; want it refused", code, stderr)
+	}
+	bdb, err = idemsqlite.Open(bare, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bdb.Close()
+	var tables int
+	if err := bdb.Reader().QueryRow(`SELECT count(*) FROM sqlite_master WHERE type = 'table'`).Scan(&tables); err != nil || tables != 0 {
+		t.Errorf("reconcile left %d tables (%v) in a database it only reads", tables, err)
+	}
 }
 
 // startCardNetwork runs a card network in the test, its API key net-key.

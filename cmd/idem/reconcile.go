@@ -29,8 +29,12 @@ payments. Exits 1 when there is a difference.
 
 --since limits the comparison to what was made at or after a time (RFC 3339,
 or a duration back from now such as 24h); by default everything is compared.
-It reads both sides and changes nothing (but brings --db's schema up to
-date, as every command does).`,
+The card network is asked only for the charges made since then.
+
+It may run against a live service: it reads the payments, then the charges,
+then the payments again, so a payment made while it reads is never a
+difference. It only reads: it never migrates --db, and a database without
+the service's schema is refused with an error that says so.`,
 		Args: cobra.NoArgs,
 	}
 	dbFlags(cmd, &dbURL, &pgSchema)

@@ -384,7 +384,8 @@ const (
 )
 
 // listCharges lists charges in the order they were made, all of them or a
-// reference's (?reference=), a page at a time (?limit=, and
+// reference's (?reference=), those made at or after a time
+// (?created_gte=, RFC 3339), a page at a time (?limit=, and
 // ?starting_after= the last charge of the previous page).
 func (s *Server) listCharges(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
@@ -396,6 +397,15 @@ func (s *Server) listCharges(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		limit = n
+	}
+	var createdGTE time.Time
+	if v := q.Get("created_gte"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			writeProblem(w, http.StatusBadRequest, "invalid-request", "created_gte must be an RFC 3339 time, such as 2026-12-01T00:00:00Z")
+			return
+		}
+		createdGTE = t
 	}
 	after := int64(0)
 	if id := q.Get("starting_after"); id != "" {
@@ -409,12 +419,19 @@ func (s *Server) listCharges(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	query := `SELECT ` + chargeColumns + ` FROM acq_charges WHERE seq > ? ORDER BY seq LIMIT ?`
-	args := []any{after, limit + 1}
+	query := `SELECT ` + chargeColumns + ` FROM acq_charges WHERE seq > ? ORDER BY seq`
+	args := []any{after}
 	if ref := q.Get("reference"); ref != "" {
-		query = `SELECT ` + chargeColumns + ` FROM acq_charges WHERE reference = ? AND seq > ? ORDER BY seq LIMIT ?`
+		query = `SELECT ` + chargeColumns + ` FROM acq_charges WHERE reference = ? AND seq > ? ORDER BY seq`
 		args = append([]any{ref}, args...)
 	}
+	if createdGTE.IsZero() {
+		query += ` LIMIT ?`
+		args = append(args, limit+1)
+	}
+	// created_at is stored as RFC 3339 text, whose order is not time's
+	// (fractions of a second are trimmed), so the time filter is applied
+	// here, reading on until the page is full.
 	rows, err := s.db.Reader().QueryContext(r.Context(), query, args...)
 	if err != nil {
 		writeProblem(w, http.StatusServiceUnavailable, "unavailable", err.Error())
@@ -428,7 +445,13 @@ func (s *Server) listCharges(w http.ResponseWriter, r *http.Request) {
 			writeProblem(w, http.StatusServiceUnavailable, "unavailable", err.Error())
 			return
 		}
+		if c.CreatedAt.Before(createdGTE) {
+			continue
+		}
 		list.Data = append(list.Data, c)
+		if len(list.Data) > limit {
+			break
+		}
 	}
 	if err := rows.Err(); err != nil {
 		writeProblem(w, http.StatusServiceUnavailable, "unavailable", err.Error())

@@ -124,12 +124,30 @@ func (c *Client) Refund(ctx context.Context, key, chargeID string, amount int64)
 // Charges returns every charge, or a reference's when reference is not
 // empty, in the order they were made.
 func (c *Client) Charges(ctx context.Context, reference string) ([]Charge, error) {
+	return c.list(ctx, url.Values{"reference": {reference}})
+}
+
+// ChargesSince returns the charges made at or after since (every charge
+// when since is zero), in the order they were made. The network filters
+// them: the charges before since are not sent.
+func (c *Client) ChargesSince(ctx context.Context, since time.Time) ([]Charge, error) {
+	q := url.Values{}
+	if !since.IsZero() {
+		q.Set("created_gte", since.UTC().Format(time.RFC3339Nano))
+	}
+	return c.list(ctx, q)
+}
+
+// list reads every page of GET /v1/charges with the filters of q.
+func (c *Client) list(ctx context.Context, filters url.Values) ([]Charge, error) {
 	var all []Charge
 	after := ""
 	for {
 		q := url.Values{"limit": {fmt.Sprint(MaxListLimit)}}
-		if reference != "" {
-			q.Set("reference", reference)
+		for k, v := range filters {
+			if len(v) > 0 && v[0] != "" {
+				q.Set(k, v[0])
+			}
 		}
 		if after != "" {
 			q.Set("starting_after", after)

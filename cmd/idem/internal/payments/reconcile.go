@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
@@ -73,7 +76,21 @@ const reconcileSlack = 10 * time.Minute
 // back), a payment whose charge the network does not have, amounts that
 // differ, one logical payment (a tenant's idempotency key, as the charge's
 // metadata names it) charged twice, and one charge recorded by two
-// payments. It reads, and changes nothing but the schema's migrations.
+// payments.
+//
+// It may run while the service takes payments: nothing made between its
+// reads is a difference. The payments are read first, then the network's
+// charges, then the payments again. A payment is committed only after its
+// charge is made, so every payment of the first read has its charge among
+// the charges read after it; and a charge whose payment committed while
+// the charges were read is found in the second read. A payment made after
+// the first read is compared only through its charge, so it cannot be
+// "without its charge".
+//
+// It only reads: it never migrates the database, and one whose schema is
+// not (or not fully) there gets an error that says to migrate it. The
+// network is asked only for the charges made since since (less a slack
+// for the two clocks), not its whole history.
 func Reconcile(ctx context.Context, db *idemsqlite.DB, pg *idempg.DB, net *acquirer.Client, since time.Time) (*Reconciliation, error) {
 	var store interface {
 		ChargedPayments(ctx context.Context, since time.Time) ([]Payment, error)
@@ -82,8 +99,8 @@ func Reconcile(ctx context.Context, db *idemsqlite.DB, pg *idempg.DB, net *acqui
 	case (db == nil) == (pg == nil):
 		return nil, errors.New("payments: reconcile needs one database")
 	case db != nil:
-		if err := migrateSQLite(ctx, db); err != nil {
-			return nil, fmt.Errorf("payments: migrate: %w", err)
+		if err := checkMigratedSQLite(ctx, db); err != nil {
+			return nil, err
 		}
 		s, err := newSQLiteStorage(ctx, db)
 		if err != nil {
@@ -91,34 +108,157 @@ func Reconcile(ctx context.Context, db *idemsqlite.DB, pg *idempg.DB, net *acqui
 		}
 		store = s
 	default:
-		if err := migratePostgres(ctx, pg); err != nil {
-			return nil, fmt.Errorf("payments: migrate: %w", err)
+		if err := checkMigratedPostgres(ctx, pg); err != nil {
+			return nil, err
 		}
 		store = newPGStorage(pg)
 	}
-	// The charges first: a payment committed while they are read is then
-	// read too, and a charge made after this read is not compared.
-	charges, err := net.Charges(ctx, "")
-	if err != nil {
-		return nil, fmt.Errorf("payments: reading the network's charges: %w", err)
+	from := since
+	if !from.IsZero() {
+		from = from.Add(-reconcileSlack)
 	}
-	payments, err := store.ChargedPayments(ctx, since.Add(-reconcileSlack))
+	before, err := store.ChargedPayments(ctx, from)
 	if err != nil {
 		return nil, err
 	}
-	return compareBooks(since, payments, charges), nil
+	charges, err := net.ChargesSince(ctx, from)
+	if err != nil {
+		return nil, fmt.Errorf("payments: reading the network's charges: %w", err)
+	}
+	after, err := store.ChargedPayments(ctx, from)
+	if err != nil {
+		return nil, err
+	}
+	return compareBooks(since, before, after, charges), nil
 }
 
-// compareBooks finds the differences Reconcile reports.
-func compareBooks(since time.Time, payments []Payment, charges []acquirer.Charge) *Reconciliation {
+// errNotMigrated is what Reconcile says of a database without the
+// service's schema: an audit never creates it.
+func errNotMigrated(missing []int64) error {
+	return fmt.Errorf("payments: the database is not migrated (the payments schema lacks migrations %v); reconcile only reads: run 'idem migrate' on it first, or point --db at the service's database", missing)
+}
+
+// migrationVersions returns the versions of the migrations in dir of fsys:
+// the numbers their file names begin with.
+func migrationVersions(fsys fs.FS, dir string) ([]int64, error) {
+	entries, err := fs.ReadDir(fsys, dir)
+	if err != nil {
+		return nil, err
+	}
+	var vs []int64
+	for _, e := range entries {
+		n, _, ok := strings.Cut(e.Name(), "_")
+		if !ok || !strings.HasSuffix(e.Name(), ".sql") {
+			continue
+		}
+		v, err := strconv.ParseInt(n, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("migration %s: %w", e.Name(), err)
+		}
+		vs = append(vs, v)
+	}
+	return vs, nil
+}
+
+// missingVersions returns the versions of want not in applied.
+func missingVersions(want []int64, applied map[int64]bool) []int64 {
+	var missing []int64
+	for _, v := range want {
+		if !applied[v] {
+			missing = append(missing, v)
+		}
+	}
+	return missing
+}
+
+// checkMigratedSQLite reports, through the read-only pool, whether every
+// payments migration is applied to db.
+func checkMigratedSQLite(ctx context.Context, db *idemsqlite.DB) error {
+	want, err := migrationVersions(migrationFiles, "migrations")
+	if err != nil {
+		return err
+	}
+	var exists int
+	if err := db.Reader().QueryRowContext(ctx,
+		`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'idem_schema_migrations'`).Scan(&exists); err != nil {
+		return fmt.Errorf("payments: reading the database's schema: %w", err)
+	}
+	if exists == 0 {
+		return errNotMigrated(want)
+	}
+	rows, err := db.Reader().QueryContext(ctx, `SELECT version FROM idem_schema_migrations WHERE component = ?`, migrationComponent)
+	if err != nil {
+		return fmt.Errorf("payments: reading the database's migrations: %w", err)
+	}
+	defer rows.Close()
+	applied := map[int64]bool{}
+	for rows.Next() {
+		var v int64
+		if err := rows.Scan(&v); err != nil {
+			return fmt.Errorf("payments: reading the database's migrations: %w", err)
+		}
+		applied[v] = true
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("payments: reading the database's migrations: %w", err)
+	}
+	if missing := missingVersions(want, applied); len(missing) > 0 {
+		return errNotMigrated(missing)
+	}
+	return nil
+}
+
+// checkMigratedPostgres is checkMigratedSQLite for PostgreSQL.
+func checkMigratedPostgres(ctx context.Context, db *idempg.DB) error {
+	want, err := migrationVersions(pgMigrationFiles, "pgmigrations")
+	if err != nil {
+		return err
+	}
+	var exists bool
+	if err := db.Pool().QueryRow(ctx, `SELECT to_regclass('idem_schema_migrations') IS NOT NULL`).Scan(&exists); err != nil {
+		return fmt.Errorf("payments: reading the database's schema: %w", err)
+	}
+	if !exists {
+		return errNotMigrated(want)
+	}
+	rows, err := db.Pool().Query(ctx, `SELECT version FROM idem_schema_migrations WHERE component = $1`, migrationComponent)
+	if err != nil {
+		return fmt.Errorf("payments: reading the database's migrations: %w", err)
+	}
+	defer rows.Close()
+	applied := map[int64]bool{}
+	for rows.Next() {
+		var v int64
+		if err := rows.Scan(&v); err != nil {
+			return fmt.Errorf("payments: reading the database's migrations: %w", err)
+		}
+		applied[v] = true
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("payments: reading the database's migrations: %w", err)
+	}
+	if missing := missingVersions(want, applied); len(missing) > 0 {
+		return errNotMigrated(missing)
+	}
+	return nil
+}
+
+// compareBooks finds the differences Reconcile reports: before are the
+// payments read before the charges, after those read after them. A
+// payment's side is checked with before (its charge was made before it
+// was read), a charge's with after (its payment, if committed by then,
+// was read).
+func compareBooks(since time.Time, before, after []Payment, charges []acquirer.Charge) *Reconciliation {
 	rec := &Reconciliation{Since: since}
 	byID := make(map[string]acquirer.Charge, len(charges))
 	for _, c := range charges {
 		byID[c.ID] = c
 	}
 	recorded := make(map[string][]string) // charge ID → payment IDs
-	for _, p := range payments {
+	for _, p := range after {
 		recorded[p.ChargeID] = append(recorded[p.ChargeID], p.ID)
+	}
+	for _, p := range before {
 		if p.CreatedAt.Before(since) {
 			continue // read only to find the charges it records
 		}

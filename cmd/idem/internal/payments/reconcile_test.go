@@ -1,0 +1,222 @@
+package payments_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
+	"github.com/idem-go/idem/idemsqlite"
+)
+
+// listHook is a card network client's transport that runs before and after
+// every read of the charges' list, and keeps every charge the list handed
+// out: a test places payments between Reconcile's reads with it, at the
+// moment it chooses.
+type listHook struct {
+	before, after func()
+	mu            sync.Mutex
+	seen          []acquirer.Charge
+}
+
+func (h *listHook) RoundTrip(r *http.Request) (*http.Response, error) {
+	list := r.Method == http.MethodGet && r.URL.Path == "/v1/charges"
+	if list && h.before != nil {
+		h.before()
+		h.before = nil
+	}
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if err != nil || !list {
+		return resp, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	var page acquirer.ChargeList
+	if err := json.Unmarshal(body, &page); err == nil {
+		h.mu.Lock()
+		h.seen = append(h.seen, page.Data...)
+		h.mu.Unlock()
+	}
+	if h.after != nil {
+		h.after()
+		h.after = nil
+	}
+	return resp, nil
+}
+
+// Payments made while Reconcile reads are never differences, whichever of
+// its reads they fall between: one is made just before the network's
+// charges are read (its charge is in them, its payment was not read yet),
+// one just after (its payment is committed before Reconcile could have
+// read it last).
+func TestReconcileLivePaymentsBetweenReads(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, []backend{onSQLite, onPostgres}, func(t *testing.T, on backend) {
+		var (
+			net    *acquirer.Client
+			netURL string
+		)
+		e := newEnvOn(t, on, func(c *payments.Config) { net, netURL = cardNetworkAt(t, c) })
+		since := time.Now().Add(-time.Hour)
+		if e.clock != nil {
+			since = e.clock.Now().Add(-time.Hour)
+		}
+		acct := e.createAccount(keyA, 10_000, "EUR")
+		e.expect(req{method: "POST", path: "/v1/payments", idemKey: "before", body: payBody(acct.ID, 100, "EUR")}, http.StatusCreated)
+		hook := &listHook{
+			before: func() {
+				e.expect(req{method: "POST", path: "/v1/payments", idemKey: "between-1", body: payBody(acct.ID, 200, "EUR")}, http.StatusCreated)
+			},
+			after: func() {
+				e.expect(req{method: "POST", path: "/v1/payments", idemKey: "between-2", body: payBody(acct.ID, 300, "EUR")}, http.StatusCreated)
+			},
+		}
+		reader := readerOf(t, netURL, hook)
+		rec, err := payments.Reconcile(t.Context(), e.cfg.DB, e.cfg.Postgres, reader, since)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rec.Differences) != 0 {
+			t.Fatalf("payments made during the reads: %v; want no difference", rec.Differences)
+		}
+		if rec.Payments < 1 || rec.Charges < rec.Payments {
+			t.Fatalf("reconciled %d payments, %d charges; want at least the one made before", rec.Payments, rec.Charges)
+		}
+		// Run again, after the load: everything agrees, all three counted.
+		rec, err = payments.Reconcile(t.Context(), e.cfg.DB, e.cfg.Postgres, net, since)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rec.Differences) != 0 || rec.Payments != 3 || rec.Charges != 3 {
+			t.Fatalf("after the load: %+v; want 3 payments, 3 charges, no difference", rec)
+		}
+	})
+}
+
+// readerOf is a client of the card network at url through hook.
+func readerOf(t *testing.T, url string, hook http.RoundTripper) *acquirer.Client {
+	t.Helper()
+	c, err := acquirer.NewClient(acquirer.ClientConfig{URL: url, APIKey: "net-key", Transport: hook})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// --since is honoured at the card network: charges made before it are not
+// handed to Reconcile at all, however many there are.
+func TestReconcileSinceAtTheNetwork(t *testing.T) {
+	t.Parallel()
+	clock := &manualClock{now: time.Date(2025, 3, 1, 9, 0, 0, 0, time.UTC)}
+	adb, err := idemsqlite.Open(filepath.Join(t.TempDir(), "acquirer.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { adb.Close() })
+	srv, err := acquirer.New(t.Context(), acquirer.Config{DB: adb, APIKey: "net-key", Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	charger, err := acquirer.NewClient(acquirer.ClientConfig{URL: hs.URL, APIKey: "net-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"old-1", "old-2"} {
+		if _, err := charger.Charge(t.Context(), k, acquirer.ChargeRequest{Amount: 100, Currency: "EUR", Reference: "acct-old"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(48 * time.Hour)
+	if _, err := charger.Charge(t.Context(), "new-1", acquirer.ChargeRequest{Amount: 100, Currency: "EUR", Reference: "acct-new"}); err != nil {
+		t.Fatal(err)
+	}
+	db := migratedSQLite(t)
+	since := clock.Now().Add(-time.Hour)
+	hook := &listHook{}
+	rec, err := payments.Reconcile(t.Context(), db, nil, readerOf(t, hs.URL, hook), since)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range hook.seen {
+		if c.CreatedAt.Before(since.Add(-time.Hour)) {
+			t.Errorf("the network handed over charge %s of %s, before --since %s", c.ID, c.CreatedAt, since)
+		}
+	}
+	if rec.Charges != 1 || len(rec.Differences) != 1 || rec.Differences[0].Kind != payments.DiffChargeWithoutPayment {
+		t.Fatalf("reconciliation since %s: %+v; want the one new charge, which no payment records", since, rec)
+	}
+}
+
+// migratedSQLite is a payments database with its schema and no payment.
+func migratedSQLite(t *testing.T) *idemsqlite.DB {
+	t.Helper()
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "payments.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := payments.Migrate(t.Context(), db); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+// Reconcile is a read-only audit: a database whose schema is not there gets
+// a clear error, and is left without it.
+func TestReconcileNeverMigrates(t *testing.T) {
+	t.Parallel()
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "bare.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	var cfg payments.Config
+	net := cardNetwork(t, &cfg)
+	_, err = payments.Reconcile(t.Context(), db, nil, net, time.Time{})
+	if err == nil || !strings.Contains(err.Error(), "idem migrate") {
+		t.Fatalf("reconcile of a database never migrated: %v; want an error that says to migrate it", err)
+	}
+	var n int
+	if err := db.Reader().QueryRow(`SELECT count(*) FROM sqlite_master WHERE name = 'payments'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatal("reconcile created the payments table")
+	}
+}
+
+// cardNetworkAt is cardNetwork, and the network's URL.
+func cardNetworkAt(t *testing.T, cfg *payments.Config) (*acquirer.Client, string) {
+	t.Helper()
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "acquirer.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	srv, err := acquirer.New(t.Context(), acquirer.Config{DB: db, APIKey: "net-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	c, err := acquirer.NewClient(acquirer.ClientConfig{URL: hs.URL, APIKey: "net-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Acquirer = c
+	return c, hs.URL
+}
