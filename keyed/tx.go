@@ -193,7 +193,9 @@ func (x *execution) afterAmbiguousCommit(cerr error) {
 	e, ctx := x.e, x.ctx
 	dctx, cancel := detached(ctx)
 	defer cancel()
+	e.markStore(ctx)
 	record, gerr := e.store.Get(dctx, x.ref.Scope, x.ref.Key)
+	e.storeSince(ctx, StoreGet, gerr)
 	if gerr == nil && record.State == idem.StateCompleted && record.Token == x.ref.Token {
 		x.tally(OutcomeExecuted)
 		x.log.LogAttrs(ctx, slog.LevelWarn, "commit reported an error but did commit", slog.String("error", cerr.Error()))
@@ -214,7 +216,9 @@ func (x *execution) afterAmbiguousCommit(cerr error) {
 		if x.hctx.ex.hasRecovery() {
 			rerr = x.yield()
 		} else {
+			e.markStore(ctx)
 			rerr = e.store.Release(dctx, x.ref)
+			e.storeSince(ctx, StoreRelease, rerr)
 		}
 		if rerr != nil && !errors.Is(rerr, idem.ErrLeaseLost) {
 			x.log.LogAttrs(ctx, slog.LevelError, "could not release the key; it frees itself when its lease ends", slog.String("error", rerr.Error()))
