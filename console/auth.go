@@ -4,10 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"fmt"
+	"net"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/idem-go/idem"
 )
@@ -90,11 +95,15 @@ func (c *Console) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		op, ok := "", false
 		if h := r.Header.Get("Authorization"); h != "" {
+			if c.refuseTooMany(w, r, c.nextFor(r)) {
+				return
+			}
 			scheme, token, _ := strings.Cut(h, " ")
 			if strings.EqualFold(scheme, "Bearer") {
 				op, ok = c.operatorFor(strings.TrimSpace(token))
 			}
 			if !ok {
+				c.limiter.fail(addrOf(r))
 				w.Header().Set("WWW-Authenticate", `Bearer realm="idem console"`)
 				c.render(w, r, http.StatusUnauthorized, "login", &loginPage{Error: "That token is not an operator's.", Next: c.nextFor(r)})
 				return
@@ -121,12 +130,30 @@ func (c *Console) nextFor(r *http.Request) string {
 }
 
 // localNext keeps next when it is a path of the console, so that the
-// login form cannot be made to redirect elsewhere.
+// login form cannot be made to redirect elsewhere. It is parsed, not
+// matched: a scheme, a host, user information or an opaque part is
+// refused, and so is a path that, once decoded, holds a control
+// character, a space or a backslash, or begins with two slashes (browsers
+// drop tabs and newlines and read a backslash as a slash, so
+// "/%09/evil.example" or "/\evil.example" would lead off the site). What
+// it returns is the parsed path and query written anew.
 func (c *Console) localNext(next string) string {
-	if strings.HasPrefix(next, c.cfg.Prefix+"/") && !strings.HasPrefix(next, "//") && !strings.ContainsAny(next, "\\\r\n") {
-		return next
+	home := c.cfg.Prefix + "/"
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" || !strings.HasPrefix(next, "/") {
+		return home
 	}
-	return c.cfg.Prefix + "/"
+	bad := func(s string) bool {
+		return strings.IndexFunc(s, func(r rune) bool { return r < 0x21 || r == 0x7f || r == '\\' || unicode.IsSpace(r) }) >= 0
+	}
+	if bad(u.Path) || bad(next) || strings.HasPrefix(u.Path, "//") || !strings.HasPrefix(u.Path, home) {
+		return home
+	}
+	out := (&url.URL{Path: u.Path, RawQuery: u.RawQuery}).String()
+	if !strings.HasPrefix(out, home) || strings.HasPrefix(out, "//") {
+		return home
+	}
+	return out
 }
 
 type loginPage struct {
@@ -146,8 +173,12 @@ func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
 
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	next := c.localNext(r.PostFormValue("next"))
+	if c.refuseTooMany(w, r, next) {
+		return
+	}
 	op, ok := c.operatorFor(strings.TrimSpace(r.PostFormValue("token")))
 	if !ok {
+		c.limiter.fail(addrOf(r))
 		c.cfg.Logger.Warn("console: login refused: unknown token", "remote", r.RemoteAddr)
 		c.render(w, r, http.StatusUnauthorized, "login", &loginPage{Error: "That token is not an operator's.", Next: next})
 		return
@@ -155,7 +186,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	id, exp := c.sessions.open(op)
 	http.SetCookie(w, &http.Cookie{
 		Name: cookieName, Value: id, Path: c.cfg.Prefix + "/", Expires: exp,
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: c.secure(r),
 	})
 	c.cfg.Logger.Info("console: operator logged in", "operator", op)
 	http.Redirect(w, r, next, http.StatusSeeOther)
@@ -170,7 +201,91 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	}
 	http.SetCookie(w, &http.Cookie{
 		Name: cookieName, Value: "", Path: c.cfg.Prefix + "/", MaxAge: -1,
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: c.secure(r),
 	})
 	http.Redirect(w, r, c.cfg.Prefix+"/login", http.StatusSeeOther)
+}
+
+// secure reports whether the session cookie is marked Secure: when this
+// process terminates TLS, or when Config.PublicHTTPS says that the
+// console's public address is https (a proxy terminates TLS in front).
+func (c *Console) secure(r *http.Request) bool { return r.TLS != nil || c.cfg.PublicHTTPS }
+
+// Login attempts are limited per address: LoginFailures failed ones within
+// LoginWindow and the address is refused (429, Retry-After), the right
+// token included, until the oldest of them is LoginWindow old. A token of
+// 128 bits cannot be guessed at that pace; the limit keeps a weak one, or
+// a flood of guesses, from being tried at the speed of the network.
+const (
+	LoginFailures = 5
+	LoginWindow   = time.Minute
+)
+
+// loginLimiter counts the failed logins of each address.
+type loginLimiter struct {
+	clock idem.Clock
+	mu    sync.Mutex
+	fails map[string][]time.Time
+}
+
+func newLoginLimiter(clock idem.Clock) *loginLimiter {
+	return &loginLimiter{clock: clock, fails: map[string][]time.Time{}}
+}
+
+// addrOf is the address a request came from, without its port.
+func addrOf(r *http.Request) string {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
+}
+
+// wait returns how long addr must wait before it may try again; 0 when
+// it may now.
+func (l *loginLimiter) wait(addr string) time.Duration {
+	now := l.clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	recent := l.fails[addr][:0]
+	for _, t := range l.fails[addr] {
+		if now.Sub(t) < LoginWindow {
+			recent = append(recent, t)
+		}
+	}
+	if len(recent) == 0 {
+		delete(l.fails, addr)
+		return 0
+	}
+	l.fails[addr] = recent
+	if len(recent) < LoginFailures {
+		return 0
+	}
+	return recent[len(recent)-LoginFailures].Add(LoginWindow).Sub(now)
+}
+
+// fail counts a failed login of addr.
+func (l *loginLimiter) fail(addr string) {
+	now := l.clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.fails) > 100_000 {
+		// A flood from many addresses: forget the oldest state rather
+		// than grow without bound (each address is limited again at once).
+		clear(l.fails)
+	}
+	l.fails[addr] = append(l.fails[addr], now)
+}
+
+// refuseTooMany answers 429 when r's address has failed too often, and
+// reports whether it did.
+func (c *Console) refuseTooMany(w http.ResponseWriter, r *http.Request, next string) bool {
+	d := c.limiter.wait(addrOf(r))
+	if d <= 0 {
+		return false
+	}
+	secs := int((d + time.Second - 1) / time.Second)
+	c.cfg.Logger.Warn("console: login refused: too many failed attempts", "remote", addrOf(r))
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	c.render(w, r, http.StatusTooManyRequests, "login", &loginPage{Error: fmt.Sprintf("Too many failed logins from your address: try again in %d seconds.", secs), Next: next})
+	return true
 }

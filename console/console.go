@@ -91,6 +91,13 @@ type Config struct {
 	// Prefix is the path the console is mounted under, without a trailing
 	// slash. Defaults to DefaultPrefix ("/console").
 	Prefix string
+	// PublicHTTPS says that browsers reach the console over https, through
+	// a proxy that terminates TLS in front of it: the session cookie is
+	// then marked Secure, so that a browser never sends it over plain
+	// http. (A header such as X-Forwarded-Proto is not trusted for it:
+	// any client can send one.) Defaults to false: the cookie is Secure
+	// only when this process itself serves TLS.
+	PublicHTTPS bool
 	// SessionTTL is how long a login lasts. Defaults to DefaultSessionTTL.
 	SessionTTL time.Duration
 	// PageSize is how many letters a page of the list shows. Defaults to
@@ -115,6 +122,7 @@ type Console struct {
 	cfg       Config
 	operators []operatorKey
 	sessions  *sessions
+	limiter   *loginLimiter
 	pages     map[string]*template.Template
 	handler   http.Handler
 }
@@ -171,7 +179,7 @@ func New(cfg *Config) (*Console, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	con := &Console{cfg: c, sessions: newSessions(c.Clock, c.SessionTTL)}
+	con := &Console{cfg: c, sessions: newSessions(c.Clock, c.SessionTTL), limiter: newLoginLimiter(c.Clock)}
 	seen := map[string]bool{}
 	for i, op := range c.Operators {
 		switch {

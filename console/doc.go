@@ -66,11 +66,18 @@
 // Operators (Config.Operators) are configured apart from the service's API
 // keys: tenants never reach the console. An operator sends
 // "Authorization: Bearer TOKEN", or logs in through the form, which sets
-// an HttpOnly, SameSite=Strict session cookie (Secure over TLS) holding a
+// an HttpOnly, SameSite=Strict session cookie (Secure over TLS, or when
+// Config.PublicHTTPS says a proxy serves the console over https) holding a
 // random session ID; sessions live in memory for Config.SessionTTL, so a
 // restart logs everybody out, and logging out ends one. Tokens are
 // compared by digest in constant time, against every operator. A request
-// without a valid token or session gets 401 and the login form.
+// without a valid token or session gets 401 and the login form. After
+// LoginFailures wrong tokens within LoginWindow from one address (by the
+// form or as a bearer token), that address is answered 429 with
+// Retry-After, even with a right token, until the window has passed. A
+// login leads back only to a path of the console: its next parameter is
+// parsed, and anything a browser could read as another site leads to the
+// console's home.
 //
 // Every state-changing request, the login's included, passes Go's
 // http.CrossOriginProtection: a browser's cross-site POST is refused with

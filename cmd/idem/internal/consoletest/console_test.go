@@ -135,6 +135,7 @@ type req struct {
 	token        string
 	cookie       *http.Cookie
 	header       map[string]string
+	remote       string // the client's address; httptest's default when empty
 }
 
 func (w *world) do(r req) *httptest.ResponseRecorder {
@@ -157,6 +158,9 @@ func (w *world) do(r req) *httptest.ResponseRecorder {
 	}
 	for k, v := range r.header {
 		hr.Header.Set(k, v)
+	}
+	if r.remote != "" {
+		hr.RemoteAddr = r.remote
 	}
 	rec := httptest.NewRecorder()
 	w.h.ServeHTTP(rec, hr)
