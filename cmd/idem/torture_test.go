@@ -86,6 +86,18 @@ func runTorture(t *testing.T, args ...string) (code int, stdout, stderr string, 
 	return code, out.String(), errOut.String(), results
 }
 
+// resultText is the value of the RESULT line of metric in a run's stdout,
+// as printed ("" when there is none): for figures that are not integers.
+func resultText(stdout, metric string) string {
+	for line := range strings.Lines(stdout) {
+		f := strings.Split(strings.TrimSpace(line), ",")
+		if len(f) == 5 && f[0] == "RESULT" && f[2] == metric {
+			return f[3]
+		}
+	}
+	return ""
+}
+
 // checkHeld fails the test unless the run held the promise under faults:
 // one payment per logical payment, as much money taken as owed, answers
 // lost and replicas killed on the way.
@@ -184,6 +196,11 @@ func TestTortureRequestsAbandoned(t *testing.T) {
 			if d, ok := r["reconcile_differences"]; !ok || d != 0 {
 				t.Errorf("idem reconcile: ran %v, %d differences; want it run, with none", ok, d)
 			}
+			// Each abandoned payment is checked against the completers'
+			// bound from its holder's death (a violation otherwise); the
+			// slowest and the bound are shown.
+			t.Logf("slowest abandoned payment finished %ss after its holder died; the completers' bound %ss",
+				resultText(stdout, "slowest_finish_s"), resultText(stdout, "finish_bound_s"))
 			if r["abandoned"] == 0 || r["abandoned_finished"] == 0 {
 				t.Errorf("%d abandoned, %d finished by a completer; want some of each\n%s", r["abandoned"], r["abandoned_finished"], stdout)
 			}
