@@ -116,6 +116,13 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// MinTokenLen is the shortest operator token New accepts: 22 characters,
+// 128 bits when they are random base64 (32 hex characters, from openssl
+// rand -hex 16, are better still). An operator acts on every tenant's dead
+// letters; a token short enough to guess, even at the pace LoginFailures
+// allows, is refused.
+const MinTokenLen = 22
+
 // Console is the operators' web console. The zero Console is not usable;
 // call New.
 type Console struct {
@@ -187,6 +194,9 @@ func New(cfg *Config) (*Console, error) {
 			return nil, &idem.ArgumentError{Field: fmt.Sprintf("console.Config.Operators[%d].Name", i), Reason: "must not be empty"}
 		case strings.TrimSpace(op.Token) == "":
 			return nil, &idem.ArgumentError{Field: fmt.Sprintf("console.Config.Operators[%d].Token", i), Reason: "must not be empty"}
+		case len(op.Token) < MinTokenLen:
+			return nil, &idem.ArgumentError{Field: fmt.Sprintf("console.Config.Operators[%d].Token", i),
+				Reason: fmt.Sprintf("is %d characters; at least %d are needed, random (128 bits: openssl rand -hex 16)", len(op.Token), MinTokenLen)}
 		case seen[op.Token]:
 			return nil, &idem.ArgumentError{Field: fmt.Sprintf("console.Config.Operators[%d].Token", i), Reason: "is another operator's token"}
 		}

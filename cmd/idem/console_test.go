@@ -43,7 +43,7 @@ func TestConsoleRefusesWithoutOperators(t *testing.T) {
 func TestServeMountsConsole(t *testing.T) {
 	t.Parallel()
 	db := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-	srv := startServe(t, newApp(map[string]string{envOperators: "alice:op-token-1"}), "--db", db, "--api-keys", "acme:k", "--console")
+	srv := startServe(t, newApp(map[string]string{envOperators: "alice:op-token-1-0123456789abcdef"}), "--db", db, "--api-keys", "acme:k", "--console")
 	get := func(path, token string) (int, string) {
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.base+path, nil)
 		if err != nil {
@@ -60,7 +60,7 @@ func TestServeMountsConsole(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	if code, body := get("/console/", "op-token-1"); code != http.StatusOK || !strings.Contains(body, "Dead letters waiting") {
+	if code, body := get("/console/", "op-token-1-0123456789abcdef"); code != http.StatusOK || !strings.Contains(body, "Dead letters waiting") {
 		t.Errorf("console overview with the operator's token: %d", code)
 	}
 	// The API key of a tenant is not an operator's.
@@ -75,7 +75,7 @@ func TestServeMountsConsole(t *testing.T) {
 		t.Errorf("/healthz: %d", code)
 	}
 	stopCleanly(t, srv)
-	if strings.Contains(srv.stderr.String(), "op-token-1") {
+	if strings.Contains(srv.stderr.String(), "op-token-1-0123456789abcdef") {
 		t.Errorf("the operator's token is in serve's log:\n%s", srv.stderr)
 	}
 }
@@ -84,7 +84,7 @@ func TestConsoleCommand(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	db := "sqlite:" + filepath.Join(dir, "idem.db")
-	if code, _, errOut := runCmd(t, "console", "--db", db, "--operators", "alice:op-token-2"); code == exitOK || !strings.Contains(errOut, "does not exist") {
+	if code, _, errOut := runCmd(t, "console", "--db", db, "--operators", "alice:op-token-2-0123456789abcdef"); code == exitOK || !strings.Contains(errOut, "does not exist") {
 		t.Fatalf("console on a missing database: exit %d, %q; want it refused, creating nothing", code, errOut)
 	}
 	if code, _, errOut := runCmd(t, "migrate", "--db", db); code != exitOK {
@@ -96,7 +96,7 @@ func TestConsoleCommand(t *testing.T) {
 	a.stderr = pw
 	done := make(chan int, 1)
 	go func() {
-		done <- a.run(ctx, []string{"console", "--addr", "127.0.0.1:0", "--db", db, "--operators", "alice:op-token-2"})
+		done <- a.run(ctx, []string{"console", "--addr", "127.0.0.1:0", "--db", db, "--operators", "alice:op-token-2-0123456789abcdef"})
 		pw.Close()
 	}()
 	addr := make(chan string, 1)
@@ -116,7 +116,7 @@ func TestConsoleCommand(t *testing.T) {
 		t.Fatalf("console exited before listening: %d", <-done)
 	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u+"letters", nil)
-	req.Header.Set("Authorization", "Bearer op-token-2")
+	req.Header.Set("Authorization", "Bearer op-token-2-0123456789abcdef")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +132,7 @@ func TestConsoleCommand(t *testing.T) {
 	}
 	for range addr {
 	}
-	if strings.Contains(logs.String(), "op-token-2") {
+	if strings.Contains(logs.String(), "op-token-2-0123456789abcdef") {
 		t.Errorf("the token is in the log:\n%s", logs.String())
 	}
 }

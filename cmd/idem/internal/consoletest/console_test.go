@@ -24,8 +24,8 @@ import (
 )
 
 const (
-	aliceToken = "tok-alice-0123456789"
-	bobToken   = "tok-bob-9876543210"
+	aliceToken = "tok-alice-0123456789abcdef"
+	bobToken   = "tok-bob-9876543210fedcba98"
 )
 
 // world is a console over a real, migrated payment database on SQLite,
@@ -194,7 +194,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	if _, err := console.New(&console.Config{Operators: []console.Operator{{Name: "a", Token: "t"}}}); !errors.Is(err, idem.ErrInvalidArgument) {
 		t.Errorf("New without Letters = %v, want ErrInvalidArgument", err)
 	}
-	dup := []console.Operator{{Name: "a", Token: "t"}, {Name: "b", Token: "t"}}
+	dup := []console.Operator{{Name: "a", Token: "a-token-of-32-characters-long-00"}, {Name: "b", Token: "a-token-of-32-characters-long-00"}}
 	if _, err := console.New(&console.Config{Letters: w.svc, Operators: dup}); !errors.Is(err, idem.ErrInvalidArgument) {
 		t.Errorf("New with a shared token = %v, want ErrInvalidArgument", err)
 	}

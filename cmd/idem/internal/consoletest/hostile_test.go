@@ -1,12 +1,15 @@
 package consoletest_test
 
 import (
+	"errors"
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/console"
 	"github.com/idem-go/idem/idemmem"
 )
@@ -79,5 +82,21 @@ func TestLoginAttemptsLimitedPerAddress(t *testing.T) {
 	clock.Advance(console.LoginWindow)
 	if r := login(aliceToken, "198.51.100.7:4003"); r.StatusCode != http.StatusSeeOther {
 		t.Fatalf("after the window: %d; want 303", r.StatusCode)
+	}
+}
+
+// An operator token of 20 characters is refused, and the error does not
+// quote it; one of MinTokenLen is accepted.
+func TestShortOperatorTokenRefused(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, nil)
+	short := "abcdefghij0123456789"
+	_, err := console.New(&console.Config{Letters: w.svc, Operators: []console.Operator{{Name: "eve", Token: short}}})
+	if !errors.Is(err, idem.ErrInvalidArgument) || strings.Contains(err.Error(), short) {
+		t.Fatalf("New with a 20-character token: %v; want ErrInvalidArgument, the token unquoted", err)
+	}
+	ok := strings.Repeat("x", console.MinTokenLen)
+	if _, err := console.New(&console.Config{Letters: w.svc, Operators: []console.Operator{{Name: "eve", Token: ok}}}); err != nil {
+		t.Fatalf("New with a %d-character token: %v", console.MinTokenLen, err)
 	}
 }
