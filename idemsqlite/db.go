@@ -143,7 +143,9 @@ func Open(path string, cfg *Config) (*DB, error) {
 		writer.Close()
 		return nil, fmt.Errorf("idemsqlite: open %s for reading: %w", path, err)
 	}
-	return &DB{path: abs, writer: writer, reader: reader, queue: writerQueue{window: c.GroupCommit}}, nil
+	db := &DB{path: abs, writer: writer, reader: reader, queue: writerQueue{window: c.GroupCommit}}
+	db.queue.db = db
+	return db, nil
 }
 
 // dsn returns a SQLite URI for the file at the absolute path abs. The URI

@@ -81,8 +81,8 @@
 //     transaction that holds the writer long (a handler calling another
 //     service inside its transaction) delays those that ran just before it,
 //     not only those after. A claim that joined a group and spent more than
-//     a hundredth of its lease so renews its lease, in a short write of its
-//     own, before it returns: its lease counts from then;
+//     a hundredth of its lease so renews its lease before it returns (see
+//     "Leases and holders"): its lease counts from then;
 //   - its fate: when the group's commit fails, every member's writes are
 //     lost together, and every member returns an error that says
 //     "commit"; none was acknowledged;
@@ -108,7 +108,8 @@
 // fn must not call the *sql.Tx's Commit or Rollback: WithTx ends the
 // transaction, which is the group's. Config.GroupCommit negative makes
 // every transaction commit on its own. The unsynced transactions (a claim
-// when no group is open, a lease's renewal, the inbox's and the
+// when no group is open, a lease's renewal when the writer is free (see
+// "Leases and holders"), the inbox's and the
 // transport's purges, the transport's hand-outs, settlements and
 // MoveOutbox) never join a group; one waiting first in line makes the open
 // group commit before it runs.
@@ -173,11 +174,29 @@
 //
 // # Leases and holders
 //
-// Renew starts a holder's lease anew, fenced by its token, in one short
-// write transaction that commits without a sync and joins no group commit:
-// a renewal a power failure loses was made by a process that died with
-// it, and a renewal that waited for a group's commit would count its lease
-// from before that wait. The Store is an idem.Restarter: the claim's holder
+// Renew starts a holder's lease anew, fenced by its token, counted from
+// when it is called. With the writer free, it is one short write
+// transaction that commits without a sync and joins no group commit: a
+// renewal a power failure loses was made by a process that died with it.
+// A renewal never waits for the writer to be handed over, since a
+// transaction may hold it as long as its handler runs (CompleteTx's work
+// once it has written), and the renewals of every execution, its own
+// included, would wait for it and time out, and their executions be
+// cancelled for leases nobody could take over meanwhile. With the writer
+// held, a renewal is queued instead: every claim decides as if it were
+// written; the writer's holder writes the queued renewals as it hands the
+// writer over, ahead of whoever is next in line (into the open group when
+// the next joins it, or in a transaction of their own), writes again on
+// their own those of a group that failed, and keeps them queued and
+// honoured when that write fails, until the next hand-over; and a Yield
+// drops the queued renewals of its lease. A queued renewal is returned at
+// once, as made, unless the key's committed record already shows it taken
+// over or completed.
+// Another process on the same file sees a queued renewal only once it is
+// written: it cannot claim meanwhile while the writer's holder has written
+// (it then keeps the database's write lock), but can while the holder has
+// only read, so a lease shared across processes wants renewals that come
+// well before its end. The Store is an idem.Restarter: the claim's holder
 // lives in idem_keys (migration 0003), and YieldEarlier ends an earlier
 // incarnation's leases through a partial index that holds only the keys in
 // flight under a named holder.

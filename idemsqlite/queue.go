@@ -59,6 +59,9 @@ type writerQueue struct {
 	// window is Config.GroupCommit: how long a group stays open for
 	// members to join it; 0 or less: none joins (each commits alone).
 	window time.Duration
+	// db is the DB whose writer the queue hands out, which writes the
+	// queued renewals.
+	db *DB
 
 	mu      sync.Mutex
 	held    bool
@@ -66,6 +69,9 @@ type writerQueue struct {
 	// group is the open shared transaction, or nil. Only the turn's
 	// holder begins, joins or ends it.
 	group *txGroup
+	// renewals are the lease renewals asked for while the turn was held,
+	// not yet written (see renewal).
+	renewals []*renewal
 }
 
 // waiter is one caller waiting for the writer.
@@ -112,13 +118,31 @@ func (q *writerQueue) acquire(ctx context.Context, synced bool) error {
 
 // release ends the turn: it commits the open group unless the first caller
 // waiting joins it, then passes the turn to that caller, or frees it.
+//
+// Before it hands the turn over, it writes the renewals queued meanwhile
+// (see renewal), and writes again on their own those written into a group
+// that failed: renewals go ahead of whoever is next in line.
 func (q *writerQueue) release() {
-	q.mu.Lock()
-	if g := q.group; g != nil && !q.keepOpen(g) {
-		q.group = nil
-		q.mu.Unlock()
-		g.end() // still holding the turn: nobody writes meanwhile
+	for {
+		written := q.writeRenewals()
 		q.mu.Lock()
+		if g := q.group; g != nil && !q.keepOpen(g) {
+			q.group = nil
+			q.mu.Unlock()
+			g.end() // still holding the turn: nobody writes meanwhile
+			if g.err != nil && len(g.renewed) > 0 {
+				q.requeue(g.renewed)
+			}
+			q.mu.Lock()
+		}
+		// Renewals queued since, or to write again after a failed group,
+		// are written before the turn passes; after a failed write of
+		// their own, they stay queued (and honoured by claims) until the
+		// next hand-over.
+		if len(q.renewals) == 0 || !written {
+			break
+		}
+		q.mu.Unlock()
 	}
 	defer q.mu.Unlock()
 	if len(q.waiting) == 0 {
@@ -183,6 +207,9 @@ type txGroup struct {
 	// commit. Only the turn's holder touches them.
 	joined int
 	failed error
+	// renewed are the renewals written into the group: written again on
+	// their own if it fails.
+	renewed []*renewal
 	// done is closed once the group has committed, or failed; err is
 	// then the outcome, nil when it committed.
 	done chan struct{}

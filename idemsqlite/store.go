@@ -295,8 +295,8 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 // writer as long as its handler runs. Without it, the claim would return
 // with part of its lease, or all of it, gone, and a duplicate could take
 // the key over while the first execution runs. The lease is renewed (see
-// Renew: a short write of its own, which waits for no group) from the time
-// the renewal runs. When the claim's lease ended meanwhile and another
+// Renew, which waits for no group, nor for the writer) from the time the
+// renewal is asked for. When the claim's lease ended meanwhile and another
 // claimant took the key over, fullLease answers as the key now is
 // (in flight under the other holder, or completed).
 func (s *Store) fullLease(ctx context.Context, req idem.ClaimRequest, claim idem.Claim) (idem.Claim, error) {
@@ -395,6 +395,16 @@ func freshRecord(req idem.ClaimRequest, now time.Time) idem.Record {
 // record as load found it (found false: none), and writes the claim when it
 // acquires the key. fresh is the record a claim of an absent key writes.
 func (s *Store) claimFound(ctx context.Context, r runner, req idem.ClaimRequest, fresh, rec idem.Record, found bool, now time.Time) (idem.Claim, error) {
+	if found && rec.State == idem.StateInFlight {
+		// A renewal asked for while the writer was held, and not yet
+		// written, counts (see renewal): now was read after it was queued.
+		if end := s.db.queue.pendingLeaseEnd(idem.Ref{Scope: req.Scope, Key: req.Key, Token: rec.Token}); end > rec.LeaseExpiresAt.UnixNano() {
+			rec.LeaseExpiresAt = fromNanos(end)
+			if rec.ExpiresAt.Before(rec.LeaseExpiresAt) {
+				rec.ExpiresAt = rec.LeaseExpiresAt
+			}
+		}
+	}
 	if found && live(rec, now) {
 		switch {
 		case rec.Fingerprint != req.Fingerprint:
@@ -655,26 +665,65 @@ func (s *Store) release(ctx context.Context, ref idem.Ref, stmt *statement) erro
 
 // Renew implements idem.Store. Like Complete, it does not look at the
 // lease: a holder whose lease ended but whom nobody took over renews it.
+// The new lease counts from when Renew is called.
 //
-// On its own it is one short write transaction that commits without a
-// sync, and joins no group commit (see the package documentation): a
-// renewal that a power failure loses was made by a process that died
-// with it, and holds nothing any more; and a renewal that waited for a
-// group's commit would count its lease from before that wait. Called with
-// a context that carries a transaction of the DB, it joins it, and counts
-// only once that transaction commits: renew with a context of its own.
+// On its own it never waits for the writer's turn to be handed over. With
+// the writer free, it is one short write transaction that commits without
+// a sync, and joins no group commit (see the package documentation): a
+// renewal that a power failure loses was made by a process that died with
+// it, and holds nothing any more. With the writer held (by a transaction
+// that may hold it as long as its handler runs, the renewing execution's
+// own included), the renewal is queued: every claim of this process
+// decides as if it were written, and it is written as the writer is next
+// handed over, ahead of whoever is next in line (see renewal). Renew then
+// returns at once, the renewal as made, unless the key's committed record
+// already shows it taken over or completed (idem.ErrLeaseLost).
+// A process that shares the file sees a queued renewal only once it is
+// written: before then it cannot write, and so claim, while the writer's
+// holder has written (which keeps the database's write lock), but can
+// while the holder has only read.
+//
+// Called with a context that carries a transaction of the DB, it joins
+// it, and counts only once that transaction commits: renew with a context
+// of its own.
 func (s *Store) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (time.Time, error) {
 	if lease <= 0 {
 		return time.Time{}, &idem.ArgumentError{Field: "lease", Reason: "must be positive"}
 	}
-	var end time.Time
-	err := s.db.withUnsyncedTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		// The time is read once the writer is ours.
-		end = s.clock.Now().Add(lease)
-		return s.fencedUpdateIn(ctx, tx, sqlRenewKey, end.UnixNano(), string(ref.Scope), string(ref.Key), int64(ref.Token))
-	})
-	if err != nil {
+	if s.db.carried(ctx) != nil {
+		var end time.Time
+		err := s.db.withUnsyncedTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+			end = s.clock.Now().Add(lease)
+			return s.fencedUpdateIn(ctx, tx, sqlRenewKey, end.UnixNano(), string(ref.Scope), string(ref.Key), int64(ref.Token))
+		})
+		if err != nil {
+			return time.Time{}, fmt.Errorf("idemsqlite: renew: %w", err)
+		}
+		return end, nil
+	}
+	if err := ctx.Err(); err != nil {
 		return time.Time{}, fmt.Errorf("idemsqlite: renew: %w", err)
+	}
+	r, queued := s.db.queue.queueRenewal(ref, lease, s.clock.Now)
+	end := fromNanos(r.end)
+	if !queued {
+		// The turn is ours: unsyncedTxHeld ends it.
+		err := s.db.unsyncedTxHeld(ctx, false, func(ctx context.Context, tx *sql.Tx) error {
+			return renewIn(ctx, s.db.in(tx), r)
+		})
+		if err != nil {
+			return time.Time{}, fmt.Errorf("idemsqlite: renew: %w", err)
+		}
+		return end, nil
+	}
+	// Queued, so honoured from now on: Renew does not wait for the write,
+	// which may come only when a handler holding the writer ends, but
+	// tells a lease already lost when the key's committed record shows
+	// it taken over or completed.
+	s.db.queue.leave(r)
+	rec, found, err := load(ctx, s.db.onReader(), ref.Scope, ref.Key)
+	if err == nil && found && (rec.Token != ref.Token || rec.State != idem.StateInFlight) {
+		return time.Time{}, fmt.Errorf("idemsqlite: renew: %w", idem.ErrLeaseLost)
 	}
 	return end, nil
 }
@@ -900,7 +949,12 @@ func (s *Store) fencedUpdateIn(ctx context.Context, tx *sql.Tx, stmt *statement,
 // Yield implements idem.Recoverer. Called with a context that carries a
 // transaction of the DB, it joins it.
 func (s *Store) Yield(ctx context.Context, ref idem.Ref) error {
-	err := s.fencedUpdate(ctx, sqlYieldKey, s.clock.Now().UnixNano(), string(ref.Scope), string(ref.Key), int64(ref.Token))
+	err := s.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		// The writer's turn is held: no queued renewal of the lease is
+		// written after the yield.
+		s.db.queue.dropRenewals(ref)
+		return s.fencedUpdateIn(ctx, tx, sqlYieldKey, s.clock.Now().UnixNano(), string(ref.Scope), string(ref.Key), int64(ref.Token))
+	})
 	if err != nil {
 		return fmt.Errorf("idemsqlite: yield: %w", err)
 	}

@@ -1,0 +1,241 @@
+package idemsqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// handClock is a clock the test moves by hand.
+type handClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *handClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *handClock) set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t
+}
+
+// renewalQueued waits until q has n renewals queued.
+func renewalQueued(t *testing.T, q *writerQueue, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		q.mu.Lock()
+		got := len(q.renewals)
+		q.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d renewals queued, want %d", got, n)
+		}
+		runtime.Gosched()
+	}
+}
+
+// renewFixture is a key claimed at t0 with a one-second lease, and a
+// transaction that has written and holds the writer until release is
+// closed, then runs then (if not nil) and ends.
+type renewFixture struct {
+	db      *DB
+	store   *Store
+	clock   *handClock
+	t0      time.Time
+	ref     idem.Ref
+	req     idem.ClaimRequest
+	release chan struct{}
+	held    chan error
+}
+
+func newRenewFixture(t *testing.T, then func(ctx context.Context, f *renewFixture) error) *renewFixture {
+	t.Helper()
+	f := &renewFixture{db: groupDB(t, time.Hour), t0: time.Unix(1_800_000_000, 0).UTC(), release: make(chan struct{}), held: make(chan error, 1)}
+	f.clock = &handClock{now: f.t0}
+	var err error
+	if f.store, err = NewStore(t.Context(), f.db, &StoreConfig{Clock: f.clock}); err != nil {
+		t.Fatal(err)
+	}
+	f.req = idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Second, TTL: time.Hour}
+	claim, err := f.store.Claim(t.Context(), f.req)
+	if err != nil || claim.Outcome != idem.Acquired {
+		t.Fatalf("claim: %+v, %v", claim, err)
+	}
+	f.ref = idem.Ref{Scope: "s", Key: "k", Token: claim.Token}
+	go func() {
+		f.held <- f.db.WithTx(t.Context(), func(ctx context.Context, tx *sql.Tx) error {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO ids (id) VALUES ('holder')`); err != nil {
+				return err
+			}
+			<-f.release
+			if then != nil {
+				return then(ctx, f)
+			}
+			return nil
+		})
+	}()
+	queuedOrHolding(t, &f.db.queue)
+	return f
+}
+
+// renewQueued renews f's key at at while the writer is held: Renew
+// returns at once, its renewal queued.
+func (f *renewFixture) renewQueued(t *testing.T, at time.Time) time.Time {
+	t.Helper()
+	f.clock.set(at)
+	end, err := f.store.Renew(t.Context(), f.ref, f.req.Lease)
+	if err != nil {
+		t.Fatalf("a renewal while the writer is held: %v", err)
+	}
+	if want := at.Add(f.req.Lease); !end.Equal(want) {
+		t.Fatalf("the renewal's lease ends at %v, want %v", end, want)
+	}
+	renewalQueued(t, &f.db.queue, 1)
+	return end
+}
+
+// A renewal asked for while another transaction holds the writer is not
+// refused for want of it; a claim that comes once the key's first lease
+// has ended, but not its renewed one, finds the key in flight, although it
+// joins the group of the transaction that held the writer; and the renewal
+// is written by then.
+func TestRenewQueuedBehindTheWriterHoldsOffAClaim(t *testing.T) {
+	f := newRenewFixture(t, nil)
+	end := f.renewQueued(t, f.t0.Add(500*time.Millisecond))
+	f.clock.set(f.t0.Add(1200 * time.Millisecond)) // the first lease has ended
+	type result struct {
+		claim idem.Claim
+		err   error
+	}
+	claimed := make(chan result, 1)
+	go func() {
+		req := f.req
+		req.Holder = idem.Holder{Replica: "other", Incarnation: "1"}
+		c, err := f.store.Claim(t.Context(), req)
+		claimed <- result{c, err}
+	}()
+	queued(t, &f.db.queue, 1)
+	close(f.release)
+	if err := <-f.held; err != nil {
+		t.Fatal(err)
+	}
+	c := <-claimed
+	if c.err != nil || c.claim.Outcome != idem.InFlight || !c.claim.Record.LeaseExpiresAt.Equal(end) {
+		t.Fatalf("the claim after the first lease ended: %v, lease to %v, %v; want in flight to %v", c.claim.Outcome, c.claim.Record.LeaseExpiresAt, c.err, end)
+	}
+	rec, err := f.store.Get(t.Context(), "s", "k")
+	if err != nil || rec.Token != f.ref.Token || !rec.LeaseExpiresAt.Equal(end) {
+		t.Fatalf("the key: token %d, lease to %v, %v; want token %d to %v", rec.Token, rec.LeaseExpiresAt, err, f.ref.Token, end)
+	}
+}
+
+// A renewal written into a group that then fails is written again on its
+// own before the writer passes on.
+func TestRenewWrittenAgainAfterItsGroupFailed(t *testing.T) {
+	f := newRenewFixture(t, nil)
+	end := f.renewQueued(t, f.t0.Add(500*time.Millisecond))
+	failing := make(chan error, 1)
+	go func() {
+		failing <- f.db.WithTx(t.Context(), func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO children (id, parent) VALUES ('orphan', 'nobody')`)
+			return err
+		})
+	}()
+	queued(t, &f.db.queue, 1)
+	close(f.release)
+	var te *txError
+	if err := <-f.held; !errors.As(err, &te) || te.op != "commit" {
+		t.Fatalf("the holder: %v; want its group's commit error", err)
+	}
+	if err := <-failing; err == nil {
+		t.Fatal("the group committed")
+	}
+	rec, err := f.store.Get(t.Context(), "s", "k")
+	if err != nil || rec.Token != f.ref.Token || !rec.LeaseExpiresAt.Equal(end) {
+		t.Fatalf("the key: token %d, lease to %v, %v; want token %d to %v", rec.Token, rec.LeaseExpiresAt, err, f.ref.Token, end)
+	}
+	f.db.queue.mu.Lock()
+	defer f.db.queue.mu.Unlock()
+	if n := len(f.db.queue.renewals); n != 0 {
+		t.Errorf("%d renewals still queued", n)
+	}
+}
+
+// A yield in the transaction that holds the writer drops the renewals
+// queued for its lease: none is written after it, to give the key a live
+// lease again.
+func TestYieldDropsQueuedRenewals(t *testing.T) {
+	f := newRenewFixture(t, func(ctx context.Context, f *renewFixture) error {
+		return f.store.Yield(ctx, f.ref)
+	})
+	f.renewQueued(t, f.t0.Add(500*time.Millisecond))
+	close(f.release)
+	if err := <-f.held; err != nil {
+		t.Fatal(err)
+	}
+	rec, err := f.store.Get(t.Context(), "s", "k")
+	if err != nil || !rec.LeaseExpiresAt.Equal(f.clock.Now()) {
+		t.Fatalf("the key's lease ends at %v (%v), want %v, when it was yielded", rec.LeaseExpiresAt, err, f.clock.Now())
+	}
+}
+
+// A claim that holds the writer when a renewal is queued, and reads the
+// time after it, decides as if the renewal were written: it finds the key
+// in flight to the renewed lease's end, and the renewal is written once
+// the claim hands the writer over.
+func TestClaimHonoursARenewalQueuedWhileItHoldsTheWriter(t *testing.T) {
+	db := groupDB(t, time.Hour)
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	clock := &handClock{now: t0}
+	store, err := NewStore(t.Context(), db, &StoreConfig{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Second, TTL: time.Hour}
+	first, err := store.Claim(t.Context(), req)
+	if err != nil || first.Outcome != idem.Acquired {
+		t.Fatalf("claim: %+v, %v", first, err)
+	}
+	ref := idem.Ref{Scope: "s", Key: "k", Token: first.Token}
+	// The claim's turn, taken before the renewal is asked for.
+	if err := db.queue.acquire(t.Context(), false); err != nil {
+		t.Fatal(err)
+	}
+	clock.set(t0.Add(500 * time.Millisecond))
+	r, queued := db.queue.queueRenewal(ref, req.Lease, clock.Now)
+	if !queued {
+		t.Fatal("the renewal was not queued while the writer's turn was held")
+	}
+	end := fromNanos(r.end)
+	clock.set(t0.Add(1200 * time.Millisecond))
+	var c idem.Claim
+	err = db.unsyncedTxHeld(t.Context(), false, func(ctx context.Context, tx *sql.Tx) (err error) {
+		c, err = store.claimIn(ctx, db.in(tx), req)
+		return err
+	})
+	if err != nil || c.Outcome != idem.InFlight || !c.Record.LeaseExpiresAt.Equal(end) {
+		t.Fatalf("the claim: %v, lease to %v, %v; want in flight to %v", c.Outcome, c.Record.LeaseExpiresAt, err, end)
+	}
+	<-r.done
+	if r.err != nil {
+		t.Fatalf("the renewal, written at the hand-over: %v", r.err)
+	}
+	rec, err := store.Get(t.Context(), "s", "k")
+	if err != nil || rec.Token != ref.Token || !rec.LeaseExpiresAt.Equal(end) {
+		t.Fatalf("the key: token %d, lease to %v, %v; want token %d to %v", rec.Token, rec.LeaseExpiresAt, err, ref.Token, end)
+	}
+}
