@@ -33,6 +33,12 @@ type BodyKey = keyed.BodyKey
 // configured BodyKeys opens: the duplicate gets 500 and nothing runs again.
 var ErrBodyUnreadable = keyed.ErrBodyUnreadable
 
+// OpenPoint returns a kept recovery point's data as the application saved
+// it (see keyed.OpenPoint).
+func OpenPoint(keys []BodyKey, scope idem.Scope, key idem.Key, name string, data []byte) ([]byte, error) {
+	return keyed.OpenPoint(keys, scope, key, name, data)
+}
+
 // OpenBody returns a kept response body as the handler wrote it (see
 // keyed.OpenBody).
 func OpenBody(keys []BodyKey, scope idem.Scope, key idem.Key, body []byte) ([]byte, error) {

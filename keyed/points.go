@@ -103,6 +103,24 @@ func unwrapPoint(bodies *bodySealer, scope idem.Scope, key idem.Key, rp idem.Rec
 	return rp, seed, nil
 }
 
+// OpenPoint returns a kept recovery point's data as the application saved
+// it (SaveRecovery): out of the engine's envelope, and opened with keys
+// when it was sealed with one of them (Config.BodyKeys). scope and key are
+// the record's, as the store keeps them; name is the point's. Tools that
+// read points outside an execution, such as `idem reconcile`, use it; an
+// error wraps ErrBodyUnreadable, or says what is wrong with keys.
+func OpenPoint(keys []BodyKey, scope idem.Scope, key idem.Key, name string, data []byte) ([]byte, error) {
+	s, err := newBodySealer(keys)
+	if err != nil {
+		return nil, err
+	}
+	rp, _, err := unwrapPoint(s, scope, key, idem.RecoveryPoint{Name: name, Data: data})
+	if err != nil {
+		return nil, err
+	}
+	return rp.Data, nil
+}
+
 // ResealPoint returns the recovery point data a store keeps under
 // (scope, oldKey), made ready to be kept under (scope, newKey): opened
 // with keys, put in the engine's envelope when it was saved before the

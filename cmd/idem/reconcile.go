@@ -1,20 +1,25 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
 	"github.com/idem-go/idem/cmd/idem/internal/payments"
+	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/idemsqlite"
 )
 
 func (a *app) reconcileCmd() *cobra.Command {
 	var (
 		dbURL, pgSchema, netURL, netKey string
 		since                           string
+		bound                           time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "reconcile",
@@ -25,7 +30,18 @@ a charge no payment records (money taken that the books do not show, unless
 it was refunded in full), a payment whose charge the network does not have,
 a payment and its charge of different amounts, one logical payment (a
 tenant's idempotency key) charged twice, and one charge recorded by two
-payments. Exits 1 when there is a difference.
+payments.
+
+A payment in flight at its recovery point (its replica died after it began
+charging, or it is being charged now) is not in the books yet. Within
+--bound of its point it is being finished (by its replica, a retry or the
+completer) and is listed apart, with its age: not a difference. Past the
+bound it is an unknown outcome, a difference, for a person to decide on
+('idem keys abandoned', 'idem keys show').
+
+Exit status: 0 when the books agree (payments being finished do not count);
+1 when there is a difference (unknown outcomes included); 2 on bad usage;
+3 when a side could not be read, and nothing was compared.
 
 --since limits the comparison to what was made at or after a time (RFC 3339,
 or a duration back from now such as 24h); by default everything is compared.
@@ -41,10 +57,14 @@ the service's schema is refused with an error that says so.`,
 	cmd.Flags().StringVar(&netURL, "acquirer", "", "the card network: http://HOST:PORT (required)")
 	cmd.Flags().StringVar(&netKey, "acquirer-key", "", "the card network's API key (default from $"+envAcquirerKey+")")
 	cmd.Flags().StringVar(&since, "since", "", "compare only what was made at or after this time: RFC 3339, or a duration back from now (24h)")
+	cmd.Flags().DurationVar(&bound, "bound", payments.DefaultCompletionBound, "how long after its recovery point a payment in flight is still being finished; past it, its outcome is unknown")
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) (err error) {
 		ctx := cmd.Context()
 		if err := checkPGSchema(cmd, dbURL); err != nil {
 			return err
+		}
+		if bound <= 0 {
+			return &usageError{fmt.Errorf("--bound must be positive, got %s", bound)}
 		}
 		if netURL == "" {
 			return &usageError{errors.New("--acquirer is required: the card network to compare with")}
@@ -62,18 +82,30 @@ the service's schema is refused with an error that says so.`,
 		}
 		db, err := openDB(ctx, dbURL, pgSchema, true)
 		if err != nil {
-			return err
+			return a.unreadable(err)
 		}
 		defer func() { err = errors.Join(err, db.Close()) }()
-		rec, err := payments.Reconcile(ctx, db.sqlite, db.pg, net, from)
+		rest, err := a.atRestFromEnv()
 		if err != nil {
-			return err
+			return &usageError{err}
+		}
+		inFlight, closeKeys := keysInFlight(db)
+		defer func() { err = errors.Join(err, closeKeys()) }()
+		rec, err := payments.Reconcile(ctx, db.sqlite, db.pg, net, from, &payments.ReconcileOptions{InFlight: inFlight, Bound: bound, BodyKeys: rest.bodyKeys})
+		if err != nil {
+			return a.unreadable(err)
 		}
 		window := "everything"
 		if !from.IsZero() {
 			window = "since " + from.UTC().Format(time.RFC3339)
 		}
 		fmt.Fprintf(a.stdout, "reconcile: %d payments of %s and %d charges at %s, %s\n", rec.Payments, db.shown, rec.Charges, netURL, window)
+		for _, p := range rec.Pending {
+			fmt.Fprintf(a.stdout, "BEING FINISHED %s\n", p)
+		}
+		if len(rec.Pending) > 0 {
+			fmt.Fprintf(a.stdout, "%d payment(s) being finished: in flight at their recovery point within the %s bound, not differences\n", len(rec.Pending), bound)
+		}
 		for _, d := range rec.Differences {
 			fmt.Fprintf(a.stdout, "DIFFERENCE %s\n", d)
 		}
@@ -85,6 +117,64 @@ the service's schema is refused with an error that says so.`,
 		return nil
 	})
 	return cmd
+}
+
+// exitUnreadable is reconcile's status when a side could not be read: no
+// comparison was made, which is not a difference in the books.
+const exitUnreadable = 3
+
+// unreadable reports err and ends reconcile with exitUnreadable.
+func (a *app) unreadable(err error) error {
+	fmt.Fprintf(a.stderr, "idem: %s\n", oneLine(err.Error()))
+	return &statusError{code: exitUnreadable, err: err}
+}
+
+// aheadClock is a clock a century ahead of the wall clock.
+type aheadClock struct{}
+
+func (aheadClock) Now() time.Time { return time.Now().Add(100 * 365 * 24 * time.Hour) }
+
+// keysInFlight returns what lists the keys in flight with a recovery point
+// in db, held or not, and what closes the store it opens. A Recoverer's
+// Abandoned lists those whose lease has ended by the store's clock: a
+// store whose clock is far ahead lists them all. The store is opened when
+// Reconcile asks, after it found the database migrated, so opening it
+// migrates nothing.
+func keysInFlight(db *database) (func(ctx context.Context) ([]idem.Record, error), func() error) {
+	closeKeys := func() error { return nil }
+	list := func(ctx context.Context) ([]idem.Record, error) {
+		var rs idem.Recoverer
+		if db.sqlite != nil {
+			s, err := idemsqlite.NewStore(ctx, db.sqlite, &idemsqlite.StoreConfig{Clock: aheadClock{}})
+			if err != nil {
+				return nil, err
+			}
+			rs = s
+		} else {
+			ahead, err := idempg.NewDB(ctx, db.pg.Pool(), &idempg.Config{Schema: db.pg.Schema(), Clock: aheadClock{}})
+			if err != nil {
+				return nil, err
+			}
+			s, err := idempg.NewStore(ctx, ahead)
+			if err != nil {
+				return nil, err
+			}
+			closeKeys = func() error { s.Close(); return nil }
+			rs = s
+		}
+		var all []idem.Record
+		const page = 10000
+		recs, err := rs.Abandoned(ctx, page)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, recs...)
+		if len(recs) == page {
+			return nil, fmt.Errorf("more than %d keys in flight with a recovery point", page)
+		}
+		return all, nil
+	}
+	return list, func() error { return closeKeys() }
 }
 
 // parseSince reads --since: an RFC 3339 time, or a duration back from now.

@@ -234,7 +234,7 @@ func TestReconcile(t *testing.T) {
 		}
 		reconcile := func() *payments.Reconciliation {
 			t.Helper()
-			rec, err := payments.Reconcile(t.Context(), e.cfg.DB, e.cfg.Postgres, net, since)
+			rec, err := payments.Reconcile(t.Context(), e.cfg.DB, e.cfg.Postgres, net, since, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -265,7 +265,7 @@ func TestReconcileUnsafeChargedTwice(t *testing.T) {
 	q := req{method: "POST", path: "/v1/payments", idemKey: "pressed-twice", body: payBody(acct.ID, 500, "EUR")}
 	e.expect(q, http.StatusCreated)
 	e.expect(q, http.StatusCreated)
-	rec, err := payments.Reconcile(t.Context(), e.cfg.DB, nil, net, e.clock.Now().Add(-time.Hour))
+	rec, err := payments.Reconcile(t.Context(), e.cfg.DB, nil, net, e.clock.Now().Add(-time.Hour), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +318,7 @@ func TestCompleterFinishesAbandonedPayment(t *testing.T) {
 			t.Fatalf("charges %+v for payment %+v; want its one charge", made, list[0])
 		}
 		e.expectBalance(keyA, acct.ID, 9_700)
-		rec, err := payments.Reconcile(t.Context(), e.cfg.DB, e.cfg.Postgres, net, since)
+		rec, err := payments.Reconcile(t.Context(), e.cfg.DB, e.cfg.Postgres, net, since, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 package payments
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
+	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemsqlite"
 )
@@ -33,7 +36,64 @@ const (
 	DiffChargedTwice = "charged-twice"
 	// DiffChargeShared: two payments record the same charge.
 	DiffChargeShared = "charge-shared"
+	// DiffUnknownOutcome: a payment in flight at its recovery point for
+	// longer than the completer's bound (ReconcileOptions.Bound): its
+	// execution stopped after it began charging, and nobody finished it.
+	// Whether the card was charged is what the network says (its charge is
+	// named when there is one); a person decides (see `idem keys`).
+	DiffUnknownOutcome = "unknown-outcome"
 )
+
+// DefaultCompletionBound is how long a payment may stay in flight at its
+// recovery point before Reconcile calls its outcome unknown: a lease the
+// dead holder leaves (the service's 10s), the completer's round (1s), and
+// a resume with the card network's retries, with room to spare.
+const DefaultCompletionBound = time.Minute
+
+// ReconcileOptions are Reconcile's options. The zero value (or nil) means
+// the defaults.
+type ReconcileOptions struct {
+	// InFlight lists the service's idempotency keys in flight with a
+	// recovery point, whether their holder is alive or not (the records of
+	// an idem.Recoverer's store). A payment among them is not yet in the
+	// books: it is being finished, or its outcome is unknown past Bound.
+	// Defaults to nil: none are listed, and a payment in flight after its
+	// charge is a charge without its payment.
+	InFlight func(ctx context.Context) ([]idem.Record, error)
+	// Bound is how long after its recovery point was saved a payment in
+	// flight is still being finished (by its holder, a retry or the
+	// completer). Defaults to DefaultCompletionBound.
+	Bound time.Duration
+	// Clock tells the age of a recovery point. Defaults to
+	// idem.SystemClock.
+	Clock idem.Clock
+	// BodyKeys open the recovery points the service sealed (its
+	// idemhttp.Config.BodyKeys). Defaults to none: points kept in clear.
+	BodyKeys []idemhttp.BodyKey
+}
+
+// Pending is a payment in flight at its recovery point, not yet in the
+// books and not a difference while it is within the bound.
+type Pending struct {
+	Payment   string // the payment's ID, chosen before the charge
+	Tenant    string
+	KeyDigest string // ClientKeyDigest of the tenant and the client's key
+	Amount    int64
+	Currency  string
+	Point     string        // the recovery point's name
+	Age       time.Duration // since the point was saved
+	Bound     time.Duration
+	Charges   []string // the network's charges for it, when there are
+}
+
+func (p Pending) String() string {
+	charged := "no charge at the network yet"
+	if len(p.Charges) > 0 {
+		charged = fmt.Sprintf("charges %v", p.Charges)
+	}
+	return fmt.Sprintf("payment %s: %d %s (tenant %q, idempotency key digest %q) at %q for %s of its %s bound, %s",
+		p.Payment, p.Amount, p.Currency, p.Tenant, p.KeyDigest, p.Point, p.Age.Round(time.Millisecond), p.Bound, charged)
+}
 
 // Difference is one disagreement between the service's payments and the
 // card network's charges.
@@ -61,6 +121,9 @@ type Reconciliation struct {
 	Payments    int // payments paid at the network since Since
 	Charges     int // the network's charges since Since
 	Differences []Difference
+	// Pending are the payments in flight within the completer's bound:
+	// being finished, not differences.
+	Pending []Pending
 }
 
 // reconcileSlack is how much earlier than Since payments are read: a
@@ -91,7 +154,25 @@ const reconcileSlack = 10 * time.Minute
 // not (or not fully) there gets an error that says to migrate it. The
 // network is asked only for the charges made since since (less a slack
 // for the two clocks), not its whole history.
-func Reconcile(ctx context.Context, db *idemsqlite.DB, pg *idempg.DB, net *acquirer.Client, since time.Time) (*Reconciliation, error) {
+//
+// A payment in flight at its recovery point (opts.InFlight) is not in the
+// books yet: within opts.Bound it is Pending, and its charge no
+// difference; past the bound it is a DiffUnknownOutcome. The keys in
+// flight are read after the charges and before the second read of the
+// payments, so a charge is either a committed payment's (found by that
+// read) or an execution's still in flight (listed).
+func Reconcile(ctx context.Context, db *idemsqlite.DB, pg *idempg.DB, net *acquirer.Client, since time.Time, opts *ReconcileOptions) (*Reconciliation, error) {
+	var o ReconcileOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.Bound < 0 {
+		return nil, fmt.Errorf("%w: ReconcileOptions.Bound must not be negative, got %s", ErrConfig, o.Bound)
+	}
+	o.Bound = cmp.Or(o.Bound, DefaultCompletionBound)
+	if o.Clock == nil {
+		o.Clock = idem.SystemClock{}
+	}
 	var store interface {
 		ChargedPayments(ctx context.Context, since time.Time) ([]Payment, error)
 	}
@@ -125,11 +206,57 @@ func Reconcile(ctx context.Context, db *idemsqlite.DB, pg *idempg.DB, net *acqui
 	if err != nil {
 		return nil, fmt.Errorf("payments: reading the network's charges: %w", err)
 	}
+	var inFlight []idem.Record
+	if o.InFlight != nil {
+		if inFlight, err = o.InFlight(ctx); err != nil {
+			return nil, fmt.Errorf("payments: listing the keys in flight: %w", err)
+		}
+	}
 	after, err := store.ChargedPayments(ctx, from)
 	if err != nil {
 		return nil, err
 	}
-	return compareBooks(since, before, after, charges), nil
+	points, err := inFlightPayments(inFlight, after, o.BodyKeys, o.Clock.Now())
+	if err != nil {
+		return nil, err
+	}
+	return compareBooks(since, before, after, charges, points, o.Bound), nil
+}
+
+// inFlightPayment is a payment an execution in flight began charging.
+type inFlightPayment struct {
+	pt    chargingPoint
+	point string
+	age   time.Duration
+}
+
+// inFlightPayments returns the payments of the keys in flight at their
+// "charging" point that no payment of after records: those committed
+// since the keys were listed are in the books already.
+func inFlightPayments(recs []idem.Record, after []Payment, keys []idemhttp.BodyKey, now time.Time) ([]inFlightPayment, error) {
+	committed := make(map[string]bool, len(after))
+	for _, p := range after {
+		committed[p.ID] = true
+	}
+	var out []inFlightPayment
+	for _, r := range recs {
+		if r.State != idem.StateInFlight || r.Recovery.Name != pointCharging {
+			continue
+		}
+		data, err := idemhttp.OpenPoint(keys, r.Scope, r.Key, r.Recovery.Name, r.Recovery.Data)
+		if err != nil {
+			return nil, fmt.Errorf("payments: the recovery point of a key in flight of tenant %q: %w (give the service's body keys)", r.Scope, err)
+		}
+		pt, err := decodeCharging(data)
+		if err != nil {
+			return nil, fmt.Errorf("payments: the recovery point of a key in flight of tenant %q: %w", r.Scope, err)
+		}
+		if committed[pt.Payment.ID] {
+			continue
+		}
+		out = append(out, inFlightPayment{pt: pt, point: r.Recovery.Name, age: max(0, now.Sub(r.Recovery.SavedAt))})
+	}
+	return out, nil
 }
 
 // errNotMigrated is what Reconcile says of a database without the
@@ -248,11 +375,32 @@ func checkMigratedPostgres(ctx context.Context, db *idempg.DB) error {
 // payment's side is checked with before (its charge was made before it
 // was read), a charge's with after (its payment, if committed by then,
 // was read).
-func compareBooks(since time.Time, before, after []Payment, charges []acquirer.Charge) *Reconciliation {
+func compareBooks(since time.Time, before, after []Payment, charges []acquirer.Charge, inFlight []inFlightPayment, bound time.Duration) *Reconciliation {
 	rec := &Reconciliation{Since: since}
 	byID := make(map[string]acquirer.Charge, len(charges))
 	for _, c := range charges {
 		byID[c.ID] = c
+	}
+	// The logical payments in flight, by (tenant, key digest): their
+	// charges are not in the books yet, and are reported with them.
+	flying := make(map[[2]string]*Pending, len(inFlight))
+	var pendings []*Pending
+	for _, f := range inFlight {
+		p := &Pending{Payment: f.pt.Payment.ID, Tenant: f.pt.Tenant, Amount: f.pt.Payment.Amount, Currency: f.pt.Payment.Currency,
+			Point: f.point, Age: f.age, Bound: bound}
+		if f.pt.ClientKey != "" {
+			p.KeyDigest = ClientKeyDigest(f.pt.Tenant, f.pt.ClientKey)
+			flying[[2]string{f.pt.Tenant, p.KeyDigest}] = p
+		}
+		pendings = append(pendings, p)
+	}
+	for _, c := range charges {
+		if len(flying) == 0 {
+			break
+		}
+		if p := flying[[2]string{c.Metadata["tenant"], chargeKeyDigest(c)}]; p != nil {
+			p.Charges = append(p.Charges, c.ID)
+		}
 	}
 	recorded := make(map[string][]string) // charge ID → payment IDs
 	for _, p := range after {
@@ -281,6 +429,8 @@ func compareBooks(since time.Time, before, after []Payment, charges []acquirer.C
 		rec.Charges++
 		ps := recorded[c.ID]
 		switch {
+		case len(ps) == 0 && flying[[2]string{c.Metadata["tenant"], chargeKeyDigest(c)}] != nil:
+			// In flight: reported below, as pending or an unknown outcome.
 		case len(ps) == 0 && c.AmountRefunded < c.Amount:
 			rec.Differences = append(rec.Differences, Difference{Kind: DiffChargeWithoutPayment, Charges: []string{c.ID},
 				Detail: fmt.Sprintf("%d %s charged to %s (tenant %q, idempotency key digest %q), %d refunded, and no payment records it",
@@ -304,6 +454,19 @@ func compareBooks(since time.Time, before, after []Payment, charges []acquirer.C
 	for _, k := range keys {
 		rec.Differences = append(rec.Differences, Difference{Kind: DiffChargedTwice, Charges: logical[k],
 			Detail: fmt.Sprintf("tenant %q's payment under idempotency key digest %q was charged %d times", k[0], k[1], len(logical[k]))})
+	}
+	for _, p := range pendings {
+		if p.Age <= bound {
+			rec.Pending = append(rec.Pending, *p)
+			continue
+		}
+		charged := "the network has no charge for it"
+		if len(p.Charges) > 0 {
+			charged = "the network charged it"
+		}
+		rec.Differences = append(rec.Differences, Difference{Kind: DiffUnknownOutcome, Payment: p.Payment, Charges: p.Charges,
+			Detail: fmt.Sprintf("%d %s (tenant %q, idempotency key digest %q) in flight at %q for %s, past the completer's %s bound, and not in the books; %s",
+				p.Amount, p.Currency, p.Tenant, p.KeyDigest, p.Point, p.Age.Round(time.Millisecond), p.Bound, charged)})
 	}
 	return rec
 }

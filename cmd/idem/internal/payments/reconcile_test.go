@@ -84,7 +84,7 @@ func TestReconcileLivePaymentsBetweenReads(t *testing.T) {
 			},
 		}
 		reader := readerOf(t, netURL, hook)
-		rec, err := payments.Reconcile(t.Context(), e.cfg.DB, e.cfg.Postgres, reader, since)
+		rec, err := payments.Reconcile(t.Context(), e.cfg.DB, e.cfg.Postgres, reader, since, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +95,7 @@ func TestReconcileLivePaymentsBetweenReads(t *testing.T) {
 			t.Fatalf("reconciled %d payments, %d charges; want at least the one made before", rec.Payments, rec.Charges)
 		}
 		// Run again, after the load: everything agrees, all three counted.
-		rec, err = payments.Reconcile(t.Context(), e.cfg.DB, e.cfg.Postgres, net, since)
+		rec, err = payments.Reconcile(t.Context(), e.cfg.DB, e.cfg.Postgres, net, since, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,7 +147,7 @@ func TestReconcileSinceAtTheNetwork(t *testing.T) {
 	db := migratedSQLite(t)
 	since := clock.Now().Add(-time.Hour)
 	hook := &listHook{}
-	rec, err := payments.Reconcile(t.Context(), db, nil, readerOf(t, hs.URL, hook), since)
+	rec, err := payments.Reconcile(t.Context(), db, nil, readerOf(t, hs.URL, hook), since, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +186,7 @@ func TestReconcileNeverMigrates(t *testing.T) {
 	t.Cleanup(func() { db.Close() })
 	var cfg payments.Config
 	net := cardNetwork(t, &cfg)
-	_, err = payments.Reconcile(t.Context(), db, nil, net, time.Time{})
+	_, err = payments.Reconcile(t.Context(), db, nil, net, time.Time{}, nil)
 	if err == nil || !strings.Contains(err.Error(), "idem migrate") {
 		t.Fatalf("reconcile of a database never migrated: %v; want an error that says to migrate it", err)
 	}

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A replica dies after the card network charged a payment and before the
+// payment committed. Reconciled at once, while the completer is within its
+// bound, the payment is being finished: not a difference, exit 0. Past the
+// bound with no completer it is an unknown outcome: a difference, exit 1.
+func TestReconcileInFlightPayment(t *testing.T) {
+	t.Parallel()
+	hs := startCardNetwork(t)
+	dbURL := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	a := startReplica(t, "a", []string{"--db", dbURL, "--acquirer", hs.URL, "--faults", "--log-level", "warn"})
+	acct := a.post(t, "/v1/accounts", "acct", "", map[string]any{"balance": 100000, "currency": "EUR"})
+	if acct.status != http.StatusCreated {
+		t.Fatalf("creating the account: %s", acct)
+	}
+	crash(t, a, "pay-in-flight", map[string]any{"account_id": acct.body["id"], "amount": 1000, "currency": "EUR"})
+	select {
+	case <-a.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the replica did not die after the charge")
+	}
+
+	code, out, errOut := runCmd(t, "reconcile", "--db", dbURL, "--acquirer", hs.URL, "--acquirer-key", "net-key")
+	t.Logf("reconcile at once: %s", strings.TrimSpace(out))
+	if code != exitOK || !strings.Contains(out, "0 differences") || !strings.Contains(out, "being finished") || !strings.Contains(out, "1 payment(s) being finished") {
+		t.Fatalf("reconcile right after the crash: exit %d, %q, %q; want the payment being finished and exit 0", code, out, errOut)
+	}
+	// A bound already past: no completer finished it in time.
+	code, out, errOut = runCmd(t, "reconcile", "--db", dbURL, "--acquirer", hs.URL, "--acquirer-key", "net-key", "--bound", "1ns")
+	t.Logf("reconcile past the bound: %s", strings.TrimSpace(out))
+	if code != exitFailure || !strings.Contains(out, "unknown-outcome") || strings.Contains(out, "charge-without-payment") || !strings.Contains(out, "1 difference(s)") {
+		t.Fatalf("reconcile past the bound: exit %d, %q, %q; want one unknown outcome and exit 1", code, out, errOut)
+	}
+	if code, _, errOut := runCmd(t, "reconcile", "--db", dbURL, "--acquirer", hs.URL, "--bound", "0s"); code != exitUsage || !strings.Contains(errOut, "--bound") {
+		t.Fatalf("reconcile --bound 0s: exit %d, %q; want a usage error", code, errOut)
+	}
+}
