@@ -45,9 +45,11 @@ const (
 )
 
 // DefaultCompletionBound is how long a payment may stay in flight at its
-// recovery point before Reconcile calls its outcome unknown: a lease the
-// dead holder leaves (the service's 10s), the completer's round (1s), and
-// a resume with the card network's retries, with room to spare.
+// recovery point before Reconcile calls its outcome unknown. It counts from
+// the point, which is earlier than the holder's death the completer's own
+// bound counts from (keyed.Completer.Bound: a lease, a round and a resume,
+// 20s with the service's defaults), so it adds the rest of the request
+// (the live holder's charge and commit) and room to spare.
 const DefaultCompletionBound = time.Minute
 
 // ReconcileOptions are Reconcile's options. The zero value (or nil) means
