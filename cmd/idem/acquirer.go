@@ -63,7 +63,7 @@ meets the ambiguous outcome for real.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.addr, "addr", "127.0.0.1:8090", "address to listen on (host:port; port 0 picks a free one)")
 	fl.StringVar(&f.db, "db", defaultAcquirerDB, "where the charges live: sqlite:FILE")
-	fl.StringVar(&f.apiKey, "api-key", "", "the bearer key callers must send (default from $"+envAcquirerKey+"; none: open to anyone who reaches it, so only on a loopback --addr)")
+	fl.StringVar(&f.apiKey, "api-key", "", "the bearer key callers must send (default from $"+envAcquirerKey+" or the file $"+envAcquirerKey+"_FILE names; none: open to anyone who reaches it, so only on a loopback --addr)")
 	fl.BoolVar(&f.faults, "faults", false, "honour the Idem-Fault request header and --fault-rate")
 	fl.Float64Var(&f.faultRate, "fault-rate", 0, "with --faults, the share (0 to 1) of charges and refunds refused with 503 or whose answer is dropped after the charge, at random")
 	fl.Uint64Var(&f.seed, "seed", 0, "seed of the random faults, to repeat a run (default: random)")
@@ -100,7 +100,9 @@ func (a *app) runAcquirer(ctx context.Context, f *acquirerFlags) (err error) {
 	}
 	apiKey := f.apiKey
 	if !f.apiKeySet {
-		apiKey, _ = a.lookupEnv(envAcquirerKey)
+		if apiKey, _, err = a.secretEnv(envAcquirerKey); err != nil {
+			return err
+		}
 	}
 	if apiKey == "" && !loopbackAddr(f.addr) {
 		// Its charges carry tenants, accounts and amounts: without a key,

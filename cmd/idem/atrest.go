@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/idem-go/idem/idemhttp"
@@ -33,7 +34,11 @@ type atRest struct {
 // the variable, never its value.
 func (a *app) atRestFromEnv() (atRest, error) {
 	var r atRest
-	if v, ok := a.lookupEnv(envKeySecret); ok && strings.TrimSpace(v) != "" {
+	v, ok, err := a.secretEnv(envKeySecret)
+	if err != nil {
+		return atRest{}, err
+	}
+	if ok && strings.TrimSpace(v) != "" {
 		b, err := decodeSecret(strings.TrimSpace(v))
 		if err != nil {
 			return atRest{}, fmt.Errorf("%s: %w", envKeySecret, err)
@@ -43,7 +48,11 @@ func (a *app) atRestFromEnv() (atRest, error) {
 		}
 		r.keySecret = b
 	}
-	if v, ok := a.lookupEnv(envBodyKeys); ok && strings.TrimSpace(v) != "" {
+	v, ok, err = a.secretEnv(envBodyKeys)
+	if err != nil {
+		return atRest{}, err
+	}
+	if ok && strings.TrimSpace(v) != "" {
 		for i, item := range strings.Split(v, ",") {
 			id, key, found := strings.Cut(strings.TrimSpace(item), ":")
 			if !found || id == "" {
@@ -79,4 +88,25 @@ func decodeSecret(s string) ([]byte, error) {
 		}
 	}
 	return nil, errors.New("is neither hex nor base64")
+}
+
+// secretEnv reads a secret from the environment: the variable name, or,
+// when it is not set, the file the variable name+"_FILE" names (a mounted
+// secret, as containers and systemd's credentials give them), its
+// trailing whitespace trimmed. Secrets are read from there rather than
+// from flags, which other users of the machine can read in ps. An error
+// names the variable and the file, never what it holds.
+func (a *app) secretEnv(name string) (string, bool, error) {
+	if v, ok := a.lookupEnv(name); ok {
+		return v, true, nil
+	}
+	path, ok := a.lookupEnv(name + "_FILE")
+	if !ok || strings.TrimSpace(path) == "" {
+		return "", false, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", false, fmt.Errorf("$%s_FILE: %w", name, err)
+	}
+	return strings.TrimRight(string(b), " \t\r\n"), true, nil
 }

@@ -33,7 +33,11 @@ func (a *app) consoleOperators(flagValue string, flagSet bool) ([]console.Operat
 	src, from := flagValue, "--operators"
 	if !flagSet {
 		src, from = "", "$"+envOperators
-		if v, ok := a.lookupEnv(envOperators); ok {
+		v, ok, err := a.secretEnv(envOperators)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
 			src = v
 		}
 	}
@@ -49,7 +53,7 @@ func (a *app) consoleOperators(flagValue string, flagSet bool) ([]console.Operat
 }
 
 // openConsole builds the console on the open database db.
-func openConsole(ctx context.Context, db *database, ops []console.Operator, logger *slog.Logger) (*console.Console, error) {
+func openConsole(ctx context.Context, db *database, ops []console.Operator, publicHTTPS bool, logger *slog.Logger) (*console.Console, error) {
 	var (
 		letters  *deadletter.Service
 		insights console.Insights
@@ -67,7 +71,7 @@ func openConsole(ctx context.Context, db *database, ops []console.Operator, logg
 	if err != nil {
 		return nil, fmt.Errorf("starting the console: %w", err)
 	}
-	con, err := console.New(&console.Config{Letters: letters, Insights: insights, Operators: ops, Logger: logger})
+	con, err := console.New(&console.Config{Letters: letters, Insights: insights, Operators: ops, PublicHTTPS: publicHTTPS, Logger: logger})
 	if err != nil {
 		return nil, fmt.Errorf("starting the console: %w", err)
 	}
@@ -82,6 +86,8 @@ func openConsole(ctx context.Context, db *database, ops []console.Operator, logg
 // consolePlan is serve's --console, checked: nil when it is off.
 type consolePlan struct {
 	operators []console.Operator
+	// publicHTTPS: browsers reach the console over https, through a proxy.
+	publicHTTPS bool
 }
 
 // planConsole checks --console and --operators (or $IDEM_OPERATORS).
@@ -105,7 +111,7 @@ func mountConsole(ctx context.Context, cp *consolePlan, db *database, logger *sl
 	if cp == nil {
 		return h, nil
 	}
-	con, err := openConsole(ctx, db, cp.operators, logger)
+	con, err := openConsole(ctx, db, cp.operators, cp.publicHTTPS, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -138,8 +144,10 @@ history. The console refuses to start without them.`,
 	fl := cmd.Flags()
 	fl.StringVar(&addr, "addr", "127.0.0.1:8081", "address to listen on (host:port; port 0 picks a free one)")
 	dbFlags(cmd, &dbURL, &pgSchema)
-	fl.StringVar(&operators, "operators", "", `the console's operators, "name:token,name2:token2" (default from $`+envOperators+`)`)
+	fl.StringVar(&operators, "operators", "", `the console's operators, "name:token,name2:token2" (default from $`+envOperators+`, or the file $`+envOperators+`_FILE names)`)
 	fl.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	var publicHTTPS bool
+	fl.BoolVar(&publicHTTPS, "public-https", false, "browsers reach the console over https, through a proxy that terminates TLS: its session cookie is marked Secure")
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) error {
 		if err := checkPGSchema(cmd, dbURL); err != nil {
 			return &usageError{err}
@@ -155,13 +163,13 @@ history. The console refuses to start without them.`,
 		if _, err := parseDB(dbURL); err != nil {
 			return &usageError{err}
 		}
-		return a.runConsole(cmd.Context(), addr, dbURL, pgSchema, ops, level)
+		return a.runConsole(cmd.Context(), addr, dbURL, pgSchema, ops, publicHTTPS, level)
 	})
 	return cmd
 }
 
 // runConsole serves the console until ctx ends.
-func (a *app) runConsole(ctx context.Context, addr, dbURL, pgSchema string, ops []console.Operator, level slog.Level) (err error) {
+func (a *app) runConsole(ctx context.Context, addr, dbURL, pgSchema string, ops []console.Operator, publicHTTPS bool, level slog.Level) (err error) {
 	logger := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))
 	db, err := openDB(ctx, dbURL, pgSchema, true)
 	if err != nil {
@@ -172,7 +180,7 @@ func (a *app) runConsole(ctx context.Context, addr, dbURL, pgSchema string, ops 
 			err = errors.Join(err, fmt.Errorf("closing the database: %w", cerr))
 		}
 	}()
-	con, err := openConsole(ctx, db, ops, logger)
+	con, err := openConsole(ctx, db, ops, publicHTTPS, logger)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,7 +44,7 @@ func TestConsoleRefusesWithoutOperators(t *testing.T) {
 func TestServeMountsConsole(t *testing.T) {
 	t.Parallel()
 	db := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-	srv := startServe(t, newApp(map[string]string{envOperators: "alice:op-token-1-0123456789abcdef"}), "--db", db, "--api-keys", "acme:k", "--console")
+	srv := startServe(t, newApp(map[string]string{envOperators: "alice:op-token-1-0123456789abcdef"}), "--db", db, "--api-keys", "acme:k", "--console", "--console-public-https")
 	get := func(path, token string) (int, string) {
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.base+path, nil)
 		if err != nil {
@@ -69,6 +70,16 @@ func TestServeMountsConsole(t *testing.T) {
 	}
 	if code, _ := get("/console/letters", ""); code != http.StatusUnauthorized {
 		t.Errorf("console without a token: %d, want 401", code)
+	}
+	// Behind a proxy that serves it over https, its cookie is Secure.
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := noFollow.PostForm(srv.base+"/console/login", url.Values{"token": {"op-token-1-0123456789abcdef"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if cs := resp.Cookies(); resp.StatusCode != http.StatusSeeOther || len(cs) != 1 || !cs[0].Secure {
+		t.Errorf("login with --console-public-https: %d, cookies %+v; want one Secure cookie", resp.StatusCode, cs)
 	}
 	// The API still answers beside it.
 	if code, _ := get("/healthz", ""); code != http.StatusOK {

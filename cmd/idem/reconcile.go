@@ -55,7 +55,7 @@ the service's schema is refused with an error that says so.`,
 	}
 	dbFlags(cmd, &dbURL, &pgSchema)
 	cmd.Flags().StringVar(&netURL, "acquirer", "", "the card network: http://HOST:PORT (required)")
-	cmd.Flags().StringVar(&netKey, "acquirer-key", "", "the card network's API key (default from $"+envAcquirerKey+")")
+	cmd.Flags().StringVar(&netKey, "acquirer-key", "", "the card network's API key (default from $"+envAcquirerKey+", or the file $"+envAcquirerKey+"_FILE names)")
 	cmd.Flags().StringVar(&since, "since", "", "compare only what was made at or after this time: RFC 3339, or a duration back from now (24h)")
 	cmd.Flags().DurationVar(&bound, "bound", payments.DefaultCompletionBound, "how long after its recovery point a payment in flight is still being finished; past it, its outcome is unknown")
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) (err error) {
@@ -74,7 +74,9 @@ the service's schema is refused with an error that says so.`,
 			return &usageError{err}
 		}
 		if !cmd.Flags().Changed("acquirer-key") {
-			netKey, _ = a.lookupEnv(envAcquirerKey)
+			if netKey, _, err = a.secretEnv(envAcquirerKey); err != nil {
+				return err
+			}
 		}
 		net, err := acquirer.NewClient(acquirer.ClientConfig{URL: netURL, APIKey: netKey, Timeout: 5 * time.Minute})
 		if err != nil {

@@ -69,6 +69,8 @@ type serveFlags struct {
 	console      bool
 	operators    string
 	operatorsSet bool
+	// consoleHTTPS is --console-public-https.
+	consoleHTTPS bool
 
 	// pgSchemaSet and apiKeysSet say whether --pg-schema and --api-keys
 	// were given at all: --pg-schema is refused without PostgreSQL only
@@ -130,11 +132,12 @@ func (f *serveFlags) define(cmd *cobra.Command) {
 	fl.DurationVar(&f.inflightWait, "inflight-wait", payments.DefaultInflightWait, "how long a duplicate waits for the first request with its key to finish")
 	fl.DurationVar(&f.requestTimeout, "request-timeout", payments.DefaultRequestTimeout, "longest an API request may take: past it the client gets 503 and retries with its key (a stalled disk or database never holds clients for good); must exceed --inflight-wait; 0 turns it off")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long a shutdown waits for requests in flight")
-	fl.StringVar(&f.apiKeys, "api-keys", "", `API keys, "tenant:key,tenant2:key2" (default from $`+envAPIKeys+`)`)
+	fl.StringVar(&f.apiKeys, "api-keys", "", `API keys, "tenant:key,tenant2:key2" (default from $`+envAPIKeys+`, or the file $`+envAPIKeys+`_FILE names)`)
 	fl.BoolVar(&f.discardBodies, "discard-bodies", false, "keep only the status and headers of each answer for replay, never its body (replays say Idempotent-Body-Omitted: true); "+
 		envKeySecret+" seals the keys kept, "+envBodyKeys+" encrypts the bodies kept")
 	fl.BoolVar(&f.console, "console", false, "serve the operators' console for dead letters under "+consolePath+" (needs --operators)")
-	fl.StringVar(&f.operators, "operators", "", `the console's operators, "name:token,name2:token2", apart from the API keys (default from $`+envOperators+`)`)
+	fl.BoolVar(&f.consoleHTTPS, "console-public-https", false, "with --console: browsers reach it over https, through a proxy that terminates TLS, so its session cookie is marked Secure")
+	fl.StringVar(&f.operators, "operators", "", `the console's operators, "name:token,name2:token2", apart from the API keys (default from $`+envOperators+`, or the file $`+envOperators+`_FILE names)`)
 	fl.BoolVar(&f.strict, "strict", false, "refuse to serve when a replicated database, key store or broker lacks a setting a guarantee rests on (asynchronous standbys or replicas, queues that can drop); without it, each is logged as a warning")
 	fl.BoolVar(&f.unsafe, "unsafe-no-idempotency", false, "ignore Idempotency-Key entirely: retries DOUBLE CHARGE (the lab's 'before')")
 	fl.BoolVar(&f.workers, "workers", true, "run the outbox relay and the settlement consumer in this process; --workers=false serves requests only, and their events wait in the outbox for a serve with workers on the same --db")
@@ -147,7 +150,7 @@ func (f *serveFlags) define(cmd *cobra.Command) {
 	fl.DurationVar(&f.retryBase, "retry-base", 100*time.Millisecond, "scale of the settlement consumer's first retry delay (exponential backoff, full jitter)")
 	fl.DurationVar(&f.retryCap, "retry-cap", 30*time.Second, "longest retry delay of the settlement consumer")
 	fl.StringVar(&f.acquirer, "acquirer", "", "the card network (idem acquirer) a payment charges the account's card at before it is recorded: http://HOST:PORT; empty: payments move money in --db alone")
-	fl.StringVar(&f.acquirerKey, "acquirer-key", "", "the card network's API key (default from $"+envAcquirerKey+")")
+	fl.StringVar(&f.acquirerKey, "acquirer-key", "", "the card network's API key (default from $"+envAcquirerKey+", or the file $"+envAcquirerKey+"_FILE names)")
 	fl.StringVar(&f.replicaID, "replica-id", "", "this replica's name as the holder of the keys it claims: the same when it restarts, different for every replica that runs at once; "+
 		"at start it ends the leases its earlier run held, so what that run left is finished at once (default: the host's name and the address it listens on; none on a host without a name of its own, such as localhost)")
 }
@@ -252,6 +255,9 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 	if err != nil {
 		return nil, err
 	}
+	if con != nil {
+		con.publicHTTPS = f.consoleHTTPS
+	}
 	rest, err := a.atRestFromEnv()
 	if err != nil {
 		return nil, err
@@ -310,7 +316,10 @@ func (a *app) planAcquirer(f *serveFlags) (*acquirer.Client, error) {
 	}
 	key := f.acquirerKey
 	if !f.acquirerKeySet {
-		key, _ = a.lookupEnv(envAcquirerKey)
+		var err error
+		if key, _, err = a.secretEnv(envAcquirerKey); err != nil {
+			return nil, err
+		}
 	}
 	var transport http.RoundTripper
 	if f.faults {
@@ -474,7 +483,11 @@ func (a *app) apiKeys(flagValue string, flagSet bool) (keys map[string]string, d
 	src, from := flagValue, "--api-keys"
 	if !flagSet {
 		src, from = "", ""
-		if v, ok := a.lookupEnv(envAPIKeys); ok {
+		v, ok, err := a.secretEnv(envAPIKeys)
+		if err != nil {
+			return nil, "", err
+		}
+		if ok {
 			src, from = v, envAPIKeys
 		}
 	}
