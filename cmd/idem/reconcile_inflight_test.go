@@ -14,9 +14,25 @@ import (
 // bound with no completer it is an unknown outcome: a difference, exit 1.
 func TestReconcileInFlightPayment(t *testing.T) {
 	t.Parallel()
+	for name, db := range map[string]func(t *testing.T) []string{
+		"sqlite": func(t *testing.T) []string {
+			return []string{"--db", "sqlite:" + filepath.Join(t.TempDir(), "idem.db")}
+		},
+		"postgres": func(t *testing.T) []string {
+			u := postgresURL(t)
+			return []string{"--db", u, "--pg-schema", freshSchema(t, u)}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			reconcileInFlight(t, db(t))
+		})
+	}
+}
+
+func reconcileInFlight(t *testing.T, dbArgs []string) {
 	hs := startCardNetwork(t)
-	dbURL := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-	a := startReplica(t, "a", []string{"--db", dbURL, "--acquirer", hs.URL, "--faults", "--log-level", "warn"})
+	a := startReplica(t, "a", append(append([]string{}, dbArgs...), "--acquirer", hs.URL, "--faults", "--log-level", "warn"))
 	acct := a.post(t, "/v1/accounts", "acct", "", map[string]any{"balance": 100000, "currency": "EUR"})
 	if acct.status != http.StatusCreated {
 		t.Fatalf("creating the account: %s", acct)
@@ -28,18 +44,18 @@ func TestReconcileInFlightPayment(t *testing.T) {
 		t.Fatal("the replica did not die after the charge")
 	}
 
-	code, out, errOut := runCmd(t, "reconcile", "--db", dbURL, "--acquirer", hs.URL, "--acquirer-key", "net-key")
+	code, out, errOut := runCmd(t, append(append([]string{"reconcile"}, dbArgs...), "--acquirer", hs.URL, "--acquirer-key", "net-key")...)
 	t.Logf("reconcile at once: %s", strings.TrimSpace(out))
 	if code != exitOK || !strings.Contains(out, "0 differences") || !strings.Contains(out, "being finished") || !strings.Contains(out, "1 payment(s) being finished") {
 		t.Fatalf("reconcile right after the crash: exit %d, %q, %q; want the payment being finished and exit 0", code, out, errOut)
 	}
 	// A bound already past: no completer finished it in time.
-	code, out, errOut = runCmd(t, "reconcile", "--db", dbURL, "--acquirer", hs.URL, "--acquirer-key", "net-key", "--bound", "1ns")
+	code, out, errOut = runCmd(t, append(append([]string{"reconcile"}, dbArgs...), "--acquirer", hs.URL, "--acquirer-key", "net-key", "--bound", "1ns")...)
 	t.Logf("reconcile past the bound: %s", strings.TrimSpace(out))
 	if code != exitFailure || !strings.Contains(out, "unknown-outcome") || strings.Contains(out, "charge-without-payment") || !strings.Contains(out, "1 difference(s)") {
 		t.Fatalf("reconcile past the bound: exit %d, %q, %q; want one unknown outcome and exit 1", code, out, errOut)
 	}
-	if code, _, errOut := runCmd(t, "reconcile", "--db", dbURL, "--acquirer", hs.URL, "--bound", "0s"); code != exitUsage || !strings.Contains(errOut, "--bound") {
+	if code, _, errOut := runCmd(t, append(append([]string{"reconcile"}, dbArgs...), "--acquirer", hs.URL, "--bound", "0s")...); code != exitUsage || !strings.Contains(errOut, "--bound") {
 		t.Fatalf("reconcile --bound 0s: exit %d, %q; want a usage error", code, errOut)
 	}
 }
