@@ -92,7 +92,10 @@ func (s *Service) charge(ctx context.Context, r *http.Request, p Payment, client
 		ctx = context.WithValue(ctx, dropChargeKey{}, new(atomic.Bool))
 	}
 	ch, err := s.acquirer.Charge(ctx, chargeKey(ctx, "charge"), acquirer.ChargeRequest{
-		Amount: p.Amount, Currency: p.Currency, Reference: p.AccountID, Description: p.Description, Metadata: meta,
+		// The payment's description stays in the service: what a client
+		// wrote is none of the network's business, and would be kept there
+		// in clear.
+		Amount: p.Amount, Currency: p.Currency, Reference: p.AccountID, Metadata: meta,
 	})
 	switch {
 	case errors.Is(err, acquirer.ErrDeclined):
