@@ -27,6 +27,11 @@ const (
 	// DefaultOutcomesWindow is how far back the overview counts the
 	// consumers' outcomes.
 	DefaultOutcomesWindow = time.Hour
+	// DefaultCompletionBound is how long after its lease ended an
+	// execution stopped at a recovery point is still shown as being
+	// finished: the completer's bound with idemhttp's defaults (a round
+	// and a resume past the lease), with room to spare.
+	DefaultCompletionBound = 30 * time.Second
 )
 
 // ErrNoOperators is returned by New when no operator is configured: a
@@ -88,6 +93,19 @@ type Config struct {
 	// consumers' outcomes and the backlogs. Defaults to none: the pages
 	// show the letters only.
 	Insights Insights
+	// Recoveries is the key store whose executions stopped at a recovery
+	// point the "Unknown outcomes" page shows: being finished within
+	// CompletionBound of their holder's lease end, unknown past it.
+	// Defaults to none: no such page.
+	Recoveries idem.Recoverer
+	// ShowPoint says what a recovery point means in a person's words
+	// (for a payment: its amount, account and tenant), as fields the
+	// page shows as text. Defaults to the point's name and data size.
+	ShowPoint func(ctx context.Context, rec idem.Record) ([]PointField, error)
+	// CompletionBound is how long after its lease ended an execution at a
+	// recovery point is being finished (by a completer or a retry) rather
+	// than unknown. Defaults to DefaultCompletionBound.
+	CompletionBound time.Duration
 	// Prefix is the path the console is mounted under, without a trailing
 	// slash. Defaults to DefaultPrefix ("/console").
 	Prefix string
@@ -180,6 +198,12 @@ func New(cfg *Config) (*Console, error) {
 	if c.OutcomesWindow == 0 {
 		c.OutcomesWindow = DefaultOutcomesWindow
 	}
+	if c.CompletionBound < 0 {
+		return nil, &idem.ArgumentError{Field: "console.Config.CompletionBound", Reason: "must not be negative"}
+	}
+	if c.CompletionBound == 0 {
+		c.CompletionBound = DefaultCompletionBound
+	}
 	if c.Clock == nil {
 		c.Clock = idem.SystemClock{}
 	}
@@ -265,6 +289,11 @@ type Insights interface {
 	// Overview returns the consumers' outcomes since since and the
 	// backlogs that should stay near empty.
 	Overview(ctx context.Context, since time.Time) (Overview, error)
+}
+
+// PointField is one thing a recovery point says, named for a person.
+type PointField struct {
+	Name, Value string
 }
 
 // Overview is a service's health as the console's first page shows it.

@@ -3,6 +3,7 @@ package console
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -35,6 +36,7 @@ func (c *Console) routes() http.Handler {
 	authed.HandleFunc("POST "+p+"/letters/{id}/edit", c.edit)
 	authed.HandleFunc("POST "+p+"/letters/{id}/redrive", c.redrive)
 	authed.HandleFunc("POST "+p+"/letters/{id}/discard", c.discard)
+	authed.HandleFunc("GET "+p+"/outcomes", c.outcomes)
 	authed.HandleFunc("GET "+p+"/bulk", c.bulkPreview)
 	authed.HandleFunc("POST "+p+"/bulk", c.bulk)
 	authed.HandleFunc(p+"/", func(w http.ResponseWriter, r *http.Request) {
@@ -79,6 +81,7 @@ type view struct {
 var titles = map[string]string{
 	"login": "Log in", "overview": "Overview", "list": "Dead letters", "letter": "Dead letter",
 	"edit": "Edit and re-drive", "bulk": "Bulk action", "error": "Error",
+	"outcomes": "Unknown outcomes",
 }
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, page string, data any) {
@@ -163,6 +166,10 @@ type overviewPage struct {
 	Overview  Overview
 	Problem   string
 	DeadTotal int
+	// Recoveries: the console shows executions stopped at a point;
+	// Unknown and Finishing count them.
+	Recoveries         bool
+	Unknown, Finishing int
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
@@ -181,7 +188,79 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		}
 		page.Overview = ov
 	}
+	if c.cfg.Recoveries != nil {
+		page.Recoveries = true
+		rows, err := c.stopped(r.Context(), page.Now)
+		if err != nil {
+			c.cfg.Logger.Warn("console: reading the executions stopped at a recovery point failed", "err", err)
+			page.Problem = "The executions stopped at a recovery point could not be read: " + err.Error()
+		}
+		for _, row := range rows {
+			if row.Unknown {
+				page.Unknown++
+			} else {
+				page.Finishing++
+			}
+		}
+	}
 	c.render(w, r, http.StatusOK, "overview", page)
+}
+
+// --- unknown outcomes ---
+
+// stoppedRow is an execution stopped at a recovery point, as the page
+// shows it.
+type stoppedRow struct {
+	Scope, Key, Point string
+	SavedAt           time.Time // when the point was saved
+	Since             time.Time // when its holder's lease ended
+	Unknown           bool      // past the completion bound
+	Fields            []PointField
+	Problem           string // ShowPoint's error
+}
+
+type outcomesPage struct {
+	Now   time.Time
+	Bound time.Duration
+	Rows  []stoppedRow
+}
+
+// stopped lists the executions stopped at a recovery point, oldest first.
+func (c *Console) stopped(ctx context.Context, now time.Time) ([]stoppedRow, error) {
+	recs, err := c.cfg.Recoveries.Abandoned(ctx, c.cfg.MaxBulk)
+	if err != nil {
+		return nil, err
+	}
+	rows := make([]stoppedRow, 0, len(recs))
+	for _, rec := range recs {
+		row := stoppedRow{Scope: string(rec.Scope), Key: string(rec.Key), Point: rec.Recovery.Name, SavedAt: rec.Recovery.SavedAt,
+			Since: rec.LeaseExpiresAt, Unknown: now.Sub(rec.LeaseExpiresAt) > c.cfg.CompletionBound}
+		if c.cfg.ShowPoint != nil {
+			fields, err := c.cfg.ShowPoint(ctx, rec)
+			if err != nil {
+				row.Problem = err.Error()
+			}
+			row.Fields = fields
+		} else {
+			row.Fields = []PointField{{Name: "point", Value: rec.Recovery.Name}, {Name: "data", Value: fmt.Sprintf("%d bytes", len(rec.Recovery.Data))}}
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+func (c *Console) outcomes(w http.ResponseWriter, r *http.Request) {
+	if c.cfg.Recoveries == nil {
+		c.fail(w, r, http.StatusNotFound, "Not found", "This console is not given a key store with recovery points.")
+		return
+	}
+	now := c.cfg.Clock.Now()
+	rows, err := c.stopped(r.Context(), now)
+	if err != nil {
+		c.failAction(w, r, "", err)
+		return
+	}
+	c.render(w, r, http.StatusOK, "outcomes", &outcomesPage{Now: now, Bound: c.cfg.CompletionBound, Rows: rows})
 }
 
 // stats counts dls per consumer, with the first failure of the oldest.
