@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,13 +18,36 @@ import (
 
 // With both secrets set, after payments that crash at their point and are
 // retried, complete, are refunded and are replayed: no raw Idempotency-Key
-// is anywhere in the service's database files (SQLite's file and WAL), the
-// card network's database, or any log line; and none of the text the
-// payments carried (a description, a refund's reason) is in the card
-// network's database or the logs.
+// is anywhere in the service's database (SQLite's file and WAL; a pg_dump
+// of its PostgreSQL schema), the card network's database, or any log line;
+// and none of the text the payments carried (a description, a refund's
+// reason) is in the card network's database or the logs.
 func TestNoRawKeyAtRest(t *testing.T) {
 	t.Parallel()
-	netDir, svcDir := t.TempDir(), t.TempDir()
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		scanAtRest(t, dir, []string{"--db", "sqlite:" + filepath.Join(dir, "idem.db")}, nil)
+	})
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		u := postgresURL(t)
+		schema := freshSchema(t, u)
+		scanAtRest(t, "", []string{"--db", u, "--pg-schema", schema}, func() []byte {
+			out, err := exec.Command("pg_dump", "--schema="+schema, "--dbname="+u).Output()
+			if err != nil || len(out) == 0 {
+				t.Fatalf("pg_dump: %v", err)
+			}
+			return out
+		})
+	})
+}
+
+// scanAtRest runs the payments with the service on db (its files in
+// svcDir, when they are files) and scans what they left; dump, when
+// given, is the database's dump.
+func scanAtRest(t *testing.T, svcDir string, db []string, dump func() []byte) {
+	netDir := t.TempDir()
 	netDB, err := idemsqlite.Open(filepath.Join(netDir, "acquirer.db"), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -37,8 +61,7 @@ func TestNoRawKeyAtRest(t *testing.T) {
 	hs := httptest.NewServer(net.Handler())
 	defer hs.Close()
 
-	dbURL := "sqlite:" + filepath.Join(svcDir, "idem.db")
-	a := startReplica(t, "scan", []string{"--db", dbURL, "--acquirer", hs.URL, "--faults", "--log-level", "debug"})
+	a := startReplica(t, "scan", append(db, "--acquirer", hs.URL, "--faults", "--log-level", "debug"))
 	a.env = []string{envKeySecret + "=c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LTMyYg==",
 		envBodyKeys + "=k1:MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="}
 	a.stop(t)
@@ -83,7 +106,18 @@ func TestNoRawKeyAtRest(t *testing.T) {
 		}
 	}
 	files := 0
-	for _, dir := range []string{svcDir, netDir} {
+	dirs := []string{netDir}
+	if svcDir != "" {
+		dirs = append(dirs, svcDir)
+	}
+	sealed := false // the scan saw the service's records: their sealed keys
+	if dump != nil {
+		b := dump()
+		find("pg_dump of the service's schema", b, keys)
+		sealed = bytes.Contains(b, []byte("hk1_"))
+		files += 2
+	}
+	for _, dir := range dirs {
 		entries, err := os.ReadDir(dir)
 		if err != nil {
 			t.Fatal(err)
@@ -95,10 +129,14 @@ func TestNoRawKeyAtRest(t *testing.T) {
 			}
 			files++
 			find(e.Name(), b, keys)
+			sealed = sealed || dir != netDir && bytes.Contains(b, []byte("hk1_"))
 			if dir == netDir {
 				find("the card network's "+e.Name(), b, texts)
 			}
 		}
+	}
+	if !sealed {
+		t.Fatal("no sealed key in what was scanned: not the service's records")
 	}
 	if files < 3 {
 		t.Fatalf("scanned %d files; want the service's database and WAL and the card network's", files)
