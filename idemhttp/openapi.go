@@ -118,6 +118,12 @@ func (m *Middleware) Policy() Policy {
 		{Status: http.StatusServiceUnavailable, Problems: unavailable, RetryAfter: true,
 			Description: "The idempotency store could not claim or complete the key, so nothing ran or it was rolled back. Retry with the same key."},
 	}
+	if m.cfg.Scope != nil && !m.cfg.SharedScope {
+		p.Answers = append(p.Answers[:1:1], append([]PolicyAnswer{{Status: http.StatusUnauthorized,
+			Problems:    []PolicyProblem{{ProblemScope, scopeTitle}},
+			Description: "The server could not tell whom the key belongs to (no tenant or credentials). Nothing ran; nothing was kept."}},
+			p.Answers[1:]...)...)
+	}
 	return p
 }
 

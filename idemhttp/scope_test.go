@@ -53,3 +53,23 @@ func TestEmptyScopeRefused(t *testing.T) {
 		}
 	}
 }
+
+// The published policy lists the 401 an empty scope gets, when Scope can
+// return one and SharedScope does not take it.
+func TestPolicyListsEmptyScopeRefusal(t *testing.T) {
+	t.Parallel()
+	tenant := func(r *http.Request) (idem.Scope, error) { return "", nil }
+	for _, shared := range []bool{false, true} {
+		m, err := idemhttp.New(&idemhttp.Config{Store: idemmem.NewStore(nil), Scope: tenant, SharedScope: shared})
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed := false
+		for _, a := range m.Policy().Answers {
+			listed = listed || a.Status == http.StatusUnauthorized
+		}
+		if listed == shared {
+			t.Errorf("SharedScope %v: 401 listed %v", shared, listed)
+		}
+	}
+}
