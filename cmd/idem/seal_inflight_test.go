@@ -16,9 +16,22 @@ import (
 // the tenant and the client's key, which sealing does not change.
 func TestSealWhileAPaymentIsInFlight(t *testing.T) {
 	t.Parallel()
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		sealWhileInFlight(t, []string{"--db", "sqlite:" + filepath.Join(t.TempDir(), "idem.db")})
+	})
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		u := postgresURL(t)
+		sealWhileInFlight(t, []string{"--db", u, "--pg-schema", freshSchema(t, u)})
+	})
+}
+
+// sealWhileInFlight is TestSealWhileAPaymentIsInFlight on the database
+// db (its --db and --pg-schema flags).
+func sealWhileInFlight(t *testing.T, db []string) {
 	hs := startCardNetwork(t)
-	dbURL := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-	args := []string{"--db", dbURL, "--acquirer", hs.URL, "--faults", "--log-level", "warn"}
+	args := append(append([]string{}, db...), "--acquirer", hs.URL, "--faults", "--log-level", "warn")
 	a := startReplica(t, "a", args)
 	acct := a.post(t, "/v1/accounts", "acct", "", map[string]any{"balance": 100000, "currency": "EUR"})
 	if acct.status != http.StatusCreated {
@@ -34,7 +47,7 @@ func TestSealWhileAPaymentIsInFlight(t *testing.T) {
 
 	secrets := map[string]string{envKeySecret: "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LTMyYg==",
 		envBodyKeys: "k1:MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="}
-	code, out, errOut := runWithEnv(t, secrets, "keys", "seal", "--db", dbURL)
+	code, out, errOut := runWithEnv(t, secrets, append([]string{"keys", "seal"}, db...)...)
 	if code != exitOK || !strings.Contains(out, "sealed 2 idempotency keys") {
 		t.Fatalf("keys seal: exit %d, %q, %q; want the account's and the payment's keys sealed", code, out, errOut)
 	}
@@ -52,7 +65,7 @@ func TestSealWhileAPaymentIsInFlight(t *testing.T) {
 	}
 	a.stop(t)
 
-	code, out, errOut = runCmd(t, "reconcile", "--db", dbURL, "--acquirer", hs.URL, "--acquirer-key", "net-key")
+	code, out, errOut = runCmd(t, append(append([]string{"reconcile"}, db...), "--acquirer", hs.URL, "--acquirer-key", "net-key")...)
 	t.Logf("reconcile: %s", strings.TrimSpace(out))
 	if code != exitOK || !strings.Contains(out, "1 payments") || !strings.Contains(out, "1 charges") || !strings.Contains(out, "0 differences") {
 		t.Fatalf("reconcile: exit %d, %q, %q; want one payment, one charge, 0 differences", code, out, errOut)
