@@ -30,7 +30,7 @@ func Example() {
 	svc, _ := deadletter.New(&deadletter.Config{
 		DeadLetters: letters, Ledger: idemmem.NewLedger(), Outbox: idemmem.NewOutbox(nil), InTx: idemmem.Transact,
 	})
-	ops, _ := console.ParseOperators("alice:s3cret-token")
+	ops, _ := console.ParseOperators("alice:s3cret-token-0123456789abcdef")
 	con, err := console.New(&console.Config{Letters: svc, Operators: ops})
 	if err != nil {
 		fmt.Println(err)
@@ -43,7 +43,7 @@ func Example() {
 		r := httptest.NewRequest(http.MethodPost, "/console/letters/"+id+"/redrive",
 			strings.NewReader(url.Values{"reason": {"payment imported"}}.Encode()))
 		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		r.Header.Set("Authorization", "Bearer s3cret-token")
+		r.Header.Set("Authorization", "Bearer s3cret-token-0123456789abcdef")
 		w := httptest.NewRecorder()
 		mux.ServeHTTP(w, r)
 		return w.Code
