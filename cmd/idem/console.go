@@ -12,9 +12,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/console"
 	"github.com/idem-go/idem/deadletter"
+	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/idemsqlite"
 )
 
 // envOperators is the environment variable read for the console's
@@ -52,8 +56,10 @@ func (a *app) consoleOperators(flagValue string, flagSet bool) ([]console.Operat
 	return ops, nil
 }
 
-// openConsole builds the console on the open database db.
-func openConsole(ctx context.Context, db *database, ops []console.Operator, publicHTTPS bool, logger *slog.Logger) (*console.Console, error) {
+// openConsole builds the console on the open database db. keys is the
+// service's key store, whose executions stopped at a recovery point the
+// console shows (nil: the one in db); bodyKeys open the points it sealed.
+func openConsole(ctx context.Context, db *database, keys idem.Store, bodyKeys []idemhttp.BodyKey, ops []console.Operator, publicHTTPS bool, logger *slog.Logger) (*console.Console, error) {
 	var (
 		letters  *deadletter.Service
 		insights console.Insights
@@ -71,7 +77,21 @@ func openConsole(ctx context.Context, db *database, ops []console.Operator, publ
 	if err != nil {
 		return nil, fmt.Errorf("starting the console: %w", err)
 	}
-	con, err := console.New(&console.Config{Letters: letters, Insights: insights, Operators: ops, PublicHTTPS: publicHTTPS, Logger: logger})
+	if keys == nil {
+		if db.pg != nil {
+			keys, err = idempg.NewStore(ctx, db.pg)
+		} else {
+			keys, err = idemsqlite.NewStore(ctx, db.sqlite, nil)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("starting the console: the key store: %w", err)
+		}
+	}
+	cfg := &console.Config{Letters: letters, Insights: insights, Operators: ops, PublicHTTPS: publicHTTPS, Logger: logger}
+	if rs, ok := keys.(idem.Recoverer); ok {
+		cfg.Recoveries, cfg.ShowPoint = rs, payments.ShowPoint(bodyKeys)
+	}
+	con, err := console.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("starting the console: %w", err)
 	}
@@ -107,11 +127,11 @@ func (a *app) planConsole(on bool, operators string, operatorsSet bool) (*consol
 
 // mountConsole returns h with the console of cp served under consolePath
 // beside it; h itself when cp is nil.
-func mountConsole(ctx context.Context, cp *consolePlan, db *database, logger *slog.Logger, h http.Handler) (http.Handler, error) {
+func mountConsole(ctx context.Context, cp *consolePlan, db *database, keys idem.Store, bodyKeys []idemhttp.BodyKey, logger *slog.Logger, h http.Handler) (http.Handler, error) {
 	if cp == nil {
 		return h, nil
 	}
-	con, err := openConsole(ctx, db, cp.operators, cp.publicHTTPS, logger)
+	con, err := openConsole(ctx, db, keys, bodyKeys, cp.operators, cp.publicHTTPS, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +200,11 @@ func (a *app) runConsole(ctx context.Context, addr, dbURL, pgSchema string, ops 
 			err = errors.Join(err, fmt.Errorf("closing the database: %w", cerr))
 		}
 	}()
-	con, err := openConsole(ctx, db, ops, publicHTTPS, logger)
+	rest, err := a.atRestFromEnv()
+	if err != nil {
+		return err
+	}
+	con, err := openConsole(ctx, db, nil, rest.bodyKeys, ops, publicHTTPS, logger)
 	if err != nil {
 		return err
 	}

@@ -64,6 +64,10 @@ func TestServeMountsConsole(t *testing.T) {
 	if code, body := get("/console/", "op-token-1-0123456789abcdef"); code != http.StatusOK || !strings.Contains(body, "Dead letters waiting") {
 		t.Errorf("console overview with the operator's token: %d", code)
 	}
+	// The service's executions stopped at a recovery point have their page.
+	if code, body := get("/console/outcomes", "op-token-1-0123456789abcdef"); code != http.StatusOK || !strings.Contains(body, "No execution is stopped at a recovery point") {
+		t.Errorf("console's unknown outcomes: %d %q", code, body)
+	}
 	// The API key of a tenant is not an operator's.
 	if code, _ := get("/console/letters", "k"); code != http.StatusUnauthorized {
 		t.Errorf("console with a tenant's API key: %d, want 401", code)

@@ -409,7 +409,7 @@ func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 		}
 	}()
 
-	handler, err := mountConsole(ctx, p.console, db, logger, svc.Handler())
+	handler, err := mountConsole(ctx, p.console, db, p.payments.Keys, p.payments.BodyKeys, logger, svc.Handler())
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/console"
+	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemsqlite"
 )
@@ -322,4 +323,35 @@ func (p pgInsights) backlog(ctx context.Context, query string) (int, time.Time, 
 		return n, time.Time{}, nil
 	}
 	return n, oldest.UTC(), nil
+}
+
+// ShowPoint returns what the console's "Unknown outcomes" page shows of a
+// payment's recovery point (console.Config.ShowPoint): the payment, its
+// amount, account and tenant, and the digest of the client's key the card
+// network names it by, never the key. keys open points the service sealed
+// (Config.BodyKeys). A point that is not a payment's is shown by its name.
+func ShowPoint(keys []idemhttp.BodyKey) func(ctx context.Context, rec idem.Record) ([]console.PointField, error) {
+	return func(_ context.Context, rec idem.Record) ([]console.PointField, error) {
+		if rec.Recovery.Name != pointCharging {
+			return []console.PointField{{Name: "point", Value: rec.Recovery.Name}}, nil
+		}
+		data, err := idemhttp.OpenPoint(keys, rec.Scope, rec.Key, rec.Recovery.Name, rec.Recovery.Data)
+		if err != nil {
+			return nil, fmt.Errorf("the point cannot be read: %w (give the console the service's body keys)", err)
+		}
+		pt, err := decodeCharging(data)
+		if err != nil {
+			return nil, err
+		}
+		fields := []console.PointField{
+			{Name: "payment", Value: pt.Payment.ID},
+			{Name: "amount", Value: fmt.Sprintf("%d %s", pt.Payment.Amount, pt.Payment.Currency)},
+			{Name: "account", Value: pt.Payment.AccountID},
+			{Name: "tenant", Value: pt.Tenant},
+		}
+		if pt.ClientKey != "" {
+			fields = append(fields, console.PointField{Name: "card network's key digest", Value: ClientKeyDigest(pt.Tenant, pt.ClientKey)})
+		}
+		return fields, nil
+	}
 }

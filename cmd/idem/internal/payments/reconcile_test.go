@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
 	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idemsqlite"
@@ -219,4 +220,46 @@ func cardNetworkAt(t *testing.T, cfg *payments.Config) (*acquirer.Client, string
 	}
 	cfg.Acquirer = c
 	return c, hs.URL
+}
+
+// The console's formatter of the lab's recovery points says what a
+// payment stopped after its charge is: its ID, amount, account and tenant,
+// and the digest the card network names it by, never the client's key.
+func TestShowPointOfAStoppedPayment(t *testing.T) {
+	t.Parallel()
+	var crashes crashCounter
+	e := newEnv(t, func(c *payments.Config) {
+		cardNetwork(t, c)
+		c.Crash = crashes.crash
+		c.KeyLease = time.Second
+	})
+	acct := e.createAccount(keyA, 10_000, "EUR")
+	q := req{method: "POST", path: "/v1/payments", idemKey: "stopped-secret-key", fault: "crash-after-charge", body: payBody(acct.ID, 200, "EUR")}
+	if _, err := e.sendAlone(q); err == nil {
+		t.Fatal("crash-after-charge answered")
+	}
+	e.clock.Advance(2 * time.Second)
+	rs, ok := e.keys.(idem.Recoverer)
+	if !ok {
+		t.Fatalf("the key store %T keeps no recovery points", e.keys)
+	}
+	recs, err := rs.Abandoned(t.Context(), 10)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("abandoned: %v, %v; want the stopped payment", recs, err)
+	}
+	fields, err := payments.ShowPoint(nil)(t.Context(), recs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	shown := map[string]string{}
+	for _, f := range fields {
+		shown[f.Name] = f.Value
+		if strings.Contains(f.Value, "stopped-secret-key") {
+			t.Errorf("field %s shows the client's key: %q", f.Name, f.Value)
+		}
+	}
+	if shown["amount"] != "200 EUR" || shown["account"] != acct.ID || !strings.HasPrefix(shown["payment"], "pay_") ||
+		!strings.HasPrefix(shown["card network's key digest"], "ck1_") || shown["tenant"] == "" {
+		t.Fatalf("shown %v; want the payment, 200 EUR, account %s, its tenant and key digest", shown, acct.ID)
+	}
 }
