@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -20,6 +21,7 @@ func (a *app) reconcileCmd() *cobra.Command {
 		dbURL, pgSchema, netURL, netKey string
 		since                           string
 		bound                           time.Duration
+		asJSON                          bool
 	)
 	cmd := &cobra.Command{
 		Use:   "reconcile",
@@ -58,6 +60,7 @@ the service's schema is refused with an error that says so.`,
 	cmd.Flags().StringVar(&netKey, "acquirer-key", "", "the card network's API key (default from $"+envAcquirerKey+", or the file $"+envAcquirerKey+"_FILE names)")
 	cmd.Flags().StringVar(&since, "since", "", "compare only what was made at or after this time: RFC 3339, or a duration back from now (24h)")
 	cmd.Flags().DurationVar(&bound, "bound", payments.DefaultCompletionBound, "how long after its recovery point a payment in flight is still being finished; past it, its outcome is unknown")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines: one object per difference and per payment being finished, then a summary")
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) (err error) {
 		ctx := cmd.Context()
 		if err := checkPGSchema(cmd, dbURL); err != nil {
@@ -97,6 +100,9 @@ the service's schema is refused with an error that says so.`,
 		if err != nil {
 			return a.unreadable(err)
 		}
+		if asJSON {
+			return a.reconcileJSON(rec, from, bound)
+		}
 		window := "everything"
 		if !from.IsZero() {
 			window = "since " + from.UTC().Format(time.RFC3339)
@@ -119,6 +125,62 @@ the service's schema is refused with an error that says so.`,
 		return nil
 	})
 	return cmd
+}
+
+// reconcileJSON prints rec as JSON lines, for automation: a "pending"
+// object per payment being finished, a "difference" object per
+// difference, and a "summary"; the exit status is the text output's.
+func (a *app) reconcileJSON(rec *payments.Reconciliation, from time.Time, bound time.Duration) error {
+	enc := json.NewEncoder(a.stdout)
+	type pending struct {
+		Type       string   `json:"type"`
+		Payment    string   `json:"payment"`
+		Tenant     string   `json:"tenant"`
+		KeyDigest  string   `json:"key_digest,omitempty"`
+		Amount     int64    `json:"amount"`
+		Currency   string   `json:"currency"`
+		Point      string   `json:"point"`
+		AgeSeconds float64  `json:"age_s"`
+		BoundSecs  float64  `json:"bound_s"`
+		Charges    []string `json:"charges"`
+	}
+	type difference struct {
+		Type    string   `json:"type"`
+		Kind    string   `json:"kind"`
+		Payment string   `json:"payment,omitempty"`
+		Charges []string `json:"charges"`
+		Detail  string   `json:"detail"`
+	}
+	for _, p := range rec.Pending {
+		if err := enc.Encode(pending{Type: "pending", Payment: p.Payment, Tenant: p.Tenant, KeyDigest: p.KeyDigest, Amount: p.Amount,
+			Currency: p.Currency, Point: p.Point, AgeSeconds: p.Age.Seconds(), BoundSecs: p.Bound.Seconds(), Charges: orEmpty(p.Charges)}); err != nil {
+			return err
+		}
+	}
+	for _, d := range rec.Differences {
+		if err := enc.Encode(difference{Type: "difference", Kind: d.Kind, Payment: d.Payment, Charges: orEmpty(d.Charges), Detail: d.Detail}); err != nil {
+			return err
+		}
+	}
+	summary := map[string]any{"type": "summary", "payments": rec.Payments, "charges": rec.Charges, "pending": len(rec.Pending),
+		"differences": len(rec.Differences), "bound_s": bound.Seconds()}
+	if !from.IsZero() {
+		summary["since"] = from.UTC().Format(time.RFC3339Nano)
+	}
+	if err := enc.Encode(summary); err != nil {
+		return err
+	}
+	if len(rec.Differences) > 0 {
+		return &silentError{fmt.Errorf("%d differences", len(rec.Differences))}
+	}
+	return nil
+}
+
+func orEmpty(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }
 
 // exitUnreadable is reconcile's status when a side could not be read: no

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -49,11 +50,23 @@ func reconcileInFlight(t *testing.T, dbArgs []string) {
 	if code != exitOK || !strings.Contains(out, "0 differences") || !strings.Contains(out, "being finished") || !strings.Contains(out, "1 payment(s) being finished") {
 		t.Fatalf("reconcile right after the crash: exit %d, %q, %q; want the payment being finished and exit 0", code, out, errOut)
 	}
+	// For automation: JSON lines, the payment pending, then the summary.
+	code, out, errOut = runCmd(t, append(append([]string{"reconcile"}, dbArgs...), "--acquirer", hs.URL, "--acquirer-key", "net-key", "--json")...)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var first, last map[string]any
+	if code != exitOK || len(lines) != 2 || json.Unmarshal([]byte(lines[0]), &first) != nil || json.Unmarshal([]byte(lines[1]), &last) != nil ||
+		first["type"] != "pending" || first["amount"] != float64(1000) || last["type"] != "summary" || last["differences"] != float64(0) || last["pending"] != float64(1) {
+		t.Fatalf("reconcile --json: exit %d, %q, %q; want a pending object and a summary", code, out, errOut)
+	}
 	// A bound already past: no completer finished it in time.
 	code, out, errOut = runCmd(t, append(append([]string{"reconcile"}, dbArgs...), "--acquirer", hs.URL, "--acquirer-key", "net-key", "--bound", "1ns")...)
 	t.Logf("reconcile past the bound: %s", strings.TrimSpace(out))
 	if code != exitFailure || !strings.Contains(out, "unknown-outcome") || strings.Contains(out, "charge-without-payment") || !strings.Contains(out, "1 difference(s)") {
 		t.Fatalf("reconcile past the bound: exit %d, %q, %q; want one unknown outcome and exit 1", code, out, errOut)
+	}
+	code, out, errOut = runCmd(t, append(append([]string{"reconcile"}, dbArgs...), "--acquirer", hs.URL, "--acquirer-key", "net-key", "--bound", "1ns", "--json")...)
+	if code != exitFailure || !strings.Contains(out, `{"type":"difference","kind":"unknown-outcome"`) || !strings.Contains(out, `"differences":1`) {
+		t.Fatalf("reconcile --json past the bound: exit %d, %q, %q; want the unknown outcome as a difference object", code, out, errOut)
 	}
 	if code, _, errOut := runCmd(t, append(append([]string{"reconcile"}, dbArgs...), "--acquirer", hs.URL, "--bound", "0s")...); code != exitUsage || !strings.Contains(errOut, "--bound") {
 		t.Fatalf("reconcile --bound 0s: exit %d, %q; want a usage error", code, errOut)
