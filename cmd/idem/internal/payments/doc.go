@@ -109,10 +109,13 @@
 //   - The account is checked before the charge, so a payment the service
 //     refuses charges nothing; one refused after the charge all the same
 //     (the account changed meanwhile) refunds it, under a derived key too.
-//   - What no retry repairs is a client that never comes back after a crash
-//     between the charge and the commit: the charge then has no payment.
-//     idem reconcile (Reconcile) lists it, with every other difference
-//     between the books and the network.
+//   - A client that never comes back after a crash between the charge and
+//     the commit leaves the key in flight at its "charging" point, which
+//     the completer finishes. idem reconcile (Reconcile) reports such a
+//     payment as being finished within the completer's bound
+//     (ReconcileOptions.Bound) and as an unknown outcome past it, with
+//     every difference between the books and the network; it reads while
+//     the service runs without reporting what is made between its reads.
 //
 // The faults crash-after-charge and drop-charge-answer open that window on
 // demand. In the unsafe mode every attempt sends a fresh key, and a retry
