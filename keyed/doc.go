@@ -141,7 +141,12 @@
 // The engine seals keys (Config.KeySecret: the store keeps an HMAC of the
 // scope and the key) and kept bodies (Config.BodyKeys: AES-256-GCM, bound
 // to their record) before the store sees them, or keeps no bodies at all
-// (Config.DiscardBodies), the same on every face and every store.
+// (Config.DiscardBodies), the same on every face and every store. A
+// recovery point's data is sealed with the same keys, bound to its record
+// and its name. The keys an execution passes downstream
+// (Execution.DownstreamKey) derive from the scope and the key the client
+// sent, which the engine keeps in each point it saves, so sealing the
+// keys or changing the secret never changes them.
 //
 // # Observing
 //
