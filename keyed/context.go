@@ -19,9 +19,11 @@ type ctxKey struct{}
 // the answer is kept for its retry), and ends at its own deadline, or
 // when its lease cannot be kept (fail). It makes the deadline's context (a
 // timer, and a registration with the parent) only once something asks for
-// more than the Execution or the deadline: Done, Err or another value. A
-// handler that never looks at its context (a trivial one) then costs no
-// timer, and one that does sees exactly what WithDeadline gives.
+// more than the Execution, the deadline or a value the parent carries:
+// Done, Err, or a value the parent lacks. A handler that never waits on its
+// context (a trivial one, or grpc-go's path to it, which reads the
+// parent's values) then costs no timer, and one that does sees exactly
+// what WithDeadline gives.
 type execCtx struct {
 	parent   context.Context
 	deadline time.Time
@@ -31,6 +33,9 @@ type execCtx struct {
 	// the context, so an execution costs no allocation of its own for it.
 	points pointSaver
 
+	// vals is context.WithoutCancel(parent), made on the first lookup of
+	// another value: the parent's values, none of its cancellation.
+	vals    atomic.Value                // of context.Context
 	inner   atomic.Pointer[deadlineCtx] // nil until needed
 	mu      sync.Mutex                  // serialises making inner, stop and fail
 	stopped bool
@@ -53,6 +58,7 @@ func newExecCtx(parent context.Context, timeout time.Duration, ex Execution) *ex
 // after timeout.
 func (c *execCtx) init(parent context.Context, timeout time.Duration) {
 	c.parent, c.deadline = parent, time.Now().Add(timeout)
+	c.vals = atomic.Value{} // parent's values, not an earlier one's
 }
 
 // ctx returns the deadline's context, making it on first use; once stop
@@ -66,7 +72,7 @@ func (c *execCtx) ctx() context.Context {
 	if in := c.inner.Load(); in != nil {
 		return in.ctx
 	}
-	base, fail := context.WithCancelCause(context.WithoutCancel(c.parent))
+	base, fail := context.WithCancelCause(c.values())
 	ctx, cancel := context.WithDeadline(base, c.deadline)
 	switch {
 	case c.lost != nil:
@@ -127,9 +133,31 @@ func (c *execCtx) Value(key any) any {
 		}
 		return c.ex
 	}
-	// Other values include the context package's own lookups (for
-	// cancellation and Cause), which must find the deadline's context.
+	if in := c.inner.Load(); in != nil {
+		return in.ctx.Value(key)
+	}
+	// The deadline's context answers every other key as WithoutCancel(parent)
+	// does, but for the context package's own lookups (for cancellation
+	// and Cause), which must find the deadline's context: WithoutCancel
+	// answers those nil, since it hides the parent's cancellation. So a
+	// value found there is the answer, and only a key found nowhere makes
+	// the deadline's context to be asked.
+	if v := c.values().Value(key); v != nil {
+		return v
+	}
 	return c.ctx().Value(key)
+}
+
+// values returns context.WithoutCancel(c.parent), making it on first use.
+func (c *execCtx) values() context.Context {
+	if v, ok := c.vals.Load().(context.Context); ok {
+		return v
+	}
+	v := context.WithoutCancel(c.parent)
+	if !c.vals.CompareAndSwap(nil, v) {
+		return c.vals.Load().(context.Context)
+	}
+	return v
 }
 
 // Execution describes the request whose handler is running.

@@ -2,6 +2,7 @@ package keyed
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -37,5 +38,61 @@ func TestDetached(t *testing.T) {
 	case <-d.Done():
 	default:
 		t.Error("stop did not end it")
+	}
+}
+
+// Reading a value the request's context carries (grpc-go does, on the way
+// to the handler) makes no timer; cancellation, Cause and AfterFunc are
+// as WithDeadline's on WithoutCancel(parent), the parent's own
+// cancellation (the caller leaving, with its cause) hidden.
+func TestValuesMakeNoTimer(t *testing.T) {
+	type key struct{}
+	type absent struct{}
+	gone := errors.New("caller left")
+	parent, cancel := context.WithCancelCause(context.WithValue(context.Background(), key{}, "v"))
+	c := newExecCtx(parent, time.Hour, Execution{Key: "k"})
+	if c.Value(key{}) != "v" {
+		t.Fatal("the parent's value is lost")
+	}
+	if c.inner.Load() != nil {
+		t.Fatal("reading the parent's value made a timer")
+	}
+	cancel(gone)
+	if err, cause := c.Err(), context.Cause(c); err != nil || cause != nil {
+		t.Fatalf("after the caller left: Err %v, Cause %v; want nil, nil", err, cause)
+	}
+	if c.Value(absent{}) != nil {
+		t.Fatal("a value nobody set was found")
+	}
+
+	lost := errors.New("lease lost")
+	child, stopChild := context.WithCancel(context.WithValue(c, absent{}, 1))
+	defer stopChild()
+	ran := make(chan struct{})
+	context.AfterFunc(c, func() { close(ran) })
+	c.fail(lost)
+	<-child.Done()
+	<-ran
+	if !errors.Is(c.Err(), context.Canceled) || context.Cause(c) != lost || context.Cause(child) != lost {
+		t.Fatalf("after fail: Err %v, Cause %v, child's Cause %v; want Canceled, %v, %v", c.Err(), context.Cause(c), context.Cause(child), lost, lost)
+	}
+}
+
+// A context that fails before anything made its timer still reports its
+// cause, to the first question asked, a value lookup included.
+func TestCauseOfAnUnwatchedContext(t *testing.T) {
+	type key struct{}
+	lost := errors.New("lease lost")
+	c := newExecCtx(context.WithValue(context.Background(), key{}, "v"), time.Hour, Execution{})
+	if c.Value(key{}) != "v" {
+		t.Fatal("the parent's value is lost")
+	}
+	c.fail(lost)
+	if got := context.Cause(c); got != lost {
+		t.Fatalf("Cause %v, want %v", got, lost)
+	}
+	c.stop()
+	if got := context.Cause(c); got != lost {
+		t.Fatalf("after stop: Cause %v, want %v", got, lost)
 	}
 }
