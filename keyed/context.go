@@ -40,6 +40,9 @@ type execCtx struct {
 	mu      sync.Mutex                  // serialises making inner, stop and fail
 	stopped bool
 	lost    error // fail's cause, once it failed
+	// early says that stop or fail, whichever came first, came before the
+	// deadline: a context made later ends as they did, not by its deadline.
+	early bool
 }
 
 type deadlineCtx struct {
@@ -73,6 +76,14 @@ func (c *execCtx) ctx() context.Context {
 		return in.ctx
 	}
 	base, fail := context.WithCancelCause(c.values())
+	if c.early {
+		switch {
+		case c.lost != nil:
+			fail(c.lost)
+		case c.stopped:
+			fail(context.Canceled)
+		}
+	}
 	ctx, cancel := context.WithDeadline(base, c.deadline)
 	switch {
 	case c.lost != nil:
@@ -87,6 +98,9 @@ func (c *execCtx) ctx() context.Context {
 // stop cancels the context, as the CancelFunc of WithDeadline does.
 func (c *execCtx) stop() {
 	c.mu.Lock()
+	if !c.stopped && c.lost == nil {
+		c.early = time.Now().Before(c.deadline)
+	}
 	c.stopped = true
 	in := c.inner.Load()
 	c.mu.Unlock()
@@ -101,6 +115,7 @@ func (c *execCtx) fail(cause error) {
 	c.mu.Lock()
 	if c.lost == nil && !c.stopped {
 		c.lost = cause
+		c.early = time.Now().Before(c.deadline)
 	}
 	in := c.inner.Load()
 	c.mu.Unlock()

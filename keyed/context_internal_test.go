@@ -96,3 +96,29 @@ func TestCauseOfAnUnwatchedContext(t *testing.T) {
 		t.Fatalf("after stop: Cause %v, want %v", got, lost)
 	}
 }
+
+// A context stopped or failed before its deadline, its deadline's context
+// made only after the deadline passed, ends as WithDeadline's would have:
+// Canceled, or with fail's cause; one stopped after its deadline ends by
+// the deadline.
+func TestEndedBeforeItsDeadline(t *testing.T) {
+	lost := errors.New("lease lost")
+	stopped := newExecCtx(context.Background(), time.Hour, Execution{})
+	stopped.stop()
+	failed := newExecCtx(context.Background(), time.Hour, Execution{})
+	failed.fail(lost)
+	for _, c := range []*execCtx{stopped, failed} {
+		c.deadline = time.Now().Add(-time.Millisecond) // the deadline passes before anything asks
+	}
+	if err := stopped.Err(); err != context.Canceled {
+		t.Errorf("stopped before its deadline: Err %v, want %v", err, context.Canceled)
+	}
+	if err, cause := failed.Err(), context.Cause(failed); err != context.Canceled || cause != lost {
+		t.Errorf("failed before its deadline: Err %v, Cause %v; want %v, %v", err, cause, context.Canceled, lost)
+	}
+	late := newExecCtx(context.Background(), -time.Millisecond, Execution{})
+	late.stop()
+	if err := late.Err(); err != context.DeadlineExceeded {
+		t.Errorf("stopped after its deadline: Err %v, want %v", err, context.DeadlineExceeded)
+	}
+}
