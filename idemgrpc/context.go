@@ -76,8 +76,9 @@ func KeyFromContext(ctx context.Context) (idem.Scope, idem.Key, bool) {
 // is not the same in every execution when they are made concurrently, and
 // a re-execution would then send one call's key with another. Name the
 // call instead: Execution.DownstreamKey, or WithCallName for a Client's
-// call. The keys are unchanged: an execution resumed on a newer version
-// sends the keys its predecessor sent.
+// call. Its keys are Execution.DownstreamKey(fullMethod, n), pinned by a
+// test, so that an execution resumed on a newer version sends the keys its
+// predecessor sent.
 func DownstreamKey(ex Execution, fullMethod string, n int) string {
 	return ex.DownstreamKey(fullMethod, strconv.Itoa(n))
 }
