@@ -94,11 +94,14 @@ type Config struct {
 	// so that is the answer the store would give; an answer is never kept
 	// past the record's expiry less MemoryReplayFor, which leaves that
 	// much room for the difference between Clock and the store's clock.
-	// The one thing it does not see is a record deleted before its expiry,
-	// by hand in the database: this process may replay it for up to
-	// MemoryReplayFor after. Defaults to 10s (retries come soon after the
-	// first try); negative keeps none, and every duplicate reads the
-	// store.
+	// What it does not see is a record gone before its expiry: deleted by
+	// hand in the database, or lost by the store itself (a failover to an
+	// asynchronous replica the completion had not reached). This process
+	// may replay such a record for up to MemoryReplayFor after, where a
+	// read of the store would have run the request again and so made good
+	// what the store lost: on a store that can lose acknowledged writes,
+	// turn it off. Defaults to 10s (retries come soon after the first
+	// try); negative keeps none, and every duplicate reads the store.
 	MemoryReplayFor time.Duration
 
 	// MemoryReplayBytes bounds the memory the answers of MemoryReplayFor

@@ -399,6 +399,11 @@ func newClusterService(t *testing.T, cfg *payments.Config) *payments.Service {
 	cfg.APIKeys = map[string]string{keyA: tenantA}
 	cfg.KeyLease = 2 * time.Second
 	cfg.InflightWait = 500 * time.Millisecond
+	// A failover to an asynchronous standby may lose a completion the
+	// service acknowledged; its retry must then read the keys anew and pay
+	// again (every logical payment exists at the end), not be answered
+	// from the answer this process kept in memory.
+	cfg.MemoryReplayFor = -1
 	cfg.RequestsOnly = true
 	svc, err := payments.New(context.Background(), cfg)
 	if err != nil {

@@ -68,6 +68,14 @@ type Config struct {
 	// InflightWait is how long a duplicate waits for the first request with
 	// its key to finish before it gets 409. Defaults to 5s.
 	InflightWait time.Duration
+	// MemoryReplayFor is how long a completed payment's answer is kept in
+	// this process for its duplicates (idemhttp.Config.MemoryReplayFor).
+	// Defaults to 10s; negative keeps none. Turn it off when the database
+	// can lose acknowledged writes (a failover to an asynchronous
+	// standby): a retry then reads the keys anew and, finding its key
+	// lost with its payment, pays again instead of being told of a
+	// payment that no longer exists.
+	MemoryReplayFor time.Duration
 	// KeySecret, BodyKeys and DiscardBodies keep keys and answers out of a
 	// dump of the stores: see idemhttp.Config. With KeySecret, the
 	// payments' idempotency_key column holds the sealed keys too. Default
@@ -299,21 +307,22 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 				Store: s.keys,
 				// A payment at a card network runs in phases, each
 				// committed on its own (see phases.go): claim first.
-				SeparateTx:    s.twoStores || (m.name == "payments" && s.phased()),
-				Lease:         c.KeyLease,
-				Holder:        c.Holder,
-				Optional:      m.optional,
-				Scope:         scopeByTenant,
-				TTL:           c.KeyTTL,
-				InflightWait:  c.InflightWait,
-				MaxBodyBytes:  MaxBodyBytes,
-				KeySecret:     c.KeySecret,
-				BodyKeys:      c.BodyKeys,
-				DiscardBodies: c.DiscardBodies,
-				Keep:          keep,
-				Observer:      idemhttp.Observers(mwObs, c.Observers.middleware(m.name)),
-				Clock:         c.Clock,
-				Logger:        c.Logger,
+				SeparateTx:      s.twoStores || (m.name == "payments" && s.phased()),
+				Lease:           c.KeyLease,
+				Holder:          c.Holder,
+				Optional:        m.optional,
+				Scope:           scopeByTenant,
+				TTL:             c.KeyTTL,
+				InflightWait:    c.InflightWait,
+				MemoryReplayFor: c.MemoryReplayFor,
+				MaxBodyBytes:    MaxBodyBytes,
+				KeySecret:       c.KeySecret,
+				BodyKeys:        c.BodyKeys,
+				DiscardBodies:   c.DiscardBodies,
+				Keep:            keep,
+				Observer:        idemhttp.Observers(mwObs, c.Observers.middleware(m.name)),
+				Clock:           c.Clock,
+				Logger:          c.Logger,
 			})
 			if err != nil {
 				return nil, fmt.Errorf("payments: %s idempotency middleware: %w", m.name, err)
