@@ -150,6 +150,7 @@ var ErrNoRecovery = keyed.ErrNoRecovery
 // call saved a point, its key is never released after a failure: it stays
 // in flight with its point, its lease yielded, for the client's retry
 // (which goes on from Execution.Recovery) or a Completer.
-func SaveRecovery(ctx context.Context, name string, data []byte) error {
-	return keyed.SaveRecovery(ctx, name, data)
-}
+//
+// It is the engine's own function, not a wrapper: the face decides nothing
+// about a key's point.
+var SaveRecovery = keyed.SaveRecovery

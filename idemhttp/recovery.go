@@ -32,9 +32,10 @@ var ErrNoRecovery = keyed.ErrNoRecovery
 //
 // Returns ErrNoRecovery (see there), an *idem.ArgumentError for a malformed
 // point, or idem.ErrLeaseLost when another execution took the key over.
-func SaveRecovery(ctx context.Context, name string, data []byte) error {
-	return keyed.SaveRecovery(ctx, name, data)
-}
+//
+// It is the engine's own function, not a wrapper: the face decides nothing
+// about a key's point.
+var SaveRecovery = keyed.SaveRecovery
 
 // ErrNothingDone is what a Resume returns when it learned that nothing
 // happened past the database's edge (the card network has no charge under
