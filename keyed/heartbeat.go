@@ -165,10 +165,11 @@ func (hb *heartbeat) beat() {
 // lease could not be renewed in time: it wraps idem.ErrLeaseLost.
 var errLeaseEnding = fmt.Errorf("keyed: lease not renewed: %w", idem.ErrLeaseLost)
 
-// renew renews l once.
+// renew renews l once; a renewal that fails for a reason other than the
+// key taken over is sent again (see again).
 func (hb *heartbeat) renew(l *heldLease) {
 	e := hb.e
-	sent := e.cfg.Clock.Now()
+	sent, began := e.cfg.Clock.Now(), time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), hb.tick)
 	_, err := e.store.Renew(ctx, l.ref, e.cfg.Lease)
 	cancel()
@@ -195,5 +196,27 @@ func (hb *heartbeat) renew(l *heldLease) {
 		}
 	default:
 		l.log.LogAttrs(context.Background(), slog.LevelWarn, "could not renew the lease; trying again", slog.String("error", err.Error()))
+		if !l.failed {
+			// Sent again a tick of real time after this one was sent (at
+			// once when it timed out, having taken that long), not at the
+			// engine's next tick: the renewal's own timeout is real time,
+			// and an injected clock may stand still until the lease is
+			// renewed. The beat still gives the lease up as before when
+			// no renewal succeeds in time.
+			time.AfterFunc(max(hb.tick-time.Since(began), 0), func() { hb.again(l) })
+		}
 	}
+}
+
+// again sends a renewal of l again after one failed, unless l was settled
+// or given up meanwhile, or a tick has sent one already.
+func (hb *heartbeat) again(l *heldLease) {
+	hb.mu.Lock()
+	if !l.listed || l.failed || l.renewing {
+		hb.mu.Unlock()
+		return
+	}
+	l.renewing, l.tried = true, true
+	hb.mu.Unlock()
+	hb.renew(l)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -196,4 +197,74 @@ func TestUnrenewedLeaseCancelledWithASixthLeft(t *testing.T) {
 		t.Fatalf("cause %v; want one that wraps idem.ErrLeaseLost", context.Cause(bctx))
 	}
 	<-b
+}
+
+// stalledRenewal is a store whose first renewal reaches it too late: it
+// ends with its context. The renewals after it are served; each one sent
+// is said on sent.
+type stalledRenewal struct {
+	*idemmem.Store
+	calls atomic.Int64
+	sent  chan struct{}
+}
+
+func (s *stalledRenewal) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (time.Time, error) {
+	defer func() { s.sent <- struct{}{} }()
+	if s.calls.Add(1) == 1 {
+		<-ctx.Done()
+		return time.Time{}, ctx.Err()
+	}
+	return s.Store.Renew(ctx, ref, lease)
+}
+
+// A renewal that timed out is sent again without waiting for the engine's
+// clock to move: its timeout is real time, and a clock that stands still
+// until the lease is renewed (a test's, a process stalled) must not leave
+// the lease unrenewed until it is given up.
+func TestTimedOutRenewalSentAgain(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := &stalledRenewal{Store: idemmem.NewStore(&idemmem.Config{Clock: clock}), sent: make(chan struct{}, 8)}
+	const lease = 1200 * time.Millisecond // its sixth, the renewal's own time, is real time
+	timers := countedTimers{clock, make(chan struct{}, 1)}
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: timers, Lease: lease, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	letGo, running := make(chan struct{}), make(chan struct{})
+	fp := idem.NewFingerprint("POST", "/pay", "", "", []byte("pay"))
+	served := make(chan keyed.Outcome, 1)
+	go func() {
+		served <- eng.Serve(context.Background(), keyed.Request{Key: "k", Fingerprint: fp}, &funcFace{run: func(ctx context.Context) keyed.Ran {
+			close(running)
+			select {
+			case <-letGo:
+				return keyed.Ran{Status: 503}
+			case <-ctx.Done():
+				return keyed.Ran{Status: 503, Failure: "cancelled"}
+			}
+		}})
+	}()
+	defer func() { <-served }()
+	defer close(letGo)
+	<-running
+	<-timers.set // the first tick set
+	clock.Advance(lease / 6)
+	<-timers.set
+	clock.Advance(lease / 6) // a third of the lease: the renewal is sent
+	<-timers.set
+	now := clock.Now()
+	<-store.sent // the first, timed out
+	select {
+	case <-store.sent:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the renewal that timed out was not sent again within 30s while the clock stood still (%d sent)", store.calls.Load())
+	}
+	rec, err := store.Get(t.Context(), "", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != idem.StateInFlight || !rec.LeaseExpiresAt.Equal(now.Add(lease)) {
+		t.Fatalf("the key is %s, its lease ending %v from now; want in flight, renewed for %v", rec.State, rec.LeaseExpiresAt.Sub(now), lease)
+	}
 }
