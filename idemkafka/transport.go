@@ -28,6 +28,14 @@ const (
 	HeaderID = stream.HeaderID
 )
 
+// ErrStaleDelivery is returned by a Delivery's Ack, Nack, Term and
+// InProgress once it no longer stands for its record: it was settled
+// already, or its partition was taken away (a rebalance that did not wait
+// for it past Config.RevokeWait, a lost session), and the record goes to
+// the partition's next owner. The inbox absorbs that owner's copy if the
+// effect committed here.
+var ErrStaleDelivery = stream.ErrStaleDelivery
+
 // Config configures a Transport. The zero value is the default.
 type Config struct {
 	// Clock stamps published messages that carry no Time, and times Nack

@@ -64,7 +64,8 @@ type TransportFeatures struct {
 
 // TestTransport runs the conformance suite of idem.Publisher and
 // idem.Subscriber as subtests of t: a byte-exact round trip of ID, topic,
-// key, headers and payload; Ack and Term settle; Nack, AckWait and a closed
+// key, headers and payload; Ack and Term settle, and a settled delivery
+// refuses a second settlement; Nack, AckWait and a closed
 // stream bring a message back to the same consumer name, with its attempt
 // count; InProgress holds it; two consumer names each get every message;
 // order per topic; Next honours its context and Close; invalid messages and
@@ -123,6 +124,7 @@ var transportTests = []struct {
 	{"AckWait", needs("AckWait", func(f TransportFeatures) bool { return f.AckWait }), testAckWait},
 	{"InProgress", needs("AckWait and InProgress", func(f TransportFeatures) bool { return f.AckWait && f.InProgress }), testInProgress},
 	{"TermSettles", needs("Term", func(f TransportFeatures) bool { return f.Term }), testTermSettles},
+	{"SettledIsStale", nil, testSettledIsStale},
 	{"Durable", nil, testDurable},
 	{"TwoConsumers", nil, testTwoConsumers},
 	{"OrderedPerTopic", needs("OrderedPerTopic", func(f TransportFeatures) bool { return f.OrderedPerTopic }), testOrderedPerTopic},
@@ -526,6 +528,45 @@ func testTermSettles(t *testing.T, e *transportEnv) {
 	marker := e.msg(topic, 2)
 	e.publish(marker)
 	e.ack(e.nextID(s2, marker.ID, 1))
+}
+
+// testSettledIsStale: a delivery settled once no longer stands for its
+// message. Settling it again, or InProgress, returns an error (the
+// transport's ErrStaleDelivery) and changes nothing: an acknowledged
+// message does not come back, and a caller is never told that a
+// settlement counting for nothing was made.
+func testSettledIsStale(t *testing.T, e *transportEnv) {
+	topic, c := e.topic("orders"), e.consumer("c")
+	s := e.subscribe(topic, c)
+	m := e.msg(topic, 1)
+	e.publish(m)
+	d := e.nextID(s, m.ID, 1)
+	e.ack(d)
+	again := []struct {
+		name string
+		call func() error
+	}{
+		{"Ack", func() error { return d.Ack(e.ctx) }},
+		{"Nack", func() error { return d.Nack(e.ctx, 0) }},
+		{"InProgress", func() error { return d.InProgress(e.ctx) }},
+	}
+	if e.f.Term {
+		again = append(again, struct {
+			name string
+			call func() error
+		}{"Term", func() error { return d.Term(e.ctx) }})
+	}
+	for _, a := range again {
+		if err := a.call(); err == nil {
+			t.Errorf("%s of a delivery acknowledged already = nil, want the transport's stale-delivery error", a.name)
+		}
+	}
+	// The Nack changed nothing: the first thing the consumer gets is a
+	// message published afterwards.
+	marker := e.msg(topic, 2)
+	e.publish(marker)
+	e.ack(e.nextID(s, marker.ID, 1))
+	e.none(s, "an acknowledged message must not come back")
 }
 
 func testDurable(t *testing.T, e *transportEnv) {

@@ -2,6 +2,7 @@ package idemtest_test
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"os"
 	"os/exec"
@@ -157,6 +158,28 @@ type inProgressNoop struct{ idem.Delivery }
 
 func (inProgressNoop) InProgress(context.Context) error { return nil }
 
+// staleSwallowed reports a settlement of a delivery settled already as
+// made, as idemkafka's deliveries did.
+type staleSwallowed struct{ idem.Delivery }
+
+func swallowStale(err error) error {
+	if errors.Is(err, idemmem.ErrStaleDelivery) {
+		return nil
+	}
+	return err
+}
+
+func (d staleSwallowed) Ack(ctx context.Context) error { return swallowStale(d.Delivery.Ack(ctx)) }
+func (d staleSwallowed) Term(ctx context.Context) error {
+	return swallowStale(d.Delivery.Term(ctx))
+}
+func (d staleSwallowed) Nack(ctx context.Context, delay time.Duration) error {
+	return swallowStale(d.Delivery.Nack(ctx, delay))
+}
+func (d staleSwallowed) InProgress(ctx context.Context) error {
+	return swallowStale(d.Delivery.InProgress(ctx))
+}
+
 func transportCase(wantFail string, b brokenTransport) brokenCase {
 	return brokenCase{wantFail, func(t *testing.T) {
 		idemtest.TestTransport(t, transportFeatures, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
@@ -178,6 +201,8 @@ var brokenTransports = map[string]brokenCase{
 		delivery: func(d idem.Delivery) idem.Delivery { return ackRequeues{d} }}),
 	"transport: term does not settle": transportCase("TermSettles", brokenTransport{
 		delivery: func(d idem.Delivery) idem.Delivery { return termRequeues{d} }}),
+	"transport: a settled delivery settles again": transportCase("SettledIsStale", brokenTransport{
+		delivery: func(d idem.Delivery) idem.Delivery { return staleSwallowed{d} }}),
 	"transport: attempt always 1": transportCase("Durable", brokenTransport{
 		delivery: func(d idem.Delivery) idem.Delivery { return attemptAlwaysOne{d} }}),
 	"transport: in progress does nothing": transportCase("InProgress", brokenTransport{

@@ -21,6 +21,13 @@ import (
 // HeaderID is the record header that carries Message.ID (idemkafka.HeaderID).
 const HeaderID = "idem.id"
 
+// ErrStaleDelivery is returned by a delivery's Ack, Nack, Term and
+// InProgress once it no longer stands for its record: it was settled
+// already, or its partition was taken away (a rebalance whose RevokeWait
+// ended first, a lost session), and the record goes to the partition's
+// next owner, from an offset that does not pass it (idemkafka.ErrStaleDelivery).
+var ErrStaleDelivery = errors.New("idemkafka: delivery already settled, or its partition taken away")
+
 // Client is what a Stream needs of franz-go's group consumer: KgoClient
 // makes one of a *kgo.Client; tests put a fake under the stream.
 type Client interface {
@@ -502,7 +509,9 @@ func (s *Stream) releaseLocked(e *entry) {
 	s.heldBytes -= e.size
 }
 
-func (s *Stream) settle(ctx context.Context, d *delivery, redeliver bool, delay time.Duration) error {
+// settle settles d (op names the call, for the error), or returns
+// ErrStaleDelivery when d no longer stands for its record.
+func (s *Stream) settle(ctx context.Context, op string, d *delivery, redeliver bool, delay time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -511,7 +520,9 @@ func (s *Stream) settle(ctx context.Context, d *delivery, redeliver bool, delay 
 	if s.closed {
 		return idem.ErrClosed
 	}
-	s.settleLocked(d, redeliver, delay)
+	if !s.settleLocked(d, redeliver, delay) {
+		return d.staleLocked(op)
+	}
 	return nil
 }
 
@@ -805,9 +816,15 @@ func (d *delivery) Message() idem.Message { return d.e.msg }
 // consumer's Ledger keeps the count that survives them.
 func (d *delivery) Attempt() int { return d.attempt }
 
-func (d *delivery) Ack(ctx context.Context) error { return d.s.settle(ctx, d, false, 0) }
+// Ack settles the delivery: its record counts as done for the offset the
+// stream commits. It returns ErrStaleDelivery when the delivery was settled
+// already, or its partition was taken away: the record then goes to the
+// partition's next owner.
+func (d *delivery) Ack(ctx context.Context) error { return d.s.settle(ctx, "ack", d, false, 0) }
 
-func (d *delivery) Term(ctx context.Context) error { return d.s.settle(ctx, d, false, 0) }
+// Term settles the delivery as Ack does: Kafka cannot leave one record out
+// of a partition's offset, and the consumer has dead-lettered it.
+func (d *delivery) Term(ctx context.Context) error { return d.s.settle(ctx, "term", d, false, 0) }
 
 // Nack hands the record out again after delay, from this stream's memory:
 // its offset stays uncommitted meanwhile, so a crash brings it back from
@@ -816,11 +833,13 @@ func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
 	if delay < 0 {
 		return &idem.ArgumentError{Field: "delay", Reason: "must not be negative"}
 	}
-	return d.s.settle(ctx, d, true, delay)
+	return d.s.settle(ctx, "nack", d, true, delay)
 }
 
-// InProgress does nothing but report a closed stream: a delivery is held
-// until it is settled, whatever the time (see Subscribe).
+// InProgress does nothing but report a closed stream, or a delivery that
+// no longer stands for its record (ErrStaleDelivery): a delivery is held
+// until it is settled, whatever the time (see Subscribe), or until its
+// partition is taken away.
 func (d *delivery) InProgress(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -830,7 +849,16 @@ func (d *delivery) InProgress(ctx context.Context) error {
 	if d.s.closed {
 		return idem.ErrClosed
 	}
+	if d.e.token != d.token || d.e.ps.gone {
+		return d.staleLocked("in progress")
+	}
 	return nil
+}
+
+// staleLocked is the error of op on d, which no longer stands for its
+// record.
+func (d *delivery) staleLocked(op string) error {
+	return fmt.Errorf("idemkafka: %s: message %q: %w", op, d.e.msg.ID, ErrStaleDelivery)
 }
 
 // Stats is what a stream holds in memory.

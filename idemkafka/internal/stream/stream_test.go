@@ -2,6 +2,7 @@ package stream
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -315,6 +316,53 @@ func TestPollReleasesItsContexts(t *testing.T) {
 		}
 		ctx.mu.Unlock()
 		h.ack(got...)
+		h.close()
+	})
+}
+
+// A delivery stands for its record until it is settled, or until its
+// partition is taken away and the record left for the next owner. Past
+// that, Ack, Nack, Term and InProgress say so (ErrStaleDelivery), as every
+// other transport's do, instead of reporting a settlement that counts for
+// nothing: an Ack that returned nil after the revocation promised that the
+// record would not come again, and the next owner gets it.
+func TestStaleDeliveries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, Config{})
+		h.call(h.s.assigned, p0)
+		h.cl.answer(t, records(0, 3))
+		ds := h.taken()
+		if len(ds) != 3 {
+			t.Fatalf("took %d deliveries, want 3", len(ds))
+		}
+		stale := func(what string, d idem.Delivery) {
+			t.Helper()
+			for name, err := range map[string]error{
+				"Ack":        d.Ack(context.Background()),
+				"Nack":       d.Nack(context.Background(), 0),
+				"Term":       d.Term(context.Background()),
+				"InProgress": d.InProgress(context.Background()),
+			} {
+				if !errors.Is(err, ErrStaleDelivery) {
+					t.Errorf("%s of %s = %v, want ErrStaleDelivery", name, what, err)
+				}
+			}
+		}
+		h.ack(ds[0])
+		stale("a delivery acknowledged already", ds[0])
+		if err := ds[1].InProgress(context.Background()); err != nil {
+			t.Errorf("InProgress of a delivery that stands: %v", err)
+		}
+		// RevokeWait ends with ds[1] and ds[2] unsettled: they go back.
+		h.call(h.s.revoked, p0)
+		stale("a delivery whose partition was revoked", ds[1])
+		h.acked[offsetOf(ds[1])] = true // its effect committed after all
+		if n, err := h.s.AckBatch(context.Background(), ds[1:]); n != 0 || err != nil {
+			t.Errorf("AckBatch of stale deliveries = %d, %v; want them passed over", n, err)
+		}
+		if c, _ := h.cl.committedAt(partition{"t", 0}); c != 1 {
+			t.Errorf("committed %d at the revocation, want 1", c)
+		}
 		h.close()
 	})
 }

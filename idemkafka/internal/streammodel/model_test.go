@@ -2,6 +2,7 @@ package streammodel
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -239,9 +240,7 @@ func (w *world) apply(o op) {
 		case opAck:
 			w.ack(x)
 		case opNack:
-			if err := x.d.Nack(context.Background(), time.Duration(o.B%3)*time.Second); err != nil {
-				w.violate("Nack: %v", err)
-			}
+			w.settled("Nack", x, x.d.Nack(context.Background(), time.Duration(o.B%3)*time.Second))
 		case opDrop:
 			m.dropped = append(m.dropped, x)
 		}
@@ -271,12 +270,25 @@ func (w *world) apply(o op) {
 }
 
 func (w *world) ack(x *delivered) {
-	if err := x.d.Ack(context.Background()); err != nil {
-		w.violate("Ack: %v", err)
-	}
+	w.settled("Ack", x, x.d.Ack(context.Background()))
 	w.mu.Lock()
 	w.acked[x.p][x.off] = true
 	w.mu.Unlock()
+}
+
+// settled checks what settling x returned: nil while x stands for its
+// record, ErrStaleDelivery once its partition's assignment is over (the
+// record is the next owner's).
+func (w *world) settled(what string, x *delivered, err error) {
+	w.mu.Lock()
+	live := x.gen == w.cur.gen[x.p]
+	w.mu.Unlock()
+	switch {
+	case live && err != nil:
+		w.violate("%s of %d/%d, handed out in the partition's current assignment: %v", what, x.p, x.off, err)
+	case !live && !errors.Is(err, stream.ErrStaleDelivery):
+		w.violate("%s of %d/%d, handed out in an assignment that is over = %v, want ErrStaleDelivery", what, x.p, x.off, err)
+	}
 }
 
 // settle waits until every goroutine of the bubble waits, takes the
