@@ -1,0 +1,843 @@
+// Command mutation is the runner behind scripts/mutation: it measures how
+// many of gremlins' mutants of a package the package's real tests kill, with
+// those tests wherever they live in the workspace.
+//
+// gremlins (github.com/go-gremlins/gremlins) finds the mutants: its dry run
+// lists each one (file, line, column, mutator), and with -D only those on
+// lines a diff changed. It cannot run them here: it copies one module into a
+// scratch directory and runs that module's tests, but keyed and idemhttp are
+// driven mostly by idemtest's suites run from idemmem, idemsqlite and idempg,
+// other modules of the go.work that the copy would not see (their go.mod
+// files carry no replace directives). So this runner executes each mutant
+// itself, from the repository's root, where the go.work joins the modules:
+//
+//   - coverage: the package's selected tests run once with -coverpkg naming
+//     the package; a mutant no covered block holds is NOT COVERED;
+//   - a baseline: the same tests without coverage, timed (a mutant's run is
+//     cut at -timeout-factor times it, and is then TIMED OUT);
+//   - each covered mutant: the mutated file is written to a scratch
+//     directory and handed to `go test -overlay`, so the working tree is
+//     never edited and mutants may run side by side (-workers). A run that
+//     fails is KILLED, one that passes LIVED, one that does not build NOT
+//     VIABLE.
+//
+// Efficacy is killed ÷ (killed + lived), as gremlins computes it; mutator
+// coverage is the share of the mutants the tests reach. The mutants listed in
+// docs/mutation-equivalents.txt are left out of both, and a line there that
+// matches no mutant of a measured package fails the run (it is stale).
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/scanner"
+	"go/token"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+func main() {
+	var o options
+	flag.StringVar(&o.gremlins, "gremlins", "gremlins", "the gremlins binary")
+	flag.StringVar(&o.config, "config", "scripts/mutation.packages", "the packages, floors and test selections")
+	flag.StringVar(&o.equivalents, "equivalents", "docs/mutation-equivalents.txt", "the equivalent mutants")
+	flag.IntVar(&o.workers, "workers", 1, "mutants run at once")
+	flag.IntVar(&o.factor, "timeout-factor", 4, "a mutant's run is cut at this many times the baseline")
+	flag.DurationVar(&o.minTimeout, "min-timeout", 30*time.Second, "the shortest cut of a mutant's run")
+	flag.StringVar(&o.diff, "diff", "", "only the mutants on lines changed since this commit (gremlins -D)")
+	flag.DurationVar(&o.budget, "budget", 0, "stop starting mutants after this long (0: no limit); the run then says what it left out")
+	flag.BoolVar(&o.verbose, "v", false, "also list every mutant no test reaches")
+	flag.Parse()
+	rc, err := run(o, flag.Args())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mutation:", err)
+		os.Exit(2)
+	}
+	os.Exit(rc)
+}
+
+type options struct {
+	gremlins, config, equivalents, diff string
+	workers, factor                     int
+	minTimeout, budget                  time.Duration
+	verbose                             bool
+}
+
+// pkgConf is one line of scripts/mutation.packages.
+type pkgConf struct {
+	dir              string
+	efficacy, mcover float64
+	tests            []string
+	run              string
+	files            map[string]bool
+}
+
+func readConfig(path string) ([]pkgConf, error) {
+	lines, err := readLines(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []pkgConf
+	for _, l := range lines {
+		f := splitFields(l.text)
+		if len(f) != 6 {
+			return nil, fmt.Errorf("%s:%d: want 6 fields separated by \" | \", got %d", path, l.no, len(f))
+		}
+		c := pkgConf{dir: filepath.Clean(f[0]), tests: strings.Fields(f[3]), run: f[4]}
+		if c.efficacy, err = strconv.ParseFloat(f[1], 64); err != nil {
+			return nil, fmt.Errorf("%s:%d: efficacy floor: %v", path, l.no, err)
+		}
+		if c.mcover, err = strconv.ParseFloat(f[2], 64); err != nil {
+			return nil, fmt.Errorf("%s:%d: coverage floor: %v", path, l.no, err)
+		}
+		if len(c.tests) == 0 {
+			return nil, fmt.Errorf("%s:%d: no test packages", path, l.no)
+		}
+		if fs := strings.Fields(f[5]); len(fs) > 0 {
+			c.files = map[string]bool{}
+			for _, n := range fs {
+				if _, err := os.Stat(filepath.Join(c.dir, n)); err != nil {
+					return nil, fmt.Errorf("%s:%d: %v", path, l.no, err)
+				}
+				c.files[n] = true
+			}
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+type line struct {
+	no   int
+	text string
+}
+
+// readLines returns the lines of a file that are neither blank nor comments.
+func readLines(path string) ([]line, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []line
+	for i, l := range strings.Split(string(b), "\n") {
+		t := strings.TrimSpace(l)
+		if t == "" || strings.HasPrefix(t, "#") {
+			continue
+		}
+		out = append(out, line{i + 1, t})
+	}
+	return out, nil
+}
+
+// splitFields splits a line of scripts/mutation.packages at " | "; an empty
+// last field may be left out ("a | b |").
+func splitFields(s string) []string {
+	f := strings.Split(s+" ", " | ")
+	for i := range f {
+		f[i] = strings.TrimSpace(f[i])
+	}
+	return f
+}
+
+// equivalent is one line of docs/mutation-equivalents.txt.
+type equivalent struct {
+	no                 int
+	path, fn, typ, src string
+	nth                int // 0: every mutant of typ on the line
+	reason             string
+	matched            bool
+}
+
+var mutators = map[string]bool{
+	"ARITHMETIC_BASE": true, "CONDITIONALS_BOUNDARY": true, "CONDITIONALS_NEGATION": true,
+	"INCREMENT_DECREMENT": true, "INVERT_NEGATIVES": true, "INVERT_ASSIGNMENTS": true,
+	"INVERT_BITWISE": true, "INVERT_BWASSIGN": true, "INVERT_LOGICAL": true,
+	"INVERT_LOOPCTRL": true, "REMOVE_SELF_ASSIGNMENTS": true,
+}
+
+func readEquivalents(path string) ([]*equivalent, error) {
+	lines, err := readLines(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []*equivalent
+	for _, l := range lines {
+		// The source line may hold " | " itself (a bitwise or): the first
+		// three fields are split from the left, the reason from the right.
+		f := strings.SplitN(l.text, " | ", 4)
+		if len(f) == 4 {
+			if i := strings.LastIndex(f[3], " | "); i >= 0 {
+				f = append(f[:3], f[3][:i], f[3][i+3:])
+			}
+		}
+		if len(f) != 5 {
+			return nil, fmt.Errorf("%s:%d: want path | function | MUTATOR | source line | reason", path, l.no)
+		}
+		e := &equivalent{no: l.no, path: f[0], fn: f[1], typ: f[2], src: f[3], reason: strings.TrimSpace(f[4])}
+		if i := strings.IndexByte(e.typ, '@'); i >= 0 {
+			n, err := strconv.Atoi(e.typ[i+1:])
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("%s:%d: %q: the N of MUTATOR@N counts from 1", path, l.no, e.typ)
+			}
+			e.typ, e.nth = e.typ[:i], n
+		}
+		if !mutators[e.typ] {
+			return nil, fmt.Errorf("%s:%d: unknown mutator %q", path, l.no, e.typ)
+		}
+		if e.reason == "" || e.src == "" || e.fn == "" {
+			return nil, fmt.Errorf("%s:%d: an empty field (every line needs its source line and a reason)", path, l.no)
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// mutant is one of gremlins' mutants, with what this runner learnt of it.
+type mutant struct {
+	file      string // from the repository's root
+	line, col int
+	typ       string
+	fn, src   string
+	nth, of   int // its rank among the mutants of typ on its line, and how many there are
+	offset    int
+	status    string
+	equiv     *equivalent
+}
+
+func (m *mutant) pos() string { return fmt.Sprintf("%s:%d:%d", m.file, m.line, m.col) }
+
+func (m *mutant) key() string {
+	t := m.typ
+	if m.of > 1 {
+		t += "@" + strconv.Itoa(m.nth)
+	}
+	return fmt.Sprintf("%s | %s | %s | %s", m.file, m.fn, t, m.src)
+}
+
+func run(o options, args []string) (int, error) {
+	confs, err := readConfig(o.config)
+	if err != nil {
+		return 0, err
+	}
+	equivs, err := readEquivalents(o.equivalents)
+	if err != nil {
+		return 0, err
+	}
+	byDir := map[string]pkgConf{}
+	for _, c := range confs {
+		byDir[c.dir] = c
+	}
+	var chosen []pkgConf
+	if len(args) == 0 {
+		chosen = confs
+	}
+	for _, a := range args {
+		d := filepath.Clean(strings.TrimSuffix(strings.TrimPrefix(a, "./"), "/"))
+		if strings.HasPrefix(a, "github.com/idem-go/idem") {
+			d = strings.TrimPrefix(strings.TrimPrefix(a, "github.com/idem-go/idem"), "/")
+			if d == "" {
+				d = "."
+			}
+		}
+		c, ok := byDir[d]
+		if !ok {
+			return 0, fmt.Errorf("%s is not in %s", a, o.config)
+		}
+		chosen = append(chosen, c)
+	}
+	// An equivalent outside every package of the file is a mistake whatever
+	// is measured.
+	for _, e := range equivs {
+		if _, ok := byDir[filepath.Dir(e.path)]; !ok {
+			return 0, fmt.Errorf("%s:%d: %s is in no package of %s", o.equivalents, e.no, e.path, o.config)
+		}
+	}
+	start := time.Now()
+	var deadline time.Time
+	if o.budget > 0 {
+		deadline = start.Add(o.budget)
+	}
+	rc := 0
+	var summary []string
+	for _, c := range chosen {
+		r, err := measure(o, c, equivs, deadline)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", c.dir, err)
+		}
+		if r.failed {
+			rc = 1
+		}
+		summary = append(summary, r.line)
+	}
+	fmt.Println()
+	fmt.Printf("== summary (%s, %d worker(s))\n", time.Since(start).Round(time.Second), o.workers)
+	for _, s := range summary {
+		fmt.Println(s)
+	}
+	return rc, nil
+}
+
+type result struct {
+	line   string
+	failed bool
+}
+
+func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (result, error) {
+	fmt.Printf("== %s (tests: %s", c.dir, strings.Join(c.tests, " "))
+	if c.run != "" {
+		fmt.Printf(" -run '%s'", c.run)
+	}
+	fmt.Println(")")
+	importPath, err := goList(c.dir)
+	if err != nil {
+		return result{}, err
+	}
+	muts, err := enumerate(o, c)
+	if err != nil {
+		return result{}, err
+	}
+	// Equivalents of this package: each must match a mutant.
+	stale := 0
+	for _, e := range equivs {
+		if filepath.Dir(e.path) != c.dir {
+			continue
+		}
+		for _, m := range muts.all {
+			if m.file == e.path && m.fn == e.fn && m.typ == e.typ && m.src == e.src && (e.nth == 0 || e.nth == m.nth) {
+				m.equiv, e.matched = e, true
+			}
+		}
+		if !e.matched {
+			stale++
+			fmt.Printf("STALE      %s:%d: no mutant matches %s | %s | %s | %s\n", o.equivalents, e.no, e.path, e.fn, e.typ, e.src)
+		}
+	}
+	tmp, err := os.MkdirTemp("", "idem-mutation-")
+	if err != nil {
+		return result{}, err
+	}
+	defer os.RemoveAll(tmp)
+
+	// Coverage, then the timed baseline.
+	var runnable []*mutant
+	if len(muts.changed) > 0 {
+		profile := filepath.Join(tmp, "cover.out")
+		args := append([]string{"test", "-count=1", "-coverpkg=" + importPath, "-coverprofile=" + profile}, testArgs(c)...)
+		if out, err := goCmd(context.Background(), args...); err != nil {
+			return result{}, fmt.Errorf("the selected tests fail without any mutant (go %s):\n%s", strings.Join(args, " "), out)
+		}
+		blocks, err := readProfile(profile, importPath, c.dir)
+		if err != nil {
+			return result{}, err
+		}
+		for _, m := range muts.changed {
+			switch {
+			case m.equiv != nil:
+				m.status = "EQUIVALENT"
+			case !blocks.covers(m):
+				m.status = "NOT COVERED"
+			default:
+				runnable = append(runnable, m)
+			}
+		}
+	}
+	var baseline time.Duration
+	if len(runnable) > 0 {
+		t0 := time.Now()
+		args := append([]string{"test", "-count=1"}, testArgs(c)...)
+		if out, err := goCmd(context.Background(), args...); err != nil {
+			return result{}, fmt.Errorf("the selected tests fail without any mutant (go %s):\n%s", strings.Join(args, " "), out)
+		}
+		baseline = time.Since(t0)
+	}
+	cut := time.Duration(o.factor) * baseline
+	if cut < o.minTimeout {
+		cut = o.minTimeout
+	}
+	fmt.Printf("   %d mutants (%d on the lines considered), %d to run; baseline %s, cut at %s\n",
+		len(muts.all), len(muts.changed), len(runnable), baseline.Round(100*time.Millisecond), cut.Round(time.Second))
+
+	src := map[string][]byte{}
+	for _, m := range runnable {
+		if _, ok := src[m.file]; !ok {
+			if src[m.file], err = os.ReadFile(m.file); err != nil {
+				return result{}, err
+			}
+		}
+	}
+	work := make(chan int)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var runErr error
+	for w := 0; w < o.workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				m := runnable[i]
+				st, err := execute(c, m, src[m.file], filepath.Join(tmp, strconv.Itoa(i)), cut)
+				mu.Lock()
+				if err != nil && runErr == nil {
+					runErr = err
+				}
+				m.status = st
+				if st == "LIVED" {
+					fmt.Printf("LIVED      %s: %s\n", m.pos(), m.key())
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	skipped := 0
+	for i := range runnable {
+		if !deadline.IsZero() && time.Now().After(deadline) {
+			skipped = len(runnable) - i
+			break
+		}
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	if runErr != nil {
+		return result{}, runErr
+	}
+	count := map[string]int{}
+	for _, m := range muts.changed {
+		count[m.status]++
+		if o.verbose && m.status == "NOT COVERED" {
+			fmt.Printf("NOT COVERED %s: %s\n", m.pos(), m.key())
+		}
+		if m.status == "TIMED OUT" || m.status == "NOT VIABLE" {
+			fmt.Printf("%-10s %s: %s\n", m.status, m.pos(), m.key())
+		}
+	}
+	killed, lived := count["KILLED"], count["LIVED"]
+	reached := killed + lived + count["TIMED OUT"]
+	eff, cov := 100.0, 100.0
+	if killed+lived > 0 {
+		eff = 100 * float64(killed) / float64(killed+lived)
+	}
+	if reached+count["NOT COVERED"] > 0 {
+		cov = 100 * float64(reached) / float64(reached+count["NOT COVERED"])
+	}
+	verdict := "ok"
+	failed := false
+	switch {
+	case stale > 0:
+		verdict, failed = fmt.Sprintf("FAIL: %d stale equivalent(s)", stale), true
+	case skipped > 0:
+		verdict = fmt.Sprintf("NOT JUDGED: the time budget ran out with %d mutant(s) not run; measure it with scripts/mutation %s", skipped, c.dir)
+	case eff < c.efficacy || cov < c.mcover:
+		verdict, failed = fmt.Sprintf("FAIL: below the floors (efficacy %.0f%%, coverage %.0f%%)", c.efficacy, c.mcover), true
+	}
+	scope := ""
+	if o.diff != "" {
+		scope = " [changed lines only]"
+	}
+	line := fmt.Sprintf("%-17s efficacy %6.2f%%  mutator coverage %6.2f%%  (killed %d, lived %d, timed out %d, not viable %d, not covered %d, equivalent %d)%s  %s",
+		c.dir, eff, cov, killed, lived, count["TIMED OUT"], count["NOT VIABLE"], count["NOT COVERED"], count["EQUIVALENT"], scope, verdict)
+	fmt.Println(line)
+	return result{line: line, failed: failed}, nil
+}
+
+func testArgs(c pkgConf) []string {
+	var a []string
+	if c.run != "" {
+		a = append(a, "-run", c.run)
+	}
+	return append(a, c.tests...)
+}
+
+func goList(dir string) (string, error) {
+	out, err := exec.Command("go", "list", "./"+dir).Output()
+	if err != nil {
+		return "", fmt.Errorf("go list ./%s: %v", dir, err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// goCmd runs the go command from the repository's root; on the context's
+// end it kills the whole process group (the test binaries too).
+func goCmd(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := exec.Command("go", args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var buf strings.Builder
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return []byte(buf.String()), err
+	case <-ctx.Done():
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+		return []byte(buf.String()), ctx.Err()
+	}
+}
+
+// execute runs the selected tests with one mutant overlaid.
+func execute(c pkgConf, m *mutant, src []byte, dir string, cut time.Duration) (string, error) {
+	mutated, err := apply(src, m)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	abs, err := filepath.Abs(m.file)
+	if err != nil {
+		return "", err
+	}
+	file := filepath.Join(dir, filepath.Base(m.file))
+	if err := os.WriteFile(file, mutated, 0o644); err != nil {
+		return "", err
+	}
+	ov, _ := json.Marshal(map[string]map[string]string{"Replace": {abs: file}})
+	overlay := filepath.Join(dir, "overlay.json")
+	if err := os.WriteFile(overlay, ov, 0o644); err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cut)
+	defer cancel()
+	args := append([]string{"test", "-count=1", "-failfast", "-overlay=" + overlay, "-timeout=" + (cut + 30*time.Second).String()}, testArgs(c)...)
+	out, err := goCmd(ctx, args...)
+	defer os.RemoveAll(dir)
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "TIMED OUT", nil
+	case err == nil:
+		return "LIVED", nil
+	case strings.Contains(string(out), "[build failed]") || strings.Contains(string(out), "[setup failed]"):
+		return "NOT VIABLE", nil
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return "KILLED", nil
+	}
+	return "", err
+}
+
+// The replacements gremlins' mutators make (its internal/engine/mappings.go).
+var replacement = map[string]map[token.Token]token.Token{
+	"ARITHMETIC_BASE":       {token.ADD: token.SUB, token.MUL: token.QUO, token.QUO: token.MUL, token.REM: token.MUL, token.SUB: token.ADD},
+	"CONDITIONALS_BOUNDARY": {token.GEQ: token.GTR, token.GTR: token.GEQ, token.LEQ: token.LSS, token.LSS: token.LEQ},
+	"CONDITIONALS_NEGATION": {token.EQL: token.NEQ, token.GEQ: token.LSS, token.GTR: token.LEQ, token.LEQ: token.GTR, token.LSS: token.GEQ, token.NEQ: token.EQL},
+	"INCREMENT_DECREMENT":   {token.DEC: token.INC, token.INC: token.DEC},
+	"INVERT_ASSIGNMENTS":    {token.ADD_ASSIGN: token.SUB_ASSIGN, token.MUL_ASSIGN: token.QUO_ASSIGN, token.QUO_ASSIGN: token.MUL_ASSIGN, token.REM_ASSIGN: token.REM_ASSIGN, token.SUB_ASSIGN: token.ADD_ASSIGN},
+	"INVERT_BITWISE":        {token.AND: token.OR, token.OR: token.AND, token.XOR: token.AND, token.AND_NOT: token.AND, token.SHL: token.SHR, token.SHR: token.SHL},
+	"INVERT_BWASSIGN":       {token.AND_ASSIGN: token.OR_ASSIGN, token.OR_ASSIGN: token.AND_ASSIGN, token.XOR_ASSIGN: token.AND_ASSIGN, token.AND_NOT_ASSIGN: token.AND_ASSIGN, token.SHL_ASSIGN: token.SHR_ASSIGN, token.SHR_ASSIGN: token.SHL_ASSIGN},
+	"INVERT_LOGICAL":        {token.LAND: token.LOR, token.LOR: token.LAND},
+	"INVERT_LOOPCTRL":       {token.BREAK: token.CONTINUE, token.CONTINUE: token.BREAK},
+	"INVERT_NEGATIVES":      {token.SUB: token.ADD},
+	"REMOVE_SELF_ASSIGNMENTS": {
+		token.ADD_ASSIGN: token.ASSIGN, token.AND_ASSIGN: token.ASSIGN, token.AND_NOT_ASSIGN: token.ASSIGN,
+		token.MUL_ASSIGN: token.ASSIGN, token.OR_ASSIGN: token.ASSIGN, token.QUO_ASSIGN: token.ASSIGN,
+		token.REM_ASSIGN: token.ASSIGN, token.SHL_ASSIGN: token.ASSIGN, token.SHR_ASSIGN: token.ASSIGN,
+		token.SUB_ASSIGN: token.ASSIGN, token.XOR_ASSIGN: token.ASSIGN,
+	},
+}
+
+// apply returns src with m's token replaced as gremlins replaces it.
+func apply(src []byte, m *mutant) ([]byte, error) {
+	var s scanner.Scanner
+	fs := token.NewFileSet()
+	f := fs.AddFile(m.file, -1, len(src))
+	s.Init(f, src, nil, scanner.ScanComments)
+	for {
+		pos, tok, lit := s.Scan()
+		if tok == token.EOF {
+			break
+		}
+		if f.Offset(pos) != m.offset {
+			continue
+		}
+		to, ok := replacement[m.typ][tok]
+		if !ok {
+			return nil, fmt.Errorf("%s: %s does not apply to %q", m.pos(), m.typ, tok.String()+lit)
+		}
+		out := append([]byte{}, src[:m.offset]...)
+		out = append(out, to.String()...)
+		return append(out, src[m.offset+len(tok.String()):]...), nil
+	}
+	return nil, fmt.Errorf("%s: no token there", m.pos())
+}
+
+type mutants struct {
+	all     []*mutant // every mutant of the package
+	changed []*mutant // those on the lines considered (all, or those -diff changed)
+}
+
+// enumerate asks gremlins for the package's mutants, then names each by its
+// function and source line.
+func enumerate(o options, c pkgConf) (mutants, error) {
+	modRoot, err := moduleRoot(c.dir)
+	if err != nil {
+		return mutants{}, err
+	}
+	rel, err := filepath.Rel(modRoot, c.dir)
+	if err != nil {
+		return mutants{}, err
+	}
+	all, err := dryRun(o, modRoot, rel, "")
+	if err != nil {
+		return mutants{}, err
+	}
+	changed := all
+	if o.diff != "" {
+		if changed, err = dryRun(o, modRoot, rel, o.diff); err != nil {
+			return mutants{}, err
+		}
+	}
+	var ms mutants
+	keep := map[string]bool{}
+	for _, m := range changed {
+		keep[m.pos()+m.typ] = true
+	}
+	files := map[string]*fileInfo{}
+	for _, m := range all {
+		base := filepath.Base(m.file)
+		if c.files != nil && !c.files[base] {
+			continue
+		}
+		fi, ok := files[m.file]
+		if !ok {
+			if fi, err = parseFile(m.file); err != nil {
+				return mutants{}, err
+			}
+			files[m.file] = fi
+		}
+		if err := fi.describe(m); err != nil {
+			return mutants{}, err
+		}
+		ms.all = append(ms.all, m)
+		if keep[m.pos()+m.typ] {
+			ms.changed = append(ms.changed, m)
+		}
+	}
+	// Rank the mutants of one type on one line, left to right.
+	sort.SliceStable(ms.all, func(i, j int) bool {
+		a, b := ms.all[i], ms.all[j]
+		if a.file != b.file {
+			return a.file < b.file
+		}
+		if a.line != b.line {
+			return a.line < b.line
+		}
+		return a.col < b.col
+	})
+	group := map[string][]*mutant{}
+	for _, m := range ms.all {
+		k := fmt.Sprintf("%s:%d %s", m.file, m.line, m.typ)
+		group[k] = append(group[k], m)
+	}
+	for _, g := range group {
+		for i, m := range g {
+			m.nth, m.of = i+1, len(g)
+		}
+	}
+	return ms, nil
+}
+
+func moduleRoot(dir string) (string, error) {
+	d := dir
+	for {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d, nil
+		}
+		if d == "." || d == "/" {
+			return "", fmt.Errorf("no go.mod above %s", dir)
+		}
+		d = filepath.Dir(d)
+	}
+}
+
+// dryRun lists gremlins' mutants of the package in dir (from modRoot), its
+// own files only. Its coverage pass runs no test (-run=^$): this runner
+// measures coverage with the tests the package's line selects.
+func dryRun(o options, modRoot, dir, diff string) ([]*mutant, error) {
+	out, err := os.CreateTemp("", "idem-gremlins-*.json")
+	if err != nil {
+		return nil, err
+	}
+	out.Close()
+	defer os.Remove(out.Name())
+	args := []string{"unleash", "--dry-run", "--silent", "--workers", "1", "-E", "/", "-o", out.Name()}
+	if diff != "" {
+		args = append(args, "-D", diff)
+	}
+	args = append(args, "./"+dir)
+	cmd := exec.Command(o.gremlins, args...)
+	cmd.Dir = modRoot
+	cmd.Env = append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -run=^$"))
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("gremlins %s (in %s): %v\n%s", strings.Join(args, " "), modRoot, err, b)
+	}
+	b, err := os.ReadFile(out.Name())
+	if err != nil {
+		return nil, err
+	}
+	var rep struct {
+		Files []struct {
+			FileName  string `json:"file_name"`
+			Mutations []struct {
+				Type   string `json:"type"`
+				Status string `json:"status"`
+				Line   int    `json:"line"`
+				Column int    `json:"column"`
+			} `json:"mutations"`
+		} `json:"files"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("gremlins' report: %v", err)
+	}
+	var ms []*mutant
+	for _, f := range rep.Files {
+		for _, m := range f.Mutations {
+			if m.Status == "SKIPPED" {
+				continue // outside the diff
+			}
+			ms = append(ms, &mutant{file: filepath.Join(modRoot, dir, f.FileName), line: m.Line, col: m.Column, typ: m.Type})
+		}
+	}
+	return ms, nil
+}
+
+type fileInfo struct {
+	src   []byte
+	fset  *token.FileSet
+	file  *token.File
+	funcs []funcSpan
+}
+
+type funcSpan struct {
+	from, to token.Pos
+	name     string
+}
+
+func parseFile(path string) (*fileInfo, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	fset := token.NewFileSet()
+	af, err := parser.ParseFile(fset, path, src, parser.SkipObjectResolution)
+	if err != nil {
+		return nil, err
+	}
+	fi := &fileInfo{src: src, fset: fset, file: fset.File(af.Pos())}
+	for _, d := range af.Decls {
+		fd, ok := d.(*ast.FuncDecl)
+		if !ok {
+			continue
+		}
+		name := fd.Name.Name
+		if fd.Recv != nil && len(fd.Recv.List) > 0 {
+			t := fd.Recv.List[0].Type
+			for {
+				switch x := t.(type) {
+				case *ast.StarExpr:
+					t = x.X
+					continue
+				case *ast.IndexExpr:
+					t = x.X
+					continue
+				case *ast.IndexListExpr:
+					t = x.X
+					continue
+				}
+				break
+			}
+			if id, ok := t.(*ast.Ident); ok {
+				name = id.Name + "." + name
+			}
+		}
+		fi.funcs = append(fi.funcs, funcSpan{fd.Pos(), fd.End(), name})
+	}
+	return fi, nil
+}
+
+func (fi *fileInfo) describe(m *mutant) error {
+	if m.line < 1 || m.line > fi.file.LineCount() {
+		return fmt.Errorf("%s: gremlins names a line the file does not have", m.pos())
+	}
+	start := fi.file.Offset(fi.file.LineStart(m.line))
+	m.offset = start + m.col - 1
+	end := start
+	for end < len(fi.src) && fi.src[end] != '\n' {
+		end++
+	}
+	m.src = strings.TrimSpace(string(fi.src[start:end]))
+	p := fi.file.Pos(m.offset)
+	m.fn = "-"
+	for _, f := range fi.funcs {
+		if f.from <= p && p < f.to {
+			m.fn = f.name
+		}
+	}
+	return nil
+}
+
+// coverBlocks are the covered blocks of a cover profile, by file.
+type coverBlocks map[string][][4]int
+
+func readProfile(path, importPath, dir string) (coverBlocks, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	cb := coverBlocks{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, "mode:") {
+			continue
+		}
+		// importpath/file.go:L1.C1,L2.C2 statements count
+		colon := strings.LastIndex(l, ":")
+		if colon < 0 {
+			continue
+		}
+		name := l[:colon]
+		if filepath.Dir(name) != importPath {
+			continue
+		}
+		var b [4]int
+		var stmts, cnt int
+		if _, err := fmt.Sscanf(l[colon+1:], "%d.%d,%d.%d %d %d", &b[0], &b[1], &b[2], &b[3], &stmts, &cnt); err != nil {
+			return nil, fmt.Errorf("cover profile line %q: %v", l, err)
+		}
+		if cnt > 0 {
+			file := filepath.Join(dir, filepath.Base(name))
+			cb[file] = append(cb[file], b)
+		}
+	}
+	return cb, sc.Err()
+}
+
+func (cb coverBlocks) covers(m *mutant) bool {
+	for _, b := range cb[m.file] {
+		after := m.line > b[0] || m.line == b[0] && m.col >= b[1]
+		before := m.line < b[2] || m.line == b[2] && m.col < b[3]
+		if after && before {
+			return true
+		}
+	}
+	return false
+}
