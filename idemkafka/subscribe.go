@@ -3,6 +3,7 @@ package idemkafka
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -48,10 +49,12 @@ func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.
 		cfg.MaxInFlight = sub.MaxInFlight
 	}
 	s, err := stream.New(cfg, func(cb stream.Callbacks) (stream.Client, error) {
-		opts := append([]kgo.Opt{
+		// The stream's own options come after t.cfg.ClientOptions, which
+		// cannot undo them (franz-go applies options in order).
+		opts := append(slices.Clone(t.cfg.ClientOptions),
 			kgo.SeedBrokers(t.seeds...),
 			kgo.ConsumerGroup(sub.Consumer),
-			kgo.ConsumeTopics(t.cfg.TopicPrefix + sub.Topic),
+			kgo.ConsumeTopics(t.cfg.TopicPrefix+sub.Topic),
 			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 			// Offsets are committed by the stream, only past what was
 			// settled: franz-go's autocommit would commit what was polled.
@@ -63,11 +66,11 @@ func (t *Transport) Subscribe(ctx context.Context, sub idem.Subscription) (idem.
 			// RevokeWait, and as long again (5s at most) to commit after it:
 			// the coordinator waits that long for a member to rejoin, so a
 			// killed member delays a rebalance by no more.
-			kgo.RebalanceTimeout(t.cfg.RevokeWait + min(t.cfg.RevokeWait, 5*time.Second)),
+			kgo.RebalanceTimeout(t.cfg.RevokeWait+min(t.cfg.RevokeWait, 5*time.Second)),
 			kgo.OnPartitionsAssigned(cb.Assigned),
 			kgo.OnPartitionsRevoked(cb.Revoked),
 			kgo.OnPartitionsLost(cb.Lost),
-		}, t.cfg.ClientOptions...)
+		)
 		cl, err := kgo.NewClient(opts...)
 		if err != nil {
 			return nil, fmt.Errorf("idemkafka: %w", err)

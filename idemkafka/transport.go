@@ -84,8 +84,13 @@ type Config struct {
 	// a logger that discards.
 	Logger *slog.Logger
 	// ClientOptions are added to every franz-go client the transport opens
-	// (TLS, SASL, client ID). Options that set the seed brokers, the
-	// consumer group or what is consumed are the transport's own.
+	// (TLS, SASL, client ID, a Dialer, fetch sizes, ProducerLinger). The
+	// options the transport's guarantees rest on are its own and applied
+	// after these, so that none of these can undo them: the seed brokers,
+	// the publisher's acks=all, and a stream's consumer group, topic,
+	// starting offset (the oldest record), read_committed isolation,
+	// disabled autocommit, session, heartbeat and rebalance timeouts (set
+	// with the fields above), and rebalance callbacks.
 	ClientOptions []kgo.Opt
 }
 
@@ -168,14 +173,15 @@ func Open(ctx context.Context, seeds []string, cfg *Config) (*Transport, error) 
 	if len(seeds) == 0 {
 		return nil, &idem.ArgumentError{Field: "seeds", Reason: "must name at least one broker"}
 	}
-	opts := append([]kgo.Opt{
+	// The transport's own options come after c.ClientOptions, which
+	// cannot undo them (franz-go applies options in order).
+	opts := append(append([]kgo.Opt{kgo.ProducerLinger(time.Millisecond)}, c.ClientOptions...),
 		kgo.SeedBrokers(seeds...),
-		// Both are franz-go's defaults, stated because the guarantee
-		// rests on them: a record is acknowledged once every in-sync
-		// replica has it, and a retried batch is written once.
+		// franz-go's default, stated because the guarantee rests on it:
+		// a record is acknowledged once every in-sync replica has it
+		// (and the idempotent producer writes a retried batch once).
 		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.ProducerLinger(time.Millisecond),
-	}, c.ClientOptions...)
+	)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("idemkafka: %w", err)
