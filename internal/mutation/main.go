@@ -213,6 +213,7 @@ type mutant struct {
 	fn, src   string
 	nth, of   int // its rank among the mutants of typ on its line, and how many there are
 	offset    int
+	inCase    *token.Position // the switch whose case expression holds it
 	status    string
 	equiv     *equivalent
 }
@@ -723,6 +724,15 @@ type fileInfo struct {
 	fset  *token.FileSet
 	file  *token.File
 	funcs []funcSpan
+	cases []caseSpan
+}
+
+// caseSpan is the expression list of a switch's case clause. A cover
+// profile's blocks leave those out (a block starts after the case's colon),
+// so a mutant in one counts as reached when its switch statement is.
+type caseSpan struct {
+	from, to token.Pos
+	sw       token.Position
 }
 
 type funcSpan struct {
@@ -741,6 +751,19 @@ func parseFile(path string) (*fileInfo, error) {
 		return nil, err
 	}
 	fi := &fileInfo{src: src, fset: fset, file: fset.File(af.Pos())}
+	ast.Inspect(af, func(n ast.Node) bool {
+		sw, ok := n.(*ast.SwitchStmt)
+		if !ok {
+			return true
+		}
+		for _, st := range sw.Body.List {
+			cc := st.(*ast.CaseClause)
+			if len(cc.List) > 0 {
+				fi.cases = append(fi.cases, caseSpan{cc.List[0].Pos(), cc.List[len(cc.List)-1].End(), fset.Position(sw.Pos())})
+			}
+		}
+		return true
+	})
 	for _, d := range af.Decls {
 		fd, ok := d.(*ast.FuncDecl)
 		if !ok {
@@ -785,6 +808,12 @@ func (fi *fileInfo) describe(m *mutant) error {
 	m.src = strings.TrimSpace(string(fi.src[start:end]))
 	p := fi.file.Pos(m.offset)
 	m.fn = "-"
+	for _, c := range fi.cases {
+		if c.from <= p && p < c.to {
+			sw := c.sw
+			m.inCase = &sw
+		}
+	}
 	for _, f := range fi.funcs {
 		if f.from <= p && p < f.to {
 			m.fn = f.name
@@ -832,9 +861,16 @@ func readProfile(path, importPath, dir string) (coverBlocks, error) {
 }
 
 func (cb coverBlocks) covers(m *mutant) bool {
-	for _, b := range cb[m.file] {
-		after := m.line > b[0] || m.line == b[0] && m.col >= b[1]
-		before := m.line < b[2] || m.line == b[2] && m.col < b[3]
+	if m.inCase != nil {
+		return cb.reached(m.file, m.inCase.Line, m.inCase.Column)
+	}
+	return cb.reached(m.file, m.line, m.col)
+}
+
+func (cb coverBlocks) reached(file string, line, col int) bool {
+	for _, b := range cb[file] {
+		after := line > b[0] || line == b[0] && col >= b[1]
+		before := line < b[2] || line == b[2] && col < b[3]
 		if after && before {
 			return true
 		}
