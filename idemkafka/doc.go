@@ -136,6 +136,11 @@
 //     Kafka deletes records by age whether or not a group consumed them, so
 //     a message waiting for a stopped consumer, or behind a parked key, is
 //     lost, like a JetStream stream's MaxAge;
+//   - retention.bytes set (Kafka's default is -1): records are deleted by
+//     size as well, consumed or not;
+//   - cleanup.policy with compact: compaction deletes a key's older
+//     records once a newer one is written, consumed or not, so a message
+//     behind a parked key or waiting for its retry is lost;
 //   - a replication factor below 3 and min.insync.replicas below 2: with
 //     acks=all a write is acknowledged once every in-sync replica has it,
 //     and with one in-sync replica that is one disk;

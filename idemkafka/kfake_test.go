@@ -44,12 +44,17 @@ func open(t testing.TB, seeds []string, cfg idemkafka.Config) *idemkafka.Transpo
 
 // alterRetention sets topic's retention.ms, as an operator would.
 func alterRetention(ctx context.Context, seeds []string, topic, ms string) error {
+	return alterTopic(ctx, seeds, topic, "retention.ms", ms)
+}
+
+// alterTopic sets one of topic's settings, as an operator would.
+func alterTopic(ctx context.Context, seeds []string, topic, name, value string) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	res, err := kadm.NewClient(cl).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "retention.ms", Value: &ms}}, topic)
+	res, err := kadm.NewClient(cl).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: name, Value: &value}}, topic)
 	if err != nil {
 		return err
 	}

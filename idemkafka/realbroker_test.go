@@ -100,3 +100,51 @@ func TestWarnings(t *testing.T) {
 		t.Errorf("warnings %v after retention.ms=86400000, want it reported", ws)
 	}
 }
+
+// Kafka deletes records by size as it does by age, consumed or not, and a
+// compacted topic drops a key's older records once a newer one is written:
+// either loses a message waiting behind its parked key, for its retry or
+// for a stopped consumer. Both are reported; Kafka's defaults (delete,
+// retention.bytes -1) are not.
+func TestWarningsOfDeletionBySizeAndCompaction(t *testing.T) {
+	t.Parallel()
+	seeds := startKafka(t)
+	tr := open(t, seeds, idemkafka.Config{})
+	ctx := t.Context()
+	if err := tr.EnsureTopics(ctx, "orders"); err != nil {
+		t.Fatalf("EnsureTopics: %v", err)
+	}
+	settings := func() map[string]string {
+		t.Helper()
+		ws, err := tr.Warnings(ctx, "orders")
+		if err != nil {
+			t.Fatalf("Warnings: %v", err)
+		}
+		got := map[string]string{}
+		for _, w := range ws {
+			got[w.Setting] = w.Value
+		}
+		return got
+	}
+	got := settings()
+	for _, s := range []string{"cleanup.policy", "retention.bytes"} {
+		if v, ok := got[s]; ok {
+			t.Errorf("Kafka's default %s=%s reported", s, v)
+		}
+	}
+	for _, s := range [][2]string{{"cleanup.policy", "compact"}, {"retention.bytes", "1048576"}} {
+		if err := alterTopic(ctx, seeds, "orders", s[0], s[1]); err != nil {
+			t.Fatalf("setting %s: %v", s[0], err)
+		}
+	}
+	got = settings()
+	if got["cleanup.policy"] != "compact" || got["retention.bytes"] != "1048576" {
+		t.Errorf("warnings %v after cleanup.policy=compact and retention.bytes=1048576, want both reported", got)
+	}
+	if err := alterTopic(ctx, seeds, "orders", "cleanup.policy", "compact,delete"); err != nil {
+		t.Fatalf("setting cleanup.policy: %v", err)
+	}
+	if got := settings(); got["cleanup.policy"] != "compact,delete" {
+		t.Errorf("warnings %v after cleanup.policy=compact,delete, want it reported", got)
+	}
+}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -22,8 +24,9 @@ type Warning struct {
 	// Topic is the topic the setting is on.
 	Topic string
 	// Setting names the setting as Kafka's configuration does:
-	// "retention.ms", "min.insync.replicas",
-	// "unclean.leader.election.enable" or "replication.factor".
+	// "retention.ms", "retention.bytes", "cleanup.policy",
+	// "min.insync.replicas", "unclean.leader.election.enable" or
+	// "replication.factor".
 	Setting string
 	// Value is the setting's value.
 	Value string
@@ -43,6 +46,10 @@ func (w *Warning) Unwrap() error { return ErrDropsMessages }
 //
 //   - retention.ms shorter than Config.RetryHorizon: a message still
 //     waiting for a retry, or for a stopped consumer, is deleted;
+//   - retention.bytes set (0 or more): records are deleted by size as by
+//     age, consumed or not;
+//   - cleanup.policy with compact: a key's older records are deleted once
+//     a newer one is written, consumed or not;
 //   - replication.factor below 3, or min.insync.replicas below 2 (or
 //     above the replication factor less one): an acknowledged write can be
 //     held by one broker only, and lost with its disk;
@@ -104,6 +111,14 @@ func (t *Transport) Warnings(ctx context.Context, topic string) ([]*Warning, err
 		if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms >= 0 && time.Duration(ms)*time.Millisecond < t.cfg.RetryHorizon {
 			warn("retention.ms", v, fmt.Sprintf("records are deleted after %v, before the retry horizon of %v: a message still waiting for a retry or for a stopped consumer is lost", time.Duration(ms)*time.Millisecond, t.cfg.RetryHorizon))
 		}
+	}
+	if v, ok := settings["retention.bytes"]; ok {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+			warn("retention.bytes", v, "records are deleted once a partition holds more than this many bytes, consumed or not: a message still waiting for a retry or for a stopped consumer is lost")
+		}
+	}
+	if v := settings["cleanup.policy"]; slices.Contains(strings.Split(strings.ReplaceAll(v, " ", ""), ","), "compact") {
+		warn("cleanup.policy", v, "compaction deletes a key's older records once a newer one is written, consumed or not: a message waiting behind its parked key, for its retry or for a stopped consumer is lost")
 	}
 	if rf < 3 {
 		warn("replication.factor", strconv.Itoa(rf), "fewer than 3 copies: losing a broker's disk can lose acknowledged messages, or stop writes")
