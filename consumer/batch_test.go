@@ -293,3 +293,42 @@ func TestRunBatchAppliesInBulk(t *testing.T) {
 		t.Errorf("batch handler called with sizes %v: never more than one message", sizes)
 	}
 }
+
+// A batch takes the messages queued behind its first message's key, in
+// order, so that a key with a backlog is applied BatchSize messages a
+// transaction rather than one; and no batch holds more than BatchSize.
+func TestBatchTakesTheKeysQueuedMessagesUpToBatchSize(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	inbox := &batchSizes{Inbox: h.inbox}
+	cfg := h.config()
+	cfg.Inbox = inbox
+	cfg.Concurrency = 1
+	cfg.BatchSize = 2
+	msgs := lanes(h, []string{"acct"}, 6)
+	release := make(chan struct{})
+	var once sync.Once
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		// The first batch waits until the key's whole backlog is queued
+		// behind it.
+		once.Do(func() { <-release })
+		return h.apply(ctx, m)
+	})
+	// A delivery in memory gets a heartbeat every quarter of AckWait (30s
+	// by default): once each has had one, all six are queued.
+	h.advanceUntil("every delivery held in memory", 30*time.Second/4, func() bool {
+		for _, m := range msgs {
+			if !slices.Contains(h.rec.Ops(m.ID), "in-progress") {
+				return false
+			}
+		}
+		return true
+	})
+	close(release)
+	waitFor(t, "every message processed", func() bool { return c.Stats().Processed == int64(len(msgs)) })
+	inbox.mu.Lock()
+	defer inbox.mu.Unlock()
+	if len(inbox.sizes) < 2 || inbox.sizes[1] != 2 || slices.Max(inbox.sizes) > 2 {
+		t.Errorf("batches of %v; want the first batch after the backlog formed to take 2 (BatchSize), none more", inbox.sizes)
+	}
+}
