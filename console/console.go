@@ -102,6 +102,14 @@ type Config struct {
 	// (for a payment: its amount, account and tenant), as fields the
 	// page shows as text. Defaults to the point's name and data size.
 	ShowPoint func(ctx context.Context, rec idem.Record) ([]PointField, error)
+	// Actions lets operators act on those executions: resume now, settle
+	// as failed, settle with an answer. The service's completer
+	// (idemhttp.Completer) is one. Defaults to none: the pages only show
+	// them. Requires Recoveries and KeyHistory.
+	Actions KeyActions
+	// KeyHistory keeps who did what to which key, when and why. Required
+	// with Actions.
+	KeyHistory KeyHistory
 	// CompletionBound is how long after its lease ended an execution at a
 	// recovery point is being finished (by a completer or a retry) rather
 	// than unknown. Defaults to DefaultCompletionBound.
@@ -200,6 +208,9 @@ func New(cfg *Config) (*Console, error) {
 	}
 	if c.CompletionBound < 0 {
 		return nil, &idem.ArgumentError{Field: "console.Config.CompletionBound", Reason: "must not be negative"}
+	}
+	if c.Actions != nil && (c.Recoveries == nil || c.KeyHistory == nil) {
+		return nil, &idem.ArgumentError{Field: "console.Config.Actions", Reason: "needs Recoveries and KeyHistory"}
 	}
 	if c.CompletionBound == 0 {
 		c.CompletionBound = DefaultCompletionBound

@@ -22,6 +22,7 @@
 //     last hour (processed, retrying, dead-lettered, re-driven, discarded)
 //     and the backlogs (for the payment service, the outbox and the
 //     settlement lag).
+//
 //   - Dead letters (/console/letters): filtered by consumer, class, state,
 //     time of the last failure (since=1h, or an RFC 3339 time) and text in
 //     the last error (q=, ignoring case); counts and the oldest per
@@ -29,6 +30,7 @@
 //     Config.PageSize, each leading to the next by a cursor (after=, the
 //     last letter shown). The store filters by consumer, class, state and
 //     time; the text search and the paging run over what it returns.
+//
 //   - One letter (/console/letters/{id}): the payload (JSON indented and
 //     coloured; other text as text; anything else as a hex dump; in every
 //     form, control and invisible characters shown as escapes, so a
@@ -39,7 +41,42 @@
 //     in a transaction that is rolled back. Once re-driven, with Insights,
 //     whether its consumer has processed it.
 //
-// # Actions
+//   - Unknown outcomes (/console/outcomes), with Config.Recoveries: the
+//     executions stopped at a recovery point whose holder is gone, being
+//     finished within Config.CompletionBound of their holder's lease end,
+//     unknown past it or once a resume failed; for each, what its point
+//     says (Config.ShowPoint, shown as text) and its failed resumes (how
+//     many, the last error). The overview counts them beside the dead
+//     letters.
+//
+//   - One key (/console/outcomes/key?scope=…&key=…): its state, its point,
+//     its failed resumes, its history (Config.KeyHistory) and, while it is
+//     stopped, the actions below; once settled, its kept answer's status.
+//
+// # Actions on unknown outcomes
+//
+// With Config.Actions (the service's completer, keyed.Completer) and
+// Config.KeyHistory, each action is asked for on a confirmation page
+// (/console/outcomes/act, which checks by a dry run that it can be taken)
+// and taken by that page's form, with a reason the operator must type and
+// a box they must tick; without either it is refused, changing nothing.
+//
+//   - Resume now: one completer round for this key. If the outcome is
+//     learned the answer is kept; if not, the failure is counted.
+//   - Settle as failed: for when the operator checked that nothing
+//     happened outside. The key is completed with FailedAnswer (409, a
+//     problem document saying an operator settled it as failed), which
+//     the client's retry gets.
+//   - Settle with an answer: for when the operator learned the outcome
+//     elsewhere: the status, content type and body they give (a JSON type
+//     must parse), marked with the SettledHeader header.
+//
+// A settle takes the key over before completing it: a resume or a retry
+// finishing the key at the same moment either refuses it (409, saying so;
+// nothing changed) or finds the key settled. Each action taken is kept in
+// the key's history: who, when, what, why, and what came of it.
+//
+// # Actions on dead letters
 //
 // Every action names its operator as the actor in the letter's history,
 // with the reason given; nothing is ever deleted.

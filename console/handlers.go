@@ -37,6 +37,9 @@ func (c *Console) routes() http.Handler {
 	authed.HandleFunc("POST "+p+"/letters/{id}/redrive", c.redrive)
 	authed.HandleFunc("POST "+p+"/letters/{id}/discard", c.discard)
 	authed.HandleFunc("GET "+p+"/outcomes", c.outcomes)
+	authed.HandleFunc("GET "+p+"/outcomes/key", c.outcome)
+	authed.HandleFunc("GET "+p+"/outcomes/act", c.confirm)
+	authed.HandleFunc("POST "+p+"/outcomes/act", c.act)
 	authed.HandleFunc("GET "+p+"/bulk", c.bulkPreview)
 	authed.HandleFunc("POST "+p+"/bulk", c.bulk)
 	authed.HandleFunc(p+"/", func(w http.ResponseWriter, r *http.Request) {
@@ -81,7 +84,7 @@ type view struct {
 var titles = map[string]string{
 	"login": "Log in", "overview": "Overview", "list": "Dead letters", "letter": "Dead letter",
 	"edit": "Edit and re-drive", "bulk": "Bulk action", "error": "Error",
-	"outcomes": "Unknown outcomes",
+	"outcomes": "Unknown outcomes", "outcome": "Execution stopped at a recovery point", "confirm": "Confirm",
 }
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, page string, data any) {
@@ -215,8 +218,15 @@ type stoppedRow struct {
 	SavedAt           time.Time // when the point was saved
 	Since             time.Time // when its holder's lease ended
 	Unknown           bool      // past the completion bound
+	Held              bool      // a live execution holds it now
 	Fields            []PointField
 	Problem           string // ShowPoint's error
+	Failures          ResumeFailures
+}
+
+// Link is the row's page.
+func (r stoppedRow) Link(prefix string) string {
+	return prefix + "/outcomes/key?" + url.Values{"scope": {r.Scope}, "key": {r.Key}}.Encode()
 }
 
 type outcomesPage struct {
@@ -232,19 +242,33 @@ func (c *Console) stopped(ctx context.Context, now time.Time) ([]stoppedRow, err
 		return nil, err
 	}
 	rows := make([]stoppedRow, 0, len(recs))
+	listed := map[idem.Ref]bool{}
 	for _, rec := range recs {
-		row := stoppedRow{Scope: string(rec.Scope), Key: string(rec.Key), Point: rec.Recovery.Name, SavedAt: rec.Recovery.SavedAt,
-			Since: rec.LeaseExpiresAt, Unknown: now.Sub(rec.LeaseExpiresAt) > c.cfg.CompletionBound}
-		if c.cfg.ShowPoint != nil {
-			fields, err := c.cfg.ShowPoint(ctx, rec)
-			if err != nil {
-				row.Problem = err.Error()
-			}
-			row.Fields = fields
-		} else {
-			row.Fields = []PointField{{Name: "point", Value: rec.Recovery.Name}, {Name: "data", Value: fmt.Sprintf("%d bytes", len(rec.Recovery.Data))}}
+		rows = append(rows, c.row(ctx, rec, now))
+		listed[idem.Ref{Scope: rec.Scope, Key: rec.Key}] = true
+	}
+	if c.cfg.Actions == nil {
+		return rows, nil
+	}
+	// Those the completer holds after a failed resume.
+	held := c.cfg.Actions.UnknownKeys()
+	slices.SortFunc(held, func(a, b idem.Ref) int {
+		return cmp.Or(cmp.Compare(a.Scope, b.Scope), cmp.Compare(a.Key, b.Key))
+	})
+	for _, ref := range held {
+		if listed[idem.Ref{Scope: ref.Scope, Key: ref.Key}] || len(rows) >= c.cfg.MaxBulk {
+			continue
 		}
-		rows = append(rows, row)
+		rec, err := c.cfg.Recoveries.Get(ctx, ref.Scope, ref.Key)
+		if errors.Is(err, idem.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return rows, err
+		}
+		if rec.State == idem.StateInFlight && !rec.Recovery.IsZero() {
+			rows = append(rows, c.row(ctx, rec, now))
+		}
 	}
 	return rows, nil
 }

@@ -89,7 +89,9 @@ type Completer struct {
 
 	mu      sync.Mutex
 	unknown map[keywait.Key]time.Time // keys whose outcome is unknown, since when
-	stats   CompleterStats
+	// failures are the failed resumes of the keys still unknown.
+	failures map[keywait.Key]ResumeFailures
+	stats    CompleterStats
 	// active are the keys being resumed, which no round takes on again.
 	active map[keywait.Key]bool
 }
@@ -155,7 +157,7 @@ func (e *Engine) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
 		c.Logger = e.log
 	}
 	return &Completer{e: e, cfg: c, rs: rs, log: c.Logger, slots: make(chan struct{}, c.Parallel),
-		unknown: map[keywait.Key]time.Time{}, active: map[keywait.Key]bool{}}, nil
+		unknown: map[keywait.Key]time.Time{}, failures: map[keywait.Key]ResumeFailures{}, active: map[keywait.Key]bool{}}, nil
 }
 
 // Bound is the longest an abandoned execution waits to be finished, when
@@ -247,7 +249,7 @@ func (c *Completer) round(ctx context.Context, wg *sync.WaitGroup, finished *ato
 				c.end(wk)
 				<-c.slots
 			}()
-			if c.resume(ctx, rec) && finished != nil {
+			if r, _ := c.resume(ctx, rec); r.finished() && finished != nil {
 				finished.Add(1)
 			}
 		})
@@ -272,9 +274,21 @@ func (c *Completer) end(wk keywait.Key) {
 	c.mu.Unlock()
 }
 
-// resume takes rec's key over and finishes it; true when it ended it
-// (completed or released).
-func (c *Completer) resume(ctx context.Context, rec idem.Record) bool {
+// resumed says how one resume of a key ended.
+type resumed int
+
+const (
+	resumeNotTaken resumed = iota // the key was not taken over: another holder has it, or it was finished
+	resumeCompleted
+	resumeReleased
+	resumeFailed // the outcome is still unknown
+)
+
+func (r resumed) finished() bool { return r == resumeCompleted || r == resumeReleased }
+
+// resume takes rec's key over and finishes it, saying how it ended and,
+// unless it was finished, why not.
+func (c *Completer) resume(ctx context.Context, rec idem.Record) (resumed, error) {
 	e := c.e
 	wk := keywait.Key{Scope: rec.Scope, Key: rec.Key}
 	log := reqLog{l: c.log, scope: rec.Scope, key: rec.Key, method: "completer", path: rec.Recovery.Name}
@@ -283,12 +297,12 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record) bool {
 		Lease: e.cfg.Lease, TTL: max(e.cfg.TTL, e.cfg.Lease), Holder: e.cfg.Holder})
 	if err != nil {
 		log.LogAttrs(ctx, slog.LevelWarn, "completer: could not take the abandoned execution over", slog.String("error", err.Error()))
-		return false
+		return resumeNotTaken, fmt.Errorf("taking the execution over: %w", err)
 	}
 	if claim.Outcome != idem.Acquired {
 		// A client's retry or another replica got there first.
 		c.forget(wk)
-		return false
+		return resumeNotTaken, notTaken(claim.Outcome)
 	}
 	if claim.Record.Recovery.IsZero() {
 		// The key was released (or purged) since it was listed, and this
@@ -300,7 +314,7 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record) bool {
 			log.LogAttrs(ctx, slog.LevelWarn, "completer: could not give back a key it claimed anew", slog.String("error", err.Error()))
 		}
 		c.forget(wk)
-		return false
+		return resumeNotTaken, fmt.Errorf("%w: it was released meanwhile", ErrNotStopped)
 	}
 	defer e.local.Notify(wk)
 	ref := idem.Ref{Scope: rec.Scope, Key: rec.Key, Token: claim.Token}
@@ -308,7 +322,7 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record) bool {
 	if err != nil {
 		// Nothing can go on from data nobody can read; the key stays in
 		// flight with its point until someone gives the key that opens it.
-		c.unknownNow(wk)
+		c.unknownNow(wk, err)
 		log.LogAttrs(ctx, slog.LevelError, "completer: the recovery point cannot be opened (are BodyKeys missing a key?); the key stays in flight",
 			slog.String("error", err.Error()))
 		dctx, cancel := detached(ctx)
@@ -316,7 +330,7 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record) bool {
 		if yerr := c.rs.Yield(dctx, ref); yerr != nil {
 			log.LogAttrs(ctx, slog.LevelWarn, "completer: could not yield the key", slog.String("error", yerr.Error()))
 		}
-		return false
+		return resumeFailed, fmt.Errorf("the recovery point cannot be opened: %w", err)
 	}
 	ex := Execution{Scope: rec.Scope, Key: rec.Key, Token: claim.Token, ClaimedAt: claim.Record.CreatedAt,
 		TookOver: claim.TookOver, Recovery: rp, points: &pointSaver{store: c.rs, bodies: e.bodies}, seed: seed, hasSeed: true}
@@ -337,17 +351,18 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record) bool {
 		// nothing happened outside (Release itself refuses such a key).
 		if err := c.rs.ReleaseWithPoint(dctx, ref); err != nil {
 			log.LogAttrs(ctx, slog.LevelWarn, "completer: could not release the key", slog.String("error", err.Error()))
-			return false
+			return resumeFailed, fmt.Errorf("releasing the key: %w", err)
 		}
 		c.forget(wk)
 		c.count(func(s *CompleterStats) { s.Released++ })
 		log.LogAttrs(ctx, slog.LevelInfo, "completer: the abandoned execution had done nothing; key released")
-		return true
+		return resumeReleased, nil
 	case rerr != nil:
-		c.unknownNow(wk)
+		c.unknownNow(wk, rerr)
+		c.holding(wk, claim.Token)
 		log.LogAttrs(ctx, slog.LevelError, "completer: outcome unknown; the key stays in flight and is tried again after its lease",
 			slog.String("error", rerr.Error()), slog.Duration("lease", e.cfg.Lease))
-		return false
+		return resumeFailed, rerr
 	}
 	kept, err := e.keptAnswer(ref, answer, false)
 	if err == nil {
@@ -356,16 +371,16 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record) bool {
 	if err != nil {
 		// Finished, but nobody can tell from the store: as unknown as a
 		// Resume that failed.
-		c.unknownNow(wk)
+		c.unknownNow(wk, err)
 		log.LogAttrs(ctx, slog.LevelError, "completer: finished, but could not keep the answer; tried again after the lease",
 			slog.String("error", err.Error()))
-		return false
+		return resumeFailed, fmt.Errorf("keeping the answer: %w", err)
 	}
 	c.forget(wk)
 	c.count(func(s *CompleterStats) { s.Completed++ })
 	e.recent.Keep(wk, rec.Fingerprint, &kept, claim.Record.ExpiresAt)
 	log.LogAttrs(ctx, slog.LevelInfo, "completer: finished an abandoned execution", slog.Int("status", kept.Status))
-	return true
+	return resumeCompleted, nil
 }
 
 // runResume runs resume, turning a panic into an error: one execution's
@@ -411,19 +426,25 @@ func (c *Completer) pruneUnknown(ctx context.Context, listed []idem.Record) {
 }
 
 // unknownNow counts a resume whose outcome nobody can learn from the
-// store: its Resume failed, or its answer could not be kept.
-func (c *Completer) unknownNow(wk keywait.Key) {
+// store: its Resume failed (with err), or its answer could not be kept.
+func (c *Completer) unknownNow(wk keywait.Key, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	now := c.e.cfg.Clock.Now()
 	if _, ok := c.unknown[wk]; !ok {
-		c.unknown[wk] = c.e.cfg.Clock.Now()
+		c.unknown[wk] = now
 	}
+	f := c.failures[wk]
+	f.Count++
+	f.LastError, f.LastAt = err.Error(), now
+	c.failures[wk] = f
 	c.stats.Failed++
 }
 
 func (c *Completer) forget(wk keywait.Key) {
 	c.mu.Lock()
 	delete(c.unknown, wk)
+	delete(c.failures, wk)
 	c.mu.Unlock()
 }
 

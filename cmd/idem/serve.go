@@ -409,7 +409,8 @@ func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 		}
 	}()
 
-	handler, err := mountConsole(ctx, p.console, db, p.payments.Keys, p.payments.BodyKeys, logger, svc.Handler())
+	completer, _ := svc.Completer() // nil without one: the console then only shows the stopped executions
+	handler, err := mountConsole(ctx, p.console, db, p.payments.Keys, p.payments.BodyKeys, completer, logger, svc.Handler())
 	if err != nil {
 		return err
 	}

@@ -85,6 +85,16 @@ func newWorld(t *testing.T, cfg *console.Config) *world {
 		c = *cfg
 	}
 	c.Letters, c.Insights = w.svc, in
+	if c.Actions != nil && c.KeyHistory == nil {
+		// The operators' actions on keys are kept in the payment
+		// database, as the service keeps them.
+		if err := payments.Migrate(ctx, db); err != nil {
+			t.Fatal(err)
+		}
+		if c.KeyHistory, err = payments.KeyHistory(db); err != nil {
+			t.Fatal(err)
+		}
+	}
 	c.Operators = []console.Operator{{Name: "alice", Token: aliceToken}, {Name: "bob", Token: bobToken}}
 	c.Logger = slog.New(slog.NewTextHandler(w.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	if w.con, err = console.New(&c); err != nil {

@@ -1,0 +1,227 @@
+package keyed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/keywait"
+)
+
+// What an operator's action on one key (Completer.ResumeKey,
+// Completer.Settle) is refused with, having changed nothing.
+var (
+	// ErrNotStopped: the key is not in flight at a recovery point: it is
+	// unknown (never used, or expired), completed, released, or in flight
+	// without a point. Refusals for an unknown key match idem.ErrNotFound
+	// too.
+	ErrNotStopped = errors.New("keyed: the key is not in flight at a recovery point")
+	// ErrBeingFinished: an execution holds the key under a live lease (a
+	// completer's resume, a client's retry): it is being finished now.
+	ErrBeingFinished = errors.New("keyed: the key is held by a live execution that is finishing it")
+)
+
+// ResumeFailures counts the failed resumes of a key whose outcome is
+// still unknown, with the last one's error.
+type ResumeFailures struct {
+	Count     int
+	LastError string
+	LastAt    time.Time
+	// Holding: the Completer holds the key under the lease its last failed
+	// resume took, and tries again once it ends. ResumeKey and Settle act
+	// on the key under that lease; nobody else can until it ends.
+	Holding bool
+	token   idem.Token
+}
+
+// holding records that the Completer keeps the key under token after a
+// failed resume.
+func (c *Completer) holding(wk keywait.Key, token idem.Token) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f, ok := c.failures[wk]; ok {
+		f.token, f.Holding = token, true
+		c.failures[wk] = f
+	}
+}
+
+// heldToken returns the token the Completer holds wk under after a failed
+// resume; 0 when none.
+func (c *Completer) heldToken(wk keywait.Key) idem.Token {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.failures[wk].token
+}
+
+// letGo forgets the lease held after a failed resume.
+func (c *Completer) letGo(wk keywait.Key) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f, ok := c.failures[wk]; ok {
+		f.token, f.Holding = 0, false
+		c.failures[wk] = f
+	}
+}
+
+// Failures returns the resumes of scope/key this Completer saw fail since
+// its outcome became unknown (zero when none did, or the key was finished
+// since). They are kept in memory: a restart forgets them.
+func (c *Completer) Failures(scope idem.Scope, key idem.Key) ResumeFailures {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.failures[keywait.Key{Scope: scope, Key: key}]
+}
+
+// stopped returns the record of scope/key when it is in flight at a
+// recovery point with its holder's lease ended, and otherwise an error
+// matching ErrNotStopped or ErrBeingFinished.
+func (c *Completer) stopped(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
+	rec, err := c.rs.Get(ctx, scope, key)
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		return rec, fmt.Errorf("%w: no key %q in scope %q (%w)", ErrNotStopped, string(key), string(scope), idem.ErrNotFound)
+	case err != nil:
+		return rec, fmt.Errorf("reading the key: %w", err)
+	case rec.State != idem.StateInFlight:
+		return rec, fmt.Errorf("%w: it is %s", ErrNotStopped, rec.State)
+	case rec.Recovery.IsZero():
+		return rec, fmt.Errorf("%w: it is in flight without a recovery point (a retry runs it anew)", ErrNotStopped)
+	case rec.LeaseExpiresAt.After(c.e.cfg.Clock.Now()) && rec.Token != c.heldToken(keywait.Key{Scope: scope, Key: key}):
+		return rec, fmt.Errorf("%w: its lease ends at %s", ErrBeingFinished, rec.LeaseExpiresAt.UTC().Format(time.RFC3339))
+	}
+	return rec, nil
+}
+
+// notTaken says why a Claim of a stopped key did not acquire it.
+func notTaken(o idem.Outcome) error {
+	switch o {
+	case idem.Completed:
+		return fmt.Errorf("%w: it was completed meanwhile", ErrNotStopped)
+	case idem.InFlight:
+		return fmt.Errorf("%w: another execution took it over meanwhile", ErrBeingFinished)
+	default:
+		return fmt.Errorf("%w: the claim found it %s", ErrNotStopped, o)
+	}
+}
+
+// ResumeKey runs one round of the Completer for scope/key alone, now: it
+// takes the key over, runs Resume from its recovery point and keeps its
+// answer (or releases the key when Resume returns ErrNothingDone), as a
+// round would. finished reports that the key ended (its answer kept, or
+// released); when it did not, err says why: Resume's error (the outcome is
+// still unknown, and Failures counts it), or a refusal matching
+// ErrNotStopped or ErrBeingFinished, having changed nothing.
+//
+// With dryRun, it only checks that the key could be resumed.
+func (c *Completer) ResumeKey(ctx context.Context, scope idem.Scope, key idem.Key, dryRun bool) (finished bool, err error) {
+	rec, err := c.stopped(ctx, scope, key)
+	if err != nil || dryRun {
+		return false, err
+	}
+	wk := keywait.Key{Scope: scope, Key: key}
+	if !c.begin(wk) {
+		return false, fmt.Errorf("%w: this completer is resuming it", ErrBeingFinished)
+	}
+	defer c.end(wk)
+	if t := c.heldToken(wk); t != 0 && t == rec.Token {
+		// Under the lease of this Completer's last failed resume: end it,
+		// and take the key over anew.
+		c.letGo(wk)
+		if err := c.rs.Yield(ctx, idem.Ref{Scope: scope, Key: key, Token: t}); err != nil && !errors.Is(err, idem.ErrLeaseLost) {
+			return false, fmt.Errorf("ending the lease of the last failed resume: %w", err)
+		}
+	}
+	r, err := c.resume(ctx, rec)
+	return r.finished(), err
+}
+
+// Settle ends the execution of scope/key, in flight at a recovery point
+// with its holder gone, with answer as its kept answer, without resuming
+// it: the decision of a person who learned the outcome elsewhere (or that
+// nothing happened outside). The client's retry gets answer as a replay.
+// answer is kept as an execution's answer is (its body sealed with
+// Config.BodyKeys); it should say that it was settled by an operator.
+//
+// Settle takes the key over with a Claim before completing it, so it is
+// atomic against a resume (this Completer's, another replica's, a
+// client's retry): if one holds the key, or finished it first, Settle is
+// refused (ErrBeingFinished, ErrNotStopped) and the key is left as that
+// execution leaves it; once Settle holds it, they find it held, then
+// completed. It returns the record as it was before.
+//
+// With dryRun, it only checks that the key could be settled.
+func (c *Completer) Settle(ctx context.Context, scope idem.Scope, key idem.Key, answer idem.Response, dryRun bool) (idem.Record, error) {
+	rec, err := c.stopped(ctx, scope, key)
+	if err != nil || dryRun {
+		return rec, err
+	}
+	e := c.e
+	wk := keywait.Key{Scope: scope, Key: key}
+	if !c.begin(wk) {
+		return rec, fmt.Errorf("%w: this completer is resuming it", ErrBeingFinished)
+	}
+	defer c.end(wk)
+	var claim idem.Claim
+	if t := c.heldToken(wk); t != 0 && t == rec.Token {
+		// Under the lease of this Completer's last failed resume: Complete
+		// is fenced by its token, so a takeover since then refuses it.
+		claim = idem.Claim{Outcome: idem.Acquired, Token: t, Record: rec}
+	} else {
+		claim, err = c.rs.Claim(ctx, idem.ClaimRequest{Scope: scope, Key: key, Fingerprint: rec.Fingerprint,
+			Lease: e.cfg.Lease, TTL: max(e.cfg.TTL, e.cfg.Lease), Holder: e.cfg.Holder})
+		if err != nil {
+			return rec, fmt.Errorf("taking the key over: %w", err)
+		}
+		if claim.Outcome != idem.Acquired {
+			return rec, notTaken(claim.Outcome)
+		}
+	}
+	ref := idem.Ref{Scope: scope, Key: key, Token: claim.Token}
+	dctx, cancel := detached(ctx)
+	defer cancel()
+	defer e.local.Notify(wk)
+	if claim.Record.Recovery.IsZero() {
+		// Released since it was read, and claimed anew here: give it back.
+		if err := c.rs.Release(dctx, ref); err != nil {
+			c.log.LogAttrs(ctx, slog.LevelWarn, "completer: could not give back a key it claimed anew", slog.String("error", err.Error()))
+		}
+		return rec, fmt.Errorf("%w: it was released meanwhile", ErrNotStopped)
+	}
+	kept, err := e.keptAnswer(ref, answer, false)
+	if err == nil {
+		err = c.rs.Complete(dctx, ref, kept)
+	}
+	if errors.Is(err, idem.ErrLeaseLost) {
+		c.letGo(wk)
+		return rec, fmt.Errorf("%w: another execution took it over meanwhile", ErrBeingFinished)
+	}
+	if err != nil {
+		if yerr := c.rs.Yield(dctx, ref); yerr != nil && !errors.Is(yerr, idem.ErrLeaseLost) {
+			err = errors.Join(err, fmt.Errorf("yielding the key: %w", yerr))
+		}
+		c.letGo(wk)
+		return rec, fmt.Errorf("keeping the settled answer: %w", err)
+	}
+	c.forget(wk)
+	e.recent.Keep(wk, rec.Fingerprint, &kept, claim.Record.ExpiresAt)
+	c.log.LogAttrs(ctx, slog.LevelWarn, "completer: an execution stopped at a recovery point was settled",
+		slog.String("recovery_point", rec.Recovery.Name), slog.Int("status", kept.Status))
+	return rec, nil
+}
+
+// UnknownKeys returns the keys whose last resume by this Completer failed,
+// which it may hold under that resume's lease (so that
+// idem.Recoverer.Abandoned does not list them until it ends). Token is
+// that lease's, or 0.
+func (c *Completer) UnknownKeys() []idem.Ref {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]idem.Ref, 0, len(c.unknown))
+	for wk := range c.unknown {
+		out = append(out, idem.Ref{Scope: wk.Scope, Key: wk.Key, Token: c.failures[wk].token})
+	}
+	return out
+}
