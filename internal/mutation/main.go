@@ -58,6 +58,7 @@ func main() {
 	flag.IntVar(&o.factor, "timeout-factor", 4, "a mutant's run is cut at this many times the baseline")
 	flag.DurationVar(&o.minTimeout, "min-timeout", 30*time.Second, "the shortest cut of a mutant's run")
 	flag.StringVar(&o.diff, "diff", "", "only the mutants on lines changed since this commit (gremlins -D)")
+	flag.StringVar(&o.since, "since", "", "measure only the packages whose files changed since this commit, and in them only the mutants on changed lines (implies -diff)")
 	flag.DurationVar(&o.budget, "budget", 0, "stop starting mutants after this long (0: no limit); the run then says what it left out")
 	flag.BoolVar(&o.verbose, "v", false, "also list every mutant no test reaches")
 	flag.Parse()
@@ -71,6 +72,7 @@ func main() {
 
 type options struct {
 	gremlins, config, equivalents, diff string
+	since                               string
 	workers, factor                     int
 	minTimeout, budget                  time.Duration
 	verbose                             bool
@@ -214,6 +216,7 @@ type mutant struct {
 	nth, of   int // its rank among the mutants of typ on its line, and how many there are
 	offset    int
 	inCase    *token.Position // the switch whose case expression holds it
+	outside   bool            // not on a line the diff changed
 	status    string
 	equiv     *equivalent
 }
@@ -266,6 +269,30 @@ func run(o options, args []string) (int, error) {
 			return 0, fmt.Errorf("%s:%d: %s is in no package of %s", o.equivalents, e.no, e.path, o.config)
 		}
 	}
+	if o.since != "" {
+		o.diff = o.since
+		out, err := exec.Command("git", "diff", "--name-only", o.since, "--", "*.go").Output()
+		if err != nil {
+			return 0, fmt.Errorf("git diff --name-only %s: %v", o.since, err)
+		}
+		touched := map[string]bool{}
+		for _, f := range strings.Fields(string(out)) {
+			if !strings.HasSuffix(f, "_test.go") {
+				touched[filepath.Dir(f)] = true
+			}
+		}
+		var keep []pkgConf
+		for _, c := range chosen {
+			if touched[c.dir] {
+				keep = append(keep, c)
+			}
+		}
+		chosen = keep
+		if len(chosen) == 0 {
+			fmt.Printf("no measured package has a non-test Go file changed since %s\n", o.since)
+			return 0, nil
+		}
+	}
 	start := time.Now()
 	var deadline time.Time
 	if o.budget > 0 {
@@ -274,6 +301,10 @@ func run(o options, args []string) (int, error) {
 	rc := 0
 	var summary []string
 	for _, c := range chosen {
+		if !deadline.IsZero() && time.Now().After(deadline) {
+			summary = append(summary, fmt.Sprintf("%-17s NOT JUDGED: the time budget ran out before it; measure it with scripts/mutation %s", c.dir, c.dir))
+			continue
+		}
 		r, err := measure(o, c, equivs, deadline)
 		if err != nil {
 			return 0, fmt.Errorf("%s: %w", c.dir, err)
@@ -595,21 +626,11 @@ func enumerate(o options, c pkgConf) (mutants, error) {
 	if err != nil {
 		return mutants{}, err
 	}
-	all, err := dryRun(o, modRoot, rel, "")
+	all, err := dryRun(o, modRoot, rel, o.diff)
 	if err != nil {
 		return mutants{}, err
 	}
-	changed := all
-	if o.diff != "" {
-		if changed, err = dryRun(o, modRoot, rel, o.diff); err != nil {
-			return mutants{}, err
-		}
-	}
 	var ms mutants
-	keep := map[string]bool{}
-	for _, m := range changed {
-		keep[m.pos()+m.typ] = true
-	}
 	files := map[string]*fileInfo{}
 	for _, m := range all {
 		base := filepath.Base(m.file)
@@ -627,7 +648,7 @@ func enumerate(o options, c pkgConf) (mutants, error) {
 			return mutants{}, err
 		}
 		ms.all = append(ms.all, m)
-		if keep[m.pos()+m.typ] {
+		if !m.outside {
 			ms.changed = append(ms.changed, m)
 		}
 	}
@@ -710,10 +731,8 @@ func dryRun(o options, modRoot, dir, diff string) ([]*mutant, error) {
 	var ms []*mutant
 	for _, f := range rep.Files {
 		for _, m := range f.Mutations {
-			if m.Status == "SKIPPED" {
-				continue // outside the diff
-			}
-			ms = append(ms, &mutant{file: filepath.Join(modRoot, dir, f.FileName), line: m.Line, col: m.Column, typ: m.Type})
+			ms = append(ms, &mutant{file: filepath.Join(modRoot, dir, f.FileName), line: m.Line, col: m.Column, typ: m.Type,
+				outside: m.Status == "SKIPPED"}) // SKIPPED: outside the diff
 		}
 	}
 	return ms, nil
