@@ -1,6 +1,7 @@
 package jcs
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -72,6 +73,11 @@ func TestCanonicalJSON(t *testing.T) {
 		{name: "DEL literal", in: `"\u007f"`, want: "\"\x7f\""},
 		{name: "non-ASCII literal", in: `"\u00e9\u2028\u2029\uFEFF"`, want: "\"é\u2028\u2029\ufeff\""},
 		{name: "surrogate pair decoded", in: `"\uD83D\uDE00"`, want: `"😀"`},
+		// The ends of the surrogate ranges: D800 DC00 is U+10000, DBFF DFFF is
+		// U+10FFFF, both valid pairs.
+		{name: "lowest surrogate pair", in: `"\ud800\udc00"`, want: "\"\U00010000\""},
+		{name: "highest surrogate pair", in: `"\uDBFF\uDFFF"`, want: "\"\U0010FFFF\""},
+		{name: "every hex digit in u escapes", in: `"\u0123\u4567\u89ab\ucdef\u89AB\uCDEF"`, want: "\"\u0123\u4567\u89ab\ucdef\u89ab\ucdef\""},
 		{name: "raw UTF-8 kept", in: `"żółć 😀"`, want: `"żółć 😀"`},
 		{name: "noncharacter kept", in: `"\uffff\ufdd0"`, want: "\"\uffff\ufdd0\""},
 		{name: "no unicode normalisation", in: `["\u00e9","e\u0301"]`, want: "[\"é\",\"e\u0301\"]"},
@@ -144,6 +150,16 @@ func TestCanonicalJSONErrors(t *testing.T) {
 		{name: "invalid UTF-8 after escape", in: "\"\\n\xc3\"", reason: "not valid UTF-8"},
 		{name: "UTF-8 encoded surrogate", in: "\"\xed\xa0\x80\"", reason: "not valid UTF-8"},
 		{name: "invalid UTF-8 outside string", in: "\xff", reason: "byte 0xFF", syntax: true},
+		{name: "DEL outside string named by its byte", in: "\x7f", reason: "unexpected byte 0x7F", syntax: true},
+		{name: "tilde outside string named as a character", in: "~", reason: "unexpected character '~'", syntax: true},
+		{name: "lone continuation byte in string", in: "\"a\x80\"", reason: "not valid UTF-8"},
+		{name: "duplicate name of exactly 40 bytes quoted whole", in: `{"` + strings.Repeat("n", 40) + `":1,"` + strings.Repeat("n", 40) + `":2}`, reason: `name "` + strings.Repeat("n", 40) + `" more than once`},
+		// The cut falls inside a two-byte character: the message keeps
+		// whole characters (39 bytes), never half of one.
+		{name: "duplicate long name cut between characters", in: `{"a` + strings.Repeat("é", 50) + `":1,"a` + strings.Repeat("é", 50) + `":2}`, reason: `name "a` + strings.Repeat("é", 19) + `"… more than once`},
+		{name: "overflow of exactly 40 characters shown whole", in: "1" + strings.Repeat("0", 35) + "e400", reason: "number 1" + strings.Repeat("0", 35) + "e400 is outside"},
+		{name: "overflow of 41 characters cut", in: "1" + strings.Repeat("0", 36) + "e400", reason: "number 1" + strings.Repeat("0", 36) + "e40… is outside"},
+		{name: "end of input after a complete u escape", in: `"\u0041`, reason: "string has no closing quote", syntax: true},
 		{name: "byte order mark", in: "\ufeff{}", reason: "byte 0xEF", syntax: true},
 		{name: "lone high surrogate", in: `"\ud800"`, reason: "high surrogate"},
 		{name: "high surrogate then char", in: `"\uD83Dx"`, reason: "high surrogate"},
@@ -210,6 +226,58 @@ func TestCanonicalJSONErrors(t *testing.T) {
 				t.Errorf("error %q: syntax = %v, want %v", err, ce.syntax, tt.syntax)
 			}
 		})
+	}
+}
+
+// TestCanonicalJSONTruncated protects the parser's bounds checks: a body
+// cut anywhere (a request whose body was truncated in transit) is refused
+// with an error located within what was received, never read past its end,
+// and never accepted unless the cut happens to leave valid JSON.
+func TestCanonicalJSONTruncated(t *testing.T) {
+	t.Parallel()
+	docs := []string{
+		`{"a":[1,-2.5e+3,true,false,null,{},[],"x\u00e9\ud83d\ude00\n"],"b":{"c":"d"}}`,
+		`[{"k":"v\"w"},[[]],{"":{}}, 0.5 ,"\u0041\t"]`,
+		` { "name" : "value" , "n" : [ 1 , 2 ] } `,
+		`"\uD83D\uDE00"`,
+	}
+	for _, doc := range docs {
+		for n := 0; n < len(doc); n++ {
+			in := doc[:n]
+			got, err := Canonical([]byte(in))
+			if json.Valid([]byte(in)) {
+				if err != nil {
+					t.Errorf("Canonical(%q), valid JSON: %v", in, err)
+				}
+				continue
+			}
+			var ce *canonicalError
+			if !errors.As(err, &ce) {
+				t.Errorf("Canonical(%q) = %q, %v; want a *canonicalError", in, got, err)
+				continue
+			}
+			if ce.offset > n {
+				t.Errorf("Canonical(%q): %v; want an offset up to %d", in, err, n)
+			}
+		}
+	}
+}
+
+// TestStringWithoutEscapesNotCopied protects the parser's fast path: a
+// string with no escapes is located in the input, not copied into the
+// parser's buffer of decoded strings.
+func TestStringWithoutEscapesNotCopied(t *testing.T) {
+	t.Parallel()
+	p := &jsonParser{s: []byte(`"plain żółć"`)}
+	sp, err := p.string()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sp&spanDecoded != 0 || len(p.buf) != 0 {
+		t.Errorf("a string without escapes was copied: span %#x, buffer %q", uint64(sp), p.buf)
+	}
+	if got := string(p.text(sp)); got != "plain żółć" {
+		t.Errorf("text = %q, want %q", got, "plain żółć")
 	}
 }
 
