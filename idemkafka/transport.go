@@ -90,7 +90,9 @@ type Config struct {
 	// the publisher's acks=all, and a stream's consumer group, topic,
 	// starting offset (the oldest record), read_committed isolation,
 	// disabled autocommit, session, heartbeat and rebalance timeouts (set
-	// with the fields above), and rebalance callbacks.
+	// with the fields above), and rebalance callbacks. Open refuses
+	// kgo.BlockRebalanceOnPoll and kgo.AdjustFetchOffsetsFn, which a
+	// stream cannot honour.
 	ClientOptions []kgo.Opt
 }
 
@@ -186,6 +188,10 @@ func Open(ctx context.Context, seeds []string, cfg *Config) (*Transport, error) 
 	if err != nil {
 		return nil, fmt.Errorf("idemkafka: %w", err)
 	}
+	if err := checkClientOptions(cl); err != nil {
+		cl.Close()
+		return nil, err
+	}
 	if err := cl.Ping(ctx); err != nil {
 		cl.Close()
 		return nil, fmt.Errorf("idemkafka: no broker answers at %s: %w", strings.Join(seeds, ","), err)
@@ -204,6 +210,23 @@ func (t *Transport) Close() error {
 	t.closed = true
 	t.mu.Unlock()
 	t.cl.Close()
+	return nil
+}
+
+// checkClientOptions refuses what Config.ClientOptions ask of franz-go
+// that a stream cannot honour, read back from cl, which was made with
+// them: the transport's own options come after them and win, but these
+// have no counterpart the transport could set.
+func checkClientOptions(cl *kgo.Client) error {
+	if block, _ := cl.OptValue(kgo.BlockRebalanceOnPoll).(bool); block {
+		return &idem.ArgumentError{Field: "Config.ClientOptions",
+			Reason: "kgo.BlockRebalanceOnPoll would hold every rebalance for good: a stream never calls AllowRebalance, it finishes or gives back a revoked partition's records itself"}
+	}
+	type adjustFn = func(context.Context, map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error)
+	if fn, _ := cl.OptValue(kgo.AdjustFetchOffsetsFn).(adjustFn); fn != nil {
+		return &idem.ArgumentError{Field: "Config.ClientOptions",
+			Reason: "kgo.AdjustFetchOffsetsFn could start a partition past its committed offset and skip records: a stream starts where the group committed"}
+	}
 	return nil
 }
 
