@@ -4,7 +4,7 @@
 //	idem demo      run the lab: retries double charge without idempotency keys, and never with them
 //	               (demo messages: redeliveries, a poison message, a retry storm, reordered events)
 //	idem migrate   create or update the database's tables
-//	idem keys      inspect, purge and seal stored idempotency keys (show, purge, seal)
+//	idem keys      inspect, purge, seal and settle stored idempotency keys (show, purge, seal, abandoned, settle)
 //	idem dlq       list, show, edit, re-drive and discard dead letters (ls, show, edit, redrive, discard)
 //	idem console   serve the operators' console for dead letters, without the service
 //	idem torture   duplicate payments through lost answers and killed replicas, and check each charged once (torture requests)

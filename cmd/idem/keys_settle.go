@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
+	"github.com/idem-go/idem/console"
+	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/idemsqlite"
+	"github.com/idem-go/idem/keyed"
+)
+
+func (a *app) keysSettleCmd() *cobra.Command {
+	var dbURL, pgSchema, scope, reason, operator, contentType, body, bodyFile string
+	var failed, dryRun bool
+	var status int
+	cmd := &cobra.Command{
+		Use:   "settle --scope TENANT KEY --reason WHY (--failed | --status CODE --body JSON)",
+		Short: "Settle an execution stopped at a recovery point whose outcome is unknown",
+		Long: `Settle an idempotency key in flight at a recovery point whose holder is gone
+(see 'idem keys abandoned'): a person decides what the client's retry gets,
+without resuming it. As the console's actions of the same names:
+
+  --failed            you checked that nothing happened outside (no charge at
+                      the card network): the key is completed with a 409
+                      saying an operator settled the request as failed.
+  --status, --body    you learned the outcome elsewhere: the key is completed
+                      with this answer, marked Idem-Settled-By-Operator.
+
+--reason is required and kept, with --operator and the time, in the key's
+history, which the console's page of the key shows. --dry-run checks that the
+key could be settled and changes nothing. A key that is unknown, completed,
+released, or held by a live execution (a completer's resume, a client's
+retry) is refused, changing nothing; the settle takes the key over before
+completing it, so an execution finishing it at the same moment either
+refuses it or finds it settled.
+
+When the server seals keys (IDEM_KEY_SECRET) or encrypts the answers it keeps
+(IDEM_BODY_KEYS), give the same variables here. The server's completer drops
+the key from its unknown count at its next round.`,
+		Args: cobra.ExactArgs(1),
+	}
+	dbFlags(cmd, &dbURL, &pgSchema)
+	fl := cmd.Flags()
+	fl.StringVar(&scope, "scope", "", "the key's scope: the tenant's name (required)")
+	fl.StringVar(&reason, "reason", "", "why, kept in the key's history (required)")
+	fl.StringVar(&operator, "operator", os.Getenv("USER"), "who settles it, kept in the key's history (default $USER)")
+	fl.BoolVar(&failed, "failed", false, "settle as failed: nothing happened outside")
+	fl.IntVar(&status, "status", 0, "settle with this answer's HTTP status (200 to 599)")
+	fl.StringVar(&body, "body", "", "with --status: the answer's body")
+	fl.StringVar(&bodyFile, "body-file", "", "with --status: read the answer's body from this file")
+	fl.StringVar(&contentType, "content-type", "application/json", "with --status: the answer's content type (a JSON type must parse)")
+	fl.BoolVar(&dryRun, "dry-run", false, "check that the key could be settled; change nothing")
+	_ = cmd.MarkFlagRequired("scope")
+	cmd.RunE = a.action(func(cmd *cobra.Command, args []string) (err error) {
+		ctx := cmd.Context()
+		key, err := idem.ParseKey(args[0])
+		if err != nil {
+			return &usageError{err}
+		}
+		reason, operator = strings.TrimSpace(reason), strings.TrimSpace(operator)
+		switch {
+		case reason == "":
+			return &usageError{errors.New("--reason is required: say why, it is kept in the key's history")}
+		case operator == "":
+			return &usageError{errors.New("--operator is required when $USER is not set: who settles it is kept in the key's history")}
+		case failed == (status != 0):
+			return &usageError{errors.New("give --failed, or --status with --body: one of them")}
+		case failed && (body != "" || bodyFile != ""):
+			return &usageError{errors.New("--body and --body-file go with --status, not --failed")}
+		case body != "" && bodyFile != "":
+			return &usageError{errors.New("give --body or --body-file, not both")}
+		}
+		answer, action := console.FailedAnswer(), console.ActionSettleFailed
+		if !failed {
+			if bodyFile != "" {
+				b, err := os.ReadFile(bodyFile)
+				if err != nil {
+					return &usageError{fmt.Errorf("--body-file: %w", err)}
+				}
+				body = string(b)
+			}
+			if answer, err = console.OperatorAnswer(status, contentType, body); err != nil {
+				return &usageError{err}
+			}
+			action = console.ActionSettleAnswer
+		}
+		if err := checkPGSchema(cmd, dbURL); err != nil {
+			return err
+		}
+		rest, err := a.atRestFromEnv()
+		if err != nil {
+			return err
+		}
+		db, err := openDB(ctx, dbURL, pgSchema, true)
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, db.Close()) }()
+		store, history, err := settleStores(ctx, db)
+		if err != nil {
+			return err
+		}
+		mw, err := idemhttp.New(&idemhttp.Config{Store: store, SeparateTx: true, SharedScope: true, BodyKeys: rest.bodyKeys})
+		if err != nil {
+			return err
+		}
+		comp, err := mw.NewCompleter(&idemhttp.CompleterConfig{Resume: func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
+			return errors.New("idem keys settle resumes nothing")
+		}})
+		if err != nil {
+			return err
+		}
+		stored := key
+		if rest.keySecret != nil {
+			stored = idemhttp.SealKey(rest.keySecret, idem.Scope(scope), key)
+		}
+		_, err = comp.Settle(ctx, idem.Scope(scope), stored, answer, true)
+		if errors.Is(err, idem.ErrNotFound) && stored != key {
+			// Kept before the keys were sealed.
+			stored = key
+			_, err = comp.Settle(ctx, idem.Scope(scope), stored, answer, true)
+		}
+		if err == nil && !dryRun {
+			_, err = comp.Settle(ctx, idem.Scope(scope), stored, answer, false)
+		}
+		if err != nil {
+			if errors.Is(err, keyed.ErrNotStopped) || errors.Is(err, keyed.ErrBeingFinished) {
+				return fmt.Errorf("%w; nothing was changed", err)
+			}
+			return fmt.Errorf("settling the key: %w", err)
+		}
+		if dryRun {
+			fmt.Fprintf(a.stdout, "dry run: key %q in scope %q can be settled; its client's retry would get %d (nothing was changed)\n", string(key), scope, answer.Status)
+			return nil
+		}
+		ev := console.KeyEvent{Scope: idem.Scope(scope), Key: stored, At: idem.SystemClock{}.Now(), Actor: operator, Action: action,
+			Reason: reason, Result: fmt.Sprintf("settled (status %d)", answer.Status)}
+		if err := history.AddKeyEvent(ctx, ev); err != nil {
+			return fmt.Errorf("the key was settled, but its history could not be written: %w", err)
+		}
+		fmt.Fprintf(a.stdout, "settled key %q in scope %q: its client's retry gets %d\n", string(key), scope, answer.Status)
+		return nil
+	})
+	return cmd
+}
+
+// settleStores opens the key store and the history of the operators'
+// actions of the payment database db, migrating the payments' tables.
+func settleStores(ctx context.Context, db *database) (idem.Recoverer, console.KeyHistory, error) {
+	if db.pg != nil {
+		if err := payments.MigratePostgres(ctx, db.pg); err != nil {
+			return nil, nil, err
+		}
+		store, err := idempg.NewStore(ctx, db.pg)
+		if err != nil {
+			return nil, nil, err
+		}
+		h, err := payments.KeyHistoryPostgres(db.pg)
+		return store, h, err
+	}
+	if err := payments.Migrate(ctx, db.sqlite); err != nil {
+		return nil, nil, err
+	}
+	store, err := idemsqlite.NewStore(ctx, db.sqlite, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	h, err := payments.KeyHistory(db.sqlite)
+	return store, h, err
+}
