@@ -132,3 +132,82 @@ func TestObserverSeesEachPass(t *testing.T) {
 		t.Errorf("sent pass: %+v; want Sent 3, Messages %v, its Oldest set, not Moved", sent, want)
 	}
 }
+
+// firingTimers are idem.Timers that fire at once any wait shorter than an
+// hour (longer ones never), and write down each wait asked of them.
+type firingTimers struct {
+	mu    sync.Mutex
+	waits []time.Duration
+}
+
+func (f *firingTimers) AfterFunc(d time.Duration, fn func()) func() bool {
+	f.mu.Lock()
+	f.waits = append(f.waits, d)
+	f.mu.Unlock()
+	if d < time.Hour {
+		go fn()
+	}
+	return func() bool { return false }
+}
+
+func (f *firingTimers) asked() []time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.waits)
+}
+
+// Failed passes in a row back off exponentially, by the Retry policy, and
+// a pass that succeeds starts the series again.
+func TestRunBacksOffFailedPassesInARow(t *testing.T) {
+	t.Parallel()
+	ob := idemmem.NewOutbox(nil)
+	rec := &recorder{failFirst: 3}
+	addN(t, ob, 0, 1)
+	timers := &firingTimers{}
+	r, err := outbox.New(&outbox.Config{Outbox: ob, Publisher: rec, Interval: time.Hour, Timers: timers,
+		Retry: idem.RetryPolicy{Base: time.Second, Cap: time.Minute, Jitter: idem.NoJitter}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	waitFor(t, "three failed passes and the poll after the fourth", func() bool { return len(timers.asked()) >= 4 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, time.Hour}
+	if got := timers.asked()[:4]; !slices.Equal(got, want) {
+		t.Fatalf("waits %v, want %v: three failures backing off, then the poll Interval", got, want)
+	}
+}
+
+// A pass that relayed a full batch is followed at once by another, without
+// waiting for Interval: a backlog drains at the speed of the broker.
+func TestRunDrainsABacklogWithoutWaiting(t *testing.T) {
+	t.Parallel()
+	ob := idemmem.NewOutbox(nil)
+	rec := &recorder{}
+	want := addN(t, ob, 0, 5)
+	timers := &waitTimers{asked: make(chan struct{}, 1)}
+	r, err := outbox.New(&outbox.Config{Outbox: ob, Publisher: rec, Batch: 2, Interval: time.Hour, Timers: timers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	select {
+	case <-timers.asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run never waited")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if got := rec.ids(); !slices.Equal(got, want) {
+		t.Fatalf("published %v before the first wait, want the whole backlog %v", got, want)
+	}
+}
