@@ -103,7 +103,7 @@ func (p RetryPolicy) Delay(attempt int, prev time.Duration) time.Duration {
 func (p RetryPolicy) exponential(attempt int) time.Duration {
 	d := p.Base
 	for i := 1; i < attempt; i++ {
-		if d >= p.Cap/2 {
+		if d > p.Cap-d { // 2d > Cap, without overflow (d <= Cap here)
 			return p.Cap
 		}
 		d *= 2

@@ -89,3 +89,98 @@ func TestJitterSpreads(t *testing.T) {
 		})
 	}
 }
+
+// recordingRand returns the largest value it may and records each bound it
+// is asked for, so a test sees the exact range a delay is drawn from.
+type recordingRand struct{ bounds []int64 }
+
+func (r *recordingRand) Int64N(n int64) int64 {
+	r.bounds = append(r.bounds, n)
+	return n - 1
+}
+
+// TestRetryPolicyDefaultValues protects the documented defaults of the zero
+// RetryPolicy: a 100ms base and a 30s cap.
+func TestRetryPolicyDefaultValues(t *testing.T) {
+	t.Parallel()
+	p := idem.RetryPolicy{Jitter: idem.NoJitter}
+	if got := p.Delay(1, 0); got != 100*time.Millisecond {
+		t.Errorf("first delay of the zero policy = %s, want the 100ms base", got)
+	}
+	if got := p.Delay(50, 0); got != 30*time.Second {
+		t.Errorf("50th delay of the zero policy = %s, want the 30s cap", got)
+	}
+	// A cap below the base is raised to it: every delay is the base.
+	p = idem.RetryPolicy{Base: time.Second, Cap: 100 * time.Millisecond, Jitter: idem.NoJitter}
+	for _, attempt := range []int{1, 2, 5} {
+		if got := p.Delay(attempt, 0); got != time.Second {
+			t.Errorf("cap below base, attempt %d: %s, want the 1s base", attempt, got)
+		}
+	}
+}
+
+// TestDecorrelatedJitterRange protects DecorrelatedJitter's range: between
+// Base and three times the previous delay (three times Base on the first
+// retry, or when the previous delay is too small or overflows), capped, and
+// no random draw at all when that range is the single value Base.
+func TestDecorrelatedJitterRange(t *testing.T) {
+	t.Parallel()
+	const base = 90 * time.Millisecond
+	tests := []struct {
+		name      string
+		prev, cap time.Duration
+		bound     int64 // the n of Int64N; 0 for no draw
+		want      time.Duration
+	}{
+		{name: "first retry", prev: 0, cap: 10 * time.Second, bound: int64(2*base) + 1, want: 3 * base},
+		{name: "three times the previous delay", prev: time.Second, cap: 10 * time.Second, bound: int64(3*time.Second-base) + 1, want: 3 * time.Second},
+		{name: "capped", prev: time.Second, cap: 2 * time.Second, bound: int64(2*time.Second-base) + 1, want: 2 * time.Second},
+		{name: "previous below a third of base", prev: 20 * time.Millisecond, cap: 10 * time.Second, bound: int64(2*base) + 1, want: 3 * base},
+		{name: "previous exactly a third of base", prev: base / 3, cap: 10 * time.Second, want: base},
+		{name: "previous overflows when tripled", prev: time.Duration(1<<62 - 1), cap: 10 * time.Second, bound: int64(2*base) + 1, want: 3 * base},
+		{name: "cap equal to base", prev: time.Second, cap: base, want: base},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &recordingRand{}
+			p := idem.RetryPolicy{Base: base, Cap: tt.cap, Jitter: idem.DecorrelatedJitter, Rand: r}
+			got := p.Delay(2, tt.prev)
+			if got != tt.want {
+				t.Errorf("Delay(2, %s) = %s, want %s", tt.prev, got, tt.want)
+			}
+			switch {
+			case tt.bound == 0 && len(r.bounds) != 0:
+				t.Errorf("drew Int64N%v for a range of one value", r.bounds)
+			case tt.bound != 0 && (len(r.bounds) != 1 || r.bounds[0] != tt.bound):
+				t.Errorf("drew Int64N%v, want Int64N([%d])", r.bounds, tt.bound)
+			}
+		})
+	}
+}
+
+// TestFullJitterRange protects FullJitter's range: from zero up to and
+// including the exponential delay.
+func TestFullJitterRange(t *testing.T) {
+	t.Parallel()
+	r := &recordingRand{}
+	p := idem.RetryPolicy{Base: 100 * time.Millisecond, Cap: time.Second, Rand: r}
+	if got := p.Delay(3, 0); got != 400*time.Millisecond {
+		t.Errorf("largest full-jitter delay after attempt 3 = %s, want the exponential 400ms", got)
+	}
+	if want := int64(400*time.Millisecond) + 1; len(r.bounds) != 1 || r.bounds[0] != want {
+		t.Errorf("drew Int64N%v, want Int64N([%d])", r.bounds, want)
+	}
+}
+
+// TestRetryPolicyExponentialIsMinOfCapAndDoubling protects the documented
+// exponential delay, min(Cap, Base·2^(attempt-1)), exactly: with a cap that
+// doubling falls just short of, the delay is the doubled base, not the cap.
+func TestRetryPolicyExponentialIsMinOfCapAndDoubling(t *testing.T) {
+	t.Parallel()
+	p := idem.RetryPolicy{Base: 50 * time.Millisecond, Cap: 100*time.Millisecond + 1, Jitter: idem.NoJitter}
+	for attempt, want := range map[int]time.Duration{1: 50 * time.Millisecond, 2: 100 * time.Millisecond, 3: 100*time.Millisecond + 1} {
+		if got := p.Delay(attempt, 0); got != want {
+			t.Errorf("attempt %d: %s, want %s", attempt, got, want)
+		}
+	}
+}
