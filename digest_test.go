@@ -133,6 +133,11 @@ func TestSetKeyDigestSecret(t *testing.T) {
 		}
 	}
 
+	// Exactly 16 bytes, the documented minimum: accepted.
+	if err := idem.SetKeyDigestSecret([]byte("sixteen-bytes!!!")); err != nil {
+		t.Errorf("SetKeyDigestSecret(16 bytes) = %v, want it accepted", err)
+	}
+
 	secretA := []byte("replica-secret-number-one")
 	secretB := []byte("replica-secret-number-two")
 	if err := idem.SetKeyDigestSecret(secretA); err != nil {
