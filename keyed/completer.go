@@ -92,8 +92,9 @@ type Completer struct {
 	// failures are the failed resumes of the keys still unknown.
 	failures map[keywait.Key]ResumeFailures
 	stats    CompleterStats
-	// active are the keys being resumed, which no round takes on again.
-	active map[keywait.Key]bool
+	// active are the keys being resumed (or settled), which no round takes
+	// on again; each channel is closed when that ends.
+	active map[keywait.Key]chan struct{}
 }
 
 // CompleterStats counts what a Completer did since it was made.
@@ -157,7 +158,7 @@ func (e *Engine) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
 		c.Logger = e.log
 	}
 	return &Completer{e: e, cfg: c, rs: rs, log: c.Logger, slots: make(chan struct{}, c.Parallel),
-		unknown: map[keywait.Key]time.Time{}, failures: map[keywait.Key]ResumeFailures{}, active: map[keywait.Key]bool{}}, nil
+		unknown: map[keywait.Key]time.Time{}, failures: map[keywait.Key]ResumeFailures{}, active: map[keywait.Key]chan struct{}{}}, nil
 }
 
 // Bound is the longest an abandoned execution waits to be finished, when
@@ -261,16 +262,39 @@ func (c *Completer) round(ctx context.Context, wg *sync.WaitGroup, finished *ato
 func (c *Completer) begin(wk keywait.Key) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.active[wk] {
+	if _, ok := c.active[wk]; ok {
 		return false
 	}
-	c.active[wk] = true
+	c.active[wk] = make(chan struct{})
 	return true
+}
+
+// beginWait is begin that waits, until ctx ends, for a resume of wk under
+// way to end.
+func (c *Completer) beginWait(ctx context.Context, wk keywait.Key) error {
+	for {
+		c.mu.Lock()
+		ch, ok := c.active[wk]
+		if !ok {
+			c.active[wk] = make(chan struct{})
+			c.mu.Unlock()
+			return nil
+		}
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("%w: this completer is resuming it (%w)", ErrBeingFinished, ctx.Err())
+		}
+	}
 }
 
 func (c *Completer) end(wk keywait.Key) {
 	c.mu.Lock()
-	delete(c.active, wk)
+	if ch, ok := c.active[wk]; ok {
+		close(ch)
+		delete(c.active, wk)
+	}
 	c.mu.Unlock()
 }
 

@@ -115,17 +115,21 @@ func notTaken(o idem.Outcome) error {
 // still unknown, and Failures counts it), or a refusal matching
 // ErrNotStopped or ErrBeingFinished, having changed nothing.
 //
-// With dryRun, it only checks that the key could be resumed.
+// A resume of the key by this Completer under way is waited for (until
+// ctx ends); one by another is refused. With dryRun, it only checks that
+// the key could be resumed.
 func (c *Completer) ResumeKey(ctx context.Context, scope idem.Scope, key idem.Key, dryRun bool) (finished bool, err error) {
+	wk := keywait.Key{Scope: scope, Key: key}
+	if !dryRun {
+		if err := c.beginWait(ctx, wk); err != nil {
+			return false, err
+		}
+		defer c.end(wk)
+	}
 	rec, err := c.stopped(ctx, scope, key)
 	if err != nil || dryRun {
 		return false, err
 	}
-	wk := keywait.Key{Scope: scope, Key: key}
-	if !c.begin(wk) {
-		return false, fmt.Errorf("%w: this completer is resuming it", ErrBeingFinished)
-	}
-	defer c.end(wk)
 	if t := c.heldToken(wk); t != 0 && t == rec.Token {
 		// Under the lease of this Completer's last failed resume: end it,
 		// and take the key over anew.
@@ -150,20 +154,26 @@ func (c *Completer) ResumeKey(ctx context.Context, scope idem.Scope, key idem.Ke
 // client's retry): if one holds the key, or finished it first, Settle is
 // refused (ErrBeingFinished, ErrNotStopped) and the key is left as that
 // execution leaves it; once Settle holds it, they find it held, then
-// completed. It returns the record as it was before.
+// completed. A resume by this Completer itself is waited for (until ctx
+// ends), and the key read as it left it. It returns the record as it was
+// before.
 //
 // With dryRun, it only checks that the key could be settled.
 func (c *Completer) Settle(ctx context.Context, scope idem.Scope, key idem.Key, answer idem.Response, dryRun bool) (idem.Record, error) {
+	wk := keywait.Key{Scope: scope, Key: key}
+	if !dryRun {
+		// A resume of the key by this Completer is waited for: the key is
+		// then read as it left it.
+		if err := c.beginWait(ctx, wk); err != nil {
+			return idem.Record{}, err
+		}
+		defer c.end(wk)
+	}
 	rec, err := c.stopped(ctx, scope, key)
 	if err != nil || dryRun {
 		return rec, err
 	}
 	e := c.e
-	wk := keywait.Key{Scope: scope, Key: key}
-	if !c.begin(wk) {
-		return rec, fmt.Errorf("%w: this completer is resuming it", ErrBeingFinished)
-	}
-	defer c.end(wk)
 	var claim idem.Claim
 	if t := c.heldToken(wk); t != 0 && t == rec.Token {
 		// Under the lease of this Completer's last failed resume: Complete

@@ -219,14 +219,22 @@ func testSettleIsAtomic(t *testing.T, w *settleWorld) {
 		done <- result{f, err}
 	}()
 	<-entered
-	for _, c := range []*idemhttp.Completer{compA, compB} {
-		if _, err := c.Settle(ctx, settleScope, "k1", console.FailedAnswer(), false); !errors.Is(err, keyed.ErrBeingFinished) {
-			t.Fatalf("settling while a resume holds the key: %v; want ErrBeingFinished", err)
-		}
+	if _, err := compB.Settle(ctx, settleScope, "k1", console.FailedAnswer(), false); !errors.Is(err, keyed.ErrBeingFinished) {
+		t.Fatalf("settling while another replica's resume holds the key: %v; want ErrBeingFinished", err)
 	}
+	// On the resuming replica, a settle waits for its resume to end, and
+	// then finds the key completed.
+	ownSettle := make(chan error, 1)
+	go func() {
+		_, err := compA.Settle(ctx, settleScope, "k1", console.FailedAnswer(), false)
+		ownSettle <- err
+	}()
 	close(finish)
 	if r := <-done; !r.finished || r.err != nil {
 		t.Fatalf("the resume: finished %v, %v", r.finished, r.err)
+	}
+	if err := <-ownSettle; !errors.Is(err, keyed.ErrNotStopped) || !strings.Contains(err.Error(), "completed") {
+		t.Fatalf("a settle on the resuming replica: %v; want it refused once the resume completed the key", err)
 	}
 	if _, err := compB.Settle(ctx, settleScope, "k1", console.FailedAnswer(), false); !errors.Is(err, keyed.ErrNotStopped) || !strings.Contains(err.Error(), "completed") {
 		t.Fatalf("settling a key the resume completed: %v; want ErrNotStopped, completed", err)
