@@ -332,3 +332,40 @@ func TestBatchTakesTheKeysQueuedMessagesUpToBatchSize(t *testing.T) {
 		t.Errorf("batches of %v; want the first batch after the backlog formed to take 2 (BatchSize), none more", inbox.sizes)
 	}
 }
+
+// A batch also gathers the messages of other keys, and those without a key,
+// that are ready when it forms, up to BatchSize.
+func TestBatchGathersReadyMessagesOfOtherKeys(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	inbox := &batchSizes{Inbox: h.inbox}
+	cfg := h.config()
+	cfg.Inbox = inbox
+	cfg.Concurrency = 1
+	cfg.BatchSize = 3
+	msgs := []idem.Message{msg("first", ""), msg("a-1", "a"), msg("b-1", "b"), msg("none-1", ""), msg("c-1", "c"), msg("none-2", "")}
+	h.publish(msgs...)
+	release := make(chan struct{})
+	var once sync.Once
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		once.Do(func() { <-release })
+		return h.apply(ctx, m)
+	})
+	// A delivery in memory gets a heartbeat every quarter of AckWait (30s
+	// by default): once each has had one, all six are ready.
+	h.advanceUntil("every delivery held in memory", 30*time.Second/4, func() bool {
+		for _, m := range msgs {
+			if !slices.Contains(h.rec.Ops(m.ID), "in-progress") {
+				return false
+			}
+		}
+		return true
+	})
+	close(release)
+	waitFor(t, "every message processed", func() bool { return c.Stats().Processed == int64(len(msgs)) })
+	inbox.mu.Lock()
+	defer inbox.mu.Unlock()
+	if len(inbox.sizes) < 2 || inbox.sizes[1] != 3 || slices.Max(inbox.sizes) > 3 {
+		t.Errorf("batches of %v; want the first batch after the others were ready to take 3 (BatchSize) of them, none more", inbox.sizes)
+	}
+}
