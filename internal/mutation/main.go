@@ -690,8 +690,8 @@ func moduleRoot(dir string) (string, error) {
 }
 
 // dryRun lists gremlins' mutants of the package in dir (from modRoot), its
-// own files only. Its coverage pass runs no test (-run=^$): this runner
-// measures coverage with the tests the package's line selects.
+// own files only. Its coverage pass builds and runs nothing (go test -n):
+// this runner measures coverage with the tests the package's line selects.
 func dryRun(o options, modRoot, dir, diff string) ([]*mutant, error) {
 	out, err := os.CreateTemp("", "idem-gremlins-*.json")
 	if err != nil {
@@ -706,7 +706,7 @@ func dryRun(o options, modRoot, dir, diff string) ([]*mutant, error) {
 	args = append(args, "./"+dir)
 	cmd := exec.Command(o.gremlins, args...)
 	cmd.Dir = modRoot
-	cmd.Env = append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -run=^$"))
+	cmd.Env = append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -n"))
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("gremlins %s (in %s): %v\n%s", strings.Join(args, " "), modRoot, err, b)
 	}
