@@ -369,3 +369,36 @@ func TestBatchGathersReadyMessagesOfOtherKeys(t *testing.T) {
 		t.Errorf("batches of %v; want the first batch after the others were ready to take 3 (BatchSize) of them, none more", inbox.sizes)
 	}
 }
+
+// With BatchWait, a batch short of BatchSize waits that long for more
+// messages: those that arrive meanwhile join it, a full batch goes at
+// once, and a short one goes when BatchWait has passed.
+func TestBatchWaitGathersLaterMessages(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	inbox := &batchSizes{Inbox: h.inbox}
+	cfg := h.config()
+	cfg.Inbox = inbox
+	cfg.Concurrency = 1
+	cfg.BatchSize = 3
+	cfg.BatchWait = time.Second
+	c, _ := h.start(cfg, h.apply)
+	<-c.Subscribed()
+	h.publish(msg("m-1", ""))
+	waitFor(t, "the first batch to wait for more", func() bool { return h.timers.Pending(time.Second) == 1 })
+	h.publish(msg("m-2", ""), msg("m-3", ""))
+	waitFor(t, "the full batch processed", func() bool { return c.Stats().Processed == 3 })
+
+	h.publish(msg("m-4", ""))
+	waitFor(t, "the next batch to wait for more", func() bool { return h.timers.Pending(time.Second) == 1 })
+	if p := c.Stats().Processed; p != 3 {
+		t.Fatalf("%d processed before BatchWait passed, want 3", p)
+	}
+	h.timers.Advance(time.Second)
+	waitFor(t, "the short batch processed once BatchWait passed", func() bool { return c.Stats().Processed == 4 })
+	inbox.mu.Lock()
+	defer inbox.mu.Unlock()
+	if !slices.Equal(inbox.sizes, []int{3, 1}) {
+		t.Errorf("batches of %v, want [3 1]", inbox.sizes)
+	}
+}
