@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,10 +35,13 @@ func TestRecentKeysForgetsTheOldest(t *testing.T) {
 	if len(r.index) != 3 || r.n != 3 {
 		t.Errorf("%d remembered, %d in the ring, want 3", len(r.index), r.n)
 	}
-	var none *Recent = NewRecent(-1, time.Minute, 1<<20, idem.SystemClock{})
-	none.Keep(keyN(0), "fp", &idem.Response{Status: 201}, time.Now().Add(time.Hour))
-	if has(none, keyN(0)) || answer(none, keyN(0), "fp") != nil {
-		t.Error("a disabled recentKeys remembered a key")
+	// n <= 0 remembers nothing: 0 (the zero Config) as well as -1.
+	for _, n := range []int{-1, 0} {
+		var none *Recent = NewRecent(n, time.Minute, 1<<20, idem.SystemClock{})
+		none.Keep(keyN(0), "fp", &idem.Response{Status: 201}, time.Now().Add(time.Hour))
+		if has(none, keyN(0)) || answer(none, keyN(0), "fp") != nil {
+			t.Errorf("a recentKeys of %d keys remembered a key", n)
+		}
 	}
 }
 
@@ -147,5 +151,47 @@ func TestRecentAnswerIsACopy(t *testing.T) {
 	r.mu.Unlock()
 	if resp, seen := r.Lookup(keyN(7), "fp"); resp != nil || !seen {
 		t.Errorf("a key sharing another's hash: answer %+v, seen %v; want none, seen", resp, seen)
+	}
+}
+
+// TestRecentAnswerSizes: an answer of any shape comes back whole (a key of
+// the longest length, a long scope, no header, no body), an answer is kept
+// when its encoding takes exactly 1/64 of the bound and not one byte more,
+// and the bytes counted are those of the answers kept when a key's answer
+// is replaced.
+func TestRecentAnswerSizes(t *testing.T) {
+	long := Key{Scope: idem.Scope(strings.Repeat("s", 300)), Key: idem.Key(strings.Repeat("k", idem.MaxKeyLen))}
+	fp := idem.Fingerprint(strings.Repeat("f", 64))
+	for _, resp := range []*idem.Response{
+		{Status: 204},
+		{Status: 200, Header: http.Header{"X": {"1"}}},
+		{Status: 201, Body: make([]byte, 3000)},
+	} {
+		r := NewRecent(10, time.Minute, 1<<20, idem.SystemClock{})
+		r.Keep(long, fp, resp, time.Now().Add(time.Hour))
+		if got := answer(r, long, fp); !reflect.DeepEqual(got, resp) {
+			t.Errorf("answer for a long key = %+v, want %+v", got, resp)
+		}
+	}
+
+	k := keyN(0)
+	resp := &idem.Response{Status: 200, Body: []byte("0123456789")}
+	size := len(encodeAnswer(k, "fp", resp))
+	r := NewRecent(10, time.Minute, 64*size, idem.SystemClock{})
+	r.Keep(k, "fp", resp, time.Now().Add(time.Hour))
+	if answer(r, k, "fp") == nil {
+		t.Errorf("an answer of exactly 1/64 of the bound (%d bytes) was not kept", size)
+	}
+	r = NewRecent(10, time.Minute, 64*size-64, idem.SystemClock{})
+	r.Keep(k, "fp", resp, time.Now().Add(time.Hour))
+	if answer(r, k, "fp") != nil {
+		t.Errorf("an answer of 1/64 of the bound plus a byte (%d bytes) was kept", size)
+	}
+
+	r = NewRecent(10, time.Minute, 1<<20, idem.SystemClock{})
+	r.Keep(k, "fp", &idem.Response{Status: 200, Body: make([]byte, 100)}, time.Now().Add(time.Hour))
+	r.Keep(k, "fp", &idem.Response{Status: 200, Body: make([]byte, 10)}, time.Now().Add(time.Hour))
+	if want := len(r.slots[r.index[r.hash(k)]].answer); r.bytes != want {
+		t.Errorf("after an answer replaced another, %d bytes counted, want the %d of the answer kept", r.bytes, want)
 	}
 }
