@@ -1,0 +1,142 @@
+package keyed_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/keyed"
+)
+
+// syncBuffer is a log's output, safe for the engine's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// yieldFails is a Restarter whose YieldEarlier fails.
+type yieldFails struct{ *idemmem.Store }
+
+func (yieldFails) YieldEarlier(context.Context, idem.Holder) (int, error) {
+	return 0, errors.New("connection refused")
+}
+
+// Restart ends the leases an earlier incarnation of this replica held, so
+// that a retry takes such a key over at once, says so in the log with how
+// many, and reports a store's failure as its error. With nothing to end it
+// logs nothing.
+func TestRestartEndsTheEarlierIncarnationsLeases(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	fp := idem.NewFingerprint("POST", "/pay", "", "", nil)
+	earlier := idem.Holder{Replica: "api-0", Incarnation: "1"}
+	claim, err := store.Claim(t.Context(), idem.ClaimRequest{Key: "k", Fingerprint: fp, Lease: time.Minute, TTL: time.Hour, Holder: earlier})
+	if err != nil || claim.Outcome != idem.Acquired {
+		t.Fatalf("claim by the earlier incarnation: %+v, %v", claim, err)
+	}
+	var log syncBuffer
+	eng, err := keyed.New(&keyed.Config{Store: store, Clock: clock, Holder: idem.Holder{Replica: "api-0", Incarnation: "2"},
+		Logger: slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := eng.Restart(t.Context()); n != 1 || err != nil {
+		t.Fatalf("Restart: %d, %v; want 1 lease ended", n, err)
+	}
+	if l := log.String(); !strings.Contains(l, "restarted") || !strings.Contains(l, "leases=1") {
+		t.Fatalf("the log after a Restart that ended a lease: %q; want it said, with the count", l)
+	}
+	face := &replayFace{}
+	if o := eng.Serve(t.Context(), keyed.Request{Key: "k", Fingerprint: fp}, face); o != keyed.OutcomeExecuted || face.runs != 1 {
+		t.Fatalf("the retry after Restart: %s, ran %d; want the key taken over and run at once", o, face.runs)
+	}
+
+	// Nothing left to end: no record of it.
+	before := log.String()
+	if n, err := eng.Restart(t.Context()); n != 0 || err != nil {
+		t.Fatalf("second Restart: %d, %v; want 0", n, err)
+	}
+	if strings.Contains(strings.TrimPrefix(log.String(), before), "restarted") {
+		t.Fatalf("a Restart that ended nothing logged %q", strings.TrimPrefix(log.String(), before))
+	}
+
+	failing, err := keyed.New(&keyed.Config{Store: yieldFails{idemmem.NewStore(nil)}, Holder: idem.Holder{Replica: "api-0", Incarnation: "3"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := failing.Restart(t.Context()); err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("Restart on a failing store: %v; want the store's error", err)
+	}
+}
+
+// The names of phases and refusals, as logs and metrics print them; a
+// value outside the known ones prints as its number.
+func TestPhaseAndReasonNames(t *testing.T) {
+	t.Parallel()
+	for p, want := range map[keyed.Phase]string{keyed.PhaseRequest: "request", keyed.PhaseReplay: "replay", keyed.PhaseReplay + 1: "Phase(5)"} {
+		if got := p.String(); got != want {
+			t.Errorf("Phase(%d).String() = %q; want %q", int(p), got, want)
+		}
+	}
+	for r, want := range map[keyed.Reason]string{0: "Reason(0)", keyed.RefusedMismatch: "mismatch", keyed.RefusedUnreadable: "unreadable", keyed.RefusedUnreadable + 1: "Reason(11)"} {
+		if got := r.String(); got != want {
+			t.Errorf("Reason(%d).String() = %q; want %q", int(r), got, want)
+		}
+	}
+}
+
+// Observers skips nil observers, returns nil when none is left (an engine
+// then observes nothing), the one observer itself when one is, and else
+// calls each in turn.
+func TestObserversJoinsTheNonNil(t *testing.T) {
+	t.Parallel()
+	if o := keyed.Observers(nil, nil); o != nil {
+		t.Fatalf("Observers(nil, nil) = %v; want nil", o)
+	}
+	a, b := &opsAndEnds{}, &opsAndEnds{}
+	if o := keyed.Observers(nil, a); o != keyed.Observer(a) {
+		t.Fatalf("Observers(nil, a) = %v; want a itself", o)
+	}
+	eng, err := keyed.New(&keyed.Config{Store: idemmem.NewStore(nil), Observer: keyed.Observers(a, nil, b)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !eng.Observed() {
+		t.Fatal("an engine with two observers says it is not observed")
+	}
+	if o := serveObserved(t, eng, "k", payFP, &replayFace{}); o != keyed.OutcomeExecuted {
+		t.Fatalf("request: %s", o)
+	}
+	for name, o := range map[string]*opsAndEnds{"a": a, "b": b} {
+		if ev := o.end(t, keyed.PhaseRequest); ev.Outcome != keyed.OutcomeExecuted || len(o.ops) != 2 {
+			t.Errorf("observer %s saw the request end %s and %d round trips; want executed, 2", name, ev.Outcome, len(o.ops))
+		}
+	}
+	plain, err := keyed.New(&keyed.Config{Store: idemmem.NewStore(nil), Observer: keyed.Observers(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain.Observed() {
+		t.Fatal("an engine whose observers are all nil says it is observed")
+	}
+}
