@@ -130,3 +130,26 @@ func TestObserverSeesOutcomes(t *testing.T) {
 		})
 	}
 }
+
+// A message handled alone in batch mode (a batch of one) runs in the
+// context the Observer's Begin returned, as in one-at-a-time mode, so that
+// its span holds the handler's own spans.
+func TestObserverContextReachesABatchOfOne(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	o := &tally{open: map[int]bool{}, outcomes: map[consumer.Outcome]int{}}
+	cfg := h.config()
+	cfg.Name, cfg.Topic, cfg.Observer, cfg.BatchSize = "audit", "t", o, 20
+	var seen sync.Map
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		_, ok := ctx.Value(handlingKey{}).(int)
+		seen.Store(m.ID, ok)
+		return h.apply(ctx, m)
+	})
+	<-c.Subscribed()
+	h.publish(idem.Message{ID: "alone", Topic: "t"})
+	waitFor(t, "the message processed", func() bool { return c.Stats().Processed == 1 })
+	if ok, _ := seen.Load("alone"); ok != true {
+		t.Error("the handler of a batch of one did not run in the context the observer's Begin returned")
+	}
+}
