@@ -192,8 +192,9 @@
 //
 // What stays readable: the scope, the request's fingerprint (a SHA-256 of
 // the method, path, query, content type and body, which reveals a body
-// only to someone who can guess it whole), the status and the replayed
-// headers, the recovery point's name (a phase such as "charging", chosen
+// only to someone who can guess it whole), the state (in flight or
+// completed), the status, the replayed headers and whether the body was
+// discarded, the recovery point's name (a phase such as "charging", chosen
 // by the application), the fencing token, the holder (replica and
 // incarnation) and the times. Everything else of a record (the key, the
 // body, the point's data) is sealed when both settings are given. What an

@@ -91,6 +91,12 @@ opened and sealed again for the sealed key, and, with ` + envBodyKeys + ` set as
 server has it, those kept in clear are sealed. A payment in flight at its
 recovery point goes on after the rewrite and charges under the same key.
 
+With ` + envBodyKeys + ` set, the payments' descriptions and the refunds' reasons
+are sealed with its first key too: those kept in clear, and those sealed
+with another of its keys. To rotate the body keys, put the new key first,
+run 'idem keys seal', and remove the old key once no kept answer of it is
+within its time to live.
+
 This is the migration for turning ` + envKeySecret + ` on: stop every replica of
 the server, run 'idem keys seal' with the secret in the environment, then
 start the replicas with the same secret. A replica left running without it
@@ -124,7 +130,7 @@ would look duplicates up in clear, miss them, and run them again.`,
 		if err != nil {
 			return fmt.Errorf("sealing the keys of %s (nothing was changed): %w", db.shown, err)
 		}
-		fmt.Fprintf(a.stdout, "sealed %d idempotency keys, %d payments', %d deposits' and %d refunds' keys\n", n.Keys, n.Payments, n.Deposits, n.Refunds)
+		fmt.Fprintf(a.stdout, "sealed %d idempotency keys, %d payments', %d deposits' and %d refunds' keys, %d descriptions and reasons\n", n.Keys, n.Payments, n.Deposits, n.Refunds, n.Texts)
 		return nil
 	})
 	return cmd

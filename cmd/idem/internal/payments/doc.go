@@ -305,6 +305,20 @@
 // answers 503 (the write's transaction cannot have committed), so the retry
 // with the same key really runs.
 //
+// # At rest
+//
+// With Config.BodyKeys, a payment's description and a refund's reason are
+// sealed in their rows (AES-256-GCM under a key derived from the first body
+// key, bound to the column, the tenant and the row's ID) and opened as they
+// are read; reconcile reads none of them. SealKeys seals those kept in
+// clear, and, after a rotation, seals again with the new first key those
+// sealed with another. What stays readable in the service's own tables:
+// the IDs, tenants, accounts, amounts, currencies, balances, statuses,
+// times, refunded totals, settled marks, the card network's charge IDs,
+// the origins' digests or sealed keys and their claim times, the
+// settlements, and the events in the outbox and inbox (IDs, tenant,
+// account, amounts; never a description, a reason or a key).
+//
 // # Two stores
 //
 // With Config.Keys (an idemredis.Store, for example) the keys and the money
@@ -316,7 +330,11 @@
 // Every payment and deposit records the execution of the key that made it,
 // idempotency_key and key_claimed_at (idemhttp.Execution.ClaimedAt: the key
 // record's creation time, the same for every execution of one logical
-// request, new once the key has expired and is claimed again), under a
+// request, new once the key has expired and is claimed again). The key
+// recorded is never the client's: with Config.KeySecret it is the sealed
+// key, without it a digest of tenant and key (the execution's
+// DownstreamKey "payments", "origin", "idg1_…"); rows of earlier versions
+// that kept the key as it was are still found under it. They are under a
 // UNIQUE constraint on (tenant, idempotency_key, key_claimed_at). Rows made
 // without a key (unsafe mode, a key-less account) hold NULLs there, which
 // never conflict. A write first looks for the row of its own execution; if

@@ -93,14 +93,14 @@ var pgStatements = statements{
 	readPayment: `SELECT ` + paymentColumns + ` FROM payments WHERE id = $1 AND tenant = $2`,
 	chargedSince: `SELECT ` + paymentColumns + ` FROM payments WHERE charge_id IS NOT NULL AND created_at >= $1
 		 ORDER BY created_at, id`,
-	paymentOf: `SELECT ` + paymentColumns + ` FROM payments WHERE tenant = $1 AND idempotency_key = $2
-		 AND (key_claimed_at = $3 OR (key_claimed_at > $4 AND key_claimed_at < $5))
+	paymentOf: `SELECT ` + paymentColumns + ` FROM payments WHERE tenant = $1 AND idempotency_key IN ($2, $3)
+		 AND (key_claimed_at = $4 OR (key_claimed_at > $5 AND key_claimed_at < $6))
 		 ORDER BY key_claimed_at LIMIT 1`,
-	depositOf: `SELECT ` + depositColumns + ` FROM deposits WHERE tenant = $1 AND idempotency_key = $2
-		 AND (key_claimed_at = $3 OR (key_claimed_at > $4 AND key_claimed_at < $5))
+	depositOf: `SELECT ` + depositColumns + ` FROM deposits WHERE tenant = $1 AND idempotency_key IN ($2, $3)
+		 AND (key_claimed_at = $4 OR (key_claimed_at > $5 AND key_claimed_at < $6))
 		 ORDER BY key_claimed_at LIMIT 1`,
-	refundOf: `SELECT ` + refundColumns + ` FROM refunds WHERE tenant = $1 AND idempotency_key = $2
-		 AND (key_claimed_at = $3 OR (key_claimed_at > $4 AND key_claimed_at < $5))
+	refundOf: `SELECT ` + refundColumns + ` FROM refunds WHERE tenant = $1 AND idempotency_key IN ($2, $3)
+		 AND (key_claimed_at = $4 OR (key_claimed_at > $5 AND key_claimed_at < $6))
 		 ORDER BY key_claimed_at LIMIT 1`,
 
 	depositAccount: `SELECT balance FROM accounts WHERE id = $1 AND tenant = $2 FOR UPDATE`,
@@ -221,8 +221,8 @@ func isTransientPG(err error) bool {
 const pgPaySQL = `WITH d AS (
 	UPDATE accounts SET balance = balance - $4
 	WHERE id = $3 AND tenant = $2 AND currency = $5 AND balance >= $4
-	  AND NOT EXISTS (SELECT 1 FROM payments q WHERE q.tenant = $2 AND q.idempotency_key = $9
-		AND q.key_claimed_at > $11 AND q.key_claimed_at < $12 AND q.key_claimed_at <> $10)
+	  AND NOT EXISTS (SELECT 1 FROM payments q WHERE q.tenant = $2 AND q.idempotency_key IN ($9, $14)
+		AND q.key_claimed_at > $11 AND q.key_claimed_at < $12 AND (q.key_claimed_at <> $10 OR q.idempotency_key <> $9))
 	RETURNING id),
 i AS (
 	INSERT INTO payments (id, tenant, account_id, amount, currency, description, status, created_at, idempotency_key, key_claimed_at, charge_id)
@@ -269,10 +269,14 @@ func (s *pgStorage) pay(ctx context.Context, tx pgx.Tx, p Payment, o origin) (Pa
 			return Payment{}, nil, pgErr("lock the account", err)
 		}
 	}
+	description, err := s.text.seal(colDescription, p.Tenant, p.ID, p.Description)
+	if err != nil {
+		return Payment{}, nil, err
+	}
 	var debited, inserted int
-	err := tx.QueryRow(ctx, pgPaySQL,
-		p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, p.CreatedAt, key, claimedAt, since, until,
-		optional(p.ChargeID),
+	err = tx.QueryRow(ctx, pgPaySQL,
+		p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, description, p.Status, p.CreatedAt, key, claimedAt, since, until,
+		optional(p.ChargeID), o.lookupAlt(),
 	).Scan(&debited, &inserted)
 	if err != nil {
 		return Payment{}, nil, pgErr("pay", err)

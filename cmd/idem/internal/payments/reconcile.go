@@ -189,12 +189,16 @@ func Reconcile(ctx context.Context, db *idemsqlite.DB, pg *idempg.DB, net *acqui
 		if err != nil {
 			return nil, fmt.Errorf("payments: %w", err)
 		}
+		// Reconciling reads no description: sealed ones are left shut.
+		s.text = textSealer{skip: true}
 		store = s
 	default:
 		if err := checkMigratedPostgres(ctx, pg); err != nil {
 			return nil, err
 		}
-		store = newPGStorage(pg)
+		s := newPGStorage(pg)
+		s.text = textSealer{skip: true}
+		store = s
 	}
 	from := since
 	if !from.IsZero() {

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
@@ -18,6 +19,19 @@ import (
 // SealedKeys counts what SealKeys rewrote, table by table.
 type SealedKeys struct {
 	Keys, Payments, Deposits, Refunds int
+	// Texts counts the payments' descriptions and refunds' reasons
+	// sealed, or sealed again with the first body key.
+	Texts int
+}
+
+// textTables are the tables that keep a client's free text, with its
+// column.
+var textTables = []struct {
+	table, column string
+	col           textColumn
+}{
+	{"payments", "description", colDescription},
+	{"refunds", "reason", colReason},
 }
 
 // sealTables are the tables that keep a key, with the columns that name
@@ -60,6 +74,14 @@ func (n *SealedKeys) add(table string, k int) {
 // IDEM_BODY_KEYS). A recovery point saved before its data carried its
 // downstream seed gets the seed of the key in clear, so that a payment in
 // flight at its point charges under the same key after the rewrite.
+//
+// The payments' descriptions and the refunds' reasons are sealed with the
+// first of bodyKeys when they are kept in clear, or sealed with another
+// of them: after a rotation (a new key put first), a run seals every text
+// with the new key, and the old one can then be removed from the
+// service's keys. The digests the service keeps of keys it did not seal
+// ("idg1_…", see origin) are left as they are: they are found as they
+// are after the rewrite.
 func SealKeys(ctx context.Context, db *idemsqlite.DB, secret []byte, bodyKeys []idemhttp.BodyKey) (SealedKeys, error) {
 	if err := checkSealSecret(secret); err != nil {
 		return SealedKeys{}, err
@@ -80,6 +102,13 @@ func SealKeys(ctx context.Context, db *idemsqlite.DB, secret []byte, bodyKeys []
 					return nil, err
 				}
 				return scanClearKeys(rows.Next, rows.Scan, func() error { return errors.Join(rows.Err(), rows.Close()) })
+			},
+			texts: func(q string) ([][3]string, error) {
+				rows, err := tx.QueryContext(ctx, q)
+				if err != nil {
+					return nil, err
+				}
+				return scanTexts(rows.Next, rows.Scan, func() error { return errors.Join(rows.Err(), rows.Close()) })
 			},
 			update: func(q string, args ...any) (int64, error) {
 				res, err := tx.ExecContext(ctx, q, args...)
@@ -130,6 +159,13 @@ func SealKeysPostgres(ctx context.Context, db *idempg.DB, secret []byte, bodyKey
 				}
 				return scanClearKeys(rows.Next, rows.Scan, func() error { rows.Close(); return rows.Err() })
 			},
+			texts: func(q string) ([][3]string, error) {
+				rows, err := tx.Query(ctx, q)
+				if err != nil {
+					return nil, err
+				}
+				return scanTexts(rows.Next, rows.Scan, func() error { rows.Close(); return rows.Err() })
+			},
 			update: func(q string, args ...any) (int64, error) {
 				tag, err := tx.Exec(ctx, q, args...)
 				return tag.RowsAffected(), err
@@ -156,6 +192,7 @@ type sealAccess struct {
 	lock         func(table string) error // nil: no lock needed
 	records      func(query string) ([]keyRecord, error)
 	keys         func(query string) ([][2]string, error)
+	texts        func(query string) ([][3]string, error)
 	update       func(query string, args ...any) (int64, error)
 	placeholders [5]string // the first five parameters
 }
@@ -180,6 +217,10 @@ func sealKeys(secret []byte, bodyKeys []idemhttp.BodyKey, db sealAccess) (Sealed
 			return SealedKeys{}, fmt.Errorf("reading %s: %w", t.table, err)
 		}
 		for _, c := range clear {
+			if isOriginDigest(c[1]) {
+				// A digest, not a key: found as it is (see origin).
+				continue
+			}
 			sealed := idemhttp.SealKey(secret, idem.Scope(c[0]), idem.Key(c[1]))
 			k, err := db.update(`UPDATE `+t.table+` SET `+t.key+` = `+ph[0]+` WHERE `+t.scope+` = `+ph[1]+` AND `+t.key+` = `+ph[2],
 				string(sealed), c[0], c[1])
@@ -189,7 +230,65 @@ func sealKeys(secret []byte, bodyKeys []idemhttp.BodyKey, db sealAccess) (Sealed
 			n.add(t.table, int(k))
 		}
 	}
+	if n.Texts, err = sealTexts(bodyKeys, db); err != nil {
+		return SealedKeys{}, err
+	}
 	return n, nil
+}
+
+// isOriginDigest reports whether a row's key is the digest the service
+// keeps of a key it does not seal (originDigest), rather than a key.
+func isOriginDigest(key string) bool { return strings.HasPrefix(key, "idg1_") }
+
+// sealTexts seals the free text kept in clear with the first of bodyKeys,
+// and seals again with it the text sealed with another of them (a
+// rotation: the older keys can be removed afterwards). It returns how
+// many texts it rewrote. A text that bodyKeys do not open stops it.
+// Without bodyKeys it changes nothing.
+func sealTexts(bodyKeys []idemhttp.BodyKey, db sealAccess) (int, error) {
+	if len(bodyKeys) == 0 {
+		return 0, nil
+	}
+	ph := db.placeholders
+	n := 0
+	for _, t := range textTables {
+		rows, err := db.texts(`SELECT id, tenant, ` + t.column + ` FROM ` + t.table + ` WHERE ` + t.column + ` <> ''`)
+		if err != nil {
+			return 0, fmt.Errorf("reading %s: %w", t.table, err)
+		}
+		for _, r := range rows {
+			out, changed, err := resealText(bodyKeys, t.col, r[1], r[0], r[2])
+			if err != nil {
+				return 0, err
+			}
+			if !changed {
+				continue
+			}
+			k, err := db.update(`UPDATE `+t.table+` SET `+t.column+` = `+ph[0]+` WHERE id = `+ph[1], out, r[0])
+			if err != nil {
+				return 0, fmt.Errorf("sealing a text of %s: %w", t.table, err)
+			}
+			n += int(k)
+		}
+	}
+	return n, nil
+}
+
+// scanTexts reads (id, tenant, text) rows.
+func scanTexts(next func() bool, scan func(...any) error, done func() error) ([][3]string, error) {
+	var out [][3]string
+	for next() {
+		var r [3]string
+		if err := scan(&r[0], &r[1], &r[2]); err != nil {
+			done()
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	if err := done(); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // scanClearKeys reads (scope, key) rows, keeping the keys not sealed yet.

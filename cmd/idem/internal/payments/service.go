@@ -78,8 +78,10 @@ type Config struct {
 	MemoryReplayFor time.Duration
 	// KeySecret, BodyKeys and DiscardBodies keep keys and answers out of a
 	// dump of the stores: see idemhttp.Config. With KeySecret, the
-	// payments' idempotency_key column holds the sealed keys too. Default
-	// to none: keys and answers are kept as they are.
+	// payments' idempotency_key column holds the sealed keys too (a digest
+	// of tenant and key without it); with BodyKeys, the payments'
+	// descriptions and the refunds' reasons are sealed in their rows.
+	// Default to none: keys and answers are kept as they are.
 	KeySecret     []byte
 	BodyKeys      []idemhttp.BodyKey
 	DiscardBodies bool
@@ -413,6 +415,7 @@ func (s *Service) openStorage(ctx context.Context, c *Config) error {
 		if err != nil {
 			return fmt.Errorf("payments: %w", err)
 		}
+		store.text = textSealer{keys: c.BodyKeys}
 		s.store = store
 		if c.Keys == nil {
 			keys, err := idemsqlite.NewStore(ctx, c.DB, &idemsqlite.StoreConfig{Clock: c.Clock})
@@ -425,7 +428,9 @@ func (s *Service) openStorage(ctx context.Context, c *Config) error {
 		if err := migratePostgres(ctx, c.Postgres); err != nil {
 			return fmt.Errorf("payments: migrate: %w", err)
 		}
-		s.store = newPGStorage(c.Postgres)
+		store := newPGStorage(c.Postgres)
+		store.text = textSealer{keys: c.BodyKeys}
+		s.store = store
 		if c.Keys == nil {
 			keys, err := idempg.NewStore(ctx, c.Postgres)
 			if err != nil {

@@ -81,13 +81,13 @@ var sqliteStatements = statements{
 	readPayment: `SELECT ` + paymentColumns + ` FROM payments WHERE id = ? AND tenant = ?`,
 	chargedSince: `SELECT ` + paymentColumns + ` FROM payments WHERE charge_id IS NOT NULL AND created_at >= ?
 		 ORDER BY created_at, id`,
-	paymentOf: `SELECT ` + paymentColumns + ` FROM payments WHERE tenant = ? AND idempotency_key = ?
+	paymentOf: `SELECT ` + paymentColumns + ` FROM payments WHERE tenant = ? AND idempotency_key IN (?, ?)
 		 AND (key_claimed_at = ? OR (key_claimed_at > ? AND key_claimed_at < ?))
 		 ORDER BY key_claimed_at LIMIT 1`,
-	depositOf: `SELECT ` + depositColumns + ` FROM deposits WHERE tenant = ? AND idempotency_key = ?
+	depositOf: `SELECT ` + depositColumns + ` FROM deposits WHERE tenant = ? AND idempotency_key IN (?, ?)
 		 AND (key_claimed_at = ? OR (key_claimed_at > ? AND key_claimed_at < ?))
 		 ORDER BY key_claimed_at LIMIT 1`,
-	refundOf: `SELECT ` + refundColumns + ` FROM refunds WHERE tenant = ? AND idempotency_key = ?
+	refundOf: `SELECT ` + refundColumns + ` FROM refunds WHERE tenant = ? AND idempotency_key IN (?, ?)
 		 AND (key_claimed_at = ? OR (key_claimed_at > ? AND key_claimed_at < ?))
 		 ORDER BY key_claimed_at LIMIT 1`,
 
@@ -298,8 +298,12 @@ func (s *sqliteStorage) pay(ctx context.Context, tx *sql.Tx, p Payment, o origin
 		}
 	}
 	key, claimedAt := o.args(s.d)
+	description, err := s.text.seal(colDescription, p.Tenant, p.ID, p.Description)
+	if err != nil {
+		return Payment{}, nil, err
+	}
 	res, err := s.stmt(ctx, tx, sqlInsertPayment).ExecContext(ctx,
-		p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, p.Description, p.Status, formatTime(p.CreatedAt), key, claimedAt, optional(p.ChargeID))
+		p.ID, p.Tenant, p.AccountID, p.Amount, p.Currency, description, p.Status, formatTime(p.CreatedAt), key, claimedAt, optional(p.ChargeID))
 	if err != nil {
 		return Payment{}, nil, fmt.Errorf("insert payment: %w", err)
 	}

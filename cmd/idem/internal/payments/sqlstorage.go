@@ -31,6 +31,9 @@ type sqlStorage struct {
 	// outbox, when set, receives each payment's and refund's event in its
 	// transaction.
 	outbox idem.Outbox
+	// text seals the free text of the rows written and opens that of the
+	// rows read.
+	text textSealer
 }
 
 // dialect is how sqlStorage runs on one database: sqliteDialect or
@@ -241,11 +244,14 @@ func (t *storedTime) ScanTimestamptz(v pgtype.Timestamptz) error {
 	return nil
 }
 
-func scanPayment(r row) (Payment, error) {
+func (s *sqlStorage) scanPayment(r row) (Payment, error) {
 	var p Payment
 	err := r.Scan(&p.ID, &p.Tenant, &p.AccountID, &p.Amount, &p.Currency, &p.Description, &p.Status, (*storedTime)(&p.CreatedAt),
 		(*optionalText)(&p.ChargeID))
 	if err != nil {
+		return Payment{}, err
+	}
+	if p.Description, err = s.text.open(colDescription, p.Tenant, p.ID, p.Description); err != nil {
 		return Payment{}, err
 	}
 	return p, nil
@@ -285,10 +291,13 @@ func scanDeposit(r row) (Deposit, error) {
 	return d, nil
 }
 
-func scanRefund(r row) (Refund, error) {
+func (s *sqlStorage) scanRefund(r row) (Refund, error) {
 	var rf Refund
 	err := r.Scan(&rf.ID, &rf.Tenant, &rf.PaymentID, &rf.AccountID, &rf.Amount, &rf.Currency, &rf.Reason, &rf.Status, (*storedTime)(&rf.CreatedAt))
 	if err != nil {
+		return Refund{}, err
+	}
+	if rf.Reason, err = s.text.open(colReason, rf.Tenant, rf.ID, rf.Reason); err != nil {
 		return Refund{}, err
 	}
 	return rf, nil
@@ -339,7 +348,7 @@ func (s *sqlStorage) Account(ctx context.Context, tenant, id string) (Account, e
 }
 
 func (s *sqlStorage) Payment(ctx context.Context, tenant, id string) (Payment, error) {
-	p, err := scanPayment(s.reads.queryRow(ctx, s.sql.readPayment, id, tenant))
+	p, err := s.scanPayment(s.reads.queryRow(ctx, s.sql.readPayment, id, tenant))
 	if noRows(err) {
 		return Payment{}, ErrPaymentNotFound
 	}
@@ -360,7 +369,7 @@ func (s *sqlStorage) paymentOf(ctx context.Context, r runner, tenant string, o o
 	}
 	key, claimedAt := o.args(s.d)
 	since, until := o.window(s.d)
-	p, err := scanPayment(r.queryRow(ctx, s.sql.paymentOf, tenant, key, claimedAt, since, until))
+	p, err := s.scanPayment(r.queryRow(ctx, s.sql.paymentOf, tenant, key, o.lookupAlt(), claimedAt, since, until))
 	if noRows(err) {
 		return Payment{}, false, nil
 	}
@@ -371,7 +380,7 @@ func (s *sqlStorage) paymentOf(ctx context.Context, r runner, tenant string, o o
 }
 
 func (s *sqlStorage) AccountPayments(ctx context.Context, tenant, accountID string, pg listPage) ([]Payment, bool, error) {
-	return list(ctx, s, "payments", paymentColumns, "payment", scanPayment, tenant, accountID, pg)
+	return list(ctx, s, "payments", paymentColumns, "payment", s.scanPayment, tenant, accountID, pg)
 }
 
 func (s *sqlStorage) AccountDeposits(ctx context.Context, tenant, accountID string, pg listPage) ([]Deposit, bool, error) {
@@ -512,7 +521,7 @@ func (s *sqlStorage) depositOf(ctx context.Context, r runner, tenant string, o o
 	}
 	key, claimedAt := o.args(s.d)
 	since, until := o.window(s.d)
-	d, err := scanDeposit(r.queryRow(ctx, s.sql.depositOf, tenant, key, claimedAt, since, until))
+	d, err := scanDeposit(r.queryRow(ctx, s.sql.depositOf, tenant, key, o.lookupAlt(), claimedAt, since, until))
 	if noRows(err) {
 		return Deposit{}, false, nil
 	}
@@ -576,8 +585,12 @@ func (s *sqlStorage) refund(ctx context.Context, r runner, rf Refund, o origin) 
 		return Refund{}, refusal, nil
 	}
 	key, claimedAt := o.args(s.d)
+	reason, err := s.text.seal(colReason, rf.Tenant, rf.ID, rf.Reason)
+	if err != nil {
+		return Refund{}, nil, err
+	}
 	n, err := r.exec(ctx, s.sql.insertRefund,
-		rf.ID, rf.Tenant, rf.PaymentID, rf.AccountID, rf.Amount, rf.Currency, rf.Reason, rf.Status, s.d.timeArg(rf.CreatedAt), key, claimedAt)
+		rf.ID, rf.Tenant, rf.PaymentID, rf.AccountID, rf.Amount, rf.Currency, reason, rf.Status, s.d.timeArg(rf.CreatedAt), key, claimedAt)
 	if err != nil {
 		return Refund{}, nil, s.d.wrap("insert refund", err)
 	}
@@ -616,7 +629,7 @@ func (s *sqlStorage) refundOf(ctx context.Context, r runner, tenant string, o or
 	}
 	key, claimedAt := o.args(s.d)
 	since, until := o.window(s.d)
-	rf, err := scanRefund(r.queryRow(ctx, s.sql.refundOf, tenant, key, claimedAt, since, until))
+	rf, err := s.scanRefund(r.queryRow(ctx, s.sql.refundOf, tenant, key, o.lookupAlt(), claimedAt, since, until))
 	if noRows(err) {
 		return Refund{}, false, nil
 	}
@@ -627,7 +640,7 @@ func (s *sqlStorage) refundOf(ctx context.Context, r runner, tenant string, o or
 }
 
 func (s *sqlStorage) Refund(ctx context.Context, tenant, id string) (Refund, error) {
-	rf, err := scanRefund(s.reads.queryRow(ctx, s.sql.readRefund, id, tenant))
+	rf, err := s.scanRefund(s.reads.queryRow(ctx, s.sql.readRefund, id, tenant))
 	if noRows(err) {
 		return Refund{}, ErrRefundNotFound
 	}
@@ -647,7 +660,7 @@ func (s *sqlStorage) ChargedPayments(ctx context.Context, since time.Time) ([]Pa
 	defer rs.Close()
 	var out []Payment
 	for rs.Next() {
-		p, err := scanPayment(rs)
+		p, err := s.scanPayment(rs)
 		if err != nil {
 			return nil, s.d.wrap("read charged payments", err)
 		}

@@ -266,8 +266,20 @@ var errOutcomeUnknown = errors.New("the write's transaction failed to begin or c
 // claimed again. The tenant is the key's scope and is recorded anyway. The
 // zero origin means none: unsafe mode and requests without a key, whose
 // writes are never de-duplicated.
+//
+// The key a row keeps is never the client's: it is the execution's key
+// when the service seals keys (Config.KeySecret: an HMAC of tenant and
+// key, "hk1_…"), and otherwise the execution's DownstreamKey named
+// "payments", "origin" (a SHA-256 of tenant and key, "idg1_…"), which is
+// the same for every execution of the logical request, before and after
+// `idem keys seal`. Rows made before the service kept digests hold the
+// execution's key as it was (the client's key, when nothing was sealed);
+// they are still found through alt until `idem keys seal` rewrites them.
 type origin struct {
-	key       string
+	key string
+	// alt is the other form a row of this origin may keep: the
+	// execution's key, when key is its digest. Looked up, never written.
+	alt       string
 	claimedAt time.Time
 	// since and until, when set, widen the match to every claim of the key
 	// between them: claimedAt less and plus the key's TTL. A payment made
@@ -292,7 +304,26 @@ func originFrom(ctx context.Context) origin {
 	if !ok || ex.Key == "" || ex.ClaimedAt.IsZero() {
 		return origin{}
 	}
-	return origin{key: string(ex.Key), claimedAt: ex.ClaimedAt}
+	o := origin{key: string(ex.Key), alt: string(ex.Key), claimedAt: ex.ClaimedAt}
+	if !idemhttp.IsSealedKey(ex.Key) {
+		o.key = originDigest(ex)
+	}
+	return o
+}
+
+// originDigest is what a row keeps of an execution's key that the service
+// did not seal: a digest of the tenant and the client's key, never the key.
+func originDigest(ex idemhttp.Execution) string {
+	return ex.DownstreamKey("payments", "origin")
+}
+
+// lookupAlt is alt as a parameter of the look-ups: key itself when there
+// is no other form, so that "IN (key, alt)" matches key alone.
+func (o origin) lookupAlt() string {
+	if o.alt == "" {
+		return o.key
+	}
+	return o.alt
 }
 
 // samePayment reports whether an existing payment is the one p asks for, as
