@@ -539,3 +539,28 @@ func TestAppendCanonicalReusesParsers(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseKeepsParsersWithinTheLimits protects the pool's bounds: a
+// parser is emptied and given back while it holds at most keptChunks
+// chunks, keptBuf bytes of buffer and keptMembers members; one grown past
+// any of them is dropped as it is (so the pool holds only what small bodies
+// need).
+func TestReleaseKeepsParsersWithinTheLimits(t *testing.T) {
+	tests := []struct {
+		name string
+		p    *jsonParser
+		kept bool
+	}{
+		{"at every limit", &jsonParser{chunks: make([][]jsonNode, keptChunks), buf: make([]byte, 0, keptBuf), members: make([]int32, 0, keptMembers)}, true},
+		{"a chunk too many", &jsonParser{chunks: make([][]jsonNode, keptChunks+1)}, false},
+		{"a buffer byte too many", &jsonParser{buf: make([]byte, 0, keptBuf+1)}, false},
+		{"a member too many", &jsonParser{members: make([]int32, 0, keptMembers+1)}, false},
+	}
+	for _, tt := range tests {
+		tt.p.s, tt.p.nodes = []byte("input"), 3
+		tt.p.release()
+		if emptied := tt.p.s == nil && tt.p.nodes == 0; emptied != tt.kept {
+			t.Errorf("%s: emptied for the pool = %v, want %v", tt.name, emptied, tt.kept)
+		}
+	}
+}
