@@ -402,3 +402,34 @@ func TestBatchWaitGathersLaterMessages(t *testing.T) {
 		t.Errorf("batches of %v, want [3 1]", inbox.sizes)
 	}
 }
+
+// singleLedger is a Ledger that looks up one key's hold at a time: not an
+// idem.BatchLedger.
+type singleLedger struct{ idem.Ledger }
+
+// In batch mode, with a Ledger that cannot look up many keys at once, a
+// batch still finds the keys held back behind a dead letter, one by one,
+// and parks their messages.
+func TestBatchParksWithALedgerOfSingleLookups(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.Ledger = singleLedger{h.ledger}
+	cfg.BatchSize = 10
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		if m.ID == "k1" {
+			return idem.Permanent(errors.New("malformed"))
+		}
+		return h.apply(ctx, m)
+	})
+	h.publish(msg("k1", "K"))
+	waitFor(t, "k1 dead-lettered", func() bool { return c.Stats().DeadLettered == 1 })
+	h.publish(msg("k2", "K"), msg("o1", "O"), msg("k3", "K"))
+	waitFor(t, "k2 and k3 parked, o1 processed", func() bool {
+		s := c.Stats()
+		return s.Parked == 2 && s.Processed == 1
+	})
+	if h.applied.Get("k2") != 0 || h.applied.Get("k3") != 0 || h.applied.Get("o1") != 1 {
+		t.Errorf("applied k2 %d, k3 %d, o1 %d times; want 0, 0, 1", h.applied.Get("k2"), h.applied.Get("k3"), h.applied.Get("o1"))
+	}
+}

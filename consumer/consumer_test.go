@@ -33,6 +33,10 @@ func TestNewValidates(t *testing.T) {
 		{"no ledger", func(c *consumer.Config) { c.Ledger = nil }, "Ledger"},
 		{"negative concurrency", func(c *consumer.Config) { c.Concurrency = -1 }, "Concurrency"},
 		{"pending below concurrency", func(c *consumer.Config) { c.Concurrency, c.MaxPending = 8, 4 }, "MaxPending"},
+		// The bounds themselves are allowed: one delivery in memory per
+		// worker, and a delivery bound equal to the attempts.
+		{"pending equal to concurrency", func(c *consumer.Config) { c.Concurrency, c.MaxPending = 8, 8 }, ""},
+		{"max deliveries equal to max attempts", func(c *consumer.Config) { c.MaxDeliveries = c.Retry.MaxAttempts }, ""},
 		{"negative ack wait", func(c *consumer.Config) { c.AckWait = -time.Second }, "AckWait"},
 		{"unknown order policy", func(c *consumer.Config) { c.AfterDeadLetter = 7 }, "AfterDeadLetter"},
 		{"negative max attempts", func(c *consumer.Config) { c.Retry.MaxAttempts = -1 }, "MaxAttempts"},
