@@ -306,8 +306,14 @@ type messagesRun struct {
 	// ackKiller is the consumer that SIGKILLs itself after its ackKillAt-th
 	// message, until it has done so once; -1 for none.
 	ackKiller, ackKillAt int
-	restarts             atomic.Int64
-	applied              atomic.Int64
+	// firstKillAt and firstRestartAt are the counts of events applied at
+	// which the run's first SIGKILL of a consumer and first restart of the
+	// private broker come, if their interval has not brought them sooner:
+	// drawn from the seed, so that a short run meets both (see
+	// drawFirstFaults).
+	firstKillAt, firstRestartAt int64
+	restarts                    atomic.Int64
+	applied                     atomic.Int64
 	// late counts the events applied in the drain, after the time was up
 	// and the faults stopped; drained says whether there was a drain.
 	late       int64
@@ -355,6 +361,7 @@ func RunMessages(ctx context.Context, cfg *MessagesConfig) (rep *MessagesReport,
 	if err := r.startConsumers(ctx); err != nil {
 		return nil, err
 	}
+	r.drawFirstFaults()
 	elapsed, err := r.load(ctx)
 	if err != nil {
 		return nil, err
@@ -479,6 +486,56 @@ func (r *messagesRun) startConsumers(ctx context.Context) error {
 	return nil
 }
 
+// drawFirstFaults draws the counts of events applied at which the first
+// kill and the first broker restart come, each between a tenth and half of
+// the events, unless their interval brings them sooner: with the interval
+// alone a run that ends before it meets none, and the run is not done
+// until it has met each it was asked for (see faultsMet).
+func (r *messagesRun) drawFirstFaults() {
+	draw := func() int64 {
+		lo := max(int64(r.cfg.Events)/10, 1)
+		hi := max(int64(r.cfg.Events)/2, lo)
+		return lo + r.rng.Int64N(hi-lo+1)
+	}
+	if r.cfg.KillEvery > 0 {
+		r.firstKillAt = draw()
+		fmt.Fprintf(r.cfg.Progress, "torture: the first SIGKILL of a consumer comes at the latest once %d events are applied\n", r.firstKillAt)
+	}
+	if r.cfg.RestartBrokerEvery > 0 && r.server != nil {
+		r.firstRestartAt = draw()
+		fmt.Fprintf(r.cfg.Progress, "torture: the first restart of the broker comes at the latest once %d events are applied\n", r.firstRestartAt)
+	}
+}
+
+// faultsMet says whether the run has met the faults it was asked for: a
+// SIGKILL of a consumer by the run, a restart of the private broker.
+func (r *messagesRun) faultsMet() bool {
+	return (r.firstKillAt == 0 || r.kills.Load() > 0) && (r.firstRestartAt == 0 || r.restarts.Load() > 0)
+}
+
+// untilFirst waits until the interval every has passed or at events are
+// applied, whichever comes first; it returns false when stop or ctx ends
+// first.
+func (r *messagesRun) untilFirst(ctx context.Context, stop <-chan struct{}, every time.Duration, at int64) bool {
+	t := time.NewTimer(every)
+	defer t.Stop()
+	// The run's poll counts the events applied every 250ms.
+	poll := time.NewTicker(50 * time.Millisecond)
+	defer poll.Stop()
+	for r.applied.Load() < at {
+		select {
+		case <-stop:
+			return false
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-poll.C:
+		}
+	}
+	return true
+}
+
 // maxAckKillAt bounds the scheduled ack kill's message number: a consumer
 // killed by the run every few seconds still lives to reach it.
 const maxAckKillAt = 50
@@ -583,7 +640,7 @@ wait:
 				// The database may be the broker being restarted.
 				continue
 			}
-			if done {
+			if done && r.faultsMet() {
 				elapsed = time.Since(began)
 				break wait
 			}
@@ -867,15 +924,20 @@ func (r *messagesRun) killLoop(ctx context.Context, stop <-chan struct{}) error 
 	case <-ctx.Done():
 		return nil
 	}
+	if !r.untilFirst(ctx, stop, r.cfg.KillEvery, r.firstKillAt) {
+		return nil
+	}
 	t := time.NewTicker(r.cfg.KillEvery)
 	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return nil
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-stop:
+				return nil
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+			}
 		}
 		r.chaos.Lock()
 		c := r.consumers[r.rng.IntN(len(r.consumers))]
@@ -893,15 +955,20 @@ func (r *messagesRun) restartLoop(ctx context.Context, stop <-chan struct{}) err
 	}
 	// The interval runs from the end of one restart, however long it took
 	// (RabbitMQ boots in seconds), so the broker serves between two.
+	if !r.untilFirst(ctx, stop, r.cfg.RestartBrokerEvery, r.firstRestartAt) {
+		return nil
+	}
 	t := time.NewTimer(r.cfg.RestartBrokerEvery)
 	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return nil
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-stop:
+				return nil
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+			}
 		}
 		r.chaos.Lock()
 		err := r.server.Restart(ctx, true)
