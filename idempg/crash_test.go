@@ -149,7 +149,7 @@ func TestCrashChild(t *testing.T) {
 		t.Skip("run by TestConsumerSIGKILLedMidBatch")
 	}
 	ctx := context.Background()
-	db, err := idempg.Open(ctx, pgURL(t), &idempg.Config{Schema: schema})
+	db, err := idempg.Open(ctx, pgURL(t), &idempg.Config{Schema: schema, MaxConns: 4})
 	if err != nil {
 		t.Fatal(err)
 	}

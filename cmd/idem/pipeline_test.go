@@ -108,7 +108,7 @@ var pipelineCases = []struct {
 	{"postgres", func(t *testing.T) pipelineTransport {
 		url := postgresURL(t)
 		schema := freshSchema(t, url)
-		db, err := idempg.Open(t.Context(), url, &idempg.Config{Schema: schema})
+		db, err := idempg.Open(t.Context(), url, &idempg.Config{Schema: schema, MaxConns: 4})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -73,7 +73,7 @@ var eventsCases = []struct {
 		}}
 	}},
 	{"postgres", func(t *testing.T, e *testEnv) eventsTransport {
-		db, err := idempg.Open(t.Context(), e.pgURL, &idempg.Config{Schema: e.schema})
+		db, err := idempg.Open(t.Context(), e.pgURL, &idempg.Config{Schema: e.schema, MaxConns: 4})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -50,7 +50,9 @@ func OpenPostgresForTest(t testing.TB, clock idem.Clock) *idempg.DB {
 			t.Errorf("dropping schema %s: %v", schema, err)
 		}
 	})
-	db, err := idempg.Open(context.Background(), url, &idempg.Config{Schema: schema, Clock: clock})
+	// The machine's PostgreSQL is shared by every test beside this one:
+	// each opens a small pool.
+	db, err := idempg.Open(context.Background(), url, &idempg.Config{Schema: schema, Clock: clock, MaxConns: 8})
 	if err != nil {
 		t.Fatalf("idempg.Open: %v", err)
 	}

@@ -2,10 +2,12 @@ package torture
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/url"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -291,6 +293,30 @@ func throughProxy(rawURL, addr string, plain bool) (string, error) {
 		q.Set("sslmode", "disable")
 		u.RawQuery = q.Encode()
 	}
+	return u.String(), nil
+}
+
+// replicaPoolConns bounds each replica's PostgreSQL pool. idem serve's
+// default (16 on a small machine) times three replicas, a LISTEN
+// connection each and the connections a killed replica left to end, made
+// two PostgreSQL tortures side by side ask a shared server for more than
+// its 100 connections ("sorry, too many clients already").
+const replicaPoolConns = 8
+
+// boundPool returns the PostgreSQL URL rawURL with pool_max_conns set to
+// replicaPoolConns, unless it sets one.
+func boundPool(rawURL string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		// url.Parse's error quotes the URL, which may hold a password.
+		return "", errors.New("the database's URL does not parse")
+	}
+	q := u.Query()
+	if q.Get("pool_max_conns") != "" {
+		return rawURL, nil
+	}
+	q.Set("pool_max_conns", strconv.Itoa(replicaPoolConns))
+	u.RawQuery = q.Encode()
 	return u.String(), nil
 }
 

@@ -480,6 +480,11 @@ func (r *run) prepare(ctx context.Context) error {
 		fmt.Fprintf(r.cfg.Progress, "torture: private %s in %s\n", serverNames(r.servers), dir)
 	}
 	r.dbURL, r.keysURL = r.pgURL, r.redisURL
+	if r.schema != "" {
+		if r.dbURL, err = boundPool(r.dbURL); err != nil {
+			return fmt.Errorf("torture: %w", err)
+		}
+	}
 	if r.cfg.Acquirer != "" {
 		if err := r.startAcquirer(ctx); err != nil {
 			return err
@@ -503,6 +508,9 @@ func (r *run) prepare(ctx context.Context) error {
 	if r.schema != "" {
 		if r.dbURL, err = proxy(r.pgURL, "5432", true); err != nil {
 			return err
+		}
+		if r.dbURL, err = boundPool(r.dbURL); err != nil {
+			return fmt.Errorf("torture: %w", err)
 		}
 	}
 	if r.cfg.Keys != "" {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -241,5 +242,22 @@ func TestStoreProxyForcedFaults(t *testing.T) {
 	p.force(false, early)
 	if p.forceReset.Load() {
 		t.Error("an order outlived its stop")
+	}
+}
+
+// The replicas' PostgreSQL pools are bounded, unless the URL bounds them.
+func TestBoundPool(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"postgres://u@h:5432/test?sslmode=disable": "postgres://u@h:5432/test?pool_max_conns=8&sslmode=disable",
+		"postgres://u:p@h/test":                    "postgres://u:p@h/test?pool_max_conns=8",
+		"postgres://u@h/test?pool_max_conns=3":     "postgres://u@h/test?pool_max_conns=3",
+	} {
+		if got, err := boundPool(in); err != nil || got != want {
+			t.Errorf("boundPool(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := boundPool("postgres://u:secret@h:bad port/test"); err == nil || strings.Contains(err.Error(), "secret") {
+		t.Errorf("a URL that does not parse: %v; want an error without its password", err)
 	}
 }
