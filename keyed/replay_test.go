@@ -289,3 +289,30 @@ func TestUnreadableKeptAnswerRefusedNotRunAgain(t *testing.T) {
 		t.Fatalf("the key after: %+v, %v; want it still completed", rec, err)
 	}
 }
+
+// A kept answer sealed with a body key is replayed opened: the duplicate
+// gets the body the handler wrote, while the store holds it sealed.
+func TestSealedKeptAnswerReplayedOpened(t *testing.T) {
+	t.Parallel()
+	store := idemmem.NewStore(nil)
+	eng, err := keyed.New(&keyed.Config{Store: store, MemoryReplayFor: -1, BodyKeys: []keyed.BodyKey{bodyKey1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := eng.Serve(t.Context(), keyed.Request{Key: "k", Fingerprint: payFP}, &replayFace{}); o != keyed.OutcomeExecuted {
+		t.Fatalf("first request: %s; want executed", o)
+	}
+	if rec, err := store.Get(t.Context(), "", "k"); err != nil || rec.Response == nil || !keyed.IsSealedData(rec.Response.Body) {
+		t.Fatalf("the kept answer: %+v, %v; want its body sealed", rec.Response, err)
+	}
+	for _, from := range []string{"a read of the record", "the claim"} {
+		dup := &replayFace{}
+		if o := eng.Serve(t.Context(), keyed.Request{Key: "k", Fingerprint: payFP}, dup); o != keyed.OutcomeReplayed || dup.replayed == nil || string(dup.replayed.Body) != `{"id":1}` {
+			t.Fatalf("duplicate answered from %s: %s, replayed %+v; want the body opened", from, o, dup.replayed)
+		}
+		// The next duplicate is claimed: a fresh engine has not seen the key.
+		if eng, err = keyed.New(&keyed.Config{Store: store, MemoryReplayFor: -1, BodyKeys: []keyed.BodyKey{bodyKey1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
