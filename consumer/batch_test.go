@@ -433,3 +433,21 @@ func TestBatchParksWithALedgerOfSingleLookups(t *testing.T) {
 		t.Errorf("applied k2 %d, k3 %d, o1 %d times; want 0, 0, 1", h.applied.Get("k2"), h.applied.Get("k3"), h.applied.Get("o1"))
 	}
 }
+
+// From a transport that hands out batches, the consumer asks for as many
+// deliveries as there is room for, up to BatchSize, never more.
+func TestBatchStreamAskedForBatchSize(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.Concurrency = 1
+	cfg.BatchSize = 5
+	msgs := lanes(h, []string{"a", "b"}, 5)
+	c, _ := h.start(cfg, h.apply)
+	waitFor(t, "every message processed", func() bool { return c.Stats().Processed == int64(len(msgs)) })
+	h.rec.mu.Lock()
+	defer h.rec.mu.Unlock()
+	if len(h.rec.asked) == 0 || h.rec.asked[0] != 5 || slices.Max(h.rec.asked) > 5 {
+		t.Errorf("NextBatch asked for %v; want 5 (BatchSize) at first, with room for more, and never more", h.rec.asked)
+	}
+}

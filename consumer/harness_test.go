@@ -98,6 +98,8 @@ type recorder struct {
 	ops map[string][]string
 	// taken counts deliveries handed to the consumer.
 	taken int
+	// asked holds the max of each NextBatch call.
+	asked []int
 }
 
 func (r *recorder) Subscribe(ctx context.Context, sub idem.Subscription) (idem.Stream, error) {
@@ -150,6 +152,9 @@ func (s *recStream) Next(ctx context.Context) (idem.Delivery, error) {
 // NextBatch, AckBatch and AcksInTx pass batches through when the stream
 // takes them, so that the consumer's batch path is what is recorded.
 func (s *recStream) NextBatch(ctx context.Context, max int) ([]idem.Delivery, error) {
+	s.r.mu.Lock()
+	s.r.asked = append(s.r.asked, max)
+	s.r.mu.Unlock()
 	bs, ok := s.Stream.(idem.BatchStream)
 	if !ok {
 		d, err := s.Next(ctx)

@@ -148,3 +148,109 @@ func TestSubscribedClosesWithTheFirstSubscription(t *testing.T) {
 		t.Errorf("Subscribed closed after %d subscriptions, want 2", s)
 	}
 }
+
+// scriptedSubscriber refuses its first refusals subscriptions; each later
+// one gets a stream that runs until the test ends it.
+type scriptedSubscriber struct {
+	refusals int
+
+	mu      sync.Mutex
+	calls   int
+	streams chan chan struct{} // each stream's end, handed to the test
+}
+
+func (s *scriptedSubscriber) Subscribe(ctx context.Context, sub idem.Subscription) (idem.Stream, error) {
+	s.mu.Lock()
+	s.calls++
+	n := s.calls
+	s.mu.Unlock()
+	if n <= s.refusals {
+		return nil, errors.New("dial: connection refused")
+	}
+	end := make(chan struct{})
+	s.streams <- end
+	return endingStream{end}, nil
+}
+
+type endingStream struct{ end chan struct{} }
+
+func (e endingStream) Next(ctx context.Context) (idem.Delivery, error) {
+	select {
+	case <-e.end:
+		return nil, errors.New("connection reset by peer")
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (endingStream) Close() error { return nil }
+
+// waitsTimers passes AfterFunc to fakeTimers, and hands the test every wait
+// but the heartbeat's.
+type waitsTimers struct {
+	*fakeTimers
+	beat  time.Duration
+	waits chan time.Duration
+}
+
+func (w waitsTimers) AfterFunc(d time.Duration, f func()) func() bool {
+	stop := w.fakeTimers.AfterFunc(d, f)
+	if d != w.beat {
+		w.waits <- d
+	}
+	return stop
+}
+
+// Run's attempts to subscribe again back off by Resubscribe, one series
+// of failures in a row: a stream that failed within a minute of its
+// subscription continues the series, one that ran longer starts a new
+// one.
+func TestResubscribeBacksOffOneSeriesOfFailures(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	sub := &scriptedSubscriber{refusals: 3, streams: make(chan chan struct{}, 1)}
+	timers := waitsTimers{fakeTimers: h.timers, beat: 30 * time.Second / 4, waits: make(chan time.Duration, 4)}
+	cfg := h.config()
+	cfg.Subscriber, cfg.Timers = sub, timers
+	cfg.Resubscribe = idem.RetryPolicy{Base: time.Second, Cap: time.Hour, Jitter: idem.NoJitter}
+	h.start(cfg, h.apply)
+	next := func(what string) time.Duration {
+		t.Helper()
+		select {
+		case d := <-timers.waits:
+			return d
+		case <-time.After(waitLimit):
+			t.Fatalf("no wait before %s", what)
+			return 0
+		}
+	}
+	stream := func() chan struct{} {
+		t.Helper()
+		select {
+		case end := <-sub.streams:
+			return end
+		case <-time.After(waitLimit):
+			t.Fatal("Run did not subscribe again")
+			return nil
+		}
+	}
+	for _, want := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second} {
+		if got := next("subscribing again"); got != want {
+			t.Fatalf("after a refused subscription Run waits %s, want %s", got, want)
+		}
+		h.timers.Advance(want)
+	}
+	end := stream()
+	h.clock.Advance(time.Minute)
+	close(end)
+	if got := next("subscribing after a stream that lasted a minute"); got != 8*time.Second {
+		t.Fatalf("after a stream that failed a minute after its subscription Run waits %s, want 8s: the series goes on", got)
+	}
+	h.timers.Advance(8 * time.Second)
+	end = stream()
+	h.clock.Advance(time.Minute + time.Second)
+	close(end)
+	if got := next("subscribing after a stream that lasted over a minute"); got != time.Second {
+		t.Fatalf("after a stream that ran over a minute Run waits %s, want 1s: a new series", got)
+	}
+}
