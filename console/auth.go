@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -211,56 +213,86 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 // console's public address is https (a proxy terminates TLS in front).
 func (c *Console) secure(r *http.Request) bool { return r.TLS != nil || c.cfg.PublicHTTPS }
 
-// Login attempts are limited per address: LoginFailures failed ones within
-// LoginWindow and the address is refused (429, Retry-After), the right
-// token included, until the oldest of them is LoginWindow old. A token of
-// 128 bits cannot be guessed at that pace; the limit keeps a weak one, or
-// a flood of guesses, from being tried at the speed of the network.
+// Login attempts are limited per address and for the console as a whole.
+// LoginFailures failed ones from one address (an IPv6 address counts by
+// its /64, which one client commonly holds whole) within LoginWindow, and
+// that address is refused (429, Retry-After), the right token included,
+// until the oldest of them is LoginWindow old. LoginFailuresTotal failed
+// ones from all addresses together within LoginWindow, and every login by
+// token, from any address, is refused the same way until the window has
+// passed: a guesser spread over many addresses gets no more tries than
+// that, whichever operator's token it is after. A token names its
+// operator, and a wrong one names none, so a per-operator count could
+// only be kept by asking for the operator's name, which an attacker would
+// also choose; the total bounds the guesses at every operator's token at
+// once. Sessions already open go on meanwhile. A token of 128 bits cannot
+// be guessed at that pace; the limits keep a weak one, or a flood of
+// guesses, from being tried at the speed of the network.
 const (
-	LoginFailures = 5
-	LoginWindow   = time.Minute
+	LoginFailures      = 5
+	LoginFailuresTotal = 20
+	LoginWindow        = time.Minute
 )
 
-// loginLimiter counts the failed logins of each address.
+// loginLimiter counts the failed logins of each address, and of all.
 type loginLimiter struct {
 	clock idem.Clock
 	mu    sync.Mutex
 	fails map[string][]time.Time
+	// all are the times of the latest failed logins of every address, at
+	// most LoginFailuresTotal of them, oldest first.
+	all []time.Time
 }
 
 func newLoginLimiter(clock idem.Clock) *loginLimiter {
 	return &loginLimiter{clock: clock, fails: map[string][]time.Time{}}
 }
 
-// addrOf is the address a request came from, without its port.
+// addrOf is the address a request came from, without its port, as the
+// login limit counts it: an IPv6 address by its /64.
 func addrOf(r *http.Request) string {
-	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		return host
+	host := r.RemoteAddr
+	if h, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		host = h
 	}
-	return r.RemoteAddr
+	if ip, err := netip.ParseAddr(host); err == nil && ip.Is6() && !ip.Is4In6() {
+		if p, err := ip.Prefix(64); err == nil {
+			return p.String()
+		}
+	}
+	return host
 }
 
-// wait returns how long addr must wait before it may try again; 0 when
-// it may now.
-func (l *loginLimiter) wait(addr string) time.Duration {
+// wait returns how long addr must wait before it may try again, and
+// whether it is the total of failures that holds it back; 0 when it may
+// try now.
+func (l *loginLimiter) wait(addr string) (time.Duration, bool) {
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	var total time.Duration
+	if len(l.all) >= LoginFailuresTotal {
+		total = l.all[len(l.all)-LoginFailuresTotal].Add(LoginWindow).Sub(now)
+	}
 	recent := l.fails[addr][:0]
 	for _, t := range l.fails[addr] {
 		if now.Sub(t) < LoginWindow {
 			recent = append(recent, t)
 		}
 	}
+	var own time.Duration
 	if len(recent) == 0 {
 		delete(l.fails, addr)
-		return 0
+	} else {
+		l.fails[addr] = recent
+		if len(recent) >= LoginFailures {
+			own = recent[len(recent)-LoginFailures].Add(LoginWindow).Sub(now)
+		}
 	}
-	l.fails[addr] = recent
-	if len(recent) < LoginFailures {
-		return 0
+	if total > 0 && total >= own {
+		return total, true
 	}
-	return recent[len(recent)-LoginFailures].Add(LoginWindow).Sub(now)
+	return max(own, 0), false
 }
 
 // fail counts a failed login of addr.
@@ -274,18 +306,28 @@ func (l *loginLimiter) fail(addr string) {
 		clear(l.fails)
 	}
 	l.fails[addr] = append(l.fails[addr], now)
+	l.all = append(l.all, now)
+	if len(l.all) > LoginFailuresTotal {
+		l.all = slices.Delete(l.all, 0, len(l.all)-LoginFailuresTotal)
+	}
 }
 
 // refuseTooMany answers 429 when r's address has failed too often, and
 // reports whether it did.
 func (c *Console) refuseTooMany(w http.ResponseWriter, r *http.Request, next string) bool {
-	d := c.limiter.wait(addrOf(r))
+	d, total := c.limiter.wait(addrOf(r))
 	if d <= 0 {
 		return false
 	}
 	secs := int((d + time.Second - 1) / time.Second)
-	c.cfg.Logger.Warn("console: login refused: too many failed attempts", "remote", addrOf(r))
+	whose := "from your address"
+	if total {
+		whose = "to this console"
+		c.cfg.Logger.Warn("console: login refused: too many failed attempts from all addresses", "remote", addrOf(r))
+	} else {
+		c.cfg.Logger.Warn("console: login refused: too many failed attempts", "remote", addrOf(r))
+	}
 	w.Header().Set("Retry-After", strconv.Itoa(secs))
-	c.render(w, r, http.StatusTooManyRequests, "login", &loginPage{Error: fmt.Sprintf("Too many failed logins from your address: try again in %d seconds.", secs), Next: next})
+	c.render(w, r, http.StatusTooManyRequests, "login", &loginPage{Error: fmt.Sprintf("Too many failed logins %s: try again in %d seconds.", whose, secs), Next: next})
 	return true
 }

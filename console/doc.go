@@ -110,8 +110,13 @@
 // compared by digest in constant time, against every operator. A request
 // without a valid token or session gets 401 and the login form. After
 // LoginFailures wrong tokens within LoginWindow from one address (by the
-// form or as a bearer token), that address is answered 429 with
-// Retry-After, even with a right token, until the window has passed. A
+// form or as a bearer token; an IPv6 address counts by its /64), that
+// address is answered 429 with Retry-After, even with a right token, until
+// the window has passed; after LoginFailuresTotal wrong tokens within
+// LoginWindow from all addresses together, every login by token is, so
+// that guesses spread over many addresses are bounded too (a wrong token
+// names no operator: the total is what bounds the guesses at each
+// operator's token). Sessions already open go on meanwhile. A
 // login leads back only to a path of the console: its next parameter is
 // parsed, and anything a browser could read as another site leads to the
 // console's home.
