@@ -140,3 +140,55 @@ func TestObserversJoinsTheNonNil(t *testing.T) {
 		t.Fatal("an engine whose observers are all nil says it is observed")
 	}
 }
+
+// txOnly is a store with CompleteTx: the handler may run in its
+// transaction.
+type txOnly struct{ *idemmem.Store }
+
+func (txOnly) CompleteTx(context.Context, idem.Ref, idem.TxWork) (bool, error) {
+	return false, errors.New("not used")
+}
+
+// txClaims is a store with ClaimTx too; serial, when set, says its writes
+// run one at a time.
+type txClaims struct {
+	txOnly
+	serial bool
+}
+
+func (txClaims) ClaimTx(context.Context, idem.ClaimRequest, time.Duration, idem.ClaimedWork) (idem.Claim, bool, error) {
+	return idem.Claim{}, false, errors.New("not used")
+}
+func (s txClaims) WritesSerially() bool { return s.serial }
+
+// The engine runs the handler inside the store's transaction where the
+// store offers one (CompleteTx) and Config.SeparateTx does not say
+// otherwise, and claims in it too where the store offers ClaimTx and its
+// writes do not run one at a time (a serial writer would be held through
+// the whole handler): InTx and ClaimsInTx, which the faces read to capture
+// an answer whole, report that choice.
+func TestEngineChoosesTheTransactionForm(t *testing.T) {
+	t.Parallel()
+	mem := idemmem.NewStore(nil)
+	cases := []struct {
+		name         string
+		store        idem.Store
+		separate     bool
+		inTx, claims bool
+	}{
+		{"no transactions", mem, false, false, false},
+		{"CompleteTx", txOnly{mem}, false, true, false},
+		{"ClaimTx", txClaims{txOnly{mem}, false}, false, true, true},
+		{"ClaimTx, serial writer", txClaims{txOnly{mem}, true}, false, true, false},
+		{"ClaimTx, SeparateTx", txClaims{txOnly{mem}, false}, true, false, false},
+	}
+	for _, c := range cases {
+		eng, err := keyed.New(&keyed.Config{Store: c.store, SeparateTx: c.separate})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if eng.InTx() != c.inTx || eng.ClaimsInTx() != c.claims {
+			t.Errorf("%s: InTx %v, ClaimsInTx %v; want %v, %v", c.name, eng.InTx(), eng.ClaimsInTx(), c.inTx, c.claims)
+		}
+	}
+}
