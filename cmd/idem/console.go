@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
 	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/console"
 	"github.com/idem-go/idem/deadletter"
@@ -59,7 +60,7 @@ func (a *app) consoleOperators(flagValue string, flagSet bool) ([]console.Operat
 // openConsole builds the console on the open database db. keys is the
 // service's key store, whose executions stopped at a recovery point the
 // console shows (nil: the one in db); bodyKeys open the points it sealed.
-func openConsole(ctx context.Context, db *database, keys idem.Store, bodyKeys []idemhttp.BodyKey, actions *idemhttp.Completer, ops []console.Operator, publicHTTPS bool, logger *slog.Logger) (*console.Console, error) {
+func openConsole(ctx context.Context, db *database, keys idem.Store, bodyKeys []idemhttp.BodyKey, actions *idemhttp.Completer, network *acquirer.Client, ops []console.Operator, publicHTTPS bool, logger *slog.Logger) (*console.Console, error) {
 	var (
 		letters  *deadletter.Service
 		insights console.Insights
@@ -96,7 +97,7 @@ func openConsole(ctx context.Context, db *database, keys idem.Store, bodyKeys []
 	}
 	cfg := &console.Config{Letters: letters, Insights: insights, Operators: ops, PublicHTTPS: publicHTTPS, Logger: logger}
 	if rs, ok := keys.(idem.Recoverer); ok {
-		cfg.Recoveries, cfg.ShowPoint, cfg.KeyHistory = rs, payments.ShowPoint(bodyKeys), history
+		cfg.Recoveries, cfg.ShowPoint, cfg.KeyHistory = rs, payments.ShowPointAt(bodyKeys, network), history
 		if actions != nil {
 			// The service's completer: the console's resumes and settles
 			// are its own, and its unknown-outcome count follows them.
@@ -139,11 +140,11 @@ func (a *app) planConsole(on bool, operators string, operatorsSet bool) (*consol
 
 // mountConsole returns h with the console of cp served under consolePath
 // beside it; h itself when cp is nil.
-func mountConsole(ctx context.Context, cp *consolePlan, db *database, keys idem.Store, bodyKeys []idemhttp.BodyKey, actions *idemhttp.Completer, logger *slog.Logger, h http.Handler) (http.Handler, error) {
+func mountConsole(ctx context.Context, cp *consolePlan, db *database, keys idem.Store, bodyKeys []idemhttp.BodyKey, actions *idemhttp.Completer, network *acquirer.Client, logger *slog.Logger, h http.Handler) (http.Handler, error) {
 	if cp == nil {
 		return h, nil
 	}
-	con, err := openConsole(ctx, db, keys, bodyKeys, actions, cp.operators, cp.publicHTTPS, logger)
+	con, err := openConsole(ctx, db, keys, bodyKeys, actions, network, cp.operators, cp.publicHTTPS, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -216,7 +217,7 @@ func (a *app) runConsole(ctx context.Context, addr, dbURL, pgSchema string, ops 
 	if err != nil {
 		return err
 	}
-	con, err := openConsole(ctx, db, nil, rest.bodyKeys, nil, ops, publicHTTPS, logger)
+	con, err := openConsole(ctx, db, nil, rest.bodyKeys, nil, nil, ops, publicHTTPS, logger)
 	if err != nil {
 		return err
 	}

@@ -153,6 +153,9 @@ func TestUnknownOutcomeInBrowser(t *testing.T) {
 	if text := textOf("#point"); !strings.Contains(text, "1234 EUR") || !strings.Contains(text, "acme") {
 		t.Fatalf("what the point says: %q", text)
 	}
+	if text := textOf("#point"); !strings.Contains(text, "card network's answer") || !strings.Contains(text, "cannot be read now") {
+		t.Fatalf("the card network's answer while it is down: %q; want it said unreadable", text)
+	}
 	if text := textOf("#failures"); !strings.Contains(text, "503") && !strings.Contains(text, "unavailable") && !strings.Contains(text, "down") {
 		t.Fatalf("the failed resumes: %q; want the card network's error", text)
 	}

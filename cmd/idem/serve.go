@@ -410,7 +410,7 @@ func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 	}()
 
 	completer, _ := svc.Completer() // nil without one: the console then only shows the stopped executions
-	handler, err := mountConsole(ctx, p.console, db, p.payments.Keys, p.payments.BodyKeys, completer, logger, svc.Handler())
+	handler, err := mountConsole(ctx, p.console, db, p.payments.Keys, p.payments.BodyKeys, completer, p.payments.Acquirer, logger, svc.Handler())
 	if err != nil {
 		return err
 	}

@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
 	"github.com/idem-go/idem/console"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idempg"
@@ -331,7 +333,15 @@ func (p pgInsights) backlog(ctx context.Context, query string) (int, time.Time, 
 // network names it by, never the key. keys open points the service sealed
 // (Config.BodyKeys). A point that is not a payment's is shown by its name.
 func ShowPoint(keys []idemhttp.BodyKey) func(ctx context.Context, rec idem.Record) ([]console.PointField, error) {
-	return func(_ context.Context, rec idem.Record) ([]console.PointField, error) {
+	return ShowPointAt(keys, nil)
+}
+
+// ShowPointAt is ShowPoint that also asks the card network net (nil: none)
+// for the charges made under the payment's key, and shows its answer: the
+// charge it made, that it made none, or that it cannot be read now (the
+// other fields are shown all the same).
+func ShowPointAt(keys []idemhttp.BodyKey, net *acquirer.Client) func(ctx context.Context, rec idem.Record) ([]console.PointField, error) {
+	return func(ctx context.Context, rec idem.Record) ([]console.PointField, error) {
 		if rec.Recovery.Name != pointCharging {
 			return []console.PointField{{Name: "point", Value: rec.Recovery.Name}}, nil
 		}
@@ -350,8 +360,34 @@ func ShowPoint(keys []idemhttp.BodyKey) func(ctx context.Context, rec idem.Recor
 			{Name: "tenant", Value: pt.Tenant},
 		}
 		if pt.ClientKey != "" {
-			fields = append(fields, console.PointField{Name: "card network's key digest", Value: ClientKeyDigest(pt.Tenant, pt.ClientKey)})
+			digest := ClientKeyDigest(pt.Tenant, pt.ClientKey)
+			fields = append(fields, console.PointField{Name: "card network's key digest", Value: digest})
+			if net != nil {
+				fields = append(fields, console.PointField{Name: "card network's answer", Value: networkAnswer(ctx, net, pt.Payment.AccountID, digest)})
+			}
 		}
 		return fields, nil
 	}
+}
+
+// networkAnswer says what the card network holds under a payment's key
+// digest, among the charges of its account.
+func networkAnswer(ctx context.Context, net *acquirer.Client, account, digest string) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	charges, err := net.Charges(ctx, account)
+	if err != nil {
+		return "cannot be read now: " + err.Error()
+	}
+	var made []string
+	for _, ch := range charges {
+		if ch.Metadata[MetaKeyDigest] == digest {
+			made = append(made, fmt.Sprintf("charge %s of %d %s at %s (%d refunded)", ch.ID, ch.Amount, ch.Currency,
+				ch.CreatedAt.UTC().Format(time.RFC3339), ch.AmountRefunded))
+		}
+	}
+	if len(made) == 0 {
+		return "no charge under this payment's key"
+	}
+	return "charged: " + strings.Join(made, "; ")
 }

@@ -228,8 +228,9 @@ func cardNetworkAt(t *testing.T, cfg *payments.Config) (*acquirer.Client, string
 func TestShowPointOfAStoppedPayment(t *testing.T) {
 	t.Parallel()
 	var crashes crashCounter
+	var net *acquirer.Client
 	e := newEnv(t, func(c *payments.Config) {
-		cardNetwork(t, c)
+		net = cardNetwork(t, c)
 		c.Crash = crashes.crash
 		c.KeyLease = time.Second
 	})
@@ -261,5 +262,14 @@ func TestShowPointOfAStoppedPayment(t *testing.T) {
 	if shown["amount"] != "200 EUR" || shown["account"] != acct.ID || !strings.HasPrefix(shown["payment"], "pay_") ||
 		!strings.HasPrefix(shown["card network's key digest"], "ck1_") || shown["tenant"] == "" {
 		t.Fatalf("shown %v; want the payment, 200 EUR, account %s, its tenant and key digest", shown, acct.ID)
+	}
+	// Given the card network, the page shows its answer: the charge made
+	// under the payment's key before the crash.
+	fields, err = payments.ShowPointAt(nil, net)(t.Context(), recs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fields[len(fields)-1]; got.Name != "card network's answer" || !strings.HasPrefix(got.Value, "charged: charge ") || !strings.Contains(got.Value, " of 200 EUR at ") {
+		t.Fatalf("the card network's answer: %+v; want the one charge of 200 EUR", got)
 	}
 }
