@@ -849,6 +849,13 @@ func testPurge(t *testing.T, e *env) {
 	}
 
 	e.clock.Set(Start.Add(61 * time.Second))
+	// A limit must be positive: 0 and below are refused, and purge
+	// nothing (the counts below find all 25 records).
+	for _, limit := range []int{0, -1} {
+		if n, err := e.store.Purge(e.ctx, limit); !errors.Is(err, idem.ErrInvalidArgument) || n != 0 {
+			t.Fatalf("Purge(%d) = %d, %v; want 0 and an error matching idem.ErrInvalidArgument", limit, n, err)
+		}
+	}
 	for i, want := range []int{10, 10, 5, 0} {
 		if got := e.purge(10); got != want {
 			t.Fatalf("Purge(10) call %d = %d, want %d (25 expired records, limit 10)", i+1, got, want)
