@@ -318,6 +318,10 @@ func (c *Console) refuseKey(w http.ResponseWriter, r *http.Request, scope idem.S
 	c.render(w, r, status, "error", &errorPage{Heading: heading, Message: "Nothing was changed.", Details: errorLines(err), Back: back})
 }
 
+// historyWriteTimeout bounds the writing of an action's entry in the
+// key's history, which goes on when the request is given up.
+const historyWriteTimeout = 30 * time.Second
+
 // act takes an action confirmed on the confirmation page.
 func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 	if err := r.ParseForm(); err != nil {
@@ -376,7 +380,11 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 		done = map[string]string{ActionSettleFailed: "settled-failed", ActionSettleAnswer: "settled-answer"}[action]
 	}
 	ev.At = c.cfg.Clock.Now()
-	if err := c.cfg.KeyHistory.AddKeyEvent(r.Context(), ev); err != nil {
+	// The action was taken: its entry is written even when the browser
+	// has given up the request meanwhile (its context cancelled).
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), historyWriteTimeout)
+	defer cancel()
+	if err := c.cfg.KeyHistory.AddKeyEvent(hctx, ev); err != nil {
 		c.cfg.Logger.Error("console: the action was taken but its history could not be written", "action", action, "operator", op, "err", err)
 		c.render(w, r, http.StatusInternalServerError, "error", &errorPage{Heading: "Done, but not recorded",
 			Message: "The action was taken (" + ev.Result + "), but its entry in the key's history could not be written.",

@@ -1,0 +1,67 @@
+package consoletest_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/console"
+	"github.com/idem-go/idem/idemhttp"
+)
+
+// cancellingActions are a completer's actions whose request is given up
+// by its browser (the context cancelled) the moment a settle has ended the
+// key.
+type cancellingActions struct {
+	*idemhttp.Completer
+	cancel context.CancelFunc
+}
+
+func (a cancellingActions) Settle(ctx context.Context, scope idem.Scope, key idem.Key, answer idem.Response, dryRun bool) (idem.Record, error) {
+	rec, err := a.Completer.Settle(ctx, scope, key, answer, dryRun)
+	if !dryRun {
+		a.cancel()
+	}
+	return rec, err
+}
+
+// A settle that ended the key is kept in its history even when the
+// operator's browser gives up the request right after it: the history is
+// written whatever became of the request, not only while it waits.
+func TestSettleIsRecordedWhenTheRequestIsGivenUp(t *testing.T) {
+	t.Parallel()
+	sw := sqliteSettleWorld(t)
+	sw.stop("pay-1")
+	comp := sw.completer(sw.store, "a", func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
+		t.Error("a settle resumed the key")
+		return nil
+	})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	w := newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store, Actions: cancellingActions{Completer: comp, cancel: cancel}})
+
+	form := url.Values{"scope": {string(settleScope)}, "key": {"pay-1"}, "action": {console.ActionSettleFailed},
+		"reason": {"no charge at the network"}, "confirm": {"yes"}}
+	hr := httptest.NewRequestWithContext(ctx, http.MethodPost, "/console/outcomes/act", strings.NewReader(form.Encode()))
+	hr.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	hr.Header.Set("Authorization", "Bearer "+aliceToken)
+	rr := httptest.NewRecorder()
+	w.h.ServeHTTP(rr, hr)
+
+	if rec := sw.record("pay-1"); rec.State != idem.StateCompleted {
+		t.Fatalf("the key after the settle: %v", rec.State)
+	}
+	if rr.Code != http.StatusSeeOther {
+		t.Fatalf("the settle: %d, want 303\n%s", rr.Code, rr.Body)
+	}
+	body := w.do(req{path: "/console/outcomes/key?key=pay-1&scope=acme", token: aliceToken}).Body.String()
+	for _, want := range []string{"settle-failed", "no charge at the network", "settled (status 409)"} {
+		if !strings.Contains(body, want) {
+			t.Fatalf("the key's history lacks %q:\n%s", want, body)
+		}
+	}
+}
