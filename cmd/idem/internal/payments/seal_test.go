@@ -240,6 +240,12 @@ func TestSealKeysSealsTextsAndRotates(t *testing.T) {
 			t.Fatalf("the rotation sealed %d texts again, want 2", n)
 		}
 		r := read(k2)
+		// k1 alone opens none of them now: the read fails, and says so.
+		e.cfg.BodyKeys = []idemhttp.BodyKey{k1}
+		if got := e.replica().do(req{method: "GET", path: "/v1/payments/" + p.ID}); got.status < 500 || strings.Contains(string(got.body), "coffee") {
+			t.Fatalf("a description read with a key that does not open it: %s; want a 5xx", got)
+		}
+		e.cfg.BodyKeys = []idemhttp.BodyKey{k2}
 		// New rows are sealed as they are written, and read back.
 		p2 := decode[payment](t, r.expect(req{method: "POST", path: "/v1/payments", idemKey: "t-3",
 			body: `{"account_id":"` + acct.ID + `","amount":5,"currency":"KRW","description":"tea-at-noon"}`}, http.StatusCreated))
