@@ -197,6 +197,7 @@ func TestCanonicalJSONErrors(t *testing.T) {
 		{name: "unterminated object", in: `{"a":1`, reason: "unexpected end of input in an object", syntax: true},
 		{name: "raw control character", in: "\"a\x01\"", reason: "control character 0x01", syntax: true},
 		{name: "raw newline", in: "\"a\nb\"", reason: "control character 0x0A", syntax: true},
+		{name: "invalid escape of a space", in: `"\ "`, reason: `invalid escape sequence \character ' '`, syntax: true},
 		{name: "invalid escape", in: `"\q"`, reason: `invalid escape sequence \character 'q'`, syntax: true},
 		{name: "short u escape", in: `"\u12"`, reason: "four hex digits", syntax: true},
 		{name: "non-hex u escape", in: `"\u12g4"`, reason: "four hex digits", syntax: true},
