@@ -505,7 +505,10 @@ func goList(dir string) (string, error) {
 // end it kills the whole process group (the test binaries too).
 func goCmd(ctx context.Context, args ...string) ([]byte, error) {
 	cmd := exec.Command("go", args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own process group, so that a cut kills the test binaries too;
+	// killed with the runner, so that a runner stopped leaves no test
+	// running.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	var buf strings.Builder
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	if err := cmd.Start(); err != nil {
