@@ -535,3 +535,24 @@ func TestList(t *testing.T) {
 		t.Fatalf("List: %+v, %v", dls, err)
 	}
 }
+
+// With SuffixIDs, a parked message that carries no headers at all is
+// released under a suffixed ID too, with the header that keeps its
+// original ID for de-duplication.
+func TestSuffixIDsOfAMessageWithoutHeaders(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &deadletter.Config{InTx: idemmem.Transact, IDs: deadletter.SuffixIDs})
+	bare := message("evt-2", "acct-1")
+	bare.Headers = nil
+	id := e.deadLetter("settlement", idem.DeadPermanent, message("evt-1", "acct-1"), bare)
+	if _, err := e.svc.Redrive(context.Background(), []string{id}, &deadletter.RedriveOptions{Actor: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	out := e.outboxed()
+	if got, want := ids(out), []string{"evt-1~redrive-1", "evt-2~redrive-1"}; !slices.Equal(got, want) {
+		t.Fatalf("outbox holds %v, want %v", got, want)
+	}
+	if k, _ := deadletter.DedupKey(out[1]); k != "evt-2" {
+		t.Fatalf("released message %s: dedup key %q, want evt-2", out[1].ID, k)
+	}
+}

@@ -142,3 +142,20 @@ func TestRenderEscapesControlCharacters(t *testing.T) {
 		t.Fatalf("control characters not escaped:\n%q", b.String())
 	}
 }
+
+// A JSON payload's invisible characters are shown as JSON escapes: one
+// \u escape for a character of the Basic Multilingual Plane, a surrogate
+// pair for one beyond it.
+func TestRenderEscapesInvisibleCharactersInJSON(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	if err := deadletter.Render(&b, renderLetter([]byte("{\"name\":\"a\u202eb\",\"tag\":\"c\U000E0001d\"}"))); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{`"name": "a\u202eb"`, `"tag": "c\udb40\udc01d"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rendering lacks %s:\n%s", want, out)
+		}
+	}
+}
