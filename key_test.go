@@ -41,6 +41,7 @@ func TestParseKey(t *testing.T) {
 		{name: "256 characters quoted", header: `"` + long + `k"`, reason: "256 characters long; at most 255"},
 		{name: "invalid escape", header: `"a\nb"`, reason: `invalid escape \'n'`},
 		{name: "invalid escape of the lowest visible character", header: `"a\!b"`, reason: `invalid escape \'!'`},
+		{name: "invalid escape of the highest visible character", header: `"a\~b"`, reason: `invalid escape \'~'`},
 		{name: "escaped control character", header: "\"a\\\x01\"", reason: `invalid escape \0x01`},
 		{name: "lone backslash at end", header: `"abc\`, reason: "lone backslash"},
 		{name: "unterminated", header: `"abc`, reason: "no closing quote"},
