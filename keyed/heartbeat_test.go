@@ -3,6 +3,8 @@ package keyed_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -195,6 +197,12 @@ func TestUnrenewedLeaseCancelledWithASixthLeft(t *testing.T) {
 	}
 	if !errors.Is(context.Cause(bctx), idem.ErrLeaseLost) {
 		t.Fatalf("cause %v; want one that wraps idem.ErrLeaseLost", context.Cause(bctx))
+	}
+	// The cause says how long the lease went unrenewed and how long it had
+	// left, for the operator reading the handler's error.
+	left := rec.LeaseExpiresAt.Sub(clock.Now())
+	if want := fmt.Sprintf("could not be renewed for %s, and ends in %s", lease-left, left); !strings.Contains(context.Cause(bctx).Error(), want) {
+		t.Fatalf("cause %q; want it to say %q", context.Cause(bctx), want)
 	}
 	<-b
 }
