@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -71,5 +72,33 @@ func TestMaxDeliveriesBelowMaxAttemptsRefused(t *testing.T) {
 	cfg.MaxDeliveries = cfg.Retry.MaxAttempts - 1
 	if _, err := consumer.New(cfg); err == nil || !strings.Contains(err.Error(), "MaxDeliveries") {
 		t.Fatalf("New with MaxDeliveries below MaxAttempts: %v", err)
+	}
+}
+
+// The attempts the ledger recorded count even when the transport's own
+// count starts again (a copy published again, a broker that lost its
+// count): a message with Retry.MaxAttempts-1 failures recorded is
+// dead-lettered, as exhausted, at its next failure, with every attempt.
+func TestRecordedAttemptsCountTowardsMaxAttempts(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	for n := 1; n <= 4; n++ {
+		a := idem.Attempt{Number: n, At: h.clock.Now(), Class: idem.ClassTransient, Error: "timeout"}
+		if _, err := h.ledger.RecordAttempt(context.Background(), "settlement", "evt-1", a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, _ := h.start(h.config(), func(ctx context.Context, m idem.Message) error { return errors.New("timeout") })
+	h.publish(msg("evt-1", ""))
+	waitFor(t, "the message dead-lettered", func() bool {
+		s := c.Stats()
+		return s.DeadLettered == 1 || s.Retried > 0
+	})
+	dls := h.letters()
+	if s := c.Stats(); s.DeadLettered != 1 || s.Retried != 0 || len(dls) != 1 {
+		t.Fatalf("stats %+v, %d dead letters; want the first failure in this run, the 5th attempt, dead-lettered", s, len(dls))
+	}
+	if dls[0].Class != idem.DeadExhausted || len(dls[0].Attempts) != 5 || dls[0].Attempts[4].Number != 5 {
+		t.Errorf("dead letter %s with attempts %+v, want exhausted with attempts 1 to 5", dls[0].Class, dls[0].Attempts)
 	}
 }
