@@ -37,7 +37,9 @@ answers after the replica sent them. Clients send --payments logical
 payments, each attempted --dups times with one Idempotency-Key (half of them
 at once, the rest after), to random replicas, and retry every attempt that
 got no answer, a 409 or a 5xx; every --kill-every a random replica is
-SIGKILLed and started again.
+SIGKILLed and started again. The load lasts until every logical payment has
+its answers, or until none has completed for --timeout: a slow or busy
+machine makes a run longer, not failed, and a stuck one still ends.
 
 Then it checks, from the database itself and from the API, that there is one
 payment per logical payment, that the accounts were charged exactly the sum
@@ -90,7 +92,7 @@ client asking.
 	fl.IntVar(&c.Clients, "clients", torture.DefaultClients, "logical payments worked on at once")
 	fl.Float64Var(&dropRate, "drop", torture.DefaultDropRate, "fraction of answers the fault proxies drop after the replica sent them (0 for none)")
 	fl.DurationVar(&c.KillEvery, "kill-every", torture.DefaultKillEvery, "time between two SIGKILLs of a random replica (0 for none)")
-	fl.DurationVar(&c.Timeout, "timeout", torture.DefaultTimeout, "longest the load may take; a logical payment unanswered by then is a violation")
+	fl.DurationVar(&c.Timeout, "timeout", torture.DefaultTimeout, "longest the load may go without a logical payment completing (all its attempts answered): it ends then, and every logical payment still unanswered is a violation; a slow run that keeps completing payments may take longer")
 	fl.DurationVar(&c.KeyLease, "key-lease", torture.DefaultKeyLease, "the replicas' --key-lease: how long a killed execution holds its key in Redis")
 	fl.StringVar(&c.Acquirer, "acquirer", "", "private: put a card network of the run's own (idem acquirer, faults on) between the payments and their money, and count its charges: one per logical payment")
 	fl.Float64Var(&c.AcquirerFaultRate, "acquirer-fault-rate", torture.DefaultAcquirerFaultRate, "with --acquirer, the share of charges the network refuses (503) or whose answer it drops after charging (negative for none)")

@@ -32,10 +32,12 @@ key in the inbox; a gap is held back), so each key's events must be applied
 in order; --by-id de-duplicates by event ID instead, in batches, and competing
 consumers then apply a key's events in any order (counted, not a violation).
 
-Once every event is applied, and the redeliveries have had --ack-wait and two
-seconds more, it checks from the database that every event was applied
-exactly once, in its key's order, and nothing dead-lettered. It prints the
-figures as a table and as lines
+The run lasts until every event is applied, or until none has been for
+--timeout: a slow or busy machine makes a run longer, not failed, and a
+stuck one still ends. Once every event is applied, and the redeliveries
+have had --ack-wait and two seconds more, it checks from the database that
+every event was applied exactly once, in its key's order, and nothing
+dead-lettered. It prints the figures as a table and as lines
 RESULT,torture-messages-<broker>[-<db>][-byid],<metric>,<value>,<unit>, and
 exits 0 only when the promise held.
 
@@ -83,9 +85,8 @@ holds it against their limit (MaxPending).`,
 	fl.DurationVar(&c.AckWait, "ack-wait", torture.DefaultAckWait, "the consumers' ack wait: how soon what a killed consumer held is delivered again")
 	fl.DurationVar(&c.RestartBrokerEvery, "restart-broker-every", 0, "SIGKILL the private broker this often and start it again (0 for never)")
 	fl.DurationVar(&c.ChurnEvery, "churn-every", 0, "time between two consumers leaving their group cleanly and joining again, a rebalance storm; the run is calm until a fifth of the events are applied, and reports both rates (0 for none)")
-	fl.DurationVar(&c.Timeout, "timeout", torture.DefaultMessagesTimeout, "longest the run may take once publishing began; events not applied by then are violations")
-	fl.DurationVar(&c.Stall, "stall", 0, "also end the run as --timeout does once no event has been applied for this long, so that a slow run may use the whole timeout and a stuck one ends early (0 for the timeout alone)")
-	fl.DurationVar(&c.Drain, "drain", torture.DefaultMessagesDrain, "once the time is up, every event published, how long to go on with the faults stopped, to tell slow events from lost ones (0 for none)")
+	fl.DurationVar(&c.Timeout, "timeout", torture.DefaultMessagesTimeout, "longest the run may go, once publishing began, without an event applied: it ends then, and the events not applied are violations; a slow run that keeps applying events may take longer")
+	fl.DurationVar(&c.Drain, "drain", torture.DefaultMessagesDrain, "once the timeout passed without an event applied, every event published, how long to go on with the faults stopped, to tell slow events from lost ones (0 for none)")
 	fl.IntVar(&c.Backlog, "backlog", torture.DefaultBacklog, "most messages published ahead of the consumers (0 for no bound)")
 	fl.Uint64Var(&c.Seed, "seed", 0, "seed of the run's choices (0 for a random one, shown in the report)")
 	var consumerLog string
@@ -99,8 +100,8 @@ holds it against their limit (MaxPending).`,
 			return &usageError{errors.New("--backlog must not be negative")}
 		case ackKills < 0 || ackKills >= 1:
 			return &usageError{fmt.Errorf("--ack-kills must be at least 0 and below 1, got %g", ackKills)}
-		case c.KillEvery < 0 || c.RestartBrokerEvery < 0 || c.ChurnEvery < 0 || c.Drain < 0 || c.AckWait <= 0 || c.Timeout <= 0 || c.Stall < 0:
-			return &usageError{errors.New("--kill-every, --restart-broker-every, --churn-every, --drain and --stall must not be negative; --ack-wait and --timeout must be positive")}
+		case c.KillEvery < 0 || c.RestartBrokerEvery < 0 || c.ChurnEvery < 0 || c.Drain < 0 || c.AckWait <= 0 || c.Timeout <= 0:
+			return &usageError{errors.New("--kill-every, --restart-broker-every, --churn-every and --drain must not be negative; --ack-wait and --timeout must be positive")}
 		case c.RestartBrokerEvery > 0 && c.Broker == torture.PrivateKafka:
 			return &usageError{errors.New("--restart-broker-every cannot restart private-kafka: kfake runs in this process and keeps nothing on disk")}
 		case c.RestartBrokerEvery > 0 && !strings.HasPrefix(c.Broker, "private-"):

@@ -142,9 +142,9 @@ func TestTortureMessagesBrokerRestarts(t *testing.T) {
 			args := append([]string{"--broker", tc.broker, "--events", strconv.FormatInt(tc.events, 10), "--keys", "50",
 				// How long a restarted broker takes to serve again depends
 				// on the machine (RabbitMQ's boots take seconds on two
-				// busy cores): the run ends early only once no event has
-				// been applied for a minute.
-				"--kill-every", "1s", "--ack-kills", "0.003", "--ack-wait", "1s", "--stall", "60s", "--timeout", "600s"}, tc.args...)
+				// busy cores): --timeout ends the run only once no event
+				// has been applied for a minute.
+				"--kill-every", "1s", "--ack-kills", "0.003", "--ack-wait", "1s", "--timeout", "60s"}, tc.args...)
 			code, stdout, stderr, r := runTortureMessages(t, args...)
 			if code != exitOK && strings.Contains(stderr, "which is not installed") {
 				if os.Getenv(idemtest.RequireServicesEnv) == "1" {

@@ -112,7 +112,8 @@ func (r *run) check(ctx context.Context, elapsed time.Duration) (*Report, error)
 			violate("key %s: an attempt was answered %s", lp.key, u)
 		}
 		if n := len(lp.answers) + len(lp.unexpected); n < rep.Dups {
-			violate("key %s: %d of its %d attempts got no 2xx answer before the timeout", lp.key, rep.Dups-len(lp.answers), rep.Dups)
+			violate("key %s: %d of its %d attempts got no 2xx answer before the timeout (%s without a logical payment completing)",
+				lp.key, rep.Dups-len(lp.answers), rep.Dups, r.cfg.Timeout)
 		}
 		ids := answeredIDs(lp)
 		if len(ids) > 1 {

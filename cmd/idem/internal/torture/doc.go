@@ -82,8 +82,10 @@
 // private servers as they would in front of any other. Report.StoreRestarts
 // counts the restarts.
 //
-// Config.Timeout bounds the load; the checks and the clean-up each have a
-// minute of their own. Whatever happens, on failure and on cancellation
+// Config.Timeout bounds the load's stalls, not its length: the load ends
+// once no logical payment has completed for that long, so a run on a busy
+// machine takes as long as it keeps completing payments and a stuck one
+// still ends; the checks and the clean-up each have a minute of their own. Whatever happens, on failure and on cancellation
 // (Ctrl-C) too, every replica is stopped (SIGTERM, then SIGKILL), every
 // proxy and private server closed, and the temporary directory, the schema
 // and the Redis keys deleted. On Linux the replicas run in a process group of their own, so a
@@ -102,7 +104,7 @@
 //     none though it was answered 2xx; a payment that is none of the run's;
 //   - a logical payment whose answers carry more than one payment id, or an
 //     id the database or the API has with another account or amount;
-//   - an attempt that never got a 2xx (before the timeout) or got another
+//   - an attempt that never got a 2xx (before the load stalled) or got another
 //     answer (402, 422, …);
 //   - money taken from the accounts, by the database's balances or the
 //     API's, other than the sum of the logical payments' amounts.

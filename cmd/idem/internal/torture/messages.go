@@ -42,7 +42,7 @@ const (
 	DefaultConsumerKillEvery = 5 * time.Second
 	DefaultAckKillRate       = 0.0005
 	DefaultAckWait           = 2 * time.Second
-	DefaultMessagesTimeout   = 60 * time.Minute
+	DefaultMessagesTimeout   = 5 * time.Minute
 	DefaultMessagesDrain     = 2 * time.Minute
 	DefaultBacklog           = 100_000
 )
@@ -131,14 +131,13 @@ type MessagesConfig struct {
 	// Seed seeds the run's choices. Defaults to a random one, shown in the
 	// report.
 	Seed uint64
-	// Timeout bounds the run once publishing has begun; events not applied
-	// by then are violations. Defaults to DefaultMessagesTimeout.
+	// Timeout bounds the run's stalls once publishing has begun, not its
+	// length: the run ends once no event has been applied for Timeout,
+	// and the events not applied then are violations. A run on a slow or
+	// busy machine takes as long as it keeps applying events; one that is
+	// stuck ends Timeout after its last. Defaults to
+	// DefaultMessagesTimeout.
 	Timeout time.Duration
-	// Stall, when set, also ends the run as Timeout does once no event has
-	// been applied for that long: a run on a slow or busy machine may
-	// then take as long as it keeps applying events (up to Timeout), and
-	// one that is stuck still ends early. Defaults to 0: Timeout alone.
-	Stall time.Duration
 	// Drain is how long a run whose time is up, every event published,
 	// goes on with the faults stopped, to tell the events that were slow
 	// from those that were lost: the report counts the events applied
@@ -211,8 +210,8 @@ func (c *MessagesConfig) withDefaults() (MessagesConfig, error) {
 		return o, errors.New("torture: Events, Keys and Consumers must be positive")
 	case o.AckKillRate >= 1:
 		return o, fmt.Errorf("torture: AckKillRate must be below 1, got %g", o.AckKillRate)
-	case o.AckWait < 0 || o.Timeout < 0 || o.Stall < 0 || o.RestartBrokerEvery < 0 || o.ChurnEvery < 0:
-		return o, errors.New("torture: AckWait, Timeout, Stall, RestartBrokerEvery and ChurnEvery must not be negative")
+	case o.AckWait < 0 || o.Timeout < 0 || o.RestartBrokerEvery < 0 || o.ChurnEvery < 0:
+		return o, errors.New("torture: AckWait, Timeout, RestartBrokerEvery and ChurnEvery must not be negative")
 	case broker == "":
 		return o, fmt.Errorf("torture: Broker must be sqlite, postgres://…, nats://…, amqp://…, kafka://…, %s, %s, %s or %s", PrivatePostgres, PrivateNATS, PrivateRabbitMQ, PrivateKafka)
 	case o.RestartBrokerEvery > 0 && o.Broker == PrivateKafka:
@@ -560,12 +559,13 @@ func (r *messagesRun) workerEnv(i, ackKillAt int) ([]string, error) {
 }
 
 // load publishes the events and their copies, with the kills and the
-// restarts going on, until every event is applied or the time is up;
+// restarts going on, until every event is applied or none has been for
+// Timeout;
 // then, the chaos over, it waits AckWait and a little more, for the
 // redeliveries of what was applied but never acknowledged. It returns the
 // time from the first publication to the last event applied.
 func (r *messagesRun) load(ctx context.Context) (time.Duration, error) {
-	runCtx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// The kills and restarts stop once every event is applied; the
 	// supervisors, which start a killed consumer again, only after the
@@ -600,8 +600,6 @@ func (r *messagesRun) load(ctx context.Context) (time.Duration, error) {
 	poll := time.NewTicker(250 * time.Millisecond)
 	defer poll.Stop()
 	publishing := true
-	// stalled is set when Stall passed with no event applied.
-	stalled := false
 	lastApplied, moved := int64(0), time.Now()
 wait:
 	for {
@@ -626,8 +624,7 @@ wait:
 			r.endCalm()
 			if n := r.applied.Load(); n > lastApplied {
 				lastApplied, moved = n, time.Now()
-			} else if r.cfg.Stall > 0 && time.Since(moved) > r.cfg.Stall {
-				stalled = true
+			} else if time.Since(moved) > r.cfg.Timeout {
 				break wait
 			}
 			if publishing {
@@ -666,12 +663,7 @@ wait:
 			r.drain(ctx)
 			r.drained, r.late = true, max(r.applied.Load()-at, 0)
 		}
-		if stalled {
-			r.violate("no event was applied for %s (stall), with %d of %d applied; with the faults stopped %d more were applied within the drain",
-				r.cfg.Stall, at, r.cfg.Events, r.late)
-		} else {
-			r.violate("%s", timeUp(r.cfg.Timeout, r.cfg.Drain, r.cfg.Events, at, r.late, r.drained))
-		}
+		r.violate("%s", timeUp(r.cfg.Timeout, r.cfg.Drain, r.cfg.Events, at, r.late, r.drained))
 	}
 	if loadErr != nil {
 		close(stopSupervising)
@@ -695,18 +687,19 @@ wait:
 	return elapsed, nil
 }
 
-// timeUp words the violation of a run whose time was up with at of
+// timeUp words the violation of a run that went timeout without an event
+// applied, with at of
 // events applied, and, when it drained, late more applied in the drain:
 // those were slow, the rest lost.
 func timeUp(timeout, drain time.Duration, events int, at, late int64, drained bool) string {
 	switch left := int64(events) - at - late; {
 	case !drained:
-		return fmt.Sprintf("the time was up (%s) with %d of %d events applied", timeout, at, events)
+		return fmt.Sprintf("no event was applied for %s (the timeout), with %d of %d applied", timeout, at, events)
 	case left <= 0:
-		return fmt.Sprintf("the time was up (%s) with %d of %d events applied; with the faults stopped the other %d were applied within %s: slow, not lost",
+		return fmt.Sprintf("no event was applied for %s (the timeout), with %d of %d applied; with the faults stopped the other %d were applied within %s: slow, not lost",
 			timeout, at, events, late, drain)
 	default:
-		return fmt.Sprintf("the time was up (%s) with %d of %d events applied; with the faults stopped %d more were applied within %s, and %d never were",
+		return fmt.Sprintf("no event was applied for %s (the timeout), with %d of %d applied; with the faults stopped %d more were applied within %s, and %d never were",
 			timeout, at, events, late, drain, left)
 	}
 }

@@ -89,8 +89,9 @@ func TestEventMessages(t *testing.T) {
 	}
 }
 
-// TestTimeUp: a run whose time was up says, once it drained, whether the
-// events it lacked were slow (applied with the faults stopped) or lost.
+// TestTimeUp: a run that went its timeout without an event applied says
+// so, and, once it drained, whether the events it lacked were slow
+// (applied with the faults stopped) or lost.
 func TestTimeUp(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -98,9 +99,9 @@ func TestTimeUp(t *testing.T) {
 		drained bool
 		want    string
 	}{
-		{"no drain", 0, false, "the time was up (3m0s) with 700 of 1000 events applied"},
-		{"slow", 300, true, "the time was up (3m0s) with 700 of 1000 events applied; with the faults stopped the other 300 were applied within 2m0s: slow, not lost"},
-		{"lost", 200, true, "the time was up (3m0s) with 700 of 1000 events applied; with the faults stopped 200 more were applied within 2m0s, and 100 never were"},
+		{"no drain", 0, false, "no event was applied for 3m0s (the timeout), with 700 of 1000 applied"},
+		{"slow", 300, true, "no event was applied for 3m0s (the timeout), with 700 of 1000 applied; with the faults stopped the other 300 were applied within 2m0s: slow, not lost"},
+		{"lost", 200, true, "no event was applied for 3m0s (the timeout), with 700 of 1000 applied; with the faults stopped 200 more were applied within 2m0s, and 100 never were"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := timeUp(3*time.Minute, 2*time.Minute, 1000, 700, tc.late, tc.drained); got != tc.want {

@@ -72,9 +72,13 @@ type Config struct {
 	// KillEvery is the time between two SIGKILLs of a random replica, each
 	// started again at once. Defaults to 2s; negative means no kills.
 	KillEvery time.Duration
-	// Timeout bounds the load: a logical payment without a 2xx answer by
-	// then is a violation. The checks and the clean-up that follow have
-	// bounds of their own (a minute each). Defaults to 10 minutes.
+	// Timeout bounds the load's stalls, not its length: the load ends
+	// once no logical payment has completed (every attempt answered) for
+	// Timeout, and each logical payment without its 2xx answers then is a
+	// violation. A run on a slow or busy machine takes as long as it keeps
+	// completing payments; a stuck one ends Timeout after its last. The
+	// checks and the clean-up that follow have bounds of their own (a
+	// minute each). Defaults to 2 minutes.
 	Timeout time.Duration
 	// KeyLease is the replicas' --key-lease: how long a killed execution
 	// holds its key (in Redis, with Keys) before a retry takes it over.
@@ -135,7 +139,7 @@ const (
 	DefaultClients       = 16
 	DefaultDropRate      = 0.1
 	DefaultKillEvery     = 2 * time.Second
-	DefaultTimeout       = 10 * time.Minute
+	DefaultTimeout       = 2 * time.Minute
 	DefaultKeyLease      = 3 * time.Second
 	defaultProgressEvery = 2 * time.Second
 	// DefaultAcquirerFaultRate and DefaultCrashAfterCharge are
@@ -357,7 +361,10 @@ type run struct {
 	kills     atomic.Int64
 	restarts  atomic.Int64 // private stores restarted
 	completed atomic.Int64
-	crashes   atomic.Int64 // replicas that killed themselves (crash-after-charge), started again
+	// progressed is when a logical payment last completed (UnixNano), or
+	// the load began: what Timeout is measured from.
+	progressed atomic.Int64
+	crashes    atomic.Int64 // replicas that killed themselves (crash-after-charge), started again
 }
 
 // Run starts the replicas and the fault proxies, sends the load while it
@@ -783,12 +790,20 @@ func (r *run) force(sf scheduledFault, stop <-chan struct{}) {
 }
 
 // load sends every logical payment's attempts while it kills replicas, and
-// returns once each has its answers or the Timeout has passed.
+// returns once each has its answers or no logical payment has completed
+// for Timeout.
 func (r *run) load(ctx context.Context) error {
-	loadCtx, cancel := context.WithTimeoutCause(ctx, r.cfg.Timeout, errors.New("the timeout passed"))
-	defer cancel()
-	loadCtx, abort := context.WithCancelCause(loadCtx)
+	loadCtx, abort := context.WithCancelCause(ctx)
 	defer abort(nil)
+	r.progressed.Store(time.Now().UnixNano())
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		tick := time.NewTicker(min(max(r.cfg.Timeout/4, time.Millisecond), time.Second))
+		defer tick.Stop()
+		watchProgress(loadCtx, tick.C, r.cfg.Timeout, time.Now, func() time.Time { return time.Unix(0, r.progressed.Load()) }, abort)
+	}()
+	defer func() { abort(nil); <-watchDone }()
 
 	stopKills := make(chan struct{})
 	// The chaos loops return early only when they fail (a replica or a
@@ -855,6 +870,9 @@ func (r *run) pay(ctx context.Context, lp *logical) {
 	if lp.abandoned {
 		r.attempt(ctx, lp)
 		r.completed.Add(1)
+		if ctx.Err() == nil {
+			r.progressed.Store(time.Now().UnixNano())
+		}
 		return
 	}
 	atOnce := (r.cfg.Dups + 1) / 2
@@ -867,6 +885,29 @@ func (r *run) pay(ctx context.Context, lp *logical) {
 		r.attempt(ctx, lp)
 	}
 	r.completed.Add(1)
+	if ctx.Err() == nil {
+		r.progressed.Store(time.Now().UnixNano())
+	}
+}
+
+// errStalled is the cause of a load ended by its Timeout.
+var errStalled = errors.New("no logical payment completed within the timeout")
+
+// watchProgress ends the load, through abort with errStalled, once last
+// (when a logical payment last completed) is more than timeout before now,
+// looking at each tick; it returns then or when ctx ends.
+func watchProgress(ctx context.Context, tick <-chan time.Time, timeout time.Duration, now, last func() time.Time, abort context.CancelCauseFunc) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick:
+		}
+		if now().Sub(last()) > timeout {
+			abort(errStalled)
+			return
+		}
+	}
 }
 
 // attempt sends the logical payment through a random replica's proxy until

@@ -261,3 +261,47 @@ func TestBoundPool(t *testing.T) {
 		t.Errorf("a URL that does not parse: %v; want an error without its password", err)
 	}
 }
+
+// TestWatchProgress: the load's timeout bounds the time without a logical
+// payment completing, not the run's length. A load that keeps completing
+// payments goes on far past the timeout; one that stops is ended, with
+// errStalled, once the timeout has passed since its last.
+func TestWatchProgress(t *testing.T) {
+	t.Parallel()
+	start := time.Unix(1_000_000, 0)
+	var now, last atomic.Int64 // UnixNano
+	now.Store(start.UnixNano())
+	last.Store(start.UnixNano())
+	ctx, abort := context.WithCancelCause(t.Context())
+	defer abort(nil)
+	tick := make(chan time.Time)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		watchProgress(ctx, tick, 10*time.Second, func() time.Time { return time.Unix(0, now.Load()) },
+			func() time.Time { return time.Unix(0, last.Load()) }, abort)
+	}()
+	// A payment completes every 9s for 15 minutes: never 10s without one.
+	for i := 1; i <= 100; i++ {
+		at := start.Add(time.Duration(i) * 9 * time.Second)
+		now.Store(at.UnixNano())
+		tick <- at
+		last.Store(at.UnixNano())
+	}
+	if err := context.Cause(ctx); err != nil {
+		t.Fatalf("a load completing a payment every 9s ended after %s: %v", time.Duration(now.Load()-start.UnixNano()), err)
+	}
+	// Then none: 10s after the last is still in time, past it is not.
+	stalledFrom := now.Load()
+	now.Store(stalledFrom + int64(10*time.Second))
+	tick <- time.Unix(0, now.Load())
+	if err := context.Cause(ctx); err != nil {
+		t.Fatalf("ended at exactly the timeout after the last payment: %v", err)
+	}
+	now.Store(stalledFrom + int64(10*time.Second+time.Millisecond))
+	tick <- time.Unix(0, now.Load())
+	<-done
+	if err := context.Cause(ctx); err != errStalled {
+		t.Fatalf("10.001s without a payment completing: cause %v, want %v", err, errStalled)
+	}
+}
