@@ -75,6 +75,18 @@ func TestLocalForgetsUnwatchedKeys(t *testing.T) {
 		t.Fatalf("%d keys recorded after every watcher stopped, want 0", len(l.m))
 	}
 
+	// Watchers that all stop without a Notify leave nothing either.
+	_, stop1 := l.Watch(k)
+	_, stop2 := l.Watch(k)
+	stop1()
+	if len(l.m) != 1 {
+		t.Fatalf("after one of two watchers stopped, %d keys recorded, want 1", len(l.m))
+	}
+	stop2()
+	if len(l.m) != 0 {
+		t.Fatalf("%d keys recorded after both watchers stopped without a Notify, want 0", len(l.m))
+	}
+
 	old, stopOld := l.Watch(k)
 	l.Notify(k) // ends the round old watched
 	next, stopNext := l.Watch(k)
