@@ -53,6 +53,10 @@ func TestClaimRequestValidate(t *testing.T) {
 	for _, tt := range tests {
 		checkValid(t, tt.name, tt.req.Validate(), tt.field)
 	}
+	// A zero TTL is refused for what it is, not as shorter than the lease.
+	if err := with(func(r *idem.ClaimRequest) { r.TTL = 0 }).Validate(); err == nil || !strings.Contains(err.Error(), "must be positive") {
+		t.Errorf("zero TTL: %v, want it refused as not positive", err)
+	}
 }
 
 // TestHolderValidate protects the holder's rules: zero, or both parts set,
