@@ -556,3 +556,26 @@ func TestSuffixIDsOfAMessageWithoutHeaders(t *testing.T) {
 		t.Fatalf("released message %s: dedup key %q, want evt-2", out[1].ID, k)
 	}
 }
+
+// Edit gets a copy of the letter's message: editing its payload in place
+// changes the message to re-drive, never the letter the result shows.
+func TestEditInPlaceLeavesTheLetterAlone(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, transactInTx)
+	id := e.deadLetter("settlement", idem.DeadPermanent, message("evt-1", ""))
+	want := string(e.letter(id).Message.Payload)
+	res, err := e.svc.Redrive(context.Background(), []string{id}, &deadletter.RedriveOptions{Actor: "alice", DryRun: true,
+		Edit: func(m idem.Message) (idem.Message, error) {
+			copy(m.Payload, "XX")
+			return m, nil
+		}})
+	if err != nil || len(res) != 1 {
+		t.Fatalf("Redrive: %v, %v", res, err)
+	}
+	if got := string(res[0].Letter.Message.Payload); got != want {
+		t.Errorf("the result's letter shows payload %s, want %s as stored", got, want)
+	}
+	if got := string(res[0].Message.Payload); !strings.HasPrefix(got, "XX") {
+		t.Errorf("the message to re-drive has payload %s, want the edited one", got)
+	}
+}
