@@ -153,3 +153,16 @@ func TestObserverContextReachesABatchOfOne(t *testing.T) {
 		t.Error("the handler of a batch of one did not run in the context the observer's Begin returned")
 	}
 }
+
+// Observers skips nil observers: with none left it is nil, and with one
+// left it is that one.
+func TestObserversSkipsNil(t *testing.T) {
+	t.Parallel()
+	if o := consumer.Observers(nil, nil); o != nil {
+		t.Errorf("Observers(nil, nil) = %v, want nil", o)
+	}
+	o := &tally{open: map[int]bool{}, outcomes: map[consumer.Outcome]int{}}
+	if got := consumer.Observers(nil, o, nil); got != consumer.Observer(o) {
+		t.Errorf("Observers(nil, o, nil) = %v, want o itself", got)
+	}
+}

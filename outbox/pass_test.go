@@ -211,3 +211,16 @@ func TestRunDrainsABacklogWithoutWaiting(t *testing.T) {
 		t.Fatalf("published %v before the first wait, want the whole backlog %v", got, want)
 	}
 }
+
+// Observers skips nil observers: with none left it is nil, and with one
+// left it is that one.
+func TestObserversSkipsNil(t *testing.T) {
+	t.Parallel()
+	if o := outbox.Observers(nil, nil); o != nil {
+		t.Errorf("Observers(nil, nil) = %v, want nil", o)
+	}
+	p := &passes{}
+	if o := outbox.Observers(nil, p, nil); o != outbox.Observer(p) {
+		t.Errorf("Observers(nil, p, nil) = %v, want p itself", o)
+	}
+}
