@@ -276,3 +276,64 @@ func TestTimedOutRenewalSentAgain(t *testing.T) {
 		t.Fatalf("the key is %s, its lease ending %v from now; want in flight, renewed for %v", rec.State, rec.LeaseExpiresAt.Sub(now), lease)
 	}
 }
+
+// fastRefusals is a store whose renewals fail at once; the real time of
+// each is sent on calls.
+type fastRefusals struct {
+	*idemmem.Store
+	calls chan time.Time
+}
+
+func (s fastRefusals) Renew(context.Context, idem.Ref, time.Duration) (time.Time, error) {
+	select {
+	case s.calls <- time.Now():
+	default:
+	}
+	return time.Time{}, errors.New("dial tcp: connection refused")
+}
+
+// A renewal refused at once is sent again a tick of real time after it
+// was sent, not at once: a store that refuses every renewal is not
+// hammered with them while the lease runs out.
+func TestRefusedRenewalSentAgainATickLater(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := fastRefusals{idemmem.NewStore(&idemmem.Config{Clock: clock}), make(chan time.Time, 2)}
+	const lease = 1200 * time.Millisecond
+	const tick = lease / 6 // the renewal's own time, real time
+	timers := countedTimers{clock, make(chan struct{}, 1)}
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: timers, Lease: lease, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	letGo, running := make(chan struct{}), make(chan struct{})
+	served := make(chan keyed.Outcome, 1)
+	go func() {
+		served <- eng.Serve(context.Background(), keyed.Request{Key: "k", Fingerprint: idem.NewFingerprint("POST", "/pay", "", "", nil)}, &funcFace{run: func(ctx context.Context) keyed.Ran {
+			close(running)
+			select {
+			case <-letGo:
+			case <-ctx.Done():
+			}
+			return keyed.Ran{Status: 503}
+		}})
+	}()
+	defer func() { <-served }()
+	defer close(letGo)
+	<-running
+	<-timers.set // the first tick set
+	clock.Advance(tick)
+	<-timers.set
+	clock.Advance(tick) // a third of the lease: the renewal is sent
+	<-timers.set
+	first := <-store.calls
+	var second time.Time
+	select {
+	case second = <-store.calls:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the refused renewal was not sent again within 30s")
+	}
+	if gap := second.Sub(first); gap < tick/2 {
+		t.Fatalf("the refused renewal was sent again %v after it; want about a tick, %v, later", gap, tick)
+	}
+}
