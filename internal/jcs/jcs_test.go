@@ -75,6 +75,7 @@ func TestCanonicalJSON(t *testing.T) {
 		{name: "surrogate pair decoded", in: `"\uD83D\uDE00"`, want: `"😀"`},
 		// The ends of the surrogate ranges: D800 DC00 is U+10000, DBFF DFFF is
 		// U+10FFFF, both valid pairs.
+		{name: "space and DEL after an escape kept", in: "\"a\\tb c\x7f\"", want: "\"a\\tb c\x7f\""},
 		{name: "lowest surrogate pair", in: `"\ud800\udc00"`, want: "\"\U00010000\""},
 		{name: "highest surrogate pair", in: `"\uDBFF\uDFFF"`, want: "\"\U0010FFFF\""},
 		{name: "every hex digit in u escapes", in: `"\u0123\u4567\u89ab\ucdef\u89AB\uCDEF"`, want: "\"\u0123\u4567\u89ab\ucdef\u89ab\ucdef\""},
@@ -197,6 +198,8 @@ func TestCanonicalJSONErrors(t *testing.T) {
 		{name: "unterminated object", in: `{"a":1`, reason: "unexpected end of input in an object", syntax: true},
 		{name: "raw control character", in: "\"a\x01\"", reason: "control character 0x01", syntax: true},
 		{name: "raw newline", in: "\"a\nb\"", reason: "control character 0x0A", syntax: true},
+		{name: "lowest lone low surrogate", in: `"\udc00"`, reason: "is a low surrogate without a high surrogate"},
+		{name: "non-ASCII continuation byte after an escape", in: "\"\\n\x80\"", reason: "not valid UTF-8"},
 		{name: "invalid escape of a space", in: `"\ "`, reason: `invalid escape sequence \character ' '`, syntax: true},
 		{name: "invalid escape", in: `"\q"`, reason: `invalid escape sequence \character 'q'`, syntax: true},
 		{name: "short u escape", in: `"\u12"`, reason: "four hex digits", syntax: true},
