@@ -195,3 +195,22 @@ func TestRecentAnswerSizes(t *testing.T) {
 		t.Errorf("after an answer replaced another, %d bytes counted, want the %d of the answer kept", r.bytes, want)
 	}
 }
+
+// TestRecentAnswersFillTheBoundExactly: answers whose bytes add up to
+// exactly the bound are all kept; the bound drops answers only past it.
+func TestRecentAnswersFillTheBoundExactly(t *testing.T) {
+	resp := &idem.Response{Status: 200, Body: []byte("0123456789")}
+	size := len(encodeAnswer(keyN(10), "fp", resp)) // every keyN(10..73) encodes alike
+	r := NewRecent(100, time.Minute, 64*size, idem.SystemClock{})
+	for i := 10; i < 74; i++ {
+		r.Keep(keyN(i), "fp", resp, time.Now().Add(time.Hour))
+	}
+	if r.bytes != 64*size {
+		t.Fatalf("%d bytes counted, want %d", r.bytes, 64*size)
+	}
+	for i := 10; i < 74; i++ {
+		if answer(r, keyN(i), "fp") == nil {
+			t.Fatalf("answer of k%d dropped with the bound exactly reached, not passed", i)
+		}
+	}
+}
