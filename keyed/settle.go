@@ -116,16 +116,17 @@ func notTaken(o idem.Outcome) error {
 // ErrNotStopped or ErrBeingFinished, having changed nothing.
 //
 // A resume of the key by this Completer under way is waited for (until
-// ctx ends); one by another is refused. With dryRun, it only checks that
-// the key could be resumed.
+// ctx ends), by a dry run too; one by another is refused. With dryRun, it
+// only checks that the key could be resumed.
 func (c *Completer) ResumeKey(ctx context.Context, scope idem.Scope, key idem.Key, dryRun bool) (finished bool, err error) {
 	wk := keywait.Key{Scope: scope, Key: key}
-	if !dryRun {
-		if err := c.beginWait(ctx, wk); err != nil {
-			return false, err
-		}
-		defer c.end(wk)
+	// A dry run waits too: asked while this Completer's own round resumes
+	// the key, it would otherwise find the key under that round's lease
+	// and call it being finished, though the round may leave it unknown.
+	if err := c.beginWait(ctx, wk); err != nil {
+		return false, err
 	}
+	defer c.end(wk)
 	rec, err := c.stopped(ctx, scope, key)
 	if err != nil || dryRun {
 		return false, err
@@ -161,14 +162,12 @@ func (c *Completer) ResumeKey(ctx context.Context, scope idem.Scope, key idem.Ke
 // With dryRun, it only checks that the key could be settled.
 func (c *Completer) Settle(ctx context.Context, scope idem.Scope, key idem.Key, answer idem.Response, dryRun bool) (idem.Record, error) {
 	wk := keywait.Key{Scope: scope, Key: key}
-	if !dryRun {
-		// A resume of the key by this Completer is waited for: the key is
-		// then read as it left it.
-		if err := c.beginWait(ctx, wk); err != nil {
-			return idem.Record{}, err
-		}
-		defer c.end(wk)
+	// A resume of the key by this Completer is waited for, by a dry run
+	// too: the key is then read as it left it.
+	if err := c.beginWait(ctx, wk); err != nil {
+		return idem.Record{}, err
 	}
+	defer c.end(wk)
 	rec, err := c.stopped(ctx, scope, key)
 	if err != nil || dryRun {
 		return rec, err

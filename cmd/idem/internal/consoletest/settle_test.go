@@ -308,4 +308,50 @@ func testSettleIsAtomic(t *testing.T, w *settleWorld) {
 	if rec := w.record("k3"); rec.State != idem.StateCompleted || rec.Response.Status != http.StatusCreated || rec.Response.Header.Get(console.SettledHeader) != "answer" {
 		t.Fatalf("k3 after the settle: %v %+v", rec.State, rec.Response)
 	}
+
+	// 4. A dry run asked of a completer while its own round resumes the
+	// key (the console's confirmation page, opened by an operator as a
+	// round runs) waits for that resume, and finds the key it left
+	// unknown stopped under its lease: not refused as being finished.
+	w.stop("k4")
+	entered4, fail4 := make(chan struct{}, 1), make(chan struct{})
+	compW := w.completer(w.store, "w", func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
+		entered4 <- struct{}{}
+		<-fail4
+		return errors.New("card network unavailable")
+	})
+	resumeDone := make(chan error, 1)
+	go func() {
+		_, err := compW.ResumeKey(ctx, settleScope, "k4", false)
+		resumeDone <- err
+	}()
+	<-entered4
+	dry := make(chan error, 2)
+	go func() {
+		_, err := compW.Settle(ctx, settleScope, "k4", console.FailedAnswer(), true)
+		dry <- err
+	}()
+	go func() {
+		_, err := compW.ResumeKey(ctx, settleScope, "k4", true)
+		dry <- err
+	}()
+	// Neither may answer while the resume is under way; a wait that
+	// ends with nothing is the expected case, not a timing assumption.
+	select {
+	case err := <-dry:
+		t.Fatalf("a dry run answered while this completer's resume of k4 was under way: %v; want it to wait for the resume", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(fail4)
+	if err := <-resumeDone; err == nil || !strings.Contains(err.Error(), "card network unavailable") {
+		t.Fatalf("the failing resume of k4: %v", err)
+	}
+	for range 2 {
+		if err := <-dry; err != nil {
+			t.Fatalf("a dry run after the resume left k4 unknown: %v; want it allowed", err)
+		}
+	}
+	if rec := w.record("k4"); rec.State != idem.StateInFlight {
+		t.Fatalf("the dry runs changed k4: %v", rec.State)
+	}
 }
