@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/keyed"
@@ -99,6 +100,10 @@ func (m *memoryHistory) KeyEvents(_ context.Context, scope idem.Scope, key idem.
 	}
 	return out, nil
 }
+
+// MaxReason is the most characters an operator's reason for an action on
+// a key may hold (the console's form and idem keys settle alike).
+const MaxReason = 500
 
 // SettledHeader is set on every answer kept by a settle, so that the
 // client's retry can tell it from the service's own: "failed" or
@@ -337,6 +342,10 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 	reason := strings.TrimSpace(v.Get("reason"))
 	if reason == "" {
 		c.confirmWith(w, r, v, "A reason is required: it is kept in the key's history. Nothing was changed.", http.StatusBadRequest)
+		return
+	}
+	if utf8.RuneCountInString(reason) > MaxReason {
+		c.confirmWith(w, r, v, fmt.Sprintf("A reason is at most %d characters. Nothing was changed.", MaxReason), http.StatusBadRequest)
 		return
 	}
 	if v.Get("confirm") != "yes" {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -71,6 +72,8 @@ the key from its unknown count at its next round.`,
 		switch {
 		case reason == "":
 			return &usageError{errors.New("--reason is required: say why, it is kept in the key's history")}
+		case utf8.RuneCountInString(reason) > console.MaxReason:
+			return &usageError{fmt.Errorf("--reason must be at most %d characters", console.MaxReason)}
 		case operator == "":
 			return &usageError{errors.New("--operator is required when $USER is not set: who settles it is kept in the key's history")}
 		case failed == (status != 0):

@@ -65,3 +65,33 @@ func TestSettleIsRecordedWhenTheRequestIsGivenUp(t *testing.T) {
 		}
 	}
 }
+
+// A reason longer than the confirmation form allows is refused by the
+// server too, changing nothing: the form's maxlength is the browser's
+// rule, not the service's.
+func TestSettleRefusesAnOverlongReason(t *testing.T) {
+	t.Parallel()
+	sw := sqliteSettleWorld(t)
+	sw.stop("pay-1")
+	comp := sw.completer(sw.store, "a", func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
+		t.Error("a settle resumed the key")
+		return nil
+	})
+	w := newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store, Actions: comp})
+	form := url.Values{"scope": {string(settleScope)}, "key": {"pay-1"}, "action": {console.ActionSettleFailed},
+		"reason": {strings.Repeat("é", 501)}, "confirm": {"yes"}}
+	rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: form, token: aliceToken})
+	if rr.Code != http.StatusBadRequest || !strings.Contains(rr.Body.String(), "at most 500 characters") || !strings.Contains(rr.Body.String(), "Nothing was changed") {
+		t.Fatalf("an overlong reason: %d\n%s", rr.Code, rr.Body)
+	}
+	if rec := sw.record("pay-1"); rec.State != idem.StateInFlight {
+		t.Fatalf("the key after a refused settle: %v", rec.State)
+	}
+	form.Set("reason", strings.Repeat("é", 500))
+	if rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: form, token: aliceToken}); rr.Code != http.StatusSeeOther {
+		t.Fatalf("a reason of 500 characters: %d\n%s", rr.Code, rr.Body)
+	}
+	if rec := sw.record("pay-1"); rec.State != idem.StateCompleted {
+		t.Fatalf("the key after the settle: %v", rec.State)
+	}
+}
