@@ -41,6 +41,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -82,9 +83,67 @@ type options struct {
 type pkgConf struct {
 	dir              string
 	efficacy, mcover float64
-	tests            []string
-	run              string
+	tests            []testRun
 	files            map[string]bool
+}
+
+// testRun is one go test command of a package's selection: test packages
+// that share a -run pattern (empty: all their tests).
+type testRun struct {
+	pkgs []string
+	run  string
+}
+
+func (t testRun) args() []string {
+	var a []string
+	if t.run != "" {
+		a = append(a, "-run", t.run)
+	}
+	return append(a, t.pkgs...)
+}
+
+func (t testRun) String() string {
+	s := strings.Join(t.pkgs, " ")
+	if t.run != "" {
+		s += " -run '" + t.run + "'"
+	}
+	return s
+}
+
+// parseTests reads the test packages field of a line: go test package
+// patterns separated by blanks, each optionally followed by =PATTERN, its own
+// -run pattern; one without takes the line's -run pattern (def). The
+// packages that share a pattern run in one go test command, in the order of
+// their first mention.
+func parseTests(field, def string) ([]testRun, error) {
+	var out []testRun
+	at := map[string]int{}
+	for _, t := range strings.Fields(field) {
+		pkg, run, own := strings.Cut(t, "=")
+		if pkg == "" {
+			return nil, fmt.Errorf("%q: no test package before =", t)
+		}
+		if own && run == "" {
+			return nil, fmt.Errorf("%q: an empty -run pattern after = (leave out the = to run all its tests)", t)
+		}
+		if !own {
+			run = def
+		}
+		if _, err := regexp.Compile(run); err != nil {
+			return nil, fmt.Errorf("%s: -run pattern: %v", pkg, err)
+		}
+		i, ok := at[run]
+		if !ok {
+			i = len(out)
+			at[run] = i
+			out = append(out, testRun{run: run})
+		}
+		out[i].pkgs = append(out[i].pkgs, pkg)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no test packages")
+	}
+	return out, nil
 }
 
 func readConfig(path string) ([]pkgConf, error) {
@@ -98,15 +157,15 @@ func readConfig(path string) ([]pkgConf, error) {
 		if len(f) != 6 {
 			return nil, fmt.Errorf("%s:%d: want 6 fields separated by \" | \", got %d", path, l.no, len(f))
 		}
-		c := pkgConf{dir: filepath.Clean(f[0]), tests: strings.Fields(f[3]), run: f[4]}
+		c := pkgConf{dir: filepath.Clean(f[0])}
+		if c.tests, err = parseTests(f[3], f[4]); err != nil {
+			return nil, fmt.Errorf("%s:%d: %v", path, l.no, err)
+		}
 		if c.efficacy, err = strconv.ParseFloat(f[1], 64); err != nil {
 			return nil, fmt.Errorf("%s:%d: efficacy floor: %v", path, l.no, err)
 		}
 		if c.mcover, err = strconv.ParseFloat(f[2], 64); err != nil {
 			return nil, fmt.Errorf("%s:%d: coverage floor: %v", path, l.no, err)
-		}
-		if len(c.tests) == 0 {
-			return nil, fmt.Errorf("%s:%d: no test packages", path, l.no)
 		}
 		if fs := strings.Fields(f[5]); len(fs) > 0 {
 			c.files = map[string]bool{}
@@ -328,11 +387,11 @@ type result struct {
 }
 
 func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (result, error) {
-	fmt.Printf("== %s (tests: %s", c.dir, strings.Join(c.tests, " "))
-	if c.run != "" {
-		fmt.Printf(" -run '%s'", c.run)
+	var sel []string
+	for _, t := range c.tests {
+		sel = append(sel, t.String())
 	}
-	fmt.Println(")")
+	fmt.Printf("== %s (tests: %s)\n", c.dir, strings.Join(sel, "; "))
 	importPath, err := goList(c.dir)
 	if err != nil {
 		return result{}, err
@@ -341,21 +400,9 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 	if err != nil {
 		return result{}, err
 	}
-	// Equivalents of this package: each must match a mutant.
-	stale := 0
-	for _, e := range equivs {
-		if filepath.Dir(e.path) != c.dir {
-			continue
-		}
-		for _, m := range muts.all {
-			if m.file == e.path && m.fn == e.fn && m.typ == e.typ && m.src == e.src && (e.nth == 0 || e.nth == m.nth) {
-				m.equiv, e.matched = e, true
-			}
-		}
-		if !e.matched {
-			stale++
-			fmt.Printf("STALE      %s:%d: no mutant matches %s | %s | %s | %s\n", o.equivalents, e.no, e.path, e.fn, e.typ, e.src)
-		}
+	stale := markEquivalents(c.dir, muts.all, equivs)
+	for _, e := range stale {
+		fmt.Printf("STALE      %s:%d: no mutant matches %s | %s | %s | %s\n", o.equivalents, e.no, e.path, e.fn, e.typ, e.src)
 	}
 	tmp, err := os.MkdirTemp("", "idem-mutation-")
 	if err != nil {
@@ -366,14 +413,18 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 	// Coverage, then the timed baseline.
 	var runnable []*mutant
 	if len(muts.changed) > 0 {
-		profile := filepath.Join(tmp, "cover.out")
-		args := append([]string{"test", "-count=1", "-coverpkg=" + importPath, "-coverprofile=" + profile}, testArgs(c)...)
-		if out, err := goCmd(context.Background(), args...); err != nil {
-			return result{}, fmt.Errorf("the selected tests fail without any mutant (go %s):\n%s", strings.Join(args, " "), out)
-		}
-		blocks, err := readProfile(profile, importPath, c.dir)
-		if err != nil {
-			return result{}, err
+		// Each go test command of the selection has its own profile; a
+		// block any of them ran is covered.
+		blocks := coverBlocks{}
+		for i, t := range c.tests {
+			profile := filepath.Join(tmp, fmt.Sprintf("cover%d.out", i))
+			args := append([]string{"test", "-count=1", "-coverpkg=" + importPath, "-coverprofile=" + profile}, t.args()...)
+			if out, err := goCmd(context.Background(), args...); err != nil {
+				return result{}, fmt.Errorf("the selected tests fail without any mutant (go %s):\n%s", strings.Join(args, " "), out)
+			}
+			if err := blocks.read(profile, importPath, c.dir); err != nil {
+				return result{}, err
+			}
 		}
 		for _, m := range muts.changed {
 			switch {
@@ -389,9 +440,11 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 	var baseline time.Duration
 	if len(runnable) > 0 {
 		t0 := time.Now()
-		args := append([]string{"test", "-count=1"}, testArgs(c)...)
-		if out, err := goCmd(context.Background(), args...); err != nil {
-			return result{}, fmt.Errorf("the selected tests fail without any mutant (go %s):\n%s", strings.Join(args, " "), out)
+		for _, t := range c.tests {
+			args := append([]string{"test", "-count=1"}, t.args()...)
+			if out, err := goCmd(context.Background(), args...); err != nil {
+				return result{}, fmt.Errorf("the selected tests fail without any mutant (go %s):\n%s", strings.Join(args, " "), out)
+			}
 		}
 		baseline = time.Since(t0)
 	}
@@ -456,41 +509,70 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 			fmt.Printf("%-10s %s: %s\n", m.status, m.pos(), m.key())
 		}
 	}
+	eff, cov := figures(count)
+	verdict, failed := judge(c, eff, cov, len(stale), skipped)
+	scope := ""
+	if o.diff != "" {
+		scope = " [changed lines only]"
+	}
+	line := fmt.Sprintf("%-17s efficacy %6.2f%%  mutator coverage %6.2f%%  (killed %d, lived %d, timed out %d, not viable %d, not covered %d, equivalent %d)%s  %s",
+		c.dir, eff, cov, count["KILLED"], count["LIVED"], count["TIMED OUT"], count["NOT VIABLE"], count["NOT COVERED"], count["EQUIVALENT"], scope, verdict)
+	fmt.Println(line)
+	return result{line: line, failed: failed}, nil
+}
+
+// markEquivalents marks the mutants of the package in dir that a line of
+// the equivalents file names, and returns that package's lines that name
+// none (stale: the code changed under them).
+func markEquivalents(dir string, muts []*mutant, equivs []*equivalent) []*equivalent {
+	var stale []*equivalent
+	for _, e := range equivs {
+		if filepath.Dir(e.path) != dir {
+			continue
+		}
+		for _, m := range muts {
+			if m.file == e.path && m.fn == e.fn && m.typ == e.typ && m.src == e.src && (e.nth == 0 || e.nth == m.nth) {
+				m.equiv, e.matched = e, true
+			}
+		}
+		if !e.matched {
+			stale = append(stale, e)
+		}
+	}
+	return stale
+}
+
+// figures returns a package's efficacy, killed ÷ (killed + lived), and its
+// mutator coverage, reached ÷ (reached + not covered) where reached is
+// killed, lived or timed out, both in per cent; counts are by status.
+// Equivalent and not viable mutants count in neither. With nothing to
+// count, a figure is 100.
+func figures(count map[string]int) (eff, cov float64) {
 	killed, lived := count["KILLED"], count["LIVED"]
 	reached := killed + lived + count["TIMED OUT"]
-	eff, cov := 100.0, 100.0
+	eff, cov = 100, 100
 	if killed+lived > 0 {
 		eff = 100 * float64(killed) / float64(killed+lived)
 	}
 	if reached+count["NOT COVERED"] > 0 {
 		cov = 100 * float64(reached) / float64(reached+count["NOT COVERED"])
 	}
-	verdict := "ok"
-	failed := false
-	switch {
-	case stale > 0:
-		verdict, failed = fmt.Sprintf("FAIL: %d stale equivalent(s)", stale), true
-	case skipped > 0:
-		verdict = fmt.Sprintf("NOT JUDGED: the time budget ran out with %d mutant(s) not run; measure it with scripts/mutation %s", skipped, c.dir)
-	case eff < c.efficacy || cov < c.mcover:
-		verdict, failed = fmt.Sprintf("FAIL: below the floors (efficacy %.0f%%, coverage %.0f%%)", c.efficacy, c.mcover), true
-	}
-	scope := ""
-	if o.diff != "" {
-		scope = " [changed lines only]"
-	}
-	line := fmt.Sprintf("%-17s efficacy %6.2f%%  mutator coverage %6.2f%%  (killed %d, lived %d, timed out %d, not viable %d, not covered %d, equivalent %d)%s  %s",
-		c.dir, eff, cov, killed, lived, count["TIMED OUT"], count["NOT VIABLE"], count["NOT COVERED"], count["EQUIVALENT"], scope, verdict)
-	fmt.Println(line)
-	return result{line: line, failed: failed}, nil
+	return eff, cov
 }
 
-func testArgs(c pkgConf) []string {
-	var a []string
-	if c.run != "" {
-		a = append(a, "-run", c.run)
+// judge says what a package's figures mean against its floors: a stale
+// equivalent fails it whatever its figures; a run the budget cut short is
+// not judged; else it fails below either floor.
+func judge(c pkgConf, eff, cov float64, stale, skipped int) (verdict string, failed bool) {
+	switch {
+	case stale > 0:
+		return fmt.Sprintf("FAIL: %d stale equivalent(s)", stale), true
+	case skipped > 0:
+		return fmt.Sprintf("NOT JUDGED: the time budget ran out with %d mutant(s) not run; measure it with scripts/mutation %s", skipped, c.dir), false
+	case eff < c.efficacy || cov < c.mcover:
+		return fmt.Sprintf("FAIL: below the floors (efficacy %.0f%%, coverage %.0f%%)", c.efficacy, c.mcover), true
 	}
-	return append(a, c.tests...)
+	return "ok", false
 }
 
 func goList(dir string) (string, error) {
@@ -548,24 +630,29 @@ func execute(c pkgConf, m *mutant, src []byte, dir string, cut time.Duration) (s
 	if err := os.WriteFile(overlay, ov, 0o644); err != nil {
 		return "", err
 	}
+	defer os.RemoveAll(dir)
+	// The cut holds for the whole selection; its go test commands run one
+	// after another, and the first that fails decides.
 	ctx, cancel := context.WithTimeout(context.Background(), cut)
 	defer cancel()
-	args := append([]string{"test", "-count=1", "-failfast", "-overlay=" + overlay, "-timeout=" + (cut + 30*time.Second).String()}, testArgs(c)...)
-	out, err := goCmd(ctx, args...)
-	defer os.RemoveAll(dir)
-	switch {
-	case errors.Is(err, context.DeadlineExceeded):
-		return "TIMED OUT", nil
-	case err == nil:
-		return "LIVED", nil
-	case strings.Contains(string(out), "[build failed]") || strings.Contains(string(out), "[setup failed]"):
-		return "NOT VIABLE", nil
+	for _, t := range c.tests {
+		args := append([]string{"test", "-count=1", "-failfast", "-overlay=" + overlay, "-timeout=" + (cut + 30*time.Second).String()}, t.args()...)
+		out, err := goCmd(ctx, args...)
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			return "TIMED OUT", nil
+		case err == nil:
+			continue
+		case strings.Contains(string(out), "[build failed]") || strings.Contains(string(out), "[setup failed]"):
+			return "NOT VIABLE", nil
+		}
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return "KILLED", nil
+		}
+		return "", err
 	}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return "KILLED", nil
-	}
-	return "", err
+	return "LIVED", nil
 }
 
 // The replacements gremlins' mutators make (its internal/engine/mappings.go).
@@ -847,13 +934,14 @@ func (fi *fileInfo) describe(m *mutant) error {
 // coverBlocks are the covered blocks of a cover profile, by file.
 type coverBlocks map[string][][4]int
 
-func readProfile(path, importPath, dir string) (coverBlocks, error) {
+// read adds the blocks of the package importPath (whose directory is dir)
+// that the cover profile at path ran.
+func (cb coverBlocks) read(path, importPath, dir string) error {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer f.Close()
-	cb := coverBlocks{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		l := sc.Text()
@@ -872,14 +960,14 @@ func readProfile(path, importPath, dir string) (coverBlocks, error) {
 		var b [4]int
 		var stmts, cnt int
 		if _, err := fmt.Sscanf(l[colon+1:], "%d.%d,%d.%d %d %d", &b[0], &b[1], &b[2], &b[3], &stmts, &cnt); err != nil {
-			return nil, fmt.Errorf("cover profile line %q: %v", l, err)
+			return fmt.Errorf("cover profile line %q: %v", l, err)
 		}
 		if cnt > 0 {
 			file := filepath.Join(dir, filepath.Base(name))
 			cb[file] = append(cb[file], b)
 		}
 	}
-	return cb, sc.Err()
+	return sc.Err()
 }
 
 func (cb coverBlocks) covers(m *mutant) bool {

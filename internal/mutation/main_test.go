@@ -1,0 +1,284 @@
+package main
+
+import (
+	"go/token"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func write(t *testing.T, name, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// A line of scripts/mutation.packages names its test packages; each may
+// carry its own -run pattern after =, the others take the line's, and the
+// packages that share a pattern run in one go test command.
+func TestReadConfigGroupsTestPackagesByRunPattern(t *testing.T) {
+	p := write(t, "packages", `# a comment
+
+keyed | 95 | 90 | ./keyed ./idemtest=^TestMemory(Middleware|FaceHTTP)$ ./idemsqlite=^TestFace$ ./idemmem |  |
+root  | 95 | 90.5 | . | ^TestA|^TestB |
+`)
+	confs, err := readConfig(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(confs) != 2 {
+		t.Fatalf("got %d lines, want 2", len(confs))
+	}
+	k := confs[0]
+	if k.dir != "keyed" || k.efficacy != 95 || k.mcover != 90 || k.files != nil {
+		t.Errorf("keyed's line read as %+v", k)
+	}
+	want := []testRun{
+		{pkgs: []string{"./keyed", "./idemmem"}},
+		{pkgs: []string{"./idemtest"}, run: "^TestMemory(Middleware|FaceHTTP)$"},
+		{pkgs: []string{"./idemsqlite"}, run: "^TestFace$"},
+	}
+	if !reflect.DeepEqual(k.tests, want) {
+		t.Errorf("keyed's tests = %+v, want %+v", k.tests, want)
+	}
+	if got := k.tests[1].args(); !reflect.DeepEqual(got, []string{"-run", "^TestMemory(Middleware|FaceHTTP)$", "./idemtest"}) {
+		t.Errorf("go test arguments of idemtest's run = %q", got)
+	}
+	if got := k.tests[0].args(); !reflect.DeepEqual(got, []string{"./keyed", "./idemmem"}) {
+		t.Errorf("go test arguments of a run of all tests = %q", got)
+	}
+	r := confs[1]
+	if r.mcover != 90.5 || !reflect.DeepEqual(r.tests, []testRun{{pkgs: []string{"."}, run: "^TestA|^TestB"}}) {
+		t.Errorf("the line's -run pattern is not its packages' default: %+v", r)
+	}
+}
+
+func TestReadConfigFiles(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "store.go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	confs, err := readConfig(write(t, "packages", dir+" | 90 | 90 | ./x |  | store.go\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(confs[0].files, map[string]bool{"store.go": true}) {
+		t.Errorf("files = %v", confs[0].files)
+	}
+	if _, err := readConfig(write(t, "packages", dir+" | 90 | 90 | ./x |  | store.go gone.go\n")); err == nil || !strings.Contains(err.Error(), "gone.go") {
+		t.Errorf("a file the package lacks: err = %v, want one naming gone.go", err)
+	}
+}
+
+// A line that cannot be read is refused with its line number, never read
+// as something else.
+func TestReadConfigRefusesBadLines(t *testing.T) {
+	for _, tc := range []struct{ line, want string }{
+		{"keyed | 95 | 90 | ./keyed", "want 6 fields"},
+		{"keyed | 95 | 90 | ./keyed |  |  | extra", "want 6 fields"},
+		{"keyed | x | 90 | ./keyed |  |", "efficacy floor"},
+		{"keyed | 95 | 9o | ./keyed |  |", "coverage floor"},
+		{"keyed | 95 | 90 |  |  |", "no test packages"},
+		{"keyed | 95 | 90 | ./keyed ./idemtest= |  |", "empty -run pattern"},
+		{"keyed | 95 | 90 | =^TestX$ |  |", "no test package"},
+		{"keyed | 95 | 90 | ./idemtest=^Test( |  |", "-run pattern"},
+		{"keyed | 95 | 90 | ./idemtest |  ^Test( |", "-run pattern"},
+	} {
+		_, err := readConfig(write(t, "packages", "# header\n"+tc.line+"\n"))
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), ":2:") {
+			t.Errorf("%q: err = %v, want one at line 2 saying %q", tc.line, err, tc.want)
+		}
+	}
+}
+
+func TestReadEquivalents(t *testing.T) {
+	p := write(t, "equivalents", `# header
+keyed/a.go | f | CONDITIONALS_BOUNDARY | if n > 0 { | n is never negative
+keyed/a.go | T.g | INVERT_BITWISE@2 | x := a | b | c | a bitwise or stays in the source line
+`)
+	es, err := readEquivalents(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != 2 {
+		t.Fatalf("got %d lines, want 2", len(es))
+	}
+	if e := es[0]; e.no != 2 || e.path != "keyed/a.go" || e.fn != "f" || e.typ != "CONDITIONALS_BOUNDARY" || e.nth != 0 || e.src != "if n > 0 {" || e.reason != "n is never negative" {
+		t.Errorf("line 2 read as %+v", e)
+	}
+	// The first three fields split from the left, the reason from the
+	// right: the source line keeps its own " | ".
+	if e := es[1]; e.fn != "T.g" || e.typ != "INVERT_BITWISE" || e.nth != 2 || e.src != "x := a | b | c" || e.reason != "a bitwise or stays in the source line" {
+		t.Errorf("line 3 read as %+v", e)
+	}
+	for _, tc := range []struct{ line, want string }{
+		{"keyed/a.go | f | CONDITIONALS_BOUNDARY | if n > 0 {", "want path"},
+		{"keyed/a.go | f | NO_SUCH | if n > 0 { | r", "unknown mutator"},
+		{"keyed/a.go | f | CONDITIONALS_BOUNDARY@0 | if n > 0 { | r", "counts from 1"},
+		{"keyed/a.go | f | CONDITIONALS_BOUNDARY@x | if n > 0 { | r", "counts from 1"},
+		{"keyed/a.go |  | CONDITIONALS_BOUNDARY | if n > 0 { | r", "an empty field"},
+	} {
+		if _, err := readEquivalents(write(t, "equivalents", tc.line+"\n")); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: err = %v, want one saying %q", tc.line, err, tc.want)
+		}
+	}
+}
+
+// A line of the equivalents file marks the mutants its key names, the Nth
+// of a type on a line when it says @N; a line of the measured package that
+// names no mutant is stale (the code changed under it), and lines of other
+// packages are not judged.
+func TestMarkEquivalentsAndStaleLines(t *testing.T) {
+	m := func(typ string, nth, of int, src string) *mutant {
+		return &mutant{file: "keyed/a.go", fn: "f", typ: typ, nth: nth, of: of, src: src}
+	}
+	first := m("CONDITIONALS_BOUNDARY", 1, 2, "if a < b && c < d {")
+	second := m("CONDITIONALS_BOUNDARY", 2, 2, "if a < b && c < d {")
+	neg := m("CONDITIONALS_NEGATION", 1, 1, "if n > 0 {")
+	other := m("CONDITIONALS_BOUNDARY", 1, 1, "if n > 0 {")
+	muts := []*mutant{first, second, neg, other}
+	eq := func(fn, typ string, nth int, src string) *equivalent {
+		return &equivalent{path: "keyed/a.go", fn: fn, typ: typ, nth: nth, src: src, reason: "r"}
+	}
+	nth2 := eq("f", "CONDITIONALS_BOUNDARY", 2, "if a < b && c < d {")
+	all := eq("f", "CONDITIONALS_NEGATION", 0, "if n > 0 {")
+	movedFn := eq("g", "CONDITIONALS_BOUNDARY", 0, "if n > 0 {")
+	changed := eq("f", "CONDITIONALS_BOUNDARY", 0, "if n >= 0 {")
+	noThird := eq("f", "CONDITIONALS_BOUNDARY", 3, "if a < b && c < d {")
+	elsewhere := &equivalent{path: "idemhttp/b.go", fn: "f", typ: "CONDITIONALS_BOUNDARY", src: "if n > 0 {", reason: "r"}
+	stale := markEquivalents("keyed", muts, []*equivalent{nth2, all, movedFn, changed, noThird, elsewhere})
+
+	if !reflect.DeepEqual(stale, []*equivalent{movedFn, changed, noThird}) {
+		t.Errorf("stale = %v, want the lines whose function, source or rank names no mutant", stale)
+	}
+	if first.equiv != nil || second.equiv != nth2 {
+		t.Errorf("@2 marked the first mutant (%v) or not the second (%v)", first.equiv, second.equiv)
+	}
+	if neg.equiv != all || other.equiv != nil {
+		t.Errorf("a line marks only its mutator's mutants: negation %v, boundary %v", neg.equiv, other.equiv)
+	}
+	if elsewhere.matched {
+		t.Error("a line of another package was judged")
+	}
+}
+
+// The key a lived mutant is printed with is the one the equivalents file
+// takes: MUTATOR@N only when its line holds more than one of that type.
+func TestMutantKey(t *testing.T) {
+	m := &mutant{file: "keyed/a.go", fn: "T.f", typ: "CONDITIONALS_BOUNDARY", nth: 2, of: 2, src: "if a < b && c < d {"}
+	if got, want := m.key(), "keyed/a.go | T.f | CONDITIONALS_BOUNDARY@2 | if a < b && c < d {"; got != want {
+		t.Errorf("key = %q, want %q", got, want)
+	}
+	m.nth, m.of = 1, 1
+	if got, want := m.key(), "keyed/a.go | T.f | CONDITIONALS_BOUNDARY | if a < b && c < d {"; got != want {
+		t.Errorf("key = %q, want %q", got, want)
+	}
+}
+
+// Efficacy is killed ÷ (killed + lived); mutator coverage is reached ÷
+// (reached + not covered), reached being killed, lived or timed out;
+// equivalent and not viable mutants count in neither.
+func TestFigures(t *testing.T) {
+	for _, tc := range []struct {
+		count    map[string]int
+		eff, cov float64
+	}{
+		{map[string]int{"KILLED": 19, "LIVED": 1}, 95, 100},
+		{map[string]int{"KILLED": 6, "LIVED": 2, "TIMED OUT": 2, "NOT COVERED": 10}, 75, 50},
+		{map[string]int{"KILLED": 3, "EQUIVALENT": 40, "NOT VIABLE": 40, "NOT COVERED": 1}, 100, 75},
+		{map[string]int{"TIMED OUT": 1, "NOT COVERED": 3}, 100, 25},
+		{map[string]int{}, 100, 100},
+		{map[string]int{"EQUIVALENT": 5}, 100, 100},
+		{map[string]int{"LIVED": 4}, 0, 100},
+	} {
+		eff, cov := figures(tc.count)
+		if eff != tc.eff || cov != tc.cov {
+			t.Errorf("%v: efficacy %v, coverage %v; want %v, %v", tc.count, eff, cov, tc.eff, tc.cov)
+		}
+	}
+}
+
+// A package fails below either floor (the floor itself passes), and with a
+// stale equivalent whatever its figures; a run the budget cut short is not
+// judged.
+func TestJudge(t *testing.T) {
+	c := pkgConf{dir: "keyed", efficacy: 95, mcover: 90}
+	for _, tc := range []struct {
+		eff, cov       float64
+		stale, skipped int
+		want           string
+		failed         bool
+	}{
+		{95, 90, 0, 0, "ok", false},
+		{100, 100, 0, 0, "ok", false},
+		{94.99, 100, 0, 0, "FAIL: below the floors", true},
+		{100, 89.9, 0, 0, "FAIL: below the floors", true},
+		{100, 100, 1, 0, "FAIL: 1 stale", true},
+		{10, 10, 0, 3, "NOT JUDGED", false},
+		{100, 100, 2, 3, "FAIL: 2 stale", true},
+	} {
+		v, failed := judge(c, tc.eff, tc.cov, tc.stale, tc.skipped)
+		if !strings.HasPrefix(v, tc.want) || failed != tc.failed {
+			t.Errorf("efficacy %v, coverage %v, %d stale, %d skipped: %q (failed %v), want %q (failed %v)",
+				tc.eff, tc.cov, tc.stale, tc.skipped, v, failed, tc.want, tc.failed)
+		}
+	}
+}
+
+// A mutant is reached when a covered block holds its position, or, in a
+// case expression (which no block holds), when its switch is; the blocks of
+// several profiles add up.
+func TestCoverBlocks(t *testing.T) {
+	dir := t.TempDir()
+	a := write(t, "a.out", "mode: set\nexample.com/p/a.go:10.2,12.3 2 1\nexample.com/p/a.go:20.1,21.5 1 0\nexample.com/q/a.go:30.1,31.1 1 1\n")
+	b := write(t, "b.out", "mode: set\nexample.com/p/a.go:20.1,21.5 1 0\nexample.com/p/b.go:5.1,6.1 1 3\n")
+	cb := coverBlocks{}
+	for _, p := range []string{a, b} {
+		if err := cb.read(p, "example.com/p", dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fa, fb := filepath.Join(dir, "a.go"), filepath.Join(dir, "b.go")
+	for _, tc := range []struct {
+		m    *mutant
+		want bool
+	}{
+		{&mutant{file: fa, line: 11, col: 40}, true},
+		{&mutant{file: fa, line: 10, col: 2}, true},
+		{&mutant{file: fa, line: 10, col: 1}, false},
+		{&mutant{file: fa, line: 12, col: 3}, false}, // the end column is past the block
+		{&mutant{file: fa, line: 20, col: 4}, false}, // a block no test ran
+		{&mutant{file: fa, line: 30, col: 4}, false}, // another package's block
+		{&mutant{file: fb, line: 5, col: 9}, true},   // from the second profile
+		{&mutant{file: fa, line: 25, col: 7, inCase: &token.Position{Line: 11, Column: 2}}, true},
+		{&mutant{file: fa, line: 25, col: 7, inCase: &token.Position{Line: 20, Column: 2}}, false},
+	} {
+		if got := cb.covers(tc.m); got != tc.want {
+			t.Errorf("%s (in case %v): covered %v, want %v", tc.m.pos(), tc.m.inCase, got, tc.want)
+		}
+	}
+	if err := cb.read(write(t, "bad.out", "mode: set\nexample.com/p/a.go:x 1 1\n"), "example.com/p", dir); err == nil {
+		t.Error("a profile line that cannot be read was taken")
+	}
+}
+
+// apply makes gremlins' replacement at the mutant's offset and nowhere else.
+func TestApply(t *testing.T) {
+	src := []byte("package p\n\nfunc f(a, b int) bool { return a < b && a-1 < b }\n")
+	off := strings.Index(string(src), "< b &&")
+	got, err := apply(src, &mutant{file: "p.go", typ: "CONDITIONALS_BOUNDARY", offset: off})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "package p\n\nfunc f(a, b int) bool { return a <= b && a-1 < b }\n"; string(got) != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if _, err := apply(src, &mutant{file: "p.go", typ: "INCREMENT_DECREMENT", offset: off}); err == nil {
+		t.Error("a mutator applied to a token it does not replace")
+	}
+}
