@@ -62,6 +62,7 @@ func main() {
 	flag.StringVar(&o.since, "since", "", "measure only the packages whose files changed since this commit, and in them only the mutants on changed lines (implies -diff)")
 	flag.DurationVar(&o.budget, "budget", 0, "stop starting mutants after this long (0: no limit); the run then says what it left out")
 	flag.BoolVar(&o.verbose, "v", false, "also list every mutant no test reaches")
+	flag.BoolVar(&o.coverOnly, "coverage-only", false, "measure only which mutants the tests reach (mutator coverage), running none of them")
 	flag.Parse()
 	rc, err := run(o, flag.Args())
 	if err != nil {
@@ -76,7 +77,7 @@ type options struct {
 	since                               string
 	workers, factor                     int
 	minTimeout, budget                  time.Duration
-	verbose                             bool
+	verbose, coverOnly                  bool
 }
 
 // pkgConf is one line of scripts/mutation.packages.
@@ -436,6 +437,20 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 				runnable = append(runnable, m)
 			}
 		}
+	}
+	if o.coverOnly {
+		count := map[string]int{}
+		for _, m := range muts.changed {
+			count[m.status]++
+			if m.status == "NOT COVERED" {
+				fmt.Printf("NOT COVERED %s: %s\n", m.pos(), m.key())
+			}
+		}
+		_, cov := figures(map[string]int{"TIMED OUT": len(runnable), "NOT COVERED": count["NOT COVERED"]})
+		line := fmt.Sprintf("%-17s mutator coverage %6.2f%%  (reached %d, not covered %d, equivalent %d); efficacy not measured (-coverage-only)",
+			c.dir, cov, len(runnable), count["NOT COVERED"], count["EQUIVALENT"])
+		fmt.Println(line)
+		return result{line: line, failed: len(stale) > 0}, nil
 	}
 	var baseline time.Duration
 	if len(runnable) > 0 {
@@ -931,11 +946,17 @@ func (fi *fileInfo) describe(m *mutant) error {
 	return nil
 }
 
-// coverBlocks are the covered blocks of a cover profile, by file.
-type coverBlocks map[string][][4]int
+// coverBlocks are the blocks of the cover profiles, by file; hit when a
+// test ran them.
+type coverBlocks map[string][]coverBlock
+
+type coverBlock struct {
+	from, to [2]int // line, column
+	hit      bool
+}
 
 // read adds the blocks of the package importPath (whose directory is dir)
-// that the cover profile at path ran.
+// that the cover profile at path holds.
 func (cb coverBlocks) read(path, importPath, dir string) error {
 	f, err := os.Open(path)
 	if err != nil {
@@ -962,26 +983,40 @@ func (cb coverBlocks) read(path, importPath, dir string) error {
 		if _, err := fmt.Sscanf(l[colon+1:], "%d.%d,%d.%d %d %d", &b[0], &b[1], &b[2], &b[3], &stmts, &cnt); err != nil {
 			return fmt.Errorf("cover profile line %q: %v", l, err)
 		}
-		if cnt > 0 {
-			file := filepath.Join(dir, filepath.Base(name))
-			cb[file] = append(cb[file], b)
-		}
+		file := filepath.Join(dir, filepath.Base(name))
+		cb[file] = append(cb[file], coverBlock{[2]int{b[0], b[1]}, [2]int{b[2], b[3]}, cnt > 0})
 	}
 	return sc.Err()
 }
 
+// covers says whether the tests reached m: a block they ran holds it, or,
+// in a case expression, its switch. A mutant outside every function and
+// every block (a package-level constant or variable's initialiser) is
+// evaluated when the package is built and loaded, so it is reached when
+// the tests ran any of the package.
 func (cb coverBlocks) covers(m *mutant) bool {
 	if m.inCase != nil {
-		return cb.reached(m.file, m.inCase.Line, m.inCase.Column)
+		return cb.reached(m.file, m.inCase.Line, m.inCase.Column, true)
 	}
-	return cb.reached(m.file, m.line, m.col)
+	if m.fn == "-" && !cb.reached(m.file, m.line, m.col, false) {
+		for _, bs := range cb {
+			for _, b := range bs {
+				if b.hit {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return cb.reached(m.file, m.line, m.col, true)
 }
 
-func (cb coverBlocks) reached(file string, line, col int) bool {
+// reached says whether a block holds the position, one a test ran when hit.
+func (cb coverBlocks) reached(file string, line, col int, hit bool) bool {
 	for _, b := range cb[file] {
-		after := line > b[0] || line == b[0] && col >= b[1]
-		before := line < b[2] || line == b[2] && col < b[3]
-		if after && before {
+		after := line > b.from[0] || line == b.from[0] && col >= b.from[1]
+		before := line < b.to[0] || line == b.to[0] && col < b.to[1]
+		if after && before && (b.hit || !hit) {
 			return true
 		}
 	}

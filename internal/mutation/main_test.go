@@ -231,7 +231,8 @@ func TestJudge(t *testing.T) {
 }
 
 // A mutant is reached when a covered block holds its position, or, in a
-// case expression (which no block holds), when its switch is; the blocks of
+// case expression (which no block holds), when its switch is, or, in a
+// package-level declaration, when any of the package ran; the blocks of
 // several profiles add up.
 func TestCoverBlocks(t *testing.T) {
 	dir := t.TempDir()
@@ -257,10 +258,15 @@ func TestCoverBlocks(t *testing.T) {
 		{&mutant{file: fb, line: 5, col: 9}, true},   // from the second profile
 		{&mutant{file: fa, line: 25, col: 7, inCase: &token.Position{Line: 11, Column: 2}}, true},
 		{&mutant{file: fa, line: 25, col: 7, inCase: &token.Position{Line: 20, Column: 2}}, false},
+		{&mutant{file: fa, line: 3, col: 20, fn: "-"}, true},  // a package-level constant: loaded with the package
+		{&mutant{file: fa, line: 20, col: 4, fn: "-"}, false}, // a package-level function literal's block no test ran
 	} {
 		if got := cb.covers(tc.m); got != tc.want {
 			t.Errorf("%s (in case %v): covered %v, want %v", tc.m.pos(), tc.m.inCase, got, tc.want)
 		}
+	}
+	if (coverBlocks{fa: {{[2]int{1, 1}, [2]int{2, 1}, false}}}).covers(&mutant{file: fa, line: 5, col: 1, fn: "-"}) {
+		t.Error("a package-level constant of a package no test ran counted as reached")
 	}
 	if err := cb.read(write(t, "bad.out", "mode: set\nexample.com/p/a.go:x 1 1\n"), "example.com/p", dir); err == nil {
 		t.Error("a profile line that cannot be read was taken")
