@@ -276,6 +276,7 @@ type mutant struct {
 	nth, of   int // its rank among the mutants of typ on its line, and how many there are
 	offset    int
 	inCase    *token.Position // the switch whose case expression holds it
+	stmt      *token.Position // the innermost statement that holds it
 	outside   bool            // not on a line the diff changed
 	status    string
 	equiv     *equivalent
@@ -849,6 +850,15 @@ type fileInfo struct {
 	file  *token.File
 	funcs []funcSpan
 	cases []caseSpan
+	stmts []stmtSpan
+}
+
+// stmtSpan is a statement. A cover profile's blocks end where a function
+// literal starts and resume in its body, so what follows the literal in
+// the statement that holds it (`if strings.IndexFunc(s, func...) >= 0 {`)
+// is in no block: a mutant there counts as reached when its statement is.
+type stmtSpan struct {
+	from, to token.Pos
 }
 
 // caseSpan is the expression list of a switch's case clause. A cover
@@ -876,6 +886,11 @@ func parseFile(path string) (*fileInfo, error) {
 	}
 	fi := &fileInfo{src: src, fset: fset, file: fset.File(af.Pos())}
 	ast.Inspect(af, func(n ast.Node) bool {
+		switch n.(type) {
+		case *ast.BlockStmt, *ast.CaseClause, *ast.CommClause:
+		case ast.Stmt:
+			fi.stmts = append(fi.stmts, stmtSpan{n.Pos(), n.End()})
+		}
 		sw, ok := n.(*ast.SwitchStmt)
 		if !ok {
 			return true
@@ -943,6 +958,14 @@ func (fi *fileInfo) describe(m *mutant) error {
 			m.fn = f.name
 		}
 	}
+	// Statements nest, and ast.Inspect lists the outer first: the last one
+	// holding p is the innermost.
+	for _, st := range fi.stmts {
+		if st.from <= p && p < st.to {
+			pos := fi.fset.Position(st.from)
+			m.stmt = &pos
+		}
+	}
 	return nil
 }
 
@@ -990,13 +1013,17 @@ func (cb coverBlocks) read(path, importPath, dir string) error {
 }
 
 // covers says whether the tests reached m: a block they ran holds it, or,
-// in a case expression, its switch. A mutant outside every function and
+// in a case expression, its switch, or, in no block (after a function
+// literal in its statement), its statement. A mutant outside every function and
 // every block (a package-level constant or variable's initialiser) is
 // evaluated when the package is built and loaded, so it is reached when
 // the tests ran any of the package.
 func (cb coverBlocks) covers(m *mutant) bool {
 	if m.inCase != nil {
 		return cb.reached(m.file, m.inCase.Line, m.inCase.Column, true)
+	}
+	if m.stmt != nil && !cb.reached(m.file, m.line, m.col, false) {
+		return cb.reached(m.file, m.stmt.Line, m.stmt.Column, true)
 	}
 	if m.fn == "-" && !cb.reached(m.file, m.line, m.col, false) {
 		for _, bs := range cb {

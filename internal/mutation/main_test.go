@@ -231,7 +231,8 @@ func TestJudge(t *testing.T) {
 }
 
 // A mutant is reached when a covered block holds its position, or, in a
-// case expression (which no block holds), when its switch is, or, in a
+// case expression (which no block holds), when its switch is, or, in no
+// block (after a function literal), when its statement is, or, in a
 // package-level declaration, when any of the package ran; the blocks of
 // several profiles add up.
 func TestCoverBlocks(t *testing.T) {
@@ -258,8 +259,11 @@ func TestCoverBlocks(t *testing.T) {
 		{&mutant{file: fb, line: 5, col: 9}, true},   // from the second profile
 		{&mutant{file: fa, line: 25, col: 7, inCase: &token.Position{Line: 11, Column: 2}}, true},
 		{&mutant{file: fa, line: 25, col: 7, inCase: &token.Position{Line: 20, Column: 2}}, false},
-		{&mutant{file: fa, line: 3, col: 20, fn: "-"}, true},  // a package-level constant: loaded with the package
-		{&mutant{file: fa, line: 20, col: 4, fn: "-"}, false}, // a package-level function literal's block no test ran
+		{&mutant{file: fa, line: 3, col: 20, fn: "-"}, true},                                              // a package-level constant: loaded with the package
+		{&mutant{file: fa, line: 15, col: 9, fn: "f", stmt: &token.Position{Line: 11, Column: 2}}, true},  // after a function literal: its statement ran
+		{&mutant{file: fa, line: 15, col: 9, fn: "f", stmt: &token.Position{Line: 20, Column: 2}}, false}, // its statement did not
+		{&mutant{file: fa, line: 11, col: 9, fn: "f", stmt: &token.Position{Line: 20, Column: 2}}, true},  // a block that ran holds it
+		{&mutant{file: fa, line: 20, col: 4, fn: "-"}, false},                                             // a package-level function literal's block no test ran
 	} {
 		if got := cb.covers(tc.m); got != tc.want {
 			t.Errorf("%s (in case %v): covered %v, want %v", tc.m.pos(), tc.m.inCase, got, tc.want)
@@ -286,5 +290,55 @@ func TestApply(t *testing.T) {
 	}
 	if _, err := apply(src, &mutant{file: "p.go", typ: "INCREMENT_DECREMENT", offset: off}); err == nil {
 		t.Error("a mutator applied to a token it does not replace")
+	}
+}
+
+// describe names a mutant by its function and source line, and finds the
+// statement that holds it, which a cover block may leave out when a
+// function literal splits it.
+func TestDescribe(t *testing.T) {
+	p := write(t, "a.go", `package p
+
+import "strings"
+
+const n = 2 * 3
+
+func (s *T) ok(id string) bool {
+	if strings.IndexFunc(id, func(r rune) bool { return r > 0x7e }) >= 0 {
+		return false
+	}
+	return true
+}
+`)
+	fi, err := parseFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := &mutant{file: p, line: 8, col: strings.Index("\tif strings.IndexFunc(id, func(r rune) bool { return r > 0x7e }) >= 0 {", ">=") + 1}
+	if err := fi.describe(after); err != nil {
+		t.Fatal(err)
+	}
+	if after.fn != "T.ok" || after.src != "if strings.IndexFunc(id, func(r rune) bool { return r > 0x7e }) >= 0 {" {
+		t.Errorf("described as %q, %q", after.fn, after.src)
+	}
+	if after.stmt == nil || after.stmt.Line != 8 || after.stmt.Column != 2 {
+		t.Errorf("statement = %v, want the if at 8:2", after.stmt)
+	}
+	inLit := &mutant{file: p, line: 8, col: strings.Index("\tif strings.IndexFunc(id, func(r rune) bool { return r > 0x7e }) >= 0 {", "> 0x7e") + 1}
+	if err := fi.describe(inLit); err != nil {
+		t.Fatal(err)
+	}
+	if inLit.stmt == nil || inLit.stmt.Line != 8 || inLit.stmt.Column <= 40 {
+		t.Errorf("statement = %v, want the literal's return", inLit.stmt)
+	}
+	konst := &mutant{file: p, line: 5, col: 13}
+	if err := fi.describe(konst); err != nil {
+		t.Fatal(err)
+	}
+	if konst.fn != "-" || konst.stmt != nil {
+		t.Errorf("a package-level constant described as in %q, statement %v", konst.fn, konst.stmt)
+	}
+	if err := fi.describe(&mutant{file: p, line: 99, col: 1}); err == nil {
+		t.Error("a line the file does not have was described")
 	}
 }
