@@ -132,7 +132,7 @@ func (hb *heartbeat) beat() {
 		age := now.Sub(l.since)
 		switch {
 		case l.failed:
-		case age >= lease-2*hb.tick && !(l.patient && l.tried):
+		case age > lease-2*hb.tick && !(l.patient && l.tried):
 			// Renewals failed since a third of the lease, and by the next
 			// tick less than a sixth of it would be left (the ticks are
 			// the engine's, not this lease's: a lease begun between two

@@ -207,6 +207,56 @@ func TestUnrenewedLeaseCancelledWithASixthLeft(t *testing.T) {
 	<-b
 }
 
+// A handler whose lease cannot be renewed runs until the last tick that
+// still leaves it a sixth of its lease, not a tick sooner, when its claim
+// fell on one of the heartbeat's ticks: until then a renewal sent again may
+// still land, and stopping it earlier would fence a live handler for
+// nothing. The first execution's claim sets the ticks going, so it falls
+// on one.
+func TestUnrenewedLeaseCancelledAtTheLastTickLeavingASixth(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := refusedRenewals{idemmem.NewStore(&idemmem.Config{Clock: clock})}
+	const lease, tick = 12 * time.Second, 2 * time.Second
+	timers := countedTimers{clock, make(chan struct{}, 1)}
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: timers, Lease: lease, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctxs := make(chan context.Context, 1)
+	out := make(chan keyed.Outcome, 1)
+	fp := idem.NewFingerprint("POST", "/pay", "", "", []byte("k"))
+	go func() {
+		out <- eng.Serve(context.Background(), keyed.Request{Key: "k", Fingerprint: fp}, &funcFace{run: func(ctx context.Context) keyed.Ran {
+			ctxs <- ctx
+			<-ctx.Done()
+			return keyed.Ran{Status: 503, Failure: "timed out"}
+		}})
+	}()
+	ctx := <-ctxs
+	<-timers.set // the first tick set, at the claim
+	rec, err := store.Get(t.Context(), "", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 4; i++ {
+		clock.Advance(tick)
+		<-timers.set
+		if ctx.Err() != nil {
+			t.Fatalf("the handler was cancelled at tick %d, with %v of its lease left (cause %v); want it running until a sixth, %v, is left", i, rec.LeaseExpiresAt.Sub(clock.Now()), context.Cause(ctx), tick)
+		}
+	}
+	clock.Advance(tick)
+	<-timers.set
+	if ctx.Err() == nil {
+		t.Fatalf("the handler runs on with %v of its lease left, none of it renewed; want it cancelled at this tick, the last before less than a sixth is left", rec.LeaseExpiresAt.Sub(clock.Now()))
+	}
+	if left := rec.LeaseExpiresAt.Sub(clock.Now()); left != tick {
+		t.Fatalf("the handler was cancelled with %v of its lease left; want a sixth of it, %v", left, tick)
+	}
+	<-out
+}
+
 // stalledRenewal is a store whose first renewal reaches it too late: it
 // ends with its context. The renewals after it are served; each one sent
 // is said on sent.
