@@ -82,6 +82,7 @@ type options struct {
 
 // pkgConf is one line of scripts/mutation.packages.
 type pkgConf struct {
+	no               int // its line in the file
 	dir              string
 	efficacy, mcover float64
 	tests            []testRun
@@ -158,7 +159,7 @@ func readConfig(path string) ([]pkgConf, error) {
 		if len(f) != 6 {
 			return nil, fmt.Errorf("%s:%d: want 6 fields separated by \" | \", got %d", path, l.no, len(f))
 		}
-		c := pkgConf{dir: filepath.Clean(f[0])}
+		c := pkgConf{no: l.no, dir: filepath.Clean(f[0])}
 		if c.tests, err = parseTests(f[3], f[4]); err != nil {
 			return nil, fmt.Errorf("%s:%d: %v", path, l.no, err)
 		}
@@ -336,12 +337,19 @@ func run(o options, args []string) (int, error) {
 		if err != nil {
 			return 0, fmt.Errorf("git diff --name-only %s: %v", o.since, err)
 		}
-		touched := map[string]bool{}
-		for _, f := range strings.Fields(string(out)) {
-			if !strings.HasSuffix(f, "_test.go") {
-				touched[filepath.Dir(f)] = true
-			}
+		// A change to the equivalents or to a package's line of the
+		// configuration alone touches no Go file, yet can make a line of
+		// the equivalents stale (a wrong key, a file taken out of the
+		// package's selection): those packages are judged too, their
+		// changed lines (none) run no mutant, and the stale check runs.
+		var eqDiff, confDiff []byte
+		if eqDiff, err = exec.Command("git", "diff", "-U0", o.since, "--", o.equivalents).Output(); err != nil {
+			return 0, fmt.Errorf("git diff %s -- %s: %v", o.since, o.equivalents, err)
 		}
+		if confDiff, err = exec.Command("git", "diff", "-U0", o.since, "--", o.config).Output(); err != nil {
+			return 0, fmt.Errorf("git diff %s -- %s: %v", o.since, o.config, err)
+		}
+		touched := touchedPackages(strings.Fields(string(out)), changedLines(string(eqDiff)), equivs, changedLines(string(confDiff)), confs)
 		var keep []pkgConf
 		for _, c := range chosen {
 			if touched[c.dir] {
@@ -350,7 +358,7 @@ func run(o options, args []string) (int, error) {
 		}
 		chosen = keep
 		if len(chosen) == 0 {
-			fmt.Printf("no measured package has a non-test Go file changed since %s\n", o.since)
+			fmt.Printf("no measured package has a non-test Go file, an equivalent or a line of %s changed since %s\n", o.config, o.since)
 			return 0, nil
 		}
 	}
@@ -381,6 +389,61 @@ func run(o options, args []string) (int, error) {
 		fmt.Println(s)
 	}
 	return rc, nil
+}
+
+// touchedPackages returns the directories of the measured packages a change
+// touched: those with a non-test Go file among files (git diff --name-only),
+// an equivalent on a line of eqLines, or their own line of the configuration
+// among confLines (the new file's line numbers, from changedLines).
+func touchedPackages(files []string, eqLines map[int]bool, equivs []*equivalent, confLines map[int]bool, confs []pkgConf) map[string]bool {
+	touched := map[string]bool{}
+	for _, f := range files {
+		if strings.HasSuffix(f, ".go") && !strings.HasSuffix(f, "_test.go") {
+			touched[filepath.Dir(f)] = true
+		}
+	}
+	for _, e := range equivs {
+		if eqLines[e.no] {
+			touched[filepath.Dir(e.path)] = true
+		}
+	}
+	for _, c := range confs {
+		if confLines[c.no] {
+			touched[c.dir] = true
+		}
+	}
+	return touched
+}
+
+// changedLines returns the numbers, in the new file, of the lines a unified
+// diff without context (git diff -U0) adds or changes: the "+c,d" of each
+// hunk's header. Lines only taken out are in none.
+func changedLines(diff string) map[int]bool {
+	lines := map[int]bool{}
+	for _, l := range strings.Split(diff, "\n") {
+		if !strings.HasPrefix(l, "@@ ") {
+			continue
+		}
+		f := strings.Fields(l)
+		if len(f) < 3 || !strings.HasPrefix(f[2], "+") {
+			continue
+		}
+		start, count, hasCount := strings.Cut(f[2][1:], ",")
+		c, n := 1, 0
+		var err error
+		if n, err = strconv.Atoi(start); err != nil {
+			continue
+		}
+		if hasCount {
+			if c, err = strconv.Atoi(count); err != nil {
+				continue
+			}
+		}
+		for i := n; i < n+c; i++ {
+			lines[i] = true
+		}
+	}
+	return lines
 }
 
 type result struct {

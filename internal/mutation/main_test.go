@@ -342,3 +342,48 @@ func (s *T) ok(id string) bool {
 		t.Error("a line the file does not have was described")
 	}
 }
+
+// changedLines reads the new file's line numbers from the hunk headers of
+// git diff -U0: "+c,d" is d lines from c, "+c" one line, "+c,0" none (the
+// hunk only takes lines out).
+func TestChangedLines(t *testing.T) {
+	diff := `diff --git a/docs/mutation-equivalents.txt b/docs/mutation-equivalents.txt
+index 1111111..2222222 100644
+--- a/docs/mutation-equivalents.txt
++++ b/docs/mutation-equivalents.txt
+@@ -40 +40 @@ consumer/batch.go | runner.gather
+-old
++new
+@@ -50,0 +51,2 @@
++one
++two
+@@ -60,3 +62,0 @@
+-gone
+@@ -70,0 +70 @@
++@@ not a header
+`
+	got := changedLines(diff)
+	want := map[int]bool{40: true, 51: true, 52: true, 70: true}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("changedLines = %v, want %v", got, want)
+	}
+}
+
+// A change that touches only docs/mutation-equivalents.txt, or a package's
+// line of scripts/mutation.packages, still has the packages it names
+// judged, so that a stale equivalent fails the change that made it; a test
+// file or a line taken out touches nothing.
+func TestTouchedPackages(t *testing.T) {
+	equivs := []*equivalent{
+		{no: 40, path: "consumer/batch.go"},
+		{no: 41, path: "idemsqlite/inbox.go"},
+		{no: 42, path: "outbox/outbox.go"},
+	}
+	confs := []pkgConf{{no: 20, dir: "deadletter"}, {no: 21, dir: "idempg"}}
+	got := touchedPackages([]string{"keyed/heartbeat.go", "outbox/outbox_test.go", "docs/testing.md"},
+		map[int]bool{41: true}, equivs, map[int]bool{21: true}, confs)
+	want := map[string]bool{"keyed": true, "idemsqlite": true, "idempg": true}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("touchedPackages = %v, want %v", got, want)
+	}
+}
