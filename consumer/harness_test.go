@@ -100,6 +100,9 @@ type recorder struct {
 	taken int
 	// asked holds the max of each NextBatch call.
 	asked []int
+	// nackGate, when set, holds every Nack (once noted) until it is
+	// closed.
+	nackGate chan struct{}
 }
 
 func (r *recorder) Subscribe(ctx context.Context, sub idem.Subscription) (idem.Stream, error) {
@@ -214,6 +217,9 @@ func (d *recDelivery) Ack(ctx context.Context) error {
 
 func (d *recDelivery) Nack(ctx context.Context, delay time.Duration) error {
 	d.r.note(d.Message().ID, "nack "+delay.String())
+	if d.r.nackGate != nil {
+		<-d.r.nackGate
+	}
 	return d.Delivery.Nack(ctx, delay)
 }
 

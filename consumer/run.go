@@ -558,10 +558,13 @@ func (r *runner) fail(e *entry, n int, cause error, class idem.ErrorClass) {
 	}
 	delay = max(delay, 0)
 	e.prevDelay = delay
-	r.c.retried.Add(1)
 	r.observe(e, OutcomeRetried, 0, cause)
 	log.LogAttrs(r.ctx, slog.LevelWarn, "attempt failed; retrying", slog.Duration("delay", delay))
 	r.retry(e, delay, errors.Is(cause, idem.ErrSequenceGap))
+	// Counted once the retry is scheduled (the transport has its Nack, or
+	// the consumer its timer): whoever reads Retried and then moves the
+	// clock finds the retry due from before it moved.
+	r.c.retried.Add(1)
 }
 
 // deadLetter moves e to the dead letters, with every recorded attempt and

@@ -12,6 +12,31 @@ import (
 	"github.com/idem-go/idem/consumer"
 )
 
+// A failed attempt counts as retried (Stats.Retried) once its retry is
+// scheduled, not before: under Unordered, once the transport has its Nack
+// with the delay. Whoever reads Retried and then moves the clock (as
+// ExampleConfig_unordered does) must find the retry due from the time it
+// read, not from a Nack sent after it moved.
+func TestRetriedCountedOnceTheRetryIsScheduled(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.rec.nackGate = make(chan struct{})
+	cfg := h.config()
+	cfg.Unordered = true
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		return idem.RetryAfter(errFlaky, time.Hour)
+	})
+	h.publish(msg("a1", "A"))
+	waitFor(t, "a1's Nack sent", func() bool {
+		return slices.Contains(h.rec.Ops("a1"), "nack "+time.Hour.String())
+	})
+	if n := c.Stats().Retried; n != 0 {
+		t.Errorf("Retried = %d while the Nack that schedules the retry has not returned, want 0", n)
+	}
+	close(h.rec.nackGate)
+	waitFor(t, "the retry counted once scheduled", func() bool { return c.Stats().Retried == 1 })
+}
+
 // Under Unordered, a keyed message that failed is handed back to the
 // transport, and the later message of its key overtakes it; by default it
 // waits at the head of its key (TestWaitingKeyDoesNotBlockOthers).
