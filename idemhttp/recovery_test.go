@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -246,6 +247,52 @@ func TestCompleterFinishesAbandoned(t *testing.T) {
 	}
 	if want := 10*time.Second + time.Second + 9*time.Second; c.Bound() != want {
 		t.Fatalf("Bound() = %v; want lease + every + timeout = %v", c.Bound(), want)
+	}
+}
+
+// A Resume's answer longer than MaxResponseBytes is not kept cut short:
+// its writes past the bound succeed (Resume sees no error and goes on, as
+// a handler does), but the round keeps nothing, and the key stays in
+// flight with its point, its outcome unknown, for a later round.
+func TestCompleterKeepsNoAnswerPastMaxResponseBytes(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	m := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store, Lease: 10 * time.Second, Clock: clock,
+		InflightWait: 20 * time.Millisecond, MaxResponseBytes: 8})
+	p := &phased{}
+	crashed(t, m.Handler(p), p, "k")
+	type wrote struct {
+		n   int
+		err error
+	}
+	var writes []wrote
+	c, err := m.NewCompleter(&idemhttp.CompleterConfig{Resume: func(ctx context.Context, w http.ResponseWriter, ex idemhttp.Execution) error {
+		w.WriteHeader(http.StatusCreated)
+		// Each slice as long as its capacity: a write past its end would
+		// panic rather than pass unnoticed.
+		for _, b := range [][]byte{[]byte("12345")[:5:5], []byte("678901")[:6:6], []byte("23")[:2:2]} {
+			n, err := w.Write(b)
+			writes = append(writes, wrote{n, err})
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(11 * time.Second)
+	if n, _ := c.RunOnce(t.Context()); n != 0 {
+		t.Fatalf("the round finished %d keys with an answer past the bound; want none", n)
+	}
+	if want := []wrote{{5, nil}, {6, nil}, {2, nil}}; !slices.Equal(writes, want) {
+		t.Errorf("Resume's writes returned %v; want each whole and without error %v", writes, want)
+	}
+	if s := c.Stats(); s.Completed != 0 || s.Failed != 1 || s.Unknown != 1 {
+		t.Errorf("stats %+v; want one failed, its outcome unknown", s)
+	}
+	rec, err := store.Get(t.Context(), "", "k")
+	if err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" {
+		t.Fatalf("the key: %+v, %v; want it in flight with its point", rec, err)
 	}
 }
 
