@@ -3,6 +3,8 @@ package keyed_test
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,5 +86,58 @@ func TestCompleterRoundsDoNotWaitForASlowResume(t *testing.T) {
 	}
 	if rec, err := store.Get(t.Context(), "", "slow"); err != nil || rec.State != idem.StateInFlight {
 		t.Fatalf("the slow key: %v, %v; want it still in flight, its resume under way", rec.State, err)
+	}
+}
+
+// completeFails is a store whose Complete fails while fail is set.
+type completeFails struct {
+	*idemmem.Store
+	fail atomic.Bool
+}
+
+var errStoreDown = errors.New("the store does not answer")
+
+func (s *completeFails) Complete(ctx context.Context, ref idem.Ref, resp idem.Response) error {
+	if s.fail.Load() {
+		return errStoreDown
+	}
+	return s.Store.Complete(ctx, ref, resp)
+}
+
+// A Settle whose answer the store fails to keep says so, and gives the key
+// back as it found it: in flight with its point and its lease yielded, so
+// that the operator's next try settles it at once rather than after the
+// lease Settle took.
+func TestSettleThatCannotKeepItsAnswerGivesTheKeyBack(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := &completeFails{Store: idemmem.NewStore(&idemmem.Config{Clock: clock})}
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, err := eng.NewCompleter(&keyed.CompleterConfig{Resume: func(context.Context, keyed.Execution) (idem.Response, error) {
+		return idem.Response{}, errors.New("not resumed in this test")
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, store.Store, "k")
+	answer := idem.Response{Status: 409, Body: []byte("settled by an operator")}
+	store.fail.Store(true)
+	_, err = comp.Settle(t.Context(), "", "k", answer, false)
+	if !errors.Is(err, errStoreDown) || !strings.Contains(err.Error(), "keeping the settled answer") || strings.Contains(err.Error(), "yielding") {
+		t.Fatalf("Settle with the store failing: %v; want only the store's error on keeping the answer", err)
+	}
+	rec, err := store.Get(t.Context(), "", "k")
+	if err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" {
+		t.Fatalf("the key after the failed Settle: %+v, %v; want it in flight with its point", rec, err)
+	}
+	store.fail.Store(false)
+	if _, err := comp.Settle(t.Context(), "", "k", answer, false); err != nil {
+		t.Fatalf("the next Settle, at once: %v; want the key settled (the failed one yielded its lease)", err)
+	}
+	if rec, err := store.Get(t.Context(), "", "k"); err != nil || rec.State != idem.StateCompleted || rec.Response.Status != 409 {
+		t.Fatalf("the key: %+v, %v; want it completed with the settled answer", rec, err)
 	}
 }
