@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -78,5 +79,56 @@ func TestUnencodableRequestRefused(t *testing.T) {
 	}
 	if _, err := store.Get(t.Context(), "", "k"); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("the key after: %v; want it never claimed", err)
+	}
+}
+
+// A Resume whose answer is not a protocol buffer message has no answer the
+// key can keep: the round finishes nothing and counts the key failed, its
+// outcome unknown; the key stays in flight with its point, and a later
+// Resume that answers with a message finishes it.
+func TestCompleterKeepsNoAnswerThatIsNotAMessage(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	ic, err := idemgrpc.New(&idemgrpc.Config{Store: store, SharedScope: true, Clock: clock, Lease: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim, err := store.Claim(t.Context(), idem.ClaimRequest{Key: "k", Fingerprint: idem.NewFingerprint("/pay.Pay/Charge", "", "", "", []byte("k")),
+		Lease: 10 * time.Second, TTL: time.Hour})
+	if err != nil || claim.Outcome != idem.Acquired {
+		t.Fatalf("claim: %v, %v", claim.Outcome, err)
+	}
+	ref := idem.Ref{Key: "k", Token: claim.Token}
+	if err := store.SaveRecovery(t.Context(), ref, idem.RecoveryPoint{Name: "charging"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Yield(t.Context(), ref); err != nil {
+		t.Fatal(err)
+	}
+	var answer any = "charged, but not a message"
+	comp, err := ic.NewCompleter(&idemgrpc.CompleterConfig{Resume: func(context.Context, idemgrpc.Execution) (any, error) {
+		return answer, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := comp.RunOnce(t.Context()); n != 0 {
+		t.Fatalf("the round finished %d keys with an answer that is not a message; want none", n)
+	}
+	if s := comp.Stats(); s.Completed != 0 || s.Failed != 1 || s.Unknown != 1 {
+		t.Errorf("stats %+v; want one failed, its outcome unknown", s)
+	}
+	rec, err := store.Get(t.Context(), "", "k")
+	if err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" {
+		t.Fatalf("the key: %+v, %v; want it in flight with its point", rec, err)
+	}
+	answer = structpb.NewStringValue("charged")
+	clock.Advance(11 * time.Second) // past the lease the failed round took
+	if n, err := comp.RunOnce(t.Context()); n != 1 || err != nil {
+		t.Fatalf("the round with a message for an answer finished %d, %v; want the key", n, err)
+	}
+	if rec, err := store.Get(t.Context(), "", "k"); err != nil || rec.State != idem.StateCompleted {
+		t.Fatalf("the key: %v, %v; want it completed", rec.State, err)
 	}
 }
