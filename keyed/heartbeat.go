@@ -22,8 +22,9 @@ type heldLease struct {
 	// it a little later, so the lease ends no sooner than since + Lease).
 	since time.Time
 	// renewing says a renewal is in flight; failed that the lease was
-	// given up as lost (its context cancelled).
-	renewing, failed bool
+	// given up as lost (its context cancelled). missed says a tick found
+	// the lease due while its renewal was in flight, and so sent none.
+	renewing, failed, missed bool
 	// listed says the lease is in the heartbeat's list.
 	listed bool
 	// settled, made by settle when a renewal is in flight, is closed when
@@ -75,7 +76,7 @@ func (hb *heartbeat) init(e *Engine) {
 func (hb *heartbeat) hold(l *heldLease, since time.Time) {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
-	l.since, l.renewing, l.failed, l.listed, l.tried = since, false, false, true, false
+	l.since, l.renewing, l.failed, l.listed, l.tried, l.missed = since, false, false, true, false, false
 	l.prev, l.next = hb.head.prev, &hb.head
 	hb.head.prev.next = l
 	hb.head.prev = l
@@ -146,6 +147,10 @@ func (hb *heartbeat) beat() {
 		case !l.renewing && age >= hb.each:
 			l.renewing, l.tried = true, true
 			due = append(due, l)
+		case age >= hb.each:
+			// Due, but its renewal is still on its way: the renewal's
+			// return makes up for this tick (see renew).
+			l.missed = true
 		}
 	}
 	more := hb.head.next != &hb.head
@@ -176,6 +181,8 @@ func (hb *heartbeat) renew(l *heldLease) {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	l.renewing = false
+	missed := l.missed
+	l.missed = false
 	if l.settled != nil {
 		close(l.settled)
 		l.settled = nil
@@ -186,6 +193,16 @@ func (hb *heartbeat) renew(l *heldLease) {
 	switch {
 	case err == nil:
 		l.since, l.tried = sent, false
+		if missed && !l.failed && e.cfg.Clock.Now().Sub(sent) >= hb.each {
+			// A tick found the lease due while this renewal was on its
+			// way, and the lease, counted from when this one was sent, is
+			// due again: renewed at once, not a tick later, when the
+			// next tick may be the last before the lease is given up
+			// (and an injected clock may stand still until it is
+			// renewed).
+			l.renewing, l.tried = true, true
+			go hb.renew(l)
+		}
 	case errors.Is(err, idem.ErrLeaseLost):
 		// Taken over (or ended by hand): whatever the execution does now
 		// will be refused; it stops at once.

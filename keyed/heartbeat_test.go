@@ -387,3 +387,90 @@ func TestRefusedRenewalSentAgainATickLater(t *testing.T) {
 		t.Fatalf("the refused renewal was sent again %v after it; want about a tick, %v, later", gap, tick)
 	}
 }
+
+// heldRenewal is a store whose first renewal is held until release is
+// closed, as a renewal that stalls on its way (a slow store, a loaded
+// machine) is; every renewal sent says so on sent, with its lease's new
+// end.
+type heldRenewal struct {
+	*idemmem.Store
+	calls   atomic.Int64
+	release chan struct{}
+	sent    chan time.Time
+}
+
+func (s *heldRenewal) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (time.Time, error) {
+	first := s.calls.Add(1) == 1
+	end, err := s.Store.Renew(ctx, ref, lease)
+	s.sent <- end
+	if first {
+		<-s.release
+	}
+	return end, err
+}
+
+// A tick that finds a lease due while its renewal is still on its way
+// sends none; once that renewal returns, the lease, counted from when it
+// was sent, is due again, and is renewed at once rather than a tick
+// later. On a clock that stands still until the lease is renewed (the
+// face suite's), a tick later never came: the renewal returned after two
+// ticks of the suite, and the lease was never renewed again.
+func TestRenewalThatReturnsAfterATickIsFollowedAtOnce(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := &heldRenewal{Store: idemmem.NewStore(&idemmem.Config{Clock: clock}), release: make(chan struct{}), sent: make(chan time.Time, 8)}
+	const lease, tick = 12 * time.Second, 2 * time.Second
+	timers := countedTimers{clock, make(chan struct{}, 1)}
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: timers, Lease: lease, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctxs := make(chan context.Context, 1)
+	done := make(chan struct{})
+	out := make(chan keyed.Outcome, 1)
+	fp := idem.NewFingerprint("POST", "/pay", "", "", []byte("k"))
+	go func() {
+		out <- eng.Serve(context.Background(), keyed.Request{Key: "k", Fingerprint: fp}, &funcFace{run: func(ctx context.Context) keyed.Ran {
+			ctxs <- ctx
+			<-done
+			return keyed.Ran{Status: 200, Keep: true, Answer: idem.Response{Status: 200}}
+		}})
+	}()
+	ctx := <-ctxs
+	<-timers.set // the first tick set, at the claim
+	for range 2 {
+		clock.Advance(tick)
+		<-timers.set
+	}
+	// A third of the lease: the renewal is sent, and held.
+	if end := <-store.sent; !end.Equal(clock.Now().Add(lease)) {
+		t.Fatalf("the first renewal ends the lease at %v, want %v", end, clock.Now().Add(lease))
+	}
+	// Two ticks while it is on its way: the lease is due at each, from
+	// its claim, and neither sends a renewal.
+	for range 2 {
+		clock.Advance(tick)
+		<-timers.set
+	}
+	select {
+	case end := <-store.sent:
+		t.Fatalf("a renewal (to %v) sent while the first was on its way", end)
+	default:
+	}
+	close(store.release)
+	select {
+	case end := <-store.sent:
+		if want := clock.Now().Add(lease); !end.Equal(want) {
+			t.Fatalf("the renewal after the held one ends the lease at %v, want %v", end, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no renewal within 10s of the held one's return, the clock standing at a third of the lease after it was sent; want one at once")
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the handler was cancelled: %v", context.Cause(ctx))
+	}
+	close(done)
+	if o := <-out; o != keyed.OutcomeExecuted {
+		t.Fatalf("outcome %v, want executed", o)
+	}
+}
