@@ -1,6 +1,7 @@
 package keyed_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -139,5 +140,69 @@ func TestSettleThatCannotKeepItsAnswerGivesTheKeyBack(t *testing.T) {
 	}
 	if rec, err := store.Get(t.Context(), "", "k"); err != nil || rec.State != idem.StateCompleted || rec.Response.Status != 409 {
 		t.Fatalf("the key: %+v, %v; want it completed with the settled answer", rec, err)
+	}
+}
+
+// A point the Completer cannot open (sealed with a body key its engine
+// lacks) is not resumed: the round counts the key failed, its outcome
+// unknown, and leaves it in flight with its point intact and its lease
+// yielded, so that a Completer given the key resumes it at once rather
+// than after the lease the failed round took.
+func TestCompleterLeavesAPointItCannotOpen(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	data := []byte(`{"charge":"ch_1"}`)
+	sealed, err := keyed.ResealPoint([]keyed.BodyKey{bodyKey1}, "", "k", "k", "charging", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim, err := store.Claim(t.Context(), idem.ClaimRequest{Key: "k", Fingerprint: idem.NewFingerprint("POST", "/pay", "", "", []byte("k")),
+		Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil || claim.Outcome != idem.Acquired {
+		t.Fatalf("claim: %v, %v", claim.Outcome, err)
+	}
+	ref := idem.Ref{Key: "k", Token: claim.Token}
+	if err := store.SaveRecovery(t.Context(), ref, idem.RecoveryPoint{Name: "charging", Data: sealed}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Yield(t.Context(), ref); err != nil {
+		t.Fatal(err)
+	}
+	completer := func(keys ...keyed.BodyKey) (*keyed.Completer, *[]string) {
+		eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour, BodyKeys: keys})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var saw []string
+		comp, err := eng.NewCompleter(&keyed.CompleterConfig{Resume: func(_ context.Context, ex keyed.Execution) (idem.Response, error) {
+			saw = append(saw, string(ex.Recovery.Data))
+			return idem.Response{Status: 201}, nil
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return comp, &saw
+	}
+	without, sawWithout := completer(bodyKey2)
+	if n, _ := without.RunOnce(t.Context()); n != 0 {
+		t.Fatalf("a round without the point's body key finished %d; want none", n)
+	}
+	if len(*sawWithout) != 0 {
+		t.Fatalf("Resume ran on a point that could not be opened: %q", *sawWithout)
+	}
+	if s := without.Stats(); s.Failed != 1 || s.Unknown != 1 {
+		t.Errorf("stats %+v; want one failed, its outcome unknown", s)
+	}
+	rec, err := store.Get(t.Context(), "", "k")
+	if err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" || !bytes.Equal(rec.Recovery.Data, sealed) {
+		t.Fatalf("the key: %+v, %v; want it in flight with its sealed point as it was", rec, err)
+	}
+	with, sawWith := completer(bodyKey2, bodyKey1)
+	if n, err := with.RunOnce(t.Context()); n != 1 || err != nil {
+		t.Fatalf("a round with the body key, at once: %d, %v; want the key finished (the failed round yielded it)", n, err)
+	}
+	if len(*sawWith) != 1 || (*sawWith)[0] != string(data) {
+		t.Fatalf("Resume saw %q; want the point opened", *sawWith)
 	}
 }
