@@ -23,6 +23,16 @@ var (
 	// Recoverer.ReleaseWithPoint.
 	ErrHasRecoveryPoint = errors.New("idem: the key has a recovery point: yield it, or release it with ReleaseWithPoint once nothing happened past the database")
 
+	// ErrStaleDelivery is matched (with errors.Is) by the error a
+	// Delivery's Ack, Nack, Term or InProgress returns once the delivery no
+	// longer stands for its message: it was settled already, or the message
+	// was handed to another consumer meanwhile (an AckWait or lease that
+	// ended, a Kafka partition taken away by a rebalance, a redelivery). The
+	// call changed nothing; the message's current holder settles it. Each
+	// transport's own stale-delivery error (idemsqlite.ErrStaleDelivery,
+	// idemkafka.ErrStaleDelivery, …) wraps it.
+	ErrStaleDelivery = errors.New("idem: stale delivery")
+
 	// ErrInvalidKey is matched (with errors.Is) by every *KeyError.
 	ErrInvalidKey = errors.New("idem: invalid idempotency key")
 

@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -69,6 +70,12 @@ type Stream interface {
 // Delivery is one delivery of a message to a consumer. Exactly one of Ack,
 // Nack and Term settles it; InProgress may be called any number of times
 // before that.
+//
+// Once a delivery no longer stands for its message (it was settled, or the
+// message went to another consumer: an AckWait that ended, a partition
+// taken away), each of its methods returns an error that matches
+// ErrStaleDelivery and changes nothing. InProgress is therefore also how a
+// consumer asks whether a delivery is still its own.
 type Delivery interface {
 	Message() Message
 	// Attempt counts deliveries of this message to this consumer, from 1.
@@ -78,7 +85,10 @@ type Delivery interface {
 	Attempt() int
 	// Ack settles the delivery as done: it is not delivered again.
 	Ack(ctx context.Context) error
-	// Nack settles it for now: it is delivered again after delay.
+	// Nack settles it for now: it is delivered again after delay. A
+	// negative delay is refused with an *ArgumentError
+	// (ValidateNackDelay) and changes nothing: the delivery stays
+	// unsettled.
 	Nack(ctx context.Context, delay time.Duration) error
 	// Term settles it for good without processing: it is not delivered
 	// again. A consumer terminates what it has dead-lettered.
@@ -86,6 +96,18 @@ type Delivery interface {
 	// InProgress tells the transport the consumer is still working, so the
 	// delivery is not given to another consumer after AckWait.
 	InProgress(ctx context.Context) error
+}
+
+// ValidateNackDelay reports whether delay can be passed to Delivery.Nack:
+// it returns an *ArgumentError (ErrInvalidArgument) when delay is negative,
+// a caller's mistake (a time subtracted the wrong way round) that no
+// transport guesses the meaning of. Every transport checks it first, so
+// that they all answer alike.
+func ValidateNackDelay(delay time.Duration) error {
+	if delay < 0 {
+		return &ArgumentError{Field: "delay", Reason: fmt.Sprintf("must not be negative (%v)", delay)}
+	}
+	return nil
 }
 
 // ErrClosed is returned by a closed Stream, Publisher or Subscriber.

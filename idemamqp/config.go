@@ -2,6 +2,7 @@ package idemamqp
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"strings"
@@ -58,8 +59,8 @@ var (
 	// answered: the message may or may not be stored.
 	ErrNacked = errors.New("idemamqp: the broker did not confirm the message")
 	// ErrStaleDelivery is returned by a Delivery's methods once it has
-	// been settled.
-	ErrStaleDelivery = errors.New("idemamqp: delivery already settled")
+	// been settled. It matches idem.ErrStaleDelivery.
+	ErrStaleDelivery = fmt.Errorf("idemamqp: delivery already settled (%w)", idem.ErrStaleDelivery)
 )
 
 // Config configures a Transport. The zero value is ready to use.

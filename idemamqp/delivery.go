@@ -73,6 +73,9 @@ func (d *delivery) Term(ctx context.Context) error {
 // consumer's queue, and then the original is acknowledged. See the package
 // documentation for the guarantees.
 func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
+	if err := idem.ValidateNackDelay(delay); err != nil {
+		return err
+	}
 	if delay <= 0 {
 		// basic.reject rather than basic.nack: from RabbitMQ 4.3 only
 		// the former counts in x-delivery-count.

@@ -33,7 +33,7 @@ const (
 // already, or its partition was taken away (a rebalance that did not wait
 // for it past Config.RevokeWait, a lost session), and the record goes to
 // the partition's next owner. The inbox absorbs that owner's copy if the
-// effect committed here.
+// effect committed here. It matches idem.ErrStaleDelivery.
 var ErrStaleDelivery = stream.ErrStaleDelivery
 
 // Config configures a Transport. The zero value is the default.

@@ -2,7 +2,6 @@ package idemmem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -15,7 +14,8 @@ import (
 // handed out again since (after its AckWait ended, or a Nack or a Close
 // gave it back). InProgress also returns it once the delivery has gone
 // back to the queue, since the next holder may already be working on it.
-var ErrStaleDelivery = errors.New("idemmem: delivery already settled or handed out again")
+// It matches idem.ErrStaleDelivery.
+var ErrStaleDelivery = fmt.Errorf("idemmem: delivery already settled or handed out again (%w)", idem.ErrStaleDelivery)
 
 // TransportConfig configures a Transport. The zero value is ready to use.
 type TransportConfig struct {
@@ -474,10 +474,14 @@ func (d *delivery) Ack(ctx context.Context) error {
 	})
 }
 
-// Nack implements idem.Delivery. A negative delay counts as zero.
+// Nack implements idem.Delivery. A negative delay is refused
+// (idem.ValidateNackDelay).
 func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
+	if err := idem.ValidateNackDelay(delay); err != nil {
+		return err
+	}
 	return d.settle(ctx, "nack", func(_ *memConsumer, now time.Time) {
-		d.p.at = now.Add(max(delay, 0))
+		d.p.at = now.Add(delay)
 	})
 }
 

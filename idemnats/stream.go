@@ -655,6 +655,9 @@ func (d *delivery) Ack(ctx context.Context) error {
 // flushed to the server before Nack returns, though not confirmed; if it
 // is lost the AckWait brings the message back.
 func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
+	if err := idem.ValidateNackDelay(delay); err != nil {
+		return err
+	}
 	body := ackNak
 	if delay > 0 {
 		body = fmt.Appendf(nil, "%s {\"delay\": %d}", ackNak, delay.Nanoseconds())

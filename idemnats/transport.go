@@ -32,7 +32,8 @@ const (
 // ErrStaleDelivery is returned by a Delivery's methods once it has been
 // settled, or once its stream has received a later delivery of its
 // message (after its AckWait).
-var ErrStaleDelivery = errors.New("idemnats: delivery already settled")
+// It matches idem.ErrStaleDelivery.
+var ErrStaleDelivery = fmt.Errorf("idemnats: delivery already settled (%w)", idem.ErrStaleDelivery)
 
 // Config configures a Transport. The zero value is ready to use.
 type Config struct {

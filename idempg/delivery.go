@@ -61,9 +61,12 @@ func (d *pgDelivery) Term(ctx context.Context) error {
 }
 
 // Nack implements idem.Delivery, in the transaction ctx carries if any. A
-// negative delay counts as zero.
+// negative delay is refused (idem.ValidateNackDelay).
 func (d *pgDelivery) Nack(ctx context.Context, delay time.Duration) error {
-	return d.update(ctx, "nack", true, d.s.t.sql.nack, d.s.t.now(), pgsql.Micros(max(delay, 0)))
+	if err := idem.ValidateNackDelay(delay); err != nil {
+		return err
+	}
+	return d.update(ctx, "nack", true, d.s.t.sql.nack, d.s.t.now(), pgsql.Micros(delay))
 }
 
 // InProgress implements idem.Delivery, in the transaction ctx carries if

@@ -36,7 +36,8 @@ const giveBackTimeout = 5 * time.Second
 // the message has been handed out again since (after its AckWait ended, or
 // its stream was closed). InProgress also returns it once the AckWait has
 // ended, since the next holder may already be working on the message.
-var ErrStaleDelivery = errors.New("idempg: delivery already settled or handed out again")
+// It matches idem.ErrStaleDelivery.
+var ErrStaleDelivery = fmt.Errorf("idempg: delivery already settled or handed out again (%w)", idem.ErrStaleDelivery)
 
 // TransportConfig configures NewTransport. The zero value is ready to use.
 type TransportConfig struct {

@@ -20,7 +20,8 @@ import (
 // the message has been handed out again since (after its AckWait ended, or
 // its stream was closed). InProgress also returns it once the AckWait has
 // ended, since the next holder may already be working on the message.
-var ErrStaleDelivery = errors.New("idemsqlite: delivery already settled or handed out again")
+// It matches idem.ErrStaleDelivery.
+var ErrStaleDelivery = fmt.Errorf("idemsqlite: delivery already settled or handed out again (%w)", idem.ErrStaleDelivery)
 
 // TransportConfig configures NewTransport. The zero value is ready to use.
 type TransportConfig struct {
@@ -748,9 +749,12 @@ func (d *dbDelivery) Term(ctx context.Context) error {
 }
 
 // Nack implements idem.Delivery, in the transaction ctx carries if any. A
-// negative delay counts as zero.
+// negative delay is refused (idem.ValidateNackDelay).
 func (d *dbDelivery) Nack(ctx context.Context, delay time.Duration) error {
-	at := d.s.t.clock.Now().Add(max(delay, 0)).UnixNano()
+	if err := idem.ValidateNackDelay(delay); err != nil {
+		return err
+	}
+	at := d.s.t.clock.Now().Add(delay).UnixNano()
 	return d.update(ctx, "nack", sqlNack, at)
 }
 

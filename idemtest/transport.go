@@ -125,6 +125,8 @@ var transportTests = []struct {
 	{"InProgress", needs("AckWait and InProgress", func(f TransportFeatures) bool { return f.AckWait && f.InProgress }), testInProgress},
 	{"TermSettles", needs("Term", func(f TransportFeatures) bool { return f.Term }), testTermSettles},
 	{"SettledIsStale", nil, testSettledIsStale},
+	{"ExpiredIsStale", needs("AckWait", func(f TransportFeatures) bool { return f.AckWait }), testExpiredIsStale},
+	{"NackNegative", nil, testNackNegative},
 	{"Durable", nil, testDurable},
 	{"TwoConsumers", nil, testTwoConsumers},
 	{"OrderedPerTopic", needs("OrderedPerTopic", func(f TransportFeatures) bool { return f.OrderedPerTopic }), testOrderedPerTopic},
@@ -531,8 +533,10 @@ func testTermSettles(t *testing.T, e *transportEnv) {
 }
 
 // testSettledIsStale: a delivery settled once no longer stands for its
-// message. Settling it again, or InProgress, returns an error (the
-// transport's ErrStaleDelivery) and changes nothing: an acknowledged
+// message. Settling it again, or InProgress, returns an error that
+// matches idem.ErrStaleDelivery (the transport's own wraps it, so that a
+// consumer can tell a delivery gone from a transport failing, whatever
+// the transport) and changes nothing: an acknowledged
 // message does not come back, and a caller is never told that a
 // settlement counting for nothing was made.
 func testSettledIsStale(t *testing.T, e *transportEnv) {
@@ -557,8 +561,8 @@ func testSettledIsStale(t *testing.T, e *transportEnv) {
 		}{"Term", func() error { return d.Term(e.ctx) }})
 	}
 	for _, a := range again {
-		if err := a.call(); err == nil {
-			t.Errorf("%s of a delivery acknowledged already = nil, want the transport's stale-delivery error", a.name)
+		if err := a.call(); !errors.Is(err, idem.ErrStaleDelivery) {
+			t.Errorf("%s of a delivery acknowledged already = %v, want an error that matches idem.ErrStaleDelivery", a.name, err)
 		}
 	}
 	// The Nack changed nothing: the first thing the consumer gets is a
@@ -567,6 +571,76 @@ func testSettledIsStale(t *testing.T, e *transportEnv) {
 	e.publish(marker)
 	e.ack(e.nextID(s, marker.ID, 1))
 	e.none(s, "an acknowledged message must not come back")
+}
+
+// testExpiredIsStale: a delivery whose AckWait ended, and whose message
+// was delivered again since, no longer stands for it. InProgress and the
+// settlements return an error that matches idem.ErrStaleDelivery and
+// change nothing: the later delivery still settles the message. This is
+// how a consumer that was slow (a long retry, a stalled process) learns
+// that the message is no longer its own, and so must neither dead-letter
+// it nor park its key.
+func testExpiredIsStale(t *testing.T, e *transportEnv) {
+	topic := e.topic("orders")
+	s := e.subscribe(topic, e.consumer("c"))
+	m := e.msg(topic, 1)
+	e.publish(m)
+	first := e.nextID(s, m.ID, 1) // and never settled
+	from := e.now()
+	second := e.after(s, from, e.ackWait, "the message whose AckWait ended")
+	if second.Message().ID != m.ID {
+		t.Fatalf("Next = %q, want %q again", second.Message().ID, m.ID)
+	}
+	calls := []struct {
+		name string
+		call func() error
+	}{
+		{"InProgress", func() error { return first.InProgress(e.ctx) }},
+		{"Nack", func() error { return first.Nack(e.ctx, 0) }},
+		{"Ack", func() error { return first.Ack(e.ctx) }},
+	}
+	if e.f.Term {
+		calls = append(calls, struct {
+			name string
+			call func() error
+		}{"Term", func() error { return first.Term(e.ctx) }})
+	}
+	for _, c := range calls {
+		if err := c.call(); !errors.Is(err, idem.ErrStaleDelivery) {
+			t.Errorf("%s of a delivery whose message was delivered again since = %v, want an error that matches idem.ErrStaleDelivery", c.name, err)
+		}
+	}
+	// The later delivery still holds the message: the stale calls changed
+	// nothing.
+	if err := second.InProgress(e.ctx); err != nil {
+		t.Errorf("InProgress of the later delivery = %v, want nil", err)
+	}
+	e.ack(second)
+	marker := e.msg(topic, 2)
+	e.publish(marker)
+	e.ack(e.nextID(s, marker.ID, 1))
+	e.none(s, "the message was acknowledged by its later delivery")
+}
+
+// testNackNegative: a negative Nack delay is refused with an
+// idem.ErrInvalidArgument (idem.ValidateNackDelay), on every transport
+// alike, and changes nothing: the delivery stays unsettled, and its Ack
+// then settles it.
+func testNackNegative(t *testing.T, e *transportEnv) {
+	topic := e.topic("orders")
+	s := e.subscribe(topic, e.consumer("c"))
+	m := e.msg(topic, 1)
+	e.publish(m)
+	d := e.nextID(s, m.ID, 1)
+	if err := d.Nack(e.ctx, -time.Second); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Errorf("Nack(-1s) = %v, want idem.ErrInvalidArgument", err)
+	}
+	e.none(s, "a refused Nack must not give the message back")
+	e.ack(d)
+	marker := e.msg(topic, 2)
+	e.publish(marker)
+	e.ack(e.nextID(s, marker.ID, 1))
+	e.none(s, "the message was acknowledged after the refused Nack")
 }
 
 func testDurable(t *testing.T, e *transportEnv) {

@@ -180,6 +180,36 @@ func (d staleSwallowed) InProgress(ctx context.Context) error {
 	return swallowStale(d.Delivery.InProgress(ctx))
 }
 
+// staleUnmarked answers a stale delivery with an error of its own that
+// does not match idem.ErrStaleDelivery.
+type staleUnmarked struct{ idem.Delivery }
+
+func unmarkStale(err error) error {
+	if errors.Is(err, idemmem.ErrStaleDelivery) {
+		return errors.New("delivery gone")
+	}
+	return err
+}
+
+func (d staleUnmarked) Ack(ctx context.Context) error { return unmarkStale(d.Delivery.Ack(ctx)) }
+func (d staleUnmarked) Term(ctx context.Context) error {
+	return unmarkStale(d.Delivery.Term(ctx))
+}
+func (d staleUnmarked) Nack(ctx context.Context, delay time.Duration) error {
+	return unmarkStale(d.Delivery.Nack(ctx, delay))
+}
+func (d staleUnmarked) InProgress(ctx context.Context) error {
+	return unmarkStale(d.Delivery.InProgress(ctx))
+}
+
+// nackNegativeAsZero treats a negative Nack delay as none, as idemmem
+// and the database transports did.
+type nackNegativeAsZero struct{ idem.Delivery }
+
+func (d nackNegativeAsZero) Nack(ctx context.Context, delay time.Duration) error {
+	return d.Delivery.Nack(ctx, max(delay, 0))
+}
+
 func transportCase(wantFail string, b brokenTransport) brokenCase {
 	return brokenCase{wantFail, func(t *testing.T) {
 		idemtest.TestTransport(t, transportFeatures, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
@@ -203,6 +233,10 @@ var brokenTransports = map[string]brokenCase{
 		delivery: func(d idem.Delivery) idem.Delivery { return termRequeues{d} }}),
 	"transport: a settled delivery settles again": transportCase("SettledIsStale", brokenTransport{
 		delivery: func(d idem.Delivery) idem.Delivery { return staleSwallowed{d} }}),
+	"transport: a stale delivery's error is its own": transportCase("SettledIsStale", brokenTransport{
+		delivery: func(d idem.Delivery) idem.Delivery { return staleUnmarked{d} }}),
+	"transport: a negative nack delay counts as zero": transportCase("NackNegative", brokenTransport{
+		delivery: func(d idem.Delivery) idem.Delivery { return nackNegativeAsZero{d} }}),
 	"transport: attempt always 1": transportCase("Durable", brokenTransport{
 		delivery: func(d idem.Delivery) idem.Delivery { return attemptAlwaysOne{d} }}),
 	"transport: in progress does nothing": transportCase("InProgress", brokenTransport{

@@ -26,7 +26,8 @@ const HeaderID = "idem.id"
 // already, or its partition was taken away (a rebalance whose RevokeWait
 // ended first, a lost session), and the record goes to the partition's
 // next owner, from an offset that does not pass it (idemkafka.ErrStaleDelivery).
-var ErrStaleDelivery = errors.New("idemkafka: delivery already settled, or its partition taken away")
+// It matches idem.ErrStaleDelivery.
+var ErrStaleDelivery = fmt.Errorf("idemkafka: delivery already settled, or its partition taken away (%w)", idem.ErrStaleDelivery)
 
 // Client is what a Stream needs of franz-go's group consumer: KgoClient
 // makes one of a *kgo.Client; tests put a fake under the stream.
@@ -830,8 +831,8 @@ func (d *delivery) Term(ctx context.Context) error { return d.s.settle(ctx, "ter
 // its offset stays uncommitted meanwhile, so a crash brings it back from
 // Kafka instead. The partition's other records go on being delivered.
 func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
-	if delay < 0 {
-		return &idem.ArgumentError{Field: "delay", Reason: "must not be negative"}
+	if err := idem.ValidateNackDelay(delay); err != nil {
+		return err
 	}
 	return d.s.settle(ctx, "nack", d, true, delay)
 }
