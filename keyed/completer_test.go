@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -204,5 +205,61 @@ func TestCompleterLeavesAPointItCannotOpen(t *testing.T) {
 	}
 	if len(*sawWith) != 1 || (*sawWith)[0] != string(data) {
 		t.Fatalf("Resume saw %q; want the point opened", *sawWith)
+	}
+}
+
+// pointBehindFace fails its first run after saving a recovery point with
+// the store directly, behind the engine's back, as an earlier execution
+// does that saved one after this one's claim was read; its later runs
+// answer 201.
+type pointBehindFace struct {
+	store   *idemmem.Store
+	resumed []string // the recovery point each run started from
+	refused *keyed.Refusal
+}
+
+func (f *pointBehindFace) Run(ctx context.Context, _ bool) keyed.Ran {
+	ex, _ := keyed.ExecutionFromContext(ctx)
+	f.resumed = append(f.resumed, ex.Recovery.Name)
+	if len(f.resumed) == 1 {
+		if err := f.store.SaveRecovery(ctx, idem.Ref{Scope: ex.Scope, Key: ex.Key, Token: ex.Token}, idem.RecoveryPoint{Name: "charging"}); err != nil {
+			panic(err)
+		}
+		return keyed.Ran{Status: 502, Failure: "the card network did not answer"}
+	}
+	return keyed.Ran{Status: 201, Keep: true, Answer: idem.Response{Status: 201}}
+}
+func (f *pointBehindFace) Send()                       {}
+func (f *pointBehindFace) Replay(*idem.Response) error { return nil }
+func (f *pointBehindFace) Refuse(r keyed.Refusal)      { f.refused = &r }
+
+// A failure on a key that holds a recovery point the execution did not
+// know of is not a release: the store refuses it (ErrHasRecoveryPoint), and
+// the key stays in flight with its point, unfinished, its lease yielded so
+// that the client's retry goes on from the point at once.
+func TestFailureOnAPointSavedBehindTheExecutionKeepsTheKey(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour,
+		InflightWait: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	face := &pointBehindFace{store: store}
+	req := keyed.Request{Key: "k", Fingerprint: idem.NewFingerprint("POST", "/pay", "", "", nil)}
+	if o := eng.Serve(t.Context(), req, face); o != keyed.OutcomeUnfinished {
+		t.Fatalf("the failed execution: %s; want %s", o, keyed.OutcomeUnfinished)
+	}
+	rec, err := store.Get(t.Context(), "", "k")
+	if err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" {
+		t.Fatalf("the key: %+v, %v; want it in flight with its point", rec, err)
+	}
+	face.refused = nil
+	if o := eng.Serve(t.Context(), req, face); o != keyed.OutcomeExecuted || face.refused != nil {
+		t.Fatalf("the retry at once: %s, refused %+v; want it run (the key's lease was yielded)", o, face.refused)
+	}
+	if want := []string{"", "charging"}; !slices.Equal(face.resumed, want) {
+		t.Fatalf("runs started from %q; want %q", face.resumed, want)
 	}
 }
