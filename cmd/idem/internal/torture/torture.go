@@ -869,10 +869,7 @@ feed:
 func (r *run) pay(ctx context.Context, lp *logical) {
 	if lp.abandoned {
 		r.attempt(ctx, lp)
-		r.completed.Add(1)
-		if ctx.Err() == nil {
-			r.progressed.Store(time.Now().UnixNano())
-		}
+		r.done(ctx)
 		return
 	}
 	atOnce := (r.cfg.Dups + 1) / 2
@@ -884,10 +881,18 @@ func (r *run) pay(ctx context.Context, lp *logical) {
 	for range r.cfg.Dups - atOnce {
 		r.attempt(ctx, lp)
 	}
-	r.completed.Add(1)
-	if ctx.Err() == nil {
-		r.progressed.Store(time.Now().UnixNano())
+	r.done(ctx)
+}
+
+// done counts a logical payment done once its attempts returned, unless
+// the end of the load (ctx) cut them off: then it is not done, and no
+// progress.
+func (r *run) done(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
 	}
+	r.completed.Add(1)
+	r.progressed.Store(time.Now().UnixNano())
 }
 
 // errStalled is the cause of a load ended by its Timeout.

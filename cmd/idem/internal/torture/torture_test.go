@@ -305,3 +305,23 @@ func TestWatchProgress(t *testing.T) {
 		t.Fatalf("10.001s without a payment completing: cause %v, want %v", err, errStalled)
 	}
 }
+
+// A logical payment whose attempts the end of the load cut off is not
+// done: the progress line counts only those that got their answers (or,
+// abandoned, whose client gave up), not those the run stopped waiting for.
+func TestCutOffPaymentNotCountedDone(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	r := &run{cfg: Config{Dups: 2}, rng: newLockedRand(1), client: &http.Client{}, proxies: []*faultProxy{{ln: ln}}}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel() // the load is over
+	r.pay(ctx, &logical{key: "k1"})
+	r.pay(ctx, &logical{key: "k2", abandoned: true})
+	if n := r.completed.Load(); n != 0 {
+		t.Errorf("%d logical payments counted done, their attempts cut off by the end of the load; want 0", n)
+	}
+}
