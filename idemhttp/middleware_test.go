@@ -150,3 +150,27 @@ func TestConfigErrorsAreArgumentErrors(t *testing.T) {
 		t.Errorf("a TTL shorter than the default lease, lease unset: %v; want the lease lowered to it", err)
 	}
 }
+
+// An informational status (1xx: 100 Continue, 103 Early Hints) a handler
+// writes before its answer is not the answer: the client gets the final
+// status and body, and a duplicate gets them replayed, the handler run once.
+func TestInformationalStatusIsNotTheAnswer(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int64
+	h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil)}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusContinue)
+		w.WriteHeader(http.StatusEarlyHints)
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, `{"id":1}`)
+	}))
+	for i, want := range []string{"", "true"} {
+		r := do(t, h, "POST", "/pay", "k", "{}")
+		if r.Status != http.StatusCreated || r.Body != `{"id":1}` || r.Header.Get(idemhttp.HeaderReplayed) != want {
+			t.Errorf("request %d: %d %q, replayed %q; want 201 {\"id\":1}, replayed %q", i+1, r.Status, r.Body, r.Header.Get(idemhttp.HeaderReplayed), want)
+		}
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times; want once", n)
+	}
+}
