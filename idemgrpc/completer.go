@@ -52,6 +52,12 @@ type CompleterConfig struct {
 	Parallel int
 	// Logger defaults to the Interceptor's.
 	Logger *slog.Logger
+	// Points names the recovery points this Completer resumes; a key
+	// abandoned at another point is left to the Completer that names it
+	// (keyed.CompleterConfig.Points): another face's on the same store,
+	// say, which keeps its answers in its own form. Defaults to none:
+	// every point.
+	Points []string
 }
 
 // Completer finishes, in the background, the calls whose holder died after
@@ -73,7 +79,7 @@ func (i *Interceptor) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
 		return nil, &idem.ArgumentError{Field: "idemgrpc.CompleterConfig.Resume", Reason: "is required"}
 	}
 	resume := c.Resume
-	comp, err := i.eng.NewCompleter(&keyed.CompleterConfig{Every: c.Every, Timeout: c.Timeout, Limit: c.Limit, Parallel: c.Parallel, Logger: c.Logger,
+	comp, err := i.eng.NewCompleter(&keyed.CompleterConfig{Every: c.Every, Timeout: c.Timeout, Limit: c.Limit, Parallel: c.Parallel, Logger: c.Logger, Points: c.Points,
 		Resume: func(ctx context.Context, kex keyed.Execution) (idem.Response, error) {
 			ex := Execution{Scope: kex.Scope, Key: kex.Key, Token: kex.Token, ClaimedAt: kex.ClaimedAt, TookOver: kex.TookOver, Recovery: kex.Recovery, engine: kex}
 			ctx = context.WithValue(ctx, execKey{}, &execution{Execution: ex})

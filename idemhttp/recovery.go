@@ -76,6 +76,12 @@ type CompleterConfig struct {
 	Parallel int
 	// Logger defaults to the Middleware's.
 	Logger *slog.Logger
+	// Points names the recovery points this Completer resumes; a key
+	// abandoned at another point is left to the Completer that names it
+	// (keyed.CompleterConfig.Points): another face's on the same store,
+	// say, which keeps its answers in its own form. Defaults to none:
+	// every point.
+	Points []string
 }
 
 // Completer finishes, in the background, the executions whose holder died
@@ -101,7 +107,7 @@ func (m *Middleware) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
 		return nil, &idem.ArgumentError{Field: "idemhttp.CompleterConfig.Resume", Reason: "is required"}
 	}
 	resume := c.Resume
-	comp, err := m.eng.NewCompleter(&keyed.CompleterConfig{Every: c.Every, Timeout: c.Timeout, Limit: c.Limit, Parallel: c.Parallel, Logger: c.Logger,
+	comp, err := m.eng.NewCompleter(&keyed.CompleterConfig{Every: c.Every, Timeout: c.Timeout, Limit: c.Limit, Parallel: c.Parallel, Logger: c.Logger, Points: c.Points,
 		Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
 			w := newRecorder(nil, m.cfg.MaxResponseBytes, false)
 			if err := resume(ctx, w, ex); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +54,13 @@ type CompleterConfig struct {
 	Parallel int
 	// Logger defaults to the Engine's.
 	Logger *slog.Logger
+	// Points names the recovery points this Completer resumes: a key
+	// abandoned at another point is left alone (a round skips it,
+	// ResumeKey refuses it), for the Completer that names it. Two faces
+	// on one store each run their own Completer, whose answers each
+	// keeps in its own form, so each names the points its handlers save.
+	// Defaults to none: every point.
+	Points []string
 }
 
 // Completer finishes, in the background, the executions whose holder died
@@ -235,6 +243,9 @@ func (c *Completer) round(ctx context.Context, wg *sync.WaitGroup, finished *ato
 	}
 	c.pruneUnknown(ctx, recs)
 	for _, rec := range recs {
+		if !c.takes(rec.Recovery.Name) {
+			continue // another Completer's (CompleterConfig.Points)
+		}
 		wk := keywait.Key{Scope: rec.Scope, Key: rec.Key}
 		if !c.begin(wk) {
 			continue // a resume of it is under way
@@ -256,6 +267,12 @@ func (c *Completer) round(ctx context.Context, wg *sync.WaitGroup, finished *ato
 		})
 	}
 	return nil
+}
+
+// takes reports whether the Completer resumes keys abandoned at point
+// (CompleterConfig.Points).
+func (c *Completer) takes(point string) bool {
+	return len(c.cfg.Points) == 0 || slices.Contains(c.cfg.Points, point)
 }
 
 // begin marks wk as being resumed, unless it is already: false then.

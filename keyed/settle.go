@@ -128,8 +128,14 @@ func (c *Completer) ResumeKey(ctx context.Context, scope idem.Scope, key idem.Ke
 	}
 	defer c.end(wk)
 	rec, err := c.stopped(ctx, scope, key)
-	if err != nil || dryRun {
+	if err != nil {
 		return false, err
+	}
+	if !c.takes(rec.Recovery.Name) {
+		return false, fmt.Errorf("keyed: the key stopped at recovery point %q, which this completer does not resume (CompleterConfig.Points)", rec.Recovery.Name)
+	}
+	if dryRun {
+		return false, nil
 	}
 	if t := c.heldToken(wk); t != 0 && t == rec.Token {
 		// Under the lease of this Completer's last failed resume: end it,
