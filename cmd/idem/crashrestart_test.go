@@ -90,6 +90,8 @@ type replicaProc struct {
 	env  []string // beyond the test's own and the API keys
 	cmd  *exec.Cmd
 	base string
+	// grpc is the gRPC face's address, with --grpc.
+	grpc string
 	done chan struct{}
 	mu   sync.Mutex
 	logs bytes.Buffer
@@ -133,6 +135,11 @@ func (r *replicaProc) start(t *testing.T) {
 			r.mu.Lock()
 			fmt.Fprintln(&r.logs, line)
 			r.mu.Unlock()
+			if addr, ok := strings.CutPrefix(line, "idem: grpc listening on "); ok {
+				r.mu.Lock()
+				r.grpc = strings.TrimSpace(addr)
+				r.mu.Unlock()
+			}
 			if base, ok := strings.CutPrefix(line, "idem: listening on "); ok {
 				listening <- strings.TrimSpace(base)
 			}

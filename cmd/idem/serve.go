@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
@@ -40,6 +41,7 @@ type serveFlags struct {
 	strict          bool
 	discardBodies   bool
 	addr            string
+	grpcAddr        string
 	db              string
 	pgSchema        string
 	keys            string
@@ -125,6 +127,8 @@ event once; what keeps failing goes to the dead letters (idem dlq).`,
 func (f *serveFlags) define(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.addr, "addr", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free one)")
+	fl.StringVar(&f.grpcAddr, "grpc", "", "also serve the payments' and refunds' writes over gRPC on this address (host:port; port 0 picks a free one), "+
+		"through idemgrpc on the same keys, secrets and scopes (service "+payments.GRPCService+"; not with --keys or --unsafe-no-idempotency); empty: no gRPC")
 	dbFlags(cmd, &f.db, &f.pgSchema)
 	keysFlags(cmd, &f.keys, &f.keysPrefix)
 	fl.DurationVar(&f.keyTTL, "key-ttl", payments.DefaultKeyTTL, "how long an idempotency key is remembered")
@@ -161,6 +165,8 @@ func (f *serveFlags) define(cmd *cobra.Command) {
 // file is created, no broker dialled, before every flag has been checked.
 type servePlan struct {
 	addr     string
+	// grpcAddr is --grpc: where the gRPC face listens; empty for none.
+	grpcAddr string
 	db       dbTarget
 	pgSchema string
 	// keys is the --keys store; its url is empty when the keys live in
@@ -247,6 +253,9 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 	if f.requestTimeout < 0 || (f.requestTimeout > 0 && f.requestTimeout <= f.inflightWait) {
 		return nil, fmt.Errorf("--request-timeout (%s) must be longer than --inflight-wait (%s), or 0 for none", f.requestTimeout, f.inflightWait)
 	}
+	if f.grpcAddr != "" && (f.keys != "" || f.unsafe) {
+		return nil, errors.New("--grpc needs the keys in the --db database: not with --keys or --unsafe-no-idempotency")
+	}
 	apiKeys, devKey, err := a.apiKeys(f.apiKeys, f.apiKeysSet)
 	if err != nil {
 		return nil, err
@@ -272,6 +281,7 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 	}
 	return &servePlan{
 		addr:            f.addr,
+		grpcAddr:        f.grpcAddr,
 		db:              db,
 		pgSchema:        f.pgSchema,
 		keys:            keys,
@@ -297,6 +307,7 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 			BodyKeys:       rest.bodyKeys,
 			DiscardBodies:  f.discardBodies,
 			Acquirer:       card,
+			GRPC:           f.grpcAddr != "",
 		},
 		devKey:    devKey,
 		strict:    f.strict,
@@ -424,6 +435,15 @@ func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 	base := "http://" + displayAddr(ln.Addr())
+	var gs *grpc.Server
+	var gln net.Listener
+	if p.grpcAddr != "" {
+		if gln, err = net.Listen("tcp", p.grpcAddr); err != nil {
+			return fmt.Errorf("listening on %s (--grpc): %w", p.grpcAddr, err)
+		}
+		defer gln.Close() // when the server never took it over
+		gs = svc.GRPCServer(grpc.MaxRecvMsgSize(payments.MaxBodyBytes))
+	}
 
 	if p.payments.Unsafe {
 		printUnsafeBanner(a.stderr)
@@ -450,15 +470,36 @@ func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 		"acquirer", p.payments.Acquirer != nil, "key_ttl", p.payments.KeyTTL, "key_lease", p.payments.KeyLease, "inflight_wait", p.payments.InflightWait, "unsafe", p.payments.Unsafe, "faults", p.payments.Faults,
 		"replica", cfg.Holder.Replica, "incarnation", cfg.Holder.Incarnation)
 	// A plain line, not a log record: scripts and tests wait for it to learn
-	// the port when --addr asks for port 0.
+	// the port when --addr asks for port 0. The gRPC face's comes first,
+	// so that whoever waits for the HTTP line knows both.
+	if gs != nil {
+		fmt.Fprintf(a.stderr, "idem: grpc listening on %s\n", displayAddr(gln.Addr()))
+	}
 	fmt.Fprintf(a.stderr, "idem: listening on %s\n", base)
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
+	grpcServed := make(chan error, 1)
+	if gs != nil {
+		go func() { grpcServed <- gs.Serve(gln) }()
+		defer func() {
+			// Calls in flight finish within the shutdown's time, as
+			// HTTP requests do; past it they are cut off.
+			stopped := make(chan struct{})
+			go func() { gs.GracefulStop(); close(stopped) }()
+			select {
+			case <-stopped:
+			case <-time.After(p.shutdownTimeout):
+				gs.Stop()
+			}
+		}()
+	}
 
 	select {
 	case err := <-served:
 		return fmt.Errorf("serving HTTP: %w", err)
+	case err := <-grpcServed:
+		return fmt.Errorf("serving gRPC: %w", err)
 	case <-ctx.Done():
 	}
 	logger.Info("shutting down: finishing requests in flight", "timeout", p.shutdownTimeout)

@@ -342,7 +342,7 @@ func ShowPoint(keys []idemhttp.BodyKey) func(ctx context.Context, rec idem.Recor
 // other fields are shown all the same).
 func ShowPointAt(keys []idemhttp.BodyKey, net *acquirer.Client) func(ctx context.Context, rec idem.Record) ([]console.PointField, error) {
 	return func(ctx context.Context, rec idem.Record) ([]console.PointField, error) {
-		if rec.Recovery.Name != pointCharging {
+		if !isChargingPoint(rec.Recovery.Name) {
 			return []console.PointField{{Name: "point", Value: rec.Recovery.Name}}, nil
 		}
 		data, err := idemhttp.OpenPoint(keys, rec.Scope, rec.Key, rec.Recovery.Name, rec.Recovery.Data)

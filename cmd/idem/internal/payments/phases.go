@@ -63,7 +63,8 @@ func (s *Service) startCharging(ctx context.Context, p Payment, clientKey string
 	if !ok || !s.phased() {
 		return p, clientKey, nil
 	}
-	if ex.Recovery.Name == pointCharging {
+	point := chargingPointName(ctx)
+	if ex.Recovery.Name == point {
 		pt, err := decodeCharging(ex.Recovery.Data)
 		if err != nil {
 			return Payment{}, "", err
@@ -75,7 +76,7 @@ func (s *Service) startCharging(ctx context.Context, p Payment, clientKey string
 	if err != nil {
 		return Payment{}, "", err
 	}
-	if err := idemhttp.SaveRecovery(ctx, pointCharging, data); err != nil {
+	if err := idemhttp.SaveRecovery(ctx, point, data); err != nil {
 		return Payment{}, "", fmt.Errorf("%w: saving the payment's recovery point: %v", ErrTransient, err)
 	}
 	return p, clientKey, nil

@@ -246,7 +246,7 @@ func inFlightPayments(recs []idem.Record, after []Payment, keys []idemhttp.BodyK
 	}
 	var out []inFlightPayment
 	for _, r := range recs {
-		if r.State != idem.StateInFlight || r.Recovery.Name != pointCharging {
+		if r.State != idem.StateInFlight || !isChargingPoint(r.Recovery.Name) {
 			continue
 		}
 		data, err := idemhttp.OpenPoint(keys, r.Scope, r.Key, r.Recovery.Name, r.Recovery.Data)

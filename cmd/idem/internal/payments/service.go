@@ -19,6 +19,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
+	"github.com/idem-go/idem/idemgrpc"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemprom"
@@ -172,6 +173,12 @@ type Config struct {
 	// execution died after its recovery point (see Completer). Defaults
 	// to 1s.
 	CompleterEvery time.Duration
+	// GRPC builds the gRPC face (Service.GRPCServer): the payments' and
+	// refunds' writes over gRPC, through idemgrpc's interceptor on the
+	// same key store, with the same secrets and scopes as the HTTP face.
+	// It needs the keys in the database (Keys unset) and the protected
+	// mode (Unsafe false). Defaults to false.
+	GRPC bool
 	// Observers are observed beside the service's own latency histograms:
 	// tracing, say (package idemotel). Defaults to nil: histograms only.
 	Observers *Observers
@@ -232,6 +239,10 @@ type Service struct {
 	// the key store keeps no points.
 	completer  *idemhttp.Completer
 	depositsMW *idemhttp.Middleware
+	// grpcPayments and grpcRefunds are the gRPC face's interceptors
+	// (Config.GRPC), grpcCompleter its completer; nil without it.
+	grpcPayments, grpcRefunds *idemgrpc.Interceptor
+	grpcCompleter             *idemgrpc.Completer
 	refundsMW  *idemhttp.Middleware
 	accountsMW *idemhttp.Middleware
 
@@ -333,12 +344,18 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 			*m.dst = mw
 		}
 		if s.phased() {
-			comp, err := s.paymentsMW.NewCompleter(&idemhttp.CompleterConfig{Resume: s.resume, Every: c.CompleterEvery, Logger: c.Logger})
+			comp, err := s.paymentsMW.NewCompleter(&idemhttp.CompleterConfig{Resume: s.resume, Every: c.CompleterEvery, Logger: c.Logger,
+				Points: []string{pointCharging}})
 			if err != nil {
 				return nil, fmt.Errorf("payments: completer: %w", err)
 			}
 			s.completer = comp
 			metrics = append(metrics, idemprom.NewCompleterCollector("payments", comp))
+		}
+		if c.GRPC {
+			if err := s.newGRPCFace(&c); err != nil {
+				return nil, err
+			}
 		}
 	}
 	var msgs messaging
@@ -391,9 +408,14 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 	s.completerDone = make(chan struct{})
 	go func() {
 		defer close(s.completerDone)
+		var wg sync.WaitGroup
+		if s.grpcCompleter != nil {
+			wg.Go(func() { s.grpcCompleter.Run(pctx) }) //nolint:errcheck // ends with pctx
+		}
 		if s.completer != nil {
 			s.completer.Run(pctx) //nolint:errcheck // ends with pctx
 		}
+		wg.Wait()
 	}()
 	if s.pipeline != nil && !c.RequestsOnly {
 		s.pipeline.start()
@@ -484,6 +506,9 @@ func (c *Config) defaults() error {
 	}
 	if c.MaxAttempts < 0 || c.RetryBase < 0 || c.RetryCap < 0 || c.TransportPoll < 0 || c.AckWait < 0 {
 		problems = append(problems, "MaxAttempts, RetryBase, RetryCap, TransportPoll and AckWait must not be negative")
+	}
+	if c.GRPC && (c.Keys != nil || c.Unsafe) {
+		problems = append(problems, "GRPC needs the keys in the database (Keys unset) and the protected mode (Unsafe false)")
 	}
 	if c.InflightWait < 0 {
 		problems = append(problems, fmt.Sprintf("InflightWait must not be negative, got %s", c.InflightWait))
