@@ -164,7 +164,7 @@ func (f *serveFlags) define(cmd *cobra.Command) {
 // Keeping the two apart is what lets bad flags change nothing: no database
 // file is created, no broker dialled, before every flag has been checked.
 type servePlan struct {
-	addr     string
+	addr string
 	// grpcAddr is --grpc: where the gRPC face listens; empty for none.
 	grpcAddr string
 	db       dbTarget

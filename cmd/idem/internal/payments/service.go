@@ -243,8 +243,8 @@ type Service struct {
 	// (Config.GRPC), grpcCompleter its completer; nil without it.
 	grpcPayments, grpcRefunds *idemgrpc.Interceptor
 	grpcCompleter             *idemgrpc.Completer
-	refundsMW  *idemhttp.Middleware
-	accountsMW *idemhttp.Middleware
+	refundsMW                 *idemhttp.Middleware
+	accountsMW                *idemhttp.Middleware
 
 	metrics http.Handler
 	handler http.Handler
