@@ -382,9 +382,17 @@ func (s *stream) next(ctx context.Context, max int) ([]idem.Delivery, error) {
 			timer.Stop()
 		}
 	}()
+	deadline, hasDeadline := ctx.Deadline()
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
+		}
+		// A deadline ends ctx through a timer, which a loaded machine
+		// runs late: past it, the caller has stopped waiting even when
+		// ctx does not say so yet, and a message handed out now would
+		// count an attempt for nobody.
+		if hasDeadline && !time.Now().Before(deadline) {
+			return nil, context.DeadlineExceeded
 		}
 		s.t.mu.Lock()
 		if s.closed {

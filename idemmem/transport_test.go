@@ -248,3 +248,32 @@ func TestSubscribeInvalid(t *testing.T) {
 		}
 	}
 }
+
+// passedDeadline is a context whose deadline has passed while its Err does
+// not say so yet: a context's deadline ends it through a timer, which a
+// loaded machine runs late.
+type passedDeadline struct{ context.Context }
+
+func (passedDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+// A Next whose deadline has passed hands nothing out, even before its
+// context says it ended: its caller has stopped waiting, and a message
+// handed out then would count an attempt (and hold the message for an
+// AckWait) for nobody, or reach a caller that wanted nothing by then (the
+// suite's real-time NackDelay: "want nothing: the Nack delay has not
+// passed").
+func TestNextAfterItsDeadlineHandsNothingOut(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	s := f.subscribe(idem.Subscription{})
+	f.publish("m1")
+	if d, err := s.Next(passedDeadline{f.ctx}); !errors.Is(err, context.DeadlineExceeded) {
+		if err == nil {
+			t.Fatalf("Next past its deadline = %q (attempt %d), want context.DeadlineExceeded", d.Message().ID, d.Attempt())
+		}
+		t.Fatalf("Next past its deadline: %v, want context.DeadlineExceeded", err)
+	}
+	if d := f.next(s, "m1"); d.Attempt() != 1 {
+		t.Fatalf("m1 then came as attempt %d, want 1: the Next past its deadline counted one", d.Attempt())
+	}
+}
