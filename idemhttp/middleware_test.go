@@ -174,3 +174,43 @@ func TestInformationalStatusIsNotTheAnswer(t *testing.T) {
 		t.Errorf("the handler ran %d times; want once", n)
 	}
 }
+
+// The first final status a handler writes is its answer, as net/http
+// has it: a later WriteHeader is superfluous, even one written before any
+// of the body, and changes neither what the client gets nor what is kept.
+func TestFirstFinalStatusIsTheAnswer(t *testing.T) {
+	t.Parallel()
+	h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil)}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.WriteHeader(http.StatusInternalServerError)
+		fmt.Fprint(w, "ok")
+	}))
+	for i, want := range []string{"", "true"} {
+		r := do(t, h, "POST", "/pay", "k", "{}")
+		if r.Status != http.StatusOK || r.Body != "ok" || r.Header.Get(idemhttp.HeaderReplayed) != want {
+			t.Errorf("request %d: %d %q, replayed %q; want 200 ok, replayed %q", i+1, r.Status, r.Body, r.Header.Get(idemhttp.HeaderReplayed), want)
+		}
+	}
+}
+
+// An answer of exactly MaxResponseBytes is within the bound: kept whole and
+// replayed to a duplicate, the handler run once.
+func TestAnswerOfExactlyMaxResponseBytesIsKept(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int64
+	h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil), MaxResponseBytes: 8}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, "1234")
+		fmt.Fprint(w, "5678")
+	}))
+	for i, want := range []string{"", "true"} {
+		r := do(t, h, "POST", "/pay", "k", "{}")
+		if r.Status != http.StatusCreated || r.Body != "12345678" || r.Header.Get(idemhttp.HeaderReplayed) != want {
+			t.Errorf("request %d: %d %q, replayed %q; want 201 12345678, replayed %q", i+1, r.Status, r.Body, r.Header.Get(idemhttp.HeaderReplayed), want)
+		}
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times; want once", n)
+	}
+}

@@ -263,3 +263,39 @@ func TestFailureOnAPointSavedBehindTheExecutionKeepsTheKey(t *testing.T) {
 		t.Fatalf("runs started from %q; want %q", face.resumed, want)
 	}
 }
+
+// An operator's ResumeKey right after this Completer's round left the key
+// unknown is not refused as being finished by another: the key is held
+// under the lease of that failed resume, which ResumeKey ends and takes the
+// key over anew, and a Resume that now learns the outcome finishes it.
+func TestResumeKeyRightAfterAFailedRound(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var down atomic.Bool
+	down.Store(true)
+	comp, err := eng.NewCompleter(&keyed.CompleterConfig{Resume: func(context.Context, keyed.Execution) (idem.Response, error) {
+		if down.Load() {
+			return idem.Response{}, errors.New("the card network does not answer")
+		}
+		return idem.Response{Status: 201}, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, store, "k")
+	if n, _ := comp.RunOnce(t.Context()); n != 0 || comp.Stats().Unknown != 1 {
+		t.Fatalf("the round with the network down finished %d, stats %+v; want the key unknown", n, comp.Stats())
+	}
+	down.Store(false)
+	if finished, err := comp.ResumeKey(t.Context(), "", "k", false); !finished || err != nil {
+		t.Fatalf("ResumeKey at once: %v, %v; want the key finished", finished, err)
+	}
+	if rec, err := store.Get(t.Context(), "", "k"); err != nil || rec.State != idem.StateCompleted || rec.Response.Status != 201 {
+		t.Fatalf("the key: %+v, %v; want it completed with Resume's answer", rec, err)
+	}
+}
