@@ -13,11 +13,13 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idemsqlite"
 )
 
 // With both secrets set, after payments that crash at their point and are
-// retried, complete, are refunded and are replayed: no raw Idempotency-Key
+// retried, complete, are refunded and are replayed, over HTTP and over the
+// gRPC face (idem serve --grpc): no raw Idempotency-Key
 // is anywhere in the service's database (SQLite's file and WAL; a pg_dump
 // of its PostgreSQL schema), the card network's database, or any log line;
 // and none of the text the payments carried (a description, a refund's
@@ -61,14 +63,15 @@ func scanAtRest(t *testing.T, svcDir string, db []string, dump func() []byte) {
 	hs := httptest.NewServer(net.Handler())
 	defer hs.Close()
 
-	a := startReplica(t, "scan", append(db, "--acquirer", hs.URL, "--faults", "--log-level", "debug"))
+	a := startReplica(t, "scan", append(db, "--acquirer", hs.URL, "--faults", "--log-level", "debug", "--grpc", "127.0.0.1:0"))
 	a.env = []string{envKeySecret + "=c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LTMyYg==",
 		envBodyKeys + "=k1:MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="}
 	a.stop(t)
 	a.start(t)
 
-	keys := []string{"raw-acct-key-31d0c7", "raw-pay-crash-4f1c9e", "raw-pay-ok-9a2e11", "raw-refund-77b1aa"}
-	texts := []string{"quokka-description-7731", "wombat-refund-reason-5512"}
+	keys := []string{"raw-acct-key-31d0c7", "raw-pay-crash-4f1c9e", "raw-pay-ok-9a2e11", "raw-refund-77b1aa",
+		"raw-grpc-crash-5b2d8e", "raw-grpc-ok-c3f0a4", "raw-grpc-refund-e81d27"}
+	texts := []string{"quokka-description-7731", "wombat-refund-reason-5512", "numbat-grpc-description-2290", "bilby-grpc-reason-6604"}
 	acct := a.post(t, "/v1/accounts", keys[0], "", map[string]any{"balance": 100000, "currency": "EUR"})
 	if acct.status != http.StatusCreated {
 		t.Fatalf("account: %s", acct)
@@ -94,6 +97,34 @@ func scanAtRest(t *testing.T, svcDir string, db []string, dump func() []byte) {
 	}
 	if r := a.post(t, "/v1/refunds", keys[3], "", refund); r.status != http.StatusCreated {
 		t.Fatalf("refund's replay: %s", r)
+	}
+
+	// The same over gRPC: a payment that crashes at its point (after the
+	// charge, before the commit) and is retried once the replica is back,
+	// one that completes, a refund, and the replays of all three.
+	gpay := map[string]any{"account_id": acct.body["id"], "amount": 700, "currency": "EUR", "description": texts[2]}
+	if g := a.grpcCall(t, payments.GRPCCreatePayment, "test-key", keys[4], "crash-after-charge", gpay); g.err == nil {
+		t.Fatalf("crash-after-charge over gRPC answered %v; want the call cut off", g.out)
+	}
+	a.restart(t)
+	if g := grpcRetryUntilAnswered(t, a, payments.GRPCCreatePayment, keys[4], gpay, 30*time.Second); g.err != nil {
+		t.Fatalf("the crashed gRPC payment's retry: %v", g.err)
+	}
+	gok := a.grpcCall(t, payments.GRPCCreatePayment, "test-key", keys[5], "", gpay)
+	if gok.err != nil {
+		t.Fatalf("gRPC payment: %v", gok.err)
+	}
+	grefund := map[string]any{"payment_id": gok.out.Fields["id"].GetStringValue(), "amount": 300, "reason": texts[3]}
+	if g := a.grpcCall(t, payments.GRPCCreateRefund, "test-key", keys[6], "", grefund); g.err != nil {
+		t.Fatalf("gRPC refund: %v", g.err)
+	}
+	for _, k := range keys[4:6] {
+		if g := a.grpcCall(t, payments.GRPCCreatePayment, "test-key", k, "", gpay); g.err != nil || !g.replayed() || g.out.Fields["description"].GetStringValue() != texts[2] {
+			t.Fatalf("gRPC replay of %s: %v, %v (replayed %v)", k, g.out, g.err, g.replayed())
+		}
+	}
+	if g := a.grpcCall(t, payments.GRPCCreateRefund, "test-key", keys[6], "", grefund); g.err != nil || !g.replayed() {
+		t.Fatalf("gRPC refund's replay: %v, %v", g.out, g.err)
 	}
 	a.stop(t)
 
