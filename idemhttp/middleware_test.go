@@ -214,3 +214,23 @@ func TestAnswerOfExactlyMaxResponseBytesIsKept(t *testing.T) {
 		t.Errorf("the handler ran %d times; want once", n)
 	}
 }
+
+// An answer past MaxResponseBytes, on a store outside the handler's
+// transaction (the effect has happened), reaches the client whole, but its
+// body is not kept: the record says it was omitted and holds no body.
+func TestAnswerPastMaxResponseBytesIsSentNotKept(t *testing.T) {
+	t.Parallel()
+	store := idemmem.NewStore(nil)
+	h := newMiddleware(t, idemhttp.Config{SharedScope: true, Store: store, MaxResponseBytes: 8}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, "12345")
+		fmt.Fprint(w, "6789")
+	}))
+	if r := do(t, h, "POST", "/pay", "k", "{}"); r.Status != http.StatusCreated || r.Body != "123456789" {
+		t.Fatalf("the client got %d %q; want 201 and the whole body", r.Status, r.Body)
+	}
+	rec, err := store.Get(t.Context(), "", "k")
+	if err != nil || rec.State != idem.StateCompleted || !rec.Response.BodyOmitted || len(rec.Response.Body) != 0 {
+		t.Fatalf("the record: %+v, %v; want it completed with its body omitted", rec, err)
+	}
+}
