@@ -123,6 +123,9 @@ func ExampleConfig_unordered() {
 		Unordered: true,          // so a key's events need not wait for each other
 		Clock:     clock,
 		Timers:    clock,
+		// Longer than the minute the example moves the clock by, so that
+		// the move redelivers nothing whose Ack is still on its way.
+		AckWait: time.Hour,
 	})
 	if err != nil {
 		fmt.Println(err)
