@@ -231,6 +231,12 @@ type Stats struct {
 	DeadLettered int64
 	// Parked counts messages parked behind a dead letter of their key.
 	Parked int64
+	// Stale counts deliveries let go because they were no longer the
+	// consumer's own when it was about to retry or dead-letter them (their
+	// AckWait or lease ended, their partition was taken away): the
+	// message's new holder applies it, so it is neither retried here nor
+	// dead-lettered nor parked.
+	Stale int64
 }
 
 // ErrRunning is returned by Run when the Consumer is already running.
@@ -250,7 +256,7 @@ type Consumer struct {
 	subscribed     chan struct{}
 	subscribedOnce sync.Once
 
-	processed, duplicates, retried, deadLettered, parked atomic.Int64
+	processed, duplicates, retried, deadLettered, parked, stale atomic.Int64
 }
 
 // New applies the defaults to cfg, validates it and returns a Consumer.
@@ -344,6 +350,7 @@ func (c *Consumer) Stats() Stats {
 		Retried:      c.retried.Load(),
 		DeadLettered: c.deadLettered.Load(),
 		Parked:       c.parked.Load(),
+		Stale:        c.stale.Load(),
 	}
 }
 

@@ -160,6 +160,30 @@
 // by a broker's own delivery limit (RabbitMQ 4 drops a quorum queue's
 // message after 20 deliveries).
 //
+// # Deliveries that are no longer the consumer's own
+//
+// A delivery can stop being the consumer's own while it works on it: its
+// AckWait or lease ended (a stalled process, a long retry), or its Kafka
+// partition was taken away by a rebalance or a lost session, and the
+// message went to another holder. The transport then answers the
+// delivery's calls with an error that matches idem.ErrStaleDelivery.
+// Before it dead-letters a message, and before it hands one without a key
+// back for its retry, the consumer asks (Delivery.InProgress): a delivery
+// that is no longer its own is let go, unsettled, neither dead-lettered
+// nor parked, and counted (Stats.Stale, OutcomeStale) and logged. Its new
+// holder applies it, with the attempts recorded in the Ledger; a dead
+// letter written from here would contradict it, and under Park hold its
+// key back so that the new holder parks the very message it should apply.
+// The later messages of its key that the consumer holds are handed back
+// with it (Nack), so that they do not overtake its next delivery. A keyed
+// message waiting for a retry in memory is not let go before its retry:
+// later messages of its key that the consumer holds may still be its own
+// (a lease is per message), and would overtake it; the retry runs, and the
+// inbox absorbs it if the new holder applied the message first. A
+// transport that cannot tell a delivery handed to another holder (idemnats
+// knows of one redelivered to the same stream, idemamqp of one it settled)
+// leaves such a delivery the consumer's, as before.
+//
 // # Order
 //
 // Messages with the same Key are handled one at a time, in the order the

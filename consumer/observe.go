@@ -18,6 +18,11 @@ const (
 	OutcomeRetried      Outcome = "retried"       // the attempt failed; another is scheduled
 	OutcomeDeadLettered Outcome = "dead_lettered" // moved to the dead letters
 	OutcomeParked       Outcome = "parked"        // parked behind a dead letter of its key
+	// OutcomeStale: the delivery was no longer the consumer's own (its
+	// AckWait or lease ended, its partition was taken away): the message
+	// went to another holder, so it was let go, unsettled, neither retried
+	// here nor dead-lettered nor parked.
+	OutcomeStale Outcome = "stale"
 	// OutcomeInterrupted: the handling ended with none of the above, because
 	// Run is stopping or the message went back in line behind its key (a
 	// batch-mate of its key failed, or its key was let go meanwhile); it is
@@ -27,7 +32,7 @@ const (
 
 // Outcomes lists every Outcome, in a stable order.
 var Outcomes = []Outcome{
-	OutcomeProcessed, OutcomeDuplicate, OutcomeRetried, OutcomeDeadLettered, OutcomeParked, OutcomeInterrupted,
+	OutcomeProcessed, OutcomeDuplicate, OutcomeRetried, OutcomeDeadLettered, OutcomeParked, OutcomeStale, OutcomeInterrupted,
 }
 
 // Event describes the handling of one delivery to an Observer.

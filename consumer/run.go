@@ -474,8 +474,13 @@ func (r *runner) call(ctx context.Context, e *entry) (err error) {
 	return r.h.one(ctx, e.msg)
 }
 
-// park keeps a message whose key is held back behind a dead letter.
+// park keeps a message whose key is held back behind a dead letter, unless
+// its delivery is no longer the consumer's own (letGo).
 func (r *runner) park(e *entry, n int) {
+	if r.ctx.Err() == nil && r.stale(e) {
+		r.letGo(e, "parked")
+		return
+	}
 	parked := false
 	err := r.cfg.InTx(r.ctx, func(ctx context.Context) error {
 		// Asked again, in the transaction that parks, because the key may
@@ -506,7 +511,69 @@ func (r *runner) park(e *entry, n int) {
 	}
 }
 
-// fail handles a failed attempt: dead letter, or a retry.
+// stale reports whether e's delivery is no longer the consumer's own: the
+// transport answers InProgress with an error that matches
+// idem.ErrStaleDelivery (its AckWait or lease ended and the message went
+// to another holder, its Kafka partition was taken away, it was settled).
+// Any other answer, a failing transport's included, leaves it the
+// consumer's: nothing says otherwise.
+func (r *runner) stale(e *entry) bool {
+	err := e.d.InProgress(r.ctx)
+	if err == nil {
+		r.mu.Lock()
+		e.beatAt = r.cfg.Clock.Now()
+		r.mu.Unlock()
+		return false
+	}
+	return errors.Is(err, idem.ErrStaleDelivery)
+}
+
+// letGo takes e, whose delivery is stale, out of memory without settling
+// it, instead of what (a retry, a dead letter, parking) was due: the
+// message's new holder applies it (the inbox absorbs a copy applied twice),
+// and a dead letter or a hold on its key written from here would
+// contradict that holder, even park the copy it applies.
+//
+// The later messages of its key that the consumer holds go with it, handed
+// back (Nack, no delay): applied here they would overtake the message,
+// whose next delivery comes after them. The transport delivers them again
+// behind it (a Kafka partition moves as a whole, so theirs are stale too;
+// a database queue hands out the oldest due message first).
+func (r *runner) letGo(e *entry, what string) {
+	r.c.stale.Add(1)
+	r.observe(e, OutcomeStale, 0, nil)
+	r.log(e).LogAttrs(r.ctx, slog.LevelWarn, "delivery no longer this consumer's own (its ack wait or lease ended, or its partition was taken away); let go unsettled, not "+what+": its new holder applies it")
+	var behind []*entry
+	r.mu.Lock()
+	delete(r.held, e)
+	if e.ordered {
+		q := r.lanes[e.msg.Key]
+		if len(q) == 0 || q[0] != e {
+			r.mu.Unlock()
+			panic("consumer: let go an entry that is not the head of its key")
+		}
+		behind = q[1:]
+		delete(r.lanes, e.msg.Key)
+		for _, f := range behind {
+			delete(r.held, f)
+		}
+	}
+	r.mu.Unlock()
+	for _, f := range behind {
+		d := f.d
+		r.settleWith(f, d, "nack", func(ctx context.Context) error { return d.Nack(ctx, 0) })
+	}
+	// The places are given back only now: the reader, taking deliveries
+	// again, must find the key's messages back with the transport, not
+	// take a later one of the key before them.
+	for range 1 + len(behind) {
+		<-r.slots
+	}
+}
+
+// fail handles a failed attempt: dead letter, or a retry. A delivery that
+// is no longer the consumer's own is let go instead of dead-lettered
+// (letGo).
 func (r *runner) fail(e *entry, n int, cause error, class idem.ErrorClass) {
 	maxAttempts := r.cfg.Retry.Attempts()
 	if e.dedupErr == nil {
@@ -516,10 +583,27 @@ func (r *runner) fail(e *entry, n int, cause error, class idem.ErrorClass) {
 			n = max(n, nextNumber(prior))
 		}
 	}
+	dead := class == idem.ClassPermanent || n >= maxAttempts
+	// Asked only where the answer changes what happens: before a dead
+	// letter, and before a retry handed back to the transport (a message
+	// without a key), whose Nack would count for nothing and whose attempt
+	// recorded here would count against the message's new holder. A keyed
+	// message retried in memory is not let go: its key's later messages,
+	// which the consumer may hold and which may still be its own, would
+	// then overtake its next delivery; its retry runs here instead, and the
+	// inbox absorbs it should the new holder have applied it.
+	if (dead || !e.ordered) && r.ctx.Err() == nil && r.stale(e) {
+		what := "retried"
+		if dead {
+			what = "dead-lettered"
+		}
+		r.letGo(e, what)
+		return
+	}
 	a := idem.Attempt{Number: n, At: r.cfg.Clock.Now(), Class: class, Error: cause.Error()}
 	log := r.log(e).With(slog.Int("attempt", n), slog.String("class", string(class)), slog.String("error", a.Error))
 
-	if class == idem.ClassPermanent || n >= maxAttempts {
+	if dead {
 		dlClass := idem.DeadPermanent
 		if class != idem.ClassPermanent {
 			dlClass = idem.DeadExhausted

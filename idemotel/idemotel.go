@@ -242,6 +242,7 @@ var consumerOps = map[consumer.Outcome]string{
 	consumer.OutcomeRetried:      "retry",
 	consumer.OutcomeDeadLettered: "dead_letter",
 	consumer.OutcomeParked:       "park",
+	consumer.OutcomeStale:        "stale",
 	consumer.OutcomeInterrupted:  "interrupted",
 }
 

@@ -8,7 +8,7 @@ import (
 	"github.com/idem-go/idem/consumer"
 )
 
-const consumerMessagesHelp = "Messages handled by the consumer since the process started, by outcome: processed, duplicate, retried, dead_lettered, parked."
+const consumerMessagesHelp = "Messages handled by the consumer since the process started, by outcome: processed, duplicate, retried, dead_lettered, parked, stale."
 
 // consumerCollector reads the consumer's Stats at scrape time.
 type consumerCollector struct {
@@ -29,6 +29,7 @@ func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
 		{consumer.OutcomeRetried, s.Retried},
 		{consumer.OutcomeDeadLettered, s.DeadLettered},
 		{consumer.OutcomeParked, s.Parked},
+		{consumer.OutcomeStale, s.Stale},
 	} {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(o.n), string(o.outcome))
 	}
