@@ -163,6 +163,13 @@ client asking.
 		}
 		c.Executable = exe
 		c.Env = os.Environ()
+		// The replicas seal the descriptions with the body keys of this
+		// environment; the check reads them as the service does.
+		rest, err := a.atRestFromEnv()
+		if err != nil {
+			return err
+		}
+		c.BodyKeys = rest.bodyKeys
 		c.Progress = a.stderr
 		rep, err := torture.Run(cmd.Context(), &c)
 		if err != nil {

@@ -164,3 +164,16 @@ func resealText(keys []idemhttp.BodyKey, col textColumn, tenant, id, kept string
 	out, err := sealTextWith(keys[0], col, tenant, id, text)
 	return out, err == nil, err
 }
+
+// OpenDescription returns the description a payments row keeps (kept,
+// the description column of the row of payment id of tenant), opened
+// with keys when the service sealed it: what a reader of the service's
+// database outside it (the torture's check) reads descriptions through,
+// so that it sees what the service sees. A sealed description without
+// the key that sealed it is an error, never the sealed bytes.
+func OpenDescription(keys []idemhttp.BodyKey, tenant, id, kept string) (string, error) {
+	if _, sealed := isSealedText(kept); sealed && len(keys) == 0 {
+		return "", fmt.Errorf("%w: the description of payment %s is sealed; give the service's body keys (IDEM_BODY_KEYS)", errTextUnreadable, id)
+	}
+	return textSealer{keys: keys}.open(colDescription, tenant, id, kept)
+}

@@ -224,6 +224,9 @@ func (r *run) readDB(ctx context.Context) ([]dbPayment, map[string]int64, error)
 			if err := pr.Scan(&p.id, &p.account, &p.description, &p.amount, &p.chargeID); err != nil {
 				return nil, nil, fmt.Errorf("torture: reading the payments: %w", err)
 			}
+			if p.description, err = payments.OpenDescription(r.cfg.BodyKeys, tenant, p.id, p.description); err != nil {
+				return nil, nil, fmt.Errorf("torture: reading the payments: %w", err)
+			}
 			rows = append(rows, p)
 		}
 		if err := pr.Err(); err != nil {
@@ -260,6 +263,9 @@ func (r *run) readDB(ctx context.Context) ([]dbPayment, map[string]int64, error)
 	for pr.Next() {
 		var p dbPayment
 		if err := pr.Scan(&p.id, &p.account, &p.description, &p.amount, &p.chargeID); err != nil {
+			return nil, nil, fmt.Errorf("torture: reading the payments: %w", err)
+		}
+		if p.description, err = payments.OpenDescription(r.cfg.BodyKeys, tenant, p.id, p.description); err != nil {
 			return nil, nil, fmt.Errorf("torture: reading the payments: %w", err)
 		}
 		rows = append(rows, p)

@@ -23,6 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem/cmd/idem/internal/localserver"
+	"github.com/idem-go/idem/idemhttp"
 )
 
 // Config configures Run. Executable is required; every other field's zero
@@ -34,6 +35,12 @@ type Config struct {
 	// Env is the replicas' environment; the run adds IDEM_API_KEYS, with the
 	// run's own key. Defaults to nothing else.
 	Env []string
+	// BodyKeys are the body keys IDEM_BODY_KEYS in Env gives the
+	// replicas, with which they seal the payments' descriptions: the
+	// check reads the descriptions, which name the logical payments,
+	// through them. Defaults to none: descriptions kept in clear, and a
+	// sealed one is an error.
+	BodyKeys []idemhttp.BodyKey
 	// DB is the replicas' database: "" or "sqlite" for a SQLite file in a
 	// temporary directory, deleted afterwards; a postgres:// URL, in
 	// which the replicas share a schema of the run's own, dropped
