@@ -202,6 +202,16 @@
 // its own business: keyed.DownstreamKey gives a digest to send instead of
 // the client's key.
 //
+// The settings act on what is written from then on. Records written before
+// a setting was given keep what they were written with: before
+// Config.KeySecret, the raw keys; before Config.BodyKeys, the bodies and
+// the points' data in clear (with the client's key inside them, when an
+// application saved it in a point). They stay so, readable in every dump,
+// until `idem keys seal` (payments.SealKeys) rewrites them, or until they
+// expire and are purged; the rewrite covers every record of the table,
+// whichever face (idemhttp, idemgrpc) wrote it. A Redis store is not
+// rewritten: its records in clear are gone only once their TTL has passed.
+//
 // # Publishing the policy
 //
 // The IETF draft asks a resource to publish its idempotency policy.

@@ -105,7 +105,15 @@ the client retries after --key-lease.
 Every payment is announced as a payment.succeeded event, written to an outbox
 in the payment's transaction and relayed to --broker: the database itself by
 default, NATS JetStream or RabbitMQ. The consumer "settlement" applies each
-event once; what keeps failing goes to the dead letters (idem dlq).`,
+event once; what keeps failing goes to the dead letters (idem dlq).
+
+With --grpc ADDR the payments' and refunds' writes are also served over gRPC
+(service `+payments.GRPCService+`, methods CreatePayment and CreateRefund,
+each taking and answering a google.protobuf.Struct of the HTTP body's
+members): the same keys, secrets, scopes and handlers, the API key as
+"authorization: Bearer KEY" metadata and the idempotency key as
+"idempotency-key" metadata; a retry's answer carries
+"idempotent-replayed: true". It prints "idem: grpc listening on ADDR".`,
 		Args: cobra.NoArgs,
 	}
 	f.define(cmd)

@@ -319,6 +319,17 @@
 // settlements, and the events in the outbox and inbox (IDs, tenant,
 // account, amounts; never a description, a reason or a key).
 //
+// Rows and records written before a secret was given keep what they were
+// written with until `idem keys seal` (SealKeys) runs: the idempotency
+// keys in idem_keys as the clients sent them (before KeySecret; the
+// service's own tables keep a digest then, or, for rows of versions before
+// the digest, the key itself, which SealKeys seals too), and the kept
+// answers, the "charging" points' data (which holds the client's key) and
+// the descriptions and reasons in clear (before BodyKeys). SealKeys
+// rewrites every one of them in one transaction, the gRPC face's records
+// with the HTTP face's; give it both secrets. Until it runs, a dump shows
+// them.
+//
 // # Two stores
 //
 // With Config.Keys (an idemredis.Store, for example) the keys and the money
