@@ -299,3 +299,51 @@ func TestResumeKeyRightAfterAFailedRound(t *testing.T) {
 		t.Fatalf("the key: %+v, %v; want it completed with Resume's answer", rec, err)
 	}
 }
+
+// A failed ResumeKey leaves the key held under the lease its resume took;
+// LetGo gives that lease back, so another completer (or a client's retry)
+// takes the key on at once. The key stays in flight at its point.
+func TestCompleterLetGoEndsTheFailedResumesLease(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := errors.New("the network is down")
+	failing, err := eng.NewCompleter(&keyed.CompleterConfig{Resume: func(context.Context, keyed.Execution) (idem.Response, error) {
+		return idem.Response{}, down
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := eng.NewCompleter(&keyed.CompleterConfig{Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
+		return idem.Response{Status: 201}, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, store, "pay")
+	if finished, err := failing.ResumeKey(t.Context(), "", "pay", false); finished || !errors.Is(err, down) {
+		t.Fatalf("ResumeKey = %v, %v; want the resume's error", finished, err)
+	}
+	if _, err := other.ResumeKey(t.Context(), "", "pay", true); !errors.Is(err, keyed.ErrBeingFinished) {
+		t.Fatalf("another completer's dry run under the failed resume's lease: %v; want ErrBeingFinished", err)
+	}
+	if err := failing.LetGo(t.Context(), "", "pay"); err != nil {
+		t.Fatal(err)
+	}
+	if f := failing.Failures("", "pay"); f.Holding {
+		t.Fatalf("after LetGo the completer still says it holds the key: %+v", f)
+	}
+	if rec, err := store.Get(t.Context(), "", "pay"); err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" {
+		t.Fatalf("after LetGo: %v %q, %v; want in flight at its point", rec.State, rec.Recovery.Name, err)
+	}
+	if finished, err := other.ResumeKey(t.Context(), "", "pay", false); !finished || err != nil {
+		t.Fatalf("another completer's ResumeKey after LetGo = %v, %v; want it finished at once", finished, err)
+	}
+	if err := failing.LetGo(t.Context(), "", "pay"); err != nil {
+		t.Fatalf("LetGo of a key it no longer holds: %v; want nothing done", err)
+	}
+}

@@ -240,3 +240,22 @@ func (c *Completer) UnknownKeys() []idem.Ref {
 	}
 	return out
 }
+
+// LetGo ends the lease this Completer holds scope/key under after a
+// failed resume (ResumeFailures.Holding), so that another completer or a
+// client's retry can take the key on at once, rather than after that
+// lease: for a Completer that stops before its lease would end (a command
+// that resumed one key). The key stays in flight at its point, its
+// outcome unknown. Without such a lease, it does nothing.
+func (c *Completer) LetGo(ctx context.Context, scope idem.Scope, key idem.Key) error {
+	wk := keywait.Key{Scope: scope, Key: key}
+	t := c.heldToken(wk)
+	if t == 0 {
+		return nil
+	}
+	c.letGo(wk)
+	if err := c.rs.Yield(ctx, idem.Ref{Scope: scope, Key: key, Token: t}); err != nil && !errors.Is(err, idem.ErrLeaseLost) {
+		return fmt.Errorf("ending the lease of the failed resume: %w", err)
+	}
+	return nil
+}

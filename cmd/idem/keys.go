@@ -31,7 +31,7 @@ func (a *app) keysCmd() *cobra.Command {
 		Short: "Inspect and purge stored idempotency keys",
 		Args:  cobra.NoArgs,
 	}
-	cmd.AddCommand(a.keysPurgeCmd(), a.keysShowCmd(), a.keysSealCmd(), a.keysAbandonedCmd(), a.keysSettleCmd())
+	cmd.AddCommand(a.keysPurgeCmd(), a.keysShowCmd(), a.keysSealCmd(), a.keysAbandonedCmd(), a.keysSettleCmd(), a.keysResumeCmd())
 	return cmd
 }
 

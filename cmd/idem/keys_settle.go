@@ -148,7 +148,7 @@ the key from its unknown count at its next round.`,
 		}
 		ev := console.KeyEvent{Scope: idem.Scope(scope), Key: stored, At: idem.SystemClock{}.Now(), Actor: operator, Action: action,
 			Reason: reason, Result: fmt.Sprintf("settled (status %d)", answer.Status)}
-		if err := history.AddKeyEvent(ctx, ev); err != nil {
+		if err := recordAction(ctx, history, ev); err != nil {
 			return fmt.Errorf("the key was settled, but its history could not be written: %w", err)
 		}
 		fmt.Fprintf(a.stdout, "settled key %q in scope %q: its client's retry gets %d\n", string(key), scope, answer.Status)

@@ -162,7 +162,7 @@ func (f *serveFlags) define(cmd *cobra.Command) {
 	fl.DurationVar(&f.retryBase, "retry-base", 100*time.Millisecond, "scale of the settlement consumer's first retry delay (exponential backoff, full jitter)")
 	fl.DurationVar(&f.retryCap, "retry-cap", 30*time.Second, "longest retry delay of the settlement consumer")
 	fl.StringVar(&f.acquirer, "acquirer", "", "the card network (idem acquirer) a payment charges the account's card at before it is recorded: http://HOST:PORT; empty: payments move money in --db alone")
-	fl.StringVar(&f.acquirerKey, "acquirer-key", "", "the card network's API key (default from $"+envAcquirerKey+", or the file $"+envAcquirerKey+"_FILE names)")
+	fl.StringVar(&f.acquirerKey, "acquirer-key", "", acquirerKeyUsage)
 	fl.StringVar(&f.replicaID, "replica-id", "", "this replica's name as the holder of the keys it claims: the same when it restarts, different for every replica that runs at once; "+
 		"at start it ends the leases its earlier run held, so what that run left is finished at once (default: the host's name and the address it listens on; none on a host without a name of its own, such as localhost)")
 }
@@ -333,23 +333,33 @@ func (a *app) planAcquirer(f *serveFlags) (*acquirer.Client, error) {
 	if f.acquirer == "" {
 		return nil, nil
 	}
-	key := f.acquirerKey
-	if !f.acquirerKeySet {
+	var transport http.RoundTripper
+	if f.faults {
+		transport = payments.ChargeFaults(nil)
+	}
+	return a.cardNetwork(f.acquirer, f.acquirerKey, f.acquirerKeySet, transport)
+}
+
+// cardNetwork makes the client of the card network at url (--acquirer),
+// as serve charges it: its API key is key when --acquirer-key was given
+// (keySet), else $IDEM_ACQUIRER_KEY or the file $IDEM_ACQUIRER_KEY_FILE
+// names. It opens nothing: the client dials on its first call.
+func (a *app) cardNetwork(url, key string, keySet bool, transport http.RoundTripper) (*acquirer.Client, error) {
+	if !keySet {
 		var err error
 		if key, _, err = a.secretEnv(envAcquirerKey); err != nil {
 			return nil, err
 		}
 	}
-	var transport http.RoundTripper
-	if f.faults {
-		transport = payments.ChargeFaults(nil)
-	}
-	c, err := acquirer.NewClient(acquirer.ClientConfig{URL: f.acquirer, APIKey: key, Transport: transport})
+	c, err := acquirer.NewClient(acquirer.ClientConfig{URL: url, APIKey: key, Transport: transport})
 	if err != nil {
 		return nil, fmt.Errorf("--acquirer: %w", err)
 	}
 	return c, nil
 }
+
+// acquirerKeyUsage is the help of --acquirer-key, wherever it is taken.
+const acquirerKeyUsage = "the card network's API key (default from $" + envAcquirerKey + ", or the file $" + envAcquirerKey + "_FILE names)"
 
 // runServe opens the database, the broker and the key store of p, starts
 // the payment service and its HTTP server, and serves until ctx ends; then

@@ -138,6 +138,13 @@ func (c *Client) ChargesSince(ctx context.Context, since time.Time) ([]Charge, e
 	return c.list(ctx, q)
 }
 
+// Ping checks that the acquirer answers and takes the client's API key,
+// reading one charge of its list (which it may not have).
+func (c *Client) Ping(ctx context.Context) error {
+	var page ChargeList
+	return c.do(ctx, http.MethodGet, "/v1/charges?limit=1", "", nil, &page)
+}
+
 // list reads every page of GET /v1/charges with the filters of q.
 func (c *Client) list(ctx context.Context, filters url.Values) ([]Charge, error) {
 	var all []Charge

@@ -152,3 +152,27 @@ func (s *Service) Completer() (*idemhttp.Completer, error) {
 	}
 	return s.completer, nil
 }
+
+// NewCompleter starts the service cfg describes for its completer alone,
+// for an operator's action on one key outside a running service (idem keys
+// resume): the completer's resumes charge the card network and record the
+// payment, its event in the outbox, exactly as the service's own do, but
+// it runs no rounds of its own (only Completer.ResumeKey and Settle act),
+// and nothing serves requests or relays events (cfg.APIKeys may be
+// empty; cfg.RequestsOnly is implied). cfg.Acquirer is required, and the
+// keys must live in the service's database. stop stops what it started.
+func NewCompleter(ctx context.Context, cfg *Config) (comp *idemhttp.Completer, stop func() error, err error) {
+	if cfg == nil || cfg.Acquirer == nil {
+		return nil, nil, fmt.Errorf("%w: a completer needs the card network (Acquirer): it resumes payments there", ErrConfig)
+	}
+	c := *cfg
+	c.completerOnly, c.RequestsOnly = true, true
+	svc, err := New(ctx, &c)
+	if err != nil {
+		return nil, nil, err
+	}
+	if comp, err = svc.Completer(); err != nil {
+		return nil, nil, errors.Join(err, svc.Close())
+	}
+	return comp, svc.Close, nil
+}

@@ -182,6 +182,10 @@ type Config struct {
 	// Observers are observed beside the service's own latency histograms:
 	// tracing, say (package idemotel). Defaults to nil: histograms only.
 	Observers *Observers
+
+	// completerOnly: NewCompleter's service, whose completer runs no
+	// rounds of its own, serving no request (APIKeys may be empty).
+	completerOnly bool
 }
 
 // Defaults applied by New.
@@ -409,10 +413,10 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 	go func() {
 		defer close(s.completerDone)
 		var wg sync.WaitGroup
-		if s.grpcCompleter != nil {
+		if s.grpcCompleter != nil && !c.completerOnly {
 			wg.Go(func() { s.grpcCompleter.Run(pctx) }) //nolint:errcheck // ends with pctx
 		}
-		if s.completer != nil {
+		if s.completer != nil && !c.completerOnly {
 			s.completer.Run(pctx) //nolint:errcheck // ends with pctx
 		}
 		wg.Wait()
@@ -476,7 +480,7 @@ func (c *Config) defaults() error {
 	case c.DB != nil && c.Postgres != nil:
 		problems = append(problems, "DB (SQLite) and Postgres are both set; set exactly one")
 	}
-	if len(c.APIKeys) == 0 {
+	if len(c.APIKeys) == 0 && !c.completerOnly {
 		problems = append(problems, "APIKeys must hold at least one key")
 	}
 	for k, tenant := range c.APIKeys {

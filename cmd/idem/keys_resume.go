@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
+	"github.com/idem-go/idem/console"
+	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/keyed"
+)
+
+// historyTimeout bounds the recording of an action in the key's history,
+// which goes on when the command is interrupted (Ctrl-C) once the action
+// was taken: an action is never left unrecorded for want of a moment.
+const historyTimeout = 30 * time.Second
+
+// recordAction writes ev in the key's history with a context that the
+// command's interruption does not end, bounded by historyTimeout.
+func recordAction(ctx context.Context, history console.KeyHistory, ev console.KeyEvent) error {
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), historyTimeout)
+	defer cancel()
+	return history.AddKeyEvent(hctx, ev)
+}
+
+func (a *app) keysResumeCmd() *cobra.Command {
+	var dbURL, pgSchema, scope, reason, operator, netURL, netKey string
+	var dryRun bool
+	cmd := &cobra.Command{
+		Use:   "resume --scope TENANT KEY --reason WHY --acquirer URL",
+		Short: "Resume now an execution stopped at a recovery point (one completer round for this key)",
+		Long: `Resume an idempotency key in flight at a recovery point whose holder is gone
+(see 'idem keys abandoned'), now: one round of the completer for this key
+alone, as the console's "Resume now" and as 'idem serve --acquirer' runs
+them. The payment is charged at the card network under the key derived
+from the client's (so a charge the dead execution made is the one found,
+never a second), recorded, and its answer kept for the client's retry; or,
+when the network made no charge, the key is released and the retry runs the
+payment anew.
+
+--acquirer and --acquirer-key name the card network as serve takes them
+(the key also from $` + envAcquirerKey + ` or the file $` + envAcquirerKey + `_FILE
+names). --reason is required and kept, with --operator, the time and what
+came of it, in the key's history, which the console's page of the key
+shows.
+
+--dry-run checks that the key could be resumed and that the card network
+answers, and changes nothing. A key that is unknown, completed, released,
+without a recovery point, or held by a live execution (a completer's
+resume, a client's retry), and a card network that does not answer, are
+refused, changing nothing. A resume that fails on the way (the network
+went away) leaves the key as it was, in flight at its point, its outcome
+still unknown; that attempt is kept in the history.
+
+When the server seals keys (IDEM_KEY_SECRET) or encrypts what it keeps
+(IDEM_BODY_KEYS), give the same variables here.`,
+		Args: cobra.ExactArgs(1),
+	}
+	dbFlags(cmd, &dbURL, &pgSchema)
+	fl := cmd.Flags()
+	fl.StringVar(&scope, "scope", "", "the key's scope: the tenant's name (required)")
+	fl.StringVar(&reason, "reason", "", "why, kept in the key's history (required)")
+	fl.StringVar(&operator, "operator", os.Getenv("USER"), "who resumes it, kept in the key's history (default $USER)")
+	fl.StringVar(&netURL, "acquirer", "", "the card network the payment is charged at, as serve's --acquirer: http://HOST:PORT (required)")
+	fl.StringVar(&netKey, "acquirer-key", "", acquirerKeyUsage)
+	fl.BoolVar(&dryRun, "dry-run", false, "check that the key could be resumed and that the card network answers; change nothing")
+	_ = cmd.MarkFlagRequired("scope")
+	cmd.RunE = a.action(func(cmd *cobra.Command, args []string) (err error) {
+		ctx := cmd.Context()
+		key, err := idem.ParseKey(args[0])
+		if err != nil {
+			return &usageError{err}
+		}
+		reason, operator = strings.TrimSpace(reason), strings.TrimSpace(operator)
+		switch {
+		case reason == "":
+			return &usageError{errors.New("--reason is required: say why, it is kept in the key's history")}
+		case utf8.RuneCountInString(reason) > console.MaxReason:
+			return &usageError{fmt.Errorf("--reason must be at most %d characters", console.MaxReason)}
+		case operator == "":
+			return &usageError{errors.New("--operator is required when $USER is not set: who resumes it is kept in the key's history")}
+		case netURL == "":
+			return &usageError{errors.New("--acquirer is required: the card network the payment is resumed at")}
+		}
+		network, err := a.cardNetwork(netURL, netKey, cmd.Flags().Changed("acquirer-key"), nil)
+		if err != nil {
+			return &usageError{err}
+		}
+		if err := checkPGSchema(cmd, dbURL); err != nil {
+			return err
+		}
+		rest, err := a.atRestFromEnv()
+		if err != nil {
+			return err
+		}
+		db, err := openDB(ctx, dbURL, pgSchema, true)
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, db.Close()) }()
+		store, history, err := settleStores(ctx, db)
+		if err != nil {
+			return err
+		}
+		// The service's own completer, as serve builds it, running no
+		// rounds: its resume of this key is the one serve would run.
+		comp, stop, err := payments.NewCompleter(ctx, &payments.Config{DB: db.sqlite, Postgres: db.pg, Acquirer: network,
+			KeySecret: rest.keySecret, BodyKeys: rest.bodyKeys, Logger: slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, stop()) }()
+
+		stored := key
+		if rest.keySecret != nil {
+			stored = idemhttp.SealKey(rest.keySecret, idem.Scope(scope), key)
+		}
+		_, err = comp.ResumeKey(ctx, idem.Scope(scope), stored, true)
+		if errors.Is(err, idem.ErrNotFound) && stored != key {
+			// Kept before the keys were sealed.
+			stored = key
+			_, err = comp.ResumeKey(ctx, idem.Scope(scope), stored, true)
+		}
+		if err != nil {
+			return refusedAction(err)
+		}
+		if err := network.Ping(ctx); err != nil {
+			return fmt.Errorf("the card network at %s does not answer: %w; nothing was changed", netURL, err)
+		}
+		if dryRun {
+			fmt.Fprintf(a.stdout, "dry run: key %q in scope %q can be resumed now from its recovery point, and the card network answers (nothing was changed)\n", string(key), scope)
+			return nil
+		}
+
+		ev := console.KeyEvent{Scope: idem.Scope(scope), Key: stored, Actor: operator, Action: console.ActionResume, Reason: reason}
+		finished, rerr := comp.ResumeKey(ctx, idem.Scope(scope), stored, false)
+		if !finished && (errors.Is(rerr, keyed.ErrNotStopped) || errors.Is(rerr, keyed.ErrBeingFinished)) {
+			// Taken on, or finished, since the dry run: nothing was done.
+			return refusedAction(rerr)
+		}
+		var said string
+		switch {
+		case finished:
+			ev.Result, said = "finished", resumedAnswer(ctx, store, idem.Scope(scope), stored)
+		default:
+			if rerr == nil {
+				rerr = errors.New("not finished")
+			}
+			ev.Result = "failed: " + rerr.Error()
+			// This command ends now: the lease its resume took goes back,
+			// so that the service's completer or the client's retry can
+			// take the key on at once.
+			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), historyTimeout)
+			if lerr := comp.LetGo(lctx, idem.Scope(scope), stored); lerr != nil {
+				rerr = errors.Join(rerr, lerr)
+			}
+			cancel()
+		}
+		ev.At = idem.SystemClock{}.Now()
+		if herr := recordAction(ctx, history, ev); herr != nil {
+			return fmt.Errorf("the resume ended (%s), but its entry in the key's history could not be written: %w", ev.Result, herr)
+		}
+		if !finished {
+			return fmt.Errorf("the resume of key %q in scope %q failed, and its outcome is still unknown (kept in its history): %w", string(key), scope, rerr)
+		}
+		fmt.Fprintf(a.stdout, "resumed key %q in scope %q: %s\n", string(key), scope, said)
+		return nil
+	})
+	return cmd
+}
+
+// refusedAction is the error of an action refused for the key's state,
+// having changed nothing.
+func refusedAction(err error) error {
+	if errors.Is(err, keyed.ErrNotStopped) || errors.Is(err, keyed.ErrBeingFinished) {
+		return fmt.Errorf("%w; nothing was changed", err)
+	}
+	return fmt.Errorf("reading the key: %w; nothing was changed", err)
+}
+
+// resumedAnswer says how a resume that finished the key left it.
+func resumedAnswer(ctx context.Context, store idem.Recoverer, scope idem.Scope, key idem.Key) string {
+	rec, err := store.Get(ctx, scope, key)
+	switch {
+	case errors.Is(err, idem.ErrNotFound), err == nil && rec.State != idem.StateCompleted:
+		return "the card network had made no charge under its key: the key was released, and the client's retry runs the request anew"
+	case err != nil:
+		return "finished (its record could not be read back: " + err.Error() + ")"
+	case rec.Response != nil:
+		return fmt.Sprintf("finished; its client's retry gets %d", rec.Response.Status)
+	}
+	return "finished"
+}

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
+	"github.com/idem-go/idem/console"
+	"github.com/idem-go/idem/idemsqlite"
+)
+
+// A replica dies after the card network charged a payment, before the
+// payment committed, and no completer runs. idem keys resume finishes it:
+// one charge at the network, the payment recorded, its answer kept, and
+// the client's retry gets it. Every refusal before (bad flags, an unknown
+// key, the dead holder's lease not yet ended, a card network that does
+// not answer) and --dry-run change nothing; the resume is kept in the
+// key's history.
+func TestKeysResume(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "idem.db")
+	dbURL := "sqlite:" + file
+	hs := startCardNetwork(t)
+	a := startReplica(t, "a", []string{"--db", dbURL, "--acquirer", hs.URL, "--faults", "--log-level", "warn", "--key-lease", "2s"})
+	acct := a.post(t, "/v1/accounts", "acct", "", map[string]any{"balance": 100000, "currency": "EUR"})
+	if acct.status != http.StatusCreated {
+		t.Fatalf("creating the account: %s", acct)
+	}
+	pay := map[string]any{"account_id": acct.body["id"], "amount": 1000, "currency": "EUR"}
+	crash(t, a, "pay-1", pay)
+	select {
+	case <-a.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the replica did not die after the charge")
+	}
+
+	state := func() idem.Record {
+		t.Helper()
+		db, err := idemsqlite.Open(file, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		s, err := idemsqlite.NewStore(t.Context(), db, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := s.Get(t.Context(), "acme", "pay-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec
+	}
+	net, err := acquirer.NewClient(acquirer.ClientConfig{URL: hs.URL, APIKey: "net-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	charges := func() int {
+		t.Helper()
+		chs, err := net.Charges(t.Context(), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(chs)
+	}
+	if n := charges(); n != 1 {
+		t.Fatalf("%d charges at the network after the crash; want 1", n)
+	}
+	resume := func(args ...string) (int, string, string) {
+		return runCmd(t, append([]string{"keys", "resume", "--db", dbURL, "--scope", "acme", "--operator", "alice"}, args...)...)
+	}
+	withNet := []string{"--acquirer", hs.URL, "--acquirer-key", "net-key"}
+
+	for _, bad := range [][]string{
+		append([]string{"pay-1"}, withNet...), // no reason
+		{"pay-1", "--reason", "r"},            // no --acquirer
+		append([]string{"pay-1", "--reason", strings.Repeat("x", console.MaxReason+1)}, withNet...),
+		append([]string{"bad key with spaces", "--reason", "r"}, withNet...),
+		{"pay-1", "--reason", "r", "--acquirer", "ftp://nowhere"},
+	} {
+		if code, _, errOut := resume(bad...); code != exitUsage {
+			t.Errorf("keys resume %q: exit %d, %q; want a usage error", bad, code, errOut)
+		}
+	}
+	if code, _, errOut := resume(append([]string{"nope", "--reason", "r"}, withNet...)...); code != exitFailure || !strings.Contains(errOut, `no key "nope"`) || !strings.Contains(errOut, "nothing was changed") {
+		t.Errorf("resuming an unknown key: exit %d, %q", code, errOut)
+	}
+	// The dead holder's lease has not ended yet, or has: either it is
+	// refused as being finished, or the dry run says it can be resumed.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, out, errOut := resume(append([]string{"pay-1", "--reason", "r", "--dry-run"}, withNet...)...)
+		if code == exitOK && strings.Contains(out, "dry run") {
+			break
+		}
+		if code != exitFailure || !strings.Contains(errOut, "held by a live execution") || !strings.Contains(errOut, "nothing was changed") || time.Now().After(deadline) {
+			t.Fatalf("keys resume --dry-run while the dead holder's lease runs: exit %d, %q, %q", code, out, errOut)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// A card network that does not answer: refused, nothing changed.
+	if code, _, errOut := resume("pay-1", "--reason", "r", "--acquirer", "http://127.0.0.1:1", "--acquirer-key", "net-key"); code != exitFailure || !strings.Contains(errOut, "does not answer") || !strings.Contains(errOut, "nothing was changed") {
+		t.Errorf("resuming at a card network that does not answer: exit %d, %q", code, errOut)
+	}
+	if rec := state(); rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" || rec.LeaseExpiresAt.After(time.Now()) {
+		t.Fatalf("a refusal or a dry run changed pay-1: %v %q, lease until %v", rec.State, rec.Recovery.Name, rec.LeaseExpiresAt)
+	}
+
+	code, out, errOut := resume(append([]string{"pay-1", "--reason", "the completer is down"}, withNet...)...)
+	if code != exitOK || !strings.Contains(out, "resumed") || !strings.Contains(out, "gets 201") {
+		t.Fatalf("keys resume: exit %d, %q, %q", code, out, errOut)
+	}
+	if rec := state(); rec.State != idem.StateCompleted || rec.Response == nil || rec.Response.Status != http.StatusCreated {
+		t.Fatalf("pay-1 after the resume: %v %+v", rec.State, rec.Response)
+	}
+	if n := charges(); n != 1 {
+		t.Fatalf("%d charges at the network after the resume; want the one the dead execution made", n)
+	}
+	if code, _, errOut := resume(append([]string{"pay-1", "--reason", "again"}, withNet...)...); code != exitFailure || !strings.Contains(errOut, "completed") || !strings.Contains(errOut, "nothing was changed") {
+		t.Errorf("resuming a finished key: exit %d, %q", code, errOut)
+	}
+
+	db, err := idemsqlite.Open(file, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := payments.KeyHistory(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := h.KeyEvents(t.Context(), "acme", "pay-1")
+	db.Close()
+	if err != nil || len(evs) != 1 || evs[0].Actor != "alice" || evs[0].Action != console.ActionResume || evs[0].Reason != "the completer is down" || evs[0].Result != "finished" {
+		t.Fatalf("pay-1's history: %+v %v; want alice's resume with its reason", evs, err)
+	}
+
+	// The client's retry, on the service started again, gets the answer
+	// the resume kept: the payment with its charge.
+	a.start(t)
+	defer a.stop(t)
+	r := a.post(t, "/v1/payments", "pay-1", "", pay)
+	if r.status != http.StatusCreated || r.body["charge_id"] == nil || r.body["charge_id"] == "" {
+		t.Fatalf("the client's retry: %s; want 201 with the charge", r)
+	}
+	if n := charges(); n != 1 {
+		t.Fatalf("%d charges at the network after the retry; want 1", n)
+	}
+}
