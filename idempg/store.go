@@ -153,9 +153,11 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 		created, leaseEnd, expiresAt time.Time
 	)
 	hr, hi := pgsql.HolderArgs(req.Holder)
+	// A claim on its own here (one in the caller's transaction went to
+	// claimInTx above): its INSERT commits asynchronously ($7).
 	err = q.QueryRow(ctx, pgsql.InsertClaim,
 		string(req.Scope), string(req.Key), string(req.Fingerprint),
-		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), st == nil, hr, hi,
+		pgsql.Micros(req.Lease), pgsql.Micros(req.TTL), s.db.now(), true, hr, hi,
 	).Scan(&token, &created, &leaseEnd, &expiresAt)
 	switch {
 	case err == nil:
