@@ -132,3 +132,45 @@ func TestCompleterKeepsNoAnswerThatIsNotAMessage(t *testing.T) {
 		t.Fatalf("the key: %v, %v; want it completed", rec.State, err)
 	}
 }
+
+// A retry of a call that stopped at a recovery point sealed with a body key
+// this interceptor lacks is refused as Internal without running the
+// handler: nothing can go on from a point no one can read, and the key
+// stays in flight with its point until an interceptor with the key comes.
+func TestRetryOnAPointThatCannotBeOpenedRefused(t *testing.T) {
+	t.Parallel()
+	store := idemmem.NewStore(nil)
+	k1 := keyed.BodyKey{ID: "k1", Key: []byte("0123456789abcdef0123456789abcdef")}
+	k2 := keyed.BodyKey{ID: "k2", Key: []byte("fedcba9876543210fedcba9876543210")}
+	newIC := func(keys ...keyed.BodyKey) *idemgrpc.Interceptor {
+		ic, err := idemgrpc.New(&idemgrpc.Config{Store: store, SharedScope: true, Default: idemgrpc.Required, BodyKeys: keys})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ic
+	}
+	req := structpb.NewStringValue("charge 10")
+	info := &grpc.UnaryServerInfo{FullMethod: "/pay.Payments/Charge"}
+	ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs(idemgrpc.MetadataKey, "k"))
+	_, err := newIC(k1).Unary()(ctx, req, info, func(ctx context.Context, _ any) (any, error) {
+		if err := idemgrpc.SaveRecovery(ctx, "charging", []byte("ch_1")); err != nil {
+			t.Fatal(err)
+		}
+		return nil, status.Error(codes.Unavailable, "the card network does not answer")
+	})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("the first call: %v; want its handler's Unavailable", err)
+	}
+	ran := false
+	_, err = newIC(k2).Unary()(ctx, req, info, func(context.Context, any) (any, error) {
+		ran = true
+		return structpb.NewStringValue("charged"), nil
+	})
+	if status.Code(err) != codes.Internal || ran {
+		t.Fatalf("the retry without the point's body key: %v, handler ran %v; want Internal and the handler not run", err, ran)
+	}
+	rec, err := store.Get(t.Context(), "", "k")
+	if err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" {
+		t.Fatalf("the key: %+v, %v; want it in flight with its point", rec, err)
+	}
+}
