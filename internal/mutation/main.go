@@ -465,7 +465,7 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 	if err != nil {
 		return result{}, err
 	}
-	stale := markEquivalents(c.dir, muts.all, equivs)
+	stale := markEquivalents(c, muts.all, equivs)
 	for _, e := range stale {
 		fmt.Printf("STALE      %s:%d: no mutant matches %s | %s | %s | %s\n", o.equivalents, e.no, e.path, e.fn, e.typ, e.src)
 	}
@@ -600,13 +600,15 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 	return result{line: line, failed: failed}, nil
 }
 
-// markEquivalents marks the mutants of the package in dir that a line of
-// the equivalents file names, and returns that package's lines that name
-// none (stale: the code changed under them).
-func markEquivalents(dir string, muts []*mutant, equivs []*equivalent) []*equivalent {
+// markEquivalents marks the mutants of c's package that a line of the
+// equivalents file names, and returns that package's lines that name none
+// (stale: the code changed under them). Lines of files the package's line
+// leaves out (its files field) are not judged: none of their mutants is
+// listed.
+func markEquivalents(c pkgConf, muts []*mutant, equivs []*equivalent) []*equivalent {
 	var stale []*equivalent
 	for _, e := range equivs {
-		if filepath.Dir(e.path) != dir {
+		if filepath.Dir(e.path) != c.dir || c.files != nil && !c.files[filepath.Base(e.path)] {
 			continue
 		}
 		for _, m := range muts {

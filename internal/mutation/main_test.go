@@ -151,7 +151,7 @@ func TestMarkEquivalentsAndStaleLines(t *testing.T) {
 	changed := eq("f", "CONDITIONALS_BOUNDARY", 0, "if n >= 0 {")
 	noThird := eq("f", "CONDITIONALS_BOUNDARY", 3, "if a < b && c < d {")
 	elsewhere := &equivalent{path: "idemhttp/b.go", fn: "f", typ: "CONDITIONALS_BOUNDARY", src: "if n > 0 {", reason: "r"}
-	stale := markEquivalents("keyed", muts, []*equivalent{nth2, all, movedFn, changed, noThird, elsewhere})
+	stale := markEquivalents(pkgConf{dir: "keyed"}, muts, []*equivalent{nth2, all, movedFn, changed, noThird, elsewhere})
 
 	if !reflect.DeepEqual(stale, []*equivalent{movedFn, changed, noThird}) {
 		t.Errorf("stale = %v, want the lines whose function, source or rank names no mutant", stale)
@@ -164,6 +164,15 @@ func TestMarkEquivalentsAndStaleLines(t *testing.T) {
 	}
 	if elsewhere.matched {
 		t.Error("a line of another package was judged")
+	}
+
+	// A line of a file the package's line does not mutate is not judged.
+	otherFile := &equivalent{path: "keyed/b.go", fn: "f", typ: "CONDITIONALS_BOUNDARY", src: "if n > 0 {", reason: "r"}
+	if stale := markEquivalents(pkgConf{dir: "keyed", files: map[string]bool{"a.go": true}}, muts, []*equivalent{otherFile}); len(stale) != 0 {
+		t.Errorf("a line of a file left out of the measure was judged stale: %v", stale)
+	}
+	if stale := markEquivalents(pkgConf{dir: "keyed"}, muts, []*equivalent{otherFile}); len(stale) != 1 {
+		t.Errorf("a line of a measured file that names no mutant: stale %v, want it", stale)
 	}
 }
 
