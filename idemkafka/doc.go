@@ -70,7 +70,9 @@
 // it handed out to be settled, commits what was settled, and lets the
 // rebalance go on; what is still unsettled is given back: the partition's
 // next owner starts at the committed offset and gets it again, and the old
-// owner's deliveries of it answer ErrStaleDelivery. Should the old owner's
+// owner's deliveries of it answer ErrStaleDelivery (from the moment the
+// wait ends: a settlement after the commit read the marks would be in no
+// commit). Should the old owner's
 // handler commit it after all, the inbox stops the new owner's copy, and since both owners handle a key's records in offset order, a
 // key's effects stay in order. A member that dies without leaving (a
 // SIGKILL) keeps its partitions until Config.SessionTimeout passes, then

@@ -172,7 +172,11 @@ type partState struct {
 	// then on, nothing of it is handed out, put back in line, or taken in
 	// from a poll.
 	revoking bool
-	gone     bool
+	// gone is set when the partition's deliveries stop counting: once a
+	// revocation's wait has ended (its commit reads the marks next, and
+	// a settlement after that read would be committed by nobody), or the
+	// partition was lost. Its deliveries are stale from then on.
+	gone bool
 }
 
 // entry is one record a stream holds.
@@ -697,6 +701,21 @@ func (s *Stream) revoked(ctx context.Context, revoked map[string][]int32) {
 		}
 		s.mu.Lock()
 	}
+	// What is settled from here on would miss the commit below, which
+	// reads the marks once, and the partition is dropped right after it:
+	// such a settlement counts for nothing, and says so (ErrStaleDelivery)
+	// instead of answering nil for a record the next owner gets again.
+	for p := range only {
+		ps := s.parts[p]
+		ps.gone = true
+		for _, e := range ps.held {
+			if e.token != 0 {
+				s.inFlight--
+				e.token = 0
+			}
+		}
+	}
+	s.broadcastLocked()
 	s.mu.Unlock()
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	s.commitMarks(cctx, only)

@@ -366,3 +366,47 @@ func TestStaleDeliveries(t *testing.T) {
 		h.close()
 	})
 }
+
+// An Ack that comes while a revocation commits, after its RevokeWait ended
+// with the delivery unsettled, counts for nothing: the commit carries the
+// offsets read before it, and the partition is dropped right after. It
+// must say so (ErrStaleDelivery), as it does once the partition is gone,
+// rather than answer nil for a record the next owner gets again.
+func TestAckDuringARevocationsCommitIsStale(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, Config{RevokeWait: time.Second})
+		h.call(h.s.assigned, p0)
+		h.cl.answer(t, records(0, 3))
+		ds := h.taken()
+		if len(ds) != 3 {
+			t.Fatalf("took %d deliveries, want 3", len(ds))
+		}
+		h.ack(ds[0])
+		h.cl.mu.Lock()
+		h.cl.holdNext = true
+		h.cl.mu.Unlock()
+		done := h.callAsync(h.s.revoked, p0)
+		// The RevokeWait ends with 1 and 2 unsettled; the commit of 1 is
+		// on its way.
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		h.cl.mu.Lock()
+		held := h.cl.held != nil
+		h.cl.mu.Unlock()
+		if !held {
+			t.Fatal("no commit on its way after the RevokeWait")
+		}
+		err := ds[1].Ack(context.Background())
+		if !errors.Is(err, ErrStaleDelivery) || !errors.Is(err, idem.ErrStaleDelivery) {
+			t.Errorf("Ack while the revocation commits = %v, want ErrStaleDelivery: its offset is not in the commit", err)
+		}
+		if err := ds[2].InProgress(context.Background()); !errors.Is(err, ErrStaleDelivery) {
+			t.Errorf("InProgress while the revocation commits = %v, want ErrStaleDelivery", err)
+		}
+		h.run(done)
+		if c, _ := h.cl.committedAt(partition{"t", 0}); c != 1 {
+			t.Errorf("committed %d at the revocation, want 1", c)
+		}
+		h.close()
+	})
+}
