@@ -127,7 +127,8 @@ func FailedAnswer() idem.Response {
 
 // OperatorAnswer is the answer a settle with an answer keeps: status and
 // body as the operator gave them, the body's type, and SettledHeader. A
-// body of type application/json must be one JSON value.
+// body of type application/json must be one JSON value; a type with a
+// control character (a line break, a tab, NUL) is refused.
 func OperatorAnswer(status int, contentType, body string) (idem.Response, error) {
 	contentType = strings.TrimSpace(contentType)
 	if contentType == "" {
@@ -136,8 +137,9 @@ func OperatorAnswer(status int, contentType, body string) (idem.Response, error)
 	switch {
 	case status < 200 || status > 599:
 		return idem.Response{}, &idem.ArgumentError{Field: "status", Reason: fmt.Sprintf("%d is not a final HTTP status (200 to 599)", status)}
-	case strings.ContainsAny(contentType, "\r\n"):
-		return idem.Response{}, &idem.ArgumentError{Field: "content type", Reason: "must be one line"}
+	case strings.ContainsFunc(contentType, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+		// It is sent as a header to the client's retry.
+		return idem.Response{}, &idem.ArgumentError{Field: "content type", Reason: fmt.Sprintf("%q holds a control character", contentType)}
 	case strings.HasSuffix(strings.ToLower(strings.SplitN(contentType, ";", 2)[0]), "json") && !json.Valid([]byte(body)):
 		return idem.Response{}, &idem.ArgumentError{Field: "body", Reason: "is not one JSON value, as " + contentType + " says it is"}
 	}

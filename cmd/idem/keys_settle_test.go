@@ -73,6 +73,7 @@ func TestKeysSettle(t *testing.T) {
 		{"pay-1", "--reason", "r", "--failed", "--status", "200"}, // both
 		{"pay-1", "--reason", "r", "--status", "201", "--body", `{"a":`},
 		{"pay-1", "--reason", "r", "--status", "42", "--body", `{}`},
+		{"pay-1", "--reason", "r", "--status", "200", "--body", "ok", "--content-type", "text/plain\x1b[2J"},
 		{"bad key with spaces", "--reason", "r", "--failed"},
 	} {
 		if code, _, errOut := settle(bad...); code != exitUsage {
