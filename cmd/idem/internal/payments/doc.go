@@ -328,7 +328,10 @@
 // the descriptions and reasons in clear (before BodyKeys). SealKeys
 // rewrites every one of them in one transaction, the gRPC face's records
 // with the HTTP face's; give it both secrets. Until it runs, a dump shows
-// them.
+// them. On SQLite it then rebuilds the file and empties the WAL, so the
+// old bytes of the rows it rewrote are gone from the disk; on PostgreSQL
+// the old row versions stay in the tables' files (never in a pg_dump)
+// until VACUUM FULL rewrites them: run it after the seal.
 //
 // # Two stores
 //

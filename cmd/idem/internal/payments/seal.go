@@ -81,7 +81,9 @@ func (n *SealedKeys) add(table string, k int) {
 // with the new key, and the old one can then be removed from the
 // service's keys. The digests the service keeps of keys it did not seal
 // ("idg1_…", see origin) are left as they are: they are found as they
-// are after the rewrite.
+// are after the rewrite. When it rewrote anything, it then rebuilds the
+// file (VACUUM) and empties the WAL, so that the rewritten rows' old bytes
+// do not stay behind in free pages and WAL frames.
 func SealKeys(ctx context.Context, db *idemsqlite.DB, secret []byte, bodyKeys []idemhttp.BodyKey) (SealedKeys, error) {
 	if err := checkSealSecret(secret); err != nil {
 		return SealedKeys{}, err
@@ -123,6 +125,18 @@ func SealKeys(ctx context.Context, db *idemsqlite.DB, secret []byte, bodyKeys []
 	})
 	if err != nil {
 		return SealedKeys{}, err
+	}
+	if n == (SealedKeys{}) {
+		return n, nil
+	}
+	// A row rewritten in place leaves its old bytes (the raw keys, the
+	// text in clear) in the file's free pages and in the WAL's frames
+	// until they happen to be reused: the file is rebuilt and the WAL
+	// emptied, so that what was sealed is gone from the disk too.
+	for _, q := range []string{`VACUUM`, `PRAGMA wal_checkpoint(TRUNCATE)`} {
+		if _, err := db.Writer().ExecContext(ctx, q); err != nil {
+			return n, fmt.Errorf("sealed, but the old bytes may remain in the file: %s: %w", q, err)
+		}
 	}
 	return n, nil
 }
