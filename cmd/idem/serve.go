@@ -108,7 +108,7 @@ default, NATS JetStream or RabbitMQ. The consumer "settlement" applies each
 event once; what keeps failing goes to the dead letters (idem dlq).
 
 With --grpc ADDR the payments' and refunds' writes are also served over gRPC
-(service `+payments.GRPCService+`, methods CreatePayment and CreateRefund,
+(service ` + payments.GRPCService + `, methods CreatePayment and CreateRefund,
 each taking and answering a google.protobuf.Struct of the HTTP body's
 members): the same keys, secrets, scopes and handlers, the API key as
 "authorization: Bearer KEY" metadata and the idempotency key as
