@@ -190,7 +190,9 @@
 // by Config.RequestTimeout (15s): past it the client gets 503
 // (urn:idem:problem:request-timeout, Retry-After), whatever the request
 // waits for; what it was writing commits or not as a whole, and the retry
-// with the same Idempotency-Key replays it or runs it.
+// with the same Idempotency-Key replays it or runs it. A gRPC call is
+// bounded the same, with or without a deadline of its own, and past it
+// ends Unavailable (request-timeout).
 //
 // # Metrics
 //

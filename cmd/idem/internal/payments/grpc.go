@@ -136,7 +136,7 @@ func (s *Service) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	if s.grpcPayments == nil {
 		return nil
 	}
-	srv := grpc.NewServer(append(opts, grpc.ChainUnaryInterceptor(s.grpcUnary))...)
+	srv := grpc.NewServer(append(opts, grpc.ChainUnaryInterceptor(s.grpcTimeout, s.grpcUnary))...)
 	call := func(path string, h http.HandlerFunc) func(any, context.Context, func(any) error, grpc.UnaryServerInterceptor) (any, error) {
 		run := s.grpcHandler(path, s.wakeRelay(h))
 		return func(_ any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
@@ -162,6 +162,46 @@ func (s *Service) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 		},
 	}, struct{}{})
 	return srv
+}
+
+// grpcRequestTimeout is what a call that ran out of time is answered: the
+// gRPC form of requestTimeoutBody (HTTP's 503 is Unavailable).
+var grpcRequestTimeout = status.Error(codes.Unavailable, "request-timeout: The call did not finish in time: "+
+	"the database or the card network did not answer. It may still complete: retry with the same idempotency-key, "+
+	"which replays its result if it did.")
+
+// grpcTimeout bounds every call by Config.RequestTimeout, as
+// withRequestTimeout bounds every HTTP request: past it the call ends
+// Unavailable whatever it waits for (the card network, a duplicate's
+// in-flight wait, a stalled database), with or without a client deadline.
+// The call's context is cancelled then, and what it was writing commits or
+// not as a whole; the interceptor records what it did under its key, and a
+// retry with the key finds out which. A call the client cancelled ends as
+// its context says.
+func (s *Service) grpcTimeout(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if s.requestTimeout <= 0 {
+		return handler(ctx, req)
+	}
+	tctx, cancel := context.WithTimeout(ctx, s.requestTimeout)
+	defer cancel()
+	type result struct {
+		out any
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := handler(tctx, req)
+		done <- result{out, err}
+	}()
+	select {
+	case r := <-done:
+		return r.out, r.err
+	case <-tctx.Done():
+		if err := ctx.Err(); err != nil {
+			return nil, status.FromContextError(err).Err()
+		}
+		return nil, grpcRequestTimeout
+	}
 }
 
 // grpcUnary authenticates the call, reads its faults, and hands it to the

@@ -2,17 +2,24 @@ package payments
 
 import (
 	"context"
+	"encoding/json"
+	"net"
+	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/idem-go/idem/idemgrpc"
 	"github.com/idem-go/idem/idemsqlite"
+	"github.com/idem-go/idem/idemtest"
 )
 
 // The gRPC face's interceptors give a call with no tenant the empty scope,
@@ -46,5 +53,61 @@ func TestGRPCEmptyScopeIsUnauthenticated(t *testing.T) {
 	}
 	if _, err := New(t.Context(), &Config{DB: db, APIKeys: map[string]string{"k": "acme"}, GRPC: true, Unsafe: true}); err == nil {
 		t.Fatal("GRPC with Unsafe: no error")
+	}
+}
+
+// A call the database holds up ends Unavailable (request-timeout) within
+// Config.RequestTimeout, as the HTTP face's 503, even though the client
+// set no deadline of its own; once the database answers, the retry with
+// the same key charges once.
+func TestGRPCStalledDatabaseAnswersInBoundedTime(t *testing.T) {
+	t.Parallel()
+	svc, lock := lockedSQLite(t, Config{GRPC: true, RequestTimeout: 300 * time.Millisecond, InflightWait: 100 * time.Millisecond})
+	acct := serveJSON(svc.Handler(), "POST", "/v1/accounts", "", `{"balance":100,"currency":"KRW"}`)
+	if acct.Code != http.StatusCreated {
+		t.Fatalf("account: %d %s", acct.Code, acct.Body)
+	}
+	id := strings.TrimPrefix(acct.Header().Get("Location"), "/v1/accounts/")
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := svc.GRPCServer()
+	go srv.Serve(lis) //nolint:errcheck // ends with Stop
+	defer srv.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	in, err := structpb.NewStruct(map[string]any{"account_id": id, "amount": 30, "currency": "KRW"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(ctx context.Context) error {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer k", idemgrpc.MetadataKey, "g-1")
+		return conn.Invoke(ctx, GRPCCreatePayment, in, new(structpb.Struct))
+	}
+
+	release := lock()
+	// No deadline of the call's own; this one only keeps a failing test
+	// from hanging for the lock's minute.
+	backstop, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = call(backstop)
+	took := time.Since(start)
+	release()
+	if status.Code(err) != codes.Unavailable || !strings.Contains(status.Convert(err).Message(), "request-timeout") {
+		t.Fatalf("a payment with the database stalled: %v after %v; want Unavailable (request-timeout) within the request timeout", err, took)
+	}
+	idemtest.Eventually(t, 30*time.Second, "the retry after the stall answered", func() bool {
+		return call(t.Context()) == nil
+	})
+	var a struct{ Balance int64 }
+	got := serveJSON(svc.Handler(), "GET", "/v1/accounts/"+id, "", "")
+	if err := json.Unmarshal(got.Body.Bytes(), &a); err != nil || a.Balance != 70 {
+		t.Errorf("balance after the stall and the retry: %s (%v), want 70: charged once", got.Body, err)
 	}
 }
