@@ -147,6 +147,24 @@ func OperatorAnswer(status int, contentType, body string) (idem.Response, error)
 		Header: http.Header{"Content-Type": {contentType}, SettledHeader: {"answer"}}}, nil
 }
 
+// SettleResult is what the key's history says of a settle of answer that
+// ended in err (KeyEvent.Result), and whether an entry is due. A settle
+// that succeeded is "settled (status N)". One refused for the key's state
+// or its arguments changed nothing: no entry. Any other error (the store
+// failed while completing the key, say) leaves the settle's result
+// unknown, since the answer may have been kept all the same: the entry
+// says so, so that the history never lacks a settle that took effect.
+func SettleResult(answer idem.Response, err error) (result string, record bool) {
+	switch {
+	case err == nil:
+		return fmt.Sprintf("settled (status %d)", answer.Status), true
+	case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished),
+		errors.Is(err, idem.ErrNotFound), errors.Is(err, idem.ErrInvalidArgument):
+		return "", false
+	}
+	return fmt.Sprintf("result unknown (settle with status %d): %v", answer.Status, err), true
+}
+
 // --- pages ---
 
 type outcomePage struct {
@@ -383,11 +401,21 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		if _, err := c.cfg.Actions.Settle(r.Context(), scope, key, answer, false); err != nil {
+		_, err := c.cfg.Actions.Settle(r.Context(), scope, key, answer, false)
+		if result, record := SettleResult(answer, err); err != nil {
+			if record {
+				// The answer may have been kept: the history says so.
+				ev.At, ev.Result = c.cfg.Clock.Now(), result
+				hctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), historyWriteTimeout)
+				if herr := c.cfg.KeyHistory.AddKeyEvent(hctx, ev); herr != nil {
+					err = errors.Join(err, fmt.Errorf("its entry in the key's history could not be written: %w", herr))
+				}
+				cancel()
+			}
 			c.refuseKey(w, r, scope, key, err)
 			return
 		}
-		ev.Result = fmt.Sprintf("settled (status %d)", answer.Status)
+		ev.Result, _ = SettleResult(answer, nil)
 		done = map[string]string{ActionSettleFailed: "settled-failed", ActionSettleAnswer: "settled-answer"}[action]
 	}
 	ev.At = c.cfg.Clock.Now()

@@ -133,12 +133,22 @@ the key from its unknown count at its next round.`,
 			stored = key
 			_, err = comp.Settle(ctx, idem.Scope(scope), stored, answer, true)
 		}
-		if err == nil && !dryRun {
+		acted := err == nil && !dryRun
+		if acted {
 			_, err = comp.Settle(ctx, idem.Scope(scope), stored, answer, false)
 		}
 		if err != nil {
 			if errors.Is(err, keyed.ErrNotStopped) || errors.Is(err, keyed.ErrBeingFinished) {
 				return fmt.Errorf("%w; nothing was changed", err)
+			}
+			if result, record := console.SettleResult(answer, err); record && acted {
+				// The answer may have been kept: the history says so.
+				ev := console.KeyEvent{Scope: idem.Scope(scope), Key: stored, At: idem.SystemClock{}.Now(), Actor: operator, Action: action,
+					Reason: reason, Result: result}
+				if herr := recordAction(ctx, history, ev); herr != nil {
+					err = errors.Join(err, fmt.Errorf("its entry in the key's history could not be written: %w", herr))
+				}
+				return fmt.Errorf("settling the key: its result is unknown (the client's retry may get the answer or not; 'idem keys show' tells): %w", err)
 			}
 			return fmt.Errorf("settling the key: %w", err)
 		}
@@ -147,7 +157,8 @@ the key from its unknown count at its next round.`,
 			return nil
 		}
 		ev := console.KeyEvent{Scope: idem.Scope(scope), Key: stored, At: idem.SystemClock{}.Now(), Actor: operator, Action: action,
-			Reason: reason, Result: fmt.Sprintf("settled (status %d)", answer.Status)}
+			Reason: reason}
+		ev.Result, _ = console.SettleResult(answer, nil)
 		if err := recordAction(ctx, history, ev); err != nil {
 			return fmt.Errorf("the key was settled, but its history could not be written: %w", err)
 		}
