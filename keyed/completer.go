@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -55,8 +56,9 @@ type CompleterConfig struct {
 	// Logger defaults to the Engine's.
 	Logger *slog.Logger
 	// Points names the recovery points this Completer resumes: a key
-	// abandoned at another point is left alone (a round skips it,
-	// ResumeKey refuses it), for the Completer that names it. Two faces
+	// abandoned at another point is left alone (a round skips it and
+	// goes on to the keys past it; ResumeKey and Settle refuse it with
+	// ErrOtherPoint), for the Completer that names it. Two faces
 	// on one store each run their own Completer, whose answers each
 	// keeps in its own form, so each names the points its handlers save.
 	// Defaults to none: every point.
@@ -237,7 +239,7 @@ func (c *Completer) round(ctx context.Context, wg *sync.WaitGroup, finished *ato
 	c.mu.Lock()
 	c.stats.Rounds++
 	c.mu.Unlock()
-	recs, err := c.rs.Abandoned(ctx, c.cfg.Limit)
+	recs, err := c.abandoned(ctx)
 	if err != nil {
 		return err
 	}
@@ -267,6 +269,35 @@ func (c *Completer) round(ctx context.Context, wg *sync.WaitGroup, finished *ato
 		})
 	}
 	return nil
+}
+
+// abandoned lists the abandoned keys for a round: up to Limit at the
+// Completer's points, and the keys at other points listed before them
+// (oldest lease end first). idem.Recoverer.Abandoned has no cursor and
+// knows no points, so while the keys at other points fill what it returned,
+// it is asked again for twice as many: keys left at another face's point
+// (that face's Completer not running) never starve this one's. A round
+// thus reads at most about twice the abandoned keys in the store.
+func (c *Completer) abandoned(ctx context.Context) ([]idem.Record, error) {
+	limit := c.cfg.Limit
+	for {
+		recs, err := c.rs.Abandoned(ctx, limit)
+		if err != nil || len(c.cfg.Points) == 0 || len(recs) < limit {
+			return recs, err
+		}
+		own := 0
+		for i, rec := range recs {
+			if c.takes(rec.Recovery.Name) {
+				if own++; own == c.cfg.Limit {
+					return recs[:i+1], nil // no more than Limit of its own
+				}
+			}
+		}
+		if limit > math.MaxInt/2 {
+			return recs, nil
+		}
+		limit *= 2
+	}
 }
 
 // takes reports whether the Completer resumes keys abandoned at point

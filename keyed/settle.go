@@ -22,6 +22,11 @@ var (
 	// ErrBeingFinished: an execution holds the key under a live lease (a
 	// completer's resume, a client's retry): it is being finished now.
 	ErrBeingFinished = errors.New("keyed: the key is held by a live execution that is finishing it")
+	// ErrOtherPoint: the key stopped at a recovery point outside
+	// CompleterConfig.Points: another face's, whose Completer finishes it
+	// and keeps its answer in that face's form (an answer kept in this
+	// face's form could not be read by the other face's retries).
+	ErrOtherPoint = errors.New("keyed: the key stopped at a recovery point this completer does not resume (another face's)")
 )
 
 // ResumeFailures counts the failed resumes of a key whose outcome is
@@ -95,6 +100,31 @@ func (c *Completer) stopped(ctx context.Context, scope idem.Scope, key idem.Key)
 	return rec, nil
 }
 
+// stoppedHere is stopped, for a key this Completer acts on: one stopped at
+// a recovery point outside CompleterConfig.Points is refused with an error
+// matching ErrOtherPoint. ResumeKey and Settle share it: an answer this
+// Completer keeps is in its face's form, which the face that saved another
+// point could not read back.
+func (c *Completer) stoppedHere(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
+	rec, err := c.stopped(ctx, scope, key)
+	if err != nil {
+		return rec, err
+	}
+	if err := c.ownPoint(rec.Recovery.Name); err != nil {
+		return rec, err
+	}
+	return rec, nil
+}
+
+// ownPoint returns nil when the Completer acts on keys stopped at point,
+// and otherwise an error matching ErrOtherPoint.
+func (c *Completer) ownPoint(point string) error {
+	if c.takes(point) {
+		return nil
+	}
+	return fmt.Errorf("%w: it stopped at %q; this one resumes %q (CompleterConfig.Points)", ErrOtherPoint, point, c.cfg.Points)
+}
+
 // notTaken says why a Claim of a stopped key did not acquire it.
 func notTaken(o idem.Outcome) error {
 	switch o {
@@ -113,7 +143,7 @@ func notTaken(o idem.Outcome) error {
 // round would. finished reports that the key ended (its answer kept, or
 // released); when it did not, err says why: Resume's error (the outcome is
 // still unknown, and Failures counts it), or a refusal matching
-// ErrNotStopped or ErrBeingFinished, having changed nothing.
+// ErrNotStopped, ErrBeingFinished or ErrOtherPoint, having changed nothing.
 //
 // A resume of the key by this Completer under way is waited for (until
 // ctx ends), by a dry run too; one by another is refused. With dryRun, it
@@ -127,12 +157,9 @@ func (c *Completer) ResumeKey(ctx context.Context, scope idem.Scope, key idem.Ke
 		return false, err
 	}
 	defer c.end(wk)
-	rec, err := c.stopped(ctx, scope, key)
+	rec, err := c.stoppedHere(ctx, scope, key)
 	if err != nil {
 		return false, err
-	}
-	if !c.takes(rec.Recovery.Name) {
-		return false, fmt.Errorf("keyed: the key stopped at recovery point %q, which this completer does not resume (CompleterConfig.Points)", rec.Recovery.Name)
 	}
 	if dryRun {
 		return false, nil
@@ -150,7 +177,7 @@ func (c *Completer) ResumeKey(ctx context.Context, scope idem.Scope, key idem.Ke
 }
 
 // Settle ends the execution of scope/key, in flight at a recovery point
-// with its holder gone, with answer as its kept answer, without resuming
+// (one of CompleterConfig.Points) with its holder gone, with answer as its kept answer, without resuming
 // it: the decision of a person who learned the outcome elsewhere (or that
 // nothing happened outside). The client's retry gets answer as a replay.
 // answer is kept as an execution's answer is (its body sealed with
@@ -165,6 +192,11 @@ func (c *Completer) ResumeKey(ctx context.Context, scope idem.Scope, key idem.Ke
 // ends), and the key read as it left it. It returns the record as it was
 // before.
 //
+// A key stopped at a point outside CompleterConfig.Points is refused
+// (ErrOtherPoint), having changed nothing: the answer would be kept in this
+// Completer's face's form, which the face that saved the point could not
+// replay; settle it with that face's Completer.
+//
 // With dryRun, it only checks that the key could be settled.
 func (c *Completer) Settle(ctx context.Context, scope idem.Scope, key idem.Key, answer idem.Response, dryRun bool) (idem.Record, error) {
 	wk := keywait.Key{Scope: scope, Key: key}
@@ -174,7 +206,7 @@ func (c *Completer) Settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 		return idem.Record{}, err
 	}
 	defer c.end(wk)
-	rec, err := c.stopped(ctx, scope, key)
+	rec, err := c.stoppedHere(ctx, scope, key)
 	if err != nil || dryRun {
 		return rec, err
 	}
@@ -204,6 +236,15 @@ func (c *Completer) Settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 			c.log.LogAttrs(ctx, slog.LevelWarn, "completer: could not give back a key it claimed anew", slog.String("error", err.Error()))
 		}
 		return rec, fmt.Errorf("%w: it was released meanwhile", ErrNotStopped)
+	}
+	if err := c.ownPoint(claim.Record.Recovery.Name); err != nil {
+		// Stopped at another point since it was read: give it back as it
+		// is, point and all.
+		if yerr := c.rs.Yield(dctx, ref); yerr != nil && !errors.Is(yerr, idem.ErrLeaseLost) {
+			c.log.LogAttrs(ctx, slog.LevelWarn, "completer: could not give back a key it claimed anew", slog.String("error", yerr.Error()))
+		}
+		c.letGo(wk)
+		return rec, err
 	}
 	kept, err := e.keptAnswer(ref, answer, false)
 	if err == nil {
