@@ -158,7 +158,7 @@ func SettleResult(answer idem.Response, err error) (result string, record bool) 
 	switch {
 	case err == nil:
 		return fmt.Sprintf("settled (status %d)", answer.Status), true
-	case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished),
+	case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished), errors.Is(err, keyed.ErrOtherPoint),
 		errors.Is(err, idem.ErrNotFound), errors.Is(err, idem.ErrInvalidArgument):
 		return "", false
 	}
@@ -334,6 +334,10 @@ func (c *Console) refuseKey(w http.ResponseWriter, r *http.Request, scope idem.S
 		status, heading = http.StatusBadRequest, "Refused"
 	case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished):
 		status, heading = http.StatusConflict, "This key cannot be acted on now"
+	case errors.Is(err, keyed.ErrOtherPoint):
+		// Stopped by another face (the gRPC one): its answer must be kept
+		// in that face's form, which this console's completer cannot.
+		status, heading = http.StatusConflict, "This key was stopped by another face of the service"
 	default:
 		c.cfg.Logger.Error("console: action on a key failed", "operator", operatorOf(r.Context()), "err", err)
 		c.render(w, r, http.StatusInternalServerError, "error", &errorPage{Heading: "The action failed",
@@ -380,7 +384,7 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case finished:
 			ev.Result, done = "finished", "resumed"
-		case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished):
+		case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished), errors.Is(err, keyed.ErrOtherPoint):
 			c.refuseKey(w, r, scope, key, err)
 			return
 		case err != nil:

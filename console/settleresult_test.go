@@ -27,6 +27,7 @@ func TestSettleResult(t *testing.T) {
 		{nil, true, "settled (status 409)"},
 		{fmt.Errorf("%w: it is completed", keyed.ErrNotStopped), false, ""},
 		{fmt.Errorf("%w: its lease ends later", keyed.ErrBeingFinished), false, ""},
+		{fmt.Errorf("%w: it stopped at \"charging-grpc\"", keyed.ErrOtherPoint), false, ""},
 		{fmt.Errorf("no key: %w", idem.ErrNotFound), false, ""},
 		{&idem.ArgumentError{Field: "key", Reason: "bad"}, false, ""},
 		{fmt.Errorf("keeping the settled answer: %w", errors.New("commit: connection reset")), true, "result unknown"},

@@ -143,7 +143,7 @@ When the server seals keys (IDEM_KEY_SECRET) or encrypts what it keeps
 
 		ev := console.KeyEvent{Scope: idem.Scope(scope), Key: stored, Actor: operator, Action: console.ActionResume, Reason: reason}
 		finished, rerr := comp.ResumeKey(ctx, idem.Scope(scope), stored, false)
-		if !finished && (errors.Is(rerr, keyed.ErrNotStopped) || errors.Is(rerr, keyed.ErrBeingFinished)) {
+		if !finished && (errors.Is(rerr, keyed.ErrNotStopped) || errors.Is(rerr, keyed.ErrBeingFinished) || errors.Is(rerr, keyed.ErrOtherPoint)) {
 			// Taken on, or finished, since the dry run: nothing was done.
 			return refusedAction(rerr)
 		}
@@ -181,7 +181,13 @@ When the server seals keys (IDEM_KEY_SECRET) or encrypts what it keeps
 // refusedAction is the error of an action refused for the key's state,
 // having changed nothing.
 func refusedAction(err error) error {
-	if errors.Is(err, keyed.ErrNotStopped) || errors.Is(err, keyed.ErrBeingFinished) {
+	switch {
+	case errors.Is(err, keyed.ErrOtherPoint):
+		// The gRPC face's key: its answer is kept in gRPC's form, which
+		// only that face's completer (idem serve --grpc) keeps.
+		return fmt.Errorf("the key was stopped by another face of the service (its gRPC face), which this command does not act on: "+
+			"the gRPC face's completer (idem serve --grpc) finishes it: %w; nothing was changed", err)
+	case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished):
 		return fmt.Errorf("%w; nothing was changed", err)
 	}
 	return fmt.Errorf("reading the key: %w; nothing was changed", err)

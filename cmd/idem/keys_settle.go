@@ -43,7 +43,10 @@ key could be settled and changes nothing. A key that is unknown, completed,
 released, or held by a live execution (a completer's resume, a client's
 retry) is refused, changing nothing; the settle takes the key over before
 completing it, so an execution finishing it at the same moment either
-refuses it or finds it settled.
+refuses it or finds it settled. A key stopped by the gRPC face (at its point
+"charging-grpc") is refused too, changing nothing: the answer kept here is in
+HTTP's form, which a gRPC retry could not read; the gRPC face's completer
+(idem serve --grpc) finishes it.
 
 When the server seals keys (IDEM_KEY_SECRET) or encrypts the answers it keeps
 (IDEM_BODY_KEYS), give the same variables here. The server's completer drops
@@ -117,7 +120,9 @@ the key from its unknown count at its next round.`,
 		if err != nil {
 			return err
 		}
-		comp, err := mw.NewCompleter(&idemhttp.CompleterConfig{Resume: func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
+		// The HTTP face's points alone: an answer kept here is in HTTP's
+		// form, which the gRPC face's retries could not read back.
+		comp, err := mw.NewCompleter(&idemhttp.CompleterConfig{Points: payments.HTTPPoints(), Resume: func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
 			return errors.New("idem keys settle resumes nothing")
 		}})
 		if err != nil {
@@ -138,8 +143,8 @@ the key from its unknown count at its next round.`,
 			_, err = comp.Settle(ctx, idem.Scope(scope), stored, answer, false)
 		}
 		if err != nil {
-			if errors.Is(err, keyed.ErrNotStopped) || errors.Is(err, keyed.ErrBeingFinished) {
-				return fmt.Errorf("%w; nothing was changed", err)
+			if errors.Is(err, keyed.ErrNotStopped) || errors.Is(err, keyed.ErrBeingFinished) || errors.Is(err, keyed.ErrOtherPoint) {
+				return refusedAction(err)
 			}
 			if result, record := console.SettleResult(answer, err); record && acted {
 				// The answer may have been kept: the history says so.

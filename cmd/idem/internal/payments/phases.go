@@ -153,6 +153,12 @@ func (s *Service) Completer() (*idemhttp.Completer, error) {
 	return s.completer, nil
 }
 
+// HTTPPoints names the recovery points the HTTP face's handlers save
+// (its completer's CompleterConfig.Points): a key stopped at another (the
+// gRPC face's) is left to that face's completer, whose answers are kept in
+// gRPC's form.
+func HTTPPoints() []string { return []string{pointCharging} }
+
 // NewCompleter starts the service cfg describes for its completer alone,
 // for an operator's action on one key outside a running service (idem keys
 // resume): the completer's resumes charge the card network and record the

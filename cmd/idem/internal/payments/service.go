@@ -349,7 +349,7 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 		}
 		if s.phased() {
 			comp, err := s.paymentsMW.NewCompleter(&idemhttp.CompleterConfig{Resume: s.resume, Every: c.CompleterEvery, Logger: c.Logger,
-				Points: []string{pointCharging}})
+				Points: HTTPPoints()})
 			if err != nil {
 				return nil, fmt.Errorf("payments: completer: %w", err)
 			}
