@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,6 +23,7 @@ import (
 	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idemgrpc"
 	"github.com/idem-go/idem/idemsqlite"
+	"github.com/idem-go/idem/idemtest"
 )
 
 // grpcAnswer is one call's answer on the gRPC face.
@@ -176,4 +179,51 @@ func (r *replicaProc) get(t *testing.T, path string) answerOf {
 	a := answerOf{status: resp.StatusCode}
 	_ = json.NewDecoder(resp.Body).Decode(&a.body)
 	return a
+}
+
+// idem serve --grpc drains both faces together, within the one
+// --shutdown-timeout: an HTTP request and a gRPC call that outlast it are
+// both cut off at its end (not one after the other, which took twice the
+// timeout), and "stopped" is logged once both faces are.
+func TestGRPCFaceShutdownDrainsBothFacesInOneTimeout(t *testing.T) {
+	t.Parallel()
+	const timeout = 4 * time.Second
+	a := startReplica(t, "grpc-drain", []string{"--db", "sqlite:" + filepath.Join(t.TempDir(), "idem.db"),
+		"--grpc", "127.0.0.1:0", "--faults", "--shutdown-timeout", timeout.String()})
+	acct := a.post(t, "/v1/accounts", "drain-acct", "", map[string]any{"balance": 10000, "currency": "EUR"})
+	if acct.status != http.StatusCreated {
+		t.Fatalf("account: %s", acct)
+	}
+	pay := func(d string) map[string]any {
+		return map[string]any{"account_id": acct.body["id"], "amount": 100, "currency": "EUR", "description": d}
+	}
+	httpDone := make(chan answerOf, 1)
+	go func() { httpDone <- a.post(t, "/v1/payments", "drain-http", "delay=50s", pay("http")) }()
+	grpcDone := make(chan grpcAnswer, 1)
+	go func() {
+		grpcDone <- a.grpcCall(t, payments.GRPCCreatePayment, "test-key", "drain-grpc", "delay=50s", pay("grpc"))
+	}()
+	idemtest.Eventually(t, 30*time.Second, "both calls in flight", func() bool {
+		return strings.Count(a.log(), "injecting faults") == 2
+	})
+	start := time.Now()
+	a.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-a.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the replica did not stop within 30s:\n%s", a.log())
+	}
+	took := time.Since(start)
+	t.Logf("stopped %v after the signal", took.Round(time.Millisecond))
+	if took >= 2*timeout-time.Second {
+		t.Errorf("stopped %v after the signal, with --shutdown-timeout %v; want both faces drained within the one timeout", took, timeout)
+	}
+	if g := <-grpcDone; g.err == nil {
+		t.Errorf("the gRPC call in flight past the timeout answered %v; want it cut off", g.out)
+	}
+	<-httpDone
+	logs := a.log()
+	if i, j := strings.Index(logs, "cutting off the gRPC calls left"), strings.Index(logs, `msg=stopped`); i < 0 || j < i {
+		t.Errorf("the log does not say the gRPC face was cut off before \"stopped\":\n%s", logs)
+	}
 }

@@ -497,40 +497,67 @@ func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	grpcServed := make(chan error, 1)
+	var grpcServed chan error // nil without a gRPC face: never ready
 	if gs != nil {
+		grpcServed = make(chan error, 1)
 		go func() { grpcServed <- gs.Serve(gln) }()
-		defer func() {
-			// Calls in flight finish within the shutdown's time, as
-			// HTTP requests do; past it they are cut off.
-			stopped := make(chan struct{})
-			go func() { gs.GracefulStop(); close(stopped) }()
-			select {
-			case <-stopped:
-			case <-time.After(p.shutdownTimeout):
-				gs.Stop()
-			}
-		}()
 	}
 
+	// A face that fails stops the other as a shutdown does: its requests
+	// in flight finish within the shutdown's time.
+	var failed error
 	select {
 	case err := <-served:
-		return fmt.Errorf("serving HTTP: %w", err)
+		failed, served = fmt.Errorf("serving HTTP: %w", err), nil
 	case err := <-grpcServed:
-		return fmt.Errorf("serving gRPC: %w", err)
+		failed, grpcServed = fmt.Errorf("serving gRPC: %w", err), nil
 	case <-ctx.Done():
 	}
-	logger.Info("shutting down: finishing requests in flight", "timeout", p.shutdownTimeout)
+	if failed != nil {
+		logger.Error("a face failed; shutting down the rest", "err", failed, "timeout", p.shutdownTimeout)
+	} else {
+		logger.Info("shutting down: finishing requests in flight", "timeout", p.shutdownTimeout)
+	}
+	// Both faces drain together, within the one --shutdown-timeout: each
+	// stops taking new work at once, and what is left at the deadline is
+	// cut off. Keys of cut-off work are released or expire with their
+	// lease, so retries stay safe.
 	sctx, cancel := context.WithTimeout(context.Background(), p.shutdownTimeout)
 	defer cancel()
+	grpcStopped := make(chan struct{})
+	if gs != nil {
+		go func() {
+			defer close(grpcStopped)
+			graceful := make(chan struct{})
+			go func() { gs.GracefulStop(); close(graceful) }()
+			select {
+			case <-graceful:
+			case <-sctx.Done():
+				logger.Warn("shutdown deadline passed; cutting off the gRPC calls left")
+				gs.Stop()
+				<-graceful
+			}
+		}()
+	} else {
+		close(grpcStopped)
+	}
 	if err := srv.Shutdown(sctx); err != nil {
-		// Requests still running past the deadline are cut off; their keys
-		// are released or expire with their lease, so retries stay safe.
 		logger.Warn("shutdown deadline passed; closing the connections left", "err", err)
 		srv.Close()
 	}
-	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("serving HTTP: %w", err)
+	<-grpcStopped
+	if served != nil {
+		if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) && failed == nil {
+			failed = fmt.Errorf("serving HTTP: %w", err)
+		}
+	}
+	if grpcServed != nil {
+		if err := <-grpcServed; err != nil && failed == nil {
+			failed = fmt.Errorf("serving gRPC: %w", err)
+		}
+	}
+	if failed != nil {
+		return failed
 	}
 	logger.Info("stopped")
 	return nil

@@ -21,6 +21,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemgrpc"
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idemprom"
 )
 
 // The gRPC face (Config.GRPC, Service.RegisterGRPC) serves the payments'
@@ -71,16 +72,21 @@ func chargingPointName(ctx context.Context) string {
 
 // newGRPCFace builds the gRPC face's interceptors, one per method, each
 // configured as the HTTP face's middleware of its route is, and, when
-// payments run in phases, its completer.
-func (s *Service) newGRPCFace(c *Config) error {
+// payments run in phases, its completer. It returns their metrics, as
+// idemprom's observers of the HTTP face's middlewares count theirs, under
+// middleware="grpc-payments" and "grpc-refunds".
+func (s *Service) newGRPCFace(c *Config) (collectorSet, error) {
+	var metrics collectorSet
 	for _, m := range []struct {
+		name     string
 		method   string
 		separate bool
 		dst      **idemgrpc.Interceptor
 	}{
-		{GRPCCreatePayment, s.twoStores || s.phased(), &s.grpcPayments},
-		{GRPCCreateRefund, s.twoStores, &s.grpcRefunds},
+		{"grpc-payments", GRPCCreatePayment, s.twoStores || s.phased(), &s.grpcPayments},
+		{"grpc-refunds", GRPCCreateRefund, s.twoStores, &s.grpcRefunds},
 	} {
+		obs := idemprom.NewMiddlewareObserver(m.name)
 		ic, err := idemgrpc.New(&idemgrpc.Config{
 			Store:           s.keys,
 			SeparateTx:      m.separate,
@@ -96,23 +102,25 @@ func (s *Service) newGRPCFace(c *Config) error {
 			BodyKeys:        c.BodyKeys,
 			DiscardBodies:   c.DiscardBodies,
 			Keep:            grpcKeep,
+			Observer:        idemhttp.Observers(obs, c.Observers.middleware(m.name)),
 			Clock:           c.Clock,
 			Logger:          c.Logger,
 		})
 		if err != nil {
-			return fmt.Errorf("payments: gRPC interceptor of %s: %w", m.method, err)
+			return nil, fmt.Errorf("payments: gRPC interceptor of %s: %w", m.method, err)
 		}
 		*m.dst = ic
+		metrics = append(metrics, obs)
 	}
 	if s.phased() {
 		comp, err := s.grpcPayments.NewCompleter(&idemgrpc.CompleterConfig{Resume: s.resumeGRPC, Every: c.CompleterEvery, Logger: c.Logger,
 			Points: []string{pointChargingGRPC}})
 		if err != nil {
-			return fmt.Errorf("payments: gRPC completer: %w", err)
+			return nil, fmt.Errorf("payments: gRPC completer: %w", err)
 		}
 		s.grpcCompleter = comp
 	}
-	return nil
+	return metrics, nil
 }
 
 // grpcScope makes every tenant's keys its own, as scopeByTenant does on

@@ -110,4 +110,9 @@ func TestGRPCStalledDatabaseAnswersInBoundedTime(t *testing.T) {
 	if err := json.Unmarshal(got.Body.Bytes(), &a); err != nil || a.Balance != 70 {
 		t.Errorf("balance after the stall and the retry: %s (%v), want 70: charged once", got.Body, err)
 	}
+	// The face's calls are counted on /metrics, as the HTTP face's are.
+	const executed = `idem_http_request_duration_seconds_count{middleware="grpc-payments",outcome="executed"} 1`
+	idemtest.Eventually(t, 10*time.Second, "the gRPC payment counted on /metrics", func() bool {
+		return strings.Contains(serveJSON(svc.Handler(), "GET", "/metrics", "", "").Body.String(), executed)
+	})
 }

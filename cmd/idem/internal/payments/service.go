@@ -357,9 +357,11 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 			metrics = append(metrics, idemprom.NewCompleterCollector("payments", comp))
 		}
 		if c.GRPC {
-			if err := s.newGRPCFace(&c); err != nil {
+			gm, err := s.newGRPCFace(&c)
+			if err != nil {
 				return nil, err
 			}
+			metrics = append(metrics, gm...)
 		}
 	}
 	var msgs messaging
