@@ -58,7 +58,7 @@ func main() {
 	flag.IntVar(&o.workers, "workers", 1, "mutants run at once")
 	flag.IntVar(&o.factor, "timeout-factor", 4, "a mutant's run is cut at this many times the baseline")
 	flag.DurationVar(&o.minTimeout, "min-timeout", 30*time.Second, "the shortest cut of a mutant's run")
-	flag.StringVar(&o.diff, "diff", "", "only the mutants on lines changed since this commit (gremlins -D)")
+	flag.StringVar(&o.diff, "diff", "", "only the mutants on lines changed since this commit (git diff -U0 of each file)")
 	flag.StringVar(&o.since, "since", "", "measure only the packages whose files changed since this commit, and in them only the mutants on changed lines (implies -diff)")
 	flag.DurationVar(&o.budget, "budget", 0, "stop starting mutants after this long (0: no limit); the run then says what it left out")
 	flag.BoolVar(&o.verbose, "v", false, "also list every mutant no test reaches")
@@ -870,10 +870,11 @@ func dryRun(o options, modRoot, dir, diff string) ([]*mutant, error) {
 	}
 	out.Close()
 	defer os.Remove(out.Name())
+	// The changed lines are found here, not by gremlins' own -D: gremlins
+	// matches git's paths (from the repository's root) with its files'
+	// names (from the package's directory), so outside the root package it
+	// found no line changed and a -since run measured nothing.
 	args := []string{"unleash", "--dry-run", "--silent", "--workers", "1", "-E", "/", "-o", out.Name()}
-	if diff != "" {
-		args = append(args, "-D", diff)
-	}
 	args = append(args, "./"+dir)
 	cmd := exec.Command(o.gremlins, args...)
 	cmd.Dir = modRoot
@@ -902,11 +903,37 @@ func dryRun(o options, modRoot, dir, diff string) ([]*mutant, error) {
 	var ms []*mutant
 	for _, f := range rep.Files {
 		for _, m := range f.Mutations {
-			ms = append(ms, &mutant{file: filepath.Join(modRoot, dir, f.FileName), line: m.Line, col: m.Column, typ: m.Type,
-				outside: m.Status == "SKIPPED"}) // SKIPPED: outside the diff
+			ms = append(ms, &mutant{file: filepath.Join(modRoot, dir, f.FileName), line: m.Line, col: m.Column, typ: m.Type})
+		}
+	}
+	if diff != "" {
+		if err := markOutsideDiff(ms, diff); err != nil {
+			return nil, err
 		}
 	}
 	return ms, nil
+}
+
+// markOutsideDiff marks the mutants on lines that did not change since the
+// commit diff (git diff -U0 of each mutant's file, by its absolute path,
+// so that a package's place in the repository does not matter).
+func markOutsideDiff(ms []*mutant, diff string) error {
+	changed := map[string]map[int]bool{}
+	for _, m := range ms {
+		lines, ok := changed[m.file]
+		if !ok {
+			cmd := exec.Command("git", "diff", "-U0", diff, "--", filepath.Base(m.file))
+			cmd.Dir = filepath.Dir(m.file)
+			out, err := cmd.Output()
+			if err != nil {
+				return fmt.Errorf("git diff -U0 %s -- %s: %v", diff, m.file, err)
+			}
+			lines = changedLines(string(out))
+			changed[m.file] = lines
+		}
+		m.outside = !lines[m.line]
+	}
+	return nil
 }
 
 type fileInfo struct {

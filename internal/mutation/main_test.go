@@ -3,6 +3,7 @@ package main
 import (
 	"go/token"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -394,5 +395,46 @@ func TestTouchedPackages(t *testing.T) {
 	want := map[string]bool{"keyed": true, "idemsqlite": true, "idempg": true}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("touchedPackages = %v, want %v", got, want)
+	}
+}
+
+// A -since run measures the mutants on the lines changed since its commit,
+// in a package anywhere in the repository: gremlins' own diff matched its
+// files' names with git's paths from the root, so in every package but the
+// root one it found no line changed and the run measured nothing.
+func TestMarkOutsideDiffInASubdirectory(t *testing.T) {
+	repo := t.TempDir()
+	git := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@example.com"}, args...)...)
+		cmd.Dir = repo
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	git("init", "-q")
+	dir := filepath.Join(repo, "pkg", "sub")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "x.go")
+	if err := os.WriteFile(file, []byte("package sub\n\nfunc f(a int) bool { return a > 1 }\n\nfunc g(a int) bool { return a < 2 }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	git("add", ".")
+	git("commit", "-q", "-m", "base")
+	if err := os.WriteFile(file, []byte("package sub\n\nfunc f(a int) bool { return a >= 1 }\n\nfunc g(a int) bool { return a < 2 }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	git("commit", "-q", "-am", "change")
+	ms := []*mutant{{file: file, line: 3}, {file: file, line: 5}}
+	if err := markOutsideDiff(ms, "HEAD^"); err != nil {
+		t.Fatal(err)
+	}
+	if ms[0].outside || !ms[1].outside {
+		t.Errorf("outside the diff: line 3 %v, line 5 %v; want false (changed), true (unchanged)", ms[0].outside, ms[1].outside)
+	}
+	if err := markOutsideDiff(ms, "no-such-commit"); err == nil {
+		t.Error("a diff against a commit that does not exist: no error")
 	}
 }
