@@ -182,3 +182,22 @@ func TestDeadLetterLastError(t *testing.T) {
 		t.Errorf("LastError = %q, want last", got)
 	}
 }
+
+// A Nack delay is validated alike on every transport: no delay (deliver
+// again at once) and any positive one are accepted; a negative one, a time
+// subtracted the wrong way round, is the caller's mistake, refused as an
+// argument error rather than read as "at once".
+func TestValidateNackDelay(t *testing.T) {
+	for _, tc := range []struct {
+		delay time.Duration
+		field string
+	}{
+		{0, ""},
+		{time.Nanosecond, ""},
+		{time.Hour, ""},
+		{-time.Nanosecond, "delay"},
+		{-time.Minute, "delay"},
+	} {
+		checkValid(t, tc.delay.String(), idem.ValidateNackDelay(tc.delay), tc.field)
+	}
+}
