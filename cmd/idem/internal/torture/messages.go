@@ -303,8 +303,13 @@ type messagesRun struct {
 	heldPeak, heldLimit, heldReports atomic.Int64
 	ackKills                         atomic.Int64
 	// ackKiller is the consumer that SIGKILLs itself after its ackKillAt-th
-	// message, until it has done so once; -1 for none.
+	// message, until it has done so once; -1 for none. ackKillerDone says
+	// it has: until then the run kills and stops only the other consumers
+	// (victim), so that a life of the ack killer is not cut short before
+	// its message ackKillAt every time and the scheduled kill stays
+	// certain.
 	ackKiller, ackKillAt int
+	ackKillerDone        atomic.Bool
 	// firstKillAt and firstRestartAt are the counts of events applied at
 	// which the run's first SIGKILL of a consumer and first restart of the
 	// private broker come, if their interval has not brought them sooner:
@@ -862,6 +867,7 @@ func (r *messagesRun) supervise(ctx context.Context, c *replica, stop <-chan str
 					if c.n == r.ackKiller {
 						// The scheduled kill (or one at the rate) has
 						// happened: the rate alone from now on.
+						r.ackKillerDone.Store(true)
 						env, err := r.workerEnv(c.n, 0)
 						if err != nil {
 							return err
@@ -933,11 +939,32 @@ func (r *messagesRun) killLoop(ctx context.Context, stop <-chan struct{}) error 
 			}
 		}
 		r.chaos.Lock()
-		c := r.consumers[r.rng.IntN(len(r.consumers))]
-		c.kill()
-		r.kills.Add(1)
+		if c := r.victim(); c != nil {
+			c.kill()
+			r.kills.Add(1)
+		}
 		r.chaos.Unlock()
 	}
+}
+
+// victim draws the consumer the run kills or stops next: any, once the
+// scheduled ack kill has happened (or when there is none); before, any
+// but the ack killer, and none (this tick passes) when it is the only
+// consumer. A run that killed the ack killer too met, now and then, no
+// kill between commit and ack at all: each of its lives was cut before
+// its message ackKillAt.
+func (r *messagesRun) victim() *replica {
+	if r.ackKiller < 0 || r.ackKillerDone.Load() {
+		return r.consumers[r.rng.IntN(len(r.consumers))]
+	}
+	if len(r.consumers) == 1 {
+		return nil
+	}
+	i := r.rng.IntN(len(r.consumers) - 1)
+	if i >= r.ackKiller {
+		i++
+	}
+	return r.consumers[i]
 }
 
 // restartLoop SIGKILLs the private broker every RestartBrokerEvery and
@@ -1061,9 +1088,10 @@ func (r *messagesRun) churnLoop(ctx context.Context, stop <-chan struct{}) error
 		case <-t.C:
 		}
 		r.chaos.Lock()
-		c := r.consumers[r.rng.IntN(len(r.consumers))]
-		c.stop()
-		r.churns.Add(1)
+		if c := r.victim(); c != nil {
+			c.stop()
+			r.churns.Add(1)
+		}
 		r.chaos.Unlock()
 	}
 }
