@@ -1,0 +1,235 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/consumer"
+	"github.com/idem-go/idem/idemmem"
+)
+
+// These tests make a delivery stop being the consumer's own while the
+// consumer works on it: the in-memory transport's AckWait ends (the clock
+// moves past it, the heartbeat's timers never fire), so that the
+// delivery's InProgress answers idem.ErrStaleDelivery, as a transport
+// whose lease ended or whose partition was taken away does. The consumer
+// holds no more deliveries than MaxPending lets it, so that nothing hands
+// the message out again before the consumer has decided what to do.
+
+// staleAckWait is the AckWait of these tests' consumers.
+const staleAckWait = 30 * time.Second
+
+// gate holds the first call of hold until release, telling entered.
+type gate struct {
+	once     sync.Once
+	entered  chan struct{}
+	released chan struct{}
+}
+
+func newGate() *gate {
+	return &gate{entered: make(chan struct{}), released: make(chan struct{})}
+}
+
+func (g *gate) hold() {
+	g.once.Do(func() {
+		close(g.entered)
+		<-g.released
+	})
+}
+
+// wait returns once the held call has begun.
+func (g *gate) wait(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case <-g.entered:
+	case <-time.After(waitLimit):
+		t.Fatalf("%s did not begin within %s", what, waitLimit)
+	}
+}
+
+func (g *gate) release() { close(g.released) }
+
+// holdingInbox holds the first inbox transaction of one message (its
+// dedup key is its ID) at its start, in both the one-message and the
+// batch paths.
+type holdingInbox struct {
+	*idemmem.Inbox
+	id string
+	g  *gate
+}
+
+func (i *holdingInbox) Process(ctx context.Context, consumer, dedupKey string, fn func(context.Context) error) error {
+	if dedupKey == i.id {
+		i.g.hold()
+	}
+	return i.Inbox.Process(ctx, consumer, dedupKey, fn)
+}
+
+func (i *holdingInbox) ProcessBatch(ctx context.Context, consumer string, keys []string, fn func(context.Context, []bool) error) error {
+	if slices.Contains(keys, i.id) {
+		i.g.hold()
+	}
+	return i.Inbox.ProcessBatch(ctx, consumer, keys, fn)
+}
+
+// A keyed message whose delivery stopped being the consumer's own while
+// its handler ran (a stalled process: its AckWait ended), and whose
+// attempt then failed for good, is let go: not dead-lettered, its key not
+// held back, since its next delivery is what applies it (a dead letter
+// written from here would park that very delivery). The later messages of
+// its key that the consumer holds, still its own, are handed back with it
+// (Nack, no delay), so that they do not overtake its next delivery; the
+// places they took are given back, so that the consumer takes all three
+// again, and applies them in their order, each once.
+func TestStaleHeadIsLetGoWithItsKeyMates(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.AckWait = staleAckWait
+	cfg.Concurrency, cfg.MaxPending = 1, 3
+	g := newGate()
+	var mu sync.Mutex
+	var order []string
+	handler := func(ctx context.Context, m idem.Message) error {
+		if info, _ := consumer.InfoFromContext(ctx); m.ID == "evt-1" && info.Attempt == 1 {
+			g.hold()
+			return idem.Permanent(errors.New("card declined"))
+		}
+		if err := h.apply(ctx, m); err != nil {
+			return err
+		}
+		mu.Lock()
+		order = append(order, m.ID)
+		mu.Unlock()
+		return nil
+	}
+	c, _ := h.start(cfg, handler)
+	h.publish(msg("evt-1", "acct-1"))
+	g.wait(t, "evt-1's handler")
+	h.clock.Advance(20 * time.Second)
+	h.publish(msg("evt-2", "acct-1"), msg("evt-3", "acct-1"))
+	waitFor(t, "evt-2 and evt-3 taken behind evt-1", func() bool { return h.rec.Taken() == 3 })
+	// evt-1's AckWait ended 5s ago; evt-2's and evt-3's have 15s left.
+	h.clock.Advance(15 * time.Second)
+	g.release()
+
+	waitFor(t, "the three messages processed", func() bool { return c.Stats().Processed == 3 })
+	mu.Lock()
+	got := slices.Clone(order)
+	mu.Unlock()
+	if want := []string{"evt-1", "evt-2", "evt-3"}; !slices.Equal(got, want) {
+		t.Errorf("applied in the order %v, want %v", got, want)
+	}
+	for _, id := range []string{"evt-1", "evt-2", "evt-3"} {
+		if n := h.applied.Get(id); n != 1 {
+			t.Errorf("%s applied %d times, want once", id, n)
+		}
+	}
+	if s := c.Stats(); s.Stale != 1 || s.DeadLettered != 0 || s.Parked != 0 {
+		t.Errorf("Stats = %+v, want 1 stale, none dead-lettered or parked", s)
+	}
+	if dls := h.letters(); len(dls) != 0 {
+		t.Errorf("%d dead letters, want none: the stale delivery was dead-lettered", len(dls))
+	}
+	if _, held, err := h.ledger.HeldBack(context.Background(), cfg.Name, "acct-1"); err != nil || held {
+		t.Errorf("HeldBack(acct-1) = %v, %v; want the key not held", held, err)
+	}
+	if ops := h.rec.Ops("evt-1"); countOp(ops, "term") != 0 || countOp(ops, "deliver") != 2 || countOp(ops, "ack") != 1 {
+		t.Errorf("evt-1's deliveries: %v; want the first let go unsettled, the second acknowledged", ops)
+	}
+	for _, id := range []string{"evt-2", "evt-3"} {
+		if ops := h.rec.Ops(id); len(ops) < 2 || ops[0] != "deliver" || ops[1] != "nack 0s" || countOp(ops, "deliver") != 2 {
+			t.Errorf("%s's deliveries: %v; want the first handed back at once (nack 0s) with evt-1, then delivered again", id, ops)
+		}
+	}
+}
+
+// A message of a key held back behind a dead letter is parked, unless its
+// delivery is no longer the consumer's own by then: it is let go, not
+// parked from here, and its next delivery, which is the consumer's own,
+// parks it. The stale delivery is neither parked nor acknowledged.
+func TestStaleDeliveryOfAHeldKeyIsLetGoNotParked(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	cfg := h.config()
+	cfg.AckWait = staleAckWait
+	cfg.Concurrency, cfg.MaxPending = 1, 1
+	g := newGate()
+	cfg.Inbox = &holdingInbox{Inbox: h.inbox, id: "evt-2", g: g}
+	if err := h.ledger.HoldBack(ctx, cfg.Name, "acct-1", "dl-1"); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := h.start(cfg, h.apply)
+	h.publish(msg("evt-2", "acct-1"))
+	g.wait(t, "evt-2's inbox transaction")
+	h.clock.Advance(staleAckWait + time.Second)
+	g.release()
+
+	waitFor(t, "evt-2 parked", func() bool { return c.Stats().Parked == 1 })
+	if s := c.Stats(); s.Stale != 1 || s.Processed != 0 {
+		t.Errorf("Stats = %+v, want 1 stale, 1 parked, none processed", s)
+	}
+	if ops := h.rec.Ops("evt-2"); countOp(ops, "deliver") != 2 || countOp(ops, "ack") != 1 || ops[len(ops)-1] != "ack" {
+		t.Errorf("evt-2's deliveries: %v; want the first let go unsettled, the second parked and acknowledged", ops)
+	}
+	parked, err := h.ledger.LetGo(ctx, cfg.Name, "acct-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(parked) != 1 || parked[0].ID != "evt-2" {
+		t.Errorf("parked behind the dead letter: %v, want evt-2 once", parked)
+	}
+	if n := h.applied.Get("evt-2"); n != 0 {
+		t.Errorf("evt-2 applied %d times, want never (its key is held back)", n)
+	}
+}
+
+// A message without a key whose delivery stopped being the consumer's own
+// while its handler ran, and whose attempt failed transiently, is let go
+// instead of retried: its retry would be handed back with a Nack, which a
+// stale delivery cannot give (it would count for nothing, or hand the new
+// holder's message back), and it is not counted as a retry. Its next
+// delivery applies it.
+func TestStaleUnkeyedRetryIsLetGo(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.AckWait = staleAckWait
+	cfg.Concurrency, cfg.MaxPending = 1, 1
+	g := newGate()
+	var calls attemptsCounter
+	handler := func(ctx context.Context, m idem.Message) error {
+		if calls.add(ctx, m) == 1 {
+			g.hold()
+			return errFlaky
+		}
+		return h.apply(ctx, m)
+	}
+	c, _ := h.start(cfg, handler)
+	h.publish(msg("evt-1", ""))
+	g.wait(t, "evt-1's handler")
+	h.clock.Advance(staleAckWait + time.Second)
+	g.release()
+
+	waitFor(t, "evt-1 processed", func() bool { return c.Stats().Processed == 1 })
+	if s := c.Stats(); s.Stale != 1 || s.Retried != 0 {
+		t.Errorf("Stats = %+v, want 1 stale and no retry", s)
+	}
+	if ops := h.rec.Ops("evt-1"); countOp(ops, "deliver") != 2 || countOp(ops, "ack") != 1 || slices.ContainsFunc(ops, isNack) {
+		t.Errorf("evt-1's deliveries: %v; want the first let go without a Nack, the second acknowledged", ops)
+	}
+	if got := calls.Seen("evt-1"); !slices.Equal(got, []int{1, 2}) {
+		t.Errorf("the handler's attempts: %v, want [1 2] (the transport's count)", got)
+	}
+	if n := h.applied.Get("evt-1"); n != 1 {
+		t.Errorf("evt-1 applied %d times, want once", n)
+	}
+}
+
+func isNack(op string) bool { return len(op) >= 4 && op[:4] == "nack" }
