@@ -474,3 +474,69 @@ func TestRenewalThatReturnsAfterATickIsFollowedAtOnce(t *testing.T) {
 		t.Fatalf("outcome %v, want executed", o)
 	}
 }
+
+// The lease is due at a tick from the moment it is a third old by the
+// engine's clock, and that holds for a tick that finds its renewal on its
+// way: once that renewal returns, the lease, counted from when it was
+// sent, is due again and is renewed at once. Here the engine's Clock and
+// its Timers are apart (an injected clock beside timers of their own), so
+// ticks can come while the clock stands still: the renewal is sent at a
+// tick that finds the lease exactly a third old, the next tick finds it
+// just as old, the renewal on its way; the clock then moves a third of the
+// lease, and no tick comes after it.
+func TestLeaseExactlyDueWhileItsRenewalIsOnItsWayIsRenewedOnItsReturn(t *testing.T) {
+	t.Parallel()
+	start := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	clock := idemmem.NewClock(start)
+	store := &heldRenewal{Store: idemmem.NewStore(&idemmem.Config{Clock: clock}), release: make(chan struct{}), sent: make(chan time.Time, 8)}
+	const lease, tick, third = 12 * time.Second, 2 * time.Second, 4 * time.Second
+	ticks := countedTimers{idemmem.NewClock(start), make(chan struct{}, 1)}
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: ticks, Lease: lease, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctxs := make(chan context.Context, 1)
+	done := make(chan struct{})
+	out := make(chan keyed.Outcome, 1)
+	fp := idem.NewFingerprint("POST", "/pay", "", "", []byte("k"))
+	go func() {
+		out <- eng.Serve(context.Background(), keyed.Request{Key: "k", Fingerprint: fp}, &funcFace{run: func(ctx context.Context) keyed.Ran {
+			ctxs <- ctx
+			<-done
+			return keyed.Ran{Status: 200, Keep: true, Answer: idem.Response{Status: 200}}
+		}})
+	}()
+	ctx := <-ctxs
+	<-ticks.set // the first tick set, at the claim
+	clock.Advance(third)
+	ticks.Advance(tick)
+	<-ticks.set
+	// Exactly a third of the lease: the renewal is sent, and held.
+	if end := <-store.sent; !end.Equal(clock.Now().Add(lease)) {
+		t.Fatalf("the first renewal ends the lease at %v, want %v", end, clock.Now().Add(lease))
+	}
+	ticks.Advance(tick)
+	<-ticks.set
+	select {
+	case end := <-store.sent:
+		t.Fatalf("a renewal (to %v) sent while the first was on its way", end)
+	default:
+	}
+	clock.Advance(third)
+	close(store.release)
+	select {
+	case end := <-store.sent:
+		if want := clock.Now().Add(lease); !end.Equal(want) {
+			t.Fatalf("the renewal after the held one ends the lease at %v, want %v", end, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no renewal within 10s of the held one's return, the lease a third old from when it was sent; want one at once")
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the handler was cancelled: %v", context.Cause(ctx))
+	}
+	close(done)
+	if o := <-out; o != keyed.OutcomeExecuted {
+		t.Fatalf("outcome %v, want executed", o)
+	}
+}
