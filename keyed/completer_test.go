@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -345,5 +347,80 @@ func TestCompleterLetGoEndsTheFailedResumesLease(t *testing.T) {
 	}
 	if err := failing.LetGo(t.Context(), "", "pay"); err != nil {
 		t.Fatalf("LetGo of a key it no longer holds: %v; want nothing done", err)
+	}
+}
+
+// releasedMeanwhile is the in-memory store where a key is released by its
+// holder (ReleaseWithPoint: its execution ended without an answer) just
+// before the first Claim of it, which so claims it anew; its own Release
+// fails with errStoreDown when failRelease is set.
+type releasedMeanwhile struct {
+	*idemmem.Store
+	raced       atomic.Bool
+	failRelease bool
+}
+
+func (s *releasedMeanwhile) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	if s.raced.CompareAndSwap(false, true) {
+		if rec, err := s.Get(ctx, req.Scope, req.Key); err == nil {
+			if err := s.ReleaseWithPoint(ctx, idem.Ref{Scope: req.Scope, Key: req.Key, Token: rec.Token}); err != nil {
+				return idem.Claim{}, err
+			}
+		}
+	}
+	return s.Store.Claim(ctx, req)
+}
+
+func (s *releasedMeanwhile) Release(ctx context.Context, ref idem.Ref) error {
+	if s.failRelease {
+		return errStoreDown
+	}
+	return s.Store.Release(ctx, ref)
+}
+
+// A Settle that finds the key it read stopped at a point released by the
+// time it claims it, and so claims a free key anew, refuses (ErrNotStopped,
+// released meanwhile) and gives the key back at once, so that its next
+// request runs without waiting for the lease Settle took. When giving it
+// back fails, it says so in its log: the key then stays held until that
+// lease ends, and the log says why.
+func TestSettleOfAKeyReleasedMeanwhileGivesItBack(t *testing.T) {
+	t.Parallel()
+	for _, failRelease := range []bool{false, true} {
+		t.Run(fmt.Sprintf("release fails %v", failRelease), func(t *testing.T) {
+			t.Parallel()
+			clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+			store := &releasedMeanwhile{Store: idemmem.NewStore(&idemmem.Config{Clock: clock}), failRelease: failRelease}
+			eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs bytes.Buffer
+			comp, err := eng.NewCompleter(&keyed.CompleterConfig{
+				Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+				Resume: func(context.Context, keyed.Execution) (idem.Response, error) {
+					return idem.Response{}, errors.New("not resumed in this test")
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			abandon(t, store.Store, "k")
+			_, err = comp.Settle(t.Context(), "", "k", idem.Response{Status: 409}, false)
+			if !errors.Is(err, keyed.ErrNotStopped) || !strings.Contains(err.Error(), "released meanwhile") {
+				t.Fatalf("Settle of a key released meanwhile: %v; want ErrNotStopped, released meanwhile", err)
+			}
+			rec, err := store.Get(t.Context(), "", "k")
+			const warning = "could not give back a key it claimed anew"
+			switch {
+			case !failRelease && !errors.Is(err, idem.ErrNotFound):
+				t.Errorf("the key after Settle: %v, %v; want it given back (not found)", rec.State, err)
+			case !failRelease && logs.Len() != 0:
+				t.Errorf("warnings logged though the key was given back: %s", logs.String())
+			case failRelease && (err != nil || rec.State != idem.StateInFlight):
+				t.Errorf("the key after Settle, its release failing: %v, %v; want it in flight under Settle's claim", rec.State, err)
+			case failRelease && (!strings.Contains(logs.String(), warning) || !strings.Contains(logs.String(), errStoreDown.Error())):
+				t.Errorf("log %q; want the warning %q with the store's error", logs.String(), warning)
+			}
+		})
 	}
 }
