@@ -144,6 +144,7 @@ func (r *runner) handleBatch(batch []*entry) {
 	var applied []*entry // committed, in commit order
 	var unacked []*entry // committed and not acknowledged in the transaction
 	var later []failure  // failed behind their lane's head, in the batch
+	var done settled     // counts of the committed entries
 	singles := false     // a BatchHandler failed without saying which message
 	for _, e := range batch {
 		r.begin(e)
@@ -156,6 +157,8 @@ func (r *runner) handleBatch(batch []*entry) {
 		res := r.attempt(part)
 		if res.err == nil {
 			applied = append(applied, part...)
+			done.processed += res.processed
+			done.duplicates += res.duplicates
 			if !res.acked {
 				unacked = append(unacked, part...)
 			}
@@ -202,8 +205,12 @@ func (r *runner) handleBatch(batch []*entry) {
 		}
 	}
 	r.interrupted(batch) // left when Run stopped
-	r.settleBatch(applied, unacked, later)
+	r.settleBatch(applied, unacked, later, done)
 }
+
+// settled counts a batch's committed entries, for Stats once they are
+// acknowledged.
+type settled struct{ processed, duplicates int64 }
 
 // failure is a failed attempt whose handling waits for the batch to
 // settle.
@@ -218,6 +225,9 @@ type batchResult struct {
 	err error
 	// acked is set when the acknowledgements committed with the batch.
 	acked bool
+	// processed and duplicates count the batch's messages that committed
+	// fresh and those the inbox had processed already.
+	processed, duplicates int64
 	// held holds the keys found held back (the batch rolled back).
 	held map[string]string
 	// failed is the entry whose handler failed with err; whole is set when
@@ -286,10 +296,10 @@ func (r *runner) attempt(batch []*entry) (res batchResult) {
 	if res.err == nil {
 		for i, e := range batch {
 			if fresh[i] {
-				r.c.processed.Add(1)
+				res.processed++
 				r.observe(e, OutcomeProcessed, len(batch), nil)
 			} else {
-				r.c.duplicates.Add(1)
+				res.duplicates++
 				r.observe(e, OutcomeDuplicate, len(batch), nil)
 				if e.failed {
 					// A copy of the message was applied while this one
@@ -448,11 +458,14 @@ func (r *runner) number(e *entry) int {
 
 // settleBatch takes the committed entries out of memory, in order, lets the
 // next entries of their keys go, acknowledges those whose acknowledgement
-// did not commit with them, and deals with the failures left for later.
-func (r *runner) settleBatch(applied, unacked []*entry, later []failure) {
+// did not commit with them, counts them in Stats, and deals with the
+// failures left for later.
+func (r *runner) settleBatch(applied, unacked []*entry, later []failure, done settled) {
 	if len(applied) > 0 {
 		r.release(applied, later)
 		r.ack(unacked)
+		r.c.processed.Add(done.processed)
+		r.c.duplicates.Add(done.duplicates)
 	}
 	// Each failure behind a head is dealt with now if the head settled, so
 	// that it is the head of its lane; otherwise it is dropped, unrecorded,

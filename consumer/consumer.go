@@ -217,7 +217,14 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Stats counts what a Consumer did, since it was created.
+// Stats counts what a Consumer did, since it was created. A message is
+// counted once what was done with it is settled: its delivery acknowledged
+// or terminated, its retry handed back to the transport or scheduled (a
+// settlement that fails is logged, and counted too). Whoever reads a count
+// and then looks at
+// the transport finds it told. The other way round does not hold: a
+// transport may show a message acknowledged an instant before it is
+// counted, so a test waits on the count, not on the transport.
 type Stats struct {
 	// Processed counts messages whose handler succeeded and committed.
 	Processed int64

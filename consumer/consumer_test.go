@@ -766,3 +766,45 @@ func TestLateHeartbeatRedeliveryIsAbsorbed(t *testing.T) {
 		t.Errorf("applied %v", order)
 	}
 }
+
+// Stats counts a message once its delivery is settled: whoever reads the
+// count and then looks at the transport finds the acknowledgement sent.
+// Held at the transport, an acknowledgement holds the count back, for a
+// message processed and for a duplicate, acknowledged in the inbox's
+// transaction or after it.
+func TestStatsCountOnceAcknowledged(t *testing.T) {
+	t.Parallel()
+	for _, afterTx := range []bool{false, true} {
+		name := "acks in the inbox's transaction"
+		if afterTx {
+			name = "acks after the inbox's transaction"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			h.rec.acksAfterTx = afterTx
+			c, _ := h.start(h.config(), h.apply)
+
+			release := h.rec.holdAcks()
+			h.publish(msg("evt-1", "K"))
+			waitFor(t, "evt-1's acknowledgement sent", func() bool { return countOp(h.rec.Ops("evt-1"), "ack") == 1 })
+			if s := c.Stats(); s != (consumer.Stats{}) {
+				t.Errorf("stats %+v while evt-1's acknowledgement is held; want nothing counted", s)
+			}
+			release()
+			waitFor(t, "evt-1 counted as processed", func() bool { return c.Stats().Processed == 1 })
+
+			release = h.rec.holdAcks()
+			h.publish(msg("evt-1", "K"))
+			waitFor(t, "the copy's acknowledgement sent", func() bool { return countOp(h.rec.Ops("evt-1"), "ack") == 2 })
+			if s := c.Stats(); s != (consumer.Stats{Processed: 1}) {
+				t.Errorf("stats %+v while the copy's acknowledgement is held; want 1 processed, no duplicate", s)
+			}
+			release()
+			waitFor(t, "the copy counted as a duplicate", func() bool { return c.Stats().Duplicates == 1 })
+			if got := h.applied.Get("evt-1"); got != 1 {
+				t.Errorf("evt-1 applied %d times, want 1", got)
+			}
+		})
+	}
+}

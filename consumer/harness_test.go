@@ -103,6 +103,12 @@ type recorder struct {
 	// nackGate, when set, holds every Nack (once noted) until it is
 	// closed.
 	nackGate chan struct{}
+	// ackGate, when set (with holdAcks), holds every acknowledgement
+	// (once noted) until it is closed.
+	ackGate chan struct{}
+	// acksAfterTx, when set, keeps a batch's acknowledgements out of the
+	// inbox's transaction, as a transport that cannot join it does.
+	acksAfterTx bool
 }
 
 func (r *recorder) Subscribe(ctx context.Context, sub idem.Subscription) (idem.Stream, error) {
@@ -120,6 +126,25 @@ func (r *recorder) note(id, op string) {
 		r.ops = make(map[string][]string)
 	}
 	r.ops[id] = append(r.ops[id], op)
+}
+
+// holdAcks holds every acknowledgement from now on, until the returned
+// release is called.
+func (r *recorder) holdAcks() (release func()) {
+	gate := make(chan struct{})
+	r.mu.Lock()
+	r.ackGate = gate
+	r.mu.Unlock()
+	return func() { close(gate) }
+}
+
+func (r *recorder) waitAckGate() {
+	r.mu.Lock()
+	gate := r.ackGate
+	r.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
 }
 
 // Ops returns what was done with the deliveries of message id, in order.
@@ -197,12 +222,13 @@ func (s *recStream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, erro
 	if !ok {
 		return len(ds), nil
 	}
+	s.r.waitAckGate()
 	return bs.AckBatch(ctx, inner)
 }
 
 func (s *recStream) AcksInTx(ctx context.Context) bool {
 	bs, ok := s.Stream.(idem.BatchStream)
-	return ok && bs.AcksInTx(ctx)
+	return ok && !s.r.acksAfterTx && bs.AcksInTx(ctx)
 }
 
 type recDelivery struct {
@@ -212,6 +238,7 @@ type recDelivery struct {
 
 func (d *recDelivery) Ack(ctx context.Context) error {
 	d.r.note(d.Message().ID, "ack")
+	d.r.waitAckGate()
 	return d.Delivery.Ack(ctx)
 }
 

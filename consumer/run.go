@@ -359,9 +359,9 @@ func (r *runner) handle(e *entry) {
 		// counts. Its inbox says so; a duplicate is acknowledged, not
 		// dead-lettered (which would park its key's later messages).
 		if errors.Is(r.process(octx, e, func(context.Context) error { return errNotApplied }), idem.ErrDuplicate) {
-			r.c.duplicates.Add(1)
 			r.observe(e, OutcomeDuplicate, 1, nil)
 			r.settle(e, "ack")
+			r.c.duplicates.Add(1)
 			return
 		}
 		// Past MaxDeliveries, and so past Retry.MaxAttempts, and never
@@ -406,9 +406,9 @@ func (r *runner) handle(e *entry) {
 	case held:
 		r.park(e, n)
 	case err == nil:
-		r.c.processed.Add(1)
 		r.observe(e, OutcomeProcessed, 1, nil)
 		r.settle(e, "ack")
+		r.c.processed.Add(1)
 	case r.ctx.Err() != nil:
 		// Shutting down: the failure may be the cancellation itself. The
 		// delivery stays unsettled and comes back to the next run.
@@ -420,7 +420,6 @@ func (r *runner) handle(e *entry) {
 	case errors.Is(err, idem.ErrSequenceGap):
 		r.gap(e, n, err)
 	case errors.Is(err, idem.ErrDuplicate):
-		r.c.duplicates.Add(1)
 		r.observe(e, OutcomeDuplicate, 1, nil)
 		if e.failed {
 			// A copy of the message was applied while this one waited for
@@ -430,6 +429,7 @@ func (r *runner) handle(e *entry) {
 			}
 		}
 		r.settle(e, "ack")
+		r.c.duplicates.Add(1)
 	default:
 		// The inbox or the ledger failed, not the handler: whatever the
 		// error says, another attempt may succeed.
@@ -504,10 +504,10 @@ func (r *runner) park(e *entry, n int) {
 		r.observe(e, OutcomeInterrupted, 0, nil)
 		r.requeue(e)
 	default:
-		r.c.parked.Add(1)
 		r.observe(e, OutcomeParked, 0, nil)
 		r.log(e).LogAttrs(r.ctx, slog.LevelInfo, "message parked behind its key's dead letter")
 		r.settle(e, "ack")
+		r.c.parked.Add(1)
 	}
 }
 
@@ -610,11 +610,11 @@ func (r *runner) fail(e *entry, n int, cause error, class idem.ErrorClass) {
 		}
 		id, err := r.deadLetter(e, dlClass, a)
 		if err == nil {
-			r.c.deadLettered.Add(1)
 			r.observe(e, OutcomeDeadLettered, 0, cause)
 			log.LogAttrs(r.ctx, slog.LevelError, "message dead-lettered",
 				slog.String("dead_letter", id), slog.String("dead_class", string(dlClass)))
 			r.settle(e, "term")
+			r.c.deadLettered.Add(1)
 			return
 		}
 		if r.ctx.Err() != nil {
