@@ -8,7 +8,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/idemtest"
 )
 
 // A claim in a transaction (WithTx) holds no lock on a key it does not
@@ -75,5 +77,61 @@ func TestClaimInTxLocks(t *testing.T) {
 		if r := <-crossed; r.err != nil || r.c.Outcome != idem.InFlight {
 			t.Errorf("a claim of the key the other transaction holds = %v, %v; want InFlight, no deadlock", r.c.Outcome, r.err)
 		}
+	}
+}
+
+// A claim in a transaction (WithTx) of a key that exists and must be
+// written to be claimed (its lease ended) takes it over, in that
+// transaction, unless another transaction holds the key's row (its holder
+// completing it in a transaction of its own): then it answers InFlight at
+// once, rather than wait for that transaction, so that claims in
+// transactions never wait on one another.
+func TestClaimInTxTakesOverAKeyWhoseLeaseEnded(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	clock := idemmem.NewClock(idemtest.Start)
+	db := openDB(t, pgURL(t), idempg.Config{Clock: clock})
+	store := newStore(t, db)
+	req := idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "f", Lease: time.Minute, TTL: time.Hour}
+	first := mustClaim(t, store, req)
+	clock.Advance(req.Lease)
+
+	holding, release := make(chan struct{}), make(chan struct{})
+	holderDone := make(chan error, 1)
+	go func() {
+		holderDone <- db.WithTx(ctx, func(tctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(tctx, `SELECT 1 FROM idem_keys WHERE scope = $1 AND key = $2 FOR UPDATE`, "s", "k")
+			close(holding)
+			<-release
+			return err
+		})
+	}()
+	<-holding
+	err := db.WithTx(ctx, func(tctx context.Context, _ pgx.Tx) error {
+		// Bounded, so that a claim that waits for the row fails the test
+		// instead of waiting for the other transaction.
+		wctx, cancel := context.WithTimeout(tctx, 5*time.Second)
+		defer cancel()
+		if c, err := store.Claim(wctx, req); err != nil || c.Outcome != idem.InFlight {
+			t.Errorf("a claim in a transaction of the key whose row another transaction holds = %v, %v; want InFlight at once", c.Outcome, err)
+		}
+		return nil
+	})
+	close(release)
+	if herr := <-holderDone; herr != nil || err != nil {
+		t.Fatalf("the transactions: %v, %v", herr, err)
+	}
+
+	var got idem.Claim
+	err = db.WithTx(ctx, func(tctx context.Context, _ pgx.Tx) error {
+		var err error
+		got, err = store.Claim(tctx, req)
+		return err
+	})
+	if err != nil || got.Outcome != idem.Acquired || !got.TookOver || got.Token == first.Token {
+		t.Fatalf("a claim in a transaction of the key whose lease ended = %v (took over %v, token %v, first's %v), %v; want it taken over", got.Outcome, got.TookOver, got.Token, first.Token, err)
+	}
+	if rec, err := store.Get(ctx, "s", "k"); err != nil || rec.State != idem.StateInFlight || rec.Token != got.Token {
+		t.Errorf("the key after the transaction committed: %v under %v, %v; want in flight under %v", rec.State, rec.Token, err, got.Token)
 	}
 }
