@@ -59,8 +59,12 @@ var (
 	// answered: the message may or may not be stored.
 	ErrNacked = errors.New("idemamqp: the broker did not confirm the message")
 	// ErrStaleDelivery is returned by a Delivery's methods once it has
-	// been settled. It matches idem.ErrStaleDelivery.
-	ErrStaleDelivery = fmt.Errorf("idemamqp: delivery already settled (%w)", idem.ErrStaleDelivery)
+	// been settled, or once the AMQP channel it came on has closed (the
+	// channel or its connection died, the broker closed it, the stream
+	// subscribed anew): its delivery tag meant something on that channel
+	// only, and the broker has put the message back in the queue. It
+	// matches idem.ErrStaleDelivery.
+	ErrStaleDelivery = fmt.Errorf("idemamqp: delivery no longer this consumer's to settle (%w)", idem.ErrStaleDelivery)
 )
 
 // Config configures a Transport. The zero value is ready to use.

@@ -113,14 +113,15 @@ func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
 	}
 	d.release(err == nil)
 	if err != nil {
-		return fmt.Errorf("idemamqp: nack: message %q: %w", d.m.ID, err)
+		return d.settleError("nack", err)
 	}
 	return nil
 }
 
-// InProgress implements idem.Delivery as a no-op: RabbitMQ has no ack
-// deadline to extend. Its consumer_timeout (30 minutes by default)
-// closes a channel that holds a delivery longer.
+// InProgress implements idem.Delivery: RabbitMQ has no ack deadline to
+// extend, so it only says whether d is still this consumer's own. Its
+// consumer_timeout (30 minutes by default) closes a channel that holds a
+// delivery longer, and then InProgress answers ErrStaleDelivery.
 func (d *delivery) InProgress(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -130,19 +131,41 @@ func (d *delivery) InProgress(ctx context.Context) error {
 	if d.state == settled {
 		return fmt.Errorf("idemamqp: in progress: message %q: %w", d.m.ID, ErrStaleDelivery)
 	}
+	if d.gen.gone() {
+		return fmt.Errorf("idemamqp: in progress: message %q: %w", d.m.ID, errChannelGone)
+	}
 	return nil
 }
 
 // claim starts settling d, or returns ErrStaleDelivery when d is settled
-// or being settled.
+// or being settled, or its channel is gone.
 func (d *delivery) claim(op string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.state != open {
 		return fmt.Errorf("idemamqp: %s: message %q: %w", op, d.m.ID, ErrStaleDelivery)
 	}
+	if d.gen.gone() {
+		return fmt.Errorf("idemamqp: %s: message %q: %w", op, d.m.ID, errChannelGone)
+	}
 	d.state = settling
 	return nil
+}
+
+// errChannelGone is what a delivery of a channel that closed answers: its
+// delivery tag meant something on that channel only, and the broker has
+// put the message back in the queue, for this consumer's next channel or
+// another consumer.
+var errChannelGone = fmt.Errorf("its channel closed, and the broker delivers the message again: %w", ErrStaleDelivery)
+
+// settleError returns err, the failure of a settlement of d, made stale
+// when d's channel closed meanwhile (the library answers amqp.ErrClosed
+// then): the broker has requeued the message.
+func (d *delivery) settleError(op string, err error) error {
+	if errors.Is(err, amqp.ErrClosed) || d.gen.gone() {
+		return fmt.Errorf("idemamqp: %s: message %q: %w (%w)", op, d.m.ID, errChannelGone, err)
+	}
+	return fmt.Errorf("idemamqp: %s: message %q: %w", op, d.m.ID, err)
 }
 
 // release ends what claim started: d is settled, or open again after a
@@ -168,7 +191,7 @@ func (d *delivery) settle(ctx context.Context, op string, fn func() error) error
 	err := d.gen.settle(d.d.DeliveryTag, fn)
 	d.release(err == nil)
 	if err != nil {
-		return fmt.Errorf("idemamqp: %s: message %q: %w", op, d.m.ID, err)
+		return d.settleError(op, err)
 	}
 	return nil
 }

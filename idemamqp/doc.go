@@ -219,9 +219,12 @@
 // publishing and one channel per stream. When it finds the connection
 // closed it dials again; a stream whose channel died subscribes again once,
 // in Next or NextBatch, and returns an error if that fails. Deliveries of
-// the dead channel cannot be settled any more (their methods return an
-// error, and AckBatch passes over them); the broker has put them back in
-// the queue.
+// the dead channel cannot be settled any more: their delivery tags meant
+// something on that channel only, and the broker has put their messages
+// back in the queue, to come again on the new one. Their Ack, Nack, Term
+// and InProgress return an error matching ErrStaleDelivery (and
+// idem.ErrStaleDelivery), a delayed Nack without making its copy, and
+// AckBatch passes over them.
 //
 // # Clusters
 //

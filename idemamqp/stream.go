@@ -95,6 +95,13 @@ func (g *channelGen) forward(sources []<-chan amqp.Delivery, done <-chan struct{
 	}()
 }
 
+// gone reports whether g's deliveries can no longer be settled: the
+// channel closed (the broker requeued what it held unsettled), or the
+// transport dropped its connection, which is closing.
+func (g *channelGen) gone() bool {
+	return g.dropped.Load() || g.ch.IsClosed()
+}
+
 // record notes tag as delivered and not settled.
 func (g *channelGen) record(tag uint64) {
 	g.settleMu.Lock()
@@ -387,7 +394,7 @@ func (s *stream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, error) 
 	var gens []*channelGen
 	byGen := make(map[*channelGen][]*delivery)
 	for _, d := range own {
-		if d.gen.ch.IsClosed() || d.claim("ack") != nil {
+		if d.gen.gone() || d.claim("ack") != nil {
 			continue
 		}
 		if byGen[d.gen] == nil {
