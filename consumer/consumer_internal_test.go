@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/idem-go/idem"
@@ -37,6 +38,46 @@ func TestOrderPolicyString(t *testing.T) {
 	for p, want := range map[OrderPolicy]string{Park: "park", LetThrough: "let-through", 9: "OrderPolicy(9)"} {
 		if got := p.String(); got != want {
 			t.Errorf("%d: %q, want %q", int(p), got, want)
+		}
+	}
+}
+
+// A stale head's key-mates go back to the transport in the order of their
+// messages: a later delivery of a message in the place of its first.
+func TestInFirstPlaces(t *testing.T) {
+	t.Parallel()
+	ent := func(id string) *entry { return &entry{msg: idem.Message{ID: id, Key: "k"}} }
+	ids := func(es []*entry) []string {
+		var out []string
+		for _, e := range es {
+			out = append(out, e.msg.ID)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		behind []string
+		want   []string
+	}{
+		{nil, nil},
+		{[]string{"m2", "m3"}, []string{"m2", "m3"}},
+		// m2's AckWait ended too: its later delivery goes back before m3.
+		{[]string{"m2", "m3", "m2"}, []string{"m2", "m2", "m3"}},
+		{[]string{"m2", "m3", "m4", "m3", "m2"}, []string{"m2", "m2", "m3", "m3", "m4"}},
+	} {
+		var behind []*entry
+		for _, id := range tc.behind {
+			behind = append(behind, ent(id))
+		}
+		got := inFirstPlaces(ent("m1"), behind)
+		if g := ids(got); fmt.Sprint(g) != fmt.Sprint(tc.want) {
+			t.Errorf("inFirstPlaces(m1, %v) = %v, want %v", tc.behind, g, tc.want)
+		}
+		for i := range got {
+			for j := i + 1; j < len(got); j++ {
+				if got[i] == got[j] {
+					t.Errorf("inFirstPlaces(m1, %v): an entry twice", tc.behind)
+				}
+			}
 		}
 	}
 }

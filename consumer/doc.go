@@ -174,14 +174,21 @@
 // holder applies it, with the attempts recorded in the Ledger; a dead
 // letter written from here would contradict it, and under Park hold its
 // key back so that the new holder parks the very message it should apply.
-// The later messages of its key that the consumer holds are handed back
-// with it (Nack), so that they do not overtake its next delivery. A keyed
+// When the transport delivered the message again to the consumer itself
+// (idemnats, after an AckWait), that later delivery, which it holds behind
+// the key's messages that came in between, takes the stale one's place at
+// the head of the key. Otherwise the later messages of its key that the
+// consumer holds are handed back with it (Nack), so that they do not
+// overtake its next delivery: in the order of the messages, a later
+// delivery of one in the place of its first, since JetStream delivers
+// them again in the order of the NAKs. A keyed
 // message waiting for a retry in memory is not let go before its retry:
 // later messages of its key that the consumer holds may still be its own
 // (a lease is per message), and would overtake it; the retry runs, and the
 // inbox absorbs it if the new holder applied the message first. A
 // transport that cannot tell a delivery handed to another holder (idemnats
-// knows of one redelivered to the same stream, idemamqp of one it settled)
+// knows of one redelivered to the same stream, idemamqp of one it settled
+// or whose channel closed)
 // leaves such a delivery the consumer's, as before.
 //
 // # Order

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -534,11 +535,20 @@ func (r *runner) stale(e *entry) bool {
 // and a dead letter or a hold on its key written from here would
 // contradict that holder, even park the copy it applies.
 //
-// The later messages of its key that the consumer holds go with it, handed
-// back (Nack, no delay): applied here they would overtake the message,
-// whose next delivery comes after them. The transport delivers them again
-// behind it (a Kafka partition moves as a whole, so theirs are stale too;
-// a database queue hands out the oldest due message first).
+// The new holder may be this consumer: a transport that delivered the
+// message again to the same stream (JetStream, after its AckWait) has put
+// the later delivery in the consumer's hands, behind the key's messages
+// that came in between. That delivery then takes e's place at the head of
+// the key, so that those messages do not overtake it.
+//
+// Otherwise the later messages of its key that the consumer holds go with
+// it, handed back (Nack, no delay): applied here they would overtake the
+// message, whose next delivery comes after them. The transport delivers
+// them again behind it (a Kafka partition moves as a whole, so theirs are
+// stale too; a database queue hands out the oldest due message first;
+// JetStream delivers again in the order of the NAKs, so they are sent in
+// the order of the messages: a later delivery of a message goes back in
+// the place of its first).
 func (r *runner) letGo(e *entry, what string) {
 	r.c.stale.Add(1)
 	r.observe(e, OutcomeStale, 0, nil)
@@ -552,14 +562,26 @@ func (r *runner) letGo(e *entry, what string) {
 			r.mu.Unlock()
 			panic("consumer: let go an entry that is not the head of its key")
 		}
+		q[0] = nil
 		behind = q[1:]
+		if i := slices.IndexFunc(behind, func(f *entry) bool { return f.msg.ID == e.msg.ID }); i >= 0 {
+			// Its later delivery, here: it takes e's place.
+			next := behind[i]
+			copy(behind[1:i+1], behind[:i])
+			behind[0] = next
+			r.lanes[e.msg.Key] = behind
+			r.ready <- next
+			r.mu.Unlock()
+			<-r.slots
+			return
+		}
 		delete(r.lanes, e.msg.Key)
 		for _, f := range behind {
 			delete(r.held, f)
 		}
 	}
 	r.mu.Unlock()
-	for _, f := range behind {
+	for _, f := range inFirstPlaces(e, behind) {
 		d := f.d
 		r.settleWith(f, d, "nack", func(ctx context.Context) error { return d.Nack(ctx, 0) })
 	}
@@ -569,6 +591,23 @@ func (r *runner) letGo(e *entry, what string) {
 	for range 1 + len(behind) {
 		<-r.slots
 	}
+}
+
+// inFirstPlaces orders behind, the entries held behind head in its key,
+// for handing back: each in the place of the first entry of its message,
+// head's included, so that a later delivery of a message (its AckWait
+// ended) goes back before the messages that came between its deliveries.
+// The sort is stable: the deliveries of one message keep their order.
+func inFirstPlaces(head *entry, behind []*entry) []*entry {
+	first := map[string]int{head.msg.ID: 0}
+	for i, f := range behind {
+		if _, ok := first[f.msg.ID]; !ok {
+			first[f.msg.ID] = i + 1
+		}
+	}
+	out := slices.Clone(behind)
+	slices.SortStableFunc(out, func(a, b *entry) int { return first[a.msg.ID] - first[b.msg.ID] })
+	return out
 }
 
 // fail handles a failed attempt: dead letter, or a retry. A delivery that
