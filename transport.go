@@ -72,10 +72,17 @@ type Stream interface {
 // before that.
 //
 // Once a delivery no longer stands for its message (it was settled, or the
-// message went to another consumer: an AckWait that ended, a partition
-// taken away), each of its methods returns an error that matches
-// ErrStaleDelivery and changes nothing. InProgress is therefore also how a
-// consumer asks whether a delivery is still its own.
+// message went back to the transport or on to another holder: an AckWait
+// or lease that ended, a partition taken away with a rebalance or a lost
+// session, the AMQP channel it came on closed), each of its methods
+// returns an error that matches ErrStaleDelivery and changes nothing, as
+// far as the transport can tell: each transport's own ErrStaleDelivery
+// says what it can. JetStream acknowledges by stream sequence and knows
+// of no delivery but the latest, so idemnats tells only a later delivery
+// of the message to the same stream: one whose message went to another
+// stream of its consumer still answers, and its Ack settles the message.
+// InProgress is therefore also how a consumer asks whether a delivery is
+// still its own.
 type Delivery interface {
 	Message() Message
 	// Attempt counts deliveries of this message to this consumer, from 1.

@@ -31,7 +31,10 @@ const (
 
 // ErrStaleDelivery is returned by a Delivery's methods once it has been
 // settled, or once its stream has received a later delivery of its
-// message (after its AckWait).
+// message (after its AckWait). A later delivery to another stream of the
+// same consumer cannot be told: JetStream acknowledges by stream
+// sequence, so the earlier delivery's methods still answer, and its Ack
+// settles the message.
 // It matches idem.ErrStaleDelivery.
 var ErrStaleDelivery = fmt.Errorf("idemnats: delivery already settled (%w)", idem.ErrStaleDelivery)
 
