@@ -49,9 +49,10 @@
 //     consumer's inbox absorbs it.
 //   - An ack deadline. RabbitMQ does not redeliver a message a live
 //     consumer holds, however long: Subscription.AckWait is not used, and
-//     InProgress does nothing. Only consumer_timeout (30 minutes by
-//     default, a broker setting) closes a channel that holds a delivery
-//     longer, which puts the message back.
+//     InProgress extends nothing; it only says whether the delivery is
+//     still the consumer's own (not settled, its channel open). Only
+//     consumer_timeout (30 minutes by default, a broker setting) closes a
+//     channel that holds a delivery longer, which puts the message back.
 //   - A per-message delay. See below.
 //
 // From idem, above the transport: de-duplication (the inbox), the decision
