@@ -106,7 +106,7 @@ func TestStaleHeadKeepsItsKeysOrder(t *testing.T) {
 		Inbox: idemmem.NewInbox(), DeadLetters: idemmem.NewDeadLetters(nil), Ledger: idemmem.NewLedger(),
 		InTx:            idemmem.Transact,
 		AfterDeadLetter: consumer.LetThrough,
-		AckWait:         time.Second,
+		AckWait:         2 * time.Second,
 		BatchSize:       1,
 	}
 	c, err := consumer.New(&cfg)
@@ -155,8 +155,11 @@ func TestStaleHeadKeepsItsKeysOrder(t *testing.T) {
 	// m1's AckWait ends (m2's heartbeats keep it), and JetStream delivers
 	// it again, to this stream, behind m2.
 	idemtest.Eventually(t, 30*time.Second, "m1 delivered again, behind m2, and held by the consumer", func() bool {
+		// m2's AckWait may end too on a loaded machine (a heartbeat
+		// late), and its later delivery follow: the order to keep is the
+		// same.
 		ids, held := sub.handedOut()
-		return held && slices.Equal(ids, []string{"m1", "m2", "m1"})
+		return held && len(ids) >= 3 && slices.Equal(ids[:3], []string{"m1", "m2", "m1"})
 	})
 	close(sub.heard)
 	close(release)
