@@ -3,6 +3,7 @@ package keyed_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -40,6 +41,42 @@ func TestCompleterTakesOnlyItsPoints(t *testing.T) {
 	}
 	if rec, err := store.Get(t.Context(), "", "other"); err != nil || rec.State != idem.StateInFlight || len(resumed) != 0 {
 		t.Fatalf("the key: %v, %v, resumed %v; want it in flight, untouched", rec.State, err, resumed)
+	}
+}
+
+// A round that goes on past keys at other points still takes on no more
+// than Limit keys of its own: the rest wait for the next round, as they
+// would with no other point in the store.
+func TestCompleterRoundTakesNoMoreThanLimitOfItsOwn(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resumed []idem.Key
+	comp, err := eng.NewCompleter(&keyed.CompleterConfig{Points: []string{"mine"}, Limit: 2, Parallel: 1,
+		Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
+			resumed = append(resumed, ex.Key)
+			return idem.Response{Status: 201}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Listed in this order (oldest lease end first): the first list of
+	// Limit keys holds one of the Completer's own, the next one three.
+	for _, k := range []struct{ key, point string }{{"other", "other"}, {"mine-1", "mine"}, {"mine-2", "mine"}, {"mine-3", "mine"}} {
+		abandonAt(t, store, idem.Key(k.key), k.point)
+		clock.Advance(time.Second)
+	}
+	if n, err := comp.RunOnce(t.Context()); n != 2 || err != nil || !slices.Equal(resumed, []idem.Key{"mine-1", "mine-2"}) {
+		t.Fatalf("RunOnce = %d, %v, resumed %v; want the first two keys of its own (Limit 2)", n, err, resumed)
+	}
+	for _, k := range []idem.Key{"other", "mine-3"} {
+		if rec, err := store.Get(t.Context(), "", k); err != nil || rec.State != idem.StateInFlight {
+			t.Fatalf("%s: %v, %v; want it in flight, untouched", k, rec.State, err)
+		}
 	}
 }
 

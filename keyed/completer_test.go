@@ -424,3 +424,85 @@ func TestSettleOfAKeyReleasedMeanwhileGivesItBack(t *testing.T) {
 		})
 	}
 }
+
+// movedMeanwhile is the in-memory store where, just before the first Claim
+// of a key, another face's execution takes the key over, saves its own
+// point ("other") and dies there; its own Yield fails with errStoreDown
+// when failYield is set.
+type movedMeanwhile struct {
+	*idemmem.Store
+	raced     atomic.Bool
+	failYield atomic.Bool
+}
+
+func (s *movedMeanwhile) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	if s.raced.CompareAndSwap(false, true) {
+		other, err := s.Store.Claim(ctx, req)
+		if err != nil || other.Outcome != idem.Acquired {
+			return idem.Claim{}, fmt.Errorf("the other face's takeover: %v, %w", other.Outcome, err)
+		}
+		ref := idem.Ref{Scope: req.Scope, Key: req.Key, Token: other.Token}
+		if err := s.SaveRecovery(ctx, ref, idem.RecoveryPoint{Name: "other"}); err != nil {
+			return idem.Claim{}, err
+		}
+		if err := s.Store.Yield(ctx, ref); err != nil {
+			return idem.Claim{}, err
+		}
+	}
+	return s.Store.Claim(ctx, req)
+}
+
+func (s *movedMeanwhile) Yield(ctx context.Context, ref idem.Ref) error {
+	if s.failYield.Load() {
+		return errStoreDown
+	}
+	return s.Store.Yield(ctx, ref)
+}
+
+// A Settle that finds the key it read at its own point stopped at another
+// face's point by the time it claims it refuses (ErrOtherPoint) and gives
+// the key back as it is, point and all, its lease yielded, so that the
+// other face's Completer resumes it at once. When giving it back fails, it
+// says so in its log.
+func TestSettleOfAKeyMovedToAnotherPointGivesItBack(t *testing.T) {
+	t.Parallel()
+	for _, failYield := range []bool{false, true} {
+		t.Run(fmt.Sprintf("yield fails %v", failYield), func(t *testing.T) {
+			t.Parallel()
+			clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+			store := &movedMeanwhile{Store: idemmem.NewStore(&idemmem.Config{Clock: clock})}
+			eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs bytes.Buffer
+			comp, err := eng.NewCompleter(&keyed.CompleterConfig{Points: []string{"charging"},
+				Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+				Resume: func(context.Context, keyed.Execution) (idem.Response, error) {
+					return idem.Response{}, errors.New("not resumed in this test")
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			abandon(t, store.Store, "k")
+			store.failYield.Store(failYield)
+			_, err = comp.Settle(t.Context(), "", "k", idem.Response{Status: 409}, false)
+			if !errors.Is(err, keyed.ErrOtherPoint) {
+				t.Fatalf("Settle of a key moved to another point: %v; want ErrOtherPoint", err)
+			}
+			rec, err := store.Get(t.Context(), "", "k")
+			if err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != "other" {
+				t.Fatalf("the key after Settle: %v at %q, %v; want it in flight at the other point", rec.State, rec.Recovery.Name, err)
+			}
+			const warning = "could not give back a key it claimed anew"
+			switch {
+			case !failYield && rec.LeaseExpiresAt.After(clock.Now()):
+				t.Errorf("the key's lease ends at %v, after now (%v); want it yielded", rec.LeaseExpiresAt, clock.Now())
+			case !failYield && logs.Len() != 0:
+				t.Errorf("warnings logged though the key was given back: %s", logs.String())
+			case failYield && (!strings.Contains(logs.String(), warning) || !strings.Contains(logs.String(), errStoreDown.Error())):
+				t.Errorf("log %q; want the warning %q with the store's error", logs.String(), warning)
+			}
+		})
+	}
+}
