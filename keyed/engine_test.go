@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -190,5 +192,48 @@ func TestEngineChoosesTheTransactionForm(t *testing.T) {
 		if eng.InTx() != c.inTx || eng.ClaimsInTx() != c.claims {
 			t.Errorf("%s: InTx %v, ClaimsInTx %v; want %v, %v", c.name, eng.InTx(), eng.ClaimsInTx(), c.inTx, c.claims)
 		}
+	}
+}
+
+// deadlinePassed is a caller's context in the moment after its deadline
+// passed and before its timer has ended it: Err is still nil.
+type deadlinePassed struct{ context.Context }
+
+func (deadlinePassed) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+// deadlineConn is a store whose client sets its connection's deadline
+// from the context's, as go-redis and rueidis do: a claim whose context's
+// deadline has passed fails with the connection's timeout.
+type deadlineConn struct{ *idemmem.Store }
+
+func (s deadlineConn) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return idem.Claim{}, fmt.Errorf("read tcp 127.0.0.1:6379: %w", os.ErrDeadlineExceeded)
+	}
+	return s.Store.Claim(ctx, req)
+}
+
+// A claim that fails because its caller's deadline passed is the caller
+// leaving, not the store failing, even in the moment before the context
+// says it ended: the request is counted a conflict whose caller left, as
+// when the context has ended, and not refused as the store being
+// unavailable. A duplicate whose wait runs out with its caller's deadline
+// claims once more at that deadline, and on Redis that claim failed so.
+func TestClaimFailingAtTheCallersDeadlineIsTheCallerLeaving(t *testing.T) {
+	t.Parallel()
+	eng, err := keyed.New(&keyed.Config{Store: deadlineConn{idemmem.NewStore(nil)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	face := &funcFace{run: func(context.Context) keyed.Ran {
+		t.Error("the handler ran for a caller whose deadline had passed")
+		return keyed.Ran{Status: 500}
+	}}
+	fp := idem.NewFingerprint("POST", "/pay", "", "", nil)
+	if o := eng.Serve(deadlinePassed{t.Context()}, keyed.Request{Key: "k", Fingerprint: fp}, face); o != keyed.OutcomeConflict || face.refused != keyed.RefusedInFlight {
+		t.Errorf("outcome %s, refused %q; want %s, %q: the caller left, the store did not fail", o, face.refused, keyed.OutcomeConflict, keyed.RefusedInFlight)
+	}
+	if c := eng.Counts(); c[keyed.OutcomeStoreError] != 0 {
+		t.Errorf("counts %v; want no store error", c)
 	}
 }

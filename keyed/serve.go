@@ -91,10 +91,14 @@ func (x *execution) claimKey() {
 			claim, err = e.store.Claim(ctx, c.req)
 			e.storeSince(ctx, StoreClaim, err)
 		}
-		if err != nil && ctx.Err() != nil {
+		if err != nil && callerLeft(ctx) != nil {
 			// The caller left while its claim waited in the store (behind
 			// the execution of the key in flight, say): as a duplicate
-			// whose caller left while it waited here.
+			// whose caller left while it waited here. A store's client
+			// that sets its connection's deadline from the context's
+			// fails the claim at the deadline, when the context itself
+			// may not say yet that it ended: that is the caller leaving
+			// too, not the store failing.
 			c.inFlightTooLong(x.leaseEnds)
 			return
 		}
@@ -177,13 +181,14 @@ func (kw *keyWatch) stop() {
 // a holder that died can be taken over; a live holder renews it meanwhile,
 // and the retry waits again.
 func (c *call) inFlightTooLong(leaseEnds time.Time) {
-	c.e.endPhase(c.ctx, PhaseClaim, Event{Claim: ClaimInFlight, Err: c.ctx.Err()})
+	left := callerLeft(c.ctx)
+	c.e.endPhase(c.ctx, PhaseClaim, Event{Claim: ClaimInFlight, Err: left})
 	c.tally(OutcomeConflict)
 	retry := time.Second
 	if !leaseEnds.IsZero() {
 		retry = max(leaseEnds.Sub(c.e.cfg.Clock.Now()), time.Second)
 	}
-	if c.ctx.Err() == nil {
+	if left == nil {
 		c.log.LogAttrs(c.ctx, slog.LevelInfo, "duplicate still in flight after waiting", slog.Duration("retry_after", retry))
 	}
 	c.face.Refuse(Refusal{Reason: RefusedInFlight, RetryAfter: retry})
@@ -245,6 +250,19 @@ func (c *call) waitChange(changed <-chan struct{}, attempt int) bool {
 		return false
 	}
 	return true
+}
+
+// callerLeft returns why the caller left, nil while it waits: ctx's error,
+// or context.DeadlineExceeded once ctx's deadline has passed, which may be
+// a moment before ctx's own timer has ended it.
+func callerLeft(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // reqLog logs about one request. The request's own attributes are added
