@@ -550,7 +550,6 @@ func (r *runner) stale(e *entry) bool {
 // the order of the messages: a later delivery of a message goes back in
 // the place of its first).
 func (r *runner) letGo(e *entry, what string) {
-	r.c.stale.Add(1)
 	r.observe(e, OutcomeStale, 0, nil)
 	r.log(e).LogAttrs(r.ctx, slog.LevelWarn, "delivery no longer this consumer's own (its ack wait or lease ended, or its partition was taken away); let go unsettled, not "+what+": its new holder applies it")
 	var behind []*entry
@@ -570,6 +569,9 @@ func (r *runner) letGo(e *entry, what string) {
 			copy(behind[1:i+1], behind[:i])
 			behind[0] = next
 			r.lanes[e.msg.Key] = behind
+			// Counted before its later delivery can be: nothing is handed
+			// back.
+			r.c.stale.Add(1)
 			r.ready <- next
 			r.mu.Unlock()
 			<-r.slots
@@ -585,6 +587,10 @@ func (r *runner) letGo(e *entry, what string) {
 		d := f.d
 		r.settleWith(f, d, "nack", func(ctx context.Context) error { return d.Nack(ctx, 0) })
 	}
+	// Counted once its key-mates are handed back, as every count of Stats
+	// follows what the transport was told, and before their next
+	// deliveries can be taken and counted.
+	r.c.stale.Add(1)
 	// The places are given back only now: the reader, taking deliveries
 	// again, must find the key's messages back with the transport, not
 	// take a later one of the key before them.

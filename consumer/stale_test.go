@@ -233,3 +233,43 @@ func TestStaleUnkeyedRetryIsLetGo(t *testing.T) {
 }
 
 func isNack(op string) bool { return len(op) >= 4 && op[:4] == "nack" }
+
+// Stale, like every count of Stats, counts a delivery once what was done
+// with it is told to the transport: a stale head's key-mates handed back
+// (Nack) before it is counted, so that whoever reads Stale and then looks
+// at the transport finds them handed back.
+func TestStaleCountedOnceItsKeyMatesAreHandedBack(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.AckWait = staleAckWait
+	// Room for evt-1 and evt-2 only: evt-1's delivery again, once its
+	// AckWait ended, is not taken before evt-1 is let go.
+	cfg.Concurrency, cfg.MaxPending = 1, 2
+	g := newGate()
+	handler := func(ctx context.Context, m idem.Message) error {
+		if info, _ := consumer.InfoFromContext(ctx); m.ID == "evt-1" && info.Attempt == 1 {
+			g.hold()
+			return idem.Permanent(errors.New("card declined"))
+		}
+		return h.apply(ctx, m)
+	}
+	gate := make(chan struct{})
+	h.rec.nackGate = gate
+	c, _ := h.start(cfg, handler)
+	h.publish(msg("evt-1", "acct-1"))
+	g.wait(t, "evt-1's handler")
+	h.clock.Advance(20 * time.Second)
+	h.publish(msg("evt-2", "acct-1"))
+	waitFor(t, "evt-2 taken behind evt-1", func() bool { return h.rec.Taken() == 2 })
+	h.clock.Advance(15 * time.Second)
+	g.release()
+
+	waitFor(t, "evt-2 handed back", func() bool { return countOp(h.rec.Ops("evt-2"), "nack 0s") == 1 })
+	if s := c.Stats(); s.Stale != 0 {
+		t.Errorf("Stats = %+v while evt-2's Nack is held; want nothing stale counted yet", s)
+	}
+	close(gate)
+	waitFor(t, "evt-1's first delivery counted stale", func() bool { return c.Stats().Stale == 1 })
+	waitFor(t, "both messages processed", func() bool { return c.Stats().Processed == 2 })
+}
