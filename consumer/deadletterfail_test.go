@@ -1,0 +1,62 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
+)
+
+// failingLetters is a dead-letter store whose first Add fails, as one that
+// is briefly unreachable does.
+type failingLetters struct {
+	*idemmem.DeadLetters
+	failed atomic.Bool
+}
+
+func (f *failingLetters) Add(ctx context.Context, dl idem.DeadLetter) (string, error) {
+	if f.failed.CompareAndSwap(false, true) {
+		return "", errors.New("dead letters unavailable")
+	}
+	return f.DeadLetters.Add(ctx, dl)
+}
+
+// Nothing is lost when dead-lettering fails: the message stays in the
+// flow, is retried after its delay, and its next attempt tries the dead
+// letters again; it is neither dropped nor left in memory unsettled.
+func TestFailedDeadLetterRetriesTheMessage(t *testing.T) {
+	t.Parallel()
+	for _, key := range []string{"", "acct-1"} {
+		name := "keyed"
+		if key == "" {
+			name = "unkeyed"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			cfg := h.config()
+			cfg.DeadLetters = &failingLetters{DeadLetters: h.dls}
+			var calls attemptsCounter
+			c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+				calls.add(ctx, m)
+				return idem.Permanent(errors.New("card number malformed"))
+			})
+			h.publish(msg("evt-1", key))
+			h.advanceUntil("evt-1 dead-lettered", time.Second, func() bool { return c.Stats().DeadLettered == 1 })
+			if s := c.Stats(); s.Retried != 1 {
+				t.Errorf("Stats = %+v, want the message retried once, after the failed dead letter", s)
+			}
+			if n := calls.Calls("evt-1"); n != 2 {
+				t.Errorf("the handler ran %d times, want 2 (the dead letter failed after the first)", n)
+			}
+			if dls := h.letters(); len(dls) != 1 || dls[0].Message.ID != "evt-1" {
+				t.Errorf("dead letters %v, want evt-1's", dls)
+			}
+			waitFor(t, "evt-1's delivery terminated", func() bool { return countOp(h.rec.Ops("evt-1"), "term") == 1 })
+		})
+	}
+}
