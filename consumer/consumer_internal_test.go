@@ -63,6 +63,8 @@ func TestInFirstPlaces(t *testing.T) {
 		// m2's AckWait ended too: its later delivery goes back before m3.
 		{[]string{"m2", "m3", "m2"}, []string{"m2", "m2", "m3"}},
 		{[]string{"m2", "m3", "m4", "m3", "m2"}, []string{"m2", "m2", "m3", "m3", "m4"}},
+		// Messages without an ID are not told apart: each keeps its place.
+		{[]string{"m2", "", "m3", "m2", ""}, []string{"m2", "m2", "", "m3", ""}},
 	} {
 		var behind []*entry
 		for _, id := range tc.behind {

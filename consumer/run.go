@@ -563,7 +563,7 @@ func (r *runner) letGo(e *entry, what string) {
 		}
 		q[0] = nil
 		behind = q[1:]
-		if i := slices.IndexFunc(behind, func(f *entry) bool { return f.msg.ID == e.msg.ID }); i >= 0 {
+		if i := slices.IndexFunc(behind, func(f *entry) bool { return sameMessage(e, f) }); i >= 0 {
 			// Its later delivery, here: it takes e's place.
 			next := behind[i]
 			copy(behind[1:i+1], behind[:i])
@@ -599,20 +599,37 @@ func (r *runner) letGo(e *entry, what string) {
 	}
 }
 
+// sameMessage reports whether f is a delivery of e's message: the same
+// message ID and dedup key. A blank message ID (its publisher set none)
+// tells nothing: the messages of a key may all have one.
+func sameMessage(e, f *entry) bool {
+	return e.msg.ID != "" && f.msg.ID == e.msg.ID && f.dedup == e.dedup
+}
+
 // inFirstPlaces orders behind, the entries held behind head in its key,
-// for handing back: each in the place of the first entry of its message,
-// head's included, so that a later delivery of a message (its AckWait
-// ended) goes back before the messages that came between its deliveries.
-// The sort is stable: the deliveries of one message keep their order.
+// for handing back: each in the place of the first entry of its message
+// (sameMessage), head's included, so that a later delivery of a message
+// (its AckWait ended) goes back before the messages that came between its
+// deliveries. The sort is stable: the deliveries of one message keep their
+// order, and an entry without a message ID keeps its own place.
 func inFirstPlaces(head *entry, behind []*entry) []*entry {
-	first := map[string]int{head.msg.ID: 0}
-	for i, f := range behind {
-		if _, ok := first[f.msg.ID]; !ok {
-			first[f.msg.ID] = i + 1
+	type message struct{ id, dedup string }
+	first := make(map[message]int, len(behind)+1)
+	place := make(map[*entry]int, len(behind))
+	for i, f := range append([]*entry{head}, behind...) {
+		place[f] = i
+		if f.msg.ID == "" {
+			continue
+		}
+		m := message{f.msg.ID, f.dedup}
+		if p, ok := first[m]; ok {
+			place[f] = p
+		} else {
+			first[m] = i
 		}
 	}
 	out := slices.Clone(behind)
-	slices.SortStableFunc(out, func(a, b *entry) int { return first[a.msg.ID] - first[b.msg.ID] })
+	slices.SortStableFunc(out, func(a, b *entry) int { return place[a] - place[b] })
 	return out
 }
 

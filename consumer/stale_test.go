@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"sync"
@@ -272,4 +273,152 @@ func TestStaleCountedOnceItsKeyMatesAreHandedBack(t *testing.T) {
 	close(gate)
 	waitFor(t, "evt-1's first delivery counted stale", func() bool { return c.Stats().Stale == 1 })
 	waitFor(t, "both messages processed", func() bool { return c.Stats().Processed == 2 })
+}
+
+// withoutIDs hands out its subscriber's deliveries with their message IDs
+// blank, as a transport does for a message whose publisher set none (no
+// Nats-Msg-Id, no AMQP message_id).
+type withoutIDs struct{ idem.Subscriber }
+
+func (s withoutIDs) Subscribe(ctx context.Context, sub idem.Subscription) (idem.Stream, error) {
+	st, err := s.Subscriber.Subscribe(ctx, sub)
+	if err != nil {
+		return nil, err
+	}
+	return withoutIDsStream{st}, nil
+}
+
+type withoutIDsStream struct{ idem.Stream }
+
+func (s withoutIDsStream) Next(ctx context.Context) (idem.Delivery, error) {
+	d, err := s.Stream.Next(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return withoutIDDelivery{d}, nil
+}
+
+type withoutIDDelivery struct{ idem.Delivery }
+
+func (d withoutIDDelivery) Message() idem.Message {
+	m := d.Delivery.Message()
+	m.ID = ""
+	return m
+}
+
+// payloadID is a DedupKey that reads the event ID from the payload.
+func payloadID(m idem.Message) (string, error) {
+	var p struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(m.Payload, &p); err != nil {
+		return "", err
+	}
+	return p.ID, nil
+}
+
+// Messages without a message ID, de-duplicated by an event ID in their
+// payload, are told apart by it: when a stale head is let go, the next
+// message of its key, whose message ID is as blank as the head's, is not
+// taken for the head's later delivery and applied in its place, ahead of
+// the head's own next delivery.
+func TestStaleHeadWithoutMessageIDIsNotReplacedByItsKeyMate(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.Subscriber = withoutIDs{h.rec}
+	cfg.DedupKey = payloadID
+	cfg.AckWait = staleAckWait
+	cfg.Concurrency, cfg.MaxPending = 1, 2
+	g := newGate()
+	var mu sync.Mutex
+	var order []string
+	handler := func(ctx context.Context, m idem.Message) error {
+		info, _ := consumer.InfoFromContext(ctx)
+		if info.DedupKey == "evt-1" && info.Attempt == 1 {
+			g.hold()
+			return idem.Permanent(errors.New("card declined"))
+		}
+		if err := h.applied.Add(ctx, info.DedupKey, 1); err != nil {
+			return err
+		}
+		mu.Lock()
+		order = append(order, info.DedupKey)
+		mu.Unlock()
+		return nil
+	}
+	c, _ := h.start(cfg, handler)
+	h.publish(msg("evt-1", "acct-1"))
+	g.wait(t, "evt-1's handler")
+	h.clock.Advance(20 * time.Second)
+	h.publish(msg("evt-2", "acct-1"))
+	waitFor(t, "evt-2 taken behind evt-1", func() bool { return h.rec.Taken() == 2 })
+	h.clock.Advance(15 * time.Second)
+	g.release()
+
+	waitFor(t, "both messages processed", func() bool { return c.Stats().Processed == 2 })
+	mu.Lock()
+	got := slices.Clone(order)
+	mu.Unlock()
+	if want := []string{"evt-1", "evt-2"}; !slices.Equal(got, want) {
+		t.Errorf("applied in the order %v, want %v", got, want)
+	}
+	if ops := h.rec.Ops("evt-2"); len(ops) < 2 || ops[1] != "nack 0s" {
+		t.Errorf("evt-2's deliveries: %v; want the first handed back (nack 0s) with evt-1", ops)
+	}
+}
+
+// A stale head whose later delivery the consumer already holds, behind the
+// key's next message (the transport delivered it again to the same
+// stream), is replaced by that delivery at the head of the key: the next
+// message is neither handed back nor applied before it.
+func TestStaleHeadsLaterDeliveryTakesItsPlace(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.AckWait = staleAckWait
+	cfg.Concurrency, cfg.MaxPending = 1, 3
+	g := newGate()
+	var mu sync.Mutex
+	var order []string
+	handler := func(ctx context.Context, m idem.Message) error {
+		if info, _ := consumer.InfoFromContext(ctx); m.ID == "evt-1" && info.Attempt == 1 {
+			g.hold()
+			return idem.Permanent(errors.New("card declined"))
+		}
+		if err := h.apply(ctx, m); err != nil {
+			return err
+		}
+		mu.Lock()
+		order = append(order, m.ID)
+		mu.Unlock()
+		return nil
+	}
+	c, _ := h.start(cfg, handler)
+	h.publish(msg("evt-1", "acct-1"))
+	g.wait(t, "evt-1's handler")
+	h.clock.Advance(20 * time.Second)
+	h.publish(msg("evt-2", "acct-1"))
+	waitFor(t, "evt-2 taken behind evt-1", func() bool { return h.rec.Taken() == 2 })
+	// evt-1's AckWait ends, and it is delivered again behind evt-2.
+	h.clock.Advance(15 * time.Second)
+	waitFor(t, "evt-1 delivered again behind evt-2", func() bool { return countOp(h.rec.Ops("evt-1"), "deliver") == 2 })
+	g.release()
+
+	waitFor(t, "both messages processed", func() bool { return c.Stats().Processed == 2 })
+	mu.Lock()
+	got := slices.Clone(order)
+	mu.Unlock()
+	if want := []string{"evt-1", "evt-2"}; !slices.Equal(got, want) {
+		t.Errorf("applied in the order %v, want %v", got, want)
+	}
+	if s := c.Stats(); s.Stale != 1 || s.DeadLettered != 0 {
+		t.Errorf("Stats = %+v, want 1 stale, none dead-lettered", s)
+	}
+	if ops := h.rec.Ops("evt-2"); slices.ContainsFunc(ops, isNack) || countOp(ops, "deliver") != 1 {
+		t.Errorf("evt-2's deliveries: %v; want one, not handed back", ops)
+	}
+	if ops := h.rec.Ops("evt-1"); countOp(ops, "ack") != 1 || slices.ContainsFunc(ops, isNack) {
+		t.Errorf("evt-1's deliveries: %v; want the first let go unsettled, the second acknowledged", ops)
+	}
 }
