@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 
 	"github.com/idem-go/idem"
 )
@@ -177,6 +178,7 @@ func (r *runner) handleBatch(batch []*entry) {
 				_, held := res.held[e.msg.Key]
 				return e.ordered && held
 			})
+			later = r.forget(later, parked)
 			for _, e := range parked {
 				r.park(e, r.number(e))
 			}
@@ -185,6 +187,7 @@ func (r *runner) handleBatch(batch []*entry) {
 			e := res.failed
 			batch, failed = r.split(batch, e, func(f *entry) bool { return f == e })
 			if len(failed) > 0 {
+				later = r.forget(later, failed)
 				r.fail(e, r.number(e), res.err, idem.Classify(res.err))
 			} else {
 				// Behind its lane's head, which may commit in this batch:
@@ -198,6 +201,7 @@ func (r *runner) handleBatch(batch []*entry) {
 			// whatever the error says, another attempt may succeed, for
 			// every message of the batch.
 			_, failed := r.split(batch, nil, func(*entry) bool { return true })
+			later = r.forget(later, failed)
 			for _, e := range failed {
 				r.fail(e, r.number(e), res.err, idem.ClassTransient)
 			}
@@ -206,6 +210,29 @@ func (r *runner) handleBatch(batch []*entry) {
 	}
 	r.interrupted(batch) // left when Run stopped
 	r.settleBatch(applied, unacked, later, done)
+}
+
+// forget drops from later the failures of the keys of heads, which are
+// about to be dealt with on their own: once one of them settles (a dead
+// letter, parked, let go), the next entry of its key goes to whichever
+// worker is free, and its failure in this batch must not be dealt with
+// here as well. It is tried again when its turn comes, as the failure of
+// an entry whose head did not settle in the batch is.
+func (r *runner) forget(later []failure, heads []*entry) []failure {
+	keys := make(map[string]struct{}, len(heads))
+	for _, e := range heads {
+		if e.ordered {
+			keys[e.msg.Key] = struct{}{}
+		}
+	}
+	return slices.DeleteFunc(later, func(f failure) bool {
+		_, ok := keys[f.e.msg.Key]
+		if ok && f.e.ordered {
+			r.observe(f.e, OutcomeInterrupted, 0, nil)
+			return true
+		}
+		return false
+	})
 }
 
 // settled counts a batch's committed entries, for Stats once they are

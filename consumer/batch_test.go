@@ -451,3 +451,85 @@ func TestBatchStreamAskedForBatchSize(t *testing.T) {
 		t.Errorf("NextBatch asked for %v; want 5 (BatchSize) at first, with room for more, and never more", h.rec.asked)
 	}
 }
+
+// A message that failed behind its key's head in a batch waits for the
+// batch to settle before its failure is dealt with. When the head is then
+// dealt with on its own (dead-lettered here), the key's next message goes
+// to whichever worker is free: its failure in the batch is forgotten, not
+// also dealt with by the batch's worker, and the message is handled by
+// one worker at a time, and applied once.
+func TestBatchFailureBehindAHeadDealtWithAloneIsHandledOnce(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.Concurrency, cfg.BatchSize = 2, 10
+	cfg.AfterDeadLetter = consumer.LetThrough
+	h.publish(msg("evt-1", "K"), msg("evt-2", "K"))
+	var mu sync.Mutex
+	var calls [][]string
+	var running, overlapped int
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- c.RunBatch(ctx, func(ctx context.Context, batch []idem.Message) error {
+			var ids []string
+			for _, m := range batch {
+				ids = append(ids, m.ID)
+			}
+			mu.Lock()
+			calls = append(calls, ids)
+			first := len(calls) == 1
+			if running++; running > 1 {
+				overlapped++
+			}
+			mu.Unlock()
+			defer func() {
+				mu.Lock()
+				running--
+				mu.Unlock()
+			}()
+			switch {
+			case first && slices.Equal(ids, []string{"evt-1", "evt-2"}):
+				return &consumer.ItemError{Index: 1, Err: errFlaky}
+			case slices.Equal(ids, []string{"evt-1"}):
+				return &consumer.ItemError{Index: 0, Err: idem.Permanent(errors.New("card declined"))}
+			}
+			for _, m := range batch {
+				if err := h.apply(ctx, m); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("RunBatch: %v", err)
+		}
+	})
+	waitFor(t, "evt-1 dead-lettered", func() bool { return c.Stats().DeadLettered == 1 })
+	h.advanceUntil("evt-2 processed", time.Second, func() bool { return c.Stats().Processed == 1 })
+	// Its retry, were one left behind, comes due.
+	h.timers.Advance(10 * time.Second)
+	h.publish(msg("evt-3", "K"))
+	h.advanceUntil("evt-3 processed", time.Second, func() bool { return c.Stats().Processed == 2 })
+	if n := h.applied.Get("evt-2"); n != 1 {
+		t.Errorf("evt-2 applied %d times, want once", n)
+	}
+	if s := c.Stats(); s.Duplicates != 0 {
+		t.Errorf("Stats = %+v: evt-2 handled again once applied", s)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls := slices.Clone(calls); len(calls) < 3 || !slices.Equal(calls[0], []string{"evt-1", "evt-2"}) || !slices.Equal(calls[1], []string{"evt-1"}) {
+		t.Errorf("batches %v, want [evt-1 evt-2] then [evt-1] first (evt-2 failing in the first, evt-1 in the second)", calls)
+	}
+	if overlapped != 0 {
+		t.Errorf("the handler ran %d times while another call ran (batches %v)", overlapped, calls)
+	}
+}
