@@ -76,6 +76,20 @@
 // nothing changed) or finds the key settled. Each action taken is kept in
 // the key's history: who, when, what, why, and what came of it.
 //
+// A settle and its entry are one: where the history is kept in the key
+// store's database (a KeyHistory whose AddKeyEvent writes in the
+// transaction its context carries, as the lab's on SQLite and PostgreSQL
+// does), the entry is written in the transaction that completes the key,
+// so that a crash leaves both or neither (SettleAndRecord,
+// keyed.Completer.SettleRecorded). On a store that shares no transaction
+// with the history (Redis, memory), an entry saying the settle is under
+// way is written before the key is completed and one with its result
+// after: a crash between them leaves an entry saying the result is
+// unknown, never a settled key without one. A history that cannot be
+// written leaves the key unsettled. The key's page shows the latest
+// entries of its history, newest first, with a link to older ones
+// (KeyHistory.KeyEvents reads a page at a time).
+//
 // # Actions on dead letters
 //
 // Every action names its operator as the actor in the letter's history,

@@ -30,6 +30,11 @@ type KeyActions interface {
 	// against an execution finishing it at the same moment. With dryRun
 	// it only checks.
 	Settle(ctx context.Context, scope idem.Scope, key idem.Key, answer idem.Response, dryRun bool) (idem.Record, error)
+	// SettleRecorded is Settle with the settle recorded by record: in
+	// the transaction that completes the key where the store has one
+	// (see keyed.SettleRecord), so that the key's history never lacks a
+	// settle that took effect nor holds one that did not.
+	SettleRecorded(ctx context.Context, scope idem.Scope, key idem.Key, answer idem.Response, record keyed.SettleRecord) (idem.Record, error)
 	// Failures counts the key's failed resumes, with the last error.
 	Failures(scope idem.Scope, key idem.Key) ResumeFailures
 	// UnknownKeys names the keys whose last resume failed, which the
@@ -53,6 +58,10 @@ const (
 // KeyEvent is one operator's action on a key stopped at a recovery point:
 // who, when, what, why, and what came of it.
 type KeyEvent struct {
+	// ID is the history's: it grows with each entry it keeps, so that a
+	// page of the history can say where the next one starts. Set by
+	// KeyHistory.KeyEvents; AddKeyEvent ignores it.
+	ID     int64
 	Scope  idem.Scope
 	Key    idem.Key
 	At     time.Time
@@ -68,13 +77,53 @@ type KeyEvent struct {
 // point, kept apart from the keys (a settled key's record is purged in
 // time; its history is not).
 type KeyHistory interface {
+	// AddKeyEvent records ev. When ctx carries a transaction of the
+	// database the history is kept in (a settle's, see
+	// keyed.SettleRecord), it writes in that transaction, so that the
+	// entry commits with the settle or not at all.
 	AddKeyEvent(ctx context.Context, ev KeyEvent) error
-	// KeyEvents returns the key's events, oldest first.
-	KeyEvents(ctx context.Context, scope idem.Scope, key idem.Key) ([]KeyEvent, error)
+	// KeyEvents returns a page of the key's events, newest first: at
+	// most q.Limit of them, older than the event q.Before names when it
+	// is not zero.
+	KeyEvents(ctx context.Context, scope idem.Scope, key idem.Key, q KeyEventsQuery) ([]KeyEvent, error)
+}
+
+// KeyEventsQuery selects a page of a key's history (KeyHistory.KeyEvents).
+type KeyEventsQuery struct {
+	// Before, when not zero, is the ID of an event: only older ones are
+	// returned (the page after the one that ended with it).
+	Before int64
+	// Limit is the most events returned. Defaults to
+	// DefaultKeyEventsLimit; at most MaxKeyEventsLimit.
+	Limit int
+}
+
+// The sizes of a page of a key's history.
+const (
+	DefaultKeyEventsLimit = 50
+	MaxKeyEventsLimit     = 1000
+)
+
+// Normalize returns q with its defaults applied, or an error matching
+// idem.ErrInvalidArgument for a negative field or a Limit over
+// MaxKeyEventsLimit. KeyHistory implementations call it.
+func (q KeyEventsQuery) Normalize() (KeyEventsQuery, error) {
+	switch {
+	case q.Before < 0:
+		return q, &idem.ArgumentError{Field: "KeyEventsQuery.Before", Reason: "must not be negative"}
+	case q.Limit < 0 || q.Limit > MaxKeyEventsLimit:
+		return q, &idem.ArgumentError{Field: "KeyEventsQuery.Limit", Reason: fmt.Sprintf("must be 0 to %d", MaxKeyEventsLimit)}
+	case q.Limit == 0:
+		q.Limit = DefaultKeyEventsLimit
+	}
+	return q, nil
 }
 
 // NewMemoryKeyHistory returns a KeyHistory kept in memory, for tests and
-// for a console whose history may be lost with the process.
+// for a console whose history may be lost with the process. It shares no
+// transaction with a key store: a settle records in it an entry saying
+// that its result is not known yet, then its result (see
+// keyed.SettleRecord).
 func NewMemoryKeyHistory() KeyHistory { return &memoryHistory{} }
 
 type memoryHistory struct {
@@ -85,16 +134,22 @@ type memoryHistory struct {
 func (m *memoryHistory) AddKeyEvent(_ context.Context, ev KeyEvent) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	ev.ID = int64(len(m.evs) + 1)
 	m.evs = append(m.evs, ev)
 	return nil
 }
 
-func (m *memoryHistory) KeyEvents(_ context.Context, scope idem.Scope, key idem.Key) ([]KeyEvent, error) {
+func (m *memoryHistory) KeyEvents(_ context.Context, scope idem.Scope, key idem.Key, q KeyEventsQuery) ([]KeyEvent, error) {
+	q, err := q.Normalize()
+	if err != nil {
+		return nil, err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []KeyEvent
-	for _, ev := range m.evs {
-		if ev.Scope == scope && ev.Key == key {
+	for i := len(m.evs) - 1; i >= 0 && len(out) < q.Limit; i-- {
+		ev := m.evs[i]
+		if ev.Scope == scope && ev.Key == key && (q.Before == 0 || ev.ID < q.Before) {
 			out = append(out, ev)
 		}
 	}
@@ -150,7 +205,8 @@ func OperatorAnswer(status int, contentType, body string) (idem.Response, error)
 // SettleResult is what the key's history says of a settle of answer that
 // ended in err (KeyEvent.Result), and whether an entry is due. A settle
 // that succeeded is "settled (status N)". One refused for the key's state
-// or its arguments changed nothing: no entry. Any other error (the store
+// or its arguments, or whose record failed (keyed.ErrNotRecorded), changed
+// nothing: no entry. Any other error (the store
 // failed while completing the key, say) leaves the settle's result
 // unknown, since the answer may have been kept all the same: the entry
 // says so, so that the history never lacks a settle that took effect.
@@ -159,10 +215,66 @@ func SettleResult(answer idem.Response, err error) (result string, record bool) 
 	case err == nil:
 		return fmt.Sprintf("settled (status %d)", answer.Status), true
 	case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished), errors.Is(err, keyed.ErrOtherPoint),
-		errors.Is(err, idem.ErrNotFound), errors.Is(err, idem.ErrInvalidArgument):
+		errors.Is(err, idem.ErrNotFound), errors.Is(err, idem.ErrInvalidArgument), errors.Is(err, keyed.ErrNotRecorded):
 		return "", false
 	}
 	return fmt.Sprintf("result unknown (settle with status %d): %v", answer.Status, err), true
+}
+
+// SettleAndRecord settles ev's key with answer through actions and
+// records it in history as ev, its At and Result filled in: where the
+// store shares a transaction with the history (SQLite, PostgreSQL: the
+// history in the key store's database), in the settle's own transaction,
+// so that neither can be kept without the other; elsewhere, first an entry
+// saying the settle is under way, then one with its result, so that a
+// crash between them leaves an entry saying the result is unknown, never a
+// settle without one (see keyed.SettleRecord).
+//
+// settled reports that the key was settled; err then says that its
+// result could not be added to the history (the entry saying it was under
+// way stands). Otherwise err says why not: a refusal for the key's state
+// or arguments, or keyed.ErrNotRecorded, having changed nothing; or a
+// failure that leaves the settle's result unknown, which an entry then
+// says (SettleResult). The entries written after the settle are written
+// even once ctx has ended.
+func SettleAndRecord(ctx context.Context, actions KeyActions, history KeyHistory, clock idem.Clock, ev KeyEvent, answer idem.Response) (settled bool, err error) {
+	result, _ := SettleResult(answer, nil)
+	var inTx bool
+	_, err = actions.SettleRecorded(ctx, ev.Scope, ev.Key, answer, func(rctx context.Context, tx bool) error {
+		e := ev
+		e.At, inTx = clock.Now(), tx
+		e.Result = result
+		if !tx {
+			e.Result = fmt.Sprintf("under way (settle with status %d): with no later entry, its result is unknown", answer.Status)
+		}
+		return history.AddKeyEvent(rctx, e)
+	})
+	if err == nil && inTx {
+		return true, nil
+	}
+	if err == nil {
+		if herr := addAfter(ctx, history, ev, clock, result); herr != nil {
+			return true, fmt.Errorf("its result could not be added to the key's history: %w", herr)
+		}
+		return true, nil
+	}
+	if r, record := SettleResult(answer, err); record {
+		// The answer may have been kept: the history says so.
+		if herr := addAfter(ctx, history, ev, clock, r); herr != nil {
+			err = errors.Join(err, fmt.Errorf("its entry in the key's history could not be written: %w", herr))
+		}
+	}
+	return false, err
+}
+
+// addAfter records ev with result, once the action was taken: with a
+// context its caller's end does not end (a browser giving up the
+// request, a Ctrl-C), bounded by historyWriteTimeout.
+func addAfter(ctx context.Context, history KeyHistory, ev KeyEvent, clock idem.Clock, result string) error {
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), historyWriteTimeout)
+	defer cancel()
+	ev.At, ev.Result = clock.Now(), result
+	return history.AddKeyEvent(hctx, ev)
 }
 
 // --- pages ---
@@ -172,11 +284,14 @@ type outcomePage struct {
 	Found      bool
 	Record     idem.Record
 	Row        *stoppedRow
-	Events     []KeyEvent
-	Problem    string
-	Done       string
-	CanAct     bool
-	Now        time.Time
+	Events     []KeyEvent // newest first
+	// Older links to the page of older events, Latest to the newest
+	// ones; empty when there are none, or this is that page.
+	Older, Latest string
+	Problem       string
+	Done          string
+	CanAct        bool
+	Now           time.Time
 }
 
 var outcomeDone = map[string]string{
@@ -238,15 +353,42 @@ func (c *Console) outcome(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if c.cfg.KeyHistory != nil {
-		if page.Events, err = c.cfg.KeyHistory.KeyEvents(r.Context(), scope, key); err != nil {
-			page.Problem = "The history could not be read: " + err.Error()
-		}
+		c.historyPage(r, page, scope, key)
 	}
 	status := http.StatusOK
 	if !page.Found && len(page.Events) == 0 {
 		status = http.StatusNotFound
 	}
 	c.render(w, r, status, "outcome", page)
+}
+
+// historyPageSize is how many of a key's events a page shows.
+const historyPageSize = 50
+
+// historyPage reads the page of the key's history the request names (its
+// before parameter) into page.
+func (c *Console) historyPage(r *http.Request, page *outcomePage, scope idem.Scope, key idem.Key) {
+	var before int64
+	if b := r.URL.Query().Get("before"); b != "" {
+		n, err := strconv.ParseInt(b, 10, 64)
+		if err != nil || n <= 0 {
+			page.Problem = fmt.Sprintf("The history could not be read: before=%q is not an entry's number.", b)
+			return
+		}
+		before = n
+		page.Latest = c.outcomeURL(string(scope), string(key)) + "#history"
+	}
+	// One more than shown says whether there are older ones.
+	evs, err := c.cfg.KeyHistory.KeyEvents(r.Context(), scope, key, KeyEventsQuery{Before: before, Limit: historyPageSize + 1})
+	if err != nil {
+		page.Problem = "The history could not be read: " + err.Error()
+		return
+	}
+	if len(evs) > historyPageSize {
+		evs = evs[:historyPageSize]
+		page.Older = c.outcomeURL(string(scope), string(key)) + "&before=" + strconv.FormatInt(evs[len(evs)-1].ID, 10) + "#history"
+	}
+	page.Events = evs
 }
 
 type confirmPage struct {
@@ -338,6 +480,10 @@ func (c *Console) refuseKey(w http.ResponseWriter, r *http.Request, scope idem.S
 		// Stopped by another face (the gRPC one): its answer must be kept
 		// in that face's form, which this console's completer cannot.
 		status, heading = http.StatusConflict, "This key was stopped by another face of the service"
+	case errors.Is(err, keyed.ErrNotRecorded):
+		// A settle is taken only with its entry in the history.
+		c.cfg.Logger.Error("console: a settle was not taken: its history could not be written", "operator", operatorOf(r.Context()), "err", err)
+		status, heading = http.StatusInternalServerError, "Not settled: its entry in the key's history could not be written"
 	default:
 		c.cfg.Logger.Error("console: action on a key failed", "operator", operatorOf(r.Context()), "err", err)
 		c.render(w, r, http.StatusInternalServerError, "error", &errorPage{Heading: "The action failed",
@@ -405,29 +551,27 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		_, err := c.cfg.Actions.Settle(r.Context(), scope, key, answer, false)
-		if result, record := SettleResult(answer, err); err != nil {
-			if record {
-				// The answer may have been kept: the history says so.
-				ev.At, ev.Result = c.cfg.Clock.Now(), result
-				hctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), historyWriteTimeout)
-				if herr := c.cfg.KeyHistory.AddKeyEvent(hctx, ev); herr != nil {
-					err = errors.Join(err, fmt.Errorf("its entry in the key's history could not be written: %w", herr))
-				}
-				cancel()
-			}
+		settled, err := SettleAndRecord(r.Context(), c.cfg.Actions, c.cfg.KeyHistory, c.cfg.Clock, ev, answer)
+		if settled && err != nil {
+			c.cfg.Logger.Error("console: the key was settled but its result could not be added to its history", "action", action, "operator", op, "err", err)
+			c.render(w, r, http.StatusInternalServerError, "error", &errorPage{Heading: "Done, but not fully recorded",
+				Message: "The key was settled, but its result could not be added to the key's history (an entry says the settle was under way).",
+				Details: errorLines(err), Back: c.outcomeURL(string(scope), string(key))})
+			return
+		}
+		if err != nil {
 			c.refuseKey(w, r, scope, key, err)
 			return
 		}
-		ev.Result, _ = SettleResult(answer, nil)
 		done = map[string]string{ActionSettleFailed: "settled-failed", ActionSettleAnswer: "settled-answer"}[action]
+		result, _ := SettleResult(answer, nil)
+		c.cfg.Logger.Info("console: action on a key stopped at a recovery point", "action", action, "operator", op, "result", result)
+		http.Redirect(w, r, c.outcomeURL(string(scope), string(key))+"&done="+done, http.StatusSeeOther)
+		return
 	}
-	ev.At = c.cfg.Clock.Now()
 	// The action was taken: its entry is written even when the browser
 	// has given up the request meanwhile (its context cancelled).
-	hctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), historyWriteTimeout)
-	defer cancel()
-	if err := c.cfg.KeyHistory.AddKeyEvent(hctx, ev); err != nil {
+	if err := addAfter(r.Context(), c.cfg.KeyHistory, ev, c.cfg.Clock, ev.Result); err != nil {
 		c.cfg.Logger.Error("console: the action was taken but its history could not be written", "action", action, "operator", op, "err", err)
 		c.render(w, r, http.StatusInternalServerError, "error", &errorPage{Heading: "Done, but not recorded",
 			Message: "The action was taken (" + ev.Result + "), but its entry in the key's history could not be written.",

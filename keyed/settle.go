@@ -27,7 +27,23 @@ var (
 	// and keeps its answer in that face's form (an answer kept in this
 	// face's form could not be read by the other face's retries).
 	ErrOtherPoint = errors.New("keyed: the key stopped at a recovery point this completer does not resume (another face's)")
+	// ErrNotRecorded: SettleRecorded's record failed, so the key was not
+	// settled: it is left in flight at its point, as it was.
+	ErrNotRecorded = errors.New("keyed: the settle could not be recorded, so the key was not settled")
 )
+
+// SettleRecord records an operator's settle in an audit history
+// (Completer.SettleRecorded), once the key is held and before it is
+// completed. With inTx, ctx carries the transaction that completes the key
+// (the store is an idem.TxStore, whose CompleteTx runs it): what it writes
+// with ctx in the store's database commits with the settle or not at all.
+// Without, the store shares no transaction with the caller's data (Redis,
+// memory), and what it writes stands whatever becomes of the settle: it
+// should say that the settle's result is not known yet, and the caller
+// records the result once SettleRecorded returns, so that a crash between
+// the two leaves an entry saying the result is unknown, never a settle
+// without one. An error leaves the key as it was (ErrNotRecorded).
+type SettleRecord func(ctx context.Context, inTx bool) error
 
 // ResumeFailures counts the failed resumes of a key whose outcome is
 // still unknown, with the last one's error.
@@ -199,6 +215,23 @@ func (c *Completer) ResumeKey(ctx context.Context, scope idem.Scope, key idem.Ke
 //
 // With dryRun, it only checks that the key could be settled.
 func (c *Completer) Settle(ctx context.Context, scope idem.Scope, key idem.Key, answer idem.Response, dryRun bool) (idem.Record, error) {
+	return c.settle(ctx, scope, key, answer, dryRun, nil)
+}
+
+// SettleRecorded is Settle, not a dry run, with the settle recorded by
+// record (see SettleRecord): on a store that is an idem.TxStore (SQLite,
+// PostgreSQL), in the very transaction that completes the key, so that a
+// crash never leaves a settled key without its record nor a record of a
+// settle that did not happen. An ambiguous failure of that commit leaves
+// both unknown, together: idem.Recoverer.Get tells which it was.
+func (c *Completer) SettleRecorded(ctx context.Context, scope idem.Scope, key idem.Key, answer idem.Response, record SettleRecord) (idem.Record, error) {
+	if record == nil {
+		return idem.Record{}, &idem.ArgumentError{Field: "record", Reason: "must not be nil"}
+	}
+	return c.settle(ctx, scope, key, answer, false, record)
+}
+
+func (c *Completer) settle(ctx context.Context, scope idem.Scope, key idem.Key, answer idem.Response, dryRun bool, record SettleRecord) (idem.Record, error) {
 	wk := keywait.Key{Scope: scope, Key: key}
 	// A resume of the key by this Completer is waited for, by a dry run
 	// too: the key is then read as it left it.
@@ -248,7 +281,7 @@ func (c *Completer) Settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 	}
 	kept, err := e.keptAnswer(ref, answer, false)
 	if err == nil {
-		err = c.rs.Complete(dctx, ref, kept)
+		err = c.complete(dctx, ref, kept, record)
 	}
 	if errors.Is(err, idem.ErrLeaseLost) {
 		c.letGo(wk)
@@ -259,6 +292,9 @@ func (c *Completer) Settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 			err = errors.Join(err, fmt.Errorf("yielding the key: %w", yerr))
 		}
 		c.letGo(wk)
+		if errors.Is(err, ErrNotRecorded) {
+			return rec, err
+		}
 		return rec, fmt.Errorf("keeping the settled answer: %w", err)
 	}
 	c.forget(wk)
@@ -266,6 +302,34 @@ func (c *Completer) Settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 	c.log.LogAttrs(ctx, slog.LevelWarn, "completer: an execution stopped at a recovery point was settled",
 		slog.String("recovery_point", rec.Recovery.Name), slog.Int("status", kept.Status))
 	return rec, nil
+}
+
+// complete completes ref with kept, recorded by record (when not nil): in
+// the store's transaction when it is an idem.TxStore, and otherwise
+// before the completion (see SettleRecord). A failed record is returned
+// matching ErrNotRecorded, the key not completed.
+func (c *Completer) complete(ctx context.Context, ref idem.Ref, kept idem.Response, record SettleRecord) error {
+	if record == nil {
+		return c.rs.Complete(ctx, ref, kept)
+	}
+	if ts, ok := c.rs.(idem.TxStore); ok {
+		var rerr error
+		_, err := ts.CompleteTx(ctx, ref, func(txctx context.Context) (idem.Response, bool, error) {
+			if rerr = record(txctx, true); rerr != nil {
+				return idem.Response{}, false, rerr
+			}
+			return kept, true, nil
+		})
+		if rerr != nil {
+			// Rolled back, the key with it: nothing was settled.
+			return fmt.Errorf("%w: %w", ErrNotRecorded, rerr)
+		}
+		return err
+	}
+	if err := record(ctx, false); err != nil {
+		return fmt.Errorf("%w: %w", ErrNotRecorded, err)
+	}
+	return c.rs.Complete(ctx, ref, kept)
 }
 
 // UnknownKeys returns the keys whose last resume by this Completer failed,

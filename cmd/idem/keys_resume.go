@@ -32,6 +32,22 @@ func recordAction(ctx context.Context, history console.KeyHistory, ev console.Ke
 	return history.AddKeyEvent(hctx, ev)
 }
 
+// checkOperator trims and checks an action's --reason and --operator,
+// which are kept in the key's history; verb is what the operator does
+// ("settles"). A refusal is a usage error.
+func checkOperator(reason, operator *string, verb string) error {
+	*reason, *operator = strings.TrimSpace(*reason), strings.TrimSpace(*operator)
+	switch {
+	case *reason == "":
+		return &usageError{errors.New("--reason is required: say why, it is kept in the key's history")}
+	case utf8.RuneCountInString(*reason) > console.MaxReason:
+		return &usageError{fmt.Errorf("--reason must be at most %d characters", console.MaxReason)}
+	case *operator == "":
+		return &usageError{fmt.Errorf("--operator is required when $USER is not set: who %s it is kept in the key's history", verb)}
+	}
+	return nil
+}
+
 func (a *app) keysResumeCmd() *cobra.Command {
 	var dbURL, pgSchema, scope, reason, operator, netURL, netKey string
 	var dryRun bool
@@ -80,14 +96,10 @@ When the server seals keys (IDEM_KEY_SECRET) or encrypts what it keeps
 		if err != nil {
 			return &usageError{err}
 		}
-		reason, operator = strings.TrimSpace(reason), strings.TrimSpace(operator)
+		if err := checkOperator(&reason, &operator, "resumes"); err != nil {
+			return err
+		}
 		switch {
-		case reason == "":
-			return &usageError{errors.New("--reason is required: say why, it is kept in the key's history")}
-		case utf8.RuneCountInString(reason) > console.MaxReason:
-			return &usageError{fmt.Errorf("--reason must be at most %d characters", console.MaxReason)}
-		case operator == "":
-			return &usageError{errors.New("--operator is required when $USER is not set: who resumes it is kept in the key's history")}
 		case netURL == "":
 			return &usageError{errors.New("--acquirer is required: the card network the payment is resumed at")}
 		}

@@ -133,7 +133,7 @@ func TestKeysResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs, err := h.KeyEvents(t.Context(), "acme", "pay-1")
+	evs, err := h.KeyEvents(t.Context(), "acme", "pay-1", console.KeyEventsQuery{})
 	db.Close()
 	if err != nil || len(evs) != 1 || evs[0].Actor != "alice" || evs[0].Action != console.ActionResume || evs[0].Reason != "the completer is down" || evs[0].Result != "finished" {
 		t.Fatalf("pay-1's history: %+v %v; want alice's resume with its reason", evs, err)

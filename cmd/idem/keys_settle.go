@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"strings"
-	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -71,14 +69,10 @@ the key from its unknown count at its next round.`,
 		if err != nil {
 			return &usageError{err}
 		}
-		reason, operator = strings.TrimSpace(reason), strings.TrimSpace(operator)
+		if err := checkOperator(&reason, &operator, "settles"); err != nil {
+			return err
+		}
 		switch {
-		case reason == "":
-			return &usageError{errors.New("--reason is required: say why, it is kept in the key's history")}
-		case utf8.RuneCountInString(reason) > console.MaxReason:
-			return &usageError{fmt.Errorf("--reason must be at most %d characters", console.MaxReason)}
-		case operator == "":
-			return &usageError{errors.New("--operator is required when $USER is not set: who settles it is kept in the key's history")}
 		case failed == (status != 0):
 			return &usageError{errors.New("give --failed, or --status with --body: one of them")}
 		case failed && (body != "" || bodyFile != ""):
@@ -138,34 +132,27 @@ the key from its unknown count at its next round.`,
 			stored = key
 			_, err = comp.Settle(ctx, idem.Scope(scope), stored, answer, true)
 		}
-		acted := err == nil && !dryRun
-		if acted {
-			_, err = comp.Settle(ctx, idem.Scope(scope), stored, answer, false)
-		}
 		if err != nil {
-			if errors.Is(err, keyed.ErrNotStopped) || errors.Is(err, keyed.ErrBeingFinished) || errors.Is(err, keyed.ErrOtherPoint) {
-				return refusedAction(err)
-			}
-			if result, record := console.SettleResult(answer, err); record && acted {
-				// The answer may have been kept: the history says so.
-				ev := console.KeyEvent{Scope: idem.Scope(scope), Key: stored, At: idem.SystemClock{}.Now(), Actor: operator, Action: action,
-					Reason: reason, Result: result}
-				if herr := recordAction(ctx, history, ev); herr != nil {
-					err = errors.Join(err, fmt.Errorf("its entry in the key's history could not be written: %w", herr))
-				}
-				return fmt.Errorf("settling the key: its result is unknown (the client's retry may get the answer or not; 'idem keys show' tells): %w", err)
-			}
-			return fmt.Errorf("settling the key: %w", err)
+			return refusedAction(err)
 		}
 		if dryRun {
 			fmt.Fprintf(a.stdout, "dry run: key %q in scope %q can be settled; its client's retry would get %d (nothing was changed)\n", string(key), scope, answer.Status)
 			return nil
 		}
-		ev := console.KeyEvent{Scope: idem.Scope(scope), Key: stored, At: idem.SystemClock{}.Now(), Actor: operator, Action: action,
-			Reason: reason}
-		ev.Result, _ = console.SettleResult(answer, nil)
-		if err := recordAction(ctx, history, ev); err != nil {
-			return fmt.Errorf("the key was settled, but its history could not be written: %w", err)
+		ev := console.KeyEvent{Scope: idem.Scope(scope), Key: stored, Actor: operator, Action: action, Reason: reason}
+		settled, err := console.SettleAndRecord(ctx, comp, history, idem.SystemClock{}, ev, answer)
+		switch {
+		case settled && err != nil:
+			return fmt.Errorf("the key was settled, but %w", err)
+		case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished), errors.Is(err, keyed.ErrOtherPoint):
+			return refusedAction(err)
+		case errors.Is(err, keyed.ErrNotRecorded):
+			return fmt.Errorf("settling the key: %w; nothing was changed", err)
+		case err != nil:
+			if _, record := console.SettleResult(answer, err); record {
+				return fmt.Errorf("settling the key: its result is unknown (the client's retry may get the answer or not; 'idem keys show' tells): %w", err)
+			}
+			return fmt.Errorf("settling the key: %w", err)
 		}
 		fmt.Fprintf(a.stdout, "settled key %q in scope %q: its client's retry gets %d\n", string(key), scope, answer.Status)
 		return nil

@@ -120,7 +120,7 @@ func TestKeysSettle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs, err := h.KeyEvents(t.Context(), "acme", "pay-1")
+	evs, err := h.KeyEvents(t.Context(), "acme", "pay-1", console.KeyEventsQuery{})
 	if err != nil || len(evs) != 1 || evs[0].Actor != "alice" || evs[0].Action != console.ActionSettleFailed || evs[0].Reason != "no charge at the network" || evs[0].At.IsZero() {
 		t.Fatalf("pay-1's history: %+v %v; want alice's settle with its reason", evs, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/console"
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/keyed"
 )
 
 // cancellingActions are a completer's actions whose request is given up
@@ -21,11 +22,9 @@ type cancellingActions struct {
 	cancel context.CancelFunc
 }
 
-func (a cancellingActions) Settle(ctx context.Context, scope idem.Scope, key idem.Key, answer idem.Response, dryRun bool) (idem.Record, error) {
-	rec, err := a.Completer.Settle(ctx, scope, key, answer, dryRun)
-	if !dryRun {
-		a.cancel()
-	}
+func (a cancellingActions) SettleRecorded(ctx context.Context, scope idem.Scope, key idem.Key, answer idem.Response, record keyed.SettleRecord) (idem.Record, error) {
+	rec, err := a.Completer.SettleRecorded(ctx, scope, key, answer, record)
+	a.cancel()
 	return rec, err
 }
 

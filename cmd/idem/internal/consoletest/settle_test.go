@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/console"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemmem"
@@ -29,6 +30,9 @@ type settleWorld struct {
 	t     *testing.T
 	store idem.Recoverer
 	clock idem.Clock
+	// The store's database: one of them.
+	sqlite *idemsqlite.DB
+	pg     *idempg.DB
 	// stop leaves key in flight at a recovery point, its holder's lease
 	// ended.
 	stop func(key idem.Key)
@@ -47,7 +51,7 @@ func sqliteSettleWorld(t *testing.T) *settleWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &settleWorld{t: t, store: store, clock: clock}
+	w := &settleWorld{t: t, store: store, clock: clock, sqlite: db}
 	w.stop = func(key idem.Key) {
 		w.claimWithPoint(key, time.Second)
 		clock.Advance(2 * time.Second)
@@ -82,12 +86,32 @@ func postgresSettleWorld(t *testing.T) *settleWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &settleWorld{t: t, store: store, clock: clock}
+	w := &settleWorld{t: t, store: store, clock: clock, pg: db}
 	w.stop = func(key idem.Key) {
 		w.claimWithPoint(key, time.Second)
 		clock.Advance(2 * time.Second)
 	}
 	return w
+}
+
+// keyHistory returns the history of the operators' actions kept in the
+// store's database, as the service keeps it.
+func (w *settleWorld) keyHistory() console.KeyHistory {
+	w.t.Helper()
+	ctx := w.t.Context()
+	var h console.KeyHistory
+	var err error
+	if w.pg != nil {
+		if err = payments.MigratePostgres(ctx, w.pg); err == nil {
+			h, err = payments.KeyHistoryPostgres(w.pg)
+		}
+	} else if err = payments.Migrate(ctx, w.sqlite); err == nil {
+		h, err = payments.KeyHistory(w.sqlite)
+	}
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return h
 }
 
 func (w *settleWorld) claimWithPoint(key idem.Key, lease time.Duration) {
