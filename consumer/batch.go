@@ -225,13 +225,13 @@ func (r *runner) forget(later []failure, heads []*entry) []failure {
 			keys[e.msg.Key] = struct{}{}
 		}
 	}
+	// An entry in later is behind its lane's head, so it has a key.
 	return slices.DeleteFunc(later, func(f failure) bool {
-		_, ok := keys[f.e.msg.Key]
-		if ok && f.e.ordered {
-			r.observe(f.e, OutcomeInterrupted, 0, nil)
-			return true
+		if _, ok := keys[f.e.msg.Key]; !ok {
+			return false
 		}
-		return false
+		r.observe(f.e, OutcomeInterrupted, 0, nil)
+		return true
 	})
 }
 
