@@ -8,6 +8,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/idem-go/idem"
@@ -89,6 +91,8 @@ func keysFlags(cmd *cobra.Command, keysURL, prefix *string) {
 type database struct {
 	sqlite *idemsqlite.DB
 	pg     *idempg.DB
+	// pool is pg's pool when it is openDBToRead's, which pg leaves open.
+	pool *pgxpool.Pool
 	// shown names it in messages, without its secrets.
 	shown string
 }
@@ -96,9 +100,54 @@ type database struct {
 func (d *database) Close() error {
 	if d.pg != nil {
 		d.pg.Close()
+		if d.pool != nil {
+			d.pool.Close()
+		}
 		return nil
 	}
 	return d.sqlite.Close()
+}
+
+// openDBToRead opens the database named by a --db value for a tool that
+// only reads it (reconcile): a SQLite file must exist, and a PostgreSQL
+// schema too, and nothing is created in either. idempg.Open creates a
+// missing schema; here the connections are read-only
+// (default_transaction_read_only), so that no statement of the tool, or of
+// what it calls, can write, and a missing schema is an error that says so.
+func openDBToRead(ctx context.Context, dbURL, pgSchema string) (*database, error) {
+	t, err := parseDB(dbURL)
+	if err != nil {
+		return nil, err
+	}
+	if !t.postgres {
+		return openDB(ctx, dbURL, pgSchema, true)
+	}
+	pcfg, err := pgxpool.ParseConfig(t.url)
+	if err != nil {
+		return nil, fmt.Errorf("opening PostgreSQL %s: %w", t.shown, secreturl.Scrub(err, t.url))
+	}
+	pcfg.MaxConns = 4
+	pcfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{pgSchema}.Sanitize()
+	pcfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("opening PostgreSQL %s: %w", t.shown, secreturl.Scrub(err, t.url))
+	}
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, pgSchema).Scan(&exists); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("opening PostgreSQL %s: %w", t.shown, secreturl.Scrub(err, t.url))
+	}
+	if !exists {
+		pool.Close()
+		return nil, fmt.Errorf("PostgreSQL %s has no schema %s: this tool only reads, and creates nothing; point --db and --pg-schema at the service's database, or run 'idem migrate' on it first", t.shown, pgSchema)
+	}
+	db, err := idempg.NewDB(ctx, pool, &idempg.Config{Schema: pgSchema})
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("opening PostgreSQL %s (schema %s): %w", t.shown, pgSchema, secreturl.Scrub(err, t.url))
+	}
+	return &database{pg: db, pool: pool, shown: fmt.Sprintf("%s (schema %s)", t.shown, pgSchema)}, nil
 }
 
 // openDB opens the database named by a --db value (pgSchema is its schema

@@ -20,7 +20,8 @@ func (a *app) reconcileCmd() *cobra.Command {
 	var (
 		dbURL, pgSchema, netURL, netKey string
 		since                           string
-		bound                           time.Duration
+		bound, horizon                  time.Duration
+		window                          int
 		asJSON                          bool
 	)
 	cmd := &cobra.Command{
@@ -49,10 +50,29 @@ Exit status: 0 when the books agree (payments being finished do not count);
 or a duration back from now such as 24h); by default everything is compared.
 The card network is asked only for the charges made since then.
 
-It may run against a live service: it reads the payments, then the charges,
-then the payments again, so a payment made while it reads is never a
-difference. It only reads: it never migrates --db, and a database without
-the service's schema is refused with an error that says so.`,
+It may run against a live service: a payment is called without its charge
+only when the network, asked after the payment was read, has no such
+charge; and each page of charges is read before the keys in flight are
+listed and before the payments that record them are read, so a payment
+made while it runs is never a difference.
+
+Its memory is bounded by --window, not by the history: the charges and the
+payments are streamed side by side in the order they were made (a page of
+charges, the payments of that time), each matched with the other as they
+pass; what the streams do not match (a charge made late by the completer,
+a full window) is looked up alone, by its ID, so the report is the whole
+history's. It holds at most a page of charges, --window payments read
+ahead, --window waiting for their charge and --window logical payments
+whose charges it counts; differences are printed as they are found and
+not kept. Two charges of one logical payment are a double charge when made
+within --key-horizon of its first (the service's --key-ttl); should more
+logical payments than --window be charged within it, the oldest are let go
+early, and the summary says how many.
+
+It only reads: it never migrates --db and creates nothing in it, its
+PostgreSQL connections are read-only, and a database without the service's
+schema (or a PostgreSQL schema that does not exist) is refused with an
+error that says so.`,
 		Args: cobra.NoArgs,
 	}
 	dbFlags(cmd, &dbURL, &pgSchema)
@@ -60,7 +80,9 @@ the service's schema is refused with an error that says so.`,
 	cmd.Flags().StringVar(&netKey, "acquirer-key", "", "the card network's API key (default from $"+envAcquirerKey+", or the file $"+envAcquirerKey+"_FILE names)")
 	cmd.Flags().StringVar(&since, "since", "", "compare only what was made at or after this time: RFC 3339, or a duration back from now (24h)")
 	cmd.Flags().DurationVar(&bound, "bound", payments.DefaultCompletionBound, "how long after its recovery point a payment in flight is still being finished; past it, its outcome is unknown")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines: one object per difference and per payment being finished, then a summary")
+	cmd.Flags().IntVar(&window, "window", payments.DefaultReconcileWindow, "how many charges, payments and logical payments of each kind are held at once: memory stays bounded by it, however long the history")
+	cmd.Flags().DurationVar(&horizon, "key-horizon", payments.DefaultKeyHorizon, "how long after a logical payment's first charge another charge of it is a double charge (the service's --key-ttl)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines: one object per difference as found, one per payment being finished, then a summary")
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) (err error) {
 		ctx := cmd.Context()
 		if err := checkPGSchema(cmd, dbURL); err != nil {
@@ -68,6 +90,12 @@ the service's schema is refused with an error that says so.`,
 		}
 		if bound <= 0 {
 			return &usageError{fmt.Errorf("--bound must be positive, got %s", bound)}
+		}
+		if window < 1 {
+			return &usageError{fmt.Errorf("--window must be at least 1, got %d", window)}
+		}
+		if horizon <= 0 {
+			return &usageError{fmt.Errorf("--key-horizon must be positive, got %s", horizon)}
 		}
 		if netURL == "" {
 			return &usageError{errors.New("--acquirer is required: the card network to compare with")}
@@ -85,7 +113,7 @@ the service's schema is refused with an error that says so.`,
 		if err != nil {
 			return &usageError{fmt.Errorf("--acquirer: %w", err)}
 		}
-		db, err := openDB(ctx, dbURL, pgSchema, true)
+		db, err := openDBToRead(ctx, dbURL, pgSchema)
 		if err != nil {
 			return a.unreadable(err)
 		}
@@ -96,83 +124,113 @@ the service's schema is refused with an error that says so.`,
 		}
 		inFlight, closeKeys := keysInFlight(db)
 		defer func() { err = errors.Join(err, closeKeys()) }()
-		rec, err := payments.Reconcile(ctx, db.sqlite, db.pg, net, from, &payments.ReconcileOptions{InFlight: inFlight, Bound: bound, BodyKeys: rest.bodyKeys})
+		out := &reconcileOutput{a: a, json: asJSON}
+		if !asJSON {
+			window := "everything"
+			if !from.IsZero() {
+				window = "since " + from.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(a.stdout, "reconcile: the payments of %s and the charges at %s, %s\n", db.shown, netURL, window)
+		}
+		rec, err := payments.Reconcile(ctx, db.sqlite, db.pg, net, from, &payments.ReconcileOptions{InFlight: inFlight, Bound: bound,
+			BodyKeys: rest.bodyKeys, Window: window, KeyHorizon: horizon, OnDifference: out.difference})
 		if err != nil {
+			if out.err != nil {
+				return out.err
+			}
 			return a.unreadable(err)
 		}
-		if asJSON {
-			return a.reconcileJSON(rec, from, bound)
-		}
-		window := "everything"
-		if !from.IsZero() {
-			window = "since " + from.UTC().Format(time.RFC3339)
-		}
-		fmt.Fprintf(a.stdout, "reconcile: %d payments of %s and %d charges at %s, %s\n", rec.Payments, db.shown, rec.Charges, netURL, window)
-		for _, p := range rec.Pending {
-			fmt.Fprintf(a.stdout, "BEING FINISHED %s\n", p)
-		}
-		if len(rec.Pending) > 0 {
-			fmt.Fprintf(a.stdout, "%d payment(s) being finished: in flight at their recovery point within the %s bound, not differences\n", len(rec.Pending), bound)
-		}
-		for _, d := range rec.Differences {
-			fmt.Fprintf(a.stdout, "DIFFERENCE %s\n", d)
-		}
-		if len(rec.Differences) > 0 {
-			fmt.Fprintf(a.stdout, "%d difference(s): the books do not agree\n", len(rec.Differences))
-			return &silentError{fmt.Errorf("%d differences", len(rec.Differences))}
-		}
-		fmt.Fprintln(a.stdout, "0 differences: every charge is a payment's, every payment's charge is there, once")
-		return nil
+		return out.end(rec, from, bound)
 	})
 	return cmd
 }
 
-// reconcileJSON prints rec as JSON lines, for automation: a "pending"
-// object per payment being finished, a "difference" object per
-// difference, and a "summary"; the exit status is the text output's.
-func (a *app) reconcileJSON(rec *payments.Reconciliation, from time.Time, bound time.Duration) error {
-	enc := json.NewEncoder(a.stdout)
-	type pending struct {
-		Type       string   `json:"type"`
-		Payment    string   `json:"payment"`
-		Tenant     string   `json:"tenant"`
-		KeyDigest  string   `json:"key_digest,omitempty"`
-		Amount     int64    `json:"amount"`
-		Currency   string   `json:"currency"`
-		Point      string   `json:"point"`
-		AgeSeconds float64  `json:"age_s"`
-		BoundSecs  float64  `json:"bound_s"`
-		Charges    []string `json:"charges"`
+// reconcileOutput prints reconcile's report as it is found: each
+// difference when it is found, so that none is held however many there
+// are; the payments being finished and the totals at the end. With json it
+// prints JSON lines, for automation: a "difference" object per difference,
+// a "pending" object per payment being finished, and a "summary"; the exit
+// status is the text output's.
+type reconcileOutput struct {
+	a    *app
+	json bool
+	err  error // the first failure to write, which stops the run
+}
+
+type reconcilePending struct {
+	Type       string   `json:"type"`
+	Payment    string   `json:"payment"`
+	Tenant     string   `json:"tenant"`
+	KeyDigest  string   `json:"key_digest,omitempty"`
+	Amount     int64    `json:"amount"`
+	Currency   string   `json:"currency"`
+	Point      string   `json:"point"`
+	AgeSeconds float64  `json:"age_s"`
+	BoundSecs  float64  `json:"bound_s"`
+	Charges    []string `json:"charges"`
+}
+
+type reconcileDifference struct {
+	Type    string   `json:"type"`
+	Kind    string   `json:"kind"`
+	Payment string   `json:"payment,omitempty"`
+	Charges []string `json:"charges"`
+	Detail  string   `json:"detail"`
+}
+
+func (o *reconcileOutput) difference(d payments.Difference) error {
+	if o.json {
+		o.err = json.NewEncoder(o.a.stdout).Encode(reconcileDifference{Type: "difference", Kind: d.Kind, Payment: d.Payment, Charges: orEmpty(d.Charges), Detail: d.Detail})
+	} else {
+		_, o.err = fmt.Fprintf(o.a.stdout, "DIFFERENCE %s\n", d)
 	}
-	type difference struct {
-		Type    string   `json:"type"`
-		Kind    string   `json:"kind"`
-		Payment string   `json:"payment,omitempty"`
-		Charges []string `json:"charges"`
-		Detail  string   `json:"detail"`
+	return o.err
+}
+
+func (o *reconcileOutput) end(rec *payments.Reconciliation, from time.Time, bound time.Duration) error {
+	a := o.a
+	failed := func() error {
+		if rec.DifferenceCount > 0 {
+			return &silentError{fmt.Errorf("%d differences", rec.DifferenceCount)}
+		}
+		return nil
+	}
+	if o.json {
+		enc := json.NewEncoder(a.stdout)
+		for _, p := range rec.Pending {
+			if err := enc.Encode(reconcilePending{Type: "pending", Payment: p.Payment, Tenant: p.Tenant, KeyDigest: p.KeyDigest, Amount: p.Amount,
+				Currency: p.Currency, Point: p.Point, AgeSeconds: p.Age.Seconds(), BoundSecs: p.Bound.Seconds(), Charges: orEmpty(p.Charges)}); err != nil {
+				return err
+			}
+		}
+		summary := map[string]any{"type": "summary", "payments": rec.Payments, "charges": rec.Charges, "pending": len(rec.Pending),
+			"differences": rec.DifferenceCount, "bound_s": bound.Seconds(), "peak_held": rec.PeakHeld}
+		if rec.CutShort > 0 {
+			summary["cut_short"] = rec.CutShort
+		}
+		if !from.IsZero() {
+			summary["since"] = from.UTC().Format(time.RFC3339Nano)
+		}
+		if err := enc.Encode(summary); err != nil {
+			return err
+		}
+		return failed()
 	}
 	for _, p := range rec.Pending {
-		if err := enc.Encode(pending{Type: "pending", Payment: p.Payment, Tenant: p.Tenant, KeyDigest: p.KeyDigest, Amount: p.Amount,
-			Currency: p.Currency, Point: p.Point, AgeSeconds: p.Age.Seconds(), BoundSecs: p.Bound.Seconds(), Charges: orEmpty(p.Charges)}); err != nil {
-			return err
-		}
+		fmt.Fprintf(a.stdout, "BEING FINISHED %s\n", p)
 	}
-	for _, d := range rec.Differences {
-		if err := enc.Encode(difference{Type: "difference", Kind: d.Kind, Payment: d.Payment, Charges: orEmpty(d.Charges), Detail: d.Detail}); err != nil {
-			return err
-		}
+	if len(rec.Pending) > 0 {
+		fmt.Fprintf(a.stdout, "%d payment(s) being finished: in flight at their recovery point within the %s bound, not differences\n", len(rec.Pending), bound)
 	}
-	summary := map[string]any{"type": "summary", "payments": rec.Payments, "charges": rec.Charges, "pending": len(rec.Pending),
-		"differences": len(rec.Differences), "bound_s": bound.Seconds()}
-	if !from.IsZero() {
-		summary["since"] = from.UTC().Format(time.RFC3339Nano)
+	fmt.Fprintf(a.stdout, "compared %d payments and %d charges, holding at most %d at once\n", rec.Payments, rec.Charges, rec.PeakHeld)
+	if rec.CutShort > 0 {
+		fmt.Fprintf(a.stdout, "%d logical payment(s) let go before --key-horizon ended, the --window being full: a later charge of one was not compared with the earlier\n", rec.CutShort)
 	}
-	if err := enc.Encode(summary); err != nil {
-		return err
+	if rec.DifferenceCount > 0 {
+		fmt.Fprintf(a.stdout, "%d difference(s): the books do not agree\n", rec.DifferenceCount)
+		return failed()
 	}
-	if len(rec.Differences) > 0 {
-		return &silentError{fmt.Errorf("%d differences", len(rec.Differences))}
-	}
+	fmt.Fprintln(a.stdout, "0 differences: every charge is a payment's, every payment's charge is there, once")
 	return nil
 }
 
@@ -202,41 +260,46 @@ func (aheadClock) Now() time.Time { return time.Now().Add(100 * 365 * 24 * time.
 // in db, held or not, and what closes the store it opens. A Recoverer's
 // Abandoned lists those whose lease has ended by the store's clock: a
 // store whose clock is far ahead lists them all. The store is opened when
-// Reconcile asks, after it found the database migrated, so opening it
-// migrates nothing.
+// Reconcile first asks, after it found the database migrated, so opening
+// it migrates nothing, and once: Reconcile asks after every page of the
+// card network's charges.
 func keysInFlight(db *database) (func(ctx context.Context) ([]idem.Record, error), func() error) {
-	closeKeys := func() error { return nil }
+	var (
+		rs        idem.Recoverer
+		closeKeys = func() error { return nil }
+	)
 	list := func(ctx context.Context) ([]idem.Record, error) {
-		var rs idem.Recoverer
-		if db.sqlite != nil {
-			s, err := idemsqlite.NewStore(ctx, db.sqlite, &idemsqlite.StoreConfig{Clock: aheadClock{}})
-			if err != nil {
-				return nil, err
+		if rs == nil {
+			if db.sqlite != nil {
+				s, err := idemsqlite.NewStore(ctx, db.sqlite, &idemsqlite.StoreConfig{Clock: aheadClock{}})
+				if err != nil {
+					return nil, err
+				}
+				rs = s
+			} else {
+				ahead, err := idempg.NewDB(ctx, db.pg.Pool(), &idempg.Config{Schema: db.pg.Schema(), Clock: aheadClock{}})
+				if err != nil {
+					return nil, err
+				}
+				s, err := idempg.NewStore(ctx, ahead)
+				if err != nil {
+					return nil, err
+				}
+				closeKeys = func() error { s.Close(); return nil }
+				rs = s
 			}
-			rs = s
-		} else {
-			ahead, err := idempg.NewDB(ctx, db.pg.Pool(), &idempg.Config{Schema: db.pg.Schema(), Clock: aheadClock{}})
-			if err != nil {
-				return nil, err
-			}
-			s, err := idempg.NewStore(ctx, ahead)
-			if err != nil {
-				return nil, err
-			}
-			closeKeys = func() error { s.Close(); return nil }
-			rs = s
 		}
-		var all []idem.Record
+		// The keys in flight are as many as the requests running at once
+		// and those stopped at a point: a bounded number, held whole.
 		const page = 10000
 		recs, err := rs.Abandoned(ctx, page)
 		if err != nil {
 			return nil, err
 		}
-		all = append(all, recs...)
 		if len(recs) == page {
 			return nil, fmt.Errorf("more than %d keys in flight with a recovery point", page)
 		}
-		return all, nil
+		return recs, nil
 	}
 	return list, func() error { return closeKeys() }
 }

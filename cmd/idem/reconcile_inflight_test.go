@@ -1,12 +1,15 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // A replica dies after the card network charged a payment and before the
@@ -70,5 +73,42 @@ func reconcileInFlight(t *testing.T, dbArgs []string) {
 	}
 	if code, _, errOut := runCmd(t, append(append([]string{"reconcile"}, dbArgs...), "--acquirer", hs.URL, "--bound", "0s")...); code != exitUsage || !strings.Contains(errOut, "--bound") {
 		t.Fatalf("reconcile --bound 0s: exit %d, %q; want a usage error", code, errOut)
+	}
+}
+
+// Reconcile only reads, on PostgreSQL too: a --pg-schema that does not
+// exist is refused with an error that says so (exit 3, nothing compared),
+// and is not created; one that exists without the service's tables is
+// refused as not migrated, and is left without them. Before, the schema was
+// created by opening the database.
+func TestReconcileCreatesNothingOnPostgres(t *testing.T) {
+	t.Parallel()
+	u := postgresURL(t)
+	hs := startCardNetwork(t)
+	missing := freshSchema(t, u)
+	code, out, errOut := runCmd(t, "reconcile", "--db", u, "--pg-schema", missing, "--acquirer", hs.URL, "--acquirer-key", "net-key")
+	if code != exitUnreadable || !strings.Contains(errOut, "has no schema "+missing) || !strings.Contains(errOut, "creates nothing") {
+		t.Errorf("reconcile of a schema that does not exist: exit %d, %q, %q; want exit %d and an error naming the missing schema", code, out, errOut, exitUnreadable)
+	}
+	conn, err := pgx.Connect(t.Context(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, missing).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("after reconcile: %d schemas named %s (%v); want none: reconcile creates nothing", n, missing, err)
+	}
+
+	bare := freshSchema(t, u)
+	if _, err := conn.Exec(t.Context(), `CREATE SCHEMA `+pgx.Identifier{bare}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = runCmd(t, "reconcile", "--db", u, "--pg-schema", bare, "--acquirer", hs.URL, "--acquirer-key", "net-key")
+	if code != exitUnreadable || !strings.Contains(errOut, "not migrated") {
+		t.Errorf("reconcile of an empty schema: exit %d, %q, %q; want exit %d, not migrated", code, out, errOut, exitUnreadable)
+	}
+	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, bare).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("after reconcile: %d tables in schema %s (%v); want none", n, bare, err)
 	}
 }

@@ -129,13 +129,44 @@ func (c *Client) Charges(ctx context.Context, reference string) ([]Charge, error
 
 // ChargesSince returns the charges made at or after since (every charge
 // when since is zero), in the order they were made. The network filters
-// them: the charges before since are not sent.
+// them: the charges before since are not sent. It holds them all: a
+// reader of a long history pages through them with EachChargePage.
 func (c *Client) ChargesSince(ctx context.Context, since time.Time) ([]Charge, error) {
+	var all []Charge
+	err := c.EachChargePage(ctx, since, MaxListLimit, func(page []Charge) error {
+		all = append(all, page...)
+		return nil
+	})
+	return all, err
+}
+
+// EachChargePage calls fn with each page of at most limit charges made at
+// or after since (every charge when since is zero), in the order they were
+// made, and stops at the first error fn returns. A page is read only after
+// fn returned from the one before, and fn may keep none of it: however
+// long the history, what the client holds is one page. limit is clamped
+// to 1..MaxListLimit.
+func (c *Client) EachChargePage(ctx context.Context, since time.Time, limit int, fn func(page []Charge) error) error {
 	q := url.Values{}
 	if !since.IsZero() {
 		q.Set("created_gte", since.UTC().Format(time.RFC3339Nano))
 	}
-	return c.list(ctx, q)
+	return c.pages(ctx, q, min(max(limit, 1), MaxListLimit), fn)
+}
+
+// ChargeByID returns the charge id names, and false when the network has
+// no such charge.
+func (c *Client) ChargeByID(ctx context.Context, id string) (Charge, bool, error) {
+	var ch Charge
+	err := c.do(ctx, http.MethodGet, "/v1/charges/"+url.PathEscape(id), "", nil, &ch)
+	var e *Error
+	if errors.As(err, &e) && e.Status == http.StatusNotFound {
+		return Charge{}, false, nil
+	}
+	if err != nil {
+		return Charge{}, false, err
+	}
+	return ch, true, nil
 }
 
 // Ping checks that the acquirer answers and takes the client's API key,
@@ -148,9 +179,19 @@ func (c *Client) Ping(ctx context.Context) error {
 // list reads every page of GET /v1/charges with the filters of q.
 func (c *Client) list(ctx context.Context, filters url.Values) ([]Charge, error) {
 	var all []Charge
+	err := c.pages(ctx, filters, MaxListLimit, func(page []Charge) error {
+		all = append(all, page...)
+		return nil
+	})
+	return all, err
+}
+
+// pages reads GET /v1/charges with the filters of q, limit charges a page,
+// and hands each page to fn before it reads the next.
+func (c *Client) pages(ctx context.Context, filters url.Values, limit int, fn func([]Charge) error) error {
 	after := ""
 	for {
-		q := url.Values{"limit": {fmt.Sprint(MaxListLimit)}}
+		q := url.Values{"limit": {fmt.Sprint(limit)}}
 		for k, v := range filters {
 			if len(v) > 0 && v[0] != "" {
 				q.Set(k, v[0])
@@ -161,13 +202,18 @@ func (c *Client) list(ctx context.Context, filters url.Values) ([]Charge, error)
 		}
 		var page ChargeList
 		if err := c.do(ctx, http.MethodGet, "/v1/charges?"+q.Encode(), "", nil, &page); err != nil {
-			return nil, err
+			return err
 		}
-		all = append(all, page.Data...)
-		if !page.HasMore || len(page.Data) == 0 {
-			return all, nil
+		if len(page.Data) == 0 {
+			return nil
 		}
 		after = page.Data[len(page.Data)-1].ID
+		if err := fn(page.Data); err != nil {
+			return err
+		}
+		if !page.HasMore {
+			return nil
+		}
 	}
 }
 

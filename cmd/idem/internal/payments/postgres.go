@@ -93,6 +93,13 @@ var pgStatements = statements{
 	readPayment: `SELECT ` + paymentColumns + ` FROM payments WHERE id = $1 AND tenant = $2`,
 	chargedSince: `SELECT ` + paymentColumns + ` FROM payments WHERE charge_id IS NOT NULL AND created_at >= $1
 		 ORDER BY created_at, id`,
+	chargedPage: `SELECT ` + paymentColumns + ` FROM payments WHERE charge_id IS NOT NULL
+		 AND (created_at > $1 OR (created_at = $1 AND id > $2)) AND seq <= $3
+		 ORDER BY created_at, id LIMIT $4`,
+	lastPayment: `SELECT coalesce(max(seq), 0) FROM payments`,
+	recordersOf: `SELECT id, charge_id FROM payments WHERE charge_id = ANY($1::text[])`,
+	committedOf: `SELECT id FROM payments WHERE id = ANY($1::text[])`,
+	idList:      func(ids []string) (any, error) { return ids, nil },
 	paymentOf: `SELECT ` + paymentColumns + ` FROM payments WHERE tenant = $1 AND idempotency_key IN ($2, $3)
 		 AND (key_claimed_at = $4 OR (key_claimed_at > $5 AND key_claimed_at < $6))
 		 ORDER BY key_claimed_at LIMIT 1`,

@@ -6,7 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -72,6 +73,23 @@ type ReconcileOptions struct {
 	// BodyKeys open the recovery points the service sealed (its
 	// idemhttp.Config.BodyKeys). Defaults to none: points kept in clear.
 	BodyKeys []idemhttp.BodyKey
+	// Window bounds what Reconcile holds at once, whatever the length of
+	// the history: a page of this many of the network's charges, as many
+	// payments read ahead, as many waiting for their charge, and as many
+	// logical payments whose charges are counted (see Reconcile). A
+	// larger one asks the network for fewer charges alone. Defaults to
+	// DefaultReconcileWindow.
+	Window int
+	// KeyHorizon is how long after a logical payment's first charge
+	// another charge of it is a DiffChargedTwice. Defaults to
+	// DefaultKeyHorizon.
+	KeyHorizon time.Duration
+	// OnDifference, when set, is handed each difference as it is found,
+	// and Reconciliation.Differences stays empty: a run that finds
+	// millions holds none of them. An error it returns stops Reconcile,
+	// which returns it. Defaults to nil: the differences are collected in
+	// Reconciliation.Differences.
+	OnDifference func(Difference) error
 }
 
 // Pending is a payment in flight at its recovery point, not yet in the
@@ -126,43 +144,95 @@ type Reconciliation struct {
 	// Pending are the payments in flight within the completer's bound:
 	// being finished, not differences.
 	Pending []Pending
+	// DifferenceCount counts the differences found, whether they are in
+	// Differences or were handed to ReconcileOptions.OnDifference.
+	DifferenceCount int
+	// PeakHeld is the most charges, payments and logical payments
+	// Reconcile held at once: bounded by the options' Window, not by the
+	// length of the history.
+	PeakHeld int
+	// CutShort counts the logical payments let go before their
+	// KeyHorizon ended because a window of them was held: a charge of one
+	// of them made later is not compared with the earlier ones.
+	CutShort int
 }
 
-// reconcileSlack is how much earlier than Since payments are read: a
-// payment is stamped before its charge is made, so one made just before
-// Since may be the one that records a charge made just after.
+// reconcileSlack is how much earlier than Since the network's charges are
+// read, and how long after a payment's creation its charge is looked for
+// in their stream before it is asked for alone: a payment is stamped
+// before its charge is made, by another clock than the network's, so the
+// charge one made just before Since records may be made just after it,
+// and one made at a time may carry the network's a little earlier.
 const reconcileSlack = 10 * time.Minute
+
+// DefaultReconcileWindow is how many of each thing Reconcile holds at once
+// by default (ReconcileOptions.Window): a few megabytes, and the logical
+// payments of a day of a modest service, so that their double charges are
+// compared over the whole KeyHorizon.
+const DefaultReconcileWindow = 10000
+
+// DefaultKeyHorizon is how long after a logical payment's first charge
+// Reconcile counts another charge of it as a second, by default: the
+// service's own key TTL (DefaultKeyTTL), past which the client's key names
+// a new payment.
+const DefaultKeyHorizon = DefaultKeyTTL
 
 // Reconcile compares the payments recorded in the service's database (db
 // or pg, one of them) that a card network charge paid for, made at or
 // after since, with the network's charges made at or after since, and
-// returns every difference: a charge that no payment records (unless it
+// reports every difference: a charge that no payment records (unless it
 // was refunded in full: a payment refused after its charge gives it
 // back), a payment whose charge the network does not have, amounts that
 // differ, one logical payment (a tenant's idempotency key, as the charge's
 // metadata names it) charged twice, and one charge recorded by two
 // payments.
 //
-// It may run while the service takes payments: nothing made between its
-// reads is a difference. The payments are read first, then the network's
-// charges, then the payments again. A payment is committed only after its
-// charge is made, so every payment of the first read has its charge among
-// the charges read after it; and a charge whose payment committed while
-// the charges were read is found in the second read. A payment made after
-// the first read is compared only through its charge, so it cannot be
-// "without its charge".
+// # Bounded memory
 //
-// It only reads: it never migrates the database, and one whose schema is
-// not (or not fully) there gets an error that says to migrate it. The
-// network is asked only for the charges made since since (less a slack
-// for the two clocks), not its whole history.
+// However long the history, Reconcile holds a bounded number of things:
+// the network's charges are read a page of opts.Window at a time (made
+// since since, less a slack for the two clocks: the network filters them),
+// the payments in pages of opts.Window in the order they were made, and
+// each side is checked against the other as the two streams pass, in
+// creation time, which both sides share. It holds at once one page of
+// charges, at most Window payments read ahead of them, at most Window
+// payments waiting for their charge in the stream, and at most Window
+// logical payments whose charges it counts (Reconciliation.PeakHeld says
+// how many it held). The streams are merged, not windowed: nothing is
+// cut at a window's edge, and what the merge cannot match while it holds
+// it is looked up alone, by its key, on the other side: a payment whose
+// charge did not come within the slack of its creation (a charge made
+// late by the completer, a clock far off, a full window) is asked of the
+// network by its charge ID, and every charge of a page has its payments
+// read by charge ID. So the report is the whole history's, whatever the
+// window, with one bound: two charges of one logical payment are counted
+// as a double charge when they were made within opts.KeyHorizon of its
+// first (the service's key TTL by default: past it, the client's key names
+// a new payment), and only while Window logical payments are enough to
+// hold that horizon's (Reconciliation.CutShort counts those let go
+// earlier). With opts.OnDifference set, each difference is handed to it as
+// found and none is held, so millions of them cost no memory.
+//
+// # A live service
+//
+// It may run while the service takes payments: nothing made between its
+// reads is a difference. A payment is committed only after its charge is
+// made, so a payment is called "without its charge" only when the network
+// has no such charge when asked after the payment was read: a payment
+// made while Reconcile runs is never one. Each page of charges is read,
+// then the keys in flight are listed, then the payments of the page's
+// charges are read: a charge is either a payment's committed by then
+// (found), or an execution's still in flight (listed). The payments
+// compared are those inserted before Reconcile began; the charges are the
+// network's until its list ends.
 //
 // A payment in flight at its recovery point (opts.InFlight) is not in the
 // books yet: within opts.Bound it is Pending, and its charge no
-// difference; past the bound it is a DiffUnknownOutcome. The keys in
-// flight are read after the charges and before the second read of the
-// payments, so a charge is either a committed payment's (found by that
-// read) or an execution's still in flight (listed).
+// difference; past the bound it is a DiffUnknownOutcome. Its charges are
+// those of its logical payment the network listed while it was in flight.
+//
+// It only reads: it never migrates the database, and one whose schema is
+// not (or not fully) there gets an error that says to migrate it.
 func Reconcile(ctx context.Context, db *idemsqlite.DB, pg *idempg.DB, net *acquirer.Client, since time.Time, opts *ReconcileOptions) (*Reconciliation, error) {
 	var o ReconcileOptions
 	if opts != nil {
@@ -171,13 +241,19 @@ func Reconcile(ctx context.Context, db *idemsqlite.DB, pg *idempg.DB, net *acqui
 	if o.Bound < 0 {
 		return nil, fmt.Errorf("%w: ReconcileOptions.Bound must not be negative, got %s", ErrConfig, o.Bound)
 	}
+	if o.Window < 0 {
+		return nil, fmt.Errorf("%w: ReconcileOptions.Window must not be negative, got %d", ErrConfig, o.Window)
+	}
+	if o.KeyHorizon < 0 {
+		return nil, fmt.Errorf("%w: ReconcileOptions.KeyHorizon must not be negative, got %s", ErrConfig, o.KeyHorizon)
+	}
 	o.Bound = cmp.Or(o.Bound, DefaultCompletionBound)
+	o.Window = cmp.Or(o.Window, DefaultReconcileWindow)
+	o.KeyHorizon = cmp.Or(o.KeyHorizon, DefaultKeyHorizon)
 	if o.Clock == nil {
 		o.Clock = idem.SystemClock{}
 	}
-	var store interface {
-		ChargedPayments(ctx context.Context, since time.Time) ([]Payment, error)
-	}
+	var store *sqlStorage
 	switch {
 	case (db == nil) == (pg == nil):
 		return nil, errors.New("payments: reconcile needs one database")
@@ -189,44 +265,410 @@ func Reconcile(ctx context.Context, db *idemsqlite.DB, pg *idempg.DB, net *acqui
 		if err != nil {
 			return nil, fmt.Errorf("payments: %w", err)
 		}
-		// Reconciling reads no description: sealed ones are left shut.
-		s.text = textSealer{skip: true}
-		store = s
+		store = &s.sqlStorage
 	default:
 		if err := checkMigratedPostgres(ctx, pg); err != nil {
 			return nil, err
 		}
-		s := newPGStorage(pg)
-		s.text = textSealer{skip: true}
-		store = s
+		store = &newPGStorage(pg).sqlStorage
 	}
-	from := since
+	// Reconciling reads no description: sealed ones are left shut.
+	store.text = textSealer{skip: true}
+	r := &reconciler{o: o, since: since, store: store, net: net, rec: &Reconciliation{Since: since},
+		waiting: map[string]*waiter{}, logical: map[[2]string]*logicalPayment{}, pendCharges: map[string][]string{}}
+	if err := r.run(ctx); err != nil {
+		return nil, err
+	}
+	return r.rec, nil
+}
+
+// reconciler is one run of Reconcile: the two streams and what it holds
+// of them.
+type reconciler struct {
+	o     ReconcileOptions
+	since time.Time
+	store *sqlStorage
+	net   *acquirer.Client
+	rec   *Reconciliation
+
+	// The payments' side: next are read and not yet waiting; after is
+	// the key of the last read; until is the place of the last payment
+	// inserted when the run began, the last to read; read says there are
+	// no more.
+	next  []Payment
+	after paymentKey
+	until int64
+	read  bool
+	// waiting are the payments whose charge has not passed in the stream
+	// yet, by charge ID, and queue them in the order they were read, from
+	// head on.
+	waiting map[string]*waiter
+	queue   []*waiter
+	head    int
+
+	// The charges' side: logical are the logical payments whose charges
+	// are counted, and order them by their first charge, from lhead on.
+	logical map[[2]string]*logicalPayment
+	lorder  [][2]string
+	lhead   int
+	// flying are the logical payments in flight at the last listing, by
+	// (tenant, key digest), with their payment's ID; pendCharges are
+	// the charges of each such payment seen while it was in flight.
+	flying      map[[2]string]string
+	pendCharges map[string][]string
+	page        int // charges of the page in hand
+	// err is the first error OnDifference returned: it stops the run.
+	err error
+}
+
+// waiter is a payment waiting for its charge in the stream.
+type waiter struct {
+	p    Payment
+	done bool
+}
+
+// logicalPayment is one logical payment's charges within the horizon.
+type logicalPayment struct {
+	first   time.Time
+	charges []string
+}
+
+func (r *reconciler) run(ctx context.Context) error {
+	var err error
+	if r.until, err = r.store.lastPayment(ctx); err != nil {
+		return err
+	}
+	r.read = r.until == 0
+	r.after = paymentKey{at: r.since}
+	from := r.since
 	if !from.IsZero() {
 		from = from.Add(-reconcileSlack)
 	}
-	before, err := store.ChargedPayments(ctx, from)
+	err = r.net.EachChargePage(ctx, from, r.o.Window, func(page []acquirer.Charge) error {
+		r.page = len(page)
+		defer func() { r.page = 0 }()
+		return r.charges(ctx, page)
+	})
 	if err != nil {
-		return nil, err
+		var e *acquirer.Error
+		if errors.As(err, &e) || errors.Is(err, acquirer.ErrUnavailable) {
+			return fmt.Errorf("payments: reading the network's charges: %w", err)
+		}
+		return err
 	}
-	charges, err := net.ChargesSince(ctx, from)
-	if err != nil {
-		return nil, fmt.Errorf("payments: reading the network's charges: %w", err)
-	}
-	var inFlight []idem.Record
-	if o.InFlight != nil {
-		if inFlight, err = o.InFlight(ctx); err != nil {
-			return nil, fmt.Errorf("payments: listing the keys in flight: %w", err)
+	// The payments left: their charges did not pass in the stream.
+	for {
+		if err := r.evict(ctx, time.Time{}); err != nil {
+			return err
+		}
+		if r.read && len(r.next) == 0 {
+			break
+		}
+		if err := r.fill(ctx, time.Time{}); err != nil {
+			return err
 		}
 	}
-	after, err := store.ChargedPayments(ctx, from)
+	for r.lhead < len(r.lorder) {
+		r.letGo()
+	}
+	points, err := r.inFlight(ctx)
+	if err != nil {
+		return err
+	}
+	return r.pending(points)
+}
+
+// charges takes one page of the network's charges: the payments made up
+// to the page's end (and the slack) are read, those whose charge is in it
+// are checked, those whose charge should have been are asked for alone,
+// and each charge is checked against the payments that record it.
+func (r *reconciler) charges(ctx context.Context, page []acquirer.Charge) error {
+	var end time.Time
+	for _, c := range page {
+		if c.CreatedAt.After(end) {
+			end = c.CreatedAt
+		}
+	}
+	if err := r.fill(ctx, end.Add(reconcileSlack)); err != nil {
+		return err
+	}
+	for _, c := range page {
+		if w := r.waiting[c.ID]; w != nil {
+			delete(r.waiting, c.ID)
+			w.done = true
+			r.checkPayment(w.p, c, true)
+		}
+	}
+	if err := r.evict(ctx, page[0].CreatedAt); err != nil {
+		return err
+	}
+	// Listed after the page was read, before its payments are: a charge
+	// of the page is a committed payment's or an execution's in flight.
+	points, err := r.inFlight(ctx)
+	if err != nil {
+		return err
+	}
+	r.flying = make(map[[2]string]string, len(points))
+	flyingIDs := make(map[string]bool, len(points))
+	for _, f := range points {
+		if f.pt.ClientKey != "" {
+			r.flying[[2]string{f.pt.Tenant, ClientKeyDigest(f.pt.Tenant, f.pt.ClientKey)}] = f.pt.Payment.ID
+			flyingIDs[f.pt.Payment.ID] = true
+		}
+	}
+	// Only the payments in flight keep the charges seen for them.
+	maps.DeleteFunc(r.pendCharges, func(id string, _ []string) bool { return !flyingIDs[id] })
+	ids := make([]string, 0, len(page))
+	for _, c := range page {
+		if !c.CreatedAt.Before(r.since) {
+			ids = append(ids, c.ID)
+		}
+	}
+	recorders, err := r.store.recordersOf(ctx, ids)
+	if err != nil {
+		return err
+	}
+	for _, c := range page {
+		k := [2]string{c.Metadata["tenant"], chargeKeyDigest(c)}
+		id, inFlight := r.flying[k]
+		if inFlight {
+			r.pendCharges[id] = append(r.pendCharges[id], c.ID)
+		}
+		if c.CreatedAt.Before(r.since) {
+			continue
+		}
+		r.rec.Charges++
+		ps := recorders[c.ID]
+		switch {
+		case len(ps) == 0 && inFlight:
+			// In flight: reported at the end, as pending or an unknown
+			// outcome.
+		case len(ps) == 0 && c.AmountRefunded < c.Amount:
+			r.emit(Difference{Kind: DiffChargeWithoutPayment, Charges: []string{c.ID},
+				Detail: fmt.Sprintf("%d %s charged to %s (tenant %q, idempotency key digest %q), %d refunded, and no payment records it",
+					c.Amount, c.Currency, c.Reference, c.Metadata["tenant"], chargeKeyDigest(c), c.AmountRefunded)})
+		case len(ps) > 1:
+			r.emit(Difference{Kind: DiffChargeShared, Charges: []string{c.ID},
+				Detail: fmt.Sprintf("payments %v all record this one charge", ps)})
+		}
+		if k[1] != "" && c.AmountRefunded < c.Amount {
+			r.count(k, c)
+		}
+	}
+	r.held()
+	return r.err
+}
+
+// fill reads payments into the waiting ones, those made up to upTo (all
+// of them when it is zero), while fewer than a window wait.
+func (r *reconciler) fill(ctx context.Context, upTo time.Time) error {
+	for len(r.queue)-r.head < r.o.Window {
+		if len(r.next) == 0 {
+			if r.read {
+				return nil
+			}
+			page, err := r.store.chargedPage(ctx, r.after, r.until, r.o.Window)
+			if err != nil {
+				return err
+			}
+			if len(page) < r.o.Window {
+				r.read = true
+			}
+			if len(page) == 0 {
+				return nil
+			}
+			last := page[len(page)-1]
+			r.after = paymentKey{at: last.CreatedAt, id: last.ID}
+			r.next = page
+			r.held()
+		}
+		p := r.next[0]
+		if !upTo.IsZero() && p.CreatedAt.After(upTo) {
+			return nil
+		}
+		r.next[0] = Payment{}
+		r.next = r.next[1:]
+		if p.CreatedAt.Before(r.since) {
+			continue
+		}
+		r.rec.Payments++
+		w := &waiter{p: p}
+		if r.waiting[p.ChargeID] != nil {
+			// Two payments of one charge: the second is checked alone
+			// (the charge's side names them both).
+			if err := r.lookUp(ctx, w); err != nil {
+				return err
+			}
+			continue
+		}
+		r.waiting[p.ChargeID] = w
+		r.queue = append(r.queue, w)
+	}
+	return nil
+}
+
+// evict lets go of the payments at the head of the queue that are matched,
+// and asks the network alone for the charge of those made more than the
+// slack before from (every one when from is zero): their charge did not
+// pass in the stream where it should have.
+func (r *reconciler) evict(ctx context.Context, from time.Time) error {
+	for r.head < len(r.queue) {
+		w := r.queue[r.head]
+		if !w.done && !from.IsZero() && !w.p.CreatedAt.Add(reconcileSlack).Before(from) {
+			break
+		}
+		r.queue[r.head] = nil
+		r.head++
+		if w.done {
+			continue
+		}
+		delete(r.waiting, w.p.ChargeID)
+		if err := r.lookUp(ctx, w); err != nil {
+			return err
+		}
+	}
+	if r.head > len(r.queue)/2 {
+		r.queue = append(r.queue[:0], r.queue[r.head:]...)
+		clear(r.queue[len(r.queue):cap(r.queue)])
+		r.head = 0
+	}
+	return nil
+}
+
+// lookUp checks w's payment against its charge, asked of the network
+// alone: the payment was read before, so its charge was made before.
+func (r *reconciler) lookUp(ctx context.Context, w *waiter) error {
+	c, ok, err := r.net.ChargeByID(ctx, w.p.ChargeID)
+	if err != nil {
+		return fmt.Errorf("payments: reading the network's charge %s: %w", w.p.ChargeID, err)
+	}
+	w.done = true
+	r.checkPayment(w.p, c, ok)
+	return r.err
+}
+
+// checkPayment checks a payment against its charge c (found says the
+// network has it).
+func (r *reconciler) checkPayment(p Payment, c acquirer.Charge, found bool) {
+	switch {
+	case !found:
+		r.emit(Difference{Kind: DiffPaymentWithoutCharge, Payment: p.ID,
+			Charges: []string{p.ChargeID}, Detail: "the network has no such charge"})
+	case c.Amount != p.Amount || c.Currency != p.Currency:
+		r.emit(Difference{Kind: DiffAmount, Payment: p.ID, Charges: []string{c.ID},
+			Detail: fmt.Sprintf("the payment is %d %s, the charge %d %s", p.Amount, p.Currency, c.Amount, c.Currency)})
+	}
+}
+
+// count counts charge c of logical payment k, and lets go of the logical
+// payments whose horizon ended before c was made, or the oldest when a
+// window of them is held.
+func (r *reconciler) count(k [2]string, c acquirer.Charge) {
+	for r.lhead < len(r.lorder) {
+		old := r.logical[r.lorder[r.lhead]]
+		if !old.first.Add(r.o.KeyHorizon).Before(c.CreatedAt) {
+			break
+		}
+		r.letGo()
+	}
+	if l := r.logical[k]; l != nil {
+		l.charges = append(l.charges, c.ID)
+		return
+	}
+	if len(r.logical) >= r.o.Window {
+		r.rec.CutShort++
+		r.letGo()
+	}
+	r.logical[k] = &logicalPayment{first: c.CreatedAt, charges: []string{c.ID}}
+	r.lorder = append(r.lorder, k)
+}
+
+// letGo lets go of the oldest logical payment held, reporting it when it
+// was charged more than once.
+func (r *reconciler) letGo() {
+	k := r.lorder[r.lhead]
+	r.lorder[r.lhead] = [2]string{}
+	r.lhead++
+	if r.lhead > len(r.lorder)/2 {
+		r.lorder = append(r.lorder[:0], r.lorder[r.lhead:]...)
+		r.lhead = 0
+	}
+	l := r.logical[k]
+	delete(r.logical, k)
+	if len(l.charges) > 1 {
+		r.emit(Difference{Kind: DiffChargedTwice, Charges: l.charges,
+			Detail: fmt.Sprintf("tenant %q's payment under idempotency key digest %q was charged %d times", k[0], k[1], len(l.charges))})
+	}
+}
+
+// emit reports d: to OnDifference, or in the Reconciliation.
+func (r *reconciler) emit(d Difference) {
+	if r.err != nil {
+		return
+	}
+	r.rec.DifferenceCount++
+	if r.o.OnDifference != nil {
+		r.err = r.o.OnDifference(d)
+		return
+	}
+	r.rec.Differences = append(r.rec.Differences, d)
+}
+
+// held notes how many charges, payments and logical payments are held.
+func (r *reconciler) held() {
+	n := r.page + len(r.next) + len(r.queue) - r.head + len(r.logical)
+	r.rec.PeakHeld = max(r.rec.PeakHeld, n)
+}
+
+// inFlight lists the payments in flight at their recovery point that are
+// not committed: those committed since the keys were listed are in the
+// books already.
+func (r *reconciler) inFlight(ctx context.Context) ([]inFlightPayment, error) {
+	if r.o.InFlight == nil {
+		return nil, nil
+	}
+	recs, err := r.o.InFlight(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("payments: listing the keys in flight: %w", err)
+	}
+	points, err := inFlightPayments(recs, r.o.BodyKeys, r.o.Clock.Now())
+	if err != nil || len(points) == 0 {
+		return nil, err
+	}
+	ids := make([]string, len(points))
+	for i, f := range points {
+		ids[i] = f.pt.Payment.ID
+	}
+	committed, err := r.store.committedOf(ctx, ids)
 	if err != nil {
 		return nil, err
 	}
-	points, err := inFlightPayments(inFlight, after, o.BodyKeys, o.Clock.Now())
-	if err != nil {
-		return nil, err
+	return slices.DeleteFunc(points, func(f inFlightPayment) bool { return committed[f.pt.Payment.ID] }), nil
+}
+
+// pending reports the payments in flight: within the bound as Pending,
+// past it as unknown outcomes.
+func (r *reconciler) pending(points []inFlightPayment) error {
+	for _, f := range points {
+		p := Pending{Payment: f.pt.Payment.ID, Tenant: f.pt.Tenant, Amount: f.pt.Payment.Amount, Currency: f.pt.Payment.Currency,
+			Point: f.point, Age: f.age, Bound: r.o.Bound}
+		if f.pt.ClientKey != "" {
+			p.KeyDigest = ClientKeyDigest(f.pt.Tenant, f.pt.ClientKey)
+			p.Charges = r.pendCharges[p.Payment]
+		}
+		if p.Age <= r.o.Bound {
+			r.rec.Pending = append(r.rec.Pending, p)
+			continue
+		}
+		charged := "the network has no charge for it"
+		if len(p.Charges) > 0 {
+			charged = "the network charged it"
+		}
+		r.emit(Difference{Kind: DiffUnknownOutcome, Payment: p.Payment, Charges: p.Charges,
+			Detail: fmt.Sprintf("%d %s (tenant %q, idempotency key digest %q) in flight at %q for %s, past the completer's %s bound, and not in the books; %s",
+				p.Amount, p.Currency, p.Tenant, p.KeyDigest, p.Point, p.Age.Round(time.Millisecond), p.Bound, charged)})
 	}
-	return compareBooks(since, before, after, charges, points, o.Bound), nil
+	return r.err
 }
 
 // inFlightPayment is a payment an execution in flight began charging.
@@ -237,13 +679,8 @@ type inFlightPayment struct {
 }
 
 // inFlightPayments returns the payments of the keys in flight at their
-// "charging" point that no payment of after records: those committed
-// since the keys were listed are in the books already.
-func inFlightPayments(recs []idem.Record, after []Payment, keys []idemhttp.BodyKey, now time.Time) ([]inFlightPayment, error) {
-	committed := make(map[string]bool, len(after))
-	for _, p := range after {
-		committed[p.ID] = true
-	}
+// "charging" point.
+func inFlightPayments(recs []idem.Record, keys []idemhttp.BodyKey, now time.Time) ([]inFlightPayment, error) {
 	var out []inFlightPayment
 	for _, r := range recs {
 		if r.State != idem.StateInFlight || !isChargingPoint(r.Recovery.Name) {
@@ -256,9 +693,6 @@ func inFlightPayments(recs []idem.Record, after []Payment, keys []idemhttp.BodyK
 		pt, err := decodeCharging(data)
 		if err != nil {
 			return nil, fmt.Errorf("payments: the recovery point of a key in flight of tenant %q: %w", r.Scope, err)
-		}
-		if committed[pt.Payment.ID] {
-			continue
 		}
 		out = append(out, inFlightPayment{pt: pt, point: r.Recovery.Name, age: max(0, now.Sub(r.Recovery.SavedAt))})
 	}
@@ -374,107 +808,6 @@ func checkMigratedPostgres(ctx context.Context, db *idempg.DB) error {
 		return errNotMigrated(missing)
 	}
 	return nil
-}
-
-// compareBooks finds the differences Reconcile reports: before are the
-// payments read before the charges, after those read after them. A
-// payment's side is checked with before (its charge was made before it
-// was read), a charge's with after (its payment, if committed by then,
-// was read).
-func compareBooks(since time.Time, before, after []Payment, charges []acquirer.Charge, inFlight []inFlightPayment, bound time.Duration) *Reconciliation {
-	rec := &Reconciliation{Since: since}
-	byID := make(map[string]acquirer.Charge, len(charges))
-	for _, c := range charges {
-		byID[c.ID] = c
-	}
-	// The logical payments in flight, by (tenant, key digest): their
-	// charges are not in the books yet, and are reported with them.
-	flying := make(map[[2]string]*Pending, len(inFlight))
-	var pendings []*Pending
-	for _, f := range inFlight {
-		p := &Pending{Payment: f.pt.Payment.ID, Tenant: f.pt.Tenant, Amount: f.pt.Payment.Amount, Currency: f.pt.Payment.Currency,
-			Point: f.point, Age: f.age, Bound: bound}
-		if f.pt.ClientKey != "" {
-			p.KeyDigest = ClientKeyDigest(f.pt.Tenant, f.pt.ClientKey)
-			flying[[2]string{f.pt.Tenant, p.KeyDigest}] = p
-		}
-		pendings = append(pendings, p)
-	}
-	for _, c := range charges {
-		if len(flying) == 0 {
-			break
-		}
-		if p := flying[[2]string{c.Metadata["tenant"], chargeKeyDigest(c)}]; p != nil {
-			p.Charges = append(p.Charges, c.ID)
-		}
-	}
-	recorded := make(map[string][]string) // charge ID → payment IDs
-	for _, p := range after {
-		recorded[p.ChargeID] = append(recorded[p.ChargeID], p.ID)
-	}
-	for _, p := range before {
-		if p.CreatedAt.Before(since) {
-			continue // read only to find the charges it records
-		}
-		rec.Payments++
-		c, ok := byID[p.ChargeID]
-		switch {
-		case !ok:
-			rec.Differences = append(rec.Differences, Difference{Kind: DiffPaymentWithoutCharge, Payment: p.ID,
-				Charges: []string{p.ChargeID}, Detail: "the network has no such charge"})
-		case c.Amount != p.Amount || c.Currency != p.Currency:
-			rec.Differences = append(rec.Differences, Difference{Kind: DiffAmount, Payment: p.ID, Charges: []string{c.ID},
-				Detail: fmt.Sprintf("the payment is %d %s, the charge %d %s", p.Amount, p.Currency, c.Amount, c.Currency)})
-		}
-	}
-	logical := make(map[[2]string][]string) // (tenant, idempotency key) → charge IDs
-	for _, c := range charges {
-		if c.CreatedAt.Before(since) {
-			continue
-		}
-		rec.Charges++
-		ps := recorded[c.ID]
-		switch {
-		case len(ps) == 0 && flying[[2]string{c.Metadata["tenant"], chargeKeyDigest(c)}] != nil:
-			// In flight: reported below, as pending or an unknown outcome.
-		case len(ps) == 0 && c.AmountRefunded < c.Amount:
-			rec.Differences = append(rec.Differences, Difference{Kind: DiffChargeWithoutPayment, Charges: []string{c.ID},
-				Detail: fmt.Sprintf("%d %s charged to %s (tenant %q, idempotency key digest %q), %d refunded, and no payment records it",
-					c.Amount, c.Currency, c.Reference, c.Metadata["tenant"], chargeKeyDigest(c), c.AmountRefunded)})
-		case len(ps) > 1:
-			rec.Differences = append(rec.Differences, Difference{Kind: DiffChargeShared, Charges: []string{c.ID},
-				Detail: fmt.Sprintf("payments %v all record this one charge", ps)})
-		}
-		if k := chargeKeyDigest(c); k != "" && c.AmountRefunded < c.Amount {
-			t := [2]string{c.Metadata["tenant"], k}
-			logical[t] = append(logical[t], c.ID)
-		}
-	}
-	keys := make([][2]string, 0, len(logical))
-	for k, ids := range logical {
-		if len(ids) > 1 {
-			keys = append(keys, k)
-		}
-	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i][0]+"\x00"+keys[i][1] < keys[j][0]+"\x00"+keys[j][1] })
-	for _, k := range keys {
-		rec.Differences = append(rec.Differences, Difference{Kind: DiffChargedTwice, Charges: logical[k],
-			Detail: fmt.Sprintf("tenant %q's payment under idempotency key digest %q was charged %d times", k[0], k[1], len(logical[k]))})
-	}
-	for _, p := range pendings {
-		if p.Age <= bound {
-			rec.Pending = append(rec.Pending, *p)
-			continue
-		}
-		charged := "the network has no charge for it"
-		if len(p.Charges) > 0 {
-			charged = "the network charged it"
-		}
-		rec.Differences = append(rec.Differences, Difference{Kind: DiffUnknownOutcome, Payment: p.Payment, Charges: p.Charges,
-			Detail: fmt.Sprintf("%d %s (tenant %q, idempotency key digest %q) in flight at %q for %s, past the completer's %s bound, and not in the books; %s",
-				p.Amount, p.Currency, p.Tenant, p.KeyDigest, p.Point, p.Age.Round(time.Millisecond), p.Bound, charged)})
-	}
-	return rec
 }
 
 // chargeKeyDigest is the digest of the client's key a charge's metadata

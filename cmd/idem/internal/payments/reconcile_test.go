@@ -3,10 +3,13 @@ package payments_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -272,4 +275,146 @@ func TestShowPointOfAStoppedPayment(t *testing.T) {
 	if got := fields[len(fields)-1]; got.Name != "card network's answer" || !strings.HasPrefix(got.Value, "charged: charge ") || !strings.Contains(got.Value, " of 200 EUR at ") {
 		t.Fatalf("the card network's answer: %+v; want the one charge of 200 EUR", got)
 	}
+}
+
+// What Reconcile holds stays bounded by its window however long the
+// history: over a history many times the window, with a difference of
+// every kind in it and a payment whose charge is far from it in time (its
+// charge is then asked for alone), it holds at most a few windows at once,
+// and finds what a window as long as the history finds, streamed to
+// OnDifference when that is set.
+func TestReconcileMemoryBounded(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, []backend{onSQLite, onPostgres}, func(t *testing.T, on backend) {
+		var net *acquirer.Client
+		e := newEnvOn(t, on, func(c *payments.Config) { net = clockedCardNetwork(t, c, c.Clock) })
+		acct := e.createAccount(keyA, 10_000_000, "EUR")
+		const n, window = 160, 10
+		var ids []string
+		for i := range n {
+			r := e.expect(req{method: "POST", path: "/v1/payments", idemKey: fmt.Sprintf("p-%d", i), body: payBody(acct.ID, int64(100+i%7), "EUR")}, http.StatusCreated)
+			ids = append(ids, decode[payment](t, r).ID)
+			e.clock.Advance(37 * time.Second)
+			switch i {
+			case 5: // p-5 charged again, beside the service: charged twice, and a charge no payment records
+				meta := map[string]string{"tenant": tenantA, payments.MetaKeyDigest: payments.ClientKeyDigest(tenantA, "p-5")}
+				if _, err := net.Charge(t.Context(), "again-p-5", acquirer.ChargeRequest{Amount: 105, Currency: "EUR", Reference: acct.ID, Metadata: meta}); err != nil {
+					t.Fatal(err)
+				}
+			case n / 2: // a charge of no payment
+				meta := map[string]string{"tenant": tenantA, payments.MetaKeyDigest: payments.ClientKeyDigest(tenantA, "nobody")}
+				if _, err := net.Charge(t.Context(), "stray", acquirer.ChargeRequest{Amount: 999, Currency: "EUR", Reference: acct.ID, Metadata: meta}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		// A payment recording a charge the network does not have (and its
+		// own charge left without a payment), one of another amount than
+		// its charge, and one stamped two hours before its charge.
+		e.exec(t, `UPDATE payments SET charge_id = 'ch_gone' WHERE id = `+e.param(1), ids[n/3])
+		e.exec(t, `UPDATE payments SET amount = amount + 1 WHERE id = `+e.param(1), ids[2*n/3])
+		e.exec(t, `UPDATE payments SET created_at = `+e.param(1)+` WHERE id = `+e.param(2), e.timeArg(e.clock.Now().Add(-time.Duration(n)*37*time.Second+10*time.Second-2*time.Hour)), ids[1])
+
+		since := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+		whole, err := payments.Reconcile(t.Context(), e.cfg.DB, e.cfg.Postgres, net, since, &payments.ReconcileOptions{Window: 100_000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var streamed []payments.Difference
+		bounded, err := payments.Reconcile(t.Context(), e.cfg.DB, e.cfg.Postgres, net, since, &payments.ReconcileOptions{Window: window,
+			OnDifference: func(d payments.Difference) error { streamed = append(streamed, d); return nil }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%d payments, %d charges: the whole history held %d at its peak, a window of %d held %d", bounded.Payments, bounded.Charges, whole.PeakHeld, window, bounded.PeakHeld)
+		if bounded.Charges < 10*window || bounded.Payments != n {
+			t.Fatalf("a history of %d payments and %d charges; want %d payments, more than ten windows", bounded.Payments, bounded.Charges, n)
+		}
+		if bounded.PeakHeld > 4*window || bounded.PeakHeld == 0 {
+			t.Errorf("held %d at once with a window of %d; want at most %d", bounded.PeakHeld, window, 4*window)
+		}
+		if whole.PeakHeld < n {
+			t.Errorf("the whole history held %d at once; want all %d payments (the count counts nothing)", whole.PeakHeld, n)
+		}
+		if len(bounded.Differences) != 0 || bounded.DifferenceCount != len(streamed) {
+			t.Errorf("with OnDifference: %d differences kept, %d counted, %d streamed; want none kept, every one streamed", len(bounded.Differences), bounded.DifferenceCount, len(streamed))
+		}
+		if got, want := sortedDiffs(streamed), sortedDiffs(whole.Differences); !slices.Equal(got, want) {
+			t.Errorf("a window of %d found\n%s\nthe whole history\n%s", window, strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+		if bounded.Payments != whole.Payments || bounded.Charges != whole.Charges || len(bounded.Pending) != len(whole.Pending) {
+			t.Errorf("a window compared %d payments, %d charges, %d pending; the whole history %d, %d, %d",
+				bounded.Payments, bounded.Charges, len(bounded.Pending), whole.Payments, whole.Charges, len(whole.Pending))
+		}
+		kinds := map[string]int{}
+		for _, d := range whole.Differences {
+			kinds[d.Kind]++
+		}
+		want := map[string]int{payments.DiffChargeWithoutPayment: 3, payments.DiffChargedTwice: 1, payments.DiffPaymentWithoutCharge: 1, payments.DiffAmount: 1}
+		if !maps.Equal(kinds, want) {
+			t.Errorf("differences by kind %v; want %v:\n%s", kinds, want, strings.Join(sortedDiffs(whole.Differences), "\n"))
+		}
+	})
+}
+
+func sortedDiffs(ds []payments.Difference) []string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = d.String()
+	}
+	slices.Sort(out)
+	return out
+}
+
+// clockedCardNetwork is cardNetwork on clock: the service's, so that both
+// sides stamp their rows with one time.
+func clockedCardNetwork(t *testing.T, cfg *payments.Config, clock idem.Clock) *acquirer.Client {
+	t.Helper()
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "acquirer.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	srv, err := acquirer.New(t.Context(), acquirer.Config{DB: db, APIKey: "net-key", Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	c, err := acquirer.NewClient(acquirer.ClientConfig{URL: hs.URL, APIKey: "net-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Acquirer = c
+	return c
+}
+
+// exec runs a statement on the service's database, beside the service.
+func (e *env) exec(t *testing.T, q string, args ...any) {
+	t.Helper()
+	var err error
+	if e.cfg.DB != nil {
+		_, err = e.cfg.DB.Writer().ExecContext(t.Context(), q, args...)
+	} else {
+		_, err = e.cfg.Postgres.Pool().Exec(t.Context(), q, args...)
+	}
+	if err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+// param is the placeholder of a statement's nth parameter on e's database.
+func (e *env) param(n int) string {
+	if e.cfg.DB != nil {
+		return "?"
+	}
+	return fmt.Sprintf("$%d", n)
+}
+
+// timeArg is t as e's database keeps a payment's time.
+func (e *env) timeArg(t time.Time) any {
+	if e.cfg.DB != nil {
+		return t.UTC().Format("2006-01-02T15:04:05.000000000Z")
+	}
+	return t
 }

@@ -81,6 +81,16 @@ var sqliteStatements = statements{
 	readPayment: `SELECT ` + paymentColumns + ` FROM payments WHERE id = ? AND tenant = ?`,
 	chargedSince: `SELECT ` + paymentColumns + ` FROM payments WHERE charge_id IS NOT NULL AND created_at >= ?
 		 ORDER BY created_at, id`,
+	chargedPage: `SELECT ` + paymentColumns + ` FROM payments WHERE charge_id IS NOT NULL
+		 AND (created_at > ?1 OR (created_at = ?1 AND id > ?2)) AND rowid <= ?3
+		 ORDER BY created_at, id LIMIT ?4`,
+	lastPayment: `SELECT coalesce(max(rowid), 0) FROM payments`,
+	recordersOf: `SELECT id, charge_id FROM payments WHERE charge_id IN (SELECT value FROM json_each(?))`,
+	committedOf: `SELECT id FROM payments WHERE id IN (SELECT value FROM json_each(?))`,
+	idList: func(ids []string) (any, error) {
+		b, err := json.Marshal(ids)
+		return string(b), err
+	},
 	paymentOf: `SELECT ` + paymentColumns + ` FROM payments WHERE tenant = ? AND idempotency_key IN (?, ?)
 		 AND (key_claimed_at = ? OR (key_claimed_at > ? AND key_claimed_at < ?))
 		 ORDER BY key_claimed_at LIMIT 1`,

@@ -101,6 +101,20 @@ type statements struct {
 	// chargedSince reads paymentColumns of every tenant's payments made
 	// at the card network since a time, oldest first.
 	chargedSince string
+	// chargedPage reads paymentColumns of at most $4 payments made at the
+	// card network, in the order (created_at, id), after the payment at
+	// ($1, $2), among those inserted up to the place $3 in the table's
+	// insertion order (SQLite's rowid, PostgreSQL's seq); lastPayment
+	// reads the last place taken (0 with none).
+	chargedPage string
+	lastPayment string
+	// recordersOf reads (id, charge_id) of the payments that record one
+	// of the charges of the list $1 (idList); committedOf reads the id of
+	// those of the payments of the list $1 that exist.
+	recordersOf string
+	committedOf string
+	// idList is a list of IDs as recordersOf and committedOf take it.
+	idList func(ids []string) (any, error)
 	// paymentOf, depositOf and refundOf read the earliest row of the
 	// origin (tenant, key, claimed at, since, until), all its columns.
 	paymentOf string
@@ -670,6 +684,93 @@ func (s *sqlStorage) ChargedPayments(ctx context.Context, since time.Time) ([]Pa
 		return nil, s.d.wrap("read charged payments", err)
 	}
 	return out, nil
+}
+
+// paymentKey is a payment's place in the order Reconcile reads them in.
+type paymentKey struct {
+	at time.Time
+	id string
+}
+
+// chargedPage returns at most limit payments paid by a charge at the card
+// network, in the order (created_at, id), after the payment at after,
+// among those inserted up to the place until (lastPayment's).
+func (s *sqlStorage) chargedPage(ctx context.Context, after paymentKey, until int64, limit int) ([]Payment, error) {
+	rs, err := s.reads.query(ctx, s.sql.chargedPage, s.d.timeArg(after.at), after.id, until, limit)
+	if err != nil {
+		return nil, s.d.wrap("read charged payments", err)
+	}
+	defer rs.Close()
+	out := make([]Payment, 0, limit)
+	for rs.Next() {
+		p, err := s.scanPayment(rs)
+		if err != nil {
+			return nil, s.d.wrap("read charged payments", err)
+		}
+		out = append(out, p)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, s.d.wrap("read charged payments", err)
+	}
+	return out, nil
+}
+
+// lastPayment returns the place in the table's insertion order of the last
+// payment inserted, 0 when there is none: the payments inserted after it
+// are not read by a chargedPage up to it, however their times compare.
+func (s *sqlStorage) lastPayment(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.reads.queryRow(ctx, s.sql.lastPayment).Scan(&n); err != nil {
+		return 0, s.d.wrap("read the last payment", err)
+	}
+	return n, nil
+}
+
+// recordersOf returns the IDs of the payments that record each of the
+// charges named, by charge.
+func (s *sqlStorage) recordersOf(ctx context.Context, chargeIDs []string) (map[string][]string, error) {
+	out := make(map[string][]string, len(chargeIDs))
+	err := s.eachIDPair(ctx, s.sql.recordersOf, chargeIDs, 2, func(id, charge string) { out[charge] = append(out[charge], id) })
+	if err != nil {
+		return nil, s.d.wrap("read the payments of charges", err)
+	}
+	return out, nil
+}
+
+// committedOf returns which of the payments named exist.
+func (s *sqlStorage) committedOf(ctx context.Context, ids []string) (map[string]bool, error) {
+	out := make(map[string]bool, len(ids))
+	err := s.eachIDPair(ctx, s.sql.committedOf, ids, 1, func(id, _ string) { out[id] = true })
+	if err != nil {
+		return nil, s.d.wrap("read payments", err)
+	}
+	return out, nil
+}
+
+// eachIDPair runs query on the list ids and calls fn with each row's one
+// or two text columns.
+func (s *sqlStorage) eachIDPair(ctx context.Context, query string, ids []string, columns int, fn func(a, b string)) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	arg, err := s.sql.idList(ids)
+	if err != nil {
+		return err
+	}
+	rs, err := s.reads.query(ctx, query, arg)
+	if err != nil {
+		return err
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var a, b string
+		dest := []any{&a, &b}[:columns]
+		if err := rs.Scan(dest...); err != nil {
+			return err
+		}
+		fn(a, b)
+	}
+	return rs.Err()
 }
 
 // Counts reads the totals from the database rather than counting in
