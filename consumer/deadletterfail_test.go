@@ -60,3 +60,28 @@ func TestFailedDeadLetterRetriesTheMessage(t *testing.T) {
 		})
 	}
 }
+
+// A message whose dedup key cannot be derived is dead-lettered at once;
+// when that dead letter fails, its retry in memory (it has a key, so the
+// transport's count stays 1) is its second attempt, and the dead letter
+// says so.
+func TestFailedDeadLetterOfAMalformedMessageCountsItsAttempts(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.DeadLetters = &failingLetters{DeadLetters: h.dls}
+	cfg.DedupKey = func(idem.Message) (string, error) { return "", errors.New("no payment id") }
+	c, _ := h.start(cfg, func(context.Context, idem.Message) error {
+		t.Error("the handler ran for a message that cannot be de-duplicated")
+		return nil
+	})
+	h.publish(msg("evt-1", "acct-1"))
+	h.advanceUntil("evt-1 dead-lettered", time.Second, func() bool { return c.Stats().DeadLettered == 1 })
+	dls := h.letters()
+	if len(dls) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(dls))
+	}
+	if as := dls[0].Attempts; len(as) != 1 || as[0].Number != 2 {
+		t.Errorf("the dead letter's attempts: %+v; want one, number 2 (the first ended in the failed dead letter)", as)
+	}
+}
