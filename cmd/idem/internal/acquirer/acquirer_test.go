@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -279,4 +280,66 @@ func TestListPages(t *testing.T) {
 	if resp, err := http.Get(url + "/v1/charges?limit=0"); err != nil || resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("limit=0 = %v, %v; want 400", resp, err)
 	}
+}
+
+// The client streams the list: EachChargePage hands over one page of at
+// most limit charges at a time, in the order they were made, from since
+// on, and stops at fn's error; ChargeByID finds one charge alone, and says
+// when the network has none.
+func TestEachChargePage(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	clock := &stepClock{now: time.Date(2025, 3, 1, 9, 0, 0, 0, time.UTC)}
+	url := start(t, acquirer.Config{Clock: clock})
+	c := client(t, url, "")
+	var made []string
+	for i := range 7 {
+		ch, err := c.Charge(ctx, "k"+string(rune('a'+i)), teapot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		made = append(made, ch.ID)
+		clock.advance(time.Minute)
+	}
+	var sizes []int
+	var got []string
+	err := c.EachChargePage(ctx, time.Date(2025, 3, 1, 9, 2, 0, 0, time.UTC), 2, func(page []acquirer.Charge) error {
+		sizes = append(sizes, len(page))
+		for _, ch := range page {
+			got = append(got, ch.ID)
+		}
+		return nil
+	})
+	if err != nil || !slices.Equal(got, made[2:]) || !slices.Equal(sizes, []int{2, 2, 1}) {
+		t.Fatalf("pages of 2 since the third charge: %v in pages %v (%v); want %v in pages [2 2 1]", got, sizes, err, made[2:])
+	}
+	stop := errors.New("enough")
+	pages := 0
+	if err := c.EachChargePage(ctx, time.Time{}, 3, func([]acquirer.Charge) error { pages++; return stop }); !errors.Is(err, stop) || pages != 1 {
+		t.Fatalf("fn's error: %v after %d pages; want it returned after the first", err, pages)
+	}
+	if ch, ok, err := c.ChargeByID(ctx, made[4]); err != nil || !ok || ch.ID != made[4] {
+		t.Fatalf("ChargeByID(%s) = %v, %v, %v; want it", made[4], ch.ID, ok, err)
+	}
+	if _, ok, err := c.ChargeByID(ctx, "ch_none"); err != nil || ok {
+		t.Fatalf("ChargeByID(ch_none) = %v, %v; want not found, no error", ok, err)
+	}
+}
+
+// stepClock is a clock the test moves.
+type stepClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *stepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *stepClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
 }

@@ -190,8 +190,9 @@ const DefaultKeyHorizon = DefaultKeyTTL
 // # Bounded memory
 //
 // However long the history, Reconcile holds a bounded number of things:
-// the network's charges are read a page of opts.Window at a time (made
-// since since, less a slack for the two clocks: the network filters them),
+// the network's charges are read a page of opts.Window at a time (at most
+// the network's largest page, acquirer.MaxListLimit; made since since, less
+// a slack for the two clocks: the network filters them),
 // the payments in pages of opts.Window in the order they were made, and
 // each side is checked against the other as the two streams pass, in
 // creation time, which both sides share. It holds at once one page of
