@@ -9,9 +9,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
-	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/console"
-	"github.com/idem-go/idem/idemsqlite"
 )
 
 // A replica dies after the card network charged a payment, before the
@@ -23,10 +21,45 @@ import (
 // key's history.
 func TestKeysResume(t *testing.T) {
 	t.Parallel()
-	file := filepath.Join(t.TempDir(), "idem.db")
-	dbURL := "sqlite:" + file
+	for name, dbArgs := range map[string]func(t *testing.T) []string{
+		"sqlite": func(t *testing.T) []string {
+			return []string{"--db", "sqlite:" + filepath.Join(t.TempDir(), "idem.db")}
+		},
+		"postgres": func(t *testing.T) []string {
+			u := postgresURL(t)
+			return []string{"--db", u, "--pg-schema", freshSchema(t, u)}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testKeysResume(t, dbArgs(t))
+		})
+	}
+}
+
+// openTestDB opens the database dbArgs (--db and, for PostgreSQL,
+// --pg-schema) name, with the key store and the operators' history in it.
+func openTestDB(t *testing.T, dbArgs []string) (idem.Recoverer, console.KeyHistory, func()) {
+	t.Helper()
+	schema := ""
+	if len(dbArgs) == 4 {
+		schema = dbArgs[3]
+	}
+	db, err := openDB(t.Context(), dbArgs[1], schema, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, h, err := settleStores(t.Context(), db)
+	if err != nil {
+		db.Close()
+		t.Fatal(err)
+	}
+	return store, h, func() { db.Close() }
+}
+
+func testKeysResume(t *testing.T, dbArgs []string) {
 	hs := startCardNetwork(t)
-	a := startReplica(t, "a", []string{"--db", dbURL, "--acquirer", hs.URL, "--faults", "--log-level", "warn", "--key-lease", "2s"})
+	a := startReplica(t, "a", append(append([]string{}, dbArgs...), "--acquirer", hs.URL, "--faults", "--log-level", "warn", "--key-lease", "2s"))
 	acct := a.post(t, "/v1/accounts", "acct", "", map[string]any{"balance": 100000, "currency": "EUR"})
 	if acct.status != http.StatusCreated {
 		t.Fatalf("creating the account: %s", acct)
@@ -41,15 +74,8 @@ func TestKeysResume(t *testing.T) {
 
 	state := func() idem.Record {
 		t.Helper()
-		db, err := idemsqlite.Open(file, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer db.Close()
-		s, err := idemsqlite.NewStore(t.Context(), db, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, _, done := openTestDB(t, dbArgs)
+		defer done()
 		rec, err := s.Get(t.Context(), "acme", "pay-1")
 		if err != nil {
 			t.Fatal(err)
@@ -72,7 +98,7 @@ func TestKeysResume(t *testing.T) {
 		t.Fatalf("%d charges at the network after the crash; want 1", n)
 	}
 	resume := func(args ...string) (int, string, string) {
-		return runCmd(t, append([]string{"keys", "resume", "--db", dbURL, "--scope", "acme", "--operator", "alice"}, args...)...)
+		return runCmd(t, append(append([]string{"keys", "resume", "--scope", "acme", "--operator", "alice"}, dbArgs...), args...)...)
 	}
 	withNet := []string{"--acquirer", hs.URL, "--acquirer-key", "net-key"}
 
@@ -125,16 +151,9 @@ func TestKeysResume(t *testing.T) {
 		t.Errorf("resuming a finished key: exit %d, %q", code, errOut)
 	}
 
-	db, err := idemsqlite.Open(file, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := payments.KeyHistory(db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, h, done := openTestDB(t, dbArgs)
 	evs, err := h.KeyEvents(t.Context(), "acme", "pay-1", console.KeyEventsQuery{})
-	db.Close()
+	done()
 	if err != nil || len(evs) != 1 || evs[0].Actor != "alice" || evs[0].Action != console.ActionResume || evs[0].Reason != "the completer is down" || evs[0].Result != "finished" {
 		t.Fatalf("pay-1's history: %+v %v; want alice's resume with its reason", evs, err)
 	}
