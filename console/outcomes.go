@@ -447,7 +447,10 @@ func (c *Console) confirmWith(w http.ResponseWriter, r *http.Request, v url.Valu
 // actionArgs checks a request's key and action; false when it answered.
 func (c *Console) actionArgs(w http.ResponseWriter, r *http.Request, v url.Values) (idem.Scope, idem.Key, string, bool) {
 	if c.cfg.Recoveries == nil || c.cfg.Actions == nil {
-		c.fail(w, r, http.StatusNotFound, "Not found", "This console is not given a completer to act on executions stopped at a recovery point.")
+		// A console served apart from the service (idem console) has no
+		// completer: say where the actions are.
+		c.fail(w, r, http.StatusNotFound, "Not found", "This console is not given the service's completer, which alone acts on executions stopped at a recovery point: "+
+			"act from the console the service serves itself, or from a terminal (in idem's lab: idem serve --console; idem keys resume, idem keys settle). Nothing was changed.")
 		return "", "", "", false
 	}
 	scope, key, err := readKey(v)

@@ -224,3 +224,35 @@ func TestKeyHistoryIsPaged(t *testing.T) {
 		})
 	}
 }
+
+// A console given no completer (idem console, served apart from the
+// service) says on a stopped key's page that it offers no actions and
+// where they are, and refuses an action asked for all the same, saying
+// the same and changing nothing.
+func TestConsoleWithoutACompleterSaysWhereTheActionsAre(t *testing.T) {
+	t.Parallel()
+	sw := sqliteSettleWorld(t)
+	sw.stop("pay-1")
+	w := newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store})
+	body := w.do(req{path: "/console/outcomes/key?scope=acme&key=pay-1", token: aliceToken}).Body.String()
+	for _, want := range []string{"No actions here", "not given the service's completer", "idem keys resume", "idem keys settle"} {
+		if !strings.Contains(body, want) {
+			t.Fatalf("the stopped key's page lacks %q:\n%s", want, body)
+		}
+	}
+	if strings.Contains(body, `id="act-resume"`) || strings.Contains(body, `id="act-settle-failed"`) {
+		t.Fatalf("the page offers actions it cannot take:\n%s", body)
+	}
+	for _, r := range []req{
+		{path: "/console/outcomes/act?scope=acme&key=pay-1&action=resume", token: aliceToken},
+		{method: http.MethodPost, path: "/console/outcomes/act", form: settleForm("pay-1"), token: aliceToken},
+	} {
+		rr := w.do(r)
+		if rr.Code != http.StatusNotFound || !strings.Contains(rr.Body.String(), "idem keys resume") || !strings.Contains(rr.Body.String(), "Nothing was changed") {
+			t.Fatalf("%s %s without a completer: %d\n%s", r.method, r.path, rr.Code, rr.Body)
+		}
+	}
+	if rec := sw.record("pay-1"); rec.State != idem.StateInFlight {
+		t.Fatalf("the key after actions refused: %v", rec.State)
+	}
+}
