@@ -160,17 +160,32 @@ func TestRecentAnswerIsACopy(t *testing.T) {
 // and the bytes counted are those of the answers kept when a key's answer
 // is replaced.
 func TestRecentAnswerSizes(t *testing.T) {
-	long := Key{Scope: idem.Scope(strings.Repeat("s", 300)), Key: idem.Key(strings.Repeat("k", idem.MaxKeyLen))}
-	fp := idem.Fingerprint(strings.Repeat("f", 64))
-	for _, resp := range []*idem.Response{
-		{Status: 204},
-		{Status: 200, Header: http.Header{"X": {"1"}}},
-		{Status: 201, Body: make([]byte, 3000)},
+	// Scopes, keys and fingerprints of every length: long ones together,
+	// a long scope with a one-character key, the longest key in the
+	// default (empty) scope, a one-character key with a fingerprint as
+	// NewFingerprint makes them; each with and without a body.
+	maxKey := idem.Key(strings.Repeat("k", idem.MaxKeyLen))
+	realFP := idem.NewFingerprint("POST", "/payments", "", "application/json", []byte(`{"amount":1}`))
+	for _, c := range []struct {
+		k  Key
+		fp idem.Fingerprint
+	}{
+		{Key{Scope: idem.Scope(strings.Repeat("s", 300)), Key: maxKey}, idem.Fingerprint(strings.Repeat("f", 64))},
+		{Key{Scope: idem.Scope(strings.Repeat("s", 300)), Key: "k"}, "fp"},
+		{Key{Key: maxKey}, "fp"},
+		{Key{Key: "k"}, realFP},
 	} {
-		r := NewRecent(10, time.Minute, 1<<20, idem.SystemClock{})
-		r.Keep(long, fp, resp, time.Now().Add(time.Hour))
-		if got := answer(r, long, fp); !reflect.DeepEqual(got, resp) {
-			t.Errorf("answer for a long key = %+v, want %+v", got, resp)
+		for _, resp := range []*idem.Response{
+			{Status: 204},
+			{Status: 200, Header: http.Header{"X": {"1"}}},
+			{Status: 201, Body: make([]byte, 3000)},
+		} {
+			r := NewRecent(10, time.Minute, 1<<20, idem.SystemClock{})
+			r.Keep(c.k, c.fp, resp, time.Now().Add(time.Hour))
+			if got := answer(r, c.k, c.fp); !reflect.DeepEqual(got, resp) {
+				t.Errorf("answer for a key of %d bytes in a scope of %d, fingerprint of %d = %+v, want %+v",
+					len(c.k.Key), len(c.k.Scope), len(c.fp), got, resp)
+			}
 		}
 	}
 
