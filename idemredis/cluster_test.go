@@ -157,8 +157,12 @@ func TestClusterConformance(t *testing.T) {
 			// default 100ms, on two cores beside the other tests, was now
 			// and then shorter than the replica's catching up, and the
 			// suite met ErrNotReplicated (TestClusterReplicaAcks checks the
-			// timeout itself).
-			s, err := idemredis.OpenReplicated(t.Context(), rc.URL(), &idemredis.Config{Prefix: randomPrefix(t), Clock: clock},
+			// timeout itself). Each write and its WAIT take a dedicated
+			// connection, so ConcurrentClaimManyKeys's 64 writers dial 64
+			// connections at once: beside the other subtests and a loaded
+			// machine, rueidis's 5s dial timeout passed for some (2 runs in
+			// 3 failed so, "claim: dial tcp …: i/o timeout").
+			s, err := idemredis.OpenReplicated(t.Context(), rc.URL()+"&dial_timeout=30s", &idemredis.Config{Prefix: randomPrefix(t), Clock: clock},
 				&idemredis.ReplicaConfig{Timeout: replicatedTimeout})
 			if err != nil {
 				t.Fatal(err)
