@@ -321,3 +321,42 @@ func TestNumberedDownstreamKeyUnchanged(t *testing.T) {
 		t.Fatalf("DownstreamKey(…, 0) = %q; want %q", got, want)
 	}
 }
+
+// TestClientWaitsAtMostItsCap: the client's own waits between attempts
+// grow from Policy.Base up to Policy.Cap, which is kept when set and is 5 s
+// when left zero (not RetryPolicy's 30 s), and no server's bound cuts them.
+func TestClientWaitsAtMostItsCap(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ cap, want time.Duration }{{0, 5 * time.Second}, {2 * time.Second, 2 * time.Second}} {
+		var sleeps []time.Duration
+		client := &idemgrpc.Client{
+			Policy: idem.RetryPolicy{MaxAttempts: 6, Base: time.Second, Cap: c.cap, Jitter: idem.NoJitter},
+			Sleep:  func(_ context.Context, d time.Duration) error { sleeps = append(sleeps, d); return nil },
+		}
+		invoker := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+			return status.Error(codes.Unavailable, "down")
+		}
+		_ = client.Unary()(context.Background(), grpcsuite.Method, &structpb.Struct{}, &structpb.Struct{}, nil, invoker)
+		var want []time.Duration
+		for d := time.Second; len(want) < 5; d *= 2 {
+			want = append(want, min(d, c.want))
+		}
+		if !slices.Equal(sleeps, want) {
+			t.Errorf("Policy.Cap %s: waits %v, want %v", c.cap, sleeps, want)
+		}
+	}
+	// A Base longer than idemhttp.MaxRetryAfter is the client's own delay,
+	// waited in full: that bound is on what a server may ask.
+	var sleeps []time.Duration
+	client := &idemgrpc.Client{
+		Policy: idem.RetryPolicy{MaxAttempts: 2, Base: 2 * time.Minute, Jitter: idem.NoJitter},
+		Sleep:  func(_ context.Context, d time.Duration) error { sleeps = append(sleeps, d); return nil },
+	}
+	invoker := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+		return status.Error(codes.Unavailable, "down")
+	}
+	_ = client.Unary()(context.Background(), grpcsuite.Method, &structpb.Struct{}, &structpb.Struct{}, nil, invoker)
+	if want := []time.Duration{2 * time.Minute}; !slices.Equal(sleeps, want) {
+		t.Errorf("Policy.Base 2m: waits %v, want %v", sleeps, want)
+	}
+}
