@@ -262,14 +262,29 @@ func (aheadClock) Now() time.Time { return time.Now().Add(100 * 365 * 24 * time.
 // store whose clock is far ahead lists them all. The store is opened when
 // Reconcile first asks, after it found the database migrated, so opening
 // it migrates nothing, and once: Reconcile asks after every page of the
-// card network's charges.
+// card network's charges. A database without the key store's tables (a
+// service whose keys live in Redis, --keys) lists none: opening the store
+// there would create them (SQLite), or fail on the read-only pool
+// (PostgreSQL).
 func keysInFlight(db *database) (func(ctx context.Context) ([]idem.Record, error), func() error) {
 	var (
 		rs        idem.Recoverer
+		elsewhere bool
 		closeKeys = func() error { return nil }
 	)
 	list := func(ctx context.Context) ([]idem.Record, error) {
+		if elsewhere {
+			return nil, nil
+		}
 		if rs == nil {
+			has, err := hasKeyStore(ctx, db)
+			if err != nil {
+				return nil, err
+			}
+			if !has {
+				elsewhere = true
+				return nil, nil
+			}
 			if db.sqlite != nil {
 				s, err := idemsqlite.NewStore(ctx, db.sqlite, &idemsqlite.StoreConfig{Clock: aheadClock{}})
 				if err != nil {
@@ -302,6 +317,24 @@ func keysInFlight(db *database) (func(ctx context.Context) ([]idem.Record, error
 		return recs, nil
 	}
 	return list, func() error { return closeKeys() }
+}
+
+// hasKeyStore reports whether the key store's tables were made in db: its
+// component has migrations recorded there.
+func hasKeyStore(ctx context.Context, db *database) (bool, error) {
+	var n int
+	var err error
+	if db.sqlite != nil {
+		err = db.sqlite.Reader().QueryRowContext(ctx, `SELECT count(*) FROM idem_schema_migrations WHERE component = ?`,
+			idemsqlite.StoreComponent).Scan(&n)
+	} else {
+		err = db.pg.Pool().QueryRow(ctx, `SELECT count(*) FROM idem_schema_migrations WHERE component = $1`,
+			idempg.StoreComponent).Scan(&n)
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading whether the database holds the idempotency keys: %w", err)
+	}
+	return n > 0, nil
 }
 
 // parseSince reads --since: an RFC 3339 time, or a duration back from now.

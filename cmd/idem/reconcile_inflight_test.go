@@ -5,11 +5,16 @@ import (
 	"encoding/json"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem/cmd/idem/internal/payments"
+	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/idemsqlite"
 )
 
 // A replica dies after the card network charged a payment and before the
@@ -111,4 +116,69 @@ func TestReconcileCreatesNothingOnPostgres(t *testing.T) {
 	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, bare).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("after reconcile: %d tables in schema %s (%v); want none", n, bare, err)
 	}
+}
+
+// A service whose keys live in Redis (--keys) keeps only its payments in
+// the --db database: the key store's tables are not there. Reconcile of
+// that database reads it as it is: on PostgreSQL it runs (its pool is
+// read-only, so creating the key store's tables would fail the run), and
+// on SQLite it creates no table.
+func TestReconcileOfADatabaseWithoutTheKeyStore(t *testing.T) {
+	t.Parallel()
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		u := postgresURL(t)
+		schema := freshSchema(t, u)
+		db, err := idempg.Open(t.Context(), u, &idempg.Config{Schema: schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = payments.MigratePostgres(t.Context(), db)
+		db.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := startCardNetwork(t)
+		code, out, errOut := runCmd(t, "reconcile", "--db", u, "--pg-schema", schema, "--acquirer", hs.URL, "--acquirer-key", "net-key")
+		if code != exitOK || !strings.Contains(out, "0 differences") {
+			t.Errorf("reconcile of payments whose keys are elsewhere: exit %d, %q, %q; want exit 0, 0 differences", code, out, errOut)
+		}
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		path := filepath.Join(t.TempDir(), "idem.db")
+		db, err := idemsqlite.Open(path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		if err := payments.Migrate(t.Context(), db); err != nil {
+			t.Fatal(err)
+		}
+		tables := func() []string {
+			rows, err := db.Reader().QueryContext(t.Context(), `SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			var names []string
+			for rows.Next() {
+				var n string
+				if err := rows.Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				names = append(names, n)
+			}
+			return names
+		}
+		before := tables()
+		hs := startCardNetwork(t)
+		code, out, errOut := runCmd(t, "reconcile", "--db", "sqlite:"+path, "--acquirer", hs.URL, "--acquirer-key", "net-key")
+		if code != exitOK || !strings.Contains(out, "0 differences") {
+			t.Errorf("reconcile of payments whose keys are elsewhere: exit %d, %q, %q; want exit 0, 0 differences", code, out, errOut)
+		}
+		if after := tables(); !slices.Equal(before, after) {
+			t.Errorf("reconcile changed the database's tables from %v to %v; want it to create nothing", before, after)
+		}
+	})
 }
