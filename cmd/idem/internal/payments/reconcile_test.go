@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -417,4 +418,23 @@ func (e *env) timeArg(t time.Time) any {
 		return t.UTC().Format("2006-01-02T15:04:05.000000000Z")
 	}
 	return t
+}
+
+// A window is a bound on what Reconcile holds, not an amount it takes up
+// front: the largest one on a history of one payment holds that payment.
+func TestReconcileWindowIsNotAllocatedUpFront(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, []backend{onSQLite, onPostgres}, func(t *testing.T, on backend) {
+		var net *acquirer.Client
+		e := newEnvOn(t, on, func(c *payments.Config) { net = clockedCardNetwork(t, c, c.Clock) })
+		acct := e.createAccount(keyA, 10_000, "EUR")
+		e.expect(req{method: "POST", path: "/v1/payments", idemKey: "p-1", body: payBody(acct.ID, 100, "EUR")}, http.StatusCreated)
+		rec, err := payments.Reconcile(t.Context(), e.cfg.DB, e.cfg.Postgres, net, time.Time{}, &payments.ReconcileOptions{Window: math.MaxInt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Payments != 1 || rec.Charges != 1 || rec.DifferenceCount != 0 || rec.PeakHeld > 2 {
+			t.Errorf("compared %d payments and %d charges, %d differences, holding %d; want 1, 1, none, at most 2", rec.Payments, rec.Charges, rec.DifferenceCount, rec.PeakHeld)
+		}
+	})
 }

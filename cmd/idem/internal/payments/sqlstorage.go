@@ -701,7 +701,9 @@ func (s *sqlStorage) chargedPage(ctx context.Context, after paymentKey, until in
 		return nil, s.d.wrap("read charged payments", err)
 	}
 	defer rs.Close()
-	out := make([]Payment, 0, limit)
+	// Grown as rows come, not made limit long: a window is a bound on
+	// what is held, and may be far larger than the history.
+	var out []Payment
 	for rs.Next() {
 		p, err := s.scanPayment(rs)
 		if err != nil {
