@@ -3,6 +3,7 @@ package torture
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,7 +28,8 @@ func (r *run) completerBound() time.Duration {
 // with payments' defaults): a lease for the dead holder's to end, a round,
 // and a resume (nine tenths of a lease). Every abandoned payment must be
 // finished within it of its holder's death (when its client gave up: the
-// try's replica SIGKILLed itself), as long as a completer runs: see
+// try's replica SIGKILLed itself), or of the end of a completer's resume
+// of it that failed (lastHolderGone), as long as a completer runs: see
 // finishDeadline.
 func (r *run) finishBound() time.Duration {
 	return r.cfg.KeyLease + completerEvery + r.cfg.KeyLease*9/10
@@ -48,6 +50,59 @@ func (r *run) finishDeadline(died time.Time) (deadline time.Time, ok bool) {
 		}
 	}
 	return deadline.Add(window), ok
+}
+
+// lastHolderGone is when the last holder of an abandoned payment's key let
+// it go before the key was finished at done: the client's try, which gave
+// up at died, or a completer whose resume failed after it, at the latest
+// of failed before done. The completers' bound counts from it: a resume
+// whose outcome is unknown keeps the key in flight until the lease that
+// completer took ends, and only then may the next round take it
+// (keyed.Completer: "tried again after the lease the Completer took").
+func lastHolderGone(died time.Time, failed []time.Time, done time.Time) time.Time {
+	last := died
+	for _, f := range failed {
+		if f.After(last) && !f.After(done) {
+			last = f
+		}
+	}
+	return last
+}
+
+// completerFailed matches a replica's line saying a completer's resume
+// ended with its outcome unknown, and the payment it was finishing (the
+// payments' resume names it in its error).
+var completerFailed = regexp.MustCompile(`^time=(\S+) level=ERROR msg="completer: outcome unknown;.*error="payments: payment (pay_[a-z0-9]+)[ "]`)
+
+// completerLine notes, from one line of a replica's log (its errors are
+// always logged), a completer's resume that failed: see lastHolderGone.
+func (r *run) completerLine(line string) {
+	m := completerFailed.FindStringSubmatch(line)
+	if m == nil {
+		return
+	}
+	at, err := time.Parse(time.RFC3339Nano, m[1])
+	if err != nil {
+		return
+	}
+	r.failedMu.Lock()
+	defer r.failedMu.Unlock()
+	if r.failedResumes == nil {
+		r.failedResumes = map[string][]time.Time{}
+	}
+	r.failedResumes[m[2]] = append(r.failedResumes[m[2]], at)
+}
+
+// failedResumesOf returns when the completers' resumes of the payments
+// ids failed.
+func (r *run) failedResumesOf(ids []string) []time.Time {
+	r.failedMu.Lock()
+	defer r.failedMu.Unlock()
+	var out []time.Time
+	for _, id := range ids {
+		out = append(out, r.failedResumes[id]...)
+	}
+	return out
 }
 
 // reviveExited starts again every replica that ended by itself and is
@@ -108,7 +163,8 @@ func (r *run) awaitCompleters(ctx context.Context) (time.Duration, int, error) {
 // slowestCompletion is the longest time from an abandoned payment's client
 // giving up to its key's completion (by a completer, since nobody else
 // asked), among those completed, and how many were finished after their
-// finishDeadline.
+// finishDeadline, counted from the key's last holder's end
+// (lastHolderGone).
 func (r *run) slowestCompletion(ctx context.Context) (slowest time.Duration, late int, err error) {
 	gaveUp := map[string]time.Time{}
 	for _, lp := range r.payments {
@@ -117,6 +173,15 @@ func (r *run) slowestCompletion(ctx context.Context) (slowest time.Duration, lat
 			gaveUp[lp.key] = lp.gaveUpAt
 		}
 		lp.mu.Unlock()
+	}
+	// The payments' IDs by key, which the completers' failures name.
+	rows, _, err := r.readDB(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	ids := map[string][]string{}
+	for _, p := range rows {
+		ids[p.description] = append(ids[p.description], p.id)
 	}
 	db, err := r.openRunDB(ctx)
 	if err != nil {
@@ -140,7 +205,7 @@ func (r *run) slowestCompletion(ctx context.Context) (slowest time.Duration, lat
 			}
 			if t, ok := gaveUp[key]; ok {
 				slowest = max(slowest, at.Sub(t))
-				if d, ok := r.finishDeadline(t); ok && at.After(d) {
+				if d, ok := r.finishDeadline(lastHolderGone(t, r.failedResumesOf(ids[key]), at)); ok && at.After(d) {
 					late++
 				}
 			}

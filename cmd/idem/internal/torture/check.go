@@ -75,7 +75,7 @@ func (r *run) check(ctx context.Context, elapsed time.Duration) (*Report, error)
 		rep.FinishBound = r.finishBound()
 	}
 	if r.lateFinishes > 0 {
-		violate("%d abandoned payments were finished more than the completers' bound (%s) after their holder died and a replica was up; the slowest took %s",
+		violate("%d abandoned payments were finished more than the completers' bound (%s) after their last holder died (or a completer's resume of them failed) and a replica was up; the slowest took %s",
 			r.lateFinishes, r.finishBound(), r.slowestFinish.Round(time.Millisecond))
 	}
 	if r.unfinished > 0 {

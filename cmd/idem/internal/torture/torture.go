@@ -327,8 +327,14 @@ type run struct {
 	// completion.
 	slowestFinish time.Duration
 	// lateFinishes is how many abandoned payments were finished later
-	// than finishBound after their client gave up.
+	// than finishBound after their client gave up, or a completer's
+	// resume of them failed (lastHolderGone).
 	lateFinishes int
+	// failedResumes are, by payment ID, when a replica's completer said a
+	// resume of that payment's key failed, its outcome unknown (the
+	// replicas' completerLine).
+	failedMu      sync.Mutex
+	failedResumes map[string][]time.Time
 
 	schema   string // PostgreSQL schema, with cfg.DB postgres://
 	prefix   string // Redis key prefix, with cfg.Keys
@@ -665,7 +671,7 @@ func (r *run) startReplicas(ctx context.Context) error {
 		// new each time), so that a restarted one ends at once the leases
 		// its killed run held.
 		args := append(r.serveArgs(), "--replica-id", "torture-replica-"+strconv.Itoa(i))
-		r.replicas = append(r.replicas, &replica{n: i, exe: r.cfg.Executable, args: args, env: env, log: r.replicaLog})
+		r.replicas = append(r.replicas, &replica{n: i, exe: r.cfg.Executable, args: args, env: env, log: r.replicaLog, onLine: r.completerLine})
 		p, err := newFaultProxy(r.dropNow)
 		if err != nil {
 			return err

@@ -325,3 +325,37 @@ func TestCutOffPaymentNotCountedDone(t *testing.T) {
 		t.Errorf("%d logical payments counted done, their attempts cut off by the end of the load; want 0", n)
 	}
 }
+
+// A completer's resume that failed, its outcome unknown (here its lease
+// could not be renewed on a starved machine), is the key's last holder
+// letting it go: the completers' bound counts from it, for that payment's
+// key alone, and only when it came before the key was finished.
+func TestFinishDeadlineCountsFromAFailedResume(t *testing.T) {
+	died := time.Date(2026, 12, 6, 20, 53, 11, 0, time.UTC)
+	up := &replica{ups: []upSpan{{from: died.Add(-time.Minute)}}}
+	r := &run{cfg: Config{KeyLease: 3 * time.Second}, replicas: []*replica{up}}
+	failedAt := died.Add(6 * time.Second)
+	r.completerLine(`time=` + failedAt.Format(time.RFC3339Nano) + ` level=ERROR msg="completer: outcome unknown; the key stays in flight and is tried again after its lease" scope=torture key=hmac:3ff9ef7ad27f7759 method=completer path=charging error="payments: payment pay_luisrjuan3eqgzlooglvtx36k4 is not finished yet: the attempt answered 503" lease=3s`)
+	r.completerLine(`time=` + failedAt.Format(time.RFC3339Nano) + ` level=WARN msg="completer: finishing an abandoned execution" scope=torture key=hmac:3ff9ef7ad27f7759 method=completer path=charging`)
+	done := died.Add(12 * time.Second)
+
+	late := func(ids ...string) bool {
+		d, ok := r.finishDeadline(lastHolderGone(died, r.failedResumesOf(ids), done))
+		if !ok {
+			t.Fatal("no replica up: want the one up all along")
+		}
+		return done.After(d)
+	}
+	if !late() || !late("pay_other") {
+		t.Errorf("finished %s after its holder died, no failed resume of it: want late (bound %s)", done.Sub(died), r.finishBound())
+	}
+	if late("pay_luisrjuan3eqgzlooglvtx36k4") {
+		t.Errorf("finished %s after a completer's resume of it failed: want within the bound %s of it", done.Sub(failedAt), r.finishBound())
+	}
+	if got := lastHolderGone(died, r.failedResumesOf([]string{"pay_luisrjuan3eqgzlooglvtx36k4"}), failedAt.Add(-time.Millisecond)); !got.Equal(died) {
+		t.Errorf("a failure after the key was finished moved its last holder's end to %s; want the death %s", got, died)
+	}
+	if n := len(r.failedResumes); n != 1 {
+		t.Errorf("%d payments with failed resumes noted; want 1 (the warning is not one)", n)
+	}
+}
