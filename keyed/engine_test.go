@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -195,45 +196,89 @@ func TestEngineChoosesTheTransactionForm(t *testing.T) {
 	}
 }
 
-// deadlinePassed is a caller's context in the moment after its deadline
-// passed and before its timer has ended it: Err is still nil.
-type deadlinePassed struct{ context.Context }
+// deadlineAt is a caller's context whose deadline passes when passed is
+// set, in the moment before its timer ends it: Err stays nil.
+type deadlineAt struct {
+	context.Context
+	passed *atomic.Bool
+}
 
-func (deadlinePassed) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+func (c deadlineAt) Deadline() (time.Time, bool) {
+	if c.passed.Load() {
+		return time.Now().Add(-time.Millisecond), true
+	}
+	return time.Now().Add(time.Hour), true
+}
 
 // deadlineConn is a store whose client sets its connection's deadline
 // from the context's, as go-redis and rueidis do: a claim whose context's
-// deadline has passed fails with the connection's timeout.
-type deadlineConn struct{ *idemmem.Store }
+// deadline has passed fails with the connection's timeout. Its first
+// claim answers as the store does and then lets the deadline pass.
+type deadlineConn struct {
+	*idemmem.Store
+	passed *atomic.Bool
+}
 
 func (s deadlineConn) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
 	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
 		return idem.Claim{}, fmt.Errorf("read tcp 127.0.0.1:6379: %w", os.ErrDeadlineExceeded)
 	}
+	defer s.passed.Store(true)
 	return s.Store.Claim(ctx, req)
 }
 
-// A claim that fails because its caller's deadline passed is the caller
-// leaving, not the store failing, even in the moment before the context
-// says it ended: the request is counted a conflict whose caller left, as
-// when the context has ended, and not refused as the store being
+// A duplicate whose claim fails because its caller's deadline passed is
+// the caller leaving, not the store failing, even in the moment before
+// the context says it ended: it is counted a conflict whose caller left,
+// as when the context has ended, and not refused as the store being
 // unavailable. A duplicate whose wait runs out with its caller's deadline
 // claims once more at that deadline, and on Redis that claim failed so.
-func TestClaimFailingAtTheCallersDeadlineIsTheCallerLeaving(t *testing.T) {
+// A first claim failing so never learnt anything of the key: an
+// unreachable store failing at every caller's deadline must show as the
+// outage it is, counted a store error and logged, not hide among
+// conflicts.
+func TestClaimFailingAtTheCallersDeadline(t *testing.T) {
 	t.Parallel()
-	eng, err := keyed.New(&keyed.Config{Store: deadlineConn{idemmem.NewStore(nil)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	face := &funcFace{run: func(context.Context) keyed.Ran {
-		t.Error("the handler ran for a caller whose deadline had passed")
-		return keyed.Ran{Status: 500}
-	}}
 	fp := idem.NewFingerprint("POST", "/pay", "", "", nil)
-	if o := eng.Serve(deadlinePassed{t.Context()}, keyed.Request{Key: "k", Fingerprint: fp}, face); o != keyed.OutcomeConflict || face.refused != keyed.RefusedInFlight {
-		t.Errorf("outcome %s, refused %q; want %s, %q: the caller left, the store did not fail", o, face.refused, keyed.OutcomeConflict, keyed.RefusedInFlight)
-	}
-	if c := eng.Counts(); c[keyed.OutcomeStoreError] != 0 {
-		t.Errorf("counts %v; want no store error", c)
+	for _, tc := range []struct {
+		name    string
+		held    bool
+		outcome keyed.Outcome
+		refused keyed.Reason
+		logged  bool
+	}{
+		{"duplicate that saw the key in flight", true, keyed.OutcomeConflict, keyed.RefusedInFlight, false},
+		{"first claim", false, keyed.OutcomeStoreError, keyed.RefusedStoreUnavailable, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			mem := idemmem.NewStore(nil)
+			if tc.held {
+				if c, err := mem.Claim(t.Context(), idem.ClaimRequest{Key: "k", Fingerprint: fp, Lease: time.Hour, TTL: time.Hour}); err != nil || c.Outcome != idem.Acquired {
+					t.Fatalf("holding the key: %v, %v", c.Outcome, err)
+				}
+			}
+			passed := new(atomic.Bool)
+			if !tc.held {
+				passed.Store(true)
+			}
+			var logs bytes.Buffer
+			eng, err := keyed.New(&keyed.Config{Store: deadlineConn{mem, passed},
+				Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			face := &funcFace{run: func(context.Context) keyed.Ran {
+				t.Error("the handler ran for a caller whose deadline had passed")
+				return keyed.Ran{Status: 500}
+			}}
+			o := eng.Serve(deadlineAt{t.Context(), passed}, keyed.Request{Key: "k", Fingerprint: fp}, face)
+			if o != tc.outcome || face.refused != tc.refused {
+				t.Errorf("outcome %s, refused %q; want %s, %q", o, face.refused, tc.outcome, tc.refused)
+			}
+			if got := strings.Contains(logs.String(), "127.0.0.1:6379"); got != tc.logged {
+				t.Errorf("the store's error logged %v, want %v; logs:\n%s", got, tc.logged, logs.String())
+			}
+		})
 	}
 }

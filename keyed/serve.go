@@ -91,14 +91,18 @@ func (x *execution) claimKey() {
 			claim, err = e.store.Claim(ctx, c.req)
 			e.storeSince(ctx, StoreClaim, err)
 		}
-		if err != nil && callerLeft(ctx) != nil {
+		if err != nil && (ctx.Err() != nil || watch.watching() && callerLeft(ctx) != nil) {
 			// The caller left while its claim waited in the store (behind
 			// the execution of the key in flight, say): as a duplicate
 			// whose caller left while it waited here. A store's client
 			// that sets its connection's deadline from the context's
 			// fails the claim at the deadline, when the context itself
-			// may not say yet that it ended: that is the caller leaving
-			// too, not the store failing.
+			// may not say yet that it ended: for a duplicate that has
+			// seen the key in flight, that is the caller leaving too, not
+			// the store failing. A claim that never reached the store's
+			// answer (an unreachable store failing at the caller's
+			// deadline) stays a store error below, counted and logged, so
+			// an outage does not hide among conflicts.
 			c.inFlightTooLong(x.leaseEnds)
 			return
 		}
