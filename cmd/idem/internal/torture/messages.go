@@ -449,7 +449,22 @@ func (r *messagesRun) prepare(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("torture: subscribing: %w", err)
 	}
-	return sub.Close()
+	if err := sub.Close(); err != nil {
+		return err
+	}
+	if private == "rabbitmq" && r.cfg.RestartBrokerEvery > 0 {
+		// RabbitMQ 3.10 registers a new quorum queue's Raft server in a
+		// file it writes out lazily; SIGKILLed within seconds of the
+		// declaration (the first restart may come that soon), it boots
+		// without the queue's server, and the queue never has a leader
+		// again: basic.consume waits forever ("leader not known") and
+		// every consumer started after it never subscribes. One clean
+		// restart now writes the registration out, before any crash.
+		if err := r.server.Restart(ctx, false); err != nil {
+			return fmt.Errorf("torture: restarting the private %s once cleanly: %w", r.server.Name(), err)
+		}
+	}
+	return nil
 }
 
 // startConsumers starts the consumer processes, all at once. With an
