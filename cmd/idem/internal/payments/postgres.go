@@ -91,8 +91,6 @@ var pgStatements = statements{
 	readSettlement: `SELECT total, events, refunds FROM settlements WHERE tenant = $1 AND currency = $2`,
 
 	readPayment: `SELECT ` + paymentColumns + ` FROM payments WHERE id = $1 AND tenant = $2`,
-	chargedSince: `SELECT ` + paymentColumns + ` FROM payments WHERE charge_id IS NOT NULL AND created_at >= $1
-		 ORDER BY created_at, id`,
 	chargedPage: `SELECT ` + paymentColumns + ` FROM payments WHERE charge_id IS NOT NULL
 		 AND (created_at > $1 OR (created_at = $1 AND id > $2)) AND seq <= $3
 		 ORDER BY created_at, id LIMIT $4`,

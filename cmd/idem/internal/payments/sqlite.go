@@ -79,8 +79,6 @@ var sqliteStatements = statements{
 	readSettlement: `SELECT total, events, refunds FROM settlements WHERE tenant = ? AND currency = ?`,
 
 	readPayment: `SELECT ` + paymentColumns + ` FROM payments WHERE id = ? AND tenant = ?`,
-	chargedSince: `SELECT ` + paymentColumns + ` FROM payments WHERE charge_id IS NOT NULL AND created_at >= ?
-		 ORDER BY created_at, id`,
 	chargedPage: `SELECT ` + paymentColumns + ` FROM payments WHERE charge_id IS NOT NULL
 		 AND (created_at > ?1 OR (created_at = ?1 AND id > ?2)) AND rowid <= ?3
 		 ORDER BY created_at, id LIMIT ?4`,

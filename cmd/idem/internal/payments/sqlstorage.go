@@ -98,9 +98,6 @@ type statements struct {
 	readSettlement string // total, events and refunds of the settlement (tenant, currency)
 
 	readPayment string // paymentColumns of the payment (id, tenant)
-	// chargedSince reads paymentColumns of every tenant's payments made
-	// at the card network since a time, oldest first.
-	chargedSince string
 	// chargedPage reads paymentColumns of at most $4 payments made at the
 	// card network, in the order (created_at, id), after the payment at
 	// ($1, $2), among those inserted up to the place $3 in the table's
@@ -662,28 +659,6 @@ func (s *sqlStorage) Refund(ctx context.Context, tenant, id string) (Refund, err
 		return Refund{}, s.d.wrap("read refund", err)
 	}
 	return rf, nil
-}
-
-// ChargedPayments returns the payments of every tenant that were paid by
-// a charge at the card network and made at or after since, oldest first.
-func (s *sqlStorage) ChargedPayments(ctx context.Context, since time.Time) ([]Payment, error) {
-	rs, err := s.reads.query(ctx, s.sql.chargedSince, s.d.timeArg(since))
-	if err != nil {
-		return nil, s.d.wrap("read charged payments", err)
-	}
-	defer rs.Close()
-	var out []Payment
-	for rs.Next() {
-		p, err := s.scanPayment(rs)
-		if err != nil {
-			return nil, s.d.wrap("read charged payments", err)
-		}
-		out = append(out, p)
-	}
-	if err := rs.Err(); err != nil {
-		return nil, s.d.wrap("read charged payments", err)
-	}
-	return out, nil
 }
 
 // paymentKey is a payment's place in the order Reconcile reads them in.
