@@ -108,8 +108,11 @@ func TestRelayLinksAndConsumerOutcomes(t *testing.T) {
 	if len(passes) != 1 || len(passes[0].Links()) != 2 || passes[0].Links()[0].SpanContext.SpanID() != spans[0].SpanID() {
 		t.Fatalf("relay spans %v; want one, linked twice to the writer's span", passes)
 	}
-	idemtest.Eventually(t, 10*time.Second, "the dead letter's span", func() bool {
-		return len(find(sr, "audit dead_letter", "", "")) == 1
+	// The two messages are handled apart, so the dead letter's span may end
+	// before the processed message's: wait for both, not only the one
+	// expected last.
+	idemtest.Eventually(t, 10*time.Second, "the dead letter's and the processed message's spans", func() bool {
+		return len(find(sr, "audit dead_letter", "", "")) == 1 && len(find(sr, "audit process", "", "")) >= 1
 	})
 	for name, want := range map[string]int{"audit process": 1, "audit retry": 1} {
 		if got := find(sr, name, "", ""); len(got) != want {
