@@ -171,13 +171,24 @@ client asking.
 		}
 		c.BodyKeys = rest.bodyKeys
 		c.Progress = a.stderr
+		// The seed is drawn here, so that an error ending the run names
+		// it as well as the progress line that opens it.
+		if c.Seed == 0 {
+			c.Seed = torture.NewSeed()
+		}
 		rep, err := torture.Run(cmd.Context(), &c)
 		if err != nil {
-			return scrubURLs(err, c.DB, c.Keys)
+			return scrubURLs(withSeed(err, c.Seed), c.DB, c.Keys)
 		}
 		return a.tortureVerdict(rep, len(rep.Violations))
 	})
 	return cmd
+}
+
+// withSeed adds to the error that ended a torture run the seed that
+// replays it: a run that aborts prints no report, which would name it.
+func withSeed(err error, seed uint64) error {
+	return fmt.Errorf("%w (seed %d: the same arguments and --seed %d replay this run)", err, seed, seed)
 }
 
 // tortureReport is what either torture reports.

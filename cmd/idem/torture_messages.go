@@ -157,9 +157,14 @@ holds it against their limit (MaxPending).`,
 		c.Executable = exe
 		c.Env = os.Environ()
 		c.Progress = a.stderr
+		// The seed is drawn here, so that an error ending the run names
+		// it as well as the progress line that opens it.
+		if c.Seed == 0 {
+			c.Seed = torture.NewSeed()
+		}
 		rep, err := torture.RunMessages(cmd.Context(), &c)
 		if err != nil {
-			return scrubURLs(err, c.Broker, c.DB)
+			return scrubURLs(withSeed(err, c.Seed), c.Broker, c.DB)
 		}
 		return a.tortureVerdict(rep, len(rep.Violations))
 	})

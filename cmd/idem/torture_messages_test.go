@@ -17,7 +17,6 @@ func runTortureMessages(t *testing.T, args ...string) (code int, stdout, stderr 
 	var out, errOut bytes.Buffer
 	args = append(args, seedArgs(t)...)
 	code = run(t.Context(), append([]string{"torture", "messages"}, args...), &out, &errOut)
-	logSeedOnFailure(t, out.String())
 	results = map[string]int64{}
 	for line := range strings.Lines(out.String()) {
 		f := strings.Split(strings.TrimSpace(line), ",")

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"math/rand/v2"
 	neturl "net/url"
 	"os"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -36,43 +39,65 @@ func init() {
 // scheduled store faults) again.
 const tortureSeedEnv = "IDEM_TORTURE_SEED"
 
-// seedArgs returns --seed with the seed of tortureSeedEnv, if set.
+// seedArgs returns --seed and the seed of the test's run: tortureSeedEnv's
+// when set, a random one otherwise. It logs the seed and how to replay it
+// before the run starts, so that a test that fails in any way names it: a
+// check that fails, a run that aborts (a consumer that never says it is
+// ready), a t.Fatal, and a test stopped by go test's -timeout too. Under
+// -v and -json (as scripts/test runs) the log line is printed at once; for
+// a plain go test, whose logs a timeout's panic never prints, the seed is
+// also written to stderr just before the test binary's deadline, should
+// the test still be running then.
 func seedArgs(t *testing.T) []string {
 	t.Helper()
-	s := os.Getenv(tortureSeedEnv)
-	if s == "" {
-		return nil
+	if seed, ok := testSeeds.Load(t); ok {
+		// A test of many short runs (the usage tests) is logged once.
+		return []string{"--seed", strconv.FormatUint(seed.(uint64), 10)}
 	}
-	if _, err := strconv.ParseUint(s, 10, 64); err != nil {
-		t.Fatalf("%s=%q: want a run's seed, a number", tortureSeedEnv, s)
+	seed := uint64(0)
+	if s := os.Getenv(tortureSeedEnv); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil || n == 0 {
+			t.Fatalf("%s=%q: want a run's seed, a positive number", tortureSeedEnv, s)
+		}
+		seed = n
+	} else {
+		seed = rand.Uint64() | 1
 	}
-	return []string{"--seed", s}
+	testSeeds.Store(t, seed)
+	t.Cleanup(func() { testSeeds.Delete(t) })
+	replay := seedReplay(t.Name(), seed)
+	t.Logf("seed %d: %s", seed, replay)
+	if deadline, ok := t.Deadline(); ok && !testing.Verbose() {
+		warn := time.AfterFunc(time.Until(deadline)-5*time.Second, func() {
+			fmt.Fprintf(os.Stderr, "%s is still running at the test binary's deadline; its seed %d: %s\n", t.Name(), seed, replay)
+		})
+		t.Cleanup(func() { warn.Stop() })
+	}
+	return []string{"--seed", strconv.FormatUint(seed, 10)}
 }
 
-// logSeedOnFailure logs, when t fails, the seed of the run whose output
-// is out and how to replay it.
-func logSeedOnFailure(t *testing.T, out string) {
-	t.Helper()
-	m := regexp.MustCompile(`seed (\d+)\)`).FindStringSubmatch(out)
-	if m == nil {
-		return
+// testSeeds are the seeds of the tests running, by *testing.T.
+var testSeeds sync.Map
+
+// seedReplay is the command that runs test (and, for a subtest, none of
+// its siblings) again with seed.
+func seedReplay(test string, seed uint64) string {
+	parts := strings.Split(test, "/")
+	for i, p := range parts {
+		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("the run's seed was %s: replay it with %s=%s go test -run '^%s$' ./cmd/idem", m[1], tortureSeedEnv, m[1], t.Name())
-		}
-	})
+	return fmt.Sprintf("replay with %s=%d go test -run '%s' ./cmd/idem", tortureSeedEnv, seed, strings.Join(parts, "/"))
 }
 
 // runTorture runs `idem torture requests` with args and returns its exit
 // status, its output and its RESULT figures by metric. The seed is
-// tortureSeedEnv's when set, and is logged if the test fails.
+// tortureSeedEnv's when set, and is logged before the run (seedArgs).
 func runTorture(t *testing.T, args ...string) (code int, stdout, stderr string, results map[string]int64) {
 	t.Helper()
 	var out, errOut bytes.Buffer
 	args = append(args, seedArgs(t)...)
 	code = run(t.Context(), append([]string{"torture", "requests"}, args...), &out, &errOut)
-	logSeedOnFailure(t, out.String())
 	results = map[string]int64{}
 	for line := range strings.Lines(out.String()) {
 		f := strings.Split(strings.TrimSpace(line), ",")
@@ -474,4 +499,39 @@ func children(t *testing.T) []string {
 		}
 	}
 	return kids
+}
+
+// TestTortureSeedPrintedAtTheStart: both tortures say their seed before
+// anything can fail, and the error of a run that aborts names it too, so
+// a run that ends without a report (here: a database or a broker nobody
+// answers on) can still be replayed.
+func TestTortureSeedPrintedAtTheStart(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"requests", "--db", "postgres://postgres@127.0.0.1:1/test"},
+		{"messages", "--broker", "nats://127.0.0.1:1"},
+	} {
+		for _, seed := range []string{"", "7"} {
+			argv := append([]string{"torture"}, args...)
+			if seed != "" {
+				argv = append(argv, "--seed", seed)
+			}
+			var stdout, stderr bytes.Buffer
+			code := run(t.Context(), argv, &stdout, &stderr)
+			m := regexp.MustCompile(`^torture: seed (\d+) \(the same arguments and --seed (\d+) replay this run\)\n`).FindStringSubmatch(stderr.String())
+			switch {
+			case code != exitFailure:
+				t.Errorf("%q: exit %d, want %d\nstderr:\n%s", argv, code, exitFailure, stderr.String())
+			case m == nil || m[1] != m[2]:
+				t.Errorf("%q: stderr does not open with the seed:\n%s", argv, stderr.String())
+			case seed != "" && m[1] != seed:
+				t.Errorf("%q: seed %s printed, want %s", argv, m[1], seed)
+			case !strings.Contains(stderr.String(), "(seed "+m[1]+": the same arguments and --seed "+m[1]+" replay this run)"):
+				t.Errorf("%q: the error does not name the seed %s:\n%s", argv, m[1], stderr.String())
+			}
+		}
+	}
+	if got, want := seedReplay("TestTortureMessages/nats-pg", 42), `replay with IDEM_TORTURE_SEED=42 go test -run '^TestTortureMessages$/^nats-pg$' ./cmd/idem`; got != want {
+		t.Errorf("seedReplay = %s, want %s", got, want)
+	}
 }

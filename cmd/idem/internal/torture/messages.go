@@ -260,6 +260,16 @@ func isPostgresURL(s string) bool {
 	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://")
 }
 
+// printSeed says, at the start of a run, which seed it draws its choices
+// from and how to make them again.
+func printSeed(w io.Writer, seed uint64) {
+	fmt.Fprintf(w, "torture: seed %d (the same arguments and --seed %d replay this run)\n", seed, seed)
+}
+
+// NewSeed returns a random seed, as a run draws when Seed is 0: for a
+// caller that shows the seed before the run starts.
+func NewSeed() uint64 { return randomSeed() }
+
 func randomSeed() uint64 {
 	var b [8]byte
 	_, _ = crand.Read(b[:])
@@ -351,6 +361,7 @@ func RunMessages(ctx context.Context, cfg *MessagesConfig) (rep *MessagesReport,
 	if err != nil {
 		return nil, err
 	}
+	printSeed(c.Progress, c.Seed)
 	r := &messagesRun{cfg: c, rng: newLockedRand(c.Seed), calm: make(chan struct{})}
 	if c.ChurnEvery <= 0 {
 		close(r.calm)

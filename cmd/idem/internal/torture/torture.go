@@ -390,6 +390,10 @@ func Run(ctx context.Context, cfg *Config) (rep *Report, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// The seed first, before anything that can fail or hang: a run that
+	// aborts (a replica that never starts, a store that never comes back)
+	// prints no report, and its seed is what replays it.
+	printSeed(c.Progress, c.Seed)
 	kind, _ := dbKind(c.DB)
 	label := kind
 	if c.Keys != "" {
