@@ -118,3 +118,40 @@ func TestBatchAcknowledgedInTheInboxTransaction(t *testing.T) {
 		t.Errorf("debug records %q with stale = %v; want one, stale = 1 (the first batch's report only)", stale, got)
 	}
 }
+
+// Where the stream cannot acknowledge inside the inbox's transaction, a
+// batch's deliveries are acknowledged after its commit, in one call; an
+// acknowledgement that finds deliveries handed out again meanwhile says
+// how many at debug level (their new holder will find them applied), and
+// one that finds none says nothing of it.
+func TestBatchAcknowledgedAfterTheInboxTransaction(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.rec.acksAfterTx = true
+	subs := &txAcks{Subscriber: h.rec}
+	logs := &debugLog{stale: map[string][]int64{}}
+	cfg := h.config()
+	cfg.Subscriber = subs
+	cfg.Concurrency = 1
+	cfg.BatchSize = 10
+	cfg.Logger = slog.New(logs)
+	msgs := lanes(h, []string{"A", "B", "C"}, 4)
+	c, stop := h.start(cfg, func(ctx context.Context, m idem.Message) error { return h.apply(ctx, m) })
+	h.advanceUntil("every message processed", time.Second, func() bool { return c.Stats().Processed == int64(len(msgs)) })
+	stop()
+	subs.mu.Lock()
+	inTx, outTx := subs.inTx, subs.outTx
+	subs.mu.Unlock()
+	if inTx != 0 || outTx != len(msgs) {
+		t.Errorf("%d deliveries acknowledged in the inbox's transaction and %d after it; want all %d after it", inTx, outTx, len(msgs))
+	}
+	logs.mu.Lock()
+	defer logs.mu.Unlock()
+	const stale = "deliveries were handed out again before their acknowledgement"
+	if got := logs.stale[stale]; len(got) != 1 || got[0] != 1 {
+		t.Errorf("debug records %q with stale = %v; want one, stale = 1 (the first batch's report only)", stale, got)
+	}
+	if got := logs.stale["deliveries of the batch were handed out again before their acknowledgement"]; len(got) != 0 {
+		t.Errorf("reports of acknowledgements in the inbox's transaction: %v, want none", got)
+	}
+}

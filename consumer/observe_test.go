@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -164,5 +165,179 @@ func TestObserversSkipsNil(t *testing.T) {
 	o := &tally{open: map[int]bool{}, outcomes: map[consumer.Outcome]int{}}
 	if got := consumer.Observers(nil, o, nil); got != consumer.Observer(o) {
 		t.Errorf("Observers(nil, o, nil) = %v, want o itself", got)
+	}
+}
+
+// beginLog is an Observer that writes down, per message ID, the attempt
+// number of every handling it saw begin and the outcome of every one it
+// saw end, and which handlings never ended.
+type beginLog struct {
+	mu       sync.Mutex
+	attempts map[string][]int
+	outcomes map[string][]consumer.Outcome
+	open     int
+}
+
+type beginLogKey struct{}
+
+func newBeginLog() *beginLog {
+	return &beginLog{attempts: map[string][]int{}, outcomes: map[string][]consumer.Outcome{}}
+}
+
+func (o *beginLog) Begin(ctx context.Context, e consumer.Event) context.Context {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.attempts[e.Message.ID] = append(o.attempts[e.Message.ID], e.Attempt)
+	o.open++
+	return context.WithValue(ctx, beginLogKey{}, e.Message.ID)
+}
+
+func (o *beginLog) End(ctx context.Context, e consumer.Event) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.outcomes[e.Message.ID] = append(o.outcomes[e.Message.ID], e.Outcome)
+	o.open--
+}
+
+// The Event an Observer's Begin gets numbers the attempt as the handler's
+// Info does: a keyed message retried inside the consumer (its delivery's
+// own count stays at 1) begins attempts 1, 2 and 3, in one-at-a-time and
+// batch modes, so that a trace or a metric keyed on the attempt tells the
+// retries from the first try.
+func TestObserverEventNumbersRetriesInMemory(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []int{1, 10} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			o := newBeginLog()
+			cfg := h.config()
+			cfg.Observer, cfg.BatchSize = o, batch
+			var calls attemptsCounter
+			c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+				if calls.add(ctx, m) < 3 {
+					return errFlaky
+				}
+				return h.apply(ctx, m)
+			})
+			h.publish(msg("evt-1", "K"))
+			h.advanceUntil("evt-1 processed", time.Second, func() bool { return c.Stats().Processed == 1 })
+			if got := calls.Seen("evt-1"); !slices.Equal(got, []int{1, 2, 3}) {
+				t.Fatalf("the handler's Info.Attempt: %v, want [1 2 3]", got)
+			}
+			if ops := h.rec.Ops("evt-1"); countOp(ops, "deliver") != 1 {
+				t.Fatalf("evt-1's deliveries: %v; want one, retried inside the consumer", ops)
+			}
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			if got := o.attempts["evt-1"]; !slices.Equal(got, []int{1, 2, 3}) {
+				t.Errorf("Begin's Event.Attempt: %v, want [1 2 3], as the handler's Info", got)
+			}
+		})
+	}
+}
+
+// A consumer stopped while handlings are in flight ends each of them for
+// its Observer, as interrupted: in batch mode too, where the handling of
+// every message of the batch began before the first handler ran, so that
+// no span or in-flight gauge of an observer stays open past Run.
+func TestObserverSeesInterruptedHandlingsEnd(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []int{1, 10} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			o := newBeginLog()
+			cfg := h.config()
+			cfg.Observer, cfg.BatchSize, cfg.Concurrency = o, batch, 1
+			// Three keys, so that a batch takes all three.
+			h.publish(msg("evt-1", "A"), msg("evt-2", "B"), msg("evt-3", "C"))
+			started := make(chan struct{})
+			var once sync.Once
+			c, stop := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+				once.Do(func() { close(started) })
+				<-ctx.Done() // in flight at shutdown
+				return ctx.Err()
+			})
+			// Every delivery held once each has had a heartbeat.
+			h.advanceUntil("every delivery held in memory", 30*time.Second/4, func() bool {
+				for _, id := range []string{"evt-1", "evt-2", "evt-3"} {
+					if !slices.Contains(h.rec.Ops(id), "in-progress") {
+						return false
+					}
+				}
+				return true
+			})
+			select {
+			case <-started:
+			case <-time.After(waitLimit):
+				t.Fatal("no handler started")
+			}
+			stop()
+			if s := c.Stats(); s != (consumer.Stats{}) {
+				t.Errorf("Stats = %+v after an interrupted run, want zero", s)
+			}
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			if o.open != 0 {
+				t.Errorf("%d handlings began and never ended (began: %v, ended: %v)", o.open, o.attempts, o.outcomes)
+			}
+			for id, outs := range o.outcomes {
+				for _, out := range outs {
+					if out != consumer.OutcomeInterrupted {
+						t.Errorf("%s's handling ended %s, want interrupted", id, out)
+					}
+				}
+			}
+			if batch > 1 && len(o.attempts) < 2 {
+				t.Errorf("handlings began for %v; want the batch's messages, not one", o.attempts)
+			}
+		})
+	}
+}
+
+// In batch mode, a message dropped from a batch because the message ahead
+// of it in its key failed (it waits for that one's retry, and may be
+// handled by another worker then) has its handling ended for the Observer
+// (interrupted) before it is handed on, and a new one begun when it is
+// handled: the observer sees each handling begin and end once, and none
+// spans the wait behind its key's retry.
+func TestObserverSeesADroppedBatchMessageEndAndBeginAgain(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	o := newBeginLog()
+	cfg := h.config()
+	cfg.Observer, cfg.BatchSize, cfg.Concurrency = o, 10, 1
+	h.publish(msg("evt-1", "K"), msg("evt-2", "K"))
+	var calls attemptsCounter
+	c, stop := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		if calls.add(ctx, m) == 1 && m.ID == "evt-1" {
+			return errFlaky
+		}
+		return h.apply(ctx, m)
+	})
+	h.advanceUntil("both processed", time.Second, func() bool { return c.Stats().Processed == 2 })
+	stop()
+	if got := calls.Seen("evt-2"); len(got) != 1 {
+		t.Fatalf("evt-2's handler ran %d times, want once", len(got))
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.open != 0 {
+		t.Errorf("%d handlings began and never ended (began: %v, ended: %v)", o.open, o.attempts, o.outcomes)
+	}
+	if got, want := o.outcomes["evt-1"], []consumer.Outcome{consumer.OutcomeRetried, consumer.OutcomeProcessed}; !slices.Equal(got, want) {
+		t.Errorf("evt-1's handlings ended %v, want %v", got, want)
+	}
+	if got := o.attempts["evt-1"]; !slices.Equal(got, []int{1, 2}) {
+		t.Errorf("evt-1's handlings began with attempts %v, want [1 2]", got)
+	}
+	// Dropped from the first batch when evt-1 failed, then handled in a
+	// batch of its own once evt-1 was applied.
+	if got, want := o.outcomes["evt-2"], []consumer.Outcome{consumer.OutcomeInterrupted, consumer.OutcomeProcessed}; !slices.Equal(got, want) {
+		t.Errorf("evt-2's handlings ended %v, want %v", got, want)
+	}
+	if got := o.attempts["evt-2"]; !slices.Equal(got, []int{1, 1}) {
+		t.Errorf("evt-2's handlings began with attempts %v, want [1 1]", got)
 	}
 }

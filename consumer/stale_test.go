@@ -422,3 +422,58 @@ func TestStaleHeadsLaterDeliveryTakesItsPlace(t *testing.T) {
 		t.Errorf("evt-1's deliveries: %v; want the first let go unsettled, the second acknowledged", ops)
 	}
 }
+
+// A stale head whose later delivery the consumer holds right behind it,
+// before any other message of its key (the transport delivered it again
+// before the next message came), is replaced by that delivery as well:
+// nothing is handed back, not the later delivery nor the message behind
+// it, and each is applied once, in order.
+func TestStaleHeadsLaterDeliveryRightBehindItTakesItsPlace(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.AckWait = staleAckWait
+	cfg.Concurrency, cfg.MaxPending = 1, 3
+	g := newGate()
+	var mu sync.Mutex
+	var order []string
+	handler := func(ctx context.Context, m idem.Message) error {
+		if info, _ := consumer.InfoFromContext(ctx); m.ID == "evt-1" && info.Attempt == 1 {
+			g.hold()
+			return idem.Permanent(errors.New("card declined"))
+		}
+		if err := h.apply(ctx, m); err != nil {
+			return err
+		}
+		mu.Lock()
+		order = append(order, m.ID)
+		mu.Unlock()
+		return nil
+	}
+	c, _ := h.start(cfg, handler)
+	h.publish(msg("evt-1", "acct-1"))
+	g.wait(t, "evt-1's handler")
+	// evt-1's AckWait ends, and it is delivered again, first behind itself.
+	h.clock.Advance(staleAckWait + time.Second)
+	waitFor(t, "evt-1 delivered again", func() bool { return h.rec.Taken() == 2 })
+	h.publish(msg("evt-2", "acct-1"))
+	waitFor(t, "evt-2 taken behind evt-1's later delivery", func() bool { return h.rec.Taken() == 3 })
+	g.release()
+
+	waitFor(t, "both messages processed", func() bool { return c.Stats().Processed == 2 })
+	mu.Lock()
+	got := slices.Clone(order)
+	mu.Unlock()
+	if want := []string{"evt-1", "evt-2"}; !slices.Equal(got, want) {
+		t.Errorf("applied in the order %v, want %v", got, want)
+	}
+	if s := c.Stats(); s.Stale != 1 || s.DeadLettered != 0 {
+		t.Errorf("Stats = %+v, want 1 stale, none dead-lettered", s)
+	}
+	if ops := h.rec.Ops("evt-1"); slices.ContainsFunc(ops, isNack) || countOp(ops, "deliver") != 2 || countOp(ops, "ack") != 1 {
+		t.Errorf("evt-1's deliveries: %v; want two, the first let go unsettled, the second acknowledged, none handed back", ops)
+	}
+	if ops := h.rec.Ops("evt-2"); slices.ContainsFunc(ops, isNack) || countOp(ops, "deliver") != 1 {
+		t.Errorf("evt-2's deliveries: %v; want one, not handed back", ops)
+	}
+}

@@ -1,0 +1,125 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// A delivery the consumer holds is renewed (InProgress) at every beat of
+// its heartbeat, a quarter of AckWait, once its last renewal is a beat old:
+// so that a delivery survives three late or lost beats (a loaded machine)
+// before its AckWait ends and the transport hands it out again. Each beat
+// here moves the clock by exactly a beat.
+func TestHeartbeatRenewsAHeldDeliveryAtEveryBeat(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	const ackWait, beat = 40 * time.Second, 10 * time.Second
+	cfg.Concurrency, cfg.AckWait = 1, ackWait
+	release := make(chan struct{})
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return h.apply(ctx, m)
+	})
+	h.publish(msg("evt-1", "K"))
+	waitFor(t, "evt-1 taken", func() bool { return h.rec.Taken() == 1 })
+	for i := 1; i <= 6; i++ {
+		waitFor(t, "the heartbeat waiting for its next beat", func() bool { return h.timers.Pending(beat) == 1 })
+		h.timers.Advance(beat)
+		// The heartbeat renews what is due before it waits again.
+		waitFor(t, "the heartbeat waiting again", func() bool { return h.timers.Pending(beat) == 1 })
+		if n := countOp(h.rec.Ops("evt-1"), "in-progress"); n != i {
+			t.Fatalf("after %d beats of %s, evt-1 renewed %d times; want once a beat", i, beat, n)
+		}
+	}
+	close(release)
+	waitFor(t, "evt-1 processed", func() bool { return c.Stats().Processed == 1 })
+	if n := countOp(h.rec.Ops("evt-1"), "deliver"); n != 1 {
+		t.Errorf("evt-1 delivered %d times, want once: a renewal came too late", n)
+	}
+}
+
+// debugRecords keeps the records logged at debug level: their message and
+// string attributes.
+type debugRecords struct {
+	mu      sync.Mutex
+	records []map[string]string
+}
+
+func (l *debugRecords) Enabled(context.Context, slog.Level) bool { return true }
+func (l *debugRecords) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *debugRecords) WithGroup(string) slog.Handler            { return l }
+func (l *debugRecords) Handle(_ context.Context, r slog.Record) error {
+	if r.Level != slog.LevelDebug {
+		return nil
+	}
+	rec := map[string]string{"msg": r.Message}
+	r.Attrs(func(a slog.Attr) bool {
+		rec[a.Key] = a.Value.String()
+		return true
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.records = append(l.records, rec)
+	return nil
+}
+
+func (l *debugRecords) find(msg string) []map[string]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]string
+	for _, r := range l.records {
+		if r["msg"] == msg {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// A heartbeat the transport refuses while the consumer runs (here the
+// delivery's AckWait ended before the beat came: a stalled process) is
+// logged at debug level with the message's ID and the transport's error,
+// which is what tells an operator why a message was delivered again.
+func TestFailedHeartbeatIsLogged(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	logs := &debugRecords{}
+	cfg := h.config()
+	const ackWait, beat = 40 * time.Second, 10 * time.Second
+	cfg.Concurrency, cfg.AckWait, cfg.Logger = 1, ackWait, slog.New(logs)
+	release := make(chan struct{})
+	h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return errors.New("stopped")
+	})
+	defer close(release)
+	h.publish(msg("evt-1", "K"))
+	waitFor(t, "evt-1 taken", func() bool { return h.rec.Taken() == 1 })
+	waitFor(t, "the heartbeat waiting for its beat", func() bool { return h.timers.Pending(beat) == 1 })
+	// The clock passes AckWait before the beat fires.
+	h.clock.Advance(ackWait + time.Second)
+	h.timers.Advance(0)
+	// The heartbeat logs what failed before it waits again.
+	waitFor(t, "the heartbeat waiting again", func() bool { return h.timers.Pending(beat) == 1 })
+	const failed = "in-progress heartbeat failed"
+	rs := logs.find(failed)
+	if len(rs) != 1 || rs[0]["message_id"] != "evt-1" || rs[0]["error"] == "" {
+		t.Errorf("debug records %q: %v; want one, with message_id evt-1 and the transport's error", failed, rs)
+	}
+	if ops := h.rec.Ops("evt-1"); countOp(ops, "in-progress") == 0 {
+		t.Errorf("evt-1's deliveries: %v; want the heartbeat's InProgress asked", ops)
+	}
+}
