@@ -282,3 +282,69 @@ func TestClaimFailingAtTheCallersDeadline(t *testing.T) {
 		})
 	}
 }
+
+// cancelAfterClaim is a store that ends its caller's context once a claim
+// has answered, as a caller that goes away while its duplicate waits.
+type cancelAfterClaim struct {
+	*idemmem.Store
+	cancel context.CancelFunc
+}
+
+func (s cancelAfterClaim) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	defer s.cancel()
+	return s.Store.Claim(ctx, req)
+}
+
+// A duplicate refused because the key stayed in flight through all of its
+// wait (InflightWait) is logged at Info with when to retry, since it says
+// that an execution runs longer than duplicates wait; a duplicate whose
+// caller went away while it waited is refused the same way (nobody reads
+// the answer) but not logged: a client giving up is not news about the
+// key.
+func TestDuplicateStillInFlightLoggedOnlyWhenItWaitedItOut(t *testing.T) {
+	t.Parallel()
+	fp := idem.NewFingerprint("POST", "/pay", "", "", nil)
+	const logged = "duplicate still in flight after waiting"
+	for _, tc := range []struct {
+		name   string
+		left   bool
+		logged bool
+	}{
+		{"waited its InflightWait", false, true},
+		{"caller left", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			mem := idemmem.NewStore(nil)
+			if c, err := mem.Claim(t.Context(), idem.ClaimRequest{Key: "k", Fingerprint: fp, Lease: time.Hour, TTL: time.Hour}); err != nil || c.Outcome != idem.Acquired {
+				t.Fatalf("holding the key: %v, %v", c.Outcome, err)
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			var store idem.Store = mem
+			if tc.left {
+				store = cancelAfterClaim{mem, cancel}
+			}
+			var logs bytes.Buffer
+			eng, err := keyed.New(&keyed.Config{Store: store, InflightWait: 50 * time.Millisecond,
+				Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			face := &funcFace{run: func(context.Context) keyed.Ran {
+				t.Error("the handler ran for a duplicate of a key in flight")
+				return keyed.Ran{Status: 500}
+			}}
+			o := eng.Serve(ctx, keyed.Request{Key: "k", Fingerprint: fp}, face)
+			if o != keyed.OutcomeConflict || face.refused != keyed.RefusedInFlight {
+				t.Errorf("outcome %s, refused %q; want %s, %q", o, face.refused, keyed.OutcomeConflict, keyed.RefusedInFlight)
+			}
+			if got := strings.Contains(logs.String(), logged); got != tc.logged {
+				t.Errorf("%q logged %v, want %v; logs:\n%s", logged, got, tc.logged, logs.String())
+			}
+			if tc.logged && !strings.Contains(logs.String(), "retry_after=") {
+				t.Errorf("%q logged without retry_after; logs:\n%s", logged, logs.String())
+			}
+		})
+	}
+}
