@@ -29,8 +29,8 @@ func (r *run) completerBound() time.Duration {
 // and a resume (nine tenths of a lease). Every abandoned payment must be
 // finished within it of its holder's death (when its client gave up: the
 // try's replica SIGKILLed itself), or of the end of a completer's resume
-// of it that failed (lastHolderGone), as long as a completer runs: see
-// finishDeadline.
+// of it that failed or was cut off by its replica's death
+// (lastHolderGone), as long as a completer runs: see finishDeadline.
 func (r *run) finishBound() time.Duration {
 	return r.cfg.KeyLease + completerEvery + r.cfg.KeyLease*9/10
 }
@@ -54,8 +54,8 @@ func (r *run) finishDeadline(died time.Time) (deadline time.Time, ok bool) {
 
 // lastHolderGone is when the last holder of an abandoned payment's key let
 // it go before the key was finished at done: the client's try, which gave
-// up at died, or a completer whose resume failed after it, at the latest
-// of failed before done. The completers' bound counts from it: a resume
+// up at died, or a completer whose resume failed after it, or whose
+// replica died in the middle of it, at the latest of failed before done. The completers' bound counts from it: a resume
 // whose outcome is unknown keeps the key in flight until the lease that
 // completer took ends, and only then may the next round take it
 // (keyed.Completer: "tried again after the lease the Completer took").
@@ -74,23 +74,104 @@ func lastHolderGone(died time.Time, failed []time.Time, done time.Time) time.Tim
 // payments' resume names it in its error).
 var completerFailed = regexp.MustCompile(`^time=(\S+) level=ERROR msg="completer: outcome unknown;.*error="payments: payment (pay_[a-z0-9]+)[ "]`)
 
-// completerLine notes, from one line of a replica's log (its errors are
-// always logged), a completer's resume that failed: see lastHolderGone.
-func (r *run) completerLine(line string) {
-	m := completerFailed.FindStringSubmatch(line)
-	if m == nil {
+// completerUnknown matches a replica's line saying a completer's resume
+// ended with its outcome unknown, whatever the error (its answer not kept,
+// say), and the key's digest.
+var completerUnknown = regexp.MustCompile(`^time=(\S+) level=ERROR msg="completer: (?:outcome unknown;|finished, but could not keep the answer;).* key=(hmac:[0-9a-f]{16})`)
+
+// resumeStarted matches a replica's line saying it begins finishing a
+// payment from its recovery point (payments' resume, at warning level),
+// the payment and the key's digest.
+var (
+	resumeStarted = regexp.MustCompile(`^time=(\S+) level=WARN msg="payments: finishing a payment from its recovery point"`)
+	paymentAttr   = regexp.MustCompile(` payment=(pay_[a-z0-9]+)`)
+	keyAttr       = regexp.MustCompile(` key=(hmac:[0-9a-f]{16})`)
+)
+
+// life names one process of one replica: its number and the count of its
+// starts.
+type life struct{ replica, n int }
+
+// completerLine notes, from one line of a replica's life (its errors are
+// always logged, and its warnings in a run with Abandon), a completer's
+// resume that began and one that failed: see lastHolderGone. A resume
+// begun and not seen to fail stays open until the life ends
+// (completerExit).
+func (r *run) completerLine(replica, n int, line string) {
+	at := func(s string) (time.Time, bool) {
+		t, err := time.Parse(time.RFC3339Nano, s)
+		return t, err == nil
+	}
+	lf := life{replica, n}
+	if m := resumeStarted.FindStringSubmatch(line); m != nil {
+		p, k := paymentAttr.FindStringSubmatch(line), keyAttr.FindStringSubmatch(line)
+		if p == nil || k == nil {
+			return
+		}
+		r.failedMu.Lock()
+		defer r.failedMu.Unlock()
+		if r.resuming == nil {
+			r.resuming = map[life]map[string]string{}
+		}
+		if r.resuming[lf] == nil {
+			r.resuming[lf] = map[string]string{}
+		}
+		r.resuming[lf][k[1]] = p[1]
 		return
 	}
-	at, err := time.Parse(time.RFC3339Nano, m[1])
-	if err != nil {
+	var t time.Time
+	var payment, digest string
+	if m := completerFailed.FindStringSubmatch(line); m != nil {
+		var ok bool
+		if t, ok = at(m[1]); !ok {
+			return
+		}
+		payment = m[2]
+	}
+	if m := completerUnknown.FindStringSubmatch(line); m != nil {
+		var ok bool
+		if t, ok = at(m[1]); !ok {
+			return
+		}
+		digest = m[2]
+	}
+	if payment == "" && digest == "" {
 		return
 	}
 	r.failedMu.Lock()
 	defer r.failedMu.Unlock()
+	if digest != "" {
+		if p, ok := r.resuming[lf][digest]; ok {
+			if payment == "" {
+				payment = p
+			}
+			delete(r.resuming[lf], digest)
+		}
+	}
+	if payment != "" {
+		r.noteFailedLocked(payment, t)
+	}
+}
+
+// completerExit notes the end of a replica's life at at: each resume it
+// had begun and not seen end failed then, its outcome unknown. A replica
+// SIGKILLed in the middle of a resume logs nothing more, and the key waits
+// for the next holder from its death, not from its client's try.
+func (r *run) completerExit(replica, n int, at time.Time) {
+	lf := life{replica, n}
+	r.failedMu.Lock()
+	defer r.failedMu.Unlock()
+	for _, payment := range r.resuming[lf] {
+		r.noteFailedLocked(payment, at)
+	}
+	delete(r.resuming, lf)
+}
+
+func (r *run) noteFailedLocked(payment string, at time.Time) {
 	if r.failedResumes == nil {
 		r.failedResumes = map[string][]time.Time{}
 	}
-	r.failedResumes[m[2]] = append(r.failedResumes[m[2]], at)
+	r.failedResumes[payment] = append(r.failedResumes[payment], at)
 }
 
 // failedResumesOf returns when the completers' resumes of the payments

@@ -501,7 +501,7 @@ func (r *messagesRun) startConsumers(ctx context.Context) error {
 		}
 		r.consumers = append(r.consumers, &replica{
 			n: i, exe: r.cfg.Executable, args: r.cfg.WorkerArgs, env: env,
-			what: "consumer", ready: consumingPrefix, log: r.log, onLine: r.holding,
+			what: "consumer", ready: consumingPrefix, log: r.log, onLine: func(_ int, line string) { r.holding(line) },
 		})
 	}
 	errs := make([]error, len(r.consumers))

@@ -48,8 +48,18 @@ type replica struct {
 	base string
 	tail []string    // its last stderr lines, for the error that says why it failed
 	log  *lineWriter // receives every line; nil for none
-	// onLine, when set, is given every line the process writes on stderr.
-	onLine func(line string)
+	// onLine, when set, is given every line the process writes on stderr,
+	// with the number of the process's life (1 for the first start, 2 for
+	// the next…).
+	onLine func(life int, line string)
+	// onExit, when set, is told when each life ended, once every line it
+	// wrote went through onLine: when the run killed it (just before the
+	// signal), or when its exit was seen.
+	onExit func(life int, at time.Time)
+	// lives counts the starts; killedAt is when the run last killed the
+	// process.
+	lives    int
+	killedAt time.Time
 	// exit is how the last process ended, once done is closed; killed says
 	// whether the run killed or stopped it.
 	exit   error
@@ -115,18 +125,27 @@ func (r *replica) start(ctx context.Context) error {
 	done := make(chan struct{})
 	listening := make(chan string, 1)
 	r.mu.Lock()
-	r.cmd, r.done, r.base, r.tail, r.exit, r.killed = cmd, done, "", nil, nil, false
+	r.cmd, r.done, r.base, r.tail, r.exit, r.killed, r.killedAt = cmd, done, "", nil, nil, false, time.Time{}
+	r.lives++
+	life := r.lives
 	r.mu.Unlock()
 	go func() {
 		defer close(done)
-		r.read(stderr, listening)
+		r.read(life, stderr, listening)
 		err := cmd.Wait()
 		r.mu.Lock()
 		r.exit = err
+		at := time.Now()
+		if r.killed && !r.killedAt.IsZero() && r.killedAt.Before(at) {
+			at = r.killedAt
+		}
 		if n := len(r.ups); n > 0 && r.ups[n-1].to.IsZero() {
-			r.ups[n-1].to = time.Now()
+			r.ups[n-1].to = at
 		}
 		r.mu.Unlock()
+		if r.onExit != nil {
+			r.onExit(life, at)
+		}
 	}()
 
 	timer := time.NewTimer(startTimeout)
@@ -159,7 +178,7 @@ func (r *replica) start(ctx context.Context) error {
 // read drains the process's stderr (a child blocked on a full pipe would
 // stall), keeps its last lines and reports its ready line: for a replica,
 // the base URL it listens on.
-func (r *replica) read(stderr io.Reader, listening chan<- string) {
+func (r *replica) read(life int, stderr io.Reader, listening chan<- string) {
 	sc := bufio.NewScanner(stderr)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	prefix := r.ready
@@ -172,7 +191,7 @@ func (r *replica) read(stderr io.Reader, listening chan<- string) {
 			r.log.line(r.name(), line)
 		}
 		if r.onLine != nil {
-			r.onLine(line)
+			r.onLine(life, line)
 		}
 		if base, ok := strings.CutPrefix(line, prefix); ok {
 			select {
@@ -213,6 +232,7 @@ func (r *replica) kill() {
 	cmd, done := r.cmd, r.done
 	r.base = ""
 	r.killed = true
+	r.killedAt = time.Now()
 	r.mu.Unlock()
 	if cmd == nil {
 		return

@@ -97,8 +97,9 @@ type Config struct {
 	// ReplicaLog, when set, receives every line the replicas log, each
 	// prefixed with its replica's number, and the replicas log warnings
 	// too: what a person reads to find out how a violation came about.
-	// Defaults to nil: the replicas log errors only, kept for the message
-	// of a replica that fails to start.
+	// Defaults to nil: the replicas log errors only (warnings too with
+	// Abandon, where the completers' resumes are read from them), kept for
+	// the message of a replica that fails to start.
 	ReplicaLog io.Writer
 	// StoreFaults puts faults between the replicas and their stores: see
 	// StoreFaults. Only with a PostgreSQL DB or Redis Keys (a SQLite file
@@ -335,6 +336,9 @@ type run struct {
 	// replicas' completerLine).
 	failedMu      sync.Mutex
 	failedResumes map[string][]time.Time
+	// resuming are the resumes each replica's life has begun and not seen
+	// end: by key digest, the payment (completerLine).
+	resuming map[life]map[string]string
 
 	schema   string // PostgreSQL schema, with cfg.DB postgres://
 	prefix   string // Redis key prefix, with cfg.Keys
@@ -557,7 +561,9 @@ func serverNames(servers []*localserver.Server) string {
 // serveArgs is the command line of every replica.
 func (r *run) serveArgs() []string {
 	level := "error"
-	if r.cfg.ReplicaLog != nil {
+	if r.cfg.ReplicaLog != nil || r.cfg.Abandon > 0 {
+		// With Abandon, the completers' resumes begin at warning level
+		// (completerLine).
 		level = "warn"
 	}
 	args := []string{"serve", "--addr", "127.0.0.1:0", "--log-level", level,
@@ -675,7 +681,9 @@ func (r *run) startReplicas(ctx context.Context) error {
 		// new each time), so that a restarted one ends at once the leases
 		// its killed run held.
 		args := append(r.serveArgs(), "--replica-id", "torture-replica-"+strconv.Itoa(i))
-		r.replicas = append(r.replicas, &replica{n: i, exe: r.cfg.Executable, args: args, env: env, log: r.replicaLog, onLine: r.completerLine})
+		r.replicas = append(r.replicas, &replica{n: i, exe: r.cfg.Executable, args: args, env: env, log: r.replicaLog,
+			onLine: func(n int, line string) { r.completerLine(i, n, line) },
+			onExit: func(n int, at time.Time) { r.completerExit(i, n, at) }})
 		p, err := newFaultProxy(r.dropNow)
 		if err != nil {
 			return err

@@ -335,8 +335,8 @@ func TestFinishDeadlineCountsFromAFailedResume(t *testing.T) {
 	up := &replica{ups: []upSpan{{from: died.Add(-time.Minute)}}}
 	r := &run{cfg: Config{KeyLease: 3 * time.Second}, replicas: []*replica{up}}
 	failedAt := died.Add(6 * time.Second)
-	r.completerLine(`time=` + failedAt.Format(time.RFC3339Nano) + ` level=ERROR msg="completer: outcome unknown; the key stays in flight and is tried again after its lease" scope=torture key=hmac:3ff9ef7ad27f7759 method=completer path=charging error="payments: payment pay_luisrjuan3eqgzlooglvtx36k4 is not finished yet: the attempt answered 503" lease=3s`)
-	r.completerLine(`time=` + failedAt.Format(time.RFC3339Nano) + ` level=WARN msg="completer: finishing an abandoned execution" scope=torture key=hmac:3ff9ef7ad27f7759 method=completer path=charging`)
+	r.completerLine(0, 1, `time=`+failedAt.Format(time.RFC3339Nano)+` level=ERROR msg="completer: outcome unknown; the key stays in flight and is tried again after its lease" scope=torture key=hmac:3ff9ef7ad27f7759 method=completer path=charging error="payments: payment pay_luisrjuan3eqgzlooglvtx36k4 is not finished yet: the attempt answered 503" lease=3s`)
+	r.completerLine(0, 1, `time=`+failedAt.Format(time.RFC3339Nano)+` level=WARN msg="completer: finishing an abandoned execution" scope=torture key=hmac:3ff9ef7ad27f7759 method=completer path=charging`)
 	done := died.Add(12 * time.Second)
 
 	late := func(ids ...string) bool {
@@ -357,5 +357,52 @@ func TestFinishDeadlineCountsFromAFailedResume(t *testing.T) {
 	}
 	if n := len(r.failedResumes); n != 1 {
 		t.Errorf("%d payments with failed resumes noted; want 1 (the warning is not one)", n)
+	}
+}
+
+// A replica SIGKILLed while its completer was resuming a key logs nothing
+// more: the resume's start (payments' warning) and the replica's death
+// make it a failed resume at the death, from which the key's bound counts;
+// a resume seen to fail before the death still counts from its failure,
+// and a resume on another payment or another life moves nothing.
+func TestFinishDeadlineCountsFromAResumeCutOffByDeath(t *testing.T) {
+	died := time.Date(2026, 12, 6, 20, 53, 11, 0, time.UTC)
+	up := &replica{ups: []upSpan{{from: died.Add(-time.Minute)}}}
+	r := &run{cfg: Config{KeyLease: 3 * time.Second}, replicas: []*replica{up, up}}
+	started := func(replica, n int, at time.Time, payment, digest string) {
+		r.completerLine(replica, n, `time=`+at.Format(time.RFC3339Nano)+` level=WARN msg="payments: finishing a payment from its recovery point" payment=`+payment+` key=`+digest)
+	}
+	// pay_cut: begun by replica 0's first life at died+5s, which is killed
+	// at died+6s.
+	started(0, 1, died.Add(5*time.Second), "pay_cut", "hmac:00000000000000a1")
+	// pay_failed: begun and seen to fail (its answer not kept) at
+	// died+2s on the same life; it is not counted again at the death.
+	started(0, 1, died.Add(time.Second), "pay_failed", "hmac:00000000000000b2")
+	r.completerLine(0, 1, `time=`+died.Add(2*time.Second).Format(time.RFC3339Nano)+` level=ERROR msg="completer: finished, but could not keep the answer; tried again after the lease" scope=torture key=hmac:00000000000000b2 method=completer path=charging error="keeping the answer: store down"`)
+	// pay_alive: begun on replica 1, which lives on.
+	started(1, 1, died.Add(5*time.Second), "pay_alive", "hmac:00000000000000c3")
+	// The same digest on replica 1's life means nothing to replica 0's.
+	r.completerExit(1, 2, died.Add(6*time.Second))
+	r.completerExit(0, 1, died.Add(6*time.Second))
+	done := died.Add(12 * time.Second)
+
+	late := func(id string) bool {
+		d, ok := r.finishDeadline(lastHolderGone(died, r.failedResumesOf([]string{id}), done))
+		if !ok {
+			t.Fatal("no replica up: want the one up all along")
+		}
+		return done.After(d)
+	}
+	if late("pay_cut") {
+		t.Errorf("finished %s after the replica resuming it died: want within the bound %s of the death", done.Sub(died.Add(6*time.Second)), r.finishBound())
+	}
+	if !late("pay_failed") {
+		t.Errorf("finished %s after its resume failed, the replica dying later: want late, counted from the failure (bound %s)", done.Sub(died.Add(2*time.Second)), r.finishBound())
+	}
+	if !late("pay_alive") {
+		t.Errorf("finished %s after its holder died, its resume's replica alive: want late (bound %s)", done.Sub(died), r.finishBound())
+	}
+	if got := r.failedResumesOf([]string{"pay_cut"}); len(got) != 1 || !got[0].Equal(died.Add(6*time.Second)) {
+		t.Errorf("failed resumes of pay_cut %v; want one, at the death", got)
 	}
 }
