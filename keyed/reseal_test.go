@@ -81,11 +81,12 @@ func TestResealPointMovesAPointToItsNewKey(t *testing.T) {
 }
 
 // Body keys are checked before anything is opened: an ID of 1 to 32
-// visible ASCII characters ('!' to '~'), else an error naming the key.
+// visible ASCII characters ('!' to '~'), else an error naming the key,
+// wherever the character that is not visible stands (the first included).
 func TestResealRefusesBadBodyKeys(t *testing.T) {
 	t.Parallel()
 	key := bytes.Repeat([]byte{3}, 32)
-	for _, id := range []string{"", strings.Repeat("x", 33), "a b", "k\x7f", "k\x1f"} {
+	for _, id := range []string{"", strings.Repeat("x", 33), "a b", "k\x7f", "k\x1f", " k1", "\x7fk1", "é"} {
 		keys := []keyed.BodyKey{{ID: id, Key: key}}
 		if got, err := keyed.ResealBody(keys, "t", "a", "b", []byte("x")); err == nil || !strings.Contains(err.Error(), "BodyKeys[0]") || got != nil {
 			t.Errorf("ResealBody with ID %q: %q, %v; want an error naming BodyKeys[0]", id, got, err)
