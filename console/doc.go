@@ -86,7 +86,18 @@
 // way is written before the key is completed and one with its result
 // after: a crash between them leaves an entry saying the result is
 // unknown, never a settled key without one. A history that cannot be
-// written leaves the key unsettled. The key's page shows the latest
+// written leaves the key unsettled.
+//
+// A resume that finishes the key is recorded the same way
+// (ResumeAndRecord, keyed.Completer.ResumeRecorded): the answer it keeps
+// and its entry commit in one transaction, or, on a store without one,
+// the entry saying the resume is under way comes first. A resume that
+// finds nothing was done outside releases the key, which no store's
+// transaction shares: its entry saying so is written before the release,
+// and its result after, on every store. A history that cannot be written
+// leaves the key in flight at its point, as it was (what the resume found
+// or did outside stands for the next one). A resume that fails changes
+// nothing in the store; its failure is recorded after it. The key's page shows the latest
 // entries of its history, newest first, with a link to older ones
 // (KeyHistory.KeyEvents reads a page at a time).
 //

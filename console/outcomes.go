@@ -35,6 +35,12 @@ type KeyActions interface {
 	// (see keyed.SettleRecord), so that the key's history never lacks a
 	// settle that took effect nor holds one that did not.
 	SettleRecorded(ctx context.Context, scope idem.Scope, key idem.Key, answer idem.Response, record keyed.SettleRecord) (idem.Record, error)
+	// ResumeRecorded is ResumeKey, not a dry run, with a resume that
+	// finishes the key recorded by record: a completion in the
+	// transaction that completes the key where the store has one (see
+	// keyed.ResumeRecord), so that the key's history never lacks a resume
+	// that took effect nor holds one that did not.
+	ResumeRecorded(ctx context.Context, scope idem.Scope, key idem.Key, record keyed.ResumeRecord) (finished bool, err error)
 	// Failures counts the key's failed resumes, with the last error.
 	Failures(scope idem.Scope, key idem.Key) ResumeFailures
 	// UnknownKeys names the keys whose last resume failed, which the
@@ -265,6 +271,91 @@ func SettleAndRecord(ctx context.Context, actions KeyActions, history KeyHistory
 		}
 	}
 	return false, err
+}
+
+// Results of a resume in the key's history (KeyEvent.Result).
+const (
+	resumeFinished  = "finished"
+	resumeReleased  = "finished: the key was released (nothing was done outside); the client's retry runs the request anew"
+	resumeUnderWay  = "under way (resume): with no later entry, its result is unknown"
+	resumeReleasing = "under way (resume, releasing the key: nothing was done outside): with no later entry, its result is unknown"
+)
+
+// historyError is an error writing an action's entry after the action
+// was taken or failed.
+type historyError struct{ error }
+
+func (e historyError) Unwrap() error { return e.error }
+
+// ResumeAndRecord resumes ev's key through actions (one completer round
+// for it, now) and records it in history as ev, its At and Result filled
+// in. A resume that finishes the key and keeps its answer is recorded,
+// where the store shares a transaction with the history (SQLite,
+// PostgreSQL: the history in the key store's database), in the very
+// transaction that completes the key, so that neither can be kept without
+// the other. Elsewhere, and for a resume that releases the key (it found
+// that nothing was done outside: no store's release shares a
+// transaction), first an entry saying the resume is under way, then one
+// with its result, so that a crash between them leaves an entry saying
+// the result is unknown, never a resumed key without one (see
+// keyed.ResumeRecord). A resume that fails leaves the key as it was, and
+// its failure is recorded after it.
+//
+// finished reports that the key was finished; err then says that its
+// result could not be added to the history (the entry saying it was under
+// way stands). Otherwise err says why not: a refusal for the key's state
+// (keyed.ErrNotStopped, ErrBeingFinished, ErrOtherPoint) or
+// keyed.ErrNotRecorded, having changed nothing in the store, with no
+// entry; or the resume's failure, recorded ("failed: ..."), joined with
+// the history's error when that entry could not be written. The entries
+// written after the resume are written even once ctx has ended.
+func ResumeAndRecord(ctx context.Context, actions KeyActions, history KeyHistory, clock idem.Clock, ev KeyEvent) (finished bool, err error) {
+	var inTx, released bool
+	finished, err = actions.ResumeRecorded(ctx, ev.Scope, ev.Key, func(rctx context.Context, tx bool, end keyed.ResumeEnd) error {
+		e := ev
+		e.At, inTx, released = clock.Now(), tx, end.Released
+		switch {
+		case tx:
+			e.Result = resumeFinished
+		case end.Released:
+			e.Result = resumeReleasing
+		default:
+			e.Result = resumeUnderWay
+		}
+		return history.AddKeyEvent(rctx, e)
+	})
+	switch {
+	case finished && inTx:
+		return true, nil
+	case finished:
+		result := resumeFinished
+		if released {
+			result = resumeReleased
+		}
+		if herr := addAfter(ctx, history, ev, clock, result); herr != nil {
+			return true, historyError{fmt.Errorf("its result could not be added to the key's history: %w", herr)}
+		}
+		return true, nil
+	case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished), errors.Is(err, keyed.ErrOtherPoint),
+		errors.Is(err, keyed.ErrNotRecorded), errors.Is(err, idem.ErrInvalidArgument):
+		return false, err
+	}
+	if err == nil {
+		err = errors.New("not finished")
+	}
+	if herr := addAfter(ctx, history, ev, clock, "failed: "+err.Error()); herr != nil {
+		err = errors.Join(err, historyError{fmt.Errorf("its entry in the key's history could not be written: %w", herr)})
+	}
+	return false, err
+}
+
+// notRecordedAfter reports that err, from ResumeAndRecord or SettleAndRecord,
+// says an entry could not be written in the key's history after the
+// action was taken or failed (not keyed.ErrNotRecorded, which says the
+// action was not taken).
+func notRecordedAfter(err error) bool {
+	var he historyError
+	return errors.As(err, &he)
 }
 
 // addAfter records ev with result, once the action was taken: with a
@@ -526,63 +617,73 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ev := KeyEvent{Scope: scope, Key: key, Actor: op, Action: action, Reason: reason}
-	var done string
-	switch action {
-	case ActionResume:
-		finished, err := c.cfg.Actions.ResumeKey(r.Context(), scope, key, false)
-		switch {
-		case finished:
-			ev.Result, done = "finished", "resumed"
-		case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished), errors.Is(err, keyed.ErrOtherPoint):
-			c.refuseKey(w, r, scope, key, err)
-			return
-		case err != nil:
-			ev.Result, done = "failed: "+err.Error(), "resume-failed"
-		default:
-			ev.Result, done = "not finished", "resume-failed"
-		}
-	default:
-		answer := FailedAnswer()
-		if action == ActionSettleAnswer {
-			status, err := strconv.Atoi(strings.TrimSpace(v.Get("status")))
-			if err != nil {
-				status = 0
-			}
-			answer, err = OperatorAnswer(status, v.Get("content_type"), strings.ReplaceAll(v.Get("body"), "\r\n", "\n"))
-			if err != nil {
-				c.confirmWith(w, r, v, "Refused: "+err.Error()+". Nothing was changed.", http.StatusBadRequest)
-				return
-			}
-		}
-		settled, err := SettleAndRecord(r.Context(), c.cfg.Actions, c.cfg.KeyHistory, c.cfg.Clock, ev, answer)
-		if settled && err != nil {
-			c.cfg.Logger.Error("console: the key was settled but its result could not be added to its history", "action", action, "operator", op, "err", err)
-			c.render(w, r, http.StatusInternalServerError, "error", &errorPage{Heading: "Done, but not fully recorded",
-				Message: "The key was settled, but its result could not be added to the key's history (an entry says the settle was under way).",
-				Details: errorLines(err), Back: c.outcomeURL(string(scope), string(key))})
-			return
-		}
-		if err != nil {
-			c.refuseKey(w, r, scope, key, err)
-			return
-		}
-		done = map[string]string{ActionSettleFailed: "settled-failed", ActionSettleAnswer: "settled-answer"}[action]
-		result, _ := SettleResult(answer, nil)
-		c.cfg.Logger.Info("console: action on a key stopped at a recovery point", "action", action, "operator", op, "result", result)
-		http.Redirect(w, r, c.outcomeURL(string(scope), string(key))+"&done="+done, http.StatusSeeOther)
+	if action == ActionResume {
+		c.resumeAct(w, r, ev)
 		return
 	}
-	// The action was taken: its entry is written even when the browser
-	// has given up the request meanwhile (its context cancelled).
-	if err := addAfter(r.Context(), c.cfg.KeyHistory, ev, c.cfg.Clock, ev.Result); err != nil {
-		c.cfg.Logger.Error("console: the action was taken but its history could not be written", "action", action, "operator", op, "err", err)
-		c.render(w, r, http.StatusInternalServerError, "error", &errorPage{Heading: "Done, but not recorded",
-			Message: "The action was taken (" + ev.Result + "), but its entry in the key's history could not be written.",
+	answer := FailedAnswer()
+	if action == ActionSettleAnswer {
+		status, err := strconv.Atoi(strings.TrimSpace(v.Get("status")))
+		if err != nil {
+			status = 0
+		}
+		answer, err = OperatorAnswer(status, v.Get("content_type"), strings.ReplaceAll(v.Get("body"), "\r\n", "\n"))
+		if err != nil {
+			c.confirmWith(w, r, v, "Refused: "+err.Error()+". Nothing was changed.", http.StatusBadRequest)
+			return
+		}
+	}
+	settled, err := SettleAndRecord(r.Context(), c.cfg.Actions, c.cfg.KeyHistory, c.cfg.Clock, ev, answer)
+	if settled && err != nil {
+		c.cfg.Logger.Error("console: the key was settled but its result could not be added to its history", "action", action, "operator", op, "err", err)
+		c.render(w, r, http.StatusInternalServerError, "error", &errorPage{Heading: "Done, but not fully recorded",
+			Message: "The key was settled, but its result could not be added to the key's history (an entry says the settle was under way).",
 			Details: errorLines(err), Back: c.outcomeURL(string(scope), string(key))})
 		return
 	}
-	c.cfg.Logger.Info("console: action on a key stopped at a recovery point", "action", action, "operator", op, "result", ev.Result)
+	if err != nil {
+		c.refuseKey(w, r, scope, key, err)
+		return
+	}
+	done := map[string]string{ActionSettleFailed: "settled-failed", ActionSettleAnswer: "settled-answer"}[action]
+	result, _ := SettleResult(answer, nil)
+	c.cfg.Logger.Info("console: action on a key stopped at a recovery point", "action", action, "operator", op, "result", result)
 	http.Redirect(w, r, c.outcomeURL(string(scope), string(key))+"&done="+done, http.StatusSeeOther)
+}
+
+// resumeAct takes a confirmed resume of ev's key.
+func (c *Console) resumeAct(w http.ResponseWriter, r *http.Request, ev KeyEvent) {
+	scope, key, action, op := ev.Scope, ev.Key, ev.Action, ev.Actor
+	finished, err := ResumeAndRecord(r.Context(), c.cfg.Actions, c.cfg.KeyHistory, c.cfg.Clock, ev)
+	switch {
+	case finished && err != nil:
+		c.cfg.Logger.Error("console: the key was resumed but its result could not be added to its history", "action", action, "operator", op, "err", err)
+		c.render(w, r, http.StatusInternalServerError, "error", &errorPage{Heading: "Done, but not fully recorded",
+			Message: "The key was resumed and finished, but its result could not be added to the key's history (an entry says the resume was under way).",
+			Details: errorLines(err), Back: c.outcomeURL(string(scope), string(key))})
+		return
+	case finished:
+		c.cfg.Logger.Info("console: action on a key stopped at a recovery point", "action", action, "operator", op, "result", resumeFinished)
+		http.Redirect(w, r, c.outcomeURL(string(scope), string(key))+"&done=resumed", http.StatusSeeOther)
+		return
+	case errors.Is(err, keyed.ErrNotRecorded):
+		c.cfg.Logger.Error("console: a resume was not taken: its history could not be written", "operator", op, "err", err)
+		c.render(w, r, http.StatusInternalServerError, "error", &errorPage{Heading: "Not resumed: its entry in the key's history could not be written",
+			Message: "Nothing was changed: the key is in flight at its point, as it was. What the resume did outside (a charge found or made under the key's own charge key) stands, and the next resume finds it.",
+			Details: errorLines(err), Back: c.outcomeURL(string(scope), string(key))})
+		return
+	case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished), errors.Is(err, keyed.ErrOtherPoint):
+		c.refuseKey(w, r, scope, key, err)
+		return
+	case notRecordedAfter(err):
+		c.cfg.Logger.Error("console: the resume failed and its history could not be written", "action", action, "operator", op, "err", err)
+		c.render(w, r, http.StatusInternalServerError, "error", &errorPage{Heading: "Done, but not recorded",
+			Message: "The resume failed (the outcome is still unknown), and its entry in the key's history could not be written.",
+			Details: errorLines(err), Back: c.outcomeURL(string(scope), string(key))})
+		return
+	}
+	c.cfg.Logger.Info("console: action on a key stopped at a recovery point", "action", action, "operator", op, "result", "failed: "+err.Error())
+	http.Redirect(w, r, c.outcomeURL(string(scope), string(key))+"&done=resume-failed", http.StatusSeeOther)
 }
 
 // row is rec as the pages show it.

@@ -263,7 +263,7 @@ func (c *Completer) round(ctx context.Context, wg *sync.WaitGroup, finished *ato
 				c.end(wk)
 				<-c.slots
 			}()
-			if r, _ := c.resume(ctx, rec); r.finished() && finished != nil {
+			if r, _ := c.resume(ctx, rec, nil); r.finished() && finished != nil {
 				finished.Add(1)
 			}
 		})
@@ -353,14 +353,16 @@ const (
 	resumeNotTaken resumed = iota // the key was not taken over: another holder has it, or it was finished
 	resumeCompleted
 	resumeReleased
-	resumeFailed // the outcome is still unknown
+	resumeFailed      // the outcome is still unknown
+	resumeNotRecorded // finished, but its record failed: the key is given back as it was
 )
 
 func (r resumed) finished() bool { return r == resumeCompleted || r == resumeReleased }
 
 // resume takes rec's key over and finishes it, saying how it ended and,
-// unless it was finished, why not.
-func (c *Completer) resume(ctx context.Context, rec idem.Record) (resumed, error) {
+// unless it was finished, why not. record, when not nil, records an
+// operator's resume as it ends the key (see ResumeRecord).
+func (c *Completer) resume(ctx context.Context, rec idem.Record, record ResumeRecord) (resumed, error) {
 	e := c.e
 	wk := keywait.Key{Scope: rec.Scope, Key: rec.Key}
 	log := reqLog{l: c.log, scope: rec.Scope, key: rec.Key, method: "completer", path: rec.Recovery.Name}
@@ -421,6 +423,13 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record) (resumed, error
 	case errors.Is(rerr, ErrNothingDone):
 		// The one release of a key with a point: Resume learned that
 		// nothing happened outside (Release itself refuses such a key).
+		// No store shares a release's transaction: its record is written
+		// first, saying the release is under way.
+		if record != nil {
+			if err := record(dctx, false, ResumeEnd{Released: true}); err != nil {
+				return c.notRecorded(ctx, dctx, wk, held, log, err)
+			}
+		}
 		if err := c.rs.ReleaseWithPoint(dctx, ref); err != nil {
 			log.LogAttrs(ctx, slog.LevelWarn, "completer: could not release the key", slog.String("error", err.Error()))
 			return resumeFailed, fmt.Errorf("releasing the key: %w", err)
@@ -438,7 +447,10 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record) (resumed, error
 	}
 	kept, err := e.keptAnswer(ref, answer, false)
 	if err == nil {
-		err = c.rs.Complete(dctx, ref, kept)
+		err = c.complete(dctx, ref, kept, record.completing(kept.Status))
+	}
+	if errors.Is(err, ErrNotRecorded) {
+		return c.notRecorded(ctx, dctx, wk, held, log, err)
 	}
 	if err != nil {
 		// Finished, but nobody can tell from the store: as unknown as a
@@ -453,6 +465,26 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record) (resumed, error
 	e.recent.Keep(wk, rec.Fingerprint, &kept, claim.Record.ExpiresAt)
 	log.LogAttrs(ctx, slog.LevelInfo, "completer: finished an abandoned execution", slog.Int("status", kept.Status))
 	return resumeCompleted, nil
+}
+
+// notRecorded gives back a key whose resume finished but whose record
+// (ResumeRecord) failed, before it was completed or released: in flight
+// at its point, its lease ended, as it was, for the next resume, which
+// finds what this one did outside.
+func (c *Completer) notRecorded(ctx, dctx context.Context, wk keywait.Key, held *heldLease, log reqLog, rerr error) (resumed, error) {
+	err := rerr
+	if !errors.Is(err, ErrNotRecorded) {
+		err = fmt.Errorf("%w: %w", ErrNotRecorded, rerr)
+	}
+	// No renewal may reach the store after the yield.
+	c.e.hb.settle(held)
+	if yerr := c.rs.Yield(dctx, held.ref); yerr != nil && !errors.Is(yerr, idem.ErrLeaseLost) {
+		err = errors.Join(err, fmt.Errorf("yielding the key: %w", yerr))
+	}
+	c.letGo(wk)
+	log.LogAttrs(ctx, slog.LevelError, "completer: a resume was not recorded; the key is given back, in flight at its point",
+		slog.String("error", err.Error()))
+	return resumeNotRecorded, err
 }
 
 // runResume runs resume, turning a panic into an error: one execution's

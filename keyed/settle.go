@@ -27,9 +27,11 @@ var (
 	// and keeps its answer in that face's form (an answer kept in this
 	// face's form could not be read by the other face's retries).
 	ErrOtherPoint = errors.New("keyed: the key stopped at a recovery point this completer does not resume (another face's)")
-	// ErrNotRecorded: SettleRecorded's record failed, so the key was not
-	// settled: it is left in flight at its point, as it was.
-	ErrNotRecorded = errors.New("keyed: the settle could not be recorded, so the key was not settled")
+	// ErrNotRecorded: the record of SettleRecorded or ResumeRecorded
+	// failed, so the key was not settled, nor completed or released by the
+	// resume: it is left in flight at its point, its lease ended, as it
+	// was.
+	ErrNotRecorded = errors.New("keyed: the action could not be recorded, so it was not taken: the key is left as it was")
 )
 
 // SettleRecord records an operator's settle in an audit history
@@ -44,6 +46,33 @@ var (
 // the two leaves an entry saying the result is unknown, never a settle
 // without one. An error leaves the key as it was (ErrNotRecorded).
 type SettleRecord func(ctx context.Context, inTx bool) error
+
+// ResumeEnd says how an operator's resume (Completer.ResumeRecorded) ends
+// the key, as its ResumeRecord is told before it does.
+type ResumeEnd struct {
+	// Released: Resume found that nothing was done outside
+	// (ErrNothingDone), and the key is released; the client's retry runs
+	// the request anew. Otherwise Resume's answer is kept.
+	Released bool
+	// Status is the kept answer's status; 0 when Released.
+	Status int
+}
+
+// ResumeRecord records an operator's resume in an audit history
+// (Completer.ResumeRecorded), once Resume has finished the key and before
+// the key is completed or released: end says which. As SettleRecord: with
+// inTx, ctx carries the transaction that completes the key (an
+// idem.TxStore's CompleteTx), and what it writes with ctx in the store's
+// database commits with the completion or not at all. Without (a store
+// that shares no transaction with the caller's data, such as Redis or
+// memory; and a release, which no store's transaction offers to share),
+// what it writes stands whatever becomes of the key: it should say that
+// the resume's result is not known yet, and the caller records the result
+// once ResumeRecorded returns. An error leaves the key as it was
+// (ErrNotRecorded). A resume that does not finish the key (Resume failed)
+// calls no record: the key is unchanged, and the caller records the
+// failure itself.
+type ResumeRecord func(ctx context.Context, inTx bool, end ResumeEnd) error
 
 // ResumeFailures counts the failed resumes of a key whose outcome is
 // still unknown, with the last one's error.
@@ -165,6 +194,26 @@ func notTaken(o idem.Outcome) error {
 // ctx ends), by a dry run too; one by another is refused. With dryRun, it
 // only checks that the key could be resumed.
 func (c *Completer) ResumeKey(ctx context.Context, scope idem.Scope, key idem.Key, dryRun bool) (finished bool, err error) {
+	return c.resumeKey(ctx, scope, key, dryRun, nil)
+}
+
+// ResumeRecorded is ResumeKey, not a dry run, with the resume recorded by
+// record (see ResumeRecord) when it finishes the key: on a store that is
+// an idem.TxStore (SQLite, PostgreSQL), a completion's record is written
+// in the very transaction that completes the key, so that a crash never
+// leaves a resumed key without its record nor a record of a completion
+// that did not happen. A record that fails leaves the key in flight at its
+// point, its lease ended, and returns an error matching ErrNotRecorded;
+// what Resume did outside stands, and the next resume finds it (Resume
+// must be idempotent, as it is for a completer's rounds).
+func (c *Completer) ResumeRecorded(ctx context.Context, scope idem.Scope, key idem.Key, record ResumeRecord) (finished bool, err error) {
+	if record == nil {
+		return false, &idem.ArgumentError{Field: "record", Reason: "must not be nil"}
+	}
+	return c.resumeKey(ctx, scope, key, false, record)
+}
+
+func (c *Completer) resumeKey(ctx context.Context, scope idem.Scope, key idem.Key, dryRun bool, record ResumeRecord) (finished bool, err error) {
 	wk := keywait.Key{Scope: scope, Key: key}
 	// A dry run waits too: asked while this Completer's own round resumes
 	// the key, it would otherwise find the key under that round's lease
@@ -188,7 +237,7 @@ func (c *Completer) ResumeKey(ctx context.Context, scope idem.Scope, key idem.Ke
 			return false, fmt.Errorf("ending the lease of the last failed resume: %w", err)
 		}
 	}
-	r, err := c.resume(ctx, rec)
+	r, err := c.resume(ctx, rec, record)
 	return r.finished(), err
 }
 
@@ -304,11 +353,20 @@ func (c *Completer) settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 	return rec, nil
 }
 
+// completing is record for a resume that keeps an answer with status, as
+// complete takes it: nil when record is.
+func (record ResumeRecord) completing(status int) func(context.Context, bool) error {
+	if record == nil {
+		return nil
+	}
+	return func(ctx context.Context, inTx bool) error { return record(ctx, inTx, ResumeEnd{Status: status}) }
+}
+
 // complete completes ref with kept, recorded by record (when not nil): in
 // the store's transaction when it is an idem.TxStore, and otherwise
 // before the completion (see SettleRecord). A failed record is returned
 // matching ErrNotRecorded, the key not completed.
-func (c *Completer) complete(ctx context.Context, ref idem.Ref, kept idem.Response, record SettleRecord) error {
+func (c *Completer) complete(ctx context.Context, ref idem.Ref, kept idem.Response, record func(ctx context.Context, inTx bool) error) error {
 	if record == nil {
 		return c.rs.Complete(ctx, ref, kept)
 	}

@@ -19,18 +19,9 @@ import (
 	"github.com/idem-go/idem/keyed"
 )
 
-// historyTimeout bounds the recording of an action in the key's history,
-// which goes on when the command is interrupted (Ctrl-C) once the action
-// was taken: an action is never left unrecorded for want of a moment.
+// historyTimeout bounds the giving back of a failed resume's lease, which
+// goes on when the command is interrupted (Ctrl-C).
 const historyTimeout = 30 * time.Second
-
-// recordAction writes ev in the key's history with a context that the
-// command's interruption does not end, bounded by historyTimeout.
-func recordAction(ctx context.Context, history console.KeyHistory, ev console.KeyEvent) error {
-	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), historyTimeout)
-	defer cancel()
-	return history.AddKeyEvent(hctx, ev)
-}
 
 // checkOperator trims and checks an action's --reason and --operator,
 // which are kept in the key's history; verb is what the operator does
@@ -153,21 +144,19 @@ When the server seals keys (IDEM_KEY_SECRET) or encrypts what it keeps
 			return nil
 		}
 
+		// A resume that finishes the key is recorded in the transaction
+		// that completes it (console.ResumeAndRecord).
 		ev := console.KeyEvent{Scope: idem.Scope(scope), Key: stored, Actor: operator, Action: console.ActionResume, Reason: reason}
-		finished, rerr := comp.ResumeKey(ctx, idem.Scope(scope), stored, false)
-		if !finished && (errors.Is(rerr, keyed.ErrNotStopped) || errors.Is(rerr, keyed.ErrBeingFinished) || errors.Is(rerr, keyed.ErrOtherPoint)) {
+		finished, rerr := console.ResumeAndRecord(ctx, comp, history, idem.SystemClock{}, ev)
+		switch {
+		case finished && rerr != nil:
+			return fmt.Errorf("the key was resumed (%s), but %w", resumedAnswer(ctx, store, idem.Scope(scope), stored), rerr)
+		case errors.Is(rerr, keyed.ErrNotStopped), errors.Is(rerr, keyed.ErrBeingFinished), errors.Is(rerr, keyed.ErrOtherPoint):
 			// Taken on, or finished, since the dry run: nothing was done.
 			return refusedAction(rerr)
-		}
-		var said string
-		switch {
-		case finished:
-			ev.Result, said = "finished", resumedAnswer(ctx, store, idem.Scope(scope), stored)
-		default:
-			if rerr == nil {
-				rerr = errors.New("not finished")
-			}
-			ev.Result = "failed: " + rerr.Error()
+		case errors.Is(rerr, keyed.ErrNotRecorded):
+			return fmt.Errorf("resuming the key: %w; nothing was changed: the key is in flight at its point, as it was, and what the resume found or did at the card network stands for the next resume", rerr)
+		case !finished:
 			// This command ends now: the lease its resume took goes back,
 			// so that the service's completer or the client's retry can
 			// take the key on at once.
@@ -176,14 +165,9 @@ When the server seals keys (IDEM_KEY_SECRET) or encrypts what it keeps
 				rerr = errors.Join(rerr, lerr)
 			}
 			cancel()
-		}
-		ev.At = idem.SystemClock{}.Now()
-		if herr := recordAction(ctx, history, ev); herr != nil {
-			return fmt.Errorf("the resume ended (%s), but its entry in the key's history could not be written: %w", ev.Result, herr)
-		}
-		if !finished {
 			return fmt.Errorf("the resume of key %q in scope %q failed, and its outcome is still unknown (kept in its history): %w", string(key), scope, rerr)
 		}
+		said := resumedAnswer(ctx, store, idem.Scope(scope), stored)
 		fmt.Fprintf(a.stdout, "resumed key %q in scope %q: %s\n", string(key), scope, said)
 		return nil
 	})

@@ -57,6 +57,39 @@ func openTestDB(t *testing.T, dbArgs []string) (idem.Recoverer, console.KeyHisto
 	return store, h, func() { db.Close() }
 }
 
+// refuseHistory makes the database dbArgs name refuse, or accept again,
+// new entries in the operators' history, as a history whose database
+// fails does.
+func refuseHistory(t *testing.T, dbArgs []string, refuse bool) {
+	t.Helper()
+	schema := ""
+	if len(dbArgs) == 4 {
+		schema = dbArgs[3]
+	}
+	db, err := openDB(t.Context(), dbArgs[1], schema, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if db.pg != nil {
+		stmt := `DROP TRIGGER refuse_history ON key_actions`
+		if refuse {
+			stmt = `CREATE OR REPLACE FUNCTION refuse_history() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'the history refuses its entry'; END$$;
+				CREATE TRIGGER refuse_history BEFORE INSERT ON key_actions FOR EACH ROW EXECUTE FUNCTION refuse_history()`
+		}
+		_, err = db.pg.Pool().Exec(t.Context(), stmt)
+	} else {
+		stmt := `DROP TRIGGER refuse_history`
+		if refuse {
+			stmt = `CREATE TRIGGER refuse_history BEFORE INSERT ON key_actions BEGIN SELECT RAISE(ABORT, 'the history refuses its entry'); END`
+		}
+		_, err = db.sqlite.Writer().ExecContext(t.Context(), stmt)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 func testKeysResume(t *testing.T, dbArgs []string) {
 	hs := startCardNetwork(t)
 	a := startReplica(t, "a", append(append([]string{}, dbArgs...), "--acquirer", hs.URL, "--faults", "--log-level", "warn", "--key-lease", "2s"))
@@ -137,7 +170,20 @@ func testKeysResume(t *testing.T, dbArgs []string) {
 		t.Fatalf("a refusal or a dry run changed pay-1: %v %q, lease until %v", rec.State, rec.Recovery.Name, rec.LeaseExpiresAt)
 	}
 
+	// A history that refuses its entry: the resume is not taken, and the
+	// key is as it was, in flight at its point, its lease ended; what it
+	// did at the network (the dead execution's charge found) stands.
+	refuseHistory(t, dbArgs, true)
 	code, out, errOut := resume(append([]string{"pay-1", "--reason", "the completer is down"}, withNet...)...)
+	if code != exitFailure || !strings.Contains(errOut, "could not be recorded") || !strings.Contains(errOut, "nothing was changed") {
+		t.Fatalf("keys resume with a history that refuses its entry: exit %d, %q, %q", code, out, errOut)
+	}
+	if rec := state(); rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" || rec.LeaseExpiresAt.After(time.Now()) {
+		t.Fatalf("a resume whose history entry failed changed pay-1: %v %q, lease until %v; want it in flight at its point, its lease ended", rec.State, rec.Recovery.Name, rec.LeaseExpiresAt)
+	}
+	refuseHistory(t, dbArgs, false)
+
+	code, out, errOut = resume(append([]string{"pay-1", "--reason", "the completer is down"}, withNet...)...)
 	if code != exitOK || !strings.Contains(out, "resumed") || !strings.Contains(out, "gets 201") {
 		t.Fatalf("keys resume: exit %d, %q, %q", code, out, errOut)
 	}

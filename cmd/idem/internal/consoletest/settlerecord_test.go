@@ -27,7 +27,8 @@ type faultyHistory struct {
 	// failAt is the number of the write (from 1) that fails; 0: none.
 	failAt atomic.Int64
 	writes atomic.Int64
-	// seen is the key's state as others saw it at each write.
+	// seen is the key's state as others saw it at each write; 0 when it
+	// was gone (released).
 	seen []idem.State
 }
 
@@ -35,7 +36,7 @@ func (h *faultyHistory) AddKeyEvent(ctx context.Context, ev console.KeyEvent) er
 	n := h.writes.Add(1)
 	// A context without the settle's transaction: what is committed.
 	rec, err := h.store.Get(context.WithoutCancel(context.Background()), ev.Scope, ev.Key)
-	if err != nil {
+	if err != nil && !errors.Is(err, idem.ErrNotFound) {
 		return err
 	}
 	h.seen = append(h.seen, rec.State)

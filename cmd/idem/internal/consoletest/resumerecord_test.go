@@ -1,0 +1,143 @@
+package consoletest_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/console"
+	"github.com/idem-go/idem/idemhttp"
+)
+
+func resumeForm(key string) url.Values {
+	return url.Values{"scope": {string(settleScope)}, "key": {key}, "action": {console.ActionResume},
+		"reason": {"the completer is down"}, "confirm": {"yes"}}
+}
+
+// answered is a Resume that finishes every key with 201, counting its
+// runs.
+func answered(runs *atomic.Int64) idemhttp.ResumeFunc {
+	return func(_ context.Context, w http.ResponseWriter, _ idemhttp.Execution) error {
+		runs.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, err := w.Write([]byte(`{"id":"pay-1"}`))
+		return err
+	}
+}
+
+// A resume that finishes a key and its entry in the key's history commit
+// in one transaction on SQLite and PostgreSQL: when the entry is written
+// the key is not yet completed in anyone's eyes (a crash then leaves
+// neither), and a history that fails leaves the key as it was, in flight
+// at its point with its lease ended, with no entry; the resume taken
+// again records both. A resume that finds nothing was done outside
+// releases the key with its entry written first.
+func TestResumeAndItsHistoryEntryCommitTogether(t *testing.T) {
+	t.Parallel()
+	for name, mk := range map[string]func(*testing.T) *settleWorld{"sqlite": sqliteSettleWorld, "postgres": postgresSettleWorld} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			sw := mk(t)
+			sw.stop("pay-1")
+			h := &faultyHistory{KeyHistory: sw.keyHistory(), store: sw.store}
+			h.failAt.Store(1)
+			var runs atomic.Int64
+			comp := sw.completer(sw.store, "a", answered(&runs))
+			w := newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store, Actions: comp, KeyHistory: h})
+
+			rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: resumeForm("pay-1"), token: aliceToken})
+			rec := sw.record("pay-1")
+			evs := allEvents(t, h, "pay-1")
+			if len(h.seen) == 0 || h.seen[0] != idem.StateInFlight {
+				t.Fatalf("the key as its history entry was written: %v; want in flight (a crash then leaves a resumed key with no entry)", h.seen)
+			}
+			if rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" || len(evs) != 0 {
+				t.Fatalf("a resume whose history entry failed: the key %s at %q, %d entries (%+v); want it in flight at its point with none", rec.State, rec.Recovery.Name, len(evs), evs)
+			}
+			if rec.LeaseExpiresAt.After(sw.clock.Now()) {
+				t.Fatalf("a resume whose history entry failed left the key under a lease until %v (now %v); want it given back", rec.LeaseExpiresAt, sw.clock.Now())
+			}
+			if rr.Code != http.StatusInternalServerError || !strings.Contains(rr.Body.String(), "Not resumed") || !strings.Contains(rr.Body.String(), "Nothing was changed") {
+				t.Fatalf("the failed resume's page: %d\n%s", rr.Code, rr.Body)
+			}
+
+			h.failAt.Store(0)
+			if rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: resumeForm("pay-1"), token: aliceToken}); rr.Code != http.StatusSeeOther {
+				t.Fatalf("the resume taken again: %d\n%s", rr.Code, rr.Body)
+			}
+			if h.seen[1] != idem.StateInFlight {
+				t.Fatalf("the key was %s before its history entry was written", h.seen[1])
+			}
+			evs = allEvents(t, h, "pay-1")
+			if rec := sw.record("pay-1"); rec.State != idem.StateCompleted || rec.Response == nil || rec.Response.Status != http.StatusCreated ||
+				len(evs) != 1 || evs[0].Result != "finished" || evs[0].Actor != "alice" {
+				t.Fatalf("after the resume: the key %s, history %+v; want it completed with one entry", rec.State, evs)
+			}
+			if n := runs.Load(); n != 2 {
+				t.Fatalf("Resume ran %d times; want 2", n)
+			}
+
+			// Released: nothing was done outside.
+			sw.stop("pay-2")
+			comp = sw.completer(sw.store, "b", func(context.Context, http.ResponseWriter, idemhttp.Execution) error { return idemhttp.ErrNothingDone })
+			w = newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store, Actions: comp, KeyHistory: h})
+			if rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: resumeForm("pay-2"), token: aliceToken}); rr.Code != http.StatusSeeOther {
+				t.Fatalf("a resume that releases the key: %d\n%s", rr.Code, rr.Body)
+			}
+			if _, err := sw.store.Get(t.Context(), settleScope, "pay-2"); !errors.Is(err, idem.ErrNotFound) {
+				t.Fatalf("pay-2 after a resume that found nothing done: %v; want it released", err)
+			}
+			evs = allEvents(t, h, "pay-2")
+			if len(evs) != 2 || !strings.Contains(evs[1].Result, "under way") || !strings.Contains(evs[0].Result, "released") {
+				t.Fatalf("pay-2's history: %+v; want the resume under way, then its release", evs)
+			}
+			if s := h.seen[len(h.seen)-2]; s != idem.StateInFlight {
+				t.Fatalf("pay-2 was %s before its first entry was written; want in flight", s)
+			}
+		})
+	}
+}
+
+// On a store that shares no transaction with the history, a resume is
+// recorded as under way before the key is completed, as a settle is,
+// then with its result: a history that fails then leaves the key as it
+// was; one that fails after leaves the entry saying the result is
+// unknown, never a resumed key without one.
+func TestResumeOnAStoreWithoutTransactionsRecordsItsIntentFirst(t *testing.T) {
+	t.Parallel()
+	sw := sqliteSettleWorld(t)
+	sw.stop("pay-1")
+	sw.stop("pay-2")
+	store := nonTxStore{sw.store}
+	h := &faultyHistory{KeyHistory: sw.keyHistory(), store: sw.store}
+	var runs atomic.Int64
+	comp := sw.completer(store, "a", answered(&runs))
+	w := newWorld(t, &console.Config{Clock: sw.clock, Recoveries: store, Actions: comp, KeyHistory: h})
+
+	h.failAt.Store(1)
+	if rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: resumeForm("pay-1"), token: aliceToken}); rr.Code != http.StatusInternalServerError {
+		t.Fatalf("a resume whose first entry failed: %d\n%s", rr.Code, rr.Body)
+	}
+	if rec, evs := sw.record("pay-1"), allEvents(t, h, "pay-1"); rec.State != idem.StateInFlight || len(evs) != 0 {
+		t.Fatalf("a resume whose first entry failed: the key %s, history %+v; want it in flight with none", rec.State, evs)
+	}
+
+	h.failAt.Store(h.writes.Load() + 2)
+	rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: resumeForm("pay-2"), token: aliceToken})
+	if rr.Code != http.StatusInternalServerError || !strings.Contains(rr.Body.String(), "Done, but not fully recorded") {
+		t.Fatalf("a resume whose result could not be recorded: %d\n%s", rr.Code, rr.Body)
+	}
+	evs := allEvents(t, h, "pay-2")
+	if rec := sw.record("pay-2"); rec.State != idem.StateCompleted || len(evs) != 1 || !strings.Contains(evs[0].Result, "under way") || !strings.Contains(evs[0].Result, "unknown") {
+		t.Fatalf("after a resume whose result could not be recorded: the key %s, history %+v; want it completed with the entry saying it was under way", rec.State, evs)
+	}
+	if h.seen[len(h.seen)-2] != idem.StateInFlight || h.seen[len(h.seen)-1] != idem.StateCompleted {
+		t.Fatalf("the key as the two entries saw it: %v; want in flight, then completed", h.seen)
+	}
+}
