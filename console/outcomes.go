@@ -84,9 +84,10 @@ type KeyEvent struct {
 // time; its history is not).
 type KeyHistory interface {
 	// AddKeyEvent records ev. When ctx carries a transaction of the
-	// database the history is kept in (a settle's, see
-	// keyed.SettleRecord), it writes in that transaction, so that the
-	// entry commits with the settle or not at all.
+	// database the history is kept in (a settle's or a resume's, see
+	// keyed.SettleRecord and keyed.ResumeRecord), it writes in that
+	// transaction, so that the entry commits with the action or not at
+	// all. (NewMemoryKeyHistory's cannot, and says what follows.)
 	AddKeyEvent(ctx context.Context, ev KeyEvent) error
 	// KeyEvents returns a page of the key's events, newest first: at
 	// most q.Limit of them, older than the event q.Before names when it
@@ -125,22 +126,47 @@ func (q KeyEventsQuery) Normalize() (KeyEventsQuery, error) {
 	return q, nil
 }
 
+// MemoryKeyHistoryCap is the most entries a history NewMemoryKeyHistory
+// returns keeps, over every key: past it, the oldest entry is dropped for
+// each new one.
+const MemoryKeyHistoryCap = 10000
+
 // NewMemoryKeyHistory returns a KeyHistory kept in memory, for tests and
-// for a console whose history may be lost with the process. It shares no
-// transaction with a key store: a settle records in it an entry saying
-// that its result is not known yet, then its result (see
-// keyed.SettleRecord).
+// demonstrations. What it does not promise:
+//
+//   - Durability: it is lost with the process, so it is no audit history.
+//     A service keeps its history in a database (in idem's lab, the key
+//     store's: payments.KeyHistory, KeyHistoryPostgres).
+//   - Completeness: it keeps at most MemoryKeyHistoryCap entries, over
+//     every key, and drops the oldest first, silently: a key's page then
+//     shows fewer entries than were written.
+//   - Transactions: it shares none with any key store. SettleAndRecord and
+//     ResumeAndRecord know it, and record an action in it as they do on a
+//     store without transactions (Redis, memory), even beside one that has
+//     them (SQLite, PostgreSQL): an entry saying the action is under way
+//     before the key changes, then one saying how it ended, so that an
+//     action rolled back with its transaction is never recorded as taken.
+//     Written by other means in a store's transaction, an entry stands
+//     whatever becomes of that transaction.
 func NewMemoryKeyHistory() KeyHistory { return &memoryHistory{} }
 
 type memoryHistory struct {
-	mu  sync.Mutex
-	evs []KeyEvent
+	mu     sync.Mutex
+	evs    []KeyEvent // oldest first
+	lastID int64
 }
 
 func (m *memoryHistory) AddKeyEvent(_ context.Context, ev KeyEvent) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	ev.ID = int64(len(m.evs) + 1)
+	m.lastID++
+	ev.ID = m.lastID
+	if len(m.evs) >= MemoryKeyHistoryCap {
+		// Moved down rather than resliced, so that the array stays at
+		// the cap.
+		n := copy(m.evs, m.evs[len(m.evs)-MemoryKeyHistoryCap+1:])
+		m.evs = m.evs[:n]
+	}
 	m.evs = append(m.evs, ev)
 	return nil
 }
@@ -160,6 +186,14 @@ func (m *memoryHistory) KeyEvents(_ context.Context, scope idem.Scope, key idem.
 		}
 	}
 	return out, nil
+}
+
+// writesApart reports that history never writes in the transaction its
+// context carries (the memory history), so that an entry written in a
+// store's transaction would stand even if that transaction rolled back.
+func writesApart(history KeyHistory) bool {
+	_, ok := history.(*memoryHistory)
+	return ok
 }
 
 // MaxReason is the most characters an operator's reason for an action on
@@ -245,10 +279,11 @@ func SettleResult(answer idem.Response, err error) (result string, record bool) 
 // even once ctx has ended.
 func SettleAndRecord(ctx context.Context, actions KeyActions, history KeyHistory, clock idem.Clock, ev KeyEvent, answer idem.Response) (settled bool, err error) {
 	result, _ := SettleResult(answer, nil)
-	var inTx bool
+	var inTx, underWay bool
 	_, err = actions.SettleRecorded(ctx, ev.Scope, ev.Key, answer, func(rctx context.Context, tx bool) error {
 		e := ev
-		e.At, inTx = clock.Now(), tx
+		tx = tx && !writesApart(history)
+		e.At, inTx, underWay = clock.Now(), tx, !tx
 		e.Result = result
 		if !tx {
 			e.Result = fmt.Sprintf("under way (settle with status %d): with no later entry, its result is unknown", answer.Status)
@@ -264,7 +299,12 @@ func SettleAndRecord(ctx context.Context, actions KeyActions, history KeyHistory
 		}
 		return true, nil
 	}
-	if r, record := SettleResult(answer, err); record {
+	r, record := SettleResult(answer, err)
+	if !record && underWay && !errors.Is(err, keyed.ErrNotRecorded) {
+		// Refused after the entry saying it was under way: say so.
+		r, record = notTaken(err), true
+	}
+	if record {
 		// The answer may have been kept: the history says so.
 		if herr := addAfter(ctx, history, ev, clock, r); herr != nil {
 			err = errors.Join(err, fmt.Errorf("its entry in the key's history could not be written: %w", herr))
@@ -280,6 +320,10 @@ const (
 	resumeUnderWay  = "under way (resume): with no later entry, its result is unknown"
 	resumeReleasing = "under way (resume, releasing the key: nothing was done outside): with no later entry, its result is unknown"
 )
+
+// notTaken is the result of an action refused, having changed nothing,
+// after an entry said it was under way.
+func notTaken(err error) string { return "not taken, nothing was changed: " + err.Error() }
 
 // historyError is an error writing an action's entry after the action
 // was taken or failed.
@@ -310,10 +354,11 @@ func (e historyError) Unwrap() error { return e.error }
 // the history's error when that entry could not be written. The entries
 // written after the resume are written even once ctx has ended.
 func ResumeAndRecord(ctx context.Context, actions KeyActions, history KeyHistory, clock idem.Clock, ev KeyEvent) (finished bool, err error) {
-	var inTx, released bool
+	var inTx, released, underWay bool
 	finished, err = actions.ResumeRecorded(ctx, ev.Scope, ev.Key, func(rctx context.Context, tx bool, end keyed.ResumeEnd) error {
 		e := ev
-		e.At, inTx, released = clock.Now(), tx, end.Released
+		tx = tx && !writesApart(history)
+		e.At, inTx, released, underWay = clock.Now(), tx, end.Released, !tx
 		switch {
 		case tx:
 			e.Result = resumeFinished
@@ -336,8 +381,16 @@ func ResumeAndRecord(ctx context.Context, actions KeyActions, history KeyHistory
 			return true, historyError{fmt.Errorf("its result could not be added to the key's history: %w", herr)}
 		}
 		return true, nil
+	case errors.Is(err, keyed.ErrNotRecorded):
+		return false, err
 	case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished), errors.Is(err, keyed.ErrOtherPoint),
-		errors.Is(err, keyed.ErrNotRecorded), errors.Is(err, idem.ErrInvalidArgument):
+		errors.Is(err, idem.ErrInvalidArgument):
+		if underWay {
+			// Refused after the entry saying it was under way: say so.
+			if herr := addAfter(ctx, history, ev, clock, notTaken(err)); herr != nil {
+				err = errors.Join(err, historyError{fmt.Errorf("its entry in the key's history could not be written: %w", herr)})
+			}
+		}
 		return false, err
 	}
 	if err == nil {
