@@ -1,6 +1,10 @@
 package keyed_test
 
 import (
+	"bytes"
+	"crypto/aes"
+	"crypto/cipher"
+	"encoding/binary"
 	"errors"
 	"strings"
 	"testing"
@@ -11,9 +15,9 @@ import (
 // A kept body that is sealed but cut short (a store that truncated it, a
 // copy made by hand) does not open, with ErrBodyUnreadable, and the error
 // says what is known: "truncated" where the bytes end before the key's ID
-// or before what that key needs, and the key's ID once the whole ID is
-// there and no configured key has it, so that an operator knows which
-// retired key to put back, whatever follows the ID.
+// or before the nonce and the tag every sealed body holds, and the key's
+// ID once the whole ID is there and no configured key has it, so that an
+// operator knows which retired key to put back, whatever follows the ID.
 func TestOpenBodyOfACutSealedBody(t *testing.T) {
 	t.Parallel()
 	const magic = "\x00idem-gcm1\x00" // sealedBodyMagic
@@ -32,6 +36,9 @@ func TestOpenBodyOfACutSealedBody(t *testing.T) {
 		{"cut in the nonce of a key not configured", magic + "\x02k9\x01\x02", []string{`"k9"`, "not among BodyKeys"}},
 		{"cut after the ID of a configured key", magic + "\x02k1", []string{"truncated"}},
 		{"cut in its nonce", magic + "\x02k1\x01\x02\x03", []string{"truncated"}},
+		{"cut right after its nonce", magic + "\x02k1" + strings.Repeat("n", 12), []string{"truncated"}},
+		{"cut before a whole tag", magic + "\x02k1" + strings.Repeat("n", 12+15), []string{"truncated"}},
+		{"a whole tag, altered", magic + "\x02k1" + strings.Repeat("n", 12+16), []string{`"k1"`, "does not authenticate"}},
 		{"cut in its tag", string(sealed[:len(sealed)-1]), []string{`"k1"`, "does not authenticate"}},
 	} {
 		_, err := keyed.OpenBody(keys, "t", "a", []byte(c.body))
@@ -43,6 +50,34 @@ func TestOpenBodyOfACutSealedBody(t *testing.T) {
 			if !strings.Contains(err.Error(), s) {
 				t.Errorf("%s: %q; want it to say %s", c.name, err, s)
 			}
+		}
+	}
+}
+
+// The sealed form is magic | len(id) | id | nonce | ciphertext and tag,
+// AES-256-GCM with the record's scope (its length a uvarint first) and key
+// as additional data: a body sealed so by another program opens, the
+// empty body too, whose sealed form is a nonce and a tag and nothing more.
+func TestOpenBodyOfTheDocumentedForm(t *testing.T) {
+	t.Parallel()
+	const magic = "\x00idem-gcm1\x00" // sealedBodyMagic
+	block, err := aes.NewCipher(bodyKey1.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const scope, key = "tenant-a", "pay-1"
+	ad := append(binary.AppendUvarint(nil, uint64(len(scope))), scope+key...)
+	nonce := bytes.Repeat([]byte{9}, aead.NonceSize())
+	for _, plain := range []string{"", `{"ok":true}`} {
+		body := append([]byte(magic+"\x02"+bodyKey1.ID), nonce...)
+		body = aead.Seal(body, nonce, []byte(plain), ad)
+		got, err := keyed.OpenBody([]keyed.BodyKey{bodyKey1}, scope, key, body)
+		if err != nil || string(got) != plain {
+			t.Errorf("OpenBody of %q sealed by hand: %q, %v; want it back", plain, got, err)
 		}
 	}
 }
