@@ -348,3 +348,64 @@ func TestDuplicateStillInFlightLoggedOnlyWhenItWaitedItOut(t *testing.T) {
 		})
 	}
 }
+
+// lostOnRelease is a store whose Release finds the lease lost, as when
+// another took the key over while the handler ran.
+type lostOnRelease struct{ *idemmem.Store }
+
+func (lostOnRelease) Release(context.Context, idem.Ref) error { return idem.ErrLeaseLost }
+
+// The record of a key given up after a transient failure says why: a
+// handler that gave no answer (Ran.Failure: panicked, timed out) has its
+// failure in the record, a handler that answered with a transient status
+// has none; so for the key released, and for the release the store
+// refused because the lease was lost meanwhile.
+func TestReleaseRecordSaysTheHandlersFailure(t *testing.T) {
+	t.Parallel()
+	fp := idem.NewFingerprint("POST", "/pay", "", "", nil)
+	for _, tc := range []struct {
+		name string
+		lost bool
+		ran  keyed.Ran
+		msg  string
+	}{
+		{"panicked, released", false, keyed.Ran{Status: 500, Failure: "panicked"}, "transient failure: key released so a retry runs again"},
+		{"503, released", false, keyed.Ran{Status: 503}, "transient failure: key released so a retry runs again"},
+		{"panicked, lease lost", true, keyed.Ran{Status: 500, Failure: "panicked"}, "release refused: the lease was lost while the handler ran"},
+		{"503, lease lost", true, keyed.Ran{Status: 503}, "release refused: the lease was lost while the handler ran"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var store idem.Store = idemmem.NewStore(nil)
+			if tc.lost {
+				store = lostOnRelease{idemmem.NewStore(nil)}
+			}
+			var logs bytes.Buffer
+			eng, err := keyed.New(&keyed.Config{Store: store,
+				Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			face := &funcFace{run: func(context.Context) keyed.Ran { return tc.ran }}
+			eng.Serve(t.Context(), keyed.Request{Key: "k", Fingerprint: fp}, face)
+			var rec string
+			for _, l := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(l, tc.msg) {
+					rec = l
+				}
+			}
+			if rec == "" {
+				t.Fatalf("no record %q; logs:\n%s", tc.msg, logs.String())
+			}
+			if want := fmt.Sprintf("status=%d", tc.ran.Status); !strings.Contains(rec, want) {
+				t.Errorf("record %q without %s", rec, want)
+			}
+			if got, want := strings.Contains(rec, "failure="), tc.ran.Failure != ""; got != want {
+				t.Errorf("record %q has a failure attribute: %v, want %v", rec, got, want)
+			}
+			if tc.ran.Failure != "" && !strings.Contains(rec, `failure=panicked`) {
+				t.Errorf("record %q without failure=panicked", rec)
+			}
+		})
+	}
+}
