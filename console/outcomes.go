@@ -20,7 +20,10 @@ import (
 // KeyActions is what the console acts through on an execution stopped at
 // a recovery point. keyed.Completer (idemhttp.Completer) implements it:
 // its errors for a key that is not in flight at a point, or that a live
-// execution holds, leave the key as it was.
+// execution holds, leave the key as it was. keyed.Completers implements it
+// for a service with several faces on one store (idemhttp's and
+// idemgrpc's): each key is acted on by its own face's Completer, which
+// keeps the answer in the form that face's retries read.
 type KeyActions interface {
 	// ResumeKey runs one completer round for the key now. finished
 	// reports that it ended (its answer kept, or released having done
@@ -624,9 +627,10 @@ func (c *Console) refuseKey(w http.ResponseWriter, r *http.Request, scope idem.S
 	case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished):
 		status, heading = http.StatusConflict, "This key cannot be acted on now"
 	case errors.Is(err, keyed.ErrOtherPoint):
-		// Stopped by another face (the gRPC one): its answer must be kept
-		// in that face's form, which this console's completer cannot.
-		status, heading = http.StatusConflict, "This key was stopped by another face of the service"
+		// Stopped by a face whose completer this console was not given
+		// (the gRPC one of a service started without it): its answer must
+		// be kept in that face's form, which no completer here can.
+		status, heading = http.StatusConflict, "This key was stopped by a face of the service this console does not act for"
 	case errors.Is(err, keyed.ErrNotRecorded):
 		// A settle is taken only with its entry in the history.
 		c.cfg.Logger.Error("console: a settle was not taken: its history could not be written", "operator", operatorOf(r.Context()), "err", err)

@@ -81,7 +81,10 @@ func (s *callStream) SetTrailer(md metadata.MD) error {
 // is nil, err's status otherwise, and the metadata named in ReplayMetadata.
 // A response over MaxResponseBytes is kept without its message (overflow:
 // the engine decides what that means).
-func (i *Interceptor) keptAnswer(resp any, err error, cs *callStream) (kept idem.Response, overflow bool, kerr error) {
+//
+// extra is header metadata kept whatever ReplayMetadata says (a settle's
+// marker, see CompleterConfig.Settle).
+func (i *Interceptor) keptAnswer(resp any, err error, cs *callStream, extra metadata.MD) (kept idem.Response, overflow bool, kerr error) {
 	st := status.Convert(err)
 	h := http.Header{hdrStatus: {strconv.Itoa(int(st.Code()))}}
 	if msg := st.Message(); msg != "" {
@@ -100,6 +103,9 @@ func (i *Interceptor) keptAnswer(resp any, err error, cs *callStream) (kept idem
 		keepMD(h, hdrHeader, cs.header, i.replayMD)
 		keepMD(h, hdrTrailer, cs.trailer, i.replayMD)
 		cs.mu.Unlock()
+	}
+	for name, vals := range extra {
+		keepMD(h, hdrHeader, metadata.MD{name: vals}, []string{name})
 	}
 	kept = idem.Response{Status: HTTPStatus(st.Code()), Header: h}
 	if err == nil {

@@ -2,11 +2,16 @@ package idemgrpc
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/idem-go/idem"
@@ -58,6 +63,132 @@ type CompleterConfig struct {
 	// say, which keeps its answers in its own form. Defaults to none:
 	// every point.
 	Points []string
+	// Settle turns an operator's answer (Completer.Settle's, given as an
+	// HTTP answer: a status, a Content-Type, a body; as the console's
+	// "settle as failed" and "settle with an answer" and idem keys settle
+	// make them) into the call's answer, as the handler would answer: a
+	// response message (for a 2xx), or a status error. The answer is kept
+	// as the interceptor keeps a handler's, so the client's retry gets it
+	// replayed; its headers but Content-Type go with it as header
+	// metadata, lowercased (Idem-Settled-By-Operator becomes
+	// idem-settled-by-operator), whatever Config.ReplayMetadata says. An
+	// error that is not a status refuses the settle, changing nothing.
+	// Defaults to DefaultSettle, which refuses a 2xx.
+	Settle func(answer idem.Response) (any, error)
+}
+
+// ErrSettleNeedsMessage is DefaultSettle's refusal of a 2xx answer: its
+// response message is of the method's type, which only the application
+// can make from the operator's body (CompleterConfig.Settle).
+var ErrSettleNeedsMessage = errors.New("idemgrpc: a settled 2xx answer is a response message, which only the application can make from its body (idemgrpc.CompleterConfig.Settle); settle with a status (a 4xx or a 5xx)")
+
+// DefaultSettle is CompleterConfig.Settle's default: a status whose code
+// means what answer's HTTP status means to a gRPC client (SettleCode),
+// whose message is the answer's problem document's title and detail
+// (application/problem+json, RFC 9457) or its body as text. A 2xx is
+// refused (ErrSettleNeedsMessage).
+func DefaultSettle(answer idem.Response) (any, error) {
+	if answer.Status >= 200 && answer.Status < 300 {
+		return nil, ErrSettleNeedsMessage
+	}
+	return nil, status.Error(SettleCode(answer.Status), settleMessage(answer))
+}
+
+// SettleCode is the gRPC code a settled answer's HTTP status gives the
+// client. A 409, an operator's "settled as failed", is FailedPrecondition:
+// the call will not succeed under this key, and a retry of it must not be
+// told to wait and try again (Aborted is what the interceptor answers a
+// duplicate of a call in flight).
+func SettleCode(httpStatus int) codes.Code {
+	switch {
+	case httpStatus >= 200 && httpStatus < 300:
+		return codes.OK
+	}
+	switch httpStatus {
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+		return codes.InvalidArgument
+	case http.StatusUnauthorized:
+		return codes.Unauthenticated
+	case http.StatusForbidden:
+		return codes.PermissionDenied
+	case http.StatusNotFound, http.StatusGone:
+		return codes.NotFound
+	case http.StatusTooManyRequests:
+		return codes.ResourceExhausted
+	case 499:
+		return codes.Canceled
+	case http.StatusNotImplemented:
+		return codes.Unimplemented
+	case http.StatusBadGateway, http.StatusServiceUnavailable:
+		return codes.Unavailable
+	case http.StatusGatewayTimeout:
+		return codes.DeadlineExceeded
+	}
+	if httpStatus >= 400 && httpStatus < 500 {
+		return codes.FailedPrecondition
+	}
+	return codes.Internal
+}
+
+// maxSettleMessage bounds a settled status's message taken from a body
+// that is not a problem document.
+const maxSettleMessage = 1024
+
+// settleMessage is the status message of a settled answer.
+func settleMessage(answer idem.Response) string {
+	ct := strings.ToLower(answer.Header.Get("Content-Type"))
+	if strings.Contains(ct, "json") {
+		var p struct {
+			Title  string `json:"title"`
+			Detail string `json:"detail"`
+		}
+		if json.Unmarshal(answer.Body, &p) == nil && (p.Title != "" || p.Detail != "") {
+			switch {
+			case p.Title == "":
+				return p.Detail
+			case p.Detail == "":
+				return p.Title
+			}
+			return p.Title + ": " + p.Detail
+		}
+	}
+	msg := strings.TrimSpace(string(answer.Body))
+	if len(msg) > maxSettleMessage {
+		msg = strings.ToValidUTF8(msg[:maxSettleMessage], "")
+	}
+	if msg == "" {
+		msg = http.StatusText(answer.Status)
+	}
+	return msg
+}
+
+// settledMetadata is the header metadata of a settled answer: its headers
+// but Content-Type, named in lowercase; a name metadata cannot carry, or
+// gRPC reserves (grpc-…), is left out.
+func settledMetadata(h http.Header) metadata.MD {
+	md := metadata.MD{}
+	for name, vals := range h {
+		lower := strings.ToLower(name)
+		if lower == "content-type" || lower == "content-length" || strings.HasPrefix(lower, "grpc-") || !validMDName(lower) {
+			continue
+		}
+		md[lower] = append([]string(nil), vals...)
+	}
+	return md
+}
+
+// validMDName reports whether name may name metadata: lowercase letters,
+// digits, '-', '_' and '.'.
+func validMDName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 // Completer finishes, in the background, the calls whose holder died after
@@ -78,8 +209,25 @@ func (i *Interceptor) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
 	if c.Resume == nil {
 		return nil, &idem.ArgumentError{Field: "idemgrpc.CompleterConfig.Resume", Reason: "is required"}
 	}
-	resume := c.Resume
+	resume, settle := c.Resume, c.Settle
+	if settle == nil {
+		settle = DefaultSettle
+	}
 	comp, err := i.eng.NewCompleter(&keyed.CompleterConfig{Every: c.Every, Timeout: c.Timeout, Limit: c.Limit, Parallel: c.Parallel, Logger: c.Logger, Points: c.Points,
+		SettleAnswer: func(answer idem.Response) (idem.Response, error) {
+			resp, serr := settle(answer)
+			if _, isStatus := status.FromError(serr); serr != nil && !isStatus {
+				return idem.Response{}, serr
+			}
+			kept, overflow, err := i.keptAnswer(resp, serr, nil, settledMetadata(answer.Header))
+			switch {
+			case err != nil:
+				return idem.Response{}, err
+			case overflow:
+				return idem.Response{}, fmt.Errorf("the answer exceeds %d bytes, the most that is kept", i.cfg.MaxResponseBytes)
+			}
+			return kept, nil
+		},
 		Resume: func(ctx context.Context, kex keyed.Execution) (idem.Response, error) {
 			ex := Execution{Scope: kex.Scope, Key: kex.Key, Token: kex.Token, ClaimedAt: kex.ClaimedAt, TookOver: kex.TookOver, Recovery: kex.Recovery, engine: kex}
 			ctx = context.WithValue(ctx, execKey{}, &execution{Execution: ex})
@@ -90,7 +238,7 @@ func (i *Interceptor) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
 			if _, isStatus := status.FromError(rerr); !isStatus || !i.cfg.Keep("", status.Code(rerr)) {
 				return idem.Response{}, rerr
 			}
-			kept, overflow, err := i.keptAnswer(resp, rerr, nil)
+			kept, overflow, err := i.keptAnswer(resp, rerr, nil, nil)
 			switch {
 			case err != nil:
 				return idem.Response{}, err

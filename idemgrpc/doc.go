@@ -114,6 +114,16 @@
 // which finishes an abandoned call with nobody asking. The store must be
 // an idem.Recoverer.
 //
+// An outcome the Completer cannot learn is a person's to decide, as on
+// idemhttp (the console, idem keys settle): Completer.Settle is given the
+// operator's answer in HTTP's terms, and keeps it as the call's answer
+// (CompleterConfig.Settle; DefaultSettle makes it the status whose code
+// means that HTTP status, SettleCode), so that the client's retry gets a
+// status or a message it reads, with its headers as header metadata
+// (idem-settled-by-operator). keyed.Completers sends each key to the
+// Completer of the face that stopped it, where idemhttp's and idemgrpc's
+// share a store.
+//
 // # Two forms, three stores
 //
 // As idemhttp's: with a plain idem.Store (idemmem, idemredis) the key is

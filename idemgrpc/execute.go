@@ -68,7 +68,7 @@ func (c *call) Run(ctx context.Context, inTx bool) keyed.Ran {
 	ran := keyed.Ran{Status: HTTPStatus(code), Failure: failure}
 	if failure == "" && i.cfg.Keep(c.method, code) {
 		ran.Keep = true
-		ran.Answer, ran.Overflow, ran.Err = i.keptAnswer(c.resp, c.err, c.cs)
+		ran.Answer, ran.Overflow, ran.Err = i.keptAnswer(c.resp, c.err, c.cs, nil)
 		if ran.Err == nil && c.err == nil {
 			i.types.learn(c.method, c.resp)
 		}

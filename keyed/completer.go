@@ -63,6 +63,15 @@ type CompleterConfig struct {
 	// keeps in its own form, so each names the points its handlers save.
 	// Defaults to none: every point.
 	Points []string
+	// SettleAnswer turns an operator's answer, as Settle is given it (an
+	// HTTP answer: a status, a Content-Type and other headers, a body; as
+	// console.FailedAnswer and console.OperatorAnswer make them), into the
+	// answer this Completer's face keeps, in the form its replays read
+	// (as a face's Ran.Answer). An error refuses the settle, changing
+	// nothing; Settle returns it wrapped in an error matching
+	// idem.ErrInvalidArgument. Defaults to keeping the answer as it is:
+	// HTTP's form, idemhttp's.
+	SettleAnswer func(answer idem.Response) (idem.Response, error)
 }
 
 // Completer finishes, in the background, the executions whose holder died

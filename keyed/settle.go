@@ -292,6 +292,15 @@ func (c *Completer) settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 	if err != nil || dryRun {
 		return rec, err
 	}
+	if c.cfg.SettleAnswer != nil {
+		// In this face's form, before anything changes: an answer the face
+		// cannot keep is refused with the key left as it is.
+		faced, err := c.cfg.SettleAnswer(answer)
+		if err != nil {
+			return rec, fmt.Errorf("%w: %w", &idem.ArgumentError{Field: "answer", Reason: "cannot be kept in the form of the face that stopped the key"}, err)
+		}
+		answer = faced
+	}
 	e := c.e
 	var claim idem.Claim
 	if t := c.heldToken(wk); t != 0 && t == rec.Token {

@@ -1,0 +1,96 @@
+package keyed_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/keyed"
+)
+
+// Completers acts on each key by the Completer of its point, whose
+// settles keep the operator's answer in that face's form
+// (CompleterConfig.SettleAnswer) and whose resumes run that face's
+// Resume; a key at a point none names, and an answer a face cannot keep,
+// are refused, changing nothing.
+func TestCompletersActByTheKeysFace(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	var resumed []string
+	face := func(point string, settle func(idem.Response) (idem.Response, error)) *keyed.Completer {
+		t.Helper()
+		eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		comp, err := eng.NewCompleter(&keyed.CompleterConfig{Points: []string{point}, SettleAnswer: settle,
+			Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
+				resumed = append(resumed, point+":"+string(ex.Key))
+				return idem.Response{Status: 201, Header: http.Header{"Form": {point}}}, nil
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return comp
+	}
+	errNoSuchForm := errors.New("no such answer on this face")
+	cs := keyed.Completers{
+		face("a", nil),
+		face("b", func(answer idem.Response) (idem.Response, error) {
+			if answer.Status == 299 {
+				return idem.Response{}, errNoSuchForm
+			}
+			return idem.Response{Status: answer.Status, Header: http.Header{"Form": {"b"}}, Body: answer.Body}, nil
+		}),
+	}
+	for _, k := range []struct{ key, point string }{{"ka", "a"}, {"kb", "b"}, {"kb-299", "b"}, {"kb-resume", "b"}, {"kc", "c"}} {
+		abandonAt(t, store, idem.Key(k.key), k.point)
+	}
+	answer := idem.Response{Status: 409, Header: http.Header{"Content-Type": {"application/problem+json"}}, Body: []byte(`{"title":"settled"}`)}
+	for key, form := range map[idem.Key]string{"ka": "", "kb": "b"} {
+		if _, err := cs.SettleRecorded(t.Context(), "", key, answer, func(context.Context, bool) error { return nil }); err != nil {
+			t.Fatalf("settling %s: %v", key, err)
+		}
+		rec, err := store.Get(t.Context(), "", key)
+		if err != nil || rec.State != idem.StateCompleted || rec.Response == nil || rec.Response.Status != 409 || rec.Response.Header.Get("Form") != form {
+			t.Fatalf("%s after the settle: %+v, %v; want 409 kept in face %q's form", key, rec.Response, err, form)
+		}
+	}
+	unchanged := func(key idem.Key, point string) {
+		t.Helper()
+		if rec, err := store.Get(t.Context(), "", key); err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != point || rec.LeaseExpiresAt.After(clock.Now()) {
+			t.Fatalf("%s: %v at %q, %v; want it left in flight at its point", key, rec.State, rec.Recovery.Name, err)
+		}
+	}
+	_, err := cs.Settle(t.Context(), "", "kb-299", idem.Response{Status: 299}, false)
+	if !errors.Is(err, idem.ErrInvalidArgument) || !errors.Is(err, errNoSuchForm) {
+		t.Fatalf("settling with an answer face b cannot keep: %v; want ErrInvalidArgument wrapping the face's reason", err)
+	}
+	unchanged("kb-299", "b")
+	for _, dry := range []bool{true, false} {
+		if _, err := cs.Settle(t.Context(), "", "kc", answer, dry); !errors.Is(err, keyed.ErrOtherPoint) {
+			t.Fatalf("settling a key at a point no completer names (dry run %v): %v; want ErrOtherPoint", dry, err)
+		}
+		if _, err := cs.ResumeKey(t.Context(), "", "kc", dry); !errors.Is(err, keyed.ErrOtherPoint) {
+			t.Fatalf("resuming a key at a point no completer names (dry run %v): %v; want ErrOtherPoint", dry, err)
+		}
+	}
+	unchanged("kc", "c")
+	if finished, err := cs.ResumeKey(t.Context(), "", "kb-resume", false); !finished || err != nil || len(resumed) != 1 || resumed[0] != "b:kb-resume" {
+		t.Fatalf("resuming kb-resume: %v, %v, resumed %v; want face b's Resume", finished, err, resumed)
+	}
+	if _, err := cs.Settle(t.Context(), "", "nope", answer, true); !errors.Is(err, keyed.ErrNotStopped) || !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("settling an unknown key: %v; want ErrNotStopped and ErrNotFound", err)
+	}
+	if _, err := cs.Settle(t.Context(), "", "ka", answer, true); !errors.Is(err, keyed.ErrNotStopped) {
+		t.Fatalf("settling a settled key: %v; want ErrNotStopped", err)
+	}
+	if _, err := (keyed.Completers{}).Settle(t.Context(), "", "ka", answer, true); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Fatalf("no Completers: %v; want ErrInvalidArgument", err)
+	}
+}
