@@ -20,6 +20,7 @@ import (
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idempg"
 	"github.com/idem-go/idem/idemsqlite"
+	"github.com/idem-go/idem/keyed"
 )
 
 // envOperators is the environment variable read for the console's
@@ -60,7 +61,7 @@ func (a *app) consoleOperators(flagValue string, flagSet bool) ([]console.Operat
 // openConsole builds the console on the open database db. keys is the
 // service's key store, whose executions stopped at a recovery point the
 // console shows (nil: the one in db); bodyKeys open the points it sealed.
-func openConsole(ctx context.Context, db *database, keys idem.Store, bodyKeys []idemhttp.BodyKey, actions *idemhttp.Completer, network *acquirer.Client, ops []console.Operator, publicHTTPS bool, logger *slog.Logger) (*console.Console, error) {
+func openConsole(ctx context.Context, db *database, keys idem.Store, bodyKeys []idemhttp.BodyKey, actions keyed.Completers, network *acquirer.Client, ops []console.Operator, publicHTTPS bool, logger *slog.Logger) (*console.Console, error) {
 	var (
 		letters  *deadletter.Service
 		insights console.Insights
@@ -99,8 +100,10 @@ func openConsole(ctx context.Context, db *database, keys idem.Store, bodyKeys []
 	if rs, ok := keys.(idem.Recoverer); ok {
 		cfg.Recoveries, cfg.ShowPoint, cfg.KeyHistory = rs, payments.ShowPointAt(bodyKeys, network), history
 		if actions != nil {
-			// The service's completer: the console's resumes and settles
-			// are its own, and its unknown-outcome count follows them.
+			// The service's completers, one per face: the console's resumes
+			// and settles are theirs, each acting on its own face's keys
+			// (an answer kept in the form that face's retries read), and
+			// their unknown-outcome counts follow them.
 			cfg.Actions = actions
 		}
 	}
@@ -140,7 +143,7 @@ func (a *app) planConsole(on bool, operators string, operatorsSet bool) (*consol
 
 // mountConsole returns h with the console of cp served under consolePath
 // beside it; h itself when cp is nil.
-func mountConsole(ctx context.Context, cp *consolePlan, db *database, keys idem.Store, bodyKeys []idemhttp.BodyKey, actions *idemhttp.Completer, network *acquirer.Client, logger *slog.Logger, h http.Handler) (http.Handler, error) {
+func mountConsole(ctx context.Context, cp *consolePlan, db *database, keys idem.Store, bodyKeys []idemhttp.BodyKey, actions keyed.Completers, network *acquirer.Client, logger *slog.Logger, h http.Handler) (http.Handler, error) {
 	if cp == nil {
 		return h, nil
 	}

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/payments"
@@ -179,10 +181,9 @@ When the server seals keys (IDEM_KEY_SECRET) or encrypts what it keeps
 func refusedAction(err error) error {
 	switch {
 	case errors.Is(err, keyed.ErrOtherPoint):
-		// The gRPC face's key: its answer is kept in gRPC's form, which
-		// only that face's completer (idem serve --grpc) keeps.
-		return fmt.Errorf("the key was stopped by another face of the service (its gRPC face), which this command does not act on: "+
-			"the gRPC face's completer (idem serve --grpc) finishes it: %w; nothing was changed", err)
+		// Neither face's point: no completer here keeps its answer in the
+		// form its face's retries read.
+		return fmt.Errorf("the key stopped at a recovery point of neither face of the service: %w; nothing was changed", err)
 	case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished):
 		return fmt.Errorf("%w; nothing was changed", err)
 	}
@@ -197,6 +198,10 @@ func resumedAnswer(ctx context.Context, store idem.Recoverer, scope idem.Scope, 
 		return "the card network had made no charge under its key: the key was released, and the client's retry runs the request anew"
 	case err != nil:
 		return "finished (its record could not be read back: " + err.Error() + ")"
+	case rec.Response != nil && rec.Response.Header.Get("Grpc-Status") != "":
+		// Kept by the gRPC face: its code, as its client gets it.
+		n, _ := strconv.ParseUint(rec.Response.Header.Get("Grpc-Status"), 10, 32)
+		return fmt.Sprintf("finished; its gRPC client's retry gets status %s", codes.Code(n))
 	case rec.Response != nil:
 		return fmt.Sprintf("finished; its client's retry gets %d", rec.Response.Status)
 	}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
+	"slices"
+	"strconv"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/status"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/payments"
@@ -41,10 +43,16 @@ key could be settled and changes nothing. A key that is unknown, completed,
 released, or held by a live execution (a completer's resume, a client's
 retry) is refused, changing nothing; the settle takes the key over before
 completing it, so an execution finishing it at the same moment either
-refuses it or finds it settled. A key stopped by the gRPC face (at its point
-"charging-grpc") is refused too, changing nothing: the answer kept here is in
-HTTP's form, which a gRPC retry could not read; the gRPC face's completer
-(idem serve --grpc) finishes it.
+refuses it or finds it settled.
+
+A key stopped by the gRPC face (idem serve --grpc, at its point
+"charging-grpc") is settled in gRPC's form, which its client's retry reads:
+--failed is the status FailedPrecondition saying an operator settled the
+call as failed; --status 2xx is the body's JSON object as the call's
+google.protobuf.Struct (a body that is not an object is refused), and
+another status the status whose code means it on the gRPC face, its
+message the body's problem title and detail. Both carry the metadata
+idem-settled-by-operator.
 
 When the server seals keys (IDEM_KEY_SECRET) or encrypts the answers it keeps
 (IDEM_BODY_KEYS), give the same variables here. The server's completer drops
@@ -110,15 +118,9 @@ the key from its unknown count at its next round.`,
 		if err != nil {
 			return err
 		}
-		mw, err := idemhttp.New(&idemhttp.Config{Store: store, SeparateTx: true, SharedScope: true, BodyKeys: rest.bodyKeys})
-		if err != nil {
-			return err
-		}
-		// The HTTP face's points alone: an answer kept here is in HTTP's
-		// form, which the gRPC face's retries could not read back.
-		comp, err := mw.NewCompleter(&idemhttp.CompleterConfig{Points: payments.HTTPPoints(), Resume: func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
-			return errors.New("idem keys settle resumes nothing")
-		}})
+		// Each face's completer, each keeping the answer of its own face's
+		// keys in the form that face's retries read.
+		comp, err := payments.SettleCompleters(store, rest.bodyKeys)
 		if err != nil {
 			return err
 		}
@@ -126,17 +128,17 @@ the key from its unknown count at its next round.`,
 		if rest.keySecret != nil {
 			stored = idemhttp.SealKey(rest.keySecret, idem.Scope(scope), key)
 		}
-		_, err = comp.Settle(ctx, idem.Scope(scope), stored, answer, true)
+		rec, err := comp.Settle(ctx, idem.Scope(scope), stored, answer, true)
 		if errors.Is(err, idem.ErrNotFound) && stored != key {
 			// Kept before the keys were sealed.
 			stored = key
-			_, err = comp.Settle(ctx, idem.Scope(scope), stored, answer, true)
+			rec, err = comp.Settle(ctx, idem.Scope(scope), stored, answer, true)
 		}
 		if err != nil {
 			return refusedAction(err)
 		}
 		if dryRun {
-			fmt.Fprintf(a.stdout, "dry run: key %q in scope %q can be settled; its client's retry would get %d (nothing was changed)\n", string(key), scope, answer.Status)
+			fmt.Fprintf(a.stdout, "dry run: key %q in scope %q can be settled; its client's retry would get %s (nothing was changed)\n", string(key), scope, settledAs(rec.Recovery.Name, answer))
 			return nil
 		}
 		ev := console.KeyEvent{Scope: idem.Scope(scope), Key: stored, Actor: operator, Action: action, Reason: reason}
@@ -154,7 +156,7 @@ the key from its unknown count at its next round.`,
 			}
 			return fmt.Errorf("settling the key: %w", err)
 		}
-		fmt.Fprintf(a.stdout, "settled key %q in scope %q: its client's retry gets %d\n", string(key), scope, answer.Status)
+		fmt.Fprintf(a.stdout, "settled key %q in scope %q: its client's retry gets %s\n", string(key), scope, settledAs(rec.Recovery.Name, answer))
 		return nil
 	})
 	return cmd
@@ -183,4 +185,14 @@ func settleStores(ctx context.Context, db *database) (idem.Recoverer, console.Ke
 	}
 	h, err := payments.KeyHistory(db.sqlite)
 	return store, h, err
+}
+
+// settledAs says what the retry of a key stopped at point gets once it is
+// settled with answer: the status, or on the gRPC face the call's.
+func settledAs(point string, answer idem.Response) string {
+	if !slices.Contains(payments.GRPCPoints(), point) {
+		return strconv.Itoa(answer.Status)
+	}
+	_, err := payments.SettleGRPC(answer)
+	return "gRPC status " + status.Code(err).String()
 }

@@ -438,8 +438,10 @@ func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 		}
 	}()
 
-	completer, _ := svc.Completer() // nil without one: the console then only shows the stopped executions
-	handler, err := mountConsole(ctx, p.console, db, p.payments.Keys, p.payments.BodyKeys, completer, p.payments.Acquirer, logger, svc.Handler())
+	// nil without a completer: the console then only shows the stopped
+	// executions. With --grpc, the gRPC face's completer acts on its keys.
+	actions, _ := svc.KeyActions()
+	handler, err := mountConsole(ctx, p.console, db, p.payments.Keys, p.payments.BodyKeys, actions, p.payments.Acquirer, logger, svc.Handler())
 	if err != nil {
 		return err
 	}

@@ -114,13 +114,42 @@ func (s *Service) newGRPCFace(c *Config) (collectorSet, error) {
 	}
 	if s.phased() {
 		comp, err := s.grpcPayments.NewCompleter(&idemgrpc.CompleterConfig{Resume: s.resumeGRPC, Every: c.CompleterEvery, Logger: c.Logger,
-			Points: []string{pointChargingGRPC}})
+			Points: GRPCPoints(), Settle: SettleGRPC})
 		if err != nil {
 			return nil, fmt.Errorf("payments: gRPC completer: %w", err)
 		}
 		s.grpcCompleter = comp
 	}
 	return metrics, nil
+}
+
+// GRPCPoints names the recovery points the gRPC face's handlers save (its
+// completer's CompleterConfig.Points), as HTTPPoints does the HTTP face's.
+func GRPCPoints() []string { return []string{pointChargingGRPC} }
+
+// SettleGRPC is the gRPC face's completer's Settle: an operator's answer
+// as the gRPC face answers (see grpcAnswer). A 2xx is the body's members
+// in a google.protobuf.Struct, as the face answers a payment; a body that
+// is not a JSON object is refused. Any other status is the status whose
+// code means what the HTTP status means on this face (grpcCode: the 409 of
+// a settle as failed is FailedPrecondition, as a declined payment's is),
+// its message the problem's title and detail; the answer's
+// Idem-Settled-By-Operator header becomes idem-settled-by-operator
+// metadata.
+func SettleGRPC(answer idem.Response) (any, error) {
+	if answer.Status >= 200 && answer.Status < 300 {
+		out := new(structpb.Struct)
+		if err := protojson.Unmarshal(bytes.TrimSpace(answer.Body), out); err != nil {
+			return nil, fmt.Errorf("the gRPC face answers with a google.protobuf.Struct, made from a JSON object, and this body is not one: %w", err)
+		}
+		return out, nil
+	}
+	_, err := idemgrpc.DefaultSettle(answer)
+	code := grpcCode(answer.Status)
+	if code == codes.Unknown {
+		code = idemgrpc.SettleCode(answer.Status)
+	}
+	return nil, status.Error(code, status.Convert(err).Message())
 }
 
 // grpcScope makes every tenant's keys its own, as scopeByTenant does on

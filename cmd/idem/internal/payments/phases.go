@@ -8,7 +8,9 @@ import (
 	"net/http"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemgrpc"
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/keyed"
 )
 
 // A payment at a card network (Config.Acquirer) runs in two phases, each
@@ -160,31 +162,84 @@ func (s *Service) Completer() (*idemhttp.Completer, error) {
 	return s.completer, nil
 }
 
+// KeyActions returns what acts on a key stopped at a recovery point,
+// whichever face stopped it: each face's completer (the HTTP face's, and
+// with Config.GRPC the gRPC face's), each resuming and settling the keys
+// of its own face's points, so that the answer it keeps is in the form
+// that face's retries read (keyed.Completers). It is what the console and
+// the idem keys commands act through.
+func (s *Service) KeyActions() (keyed.Completers, error) {
+	if s.completer == nil {
+		return nil, errNoCompleter
+	}
+	cs := keyed.Completers{s.completer}
+	if s.grpcCompleter != nil {
+		cs = append(cs, s.grpcCompleter)
+	}
+	return cs, nil
+}
+
 // HTTPPoints names the recovery points the HTTP face's handlers save
 // (its completer's CompleterConfig.Points): a key stopped at another (the
 // gRPC face's) is left to that face's completer, whose answers are kept in
 // gRPC's form.
 func HTTPPoints() []string { return []string{pointCharging} }
 
+// errResumesNothing is the Resume of SettleCompleters' completers.
+var errResumesNothing = errors.New("payments: this completer settles, and resumes nothing")
+
+// SettleCompleters returns what settles a key of store stopped at a
+// recovery point, for an operator's action outside a running service (idem
+// keys settle): each face's completer, as Service.KeyActions, keeping
+// answers as the service keeps them (sealed with bodyKeys), and resuming
+// nothing (a ResumeKey fails, leaving the key as it was).
+func SettleCompleters(store idem.Store, bodyKeys []idemhttp.BodyKey) (keyed.Completers, error) {
+	mw, err := idemhttp.New(&idemhttp.Config{Store: store, SeparateTx: true, SharedScope: true, BodyKeys: bodyKeys})
+	if err != nil {
+		return nil, err
+	}
+	hc, err := mw.NewCompleter(&idemhttp.CompleterConfig{Points: HTTPPoints(), Resume: func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
+		return errResumesNothing
+	}})
+	if err != nil {
+		return nil, err
+	}
+	ic, err := idemgrpc.New(&idemgrpc.Config{Store: store, SeparateTx: true, SharedScope: true, BodyKeys: bodyKeys})
+	if err != nil {
+		return nil, err
+	}
+	gc, err := ic.NewCompleter(&idemgrpc.CompleterConfig{Points: GRPCPoints(), Settle: SettleGRPC, Resume: func(context.Context, idemgrpc.Execution) (any, error) {
+		return nil, errResumesNothing
+	}})
+	if err != nil {
+		return nil, err
+	}
+	return keyed.Completers{hc, gc}, nil
+}
+
 // NewCompleter starts the service cfg describes for its completer alone,
 // for an operator's action on one key outside a running service (idem keys
 // resume): the completer's resumes charge the card network and record the
 // payment, its event in the outbox, exactly as the service's own do, but
-// it runs no rounds of its own (only Completer.ResumeKey and Settle act),
+// it runs no rounds of its own (only ResumeKey and Settle act),
 // and nothing serves requests or relays events (cfg.APIKeys may be
-// empty; cfg.RequestsOnly is implied). cfg.Acquirer is required, and the
-// keys must live in the service's database. stop stops what it started.
-func NewCompleter(ctx context.Context, cfg *Config) (comp *idemhttp.Completer, stop func() error, err error) {
+// empty; cfg.RequestsOnly is implied). Both faces' completers are made
+// (Service.KeyActions), so that a key the gRPC face stopped is resumed as
+// that face's completer resumes it, its answer kept in gRPC's form.
+// cfg.Acquirer is required, and the keys must live in the service's
+// database. stop stops what it started.
+func NewCompleter(ctx context.Context, cfg *Config) (comp keyed.Completers, stop func() error, err error) {
 	if cfg == nil || cfg.Acquirer == nil {
 		return nil, nil, fmt.Errorf("%w: a completer needs the card network (Acquirer): it resumes payments there", ErrConfig)
 	}
 	c := *cfg
 	c.completerOnly, c.RequestsOnly = true, true
+	c.GRPC = c.Keys == nil && !c.Unsafe
 	svc, err := New(ctx, &c)
 	if err != nil {
 		return nil, nil, err
 	}
-	if comp, err = svc.Completer(); err != nil {
+	if comp, err = svc.KeyActions(); err != nil {
 		return nil, nil, errors.Join(err, svc.Close())
 	}
 	return comp, svc.Close, nil
