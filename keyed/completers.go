@@ -67,6 +67,16 @@ func (cs Completers) Settle(ctx context.Context, scope idem.Scope, key idem.Key,
 	return c.Settle(ctx, scope, key, answer, dryRun)
 }
 
+// ResumeRecorded is Completer.ResumeRecorded, by the Completer of the
+// key's face, which runs that face's Resume.
+func (cs Completers) ResumeRecorded(ctx context.Context, scope idem.Scope, key idem.Key, record ResumeRecord) (bool, error) {
+	c, err := cs.of(ctx, scope, key)
+	if err != nil {
+		return false, err
+	}
+	return c.ResumeRecorded(ctx, scope, key, record)
+}
+
 // SettleRecorded is Completer.SettleRecorded, by the Completer of the
 // key's face.
 func (cs Completers) SettleRecorded(ctx context.Context, scope idem.Scope, key idem.Key, answer idem.Response, record SettleRecord) (idem.Record, error) {

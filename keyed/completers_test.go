@@ -48,7 +48,7 @@ func TestCompletersActByTheKeysFace(t *testing.T) {
 			return idem.Response{Status: answer.Status, Header: http.Header{"Form": {"b"}}, Body: answer.Body}, nil
 		}),
 	}
-	for _, k := range []struct{ key, point string }{{"ka", "a"}, {"kb", "b"}, {"kb-299", "b"}, {"kb-resume", "b"}, {"kc", "c"}} {
+	for _, k := range []struct{ key, point string }{{"ka", "a"}, {"kb", "b"}, {"kb-299", "b"}, {"kb-resume", "b"}, {"kb-recorded", "b"}, {"kc", "c"}} {
 		abandonAt(t, store, idem.Key(k.key), k.point)
 	}
 	answer := idem.Response{Status: 409, Header: http.Header{"Content-Type": {"application/problem+json"}}, Body: []byte(`{"title":"settled"}`)}
@@ -83,6 +83,11 @@ func TestCompletersActByTheKeysFace(t *testing.T) {
 	unchanged("kc", "c")
 	if finished, err := cs.ResumeKey(t.Context(), "", "kb-resume", false); !finished || err != nil || len(resumed) != 1 || resumed[0] != "b:kb-resume" {
 		t.Fatalf("resuming kb-resume: %v, %v, resumed %v; want face b's Resume", finished, err, resumed)
+	}
+	recorded := false
+	if finished, err := cs.ResumeRecorded(t.Context(), "", "kb-recorded", func(context.Context, bool, keyed.ResumeEnd) error { recorded = true; return nil }); !finished || err != nil ||
+		!recorded || len(resumed) != 2 || resumed[1] != "b:kb-recorded" {
+		t.Fatalf("resuming kb-recorded with its record: %v, %v, recorded %v, resumed %v; want face b's Resume, recorded", finished, err, recorded, resumed)
 	}
 	if _, err := cs.Settle(t.Context(), "", "nope", answer, true); !errors.Is(err, keyed.ErrNotStopped) || !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("settling an unknown key: %v; want ErrNotStopped and ErrNotFound", err)
