@@ -44,7 +44,10 @@ bound it is an unknown outcome, a difference, for a person to decide on
 
 Exit status: 0 when the books agree (payments being finished do not count);
 1 when there is a difference (unknown outcomes included); 2 on bad usage;
-3 when a side could not be read, and nothing was compared.
+3 when a side could not be read: nothing, or not everything, was compared.
+A run that stops partway says so (with --json, a summary whose "complete"
+is false and whose "error" says why); the differences it printed before
+are real, but not all of them.
 
 --since limits the comparison to what was made at or after a time (RFC 3339,
 or a duration back from now such as 24h); by default everything is compared.
@@ -82,7 +85,7 @@ error that says so.`,
 	cmd.Flags().DurationVar(&bound, "bound", payments.DefaultCompletionBound, "how long after its recovery point a payment in flight is still being finished; past it, its outcome is unknown")
 	cmd.Flags().IntVar(&window, "window", payments.DefaultReconcileWindow, "how many charges, payments and logical payments of each kind are held at once: memory stays bounded by it, however long the history")
 	cmd.Flags().DurationVar(&horizon, "key-horizon", payments.DefaultKeyHorizon, "how long after a logical payment's first charge another charge of it is a double charge (the service's --key-ttl)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines: one object per difference as found, one per payment being finished, then a summary")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines: one object per difference as found, one per payment being finished, then a summary (\"complete\": false, with its \"error\", when the run stopped partway)")
 	cmd.RunE = a.action(func(cmd *cobra.Command, _ []string) (err error) {
 		ctx := cmd.Context()
 		if err := checkPGSchema(cmd, dbURL); err != nil {
@@ -113,9 +116,10 @@ error that says so.`,
 		if err != nil {
 			return &usageError{fmt.Errorf("--acquirer: %w", err)}
 		}
+		out := &reconcileOutput{a: a, json: asJSON}
 		db, err := openDBToRead(ctx, dbURL, pgSchema)
 		if err != nil {
-			return a.unreadable(err)
+			return out.incomplete(nil, from, bound, err)
 		}
 		defer func() { err = errors.Join(err, db.Close()) }()
 		rest, err := a.atRestFromEnv()
@@ -124,7 +128,6 @@ error that says so.`,
 		}
 		inFlight, closeKeys := keysInFlight(db)
 		defer func() { err = errors.Join(err, closeKeys()) }()
-		out := &reconcileOutput{a: a, json: asJSON}
 		if !asJSON {
 			window := "everything"
 			if !from.IsZero() {
@@ -138,7 +141,7 @@ error that says so.`,
 			if out.err != nil {
 				return out.err
 			}
-			return a.unreadable(err)
+			return out.incomplete(rec, from, bound, err)
 		}
 		return out.end(rec, from, bound)
 	})
@@ -203,15 +206,7 @@ func (o *reconcileOutput) end(rec *payments.Reconciliation, from time.Time, boun
 				return err
 			}
 		}
-		summary := map[string]any{"type": "summary", "payments": rec.Payments, "charges": rec.Charges, "pending": len(rec.Pending),
-			"differences": rec.DifferenceCount, "bound_s": bound.Seconds(), "peak_held": rec.PeakHeld}
-		if rec.CutShort > 0 {
-			summary["cut_short"] = rec.CutShort
-		}
-		if !from.IsZero() {
-			summary["since"] = from.UTC().Format(time.RFC3339Nano)
-		}
-		if err := enc.Encode(summary); err != nil {
+		if err := enc.Encode(summary(rec, from, bound)); err != nil {
 			return err
 		}
 		return failed()
@@ -232,6 +227,42 @@ func (o *reconcileOutput) end(rec *payments.Reconciliation, from time.Time, boun
 	}
 	fmt.Fprintln(a.stdout, "0 differences: every charge is a payment's, every payment's charge is there, once")
 	return nil
+}
+
+// summary is the --json summary of rec: complete, unless the caller says
+// otherwise.
+func summary(rec *payments.Reconciliation, from time.Time, bound time.Duration) map[string]any {
+	s := map[string]any{"type": "summary", "complete": true, "payments": rec.Payments, "charges": rec.Charges, "pending": len(rec.Pending),
+		"differences": rec.DifferenceCount, "bound_s": bound.Seconds(), "peak_held": rec.PeakHeld}
+	if rec.CutShort > 0 {
+		s["cut_short"] = rec.CutShort
+	}
+	if !from.IsZero() {
+		s["since"] = from.UTC().Format(time.RFC3339Nano)
+	}
+	return s
+}
+
+// incomplete ends a run that failed (err) before its comparison was
+// whole, having compared rec until then (nil when it compared nothing):
+// it says so, in a --json summary marked incomplete with its error, or a
+// line of text, and exits with exitUnreadable. The differences printed
+// before are real; they are not all.
+func (o *reconcileOutput) incomplete(rec *payments.Reconciliation, from time.Time, bound time.Duration, err error) error {
+	if rec == nil {
+		rec = &payments.Reconciliation{}
+	}
+	if o.json {
+		s := summary(rec, from, bound)
+		s["complete"], s["error"] = false, oneLine(err.Error())
+		if werr := json.NewEncoder(o.a.stdout).Encode(s); werr != nil {
+			err = errors.Join(err, werr)
+		}
+	} else if rec.Payments+rec.Charges+rec.DifferenceCount > 0 {
+		fmt.Fprintf(o.a.stdout, "INCOMPLETE: stopped after comparing %d payments and %d charges, with %d difference(s) found so far; the rest was not compared\n",
+			rec.Payments, rec.Charges, rec.DifferenceCount)
+	}
+	return o.a.unreadable(err)
 }
 
 func orEmpty(s []string) []string {

@@ -234,6 +234,12 @@ const DefaultKeyHorizon = DefaultKeyTTL
 //
 // It only reads: it never migrates the database, and one whose schema is
 // not (or not fully) there gets an error that says to migrate it.
+//
+// On an error once the comparison began (a side that stopped answering),
+// it returns what it compared and found until then with the error: an
+// incomplete Reconciliation, whose differences are real but not all of
+// them. On an error before (bad options, a database not migrated) the
+// Reconciliation is nil.
 func Reconcile(ctx context.Context, db *idemsqlite.DB, pg *idempg.DB, net *acquirer.Client, since time.Time, opts *ReconcileOptions) (*Reconciliation, error) {
 	var o ReconcileOptions
 	if opts != nil {
@@ -278,7 +284,9 @@ func Reconcile(ctx context.Context, db *idemsqlite.DB, pg *idempg.DB, net *acqui
 	r := &reconciler{o: o, since: since, store: store, net: net, rec: &Reconciliation{Since: since},
 		waiting: map[string]*waiter{}, logical: map[[2]string]*logicalPayment{}, pendCharges: map[string][]string{}}
 	if err := r.run(ctx); err != nil {
-		return nil, err
+		// What was compared until then, for a report that says it is
+		// incomplete.
+		return r.rec, err
 	}
 	return r.rec, nil
 }
