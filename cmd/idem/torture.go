@@ -55,9 +55,11 @@ a PostgreSQL and a Redis server of the run's own instead (initdb and postgres,
 redis-server), on free ports, with their data in the temporary directory;
 --keys private-volatile starts a Redis that keeps nothing on disk, as one run
 as a cache does. With them, --restart-stores-every SIGKILLs one of them, at
-random, that often and starts it again on the same data (a volatile Redis
-comes back empty), never while a replica restarts or a
-store outage lasts. Only these private servers are ever restarted, never one
+random, that long after the last came back, and starts it again on the
+same data (a volatile Redis comes back empty), never while a replica
+restarts or a store outage lasts; each private store is also restarted
+once (two restarts at least), and a replica killed once, at a payment of
+the first half drawn from the seed. Only these private servers are ever restarted, never one
 that others share. All of it is deleted afterwards, and every replica and
 server stopped, on failure and Ctrl-C too. Everything listens on 127.0.0.1
 only.
@@ -85,7 +87,7 @@ client asking.
 	fl := cmd.Flags()
 	fl.StringVar(&c.DB, "db", "sqlite", "database: sqlite (a temporary file), postgres://USER@HOST/DB (a fresh schema) or private (a PostgreSQL server of the run's own)")
 	fl.StringVar(&c.Keys, "keys", "", "keep the idempotency keys in Redis: redis://HOST:PORT/DB (a prefix of the run's own), private (a Redis server of the run's own) or private-volatile (one that keeps nothing on disk, and forgets every key when restarted); default: in --db")
-	fl.DurationVar(&c.RestartStoresEvery, "restart-stores-every", 0, "SIGKILL a random private store (--db private, --keys private) this often and start it again (0 for never)")
+	fl.DurationVar(&c.RestartStoresEvery, "restart-stores-every", 0, "SIGKILL a random private store (--db private, --keys private) this long after the last came back, and start it again; each is also restarted once at a payment drawn from the seed (0 for never)")
 	fl.IntVar(&c.Payments, "payments", torture.DefaultPayments, "logical payments")
 	fl.IntVar(&c.Dups, "dups", torture.DefaultDups, "attempts of each logical payment, with the same key and body")
 	fl.IntVar(&c.Replicas, "replicas", torture.DefaultReplicas, "replicas of idem serve")

@@ -59,7 +59,12 @@
 // is starting and faults the next chunk (or COMMIT's answer) of a store
 // drawn too, whatever its connection's age, or starts an outage. A run
 // with a rate meets at least one of its faults. Report.StoreResets,
-// Report.CommitCuts and Report.StoreOutages count what it did.
+// Report.CommitCuts and Report.StoreOutages count what it did. Kills and
+// store restarts are scheduled alike, since a ticker alone leaves a short
+// or fast run without them: the first SIGKILL of a replica, and a restart
+// of each private store (two at least in all), each come at a payment of
+// the first half drawn from the seed, and the load hands out its last
+// quarter only once they have happened.
 //
 // With Config.DB or Config.Keys Private, the run starts a PostgreSQL or a
 // Redis server of its own (package internal/localserver), on a free
@@ -69,8 +74,8 @@
 // production store's; with Config.Keys PrivateVolatile, a Redis that
 // keeps nothing on disk instead, as one run as a cache does, which forgets
 // every key at each restart. With Config.RestartStoresEvery it SIGKILLs one of
-// them, at random, that often (PostgreSQL with its backends), starts it
-// again on the same port and data, and waits until it serves, never while
+// them, at random, that long after the last came back (PostgreSQL with its
+// backends), starts it again on the same port and data, and waits until it serves, never while
 // a killed replica restarts or a store outage lasts: whatever the store
 // had acknowledged must still be there, and whatever was in flight is
 // lost, a transaction rolled back, a COMMIT's answer never sent. Meanwhile

@@ -55,10 +55,12 @@ type Config struct {
 	// that each of its restarts forgets every key. Defaults to "": the keys
 	// live in DB, and commit with each payment.
 	Keys string
-	// RestartStoresEvery is the time between two crashes of a private
-	// store (DB or Keys Private), chosen at random: SIGKILLed, started
-	// again on its port and data, and waited for, while no replica
-	// restarts and no store outage is on. Only the run's own servers are
+	// RestartStoresEvery is the time from a private store's return to the
+	// next crash of one (DB or Keys Private), chosen at random: SIGKILLed,
+	// started again on its port and data, and waited for, while no replica
+	// restarts and no store outage is on. Each private store also crashes
+	// once at a payment drawn from the seed, two crashes at least in all
+	// (see scheduleFaults). Only the run's own servers are
 	// ever restarted: one that others share is never touched. Defaults to
 	// 0: none.
 	RestartStoresEvery time.Duration
@@ -368,15 +370,19 @@ type run struct {
 
 	accounts []string
 	payments []*logical
-	// scheduled are the store faults each run meets whatever its rates
+	// scheduled are the faults each run meets whatever its rates and ticks
 	// (see scheduleFaults), each at its payment.
 	scheduled []scheduledFault
 
-	attempts  atomic.Int64
-	noAnswer  atomic.Int64
-	retried   atomic.Int64
-	kills     atomic.Int64
-	restarts  atomic.Int64 // private stores restarted
+	attempts atomic.Int64
+	noAnswer atomic.Int64
+	retried  atomic.Int64
+	kills    atomic.Int64
+	restarts atomic.Int64 // private stores restarted
+	// restarted is when the last restart of a private store ended
+	// (UnixNano): the next one of the restart loop comes
+	// RestartStoresEvery after it.
+	restarted atomic.Int64
 	completed atomic.Int64
 	// progressed is when a logical payment last completed (UnixNano), or
 	// the load began: what Timeout is measured from.
@@ -754,13 +760,19 @@ func (r *run) plan() {
 	}
 }
 
-// scheduledFault is a store fault a run orders when it hands payment at
-// to its clients.
+// scheduledFault is a fault a run orders when it hands payment at to its
+// clients: a store fault, a replica's SIGKILL or a private store's
+// restart.
 type scheduledFault struct {
-	at    int
-	kind  string // "reset", "commit cut" or "outage"
-	store *storeProxy
+	at     int
+	kind   string // "reset", "commit cut", "outage", "kill" or "restart"
+	store  *storeProxy
+	server *localserver.Server // "restart"
 }
+
+// chaos reports whether the fault is a kill or a restart: one that needs no
+// traffic to happen, and that the load waits for before its last quarter.
+func (sf scheduledFault) chaos() bool { return sf.kind == "kill" || sf.kind == "restart" }
 
 // scheduleFaults draws, from the seed, when the run meets the first fault
 // of each kind its StoreFaults ask for: a reset (ResetRate), a cut COMMIT
@@ -769,12 +781,45 @@ type scheduledFault struct {
 // a run to chance: where replicas are killed faster than a connection's
 // grace, almost no connection lives to meet a fault. The rates and the
 // outages' ticks go on as before, beside these.
+//
+// Kills and restarts are scheduled too, for the same reason: a ticker
+// alone leaves a short or fast run without them. With KillEvery, the first
+// SIGKILL of a replica comes at a payment of the first half; with
+// RestartStoresEvery, each private store is restarted once, and at least
+// two restarts in all, each at a payment of the first half. The load
+// hands out its last quarter only once these have happened, so each is
+// met while payments are still being made. The tickers go on beside them.
 func (r *run) scheduleFaults() {
+	half := max(1, len(r.payments)/2)
+	if r.cfg.KillEvery > 0 {
+		r.scheduled = append(r.scheduled, scheduledFault{at: r.rng.IntN(half), kind: "kill"})
+	}
+	if r.cfg.RestartStoresEvery > 0 && len(r.servers) > 0 {
+		for i := range max(2, len(r.servers)) {
+			s := r.servers[i%len(r.servers)]
+			r.scheduled = append(r.scheduled, scheduledFault{at: r.rng.IntN(half), kind: "restart", server: s})
+		}
+	}
+	r.scheduleStoreFaults(half)
+	for _, sf := range r.scheduled {
+		what := "a store " + sf.kind
+		switch sf.kind {
+		case "kill":
+			what = "a replica's SIGKILL"
+		case "restart":
+			what = "a restart of the private " + sf.server.Name()
+		}
+		fmt.Fprintf(r.cfg.Progress, "torture: %s at payment %d\n", what, sf.at+1)
+	}
+}
+
+// scheduleStoreFaults draws the store faults of scheduleFaults, each at a
+// payment below half.
+func (r *run) scheduleStoreFaults(half int) {
 	f := r.cfg.StoreFaults
 	if !f.any() || len(r.stores) == 0 {
 		return
 	}
-	half := max(1, len(r.payments)/2)
 	add := func(kind string, stores []*storeProxy) {
 		if len(stores) > 0 {
 			r.scheduled = append(r.scheduled, scheduledFault{at: r.rng.IntN(half), kind: kind, store: stores[r.rng.IntN(len(stores))]})
@@ -795,15 +840,18 @@ func (r *run) scheduleFaults() {
 	if f.OutageEvery > 0 {
 		add("outage", r.stores)
 	}
-	for _, sf := range r.scheduled {
-		fmt.Fprintf(r.cfg.Progress, "torture: a store %s at payment %d\n", sf.kind, sf.at+1)
-	}
 }
 
 // force carries out a scheduled fault, under the chaos lock so that no
 // replica is starting meanwhile (a fault in its migrations would only
 // stop it): it returns once the fault has happened, or at stop.
-func (r *run) force(sf scheduledFault, stop <-chan struct{}) {
+func (r *run) force(ctx context.Context, sf scheduledFault, stop <-chan struct{}) error {
+	switch sf.kind {
+	case "kill":
+		return r.killOne(ctx, r.rng.IntN(len(r.replicas)))
+	case "restart":
+		return r.restartOne(ctx, sf.server)
+	}
 	r.chaos.Lock()
 	defer r.chaos.Unlock()
 	switch sf.kind {
@@ -812,6 +860,7 @@ func (r *run) force(sf scheduledFault, stop <-chan struct{}) {
 	default:
 		sf.store.force(sf.kind == "commit cut", stop)
 	}
+	return nil
 }
 
 // load sends every logical payment's attempts while it kills replicas, and
@@ -855,12 +904,42 @@ func (r *run) load(ctx context.Context) error {
 	}
 	var chaosErr error
 	received := 0
-	var forcing sync.WaitGroup
+	var forcing, forcingChaos sync.WaitGroup
+	var forcedMu sync.Mutex
+	var forcedErr error
+	// The scheduled kills and restarts are all drawn below half the
+	// payments; the last quarter waits for them (scheduleFaults).
+	forcedChaos := make(chan struct{})
+	waitAt := len(r.payments) * 3 / 4
 feed:
 	for i, lp := range r.payments {
 		for _, sf := range r.scheduled {
-			if sf.at == i {
-				forcing.Go(func() { r.force(sf, stopKills) })
+			if sf.at != i {
+				continue
+			}
+			wg := &forcing
+			if sf.chaos() {
+				wg = &forcingChaos
+			}
+			wg.Go(func() {
+				if err := r.force(ctx, sf, stopKills); err != nil {
+					forcedMu.Lock()
+					forcedErr = errors.Join(forcedErr, err)
+					forcedMu.Unlock()
+					abort(err)
+				}
+			})
+		}
+		if i == waitAt {
+			go func() { forcingChaos.Wait(); close(forcedChaos) }()
+			select {
+			case <-forcedChaos:
+			case <-loadCtx.Done():
+				break feed
+			case chaosErr = <-chaosDone:
+				received++
+				abort(chaosErr)
+				break feed
 			}
 		}
 		select {
@@ -879,6 +958,8 @@ feed:
 	wg.Wait()
 	close(stopKills)
 	forcing.Wait()
+	forcingChaos.Wait()
+	chaosErr = errors.Join(chaosErr, forcedErr)
 	for ; received < chaosLoops; received++ {
 		chaosErr = errors.Join(chaosErr, <-chaosDone)
 	}
@@ -1055,24 +1136,32 @@ func (r *run) killLoop(ctx context.Context, stop <-chan struct{}) error {
 			return nil
 		case <-t.C:
 		}
-		i := r.rng.IntN(len(r.replicas))
-		// A replica restarted during a store's outage could not migrate.
-		r.chaos.Lock()
-		r.proxies[i].setUpstream("")
-		r.replicas[i].kill()
-		r.kills.Add(1)
-		var err error
-		for range 3 {
-			if err = r.replicas[i].start(ctx); err == nil {
-				break
-			}
+		if err := r.killOne(ctx, r.rng.IntN(len(r.replicas))); err != nil {
+			return err
 		}
-		r.chaos.Unlock()
-		if err != nil {
-			return fmt.Errorf("torture: restarting after a kill: %w", err)
-		}
-		r.proxies[i].setUpstream(r.replicas[i].baseURL())
 	}
+}
+
+// killOne SIGKILLs replica i and starts it again. It returns an error when
+// the replica does not come back.
+func (r *run) killOne(ctx context.Context, i int) error {
+	// A replica restarted during a store's outage could not migrate.
+	r.chaos.Lock()
+	r.proxies[i].setUpstream("")
+	r.replicas[i].kill()
+	r.kills.Add(1)
+	var err error
+	for range 3 {
+		if err = r.replicas[i].start(ctx); err == nil {
+			break
+		}
+	}
+	r.chaos.Unlock()
+	if err != nil {
+		return fmt.Errorf("torture: restarting after a kill: %w", err)
+	}
+	r.proxies[i].setUpstream(r.replicas[i].baseURL())
+	return nil
 }
 
 // outageLoop takes a random store down every StoreFaults.OutageEvery, for
@@ -1106,30 +1195,50 @@ func (r *run) restartLoop(ctx context.Context, stop <-chan struct{}) error {
 		<-stop
 		return nil
 	}
-	t := time.NewTicker(r.cfg.RestartStoresEvery)
-	defer t.Stop()
+	// The interval runs from the end of the last restart (the loop's or a
+	// scheduled one), not from a tick: on a busy machine a restart takes
+	// seconds, and restarts on a ticker would follow each other with the
+	// stores hardly up in between, the load stalling on the machine's
+	// speed rather than on a fault.
+	r.restarted.Store(time.Now().UnixNano())
 	for {
+		next := time.Unix(0, r.restarted.Load()).Add(r.cfg.RestartStoresEvery)
+		t := time.NewTimer(time.Until(next))
 		select {
 		case <-stop:
+			t.Stop()
 			return nil
 		case <-ctx.Done():
+			t.Stop()
 			return nil
 		case <-t.C:
 		}
-		s := r.servers[r.rng.IntN(len(r.servers))]
-		// A replica restarted while its store is down could not migrate,
-		// and an outage on top of a restart would only hide it.
-		r.chaos.Lock()
-		err := s.Restart(ctx, true)
-		r.chaos.Unlock()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("torture: restarting the private %s: %w", s.Name(), err)
+		if time.Since(time.Unix(0, r.restarted.Load())) < r.cfg.RestartStoresEvery {
+			continue // a scheduled restart came meanwhile
 		}
-		r.restarts.Add(1)
+		if err := r.restartOne(ctx, r.servers[r.rng.IntN(len(r.servers))]); err != nil {
+			return err
+		}
 	}
+}
+
+// restartOne SIGKILLs the private store s and starts it again. It returns
+// an error when the store does not come back.
+func (r *run) restartOne(ctx context.Context, s *localserver.Server) error {
+	// A replica restarted while its store is down could not migrate,
+	// and an outage on top of a restart would only hide it.
+	r.chaos.Lock()
+	err := s.Restart(ctx, true)
+	r.restarted.Store(time.Now().UnixNano())
+	r.chaos.Unlock()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("torture: restarting the private %s: %w", s.Name(), err)
+	}
+	r.restarts.Add(1)
+	return nil
 }
 
 func (r *run) progressLoop(stop <-chan struct{}) {

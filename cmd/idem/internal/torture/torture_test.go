@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/idem-go/idem/cmd/idem/internal/localserver"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -404,5 +406,56 @@ func TestFinishDeadlineCountsFromAResumeCutOffByDeath(t *testing.T) {
 	}
 	if got := r.failedResumesOf([]string{"pay_cut"}); len(got) != 1 || !got[0].Equal(died.Add(6*time.Second)) {
 		t.Errorf("failed resumes of pay_cut %v; want one, at the death", got)
+	}
+}
+
+// A run with kills and store restarts meets them whatever its speed: the
+// first kill, a restart of each private store and two restarts at least,
+// each at a payment of the first half drawn from the seed, the same for
+// the same seed.
+func TestScheduleFaultsKillsAndRestarts(t *testing.T) {
+	t.Parallel()
+	pg, redis := &localserver.Server{}, &localserver.Server{}
+	draw := func(seed uint64, servers ...*localserver.Server) []scheduledFault {
+		r := &run{cfg: Config{KillEvery: time.Hour, RestartStoresEvery: time.Hour, Progress: io.Discard},
+			rng: newLockedRand(seed), servers: servers}
+		for range 40 {
+			r.payments = append(r.payments, &logical{})
+		}
+		r.scheduleFaults()
+		return r.scheduled
+	}
+	for seed := uint64(1); seed <= 50; seed++ {
+		for _, servers := range [][]*localserver.Server{{pg, redis}, {redis}} {
+			got := draw(seed, servers...)
+			kills, restarts := 0, map[*localserver.Server]int{}
+			for _, sf := range got {
+				if sf.at < 0 || sf.at >= 20 || !sf.chaos() {
+					t.Errorf("seed %d: %s at payment %d of 40; want a kill or a restart in the first half", seed, sf.kind, sf.at)
+				}
+				switch sf.kind {
+				case "kill":
+					kills++
+				case "restart":
+					restarts[sf.server]++
+				}
+			}
+			total := 0
+			for _, s := range servers {
+				if restarts[s] == 0 {
+					t.Errorf("seed %d, %d servers: a private store is never restarted", seed, len(servers))
+				}
+				total += restarts[s]
+			}
+			if kills != 1 || total < 2 {
+				t.Errorf("seed %d, %d servers: %d kills, %d restarts; want 1 and at least 2", seed, len(servers), kills, total)
+			}
+			if again := draw(seed, servers...); len(again) != len(got) || again[0].at != got[0].at {
+				t.Errorf("seed %d: drawn %v, then %v", seed, got, again)
+			}
+		}
+	}
+	if got := draw(1); len(got) != 1 {
+		t.Errorf("no private store: %d faults scheduled; want the kill alone", len(got))
 	}
 }
