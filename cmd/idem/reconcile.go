@@ -51,7 +51,10 @@ are real, but not all of them.
 
 --since limits the comparison to what was made at or after a time (RFC 3339,
 or a duration back from now such as 24h); by default everything is compared.
-The card network is asked only for the charges made since then.
+The card network is asked only for the charges made since then, and those
+made within --key-horizon before it: these are compared with nothing but
+the later charges of their logical payment, so that a payment charged once
+before --since and again after it is a double charge.
 
 It may run against a live service: a payment is called without its charge
 only when the network, asked after the payment was read, has no such

@@ -192,7 +192,8 @@ const DefaultKeyHorizon = DefaultKeyTTL
 // However long the history, Reconcile holds a bounded number of things:
 // the network's charges are read a page of opts.Window at a time (at most
 // the network's largest page, acquirer.MaxListLimit; made since since, less
-// a slack for the two clocks: the network filters them),
+// opts.KeyHorizon and a slack for the two clocks: the network filters
+// them),
 // the payments in pages of opts.Window in the order they were made, and
 // each side is checked against the other as the two streams pass, in
 // creation time, which both sides share. It holds at once one page of
@@ -211,7 +212,14 @@ const DefaultKeyHorizon = DefaultKeyTTL
 // first (the service's key TTL by default: past it, the client's key names
 // a new payment), and only while Window logical payments are enough to
 // hold that horizon's (Reconciliation.CutShort counts those let go
-// earlier). With opts.OnDifference set, each difference is handed to it as
+// earlier). With since, the charges made within opts.KeyHorizon before it
+// are read too, and compared with nothing but the later charges of their
+// logical payment: a logical payment charged once before since and again
+// after it is a double charge, as the whole history's run finds it;
+// one charged twice before since only is outside the comparison. (One
+// charged more than the horizon before since, then twice within it, may
+// pair differently than in the whole history's run, which counts from its
+// first charge.) With opts.OnDifference set, each difference is handed to it as
 // found and none is held, so millions of them cost no memory.
 //
 // # A live service
@@ -337,9 +345,12 @@ type waiter struct {
 }
 
 // logicalPayment is one logical payment's charges within the horizon.
+// since says one of them was made at or after Reconcile's since: the
+// others were read only to be paired with it.
 type logicalPayment struct {
 	first   time.Time
 	charges []string
+	since   bool
 }
 
 func (r *reconciler) run(ctx context.Context) error {
@@ -351,7 +362,9 @@ func (r *reconciler) run(ctx context.Context) error {
 	r.after = paymentKey{at: r.since}
 	from := r.since
 	if !from.IsZero() {
-		from = from.Add(-reconcileSlack)
+		// Back to the horizon: the earlier charges of the logical
+		// payments charged since, which a double charge may pair.
+		from = from.Add(-r.o.KeyHorizon - reconcileSlack)
 	}
 	err = r.net.EachChargePage(ctx, from, r.o.Window, func(page []acquirer.Charge) error {
 		r.page = len(page)
@@ -392,6 +405,23 @@ func (r *reconciler) run(ctx context.Context) error {
 // are checked, those whose charge should have been are asked for alone,
 // and each charge is checked against the payments that record it.
 func (r *reconciler) charges(ctx context.Context, page []acquirer.Charge) error {
+	if !r.since.IsZero() {
+		// The charges made before since and its slack are read only for
+		// the earlier charges of the logical payments charged since.
+		rest := make([]acquirer.Charge, 0, len(page))
+		for _, c := range page {
+			if c.CreatedAt.Before(r.since.Add(-reconcileSlack)) {
+				r.countCharge(c)
+				continue
+			}
+			rest = append(rest, c)
+		}
+		if len(rest) == 0 {
+			r.held()
+			return r.err
+		}
+		page = rest
+	}
 	var end time.Time
 	for _, c := range page {
 		if c.CreatedAt.After(end) {
@@ -444,6 +474,7 @@ func (r *reconciler) charges(ctx context.Context, page []acquirer.Charge) error 
 			r.pendCharges[id] = append(r.pendCharges[id], c.ID)
 		}
 		if c.CreatedAt.Before(r.since) {
+			r.countCharge(c)
 			continue
 		}
 		r.rec.Charges++
@@ -460,12 +491,18 @@ func (r *reconciler) charges(ctx context.Context, page []acquirer.Charge) error 
 			r.emit(Difference{Kind: DiffChargeShared, Charges: []string{c.ID},
 				Detail: fmt.Sprintf("payments %v all record this one charge", ps)})
 		}
-		if k[1] != "" && c.AmountRefunded < c.Amount {
-			r.count(k, c)
-		}
+		r.countCharge(c)
 	}
 	r.held()
 	return r.err
+}
+
+// countCharge counts c among its logical payment's charges, unless it
+// names none or was refunded in full.
+func (r *reconciler) countCharge(c acquirer.Charge) {
+	if k := [2]string{c.Metadata["tenant"], chargeKeyDigest(c)}; k[1] != "" && c.AmountRefunded < c.Amount {
+		r.count(k, c)
+	}
 }
 
 // fill reads payments into the waiting ones, those made up to upTo (all
@@ -580,15 +617,17 @@ func (r *reconciler) count(k [2]string, c acquirer.Charge) {
 		}
 		r.letGo()
 	}
+	inWindow := !c.CreatedAt.Before(r.since)
 	if l := r.logical[k]; l != nil {
 		l.charges = append(l.charges, c.ID)
+		l.since = l.since || inWindow
 		return
 	}
 	if len(r.logical) >= r.o.Window {
 		r.rec.CutShort++
 		r.letGo()
 	}
-	r.logical[k] = &logicalPayment{first: c.CreatedAt, charges: []string{c.ID}}
+	r.logical[k] = &logicalPayment{first: c.CreatedAt, charges: []string{c.ID}, since: inWindow}
 	r.lorder = append(r.lorder, k)
 }
 
@@ -604,7 +643,7 @@ func (r *reconciler) letGo() {
 	}
 	l := r.logical[k]
 	delete(r.logical, k)
-	if len(l.charges) > 1 {
+	if len(l.charges) > 1 && l.since {
 		r.emit(Difference{Kind: DiffChargedTwice, Charges: l.charges,
 			Detail: fmt.Sprintf("tenant %q's payment under idempotency key digest %q was charged %d times", k[0], k[1], len(l.charges))})
 	}
