@@ -20,7 +20,18 @@ func (a *app) migrateCmd() *cobra.Command {
 exist and apply every schema migration (the idempotency keys' and the payment
 service's). Applying them again is harmless, and on PostgreSQL several
 processes may migrate one schema at once (an advisory lock serialises them);
-'idem serve' applies them too when it starts.`,
+'idem serve' applies them too when it starts.
+
+On PostgreSQL each migration runs in a transaction, where an index cannot be
+built CONCURRENTLY: one a migration adds holds its table's writes while it is
+built. On a large payments table, build the index 'idem reconcile' pages
+through first, outside any transaction, while the service runs (the
+migration then finds it and takes no lock):
+
+  CREATE INDEX CONCURRENTLY payments_charged_created ON payments (created_at, id) WHERE charge_id IS NOT NULL;
+
+Should it fail, it leaves an INVALID index: DROP INDEX CONCURRENTLY
+payments_charged_created, and build it again.`,
 		Args: cobra.NoArgs,
 	}
 	dbFlags(cmd, &dbURL, &pgSchema)

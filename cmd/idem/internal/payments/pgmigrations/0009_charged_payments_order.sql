@@ -1,4 +1,17 @@
 -- idem reconcile reads the payments made at a card network a page at a
 -- time, in the order (created_at, id), so that what it holds stays bounded
 -- however long the history: each page starts where the last one ended.
-CREATE INDEX payments_charged_created ON payments (created_at, id) WHERE charge_id IS NOT NULL;
+--
+-- Not CONCURRENTLY: idempg.DB.Migrate runs every migration in a
+-- transaction with its record (so that it applies whole or not at all, and
+-- replicas migrating at once apply it once), and CREATE INDEX CONCURRENTLY
+-- cannot run in one. So, built here, the index holds the payments table's
+-- writes (not its reads) while it is built: on a large table, build it
+-- first, outside any transaction, while the service runs:
+--
+--   CREATE INDEX CONCURRENTLY payments_charged_created ON payments (created_at, id) WHERE charge_id IS NOT NULL;
+--
+-- (should that fail, it leaves an INVALID index: DROP INDEX CONCURRENTLY
+-- payments_charged_created, and build it again), then upgrade: this
+-- migration finds it and takes no lock.
+CREATE INDEX IF NOT EXISTS payments_charged_created ON payments (created_at, id) WHERE charge_id IS NOT NULL;
