@@ -316,3 +316,29 @@ func TestSealedKeptAnswerReplayedOpened(t *testing.T) {
 		}
 	}
 }
+
+// An answer without a body (a 204) is kept without one under body keys
+// too: there is nothing to hide, and a sealed empty body would add a nonce
+// and a tag to every such record. Its duplicates replay it, empty.
+func TestEmptyKeptAnswerIsNotSealed(t *testing.T) {
+	t.Parallel()
+	store := idemmem.NewStore(nil)
+	cfg := &keyed.Config{Store: store, MemoryReplayFor: -1, BodyKeys: []keyed.BodyKey{bodyKey1}}
+	eng, err := keyed.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	face := &funcFace{run: func(context.Context) keyed.Ran {
+		return keyed.Ran{Status: 204, Keep: true, Answer: idem.Response{Status: 204}}
+	}}
+	if o := eng.Serve(t.Context(), keyed.Request{Key: "k", Fingerprint: payFP}, face); o != keyed.OutcomeExecuted {
+		t.Fatalf("first request: %s; want executed", o)
+	}
+	if rec, err := store.Get(t.Context(), "", "k"); err != nil || rec.Response == nil || rec.Response.Status != 204 || len(rec.Response.Body) != 0 {
+		t.Fatalf("the kept answer: %+v, %v; want a 204 kept with no body", rec.Response, err)
+	}
+	dup := &replayFace{}
+	if o := eng.Serve(t.Context(), keyed.Request{Key: "k", Fingerprint: payFP}, dup); o != keyed.OutcomeReplayed || dup.replayed == nil || dup.replayed.Status != 204 || len(dup.replayed.Body) != 0 {
+		t.Fatalf("duplicate: %s, replayed %+v; want the 204 replayed, empty", o, dup.replayed)
+	}
+}
