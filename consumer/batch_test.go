@@ -533,3 +533,100 @@ func TestBatchFailureBehindAHeadDealtWithAloneIsHandledOnce(t *testing.T) {
 		t.Errorf("the handler ran %d times while another call ran (batches %v)", overlapped, calls)
 	}
 }
+
+// An *ItemError names the message that failed by its index in the batch
+// the BatchHandler got: the first (0) and the last are named like any
+// other, and the rest of the batch is applied again at once without it.
+// An index outside the batch names none: the error is the whole batch's,
+// and the consumer finds the failing message by handling them one at a
+// time.
+func TestBatchItemErrorIndex(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		index int
+		calls [][]string // the batches after the one that failed
+	}{
+		{0, [][]string{{"m2", "m3"}, {"m1"}}},
+		{2, [][]string{{"m1", "m2"}, {"m3"}}},
+		{-1, [][]string{{"m1"}, {"m2"}, {"m3"}}},
+		{3, [][]string{{"m1"}, {"m2"}, {"m3"}}},
+	} {
+		t.Run(fmt.Sprintf("index=%d", tc.index), func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			cfg := h.config()
+			cfg.Concurrency, cfg.BatchSize = 1, 10
+			c, err := consumer.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			var calls [][]string
+			failed := false
+			gate, release := make(chan struct{}), make(chan struct{})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() {
+				done <- c.RunBatch(ctx, func(ctx context.Context, batch []idem.Message) error {
+					ids := messageIDs(batch)
+					if slices.Contains(ids, "gate") {
+						// Holds the one worker until m1, m2 and m3 are all
+						// ready, so that one batch takes them.
+						close(gate)
+						<-release
+					} else {
+						mu.Lock()
+						calls = append(calls, ids)
+						first := !failed
+						failed = true
+						mu.Unlock()
+						if first {
+							return &consumer.ItemError{Index: tc.index, Err: errFlaky}
+						}
+					}
+					for _, m := range batch {
+						if err := h.apply(ctx, m); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+			}()
+			t.Cleanup(func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("RunBatch: %v", err)
+				}
+			})
+			h.publish(msg("gate", "G"))
+			<-gate
+			h.publish(msg("m1", "A"), msg("m2", "B"), msg("m3", "C"))
+			// A delivery in memory gets a heartbeat every quarter of
+			// AckWait (30s by default): once each has had one, all three
+			// are ready.
+			h.advanceUntil("m1, m2 and m3 held in memory", 30*time.Second/4, func() bool {
+				for _, id := range []string{"m1", "m2", "m3"} {
+					if !slices.Contains(h.rec.Ops(id), "in-progress") {
+						return false
+					}
+				}
+				return true
+			})
+			close(release)
+			h.advanceUntil("every message processed", time.Second, func() bool { return c.Stats().Processed == 4 })
+			for _, id := range []string{"m1", "m2", "m3"} {
+				if n := h.applied.Get(id); n != 1 {
+					t.Errorf("%s applied %d times, want once", id, n)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(calls) == 0 || !slices.Equal(calls[0], []string{"m1", "m2", "m3"}) {
+				t.Fatalf("batches %v; want [m1 m2 m3] first", calls)
+			}
+			if got := calls[1:]; !slices.EqualFunc(got, tc.calls, slices.Equal) {
+				t.Errorf("batches after the one that failed %v, want %v", got, tc.calls)
+			}
+		})
+	}
+}

@@ -124,3 +124,38 @@ func TestRetriedMessageAppliedMeanwhileForgetsItsAttempts(t *testing.T) {
 		})
 	}
 }
+
+// attemptsReading is the ledger, counting the reads of recorded attempts.
+type attemptsReading struct {
+	idem.Ledger
+	mu    sync.Mutex
+	reads []string
+}
+
+func (l *attemptsReading) Attempts(ctx context.Context, consumer, dedupKey string) ([]idem.Attempt, error) {
+	l.mu.Lock()
+	l.reads = append(l.reads, dedupKey)
+	l.mu.Unlock()
+	return l.Ledger.Attempts(ctx, consumer, dedupKey)
+}
+
+// A first delivery costs no read of the ledger before its attempt: only a
+// delivery the transport hands out again (Attempt above 1) may have
+// attempts recorded by an earlier run. In batches and one at a time.
+func TestFirstDeliveriesReadNoAttempts(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ledger := &attemptsReading{Ledger: h.ledger}
+	cfg := h.config()
+	cfg.Ledger = ledger
+	cfg.Concurrency = 1
+	msgs := lanes(h, []string{"A", "B", "C"}, 3)
+	c, stop := h.start(cfg, func(ctx context.Context, m idem.Message) error { return h.apply(ctx, m) })
+	h.advanceUntil("every message processed", time.Second, func() bool { return c.Stats().Processed == int64(len(msgs)) })
+	stop()
+	ledger.mu.Lock()
+	defer ledger.mu.Unlock()
+	if len(ledger.reads) != 0 {
+		t.Errorf("recorded attempts read for %v; want none: every message was a first delivery and none failed", ledger.reads)
+	}
+}
