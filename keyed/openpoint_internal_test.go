@@ -3,6 +3,7 @@ package keyed
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/idem-go/idem"
@@ -41,6 +42,39 @@ func TestOpenPoint(t *testing.T) {
 		}
 		if _, err := OpenPoint(tc.keys, "acme", "pay-2", "charging", rp.Data); !errors.Is(err, ErrBodyUnreadable) {
 			t.Errorf("sealed point under another key: %v; want ErrBodyUnreadable", err)
+		}
+	}
+}
+
+// The longest data SaveRecovery accepts, MaxRecoveryDataLen, still fits
+// what every store keeps (idem.MaxRecoveryDataLen) once the engine has put
+// it in its envelope and sealed it with the longest body key ID there is
+// (32 characters): exactly, since pointOverhead is the most the envelope
+// and the sealing add. A byte more is refused before anything is saved.
+func TestLongestPointDataFitsOnceSealed(t *testing.T) {
+	t.Parallel()
+	sealer, err := newBodySealer([]BodyKey{{ID: strings.Repeat("k", 32), Key: bytes.Repeat([]byte{7}, 32)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := downstreamSeed("acme", "pay-1")
+	for _, tc := range []struct {
+		name   string
+		sealer *bodySealer
+		want   int
+	}{{"clear", nil, MaxRecoveryDataLen + len(pointMagic) + 32}, {"sealed", sealer, idem.MaxRecoveryDataLen}} {
+		rp, err := wrapPoint(tc.sealer, "acme", "pay-1", seed, idem.RecoveryPoint{Name: "charging", Data: make([]byte, MaxRecoveryDataLen)})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if len(rp.Data) != tc.want {
+			t.Errorf("%s: the longest data kept as %d bytes, want %d", tc.name, len(rp.Data), tc.want)
+		}
+		if err := rp.Validate(); err != nil {
+			t.Errorf("%s: the longest data, as the store gets it: %v", tc.name, err)
+		}
+		if _, err := wrapPoint(tc.sealer, "acme", "pay-1", seed, idem.RecoveryPoint{Name: "charging", Data: make([]byte, MaxRecoveryDataLen+1)}); err == nil {
+			t.Errorf("%s: data of MaxRecoveryDataLen+1 bytes accepted", tc.name)
 		}
 	}
 }
