@@ -808,3 +808,50 @@ func TestStatsCountOnceAcknowledged(t *testing.T) {
 		})
 	}
 }
+
+// subscriptions is a Subscriber that writes down every Subscription asked
+// of it.
+type subscriptions struct {
+	idem.Subscriber
+	mu   sync.Mutex
+	subs []idem.Subscription
+}
+
+func (s *subscriptions) Subscribe(ctx context.Context, sub idem.Subscription) (idem.Stream, error) {
+	s.mu.Lock()
+	s.subs = append(s.subs, sub)
+	s.mu.Unlock()
+	return s.Subscriber.Subscribe(ctx, sub)
+}
+
+// MaxPending left zero defaults to Concurrency times the larger of 64 and
+// twice BatchSize, as its documentation says, and it is the subscription's
+// MaxInFlight: the transport hands out no more than the consumer holds.
+func TestMaxPendingDefault(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		concurrency, batch, maxPending int
+		want                           int
+	}{
+		{3, 100, 0, 600},
+		{2, 10, 0, 128},
+		{0, 0, 0, 800}, // Concurrency 4 and BatchSize 100 by default
+		{2, 10, 5, 5},
+	} {
+		h := newHarness(t)
+		subs := &subscriptions{Subscriber: h.rec}
+		cfg := h.config()
+		cfg.Subscriber = subs
+		cfg.Concurrency, cfg.BatchSize, cfg.MaxPending = tc.concurrency, tc.batch, tc.maxPending
+		c, stop := h.start(cfg, h.apply)
+		<-c.Subscribed()
+		stop()
+		subs.mu.Lock()
+		got := slices.Clone(subs.subs)
+		subs.mu.Unlock()
+		if len(got) != 1 || got[0].MaxInFlight != tc.want || got[0].AckWait != 30*time.Second {
+			t.Errorf("Concurrency %d, BatchSize %d, MaxPending %d: subscribed with %+v, want MaxInFlight %d (and AckWait 30s)",
+				tc.concurrency, tc.batch, tc.maxPending, got, tc.want)
+		}
+	}
+}
