@@ -44,6 +44,18 @@
 //     idem_outbox_pass_failures_total, idem_outbox_pass_duration_seconds
 //     and idem_outbox_relay_delay_seconds, labelled relay.
 //
+// The gRPC face (idemgrpc) is counted as the HTTP face is, under names of
+// its own with the same labels: NewGRPCCollector (or RegisterGRPC) exports
+// idem_grpc_requests_total{middleware, outcome}, NewGRPCObserver
+// idem_grpc_request_duration_seconds, idem_grpc_phase_duration_seconds and
+// idem_grpc_store_duration_seconds, and NewGRPCCompleterCollector
+// idem_grpc_recovery_unknown, idem_grpc_recovery_oldest_unknown_seconds,
+// idem_grpc_recovered_total and idem_grpc_recovery_failures_total (HTTP's:
+// NewCompleterCollector, idem_http_recovery_…). middleware names the
+// interceptor there; give the two faces' middlewares different names, so
+// that a query on both ("idem_http_… or idem_grpc_…", as the shipped
+// alerts make) keeps every series.
+//
 // For example:
 //
 //	obs := idemprom.NewMiddlewareObserver("payments")

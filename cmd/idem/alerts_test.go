@@ -22,7 +22,8 @@ var knownOutcomes = map[string]bool{
 }
 
 // exportedMetrics runs idem serve, charging cards at a card network (so its
-// completer's figures are exported too), sends it a payment, its retry and
+// completer's figures are exported too) and with its gRPC face (so its
+// idem_grpc_… figures are), sends it a payment, its retry and
 // a payment the settlement consumer settles, and returns the metric
 // families its /metrics exports, by name, with their types.
 func exportedMetrics(t *testing.T) map[string]string {
@@ -30,7 +31,7 @@ func exportedMetrics(t *testing.T) map[string]string {
 	const apiKey = "test-key-metrics"
 	net := startCardNetwork(t)
 	srv := startServe(t, newApp(map[string]string{envAcquirerKey: "net-key"}), "--db", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"),
-		"--api-keys", "acme:"+apiKey, "--log-level", "warn", "--acquirer", net.URL)
+		"--api-keys", "acme:"+apiKey, "--log-level", "warn", "--acquirer", net.URL, "--grpc", "127.0.0.1:0")
 	checkChargesOnce(t, srv, apiKey)
 	idemtest.Eventually(t, 30*time.Second, "the settlement of the payment", func() bool {
 		return metricValue(metricsOf(t, srv), `idem_consumer_messages_total{consumer="settlement",outcome="processed"}`) >= 1

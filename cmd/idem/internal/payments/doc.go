@@ -198,9 +198,11 @@
 //
 // /metrics serves Config.Registry: idem_http_requests_total{middleware,
 // outcome} for the four idempotency middlewares (middleware="payments",
-// "deposits", "refunds", "accounts"; with Config.GRPC, the gRPC face's
-// "grpc-payments" and "grpc-refunds"; outcome executed, replayed,
-// mismatch, …), and the committed totals read from the database, payments_created_total,
+// "deposits", "refunds", "accounts"; outcome executed, replayed,
+// mismatch, …), and with Config.GRPC the gRPC face's as
+// idem_grpc_requests_total (middleware="grpc-payments", "grpc-refunds"),
+// each face's latencies and completer under its own names likewise
+// (idem_http_…, idem_grpc_…), and the committed totals read from the database, payments_created_total,
 // payments_deposits_total and payments_accounts. In unsafe mode, sending N
 // duplicates and watching payments_created_total grow by N is the lab's
 // "before"; in protected mode it grows by one and outcome="replayed" by N-1.

@@ -72,9 +72,9 @@ func chargingPointName(ctx context.Context) string {
 
 // newGRPCFace builds the gRPC face's interceptors, one per method, each
 // configured as the HTTP face's middleware of its route is, and, when
-// payments run in phases, its completer. It returns their metrics, as
-// idemprom's observers of the HTTP face's middlewares count theirs, under
-// middleware="grpc-payments" and "grpc-refunds".
+// payments run in phases, its completer. It returns their metrics, named
+// for the gRPC face as the HTTP face's are for HTTP (idem_grpc_… beside
+// idem_http_…), under middleware="grpc-payments" and "grpc-refunds".
 func (s *Service) newGRPCFace(c *Config) (collectorSet, error) {
 	var metrics collectorSet
 	for _, m := range []struct {
@@ -86,7 +86,7 @@ func (s *Service) newGRPCFace(c *Config) (collectorSet, error) {
 		{"grpc-payments", GRPCCreatePayment, s.twoStores || s.phased(), &s.grpcPayments},
 		{"grpc-refunds", GRPCCreateRefund, s.twoStores, &s.grpcRefunds},
 	} {
-		obs := idemprom.NewMiddlewareObserver(m.name)
+		obs := idemprom.NewGRPCObserver(m.name)
 		ic, err := idemgrpc.New(&idemgrpc.Config{
 			Store:           s.keys,
 			SeparateTx:      m.separate,
@@ -110,7 +110,7 @@ func (s *Service) newGRPCFace(c *Config) (collectorSet, error) {
 			return nil, fmt.Errorf("payments: gRPC interceptor of %s: %w", m.method, err)
 		}
 		*m.dst = ic
-		metrics = append(metrics, obs)
+		metrics = append(metrics, idemprom.NewGRPCCollector(m.name, ic), obs)
 	}
 	if s.phased() {
 		comp, err := s.grpcPayments.NewCompleter(&idemgrpc.CompleterConfig{Resume: s.resumeGRPC, Every: c.CompleterEvery, Logger: c.Logger,
@@ -119,6 +119,7 @@ func (s *Service) newGRPCFace(c *Config) (collectorSet, error) {
 			return nil, fmt.Errorf("payments: gRPC completer: %w", err)
 		}
 		s.grpcCompleter = comp
+		metrics = append(metrics, idemprom.NewGRPCCompleterCollector("grpc-payments", comp))
 	}
 	return metrics, nil
 }

@@ -110,9 +110,21 @@ func TestGRPCStalledDatabaseAnswersInBoundedTime(t *testing.T) {
 	if err := json.Unmarshal(got.Body.Bytes(), &a); err != nil || a.Balance != 70 {
 		t.Errorf("balance after the stall and the retry: %s (%v), want 70: charged once", got.Body, err)
 	}
-	// The face's calls are counted on /metrics, as the HTTP face's are.
-	const executed = `idem_http_request_duration_seconds_count{middleware="grpc-payments",outcome="executed"} 1`
-	idemtest.Eventually(t, 10*time.Second, "the gRPC payment counted on /metrics", func() bool {
-		return strings.Contains(serveJSON(svc.Handler(), "GET", "/metrics", "", "").Body.String(), executed)
-	})
+	// The face's calls are counted on /metrics as the HTTP face's are,
+	// under the gRPC face's names: none under HTTP's.
+	for _, want := range []string{
+		`idem_grpc_requests_total{middleware="grpc-payments",outcome="executed"} 1`,
+		`idem_grpc_request_duration_seconds_count{middleware="grpc-payments",outcome="executed"} 1`,
+	} {
+		idemtest.Eventually(t, 10*time.Second, "the gRPC payment counted on /metrics as "+want, func() bool {
+			return strings.Contains(serveJSON(svc.Handler(), "GET", "/metrics", "", "").Body.String(), want)
+		})
+	}
+	if m := serveJSON(svc.Handler(), "GET", "/metrics", "", "").Body.String(); strings.Contains(m, `idem_http_`) && strings.Contains(m, `middleware="grpc-`) {
+		for line := range strings.Lines(m) {
+			if strings.HasPrefix(line, "idem_http_") && strings.Contains(line, `middleware="grpc-`) {
+				t.Errorf("the gRPC face's figures under an HTTP name: %s", line)
+			}
+		}
+	}
 }
