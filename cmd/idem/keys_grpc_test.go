@@ -161,6 +161,15 @@ func testOperatorActionsOnGRPCKeys(t *testing.T, dbArgs []string) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The confirmation page's dry run goes to the gRPC face's
+		// completer too.
+		page := httptest.NewRequestWithContext(t.Context(), http.MethodGet, consolePath+"outcomes/act?"+url.Values{"scope": {"acme"}, "key": {key}, "action": {action}}.Encode(), nil)
+		page.Header.Set("Authorization", "Bearer op-token-1-0123456789abcdef")
+		shown := httptest.NewRecorder()
+		con.Handler().ServeHTTP(shown, page)
+		if shown.Code != http.StatusOK || action == console.ActionSettleFailed && !strings.Contains(shown.Body.String(), "FailedPrecondition") {
+			t.Fatalf("console's confirmation of %s on %s: %d\n%s", action, key, shown.Code, shown.Body)
+		}
 		form.Set("scope", "acme")
 		form.Set("key", key)
 		form.Set("action", action)
