@@ -1074,6 +1074,36 @@ func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error)
 	return out, nil
 }
 
+// inFlightAtPoints lists the keys in flight with a point, held or not,
+// through the partial index Abandoned uses.
+const inFlightAtPoints = `SELECT scope, key, ` + pgsql.RecordColumns + `
+	FROM idem_keys
+	WHERE state = 'in_flight' AND recovery_point IS NOT NULL
+	ORDER BY lease_expires_at
+	LIMIT $1`
+
+// InFlightAtPoints lists up to limit keys in flight with a recovery
+// point, whether their holder's lease has ended or not (Abandoned lists
+// those whose lease has), oldest lease end first: every execution past
+// the database's edge whose outcome is not in the books yet, as an audit
+// of those books wants them (idem reconcile). It writes nothing, and runs
+// on a read-only pool.
+func (s *Store) InFlightAtPoints(ctx context.Context, limit int) ([]idem.Record, error) {
+	if limit <= 0 {
+		return nil, &idem.ArgumentError{Field: "limit", Reason: "must be positive"}
+	}
+	rows, err := s.db.readQuerier(ctx).Query(ctx, inFlightAtPoints, limit)
+	if err != nil {
+		return nil, fmt.Errorf("idempg: in flight at points: %w", err)
+	}
+	defer rows.Close()
+	out, err := pgsql.AbandonedRecords(rows)
+	if err != nil {
+		return nil, fmt.Errorf("idempg: in flight at points: %w", err)
+	}
+	return out, nil
+}
+
 // Yield implements idem.Recoverer. On its own it commits in one round trip
 // and wakes the key's waiters, so a duplicate waiting for the key takes it
 // over at once; called with a context that carries a transaction of the

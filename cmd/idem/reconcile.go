@@ -285,24 +285,23 @@ func (a *app) unreadable(err error) error {
 	return &statusError{code: exitUnreadable, err: err}
 }
 
-// aheadClock is a clock a century ahead of the wall clock.
-type aheadClock struct{}
-
-func (aheadClock) Now() time.Time { return time.Now().Add(100 * 365 * 24 * time.Hour) }
+// inFlightLister lists the keys in flight with a recovery point, held or
+// not (idemsqlite.Store and idempg.Store).
+type inFlightLister interface {
+	InFlightAtPoints(ctx context.Context, limit int) ([]idem.Record, error)
+}
 
 // keysInFlight returns what lists the keys in flight with a recovery point
-// in db, held or not, and what closes the store it opens. A Recoverer's
-// Abandoned lists those whose lease has ended by the store's clock: a
-// store whose clock is far ahead lists them all. The store is opened when
-// Reconcile first asks, after it found the database migrated, so opening
-// it migrates nothing, and once: Reconcile asks after every page of the
-// card network's charges. A database without the key store's tables (a
-// service whose keys live in Redis, --keys) lists none: opening the store
-// there would create them (SQLite), or fail on the read-only pool
-// (PostgreSQL).
+// in db, held or not, and what closes the store it opens. The store is
+// opened when Reconcile first asks, after it found the database migrated,
+// so opening it migrates nothing, and once: Reconcile asks after every
+// page of the card network's charges. A database without the key store's
+// tables (a service whose keys live in Redis, --keys) lists none: opening
+// the store there would create them (SQLite), or fail on the read-only
+// pool (PostgreSQL).
 func keysInFlight(db *database) (func(ctx context.Context) ([]idem.Record, error), func() error) {
 	var (
-		rs        idem.Recoverer
+		ls        inFlightLister
 		elsewhere bool
 		closeKeys = func() error { return nil }
 	)
@@ -310,7 +309,7 @@ func keysInFlight(db *database) (func(ctx context.Context) ([]idem.Record, error
 		if elsewhere {
 			return nil, nil
 		}
-		if rs == nil {
+		if ls == nil {
 			has, err := hasKeyStore(ctx, db)
 			if err != nil {
 				return nil, err
@@ -320,28 +319,24 @@ func keysInFlight(db *database) (func(ctx context.Context) ([]idem.Record, error
 				return nil, nil
 			}
 			if db.sqlite != nil {
-				s, err := idemsqlite.NewStore(ctx, db.sqlite, &idemsqlite.StoreConfig{Clock: aheadClock{}})
+				s, err := idemsqlite.NewStore(ctx, db.sqlite, nil)
 				if err != nil {
 					return nil, err
 				}
-				rs = s
+				ls = s
 			} else {
-				ahead, err := idempg.NewDB(ctx, db.pg.Pool(), &idempg.Config{Schema: db.pg.Schema(), Clock: aheadClock{}})
-				if err != nil {
-					return nil, err
-				}
-				s, err := idempg.NewStore(ctx, ahead)
+				s, err := idempg.NewStore(ctx, db.pg)
 				if err != nil {
 					return nil, err
 				}
 				closeKeys = func() error { s.Close(); return nil }
-				rs = s
+				ls = s
 			}
 		}
 		// The keys in flight are as many as the requests running at once
 		// and those stopped at a point: a bounded number, held whole.
 		const page = 10000
-		recs, err := rs.Abandoned(ctx, page)
+		recs, err := ls.InFlightAtPoints(ctx, page)
 		if err != nil {
 			return nil, err
 		}
