@@ -430,7 +430,7 @@ func TestTortureRequestsInterrupted(t *testing.T) {
 	defer cancel()
 	stderr := &signalWriter{want: "logical payments done", fn: cancel}
 	var stdout bytes.Buffer
-	code := run(ctx, []string{"torture", "requests", "--db", url, "--payments", "20000", "--timeout", "2m"}, &stdout, stderr)
+	code := run(ctx, append([]string{"torture", "requests", "--db", url, "--payments", "20000", "--timeout", "2m"}, seedArgs(t)...), &stdout, stderr)
 	if code != exitFailure || !strings.Contains(stderr.buf.String(), "context canceled") {
 		t.Errorf("exit %d, want %d with the cancellation on stderr:\n%s", code, exitFailure, stderr.buf.String())
 	}
