@@ -100,7 +100,7 @@ client asking.
 	fl.Float64Var(&c.AcquirerFaultRate, "acquirer-fault-rate", torture.DefaultAcquirerFaultRate, "with --acquirer, the share of charges the network refuses (503) or whose answer it drops after charging (negative for none)")
 	fl.Float64Var(&c.CrashAfterCharge, "crash-after-charge", torture.DefaultCrashAfterCharge, "with --acquirer, the share of attempts that make their replica SIGKILL itself after the charge, before the commit (negative for none)")
 	fl.Float64Var(&c.Abandon, "abandon", 0, "with --acquirer, the share of logical payments whose client sends one attempt asking for crash-after-charge and never comes back: only the replicas' completers finish them, and the run waits for that")
-	fl.Uint64Var(&c.Seed, "seed", 0, "seed of the run's choices (0 for a random one, shown in the report)")
+	fl.Uint64Var(&c.Seed, "seed", 0, "seed of the run's choices (0 for a random one, printed first and in the report)")
 	var replicaLog string
 	fl.StringVar(&replicaLog, "replica-log", "", "write every line the replicas log, warnings included, to this file")
 	var sf torture.StoreFaults

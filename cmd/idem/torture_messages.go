@@ -88,7 +88,7 @@ holds it against their limit (MaxPending).`,
 	fl.DurationVar(&c.Timeout, "timeout", torture.DefaultMessagesTimeout, "longest the run may go, once publishing began, without an event applied: it ends then, and the events not applied are violations; a slow run that keeps applying events may take longer")
 	fl.DurationVar(&c.Drain, "drain", torture.DefaultMessagesDrain, "once the timeout passed without an event applied, every event published, how long to go on with the faults stopped, to tell slow events from lost ones (0 for none)")
 	fl.IntVar(&c.Backlog, "backlog", torture.DefaultBacklog, "most messages published ahead of the consumers (0 for no bound)")
-	fl.Uint64Var(&c.Seed, "seed", 0, "seed of the run's choices (0 for a random one, shown in the report)")
+	fl.Uint64Var(&c.Seed, "seed", 0, "seed of the run's choices (0 for a random one, printed first and in the report)")
 	var consumerLog string
 	fl.StringVar(&consumerLog, "consumer-log", "", "write every line the consumers log to this file")
 	fl.BoolVar(&c.Unsafe, "unsafe-no-inbox", false, "consume with an inbox that records nothing, which must fail the check (the torture's own test)")
