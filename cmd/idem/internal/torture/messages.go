@@ -128,8 +128,8 @@ type MessagesConfig struct {
 	// millions of messages queued and restarted is another test, of the
 	// broker. Defaults to 100,000; negative means no bound.
 	Backlog int
-	// Seed seeds the run's choices. Defaults to a random one, shown in the
-	// report.
+	// Seed seeds the run's choices. Defaults to a random one. Either way it
+	// is printed first (Progress) and in the report.
 	Seed uint64
 	// Timeout bounds the run's stalls once publishing has begun, not its
 	// length: the run ends once no event has been applied for Timeout,

@@ -108,7 +108,8 @@ type Config struct {
 	// has no connection to cut). Defaults to nil: none.
 	StoreFaults *StoreFaults
 	// Seed seeds the run's choices (accounts, amounts, replicas, drops,
-	// kills). Defaults to 0: a seed from crypto/rand, shown in the report.
+	// kills). Defaults to 0: a seed from crypto/rand. Either way it is
+	// printed first (Progress) and in the report.
 	Seed uint64
 	// Acquirer, as Private, puts a card network between the payments and
 	// their money: the run starts `idem acquirer` (a child process of
