@@ -1,8 +1,10 @@
 package keyed_test
 
 import (
+	"strings"
 	"testing"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/keyed"
 )
 
@@ -17,6 +19,11 @@ func TestDownstreamKey(t *testing.T) {
 	ex := keyed.Execution{Scope: "tenant-a", Key: "k-1", Token: 7}
 	if got, want := ex.DownstreamKey("charge"), "idg1_AETAZBPcKwA-TIgg7anvuoD-qfKge3b65DLSga0o3qo"; got != want {
 		t.Fatalf("DownstreamKey(charge) = %q; want %q, the key earlier versions derived", got, want)
+	}
+	// A scope far longer than its one-character key derives as any other.
+	long := keyed.Execution{Scope: idem.Scope("tenant-with-a-long-name/" + strings.Repeat("x", 50)), Key: "k"}
+	if got, want := long.DownstreamKey("charge"), "idg1_613FksbnYNpvJglhUEZGlvlyZYNFfmXn8v7xww1YB3w"; got != want {
+		t.Fatalf("DownstreamKey(charge) for a scope of 74 bytes and the key k = %q; want %q, the key earlier versions derived", got, want)
 	}
 	other := ex
 	other.Token, other.TookOver = 8, true
