@@ -263,6 +263,10 @@
 // under the request's origin (scope, key and Execution.ClaimedAt, which a
 // takeover keeps), as the lab's payment service does in its two-store form.
 // A client's retry then finishes the execution; there is no Completer.
+// An audit of the effect's books (idem reconcile --keys) learns which
+// executions are not finished from InFlight, which lists the keys in
+// flight, held or not, as idemsqlite's and idempg's InFlightAtPoints do
+// theirs, reading only.
 //
 // # Leases and holders
 //
