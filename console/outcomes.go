@@ -565,9 +565,14 @@ func (c *Console) confirmWith(w http.ResponseWriter, r *http.Request, v url.Valu
 	// A dry run: it says now, not after the reason is typed, that the key
 	// cannot be acted on.
 	var err error
-	if action == ActionResume {
+	switch action {
+	case ActionResume:
 		_, err = c.cfg.Actions.ResumeKey(r.Context(), scope, key, true)
-	} else {
+	case ActionSettleFailed:
+		// Its answer is known: the key's face must be able to keep it.
+		_, err = c.cfg.Actions.Settle(r.Context(), scope, key, FailedAnswer(), true)
+	default:
+		// The answer is not typed yet: the key alone.
 		_, err = c.cfg.Actions.Settle(r.Context(), scope, key, idem.Response{}, true)
 	}
 	if err != nil {

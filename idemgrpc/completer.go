@@ -72,7 +72,10 @@ type CompleterConfig struct {
 	// replayed; its headers but Content-Type go with it as header
 	// metadata, lowercased (Idem-Settled-By-Operator becomes
 	// idem-settled-by-operator), whatever Config.ReplayMetadata says. An
-	// error that is not a status refuses the settle, changing nothing.
+	// error that is not a status refuses the settle, changing nothing, and
+	// so does a status Config.Keep does not keep (as a Resume's: a code
+	// that asks the client to retry, such as the Unavailable of a 503,
+	// would be replayed to each retry for as long as the key lives).
 	// Defaults to DefaultSettle, which refuses a 2xx.
 	Settle func(answer idem.Response) (any, error)
 }
@@ -81,6 +84,10 @@ type CompleterConfig struct {
 // response message is of the method's type, which only the application
 // can make from the operator's body (CompleterConfig.Settle).
 var ErrSettleNeedsMessage = errors.New("idemgrpc: a settled 2xx answer is a response message, which only the application can make from its body (idemgrpc.CompleterConfig.Settle); settle with a status (a 4xx or a 5xx)")
+
+// errSettleNotKept refuses a settled answer whose code Config.Keep does
+// not keep.
+var errSettleNotKept = errors.New("idemgrpc: the settled answer is not one the interceptor keeps")
 
 // DefaultSettle is CompleterConfig.Settle's default: a status whose code
 // means what answer's HTTP status means to a gRPC client (SettleCode),
@@ -218,6 +225,13 @@ func (i *Interceptor) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
 			resp, serr := settle(answer)
 			if _, isStatus := status.FromError(serr); serr != nil && !isStatus {
 				return idem.Response{}, serr
+			}
+			if code := status.Code(serr); !i.cfg.Keep("", code) {
+				// As a Resume's: a code that tells the client to retry
+				// (Unavailable, Internal, ResourceExhausted...) is not
+				// kept, or every retry would get it replayed for as long as
+				// the key lives.
+				return idem.Response{}, fmt.Errorf("%w: %v is an answer this face does not keep (Config.Keep): it asks the client to retry, which would get it replayed for as long as the key lives", errSettleNotKept, code)
 			}
 			kept, overflow, err := i.keptAnswer(resp, serr, nil, settledMetadata(answer.Header))
 			switch {

@@ -262,7 +262,9 @@ func (c *Completer) resumeKey(ctx context.Context, scope idem.Scope, key idem.Ke
 // Completer's face's form, which the face that saved the point could not
 // replay; settle it with that face's Completer.
 //
-// With dryRun, it only checks that the key could be settled.
+// With dryRun, it only checks that the key could be settled with answer
+// (that its face can keep it); a zero answer (Status 0) checks the key
+// alone.
 func (c *Completer) Settle(ctx context.Context, scope idem.Scope, key idem.Key, answer idem.Response, dryRun bool) (idem.Record, error) {
 	return c.settle(ctx, scope, key, answer, dryRun, nil)
 }
@@ -289,17 +291,21 @@ func (c *Completer) settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 	}
 	defer c.end(wk)
 	rec, err := c.stoppedHere(ctx, scope, key)
-	if err != nil || dryRun {
+	if err != nil {
 		return rec, err
 	}
-	if c.cfg.SettleAnswer != nil {
+	if c.cfg.SettleAnswer != nil && (!dryRun || answer.Status != 0) {
 		// In this face's form, before anything changes: an answer the face
-		// cannot keep is refused with the key left as it is.
+		// cannot keep is refused with the key left as it is, by a dry run
+		// too, which must refuse what the settle would.
 		faced, err := c.cfg.SettleAnswer(answer)
 		if err != nil {
 			return rec, fmt.Errorf("%w: %w", &idem.ArgumentError{Field: "answer", Reason: "cannot be kept in the form of the face that stopped the key"}, err)
 		}
 		answer = faced
+	}
+	if dryRun {
+		return rec, nil
 	}
 	e := c.e
 	var claim idem.Claim

@@ -186,6 +186,9 @@ func refusedAction(err error) error {
 		return fmt.Errorf("the key stopped at a recovery point of neither face of the service: %w; nothing was changed", err)
 	case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished):
 		return fmt.Errorf("%w; nothing was changed", err)
+	case errors.Is(err, idem.ErrInvalidArgument):
+		// A settle's answer the key's face cannot keep.
+		return fmt.Errorf("%w; nothing was changed", err)
 	}
 	return fmt.Errorf("reading the key: %w; nothing was changed", err)
 }
