@@ -23,3 +23,20 @@ func TestOperatorAnswerRefusesControlCharactersInItsType(t *testing.T) {
 		t.Fatalf("a plain content type: %+v, %v", a, err)
 	}
 }
+
+// An operator's answer that asks the client to retry (a 5xx, 408, 425,
+// 429) is refused: kept, it would be replayed to each of those retries,
+// for as long as the key lives, and the client could never use it.
+func TestOperatorAnswerRefusesAnAnswerThatAsksForARetry(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{408, 425, 429, 500, 502, 503, 504, 599} {
+		if _, err := console.OperatorAnswer(status, "application/problem+json", `{"title":"down"}`); !errors.Is(err, idem.ErrInvalidArgument) {
+			t.Errorf("OperatorAnswer(%d): %v; want an argument error", status, err)
+		}
+	}
+	for _, status := range []int{200, 201, 302, 400, 402, 404, 409, 422, 499} {
+		if _, err := console.OperatorAnswer(status, "application/json", `{}`); err != nil {
+			t.Errorf("OperatorAnswer(%d): %v", status, err)
+		}
+	}
+}

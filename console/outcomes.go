@@ -226,7 +226,9 @@ func FailedAnswer() idem.Response {
 // OperatorAnswer is the answer a settle with an answer keeps: status and
 // body as the operator gave them, the body's type, and SettledHeader. A
 // body of type application/json must be one JSON value; a type with a
-// control character (a line break, a tab, NUL) is refused.
+// control character (a line break, a tab, NUL) is refused, and so is a
+// status that asks the client to retry (a 5xx, 408, 425, 429), which its
+// retries would get replayed for as long as the key lives.
 func OperatorAnswer(status int, contentType, body string) (idem.Response, error) {
 	contentType = strings.TrimSpace(contentType)
 	if contentType == "" {
@@ -235,6 +237,11 @@ func OperatorAnswer(status int, contentType, body string) (idem.Response, error)
 	switch {
 	case status < 200 || status > 599:
 		return idem.Response{}, &idem.ArgumentError{Field: "status", Reason: fmt.Sprintf("%d is not a final HTTP status (200 to 599)", status)}
+	case status >= 500 || status == http.StatusRequestTimeout || status == http.StatusTooEarly || status == http.StatusTooManyRequests:
+		// The client retries on these, and each retry would get the kept
+		// answer replayed, for as long as the key lives: a face keeps no
+		// such answer from a handler either (idemhttp.DefaultKeep).
+		return idem.Response{}, &idem.ArgumentError{Field: "status", Reason: fmt.Sprintf("%d asks the client to retry, and its retries would get it replayed for as long as the key lives; settle with a 2xx, 3xx or 4xx", status)}
 	case strings.ContainsFunc(contentType, func(r rune) bool { return r < 0x20 || r == 0x7f }):
 		// It is sent as a header to the client's retry.
 		return idem.Response{}, &idem.ArgumentError{Field: "content type", Reason: fmt.Sprintf("%q holds a control character", contentType)}

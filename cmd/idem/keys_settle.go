@@ -65,7 +65,7 @@ the key from its unknown count at its next round.`,
 	fl.StringVar(&reason, "reason", "", "why, kept in the key's history (required)")
 	fl.StringVar(&operator, "operator", os.Getenv("USER"), "who settles it, kept in the key's history (default $USER)")
 	fl.BoolVar(&failed, "failed", false, "settle as failed: nothing happened outside")
-	fl.IntVar(&status, "status", 0, "settle with this answer's HTTP status (200 to 599)")
+	fl.IntVar(&status, "status", 0, "settle with this answer's HTTP status (200 to 499; not 408, 425 or 429, which ask the client to retry)")
 	fl.StringVar(&body, "body", "", "with --status: the answer's body")
 	fl.StringVar(&bodyFile, "body-file", "", "with --status: read the answer's body from this file")
 	fl.StringVar(&contentType, "content-type", "application/json", "with --status: the answer's content type (a JSON type must parse)")
