@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	neturl "net/url"
@@ -97,7 +98,10 @@ func runTorture(t *testing.T, args ...string) (code int, stdout, stderr string, 
 	t.Helper()
 	var out, errOut bytes.Buffer
 	args = append(args, seedArgs(t)...)
+	logs := keepLogs(t)
+	args = append(args, "--replica-log", filepath.Join(logs, "replicas.log"))
 	code = run(t.Context(), append([]string{"torture", "requests"}, args...), &out, &errOut)
+	writeDriverLog(t, logs, out.String(), errOut.String())
 	results = map[string]int64{}
 	for line := range strings.Lines(out.String()) {
 		f := strings.Split(strings.TrimSpace(line), ",")
@@ -109,6 +113,47 @@ func runTorture(t *testing.T, args ...string) (code int, stdout, stderr string, 
 		}
 	}
 	return code, out.String(), errOut.String(), results
+}
+
+// keepLogs returns the directory where a torture test keeps the evidence
+// of its run: every replica's log (--replica-log) and the driver's output
+// (writeDriverLog). It is the test's artifact directory under -artifacts
+// (as scripts/test runs, into .artifacts); otherwise a directory of its
+// own that outlives the test. A test that passes removes what it wrote
+// there; one that fails keeps it and logs where it is.
+func keepLogs(t *testing.T) string {
+	t.Helper()
+	var dir string
+	if f := flag.Lookup("test.artifacts"); f != nil && f.Value.String() == "true" {
+		dir = t.ArtifactDir()
+	} else {
+		name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
+		d, err := os.MkdirTemp("", "idem-"+name+"-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir = d
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the replicas' logs and the driver's output of this run are kept in %s", dir)
+			return
+		}
+		for _, f := range []string{"replicas.log", "driver.log"} {
+			os.Remove(filepath.Join(dir, f))
+		}
+		os.Remove(dir) // only when empty: the artifact directory may hold more
+	})
+	return dir
+}
+
+// writeDriverLog writes the torture driver's stdout and stderr to dir.
+func writeDriverLog(t *testing.T, dir, stdout, stderr string) {
+	t.Helper()
+	text := "stdout:\n" + stdout + "\nstderr:\n" + stderr
+	if err := os.WriteFile(filepath.Join(dir, "driver.log"), []byte(text), 0o644); err != nil {
+		t.Errorf("keeping the driver's output: %v", err)
+	}
 }
 
 // resultText is the value of the RESULT line of metric in a run's stdout,

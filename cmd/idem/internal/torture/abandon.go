@@ -1,9 +1,12 @@
 package torture
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -88,9 +91,47 @@ var (
 	keyAttr       = regexp.MustCompile(` key=(hmac:[0-9a-f]{16})`)
 )
 
+// completerTook matches a replica's line saying its completer took an
+// abandoned key over (keyed's, at warning level, before the payments'
+// resume names the payment), and the key's digest.
+var completerTook = regexp.MustCompile(`^time=(\S+) level=WARN msg="completer: finishing an abandoned execution".* key=(hmac:[0-9a-f]{16})`)
+
+// completerTrouble matches a replica's line saying its completer could
+// not list the abandoned keys or take one over (a store that did not
+// answer): the key, when there is one, is not named by payment.
+var completerTrouble = regexp.MustCompile(`^time=(\S+) level=WARN msg="(completer: could not (?:list abandoned executions|take the abandoned execution over))"`)
+
 // life names one process of one replica: its number and the count of its
 // starts.
 type life struct{ replica, n int }
+
+func (l life) String() string { return fmt.Sprintf("replica %d (start %d)", l.replica, l.n) }
+
+// event is one thing a replica's life did that a late finish's timeline
+// shows: with a payment (its resume began, failed, was cut off) or
+// without (a claim or a listing that failed, a resume of a key whose
+// payment it never named, cut off).
+type event struct {
+	at   time.Time
+	lf   life
+	what string
+}
+
+// maxUnnamed bounds the events kept without a payment.
+const maxUnnamed = 2000
+
+func (r *run) noteLocked(payment string, e event) {
+	if payment == "" {
+		if len(r.unnamed) < maxUnnamed {
+			r.unnamed = append(r.unnamed, e)
+		}
+		return
+	}
+	if r.timeline == nil {
+		r.timeline = map[string][]event{}
+	}
+	r.timeline[payment] = append(r.timeline[payment], e)
+}
 
 // completerLine notes, from one line of a replica's life (its errors are
 // always logged, and its warnings in a run with Abandon), a completer's
@@ -103,6 +144,34 @@ func (r *run) completerLine(replica, n int, line string) {
 		return t, err == nil
 	}
 	lf := life{replica, n}
+	if m := completerTook.FindStringSubmatch(line); m != nil {
+		t, ok := at(m[1])
+		if !ok {
+			return
+		}
+		r.failedMu.Lock()
+		defer r.failedMu.Unlock()
+		if r.took == nil {
+			r.took = map[life]map[string]time.Time{}
+		}
+		if r.took[lf] == nil {
+			r.took[lf] = map[string]time.Time{}
+		}
+		r.took[lf][m[2]] = t
+		return
+	}
+	if m := completerTrouble.FindStringSubmatch(line); m != nil {
+		if t, ok := at(m[1]); ok {
+			what := m[2]
+			if k := keyAttr.FindStringSubmatch(line); k != nil {
+				what += " (key " + k[1] + ")"
+			}
+			r.failedMu.Lock()
+			r.noteLocked("", event{t, lf, what})
+			r.failedMu.Unlock()
+		}
+		return
+	}
 	if m := resumeStarted.FindStringSubmatch(line); m != nil {
 		p, k := paymentAttr.FindStringSubmatch(line), keyAttr.FindStringSubmatch(line)
 		if p == nil || k == nil {
@@ -117,6 +186,13 @@ func (r *run) completerLine(replica, n int, line string) {
 			r.resuming[lf] = map[string]string{}
 		}
 		r.resuming[lf][k[1]] = p[1]
+		if took, ok := r.took[lf][k[1]]; ok {
+			r.noteLocked(p[1], event{took, lf, "its completer took the key " + k[1] + " over"})
+			delete(r.took[lf], k[1])
+		}
+		if t, ok := at(m[1]); ok {
+			r.noteLocked(p[1], event{t, lf, "resume began"})
+		}
 		return
 	}
 	var t time.Time
@@ -151,6 +227,11 @@ func (r *run) completerLine(replica, n int, line string) {
 	if payment != "" {
 		r.noteFailedLocked(payment, t)
 	}
+	what := "resume failed, its outcome unknown"
+	if digest != "" {
+		what += " (key " + digest + ")"
+	}
+	r.noteLocked(payment, event{t, lf, what})
 }
 
 // completerExit notes the end of a replica's life at at: each resume it
@@ -163,8 +244,16 @@ func (r *run) completerExit(replica, n int, at time.Time) {
 	defer r.failedMu.Unlock()
 	for _, payment := range r.resuming[lf] {
 		r.noteFailedLocked(payment, at)
+		r.noteLocked(payment, event{at, lf, "resume cut off: its replica died"})
 	}
 	delete(r.resuming, lf)
+	// A key taken over and not yet named by the payments' resume: which
+	// payment's, this life never said.
+	for digest, took := range r.took[lf] {
+		r.noteLocked("", event{at, lf, fmt.Sprintf("its replica died holding key %s, taken over at %s, its payment not named yet",
+			digest, took.Format("15:04:05.000"))})
+	}
+	delete(r.took, lf)
 }
 
 func (r *run) noteFailedLocked(payment string, at time.Time) {
@@ -286,8 +375,10 @@ func (r *run) slowestCompletion(ctx context.Context) (slowest time.Duration, lat
 			}
 			if t, ok := gaveUp[key]; ok {
 				slowest = max(slowest, at.Sub(t))
-				if d, ok := r.finishDeadline(lastHolderGone(t, r.failedResumesOf(ids[key]), at)); ok && at.After(d) {
+				gone := lastHolderGone(t, r.failedResumesOf(ids[key]), at)
+				if d, ok := r.finishDeadline(gone); ok && at.After(d) {
 					late++
+					r.late = append(r.late, lateFinish{key: key, payments: ids[key], died: t, gone: gone, deadline: d, done: at})
 				}
 			}
 			return nil
@@ -360,4 +451,96 @@ func (d *runDB) each(ctx context.Context, q string, row func(scan func(...any) e
 		return fmt.Errorf("torture: reading the database: %w", err)
 	}
 	return nil
+}
+
+// lateFinish is an abandoned payment finished after its finishDeadline.
+type lateFinish struct {
+	key      string
+	payments []string
+	// died is when its client's try gave up, gone its last holder's end
+	// (lastHolderGone), deadline when it had to be finished by, done when
+	// it was.
+	died, gone, deadline, done time.Time
+}
+
+// Bounds on what a late finish's violation shows.
+const (
+	maxLateShown     = 3
+	maxTimelineLines = 40
+)
+
+// lateTimelines tells, for the latest of the late finishes (at most
+// maxLateShown), what happened to each from its client's try's death to
+// its finish: the lease's end, each replica's lives, and its completers'
+// resumes and troubles, in time order, relative to the death.
+func (r *run) lateTimelines() string {
+	late := slices.Clone(r.late)
+	slices.SortFunc(late, func(a, b lateFinish) int {
+		return cmp.Compare(b.done.Sub(b.deadline), a.done.Sub(a.deadline))
+	})
+	var b strings.Builder
+	for i, lf := range late {
+		if i == maxLateShown {
+			fmt.Fprintf(&b, "\n(and %d more late)", len(late)-i)
+			break
+		}
+		b.WriteString("\n")
+		b.WriteString(r.lateTimeline(lf))
+	}
+	return b.String()
+}
+
+func (r *run) lateTimeline(lf lateFinish) string {
+	rel := func(t time.Time) string {
+		d := t.Sub(lf.died).Round(time.Millisecond)
+		if d < 0 {
+			return d.String()
+		}
+		return "+" + d.String()
+	}
+	var evs []event
+	add := func(at time.Time, what string) { evs = append(evs, event{at: at, what: what}) }
+	add(lf.died, "its client's try gave up (its replica SIGKILLed itself)")
+	add(lf.died.Add(r.cfg.KeyLease), "its holder's lease ended, at the latest")
+	add(lf.gone, "its last holder's end, which the bound counts from")
+	add(lf.deadline, "its deadline")
+	add(lf.done, "finished")
+	from, to := lf.died.Add(-completerEvery), lf.done
+	for _, rp := range r.replicas {
+		rp.mu.Lock()
+		for _, u := range rp.ups {
+			if !u.from.Before(from) && !u.from.After(to) {
+				add(u.from, rp.name()+" up")
+			}
+			if !u.to.IsZero() && !u.to.Before(from) && !u.to.After(to) {
+				add(u.to, rp.name()+" down")
+			}
+		}
+		rp.mu.Unlock()
+	}
+	r.failedMu.Lock()
+	for _, id := range lf.payments {
+		for _, e := range r.timeline[id] {
+			add(e.at, e.lf.String()+": "+id+": "+e.what)
+		}
+	}
+	for _, e := range r.unnamed {
+		if !e.at.Before(from) && !e.at.After(to) {
+			add(e.at, e.lf.String()+": "+e.what)
+		}
+	}
+	r.failedMu.Unlock()
+	slices.SortStableFunc(evs, func(a, b event) int { return a.at.Compare(b.at) })
+	var b strings.Builder
+	fmt.Fprintf(&b, "payment %s (key %s): finished %s after its client's try gave up at %s, %s past its deadline:",
+		strings.Join(lf.payments, ", "), lf.key, lf.done.Sub(lf.died).Round(time.Millisecond),
+		lf.died.Format("15:04:05.000"), lf.done.Sub(lf.deadline).Round(time.Millisecond))
+	for i, e := range evs {
+		if i == maxTimelineLines {
+			fmt.Fprintf(&b, "\n  (%d more)", len(evs)-i)
+			break
+		}
+		fmt.Fprintf(&b, "\n  %9s %s", rel(e.at), e.what)
+	}
+	return b.String()
 }

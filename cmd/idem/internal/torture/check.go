@@ -75,8 +75,8 @@ func (r *run) check(ctx context.Context, elapsed time.Duration) (*Report, error)
 		rep.FinishBound = r.finishBound()
 	}
 	if r.lateFinishes > 0 {
-		violate("%d abandoned payments were finished more than the completers' bound (%s) after their last holder died (or a completer's resume of them failed) and a replica was up; the slowest took %s",
-			r.lateFinishes, r.finishBound(), r.slowestFinish.Round(time.Millisecond))
+		violate("%d abandoned payments were finished more than the completers' bound (%s) after their last holder died (or a completer's resume of them failed) and a replica was up; the slowest took %s%s",
+			r.lateFinishes, r.finishBound(), r.slowestFinish.Round(time.Millisecond), r.lateTimelines())
 	}
 	if r.unfinished > 0 {
 		violate("%d executions stopped after a recovery point were still unfinished %s after the load (the completers' bound)",

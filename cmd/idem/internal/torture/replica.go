@@ -98,16 +98,28 @@ func (r *replica) name() string {
 	return fmt.Sprintf("%s %d", what, r.n)
 }
 
-// lineWriter writes whole lines from several replicas to one writer.
+// lineWriter writes whole lines from several replicas to one writer, up
+// to maxLogBytes: a run's log is evidence to read, and must not fill the
+// disk of a run that goes wrong in a loop.
 type lineWriter struct {
-	mu sync.Mutex
-	w  io.Writer
+	mu      sync.Mutex
+	w       io.Writer
+	written int64
 }
+
+// maxLogBytes bounds what a lineWriter writes.
+const maxLogBytes = 64 << 20
 
 func (l *lineWriter) line(name, s string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	fmt.Fprintf(l.w, "%s: %s\n", name, s)
+	if l.written >= maxLogBytes {
+		return
+	}
+	n, _ := fmt.Fprintf(l.w, "%s: %s\n", name, s)
+	if l.written += int64(n); l.written >= maxLogBytes {
+		fmt.Fprintf(l.w, "(the log stops here: %d bytes written, its bound)\n", l.written)
+	}
 }
 
 // start starts the process and waits for its ready line.

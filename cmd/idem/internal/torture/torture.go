@@ -334,6 +334,8 @@ type run struct {
 	// than finishBound after their client gave up, or a completer's
 	// resume of them failed (lastHolderGone).
 	lateFinishes int
+	// late are the late finishes, for their timelines.
+	late []lateFinish
 	// failedResumes are, by payment ID, when a replica's completer said a
 	// resume of that payment's key failed, its outcome unknown (the
 	// replicas' completerLine).
@@ -342,6 +344,14 @@ type run struct {
 	// resuming are the resumes each replica's life has begun and not seen
 	// end: by key digest, the payment (completerLine).
 	resuming map[life]map[string]string
+	// took are the keys each life's completer took over and the payments'
+	// resume has not named yet: by key digest, when.
+	took map[life]map[string]time.Time
+	// timeline is, by payment ID, what the replicas did with its key
+	// (completerLine), and unnamed what they did without naming a
+	// payment: a late finish's violation shows them.
+	timeline map[string][]event
+	unnamed  []event
 
 	schema   string // PostgreSQL schema, with cfg.DB postgres://
 	prefix   string // Redis key prefix, with cfg.Keys
