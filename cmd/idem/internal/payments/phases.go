@@ -191,7 +191,8 @@ var errResumesNothing = errors.New("payments: this completer settles, and resume
 // SettleCompleters returns what settles a key of store stopped at a
 // recovery point, for an operator's action outside a running service (idem
 // keys settle): each face's completer, as Service.KeyActions, keeping
-// answers as the service keeps them (sealed with bodyKeys), and resuming
+// answers as the service keeps them (sealed with bodyKeys; on gRPC, the
+// codes its face keeps, grpcKeep), and resuming
 // nothing (a ResumeKey fails, leaving the key as it was).
 func SettleCompleters(store idem.Store, bodyKeys []idemhttp.BodyKey) (keyed.Completers, error) {
 	mw, err := idemhttp.New(&idemhttp.Config{Store: store, SeparateTx: true, SharedScope: true, BodyKeys: bodyKeys})
@@ -204,7 +205,7 @@ func SettleCompleters(store idem.Store, bodyKeys []idemhttp.BodyKey) (keyed.Comp
 	if err != nil {
 		return nil, err
 	}
-	ic, err := idemgrpc.New(&idemgrpc.Config{Store: store, SeparateTx: true, SharedScope: true, BodyKeys: bodyKeys})
+	ic, err := idemgrpc.New(&idemgrpc.Config{Store: store, SeparateTx: true, SharedScope: true, BodyKeys: bodyKeys, Keep: grpcKeep})
 	if err != nil {
 		return nil, err
 	}
