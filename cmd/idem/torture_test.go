@@ -276,8 +276,8 @@ func TestTortureRequestsAbandoned(t *testing.T) {
 			// (keyed.Completer's bound holds "when its outcome can be
 			// learned"). The bound itself is not widened; it restarts only
 			// for the payment whose resume a replica logged as failed.
-			t.Logf("slowest abandoned payment finished %ss after its holder died; the completers' bound %ss",
-				resultText(stdout, "slowest_finish_s"), resultText(stdout, "finish_bound_s"))
+			t.Logf("slowest abandoned payment finished %ss after its holder died; the completers' bound %ss; bounds counted from a failed resume %d, from one cut off by its replica's death %d",
+				resultText(stdout, "slowest_finish_s"), resultText(stdout, "finish_bound_s"), r["from_failed_resume"], r["from_cut_off_resume"])
 			if r["abandoned"] == 0 || r["abandoned_finished"] == 0 {
 				t.Errorf("%d abandoned, %d finished by a completer; want some of each\n%s", r["abandoned"], r["abandoned_finished"], stdout)
 			}

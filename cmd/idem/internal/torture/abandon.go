@@ -245,6 +245,10 @@ func (r *run) completerExit(replica, n int, at time.Time) {
 	for _, payment := range r.resuming[lf] {
 		r.noteFailedLocked(payment, at)
 		r.noteLocked(payment, event{at, lf, "resume cut off: its replica died"})
+		if r.cutOff == nil {
+			r.cutOff = map[string][]time.Time{}
+		}
+		r.cutOff[payment] = append(r.cutOff[payment], at)
 	}
 	delete(r.resuming, lf)
 	// A key taken over and not yet named by the payments' resume: which
@@ -261,6 +265,23 @@ func (r *run) noteFailedLocked(payment string, at time.Time) {
 		r.failedResumes = map[string][]time.Time{}
 	}
 	r.failedResumes[payment] = append(r.failedResumes[payment], at)
+}
+
+// countFrom counts an abandoned payment whose bound counted from last, a
+// failed resume of one of its payments ids: one seen to fail, or one cut
+// off by its replica's death (Report.FromFailedResume).
+func (r *run) countFrom(ids []string, last time.Time) {
+	r.failedMu.Lock()
+	defer r.failedMu.Unlock()
+	for _, id := range ids {
+		for _, at := range r.cutOff[id] {
+			if at.Equal(last) {
+				r.fromCutOff++
+				return
+			}
+		}
+	}
+	r.fromFailed++
 }
 
 // failedResumesOf returns when the completers' resumes of the payments
@@ -376,6 +397,9 @@ func (r *run) slowestCompletion(ctx context.Context) (slowest time.Duration, lat
 			if t, ok := gaveUp[key]; ok {
 				slowest = max(slowest, at.Sub(t))
 				gone := lastHolderGone(t, r.failedResumesOf(ids[key]), at)
+				if gone.After(t) {
+					r.countFrom(ids[key], gone)
+				}
 				if d, ok := r.finishDeadline(gone); ok && at.After(d) {
 					late++
 					r.late = append(r.late, lateFinish{key: key, payments: ids[key], died: t, gone: gone, deadline: d, done: at})

@@ -73,6 +73,9 @@ func (r *run) check(ctx context.Context, elapsed time.Duration) (*Report, error)
 	rep.SlowestFinish = r.slowestFinish
 	if r.cfg.Abandon > 0 {
 		rep.FinishBound = r.finishBound()
+		r.failedMu.Lock()
+		rep.FromFailedResume, rep.FromCutOffResume = r.fromFailed, r.fromCutOff
+		r.failedMu.Unlock()
 	}
 	if r.lateFinishes > 0 {
 		violate("%d abandoned payments were finished more than the completers' bound (%s) after their last holder died (or a completer's resume of them failed) and a replica was up; the slowest took %s%s",

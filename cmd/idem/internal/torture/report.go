@@ -45,6 +45,12 @@ type Report struct {
 	// within (the completer's documented bound).
 	SlowestFinish time.Duration
 	FinishBound   time.Duration
+	// FromFailedResume is how many abandoned payments had their bound
+	// counted from a completer's resume that a replica logged as failed,
+	// later than their holder's death, and FromCutOffResume from one that
+	// its replica's death cut off.
+	FromFailedResume int
+	FromCutOffResume int
 
 	Payments      int   // payments in the database
 	MoneyOwed     int64 // the sum of the logical payments' amounts
@@ -89,6 +95,8 @@ func (r *Report) Print(w io.Writer) {
 		row("completers' wait after the load", r.CompleterWait.Round(time.Millisecond))
 		row("slowest finished after its client gave up", r.SlowestFinish.Round(time.Millisecond))
 		row("the completers' bound", r.FinishBound)
+		row("bound from a failed resume", r.FromFailedResume)
+		row("bound from a resume cut off by a death", r.FromCutOffResume)
 	}
 	row("payments in the database", r.Payments)
 	row("money owed", r.MoneyOwed)
@@ -146,6 +154,8 @@ func (r *Report) PrintResults(w io.Writer) {
 		line("completer_wait_s", fmt.Sprintf("%.2f", r.CompleterWait.Seconds()), "s")
 		line("slowest_finish_s", fmt.Sprintf("%.2f", r.SlowestFinish.Seconds()), "s")
 		line("finish_bound_s", fmt.Sprintf("%.2f", r.FinishBound.Seconds()), "s")
+		line("from_failed_resume", r.FromFailedResume, "payments")
+		line("from_cut_off_resume", r.FromCutOffResume, "payments")
 	}
 	line("payments", r.Payments, "payments")
 	line("money_owed", r.MoneyOwed, "minor_units")

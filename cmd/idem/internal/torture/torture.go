@@ -352,6 +352,12 @@ type run struct {
 	// payment: a late finish's violation shows them.
 	timeline map[string][]event
 	unnamed  []event
+	// cutOff are, by payment ID, the deaths of replicas in the middle of
+	// a resume of it (in failedResumes too); fromFailed and fromCutOff
+	// count the abandoned payments whose bound counted from a failed
+	// resume, seen to fail or cut off (Report.FromFailedResume).
+	cutOff                 map[string][]time.Time
+	fromFailed, fromCutOff int
 
 	schema   string // PostgreSQL schema, with cfg.DB postgres://
 	prefix   string // Redis key prefix, with cfg.Keys
