@@ -101,6 +101,12 @@ var completerTook = regexp.MustCompile(`^time=(\S+) level=WARN msg="completer: f
 // answer): the key, when there is one, is not named by payment.
 var completerTrouble = regexp.MustCompile(`^time=(\S+) level=WARN msg="(completer: could not (?:list abandoned executions|take the abandoned execution over))"`)
 
+// restartedLeases matches a replica's line saying, as it starts, that it
+// ended the leases its killed incarnation held (keyed's Restart), and how
+// many: a key a killed completer had taken over, even one it died too
+// soon to log, is free from then on.
+var restartedLeases = regexp.MustCompile(`^time=(\S+) level=WARN msg="restarted: ended the leases an earlier incarnation of this replica held".* leases=(\d+)`)
+
 // life names one process of one replica: its number and the count of its
 // starts.
 type life struct{ replica, n int }
@@ -168,6 +174,14 @@ func (r *run) completerLine(replica, n int, line string) {
 			}
 			r.failedMu.Lock()
 			r.noteLocked("", event{t, lf, what})
+			r.failedMu.Unlock()
+		}
+		return
+	}
+	if m := restartedLeases.FindStringSubmatch(line); m != nil {
+		if t, ok := at(m[1]); ok {
+			r.failedMu.Lock()
+			r.noteLocked("", event{t, lf, "started, it ended the " + m[2] + " leases its killed start held"})
 			r.failedMu.Unlock()
 		}
 		return

@@ -29,6 +29,7 @@ func TestLateFinishTimeline(t *testing.T) {
 		{0, 1, "time=" + stamp(4*time.Second) + ` level=WARN msg="completer: finishing an abandoned execution" scope=torture key=` + digest + " method=completer path=charging"},
 		{0, 1, "time=" + stamp(4*time.Second) + ` level=WARN msg="payments: finishing a payment from its recovery point" payment=pay_late key=` + digest},
 		{1, 1, "time=" + stamp(7*time.Second) + ` level=WARN msg="completer: could not take the abandoned execution over" scope=torture key=hmac:ffffffffffffffff method=completer error="database is locked"`},
+		{0, 2, "time=" + stamp(6*time.Second) + ` level=WARN msg="restarted: ended the leases an earlier incarnation of this replica held" replica=torture-replica-0 leases=2`},
 		{1, 1, "time=" + stamp(8*time.Second) + ` level=WARN msg="completer: finishing an abandoned execution" scope=torture key=hmac:eeeeeeeeeeeeeeee method=completer`},
 	} {
 		r.completerLine(l.replica, l.life, l.line)
@@ -56,6 +57,7 @@ func TestLateFinishTimeline(t *testing.T) {
 		"       +5s replica 0 (start 1): pay_late: resume cut off: its replica died",
 		"       +5s its last holder's end, which the bound counts from",
 		"       +6s replica 0 up",
+		"       +6s replica 0 (start 2): started, it ended the 2 leases its killed start held",
 		"       +7s replica 1 (start 1): completer: could not take the abandoned execution over (key hmac:ffffffffffffffff)",
 		"       +9s replica 1 (start 1): its replica died holding key hmac:eeeeeeeeeeeeeeee",
 		"    +11.7s its deadline",
