@@ -13,12 +13,14 @@ import (
 	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
 	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idempg"
+	"github.com/idem-go/idem/idemredis"
 	"github.com/idem-go/idem/idemsqlite"
 )
 
 func (a *app) reconcileCmd() *cobra.Command {
 	var (
 		dbURL, pgSchema, netURL, netKey string
+		keysURL, keysPrefix             string
 		since                           string
 		bound, horizon                  time.Duration
 		window                          int
@@ -41,6 +43,21 @@ charging, or it is being charged now) is not in the books yet. Within
 completer) and is listed apart, with its age: not a difference. Past the
 bound it is an unknown outcome, a difference, for a person to decide on
 ('idem keys abandoned', 'idem keys show').
+
+The keys in flight are read where the service keeps them: in --db, or in
+the Redis that --keys names (the URL and --keys-prefix 'idem serve' was
+given). Redis keeps no recovery points, so there a payment whose charge is
+made and not yet recorded, with its key in flight, is being finished
+within --bound of the key's claim (by the client's retry, which takes the
+key over once its lease ends), and an unknown outcome past it. A key the
+service sealed (IDEM_KEY_SECRET) does not say which payment it is: a
+charge made for one shows as a charge without its payment, and the run
+says how many keys it could not read. Redis is only read (SCAN and GET),
+and one that cannot be reached ends the run with status 3. Without --keys,
+a database that does not hold the keys (the service ran with --keys) has
+no keys in flight to show: reconcile says so, on stderr and in the --json
+summary ("keys_seen": false), and every payment in flight is a
+difference.
 
 Exit status: 0 when the books agree (payments being finished do not count);
 1 when there is a difference (unknown outcomes included); 2 on bad usage;
@@ -82,6 +99,7 @@ error that says so.`,
 		Args: cobra.NoArgs,
 	}
 	dbFlags(cmd, &dbURL, &pgSchema)
+	keysFlags(cmd, &keysURL, &keysPrefix)
 	cmd.Flags().StringVar(&netURL, "acquirer", "", "the card network: http://HOST:PORT (required)")
 	cmd.Flags().StringVar(&netKey, "acquirer-key", "", "the card network's API key (default from $"+envAcquirerKey+", or the file $"+envAcquirerKey+"_FILE names)")
 	cmd.Flags().StringVar(&since, "since", "", "compare only what was made at or after this time: RFC 3339, or a duration back from now (24h)")
@@ -129,8 +147,21 @@ error that says so.`,
 		if err != nil {
 			return &usageError{err}
 		}
-		inFlight, closeKeys := keysInFlight(db)
-		defer func() { err = errors.Join(err, closeKeys()) }()
+		var rs *idemredis.Store
+		if keysURL != "" {
+			var t keysTarget
+			rs, t, err = openKeys(ctx, keysURL, keysPrefix)
+			if err != nil {
+				if t.url == "" {
+					return &usageError{err}
+				}
+				return out.incomplete(nil, from, bound, err)
+			}
+			defer func() { err = errors.Join(err, rs.Close()) }()
+		}
+		keys := keysInFlight(db, rs)
+		defer func() { err = errors.Join(err, keys.close()) }()
+		out.keys = keys
 		if !asJSON {
 			window := "everything"
 			if !from.IsZero() {
@@ -138,7 +169,7 @@ error that says so.`,
 			}
 			fmt.Fprintf(a.stdout, "reconcile: the payments of %s and the charges at %s, %s\n", db.shown, netURL, window)
 		}
-		rec, err := payments.Reconcile(ctx, db.sqlite, db.pg, net, from, &payments.ReconcileOptions{InFlight: inFlight, Bound: bound,
+		rec, err := payments.Reconcile(ctx, db.sqlite, db.pg, net, from, &payments.ReconcileOptions{InFlight: keys.list, Bound: bound,
 			BodyKeys: rest.bodyKeys, Window: window, KeyHorizon: horizon, OnDifference: out.difference})
 		if err != nil {
 			if out.err != nil {
@@ -160,7 +191,8 @@ error that says so.`,
 type reconcileOutput struct {
 	a    *app
 	json bool
-	err  error // the first failure to write, which stops the run
+	keys *inFlightKeys // where the keys in flight were read; nil before
+	err  error         // the first failure to write, which stops the run
 }
 
 type reconcilePending struct {
@@ -195,6 +227,7 @@ func (o *reconcileOutput) difference(d payments.Difference) error {
 
 func (o *reconcileOutput) end(rec *payments.Reconciliation, from time.Time, bound time.Duration) error {
 	a := o.a
+	o.notes(rec)
 	failed := func() error {
 		if rec.DifferenceCount > 0 {
 			return &silentError{fmt.Errorf("%d differences", rec.DifferenceCount)}
@@ -209,7 +242,7 @@ func (o *reconcileOutput) end(rec *payments.Reconciliation, from time.Time, boun
 				return err
 			}
 		}
-		if err := enc.Encode(summary(rec, from, bound)); err != nil {
+		if err := enc.Encode(o.summary(rec, from, bound)); err != nil {
 			return err
 		}
 		return failed()
@@ -218,7 +251,7 @@ func (o *reconcileOutput) end(rec *payments.Reconciliation, from time.Time, boun
 		fmt.Fprintf(a.stdout, "BEING FINISHED %s\n", p)
 	}
 	if len(rec.Pending) > 0 {
-		fmt.Fprintf(a.stdout, "%d payment(s) being finished: in flight at their recovery point within the %s bound, not differences\n", len(rec.Pending), bound)
+		fmt.Fprintf(a.stdout, "%d payment(s) being finished: in flight (at their recovery point, or with their key, where the key store keeps no points) within the %s bound, not differences\n", len(rec.Pending), bound)
 	}
 	fmt.Fprintf(a.stdout, "compared %d payments and %d charges, holding at most %d at once\n", rec.Payments, rec.Charges, rec.PeakHeld)
 	if rec.CutShort > 0 {
@@ -232,11 +265,42 @@ func (o *reconcileOutput) end(rec *payments.Reconciliation, from time.Time, boun
 	return nil
 }
 
+// notes says on stderr what the run could not see of the keys in flight:
+// none, the database not holding them (the service keeps them in Redis),
+// or some, sealed keys in Redis that name no payment.
+func (o *reconcileOutput) notes(rec *payments.Reconciliation) {
+	if o.keys != nil && o.keys.unseen {
+		fmt.Fprintf(o.a.stderr, "idem: %s\n", keysUnseenNote)
+	}
+	if rec.SealedInFlight > 0 {
+		fmt.Fprintf(o.a.stderr, "idem: %s\n", sealedNote(rec.SealedInFlight))
+	}
+}
+
+// keysUnseenNote is what reconcile says of a database without the key
+// store's tables.
+const keysUnseenNote = "cannot see the keys in flight: the database does not hold the idempotency keys, so a payment being finished is reported as a difference; if the service keeps them in Redis, give --keys (and --keys-prefix) as 'idem serve' has them"
+
+func sealedNote(n int) string {
+	return fmt.Sprintf("%d key(s) in flight in the key store are sealed (IDEM_KEY_SECRET) and do not say which payment they are: a charge made for one and not yet recorded is reported as a charge without its payment", n)
+}
+
 // summary is the --json summary of rec: complete, unless the caller says
-// otherwise.
-func summary(rec *payments.Reconciliation, from time.Time, bound time.Duration) map[string]any {
+// otherwise. keys_seen is false when the keys in flight could not be seen
+// (keys_note says why), and keys_sealed counts those that were seen and
+// could not be read.
+func (o *reconcileOutput) summary(rec *payments.Reconciliation, from time.Time, bound time.Duration) map[string]any {
 	s := map[string]any{"type": "summary", "complete": true, "payments": rec.Payments, "charges": rec.Charges, "pending": len(rec.Pending),
-		"differences": rec.DifferenceCount, "bound_s": bound.Seconds(), "peak_held": rec.PeakHeld}
+		"differences": rec.DifferenceCount, "bound_s": bound.Seconds(), "peak_held": rec.PeakHeld, "keys_seen": true}
+	if o.keys != nil {
+		s["keys_in"] = o.keys.where
+		if o.keys.unseen {
+			s["keys_seen"], s["keys_note"] = false, keysUnseenNote
+		}
+	}
+	if rec.SealedInFlight > 0 {
+		s["keys_sealed"] = rec.SealedInFlight
+	}
 	if rec.CutShort > 0 {
 		s["cut_short"] = rec.CutShort
 	}
@@ -255,8 +319,9 @@ func (o *reconcileOutput) incomplete(rec *payments.Reconciliation, from time.Tim
 	if rec == nil {
 		rec = &payments.Reconciliation{}
 	}
+	o.notes(rec)
 	if o.json {
-		s := summary(rec, from, bound)
+		s := o.summary(rec, from, bound)
 		s["complete"], s["error"] = false, oneLine(err.Error())
 		if werr := json.NewEncoder(o.a.stdout).Encode(s); werr != nil {
 			err = errors.Join(err, werr)
@@ -291,22 +356,50 @@ type inFlightLister interface {
 	InFlightAtPoints(ctx context.Context, limit int) ([]idem.Record, error)
 }
 
-// keysInFlight returns what lists the keys in flight with a recovery point
-// in db, held or not, and what closes the store it opens. The store is
-// opened when Reconcile first asks, after it found the database migrated,
-// so opening it migrates nothing, and once: Reconcile asks after every
-// page of the card network's charges. A database without the key store's
-// tables (a service whose keys live in Redis, --keys) lists none: opening
-// the store there would create them (SQLite), or fail on the read-only
-// pool (PostgreSQL).
-func keysInFlight(db *database) (func(ctx context.Context) ([]idem.Record, error), func() error) {
-	var (
-		ls        inFlightLister
-		elsewhere bool
-		closeKeys = func() error { return nil }
-	)
-	list := func(ctx context.Context) ([]idem.Record, error) {
-		if elsewhere {
+// inFlightKeys lists the keys in flight for Reconcile, from the database or
+// from Redis (--keys).
+type inFlightKeys struct {
+	// list lists the keys in flight, held or not: with a recovery point
+	// (the database's store), or all of them (Redis, which keeps none).
+	list func(ctx context.Context) ([]idem.Record, error)
+	// close closes the store list opened.
+	close func() error
+	// where says where the keys were read: "database", or "redis"; and
+	// unseen that the database, without --keys, holds none.
+	where  string
+	unseen bool
+}
+
+// keysInFlight returns what lists the keys in flight: in rs when it is
+// set (--keys), else in db. The database's store is opened when Reconcile
+// first asks, after it found the database migrated, so opening it
+// migrates nothing, and once: Reconcile asks after every page of the card
+// network's charges. A database without the key store's tables (a
+// service whose keys live in Redis, --keys) lists none, and says it could
+// not see them (unseen): opening the store there would create them
+// (SQLite), or fail on the read-only pool (PostgreSQL).
+func keysInFlight(db *database, rs *idemredis.Store) *inFlightKeys {
+	// The keys in flight are as many as the requests running at once
+	// and those stopped: a bounded number, held whole.
+	const page = 10000
+	k := &inFlightKeys{where: "database", close: func() error { return nil }}
+	all := func(recs []idem.Record, err error) ([]idem.Record, error) {
+		if err != nil {
+			return nil, err
+		}
+		if len(recs) == page {
+			return nil, fmt.Errorf("more than %d keys in flight", page)
+		}
+		return recs, nil
+	}
+	if rs != nil {
+		k.where = "redis"
+		k.list = func(ctx context.Context) ([]idem.Record, error) { return all(rs.InFlight(ctx, page)) }
+		return k
+	}
+	var ls inFlightLister
+	k.list = func(ctx context.Context) ([]idem.Record, error) {
+		if k.unseen {
 			return nil, nil
 		}
 		if ls == nil {
@@ -315,7 +408,7 @@ func keysInFlight(db *database) (func(ctx context.Context) ([]idem.Record, error
 				return nil, err
 			}
 			if !has {
-				elsewhere = true
+				k.unseen = true
 				return nil, nil
 			}
 			if db.sqlite != nil {
@@ -329,23 +422,13 @@ func keysInFlight(db *database) (func(ctx context.Context) ([]idem.Record, error
 				if err != nil {
 					return nil, err
 				}
-				closeKeys = func() error { s.Close(); return nil }
+				k.close = func() error { s.Close(); return nil }
 				ls = s
 			}
 		}
-		// The keys in flight are as many as the requests running at once
-		// and those stopped at a point: a bounded number, held whole.
-		const page = 10000
-		recs, err := ls.InFlightAtPoints(ctx, page)
-		if err != nil {
-			return nil, err
-		}
-		if len(recs) == page {
-			return nil, fmt.Errorf("more than %d keys in flight with a recovery point", page)
-		}
-		return recs, nil
+		return all(ls.InFlightAtPoints(ctx, page))
 	}
-	return list, func() error { return closeKeys() }
+	return k
 }
 
 // hasKeyStore reports whether the key store's tables were made in db: its

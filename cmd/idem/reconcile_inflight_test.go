@@ -21,16 +21,26 @@ import (
 // payment committed. Reconciled at once, while the completer is within its
 // bound, the payment is being finished: not a difference, exit 0. Past the
 // bound with no completer it is an unknown outcome: a difference, exit 1.
+// With the keys in Redis (--keys, given to reconcile as to serve) the same:
+// the key in flight there names the payment whose charge is made, and its
+// age counts from the key's claim.
 func TestReconcileInFlightPayment(t *testing.T) {
 	t.Parallel()
+	sqlite := func(t *testing.T) []string {
+		return []string{"--db", "sqlite:" + filepath.Join(t.TempDir(), "idem.db")}
+	}
+	pg := func(t *testing.T) []string {
+		u := postgresURL(t)
+		return []string{"--db", u, "--pg-schema", freshSchema(t, u)}
+	}
+	inRedis := func(db func(t *testing.T) []string) func(t *testing.T) []string {
+		return func(t *testing.T) []string {
+			rd := redisURL(t)
+			return append(db(t), "--keys", rd, "--keys-prefix", freshPrefix(t, rd))
+		}
+	}
 	for name, db := range map[string]func(t *testing.T) []string{
-		"sqlite": func(t *testing.T) []string {
-			return []string{"--db", "sqlite:" + filepath.Join(t.TempDir(), "idem.db")}
-		},
-		"postgres": func(t *testing.T) []string {
-			u := postgresURL(t)
-			return []string{"--db", u, "--pg-schema", freshSchema(t, u)}
-		},
+		"sqlite": sqlite, "postgres": pg, "sqlite keys in redis": inRedis(sqlite), "postgres keys in redis": inRedis(pg),
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -79,6 +89,23 @@ func reconcileInFlight(t *testing.T, dbArgs []string) {
 	if code, _, errOut := runCmd(t, append(append([]string{"reconcile"}, dbArgs...), "--acquirer", hs.URL, "--bound", "0s")...); code != exitUsage || !strings.Contains(errOut, "--bound") {
 		t.Fatalf("reconcile --bound 0s: exit %d, %q; want a usage error", code, errOut)
 	}
+	if !slices.Contains(dbArgs, "--keys") {
+		return
+	}
+	// Without --keys, the database holds no keys: reconcile says it cannot
+	// see those in flight, and the charge is one without its payment.
+	bare := dbArgs[:slices.Index(dbArgs, "--keys")]
+	code, out, errOut = runCmd(t, append(append([]string{"reconcile"}, bare...), "--acquirer", hs.URL, "--acquirer-key", "net-key", "--json")...)
+	if code != exitFailure || !strings.Contains(out, `"kind":"charge-without-payment"`) || !strings.Contains(out, `"keys_seen":false`) ||
+		!strings.Contains(errOut, "cannot see the keys in flight") || !strings.Contains(errOut, "--keys") {
+		t.Fatalf("reconcile without --keys: exit %d, %q, %q; want the charge as a difference, and a word that the keys in flight were not seen", code, out, errOut)
+	}
+	// A Redis it cannot reach: nothing compared, exit 3, and no password.
+	code, out, errOut = runCmd(t, append(append([]string{"reconcile"}, bare...), "--acquirer", hs.URL, "--acquirer-key", "net-key",
+		"--keys", "redis://:s3cret@127.0.0.1:1/0")...)
+	if code != exitUnreadable || !strings.Contains(errOut, "Redis key store") || strings.Contains(out+errOut, "s3cret") || strings.Contains(out, "DIFFERENCE") {
+		t.Fatalf("reconcile with an unreachable Redis: exit %d, %q, %q; want exit %d, a clear error, no secret", code, out, errOut, exitUnreadable)
+	}
 }
 
 // Reconcile only reads, on PostgreSQL too: a --pg-schema that does not
@@ -120,9 +147,10 @@ func TestReconcileCreatesNothingOnPostgres(t *testing.T) {
 
 // A service whose keys live in Redis (--keys) keeps only its payments in
 // the --db database: the key store's tables are not there. Reconcile of
-// that database reads it as it is: on PostgreSQL it runs (its pool is
-// read-only, so creating the key store's tables would fail the run), and
-// on SQLite it creates no table.
+// that database without --keys reads it as it is: on PostgreSQL it runs
+// (its pool is read-only, so creating the key store's tables would fail
+// the run), and on SQLite it creates no table; and it says that it cannot
+// see the keys in flight, and that --keys names where they live.
 func TestReconcileOfADatabaseWithoutTheKeyStore(t *testing.T) {
 	t.Parallel()
 	t.Run("postgres", func(t *testing.T) {
@@ -140,8 +168,8 @@ func TestReconcileOfADatabaseWithoutTheKeyStore(t *testing.T) {
 		}
 		hs := startCardNetwork(t)
 		code, out, errOut := runCmd(t, "reconcile", "--db", u, "--pg-schema", schema, "--acquirer", hs.URL, "--acquirer-key", "net-key")
-		if code != exitOK || !strings.Contains(out, "0 differences") {
-			t.Errorf("reconcile of payments whose keys are elsewhere: exit %d, %q, %q; want exit 0, 0 differences", code, out, errOut)
+		if code != exitOK || !strings.Contains(out, "0 differences") || !strings.Contains(errOut, "cannot see the keys in flight") {
+			t.Errorf("reconcile of payments whose keys are elsewhere: exit %d, %q, %q; want exit 0, 0 differences, and a word that the keys in flight were not seen", code, out, errOut)
 		}
 	})
 	t.Run("sqlite", func(t *testing.T) {
@@ -174,8 +202,8 @@ func TestReconcileOfADatabaseWithoutTheKeyStore(t *testing.T) {
 		before := tables()
 		hs := startCardNetwork(t)
 		code, out, errOut := runCmd(t, "reconcile", "--db", "sqlite:"+path, "--acquirer", hs.URL, "--acquirer-key", "net-key")
-		if code != exitOK || !strings.Contains(out, "0 differences") {
-			t.Errorf("reconcile of payments whose keys are elsewhere: exit %d, %q, %q; want exit 0, 0 differences", code, out, errOut)
+		if code != exitOK || !strings.Contains(out, "0 differences") || !strings.Contains(errOut, "cannot see the keys in flight") {
+			t.Errorf("reconcile of payments whose keys are elsewhere: exit %d, %q, %q; want exit 0, 0 differences, and a word that the keys in flight were not seen", code, out, errOut)
 		}
 		if after := tables(); !slices.Equal(before, after) {
 			t.Errorf("reconcile changed the database's tables from %v to %v; want it to create nothing", before, after)

@@ -62,6 +62,14 @@ type ReconcileOptions struct {
 	// books: it is being finished, or its outcome is unknown past Bound.
 	// Defaults to nil: none are listed, and a payment in flight after its
 	// charge is a charge without its payment.
+	//
+	// A store that keeps no recovery points (idemredis: the service's two
+	// stores, Config.Keys) lists its keys in flight without one: such a
+	// key names its logical payment (its scope is the tenant, its key the
+	// client's), whose charge, made and not yet recorded, is Pending, or
+	// past Bound an unknown outcome, as a point's would be; its age counts
+	// from the key's claim. A key sealed by Config.KeySecret names none
+	// that Reconcile can read (Reconciliation.SealedInFlight counts them).
 	InFlight func(ctx context.Context) ([]idem.Record, error)
 	// Bound is how long after its recovery point was saved a payment in
 	// flight is still being finished (by its holder, a retry or the
@@ -95,13 +103,16 @@ type ReconcileOptions struct {
 // Pending is a payment in flight at its recovery point, not yet in the
 // books and not a difference while it is within the bound.
 type Pending struct {
-	Payment   string // the payment's ID, chosen before the charge
+	// Payment is the payment's ID, chosen before the charge; empty when
+	// the key store keeps no recovery point to read it from (keys in
+	// Redis), and Charges name the charge made for it.
+	Payment   string
 	Tenant    string
 	KeyDigest string // ClientKeyDigest of the tenant and the client's key
 	Amount    int64
 	Currency  string
-	Point     string        // the recovery point's name
-	Age       time.Duration // since the point was saved
+	Point     string        // the recovery point's name; empty when the key store keeps none
+	Age       time.Duration // since the point was saved, or the key claimed when there is none
 	Bound     time.Duration
 	Charges   []string // the network's charges for it, when there are
 }
@@ -110,6 +121,10 @@ func (p Pending) String() string {
 	charged := "no charge at the network yet"
 	if len(p.Charges) > 0 {
 		charged = fmt.Sprintf("charges %v", p.Charges)
+	}
+	if p.Point == "" {
+		return fmt.Sprintf("payment not recorded yet: %d %s (tenant %q, idempotency key digest %q) with its key in flight for %s of its %s bound, %s",
+			p.Amount, p.Currency, p.Tenant, p.KeyDigest, p.Age.Round(time.Millisecond), p.Bound, charged)
 	}
 	return fmt.Sprintf("payment %s: %d %s (tenant %q, idempotency key digest %q) at %q for %s of its %s bound, %s",
 		p.Payment, p.Amount, p.Currency, p.Tenant, p.KeyDigest, p.Point, p.Age.Round(time.Millisecond), p.Bound, charged)
@@ -155,6 +170,11 @@ type Reconciliation struct {
 	// KeyHorizon ended because a window of them was held: a charge of one
 	// of them made later is not compared with the earlier ones.
 	CutShort int
+	// SealedInFlight counts the keys in flight without a recovery point
+	// (keys in Redis) whose key is sealed (Config.KeySecret), at the last
+	// listing: the logical payment of each cannot be read, so a charge
+	// made for one and not yet recorded is a DiffChargeWithoutPayment.
+	SealedInFlight int
 }
 
 // reconcileSlack is how much earlier than Since the network's charges are
@@ -290,7 +310,8 @@ func Reconcile(ctx context.Context, db *idemsqlite.DB, pg *idempg.DB, net *acqui
 	// Reconciling reads no description: sealed ones are left shut.
 	store.text = textSealer{skip: true}
 	r := &reconciler{o: o, since: since, store: store, net: net, rec: &Reconciliation{Since: since},
-		waiting: map[string]*waiter{}, logical: map[[2]string]*logicalPayment{}, pendCharges: map[string][]string{}}
+		waiting: map[string]*waiter{}, logical: map[[2]string]*logicalPayment{}, pendCharges: map[string][]string{},
+		bare: map[string][]acquirer.Charge{}}
 	if err := r.run(ctx); err != nil {
 		// What was compared until then, for a report that says it is
 		// incomplete.
@@ -329,10 +350,13 @@ type reconciler struct {
 	lorder  [][2]string
 	lhead   int
 	// flying are the logical payments in flight at the last listing, by
-	// (tenant, key digest), with their payment's ID; pendCharges are
-	// the charges of each such payment seen while it was in flight.
+	// (tenant, key digest), with their handle (inFlightPayment.handle);
+	// pendCharges are the charges of each such payment seen while it was
+	// in flight, by handle, and bare those of the keys in flight without
+	// a point, whose amounts only their charges tell.
 	flying      map[[2]string]string
 	pendCharges map[string][]string
+	bare        map[string][]acquirer.Charge
 	page        int // charges of the page in hand
 	// err is the first error OnDifference returned: it stops the run.
 	err error
@@ -397,7 +421,7 @@ func (r *reconciler) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return r.pending(points)
+	return r.pending(ctx, points)
 }
 
 // charges takes one page of the network's charges: the payments made up
@@ -451,11 +475,15 @@ func (r *reconciler) charges(ctx context.Context, page []acquirer.Charge) error 
 	flyingIDs := make(map[string]bool, len(points))
 	for _, f := range points {
 		if f.pt.ClientKey != "" {
-			r.flying[[2]string{f.pt.Tenant, ClientKeyDigest(f.pt.Tenant, f.pt.ClientKey)}] = f.pt.Payment.ID
-			flyingIDs[f.pt.Payment.ID] = true
+			r.flying[[2]string{f.pt.Tenant, ClientKeyDigest(f.pt.Tenant, f.pt.ClientKey)}] = f.handle()
+			flyingIDs[f.handle()] = true
 		}
 	}
-	// Only the payments in flight keep the charges seen for them.
+	// Only the payments in flight keep the charges seen for them; the
+	// charges of a key without a point that left flight are checked again.
+	if err := r.landed(ctx, flyingIDs); err != nil {
+		return err
+	}
 	maps.DeleteFunc(r.pendCharges, func(id string, _ []string) bool { return !flyingIDs[id] })
 	ids := make([]string, 0, len(page))
 	for _, c := range page {
@@ -472,6 +500,9 @@ func (r *reconciler) charges(ctx context.Context, page []acquirer.Charge) error 
 		id, inFlight := r.flying[k]
 		if inFlight {
 			r.pendCharges[id] = append(r.pendCharges[id], c.ID)
+			if isBare(id) && !c.CreatedAt.Before(r.since) && len(recorders[c.ID]) == 0 && c.AmountRefunded < c.Amount {
+				r.bare[id] = append(r.bare[id], c)
+			}
 		}
 		if c.CreatedAt.Before(r.since) {
 			r.countCharge(c)
@@ -679,30 +710,53 @@ func (r *reconciler) inFlight(ctx context.Context) ([]inFlightPayment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("payments: listing the keys in flight: %w", err)
 	}
-	points, err := inFlightPayments(recs, r.o.BodyKeys, r.o.Clock.Now())
+	points, sealed, err := inFlightPayments(recs, r.o.BodyKeys, r.o.Clock.Now())
+	r.rec.SealedInFlight = sealed
 	if err != nil || len(points) == 0 {
 		return nil, err
 	}
-	ids := make([]string, len(points))
-	for i, f := range points {
-		ids[i] = f.pt.Payment.ID
+	ids := make([]string, 0, len(points))
+	for _, f := range points {
+		if !f.bare {
+			ids = append(ids, f.pt.Payment.ID)
+		}
 	}
 	committed, err := r.store.committedOf(ctx, ids)
 	if err != nil {
 		return nil, err
 	}
-	return slices.DeleteFunc(points, func(f inFlightPayment) bool { return committed[f.pt.Payment.ID] }), nil
+	return slices.DeleteFunc(points, func(f inFlightPayment) bool { return !f.bare && committed[f.pt.Payment.ID] }), nil
 }
 
 // pending reports the payments in flight: within the bound as Pending,
 // past it as unknown outcomes.
-func (r *reconciler) pending(points []inFlightPayment) error {
+func (r *reconciler) pending(ctx context.Context, points []inFlightPayment) error {
+	flying := make(map[string]bool, len(points))
+	for _, f := range points {
+		flying[f.handle()] = true
+	}
+	if err := r.landed(ctx, flying); err != nil {
+		return err
+	}
 	for _, f := range points {
 		p := Pending{Payment: f.pt.Payment.ID, Tenant: f.pt.Tenant, Amount: f.pt.Payment.Amount, Currency: f.pt.Payment.Currency,
 			Point: f.point, Age: f.age, Bound: r.o.Bound}
 		if f.pt.ClientKey != "" {
 			p.KeyDigest = ClientKeyDigest(f.pt.Tenant, f.pt.ClientKey)
-			p.Charges = r.pendCharges[p.Payment]
+			p.Charges = r.pendCharges[f.handle()]
+		}
+		if f.bare {
+			// A key in flight without a point is a payment only once
+			// its charge is made and not recorded: the others are
+			// requests of every kind, running.
+			charges, err := r.unrecorded(ctx, r.bare[f.handle()])
+			if err != nil {
+				return err
+			}
+			if len(charges) == 0 {
+				continue
+			}
+			p.Amount, p.Currency, p.Charges = charges[0].Amount, charges[0].Currency, chargeIDs(charges)
 		}
 		if p.Age <= r.o.Bound {
 			r.rec.Pending = append(r.rec.Pending, p)
@@ -712,39 +766,114 @@ func (r *reconciler) pending(points []inFlightPayment) error {
 		if len(p.Charges) > 0 {
 			charged = "the network charged it"
 		}
+		at, who := fmt.Sprintf("at %q", p.Point), "the completer's"
+		if p.Point == "" {
+			// No completer finishes it: only the client's retry.
+			at, who = "with its key (no recovery point: the key store keeps none)", "the"
+		}
 		r.emit(Difference{Kind: DiffUnknownOutcome, Payment: p.Payment, Charges: p.Charges,
-			Detail: fmt.Sprintf("%d %s (tenant %q, idempotency key digest %q) in flight at %q for %s, past the completer's %s bound, and not in the books; %s",
-				p.Amount, p.Currency, p.Tenant, p.KeyDigest, p.Point, p.Age.Round(time.Millisecond), p.Bound, charged)})
+			Detail: fmt.Sprintf("%d %s (tenant %q, idempotency key digest %q) in flight %s for %s, past %s %s bound, and not in the books; %s",
+				p.Amount, p.Currency, p.Tenant, p.KeyDigest, at, p.Age.Round(time.Millisecond), who, p.Bound, charged)})
 	}
 	return r.err
 }
 
-// inFlightPayment is a payment an execution in flight began charging.
+// landed checks again the charges of the keys in flight without a point
+// that are no longer (not in flying): each is recorded by a payment by
+// now, or is a charge without its payment (the execution failed or died
+// after the charge, and its key expired or was released).
+func (r *reconciler) landed(ctx context.Context, flying map[string]bool) error {
+	for h, charges := range r.bare {
+		if flying[h] {
+			continue
+		}
+		delete(r.bare, h)
+		left, err := r.unrecorded(ctx, charges)
+		if err != nil {
+			return err
+		}
+		for _, c := range left {
+			r.emit(Difference{Kind: DiffChargeWithoutPayment, Charges: []string{c.ID},
+				Detail: fmt.Sprintf("%d %s charged to %s (tenant %q, idempotency key digest %q), %d refunded, and no payment records it",
+					c.Amount, c.Currency, c.Reference, c.Metadata["tenant"], chargeKeyDigest(c), c.AmountRefunded)})
+		}
+	}
+	return r.err
+}
+
+// unrecorded returns those of charges that no payment records yet.
+func (r *reconciler) unrecorded(ctx context.Context, charges []acquirer.Charge) ([]acquirer.Charge, error) {
+	if len(charges) == 0 {
+		return nil, nil
+	}
+	recorders, err := r.store.recordersOf(ctx, chargeIDs(charges))
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(slices.Clone(charges), func(c acquirer.Charge) bool { return len(recorders[c.ID]) > 0 }), nil
+}
+
+func chargeIDs(charges []acquirer.Charge) []string {
+	ids := make([]string, len(charges))
+	for i, c := range charges {
+		ids[i] = c.ID
+	}
+	return ids
+}
+
+// inFlightPayment is a payment an execution in flight began charging, or
+// (bare) a key in flight in a store that keeps no points, which may be
+// one: pt then names its tenant and client's key alone.
 type inFlightPayment struct {
 	pt    chargingPoint
 	point string
 	age   time.Duration
+	bare  bool
 }
 
+// handle names f among those in flight: its payment's ID, or for a bare
+// key its logical payment, in a form no payment ID takes.
+func (f inFlightPayment) handle() string {
+	if f.bare {
+		return "\x00" + f.pt.Tenant + "\x00" + ClientKeyDigest(f.pt.Tenant, f.pt.ClientKey)
+	}
+	return f.pt.Payment.ID
+}
+
+// isBare reports whether h is a bare key's handle.
+func isBare(h string) bool { return strings.HasPrefix(h, "\x00") }
+
 // inFlightPayments returns the payments of the keys in flight at their
-// "charging" point.
-func inFlightPayments(recs []idem.Record, keys []idemhttp.BodyKey, now time.Time) ([]inFlightPayment, error) {
-	var out []inFlightPayment
+// "charging" point, and the keys in flight without a point (a store that
+// keeps none) as bare ones; sealed counts those of them whose key is
+// sealed, which name no logical payment that can be read.
+func inFlightPayments(recs []idem.Record, keys []idemhttp.BodyKey, now time.Time) (out []inFlightPayment, sealed int, err error) {
 	for _, r := range recs {
-		if r.State != idem.StateInFlight || !isChargingPoint(r.Recovery.Name) {
+		if r.State != idem.StateInFlight {
+			continue
+		}
+		if r.Recovery.IsZero() {
+			if strings.HasPrefix(string(r.Key), idemhttp.SealedKeyPrefix) {
+				sealed++
+				continue
+			}
+			out = append(out, inFlightPayment{pt: chargingPoint{Tenant: string(r.Scope), ClientKey: string(r.Key)}, age: max(0, now.Sub(r.CreatedAt)), bare: true})
+			continue
+		}
+		if !isChargingPoint(r.Recovery.Name) {
 			continue
 		}
 		data, err := idemhttp.OpenPoint(keys, r.Scope, r.Key, r.Recovery.Name, r.Recovery.Data)
 		if err != nil {
-			return nil, fmt.Errorf("payments: the recovery point of a key in flight of tenant %q: %w (give the service's body keys)", r.Scope, err)
+			return nil, 0, fmt.Errorf("payments: the recovery point of a key in flight of tenant %q: %w (give the service's body keys)", r.Scope, err)
 		}
 		pt, err := decodeCharging(data)
 		if err != nil {
-			return nil, fmt.Errorf("payments: the recovery point of a key in flight of tenant %q: %w", r.Scope, err)
+			return nil, 0, fmt.Errorf("payments: the recovery point of a key in flight of tenant %q: %w", r.Scope, err)
 		}
 		out = append(out, inFlightPayment{pt: pt, point: r.Recovery.Name, age: max(0, now.Sub(r.Recovery.SavedAt))})
 	}
-	return out, nil
+	return out, sealed, nil
 }
 
 // errNotMigrated is what Reconcile says of a database without the
