@@ -31,7 +31,8 @@ migration then finds it and takes no lock):
   CREATE INDEX CONCURRENTLY payments_charged_created ON payments (created_at, id) WHERE charge_id IS NOT NULL;
 
 Should it fail, it leaves an INVALID index: DROP INDEX CONCURRENTLY
-payments_charged_created, and build it again.`,
+payments_charged_created, and build it again (a migration that finds it
+INVALID drops it and builds it anew, holding the writes).`,
 		Args: cobra.NoArgs,
 	}
 	dbFlags(cmd, &dbURL, &pgSchema)
