@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem/cmd/idem/internal/payments"
 	"github.com/idem-go/idem/idempg"
@@ -63,6 +65,7 @@ func reconcileInFlight(t *testing.T, dbArgs []string) {
 		t.Fatal("the replica did not die after the charge")
 	}
 
+	before := redisKeys(t, dbArgs)
 	code, out, errOut := runCmd(t, append(append([]string{"reconcile"}, dbArgs...), "--acquirer", hs.URL, "--acquirer-key", "net-key")...)
 	t.Logf("reconcile at once: %s", strings.TrimSpace(out))
 	if code != exitOK || !strings.Contains(out, "0 differences") || !strings.Contains(out, "being finished") || !strings.Contains(out, "1 payment(s) being finished") {
@@ -91,6 +94,9 @@ func reconcileInFlight(t *testing.T, dbArgs []string) {
 	}
 	if !slices.Contains(dbArgs, "--keys") {
 		return
+	}
+	if after := redisKeys(t, dbArgs); !maps.Equal(before, after) || len(after) == 0 {
+		t.Fatalf("Redis under the prefix: %v before reconcile, %v after; want the key in flight, unchanged: reconcile only reads", before, after)
 	}
 	// Without --keys, the database holds no keys: reconcile says it cannot
 	// see those in flight, and the charge is one without its payment.
@@ -209,4 +215,34 @@ func TestReconcileOfADatabaseWithoutTheKeyStore(t *testing.T) {
 			t.Errorf("reconcile changed the database's tables from %v to %v; want it to create nothing", before, after)
 		}
 	})
+}
+
+// redisKeys returns the DUMP of every key under the --keys-prefix of
+// args, by key; nil without --keys.
+func redisKeys(t *testing.T, args []string) map[string]string {
+	t.Helper()
+	i := slices.Index(args, "--keys")
+	if i < 0 {
+		return nil
+	}
+	opts, err := redis.ParseURL(args[i+1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewClient(opts)
+	defer client.Close()
+	prefix := args[slices.Index(args, "--keys-prefix")+1]
+	out := map[string]string{}
+	iter := client.Scan(t.Context(), 0, prefix+":*", 500).Iterator()
+	for iter.Next(t.Context()) {
+		v, err := client.Dump(t.Context(), iter.Val()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[iter.Val()] = v
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
