@@ -238,19 +238,31 @@ func (r *replica) baseURL() string {
 	return r.base
 }
 
-// kill SIGKILLs the process and waits until it is reaped.
-func (r *replica) kill() {
+// kill SIGKILLs the process and waits until it is reaped. It reports
+// whether the signal met a live process: one that had already exited by
+// itself (a crash) was not killed by the run, and keeps its own exit.
+func (r *replica) kill() bool {
 	r.mu.Lock()
 	cmd, done := r.cmd, r.done
+	if done != nil {
+		select {
+		case <-done:
+			r.base = ""
+			r.mu.Unlock()
+			return false
+		default:
+		}
+	}
 	r.base = ""
 	r.killed = true
 	r.killedAt = time.Now()
 	r.mu.Unlock()
 	if cmd == nil {
-		return
+		return false
 	}
 	_ = cmd.Process.Kill()
 	<-done
+	return true
 }
 
 // stop asks the process to shut down (SIGTERM) and kills it if it has not

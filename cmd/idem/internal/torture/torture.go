@@ -109,7 +109,13 @@ type Config struct {
 	StoreFaults *StoreFaults
 	// Seed seeds the run's choices (accounts, amounts, replicas, drops,
 	// kills). Defaults to 0: a seed from crypto/rand. Either way it is
-	// printed first (Progress) and in the report.
+	// printed first (Progress) and in the report. The plan (each payment's
+	// account, amount, abandonment) and the scheduled faults (the payment,
+	// store and replica of each) follow from it alone; the draws made
+	// under the load (drops, resets and cuts by rate, latencies, crashes
+	// after a charge, the tickers' replicas and stores) come from the same
+	// source in the order the load reaches them, so a replay meets those
+	// at other moments.
 	Seed uint64
 	// Acquirer, as Private, puts a card network between the payments and
 	// their money: the run starts `idem acquirer` (a child process of
@@ -404,7 +410,7 @@ type run struct {
 	// progressed is when a logical payment last completed (UnixNano), or
 	// the load began: what Timeout is measured from.
 	progressed atomic.Int64
-	crashes    atomic.Int64 // replicas that killed themselves (crash-after-charge), started again
+	crashes    atomic.Int64 // replicas that killed themselves (crash-after-charge), started again, or found so by a kill
 }
 
 // Run starts the replicas and the fault proxies, sends the load while it
@@ -785,6 +791,11 @@ type scheduledFault struct {
 	kind   string // "reset", "commit cut", "outage", "kill" or "restart"
 	store  *storeProxy
 	server *localserver.Server // "restart"
+	// replica is the replica a "kill" SIGKILLs (or the next live one),
+	// drawn with the rest of the schedule: a draw at the kill itself would
+	// come from the run's source after whatever the load drew meanwhile,
+	// and the same seed would kill another replica.
+	replica int
 }
 
 // chaos reports whether the fault is a kill or a restart: one that needs no
@@ -809,7 +820,8 @@ func (sf scheduledFault) chaos() bool { return sf.kind == "kill" || sf.kind == "
 func (r *run) scheduleFaults() {
 	half := max(1, len(r.payments)/2)
 	if r.cfg.KillEvery > 0 {
-		r.scheduled = append(r.scheduled, scheduledFault{at: r.rng.IntN(half), kind: "kill"})
+		at := r.rng.IntN(half)
+		r.scheduled = append(r.scheduled, scheduledFault{at: at, kind: "kill", replica: r.rng.IntN(max(1, len(r.replicas)))})
 	}
 	if r.cfg.RestartStoresEvery > 0 && len(r.servers) > 0 {
 		for i := range max(2, len(r.servers)) {
@@ -822,7 +834,7 @@ func (r *run) scheduleFaults() {
 		what := "a store " + sf.kind
 		switch sf.kind {
 		case "kill":
-			what = "a replica's SIGKILL"
+			what = fmt.Sprintf("a SIGKILL of replica %d", sf.replica)
 		case "restart":
 			what = "a restart of the private " + sf.server.Name()
 		}
@@ -865,7 +877,15 @@ func (r *run) scheduleStoreFaults(half int) {
 func (r *run) force(ctx context.Context, sf scheduledFault, stop <-chan struct{}) error {
 	switch sf.kind {
 	case "kill":
-		return r.killOne(ctx, r.rng.IntN(len(r.replicas)))
+		// The replica drawn may be down, crashed by itself: the kill
+		// is owed to a live one, the next that is.
+		for j := range len(r.replicas) {
+			killed, err := r.killOne(ctx, (sf.replica+j)%len(r.replicas))
+			if killed || err != nil {
+				return err
+			}
+		}
+		return nil
 	case "restart":
 		return r.restartOne(ctx, sf.server)
 	}
@@ -1153,21 +1173,26 @@ func (r *run) killLoop(ctx context.Context, stop <-chan struct{}) error {
 			return nil
 		case <-t.C:
 		}
-		if err := r.killOne(ctx, r.rng.IntN(len(r.replicas))); err != nil {
+		if _, err := r.killOne(ctx, r.rng.IntN(len(r.replicas))); err != nil {
 			return err
 		}
 	}
 }
 
 // killOne SIGKILLs replica i and starts it again. It returns an error when
-// the replica does not come back.
-func (r *run) killOne(ctx context.Context, i int) error {
+// the replica does not come back. killed says whether the signal met a
+// live replica: one found already down had crashed by itself, and is
+// counted as the crash it was (the revive loop, which sees it started
+// again meanwhile, leaves it), not as a kill.
+func (r *run) killOne(ctx context.Context, i int) (killed bool, err error) {
 	// A replica restarted during a store's outage could not migrate.
 	r.chaos.Lock()
 	r.proxies[i].setUpstream("")
-	r.replicas[i].kill()
-	r.kills.Add(1)
-	var err error
+	if killed = r.replicas[i].kill(); killed {
+		r.kills.Add(1)
+	} else {
+		r.crashes.Add(1)
+	}
 	for range 3 {
 		if err = r.replicas[i].start(ctx); err == nil {
 			break
@@ -1175,10 +1200,10 @@ func (r *run) killOne(ctx context.Context, i int) error {
 	}
 	r.chaos.Unlock()
 	if err != nil {
-		return fmt.Errorf("torture: restarting after a kill: %w", err)
+		return killed, fmt.Errorf("torture: restarting after a kill: %w", err)
 	}
 	r.proxies[i].setUpstream(r.replicas[i].baseURL())
-	return nil
+	return killed, nil
 }
 
 // outageLoop takes a random store down every StoreFaults.OutageEvery, for

@@ -6,7 +6,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -424,7 +426,7 @@ func TestScheduleFaultsKillsAndRestarts(t *testing.T) {
 	pg, redis := &localserver.Server{}, &localserver.Server{}
 	draw := func(seed uint64, servers ...*localserver.Server) []scheduledFault {
 		r := &run{cfg: Config{KillEvery: time.Hour, RestartStoresEvery: time.Hour, Progress: io.Discard},
-			rng: newLockedRand(seed), servers: servers}
+			rng: newLockedRand(seed), servers: servers, replicas: make([]*replica, 3)}
 		for range 40 {
 			r.payments = append(r.payments, &logical{})
 		}
@@ -456,12 +458,49 @@ func TestScheduleFaultsKillsAndRestarts(t *testing.T) {
 			if kills != 1 || total < 2 {
 				t.Errorf("seed %d, %d servers: %d kills, %d restarts; want 1 and at least 2", seed, len(servers), kills, total)
 			}
-			if again := draw(seed, servers...); len(again) != len(got) || again[0].at != got[0].at {
+			if again := draw(seed, servers...); !slices.Equal(again, got) {
 				t.Errorf("seed %d: drawn %v, then %v", seed, got, again)
 			}
 		}
 	}
 	if got := draw(1); len(got) != 1 {
 		t.Errorf("no private store: %d faults scheduled; want the kill alone", len(got))
+	}
+}
+
+// A kill that finds its replica already down (crashed by itself, its exit
+// seen) killed nothing: it says so, and leaves the crash's exit as it was,
+// so that the run counts a crash and no kill.
+func TestKillOfACrashedReplicaKillsNothing(t *testing.T) {
+	t.Parallel()
+	start := func(name string, args ...string) *replica {
+		cmd := exec.Command(name, args...)
+		if err := cmd.Start(); err != nil {
+			t.Skipf("skipping: %v", err)
+		}
+		rp := &replica{cmd: cmd, done: make(chan struct{})}
+		go func() {
+			err := cmd.Wait()
+			rp.mu.Lock()
+			rp.exit = err
+			rp.mu.Unlock()
+			close(rp.done)
+		}()
+		return rp
+	}
+	crashed := start("false")
+	<-crashed.done
+	if crashed.kill() {
+		t.Errorf("kill of a replica that had exited says it killed it")
+	}
+	if byRun, exit := crashed.ended(); byRun || exit == nil {
+		t.Errorf("a crashed replica, after a kill: by the run %v, exit %v; want its own exit", byRun, exit)
+	}
+	live := start("sleep", "60")
+	if !live.kill() {
+		t.Errorf("kill of a live replica says it killed nothing")
+	}
+	if byRun, _ := live.ended(); !byRun {
+		t.Errorf("a killed replica: not ended by the run")
 	}
 }
