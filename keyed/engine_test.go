@@ -409,3 +409,43 @@ func TestReleaseRecordSaysTheHandlersFailure(t *testing.T) {
 		})
 	}
 }
+
+// countedClaims is a store that counts its claims.
+type countedClaims struct {
+	*idemmem.Store
+	n *atomic.Int64
+}
+
+func (s countedClaims) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	s.n.Add(1)
+	return s.Store.Claim(ctx, req)
+}
+
+// A duplicate waiting for a key in flight asks the store again soon at
+// first (most executions end quickly), then less and less often, never
+// less often than PollInterval: over half a second it claims a handful of
+// times (10 ms doubled each round, at most 250 ms apart: about 7), not in
+// a loop that keeps the store busy for as long as it waits.
+func TestDuplicateWaitingBacksOff(t *testing.T) {
+	t.Parallel()
+	fp := idem.NewFingerprint("POST", "/pay", "", "", nil)
+	mem := idemmem.NewStore(nil)
+	if c, err := mem.Claim(t.Context(), idem.ClaimRequest{Key: "k", Fingerprint: fp, Lease: time.Hour, TTL: time.Hour}); err != nil || c.Outcome != idem.Acquired {
+		t.Fatalf("holding the key: %v, %v", c.Outcome, err)
+	}
+	claims := new(atomic.Int64)
+	eng, err := keyed.New(&keyed.Config{Store: countedClaims{mem, claims}, InflightWait: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	face := &funcFace{run: func(context.Context) keyed.Ran {
+		t.Error("the handler ran for a duplicate of a key in flight")
+		return keyed.Ran{Status: 500}
+	}}
+	if o := eng.Serve(t.Context(), keyed.Request{Key: "k", Fingerprint: fp}, face); o != keyed.OutcomeConflict || face.refused != keyed.RefusedInFlight {
+		t.Fatalf("outcome %s, refused %q; want %s, %q", o, face.refused, keyed.OutcomeConflict, keyed.RefusedInFlight)
+	}
+	if n := claims.Load(); n < 2 || n > 15 {
+		t.Errorf("a duplicate waiting 500ms claimed %d times; want a handful (about 7)", n)
+	}
+}
