@@ -449,3 +449,43 @@ func TestDuplicateWaitingBacksOff(t *testing.T) {
 		t.Errorf("a duplicate waiting 500ms claimed %d times; want a handful (about 7)", n)
 	}
 }
+
+// The engine's records about a request name it by Request.Method and
+// Request.Path, each when the face gives it: an HTTP request both, a gRPC
+// one its full method name alone, a face that names none neither; so that
+// no record carries an empty method or path.
+func TestRecordsNameTheRequest(t *testing.T) {
+	t.Parallel()
+	fp := idem.NewFingerprint("POST", "/pay", "", "", nil)
+	for _, tc := range []struct {
+		method, path string
+		has, hasNot  []string
+	}{
+		{"POST", "/pay", []string{"method=POST", "path=/pay"}, nil},
+		{"/pay.Payments/Charge", "", []string{"method=/pay.Payments/Charge"}, []string{"path="}},
+		{"", "", nil, []string{"method=", "path="}},
+	} {
+		var logs bytes.Buffer
+		eng, err := keyed.New(&keyed.Config{Store: idemmem.NewStore(nil),
+			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		face := &funcFace{run: func(context.Context) keyed.Ran { return keyed.Ran{Status: 503} }}
+		eng.Serve(t.Context(), keyed.Request{Key: "k", Fingerprint: fp, Method: tc.method, Path: tc.path}, face)
+		rec := logs.String()
+		if !strings.Contains(rec, "key released so a retry runs again") {
+			t.Fatalf("method %q, path %q: no record of the release; logs:\n%s", tc.method, tc.path, rec)
+		}
+		for _, s := range tc.has {
+			if !strings.Contains(rec, s) {
+				t.Errorf("method %q, path %q: record without %s: %s", tc.method, tc.path, s, rec)
+			}
+		}
+		for _, s := range tc.hasNot {
+			if strings.Contains(rec, s) {
+				t.Errorf("method %q, path %q: record with %s: %s", tc.method, tc.path, s, rec)
+			}
+		}
+	}
+}
