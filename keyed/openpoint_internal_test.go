@@ -78,3 +78,33 @@ func TestLongestPointDataFitsOnceSealed(t *testing.T) {
 		}
 	}
 }
+
+// A point saved with no data (its name is what it says) is kept as its
+// envelope alone, and opens as it was saved: no data, and the seed of the
+// execution that saved it, in clear and sealed.
+func TestEmptyPointDataRoundTrips(t *testing.T) {
+	t.Parallel()
+	sealer, err := newBodySealer([]BodyKey{{ID: "k1", Key: bytes.Repeat([]byte{7}, 32)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The seed of another key than the record's: a retry after the keys
+	// were sealed.
+	seed := downstreamSeed("acme", "client-key")
+	for _, tc := range []struct {
+		name   string
+		sealer *bodySealer
+	}{{"clear", nil}, {"sealed", sealer}} {
+		rp, err := wrapPoint(tc.sealer, "acme", "pay-1", seed, idem.RecoveryPoint{Name: "charging"})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		got, gotSeed, err := unwrapPoint(tc.sealer, "acme", "pay-1", rp)
+		if err != nil || len(got.Data) != 0 || got.Name != "charging" {
+			t.Errorf("%s: opened as %+v, %v; want charging with no data", tc.name, got, err)
+		}
+		if gotSeed != seed {
+			t.Errorf("%s: opened with another seed than the one saved", tc.name)
+		}
+	}
+}
