@@ -101,7 +101,7 @@ func runTorture(t *testing.T, args ...string) (code int, stdout, stderr string, 
 	logs := keepLogs(t)
 	args = append(args, "--replica-log", filepath.Join(logs, "replicas.log"))
 	code = run(t.Context(), append([]string{"torture", "requests"}, args...), &out, &errOut)
-	writeDriverLog(t, logs, out.String(), errOut.String())
+	writeDriverLog(t, logs, args, out.String(), errOut.String())
 	results = map[string]int64{}
 	for line := range strings.Lines(out.String()) {
 		f := strings.Split(strings.TrimSpace(line), ",")
@@ -116,23 +116,23 @@ func runTorture(t *testing.T, args ...string) (code int, stdout, stderr string, 
 }
 
 // keepLogs returns the directory where a torture test keeps the evidence
-// of its run: every replica's log (--replica-log) and the driver's output
-// (writeDriverLog). It is the test's artifact directory under -artifacts
-// (as scripts/test runs, into .artifacts); otherwise a directory of its
-// own that outlives the test. A test that passes removes what it wrote
-// there; one that fails keeps it and logs where it is.
+// of one run: every replica's log (--replica-log) and the driver's output
+// (writeDriverLog). It is a directory of its own, one per run (a test may
+// run several, as TestTortureRequestsUsage does, and each run's evidence
+// must survive the next), under the test's artifact directory with
+// -artifacts (as scripts/test runs, into .artifacts), under the temporary
+// directory otherwise, where it outlives the test. A test that passes
+// removes what it wrote there; one that fails keeps it and logs where it
+// is.
 func keepLogs(t *testing.T) string {
 	t.Helper()
-	var dir string
+	parent, name := "", "idem-"+strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())+"-"
 	if f := flag.Lookup("test.artifacts"); f != nil && f.Value.String() == "true" {
-		dir = t.ArtifactDir()
-	} else {
-		name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
-		d, err := os.MkdirTemp("", "idem-"+name+"-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		dir = d
+		parent, name = t.ArtifactDir(), "run-"
+	}
+	dir, err := os.MkdirTemp(parent, name)
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -142,15 +142,18 @@ func keepLogs(t *testing.T) string {
 		for _, f := range []string{"replicas.log", "driver.log"} {
 			os.Remove(filepath.Join(dir, f))
 		}
-		os.Remove(dir) // only when empty: the artifact directory may hold more
+		os.Remove(dir) // only when empty
+		if parent != "" {
+			os.Remove(parent) // only when empty: the artifact directory may hold more
+		}
 	})
 	return dir
 }
 
 // writeDriverLog writes the torture driver's stdout and stderr to dir.
-func writeDriverLog(t *testing.T, dir, stdout, stderr string) {
+func writeDriverLog(t *testing.T, dir string, args []string, stdout, stderr string) {
 	t.Helper()
-	text := "stdout:\n" + stdout + "\nstderr:\n" + stderr
+	text := fmt.Sprintf("args: %q\nstdout:\n%s\nstderr:\n%s", args, stdout, stderr)
 	if err := os.WriteFile(filepath.Join(dir, "driver.log"), []byte(text), 0o644); err != nil {
 		t.Errorf("keeping the driver's output: %v", err)
 	}
