@@ -52,12 +52,13 @@ within --bound of the key's claim (by the client's retry, which takes the
 key over once its lease ends), and an unknown outcome past it. A key the
 service sealed (IDEM_KEY_SECRET) does not say which payment it is: a
 charge made for one shows as a charge without its payment, and the run
-says how many keys it could not read. Redis is only read (SCAN and GET),
-and one that cannot be reached ends the run with status 3. Without --keys,
-a database that does not hold the keys (the service ran with --keys) has
-no keys in flight to show: reconcile says so, on stderr and in the --json
-summary ("keys_seen": false), and every payment in flight is a
-difference.
+says how many keys it could not read. Redis is only read: SCAN, GET and
+TIME (opening it loads the store's scripts, which changes no key); one
+that cannot be reached ends the run with status 3. Without --keys, a
+database that does not hold the keys (the service ran with --keys) has no
+keys in flight to show: reconcile says so, on stderr and in the --json
+summary ("keys_seen": false), and a payment in flight after its charge is
+a difference.
 
 Exit status: 0 when the books agree (payments being finished do not count);
 1 when there is a difference (unknown outcomes included); 2 on bad usage;
