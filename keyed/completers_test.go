@@ -67,11 +67,14 @@ func TestCompletersActByTheKeysFace(t *testing.T) {
 			t.Fatalf("%s: %v at %q, %v; want it left in flight at its point", key, rec.State, rec.Recovery.Name, err)
 		}
 	}
-	_, err := cs.Settle(t.Context(), "", "kb-299", idem.Response{Status: 299}, false)
-	if !errors.Is(err, idem.ErrInvalidArgument) || !errors.Is(err, errNoSuchForm) {
-		t.Fatalf("settling with an answer face b cannot keep: %v; want ErrInvalidArgument wrapping the face's reason", err)
+	// A dry run refuses what the settle would.
+	for _, dry := range []bool{true, false} {
+		_, err := cs.Settle(t.Context(), "", "kb-299", idem.Response{Status: 299}, dry)
+		if !errors.Is(err, idem.ErrInvalidArgument) || !errors.Is(err, errNoSuchForm) {
+			t.Fatalf("settling with an answer face b cannot keep (dry run %v): %v; want ErrInvalidArgument wrapping the face's reason", dry, err)
+		}
+		unchanged("kb-299", "b")
 	}
-	unchanged("kb-299", "b")
 	for _, dry := range []bool{true, false} {
 		if _, err := cs.Settle(t.Context(), "", "kc", answer, dry); !errors.Is(err, keyed.ErrOtherPoint) {
 			t.Fatalf("settling a key at a point no completer names (dry run %v): %v; want ErrOtherPoint", dry, err)
