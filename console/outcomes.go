@@ -360,7 +360,9 @@ func (e historyError) Unwrap() error { return e.error }
 // way stands). Otherwise err says why not: a refusal for the key's state
 // (keyed.ErrNotStopped, ErrBeingFinished, ErrOtherPoint) or
 // keyed.ErrNotRecorded, having changed nothing in the store, with no
-// entry; or the resume's failure, recorded ("failed: ..."), joined with
+// entry; or the resume's failure, recorded ("failed: ...", or "result
+// unknown (resume): ..." when keyed.ErrResultUnknown says the key may have
+// been finished all the same), joined with
 // the history's error when that entry could not be written. The entries
 // written after the resume are written even once ctx has ended.
 func ResumeAndRecord(ctx context.Context, actions KeyActions, history KeyHistory, clock idem.Clock, ev KeyEvent) (finished bool, err error) {
@@ -406,7 +408,12 @@ func ResumeAndRecord(ctx context.Context, actions KeyActions, history KeyHistory
 	if err == nil {
 		err = errors.New("not finished")
 	}
-	if herr := addAfter(ctx, history, ev, clock, "failed: "+err.Error()); herr != nil {
+	result := "failed: " + err.Error()
+	if errors.Is(err, keyed.ErrResultUnknown) {
+		// The key may have been finished: never say it failed.
+		result = "result unknown (resume): " + err.Error()
+	}
+	if herr := addAfter(ctx, history, ev, clock, result); herr != nil {
 		err = errors.Join(err, historyError{fmt.Errorf("its entry in the key's history could not be written: %w", herr)})
 	}
 	return false, err
@@ -451,6 +458,7 @@ type outcomePage struct {
 var outcomeDone = map[string]string{
 	"resumed":        "Resumed: the execution was finished, and its answer kept for the client's retry.",
 	"resume-failed":  "The resume failed: the outcome is still unknown. The history has the error.",
+	"resume-unknown": "The resume's last write to the store got no answer: the key may have been finished all the same. The history has the error; the key's state above says what it holds now.",
 	"settled-failed": "Settled as failed: the client's retry gets an answer saying so.",
 	"settled-answer": "Settled with your answer: the client's retry gets it, marked as settled by an operator.",
 }
@@ -749,6 +757,11 @@ func (c *Console) resumeAct(w http.ResponseWriter, r *http.Request, ev KeyEvent)
 		c.render(w, r, http.StatusInternalServerError, "error", &errorPage{Heading: "Done, but not recorded",
 			Message: "The resume failed (the outcome is still unknown), and its entry in the key's history could not be written.",
 			Details: errorLines(err), Back: c.outcomeURL(string(scope), string(key))})
+		return
+	}
+	if errors.Is(err, keyed.ErrResultUnknown) {
+		c.cfg.Logger.Warn("console: action on a key stopped at a recovery point", "action", action, "operator", op, "result", "result unknown: "+err.Error())
+		http.Redirect(w, r, c.outcomeURL(string(scope), string(key))+"&done=resume-unknown", http.StatusSeeOther)
 		return
 	}
 	c.cfg.Logger.Info("console: action on a key stopped at a recovery point", "action", action, "operator", op, "result", "failed: "+err.Error())

@@ -441,7 +441,8 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, record ResumeRe
 		}
 		if err := c.rs.ReleaseWithPoint(dctx, ref); err != nil {
 			log.LogAttrs(ctx, slog.LevelWarn, "completer: could not release the key", slog.String("error", err.Error()))
-			return resumeFailed, fmt.Errorf("releasing the key: %w", err)
+			// The release may have been committed all the same.
+			return resumeFailed, fmt.Errorf("releasing the key: %w: %w", ErrResultUnknown, err)
 		}
 		c.forget(wk)
 		c.count(func(s *CompleterStats) { s.Released++ })
@@ -456,7 +457,11 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, record ResumeRe
 	}
 	kept, err := e.keptAnswer(ref, answer, false)
 	if err == nil {
-		err = c.complete(dctx, ref, kept, record.completing(kept.Status))
+		if err = c.complete(dctx, ref, kept, record.completing(kept.Status)); err != nil && !errors.Is(err, ErrNotRecorded) {
+			// The store's answer was lost, not its refusal read: the
+			// answer may have been kept all the same.
+			err = fmt.Errorf("%w: %w", ErrResultUnknown, err)
+		}
 	}
 	if errors.Is(err, ErrNotRecorded) {
 		return c.notRecorded(ctx, dctx, wk, held, log, err)

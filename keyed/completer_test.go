@@ -506,3 +506,41 @@ func TestSettleOfAKeyMovedToAnotherPointGivesItBack(t *testing.T) {
 		})
 	}
 }
+
+// A resume whose answer the store may or may not have kept (Complete
+// failed without the store's answer) says the result is unknown, so that
+// nobody records as failed a resume that may have finished the key; a
+// resume whose own work failed says nothing of the kind.
+func TestResumeThatCannotKeepItsAnswerSaysTheResultIsUnknown(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := &completeFails{Store: idemmem.NewStore(&idemmem.Config{Clock: clock})}
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fail atomic.Bool
+	comp, err := eng.NewCompleter(&keyed.CompleterConfig{Resume: func(context.Context, keyed.Execution) (idem.Response, error) {
+		if fail.Load() {
+			return idem.Response{}, errors.New("the card network does not answer")
+		}
+		return idem.Response{Status: 201, Body: []byte(`{"id":"pay_1"}`)}, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, store.Store, "k")
+	store.fail.Store(true)
+	_, err = comp.ResumeKey(t.Context(), "", "k", false)
+	if !errors.Is(err, keyed.ErrResultUnknown) || !errors.Is(err, errStoreDown) {
+		t.Fatalf("a resume whose answer the store failed to keep: %v; want ErrResultUnknown with the store's error", err)
+	}
+	store.fail.Store(false)
+
+	abandon(t, store.Store, "k2")
+	fail.Store(true)
+	_, err = comp.ResumeKey(t.Context(), "", "k2", false)
+	if err == nil || errors.Is(err, keyed.ErrResultUnknown) {
+		t.Fatalf("a resume that failed at the network: %v; want its failure, not ErrResultUnknown (nothing was written)", err)
+	}
+}

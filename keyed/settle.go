@@ -32,6 +32,12 @@ var (
 	// resume: it is left in flight at its point, its lease ended, as it
 	// was.
 	ErrNotRecorded = errors.New("keyed: the action could not be recorded, so it was not taken: the key is left as it was")
+	// ErrResultUnknown: a resume's last write to the store, keeping its
+	// answer or releasing the key, failed without the store's answer (a
+	// connection lost at the commit, a timeout), so the key may have been
+	// finished all the same: read it again to learn what it holds. An audit
+	// history must not call such a resume failed.
+	ErrResultUnknown = errors.New("keyed: the store's answer was lost, so the key may have been finished all the same")
 )
 
 // SettleRecord records an operator's settle in an audit history
