@@ -312,14 +312,17 @@ type messagesRun struct {
 	// their limit (see holding).
 	heldPeak, heldLimit, heldReports atomic.Int64
 	ackKills                         atomic.Int64
-	// ackKiller is the consumer that SIGKILLs itself after its ackKillAt-th
-	// message, until it has done so once; -1 for none. ackKillerDone says
-	// it has: until then the run kills and stops only the other consumers
-	// (victim), so that a life of the ack killer is not cut short before
-	// its message ackKillAt every time and the scheduled kill stays
-	// certain.
-	ackKiller, ackKillAt int
-	ackKillerDone        atomic.Bool
+	// ackKillAt is the count of messages after which the first consumer to
+	// process that many SIGKILLs itself, before acknowledging the last
+	// (0: none scheduled); ackKillMark is the file that consumer creates
+	// (workerConfig.AckKillMark). ackKillerDone says a consumer killed
+	// itself between commit and ack: until then the run kills and stops
+	// no consumer (victim), so that every consumer lives on until one has
+	// processed ackKillAt messages, which one does however the transport
+	// shares them out, and the scheduled kill is certain.
+	ackKillAt     int
+	ackKillMark   string
+	ackKillerDone atomic.Bool
 	// firstKillAt and firstRestartAt are the counts of events applied at
 	// which the run's first SIGKILL of a consumer and first restart of the
 	// private broker come, if their interval has not brought them sooner:
@@ -484,18 +487,18 @@ func (r *messagesRun) prepare(ctx context.Context) error {
 // each of its lives until one such kill happened: a rate alone leaves a
 // short run to chance.
 func (r *messagesRun) startConsumers(ctx context.Context) error {
-	r.ackKiller, r.ackKillAt = -1, 0
+	r.ackKillAt = 0
 	if r.cfg.AckKillRate > 0 {
-		r.ackKiller = r.rng.IntN(r.cfg.Consumers)
+		dir, err := os.MkdirTemp("", "idem-torture-ackkill-")
+		if err != nil {
+			return fmt.Errorf("torture: %w", err)
+		}
+		r.ackKillMark = filepath.Join(dir, "killed")
 		r.ackKillAt = 1 + r.rng.IntN(max(1, min(maxAckKillAt, r.cfg.Events/(4*r.cfg.Consumers))))
-		fmt.Fprintf(r.cfg.Progress, "torture: consumer %d SIGKILLs itself after its message %d, before acknowledging it\n", r.ackKiller, r.ackKillAt)
+		fmt.Fprintf(r.cfg.Progress, "torture: the first consumer to process %d messages SIGKILLs itself then, before acknowledging the last\n", r.ackKillAt)
 	}
 	for i := range r.cfg.Consumers {
-		at := 0
-		if i == r.ackKiller {
-			at = r.ackKillAt
-		}
-		env, err := r.workerEnv(i, at)
+		env, err := r.workerEnv(i)
 		if err != nil {
 			return err
 		}
@@ -572,14 +575,15 @@ const maxAckKillAt = 50
 
 // workerEnv is consumer i's environment, its configuration in WorkerEnv;
 // ackKillAt as in workerConfig.
-func (r *messagesRun) workerEnv(i, ackKillAt int) ([]string, error) {
+func (r *messagesRun) workerEnv(i int) ([]string, error) {
 	wc, err := json.Marshal(workerConfig{
 		N:           i,
 		Site:        r.spec,
 		Sequence:    !r.cfg.ByID && !r.cfg.Unsafe,
 		Unsafe:      r.cfg.Unsafe,
 		AckKillRate: max(r.cfg.AckKillRate, 0),
-		AckKillAt:   ackKillAt,
+		AckKillAt:   r.ackKillAt,
+		AckKillMark: r.ackKillMark,
 		AckWait:     r.cfg.AckWait,
 		Seed:        r.cfg.Seed + uint64(i),
 	})
@@ -890,16 +894,15 @@ func (r *messagesRun) supervise(ctx context.Context, c *replica, stop <-chan str
 				if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
 					r.ackKills.Add(1)
 					byRun = true
-					if c.n == r.ackKiller {
+					if r.ackKillMark != "" && !r.ackKillerDone.Load() {
 						// The scheduled kill (or one at the rate) has
-						// happened: the rate alone from now on.
-						r.ackKillerDone.Store(true)
-						env, err := r.workerEnv(c.n, 0)
-						if err != nil {
-							return err
+						// happened: the rate alone from now on. The
+						// mark ends the scheduled one in every consumer.
+						if f, err := os.OpenFile(r.ackKillMark, os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+							_ = f.Close()
 						}
-						c.env = env
 					}
+					r.ackKillerDone.Store(true)
 				}
 			}
 			if !byRun {
@@ -974,23 +977,19 @@ func (r *messagesRun) killLoop(ctx context.Context, stop <-chan struct{}) error 
 }
 
 // victim draws the consumer the run kills or stops next: any, once the
-// scheduled ack kill has happened (or when there is none); before, any
-// but the ack killer, and none (this tick passes) when it is the only
-// consumer. A run that killed the ack killer too met, now and then, no
-// kill between commit and ack at all: each of its lives was cut before
-// its message ackKillAt.
+// scheduled ack kill has happened (or when there is none); before, none
+// (this tick passes). A run that killed the consumer meant to kill itself
+// met, now and then, no kill between commit and ack at all: each of its
+// lives was cut before its message ackKillAt; and one that spared a
+// consumer drawn up front met none when the transport gave that consumer
+// fewer than ackKillAt messages in the whole run (the SQLite transport's
+// busy consumers take nearly all). With every consumer alive until then,
+// the first to process ackKillAt messages kills itself, and one does.
 func (r *messagesRun) victim() *replica {
-	if r.ackKiller < 0 || r.ackKillerDone.Load() {
+	if r.ackKillAt == 0 || r.ackKillerDone.Load() {
 		return r.consumers[r.rng.IntN(len(r.consumers))]
 	}
-	if len(r.consumers) == 1 {
-		return nil
-	}
-	i := r.rng.IntN(len(r.consumers) - 1)
-	if i >= r.ackKiller {
-		i++
-	}
-	return r.consumers[i]
+	return nil
 }
 
 // restartLoop SIGKILLs the private broker every RestartBrokerEvery and
@@ -1044,6 +1043,9 @@ func (r *messagesRun) cleanup() error {
 		wg.Go(c.stop)
 	}
 	wg.Wait()
+	if r.ackKillMark != "" {
+		_ = os.RemoveAll(filepath.Dir(r.ackKillMark))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), phaseTimeout)
 	defer cancel()
 	var errs []error

@@ -40,9 +40,17 @@ type workerConfig struct {
 	// its AckKillAt-th processed message, whatever AckKillRate draws: the
 	// run gives it to one consumer until one such kill happened, so that
 	// every run with an ack-kill rate meets at least one.
-	AckKillAt int           `json:"ack_kill_at,omitempty"`
-	AckWait   time.Duration `json:"ack_wait"`
-	Seed      uint64        `json:"seed"`
+	AckKillAt int `json:"ack_kill_at,omitempty"`
+	// AckKillMark, when set, is a file the kill at AckKillAt creates
+	// first, and only when it does not exist yet: the run gives AckKillAt
+	// to every consumer, and the first to process that many messages is
+	// the one that kills itself then. However the transport shares the
+	// messages out (a busy consumer of the SQLite transport can take
+	// nearly all of them), one consumer processes at least a third of the
+	// events, more than AckKillAt.
+	AckKillMark string        `json:"ack_kill_mark,omitempty"`
+	AckWait     time.Duration `json:"ack_wait"`
+	Seed        uint64        `json:"seed"`
 }
 
 // The consumers' policies: patient enough that a broker restart, a
@@ -94,7 +102,7 @@ func RunWorker(ctx context.Context, config string, stderr io.Writer) error {
 		Logger:      logger,
 	}
 	if cfg.AckKillRate > 0 || cfg.AckKillAt > 0 {
-		cc.Observer = &ackKiller{rate: cfg.AckKillRate, at: cfg.AckKillAt, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(os.Getpid())))}
+		cc.Observer = &ackKiller{rate: cfg.AckKillRate, at: cfg.AckKillAt, mark: cfg.AckKillMark, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(os.Getpid())))}
 	}
 	switch {
 	case cfg.Unsafe:
@@ -188,7 +196,8 @@ func eventKey(m idem.Message) (string, error) {
 // acknowledges).
 type ackKiller struct {
 	rate float64
-	at   int // kill after this many processed messages (0: only at rate)
+	at   int    // kill after this many processed messages (0: only at rate)
+	mark string // the kill at at is this consumer's only if it creates mark (workerConfig.AckKillMark)
 	mu   sync.Mutex
 	rng  *rand.Rand
 	n    int // messages processed
@@ -202,12 +211,26 @@ func (k *ackKiller) End(_ context.Context, e consumer.Event) {
 	}
 	k.mu.Lock()
 	k.n++
-	hit := k.n == k.at || k.rng.Float64() < k.rate
+	hit := k.n == k.at && k.first() || k.n != k.at && k.rng.Float64() < k.rate
 	k.mu.Unlock()
 	if hit {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way; nothing more may happen
 	}
+}
+
+// first reports whether the kill at k.at is this consumer's: there is no
+// mark, or this consumer created it.
+func (k *ackKiller) first() bool {
+	if k.mark == "" {
+		return true
+	}
+	f, err := os.OpenFile(k.mark, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return false // another consumer's kill, or the run's mark: it happened
+	}
+	_ = f.Close()
+	return true
 }
 
 // forgetfulInbox runs every message's handler and records nothing: the
