@@ -754,8 +754,12 @@ func (c *Console) resumeAct(w http.ResponseWriter, r *http.Request, ev KeyEvent)
 		return
 	case notRecordedAfter(err):
 		c.cfg.Logger.Error("console: the resume failed and its history could not be written", "action", action, "operator", op, "err", err)
+		msg := "The resume failed (the outcome is still unknown), and its entry in the key's history could not be written."
+		if errors.Is(err, keyed.ErrResultUnknown) {
+			msg = "The resume's last write to the store got no answer, so the key may have been finished all the same (its state above says what it holds now), and its entry in the key's history could not be written."
+		}
 		c.render(w, r, http.StatusInternalServerError, "error", &errorPage{Heading: "Done, but not recorded",
-			Message: "The resume failed (the outcome is still unknown), and its entry in the key's history could not be written.",
+			Message: msg,
 			Details: errorLines(err), Back: c.outcomeURL(string(scope), string(key))})
 		return
 	}

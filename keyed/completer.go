@@ -441,6 +441,10 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, record ResumeRe
 		}
 		if err := c.rs.ReleaseWithPoint(dctx, ref); err != nil {
 			log.LogAttrs(ctx, slog.LevelWarn, "completer: could not release the key", slog.String("error", err.Error()))
+			if errors.Is(err, idem.ErrLeaseLost) {
+				// Refused: another holder has the key; nothing was released.
+				return resumeFailed, fmt.Errorf("releasing the key: %w", err)
+			}
 			// The release may have been committed all the same.
 			return resumeFailed, fmt.Errorf("releasing the key: %w: %w", ErrResultUnknown, err)
 		}
@@ -457,8 +461,9 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, record ResumeRe
 	}
 	kept, err := e.keptAnswer(ref, answer, false)
 	if err == nil {
-		if err = c.complete(dctx, ref, kept, record.completing(kept.Status)); err != nil && !errors.Is(err, ErrNotRecorded) {
-			// The store's answer was lost, not its refusal read: the
+		if err = c.complete(dctx, ref, kept, record.completing(kept.Status)); err != nil && !errors.Is(err, ErrNotRecorded) && !errors.Is(err, idem.ErrLeaseLost) {
+			// The store's answer was lost, not its refusal read (a lost
+			// lease is a refusal: another holder has the key): the
 			// answer may have been kept all the same.
 			err = fmt.Errorf("%w: %w", ErrResultUnknown, err)
 		}

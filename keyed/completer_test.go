@@ -543,4 +543,32 @@ func TestResumeThatCannotKeepItsAnswerSaysTheResultIsUnknown(t *testing.T) {
 	if err == nil || errors.Is(err, keyed.ErrResultUnknown) {
 		t.Fatalf("a resume that failed at the network: %v; want its failure, not ErrResultUnknown (nothing was written)", err)
 	}
+	fail.Store(false)
+
+	// A lost lease is the store's refusal, not a lost answer: another
+	// holder has the key, which this resume certainly did not finish.
+	lost := &completeLosesLease{Store: idemmem.NewStore(&idemmem.Config{Clock: clock})}
+	eng2, err := keyed.New(&keyed.Config{Store: lost, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp2, err := eng2.NewCompleter(&keyed.CompleterConfig{Resume: func(context.Context, keyed.Execution) (idem.Response, error) {
+		return idem.Response{Status: 201, Body: []byte(`{"id":"pay_1"}`)}, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, lost.Store, "k3")
+	_, err = comp2.ResumeKey(t.Context(), "", "k3", false)
+	if !errors.Is(err, idem.ErrLeaseLost) || errors.Is(err, keyed.ErrResultUnknown) {
+		t.Fatalf("a resume whose Complete lost its lease: %v; want ErrLeaseLost, not ErrResultUnknown", err)
+	}
+}
+
+// completeLosesLease is a store whose Complete is refused: another holder
+// took the key.
+type completeLosesLease struct{ *idemmem.Store }
+
+func (s *completeLosesLease) Complete(context.Context, idem.Ref, idem.Response) error {
+	return idem.ErrLeaseLost
 }

@@ -162,7 +162,7 @@ When the server seals keys (IDEM_KEY_SECRET) or encrypts what it keeps
 			// The key may have been finished: giving back a lease it may
 			// no longer hold would be a guess, and the message must not say
 			// the resume failed.
-			return fmt.Errorf("the resume of key %q in scope %q may have finished it: the store's answer to its last write was lost (kept in its history as result unknown); 'idem keys show' says what the key holds now: %w", string(key), scope, rerr)
+			return fmt.Errorf("the resume of key %q in scope %q may have finished it: the store's answer to its last write was lost; 'idem keys show' says what the key holds now: %w", string(key), scope, rerr)
 		case !finished:
 			// This command ends now: the lease its resume took goes back,
 			// so that the service's completer or the client's retry can

@@ -532,7 +532,11 @@ func (r *messagesRun) drawFirstFaults() {
 	}
 	if r.cfg.KillEvery > 0 {
 		r.firstKillAt = draw()
-		fmt.Fprintf(r.cfg.Progress, "torture: the first SIGKILL of a consumer comes at the latest once %d events are applied\n", r.firstKillAt)
+		after := ""
+		if r.cfg.AckKillRate > 0 {
+			after = ", or right after the first kill between commit and ack if that comes later"
+		}
+		fmt.Fprintf(r.cfg.Progress, "torture: the first SIGKILL of a consumer comes at the latest once %d events are applied%s\n", r.firstKillAt, after)
 	}
 	if r.cfg.RestartBrokerEvery > 0 && r.server != nil {
 		r.firstRestartAt = draw()
@@ -563,6 +567,28 @@ func (r *messagesRun) untilFirst(ctx context.Context, stop <-chan struct{}, ever
 			return false
 		case <-t.C:
 			return true
+		case <-poll.C:
+		}
+	}
+	return true
+}
+
+// untilAckKill waits until the scheduled kill between commit and ack has
+// happened (at once when none is scheduled), which the run's kills wait
+// for (victim): the first kill by the run comes right after it, not a
+// whole KillEvery later. It returns false when stop or ctx ends first.
+func (r *messagesRun) untilAckKill(ctx context.Context, stop <-chan struct{}) bool {
+	if r.ackKillAt == 0 {
+		return true
+	}
+	poll := time.NewTicker(20 * time.Millisecond)
+	defer poll.Stop()
+	for !r.ackKillerDone.Load() {
+		select {
+		case <-stop:
+			return false
+		case <-ctx.Done():
+			return false
 		case <-poll.C:
 		}
 	}
@@ -952,7 +978,7 @@ func (r *messagesRun) killLoop(ctx context.Context, stop <-chan struct{}) error 
 	case <-ctx.Done():
 		return nil
 	}
-	if !r.untilFirst(ctx, stop, r.cfg.KillEvery, r.firstKillAt) {
+	if !r.untilFirst(ctx, stop, r.cfg.KillEvery, r.firstKillAt) || !r.untilAckKill(ctx, stop) {
 		return nil
 	}
 	t := time.NewTicker(r.cfg.KillEvery)

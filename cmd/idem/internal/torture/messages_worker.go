@@ -3,8 +3,10 @@ package torture
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -46,8 +48,8 @@ type workerConfig struct {
 	// to every consumer, and the first to process that many messages is
 	// the one that kills itself then. However the transport shares the
 	// messages out (a busy consumer of the SQLite transport can take
-	// nearly all of them), one consumer processes at least a third of the
-	// events, more than AckKillAt.
+	// nearly all of them), one of C consumers processes at least 1/C of
+	// the events, more than AckKillAt (at most a quarter of that).
 	AckKillMark string        `json:"ack_kill_mark,omitempty"`
 	AckWait     time.Duration `json:"ack_wait"`
 	Seed        uint64        `json:"seed"`
@@ -226,10 +228,14 @@ func (k *ackKiller) first() bool {
 		return true
 	}
 	f, err := os.OpenFile(k.mark, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
+	if errors.Is(err, fs.ErrExist) {
 		return false // another consumer's kill, or the run's mark: it happened
 	}
-	_ = f.Close()
+	if err == nil {
+		_ = f.Close()
+	}
+	// A mark this consumer cannot make (its directory gone, say) must not
+	// take the scheduled kill away: the run waits for one.
 	return true
 }
 
