@@ -572,3 +572,68 @@ type completeLosesLease struct{ *idemmem.Store }
 func (s *completeLosesLease) Complete(context.Context, idem.Ref, idem.Response) error {
 	return idem.ErrLeaseLost
 }
+
+// yieldRefused is the in-memory store whose Yield fails with errStoreDown
+// while fail is set.
+type yieldRefused struct {
+	*idemmem.Store
+	fail atomic.Bool
+}
+
+func (s *yieldRefused) Yield(ctx context.Context, ref idem.Ref) error {
+	if s.fail.Load() {
+		return errStoreDown
+	}
+	return s.Store.Yield(ctx, ref)
+}
+
+// A resume that learned nothing was done outside (ErrNothingDone) records
+// the release before it releases the key. When that record fails, the key
+// is not released: it stays in flight at its point, its lease ended, for
+// the next resume, and ResumeRecorded says ErrNotRecorded with the
+// record's error. When giving the key back fails too, the error says so
+// as well (the key then stays held until the resume's lease ends).
+func TestResumeThatCannotRecordItsReleaseKeepsTheKey(t *testing.T) {
+	t.Parallel()
+	for _, failYield := range []bool{false, true} {
+		t.Run(fmt.Sprintf("yield fails %v", failYield), func(t *testing.T) {
+			t.Parallel()
+			clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+			store := &yieldRefused{Store: idemmem.NewStore(&idemmem.Config{Clock: clock})}
+			eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			comp, err := eng.NewCompleter(&keyed.CompleterConfig{Resume: func(context.Context, keyed.Execution) (idem.Response, error) {
+				return idem.Response{}, keyed.ErrNothingDone
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			abandon(t, store.Store, "k")
+			store.fail.Store(failYield)
+			errHistory := errors.New("the history cannot be written")
+			var ends []keyed.ResumeEnd
+			finished, err := comp.ResumeRecorded(t.Context(), "", "k", func(_ context.Context, _ bool, end keyed.ResumeEnd) error {
+				ends = append(ends, end)
+				return errHistory
+			})
+			if finished || !errors.Is(err, keyed.ErrNotRecorded) || !errors.Is(err, errHistory) {
+				t.Fatalf("ResumeRecorded whose record of the release fails: %v, %v; want ErrNotRecorded with the record's error", finished, err)
+			}
+			if len(ends) != 1 || !ends[0].Released {
+				t.Fatalf("records asked: %+v; want one, of the release", ends)
+			}
+			if failYield != errors.Is(err, errStoreDown) {
+				t.Fatalf("ResumeRecorded's error: %v; the key could not be given back: %v", err, failYield)
+			}
+			rec, err := store.Get(t.Context(), "", "k")
+			if err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" {
+				t.Fatalf("the key: %v at %q, %v; want it in flight at its point, not released", rec.State, rec.Recovery.Name, err)
+			}
+			if held := rec.LeaseExpiresAt.After(clock.Now()); held != failYield {
+				t.Fatalf("the key's lease until %v (now %v): held %v; want it held only when it could not be given back", rec.LeaseExpiresAt, clock.Now(), held)
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,5 +101,54 @@ func TestCompletersActByTheKeysFace(t *testing.T) {
 	}
 	if _, err := (keyed.Completers{}).Settle(t.Context(), "", "ka", answer, true); !errors.Is(err, idem.ErrInvalidArgument) {
 		t.Fatalf("no Completers: %v; want ErrInvalidArgument", err)
+	}
+}
+
+// Completers.Failures and Completers.LetGo reach the Completer of the
+// key's face, wherever it stands among them: a failed resume by face b's
+// Completer (the second) is what Failures reports for the key, and LetGo
+// ends the lease that resume holds the key under, so that the key can be
+// taken on at once; face a's Completer, which never saw the key, neither
+// hides b's failures nor stops LetGo before b's.
+func TestCompletersFailuresAndLetGoReachTheKeysFace(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	store := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	down := errors.New("the card network does not answer")
+	face := func(point string) *keyed.Completer {
+		t.Helper()
+		eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		comp, err := eng.NewCompleter(&keyed.CompleterConfig{Points: []string{point},
+			Resume: func(context.Context, keyed.Execution) (idem.Response, error) { return idem.Response{}, down }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return comp
+	}
+	cs := keyed.Completers{face("a"), face("b")}
+	abandonAt(t, store, "kb", "b")
+	if finished, err := cs.ResumeKey(t.Context(), "", "kb", false); finished || !errors.Is(err, down) {
+		t.Fatalf("resuming kb: %v, %v; want face b's Resume's error", finished, err)
+	}
+	if f := cs.Failures("", "kb"); f.Count != 1 || !f.Holding || !strings.Contains(f.LastError, down.Error()) {
+		t.Fatalf("Failures of kb after its failed resume: %+v; want face b's count of 1, holding the key", f)
+	}
+	if rec, err := store.Get(t.Context(), "", "kb"); err != nil || !rec.LeaseExpiresAt.After(clock.Now()) {
+		t.Fatalf("kb after its failed resume: lease until %v, %v; want it held under the resume's lease", rec.LeaseExpiresAt, err)
+	}
+	if err := cs.LetGo(t.Context(), "", "kb"); err != nil {
+		t.Fatalf("LetGo of kb: %v", err)
+	}
+	if f := cs.Failures("", "kb"); f.Count != 1 || f.Holding {
+		t.Fatalf("Failures of kb after LetGo: %+v; want its count, no longer holding it", f)
+	}
+	if rec, err := store.Get(t.Context(), "", "kb"); err != nil || rec.State != idem.StateInFlight || rec.Recovery.Name != "b" || rec.LeaseExpiresAt.After(clock.Now()) {
+		t.Fatalf("kb after LetGo: %v at %q, lease until %v, %v; want it in flight at its point, its lease ended", rec.State, rec.Recovery.Name, rec.LeaseExpiresAt, err)
+	}
+	if f := cs.Failures("", "never"); f != (keyed.ResumeFailures{}) {
+		t.Fatalf("Failures of a key no completer resumed: %+v; want none", f)
 	}
 }
