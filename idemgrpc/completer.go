@@ -46,9 +46,10 @@ type CompleterConfig struct {
 	// Every is how often the Completer looks for abandoned executions.
 	// Defaults to 1s.
 	Every time.Duration
-	// Timeout bounds one Resume (whose lease is renewed while it runs),
-	// and is part of the Completer's Bound. Defaults to nine tenths of the
-	// lease.
+	// Timeout bounds one round, from its start: its listing of the
+	// abandoned keys, the claim that takes each over, each Resume (whose
+	// lease is renewed while it runs) and the keeping of its answer. It is
+	// part of the Completer's Bound. Defaults to nine tenths of the lease.
 	Timeout time.Duration
 	// Limit is how many abandoned keys one round takes on. Defaults to 100.
 	Limit int

@@ -44,9 +44,11 @@ type CompleterConfig struct {
 	// Every is how often the Completer looks for abandoned executions.
 	// Defaults to 1s.
 	Every time.Duration
-	// Timeout bounds one Resume (whose lease is renewed while it runs),
-	// and is part of the Completer's Bound. Defaults to nine tenths of the
-	// lease.
+	// Timeout bounds one round, from its start: its listing of the
+	// abandoned keys, the Claim that takes each over, each key's Resume
+	// (whose lease is renewed while it runs) and the keeping of its
+	// answer. It is part of the Completer's Bound. A ResumeKey or a Settle
+	// gets Timeout for its Resume. Defaults to nine tenths of the lease.
 	Timeout time.Duration
 	// Limit is how many abandoned keys one round takes on. Defaults to 100.
 	Limit int
@@ -85,15 +87,20 @@ type CompleterConfig struct {
 //
 // Bound: a holder renews its lease while it lives, so a key is abandoned
 // at most Lease after its holder's death (at once when the holder's
-// replica restarts: Engine.Restart); the next round takes it (a round
-// does not wait for the resumes of the one before), resuming up to
-// Parallel keys at once, each renewing its own lease, and a Resume ends
-// within Timeout. So an abandoned execution is finished within
+// replica restarts: Engine.Restart); a round starts within Every of that
+// (a round waits neither for the rounds before it nor for their resumes),
+// and everything it does that can delay a finish (listing the keys,
+// claiming each, resuming it and keeping its answer, up to Parallel keys
+// at once, each renewing its own lease) ends within Timeout of the
+// round's start. So an abandoned execution is finished within
 // Lease + Every + Timeout of its holder's death (Bound), when no more than
-// Parallel keys are abandoned at once, unless its outcome cannot be
-// learned or its answer kept: then it stays in flight, with its point,
-// never released (Unknown counts it), and is tried again after the lease
-// the Completer took.
+// Parallel keys are abandoned at once, unless the round gives up, which it
+// logs: its listing or a claim failed or ran out of Timeout (a claim cut
+// off may have taken the key all the same, which then waits out the lease
+// it took), or the key's outcome cannot be learned or its answer kept:
+// then it stays in flight, with its point, never released (Unknown counts
+// it), and is tried again after the lease the Completer took. The bound
+// then holds again from the round that gave up.
 //
 // Make one with Engine.NewCompleter (or a face's NewCompleter), run it
 // with Run.
@@ -202,21 +209,26 @@ func (c *Completer) Stats() CompleterStats {
 	return s
 }
 
-// Run runs rounds every Every until ctx is done, and returns ctx's error
-// once the resumes it started have ended. A round waits for a slot for
-// each key it takes on (at most Parallel resumes run at once), not for
-// their resumes to end: a key abandoned while a slow one is resumed is
-// taken on by the next round. A round that fails (the store unavailable)
-// is logged and tried again at the next tick.
+// Run starts a round every Every until ctx is done, and returns ctx's
+// error once the rounds and the resumes it started have ended. A round
+// waits for a slot for each key it takes on (at most Parallel resumes run
+// at once), not for their resumes to end, and the next round starts on
+// time whatever the ones before it are doing: a key abandoned while a slow
+// one is resumed, or while a round's listing is slow, is taken on by the
+// next round. Each round ends within Timeout (CompleterConfig.Timeout),
+// so at most Timeout/Every+1 run at once. A round that fails (the store
+// unavailable) is logged and tried again at the next tick.
 func (c *Completer) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	t := time.NewTicker(c.cfg.Every)
 	defer t.Stop()
 	for {
-		if err := c.round(ctx, &wg, nil); err != nil && ctx.Err() == nil {
-			c.log.LogAttrs(ctx, slog.LevelWarn, "completer: could not list abandoned executions", slog.String("error", err.Error()))
-		}
+		wg.Go(func() {
+			if err := c.round(ctx, &wg, nil); err != nil && ctx.Err() == nil {
+				c.log.LogAttrs(ctx, slog.LevelWarn, "completer: could not list abandoned executions", slog.String("error", err.Error()))
+			}
+		})
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -242,18 +254,27 @@ func (c *Completer) RunOnce(ctx context.Context) (finished int, err error) {
 
 // round lists the abandoned keys and starts a resume, in wg, of each that
 // no resume of this Completer has under way, each once a slot is free;
-// it returns once it has started them all, or ctx ended. finished, when
-// not nil, counts the keys finished.
+// it returns once it has started them all, or ctx ended. Everything the
+// round does ends within Timeout of its start (the Completer's Bound):
+// its listing, its claims and its resumes are given that deadline, and a
+// key it could not start a resume of by then is logged, as a claim that
+// failed is. finished, when not nil, counts the keys finished.
 func (c *Completer) round(ctx context.Context, wg *sync.WaitGroup, finished *atomic.Int64) error {
 	c.mu.Lock()
 	c.stats.Rounds++
 	c.mu.Unlock()
-	recs, err := c.abandoned(ctx)
+	until := time.Now().Add(c.cfg.Timeout)
+	rctx, cancel := context.WithDeadline(ctx, until)
+	// The round's context ends once the resumes it started have ended (or
+	// its deadline passed): their claims are made under it.
+	var started sync.WaitGroup
+	defer func() { wg.Go(func() { started.Wait(); cancel() }) }()
+	recs, err := c.abandoned(rctx)
 	if err != nil {
 		return err
 	}
-	c.pruneUnknown(ctx, recs)
-	for _, rec := range recs {
+	c.pruneUnknown(rctx, recs)
+	for i, rec := range recs {
 		if !c.takes(rec.Recovery.Name) {
 			continue // another Completer's (CompleterConfig.Points)
 		}
@@ -261,23 +282,49 @@ func (c *Completer) round(ctx context.Context, wg *sync.WaitGroup, finished *ato
 		if !c.begin(wk) {
 			continue // a resume of it is under way
 		}
-		select {
-		case c.slots <- struct{}{}:
-		case <-ctx.Done():
+		var ok bool
+		if rctx.Err() == nil {
+			select {
+			case c.slots <- struct{}{}:
+				ok = true
+			case <-rctx.Done():
+			}
+		}
+		if !ok {
 			c.end(wk)
+			if ctx.Err() == nil {
+				c.outOfTime(ctx, recs[i:])
+			}
 			return nil
 		}
+		started.Add(1)
 		wg.Go(func() {
 			defer func() {
 				c.end(wk)
 				<-c.slots
+				started.Done()
 			}()
-			if r, _ := c.resume(ctx, rec, nil); r.finished() && finished != nil {
+			if r, _ := c.resume(rctx, rec, until, nil); r.finished() && finished != nil {
 				finished.Add(1)
 			}
 		})
 	}
 	return nil
+}
+
+// outOfTime logs each of the keys a round listed and ran out of its
+// Timeout before it could take over (waiting for a slot, with Parallel
+// resumes under way): the Completer's Bound counts again from then for
+// them.
+func (c *Completer) outOfTime(ctx context.Context, recs []idem.Record) {
+	for _, rec := range recs {
+		if !c.takes(rec.Recovery.Name) {
+			continue
+		}
+		log := reqLog{l: c.log, scope: rec.Scope, key: rec.Key, method: "completer", path: rec.Recovery.Name}
+		log.LogAttrs(ctx, slog.LevelWarn, "completer: the round ran out of time before it could take the abandoned execution over",
+			slog.Duration("timeout", c.cfg.Timeout))
+	}
 }
 
 // abandoned lists the abandoned keys for a round: up to Limit at the
@@ -369,21 +416,32 @@ const (
 func (r resumed) finished() bool { return r == resumeCompleted || r == resumeReleased }
 
 // resume takes rec's key over and finishes it, saying how it ended and,
-// unless it was finished, why not. record, when not nil, records an
-// operator's resume as it ends the key (see ResumeRecord).
-func (c *Completer) resume(ctx context.Context, rec idem.Record, record ResumeRecord) (resumed, error) {
+// unless it was finished, why not. until, when not zero, is the deadline
+// of the round that listed the key (ctx's), which the Resume and the
+// keeping of its answer are given too; an operator's resume (zero) gives
+// Resume Timeout. record, when not nil, records an operator's resume as
+// it ends the key (see ResumeRecord).
+//
+// The claim is logged before it is sent and once it is answered: a
+// replica killed between the claim's commit and its next line has said
+// that it may hold the key.
+func (c *Completer) resume(ctx context.Context, rec idem.Record, until time.Time, record ResumeRecord) (resumed, error) {
 	e := c.e
 	wk := keywait.Key{Scope: rec.Scope, Key: rec.Key}
 	log := reqLog{l: c.log, scope: rec.Scope, key: rec.Key, method: "completer", path: rec.Recovery.Name}
+	log.LogAttrs(ctx, slog.LevelWarn, "completer: taking an abandoned execution over")
 	sent := e.cfg.Clock.Now()
 	claim, err := c.rs.Claim(ctx, idem.ClaimRequest{Scope: rec.Scope, Key: rec.Key, Fingerprint: rec.Fingerprint,
 		Lease: e.cfg.Lease, TTL: max(e.cfg.TTL, e.cfg.Lease), Holder: e.cfg.Holder})
 	if err != nil {
+		// The claim may have been committed all the same: the key then
+		// waits out the lease it took.
 		log.LogAttrs(ctx, slog.LevelWarn, "completer: could not take the abandoned execution over", slog.String("error", err.Error()))
 		return resumeNotTaken, fmt.Errorf("taking the execution over: %w", err)
 	}
 	if claim.Outcome != idem.Acquired {
 		// A client's retry or another replica got there first.
+		log.LogAttrs(ctx, slog.LevelWarn, "completer: another holder has the abandoned execution", slog.String("outcome", claim.Outcome.String()))
 		c.forget(wk)
 		return resumeNotTaken, notTaken(claim.Outcome)
 	}
@@ -395,6 +453,8 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, record ResumeRe
 		defer cancel()
 		if err := c.rs.Release(dctx, idem.Ref{Scope: rec.Scope, Key: rec.Key, Token: claim.Token}); err != nil {
 			log.LogAttrs(ctx, slog.LevelWarn, "completer: could not give back a key it claimed anew", slog.String("error", err.Error()))
+		} else {
+			log.LogAttrs(ctx, slog.LevelWarn, "completer: gave back a key released since it was listed")
 		}
 		c.forget(wk)
 		return resumeNotTaken, fmt.Errorf("%w: it was released meanwhile", ErrNotStopped)
@@ -420,13 +480,23 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, record ResumeRe
 	log.LogAttrs(ctx, slog.LevelWarn, "completer: finishing an abandoned execution",
 		slog.String("recovery_point", ex.Recovery.Name), slog.Time("saved_at", ex.Recovery.SavedAt))
 
-	hctx := newExecCtx(ctx, c.cfg.Timeout, ex)
+	inRound := !until.IsZero()
+	if !inRound {
+		until = time.Now().Add(c.cfg.Timeout)
+	}
+	hctx := newExecCtxUntil(ctx, until, ex)
 	held := &heldLease{ref: ref, ctx: hctx, log: log}
 	e.hb.hold(held, sent)
 	defer e.hb.drop(held) // once the key is settled
 	answer, rerr := runResume(hctx, c.cfg.Resume, ex)
 	hctx.stop()
+	// A round's keeping of the answer is part of the round's Timeout; an
+	// operator's has a write's time of its own.
 	dctx, cancel := detached(ctx)
+	if inRound {
+		cancel()
+		dctx, cancel = detachedUntil(ctx, until)
+	}
 	defer cancel()
 	switch {
 	case errors.Is(rerr, ErrNothingDone):

@@ -57,6 +57,13 @@ func newExecCtx(parent context.Context, timeout time.Duration, ex Execution) *ex
 	return c
 }
 
+// newExecCtxUntil is newExecCtx ending at deadline.
+func newExecCtxUntil(parent context.Context, deadline time.Time, ex Execution) *execCtx {
+	c := &execCtx{ex: ex}
+	c.parent, c.deadline = parent, deadline
+	return c
+}
+
 // init makes c the context of its Execution (c.ex), under parent, ending
 // after timeout.
 func (c *execCtx) init(parent context.Context, timeout time.Duration) {
@@ -227,6 +234,14 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	// or Err (rueidis reads the deadline alone), which saves a first
 	// execution on Redis about a microsecond.
 	c := newExecCtx(ctx, 10*time.Second, Execution{})
+	c.noEx = true
+	return c, c.stop
+}
+
+// detachedUntil is detached ending at deadline rather than after a write's
+// time: a completer round's last writes, which its Timeout bounds.
+func detachedUntil(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
+	c := newExecCtxUntil(ctx, deadline, Execution{})
 	c.noEx = true
 	return c, c.stop
 }

@@ -243,7 +243,7 @@ func (c *Completer) resumeKey(ctx context.Context, scope idem.Scope, key idem.Ke
 			return false, fmt.Errorf("ending the lease of the last failed resume: %w", err)
 		}
 	}
-	r, err := c.resume(ctx, rec, record)
+	r, err := c.resume(ctx, rec, time.Time{}, record)
 	return r.finished(), err
 }
 

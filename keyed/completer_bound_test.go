@@ -1,0 +1,213 @@
+package keyed_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/keyed"
+)
+
+// slowListing is a store whose first listing of the abandoned keys does
+// not answer until its context ends (a store starved under load), and
+// which reports the deadline each listing and each claim was given.
+type slowListing struct {
+	*idemmem.Store
+	mu        sync.Mutex
+	listings  int
+	firstDone chan struct{} // closed once the first listing has ended
+	listed    chan listing
+	claimed   chan time.Time
+	// hangClaims makes every Claim wait for its context's end.
+	hangClaims bool
+	claimEnded chan error
+	completed  chan struct{} // closed once a Complete succeeded
+}
+
+// listing is a listing's deadline, and when it was called.
+type listing struct{ deadline, at time.Time }
+
+func (s *slowListing) Abandoned(ctx context.Context, limit int) ([]idem.Record, error) {
+	s.mu.Lock()
+	s.listings++
+	first := s.listings == 1
+	s.mu.Unlock()
+	d, _ := ctx.Deadline()
+	select {
+	case s.listed <- listing{d, time.Now()}:
+	default:
+	}
+	if first {
+		defer close(s.firstDone)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return s.Store.Abandoned(ctx, limit)
+}
+
+func (s *slowListing) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	d, _ := ctx.Deadline()
+	select {
+	case s.claimed <- d:
+	default:
+	}
+	if _, ok := ctx.Deadline(); s.hangClaims && !ok {
+		s.claimEnded <- errNoDeadline
+		return idem.Claim{}, errNoDeadline
+	}
+	if s.hangClaims {
+		<-ctx.Done()
+		s.claimEnded <- ctx.Err()
+		return idem.Claim{}, ctx.Err()
+	}
+	return s.Store.Claim(ctx, req)
+}
+
+var errNoDeadline = errors.New("the claim has no deadline")
+
+func (s *slowListing) Complete(ctx context.Context, ref idem.Ref, resp idem.Response) error {
+	err := s.Store.Complete(ctx, ref, resp)
+	if err == nil {
+		close(s.completed)
+	}
+	return err
+}
+
+// The Completer's Bound (Lease + Every + Timeout) holds by construction:
+// a round's listing of the abandoned keys and its claims are inside the
+// Timeout that bounds the round, with the resume and the keeping of its
+// answer, and a round whose listing does not answer holds back no later
+// round. Here the first round's listing never answers: the next round
+// finishes the key all the same, its claim and its resume given the
+// deadline of the round that listed the key, never a Timeout of their own
+// on top of the listing's.
+func TestCompleterBoundCoversTheListingAndTheClaim(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	mem := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	store := &slowListing{Store: mem, firstDone: make(chan struct{}), listed: make(chan listing, 64), claimed: make(chan time.Time, 64),
+		completed: make(chan struct{})}
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const timeout = time.Hour
+	resumed := make(chan time.Time, 1)
+	comp, err := eng.NewCompleter(&keyed.CompleterConfig{Every: 5 * time.Millisecond, Timeout: timeout,
+		Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
+			d, _ := ctx.Deadline()
+			resumed <- d
+			return idem.Response{Status: 201, Body: []byte(ex.Key)}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, mem, "k")
+	ctx, cancel := context.WithCancel(t.Context())
+	ran := make(chan error, 1)
+	go func() { ran <- comp.Run(ctx) }()
+	firstListing := <-store.listed
+	if firstListing.deadline.IsZero() {
+		cancel()
+		<-ran
+		t.Fatal("a round's listing of the abandoned keys has no deadline: nothing bounds it")
+	}
+	if firstListing.deadline.After(firstListing.at.Add(timeout)) {
+		t.Errorf("the first round's listing may run until %s, more than the round's Timeout %s after it was sent at %s", firstListing.deadline, timeout, firstListing.at)
+	}
+	claimDeadline, resumeDeadline := <-store.claimed, <-resumed
+	select {
+	case <-store.firstDone:
+		t.Fatal("the key was taken over only once the first round's listing ended; want the next round to take it meanwhile")
+	default:
+	}
+	// The listing that found the key belongs to the round whose deadline
+	// the claim and the resume were given.
+	var listings []time.Time
+	for len(store.listed) > 0 {
+		listings = append(listings, (<-store.listed).deadline)
+	}
+	found := false
+	for _, d := range listings {
+		found = found || d.Equal(claimDeadline)
+	}
+	if claimDeadline.IsZero() || !found {
+		t.Errorf("the claim's deadline %s is none of the rounds' listing deadlines %v: want the deadline of the round that listed the key", claimDeadline, listings)
+	}
+	if !resumeDeadline.Equal(claimDeadline) {
+		t.Errorf("the resume's deadline %s, the claim's %s: want the round's, one Timeout from its start", resumeDeadline, claimDeadline)
+	}
+	<-store.completed
+	if rec, err := mem.Get(t.Context(), "", "k"); err != nil || rec.State != idem.StateCompleted {
+		t.Errorf("the key: %v, %v; want it completed", rec.State, err)
+	}
+	cancel()
+	if err := <-ran; !errors.Is(err, context.Canceled) {
+		t.Errorf("Run = %v; want context.Canceled", err)
+	}
+	<-store.firstDone
+}
+
+// A claim the store does not answer is cut off at the round's deadline
+// (the round gave up: the bound counts again from then), and the
+// Completer says so, naming the key, after it said, before the claim was
+// sent, that it was taking the key over: a replica killed while its claim
+// was under way has said that it may hold the key.
+func TestCompleterClaimEndsAtTheRoundsDeadline(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	mem := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	store := &slowListing{Store: mem, firstDone: make(chan struct{}), listed: make(chan listing, 64), claimed: make(chan time.Time, 64),
+		hangClaims: true, claimEnded: make(chan error, 1)}
+	close(store.firstDone)
+	store.listings = 1 // no listing is slow here
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(&lockedWriter{mu: &logMu, w: &logs}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, err := eng.NewCompleter(&keyed.CompleterConfig{Timeout: time.Second,
+		Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
+			t.Error("resumed a key whose claim was never answered")
+			return idem.Response{}, errors.New("not taken")
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, mem, "k")
+	n, err := comp.RunOnce(t.Context())
+	if err != nil || n != 0 {
+		t.Fatalf("RunOnce = %d, %v; want 0 finished, no error", n, err)
+	}
+	if err := <-store.claimEnded; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the claim ended with %v; want the round's deadline", err)
+	}
+	logMu.Lock()
+	got := logs.String()
+	logMu.Unlock()
+	before := strings.Index(got, `msg="completer: taking an abandoned execution over"`)
+	after := strings.Index(got, `msg="completer: could not take the abandoned execution over"`)
+	if before < 0 || after < before || !strings.Contains(got[after:], "deadline exceeded") || strings.Count(got, "key=hmac:") < 2 {
+		t.Errorf("want the claim logged before it was sent and its end logged with the deadline, both naming the key:\n%s", got)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
