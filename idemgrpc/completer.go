@@ -160,8 +160,11 @@ func settleMessage(answer idem.Response) string {
 			return p.Title + ": " + p.Detail
 		}
 	}
-	msg := strings.TrimSpace(string(answer.Body))
+	// A byte that is not UTF-8 reads as U+FFFD, as gRPC shows it to the
+	// client, whether the text is cut or not.
+	msg := strings.TrimSpace(strings.ToValidUTF8(string(answer.Body), "\uFFFD"))
 	if len(msg) > maxSettleMessage {
+		// Never inside a character: one the cut splits is left out.
 		msg = strings.ToValidUTF8(msg[:maxSettleMessage], "")
 	}
 	if msg == "" {

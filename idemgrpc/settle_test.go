@@ -131,12 +131,17 @@ func TestSettleKeepsAnAnswerTheRetryReads(t *testing.T) {
 }
 
 // DefaultSettle's codes: what an HTTP status an operator gives means to a
-// gRPC client.
+// gRPC client, at each edge of the ranges: a 2xx is OK, a 4xx without a
+// code of its own FailedPrecondition (the call will not succeed under this
+// key), a 5xx without one, and anything outside 2xx, 4xx and 5xx, Internal.
 func TestSettleCode(t *testing.T) {
 	t.Parallel()
-	for httpStatus, want := range map[int]codes.Code{200: codes.OK, 201: codes.OK, 400: codes.InvalidArgument, 401: codes.Unauthenticated,
-		402: codes.FailedPrecondition, 403: codes.PermissionDenied, 404: codes.NotFound, 409: codes.FailedPrecondition, 422: codes.FailedPrecondition,
-		429: codes.ResourceExhausted, 500: codes.Internal, 501: codes.Unimplemented, 502: codes.Unavailable, 503: codes.Unavailable, 504: codes.DeadlineExceeded} {
+	for httpStatus, want := range map[int]codes.Code{0: codes.Internal, 100: codes.Internal, 199: codes.Internal,
+		200: codes.OK, 201: codes.OK, 299: codes.OK, 300: codes.Internal, 304: codes.Internal, 399: codes.Internal,
+		400: codes.InvalidArgument, 401: codes.Unauthenticated, 402: codes.FailedPrecondition, 403: codes.PermissionDenied, 404: codes.NotFound,
+		405: codes.FailedPrecondition, 409: codes.FailedPrecondition, 410: codes.NotFound, 413: codes.InvalidArgument, 422: codes.FailedPrecondition,
+		429: codes.ResourceExhausted, 498: codes.FailedPrecondition, 499: codes.Canceled,
+		500: codes.Internal, 501: codes.Unimplemented, 502: codes.Unavailable, 503: codes.Unavailable, 504: codes.DeadlineExceeded, 505: codes.Internal, 599: codes.Internal, 600: codes.Internal} {
 		if got := idemgrpc.SettleCode(httpStatus); got != want {
 			t.Errorf("SettleCode(%d) = %v; want %v", httpStatus, got, want)
 		}
