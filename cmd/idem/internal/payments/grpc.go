@@ -132,8 +132,9 @@ func GRPCPoints() []string { return []string{pointChargingGRPC} }
 // as the gRPC face answers (see grpcAnswer). A 2xx is the body's members
 // in a google.protobuf.Struct, as the face answers a payment; a body that
 // is not a JSON object is refused. Any other status is the status whose
-// code means what the HTTP status means on this face (grpcCode: the 409 of
-// a settle as failed is FailedPrecondition, as a declined payment's is),
+// code means what the HTTP status means on this face (idemgrpc.SettleCode,
+// as for the handlers' answers: the 409 of a settle as failed is
+// FailedPrecondition, as a declined payment's 402 is),
 // its message the problem's title and detail; the answer's
 // Idem-Settled-By-Operator header becomes idem-settled-by-operator
 // metadata.
@@ -146,11 +147,7 @@ func SettleGRPC(answer idem.Response) (any, error) {
 		return out, nil
 	}
 	_, err := idemgrpc.DefaultSettle(answer)
-	code := grpcCode(answer.Status)
-	if code == codes.Unknown {
-		code = idemgrpc.SettleCode(answer.Status)
-	}
-	return nil, status.Error(code, status.Convert(err).Message())
+	return nil, status.Error(idemgrpc.SettleCode(answer.Status), status.Convert(err).Message())
 }
 
 // grpcScope makes every tenant's keys its own, as scopeByTenant does on
@@ -356,7 +353,10 @@ func (s *Service) resumeGRPC(ctx context.Context, ex idemgrpc.Execution) (any, e
 // grpcAnswer is the HTTP face's answer (status, JSON body) as the gRPC
 // face's: 2xx as the body's members in a Struct, a problem as the status
 // whose code means what its HTTP status means, its message the problem's
-// slug and detail.
+// slug and detail. The code is idemgrpc.SettleCode's, the one rule of the
+// face's answers and the operator's settled ones: a key reused for another
+// operation (422) is FailedPrecondition, as the interceptor's own refusal
+// of a reused key is, so that a client branches on one code for it.
 func grpcAnswer(code int, body []byte) (*structpb.Struct, error) {
 	if code == 0 {
 		code = http.StatusOK
@@ -377,27 +377,5 @@ func grpcAnswer(code int, body []byte) (*structpb.Struct, error) {
 	if p.Detail != "" {
 		msg += ": " + p.Detail
 	}
-	return nil, status.Error(grpcCode(code), msg)
-}
-
-// grpcCode is the gRPC code of an HTTP status the handlers answer with,
-// kept or not as the HTTP face keeps it (grpcKeep).
-func grpcCode(httpStatus int) codes.Code {
-	switch httpStatus {
-	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
-		return codes.InvalidArgument
-	case http.StatusUnauthorized:
-		return codes.Unauthenticated
-	case http.StatusPaymentRequired, http.StatusConflict:
-		return codes.FailedPrecondition
-	case http.StatusNotFound:
-		return codes.NotFound
-	case http.StatusUnprocessableEntity:
-		return codes.AlreadyExists
-	case http.StatusBadGateway, http.StatusServiceUnavailable:
-		return codes.Unavailable
-	case http.StatusInternalServerError:
-		return codes.Internal
-	}
-	return codes.Unknown
+	return nil, status.Error(idemgrpc.SettleCode(code), msg)
 }

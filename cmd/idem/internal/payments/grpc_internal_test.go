@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,7 +18,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
 	"github.com/idem-go/idem/idemgrpc"
+	"github.com/idem-go/idem/idemmem"
 	"github.com/idem-go/idem/idemsqlite"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -69,18 +72,7 @@ func TestGRPCStalledDatabaseAnswersInBoundedTime(t *testing.T) {
 	}
 	id := strings.TrimPrefix(acct.Header().Get("Location"), "/v1/accounts/")
 
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := svc.GRPCServer()
-	go srv.Serve(lis) //nolint:errcheck // ends with Stop
-	defer srv.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := serveGRPC(t, svc)
 	in, err := structpb.NewStruct(map[string]any{"account_id": id, "amount": 30, "currency": "KRW"})
 	if err != nil {
 		t.Fatal(err)
@@ -127,4 +119,86 @@ func TestGRPCStalledDatabaseAnswersInBoundedTime(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A gRPC client that reuses a key for another payment after the service
+// forgot it (Config.KeyTTL) is refused by the card network, which still
+// holds the key's charge: it gets FailedPrecondition, as it does from the
+// interceptor while the key is remembered, so that one code says "this key
+// is another operation's" whichever of the two finds it out.
+func TestGRPCKeyReusedAfterItsTTLIsFailedPrecondition(t *testing.T) {
+	t.Parallel()
+	adb, err := idemsqlite.Open(filepath.Join(t.TempDir(), "acquirer.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { adb.Close() })
+	network, err := acquirer.New(t.Context(), acquirer.Config{DB: adb, APIKey: "net-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(network.Handler())
+	t.Cleanup(hs.Close)
+	card, err := acquirer.NewClient(acquirer.ClientConfig{URL: hs.URL, APIKey: "net-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "idem.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	clock := idemmem.NewClock(time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC))
+	svc, err := New(t.Context(), &Config{DB: db, APIKeys: map[string]string{"k": "acme"}, GRPC: true, Acquirer: card, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Close() })
+	acct := serveJSON(svc.Handler(), "POST", "/v1/accounts", "", `{"balance":100,"currency":"KRW"}`)
+	if acct.Code != http.StatusCreated {
+		t.Fatalf("account: %d %s", acct.Code, acct.Body)
+	}
+	id := strings.TrimPrefix(acct.Header().Get("Location"), "/v1/accounts/")
+	conn := serveGRPC(t, svc)
+	pay := func(amount int) error {
+		in, err := structpb.NewStruct(map[string]any{"account_id": id, "amount": amount, "currency": "KRW"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer k", idemgrpc.MetadataKey, "g-reused")
+		return conn.Invoke(ctx, GRPCCreatePayment, in, new(structpb.Struct))
+	}
+	if err := pay(30); err != nil {
+		t.Fatalf("the first payment: %v", err)
+	}
+	if err := pay(40); status.Code(err) != codes.FailedPrecondition || idemgrpc.Reason(err) != idemgrpc.ReasonKeyMismatch {
+		t.Fatalf("the key again with another amount, remembered: %v (reason %q); want FailedPrecondition, %s", err, idemgrpc.Reason(err), idemgrpc.ReasonKeyMismatch)
+	}
+	clock.Advance(DefaultKeyTTL + time.Second)
+	if n, err := svc.purgeExpired(t.Context(), 10); err != nil || n == 0 {
+		t.Fatalf("purge after the key's TTL: %d, %v; want the key forgotten", n, err)
+	}
+	err = pay(40)
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "idempotency-key-conflict") {
+		t.Fatalf("the forgotten key again with another amount: %v; want FailedPrecondition (idempotency-key-conflict), as while the key was remembered", err)
+	}
+}
+
+// serveGRPC serves svc's gRPC face on a loopback port until the test ends,
+// and returns a client connection to it.
+func serveGRPC(t *testing.T, svc *Service) *grpc.ClientConn {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := svc.GRPCServer()
+	go srv.Serve(lis) //nolint:errcheck // ends with Stop
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemgrpc"
 	"github.com/idem-go/idem/idemsqlite"
 )
 
@@ -39,7 +40,7 @@ func TestSettleCompletersKeepWhatTheGRPCFaceKeeps(t *testing.T) {
 	if err := store.Yield(ctx, ref); err != nil {
 		t.Fatal(err)
 	}
-	if grpcKeep("", grpcCode(http.StatusBadRequest)) {
+	if grpcKeep("", idemgrpc.SettleCode(http.StatusBadRequest)) {
 		t.Fatal("the gRPC face keeps the code of a 400; this test needs one it does not")
 	}
 	comps, err := SettleCompleters(store, nil)
