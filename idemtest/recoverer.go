@@ -32,6 +32,12 @@ import (
 //     token only, and succeeds again once it is gone.
 //   - Abandoned lists exactly the keys in flight, with a point, whose lease
 //     ended, oldest lease end first, at most limit of them.
+//   - A store with InFlightAtPoints (idemsqlite's, idempg's; the subtest
+//     skips for one without) lists every key in flight with a point,
+//     whether its holder's lease ended (as Abandoned lists it) or not,
+//     oldest lease end first, at most limit of them; a key without a point
+//     and one completed are not listed, and a limit below 1 is refused
+//     with an *idem.ArgumentError.
 //   - With a database (db not nil): a point saved in the transaction of a
 //     phase commits with the phase's writes, and rolls back with them.
 //
@@ -74,6 +80,7 @@ var recovererTests = []struct {
 	{"ReleaseRefusedWithPoint", false, testRecoveryRelease},
 	{"Abandoned", false, testRecoveryAbandoned},
 	{"AbandonedLimit", false, testRecoveryAbandonedLimit},
+	{"InFlightAtPoints", false, testRecoveryInFlightAtPoints},
 	{"CommitsWithPhase", true, testRecoveryCommits},
 	{"RollsBackWithPhase", true, testRecoveryRollsBack},
 }
@@ -395,6 +402,57 @@ func abandonedKeys(got []idem.Record, want ...string) error {
 		return fmt.Errorf("Abandoned listed %q; want %q", keys, want)
 	}
 	return nil
+}
+
+// inFlightAtPoints is what a store that lists its keys in flight at
+// recovery points (idemsqlite's, idempg's) adds to idem.Recoverer.
+type inFlightAtPoints interface {
+	InFlightAtPoints(ctx context.Context, limit int) ([]idem.Record, error)
+}
+
+func testRecoveryInFlightAtPoints(t *testing.T, e *recEnv) {
+	s, ok := e.rec.(inFlightAtPoints)
+	if !ok {
+		t.Skip("the store does not list its keys in flight at points (InFlightAtPoints)")
+	}
+	gone := e.acquire("gone")
+	e.save(keyRef("gone", gone), "charging", "{}")
+	if err := e.rec.Yield(e.ctx, keyRef("gone", gone)); err != nil { // its holder's lease ended
+		t.Fatal(err)
+	}
+	held := e.acquire("held") // its holder lives
+	e.save(keyRef("held", held), "charging", "{}")
+	e.acquire("plain")
+	done := e.acquire("done")
+	e.save(keyRef("done", done), "charging", "{}")
+	e.complete(keyRef("done", done), idem.Response{Status: 201})
+	listed := func(limit int, want ...string) {
+		t.Helper()
+		got, err := s.InFlightAtPoints(e.ctx, limit)
+		if err != nil {
+			t.Fatalf("InFlightAtPoints(%d): %v", limit, err)
+		}
+		var keys []string
+		for _, r := range got {
+			if r.State != idem.StateInFlight || r.Recovery.Name != "charging" {
+				t.Fatalf("InFlightAtPoints(%d) listed %s: %s at %q; want in flight at charging", limit, r.Key, r.State, r.Recovery.Name)
+			}
+			keys = append(keys, string(r.Key))
+		}
+		if fmt.Sprint(keys) != fmt.Sprint(want) {
+			t.Fatalf("InFlightAtPoints(%d) listed %q; want %q, the oldest lease end first", limit, keys, want)
+		}
+	}
+	listed(10, "gone", "held")
+	listed(1, "gone")
+	if got, err := e.rec.Abandoned(e.ctx, 10); err != nil {
+		t.Fatal(err)
+	} else if err := abandonedKeys(got, "gone"); err != nil {
+		t.Fatalf("beside InFlightAtPoints: %v", err)
+	}
+	if _, err := s.InFlightAtPoints(e.ctx, 0); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Fatalf("InFlightAtPoints(0) = %v; want an *idem.ArgumentError", err)
+	}
 }
 
 func testRecoveryCommits(t *testing.T, e *recEnv) {
