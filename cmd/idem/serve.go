@@ -200,6 +200,30 @@ type servePlan struct {
 	// replicaID is --replica-id; empty for the default, which needs the
 	// address the server listens on.
 	replicaID string
+	// keyDigestSecret is $IDEM_KEY_DIGEST_SECRET: the secret of the
+	// digests under which the logs name keys (idem.SetKeyDigestSecret);
+	// nil for one of the process's own.
+	keyDigestSecret []byte
+}
+
+// envKeyDigestSecret is the environment variable of the secret under
+// which the logs name keys: the same on every replica, their logs name a
+// key alike.
+const envKeyDigestSecret = "IDEM_KEY_DIGEST_SECRET"
+
+// keyDigestSecret reads $IDEM_KEY_DIGEST_SECRET (or the file
+// $IDEM_KEY_DIGEST_SECRET_FILE names): nil when neither is set, an error
+// naming the variable when it is shorter than idem.SetKeyDigestSecret
+// takes.
+func (a *app) keyDigestSecret() ([]byte, error) {
+	v, ok, err := a.secretEnv(envKeyDigestSecret)
+	if err != nil || !ok {
+		return nil, err
+	}
+	if len(v) < 16 {
+		return nil, fmt.Errorf("$%s: %d bytes long; at least 16 are needed", envKeyDigestSecret, len(v))
+	}
+	return []byte(v), nil
 }
 
 // planServe checks every flag of serve and returns what to run. It opens
@@ -279,6 +303,10 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 	if err != nil {
 		return nil, err
 	}
+	digestSecret, err := a.keyDigestSecret()
+	if err != nil {
+		return nil, err
+	}
 	card, err := a.planAcquirer(f)
 	if err != nil {
 		return nil, err
@@ -288,6 +316,7 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 		requestTimeout = -1 // off: payments.Config's zero means its default
 	}
 	return &servePlan{
+		keyDigestSecret: digestSecret,
 		addr:            f.addr,
 		grpcAddr:        f.grpcAddr,
 		db:              db,
@@ -367,6 +396,11 @@ const acquirerKeyUsage = "the card network's API key (default from $" + envAcqui
 // and closes all it opened.
 func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 	logger := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: p.logLevel}))
+	if p.keyDigestSecret != nil {
+		if err := idem.SetKeyDigestSecret(p.keyDigestSecret); err != nil {
+			return fmt.Errorf("$%s: %w", envKeyDigestSecret, err)
+		}
+	}
 	stopTracing, err := a.startTracing(ctx, &p.payments)
 	if err != nil {
 		return err

@@ -86,6 +86,7 @@ func TestPlanServeRefusesBadFlags(t *testing.T) {
 		{args: []string{"--acquirer-key", "k"}, want: "--acquirer-key applies only with --acquirer"},
 		{args: []string{"--api-keys", "no-colon"}, want: "--api-keys: "},
 		{env: map[string]string{envAPIKeys: "no-colon"}, want: envAPIKeys + ": "},
+		{args: []string{"--api-keys", "acme:k"}, env: map[string]string{envKeyDigestSecret: "short-secret"}, want: "$" + envKeyDigestSecret + ": 12 bytes long; at least 16 are needed"},
 		// The flags are checked in a fixed order: the first bad one is named.
 		{args: []string{"--log-level", "loud", "--db", "mysql://x"}, want: `--log-level "loud"`},
 	} {
@@ -229,5 +230,19 @@ func TestServeBadFlagsCreateNothing(t *testing.T) {
 				t.Errorf("serve %v created %s (Stat: %v)", args, path, err)
 			}
 		})
+	}
+}
+
+// The secret of the digests under which the logs name keys comes from the
+// environment, for the replicas of one service to name a key alike.
+func TestPlanServeTakesTheKeyDigestSecret(t *testing.T) {
+	t.Parallel()
+	const secret = "a secret of the service's own"
+	p, err := planFor(t, map[string]string{envKeyDigestSecret: secret}, "--api-keys", "acme:k")
+	if err != nil || string(p.keyDigestSecret) != secret {
+		t.Fatalf("planServe with $%s set: secret %q, %v; want it taken", envKeyDigestSecret, p.keyDigestSecret, err)
+	}
+	if p, err := planFor(t, nil, "--api-keys", "acme:k"); err != nil || p.keyDigestSecret != nil {
+		t.Fatalf("planServe without it: secret %q, %v; want none (each process its own)", p.keyDigestSecret, err)
 	}
 }

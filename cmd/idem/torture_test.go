@@ -272,15 +272,20 @@ func TestTortureRequestsAbandoned(t *testing.T) {
 			// Each abandoned payment is checked against the completers'
 			// bound from its last holder's end (a violation otherwise); the
 			// slowest and the bound are shown. That end is the client's
-			// try's death, or a completer's resume of it that failed: on a
+			// try's death, or a completer's resume or claim of it that
+			// failed or that its replica's death cut off (a claim logs
+			// before it is sent; the replicas share the run's key digest
+			// secret, so the torture reads whose key a claim was), and
+			// a replica's round that gave up restarts that replica's
+			// window (keyed.Completer logs it): on a
 			// starved machine a resume's lease renewals can stall past a
 			// third of the lease, the execution is cancelled, its outcome
 			// unknown, and the key waits out that completer's lease
 			// (keyed.Completer's bound holds "when its outcome can be
 			// learned"). The bound itself is not widened; it restarts only
 			// for the payment whose resume a replica logged as failed.
-			t.Logf("slowest abandoned payment finished %ss after its holder died; the completers' bound %ss; bounds counted from a failed resume %d, from one cut off by its replica's death %d",
-				resultText(stdout, "slowest_finish_s"), resultText(stdout, "finish_bound_s"), r["from_failed_resume"], r["from_cut_off_resume"])
+			t.Logf("slowest abandoned payment finished %ss after its holder died; the completers' bound %ss; bounds counted from a failed resume %d, from a resume or claim cut off by its replica's death %d, from a failed claim %d",
+				resultText(stdout, "slowest_finish_s"), resultText(stdout, "finish_bound_s"), r["from_failed_resume"], r["from_cut_off_resume"], r["from_failed_claim"])
 			if r["abandoned"] == 0 || r["abandoned_finished"] == 0 {
 				t.Errorf("%d abandoned, %d finished by a completer; want some of each\n%s", r["abandoned"], r["abandoned_finished"], stdout)
 			}

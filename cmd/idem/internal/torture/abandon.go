@@ -3,14 +3,17 @@ package torture
 import (
 	"cmp"
 	"context"
+	crand "crypto/rand"
 	"fmt"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsqlite"
 )
 
@@ -44,15 +47,44 @@ func (r *run) finishBound() time.Duration {
 // run's chaos can leave no replica up (every abandoned try crashes its
 // replica); the bound counts from when one is. ok is false when none ever
 // was up that long after the lease.
+//
+// A replica's round that gave up without holding a key (its listing
+// failed or ran out of time, or it ran out of time before taking a key
+// over) voids that replica's window it fell in: its bound counts again
+// from then, for that replica alone (roundsGaveUp).
 func (r *run) finishDeadline(died time.Time) (deadline time.Time, ok bool) {
 	window := completerEvery + r.cfg.KeyLease*9/10
 	from := died.Add(r.cfg.KeyLease)
-	for _, rp := range r.replicas {
-		if t, up := rp.upFor(from, window); up && (!ok || t.Before(deadline)) {
-			deadline, ok = t, true
+	r.failedMu.Lock()
+	gaveUp := make(map[int][]time.Time, len(r.roundsGaveUp))
+	for i, ts := range r.roundsGaveUp {
+		gaveUp[i] = slices.Clone(ts)
+	}
+	r.failedMu.Unlock()
+	for i, rp := range r.replicas {
+		t := from
+		for {
+			start, up := rp.upFor(t, window)
+			if !up {
+				break
+			}
+			end := start.Add(window)
+			var last time.Time
+			for _, g := range gaveUp[i] {
+				if g.After(start) && !g.After(end) && g.After(last) {
+					last = g
+				}
+			}
+			if last.IsZero() {
+				if !ok || end.Before(deadline) {
+					deadline, ok = end, true
+				}
+				break
+			}
+			t = last
 		}
 	}
-	return deadline.Add(window), ok
+	return deadline, ok
 }
 
 // lastHolderGone is when the last holder of an abandoned payment's key let
@@ -96,10 +128,24 @@ var (
 // resume names the payment), and the key's digest.
 var completerTook = regexp.MustCompile(`^time=(\S+) level=WARN msg="completer: finishing an abandoned execution".* key=(hmac:[0-9a-f]{16})`)
 
-// completerTrouble matches a replica's line saying its completer could
-// not list the abandoned keys or take one over (a store that did not
-// answer): the key, when there is one, is not named by payment.
-var completerTrouble = regexp.MustCompile(`^time=(\S+) level=WARN msg="(completer: could not (?:list abandoned executions|take the abandoned execution over))"`)
+// completerTrouble matches a replica's line saying its completer's round
+// gave up without holding a key: it could not list the abandoned keys
+// (a store that did not answer, or the round's time ran out), or ran out
+// of time before taking one over (its key named by digest).
+var completerTrouble = regexp.MustCompile(`^time=(\S+) level=WARN msg="(completer: (?:could not list abandoned executions|the round ran out of time before it could take the abandoned execution over))"`)
+
+// completerClaiming matches a replica's line saying its completer is
+// sending a claim of an abandoned key (before the claim, so a replica
+// killed once the claim committed has said so), and the key's digest.
+// completerClaimed matches the lines that end such a claim without a
+// take-over (another holder had the key; it had been released), and
+// completerClaimFailed a claim that failed or ran out of the round's
+// time, which may have taken the key all the same.
+var (
+	completerClaiming    = regexp.MustCompile(`^time=(\S+) level=WARN msg="completer: taking an abandoned execution over".* key=(hmac:[0-9a-f]{16})`)
+	completerClaimed     = regexp.MustCompile(`^time=(\S+) level=WARN msg="completer: (?:another holder has the abandoned execution|gave back a key released since it was listed|could not give back a key it claimed anew)".* key=(hmac:[0-9a-f]{16})`)
+	completerClaimFailed = regexp.MustCompile(`^time=(\S+) level=WARN msg="completer: could not take the abandoned execution over".* key=(hmac:[0-9a-f]{16})`)
+)
 
 // restartedLeases matches a replica's line saying, as it starts, that it
 // ended the leases its killed incarnation held (keyed's Restart), and how
@@ -123,14 +169,18 @@ type event struct {
 	what string
 }
 
-// maxUnnamed bounds the events kept without a payment.
+// maxUnnamed bounds the events kept without a payment or a key (a
+// listing that failed, a replica's restart): the last ones are kept.
 const maxUnnamed = 2000
 
+// noteLocked notes e in the timeline of payment, a payment's ID or a key's
+// digest, or, with none, among the unnamed events.
 func (r *run) noteLocked(payment string, e event) {
 	if payment == "" {
-		if len(r.unnamed) < maxUnnamed {
-			r.unnamed = append(r.unnamed, e)
+		if len(r.unnamed) == maxUnnamed {
+			r.unnamed = slices.Delete(r.unnamed, 0, 1)
 		}
+		r.unnamed = append(r.unnamed, e)
 		return
 	}
 	if r.timeline == nil {
@@ -150,6 +200,36 @@ func (r *run) completerLine(replica, n int, line string) {
 		return t, err == nil
 	}
 	lf := life{replica, n}
+	if m := completerClaiming.FindStringSubmatch(line); m != nil {
+		if t, ok := at(m[1]); ok {
+			r.failedMu.Lock()
+			if r.claiming == nil {
+				r.claiming = map[life]map[string]time.Time{}
+			}
+			if r.claiming[lf] == nil {
+				r.claiming[lf] = map[string]time.Time{}
+			}
+			r.claiming[lf][m[2]] = t
+			r.failedMu.Unlock()
+		}
+		return
+	}
+	if m := completerClaimed.FindStringSubmatch(line); m != nil {
+		r.failedMu.Lock()
+		delete(r.claiming[lf], m[2])
+		r.failedMu.Unlock()
+		return
+	}
+	if m := completerClaimFailed.FindStringSubmatch(line); m != nil {
+		if t, ok := at(m[1]); ok {
+			r.failedMu.Lock()
+			delete(r.claiming[lf], m[2])
+			r.noteFailedClaimLocked(m[2], t, false)
+			r.noteLocked(m[2], event{t, lf, "completer: could not take the abandoned execution over (key " + m[2] + "): it may have taken it all the same"})
+			r.failedMu.Unlock()
+		}
+		return
+	}
 	if m := completerTook.FindStringSubmatch(line); m != nil {
 		t, ok := at(m[1])
 		if !ok {
@@ -157,6 +237,7 @@ func (r *run) completerLine(replica, n int, line string) {
 		}
 		r.failedMu.Lock()
 		defer r.failedMu.Unlock()
+		delete(r.claiming[lf], m[2])
 		if r.took == nil {
 			r.took = map[life]map[string]time.Time{}
 		}
@@ -168,12 +249,19 @@ func (r *run) completerLine(replica, n int, line string) {
 	}
 	if m := completerTrouble.FindStringSubmatch(line); m != nil {
 		if t, ok := at(m[1]); ok {
-			what := m[2]
+			what, digest := m[2], ""
 			if k := keyAttr.FindStringSubmatch(line); k != nil {
-				what += " (key " + k[1] + ")"
+				digest = k[1]
+				what += " (key " + digest + ")"
 			}
 			r.failedMu.Lock()
-			r.noteLocked("", event{t, lf, what})
+			if r.roundsGaveUp == nil {
+				r.roundsGaveUp = map[int][]time.Time{}
+			}
+			r.roundsGaveUp[replica] = append(r.roundsGaveUp[replica], t)
+			// It delays every key that replica's completer would take:
+			// shown in every late finish's timeline that it falls in.
+			r.noteLocked("", event{t, lf, what + ": this replica's round gave up"})
 			r.failedMu.Unlock()
 		}
 		return
@@ -200,6 +288,10 @@ func (r *run) completerLine(replica, n int, line string) {
 			r.resuming[lf] = map[string]string{}
 		}
 		r.resuming[lf][k[1]] = p[1]
+		if r.resumeDigests == nil {
+			r.resumeDigests = map[string]string{}
+		}
+		r.resumeDigests[p[1]] = k[1]
 		if took, ok := r.took[lf][k[1]]; ok {
 			r.noteLocked(p[1], event{took, lf, "its completer took the key " + k[1] + " over"})
 			delete(r.took[lf], k[1])
@@ -265,14 +357,77 @@ func (r *run) completerExit(replica, n int, at time.Time) {
 		r.cutOff[payment] = append(r.cutOff[payment], at)
 	}
 	delete(r.resuming, lf)
-	// A key taken over and not yet named by the payments' resume: which
-	// payment's, this life never said.
+	// A key taken over and not yet named by the payments' resume, or whose
+	// claim this life said it was sending and never said the answer of:
+	// it may hold the key, which waits out its lease from the death.
 	for digest, took := range r.took[lf] {
-		r.noteLocked("", event{at, lf, fmt.Sprintf("its replica died holding key %s, taken over at %s, its payment not named yet",
+		r.noteFailedClaimLocked(digest, at, true)
+		r.noteLocked(digest, event{at, lf, fmt.Sprintf("its replica died holding key %s, taken over at %s, its payment not named yet",
 			digest, took.Format("15:04:05.000"))})
 	}
 	delete(r.took, lf)
+	for digest, sent := range r.claiming[lf] {
+		r.noteFailedClaimLocked(digest, at, true)
+		r.noteLocked(digest, event{at, lf, fmt.Sprintf("claim cut off: its replica died with its claim of key %s, sent at %s, unanswered in its log",
+			digest, sent.Format("15:04:05.000"))})
+	}
+	delete(r.claiming, lf)
 }
+
+// noteFailedClaimLocked notes a claim of the key digest that may have
+// taken it and let it go unfinished at at: one that failed, or, cutOff,
+// whose replica died before logging its answer or its resume.
+func (r *run) noteFailedClaimLocked(digest string, at time.Time, cutOff bool) {
+	if r.failedClaims == nil {
+		r.failedClaims, r.cutOffClaims = map[string][]time.Time{}, map[string][]time.Time{}
+	}
+	r.failedClaims[digest] = append(r.failedClaims[digest], at)
+	if cutOff {
+		r.cutOffClaims[digest] = append(r.cutOffClaims[digest], at)
+	}
+}
+
+// checkDigest refuses a run whose replicas named a payment's key (in
+// their resume's line) under another digest than the run's: the claims,
+// named by digest alone, would then be read as nobody's.
+func (r *run) checkDigest(ids []string, digest string) error {
+	r.failedMu.Lock()
+	defer r.failedMu.Unlock()
+	for _, id := range ids {
+		if d, ok := r.resumeDigests[id]; ok && d != digest {
+			return fmt.Errorf("torture: a replica named payment %s's key %s, the run %s: its %s did not reach the replicas", id, d, digest, envKeyDigestSecret)
+		}
+	}
+	return nil
+}
+
+// failedClaimsOf returns when the claims of the key digest failed or were
+// cut off (noteFailedClaimLocked).
+func (r *run) failedClaimsOf(digest string) []time.Time {
+	r.failedMu.Lock()
+	defer r.failedMu.Unlock()
+	return slices.Clone(r.failedClaims[digest])
+}
+
+// keyDigest is the digest under which the replicas' logs name the
+// logical payment key (they share the run's digest secret:
+// digestSecret).
+func keyDigest(key string) string {
+	digestSecret()
+	return idem.KeyDigest(idem.Scope(tenant), idem.Key(key))
+}
+
+// digestSecret is the secret of the digests under which the replicas'
+// logs name keys ($IDEM_KEY_DIGEST_SECRET), this process's too, so that a
+// claim's line, which names its key by digest alone, is read as the
+// logical payment's. One for the process: the secret is the process's.
+var digestSecret = sync.OnceValue(func() string {
+	s := "torture_digest_" + crand.Text()
+	if err := idem.SetKeyDigestSecret([]byte(s)); err != nil {
+		panic(err) // a fixed prefix and 26 random characters: long enough
+	}
+	return s
+})
 
 func (r *run) noteFailedLocked(payment string, at time.Time) {
 	if r.failedResumes == nil {
@@ -282,9 +437,10 @@ func (r *run) noteFailedLocked(payment string, at time.Time) {
 }
 
 // countFrom counts an abandoned payment whose bound counted from last, a
-// failed resume of one of its payments ids: one seen to fail, or one cut
-// off by its replica's death (Report.FromFailedResume).
-func (r *run) countFrom(ids []string, last time.Time) {
+// failed resume of one of its payments ids or a failed claim of its key
+// (digest): one seen to fail, or one cut off by its replica's death
+// (Report.FromFailedResume).
+func (r *run) countFrom(ids []string, digest string, last time.Time) {
 	r.failedMu.Lock()
 	defer r.failedMu.Unlock()
 	for _, id := range ids {
@@ -293,6 +449,18 @@ func (r *run) countFrom(ids []string, last time.Time) {
 				r.fromCutOff++
 				return
 			}
+		}
+	}
+	for _, at := range r.cutOffClaims[digest] {
+		if at.Equal(last) {
+			r.fromCutOff++
+			return
+		}
+	}
+	for _, at := range r.failedClaims[digest] {
+		if at.Equal(last) {
+			r.fromFailedClaim++
+			return
 		}
 	}
 	r.fromFailed++
@@ -393,6 +561,7 @@ func (r *run) slowestCompletion(ctx context.Context) (slowest time.Duration, lat
 		return 0, 0, err
 	}
 	defer db.close(ctx)
+	var mismatch error
 	err = db.each(ctx, `SELECT key, completed_at FROM %sidem_keys WHERE scope = $1 AND state = 'completed'`,
 		func(scan func(...any) error) error {
 			var key string
@@ -410,17 +579,24 @@ func (r *run) slowestCompletion(ctx context.Context) (slowest time.Duration, lat
 			}
 			if t, ok := gaveUp[key]; ok {
 				slowest = max(slowest, at.Sub(t))
-				gone := lastHolderGone(t, r.failedResumesOf(ids[key]), at)
+				digest := keyDigest(key)
+				if err := r.checkDigest(ids[key], digest); err != nil && mismatch == nil {
+					mismatch = err
+				}
+				gone := lastHolderGone(t, append(r.failedResumesOf(ids[key]), r.failedClaimsOf(digest)...), at)
 				if gone.After(t) {
-					r.countFrom(ids[key], gone)
+					r.countFrom(ids[key], digest, gone)
 				}
 				if d, ok := r.finishDeadline(gone); ok && at.After(d) {
 					late++
-					r.late = append(r.late, lateFinish{key: key, payments: ids[key], died: t, gone: gone, deadline: d, done: at})
+					r.late = append(r.late, lateFinish{key: key, digest: digest, payments: ids[key], died: t, gone: gone, deadline: d, done: at})
 				}
 			}
 			return nil
 		}, tenant)
+	if err == nil {
+		err = mismatch
+	}
 	return slowest, late, err
 }
 
@@ -493,8 +669,8 @@ func (d *runDB) each(ctx context.Context, q string, row func(scan func(...any) e
 
 // lateFinish is an abandoned payment finished after its finishDeadline.
 type lateFinish struct {
-	key      string
-	payments []string
+	key, digest string
+	payments    []string
 	// died is when its client's try gave up, gone its last holder's end
 	// (lastHolderGone), deadline when it had to be finished by, done when
 	// it was.
@@ -560,6 +736,11 @@ func (r *run) lateTimeline(lf lateFinish) string {
 	for _, id := range lf.payments {
 		for _, e := range r.timeline[id] {
 			add(e.at, e.lf.String()+": "+id+": "+e.what)
+		}
+	}
+	for _, e := range r.timeline[lf.digest] {
+		if lf.digest != "" {
+			add(e.at, e.lf.String()+": "+e.what)
 		}
 	}
 	for _, e := range r.unnamed {

@@ -9,9 +9,11 @@ import (
 // A late finish's violation tells its payment's story from the replicas'
 // own lines: its client's death, its lease's end, each completer's
 // take-over, resume, failure or death, the replicas' lives, and its
-// finish, each relative to the death; what a replica did without naming
-// the payment (a claim that failed, a key it died holding before the
-// payments' resume named it) is shown when it falls in that span.
+// finish, each relative to the death; what a replica did that delays
+// every key (a round that gave up, a restart) is shown when it falls in
+// that span; what it did with another key (a claim that failed, a key it
+// died holding before the payments' resume named it) is that key's story,
+// not this one's.
 func TestLateFinishTimeline(t *testing.T) {
 	t.Parallel()
 	died := time.Date(2026, 12, 6, 23, 0, 0, 0, time.UTC)
@@ -29,6 +31,7 @@ func TestLateFinishTimeline(t *testing.T) {
 		{0, 1, "time=" + stamp(4*time.Second) + ` level=WARN msg="completer: finishing an abandoned execution" scope=torture key=` + digest + " method=completer path=charging"},
 		{0, 1, "time=" + stamp(4*time.Second) + ` level=WARN msg="payments: finishing a payment from its recovery point" payment=pay_late key=` + digest},
 		{1, 1, "time=" + stamp(7*time.Second) + ` level=WARN msg="completer: could not take the abandoned execution over" scope=torture key=hmac:ffffffffffffffff method=completer error="database is locked"`},
+		{1, 1, "time=" + stamp(7500*time.Millisecond) + ` level=WARN msg="completer: could not list abandoned executions" error="database is locked"`},
 		{0, 2, "time=" + stamp(6*time.Second) + ` level=WARN msg="restarted: ended the leases an earlier incarnation of this replica held" replica=torture-replica-0 leases=2`},
 		{1, 1, "time=" + stamp(8*time.Second) + ` level=WARN msg="completer: finishing an abandoned execution" scope=torture key=hmac:eeeeeeeeeeeeeeee method=completer`},
 	} {
@@ -58,8 +61,7 @@ func TestLateFinishTimeline(t *testing.T) {
 		"       +5s its last holder's end, which the bound counts from",
 		"       +6s replica 0 up",
 		"       +6s replica 0 (start 2): started, it ended the 2 leases its killed start held",
-		"       +7s replica 1 (start 1): completer: could not take the abandoned execution over (key hmac:ffffffffffffffff)",
-		"       +9s replica 1 (start 1): its replica died holding key hmac:eeeeeeeeeeeeeeee",
+		"     +7.5s replica 1 (start 1): completer: could not list abandoned executions: this replica's round gave up",
 		"    +11.7s its deadline",
 		"      +20s finished",
 	} {
@@ -67,7 +69,105 @@ func TestLateFinishTimeline(t *testing.T) {
 			t.Errorf("the timeline lacks %q:\n%s", want, got)
 		}
 	}
+	for _, other := range []string{"hmac:ffffffffffffffff", "hmac:eeeeeeeeeeeeeeee"} {
+		if strings.Contains(got, other) {
+			t.Errorf("the timeline shows what a replica did with another key, %s:\n%s", other, got)
+		}
+	}
 	if strings.Count(got, "\n  ") > maxTimelineLines+1 {
 		t.Errorf("the timeline is longer than its bound:\n%s", got)
+	}
+}
+
+// completerLog is a replica's warning line of a completer about a key,
+// as keyed logs it.
+func completerLog(at time.Time, msg, digest string) string {
+	return "time=" + at.Format(time.RFC3339Nano) + ` level=WARN msg="` + msg + `" scope=torture key=` + digest + " method=completer path=charging"
+}
+
+// A completer's claim of an abandoned key may take it and leave it
+// unfinished without a resume's line to say so: a claim that failed (its
+// answer lost, or cut off at its round's deadline: it may have committed)
+// and a claim whose replica died before logging its answer, or after its
+// take-over and before the payments' resume named the payment. The key
+// then waits out the lease that claim took, and the completers' bound
+// counts from it, for that key alone, as from a failed resume; a claim
+// another holder answered moves nothing. The keys are known by the digest
+// the replicas' logs name them under, which the run shares with them.
+func TestFinishDeadlineCountsFromAFailedOrCutOffClaim(t *testing.T) {
+	died := time.Date(2026, 12, 7, 2, 0, 0, 0, time.UTC)
+	r := &run{cfg: Config{KeyLease: 3 * time.Second}, replicas: []*replica{{ups: []upSpan{{from: died.Add(-time.Minute)}}}}}
+	claimAt := died.Add(3500 * time.Millisecond)
+	for _, l := range []struct {
+		life     int
+		at       time.Time
+		msg, key string
+	}{
+		{1, claimAt, "completer: taking an abandoned execution over", "k-failed"},
+		{1, died.Add(4 * time.Second), "completer: could not take the abandoned execution over", "k-failed"},
+		{1, claimAt, "completer: taking an abandoned execution over", "k-cut"},
+		{1, claimAt, "completer: taking an abandoned execution over", "k-other"},
+		{1, claimAt, "completer: another holder has the abandoned execution", "k-other"},
+		{1, claimAt, "completer: taking an abandoned execution over", "k-took"},
+		{1, claimAt, "completer: finishing an abandoned execution", "k-took"},
+	} {
+		r.completerLine(0, l.life, completerLog(l.at, l.msg, keyDigest(l.key)))
+	}
+	r.completerExit(0, 1, died.Add(4*time.Second))
+	done := died.Add(10 * time.Second)
+	late := func(key string) bool {
+		d, ok := r.finishDeadline(lastHolderGone(died, r.failedClaimsOf(keyDigest(key)), done))
+		if !ok {
+			t.Fatal("no replica up: want the one up all along")
+		}
+		return done.After(d)
+	}
+	for key, want := range map[string]bool{"k-failed": false, "k-cut": false, "k-took": false, "k-other": true, "k-never-claimed": true} {
+		if got := late(key); got != want {
+			t.Errorf("%s finished %s after its holder died: late %v, want %v (bound %s, from its last claim's end when one may have taken it)",
+				key, done.Sub(died), got, want, r.finishBound())
+		}
+	}
+	for _, key := range []string{"k-failed", "k-cut", "k-took"} {
+		r.countFrom(nil, keyDigest(key), lastHolderGone(died, r.failedClaimsOf(keyDigest(key)), done))
+	}
+	if r.fromCutOff != 2 || r.fromFailedClaim != 1 || r.fromFailed != 0 {
+		t.Errorf("bounds from a cut-off resume or claim %d, from a failed claim %d, from a failed resume %d; want 2, 1, 0", r.fromCutOff, r.fromFailedClaim, r.fromFailed)
+	}
+	r.late = []lateFinish{{key: "k-cut", digest: keyDigest("k-cut"), died: died, gone: died, deadline: died.Add(6700 * time.Millisecond), done: done}}
+	if got := r.lateTimelines(); !strings.Contains(got, "replica 0 (start 1): claim cut off: its replica died with its claim of key "+keyDigest("k-cut")) {
+		t.Errorf("the timeline lacks the claim cut off by its replica's death:\n%s", got)
+	}
+}
+
+// A replica's round that gave up without holding a key (its listing
+// failed, or it ran out of time before taking the key over) voids that
+// replica's window for the bound, from then; another replica's window,
+// up all along with no round given up, still bounds the finish.
+func TestFinishDeadlineCountsFromARoundThatGaveUp(t *testing.T) {
+	died := time.Date(2026, 12, 7, 2, 0, 0, 0, time.UTC)
+	always := func() *replica { return &replica{ups: []upSpan{{from: died.Add(-time.Minute)}}} }
+	r := &run{cfg: Config{KeyLease: 3 * time.Second}, replicas: []*replica{always(), always()}}
+	r.completerLine(0, 1, "time="+died.Add(4*time.Second).Format(time.RFC3339Nano)+` level=WARN msg="completer: could not list abandoned executions" error="context deadline exceeded"`)
+	done := died.Add(7 * time.Second)
+	if d, ok := r.finishDeadline(died); !ok || !done.After(d) {
+		t.Errorf("deadline %s (%v): want the other replica's, %s, which a finish at %s is past", d, ok, died.Add(6700*time.Millisecond), done)
+	}
+	r.completerLine(1, 1, completerLog(died.Add(5*time.Second), "completer: the round ran out of time before it could take the abandoned execution over", keyDigest("k")))
+	if d, ok := r.finishDeadline(died); !ok || !d.Equal(died.Add(7700*time.Millisecond)) {
+		t.Errorf("deadline %s (%v): want %s, the bound from replica 0's round that gave up at +4s", d, ok, died.Add(7700*time.Millisecond))
+	}
+}
+
+// The events named by no payment and no key are bounded, and the last
+// ones are kept: a late finish near the run's end still has its story.
+func TestUnnamedEventsKeepTheLast(t *testing.T) {
+	r := &run{}
+	at := time.Date(2026, 12, 7, 2, 0, 0, 0, time.UTC)
+	for i := range maxUnnamed + 10 {
+		r.noteLocked("", event{at: at.Add(time.Duration(i) * time.Second)})
+	}
+	if n := len(r.unnamed); n != maxUnnamed || !r.unnamed[n-1].at.Equal(at.Add(time.Duration(maxUnnamed+9)*time.Second)) || !r.unnamed[0].at.Equal(at.Add(10*time.Second)) {
+		t.Errorf("%d unnamed events kept, from %s to %s; want the last %d", n, r.unnamed[0].at, r.unnamed[n-1].at, maxUnnamed)
 	}
 }

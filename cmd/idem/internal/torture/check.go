@@ -74,11 +74,11 @@ func (r *run) check(ctx context.Context, elapsed time.Duration) (*Report, error)
 	if r.cfg.Abandon > 0 {
 		rep.FinishBound = r.finishBound()
 		r.failedMu.Lock()
-		rep.FromFailedResume, rep.FromCutOffResume = r.fromFailed, r.fromCutOff
+		rep.FromFailedResume, rep.FromCutOffResume, rep.FromFailedClaim = r.fromFailed, r.fromCutOff, r.fromFailedClaim
 		r.failedMu.Unlock()
 	}
 	if r.lateFinishes > 0 {
-		violate("%d abandoned payments were finished more than the completers' bound (%s) after their last holder died (or a completer's resume of them failed) and a replica was up; the slowest took %s%s",
+		violate("%d abandoned payments were finished more than the completers' bound (%s) after their last holder died (or a completer's resume or claim of them failed, or a replica's round gave up) and a replica was up; the slowest took %s%s",
 			r.lateFinishes, r.finishBound(), r.slowestFinish.Round(time.Millisecond), r.lateTimelines())
 	}
 	if r.unfinished > 0 {

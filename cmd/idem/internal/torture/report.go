@@ -48,9 +48,13 @@ type Report struct {
 	// FromFailedResume is how many abandoned payments had their bound
 	// counted from a completer's resume that a replica logged as failed,
 	// later than their holder's death, and FromCutOffResume from one that
-	// its replica's death cut off.
+	// its replica's death cut off (a resume, or a claim whose answer the
+	// replica never logged). FromFailedClaim counts those whose bound
+	// counted from a completer's claim that failed or ran out of its
+	// round's time: it may have taken the key all the same.
 	FromFailedResume int
 	FromCutOffResume int
+	FromFailedClaim  int
 
 	Payments      int   // payments in the database
 	MoneyOwed     int64 // the sum of the logical payments' amounts
@@ -96,7 +100,8 @@ func (r *Report) Print(w io.Writer) {
 		row("slowest finished after its client gave up", r.SlowestFinish.Round(time.Millisecond))
 		row("the completers' bound", r.FinishBound)
 		row("bound from a failed resume", r.FromFailedResume)
-		row("bound from a resume cut off by a death", r.FromCutOffResume)
+		row("bound from a resume or claim cut off by a death", r.FromCutOffResume)
+		row("bound from a failed claim", r.FromFailedClaim)
 	}
 	row("payments in the database", r.Payments)
 	row("money owed", r.MoneyOwed)
@@ -156,6 +161,7 @@ func (r *Report) PrintResults(w io.Writer) {
 		line("finish_bound_s", fmt.Sprintf("%.2f", r.FinishBound.Seconds()), "s")
 		line("from_failed_resume", r.FromFailedResume, "payments")
 		line("from_cut_off_resume", r.FromCutOffResume, "payments")
+		line("from_failed_claim", r.FromFailedClaim, "payments")
 	}
 	line("payments", r.Payments, "payments")
 	line("money_owed", r.MoneyOwed, "minor_units")

@@ -364,6 +364,25 @@ type run struct {
 	// resume, seen to fail or cut off (Report.FromFailedResume).
 	cutOff                 map[string][]time.Time
 	fromFailed, fromCutOff int
+	// claiming are the claims each life's completer logged it was sending
+	// and has not logged the answer of: by key digest, when. failedClaims
+	// are, by key digest, the claims that failed, ran out of their round's
+	// time or were cut off by their replica's death (cutOffClaims): each
+	// may have taken the key, which then waits out the lease it took.
+	// fromFailedClaim counts the abandoned payments whose bound counted
+	// from a failed claim (Report.FromFailedClaim).
+	claiming map[life]map[string]time.Time
+	// resumeDigests are, by payment ID, the key digest a replica's resume
+	// named it under (checkDigest).
+	resumeDigests   map[string]string
+	failedClaims    map[string][]time.Time
+	cutOffClaims    map[string][]time.Time
+	fromFailedClaim int
+	// roundsGaveUp are, by replica, when its completer's round gave up
+	// without holding a key: its listing failed or ran out of time, or it
+	// ran out of time before taking a key over. That replica's
+	// completer's bound counts again from then (finishDeadline).
+	roundsGaveUp map[int][]time.Time
 
 	schema   string // PostgreSQL schema, with cfg.DB postgres://
 	prefix   string // Redis key prefix, with cfg.Keys
@@ -637,6 +656,10 @@ func (r *run) startAcquirer(ctx context.Context) error {
 // for the acquirer and the replicas.
 const envAcquirerKey = "IDEM_ACQUIRER_KEY"
 
+// envKeyDigestSecret is the environment variable of the replicas' key
+// digest secret (digestSecret).
+const envKeyDigestSecret = "IDEM_KEY_DIGEST_SECRET"
+
 // reviveLoop starts again, until stop is closed, every replica that
 // ended by itself: one that a crash-after-charge fault made SIGKILL
 // itself. It returns an error when one does not come back.
@@ -701,7 +724,7 @@ func (r *run) reviveLoop(ctx context.Context, stop <-chan struct{}) error {
 func (r *run) startReplicas(ctx context.Context) error {
 	// The key goes in the environment, not on the command line, where
 	// every user of the machine could read it.
-	env := append(slices.Clone(r.cfg.Env), "IDEM_API_KEYS="+tenant+":"+r.apiKey)
+	env := append(slices.Clone(r.cfg.Env), "IDEM_API_KEYS="+tenant+":"+r.apiKey, envKeyDigestSecret+"="+digestSecret())
 	if r.acquirerKey != "" {
 		env = append(env, envAcquirerKey+"="+r.acquirerKey)
 	}

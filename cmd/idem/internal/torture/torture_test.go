@@ -410,8 +410,8 @@ func TestFinishDeadlineCountsFromAResumeCutOffByDeath(t *testing.T) {
 		t.Errorf("failed resumes of pay_cut %v; want one, at the death", got)
 	}
 	// The report counts which kind each payment's bound counted from.
-	r.countFrom([]string{"pay_cut"}, lastHolderGone(died, r.failedResumesOf([]string{"pay_cut"}), done))
-	r.countFrom([]string{"pay_failed"}, lastHolderGone(died, r.failedResumesOf([]string{"pay_failed"}), done))
+	r.countFrom([]string{"pay_cut"}, "", lastHolderGone(died, r.failedResumesOf([]string{"pay_cut"}), done))
+	r.countFrom([]string{"pay_failed"}, "", lastHolderGone(died, r.failedResumesOf([]string{"pay_failed"}), done))
 	if r.fromCutOff != 1 || r.fromFailed != 1 {
 		t.Errorf("bounds from a cut-off resume %d, from a failed one %d; want 1 each", r.fromCutOff, r.fromFailed)
 	}
