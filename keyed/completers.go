@@ -28,6 +28,19 @@ type Completers []*Completer
 // of returns the Completer that acts on scope/key: the one naming its
 // point, or the first when the key is not stopped at a point (it refuses
 // it as it should).
+//
+// The chosen Completer reads the key again, and that second read is left
+// on purpose: it must come after the Completer waited for its own resume
+// of the key under way (beginWait), so that it acts on the key as that
+// resume left it, whereas this read, which only picks the Completer, comes
+// before. Handing it this record would act on a key read while its own
+// round still held it: a dry run would call being finished a key the
+// round leaves unknown and held, which it may resume. Reading once after
+// the wait would need the wait before the Completer is known, that is
+// every Completer's mark on the key held while one acts, keeping the
+// others' rounds off it for as long; a second Get is cheaper than that.
+// A point that changes between the two reads is safe: the Completer
+// checks its own point again (ErrOtherPoint), changing nothing.
 func (cs Completers) of(ctx context.Context, scope idem.Scope, key idem.Key) (*Completer, error) {
 	if len(cs) == 0 {
 		return nil, &idem.ArgumentError{Field: "keyed.Completers", Reason: "is empty"}
