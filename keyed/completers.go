@@ -2,6 +2,7 @@ package keyed
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/idem-go/idem"
@@ -121,12 +122,13 @@ func (cs Completers) UnknownKeys() []idem.Ref {
 }
 
 // LetGo is Completer.LetGo on every Completer (only the one that resumed
-// the key holds it).
+// the key last holds it, though another may still think it holds an
+// earlier lease), and returns their errors joined: one that fails does not
+// keep the others from giving their leases back.
 func (cs Completers) LetGo(ctx context.Context, scope idem.Scope, key idem.Key) error {
+	var errs []error
 	for _, c := range cs {
-		if err := c.LetGo(ctx, scope, key); err != nil {
-			return err
-		}
+		errs = append(errs, c.LetGo(ctx, scope, key))
 	}
-	return nil
+	return errors.Join(errs...)
 }

@@ -152,3 +152,49 @@ func TestCompletersFailuresAndLetGoReachTheKeysFace(t *testing.T) {
 		t.Fatalf("Failures of a key no completer resumed: %+v; want none", f)
 	}
 }
+
+// Completers.LetGo lets go of the key at every Completer that holds it,
+// and returns their errors joined: one whose store refuses the Yield does
+// not keep the next from giving its own lease back.
+func TestCompletersLetGoReachesEveryCompleter(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	mem := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	refusing := &yieldRefused{Store: mem}
+	down := errors.New("the card network does not answer")
+	completer := func(store idem.Store) *keyed.Completer {
+		t.Helper()
+		eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		comp, err := eng.NewCompleter(&keyed.CompleterConfig{
+			Resume: func(context.Context, keyed.Execution) (idem.Response, error) { return idem.Response{}, down }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return comp
+	}
+	first, second := completer(refusing), completer(mem)
+	abandon(t, mem, "k")
+	// Both resume the key and fail, the second once the first's lease
+	// ended: each then says it holds the key.
+	if _, err := first.ResumeKey(t.Context(), "", "k", false); !errors.Is(err, down) {
+		t.Fatalf("the first resume: %v; want its Resume's error", err)
+	}
+	clock.Advance(13 * time.Second)
+	if _, err := second.ResumeKey(t.Context(), "", "k", false); !errors.Is(err, down) {
+		t.Fatalf("the second resume: %v; want its Resume's error", err)
+	}
+	refusing.fail.Store(true)
+	err := keyed.Completers{first, second}.LetGo(t.Context(), "", "k")
+	if !errors.Is(err, errStoreDown) {
+		t.Fatalf("LetGo with the first completer's Yield refused: %v; want that error", err)
+	}
+	if f := second.Failures("", "k"); f.Holding {
+		t.Fatalf("the second completer after LetGo: %+v; want it no longer holding the key", f)
+	}
+	if rec, err := mem.Get(t.Context(), "", "k"); err != nil || rec.State != idem.StateInFlight || rec.LeaseExpiresAt.After(clock.Now()) {
+		t.Fatalf("the key after LetGo: %v, lease until %v, %v; want it in flight, its lease ended", rec.State, rec.LeaseExpiresAt, err)
+	}
+}
