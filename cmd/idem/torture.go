@@ -187,10 +187,11 @@ client asking.
 	return cmd
 }
 
-// withSeed adds to the error that ended a torture run the seed that
-// replays it: a run that aborts prints no report, which would name it.
+// withSeed adds to the error that ended a torture run its seed, and what
+// the seed replays (torture.SeedReplays): a run that aborts prints no
+// report, which would name it.
 func withSeed(err error, seed uint64) error {
-	return fmt.Errorf("%w (seed %d: the same arguments and --seed %d replay this run)", err, seed, seed)
+	return fmt.Errorf("%w (seed %d: the same arguments and --seed %d %s)", err, seed, seed, torture.SeedReplays)
 }
 
 // tortureReport is what either torture reports.

@@ -35,9 +35,10 @@ func init() {
 	os.Setenv(tortureChildEnv, "1")
 }
 
-// tortureSeedEnv replays a torture test's run: the seed its failure
+// tortureSeedEnv replays a torture test's plan: the seed its failure
 // printed, given here, makes the same choices (payments, drops, kills, the
-// scheduled store faults) again.
+// scheduled store faults) again, not the machine's timing
+// (torture.SeedReplays).
 const tortureSeedEnv = "IDEM_TORTURE_SEED"
 
 // seedArgs returns --seed and the seed of the test's run: tortureSeedEnv's
@@ -82,13 +83,13 @@ func seedArgs(t *testing.T) []string {
 var testSeeds sync.Map
 
 // seedReplay is the command that runs test (and, for a subtest, none of
-// its siblings) again with seed.
+// its siblings) again with seed, and what that replays.
 func seedReplay(test string, seed uint64) string {
 	parts := strings.Split(test, "/")
 	for i, p := range parts {
 		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
 	}
-	return fmt.Sprintf("replay with %s=%d go test -run '%s' ./cmd/idem", tortureSeedEnv, seed, strings.Join(parts, "/"))
+	return fmt.Sprintf("the same plan and scheduled faults (not the machine's timing) with %s=%d go test -run '%s' ./cmd/idem", tortureSeedEnv, seed, strings.Join(parts, "/"))
 }
 
 // runTorture runs `idem torture requests` with args and returns its exit
@@ -578,7 +579,7 @@ func TestTortureSeedPrintedAtTheStart(t *testing.T) {
 			}
 			var stdout, stderr bytes.Buffer
 			code := run(t.Context(), argv, &stdout, &stderr)
-			m := regexp.MustCompile(`^torture: seed (\d+) \(the same arguments and --seed (\d+) replay this run\)\n`).FindStringSubmatch(stderr.String())
+			m := regexp.MustCompile(`^torture: seed (\d+) \(the same arguments and --seed (\d+) draw the same plan and scheduled faults; the machine's timing is not replayed\)\n`).FindStringSubmatch(stderr.String())
 			switch {
 			case code != exitFailure:
 				t.Errorf("%q: exit %d, want %d\nstderr:\n%s", argv, code, exitFailure, stderr.String())
@@ -586,12 +587,12 @@ func TestTortureSeedPrintedAtTheStart(t *testing.T) {
 				t.Errorf("%q: stderr does not open with the seed:\n%s", argv, stderr.String())
 			case seed != "" && m[1] != seed:
 				t.Errorf("%q: seed %s printed, want %s", argv, m[1], seed)
-			case !strings.Contains(stderr.String(), "(seed "+m[1]+": the same arguments and --seed "+m[1]+" replay this run)"):
+			case !strings.Contains(stderr.String(), "(seed "+m[1]+": the same arguments and --seed "+m[1]+" draw the same plan and scheduled faults; the machine's timing is not replayed)"):
 				t.Errorf("%q: the error does not name the seed %s:\n%s", argv, m[1], stderr.String())
 			}
 		}
 	}
-	if got, want := seedReplay("TestTortureMessages/nats-pg", 42), `replay with IDEM_TORTURE_SEED=42 go test -run '^TestTortureMessages$/^nats-pg$' ./cmd/idem`; got != want {
+	if got, want := seedReplay("TestTortureMessages/nats-pg", 42), `the same plan and scheduled faults (not the machine's timing) with IDEM_TORTURE_SEED=42 go test -run '^TestTortureMessages$/^nats-pg$' ./cmd/idem`; got != want {
 		t.Errorf("seedReplay = %s, want %s", got, want)
 	}
 }

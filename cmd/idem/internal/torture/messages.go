@@ -261,10 +261,20 @@ func isPostgresURL(s string) bool {
 }
 
 // printSeed says, at the start of a run, which seed it draws its choices
-// from and how to make them again.
+// from and what the seed makes again (SeedReplays).
 func printSeed(w io.Writer, seed uint64) {
-	fmt.Fprintf(w, "torture: seed %d (the same arguments and --seed %d replay this run)\n", seed, seed)
+	fmt.Fprintf(w, "torture: seed %d (the same arguments and --seed %d %s)\n", seed, seed, SeedReplays)
 }
+
+// SeedReplays says what a run's seed, given again with the same
+// arguments, makes again: the plan (the payments or messages, the
+// accounts and amounts, the abandoned clients, the lost answers) and the
+// faults scheduled from it (which kill, store restart or reset comes at
+// which payment). Not the machine's timing (which request a replica
+// answers first, how long a store or a round takes, which completer takes
+// a key), which the run does not control: a failure that depends on it
+// may not come again with its seed.
+const SeedReplays = "draw the same plan and scheduled faults; the machine's timing is not replayed"
 
 // NewSeed returns a random seed, as a run draws when Seed is 0: for a
 // caller that shows the seed before the run starts.
