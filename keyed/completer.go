@@ -515,8 +515,14 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, until time.Time
 				// Refused: another holder has the key; nothing was released.
 				return resumeFailed, fmt.Errorf("releasing the key: %w", err)
 			}
-			// The release may have been committed all the same.
-			return resumeFailed, fmt.Errorf("releasing the key: %w: %w", ErrResultUnknown, err)
+			// The release may have been committed all the same. If it was
+			// not, the key is in flight at its point under this resume's
+			// lease, which LetGo can give back: a Yield under its token is
+			// refused, changing nothing, if the key was released since.
+			err = fmt.Errorf("releasing the key: %w: %w", ErrResultUnknown, err)
+			c.unknownNow(wk, err)
+			c.holding(wk, claim.Token)
+			return resumeFailed, err
 		}
 		c.forget(wk)
 		c.count(func(s *CompleterStats) { s.Released++ })
@@ -545,6 +551,12 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, until time.Time
 		// Finished, but nobody can tell from the store: as unknown as a
 		// Resume that failed.
 		c.unknownNow(wk, err)
+		if errors.Is(err, ErrResultUnknown) {
+			// Not kept, the key is in flight at its point under this
+			// resume's lease, which LetGo can give back; kept, a Yield
+			// under its token is refused, changing nothing.
+			c.holding(wk, claim.Token)
+		}
 		log.LogAttrs(ctx, slog.LevelError, "completer: finished, but could not keep the answer; tried again after the lease",
 			slog.String("error", err.Error()))
 		return resumeFailed, fmt.Errorf("keeping the answer: %w", err)

@@ -637,3 +637,119 @@ func TestResumeThatCannotRecordItsReleaseKeepsTheKey(t *testing.T) {
 		})
 	}
 }
+
+// releaseLost is the in-memory store whose ReleaseWithPoint gets no
+// answer: the release is committed when commit is set, and the error is
+// the same either way.
+type releaseLost struct {
+	*idemmem.Store
+	commit bool
+}
+
+func (s *releaseLost) ReleaseWithPoint(ctx context.Context, ref idem.Ref) error {
+	if s.commit {
+		if err := s.Store.ReleaseWithPoint(ctx, ref); err != nil {
+			return err
+		}
+	}
+	return errStoreDown
+}
+
+// txAnswerLost is the in-memory store as an idem.TxStore whose CompleteTx
+// commits (when commit is set) or not, and gets no answer either way.
+type txAnswerLost struct {
+	*idemmem.Store
+	commit bool
+}
+
+func (s *txAnswerLost) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) (bool, error) {
+	resp, keep, err := work(ctx)
+	if err != nil || !keep {
+		return false, err
+	}
+	if s.commit {
+		if err := s.Store.Complete(ctx, ref, resp); err != nil {
+			return false, err
+		}
+	}
+	return false, errStoreDown
+}
+
+// A resume whose last write got no answer (releasing the key after
+// Resume found nothing done, or completing it in the transaction of its
+// record) says ErrResultUnknown, and holds the key under its lease as a
+// failed resume does, so that LetGo gives the lease back at once: the key
+// is then in flight at its point, its lease ended, if the write was not
+// committed, and as the write left it if it was (the Yield under the
+// resume's token is refused, changing nothing).
+func TestResumeWhoseLastWriteGotNoAnswerCanBeLetGo(t *testing.T) {
+	t.Parallel()
+	for _, commit := range []bool{false, true} {
+		for _, write := range []string{"ReleaseWithPoint", "CompleteTx"} {
+			t.Run(fmt.Sprintf("%s committed %v", write, commit), func(t *testing.T) {
+				t.Parallel()
+				clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+				mem := idemmem.NewStore(&idemmem.Config{Clock: clock})
+				var store idem.Store = &releaseLost{Store: mem, commit: commit}
+				answer := idem.Response{}
+				wantAfter := "absent"
+				if write == "CompleteTx" {
+					store, answer = &txAnswerLost{Store: mem, commit: commit}, idem.Response{Status: 201, Body: []byte(`{"id":"pay_1"}`)}
+					wantAfter = "completed"
+				}
+				if !commit {
+					wantAfter = "in flight"
+				}
+				eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+				if err != nil {
+					t.Fatal(err)
+				}
+				comp, err := eng.NewCompleter(&keyed.CompleterConfig{Resume: func(context.Context, keyed.Execution) (idem.Response, error) {
+					if answer.Status == 0 {
+						return idem.Response{}, keyed.ErrNothingDone
+					}
+					return answer, nil
+				}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				abandon(t, mem, "k")
+				var ends []string
+				finished, err := comp.ResumeRecorded(t.Context(), "", "k", func(_ context.Context, inTx bool, end keyed.ResumeEnd) error {
+					ends = append(ends, fmt.Sprintf("in tx %v, released %v, status %d", inTx, end.Released, end.Status))
+					return nil
+				})
+				if finished || !errors.Is(err, keyed.ErrResultUnknown) || !errors.Is(err, errStoreDown) || errors.Is(err, keyed.ErrNotRecorded) {
+					t.Fatalf("a resume whose %s got no answer: %v, %v; want ErrResultUnknown with the store's error", write, finished, err)
+				}
+				if len(ends) != 1 {
+					t.Fatalf("records asked: %q; want one", ends)
+				}
+				if f := comp.Failures("", "k"); !f.Holding || f.Count != 1 {
+					t.Fatalf("Failures after the unknown result: %+v; want one, holding the key under the resume's lease", f)
+				}
+				if err := comp.LetGo(t.Context(), "", "k"); err != nil {
+					t.Fatalf("LetGo after the unknown result: %v", err)
+				}
+				if f := comp.Failures("", "k"); f.Holding {
+					t.Fatalf("Failures after LetGo: %+v; want it no longer holding the key", f)
+				}
+				rec, err := mem.Get(t.Context(), "", "k")
+				got := "absent"
+				switch {
+				case err == nil && rec.State == idem.StateCompleted:
+					got = "completed"
+				case err == nil && rec.State == idem.StateInFlight && rec.Recovery.Name == "charging" && !rec.LeaseExpiresAt.After(clock.Now()):
+					got = "in flight"
+				case err == nil:
+					got = fmt.Sprintf("%v at %q, lease until %v", rec.State, rec.Recovery.Name, rec.LeaseExpiresAt)
+				case !errors.Is(err, idem.ErrNotFound):
+					t.Fatal(err)
+				}
+				if got != wantAfter {
+					t.Fatalf("the key after LetGo: %s; want %s", got, wantAfter)
+				}
+			})
+		}
+	}
+}

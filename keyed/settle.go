@@ -36,7 +36,10 @@ var (
 	// answer or releasing the key, failed without the store's answer (a
 	// connection lost at the commit, a timeout), so the key may have been
 	// finished all the same: read it again to learn what it holds. An audit
-	// history must not call such a resume failed.
+	// history must not call such a resume failed. The Completer holds the
+	// key under the resume's lease, as after a failed resume
+	// (ResumeFailures.Holding), and LetGo gives it back: a Yield under the
+	// resume's token, refused, changing nothing, if the key was finished.
 	ErrResultUnknown = errors.New("keyed: the store's answer was lost, so the key may have been finished all the same")
 )
 
@@ -426,11 +429,13 @@ func (c *Completer) UnknownKeys() []idem.Ref {
 }
 
 // LetGo ends the lease this Completer holds scope/key under after a
-// failed resume (ResumeFailures.Holding), so that another completer or a
-// client's retry can take the key on at once, rather than after that
-// lease: for a Completer that stops before its lease would end (a command
-// that resumed one key). The key stays in flight at its point, its
-// outcome unknown. Without such a lease, it does nothing.
+// failed resume, or one whose result is unknown (ResumeFailures.Holding;
+// ErrResultUnknown), so that another completer or a client's retry can
+// take the key on at once, rather than after that lease: for a Completer
+// that stops before its lease would end (a command that resumed one key).
+// The key stays in flight at its point, its outcome unknown; one that the
+// unknown write finished stays as it left it (the store refuses the
+// Yield). Without such a lease, it does nothing.
 func (c *Completer) LetGo(ctx context.Context, scope idem.Scope, key idem.Key) error {
 	wk := keywait.Key{Scope: scope, Key: key}
 	t := c.heldToken(wk)

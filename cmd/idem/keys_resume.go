@@ -158,20 +158,22 @@ When the server seals keys (IDEM_KEY_SECRET) or encrypts what it keeps
 			return refusedAction(rerr)
 		case errors.Is(rerr, keyed.ErrNotRecorded):
 			return fmt.Errorf("resuming the key: %w; nothing was changed: the key is in flight at its point, as it was, and what the resume found or did at the card network stands for the next resume", rerr)
-		case errors.Is(rerr, keyed.ErrResultUnknown):
-			// The key may have been finished: giving back a lease it may
-			// no longer hold would be a guess, and the message must not say
-			// the resume failed.
-			return fmt.Errorf("the resume of key %q in scope %q may have finished it: the store's answer to its last write was lost; 'idem keys show' says what the key holds now: %w", string(key), scope, rerr)
 		case !finished:
 			// This command ends now: the lease its resume took goes back,
 			// so that the service's completer or the client's retry can
-			// take the key on at once.
+			// take the key on at once. After a write whose answer was lost
+			// too: the Yield is fenced by the resume's token, so it changes
+			// nothing if that write finished the key.
 			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), historyTimeout)
 			if lerr := comp.LetGo(lctx, idem.Scope(scope), stored); lerr != nil {
 				rerr = errors.Join(rerr, lerr)
 			}
 			cancel()
+			if errors.Is(rerr, keyed.ErrResultUnknown) {
+				// The key may have been finished: the message must not say
+				// the resume failed.
+				return fmt.Errorf("the resume of key %q in scope %q may have finished it: the store's answer to its last write was lost; 'idem keys show' says what the key holds now: %w", string(key), scope, rerr)
+			}
 			return fmt.Errorf("the resume of key %q in scope %q failed, and its outcome is still unknown (kept in its history): %w", string(key), scope, rerr)
 		}
 		said := resumedAnswer(ctx, store, idem.Scope(scope), stored)
