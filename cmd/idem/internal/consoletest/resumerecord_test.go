@@ -141,3 +141,51 @@ func TestResumeOnAStoreWithoutTransactionsRecordsItsIntentFirst(t *testing.T) {
 		t.Fatalf("the key as the two entries saw it: %v; want in flight, then completed", h.seen)
 	}
 }
+
+// answerLost is a real store whose CompleteTx commits, then loses its
+// answer, as a connection reset after COMMIT leaves it.
+type answerLost struct{ idem.Recoverer }
+
+func (s answerLost) CompleteTx(ctx context.Context, ref idem.Ref, work idem.TxWork) (bool, error) {
+	if _, err := s.Recoverer.(idem.TxStore).CompleteTx(ctx, ref, work); err != nil {
+		return false, err
+	}
+	return false, errors.New("commit: connection reset by peer")
+}
+
+// A resume from the console whose commit got no answer
+// (keyed.ErrResultUnknown) is neither called failed nor finished: the
+// console sends the operator to the key's page with done=resume-unknown,
+// which says the key may have been finished all the same, next to the
+// key's state (here completed: the commit happened), and the history says
+// "result unknown (resume)".
+func TestResumeWhoseCommitGotNoAnswerSaysTheResultIsUnknown(t *testing.T) {
+	t.Parallel()
+	sw := sqliteSettleWorld(t)
+	sw.stop("pay-1")
+	h := sw.keyHistory()
+	var runs atomic.Int64
+	comp := sw.completer(answerLost{sw.store}, "a", answered(&runs))
+	w := newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store, Actions: comp, KeyHistory: h})
+
+	rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: resumeForm("pay-1"), token: aliceToken})
+	if rr.Code != http.StatusSeeOther || !strings.HasSuffix(rr.Header().Get("Location"), "&done=resume-unknown") {
+		t.Fatalf("a resume whose commit got no answer: %d %q\n%s", rr.Code, rr.Header().Get("Location"), rr.Body)
+	}
+	page := w.do(req{path: rr.Header().Get("Location"), token: aliceToken})
+	for _, want := range []string{"may have been finished all the same", "result unknown (resume)", "connection reset by peer"} {
+		if page.Code != http.StatusOK || !strings.Contains(page.Body.String(), want) {
+			t.Fatalf("the key's page after the unknown result: %d, lacks %q\n%s", page.Code, want, page.Body)
+		}
+	}
+	if strings.Contains(page.Body.String(), "The resume failed") {
+		t.Fatalf("the key's page calls the resume failed:\n%s", page.Body)
+	}
+	if rec := sw.record("pay-1"); rec.State != idem.StateCompleted {
+		t.Fatalf("the key after a commit that happened: %s; want completed", rec.State)
+	}
+	evs := allEvents(t, h, "pay-1")
+	if len(evs) == 0 || !strings.HasPrefix(evs[0].Result, "result unknown (resume): ") {
+		t.Fatalf("the key's history: %+v; want its last entry saying the result is unknown", evs)
+	}
+}
