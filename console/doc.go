@@ -96,10 +96,16 @@
 // transaction shares: its entry saying so is written before the release,
 // and its result after, on every store. A history that cannot be written
 // leaves the key in flight at its point, as it was (what the resume found
-// or did outside stands for the next one). A resume that fails changes
-// nothing in the store; its failure is recorded after it. The key's page shows the latest
-// entries of its history, newest first, with a link to older ones
-// (KeyHistory.KeyEvents reads a page at a time).
+// or did outside stands for the next one). A resume whose Resume fails
+// writes no answer: the key stays in flight at its point, held under the
+// lease the resume took until it ends (keyed.Completer.LetGo gives it back
+// sooner), and the failure is recorded after it ("failed: ..."). A resume
+// whose last write to the store got no answer (keyed.ErrResultUnknown)
+// may have finished the key all the same: it is recorded as "result
+// unknown (resume): ...", never as failed, and the key's page says so
+// beside the key's state. The key's page shows the latest entries of its
+// history, newest first, with a link to older ones (KeyHistory.KeyEvents
+// reads a page at a time).
 //
 // # Actions on dead letters
 //

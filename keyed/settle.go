@@ -195,26 +195,48 @@ func notTaken(o idem.Outcome) error {
 // takes the key over, runs Resume from its recovery point and keeps its
 // answer (or releases the key when Resume returns ErrNothingDone), as a
 // round would. finished reports that the key ended (its answer kept, or
-// released); when it did not, err says why: Resume's error (the outcome is
-// still unknown, and Failures counts it), or a refusal matching
-// ErrNotStopped, ErrBeingFinished or ErrOtherPoint, having changed nothing.
+// released); when it did not, err says why:
+//
+//   - a refusal matching ErrNotStopped, ErrBeingFinished or ErrOtherPoint,
+//     or the key that could not be read, having changed nothing;
+//   - the claim that takes the key over failing: it may have been
+//     committed all the same, and the key then waits out its lease;
+//   - Resume's error: the outcome is still unknown, Failures counts it, and
+//     the Completer holds the key under the lease the resume took
+//     (ResumeFailures.Holding) until that lease ends or LetGo gives it
+//     back; a recovery point that cannot be opened is counted too, the key
+//     given back at once;
+//   - an error matching ErrResultUnknown: the last write (keeping the
+//     answer, releasing the key) got no answer from the store, so the key
+//     may have been finished all the same; counted and held as after
+//     Resume's error;
+//   - idem.ErrLeaseLost: another holder took the key meanwhile, and this
+//     resume did not finish it.
 //
 // A resume of the key by this Completer under way is waited for (until
-// ctx ends), by a dry run too; one by another is refused. With dryRun, it
-// only checks that the key could be resumed.
+// ctx ends), by a dry run too; one by another is refused. A key this
+// Completer holds after its own failed resume is taken over anew at once,
+// its lease yielded first. With dryRun, it only checks that the key could
+// be resumed, changing nothing.
 func (c *Completer) ResumeKey(ctx context.Context, scope idem.Scope, key idem.Key, dryRun bool) (finished bool, err error) {
 	return c.resumeKey(ctx, scope, key, dryRun, nil)
 }
 
 // ResumeRecorded is ResumeKey, not a dry run, with the resume recorded by
-// record (see ResumeRecord) when it finishes the key: on a store that is
-// an idem.TxStore (SQLite, PostgreSQL), a completion's record is written
-// in the very transaction that completes the key, so that a crash never
-// leaves a resumed key without its record nor a record of a completion
-// that did not happen. A record that fails leaves the key in flight at its
-// point, its lease ended, and returns an error matching ErrNotRecorded;
-// what Resume did outside stands, and the next resume finds it (Resume
-// must be idempotent, as it is for a completer's rounds).
+// record (see ResumeRecord) once Resume has finished the key, before the
+// key is completed or released; a Resume that fails calls no record. On a
+// store that is an idem.TxStore (SQLite, PostgreSQL), a completion's
+// record is written in the very transaction that completes the key, so
+// that a crash never leaves a resumed key without its record nor a record
+// of a completion that did not happen; that transaction's commit getting
+// no answer is ErrResultUnknown, the record and the completion unknown
+// together. A release's record, and a completion's on another store, is
+// written before the key is released or completed (inTx false). A record
+// that fails leaves the key in flight at its point, its lease yielded
+// (held until the lease ends when the Yield fails too, which the error
+// then says), and returns an error matching ErrNotRecorded; what Resume
+// did outside stands, and the next resume finds it (Resume must be
+// idempotent, as it is for a completer's rounds).
 func (c *Completer) ResumeRecorded(ctx context.Context, scope idem.Scope, key idem.Key, record ResumeRecord) (finished bool, err error) {
 	if record == nil {
 		return false, &idem.ArgumentError{Field: "record", Reason: "must not be nil"}
