@@ -491,7 +491,7 @@ func (r *run) reviveExited(ctx context.Context) error {
 		default:
 			continue
 		}
-		r.crashes.Add(1)
+		r.selfExit(rp)
 		r.proxies[i].setUpstream("")
 		if err := rp.start(ctx); err != nil {
 			return fmt.Errorf("torture: restarting after a crash: %w", err)

@@ -81,6 +81,13 @@ func (r *run) check(ctx context.Context, elapsed time.Duration) (*Report, error)
 		violate("%d abandoned payments were finished more than the completers' bound (%s) after their last holder died (or a completer's resume or claim of them failed, or a replica's round gave up) and a replica was up; the slowest took %s%s",
 			r.lateFinishes, r.finishBound(), r.slowestFinish.Round(time.Millisecond), r.lateTimelines())
 	}
+	r.exitsMu.Lock()
+	if n := len(r.unexpectedExits); n > 0 {
+		shown := r.unexpectedExits[:min(n, maxLateShown)]
+		violate("%d replicas ended by themselves other than by a crash fault's SIGKILL (each was started again): %s",
+			n, strings.Join(shown, "; "))
+	}
+	r.exitsMu.Unlock()
 	if r.unfinished > 0 {
 		violate("%d executions stopped after a recovery point were still unfinished %s after the load (the completers' bound)",
 			r.unfinished, r.completerBound())

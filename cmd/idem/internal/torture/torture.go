@@ -11,12 +11,14 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -430,6 +432,10 @@ type run struct {
 	// the load began: what Timeout is measured from.
 	progressed atomic.Int64
 	crashes    atomic.Int64 // replicas that killed themselves (crash-after-charge), started again, or found so by a kill
+	// unexpectedExits are the replicas that ended by themselves other
+	// than by a crash fault's SIGKILL (selfExit): each a violation.
+	exitsMu         sync.Mutex
+	unexpectedExits []string
 }
 
 // Run starts the replicas and the fault proxies, sends the load while it
@@ -702,7 +708,7 @@ func (r *run) reviveLoop(ctx context.Context, stop <-chan struct{}) error {
 				continue
 			}
 			r.proxies[i].setUpstream("")
-			r.crashes.Add(1)
+			r.selfExit(rp)
 			var err error
 			for range 3 {
 				if err = rp.start(ctx); err == nil {
@@ -1202,6 +1208,45 @@ func (r *run) killLoop(ctx context.Context, stop <-chan struct{}) error {
 	}
 }
 
+// selfExit counts the end of rp's process, which ended by itself: a
+// SIGKILL of its own, as the run's crash faults make it (CrashAfterCharge,
+// and each abandoned try's), is a crash; any other end (an exit status, a
+// panic, another signal, or a SIGKILL in a run with no crash fault) is a
+// replica that failed, which the report gives as a violation with its
+// last lines.
+func (r *run) selfExit(rp *replica) {
+	_, exit := rp.ended()
+	if err := unexpectedExit(exit, r.cfg.CrashAfterCharge > 0 || r.cfg.Abandon > 0); err != nil {
+		r.exitsMu.Lock()
+		r.unexpectedExits = append(r.unexpectedExits, fmt.Sprintf("%s %v; its last lines: %s", rp.name(), err, rp.lastLines()))
+		r.exitsMu.Unlock()
+		return
+	}
+	r.crashes.Add(1)
+}
+
+// unexpectedExit says why a process's end (its Wait's error, exit) is not
+// the crash of a crash fault: nil for a SIGKILL when crashes is set (or,
+// where a process cannot SIGKILL itself, the exit status 137 it uses
+// instead).
+func unexpectedExit(exit error, crashes bool) error {
+	var ee *exec.ExitError
+	if !errors.As(exit, &ee) {
+		if exit == nil {
+			return errors.New("exited with status 0")
+		}
+		return fmt.Errorf("ended: %w", exit)
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	if (ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL) || ee.ExitCode() == 137 {
+		if crashes {
+			return nil
+		}
+		return errors.New("SIGKILLed itself in a run with no crash fault")
+	}
+	return fmt.Errorf("ended by itself: %v", ee)
+}
+
 // killOne SIGKILLs replica i and starts it again. It returns an error when
 // the replica does not come back. killed says whether the signal met a
 // live replica: one found already down had crashed by itself, and is
@@ -1214,7 +1259,7 @@ func (r *run) killOne(ctx context.Context, i int) (killed bool, err error) {
 	if killed = r.replicas[i].kill(); killed {
 		r.kills.Add(1)
 	} else {
-		r.crashes.Add(1)
+		r.selfExit(r.replicas[i])
 	}
 	for range 3 {
 		if err = r.replicas[i].start(ctx); err == nil {

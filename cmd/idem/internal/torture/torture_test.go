@@ -504,3 +504,45 @@ func TestKillOfACrashedReplicaKillsNothing(t *testing.T) {
 		t.Errorf("a killed replica: not ended by the run")
 	}
 }
+
+// A replica that ends by itself is a crash only when it SIGKILLed itself
+// in a run whose faults make it do so (a crash after a charge, an
+// abandoned try): any other end (an exit status, as a fatal error or a
+// panic gives, another signal, or a SIGKILL with no crash fault) is a
+// violation with its last lines, never counted among the crashes.
+func TestReplicaThatEndsByItselfIsAViolation(t *testing.T) {
+	t.Parallel()
+	ended := func(script string) *replica {
+		cmd := exec.Command("sh", "-c", script)
+		rp := &replica{n: 1, killed: false, tail: []string{"panic: the last line"}}
+		rp.exit = cmd.Run()
+		return rp
+	}
+	for _, tc := range []struct {
+		name    string
+		script  string
+		crashes bool // the run's faults crash replicas
+		crash   bool // counted a crash, not a violation
+	}{
+		{"a crash fault's SIGKILL", "kill -KILL $$", true, true},
+		{"exit status 2", "exit 2", true, false},
+		{"exit status 0", "exit 0", true, false},
+		{"SIGTERM", "kill -TERM $$", true, false},
+		{"a SIGKILL in a run with no crash fault", "kill -KILL $$", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &run{}
+			if tc.crashes {
+				r.cfg.CrashAfterCharge = 0.05
+			}
+			r.selfExit(ended(tc.script))
+			crashes, exits := r.crashes.Load(), len(r.unexpectedExits)
+			if tc.crash && (crashes != 1 || exits != 0) || !tc.crash && (crashes != 0 || exits != 1) {
+				t.Fatalf("crashes %d, unexpected exits %d %q; want a crash %v", crashes, exits, r.unexpectedExits, tc.crash)
+			}
+			if !tc.crash && !strings.Contains(r.unexpectedExits[0], "replica 1 ") || !tc.crash && !strings.Contains(r.unexpectedExits[0], "panic: the last line") {
+				t.Errorf("the violation %q does not name the replica and its last lines", r.unexpectedExits[0])
+			}
+		})
+	}
+}
