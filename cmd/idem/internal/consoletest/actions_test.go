@@ -73,7 +73,7 @@ func TestUnknownOutcomeActions(t *testing.T) {
 	}
 	post := func(form url.Values, want int) string {
 		t.Helper()
-		rec := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: form, token: aliceToken})
+		rec := w.act(form)
 		if rec.Code != want {
 			t.Fatalf("POST %v: %d, want %d\n%s", form, rec.Code, want, rec.Body)
 		}
@@ -117,7 +117,7 @@ func TestUnknownOutcomeActions(t *testing.T) {
 		t.Fatalf("a refused resume ran: %+v", s)
 	}
 	resume.Set("reason", "card network back?")
-	rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: resume, token: aliceToken})
+	rr := w.act(resume)
 	if rr.Code != http.StatusSeeOther || !strings.HasSuffix(rr.Header().Get("Location"), "&done=resume-failed") {
 		t.Fatalf("the resume: %d %q", rr.Code, rr.Header().Get("Location"))
 	}

@@ -79,7 +79,7 @@ func TestSettleRefusesAnOverlongReason(t *testing.T) {
 	w := newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store, Actions: comp})
 	form := url.Values{"scope": {string(settleScope)}, "key": {"pay-1"}, "action": {console.ActionSettleFailed},
 		"reason": {strings.Repeat("é", 501)}, "confirm": {"yes"}}
-	rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: form, token: aliceToken})
+	rr := w.act(form)
 	if rr.Code != http.StatusBadRequest || !strings.Contains(rr.Body.String(), "at most 500 characters") || !strings.Contains(rr.Body.String(), "Nothing was changed") {
 		t.Fatalf("an overlong reason: %d\n%s", rr.Code, rr.Body)
 	}
@@ -87,7 +87,7 @@ func TestSettleRefusesAnOverlongReason(t *testing.T) {
 		t.Fatalf("the key after a refused settle: %v", rec.State)
 	}
 	form.Set("reason", strings.Repeat("é", 500))
-	if rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: form, token: aliceToken}); rr.Code != http.StatusSeeOther {
+	if rr := w.act(form); rr.Code != http.StatusSeeOther {
 		t.Fatalf("a reason of 500 characters: %d\n%s", rr.Code, rr.Body)
 	}
 	if rec := sw.record("pay-1"); rec.State != idem.StateCompleted {

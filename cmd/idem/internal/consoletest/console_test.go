@@ -148,6 +148,12 @@ type req struct {
 	remote       string // the client's address; httptest's default when empty
 }
 
+// act posts a confirmed action on a key (form) as alice.
+func (w *world) act(form url.Values) *httptest.ResponseRecorder {
+	w.t.Helper()
+	return w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: form, token: aliceToken})
+}
+
 func (w *world) do(r req) *httptest.ResponseRecorder {
 	w.t.Helper()
 	var body *strings.Reader

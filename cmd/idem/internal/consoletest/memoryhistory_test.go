@@ -55,7 +55,7 @@ func TestMemoryHistoryWithATransactionalStore(t *testing.T) {
 		key  idem.Key
 		form func(string) url.Values
 	}{{"pay-1", settleForm}, {"pay-2", resumeForm}} {
-		w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: tc.form(string(tc.key)), token: aliceToken})
+		w.act(tc.form(string(tc.key)))
 		rec := sw.record(tc.key)
 		evs := allEvents(t, h, tc.key)
 		if rec.State != idem.StateInFlight {
@@ -79,7 +79,7 @@ func TestMemoryHistoryWithATransactionalStore(t *testing.T) {
 		form   func(string) url.Values
 		result string
 	}{{"pay-1", settleForm, "settled (status 409)"}, {"pay-2", resumeForm, "finished"}} {
-		if rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: tc.form(string(tc.key)), token: aliceToken}); rr.Code != http.StatusSeeOther {
+		if rr := w.act(tc.form(string(tc.key))); rr.Code != http.StatusSeeOther {
 			t.Fatalf("%s: %d\n%s", tc.key, rr.Code, rr.Body)
 		}
 		evs := allEvents(t, h, tc.key)

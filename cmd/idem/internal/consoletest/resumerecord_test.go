@@ -51,7 +51,7 @@ func TestResumeAndItsHistoryEntryCommitTogether(t *testing.T) {
 			comp := sw.completer(sw.store, "a", answered(&runs))
 			w := newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store, Actions: comp, KeyHistory: h})
 
-			rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: resumeForm("pay-1"), token: aliceToken})
+			rr := w.act(resumeForm("pay-1"))
 			rec := sw.record("pay-1")
 			evs := allEvents(t, h, "pay-1")
 			if len(h.seen) == 0 || h.seen[0] != idem.StateInFlight {
@@ -68,7 +68,7 @@ func TestResumeAndItsHistoryEntryCommitTogether(t *testing.T) {
 			}
 
 			h.failAt.Store(0)
-			if rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: resumeForm("pay-1"), token: aliceToken}); rr.Code != http.StatusSeeOther {
+			if rr := w.act(resumeForm("pay-1")); rr.Code != http.StatusSeeOther {
 				t.Fatalf("the resume taken again: %d\n%s", rr.Code, rr.Body)
 			}
 			if h.seen[1] != idem.StateInFlight {
@@ -87,7 +87,7 @@ func TestResumeAndItsHistoryEntryCommitTogether(t *testing.T) {
 			sw.stop("pay-2")
 			comp = sw.completer(sw.store, "b", func(context.Context, http.ResponseWriter, idemhttp.Execution) error { return idemhttp.ErrNothingDone })
 			w = newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store, Actions: comp, KeyHistory: h})
-			if rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: resumeForm("pay-2"), token: aliceToken}); rr.Code != http.StatusSeeOther {
+			if rr := w.act(resumeForm("pay-2")); rr.Code != http.StatusSeeOther {
 				t.Fatalf("a resume that releases the key: %d\n%s", rr.Code, rr.Body)
 			}
 			if _, err := sw.store.Get(t.Context(), settleScope, "pay-2"); !errors.Is(err, idem.ErrNotFound) {
@@ -111,35 +111,8 @@ func TestResumeAndItsHistoryEntryCommitTogether(t *testing.T) {
 // unknown, never a resumed key without one.
 func TestResumeOnAStoreWithoutTransactionsRecordsItsIntentFirst(t *testing.T) {
 	t.Parallel()
-	sw := sqliteSettleWorld(t)
-	sw.stop("pay-1")
-	sw.stop("pay-2")
-	store := nonTxStore{sw.store}
-	h := &faultyHistory{KeyHistory: sw.keyHistory(), store: sw.store}
 	var runs atomic.Int64
-	comp := sw.completer(store, "a", answered(&runs))
-	w := newWorld(t, &console.Config{Clock: sw.clock, Recoveries: store, Actions: comp, KeyHistory: h})
-
-	h.failAt.Store(1)
-	if rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: resumeForm("pay-1"), token: aliceToken}); rr.Code != http.StatusInternalServerError {
-		t.Fatalf("a resume whose first entry failed: %d\n%s", rr.Code, rr.Body)
-	}
-	if rec, evs := sw.record("pay-1"), allEvents(t, h, "pay-1"); rec.State != idem.StateInFlight || len(evs) != 0 {
-		t.Fatalf("a resume whose first entry failed: the key %s, history %+v; want it in flight with none", rec.State, evs)
-	}
-
-	h.failAt.Store(h.writes.Load() + 2)
-	rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: resumeForm("pay-2"), token: aliceToken})
-	if rr.Code != http.StatusInternalServerError || !strings.Contains(rr.Body.String(), "Done, but not fully recorded") {
-		t.Fatalf("a resume whose result could not be recorded: %d\n%s", rr.Code, rr.Body)
-	}
-	evs := allEvents(t, h, "pay-2")
-	if rec := sw.record("pay-2"); rec.State != idem.StateCompleted || len(evs) != 1 || !strings.Contains(evs[0].Result, "under way") || !strings.Contains(evs[0].Result, "unknown") {
-		t.Fatalf("after a resume whose result could not be recorded: the key %s, history %+v; want it completed with the entry saying it was under way", rec.State, evs)
-	}
-	if h.seen[len(h.seen)-2] != idem.StateInFlight || h.seen[len(h.seen)-1] != idem.StateCompleted {
-		t.Fatalf("the key as the two entries saw it: %v; want in flight, then completed", h.seen)
-	}
+	recordsItsIntentFirst(t, "resume", resumeForm, answered(&runs))
 }
 
 // answerLost is a real store whose CompleteTx commits, then loses its
@@ -168,7 +141,7 @@ func TestResumeWhoseCommitGotNoAnswerSaysTheResultIsUnknown(t *testing.T) {
 	comp := sw.completer(answerLost{sw.store}, "a", answered(&runs))
 	w := newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store, Actions: comp, KeyHistory: h})
 
-	rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: resumeForm("pay-1"), token: aliceToken})
+	rr := w.act(resumeForm("pay-1"))
 	if rr.Code != http.StatusSeeOther || !strings.HasSuffix(rr.Header().Get("Location"), "&done=resume-unknown") {
 		t.Fatalf("a resume whose commit got no answer: %d %q\n%s", rr.Code, rr.Header().Get("Location"), rr.Body)
 	}

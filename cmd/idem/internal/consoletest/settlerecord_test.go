@@ -84,7 +84,7 @@ func TestSettleAndItsHistoryEntryCommitTogether(t *testing.T) {
 			})
 			w := newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store, Actions: comp, KeyHistory: h})
 
-			rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: settleForm("pay-1"), token: aliceToken})
+			rr := w.act(settleForm("pay-1"))
 			rec := sw.record("pay-1")
 			evs := allEvents(t, h, "pay-1")
 			if h.seen[0] != idem.StateInFlight {
@@ -98,7 +98,7 @@ func TestSettleAndItsHistoryEntryCommitTogether(t *testing.T) {
 			}
 
 			h.failAt.Store(0)
-			if rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: settleForm("pay-1"), token: aliceToken}); rr.Code != http.StatusSeeOther {
+			if rr := w.act(settleForm("pay-1")); rr.Code != http.StatusSeeOther {
 				t.Fatalf("the settle taken again: %d\n%s", rr.Code, rr.Body)
 			}
 			if h.seen[1] != idem.StateInFlight {
@@ -119,33 +119,44 @@ func TestSettleAndItsHistoryEntryCommitTogether(t *testing.T) {
 // before it leaves the key unsettled.
 func TestSettleOnAStoreWithoutTransactionsRecordsItsIntentFirst(t *testing.T) {
 	t.Parallel()
+	recordsItsIntentFirst(t, "settle", settleForm, func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
+		t.Error("a settle resumed the key")
+		return nil
+	})
+}
+
+// recordsItsIntentFirst takes an action (form, named what) on two keys of
+// a store that shares no transaction with the history, whose completer
+// resumes with resume: with the history failing at the entry saying the
+// action is under way, the key is left as it was with no entry; failing
+// at the entry of its result, the key is finished, and the entry saying
+// the action was under way says its result is unknown.
+func recordsItsIntentFirst(t *testing.T, what string, form func(key string) url.Values, resume idemhttp.ResumeFunc) {
+	t.Helper()
 	sw := sqliteSettleWorld(t)
 	sw.stop("pay-1")
 	sw.stop("pay-2")
 	store := nonTxStore{sw.store}
 	h := &faultyHistory{KeyHistory: sw.keyHistory(), store: sw.store}
-	comp := sw.completer(store, "a", func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
-		t.Error("a settle resumed the key")
-		return nil
-	})
+	comp := sw.completer(store, "a", resume)
 	w := newWorld(t, &console.Config{Clock: sw.clock, Recoveries: store, Actions: comp, KeyHistory: h})
 
 	h.failAt.Store(1)
-	if rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: settleForm("pay-1"), token: aliceToken}); rr.Code != http.StatusInternalServerError {
-		t.Fatalf("a settle whose first entry failed: %d\n%s", rr.Code, rr.Body)
+	if rr := w.act(form("pay-1")); rr.Code != http.StatusInternalServerError {
+		t.Fatalf("a %s whose first entry failed: %d\n%s", what, rr.Code, rr.Body)
 	}
 	if rec, evs := sw.record("pay-1"), allEvents(t, h, "pay-1"); rec.State != idem.StateInFlight || len(evs) != 0 {
-		t.Fatalf("a settle whose first entry failed: the key %s, history %+v; want it unsettled with none", rec.State, evs)
+		t.Fatalf("a %s whose first entry failed: the key %s, history %+v; want it in flight with none", what, rec.State, evs)
 	}
 
 	h.failAt.Store(h.writes.Load() + 2)
-	rr := w.do(req{method: http.MethodPost, path: "/console/outcomes/act", form: settleForm("pay-2"), token: aliceToken})
+	rr := w.act(form("pay-2"))
 	if rr.Code != http.StatusInternalServerError || !strings.Contains(rr.Body.String(), "Done, but not fully recorded") {
-		t.Fatalf("a settle whose result could not be recorded: %d\n%s", rr.Code, rr.Body)
+		t.Fatalf("a %s whose result could not be recorded: %d\n%s", what, rr.Code, rr.Body)
 	}
 	evs := allEvents(t, h, "pay-2")
 	if rec := sw.record("pay-2"); rec.State != idem.StateCompleted || len(evs) != 1 || !strings.Contains(evs[0].Result, "under way") || !strings.Contains(evs[0].Result, "unknown") {
-		t.Fatalf("after a settle whose result could not be recorded: the key %s, history %+v; want it completed with the entry saying it was under way", rec.State, evs)
+		t.Fatalf("after a %s whose result could not be recorded: the key %s, history %+v; want it completed with the entry saying it was under way", what, rec.State, evs)
 	}
 	if h.seen[len(h.seen)-2] != idem.StateInFlight || h.seen[len(h.seen)-1] != idem.StateCompleted {
 		t.Fatalf("the key as the two entries saw it: %v; want in flight, then completed", h.seen)
