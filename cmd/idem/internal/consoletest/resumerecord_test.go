@@ -40,68 +40,64 @@ func answered(runs *atomic.Int64) idemhttp.ResumeFunc {
 // releases the key with its entry written first.
 func TestResumeAndItsHistoryEntryCommitTogether(t *testing.T) {
 	t.Parallel()
-	for name, mk := range map[string]func(*testing.T) *settleWorld{"sqlite": sqliteSettleWorld, "postgres": postgresSettleWorld} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			sw := mk(t)
-			sw.stop("pay-1")
-			h := &faultyHistory{KeyHistory: sw.keyHistory(), store: sw.store}
-			h.failAt.Store(1)
-			var runs atomic.Int64
-			comp := sw.completer(sw.store, "a", answered(&runs))
-			w := newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store, Actions: comp, KeyHistory: h})
+	onEveryDatabase(t, func(t *testing.T, sw *settleWorld) {
+		sw.stop("pay-1")
+		h := &faultyHistory{KeyHistory: sw.keyHistory(), store: sw.store}
+		h.failAt.Store(1)
+		var runs atomic.Int64
+		comp := sw.completer(sw.store, "a", answered(&runs))
+		w := newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store, Actions: comp, KeyHistory: h})
 
-			rr := w.act(resumeForm("pay-1"))
-			rec := sw.record("pay-1")
-			evs := allEvents(t, h, "pay-1")
-			if len(h.seen) == 0 || h.seen[0] != idem.StateInFlight {
-				t.Fatalf("the key as its history entry was written: %v; want in flight (a crash then leaves a resumed key with no entry)", h.seen)
-			}
-			if rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" || len(evs) != 0 {
-				t.Fatalf("a resume whose history entry failed: the key %s at %q, %d entries (%+v); want it in flight at its point with none", rec.State, rec.Recovery.Name, len(evs), evs)
-			}
-			if rec.LeaseExpiresAt.After(sw.clock.Now()) {
-				t.Fatalf("a resume whose history entry failed left the key under a lease until %v (now %v); want it given back", rec.LeaseExpiresAt, sw.clock.Now())
-			}
-			if rr.Code != http.StatusInternalServerError || !strings.Contains(rr.Body.String(), "Not resumed") || !strings.Contains(rr.Body.String(), "Nothing was changed") {
-				t.Fatalf("the failed resume's page: %d\n%s", rr.Code, rr.Body)
-			}
+		rr := w.act(resumeForm("pay-1"))
+		rec := sw.record("pay-1")
+		evs := allEvents(t, h, "pay-1")
+		if len(h.seen) == 0 || h.seen[0] != idem.StateInFlight {
+			t.Fatalf("the key as its history entry was written: %v; want in flight (a crash then leaves a resumed key with no entry)", h.seen)
+		}
+		if rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" || len(evs) != 0 {
+			t.Fatalf("a resume whose history entry failed: the key %s at %q, %d entries (%+v); want it in flight at its point with none", rec.State, rec.Recovery.Name, len(evs), evs)
+		}
+		if rec.LeaseExpiresAt.After(sw.clock.Now()) {
+			t.Fatalf("a resume whose history entry failed left the key under a lease until %v (now %v); want it given back", rec.LeaseExpiresAt, sw.clock.Now())
+		}
+		if rr.Code != http.StatusInternalServerError || !strings.Contains(rr.Body.String(), "Not resumed") || !strings.Contains(rr.Body.String(), "Nothing was changed") {
+			t.Fatalf("the failed resume's page: %d\n%s", rr.Code, rr.Body)
+		}
 
-			h.failAt.Store(0)
-			if rr := w.act(resumeForm("pay-1")); rr.Code != http.StatusSeeOther {
-				t.Fatalf("the resume taken again: %d\n%s", rr.Code, rr.Body)
-			}
-			if h.seen[1] != idem.StateInFlight {
-				t.Fatalf("the key was %s before its history entry was written", h.seen[1])
-			}
-			evs = allEvents(t, h, "pay-1")
-			if rec := sw.record("pay-1"); rec.State != idem.StateCompleted || rec.Response == nil || rec.Response.Status != http.StatusCreated ||
-				len(evs) != 1 || evs[0].Result != "finished" || evs[0].Actor != "alice" {
-				t.Fatalf("after the resume: the key %s, history %+v; want it completed with one entry", rec.State, evs)
-			}
-			if n := runs.Load(); n != 2 {
-				t.Fatalf("Resume ran %d times; want 2", n)
-			}
+		h.failAt.Store(0)
+		if rr := w.act(resumeForm("pay-1")); rr.Code != http.StatusSeeOther {
+			t.Fatalf("the resume taken again: %d\n%s", rr.Code, rr.Body)
+		}
+		if h.seen[1] != idem.StateInFlight {
+			t.Fatalf("the key was %s before its history entry was written", h.seen[1])
+		}
+		evs = allEvents(t, h, "pay-1")
+		if rec := sw.record("pay-1"); rec.State != idem.StateCompleted || rec.Response == nil || rec.Response.Status != http.StatusCreated ||
+			len(evs) != 1 || evs[0].Result != "finished" || evs[0].Actor != "alice" {
+			t.Fatalf("after the resume: the key %s, history %+v; want it completed with one entry", rec.State, evs)
+		}
+		if n := runs.Load(); n != 2 {
+			t.Fatalf("Resume ran %d times; want 2", n)
+		}
 
-			// Released: nothing was done outside.
-			sw.stop("pay-2")
-			comp = sw.completer(sw.store, "b", func(context.Context, http.ResponseWriter, idemhttp.Execution) error { return idemhttp.ErrNothingDone })
-			w = newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store, Actions: comp, KeyHistory: h})
-			if rr := w.act(resumeForm("pay-2")); rr.Code != http.StatusSeeOther {
-				t.Fatalf("a resume that releases the key: %d\n%s", rr.Code, rr.Body)
-			}
-			if _, err := sw.store.Get(t.Context(), settleScope, "pay-2"); !errors.Is(err, idem.ErrNotFound) {
-				t.Fatalf("pay-2 after a resume that found nothing done: %v; want it released", err)
-			}
-			evs = allEvents(t, h, "pay-2")
-			if len(evs) != 2 || !strings.Contains(evs[1].Result, "under way") || !strings.Contains(evs[0].Result, "released") {
-				t.Fatalf("pay-2's history: %+v; want the resume under way, then its release", evs)
-			}
-			if s := h.seen[len(h.seen)-2]; s != idem.StateInFlight {
-				t.Fatalf("pay-2 was %s before its first entry was written; want in flight", s)
-			}
-		})
-	}
+		// Released: nothing was done outside.
+		sw.stop("pay-2")
+		comp = sw.completer(sw.store, "b", func(context.Context, http.ResponseWriter, idemhttp.Execution) error { return idemhttp.ErrNothingDone })
+		w = newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store, Actions: comp, KeyHistory: h})
+		if rr := w.act(resumeForm("pay-2")); rr.Code != http.StatusSeeOther {
+			t.Fatalf("a resume that releases the key: %d\n%s", rr.Code, rr.Body)
+		}
+		if _, err := sw.store.Get(t.Context(), settleScope, "pay-2"); !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("pay-2 after a resume that found nothing done: %v; want it released", err)
+		}
+		evs = allEvents(t, h, "pay-2")
+		if len(evs) != 2 || !strings.Contains(evs[1].Result, "under way") || !strings.Contains(evs[0].Result, "released") {
+			t.Fatalf("pay-2's history: %+v; want the resume under way, then its release", evs)
+		}
+		if s := h.seen[len(h.seen)-2]; s != idem.StateInFlight {
+			t.Fatalf("pay-2 was %s before its first entry was written; want in flight", s)
+		}
+	})
 }
 
 // On a store that shares no transaction with the history, a resume is

@@ -94,6 +94,18 @@ func postgresSettleWorld(t *testing.T) *settleWorld {
 	return w
 }
 
+// onEveryDatabase runs test as parallel subtests, on a settleWorld of
+// SQLite and one of PostgreSQL.
+func onEveryDatabase(t *testing.T, test func(t *testing.T, sw *settleWorld)) {
+	t.Helper()
+	for name, mk := range map[string]func(*testing.T) *settleWorld{"sqlite": sqliteSettleWorld, "postgres": postgresSettleWorld} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, mk(t))
+		})
+	}
+}
+
 // keyHistory returns the history of the operators' actions kept in the
 // store's database, as the service keeps it.
 func (w *settleWorld) keyHistory() console.KeyHistory {
@@ -180,12 +192,7 @@ func (p *pausingStore) Claim(ctx context.Context, req idem.ClaimRequest) (idem.C
 // nothing, and a dry run changes nothing.
 func TestSettleIsAtomicAgainstACompleter(t *testing.T) {
 	t.Parallel()
-	for name, mk := range map[string]func(*testing.T) *settleWorld{"sqlite": sqliteSettleWorld, "postgres": postgresSettleWorld} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			testSettleIsAtomic(t, mk(t))
-		})
-	}
+	onEveryDatabase(t, testSettleIsAtomic)
 }
 
 func testSettleIsAtomic(t *testing.T, w *settleWorld) {
