@@ -11,19 +11,52 @@ import (
 	"github.com/idem-go/idem"
 )
 
-// forgetCounting is the ledger, telling for which dedup keys the consumer
-// forgot recorded attempts.
-type forgetCounting struct {
+// ledgerCalls is the ledger, noting the dedup keys whose recorded attempts
+// the consumer read (Attempts) and forgot (ForgetAttempts).
+type ledgerCalls struct {
 	idem.Ledger
 	mu     sync.Mutex
+	read   []string
 	forgot []string
 }
 
-func (l *forgetCounting) ForgetAttempts(ctx context.Context, consumer, dedupKey string) error {
+func (l *ledgerCalls) Attempts(ctx context.Context, consumer, dedupKey string) ([]idem.Attempt, error) {
+	l.mu.Lock()
+	l.read = append(l.read, dedupKey)
+	l.mu.Unlock()
+	return l.Ledger.Attempts(ctx, consumer, dedupKey)
+}
+
+func (l *ledgerCalls) ForgetAttempts(ctx context.Context, consumer, dedupKey string) error {
 	l.mu.Lock()
 	l.forgot = append(l.forgot, dedupKey)
 	l.mu.Unlock()
 	return l.Ledger.ForgetAttempts(ctx, consumer, dedupKey)
+}
+
+// calls returns the keys read and forgotten so far.
+func (l *ledgerCalls) calls() (read, forgot []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.read), slices.Clone(l.forgot)
+}
+
+// firstDeliveries runs a consumer (one at a time, in batches of batch)
+// over lanes A, B and C of perLane messages each, which its handler
+// applies at their first delivery, and returns the ledger's calls.
+func firstDeliveries(t *testing.T, batch, perLane int) *ledgerCalls {
+	t.Helper()
+	h := newHarness(t)
+	ledger := &ledgerCalls{Ledger: h.ledger}
+	cfg := h.config()
+	cfg.Ledger = ledger
+	cfg.Concurrency = 1
+	cfg.BatchSize = batch
+	msgs := lanes(h, []string{"A", "B", "C"}, perLane)
+	c, stop := h.start(cfg, func(ctx context.Context, m idem.Message) error { return h.apply(ctx, m) })
+	h.advanceUntil("every message processed", time.Second, func() bool { return c.Stats().Processed == int64(len(msgs)) })
+	stop()
+	return ledger
 }
 
 // A batch of first deliveries that never failed writes nothing to the
@@ -32,20 +65,8 @@ func (l *forgetCounting) ForgetAttempts(ctx context.Context, consumer, dedupKey 
 // its transaction.
 func TestBatchOfFirstDeliveriesForgetsNoAttempts(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
-	ledger := &forgetCounting{Ledger: h.ledger}
-	cfg := h.config()
-	cfg.Ledger = ledger
-	cfg.Concurrency = 1
-	cfg.BatchSize = 10
-	msgs := lanes(h, []string{"A", "B", "C"}, 4)
-	c, stop := h.start(cfg, func(ctx context.Context, m idem.Message) error { return h.apply(ctx, m) })
-	h.advanceUntil("every message processed", time.Second, func() bool { return c.Stats().Processed == int64(len(msgs)) })
-	stop()
-	ledger.mu.Lock()
-	defer ledger.mu.Unlock()
-	if len(ledger.forgot) != 0 {
-		t.Errorf("attempts forgotten for %v; want none: every message was a first delivery and none failed", ledger.forgot)
+	if _, forgot := firstDeliveries(t, 10, 4).calls(); len(forgot) != 0 {
+		t.Errorf("attempts forgotten for %v; want none: every message was a first delivery and none failed", forgot)
 	}
 }
 
@@ -55,7 +76,7 @@ func TestBatchOfFirstDeliveriesForgetsNoAttempts(t *testing.T) {
 func TestFirstDeliveryForgetsNoAttempts(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	ledger := &forgetCounting{Ledger: h.ledger}
+	ledger := &ledgerCalls{Ledger: h.ledger}
 	cfg := h.config()
 	cfg.Ledger = ledger
 	cfg.Concurrency = 1
@@ -70,10 +91,8 @@ func TestFirstDeliveryForgetsNoAttempts(t *testing.T) {
 	h.publish(msg("first-1", "A"), msg("first-2", "B"), msg("flaky", "C"))
 	h.advanceUntil("every message processed", time.Second, func() bool { return c.Stats().Processed == 3 })
 	stop()
-	ledger.mu.Lock()
-	defer ledger.mu.Unlock()
-	if !slices.Equal(ledger.forgot, []string{"flaky"}) {
-		t.Errorf("attempts forgotten for %v; want only flaky's, the one message that failed", ledger.forgot)
+	if _, forgot := ledger.calls(); !slices.Equal(forgot, []string{"flaky"}) {
+		t.Errorf("attempts forgotten for %v; want only flaky's, the one message that failed", forgot)
 	}
 	if a, _ := h.ledger.Attempts(context.Background(), cfg.Name, "flaky"); len(a) != 0 {
 		t.Errorf("flaky's attempts after it was applied: %+v, want none", a)
@@ -125,37 +144,12 @@ func TestRetriedMessageAppliedMeanwhileForgetsItsAttempts(t *testing.T) {
 	}
 }
 
-// attemptsReading is the ledger, counting the reads of recorded attempts.
-type attemptsReading struct {
-	idem.Ledger
-	mu    sync.Mutex
-	reads []string
-}
-
-func (l *attemptsReading) Attempts(ctx context.Context, consumer, dedupKey string) ([]idem.Attempt, error) {
-	l.mu.Lock()
-	l.reads = append(l.reads, dedupKey)
-	l.mu.Unlock()
-	return l.Ledger.Attempts(ctx, consumer, dedupKey)
-}
-
 // A first delivery costs no read of the ledger before its attempt: only a
 // delivery the transport hands out again (Attempt above 1) may have
 // attempts recorded by an earlier run. In batches and one at a time.
 func TestFirstDeliveriesReadNoAttempts(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
-	ledger := &attemptsReading{Ledger: h.ledger}
-	cfg := h.config()
-	cfg.Ledger = ledger
-	cfg.Concurrency = 1
-	msgs := lanes(h, []string{"A", "B", "C"}, 3)
-	c, stop := h.start(cfg, func(ctx context.Context, m idem.Message) error { return h.apply(ctx, m) })
-	h.advanceUntil("every message processed", time.Second, func() bool { return c.Stats().Processed == int64(len(msgs)) })
-	stop()
-	ledger.mu.Lock()
-	defer ledger.mu.Unlock()
-	if len(ledger.reads) != 0 {
-		t.Errorf("recorded attempts read for %v; want none: every message was a first delivery and none failed", ledger.reads)
+	if read, _ := firstDeliveries(t, 0, 3).calls(); len(read) != 0 {
+		t.Errorf("recorded attempts read for %v; want none: every message was a first delivery and none failed", read)
 	}
 }

@@ -55,6 +55,42 @@ func (g *gate) wait(t *testing.T, what string) {
 
 func (g *gate) release() { close(g.released) }
 
+// staleHead is a handler whose first attempt at evt-1 holds at g, then
+// fails for good, so that the test can end its AckWait under it; every
+// other delivery is applied once, by its dedup key, in the order noted.
+type staleHead struct {
+	h     *harness
+	g     *gate
+	mu    sync.Mutex
+	order []string
+}
+
+func (s *staleHead) handle(ctx context.Context, _ idem.Message) error {
+	info, _ := consumer.InfoFromContext(ctx)
+	if info.DedupKey == "evt-1" && info.Attempt == 1 {
+		s.g.hold()
+		return idem.Permanent(errors.New("card declined"))
+	}
+	if err := s.h.applied.Add(ctx, info.DedupKey, 1); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.order = append(s.order, info.DedupKey)
+	s.mu.Unlock()
+	return nil
+}
+
+// appliedInOrder checks that the messages were applied in the order want.
+func (s *staleHead) appliedInOrder(t *testing.T, want ...string) {
+	t.Helper()
+	s.mu.Lock()
+	got := slices.Clone(s.order)
+	s.mu.Unlock()
+	if !slices.Equal(got, want) {
+		t.Errorf("applied in the order %v, want %v", got, want)
+	}
+}
+
 // holdingInbox holds the first inbox transaction of one message (its
 // dedup key is its ID) at its start, in both the one-message and the
 // batch paths.
@@ -94,22 +130,8 @@ func TestStaleHeadIsLetGoWithItsKeyMates(t *testing.T) {
 	cfg.AckWait = staleAckWait
 	cfg.Concurrency, cfg.MaxPending = 1, 3
 	g := newGate()
-	var mu sync.Mutex
-	var order []string
-	handler := func(ctx context.Context, m idem.Message) error {
-		if info, _ := consumer.InfoFromContext(ctx); m.ID == "evt-1" && info.Attempt == 1 {
-			g.hold()
-			return idem.Permanent(errors.New("card declined"))
-		}
-		if err := h.apply(ctx, m); err != nil {
-			return err
-		}
-		mu.Lock()
-		order = append(order, m.ID)
-		mu.Unlock()
-		return nil
-	}
-	c, _ := h.start(cfg, handler)
+	sh := &staleHead{h: h, g: g}
+	c, _ := h.start(cfg, sh.handle)
 	h.publish(msg("evt-1", "acct-1"))
 	g.wait(t, "evt-1's handler")
 	h.clock.Advance(20 * time.Second)
@@ -120,12 +142,7 @@ func TestStaleHeadIsLetGoWithItsKeyMates(t *testing.T) {
 	g.release()
 
 	waitFor(t, "the three messages processed", func() bool { return c.Stats().Processed == 3 })
-	mu.Lock()
-	got := slices.Clone(order)
-	mu.Unlock()
-	if want := []string{"evt-1", "evt-2", "evt-3"}; !slices.Equal(got, want) {
-		t.Errorf("applied in the order %v, want %v", got, want)
-	}
+	sh.appliedInOrder(t, "evt-1", "evt-2", "evt-3")
 	for _, id := range []string{"evt-1", "evt-2", "evt-3"} {
 		if n := h.applied.Get(id); n != 1 {
 			t.Errorf("%s applied %d times, want once", id, n)
@@ -331,23 +348,8 @@ func TestStaleHeadWithoutMessageIDIsNotReplacedByItsKeyMate(t *testing.T) {
 	cfg.AckWait = staleAckWait
 	cfg.Concurrency, cfg.MaxPending = 1, 2
 	g := newGate()
-	var mu sync.Mutex
-	var order []string
-	handler := func(ctx context.Context, m idem.Message) error {
-		info, _ := consumer.InfoFromContext(ctx)
-		if info.DedupKey == "evt-1" && info.Attempt == 1 {
-			g.hold()
-			return idem.Permanent(errors.New("card declined"))
-		}
-		if err := h.applied.Add(ctx, info.DedupKey, 1); err != nil {
-			return err
-		}
-		mu.Lock()
-		order = append(order, info.DedupKey)
-		mu.Unlock()
-		return nil
-	}
-	c, _ := h.start(cfg, handler)
+	sh := &staleHead{h: h, g: g}
+	c, _ := h.start(cfg, sh.handle)
 	h.publish(msg("evt-1", "acct-1"))
 	g.wait(t, "evt-1's handler")
 	h.clock.Advance(20 * time.Second)
@@ -357,12 +359,7 @@ func TestStaleHeadWithoutMessageIDIsNotReplacedByItsKeyMate(t *testing.T) {
 	g.release()
 
 	waitFor(t, "both messages processed", func() bool { return c.Stats().Processed == 2 })
-	mu.Lock()
-	got := slices.Clone(order)
-	mu.Unlock()
-	if want := []string{"evt-1", "evt-2"}; !slices.Equal(got, want) {
-		t.Errorf("applied in the order %v, want %v", got, want)
-	}
+	sh.appliedInOrder(t, "evt-1", "evt-2")
 	if ops := h.rec.Ops("evt-2"); len(ops) < 2 || ops[1] != "nack 0s" {
 		t.Errorf("evt-2's deliveries: %v; want the first handed back (nack 0s) with evt-1", ops)
 	}
@@ -379,22 +376,8 @@ func TestStaleHeadsLaterDeliveryTakesItsPlace(t *testing.T) {
 	cfg.AckWait = staleAckWait
 	cfg.Concurrency, cfg.MaxPending = 1, 3
 	g := newGate()
-	var mu sync.Mutex
-	var order []string
-	handler := func(ctx context.Context, m idem.Message) error {
-		if info, _ := consumer.InfoFromContext(ctx); m.ID == "evt-1" && info.Attempt == 1 {
-			g.hold()
-			return idem.Permanent(errors.New("card declined"))
-		}
-		if err := h.apply(ctx, m); err != nil {
-			return err
-		}
-		mu.Lock()
-		order = append(order, m.ID)
-		mu.Unlock()
-		return nil
-	}
-	c, _ := h.start(cfg, handler)
+	sh := &staleHead{h: h, g: g}
+	c, _ := h.start(cfg, sh.handle)
 	h.publish(msg("evt-1", "acct-1"))
 	g.wait(t, "evt-1's handler")
 	h.clock.Advance(20 * time.Second)
@@ -406,12 +389,7 @@ func TestStaleHeadsLaterDeliveryTakesItsPlace(t *testing.T) {
 	g.release()
 
 	waitFor(t, "both messages processed", func() bool { return c.Stats().Processed == 2 })
-	mu.Lock()
-	got := slices.Clone(order)
-	mu.Unlock()
-	if want := []string{"evt-1", "evt-2"}; !slices.Equal(got, want) {
-		t.Errorf("applied in the order %v, want %v", got, want)
-	}
+	sh.appliedInOrder(t, "evt-1", "evt-2")
 	if s := c.Stats(); s.Stale != 1 || s.DeadLettered != 0 {
 		t.Errorf("Stats = %+v, want 1 stale, none dead-lettered", s)
 	}
@@ -435,22 +413,8 @@ func TestStaleHeadsLaterDeliveryRightBehindItTakesItsPlace(t *testing.T) {
 	cfg.AckWait = staleAckWait
 	cfg.Concurrency, cfg.MaxPending = 1, 3
 	g := newGate()
-	var mu sync.Mutex
-	var order []string
-	handler := func(ctx context.Context, m idem.Message) error {
-		if info, _ := consumer.InfoFromContext(ctx); m.ID == "evt-1" && info.Attempt == 1 {
-			g.hold()
-			return idem.Permanent(errors.New("card declined"))
-		}
-		if err := h.apply(ctx, m); err != nil {
-			return err
-		}
-		mu.Lock()
-		order = append(order, m.ID)
-		mu.Unlock()
-		return nil
-	}
-	c, _ := h.start(cfg, handler)
+	sh := &staleHead{h: h, g: g}
+	c, _ := h.start(cfg, sh.handle)
 	h.publish(msg("evt-1", "acct-1"))
 	g.wait(t, "evt-1's handler")
 	// evt-1's AckWait ends, and it is delivered again, first behind itself.
@@ -461,12 +425,7 @@ func TestStaleHeadsLaterDeliveryRightBehindItTakesItsPlace(t *testing.T) {
 	g.release()
 
 	waitFor(t, "both messages processed", func() bool { return c.Stats().Processed == 2 })
-	mu.Lock()
-	got := slices.Clone(order)
-	mu.Unlock()
-	if want := []string{"evt-1", "evt-2"}; !slices.Equal(got, want) {
-		t.Errorf("applied in the order %v, want %v", got, want)
-	}
+	sh.appliedInOrder(t, "evt-1", "evt-2")
 	if s := c.Stats(); s.Stale != 1 || s.DeadLettered != 0 {
 		t.Errorf("Stats = %+v, want 1 stale, none dead-lettered", s)
 	}
