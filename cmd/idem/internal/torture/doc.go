@@ -56,8 +56,11 @@
 // connection's grace keep almost every connection young), so the first
 // fault of each kind asked for is scheduled: at a payment of the first
 // half of the load, drawn from the seed, the run waits until no replica
-// is starting and faults the next chunk (or COMMIT's answer) of a store
-// drawn too, whatever its connection's age, or starts an outage. A run
+// is starting and resets a connection open to a store drawn too, at once
+// whatever its age or traffic (the next chunk when none is open), cuts
+// that store's next COMMIT's answer, or starts an outage; the load's last
+// quarter waits for the resets and outages, as for the kills and restarts
+// below (a cut needs a COMMIT, which only the load makes). A run
 // with a rate meets at least one of its faults. Report.StoreResets,
 // Report.CommitCuts and Report.StoreOutages count what it did. Kills and
 // store restarts are scheduled alike, since a ticker alone leaves a short

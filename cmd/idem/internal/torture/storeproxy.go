@@ -205,10 +205,14 @@ func reset(c net.Conn) {
 }
 
 // force orders a fault of its own, whatever the rates and the grace (see
-// run.forceFaults): the next chunk either way reset (cut false) or the next
-// COMMIT's answer cut (cut true). It returns once the fault is carried
-// out, or at stop, with the order withdrawn.
+// run.forceFaults): a reset (cut false) of a connection open through the
+// proxy at once, idle or not, or, with none open, of the next chunk
+// either way; or the next COMMIT's answer cut (cut true). It returns once
+// the fault is carried out, or at stop, with the order withdrawn.
 func (p *storeProxy) force(cut bool, stop <-chan struct{}) {
+	if !cut && p.resetOpen() {
+		return
+	}
 	order := &p.forceReset
 	if cut {
 		order = &p.forceCut
@@ -221,6 +225,20 @@ func (p *storeProxy) force(cut bool, stop <-chan struct{}) {
 			<-p.forced // carried out as stop came
 		}
 	}
+}
+
+// resetOpen resets one connection open through the proxy, if there is
+// one (its other side follows, as its pipes end): a reset that needs no
+// traffic, as a replica's idle pooled connection meets one.
+func (p *storeProxy) resetOpen() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		p.resets.Add(1)
+		reset(c)
+		return true
+	}
+	return false
 }
 
 func (p *storeProxy) track(c ...net.Conn) bool {

@@ -831,6 +831,12 @@ type scheduledFault struct {
 // traffic to happen, and that the load waits for before its last quarter.
 func (sf scheduledFault) chaos() bool { return sf.kind == "kill" || sf.kind == "restart" }
 
+// gates says whether the load's last quarter waits for sf: every fault
+// that needs no traffic of the load's to happen (a reset falls on a
+// connection open at once: storeProxy.force), not a COMMIT's cut, which
+// needs a COMMIT the load makes.
+func (sf scheduledFault) gates() bool { return sf.kind != "commit cut" }
+
 // scheduleFaults draws, from the seed, when the run meets the first fault
 // of each kind its StoreFaults ask for: a reset (ResetRate), a cut COMMIT
 // answer (CommitCutRate), an outage (OutageEvery), each at a payment of
@@ -973,8 +979,9 @@ func (r *run) load(ctx context.Context) error {
 	var forcing, forcingChaos sync.WaitGroup
 	var forcedMu sync.Mutex
 	var forcedErr error
-	// The scheduled kills and restarts are all drawn below half the
-	// payments; the last quarter waits for them (scheduleFaults).
+	// The scheduled kills, restarts, resets and outages are all drawn
+	// below half the payments; the last quarter waits for them
+	// (scheduleFaults, gates).
 	forcedChaos := make(chan struct{})
 	waitAt := len(r.payments) * 3 / 4
 feed:
@@ -984,7 +991,7 @@ feed:
 				continue
 			}
 			wg := &forcing
-			if sf.chaos() {
+			if sf.gates() {
 				wg = &forcingChaos
 			}
 			wg.Go(func() {

@@ -546,3 +546,65 @@ func TestReplicaThatEndsByItselfIsAViolation(t *testing.T) {
 		})
 	}
 }
+
+// A scheduled reset does not wait for traffic: it resets a connection open
+// through the proxy at once, an idle one too (a replica's pooled
+// connection), so a run whose load ends, or waits, before the store's next
+// chunk still meets it. Here no byte passes after the order, and the run
+// has already said stop.
+func TestScheduledResetMeetsAnIdleConnection(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	p, err := newStoreProxy(ln.Addr().String(), StoreFaults{ResetRate: 1e-9}, false, newLockedRand(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	p.armed.Store(true)
+	c, err := net.Dial("tcp", p.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+		t.Fatalf("the connection does not echo before the reset: %v", err)
+	}
+	stop := make(chan struct{})
+	close(stop)
+	p.force(false, stop)
+	if n := p.resets.Load(); n != 1 {
+		t.Fatalf("%d resets after a scheduled reset with a connection open and idle; want 1, at once", n)
+	}
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Error("the connection still reads after the scheduled reset")
+	}
+}
+
+// The last quarter of the load waits for the scheduled faults that need
+// no traffic of the load's (kills, store restarts, resets, outages); a
+// COMMIT cut needs a COMMIT, which only the load makes.
+func TestLoadWaitsForTheScheduledFaults(t *testing.T) {
+	t.Parallel()
+	for kind, want := range map[string]bool{"kill": true, "restart": true, "reset": true, "outage": true, "commit cut": false} {
+		if got := (scheduledFault{kind: kind}).gates(); got != want {
+			t.Errorf("a scheduled %s holds the load's last quarter: %v, want %v", kind, got, want)
+		}
+	}
+}
