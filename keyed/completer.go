@@ -521,7 +521,7 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, until time.Time
 			// refused, changing nothing, if the key was released since.
 			err = fmt.Errorf("releasing the key: %w: %w", ErrResultUnknown, err)
 			c.unknownNow(wk, err)
-			c.holding(wk, claim.Token)
+			c.holding(wk, claim.Token, held)
 			return resumeFailed, err
 		}
 		c.forget(wk)
@@ -530,7 +530,7 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, until time.Time
 		return resumeReleased, nil
 	case rerr != nil:
 		c.unknownNow(wk, rerr)
-		c.holding(wk, claim.Token)
+		c.holding(wk, claim.Token, held)
 		log.LogAttrs(ctx, slog.LevelError, "completer: outcome unknown; the key stays in flight and is tried again after its lease",
 			slog.String("error", rerr.Error()), slog.Duration("lease", e.cfg.Lease))
 		return resumeFailed, rerr
@@ -555,7 +555,7 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, until time.Time
 			// Not kept, the key is in flight at its point under this
 			// resume's lease, which LetGo can give back; kept, a Yield
 			// under its token is refused, changing nothing.
-			c.holding(wk, claim.Token)
+			c.holding(wk, claim.Token, held)
 		}
 		log.LogAttrs(ctx, slog.LevelError, "completer: finished, but could not keep the answer; tried again after the lease",
 			slog.String("error", err.Error()))

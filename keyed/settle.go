@@ -94,15 +94,20 @@ type ResumeFailures struct {
 	// on the key under that lease; nobody else can until it ends.
 	Holding bool
 	token   idem.Token
+	// lease is the held lease the heartbeat renewed during that resume:
+	// a Yield under token waits first for a renewal of it still on its
+	// way (heartbeat.settle), which would otherwise land after the Yield
+	// and give the key a live lease again, for nobody.
+	lease *heldLease
 }
 
 // holding records that the Completer keeps the key under token after a
 // failed resume.
-func (c *Completer) holding(wk keywait.Key, token idem.Token) {
+func (c *Completer) holding(wk keywait.Key, token idem.Token, lease *heldLease) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if f, ok := c.failures[wk]; ok {
-		f.token, f.Holding = token, true
+		f.token, f.Holding, f.lease = token, true, lease
 		c.failures[wk] = f
 	}
 }
@@ -115,12 +120,37 @@ func (c *Completer) heldToken(wk keywait.Key) idem.Token {
 	return c.failures[wk].token
 }
 
+// quietHeld returns once no renewal is on its way of the lease the
+// Completer holds wk under after a failed resume. The resume stopped
+// renewing it without waiting for one in flight (a round must not wait
+// past its Timeout), and such a renewal, reaching the store after a Yield
+// under the lease's token, would undo it: the key would have a live lease
+// again, for nobody. It waits at most a renewal's time (a sixth of the
+// lease), and only when one is in flight.
+func (c *Completer) quietHeld(wk keywait.Key) {
+	c.mu.Lock()
+	lease := c.failures[wk].lease
+	c.mu.Unlock()
+	if lease != nil {
+		c.e.hb.settle(lease)
+	}
+}
+
+// yieldHeld forgets the lease the Completer holds wk under after a failed
+// resume (token t) and yields it, once no renewal of it is on its way
+// (quietHeld).
+func (c *Completer) yieldHeld(ctx context.Context, wk keywait.Key, t idem.Token) error {
+	c.quietHeld(wk)
+	c.letGo(wk)
+	return c.rs.Yield(ctx, idem.Ref{Scope: wk.Scope, Key: wk.Key, Token: t})
+}
+
 // letGo forgets the lease held after a failed resume.
 func (c *Completer) letGo(wk keywait.Key) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if f, ok := c.failures[wk]; ok {
-		f.token, f.Holding = 0, false
+		f.token, f.Holding, f.lease = 0, false, nil
 		c.failures[wk] = f
 	}
 }
@@ -263,8 +293,7 @@ func (c *Completer) resumeKey(ctx context.Context, scope idem.Scope, key idem.Ke
 	if t := c.heldToken(wk); t != 0 && t == rec.Token {
 		// Under the lease of this Completer's last failed resume: end it,
 		// and take the key over anew.
-		c.letGo(wk)
-		if err := c.rs.Yield(ctx, idem.Ref{Scope: scope, Key: key, Token: t}); err != nil && !errors.Is(err, idem.ErrLeaseLost) {
+		if err := c.yieldHeld(ctx, wk, t); err != nil && !errors.Is(err, idem.ErrLeaseLost) {
 			return false, fmt.Errorf("ending the lease of the last failed resume: %w", err)
 		}
 	}
@@ -342,7 +371,9 @@ func (c *Completer) settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 	var claim idem.Claim
 	if t := c.heldToken(wk); t != 0 && t == rec.Token {
 		// Under the lease of this Completer's last failed resume: Complete
-		// is fenced by its token, so a takeover since then refuses it.
+		// is fenced by its token, so a takeover since then refuses it. A
+		// Yield under it may follow, which no renewal must undo.
+		c.quietHeld(wk)
 		claim = idem.Claim{Outcome: idem.Acquired, Token: t, Record: rec}
 	} else {
 		claim, err = c.rs.Claim(ctx, idem.ClaimRequest{Scope: scope, Key: key, Fingerprint: rec.Fingerprint,
@@ -464,8 +495,7 @@ func (c *Completer) LetGo(ctx context.Context, scope idem.Scope, key idem.Key) e
 	if t == 0 {
 		return nil
 	}
-	c.letGo(wk)
-	if err := c.rs.Yield(ctx, idem.Ref{Scope: scope, Key: key, Token: t}); err != nil && !errors.Is(err, idem.ErrLeaseLost) {
+	if err := c.yieldHeld(ctx, wk, t); err != nil && !errors.Is(err, idem.ErrLeaseLost) {
 		return fmt.Errorf("ending the lease of the failed resume: %w", err)
 	}
 	return nil

@@ -1,0 +1,99 @@
+package keyed_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/keyed"
+)
+
+// lateRenewal is a store whose first renewal of a lease is on its way
+// until either the key's lease is yielded (it then lands, as a renewal
+// sent before the Yield and answered after it does) or its context ends
+// (it is then not written).
+type lateRenewal struct {
+	*idemmem.Store
+	renewing chan struct{} // closed once the renewal was sent
+	yielded  chan struct{} // closed by the first Yield
+	renewed  chan error    // the renewal's result, once it returned
+}
+
+func (s *lateRenewal) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (time.Time, error) {
+	close(s.renewing)
+	var end time.Time
+	var err error
+	select {
+	case <-s.yielded:
+		end, err = s.Store.Renew(context.WithoutCancel(ctx), ref, lease)
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	s.renewed <- err
+	return end, err
+}
+
+func (s *lateRenewal) Yield(ctx context.Context, ref idem.Ref) error {
+	err := s.Store.Yield(ctx, ref)
+	close(s.yielded)
+	return err
+}
+
+// After a failed resume the Completer holds the key under the resume's
+// lease until LetGo yields it, so that another completer or the client's
+// retry can take the key on at once. No renewal of that lease may reach
+// the store after the Yield: it would give the key a live lease again,
+// for nobody, and LetGo would have changed nothing. So a resume that ends
+// holding the key returns only once no renewal of its lease is on its way.
+func TestLetGoAfterAFailedResumeIsNotUndoneByARenewal(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	mem := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	store := &lateRenewal{Store: mem, renewing: make(chan struct{}), yielded: make(chan struct{}), renewed: make(chan error, 1)}
+	// The lease is short in real time too: a renewal's own timeout is a
+	// sixth of it.
+	const lease = 600 * time.Millisecond
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: lease, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := make(chan struct{})
+	comp, err := eng.NewCompleter(&keyed.CompleterConfig{Timeout: time.Minute,
+		Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
+			close(running)
+			<-store.renewing
+			return idem.Response{}, errors.New("the card network did not answer")
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, mem, "k")
+	resumed := make(chan error, 1)
+	go func() {
+		_, err := comp.ResumeKey(t.Context(), "", "k", false)
+		resumed <- err
+	}()
+	<-running
+	clock.Advance(lease / 3) // the lease is due for renewal
+	if err := <-resumed; err == nil {
+		t.Fatal("ResumeKey = nil; want the resume's error")
+	}
+	if f := comp.Failures("", "k"); !f.Holding {
+		t.Fatalf("after the failed resume: %+v; want the Completer holding the key", f)
+	}
+	if err := comp.LetGo(t.Context(), "", "k"); err != nil {
+		t.Fatalf("LetGo = %v", err)
+	}
+	<-store.renewed
+	rec, err := mem.Get(t.Context(), "", "k")
+	if err != nil || rec.State != idem.StateInFlight {
+		t.Fatalf("the key after LetGo: %+v, %v; want it in flight", rec, err)
+	}
+	if now := clock.Now(); rec.LeaseExpiresAt.After(now) {
+		t.Errorf("after LetGo the key's lease ends at %s, %s from now: a renewal sent while the resume ran reached the store after LetGo's Yield; want the lease ended",
+			rec.LeaseExpiresAt.Format(time.RFC3339Nano), rec.LeaseExpiresAt.Sub(now))
+	}
+}
