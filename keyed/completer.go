@@ -417,9 +417,11 @@ func (r resumed) finished() bool { return r == resumeCompleted || r == resumeRel
 
 // resume takes rec's key over and finishes it, saying how it ended and,
 // unless it was finished, why not. until, when not zero, is the deadline
-// of the round that listed the key (ctx's), which the Resume and the
-// keeping of its answer are given too; an operator's resume (zero) gives
-// Resume Timeout. record, when not nil, records an operator's resume as
+// of the round that listed the key (ctx's), which the Resume, the keeping
+// of its answer and the writes that give the key back (a key released
+// since it was listed, a point that cannot be opened) are given too; an
+// operator's resume (zero) gives Resume Timeout, and its writes a write's
+// time of their own. record, when not nil, records an operator's resume as
 // it ends the key (see ResumeRecord).
 //
 // The claim is logged before it is sent and once it is answered: a
@@ -430,6 +432,16 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, until time.Time
 	wk := keywait.Key{Scope: rec.Scope, Key: rec.Key}
 	log := reqLog{l: c.log, scope: rec.Scope, key: rec.Key, method: "completer", path: rec.Recovery.Name}
 	log.LogAttrs(ctx, slog.LevelWarn, "completer: taking an abandoned execution over")
+	// A round's writes after the claim (giving the key back, keeping the
+	// answer) are part of the round's Timeout; an operator's have a
+	// write's time of their own.
+	inRound := !until.IsZero()
+	writeCtx := func() (context.Context, context.CancelFunc) {
+		if inRound {
+			return detachedUntil(ctx, until)
+		}
+		return detached(ctx)
+	}
 	sent := e.cfg.Clock.Now()
 	claim, err := c.rs.Claim(ctx, idem.ClaimRequest{Scope: rec.Scope, Key: rec.Key, Fingerprint: rec.Fingerprint,
 		Lease: e.cfg.Lease, TTL: max(e.cfg.TTL, e.cfg.Lease), Holder: e.cfg.Holder})
@@ -449,7 +461,7 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, until time.Time
 		// The key was released (or purged) since it was listed, and this
 		// claim made it anew: there is nothing to go on from. Give it back
 		// as it was.
-		dctx, cancel := detached(ctx)
+		dctx, cancel := writeCtx()
 		defer cancel()
 		if err := c.rs.Release(dctx, idem.Ref{Scope: rec.Scope, Key: rec.Key, Token: claim.Token}); err != nil {
 			log.LogAttrs(ctx, slog.LevelWarn, "completer: could not give back a key it claimed anew", slog.String("error", err.Error()))
@@ -468,7 +480,7 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, until time.Time
 		c.unknownNow(wk, err)
 		log.LogAttrs(ctx, slog.LevelError, "completer: the recovery point cannot be opened (are BodyKeys missing a key?); the key stays in flight",
 			slog.String("error", err.Error()))
-		dctx, cancel := detached(ctx)
+		dctx, cancel := writeCtx()
 		defer cancel()
 		if yerr := c.rs.Yield(dctx, ref); yerr != nil {
 			log.LogAttrs(ctx, slog.LevelWarn, "completer: could not yield the key", slog.String("error", yerr.Error()))
@@ -480,23 +492,17 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, until time.Time
 	log.LogAttrs(ctx, slog.LevelWarn, "completer: finishing an abandoned execution",
 		slog.String("recovery_point", ex.Recovery.Name), slog.Time("saved_at", ex.Recovery.SavedAt))
 
-	inRound := !until.IsZero()
+	resumeUntil := until
 	if !inRound {
-		until = time.Now().Add(c.cfg.Timeout)
+		resumeUntil = time.Now().Add(c.cfg.Timeout)
 	}
-	hctx := newExecCtxUntil(ctx, until, ex)
+	hctx := newExecCtxUntil(ctx, resumeUntil, ex)
 	held := &heldLease{ref: ref, ctx: hctx, log: log}
 	e.hb.hold(held, sent)
 	defer e.hb.drop(held) // once the key is settled
 	answer, rerr := runResume(hctx, c.cfg.Resume, ex)
 	hctx.stop()
-	// A round's keeping of the answer is part of the round's Timeout; an
-	// operator's has a write's time of its own.
-	dctx, cancel := detached(ctx)
-	if inRound {
-		cancel()
-		dctx, cancel = detachedUntil(ctx, until)
-	}
+	dctx, cancel := writeCtx()
 	defer cancel()
 	switch {
 	case errors.Is(rerr, ErrNothingDone):
