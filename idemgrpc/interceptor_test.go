@@ -35,6 +35,9 @@ func TestNewRefuses(t *testing.T) {
 		{Store: store, SharedScope: true, TTL: time.Second, Lease: time.Minute},
 		{Store: store, SharedScope: true, Methods: map[string]idemgrpc.Policy{"Create": idemgrpc.Off}},
 		{Store: store, SharedScope: true, Methods: map[string]idemgrpc.Policy{"/a.B/C": 7}},
+		{Store: store, SharedScope: true, Default: idemgrpc.Off + 1},
+		{Store: store, SharedScope: true, Default: idemgrpc.Required - 1 - 1},
+		{Store: store, SharedScope: true, MaxResponseBytes: -1},
 		{Store: store, SharedScope: true, ReplayMetadata: []string{"Authorization"}},
 		{Store: store, SharedScope: true, KeySecret: []byte("short")},
 	} {
@@ -45,23 +48,31 @@ func TestNewRefuses(t *testing.T) {
 }
 
 // Optional protects the calls that carry a key; Off none; a method's own
-// entry wins over its service's.
+// entry wins over its service's, and over Config.Default, which takes any
+// Policy.
 func TestPolicies(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
+		def         idemgrpc.Policy // Config.Default
 		methods     map[string]idemgrpc.Policy
 		key         string
 		runs        int // of three calls
 		wantMissing bool
 	}{
-		{map[string]idemgrpc.Policy{grpcsuite.Method: idemgrpc.Optional}, "", 3, false},
-		{map[string]idemgrpc.Policy{grpcsuite.Method: idemgrpc.Optional}, "k", 1, false},
-		{map[string]idemgrpc.Policy{"/" + grpcsuite.Service + "/*": idemgrpc.Off}, "k", 3, false},
-		{map[string]idemgrpc.Policy{"/" + grpcsuite.Service + "/*": idemgrpc.Off, grpcsuite.Method: idemgrpc.Required}, "", 0, true},
+		{0, map[string]idemgrpc.Policy{grpcsuite.Method: idemgrpc.Optional}, "", 3, false},
+		{0, map[string]idemgrpc.Policy{grpcsuite.Method: idemgrpc.Optional}, "k", 1, false},
+		{0, map[string]idemgrpc.Policy{"/" + grpcsuite.Service + "/*": idemgrpc.Off}, "k", 3, false},
+		{0, map[string]idemgrpc.Policy{"/" + grpcsuite.Service + "/*": idemgrpc.Off, grpcsuite.Method: idemgrpc.Required}, "", 0, true},
+		// Config.Default, every Policy from the first to the last.
+		{idemgrpc.Required, nil, "", 0, true},
+		{idemgrpc.Required, nil, "k", 1, false},
+		{idemgrpc.Optional, nil, "", 3, false},
+		{idemgrpc.Off, nil, "k", 3, false},
+		{idemgrpc.Off, map[string]idemgrpc.Policy{grpcsuite.Method: idemgrpc.Required}, "", 0, true},
 	} {
-		t.Run(fmt.Sprint(c.methods, c.key), func(t *testing.T) {
+		t.Run(fmt.Sprint(c.def, c.methods, c.key), func(t *testing.T) {
 			t.Parallel()
-			h := grpcsuite.New(t, idemgrpc.Config{Store: idemmem.NewStore(nil), SharedScope: true, Methods: c.methods}, nil)
+			h := grpcsuite.New(t, idemgrpc.Config{Store: idemmem.NewStore(nil), SharedScope: true, Default: c.def, Methods: c.methods}, nil)
 			runs := 0
 			h.Handle(func(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
 				runs++
