@@ -97,3 +97,58 @@ func TestLetGoAfterAFailedResumeIsNotUndoneByARenewal(t *testing.T) {
 			rec.LeaseExpiresAt.Format(time.RFC3339Nano), rec.LeaseExpiresAt.Sub(now))
 	}
 }
+
+// yieldDown is a store whose first Yield fails without reaching it.
+type yieldDown struct {
+	*idemmem.Store
+	failed bool
+}
+
+func (s *yieldDown) Yield(ctx context.Context, ref idem.Ref) error {
+	if !s.failed {
+		s.failed = true
+		return errStoreDown
+	}
+	return s.Store.Yield(ctx, ref)
+}
+
+// A LetGo whose Yield failed leaves the key under the lease the failed
+// resume took: the Completer still holds it (ResumeFailures.Holding), so
+// that LetGo can be tried again, and ResumeKey acts on the key at once, as
+// on any key it holds, rather than refusing it as being finished by
+// another until that lease ends.
+func TestLetGoThatFailedStillHoldsTheKey(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	mem := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	store := &yieldDown{Store: mem}
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail := true
+	comp, err := eng.NewCompleter(&keyed.CompleterConfig{
+		Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
+			if fail {
+				return idem.Response{}, errors.New("the card network did not answer")
+			}
+			return idem.Response{Status: 201}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, mem, "k")
+	if _, err := comp.ResumeKey(t.Context(), "", "k", false); err == nil {
+		t.Fatal("ResumeKey = nil; want the resume's error")
+	}
+	if err := comp.LetGo(t.Context(), "", "k"); !errors.Is(err, errStoreDown) {
+		t.Fatalf("LetGo = %v; want the Yield's error", err)
+	}
+	if f := comp.Failures("", "k"); !f.Holding {
+		t.Errorf("after a LetGo whose Yield failed: %+v; want the Completer still holding the key under its lease", f)
+	}
+	fail = false
+	if finished, err := comp.ResumeKey(t.Context(), "", "k", false); !finished || err != nil {
+		t.Errorf("ResumeKey after the failed LetGo = %v, %v; want the key it holds finished at once", finished, err)
+	}
+}

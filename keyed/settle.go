@@ -138,11 +138,27 @@ func (c *Completer) quietHeld(wk keywait.Key) {
 
 // yieldHeld forgets the lease the Completer holds wk under after a failed
 // resume (token t) and yields it, once no renewal of it is on its way
-// (quietHeld).
+// (quietHeld). A Yield that failed otherwise than by being refused (the
+// lease is then not this Completer's) may not have ended the lease: the
+// Completer holds the key under it again, unless it took the key anew
+// meanwhile, so that LetGo can be tried again and ResumeKey and Settle
+// still act on the key at once.
 func (c *Completer) yieldHeld(ctx context.Context, wk keywait.Key, t idem.Token) error {
 	c.quietHeld(wk)
+	c.mu.Lock()
+	lease := c.failures[wk].lease
+	c.mu.Unlock()
 	c.letGo(wk)
-	return c.rs.Yield(ctx, idem.Ref{Scope: wk.Scope, Key: wk.Key, Token: t})
+	err := c.rs.Yield(ctx, idem.Ref{Scope: wk.Scope, Key: wk.Key, Token: t})
+	if err != nil && !errors.Is(err, idem.ErrLeaseLost) {
+		c.mu.Lock()
+		if f, ok := c.failures[wk]; ok && f.token == 0 {
+			f.token, f.Holding, f.lease = t, true, lease
+			c.failures[wk] = f
+		}
+		c.mu.Unlock()
+	}
+	return err
 }
 
 // letGo forgets the lease held after a failed resume.
@@ -488,7 +504,9 @@ func (c *Completer) UnknownKeys() []idem.Ref {
 // that stops before its lease would end (a command that resumed one key).
 // The key stays in flight at its point, its outcome unknown; one that the
 // unknown write finished stays as it left it (the store refuses the
-// Yield). Without such a lease, it does nothing.
+// Yield). A Yield that fails (the store down) returns its error and leaves
+// the Completer holding the key, so that LetGo can be tried again. Without
+// such a lease, it does nothing.
 func (c *Completer) LetGo(ctx context.Context, scope idem.Scope, key idem.Key) error {
 	wk := keywait.Key{Scope: scope, Key: key}
 	t := c.heldToken(wk)
