@@ -156,7 +156,8 @@ func TestCompleterBoundCoversTheListingAndTheClaim(t *testing.T) {
 }
 
 // A claim the store does not answer is cut off at the round's deadline
-// (the round gave up: the bound counts again from then), and the
+// (the round gave up: the bound counts again from then; had the round
+// run out of time before the claim, it says that instead), and the
 // Completer says so, naming the key, after it said, before the claim was
 // sent, that it was taking the key over: a replica killed while its claim
 // was under way has said that it may hold the key.
@@ -185,15 +186,32 @@ func TestCompleterClaimEndsAtTheRoundsDeadline(t *testing.T) {
 	}
 	abandon(t, mem, "k")
 	n, err := comp.RunOnce(t.Context())
+	if errors.Is(err, context.DeadlineExceeded) && n == 0 && len(store.claimed) == 0 {
+		// As starved again, the listing itself: the round gave up there,
+		// with the error Run logs, and sent no claim.
+		return
+	}
 	if err != nil || n != 0 {
 		t.Fatalf("RunOnce = %d, %v; want 0 finished, no error", n, err)
 	}
-	if err := <-store.claimEnded; !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("the claim ended with %v; want the round's deadline", err)
-	}
+	// RunOnce has returned: the round's resumes, and so its claim, ended.
 	logMu.Lock()
 	got := logs.String()
 	logMu.Unlock()
+	select {
+	case err := <-store.claimEnded:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("the claim ended with %v; want the round's deadline", err)
+		}
+	default:
+		// A machine so starved that the in-memory listing took the
+		// round's whole second: the round gave up before the claim, and
+		// must say so, naming the key.
+		if !strings.Contains(got, `msg="completer: the round ran out of time before it could take the abandoned execution over"`) || !strings.Contains(got, "key=hmac:") {
+			t.Fatalf("no claim was sent, and the round did not say it ran out of time before it:\n%s", got)
+		}
+		return
+	}
 	before := strings.Index(got, `msg="completer: taking an abandoned execution over"`)
 	after := strings.Index(got, `msg="completer: could not take the abandoned execution over"`)
 	if before < 0 || after < before || !strings.Contains(got[after:], "deadline exceeded") || strings.Count(got, "key=hmac:") < 2 {
