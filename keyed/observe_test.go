@@ -3,6 +3,7 @@ package keyed_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -61,5 +62,65 @@ func TestObserverSeesTheStoreAskedAfterAnAmbiguousCommit(t *testing.T) {
 	want := []keyed.StoreOp{keyed.StoreClaim, keyed.StoreComplete, keyed.StoreGet, keyed.StoreRelease}
 	if !slices.Equal(obs.ops, want) {
 		t.Fatalf("the Observer saw %v; want %v", obs.ops, want)
+	}
+}
+
+// The Observer's PhaseHandler ends with the handler's failure as its Err
+// ("handler " and Ran.Failure), and with no Err when the handler answered:
+// what a trace marks as an error span.
+func TestObserverSeesTheHandlersFailure(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		ran     keyed.Ran
+		wantErr string
+	}{
+		{keyed.Ran{Status: 201, Keep: true, Answer: idem.Response{Status: 201}}, ""},
+		{keyed.Ran{Status: 500, Failure: "panicked: out of cards"}, "handler panicked: out of cards"},
+	} {
+		obs := &opsAndEnds{}
+		eng, err := keyed.New(&keyed.Config{Store: idemmem.NewStore(nil), SeparateTx: true, Observer: obs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := eng.Begin(t.Context(), nil)
+		eng.Serve(ctx, keyed.Request{Key: "k", Fingerprint: idem.NewFingerprint("POST", "/pay", "", "", nil)},
+			&funcFace{run: func(context.Context) keyed.Ran { return tc.ran }})
+		eng.End(ctx)
+		got := obs.end(t, keyed.PhaseHandler)
+		if gotErr := fmt.Sprint(got.Err); (got.Err == nil) != (tc.wantErr == "") || (got.Err != nil && gotErr != tc.wantErr) {
+			t.Errorf("a handler that ran %+v: PhaseHandler ended with Err %v; want %q (none when empty)", tc.ran, got.Err, tc.wantErr)
+		}
+	}
+}
+
+// A request the face refused before the engine (Reject) is seen by the
+// Observer with its scope and key, as the store would keep the key, when
+// the face had read them; refused without a key, with neither.
+func TestObserverSeesARejectedRequestsKey(t *testing.T) {
+	t.Parallel()
+	obs := &opsAndEnds{}
+	eng, err := keyed.New(&keyed.Config{Store: idemmem.NewStore(nil), Observer: obs, KeySecret: []byte("0123456789abcdef")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		key        idem.Key
+		wantScope  idem.Scope
+		wantSealed bool
+	}{
+		{"k", "tenant", true},
+		{"", "", false},
+	} {
+		ctx := eng.Begin(t.Context(), nil)
+		eng.Reject(ctx, "tenant", tc.key)
+		eng.End(ctx)
+		got := obs.end(t, keyed.PhaseRequest)
+		wantKey := idem.Key("")
+		if tc.wantSealed {
+			wantKey = eng.SealKey("tenant", tc.key)
+		}
+		if got.Outcome != keyed.OutcomeRejected || got.Scope != tc.wantScope || got.Key != wantKey {
+			t.Errorf("Reject of key %q: the request ended %s with scope %q, key %q; want rejected, %q, %q", tc.key, got.Outcome, got.Scope, got.Key, tc.wantScope, wantKey)
+		}
 	}
 }
