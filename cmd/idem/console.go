@@ -174,7 +174,10 @@ Operators come from --operators or, when it is not given, from the
 environment variable ` + envOperators + `, as "alice:TOKEN,bob:TOKEN2". They log in
 with their token (a form that sets a session cookie) or send it as
 "Authorization: Bearer TOKEN"; their name is recorded in each letter's
-history. The console refuses to start without them.`,
+history. The console refuses to start without them.
+
+Its log lines name keys by a digest under $` + envKeyDigestSecret + `, as serve's do:
+give it the replicas' secret to correlate its lines with theirs.`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()
@@ -198,6 +201,16 @@ history. The console refuses to start without them.`,
 		}
 		if _, err := parseDB(dbURL); err != nil {
 			return &usageError{err}
+		}
+		// Its completers' lines name keys as the replicas' do.
+		digestSecret, err := a.keyDigestSecret()
+		if err != nil {
+			return &usageError{err}
+		}
+		if digestSecret != nil {
+			if err := idem.SetKeyDigestSecret(digestSecret); err != nil {
+				return &usageError{fmt.Errorf("$%s: %w", envKeyDigestSecret, err)}
+			}
 		}
 		return a.runConsole(cmd.Context(), addr, dbURL, pgSchema, ops, publicHTTPS, level)
 	})

@@ -151,3 +151,20 @@ func TestConsoleCommand(t *testing.T) {
 		t.Errorf("the token is in the log:\n%s", logs.String())
 	}
 }
+
+// The standalone console names keys in its logs (its completers' resumes
+// and settles) under $IDEM_KEY_DIGEST_SECRET as serve does, so that its
+// lines and the replicas' name a key alike; a secret too short is refused
+// before anything is opened, as serve refuses it.
+func TestConsoleTakesTheKeyDigestSecret(t *testing.T) {
+	t.Parallel()
+	db := filepath.Join(t.TempDir(), "idem.db")
+	code, _, errOut := runWithEnv(t, map[string]string{envKeyDigestSecret: "short-secret"},
+		"console", "--operators", "alice:t", "--db", "sqlite:"+db, "--addr", "no-port")
+	if want := "$" + envKeyDigestSecret + ": 12 bytes long; at least 16 are needed"; code != exitUsage || !strings.Contains(errOut, want) {
+		t.Errorf("console with a short $%s: exit %d, stderr %q; want a usage error saying %q", envKeyDigestSecret, code, errOut, want)
+	}
+	if _, err := os.Stat(db); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused start created the database: %v", err)
+	}
+}

@@ -46,9 +46,9 @@
 // (an HMAC of tenant and key) and IDEM_BODY_KEYS ("id:key,…", AES-256)
 // encrypts the answers kept for replay (see `idem keys seal` for turning
 // sealing on for keys kept in clear); IDEM_KEY_DIGEST_SECRET (16 bytes at
-// least) is the secret of the digests under which the logs name keys, the
-// same on every replica to correlate their logs (a random one of each
-// process's own otherwise); each of these, and IDEM_ACQUIRER_KEY,
+// least) is the secret of the digests under which the logs name keys
+// (serve's and `idem console`'s), the same on every replica and console to
+// correlate their logs (a random one of each process's own otherwise); each of these, and IDEM_ACQUIRER_KEY,
 // may instead be in a file that the variable of its name and _FILE names
 // (IDEM_API_KEYS_FILE, …), as mounted secrets are; OTEL_TRACES_EXPORTER (console, otlp
 // or none, the default) and the other OTEL_* variables configure tracing.
