@@ -45,7 +45,9 @@ func TestOpenAPIApplyToMergesAnswers(t *testing.T) {
 		Responses: map[string]any{
 			"409": map[string]any{"description": "In flight.",
 				"headers": map[string]any{"Retry-After": map[string]any{"required": true}},
-				"content": map[string]any{"application/problem+json": map[string]any{"schema": map[string]any{"type": "object", "minimum": 0.0}}}},
+				// An int here, a float64 in the operation read from JSON: the
+				// same JSON, so the same schema.
+				"content": map[string]any{"application/problem+json": map[string]any{"schema": map[string]any{"type": "object", "minimum": 0}}}},
 			"422": map[string]any{"description": "Mismatch.",
 				"content": map[string]any{"application/problem+json": map[string]any{"schema": map[string]any{"type": "object"}}}},
 			"500": map[string]any{},
@@ -87,6 +89,15 @@ func TestOpenAPIApplyToMergesAnswers(t *testing.T) {
 	bare.ApplyTo(op)
 	if got := asJSON(t, op["responses"]); !reflect.DeepEqual(got, asJSON(t, mustJSON(t, `{"500": {"description": "Boom. Or: Failed."}}`))) {
 		t.Fatalf("merged with no headers anywhere: %v", got)
+	}
+	// Headers on the middleware's side alone: they are the merged
+	// answer's, made optional (the operation's own 409 does not send them).
+	ours := idemhttp.OpenAPIFragment{Responses: map[string]any{"409": map[string]any{"description": "In flight.",
+		"headers": map[string]any{"Retry-After": map[string]any{"required": true}}}}}
+	op = mustJSON(t, `{"responses": {"409": {"description": "Name taken."}}}`)
+	ours.ApplyTo(op)
+	if got := asJSON(t, op["responses"]); !reflect.DeepEqual(got, asJSON(t, mustJSON(t, `{"409": {"description": "Name taken. Or: In flight.", "headers": {"Retry-After": {"required": false}}}}`))) {
+		t.Fatalf("merged with headers on the middleware's side alone: %v", got)
 	}
 	op = map[string]any{}
 	bare.ApplyTo(op)

@@ -1,6 +1,7 @@
 package idemhttp_test
 
 import (
+	"net/http"
 	"regexp"
 	"slices"
 	"strings"
@@ -54,6 +55,10 @@ func TestPolicyDescribesTheMiddleware(t *testing.T) {
 	if !slices.Contains(p.ReplayedHeaders, "X-Request-Id") || !slices.Contains(p.ReplayedHeaders, "Location") {
 		t.Errorf("ReplayedHeaders = %v", p.ReplayedHeaders)
 	}
+	// The key's description says how long it is remembered, in seconds.
+	if desc, _ := p.OpenAPI().Parameter["description"].(string); !strings.Contains(desc, "Remembered for 7200 seconds from its first use.") {
+		t.Errorf("the key's description: %q; want it remembered for 7200 seconds", desc)
+	}
 	statuses := map[int]idemhttp.PolicyAnswer{}
 	for _, a := range p.Answers {
 		statuses[a.Status] = a
@@ -65,6 +70,28 @@ func TestPolicyDescribesTheMiddleware(t *testing.T) {
 	}
 	if !statuses[409].RetryAfter || !statuses[503].RetryAfter {
 		t.Errorf("409 and 503 must say Retry-After: %+v", p.Answers)
+	}
+
+	// The scope's refusal is among the answers of a middleware with a
+	// Scope, and of no other.
+	scoped, err := idemhttp.New(&idemhttp.Config{Store: idemmem.NewStore(nil), Scope: func(r *http.Request) (idem.Scope, error) { return idem.Scope(r.Header.Get("X-Tenant")), nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		p    idemhttp.Policy
+		want bool
+	}{{"with SharedScope", p, false}, {"with a Scope", scoped.Policy(), true}} {
+		says := false
+		for _, a := range c.p.Answers {
+			for _, pr := range a.Problems {
+				says = says || pr.Type == idemhttp.ProblemScope
+			}
+		}
+		if says != c.want {
+			t.Errorf("the policy of a middleware %s says it answers %s: %t; want %t", c.name, idemhttp.ProblemScope, says, c.want)
+		}
 	}
 
 	opt, err := idemhttp.New(&idemhttp.Config{SharedScope: true, Store: idemmem.NewStore(nil), Optional: true})
