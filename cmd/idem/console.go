@@ -203,14 +203,8 @@ give it the replicas' secret to correlate its lines with theirs.`,
 			return &usageError{err}
 		}
 		// Its completers' lines name keys as the replicas' do.
-		digestSecret, err := a.keyDigestSecret()
-		if err != nil {
-			return &usageError{err}
-		}
-		if digestSecret != nil {
-			if err := idem.SetKeyDigestSecret(digestSecret); err != nil {
-				return &usageError{fmt.Errorf("$%s: %w", envKeyDigestSecret, err)}
-			}
+		if err := a.useKeyDigestSecret(); err != nil {
+			return err
 		}
 		return a.runConsole(cmd.Context(), addr, dbURL, pgSchema, ops, publicHTTPS, level)
 	})

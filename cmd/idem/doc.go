@@ -47,7 +47,8 @@
 // encrypts the answers kept for replay (see `idem keys seal` for turning
 // sealing on for keys kept in clear); IDEM_KEY_DIGEST_SECRET (16 bytes at
 // least) is the secret of the digests under which the logs name keys
-// (serve's and `idem console`'s), the same on every replica and console to
+// (serve's, `idem console`'s, `idem keys resume`'s and
+// `idem keys settle`'s), the same on every replica and console to
 // correlate their logs (a random one of each process's own otherwise); each of these, and IDEM_ACQUIRER_KEY,
 // may instead be in a file that the variable of its name and _FILE names
 // (IDEM_API_KEYS_FILE, …), as mounted secrets are; OTEL_TRACES_EXPORTER (console, otlp

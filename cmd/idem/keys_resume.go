@@ -71,7 +71,8 @@ went away) leaves the key as it was, in flight at its point, its outcome
 still unknown; that attempt is kept in the history.
 
 When the server seals keys (IDEM_KEY_SECRET) or encrypts what it keeps
-(IDEM_BODY_KEYS), give the same variables here.`,
+(IDEM_BODY_KEYS), give the same variables here; and $` + envKeyDigestSecret + `,
+under which its log lines name keys as serve's do.`,
 		Args: cobra.ExactArgs(1),
 	}
 	dbFlags(cmd, &dbURL, &pgSchema)
@@ -101,6 +102,10 @@ When the server seals keys (IDEM_KEY_SECRET) or encrypts what it keeps
 			return &usageError{err}
 		}
 		if err := checkPGSchema(cmd, dbURL); err != nil {
+			return err
+		}
+		// Its completer's lines name keys as the replicas' do.
+		if err := a.useKeyDigestSecret(); err != nil {
 			return err
 		}
 		rest, err := a.atRestFromEnv()

@@ -55,7 +55,8 @@ message the body's problem title and detail. Both carry the metadata
 idem-settled-by-operator.
 
 When the server seals keys (IDEM_KEY_SECRET) or encrypts the answers it keeps
-(IDEM_BODY_KEYS), give the same variables here. The server's completer drops
+(IDEM_BODY_KEYS), give the same variables here, and $` + envKeyDigestSecret + `,
+under which its log lines name keys as serve's do. The server's completer drops
 the key from its unknown count at its next round.`,
 		Args: cobra.ExactArgs(1),
 	}
@@ -103,6 +104,10 @@ the key from its unknown count at its next round.`,
 			action = console.ActionSettleAnswer
 		}
 		if err := checkPGSchema(cmd, dbURL); err != nil {
+			return err
+		}
+		// Its completer's lines name keys as the replicas' do.
+		if err := a.useKeyDigestSecret(); err != nil {
 			return err
 		}
 		rest, err := a.atRestFromEnv()

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -123,5 +125,33 @@ func TestKeysSettle(t *testing.T) {
 	evs, err := h.KeyEvents(t.Context(), "acme", "pay-1", console.KeyEventsQuery{})
 	if err != nil || len(evs) != 1 || evs[0].Actor != "alice" || evs[0].Action != console.ActionSettleFailed || evs[0].Reason != "no charge at the network" || evs[0].At.IsZero() {
 		t.Fatalf("pay-1's history: %+v %v; want alice's settle with its reason", evs, err)
+	}
+}
+
+// keys resume and keys settle name keys in their logs (their completer's
+// resume and settle) under $IDEM_KEY_DIGEST_SECRET as serve and the
+// console do, so that their lines and the replicas' name a key alike; a
+// secret too short is refused as a usage error before anything is opened.
+func TestKeysResumeAndSettleTakeTheKeyDigestSecret(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"resume", []string{"keys", "resume", "--scope", "acme", "pay-1", "--reason", "r", "--operator", "alice", "--acquirer", "http://127.0.0.1:1"}},
+		{"settle", []string{"keys", "settle", "--scope", "acme", "pay-1", "--reason", "r", "--operator", "alice", "--failed"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := filepath.Join(t.TempDir(), "idem.db")
+			code, _, errOut := runWithEnv(t, map[string]string{envKeyDigestSecret: "short-secret"},
+				append(tc.args, "--db", "sqlite:"+db)...)
+			if want := "$" + envKeyDigestSecret + ": 12 bytes long; at least 16 are needed"; code != exitUsage || !strings.Contains(errOut, want) {
+				t.Errorf("keys %s with a short $%s: exit %d, stderr %q; want a usage error saying %q", tc.name, envKeyDigestSecret, code, errOut, want)
+			}
+			if _, err := os.Stat(db); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("a refused keys %s created the database: %v", tc.name, err)
+			}
+		})
 	}
 }

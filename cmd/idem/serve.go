@@ -226,6 +226,24 @@ func (a *app) keyDigestSecret() ([]byte, error) {
 	return []byte(v), nil
 }
 
+// useKeyDigestSecret makes $IDEM_KEY_DIGEST_SECRET (or its _FILE) the
+// secret under which this process's logs name keys, as serve's do, for
+// the commands that log about keys without serving (console, keys resume,
+// keys settle); neither set leaves the process's own. A secret refused is
+// a usage error, to be returned before anything is opened.
+func (a *app) useKeyDigestSecret() error {
+	secret, err := a.keyDigestSecret()
+	if err != nil {
+		return &usageError{err}
+	}
+	if secret != nil {
+		if err := idem.SetKeyDigestSecret(secret); err != nil {
+			return &usageError{fmt.Errorf("$%s: %w", envKeyDigestSecret, err)}
+		}
+	}
+	return nil
+}
+
 // planServe checks every flag of serve and returns what to run. It opens
 // nothing; it only reads the environment (for the API keys) and makes the
 // development key when there are none. Each error names the flag at fault.
