@@ -121,6 +121,10 @@ type Completer struct {
 	// active are the keys being resumed (or settled), which no round takes
 	// on again; each channel is closed when that ends.
 	active map[keywait.Key]chan struct{}
+
+	// yieldHeldHook, when set (by tests), runs in yieldHeld before the
+	// hold is forgotten.
+	yieldHeldHook func()
 }
 
 // CompleterStats counts what a Completer did since it was made.

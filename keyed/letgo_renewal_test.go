@@ -152,3 +152,71 @@ func TestLetGoThatFailedStillHoldsTheKey(t *testing.T) {
 		t.Errorf("ResumeKey after the failed LetGo = %v, %v; want the key it holds finished at once", finished, err)
 	}
 }
+
+// A LetGo forgets only the hold it read: when a round of the same
+// Completer took the key over after the read (its lease had ended) and
+// failed, the Completer holds the key under the round's newer token, and
+// the LetGo, whose Yield under the older token the store refuses, must
+// leave that newer hold in place, so that LetGo and ResumeKey still act
+// on it at once.
+func TestLetGoKeepsANewerHold(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	mem := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	eng, err := keyed.New(&keyed.Config{Store: mem, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail := true
+	comp, err := eng.NewCompleter(&keyed.CompleterConfig{
+		Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
+			if fail {
+				return idem.Response{}, errors.New("the card network did not answer")
+			}
+			return idem.Response{Status: 201}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, mem, "k")
+	if _, err := comp.ResumeKey(t.Context(), "", "k", false); err == nil {
+		t.Fatal("ResumeKey = nil; want the resume's error")
+	}
+	first, err := mem.Get(t.Context(), "", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hooked := false
+	keyed.SetYieldHeldHook(comp, func() {
+		if hooked {
+			return
+		}
+		hooked = true
+		// The failed resume's lease ends; a round takes the key over
+		// and fails too.
+		clock.Advance(13 * time.Second)
+		if n, err := comp.RunOnce(t.Context()); n != 0 || err != nil {
+			t.Errorf("round in between = %d, %v; want 0 finished, no error", n, err)
+		}
+	})
+	if err := comp.LetGo(t.Context(), "", "k"); err != nil {
+		t.Fatalf("LetGo = %v", err)
+	}
+	if !hooked {
+		t.Fatal("the LetGo never reached its hook")
+	}
+	rec, err := mem.Get(t.Context(), "", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Token == first.Token || !rec.LeaseExpiresAt.After(clock.Now()) {
+		t.Fatalf("after the round in between: token %d (first %d), lease to %s; want the round's newer, live lease", rec.Token, first.Token, rec.LeaseExpiresAt)
+	}
+	if f := comp.Failures("", "k"); !f.Holding || f.Count != 2 {
+		t.Errorf("after a LetGo of the older hold: %+v; want the Completer still holding the key under the round's lease, 2 failures", f)
+	}
+	fail = false
+	if finished, err := comp.ResumeKey(t.Context(), "", "k", false); !finished || err != nil {
+		t.Errorf("ResumeKey after the LetGo = %v, %v; want the key it holds finished at once", finished, err)
+	}
+}

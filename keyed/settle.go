@@ -121,15 +121,18 @@ func (c *Completer) heldToken(wk keywait.Key) idem.Token {
 }
 
 // quietHeld returns once no renewal is on its way of the lease the
-// Completer holds wk under after a failed resume. The resume stopped
-// renewing it without waiting for one in flight (a round must not wait
-// past its Timeout), and such a renewal, reaching the store after a Yield
-// under the lease's token, would undo it: the key would have a live lease
-// again, for nobody. It waits at most a renewal's time (a sixth of the
-// lease), and only when one is in flight.
-func (c *Completer) quietHeld(wk keywait.Key) {
+// Completer holds wk under after a failed resume, when that is still the
+// lease of token t. The resume stopped renewing it without waiting for one
+// in flight (a round must not wait past its Timeout), and such a renewal,
+// reaching the store after a Yield under the lease's token, would undo it:
+// the key would have a live lease again, for nobody. It waits at most a
+// renewal's time (a sixth of the lease), and only when one is in flight.
+func (c *Completer) quietHeld(wk keywait.Key, t idem.Token) {
 	c.mu.Lock()
-	lease := c.failures[wk].lease
+	var lease *heldLease
+	if f := c.failures[wk]; f.token == t {
+		lease = f.lease
+	}
 	c.mu.Unlock()
 	if lease != nil {
 		c.e.hb.settle(lease)
@@ -138,19 +141,30 @@ func (c *Completer) quietHeld(wk keywait.Key) {
 
 // yieldHeld forgets the lease the Completer holds wk under after a failed
 // resume (token t) and yields it, once no renewal of it is on its way
-// (quietHeld). A Yield that failed otherwise than by being refused (the
-// lease is then not this Completer's) may not have ended the lease: the
-// Completer holds the key under it again, unless it took the key anew
-// meanwhile, so that LetGo can be tried again and ResumeKey and Settle
-// still act on the key at once.
+// (quietHeld). It forgets the hold only while it is still under t: a
+// round or resume of this Completer that took the key over since t was
+// read, and failed, holds it under a newer token, which the Yield under t
+// (refused by the store) does not end, and which stays held. A Yield that
+// failed otherwise than by being refused (the lease is then not this
+// Completer's) may not have ended the lease: the Completer holds the key
+// under it again, unless it took the key anew meanwhile, so that LetGo can
+// be tried again and ResumeKey and Settle still act on the key at once.
 func (c *Completer) yieldHeld(ctx context.Context, wk keywait.Key, t idem.Token) error {
-	c.quietHeld(wk)
+	if c.yieldHeldHook != nil {
+		c.yieldHeldHook()
+	}
+	c.quietHeld(wk, t)
 	c.mu.Lock()
-	lease := c.failures[wk].lease
+	f, ok := c.failures[wk]
+	mine := ok && f.token == t
+	lease := f.lease
+	if mine {
+		f.token, f.Holding, f.lease = 0, false, nil
+		c.failures[wk] = f
+	}
 	c.mu.Unlock()
-	c.letGo(wk)
 	err := c.rs.Yield(ctx, idem.Ref{Scope: wk.Scope, Key: wk.Key, Token: t})
-	if err != nil && !errors.Is(err, idem.ErrLeaseLost) {
+	if mine && err != nil && !errors.Is(err, idem.ErrLeaseLost) {
 		c.mu.Lock()
 		if f, ok := c.failures[wk]; ok && f.token == 0 {
 			f.token, f.Holding, f.lease = t, true, lease
@@ -389,7 +403,7 @@ func (c *Completer) settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 		// Under the lease of this Completer's last failed resume: Complete
 		// is fenced by its token, so a takeover since then refuses it. A
 		// Yield under it may follow, which no renewal must undo.
-		c.quietHeld(wk)
+		c.quietHeld(wk, t)
 		claim = idem.Claim{Outcome: idem.Acquired, Token: t, Record: rec}
 	} else {
 		claim, err = c.rs.Claim(ctx, idem.ClaimRequest{Scope: scope, Key: key, Fingerprint: rec.Fingerprint,
