@@ -316,6 +316,7 @@ func TestTortureRequestsStoreFaults(t *testing.T) {
 			t.Parallel()
 			code, stdout, stderr, r := runTorture(t, append(args, "--kill-every", "500ms", "--timeout", "90s")...)
 			checkHeld(t, r["logical_payments"], code, stdout, stderr, r)
+			t.Logf("commit cuts %d, store resets %d, store outages %d", r["commit_cuts"], r["store_resets"], r["store_outages"])
 			if r["commit_cuts"] == 0 || r["store_resets"] == 0 {
 				t.Errorf("commit cuts %d, store resets %d: the faults did not happen", r["commit_cuts"], r["store_resets"])
 			}

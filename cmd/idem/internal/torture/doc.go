@@ -60,8 +60,13 @@
 // whatever its age or traffic (the next chunk when none is open), cuts
 // that store's next COMMIT's answer, or starts an outage; the load's last
 // quarter waits for the resets and outages, as for the kills and restarts
-// below (a cut needs a COMMIT, which only the load makes). A run
-// with a rate meets at least one of its faults. Report.StoreResets,
+// below, and for the cut: a cut needs a COMMIT, which only the load makes,
+// so while its order stands (no replica starting meanwhile) payments go on
+// being handed out, each committed through the store before it is
+// answered, and the first COMMIT's answer after the order is cut, even one
+// split across two reads. A cut (or a reset with no connection open) that
+// met no traffic before the load's end is the run's error, naming the
+// seed. A run with a rate meets at least one of its faults. Report.StoreResets,
 // Report.CommitCuts and Report.StoreOutages count what it did. Kills and
 // store restarts are scheduled alike, since a ticker alone leaves a short
 // or fast run without them: the first SIGKILL of a replica, and a restart

@@ -138,6 +138,7 @@ func (p *storeProxy) accept() {
 // says which way it goes. client and store are the connection's two sides.
 func (p *storeProxy) pipe(dst, src net.Conn, toStore bool, client, store net.Conn, opened time.Time) {
 	buf := make([]byte, 32<<10)
+	var tail []byte // the end of the last chunk from the store (answersCommit)
 	for {
 		n, err := src.Read(buf)
 		young := time.Since(opened) < faultGrace
@@ -160,7 +161,11 @@ func (p *storeProxy) pipe(dst, src net.Conn, toStore bool, client, store net.Con
 				}
 				return
 			}
-			if !toStore && p.commits && answersCommit(chunk) {
+			var commit bool
+			if !toStore && p.commits {
+				commit, tail = answersCommit(tail, chunk)
+			}
+			if commit {
 				forced := p.forceCut.CompareAndSwap(true, false)
 				if forced || !young && p.faults.CommitCutRate > 0 && p.rng.Float64() < p.faults.CommitCutRate {
 					// The database has committed and says so; the
@@ -189,11 +194,20 @@ func (p *storeProxy) pipe(dst, src net.Conn, toStore bool, client, store net.Con
 	}
 }
 
+// commitComplete is PostgreSQL's CommandComplete message for a COMMIT:
+// 'C', its length, the tag "COMMIT".
+var commitComplete = []byte("C\x00\x00\x00\x0bCOMMIT\x00")
+
 // answersCommit reports whether a chunk of PostgreSQL's wire protocol
-// from the server holds the completion of a COMMIT: a CommandComplete
-// message ('C', its length, the tag "COMMIT").
-func answersCommit(chunk []byte) bool {
-	return bytes.Contains(chunk, []byte("C\x00\x00\x00\x0bCOMMIT\x00"))
+// from the server completes a COMMIT's answer (commitComplete), one that
+// began in the chunk before it too, whose end is tail. It returns the end
+// to pass with the next chunk: a message split across two reads is not
+// passed over.
+func answersCommit(tail, chunk []byte) (bool, []byte) {
+	seen := append(tail, chunk...)
+	found := bytes.Contains(seen, commitComplete)
+	keep := min(len(seen), len(commitComplete)-1)
+	return found, append([]byte(nil), seen[len(seen)-keep:]...)
 }
 
 // reset closes c at once, with a TCP reset rather than an orderly close.
@@ -207,23 +221,32 @@ func reset(c net.Conn) {
 // force orders a fault of its own, whatever the rates and the grace (see
 // run.forceFaults): a reset (cut false) of a connection open through the
 // proxy at once, idle or not, or, with none open, of the next chunk
-// either way; or the next COMMIT's answer cut (cut true). It returns once
-// the fault is carried out, or at stop, with the order withdrawn.
-func (p *storeProxy) force(cut bool, stop <-chan struct{}) {
+// either way; or the next COMMIT's answer cut (cut true). It calls
+// standing (when not nil) once such an order stands, before any traffic
+// can carry it out, and returns whether the fault was carried out: once
+// it is, or at stop, with the order withdrawn (false) unless it was
+// carried out as stop came.
+func (p *storeProxy) force(cut bool, standing func(), stop <-chan struct{}) bool {
 	if !cut && p.resetOpen() {
-		return
+		return true
 	}
 	order := &p.forceReset
 	if cut {
 		order = &p.forceCut
 	}
 	order.Store(true)
+	if standing != nil {
+		standing()
+	}
 	select {
 	case <-p.forced:
+		return true
 	case <-stop:
 		if !order.CompareAndSwap(true, false) {
 			<-p.forced // carried out as stop came
+			return true
 		}
+		return false
 	}
 }
 

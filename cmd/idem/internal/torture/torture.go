@@ -831,11 +831,64 @@ type scheduledFault struct {
 // traffic to happen, and that the load waits for before its last quarter.
 func (sf scheduledFault) chaos() bool { return sf.kind == "kill" || sf.kind == "restart" }
 
-// gates says whether the load's last quarter waits for sf: every fault
-// that needs no traffic of the load's to happen (a reset falls on a
-// connection open at once: storeProxy.force), not a COMMIT's cut, which
-// needs a COMMIT the load makes.
-func (sf scheduledFault) gates() bool { return sf.kind != "commit cut" }
+// faultGate is what the load's last quarter waits for: the scheduled
+// faults, each until it has happened (or failed, or was withdrawn at the
+// load's end, which run.force makes an error). A store fault whose order
+// stands until the load's traffic carries it out (a COMMIT's cut, which
+// needs a COMMIT only the load makes; a reset when no connection is open)
+// opens the gate while it stands: it holds the chaos lock, so the other
+// faults wait behind it, and only the payments handed out meanwhile, each
+// committed through the store before it is answered, carry it out: the
+// load cannot end with such an order standing unmet.
+type faultGate struct {
+	mu       sync.Mutex
+	pending  int // scheduled faults not yet happened
+	awaiting int // of these, orders standing that the load's traffic carries out
+	changed  chan struct{}
+}
+
+func newFaultGate(scheduled int) *faultGate {
+	return &faultGate{pending: scheduled, changed: make(chan struct{})}
+}
+
+// open says whether the load may hand out a payment of its last quarter,
+// and, when not, returns a channel closed at the gate's next change.
+func (g *faultGate) open() (bool, <-chan struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.pending == 0 || g.awaiting > 0, g.changed
+}
+
+// fault returns, for one of the scheduled faults, standing, to call when
+// its order stands until the load's traffic carries it out, and happened,
+// to call once it has happened, failed or was withdrawn.
+func (g *faultGate) fault() (standing, happened func()) {
+	stood := false
+	standing = func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if !stood {
+			stood = true
+			g.awaiting++
+			g.tell()
+		}
+	}
+	happened = func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.pending--
+		if stood {
+			g.awaiting--
+		}
+		g.tell()
+	}
+	return standing, happened
+}
+
+func (g *faultGate) tell() {
+	close(g.changed)
+	g.changed = make(chan struct{})
+}
 
 // scheduleFaults draws, from the seed, when the run meets the first fault
 // of each kind its StoreFaults ask for: a reset (ResetRate), a cut COMMIT
@@ -908,8 +961,12 @@ func (r *run) scheduleStoreFaults(half int) {
 
 // force carries out a scheduled fault, under the chaos lock so that no
 // replica is starting meanwhile (a fault in its migrations would only
-// stop it): it returns once the fault has happened, or at stop.
-func (r *run) force(ctx context.Context, sf scheduledFault, stop <-chan struct{}) error {
+// stop it): it returns once the fault has happened, or at stop. standing
+// (when not nil) is called once a store fault's order stands until the
+// load's traffic carries it out (storeProxy.force). A reset or
+// a COMMIT cut withdrawn at stop, never carried out, is an error naming
+// the seed: the load ended without the fault the run promised.
+func (r *run) force(ctx context.Context, sf scheduledFault, stop <-chan struct{}, standing func()) error {
 	switch sf.kind {
 	case "kill":
 		// The replica drawn may be down, crashed by itself: the kill
@@ -930,7 +987,9 @@ func (r *run) force(ctx context.Context, sf scheduledFault, stop <-chan struct{}
 	case "outage":
 		sf.store.outage(r.cfg.StoreFaults.OutageFor, stop)
 	default:
-		sf.store.force(sf.kind == "commit cut", stop)
+		if !sf.store.force(sf.kind == "commit cut", standing, stop) {
+			return fmt.Errorf("torture: the store %s scheduled at payment %d never came: no traffic of the load's through the store met its order before the load ended (seed %d)", sf.kind, sf.at+1, r.cfg.Seed)
+		}
 	}
 	return nil
 }
@@ -976,13 +1035,12 @@ func (r *run) load(ctx context.Context) error {
 	}
 	var chaosErr error
 	received := 0
-	var forcing, forcingChaos sync.WaitGroup
+	var forcing sync.WaitGroup
 	var forcedMu sync.Mutex
 	var forcedErr error
-	// The scheduled kills, restarts, resets and outages are all drawn
-	// below half the payments; the last quarter waits for them
-	// (scheduleFaults, gates).
-	forcedChaos := make(chan struct{})
+	// The scheduled faults are all drawn below half the payments; the
+	// last quarter waits for them (scheduleFaults, faultGate).
+	gate := newFaultGate(len(r.scheduled))
 	waitAt := len(r.payments) * 3 / 4
 feed:
 	for i, lp := range r.payments {
@@ -990,12 +1048,10 @@ feed:
 			if sf.at != i {
 				continue
 			}
-			wg := &forcing
-			if sf.gates() {
-				wg = &forcingChaos
-			}
-			wg.Go(func() {
-				if err := r.force(ctx, sf, stopKills); err != nil {
+			standing, happened := gate.fault()
+			forcing.Go(func() {
+				defer happened()
+				if err := r.force(ctx, sf, stopKills, standing); err != nil {
 					forcedMu.Lock()
 					forcedErr = errors.Join(forcedErr, err)
 					forcedMu.Unlock()
@@ -1003,10 +1059,13 @@ feed:
 				}
 			})
 		}
-		if i == waitAt {
-			go func() { forcingChaos.Wait(); close(forcedChaos) }()
+		for i >= waitAt {
+			open, changed := gate.open()
+			if open {
+				break
+			}
 			select {
-			case <-forcedChaos:
+			case <-changed:
 			case <-loadCtx.Done():
 				break feed
 			case chaosErr = <-chaosDone:
@@ -1031,7 +1090,6 @@ feed:
 	wg.Wait()
 	close(stopKills)
 	forcing.Wait()
-	forcingChaos.Wait()
 	chaosErr = errors.Join(chaosErr, forcedErr)
 	for ; received < chaosLoops; received++ {
 		chaosErr = errors.Join(chaosErr, <-chaosDone)

@@ -1,13 +1,13 @@
 package torture
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -141,8 +141,18 @@ func TestAnswersCommit(t *testing.T) {
 		"rollback":           {append(commandComplete("ROLLBACK"), ready...), false},
 		"commit in a string": {[]byte("D\x00\x00\x00\x10COMMIT"), false},
 	} {
-		if got := answersCommit(tc.chunk); got != tc.want {
+		if got, _ := answersCommit(nil, tc.chunk); got != tc.want {
 			t.Errorf("%s: answersCommit = %v, want %v", name, got, tc.want)
+		}
+		// The same bytes in two reads, split anywhere: the answer is
+		// found in the read that completes it, and only there.
+		end := bytes.Index(tc.chunk, commandComplete("COMMIT")) + len(commandComplete("COMMIT"))
+		for cut := range len(tc.chunk) + 1 {
+			first, tail := answersCommit(nil, tc.chunk[:cut])
+			second, _ := answersCommit(tail, tc.chunk[cut:])
+			if first != (tc.want && cut >= end) || second != (tc.want && cut < end) {
+				t.Errorf("%s split after %d bytes: found in the first read %v, in the second %v; want it in the read that completes it (%v)", name, cut, first, second, tc.want)
+			}
 		}
 	}
 }
@@ -214,7 +224,7 @@ func TestStoreProxyForcedFaults(t *testing.T) {
 		t.Fatal("a young connection met a fault nobody ordered")
 	}
 	done := make(chan struct{})
-	go func() { p.force(false, stop); close(done) }()
+	go func() { p.force(false, nil, stop); close(done) }()
 	for p.resets.Load() == 0 && roundTrip(c, "insert") {
 	}
 	<-done
@@ -225,9 +235,12 @@ func TestStoreProxyForcedFaults(t *testing.T) {
 	c = dial()
 	defer c.Close()
 	done = make(chan struct{})
-	go func() { p.force(true, stop); close(done) }()
-	for !p.forceCut.Load() {
-		runtime.Gosched()
+	placed := make(chan struct{})
+	var carried bool
+	go func() { carried = p.force(true, func() { close(placed) }, stop); close(done) }()
+	<-placed
+	if !p.forceCut.Load() {
+		t.Fatal("a COMMIT cut said to stand before its order did")
 	}
 	if !roundTrip(c, "insert") || !roundTrip(c, "insert") || p.cuts.Load() != 0 {
 		t.Fatalf("an ordered cut fell on an answer other than COMMIT's (%d cuts)", p.cuts.Load())
@@ -236,6 +249,9 @@ func TestStoreProxyForcedFaults(t *testing.T) {
 		t.Fatal("COMMIT's answer came through an ordered cut")
 	}
 	<-done
+	if !carried {
+		t.Error("the ordered cut, carried out, is reported withdrawn")
+	}
 	if p.cuts.Load() != 1 || p.resets.Load() != 1 {
 		t.Errorf("%d cuts and %d resets; want 1 of each", p.cuts.Load(), p.resets.Load())
 	}
@@ -243,7 +259,10 @@ func TestStoreProxyForcedFaults(t *testing.T) {
 	// An order withdrawn at stop leaves nothing behind.
 	early := make(chan struct{})
 	close(early)
-	p.force(false, early)
+	if p.force(true, nil, early) || p.forceCut.Load() {
+		t.Error("a COMMIT cut withdrawn at stop is reported carried out, or still stands")
+	}
+	p.force(false, nil, early) // resets a connection still open at once, if any
 	if p.forceReset.Load() {
 		t.Error("an order outlived its stop")
 	}
@@ -588,7 +607,9 @@ func TestScheduledResetMeetsAnIdleConnection(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	close(stop)
-	p.force(false, stop)
+	if !p.force(false, nil, stop) {
+		t.Error("the reset of the open connection is reported withdrawn")
+	}
 	if n := p.resets.Load(); n != 1 {
 		t.Fatalf("%d resets after a scheduled reset with a connection open and idle; want 1, at once", n)
 	}
@@ -597,14 +618,63 @@ func TestScheduledResetMeetsAnIdleConnection(t *testing.T) {
 	}
 }
 
-// The last quarter of the load waits for the scheduled faults that need
-// no traffic of the load's (kills, store restarts, resets, outages); a
-// COMMIT cut needs a COMMIT, which only the load makes.
+// The last quarter of the load waits for every scheduled fault: a kill, a
+// store restart, a reset or an outage until it has happened, and it goes
+// on while an order stands that only the load's traffic carries out (a
+// COMMIT's cut), whose COMMIT the payments handed out meanwhile make.
 func TestLoadWaitsForTheScheduledFaults(t *testing.T) {
 	t.Parallel()
-	for kind, want := range map[string]bool{"kill": true, "restart": true, "reset": true, "outage": true, "commit cut": false} {
-		if got := (scheduledFault{kind: kind}).gates(); got != want {
-			t.Errorf("a scheduled %s holds the load's last quarter: %v, want %v", kind, got, want)
+	g := newFaultGate(3)
+	_, killed := g.fault()
+	cutStands, cut := g.fault()
+	_, outage := g.fault()
+	step := func(what string, change func(), want bool) {
+		t.Helper()
+		_, changed := g.open()
+		change()
+		select {
+		case <-changed:
+		default:
+			t.Fatalf("after %s: the gate's change is not told", what)
 		}
+		if open, _ := g.open(); open != want {
+			t.Fatalf("after %s: the last quarter may go on %v, want %v", what, open, want)
+		}
+	}
+	if open, _ := g.open(); open {
+		t.Fatal("the last quarter goes on before any scheduled fault happened")
+	}
+	step("the cut's order stands", cutStands, true)
+	step("the kill", killed, true)
+	step("the cut", cut, false)
+	step("the outage", outage, true)
+}
+
+// A scheduled COMMIT cut that met no COMMIT before the load ended (its
+// order withdrawn at stop) is the run's error, naming the fault and the
+// seed, not a run that silently met no cut.
+func TestScheduledCutThatNeverCameIsAnError(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	faults := StoreFaults{CommitCutRate: 1e-9}
+	p, err := newStoreProxy(ln.Addr().String(), faults, true, newLockedRand(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	p.armed.Store(true)
+	r := &run{cfg: Config{Seed: 4242, StoreFaults: &faults}}
+	stop := make(chan struct{})
+	close(stop)
+	err = r.force(t.Context(), scheduledFault{at: 6, kind: "commit cut", store: p}, stop, nil)
+	if err == nil || !strings.Contains(err.Error(), "seed 4242") || !strings.Contains(err.Error(), "payment 7") {
+		t.Fatalf("a scheduled COMMIT cut withdrawn with no COMMIT met: %v; want an error naming payment 7 and seed 4242", err)
+	}
+	if p.forceCut.Load() || p.cuts.Load() != 0 {
+		t.Errorf("the withdrawn order: still standing %v, %d cuts", p.forceCut.Load(), p.cuts.Load())
 	}
 }
