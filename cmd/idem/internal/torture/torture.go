@@ -78,7 +78,9 @@ type Config struct {
 	// Defaults to 16.
 	Clients int
 	// DropRate is the fraction of requests whose answer the fault proxies
-	// drop after the replica sent it. Defaults to 0.1; negative means none.
+	// drop after the replica sent it; with it, the run drops at least one,
+	// at an answer drawn from the seed. Defaults to 0.1; negative means
+	// none.
 	DropRate float64
 	// KillEvery is the time between two SIGKILLs of a random replica, each
 	// started again at once. Defaults to 2s; negative means no kills.
@@ -421,8 +423,13 @@ type run struct {
 	attempts atomic.Int64
 	noAnswer atomic.Int64
 	retried  atomic.Int64
-	kills    atomic.Int64
-	restarts atomic.Int64 // private stores restarted
+	// dropAt is the number of the answer the fault proxies drop whatever
+	// DropRate draws (scheduleFaults); answersHeld counts the answers
+	// they held (dropNow).
+	dropAt      int64
+	answersHeld atomic.Int64
+	kills       atomic.Int64
+	restarts    atomic.Int64 // private stores restarted
 	// restarted is when the last restart of a private store ended
 	// (UnixNano): the next one of the restart loop comes
 	// RestartStoresEvery after it.
@@ -768,7 +775,17 @@ func (r *run) startReplicas(ctx context.Context) error {
 	return nil
 }
 
-func (r *run) dropNow() bool { return r.cfg.DropRate > 0 && r.rng.Float64() < r.cfg.DropRate }
+// dropNow says whether a fault proxy drops the answer it holds: the
+// answer numbered r.dropAt (scheduleFaults) and others at DropRate.
+func (r *run) dropNow() bool {
+	if r.cfg.DropRate <= 0 {
+		return false
+	}
+	if r.answersHeld.Add(1) == r.dropAt {
+		return true
+	}
+	return r.rng.Float64() < r.cfg.DropRate
+}
 
 // createAccounts creates the accounts, with a balance no run exhausts, on
 // the first replica directly.
@@ -898,6 +915,10 @@ func (g *faultGate) tell() {
 // grace, almost no connection lives to meet a fault. The rates and the
 // outages' ticks go on as before, beside these.
 //
+// With DropRate, one lost response is scheduled too: the fault proxies
+// drop the answer numbered at a draw within the count of payments whose
+// clients stay, whatever their rate draws, so a run meets at least one.
+//
 // Kills and restarts are scheduled too, for the same reason: a ticker
 // alone leaves a short or fast run without them. With KillEvery, the first
 // SIGKILL of a replica comes at a payment of the first half; with
@@ -918,6 +939,20 @@ func (r *run) scheduleFaults() {
 		}
 	}
 	r.scheduleStoreFaults(half)
+	staying := 0
+	for _, lp := range r.payments {
+		if !lp.abandoned {
+			staying++
+		}
+	}
+	if r.cfg.DropRate > 0 && staying > 0 {
+		// Each attempt of a payment whose client stays ends with an
+		// answer through a fault proxy, so an answer numbered within
+		// their count comes (an abandoned payment's one attempt may
+		// get none: it crashes its replica).
+		r.dropAt = 1 + r.rng.Int64N(int64(staying))
+		fmt.Fprintf(r.cfg.Progress, "torture: a lost response at the fault proxies' answer %d\n", r.dropAt)
+	}
 	for _, sf := range r.scheduled {
 		what := "a store " + sf.kind
 		switch sf.kind {

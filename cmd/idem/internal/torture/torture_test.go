@@ -678,3 +678,33 @@ func TestScheduledCutThatNeverCameIsAnError(t *testing.T) {
 		t.Errorf("the withdrawn order: still standing %v, %d cuts", p.forceCut.Load(), p.cuts.Load())
 	}
 }
+
+// A run that drops answers drops at least one whatever its rate and its
+// luck: the answer numbered at a draw from the seed within the payments'
+// count (every attempt's answer passes a fault proxy, and there is at
+// least one attempt per payment), then the others at DropRate.
+func TestScheduledLostResponse(t *testing.T) {
+	t.Parallel()
+	for seed := uint64(1); seed <= 20; seed++ {
+		r := &run{cfg: Config{DropRate: 1e-300, Progress: io.Discard}, rng: newLockedRand(seed)}
+		for range 10 {
+			r.payments = append(r.payments, &logical{})
+		}
+		r.scheduleFaults()
+		var dropped []int
+		for n := range 10 {
+			if r.dropNow() {
+				dropped = append(dropped, n+1)
+			}
+		}
+		if len(dropped) != 1 {
+			t.Fatalf("seed %d: answers dropped among the first 10 (one per payment) %v; want exactly one, drawn from the seed", seed, dropped)
+		}
+	}
+	r := &run{cfg: Config{DropRate: 0, Progress: io.Discard}, rng: newLockedRand(1)}
+	r.payments = []*logical{{}}
+	r.scheduleFaults()
+	if r.dropNow() {
+		t.Error("a run with no DropRate dropped an answer")
+	}
+}
