@@ -319,10 +319,12 @@ func (c *Completer) round(ctx context.Context, wg *sync.WaitGroup, finished *ato
 // outOfTime logs each of the keys a round listed and ran out of its
 // Timeout before it could take over (waiting for a slot, with Parallel
 // resumes under way): the Completer's Bound counts again from then for
-// them.
+// them. A key another resume of this Completer has under way (listed
+// again, its lease having ended while that resume runs) is being taken
+// over: it is not logged.
 func (c *Completer) outOfTime(ctx context.Context, recs []idem.Record) {
 	for _, rec := range recs {
-		if !c.takes(rec.Recovery.Name) {
+		if !c.takes(rec.Recovery.Name) || c.underWay(keywait.Key{Scope: rec.Scope, Key: rec.Key}) {
 			continue
 		}
 		log := reqLog{l: c.log, scope: rec.Scope, key: rec.Key, method: "completer", path: rec.Recovery.Name}
@@ -375,6 +377,14 @@ func (c *Completer) begin(wk keywait.Key) bool {
 	}
 	c.active[wk] = make(chan struct{})
 	return true
+}
+
+// underWay reports whether a resume (or settle) of wk is under way.
+func (c *Completer) underWay(wk keywait.Key) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.active[wk]
+	return ok
 }
 
 // beginWait is begin that waits, until ctx ends, for a resume of wk under

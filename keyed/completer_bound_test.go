@@ -229,3 +229,63 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// A round that runs out of time waiting for a slot logs the keys it could
+// not take over, not those another resume of the same Completer has under
+// way (listed again, their lease having ended by the store's clock while
+// that resume runs): those are being taken over.
+func TestCompleterOutOfTimeLogsOnlyKeysNotUnderWay(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	// The renewals' timers never fire: the slow resume's lease ends by the
+	// store's clock when the test advances it.
+	timers := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	mem := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	eng, err := keyed.New(&keyed.Config{Store: mem, SeparateTx: true, Clock: clock, Timers: timers, Lease: 12 * time.Second, TTL: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(&lockedWriter{mu: &logMu, w: &logs}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resuming, release := make(chan struct{}), make(chan struct{})
+	comp, err := eng.NewCompleter(&keyed.CompleterConfig{Parallel: 1, Timeout: time.Second,
+		Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
+			if ex.Key != "slow" {
+				t.Errorf("resumed %q, which the round could not have had a slot for", ex.Key)
+				return idem.Response{}, errors.New("unexpected")
+			}
+			close(resuming)
+			<-release
+			return idem.Response{Status: 201}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, mem, "slow")
+	first := make(chan error, 1)
+	go func() {
+		_, err := comp.RunOnce(t.Context())
+		first <- err
+	}()
+	select {
+	case <-resuming:
+	case err := <-first:
+		t.Fatalf("the first round ended (%v) before resuming the slow key", err)
+	}
+	abandon(t, mem, "waiting")
+	clock.Advance(13 * time.Second) // the slow resume's lease ends by the store's clock
+	if n, err := comp.RunOnce(t.Context()); n != 0 || err != nil {
+		t.Errorf("second round = %d, %v; want 0 finished, no error", n, err)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Errorf("first round: %v", err)
+	}
+	logMu.Lock()
+	got := logs.String()
+	logMu.Unlock()
+	if n := strings.Count(got, `msg="completer: the round ran out of time before it could take the abandoned execution over"`); n != 1 {
+		t.Errorf("the second round logged %d keys as out of time; want 1, the key it could not take over, not the one being resumed:\n%s", n, got)
+	}
+}
