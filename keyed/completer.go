@@ -102,6 +102,16 @@ type CompleterConfig struct {
 // it), and is tried again after the lease the Completer took. The bound
 // then holds again from the round that gave up.
 //
+// A round also reads back the keys whose outcome it counts as unknown and
+// that its listing did not return (one Get each), to forget those that
+// ended without it (a client's retry finished the key). It does so only
+// once it has started the resumes of every key it listed, within the same
+// Timeout, and only one round at a time: many unknown keys (a card
+// network's outage leaves many) never spend the Timeout the claims need,
+// and overlapping rounds do not read the same keys again. A round that
+// runs out of time reads none back; Unknown then counts a finished key
+// until a later round does.
+//
 // Make one with Engine.NewCompleter (or a face's NewCompleter), run it
 // with Run.
 type Completer struct {
@@ -121,6 +131,10 @@ type Completer struct {
 	// active are the keys being resumed (or settled), which no round takes
 	// on again; each channel is closed when that ends.
 	active map[keywait.Key]chan struct{}
+
+	// pruning is set while a round reads back the unknown outcomes
+	// (prune).
+	pruning atomic.Bool
 
 	// yieldHeldHook, when set (by tests), runs in yieldHeld before the
 	// hold is forgotten.
@@ -277,7 +291,6 @@ func (c *Completer) round(ctx context.Context, wg *sync.WaitGroup, finished *ato
 	if err != nil {
 		return err
 	}
-	c.pruneUnknown(rctx, recs)
 	for i, rec := range recs {
 		if !c.takes(rec.Recovery.Name) {
 			continue // another Completer's (CompleterConfig.Points)
@@ -313,7 +326,21 @@ func (c *Completer) round(ctx context.Context, wg *sync.WaitGroup, finished *ato
 			}
 		})
 	}
+	// Only once every claim is under way: the reading back of the
+	// unknown outcomes, one Get per key, must not spend the Timeout the
+	// claims need.
+	c.prune(rctx, recs)
 	return nil
+}
+
+// prune runs pruneUnknown, unless another round is at it: overlapping
+// rounds would read the same keys back again.
+func (c *Completer) prune(ctx context.Context, listed []idem.Record) {
+	if !c.pruning.CompareAndSwap(false, true) {
+		return
+	}
+	defer c.pruning.Store(false)
+	c.pruneUnknown(ctx, listed)
 }
 
 // outOfTime logs each of the keys a round listed and ran out of its
@@ -624,6 +651,7 @@ func runResume(ctx context.Context, resume ResumeFunc, ex Execution) (answer ide
 // is still unknown; one it does not list may be held under the lease the
 // Completer took when its Resume failed, so its record decides: still in
 // flight, it stays unknown.
+// It stops at ctx's end, the round's deadline.
 func (c *Completer) pruneUnknown(ctx context.Context, listed []idem.Record) {
 	c.mu.Lock()
 	var check []keywait.Key
@@ -639,6 +667,9 @@ func (c *Completer) pruneUnknown(ctx context.Context, listed []idem.Record) {
 		inList[keywait.Key{Scope: r.Scope, Key: r.Key}] = true
 	}
 	for _, wk := range check {
+		if ctx.Err() != nil {
+			return
+		}
 		if inList[wk] {
 			continue
 		}

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -287,5 +289,122 @@ func TestCompleterOutOfTimeLogsOnlyKeysNotUnderWay(t *testing.T) {
 	logMu.Unlock()
 	if n := strings.Count(got, `msg="completer: the round ran out of time before it could take the abandoned execution over"`); n != 1 {
 		t.Errorf("the second round logged %d keys as out of time; want 1, the key it could not take over, not the one being resumed:\n%s", n, got)
+	}
+}
+
+// slowUnknownGets is a store whose Get of a key named unknown-… answers
+// only once released (or its context ended): a store slow to read back
+// the many keys a card network's outage left unknown.
+type slowUnknownGets struct {
+	*idemmem.Store
+	slow    atomic.Bool
+	release chan struct{}
+	gets    atomic.Int64
+	entered chan struct{} // when not nil, sent to by each slow Get
+}
+
+func (s *slowUnknownGets) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
+	if s.slow.Load() && strings.HasPrefix(string(key), "unknown-") {
+		s.gets.Add(1)
+		if s.entered != nil {
+			s.entered <- struct{}{}
+		}
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+			return idem.Record{}, ctx.Err()
+		}
+	}
+	return s.Store.Get(ctx, scope, key)
+}
+
+// A round with many keys of unknown outcome to read back (not listed:
+// the Completer holds them under the leases of their failed resumes)
+// still takes an abandoned key over: the reading back comes after the
+// round's claims, and cannot spend the Timeout they need.
+func TestCompleterPruningDoesNotStarveClaims(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	mem := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	store := &slowUnknownGets{Store: mem, release: make(chan struct{})}
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resumedFresh sync.Once
+	comp, err := eng.NewCompleter(&keyed.CompleterConfig{Timeout: 2 * time.Second,
+		Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
+			if strings.HasPrefix(string(ex.Key), "unknown-") {
+				return idem.Response{}, errors.New("the card network did not answer")
+			}
+			resumedFresh.Do(func() { close(store.release) })
+			return idem.Response{Status: 201}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const unknown = 50
+	for i := range unknown {
+		abandon(t, mem, idem.Key(fmt.Sprintf("unknown-%d", i)))
+	}
+	if n, err := comp.RunOnce(t.Context()); n != 0 || err != nil {
+		t.Fatalf("first round = %d, %v; want 0 finished (every resume failing), no error", n, err)
+	}
+	if got := comp.Stats().Unknown; got != unknown {
+		t.Fatalf("after the first round: %d unknown; want %d", got, unknown)
+	}
+	store.slow.Store(true)
+	abandon(t, mem, "fresh")
+	if n, err := comp.RunOnce(t.Context()); n != 1 || err != nil {
+		t.Errorf("round with %d unknown keys to read back = %d, %v; want the abandoned key finished (%d slow reads)", unknown, n, err, store.gets.Load())
+	}
+	if rec, err := mem.Get(t.Context(), "", "fresh"); err != nil || rec.State != idem.StateCompleted {
+		t.Errorf("the abandoned key after the round: %v, %v; want it completed", rec.State, err)
+	}
+}
+
+// Rounds that overlap do not read the same unknown keys back again: while
+// one round reads them, the next reads none.
+func TestCompleterOneRoundAtATimeReadsUnknownKeysBack(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	mem := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	store := &slowUnknownGets{Store: mem, release: make(chan struct{}), entered: make(chan struct{}, 64)}
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, err := eng.NewCompleter(&keyed.CompleterConfig{Timeout: time.Minute,
+		Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
+			return idem.Response{}, errors.New("the card network did not answer")
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		abandon(t, mem, idem.Key(fmt.Sprintf("unknown-%d", i)))
+	}
+	if _, err := comp.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	store.slow.Store(true)
+	first := make(chan error, 1)
+	go func() {
+		_, err := comp.RunOnce(t.Context())
+		first <- err
+	}()
+	<-store.entered // the first round reads an unknown key back
+	if _, err := comp.RunOnce(t.Context()); err != nil {
+		t.Errorf("the overlapping round: %v", err)
+	}
+	if got := store.gets.Load(); got != 1 {
+		t.Errorf("%d reads of unknown keys once the overlapping round ended; want 1, the first round's", got)
+	}
+	close(store.release)
+	if err := <-first; err != nil {
+		t.Errorf("the first round: %v", err)
+	}
+	if got := store.gets.Load(); got != 3 {
+		t.Errorf("%d reads of unknown keys; want 3, each once", got)
 	}
 }
