@@ -555,9 +555,13 @@ func (r *messagesRun) drawFirstFaults() {
 }
 
 // faultsMet says whether the run has met the faults it was asked for: a
-// SIGKILL of a consumer by the run, a restart of the private broker.
+// SIGKILL of a consumer by the run, a restart of the private broker, and,
+// with ChurnEvery, a consumer that left its group (its churns come every
+// ChurnEvery once the calm part is over, with nothing drawn, so a run
+// whose events were all applied before the first would meet none).
 func (r *messagesRun) faultsMet() bool {
-	return (r.firstKillAt == 0 || r.kills.Load() > 0) && (r.firstRestartAt == 0 || r.restarts.Load() > 0)
+	return (r.firstKillAt == 0 || r.kills.Load() > 0) && (r.firstRestartAt == 0 || r.restarts.Load() > 0) &&
+		(r.cfg.ChurnEvery <= 0 || r.churns.Load() > 0)
 }
 
 // untilFirst waits until the interval every has passed or at events are

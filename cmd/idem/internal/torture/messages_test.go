@@ -110,3 +110,26 @@ func TestTimeUp(t *testing.T) {
 		})
 	}
 }
+
+// A run ends only once it has met every fault its checks ask for: the
+// first kill and broker restart drawn from the seed, and, in a churned
+// run, a consumer that left its group and joined again; until then its
+// load goes on waiting (bounded by Timeout, as for a stall).
+func TestMessagesRunWaitsForItsFaults(t *testing.T) {
+	t.Parallel()
+	r := &messagesRun{cfg: MessagesConfig{ChurnEvery: time.Second}, firstKillAt: 5}
+	if r.faultsMet() {
+		t.Fatal("faults met before the first kill")
+	}
+	r.kills.Add(1)
+	if r.faultsMet() {
+		t.Fatal("a churned run's faults met before any consumer left its group")
+	}
+	r.churns.Add(1)
+	if !r.faultsMet() {
+		t.Fatal("faults not met after the first kill and a churn")
+	}
+	if calm := (&messagesRun{}); !calm.faultsMet() {
+		t.Error("a run with no faults asked for waits for some")
+	}
+}
