@@ -2,13 +2,20 @@ package idemamqp_test
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemamqp"
 )
+
+// exampleName names the example's exchange and queues, apart from any other
+// run's: the tests of two checkouts may share one broker, and two consumers
+// of one queue would each take the other's messages.
+var exampleName = "idem.example." + strings.ToLower(rand.Text())
 
 // A payment event is published with a publisher confirm, consumed from the
 // consumer's quorum queue, handed back once with a delay (through a delay
@@ -24,7 +31,7 @@ func Example() {
 		url = "amqp://guest:guest@127.0.0.1:5672/"
 	}
 	ctx := context.Background()
-	tr, err := idemamqp.Open(ctx, url, &idemamqp.Config{Exchange: "idem.example", QueuePrefix: "idem.example"})
+	tr, err := idemamqp.Open(ctx, url, &idemamqp.Config{Exchange: exampleName, QueuePrefix: exampleName})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -33,7 +40,7 @@ func Example() {
 	// The example cleans up after itself; a service keeps its queues.
 	defer tr.DeleteQueues(ctx)
 
-	// Subscribing declares queue idem.example.settlement, bound to the
+	// Subscribing declares queue <exampleName>.settlement, bound to the
 	// topic: RabbitMQ routes only to the queues that exist.
 	stream, err := tr.Subscribe(ctx, idem.Subscription{Topic: "payments.succeeded", Consumer: "settlement"})
 	if err != nil {

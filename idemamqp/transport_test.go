@@ -250,7 +250,7 @@ func TestConfigInvalid(t *testing.T) {
 func TestExample(t *testing.T) {
 	// Not parallel: it swaps os.Stdout.
 	url := amqpURL(t)
-	defer deleteExchange(t, url, "idem.example")
+	defer deleteExchange(t, url, exampleName)
 	want := "evt-1 acct-1 attempt 1\nevt-1 payments.succeeded attempt 2\n"
 	if got := captureStdout(t, Example); got != want {
 		t.Errorf("Example printed:\n%s\nwant:\n%s", got, want)

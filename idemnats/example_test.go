@@ -2,6 +2,7 @@ package idemnats_test
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"os"
 	"time"
@@ -12,6 +13,11 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemnats"
 )
+
+// exampleName tells the example's stream and subjects apart from any other
+// run's: the tests of two checkouts may share one server, and JetStream
+// refuses two streams over the same subjects.
+var exampleName = rand.Text()
 
 // A payment event is published with its event ID as Nats-Msg-Id, consumed
 // by a durable consumer, handed back once with a delay, and acknowledged on
@@ -27,8 +33,7 @@ func Example() {
 		url = nats.DefaultURL
 	}
 	ctx := context.Background()
-	cfg := &idemnats.Config{Stream: "IDEM_EXAMPLE", SubjectPrefix: "idemexample"}
-	deleteStream(url, cfg.Stream) // what a crashed run may have left
+	cfg := &idemnats.Config{Stream: "IDEM_EXAMPLE_" + exampleName, SubjectPrefix: "idemexample" + exampleName}
 	tr, err := idemnats.Open(ctx, url, cfg)
 	if err != nil {
 		fmt.Println(err)
@@ -38,7 +43,7 @@ func Example() {
 	defer deleteStream(url, cfg.Stream)
 
 	stream, err := tr.Subscribe(ctx, idem.Subscription{
-		Topic:    "payments.succeeded", // subject idemexample.payments.succeeded
+		Topic:    "payments.succeeded", // subject idemexample<exampleName>.payments.succeeded
 		Consumer: "settlement",
 		AckWait:  30 * time.Second,
 	})
