@@ -3,6 +3,7 @@ package keyed_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -119,25 +120,9 @@ func (s *yieldDown) Yield(ctx context.Context, ref idem.Ref) error {
 // another until that lease ends.
 func TestLetGoThatFailedStillHoldsTheKey(t *testing.T) {
 	t.Parallel()
-	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	mem := idemmem.NewStore(&idemmem.Config{Clock: clock})
-	store := &yieldDown{Store: mem}
-	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fail := true
-	comp, err := eng.NewCompleter(&keyed.CompleterConfig{
-		Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
-			if fail {
-				return idem.Response{}, errors.New("the card network did not answer")
-			}
-			return idem.Response{Status: 201}, nil
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	abandon(t, mem, "k")
+	h := newFailingFirst(t, func(mem *idemmem.Store) idem.Store { return &yieldDown{Store: mem} })
+	comp := h.comp
+	abandon(t, h.mem, "k")
 	if _, err := comp.ResumeKey(t.Context(), "", "k", false); err == nil {
 		t.Fatal("ResumeKey = nil; want the resume's error")
 	}
@@ -147,10 +132,48 @@ func TestLetGoThatFailedStillHoldsTheKey(t *testing.T) {
 	if f := comp.Failures("", "k"); !f.Holding {
 		t.Errorf("after a LetGo whose Yield failed: %+v; want the Completer still holding the key under its lease", f)
 	}
-	fail = false
+	h.fail.Store(false)
 	if finished, err := comp.ResumeKey(t.Context(), "", "k", false); !finished || err != nil {
 		t.Errorf("ResumeKey after the failed LetGo = %v, %v; want the key it holds finished at once", finished, err)
 	}
+}
+
+// failingFirst is a Completer, on an idemmem store with an injected clock
+// and a 12 s lease, whose Resume fails (the card network did not answer)
+// while fail is set, as it is at first, and answers 201 once it is not.
+type failingFirst struct {
+	clock *idemmem.Clock
+	mem   *idemmem.Store
+	comp  *keyed.Completer
+	fail  atomic.Bool
+}
+
+// newFailingFirst makes a failingFirst whose engine's store is wrap(mem),
+// or mem itself when wrap is nil.
+func newFailingFirst(t *testing.T, wrap func(*idemmem.Store) idem.Store) *failingFirst {
+	t.Helper()
+	h := &failingFirst{clock: idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))}
+	h.mem = idemmem.NewStore(&idemmem.Config{Clock: h.clock})
+	var store idem.Store = h.mem
+	if wrap != nil {
+		store = wrap(h.mem)
+	}
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: h.clock, Timers: h.clock, Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.fail.Store(true)
+	h.comp, err = eng.NewCompleter(&keyed.CompleterConfig{
+		Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
+			if h.fail.Load() {
+				return idem.Response{}, errors.New("the card network did not answer")
+			}
+			return idem.Response{Status: 201}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
 }
 
 // A LetGo forgets only the hold it read: when a round of the same
@@ -161,23 +184,8 @@ func TestLetGoThatFailedStillHoldsTheKey(t *testing.T) {
 // on it at once.
 func TestLetGoKeepsANewerHold(t *testing.T) {
 	t.Parallel()
-	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	mem := idemmem.NewStore(&idemmem.Config{Clock: clock})
-	eng, err := keyed.New(&keyed.Config{Store: mem, SeparateTx: true, Clock: clock, Timers: clock, Lease: 12 * time.Second, TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fail := true
-	comp, err := eng.NewCompleter(&keyed.CompleterConfig{
-		Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
-			if fail {
-				return idem.Response{}, errors.New("the card network did not answer")
-			}
-			return idem.Response{Status: 201}, nil
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := newFailingFirst(t, nil)
+	clock, mem, comp := h.clock, h.mem, h.comp
 	abandon(t, mem, "k")
 	if _, err := comp.ResumeKey(t.Context(), "", "k", false); err == nil {
 		t.Fatal("ResumeKey = nil; want the resume's error")
@@ -215,7 +223,7 @@ func TestLetGoKeepsANewerHold(t *testing.T) {
 	if f := comp.Failures("", "k"); !f.Holding || f.Count != 2 {
 		t.Errorf("after a LetGo of the older hold: %+v; want the Completer still holding the key under the round's lease, 2 failures", f)
 	}
-	fail = false
+	h.fail.Store(false)
 	if finished, err := comp.ResumeKey(t.Context(), "", "k", false); !finished || err != nil {
 		t.Errorf("ResumeKey after the LetGo = %v, %v; want the key it holds finished at once", finished, err)
 	}
