@@ -106,6 +106,8 @@ type Config struct {
 	// server reflection (grpc.reflection.v1.ServerReflection and
 	// v1alpha's), which are Off unless named here, so that adding the
 	// interceptor to a server keeps its health probes and grpcurl working.
+	// New refuses a name of neither form ("/payments.v1.Payments.Create",
+	// "/payments.v1.Payments/"), which no call could match.
 	Methods map[string]Policy
 
 	// Default is the policy of the methods Methods does not name, beside
@@ -290,7 +292,7 @@ func withDefaults(cfg *Config) (Config, error) {
 		if p < Required || p > Off {
 			return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Methods", Reason: fmt.Sprintf("gives %q %s, not a Policy", name, p)}
 		}
-		if len(name) < 3 || name[0] != '/' {
+		if _, _, ok := splitMethod(name); !ok {
 			return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Methods", Reason: fmt.Sprintf("names %q: want /package.Service/Method or /package.Service/*", name)}
 		}
 	}

@@ -35,6 +35,13 @@ func TestNewRefuses(t *testing.T) {
 		{Store: store, SharedScope: true, TTL: time.Second, Lease: time.Minute},
 		{Store: store, SharedScope: true, Methods: map[string]idemgrpc.Policy{"Create": idemgrpc.Off}},
 		{Store: store, SharedScope: true, Methods: map[string]idemgrpc.Policy{"/a.B/C": 7}},
+		// Names no call can have, which would never match (a method's
+		// policy silently not applied): no method, no service, no slash
+		// between them.
+		{Store: store, SharedScope: true, Methods: map[string]idemgrpc.Policy{"/a.B/": idemgrpc.Off}},
+		{Store: store, SharedScope: true, Methods: map[string]idemgrpc.Policy{"//C": idemgrpc.Off}},
+		{Store: store, SharedScope: true, Methods: map[string]idemgrpc.Policy{"/a.B.C": idemgrpc.Off}},
+		{Store: store, SharedScope: true, Methods: map[string]idemgrpc.Policy{"/aB": idemgrpc.Off}},
 		{Store: store, SharedScope: true, Default: idemgrpc.Off + 1},
 		{Store: store, SharedScope: true, Default: idemgrpc.Required - 1 - 1},
 		{Store: store, SharedScope: true, MaxResponseBytes: -1},
