@@ -2,8 +2,13 @@ package idemgrpc_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -113,5 +118,71 @@ func TestAnswerAtMaxResponseBytes(t *testing.T) {
 				t.Errorf("replay with MaxResponseBytes %d for %d bytes: metadata %v; want x-receipt %t", c.max, len(b), md, c.wantMD)
 			}
 		})
+	}
+}
+
+// A handler that returns once its context has ended (its Timeout passed)
+// gave up: nothing says its effect is whole, so even an error that is
+// kept when the handler returns it in time (FailedPrecondition, a
+// deterministic refusal) is not kept, and a retry with the key runs the
+// handler again rather than replaying the give-up.
+func TestErrorReturnedAfterTheTimeoutIsNotKept(t *testing.T) {
+	t.Parallel()
+	store := idemmem.NewStore(nil)
+	h := grpcsuite.New(t, idemgrpc.Config{Store: store, SharedScope: true, Timeout: 50 * time.Millisecond}, nil)
+	var runs atomic.Int32
+	h.Handle(func(ctx context.Context, _ *structpb.Struct) (*structpb.Struct, error) {
+		runs.Add(1)
+		<-ctx.Done()
+		return nil, status.Error(codes.FailedPrecondition, "declined")
+	})
+	req := grpcsuite.Msg(t, map[string]any{"amount": 1})
+	for n := range 2 {
+		_, md, err := h.Call(t.Context(), "k", req)
+		if status.Code(err) != codes.FailedPrecondition || len(md[idemgrpc.MetadataReplayed]) != 0 {
+			t.Fatalf("call %d: %v, metadata %v; want the handler's FailedPrecondition, not a replay", n+1, err, md)
+		}
+		h.WaitEnds(t, 1)
+	}
+	if got := runs.Load(); got != 2 {
+		t.Fatalf("ran %d times for two calls with one key; want 2: an answer given after the Timeout is not kept", got)
+	}
+	if rec, err := store.Get(t.Context(), "", "k"); err == nil && rec.State == idem.StateCompleted {
+		t.Errorf("the key after a handler that gave up: %+v; want no answer kept", rec)
+	}
+}
+
+// A replay hands the interceptors before this one the answer as the type
+// the handler returned (*structpb.Struct here), even for a service
+// described by hand, whose method the protobuf registry does not know:
+// the interceptor learns the type from the handler's first answer.
+func TestReplayIsTheHandlersType(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var seen []string
+	outer := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+		resp, err := next(ctx, req)
+		mu.Lock()
+		seen = append(seen, fmt.Sprintf("%T", resp))
+		mu.Unlock()
+		return resp, err
+	}
+	h := grpcsuite.New(t, idemgrpc.Config{Store: idemmem.NewStore(nil), SharedScope: true}, &grpcsuite.Options{Outer: []grpc.UnaryServerInterceptor{outer}})
+	h.Handle(func(context.Context, *structpb.Struct) (*structpb.Struct, error) {
+		return grpcsuite.Msg(t, map[string]any{"receipt": "r1"}), nil
+	})
+	req := grpcsuite.Msg(t, map[string]any{"amount": 1})
+	if _, _, err := h.Call(t.Context(), "k", req); err != nil {
+		t.Fatal(err)
+	}
+	h.WaitEnds(t, 1)
+	out, md, err := h.Call(t.Context(), "k", req)
+	if err != nil || len(md[idemgrpc.MetadataReplayed]) == 0 || out.Fields["receipt"].GetStringValue() != "r1" {
+		t.Fatalf("the retry: %v, %v, metadata %v; want the answer replayed", out, err, md)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"*structpb.Struct", "*structpb.Struct"}; !slices.Equal(seen, want) {
+		t.Errorf("the interceptor before idemgrpc saw answers of types %v; want %v (the replay as the handler's type)", seen, want)
 	}
 }
