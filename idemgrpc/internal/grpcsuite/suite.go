@@ -172,6 +172,11 @@ func mismatchRefused(t *testing.T, open Open) {
 	if status.Code(err) != codes.FailedPrecondition || idemgrpc.Reason(err) != idemgrpc.ReasonKeyMismatch {
 		t.Fatalf("another request under the key: %v (reason %q), want FailedPrecondition %s", err, idemgrpc.Reason(err), idemgrpc.ReasonKeyMismatch)
 	}
+	// No retry under the key can succeed, so the refusal invites none:
+	// its ErrorInfo alone, no RetryInfo (not even of zero).
+	if details := status.Convert(err).Details(); len(details) != 1 {
+		t.Fatalf("the mismatch's details: %v; want its ErrorInfo alone", details)
+	}
 	if got := effects.Of("k"); got != 1 {
 		t.Fatalf("ran %d times, want 1", got)
 	}
@@ -429,6 +434,9 @@ func largeAnswer(t *testing.T, open Open) {
 	if tx {
 		if status.Code(err) != codes.Internal || idemgrpc.Reason(err) != idemgrpc.ReasonResponseTooLarge {
 			t.Fatalf("in a transaction: %v, want Internal %s", err, idemgrpc.ReasonResponseTooLarge)
+		}
+		if details := status.Convert(err).Details(); len(details) != 1 {
+			t.Fatalf("the refusal's details: %v; want its ErrorInfo alone, no RetryInfo (the same answer would be too large again)", details)
 		}
 		if _, _, err := h.Call(t.Context(), "k", req); status.Code(err) != codes.Internal {
 			t.Fatalf("the retry: %v, want it run and refused again", err)
