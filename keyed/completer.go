@@ -128,17 +128,21 @@ type Completer struct {
 	// failures are the failed resumes of the keys still unknown.
 	failures map[keywait.Key]ResumeFailures
 	stats    CompleterStats
-	// active are the keys being resumed (or settled), which no round takes
-	// on again; each channel is closed when that ends.
+	// active are the keys being resumed (or settled, or let go), which no
+	// round takes on again and which ResumeKey, Settle and LetGo wait for;
+	// each channel is closed when that ends.
 	active map[keywait.Key]chan struct{}
 
 	// pruning is set while a round reads back the unknown outcomes
 	// (prune).
 	pruning atomic.Bool
 
-	// yieldHeldHook, when set (by tests), runs in yieldHeld before the
-	// hold is forgotten.
-	yieldHeldHook func()
+	// letGoHook, when set (by tests), runs in LetGo between its reading of
+	// the held token and its wait for the key.
+	letGoHook func()
+	// waitHook, when set (by tests), runs in beginWait each time it finds
+	// the key under way and is about to wait for it.
+	waitHook func()
 }
 
 // CompleterStats counts what a Completer did since it was made.
@@ -415,7 +419,9 @@ func (c *Completer) underWay(wk keywait.Key) bool {
 }
 
 // beginWait is begin that waits, until ctx ends, for a resume of wk under
-// way to end.
+// way to end, or an operator's action on it (ResumeKey, Settle, LetGo):
+// those take wk with beginWait, so that none of them acts on a key while
+// another, or a round's resume, does.
 func (c *Completer) beginWait(ctx context.Context, wk keywait.Key) error {
 	for {
 		c.mu.Lock()
@@ -426,6 +432,9 @@ func (c *Completer) beginWait(ctx context.Context, wk keywait.Key) error {
 			return nil
 		}
 		c.mu.Unlock()
+		if c.waitHook != nil {
+			c.waitHook()
+		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -629,7 +638,7 @@ func (c *Completer) notRecorded(ctx, dctx context.Context, wk keywait.Key, held 
 	if yerr := c.rs.Yield(dctx, held.ref); yerr != nil && !errors.Is(yerr, idem.ErrLeaseLost) {
 		err = errors.Join(err, fmt.Errorf("yielding the key: %w", yerr))
 	}
-	c.letGo(wk)
+	c.letGo(wk, held.ref.Token)
 	log.LogAttrs(ctx, slog.LevelError, "completer: a resume was not recorded; the key is given back, in flight at its point",
 		slog.String("error", err.Error()))
 	return resumeNotRecorded, err

@@ -195,7 +195,7 @@ func TestLetGoKeepsANewerHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	hooked := false
-	keyed.SetYieldHeldHook(comp, func() {
+	keyed.SetLetGoHook(comp, func() {
 		if hooked {
 			return
 		}

@@ -141,18 +141,16 @@ func (c *Completer) quietHeld(wk keywait.Key, t idem.Token) {
 
 // yieldHeld forgets the lease the Completer holds wk under after a failed
 // resume (token t) and yields it, once no renewal of it is on its way
-// (quietHeld). It forgets the hold only while it is still under t: a
-// round or resume of this Completer that took the key over since t was
-// read, and failed, holds it under a newer token, which the Yield under t
-// (refused by the store) does not end, and which stays held. A Yield that
-// failed otherwise than by being refused (the lease is then not this
-// Completer's) may not have ended the lease: the Completer holds the key
-// under it again, unless it took the key anew meanwhile, so that LetGo can
-// be tried again and ResumeKey and Settle still act on the key at once.
+// (quietHeld). The caller has wk under way (beginWait). It forgets and
+// yields the hold only while it is still under t: a round or resume of
+// this Completer that took the key over since t was read, and failed,
+// holds it under a newer token, which stays held; a resume or Settle that
+// ended the key since, or yielded it, left nothing under t to give back.
+// A Yield that failed otherwise than by being refused (the lease is then
+// not this Completer's) may not have ended the lease: the Completer holds
+// the key under it again, so that LetGo can be tried again and ResumeKey
+// and Settle still act on the key at once.
 func (c *Completer) yieldHeld(ctx context.Context, wk keywait.Key, t idem.Token) error {
-	if c.yieldHeldHook != nil {
-		c.yieldHeldHook()
-	}
 	c.quietHeld(wk, t)
 	c.mu.Lock()
 	f, ok := c.failures[wk]
@@ -163,8 +161,11 @@ func (c *Completer) yieldHeld(ctx context.Context, wk keywait.Key, t idem.Token)
 		c.failures[wk] = f
 	}
 	c.mu.Unlock()
+	if !mine {
+		return nil
+	}
 	err := c.rs.Yield(ctx, idem.Ref{Scope: wk.Scope, Key: wk.Key, Token: t})
-	if mine && err != nil && !errors.Is(err, idem.ErrLeaseLost) {
+	if err != nil && !errors.Is(err, idem.ErrLeaseLost) {
 		c.mu.Lock()
 		if f, ok := c.failures[wk]; ok && f.token == 0 {
 			f.token, f.Holding, f.lease = t, true, lease
@@ -175,11 +176,15 @@ func (c *Completer) yieldHeld(ctx context.Context, wk keywait.Key, t idem.Token)
 	return err
 }
 
-// letGo forgets the lease held after a failed resume.
-func (c *Completer) letGo(wk keywait.Key) {
+// letGo forgets the lease held after a failed resume, once the key was
+// given back or taken from under token t (the caller's): when that lease's
+// token is t, or older. Tokens only grow (idem.Token), so a claim under t
+// ended every lease under an older token, while a hold under a newer one
+// was taken since, by another resume of this Completer, and stays.
+func (c *Completer) letGo(wk keywait.Key, t idem.Token) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if f, ok := c.failures[wk]; ok {
+	if f, ok := c.failures[wk]; ok && f.token != 0 && f.token <= t {
 		f.token, f.Holding, f.lease = 0, false, nil
 		c.failures[wk] = f
 	}
@@ -273,8 +278,9 @@ func notTaken(o idem.Outcome) error {
 //   - idem.ErrLeaseLost: another holder took the key meanwhile, and this
 //     resume did not finish it.
 //
-// A resume of the key by this Completer under way is waited for (until
-// ctx ends), by a dry run too; one by another is refused. A key this
+// A resume of the key by this Completer under way, or a LetGo of it, is
+// waited for (until ctx ends), by a dry run too; one by another is
+// refused. A key this
 // Completer holds after its own failed resume is taken over anew at once,
 // its lease yielded first. With dryRun, it only checks that the key could
 // be resumed, changing nothing.
@@ -343,8 +349,8 @@ func (c *Completer) resumeKey(ctx context.Context, scope idem.Scope, key idem.Ke
 // client's retry): if one holds the key, or finished it first, Settle is
 // refused (ErrBeingFinished, ErrNotStopped) and the key is left as that
 // execution leaves it; once Settle holds it, they find it held, then
-// completed. A resume by this Completer itself is waited for (until ctx
-// ends), and the key read as it left it. It returns the record as it was
+// completed. A resume or LetGo of the key by this Completer itself is
+// waited for (until ctx ends), and the key read as it left it. It returns the record as it was
 // before.
 //
 // A key stopped at a point outside CompleterConfig.Points is refused
@@ -432,7 +438,7 @@ func (c *Completer) settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 		if yerr := c.rs.Yield(dctx, ref); yerr != nil && !errors.Is(yerr, idem.ErrLeaseLost) {
 			c.log.LogAttrs(ctx, slog.LevelWarn, "completer: could not give back a key it claimed anew", slog.String("error", yerr.Error()))
 		}
-		c.letGo(wk)
+		c.letGo(wk, ref.Token)
 		return rec, err
 	}
 	kept, err := e.keptAnswer(ref, answer, false)
@@ -440,14 +446,14 @@ func (c *Completer) settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 		err = c.complete(dctx, ref, kept, record)
 	}
 	if errors.Is(err, idem.ErrLeaseLost) {
-		c.letGo(wk)
+		c.letGo(wk, ref.Token)
 		return rec, fmt.Errorf("%w: another execution took it over meanwhile", ErrBeingFinished)
 	}
 	if err != nil {
 		if yerr := c.rs.Yield(dctx, ref); yerr != nil && !errors.Is(yerr, idem.ErrLeaseLost) {
 			err = errors.Join(err, fmt.Errorf("yielding the key: %w", yerr))
 		}
-		c.letGo(wk)
+		c.letGo(wk, ref.Token)
 		if errors.Is(err, ErrNotRecorded) {
 			return rec, err
 		}
@@ -521,12 +527,28 @@ func (c *Completer) UnknownKeys() []idem.Ref {
 // Yield). A Yield that fails (the store down) returns its error and leaves
 // the Completer holding the key, so that LetGo can be tried again. Without
 // such a lease, it does nothing.
+//
+// It gives back the lease held when it is called, once no resume, Settle
+// or ResumeKey of the key by this Completer is under way (until ctx ends):
+// one that keeps an answer under that lease (a Settle of a key the
+// Completer holds keeps it under the held lease's token) is not undone by
+// a Yield under it, and one that ends the key, or takes it anew and fails
+// (holding it under a newer lease, which stays held), leaves nothing to
+// give back. Settle and ResumeKey in turn wait for a LetGo under way, and
+// act on the key as it leaves it.
 func (c *Completer) LetGo(ctx context.Context, scope idem.Scope, key idem.Key) error {
 	wk := keywait.Key{Scope: scope, Key: key}
 	t := c.heldToken(wk)
 	if t == 0 {
 		return nil
 	}
+	if c.letGoHook != nil {
+		c.letGoHook()
+	}
+	if err := c.beginWait(ctx, wk); err != nil {
+		return fmt.Errorf("ending the lease of the failed resume: %w", err)
+	}
+	defer c.end(wk)
 	if err := c.yieldHeld(ctx, wk, t); err != nil && !errors.Is(err, idem.ErrLeaseLost) {
 		return fmt.Errorf("ending the lease of the failed resume: %w", err)
 	}
