@@ -25,9 +25,10 @@ import (
 
 // stoppedCalls serves a method whose handler stops every call at the
 // recovery point "charging" (Unavailable), as a holder that died there
-// leaves its key, and returns a call of it under a key: the status and the
-// header metadata the client gets.
-func stoppedCalls(t *testing.T, ic *idemgrpc.Interceptor) func(key string) (metadata.MD, error) {
+// leaves its key, and returns a call of it under a key: the message, the
+// status and the header metadata the client gets. A call the key's replay
+// answers never reaches the handler; one that does is stopped again.
+func stoppedCalls(t *testing.T, ic *idemgrpc.Interceptor) func(key string) (*structpb.Struct, metadata.MD, error) {
 	t.Helper()
 	desc := grpc.ServiceDesc{ServiceName: "idemgrpc.test.Settled", HandlerType: (*any)(nil), Methods: []grpc.MethodDesc{{MethodName: "Charge",
 		Handler: func(_ any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
@@ -60,11 +61,11 @@ func stoppedCalls(t *testing.T, ic *idemgrpc.Interceptor) func(key string) (meta
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return func(key string) (metadata.MD, error) {
-		md := metadata.MD{}
+	return func(key string) (*structpb.Struct, metadata.MD, error) {
+		out, md := new(structpb.Struct), metadata.MD{}
 		ctx := metadata.AppendToOutgoingContext(t.Context(), idemgrpc.MetadataKey, key)
-		err := conn.Invoke(ctx, "/idemgrpc.test.Settled/Charge", &structpb.Struct{}, new(structpb.Struct), grpc.Header(&md))
-		return md, err
+		err := conn.Invoke(ctx, "/idemgrpc.test.Settled/Charge", &structpb.Struct{}, out, grpc.Header(&md))
+		return out, md, err
 	}
 }
 
@@ -120,7 +121,7 @@ func TestSettledAnswerAsTheClientReadsIt(t *testing.T) {
 				t.Fatal(err)
 			}
 			call := stoppedCalls(t, ic)
-			if _, err := call("k"); status.Code(err) != codes.Unavailable {
+			if _, _, err := call("k"); status.Code(err) != codes.Unavailable {
 				t.Fatalf("the first call: %v; want it stopped at its point, Unavailable", err)
 			}
 			comp, err := ic.NewCompleter(&idemgrpc.CompleterConfig{Resume: func(context.Context, idemgrpc.Execution) (any, error) { return nil, errors.New("not here") }})
@@ -130,7 +131,7 @@ func TestSettledAnswerAsTheClientReadsIt(t *testing.T) {
 			if _, err := comp.Settle(t.Context(), "", "k", idem.Response{Status: c.status, Header: c.header, Body: []byte(c.body)}, false); err != nil {
 				t.Fatalf("settling with %d: %v", c.status, err)
 			}
-			md, err := call("k")
+			_, md, err := call("k")
 			if st := status.Convert(err); st.Code() != c.wantCode || st.Message() != c.wantMsg || len(md.Get(idemgrpc.MetadataReplayed)) != 1 {
 				t.Fatalf("the retry of a key settled with %d %q: %v %q, metadata %v;\nwant %v %q, replayed", c.status, c.body, st.Code(), st.Message(), md, c.wantCode, c.wantMsg)
 			}
@@ -164,25 +165,25 @@ func TestSettledAnswersHeadersAsTheClientReadsThem(t *testing.T) {
 	for i, name := range []string{"x-a", "x-z", "x-0", "x-9", "x_u", "x.d"} {
 		// One at a time as well: a name alone in its answer.
 		key := idem.Key(fmt.Sprintf("carried-%d", i))
-		if _, err := call(string(key)); status.Code(err) != codes.Unavailable {
+		if _, _, err := call(string(key)); status.Code(err) != codes.Unavailable {
 			t.Fatalf("the first call of %s: %v", key, err)
 		}
 		if _, err := comp.Settle(t.Context(), "", key, idem.Response{Status: http.StatusConflict, Header: http.Header{name: {"v"}}, Body: []byte("settled")}, false); err != nil {
 			t.Fatal(err)
 		}
-		if md, err := call(string(key)); status.Code(err) != codes.FailedPrecondition || !slices.Equal(md.Get(name), []string{"v"}) {
+		if _, md, err := call(string(key)); status.Code(err) != codes.FailedPrecondition || !slices.Equal(md.Get(name), []string{"v"}) {
 			t.Errorf("the retry of a key settled with the header %q alone: %v, metadata %v; want FailedPrecondition and %s: v", name, err, md, name)
 		}
 	}
 	for i, name := range []string{"x-`", "x-{", "x-/", "x-:", "x-é"} {
 		key := idem.Key(fmt.Sprintf("left-out-%d", i))
-		if _, err := call(string(key)); status.Code(err) != codes.Unavailable {
+		if _, _, err := call(string(key)); status.Code(err) != codes.Unavailable {
 			t.Fatalf("the first call of %s: %v", key, err)
 		}
 		if _, err := comp.Settle(t.Context(), "", key, idem.Response{Status: http.StatusConflict, Header: http.Header{name: {"v"}}, Body: []byte("settled")}, false); err != nil {
 			t.Fatal(err)
 		}
-		if md, err := call(string(key)); status.Code(err) != codes.FailedPrecondition || status.Convert(err).Message() != "settled" || md.Get(name) != nil {
+		if _, md, err := call(string(key)); status.Code(err) != codes.FailedPrecondition || status.Convert(err).Message() != "settled" || md.Get(name) != nil {
 			t.Errorf("the retry of a key settled with the header %q alone: %v, metadata %v; want FailedPrecondition \"settled\", the header left out", name, err, md)
 		}
 	}
@@ -197,13 +198,13 @@ func TestSettledAnswersHeadersAsTheClientReadsThem(t *testing.T) {
 		h[name] = []string{"w"}
 	}
 	h["Content-Type"] = []string{"text/plain"}
-	if _, err := call("all"); status.Code(err) != codes.Unavailable {
+	if _, _, err := call("all"); status.Code(err) != codes.Unavailable {
 		t.Fatalf("the first call: %v", err)
 	}
 	if _, err := comp.Settle(t.Context(), "", "all", idem.Response{Status: http.StatusConflict, Header: h, Body: []byte("settled")}, false); err != nil {
 		t.Fatal(err)
 	}
-	md, err := call("all")
+	_, md, err := call("all")
 	if st := status.Convert(err); st.Code() != codes.FailedPrecondition || st.Message() != "settled" {
 		t.Fatalf("the retry of a key settled with many headers: %v; want FailedPrecondition \"settled\"", err)
 	}

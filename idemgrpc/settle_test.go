@@ -3,16 +3,11 @@ package idemgrpc_test
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"testing"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/idem-go/idem"
@@ -39,54 +34,12 @@ func TestSettleKeepsAnAnswerTheRetryReads(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			stop := true
-			desc := grpc.ServiceDesc{ServiceName: "idemgrpc.test.Settle", HandlerType: (*any)(nil), Methods: []grpc.MethodDesc{{MethodName: "Charge",
-				Handler: func(_ any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
-					in := new(structpb.Struct)
-					if err := dec(in); err != nil {
-						return nil, err
-					}
-					return icpt(ctx, in, &grpc.UnaryServerInfo{FullMethod: "/idemgrpc.test.Settle/Charge"}, func(ctx context.Context, _ any) (any, error) {
-						if !stop {
-							t.Error("the handler ran again for a settled key")
-							return in, nil
-						}
-						if err := idemgrpc.SaveRecovery(ctx, "charging", []byte("ch")); err != nil {
-							return nil, err
-						}
-						return nil, status.Error(codes.Unavailable, "the card network does not answer")
-					})
-				}}}}
-			srv := grpc.NewServer(grpc.UnaryInterceptor(ic.Unary()))
-			srv.RegisterService(&desc, nil)
-			lis := bufconn.Listen(1 << 20)
-			served := make(chan struct{})
-			go func() {
-				defer close(served)
-				srv.Serve(lis)
-			}()
-			t.Cleanup(func() {
-				srv.Stop()
-				<-served
-			})
-			conn, err := grpc.NewClient("passthrough:///settle", grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { conn.Close() })
-			call := func(key string) (*structpb.Struct, metadata.MD, error) {
-				out, md := new(structpb.Struct), metadata.MD{}
-				ctx := metadata.AppendToOutgoingContext(t.Context(), idemgrpc.MetadataKey, key)
-				err := conn.Invoke(ctx, "/idemgrpc.test.Settle/Charge", &structpb.Struct{}, out, grpc.Header(&md))
-				return out, md, err
-			}
+			call := stoppedCalls(t, ic)
 			for _, key := range []string{"failed", "ok-default", "ok-app"} {
 				if _, _, err := call(key); status.Code(err) != codes.Unavailable {
 					t.Fatalf("the first call of %s: %v; want it stopped at its point, Unavailable", key, err)
 				}
 			}
-			stop = false
 			resume := func(context.Context, idemgrpc.Execution) (any, error) { return nil, errors.New("not here") }
 			byDefault, err := ic.NewCompleter(&idemgrpc.CompleterConfig{Resume: resume})
 			if err != nil {
