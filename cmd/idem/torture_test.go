@@ -243,6 +243,7 @@ func TestTortureRequestsAcquirer(t *testing.T) {
 			if d, ok := r["reconcile_differences"]; !ok || d != 0 {
 				t.Errorf("idem reconcile: ran %v, %d differences; want it run, with none", ok, d)
 			}
+			t.Logf("%d crashes after a charge, %d charges", r["crashes_after_charge"], r["charges"])
 			if r["charges"] != 1000 || r["crashes_after_charge"] == 0 {
 				t.Errorf("%d charges, %d crashes after a charge; want 1000 charges, crashes on the way\n%s", r["charges"], r["crashes_after_charge"], stdout)
 			}
@@ -287,6 +288,7 @@ func TestTortureRequestsAbandoned(t *testing.T) {
 			// for the payment whose resume a replica logged as failed.
 			t.Logf("slowest abandoned payment finished %ss after its holder died; the completers' bound %ss; bounds counted from a failed resume %d, from a resume or claim cut off by its replica's death %d, from a failed claim %d",
 				resultText(stdout, "slowest_finish_s"), resultText(stdout, "finish_bound_s"), r["from_failed_resume"], r["from_cut_off_resume"], r["from_failed_claim"])
+			t.Logf("%d abandoned, %d finished by a completer, %d crashes after a charge", r["abandoned"], r["abandoned_finished"], r["crashes_after_charge"])
 			if r["abandoned"] == 0 || r["abandoned_finished"] == 0 {
 				t.Errorf("%d abandoned, %d finished by a completer; want some of each\n%s", r["abandoned"], r["abandoned_finished"], stdout)
 			}

@@ -135,7 +135,10 @@ type Config struct {
 	// CrashAfterCharge is the share of attempts whose first try is sent
 	// with Idem-Fault: crash-after-charge: the replica SIGKILLs itself after the network
 	// charged and before the payment commits, and the run starts it again.
-	// Defaults to 0.05 with Acquirer; negative means none.
+	// With Acquirer, the run meets at least one such crash: from a payment
+	// drawn from the seed, the first tries carry one, in turn, until a
+	// replica has crashed (scheduleFaults). Defaults to 0.05 with
+	// Acquirer; negative means none.
 	CrashAfterCharge float64
 	// Abandon is the share of logical payments whose client sends one
 	// attempt, asking for crash-after-charge, and never comes back, whatever
@@ -143,7 +146,9 @@ type Config struct {
 	// finish them. After the load the run waits for them (CompleterWait),
 	// and the checks want each charged once and recorded, or neither.
 	// Needs Acquirer, and the keys in DB (the completer needs recovery
-	// points). Defaults to 0: every client retries.
+	// points). With it, at least one payment is abandoned: one of the
+	// first half drawn from the seed, whatever the share draws. Defaults
+	// to 0: every client retries.
 	Abandon float64
 	// Progress receives a line of progress every ProgressEvery. Defaults to
 	// io.Discard.
@@ -310,6 +315,10 @@ type logical struct {
 	abandoned bool
 	// gaveUpAt is when its client gave up (abandoned only).
 	gaveUpAt time.Time
+	// left, made for the abandoned payment scheduleFaults draws, is
+	// closed once its client's one try has ended (pay): the load's last
+	// quarter waits for it.
+	left chan struct{}
 
 	mu         sync.Mutex
 	answers    []answer
@@ -439,6 +448,18 @@ type run struct {
 	// the load began: what Timeout is measured from.
 	progressed atomic.Int64
 	crashes    atomic.Int64 // replicas that killed themselves (crash-after-charge), started again, or found so by a kill
+	// crashMu guards crashTold, closed at the next crash counted
+	// (countCrash), and crashDue: with a scheduled crash after a charge
+	// placed, the count of crashes the run must reach (scheduledCrashCame),
+	// and crashDueAt its payment.
+	crashMu    sync.Mutex
+	crashTold  chan struct{}
+	crashDue   int64
+	crashDueAt int
+	// crashOwed is the scheduled crash after a charge's order: crashFree
+	// while a first try may take it, crashTaken while one carries it
+	// (firstTryFault), 0 when none is owed.
+	crashOwed atomic.Int32
 	// unexpectedExits are the replicas that ended by themselves other
 	// than by a crash fault's SIGKILL (selfExit): each a violation.
 	exitsMu         sync.Mutex
@@ -511,6 +532,9 @@ func Run(ctx context.Context, cfg *Config) (rep *Report, err error) {
 		return nil, fmt.Errorf("torture: interrupted before the checks: %w", context.Cause(ctx))
 	}
 	if err := r.reviveExited(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.scheduledCrashCame(); err != nil {
 		return nil, err
 	}
 	if c.Abandon > 0 {
@@ -834,7 +858,7 @@ func (r *run) plan() {
 // restart.
 type scheduledFault struct {
 	at     int
-	kind   string // "reset", "commit cut", "outage", "kill" or "restart"
+	kind   string // "reset", "commit cut", "outage", "kill", "restart", "abandon" or "crash after charge"
 	store  *storeProxy
 	server *localserver.Server // "restart"
 	// replica is the replica a "kill" SIGKILLs (or the next live one),
@@ -842,7 +866,19 @@ type scheduledFault struct {
 	// come from the run's source after whatever the load drew meanwhile,
 	// and the same seed would kill another replica.
 	replica int
+	// payment is the payment an "abandon" makes abandoned.
+	payment *logical
 }
+
+// The states of run.crashOwed.
+const (
+	crashFree  = 1
+	crashTaken = 2
+)
+
+// faultCrashAfterCharge is the Idem-Fault that makes a replica SIGKILL
+// itself after the card network charged, before the payment commits.
+const faultCrashAfterCharge = "crash-after-charge"
 
 // chaos reports whether the fault is a kill or a restart: one that needs no
 // traffic to happen, and that the load waits for before its last quarter.
@@ -919,6 +955,19 @@ func (g *faultGate) tell() {
 // drop the answer numbered at a draw within the count of payments whose
 // clients stay, whatever their rate draws, so a run meets at least one.
 //
+// With Abandon, one payment of the first half, drawn first, is abandoned
+// whatever the share draws, and the load's last quarter waits until its
+// client's one try has ended. With an Acquirer and CrashAfterCharge, a
+// crash after a charge is owed from a payment of the first half: from
+// then on the first tries of the payments whose clients stay carry it,
+// one at a time, each giving it back with its answer (refused before its
+// charge, or a replay, it crashed nothing), until a replica's crash is
+// counted; while it is owed the last quarter goes on, since only the
+// load's tries carry it out, and one that never came by the load's end
+// is the run's error, naming the seed (scheduledCrashCame). A try whose
+// replica crashed gives it back before the crash is counted, so the next
+// may crash another replica: a crash or two more than the rate's.
+//
 // Kills and restarts are scheduled too, for the same reason: a ticker
 // alone leaves a short or fast run without them. With KillEvery, the first
 // SIGKILL of a replica comes at a payment of the first half; with
@@ -928,6 +977,15 @@ func (g *faultGate) tell() {
 // met while payments are still being made. The tickers go on beside them.
 func (r *run) scheduleFaults() {
 	half := max(1, len(r.payments)/2)
+	if r.cfg.Abandon > 0 && len(r.payments) > 0 {
+		at := r.rng.IntN(half)
+		lp := r.payments[at]
+		lp.abandoned, lp.left = true, make(chan struct{})
+		r.scheduled = append(r.scheduled, scheduledFault{at: at, kind: "abandon", payment: lp})
+	}
+	if r.cfg.Acquirer != "" && r.cfg.CrashAfterCharge > 0 {
+		r.scheduled = append(r.scheduled, scheduledFault{at: r.rng.IntN(half), kind: "crash after charge"})
+	}
 	if r.cfg.KillEvery > 0 {
 		at := r.rng.IntN(half)
 		r.scheduled = append(r.scheduled, scheduledFault{at: at, kind: "kill", replica: r.rng.IntN(max(1, len(r.replicas)))})
@@ -960,6 +1018,10 @@ func (r *run) scheduleFaults() {
 			what = fmt.Sprintf("a SIGKILL of replica %d", sf.replica)
 		case "restart":
 			what = "a restart of the private " + sf.server.Name()
+		case "abandon":
+			what = "a client that gives up after one try"
+		case "crash after charge":
+			what = "a crash after a charge owed"
 		}
 		fmt.Fprintf(r.cfg.Progress, "torture: %s at payment %d\n", what, sf.at+1)
 	}
@@ -1015,6 +1077,21 @@ func (r *run) force(ctx context.Context, sf scheduledFault, stop <-chan struct{}
 		return nil
 	case "restart":
 		return r.restartOne(ctx, sf.server)
+	case "abandon":
+		select {
+		case <-sf.payment.left:
+			return nil
+		case <-stop:
+		}
+		select {
+		case <-sf.payment.left:
+			return nil
+		default:
+			return fmt.Errorf("torture: the abandoned client scheduled at payment %d never sent its try before the load ended (seed %d)", sf.at+1, r.cfg.Seed)
+		}
+	case "crash after charge":
+		r.orderCrash(sf.at, stop, standing)
+		return nil
 	}
 	r.chaos.Lock()
 	defer r.chaos.Unlock()
@@ -1027,6 +1104,96 @@ func (r *run) force(ctx context.Context, sf scheduledFault, stop <-chan struct{}
 		}
 	}
 	return nil
+}
+
+// orderCrash places the scheduled crash after a charge's order, made at
+// payment at: from now on the first tries of the payments whose clients
+// stay carry it, one at a time (firstTryFault), until a replica has
+// crashed. It calls standing once the order stands (only the load's
+// traffic carries it out) and returns once a crash has been counted, or
+// at stop, withdrawing the order; scheduledCrashCame says, once the
+// replicas still down after the load are counted, whether one came.
+func (r *run) orderCrash(at int, stop <-chan struct{}, standing func()) {
+	r.crashMu.Lock()
+	due := r.crashes.Load() + 1
+	r.crashDue, r.crashDueAt = due, at
+	r.crashMu.Unlock()
+	r.crashOwed.Store(crashFree)
+	if standing != nil {
+		standing()
+	}
+	defer r.crashOwed.Store(0)
+	for {
+		told := r.crashWait()
+		if r.crashes.Load() >= due {
+			return
+		}
+		select {
+		case <-told:
+		case <-stop:
+			return
+		}
+	}
+}
+
+// crashWait returns a channel closed at the next crash counted.
+func (r *run) crashWait() <-chan struct{} {
+	r.crashMu.Lock()
+	defer r.crashMu.Unlock()
+	if r.crashTold == nil {
+		r.crashTold = make(chan struct{})
+	}
+	return r.crashTold
+}
+
+// countCrash counts a replica's crash and tells orderCrash.
+func (r *run) countCrash() {
+	r.crashes.Add(1)
+	r.crashMu.Lock()
+	defer r.crashMu.Unlock()
+	if r.crashTold != nil {
+		close(r.crashTold)
+		r.crashTold = nil
+	}
+}
+
+// scheduledCrashCame is the run's error when the scheduled crash after a
+// charge was ordered and no crash came after it, the replicas still down
+// at the load's end counted (reviveExited): the run promised one.
+func (r *run) scheduledCrashCame() error {
+	r.crashMu.Lock()
+	defer r.crashMu.Unlock()
+	if r.crashDue > 0 && r.crashes.Load() < r.crashDue {
+		return fmt.Errorf("torture: the crash after a charge owed from payment %d never came: no try carrying it crashed its replica before the load ended (seed %d)", r.crashDueAt+1, r.cfg.Seed)
+	}
+	return nil
+}
+
+// firstTryFault is the Idem-Fault of an attempt's first try: an abandoned
+// payment's asks for a crash after the charge; one whose client stays
+// carries the scheduled crash's order while it is owed and no other try
+// carries it (carries: give it back with crashTryEnded), or asks for one
+// at CrashAfterCharge.
+func (r *run) firstTryFault(lp *logical) (fault string, carries bool) {
+	switch {
+	case lp.abandoned:
+		return faultCrashAfterCharge, false
+	case r.crashOwed.CompareAndSwap(crashFree, crashTaken):
+		return faultCrashAfterCharge, true
+	case r.cfg.CrashAfterCharge > 0 && r.rng.Float64() < r.cfg.CrashAfterCharge:
+		return faultCrashAfterCharge, false
+	}
+	return "", false
+}
+
+// crashTryEnded gives the scheduled crash's order back once the try that
+// carried it has its answer, for the next first try to carry, unless the
+// order has meanwhile been carried out: a try refused before the charge,
+// or run on a key already completed, crashed nothing.
+func (r *run) crashTryEnded(carried bool) {
+	if carried {
+		r.crashOwed.CompareAndSwap(crashTaken, crashFree)
+	}
 }
 
 // load sends every logical payment's attempts while it kills replicas, and
@@ -1141,6 +1308,9 @@ feed:
 func (r *run) pay(ctx context.Context, lp *logical) {
 	if lp.abandoned {
 		r.attempt(ctx, lp)
+		if lp.left != nil && ctx.Err() == nil {
+			close(lp.left)
+		}
 		r.done(ctx)
 		return
 	}
@@ -1200,11 +1370,12 @@ func (r *run) attempt(ctx context.Context, lp *logical) {
 		// Only an attempt's first try asks for the crash: its retries, sent
 		// while the crashed replica restarts, asking again would crash
 		// the others in turn.
-		fault := ""
-		if failures == 0 && (lp.abandoned || r.cfg.CrashAfterCharge > 0 && r.rng.Float64() < r.cfg.CrashAfterCharge) {
-			fault = "crash-after-charge"
+		fault, carries := "", false
+		if failures == 0 {
+			fault, carries = r.firstTryFault(lp)
 		}
 		status, resp, err := r.post(ctx, p.url(), "/v1/payments", lp.key, fault, lp.body)
+		r.crashTryEnded(carries)
 		if lp.abandoned && !(status >= 200 && status < 300) {
 			// The client gives up for good, whatever happened.
 			lp.mu.Lock()
@@ -1322,7 +1493,7 @@ func (r *run) selfExit(rp *replica) {
 		r.exitsMu.Unlock()
 		return
 	}
-	r.crashes.Add(1)
+	r.countCrash()
 }
 
 // unexpectedExit says why a process's end (its Wait's error, exit) is not

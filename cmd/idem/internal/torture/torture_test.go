@@ -3,6 +3,7 @@ package torture
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -706,5 +707,163 @@ func TestScheduledLostResponse(t *testing.T) {
 	r.scheduleFaults()
 	if r.dropNow() {
 		t.Error("a run with no DropRate dropped an answer")
+	}
+}
+
+// A run with a card network and a crash rate meets at least one crash
+// after a charge whatever its rate draws: from a payment of the first
+// half drawn from the seed, a crash is owed, and the first tries of the
+// payments whose clients stay carry it, one at a time, each giving it back
+// when its answer comes (refused before the charge, or a replay, it
+// crashed nothing), until a replica's crash is counted. One that never
+// came by the load's end is the run's error, naming the seed.
+func TestScheduledCrashAfterCharge(t *testing.T) {
+	t.Parallel()
+	newRun := func(seed uint64) (*run, scheduledFault) {
+		t.Helper()
+		r := &run{cfg: Config{Acquirer: Private, CrashAfterCharge: 1e-300, Seed: seed, Progress: io.Discard}, rng: newLockedRand(seed)}
+		for range 10 {
+			r.payments = append(r.payments, &logical{})
+		}
+		r.scheduleFaults()
+		for _, sf := range r.scheduled {
+			if sf.kind == "crash after charge" {
+				if sf.at >= 5 {
+					t.Fatalf("seed %d: a crash after a charge owed from payment %d; want one of the first half (5)", seed, sf.at+1)
+				}
+				return r, sf
+			}
+		}
+		t.Fatalf("seed %d: scheduled %+v; want a crash after a charge at a payment drawn from the seed", seed, r.scheduled)
+		return nil, scheduledFault{}
+	}
+	for seed := uint64(1); seed <= 20; seed++ {
+		newRun(seed)
+	}
+	r, sf := newRun(4242)
+	stays, gaveUp := &logical{}, &logical{abandoned: true}
+	if f, _ := r.firstTryFault(stays); f != "" {
+		t.Fatalf("before its payment, a first try asked for %q; want nothing (the rate never draws)", f)
+	}
+	stop := make(chan struct{})
+	placed := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- r.force(t.Context(), sf, stop, func() { close(placed) }) }()
+	<-placed
+	f1, carries1 := r.firstTryFault(stays)
+	f2, carries2 := r.firstTryFault(stays)
+	if f1 != faultCrashAfterCharge || !carries1 || f2 != "" || carries2 {
+		t.Fatalf("the owed crash: the first try asked %q (carrying it %v), a try meanwhile %q (%v); want the first alone to carry it", f1, carries1, f2, carries2)
+	}
+	if f, carries := r.firstTryFault(gaveUp); f != faultCrashAfterCharge || carries {
+		t.Fatalf("an abandoned payment's try asked %q (carrying the owed crash %v); want a crash, the order left to the others", f, carries)
+	}
+	r.crashTryEnded(carries1) // answered: it crashed nothing
+	if f, carries := r.firstTryFault(stays); f != faultCrashAfterCharge || !carries {
+		t.Fatalf("after a try that crashed nothing, the next first try asked %q (carrying it %v); want it to carry the owed crash", f, carries)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the owed crash ended (%v) before any crash was counted", err)
+	default:
+	}
+	r.countCrash()
+	if err := <-done; err != nil {
+		t.Fatalf("the owed crash, come: %v", err)
+	}
+	r.crashTryEnded(true)
+	if f, carries := r.firstTryFault(stays); f != "" || carries {
+		t.Errorf("once the crash came, a first try asked %q (carrying %v); want nothing", f, carries)
+	}
+	if err := r.scheduledCrashCame(); err != nil {
+		t.Errorf("a run whose owed crash came: %v", err)
+	}
+
+	// Withdrawn at the load's end with no crash counted: the run's error.
+	r, sf = newRun(4242)
+	if err := r.scheduledCrashCame(); err != nil {
+		t.Fatalf("a run that never reached its owed crash's payment: %v; want none (the load's own error says why)", err)
+	}
+	early := make(chan struct{})
+	close(early)
+	if err := r.force(t.Context(), sf, early, nil); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("payment %d", sf.at+1)
+	if err := r.scheduledCrashCame(); err == nil || !strings.Contains(err.Error(), "seed 4242") || !strings.Contains(err.Error(), want) {
+		t.Fatalf("an owed crash withdrawn at the load's end with none counted: %v; want an error naming %s and seed 4242", err, want)
+	}
+	if f, _ := r.firstTryFault(stays); f != "" {
+		t.Errorf("the withdrawn order still makes a first try ask for %q", f)
+	}
+	r.countCrash() // a replica found down after the load, counted then
+	if err := r.scheduledCrashCame(); err != nil {
+		t.Errorf("a crash counted once the load was over (reviveExited): %v; want none", err)
+	}
+}
+
+// A run with Abandon has at least one abandoned payment whatever its rate
+// draws: one of the first half, drawn from the seed, whose client gives up
+// after its one try, and the load's last quarter waits for that try. One
+// that never came by the load's end is the run's error, naming the seed.
+func TestScheduledAbandonedClient(t *testing.T) {
+	t.Parallel()
+	newRun := func(seed uint64) (*run, scheduledFault) {
+		t.Helper()
+		r := &run{cfg: Config{Acquirer: Private, Abandon: 1e-300, Payments: 10, DropRate: 0.1, Seed: seed, Progress: io.Discard},
+			rng: newLockedRand(seed), accounts: []string{"acct_1"}}
+		r.plan()
+		r.scheduleFaults()
+		var abandoned []int
+		for i, lp := range r.payments {
+			if lp.abandoned {
+				abandoned = append(abandoned, i+1)
+			}
+		}
+		if len(abandoned) != 1 || abandoned[0] > 5 {
+			t.Fatalf("seed %d: abandoned payments %v; want exactly one, of the first half (5), drawn from the seed", seed, abandoned)
+		}
+		if r.dropAt > 9 {
+			t.Fatalf("seed %d: the lost response at answer %d; want it within the 9 payments whose clients stay", seed, r.dropAt)
+		}
+		for _, sf := range r.scheduled {
+			if sf.kind == "abandon" && sf.at+1 == abandoned[0] && sf.payment == r.payments[sf.at] {
+				return r, sf
+			}
+		}
+		t.Fatalf("seed %d: scheduled %+v; want the abandoned client at payment %d", seed, r.scheduled, abandoned[0])
+		return nil, scheduledFault{}
+	}
+	for seed := uint64(1); seed <= 20; seed++ {
+		newRun(seed)
+	}
+	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "down", http.StatusServiceUnavailable)
+	}))
+	defer replica.Close()
+	r, sf := newRun(4242)
+	r.client, r.proxies = replica.Client(), []*faultProxy{{ln: replica.Listener}}
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- r.force(t.Context(), sf, stop, nil) }()
+	select {
+	case err := <-done:
+		t.Fatalf("the scheduled abandoned client let the last quarter go (%v) before its try", err)
+	default:
+	}
+	r.pay(t.Context(), sf.payment)
+	if err := <-done; err != nil {
+		t.Fatalf("the abandoned client's try ended: %v", err)
+	}
+	if sf.payment.gaveUpAt.IsZero() {
+		t.Error("the scheduled abandoned client did not give up after its try's 503")
+	}
+
+	r, sf = newRun(4242)
+	early := make(chan struct{})
+	close(early)
+	want := fmt.Sprintf("payment %d", sf.at+1)
+	if err := r.force(t.Context(), sf, early, nil); err == nil || !strings.Contains(err.Error(), "seed 4242") || !strings.Contains(err.Error(), want) {
+		t.Fatalf("the load ended before the scheduled abandoned client's try: %v; want an error naming %s and seed 4242", err, want)
 	}
 }
