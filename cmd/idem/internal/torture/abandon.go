@@ -147,6 +147,12 @@ var (
 	completerClaimFailed = regexp.MustCompile(`^time=(\S+) level=WARN msg="completer: could not take the abandoned execution over".* key=(hmac:[0-9a-f]{16})`)
 )
 
+// completerUnopenable matches a replica's line saying its completer's
+// claim took an abandoned key and found its recovery point cannot be
+// opened (no body key opens it): the claim was answered, the key given
+// back (yielded) and left in flight, for no completer can go on from it.
+var completerUnopenable = regexp.MustCompile(`^time=(\S+) level=ERROR msg="completer: the recovery point cannot be opened.*" .*key=(hmac:[0-9a-f]{16})`)
+
 // restartedLeases matches a replica's line saying, as it starts, that it
 // ended the leases its killed incarnation held (keyed's Restart), and how
 // many: a key a killed completer had taken over, even one it died too
@@ -228,6 +234,15 @@ func (r *run) completerLine(replica, n int, line string) {
 			r.noteLocked(m[2], event{t, lf, "completer: could not take the abandoned execution over (key " + m[2] + "): it may have taken it all the same"})
 			r.failedMu.Unlock()
 		}
+		return
+	}
+	if m := completerUnopenable.FindStringSubmatch(line); m != nil {
+		r.failedMu.Lock()
+		delete(r.claiming[lf], m[2])
+		if t, ok := at(m[1]); ok {
+			r.noteLocked(m[2], event{t, lf, "its completer took the key " + m[2] + " over, and its recovery point cannot be opened (no body key opens it): the key stays in flight"})
+		}
+		r.failedMu.Unlock()
 		return
 	}
 	if m := completerTook.FindStringSubmatch(line); m != nil {

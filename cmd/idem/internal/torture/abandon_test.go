@@ -171,3 +171,29 @@ func TestUnnamedEventsKeepTheLast(t *testing.T) {
 		t.Errorf("%d unnamed events kept, from %s to %s; want the last %d", n, r.unnamed[0].at, r.unnamed[n-1].at, maxUnnamed)
 	}
 }
+
+// A completer's claim that took the key and found its recovery point
+// cannot be opened (the replicas' BodyKeys lack the key that sealed it)
+// was answered: keyed logs it at ERROR, yields the key and leaves it in
+// flight. The claim is not left open to be read, at its replica's death,
+// as one cut off holding the key; the key's story says why it stays in
+// flight.
+func TestClaimWhoseRecoveryPointCannotBeOpened(t *testing.T) {
+	t.Parallel()
+	died := time.Date(2026, 12, 7, 2, 0, 0, 0, time.UTC)
+	r := &run{cfg: Config{KeyLease: 3 * time.Second}, replicas: []*replica{{ups: []upSpan{{from: died.Add(-time.Minute)}}}}}
+	digest := keyDigest("k-sealed")
+	r.completerLine(0, 1, completerLog(died.Add(3500*time.Millisecond), "completer: taking an abandoned execution over", digest))
+	r.completerLine(0, 1, "time="+died.Add(3600*time.Millisecond).Format(time.RFC3339Nano)+
+		` level=ERROR msg="completer: the recovery point cannot be opened (are BodyKeys missing a key?); the key stays in flight" scope=torture key=`+digest+
+		` method=completer path=charging error="idem: no body key opens the sealed recovery point"`)
+	r.completerExit(0, 1, died.Add(5*time.Second))
+	if got := r.failedClaimsOf(digest); len(got) != 0 {
+		t.Errorf("the claim answered by a recovery point that cannot be opened was read as failed or cut off at %v; want it matched", got)
+	}
+	r.late = []lateFinish{{key: "k-sealed", digest: digest, died: died, gone: died, deadline: died.Add(6700 * time.Millisecond), done: died.Add(20 * time.Second)}}
+	got := r.lateTimelines()
+	if strings.Contains(got, "claim cut off") || !strings.Contains(got, "its recovery point cannot be opened") {
+		t.Errorf("the key's story: want its recovery point that cannot be opened, not a claim cut off:\n%s", got)
+	}
+}
