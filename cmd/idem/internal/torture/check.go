@@ -62,6 +62,9 @@ func (r *run) check(ctx context.Context, elapsed time.Duration) (*Report, error)
 	violate := func(format string, args ...any) {
 		rep.Violations = append(rep.Violations, fmt.Sprintf(format, args...))
 	}
+	if r.stall != "" {
+		violate("the load stalled: %s (%s without a logical payment completing; seed %d)", r.stall, r.cfg.Timeout, r.cfg.Seed)
+	}
 
 	byKey := map[string][]dbPayment{}
 	byID := map[string]dbPayment{}

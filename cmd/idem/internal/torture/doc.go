@@ -100,7 +100,10 @@
 // Config.Timeout bounds the load's stalls, not its length: the load ends
 // once no logical payment has completed for that long, so a run on a busy
 // machine takes as long as it keeps completing payments and a stuck one
-// still ends; the checks and the clean-up each have a minute of their own. Whatever happens, on failure and on cancellation
+// still ends, with a violation naming the scheduled faults its last
+// quarter still awaited (each not yet happened, and whether its order
+// stood for the load's traffic to carry out), or saying none was; the
+// checks and the clean-up each have a minute of their own. Whatever happens, on failure and on cancellation
 // (Ctrl-C) too, every replica is stopped (SIGTERM, then SIGKILL), every
 // proxy and private server closed, and the temporary directory, the schema
 // and the Redis keys deleted. On Linux the replicas run in a process group of their own, so a

@@ -464,6 +464,9 @@ type run struct {
 	// than by a crash fault's SIGKILL (selfExit): each a violation.
 	exitsMu         sync.Mutex
 	unexpectedExits []string
+	// stall is, for a load its Timeout ended, the watchdog's cause: the
+	// scheduled faults it still awaited (stalled).
+	stall string
 }
 
 // Run starts the replicas and the fault proxies, sends the load while it
@@ -898,6 +901,15 @@ type faultGate struct {
 	pending  int // scheduled faults not yet happened
 	awaiting int // of these, orders standing that the load's traffic carries out
 	changed  chan struct{}
+	// names are the scheduled faults not yet happened, in the order the
+	// load ordered them, and whether each one's order stands
+	// (stillAwaited).
+	names []*gateFault
+}
+
+type gateFault struct {
+	name  string
+	stood bool
 }
 
 func newFaultGate(scheduled int) *faultGate {
@@ -912,16 +924,20 @@ func (g *faultGate) open() (bool, <-chan struct{}) {
 	return g.pending == 0 || g.awaiting > 0, g.changed
 }
 
-// fault returns, for one of the scheduled faults, standing, to call when
-// its order stands until the load's traffic carries it out, and happened,
-// to call once it has happened, failed or was withdrawn.
-func (g *faultGate) fault() (standing, happened func()) {
-	stood := false
+// fault returns, for one of the scheduled faults, named name,
+// standing, to call when its order stands until the load's traffic
+// carries it out, and happened, to call once it has happened, failed or
+// was withdrawn.
+func (g *faultGate) fault(name string) (standing, happened func()) {
+	f := &gateFault{name: name}
+	g.mu.Lock()
+	g.names = append(g.names, f)
+	g.mu.Unlock()
 	standing = func() {
 		g.mu.Lock()
 		defer g.mu.Unlock()
-		if !stood {
-			stood = true
+		if !f.stood {
+			f.stood = true
 			g.awaiting++
 			g.tell()
 		}
@@ -930,12 +946,29 @@ func (g *faultGate) fault() (standing, happened func()) {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		g.pending--
-		if stood {
+		if f.stood {
 			g.awaiting--
 		}
+		g.names = slices.DeleteFunc(g.names, func(o *gateFault) bool { return o == f })
 		g.tell()
 	}
 	return standing, happened
+}
+
+// stillAwaited names the scheduled faults ordered and not yet happened,
+// each whose order stands (the load's traffic carries it out) saying so.
+func (g *faultGate) stillAwaited() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []string
+	for _, f := range g.names {
+		if f.stood {
+			out = append(out, f.name+" (its order standing, for the load's traffic to carry out)")
+		} else {
+			out = append(out, f.name)
+		}
+	}
+	return out
 }
 
 func (g *faultGate) tell() {
@@ -1012,19 +1045,25 @@ func (r *run) scheduleFaults() {
 		fmt.Fprintf(r.cfg.Progress, "torture: a lost response at the fault proxies' answer %d\n", r.dropAt)
 	}
 	for _, sf := range r.scheduled {
-		what := "a store " + sf.kind
-		switch sf.kind {
-		case "kill":
-			what = fmt.Sprintf("a SIGKILL of replica %d", sf.replica)
-		case "restart":
-			what = "a restart of the private " + sf.server.Name()
-		case "abandon":
-			what = "a client that gives up after one try"
-		case "crash after charge":
-			what = "a crash after a charge owed"
-		}
-		fmt.Fprintf(r.cfg.Progress, "torture: %s at payment %d\n", what, sf.at+1)
+		fmt.Fprintf(r.cfg.Progress, "torture: %s\n", sf)
 	}
+}
+
+// String names the fault and its payment, as the progress lines and a
+// stalled load's cause do.
+func (sf scheduledFault) String() string {
+	what := "a store " + sf.kind
+	switch sf.kind {
+	case "kill":
+		what = fmt.Sprintf("a SIGKILL of replica %d", sf.replica)
+	case "restart":
+		what = "a restart of the private " + sf.server.Name()
+	case "abandon":
+		what = "a client that gives up after one try"
+	case "crash after charge":
+		what = "a crash after a charge owed"
+	}
+	return fmt.Sprintf("%s at payment %d", what, sf.at+1)
 }
 
 // scheduleStoreFaults draws the store faults of scheduleFaults, each at a
@@ -1202,13 +1241,17 @@ func (r *run) crashTryEnded(carried bool) {
 func (r *run) load(ctx context.Context) error {
 	loadCtx, abort := context.WithCancelCause(ctx)
 	defer abort(nil)
+	// The scheduled faults are all drawn below half the payments; the
+	// last quarter waits for them (scheduleFaults, faultGate), and a stall
+	// names those still awaited.
+	gate := newFaultGate(len(r.scheduled))
 	r.progressed.Store(time.Now().UnixNano())
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
 		tick := time.NewTicker(min(max(r.cfg.Timeout/4, time.Millisecond), time.Second))
 		defer tick.Stop()
-		watchProgress(loadCtx, tick.C, r.cfg.Timeout, time.Now, func() time.Time { return time.Unix(0, r.progressed.Load()) }, abort)
+		watchProgress(loadCtx, tick.C, r.cfg.Timeout, time.Now, func() time.Time { return time.Unix(0, r.progressed.Load()) }, gate.stillAwaited, abort)
 	}()
 	defer func() { abort(nil); <-watchDone }()
 
@@ -1240,9 +1283,6 @@ func (r *run) load(ctx context.Context) error {
 	var forcing sync.WaitGroup
 	var forcedMu sync.Mutex
 	var forcedErr error
-	// The scheduled faults are all drawn below half the payments; the
-	// last quarter waits for them (scheduleFaults, faultGate).
-	gate := newFaultGate(len(r.scheduled))
 	waitAt := len(r.payments) * 3 / 4
 feed:
 	for i, lp := range r.payments {
@@ -1250,7 +1290,7 @@ feed:
 			if sf.at != i {
 				continue
 			}
-			standing, happened := gate.fault()
+			standing, happened := gate.fault(sf.String())
 			forcing.Go(func() {
 				defer happened()
 				if err := r.force(ctx, sf, stopKills, standing); err != nil {
@@ -1290,6 +1330,11 @@ feed:
 	}
 	close(work)
 	wg.Wait()
+	if s := (*stalled)(nil); errors.As(context.Cause(loadCtx), &s) {
+		// Before the faults awaited are withdrawn at stopKills.
+		r.stall = s.Error()
+		fmt.Fprintf(r.cfg.Progress, "torture: the load stalled: %s\n", r.stall)
+	}
 	close(stopKills)
 	forcing.Wait()
 	chaosErr = errors.Join(chaosErr, forcedErr)
@@ -1337,13 +1382,29 @@ func (r *run) done(ctx context.Context) {
 	r.progressed.Store(time.Now().UnixNano())
 }
 
-// errStalled is the cause of a load ended by its Timeout.
+// errStalled is the cause of a load ended by its Timeout: a stalled,
+// which names the scheduled faults the load still awaited.
 var errStalled = errors.New("no logical payment completed within the timeout")
 
-// watchProgress ends the load, through abort with errStalled, once last
-// (when a logical payment last completed) is more than timeout before now,
-// looking at each tick; it returns then or when ctx ends.
-func watchProgress(ctx context.Context, tick <-chan time.Time, timeout time.Duration, now, last func() time.Time, abort context.CancelCauseFunc) {
+// stalled is a stalled load's cause: errStalled, and the scheduled faults
+// ordered and not yet happened then (faultGate.stillAwaited), which a load
+// held at its last quarter was waiting for.
+type stalled struct{ awaited []string }
+
+func (s *stalled) Error() string {
+	if len(s.awaited) == 0 {
+		return errStalled.Error() + ", no scheduled fault awaited"
+	}
+	return errStalled.Error() + ", the load still awaiting the scheduled " + strings.Join(s.awaited, "; ")
+}
+
+func (s *stalled) Unwrap() error { return errStalled }
+
+// watchProgress ends the load, through abort with a stalled naming what
+// awaited (when not nil) returns, once last (when a logical payment last
+// completed) is more than timeout before now, looking at each tick; it
+// returns then or when ctx ends.
+func watchProgress(ctx context.Context, tick <-chan time.Time, timeout time.Duration, now, last func() time.Time, awaited func() []string, abort context.CancelCauseFunc) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -1351,7 +1412,11 @@ func watchProgress(ctx context.Context, tick <-chan time.Time, timeout time.Dura
 		case <-tick:
 		}
 		if now().Sub(last()) > timeout {
-			abort(errStalled)
+			s := &stalled{}
+			if awaited != nil {
+				s.awaited = awaited()
+			}
+			abort(s)
 			return
 		}
 	}

@@ -3,6 +3,7 @@ package torture
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -303,7 +304,7 @@ func TestWatchProgress(t *testing.T) {
 	go func() {
 		defer close(done)
 		watchProgress(ctx, tick, 10*time.Second, func() time.Time { return time.Unix(0, now.Load()) },
-			func() time.Time { return time.Unix(0, last.Load()) }, abort)
+			func() time.Time { return time.Unix(0, last.Load()) }, nil, abort)
 	}()
 	// A payment completes every 9s for 15 minutes: never 10s without one.
 	for i := 1; i <= 100; i++ {
@@ -325,7 +326,7 @@ func TestWatchProgress(t *testing.T) {
 	now.Store(stalledFrom + int64(10*time.Second+time.Millisecond))
 	tick <- time.Unix(0, now.Load())
 	<-done
-	if err := context.Cause(ctx); err != errStalled {
+	if err := context.Cause(ctx); !errors.Is(err, errStalled) {
 		t.Fatalf("10.001s without a payment completing: cause %v, want %v", err, errStalled)
 	}
 }
@@ -626,9 +627,9 @@ func TestScheduledResetMeetsAnIdleConnection(t *testing.T) {
 func TestLoadWaitsForTheScheduledFaults(t *testing.T) {
 	t.Parallel()
 	g := newFaultGate(3)
-	_, killed := g.fault()
-	cutStands, cut := g.fault()
-	_, outage := g.fault()
+	_, killed := g.fault("a kill")
+	cutStands, cut := g.fault("a cut")
+	_, outage := g.fault("an outage")
 	step := func(what string, change func(), want bool) {
 		t.Helper()
 		_, changed := g.open()
@@ -865,5 +866,46 @@ func TestScheduledAbandonedClient(t *testing.T) {
 	want := fmt.Sprintf("payment %d", sf.at+1)
 	if err := r.force(t.Context(), sf, early, nil); err == nil || !strings.Contains(err.Error(), "seed 4242") || !strings.Contains(err.Error(), want) {
 		t.Fatalf("the load ended before the scheduled abandoned client's try: %v; want an error naming %s and seed 4242", err, want)
+	}
+}
+
+// A load that stalls while its last quarter waits for scheduled faults
+// says which: the watchdog's cause names each one ordered and not yet
+// happened (and whether its order stands, for the load's traffic to carry
+// out), not only that no payment completed. It names none that happened.
+func TestStallNamesTheFaultsAwaited(t *testing.T) {
+	t.Parallel()
+	start := time.Unix(1_000_000, 0)
+	stall := func(g *faultGate) error {
+		ctx, abort := context.WithCancelCause(t.Context())
+		defer abort(nil)
+		tick := make(chan time.Time, 1)
+		tick <- start.Add(2 * time.Second)
+		watchProgress(ctx, tick, time.Second, func() time.Time { return start.Add(2 * time.Second) }, func() time.Time { return start }, g.stillAwaited, abort)
+		return context.Cause(ctx)
+	}
+	g := newFaultGate(3)
+	_, killed := g.fault("a SIGKILL of replica 1 at payment 4")
+	cutStands, _ := g.fault("a store commit cut at payment 7")
+	g.fault("a restart of the private postgres at payment 2")
+	killed()
+	cutStands()
+	cause := stall(g)
+	if !errors.Is(cause, errStalled) {
+		t.Fatalf("the stall's cause %v; want it to be errStalled", cause)
+	}
+	for _, want := range []string{
+		"a store commit cut at payment 7 (its order standing, for the load's traffic to carry out)",
+		"a restart of the private postgres at payment 2",
+	} {
+		if !strings.Contains(cause.Error(), want) {
+			t.Errorf("the stall's cause %q does not name the fault still awaited, %q", cause, want)
+		}
+	}
+	if strings.Contains(cause.Error(), "replica 1") {
+		t.Errorf("the stall's cause %q names the kill, which happened", cause)
+	}
+	if cause := stall(newFaultGate(0)); !errors.Is(cause, errStalled) || !strings.Contains(cause.Error(), "no scheduled fault awaited") {
+		t.Errorf("a stall with no scheduled fault awaited: cause %q; want errStalled saying none is awaited", cause)
 	}
 }
