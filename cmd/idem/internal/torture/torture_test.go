@@ -166,34 +166,20 @@ func TestStoreProxyForcedFaults(t *testing.T) {
 	t.Parallel()
 	// The store: answers each read with a PostgreSQL CommandComplete, for
 	// COMMIT when the client sent "commit", for INSERT otherwise.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
+	ln := listenLoopback(t, func(c net.Conn) {
+		buf := make([]byte, 64)
 		for {
-			c, err := ln.Accept()
+			n, err := c.Read(buf)
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 64)
-				for {
-					n, err := c.Read(buf)
-					if err != nil {
-						return
-					}
-					tag := "INSERT 0 1"
-					if string(buf[:n]) == "commit" {
-						tag = "COMMIT"
-					}
-					c.Write(append(append([]byte{'C', 0, 0, 0, byte(4 + len(tag) + 1)}, tag...), 0))
-				}
-			}()
+			tag := "INSERT 0 1"
+			if string(buf[:n]) == "commit" {
+				tag = "COMMIT"
+			}
+			c.Write(append(append([]byte{'C', 0, 0, 0, byte(4 + len(tag) + 1)}, tag...), 0))
 		}
-	}()
+	})
 	p, err := newStoreProxy(ln.Addr().String(), StoreFaults{ResetRate: 1e-9, CommitCutRate: 1e-9}, true, newLockedRand(1))
 	if err != nil {
 		t.Fatal(err)
@@ -336,11 +322,7 @@ func TestWatchProgress(t *testing.T) {
 // abandoned, whose client gave up), not those the run stopped waiting for.
 func TestCutOffPaymentNotCountedDone(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := listenLoopback(t, nil)
 	r := &run{cfg: Config{Dups: 2}, rng: newLockedRand(1), client: &http.Client{}, proxies: []*faultProxy{{ln: ln}}}
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel() // the load is over
@@ -575,20 +557,7 @@ func TestReplicaThatEndsByItselfIsAViolation(t *testing.T) {
 // has already said stop.
 func TestScheduledResetMeetsAnIdleConnection(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
-		}
-	}()
+	ln := listenLoopback(t, func(c net.Conn) { io.Copy(c, c) })
 	p, err := newStoreProxy(ln.Addr().String(), StoreFaults{ResetRate: 1e-9}, false, newLockedRand(1))
 	if err != nil {
 		t.Fatal(err)
@@ -657,11 +626,7 @@ func TestLoadWaitsForTheScheduledFaults(t *testing.T) {
 // seed, not a run that silently met no cut.
 func TestScheduledCutThatNeverCameIsAnError(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := listenLoopback(t, nil)
 	faults := StoreFaults{CommitCutRate: 1e-9}
 	p, err := newStoreProxy(ln.Addr().String(), faults, true, newLockedRand(1))
 	if err != nil {
@@ -908,4 +873,32 @@ func TestStallNamesTheFaultsAwaited(t *testing.T) {
 	if cause := stall(newFaultGate(0)); !errors.Is(cause, errStalled) || !strings.Contains(cause.Error(), "no scheduled fault awaited") {
 		t.Errorf("a stall with no scheduled fault awaited: cause %q; want errStalled saying none is awaited", cause)
 	}
+}
+
+// listenLoopback listens on a loopback port until the test ends, and
+// serves each connection it accepts with serve, which the connection is
+// closed after; with a nil serve it accepts none.
+func listenLoopback(t *testing.T, serve func(net.Conn)) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	if serve == nil {
+		return ln
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+	return ln
 }
