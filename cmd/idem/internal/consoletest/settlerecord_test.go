@@ -64,6 +64,46 @@ func allEvents(t *testing.T, h console.KeyHistory, key idem.Key) []console.KeyEv
 	return evs
 }
 
+// entryFailsThenTakenAgain stops pay-1, takes action (its console form
+// made by form) on it through the console of a completer running resume,
+// whose history's first write fails, then takes it again. It checks what
+// an action whose entry in the key's history commits with it shares,
+// whatever the action: the key was in flight as each entry was written
+// (so that a crash then leaves neither), and the failed action leaves the
+// key in flight with no entry, its page saying notDone (a 500) and that
+// nothing was changed; the action taken again is done (a 303). It returns
+// the history and the key as the failed action left it.
+func entryFailsThenTakenAgain(t *testing.T, sw *settleWorld, action string, form func(string) url.Values, notDone string, resume idemhttp.ResumeFunc) (*faultyHistory, idem.Record) {
+	t.Helper()
+	sw.stop("pay-1")
+	h := &faultyHistory{KeyHistory: sw.keyHistory(), store: sw.store}
+	h.failAt.Store(1)
+	comp := sw.completer(sw.store, "a", resume)
+	w := newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store, Actions: comp, KeyHistory: h})
+
+	rr := w.act(form("pay-1"))
+	rec := sw.record("pay-1")
+	evs := allEvents(t, h, "pay-1")
+	if len(h.seen) == 0 || h.seen[0] != idem.StateInFlight {
+		t.Fatalf("the key as the %s's history entry was written: %v; want in flight (a crash then leaves a %s with no entry)", action, h.seen, action)
+	}
+	if rec.State != idem.StateInFlight || len(evs) != 0 {
+		t.Fatalf("a %s whose history entry failed: the key %s, %d entries (%+v); want it in flight with none", action, rec.State, len(evs), evs)
+	}
+	if rr.Code != http.StatusInternalServerError || !strings.Contains(rr.Body.String(), notDone) || !strings.Contains(rr.Body.String(), "Nothing was changed") {
+		t.Fatalf("the failed %s's page: %d\n%s", action, rr.Code, rr.Body)
+	}
+
+	h.failAt.Store(0)
+	if rr := w.act(form("pay-1")); rr.Code != http.StatusSeeOther {
+		t.Fatalf("the %s taken again: %d\n%s", action, rr.Code, rr.Body)
+	}
+	if len(h.seen) < 2 || h.seen[1] != idem.StateInFlight {
+		t.Fatalf("the key as the %s taken again wrote its history entry: %v; want in flight", action, h.seen)
+	}
+	return h, rec
+}
+
 // A settle and its entry in the key's history commit in one transaction
 // on SQLite and PostgreSQL: when the entry is written the settle is not
 // yet visible to anyone (a crash then leaves neither), and a history that
@@ -72,36 +112,11 @@ func allEvents(t *testing.T, h console.KeyHistory, key idem.Key) []console.KeyEv
 func TestSettleAndItsHistoryEntryCommitTogether(t *testing.T) {
 	t.Parallel()
 	onEveryDatabase(t, func(t *testing.T, sw *settleWorld) {
-		sw.stop("pay-1")
-		h := &faultyHistory{KeyHistory: sw.keyHistory(), store: sw.store}
-		h.failAt.Store(1)
-		comp := sw.completer(sw.store, "a", func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
+		h, _ := entryFailsThenTakenAgain(t, sw, "settle", settleForm, "Not settled", func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
 			t.Error("a settle resumed the key")
 			return nil
 		})
-		w := newWorld(t, &console.Config{Clock: sw.clock, Recoveries: sw.store, Actions: comp, KeyHistory: h})
-
-		rr := w.act(settleForm("pay-1"))
-		rec := sw.record("pay-1")
 		evs := allEvents(t, h, "pay-1")
-		if h.seen[0] != idem.StateInFlight {
-			t.Fatalf("the key was %s before its history entry was written: a crash then leaves a settle with no entry", h.seen[0])
-		}
-		if rec.State != idem.StateInFlight || len(evs) != 0 {
-			t.Fatalf("a settle whose history entry failed: the key %s, %d entries (%+v); want it unsettled with none", rec.State, len(evs), evs)
-		}
-		if rr.Code != http.StatusInternalServerError || !strings.Contains(rr.Body.String(), "Not settled") || !strings.Contains(rr.Body.String(), "Nothing was changed") {
-			t.Fatalf("the failed settle's page: %d\n%s", rr.Code, rr.Body)
-		}
-
-		h.failAt.Store(0)
-		if rr := w.act(settleForm("pay-1")); rr.Code != http.StatusSeeOther {
-			t.Fatalf("the settle taken again: %d\n%s", rr.Code, rr.Body)
-		}
-		if h.seen[1] != idem.StateInFlight {
-			t.Fatalf("the key was %s before its history entry was written", h.seen[1])
-		}
-		evs = allEvents(t, h, "pay-1")
 		if rec := sw.record("pay-1"); rec.State != idem.StateCompleted || len(evs) != 1 || evs[0].Result != "settled (status 409)" || evs[0].Actor != "alice" {
 			t.Fatalf("after the settle: the key %s, history %+v; want it completed with one entry", rec.State, evs)
 		}
