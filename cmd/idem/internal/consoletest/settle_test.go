@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -182,6 +183,40 @@ func (p *pausingStore) Claim(ctx context.Context, req idem.ClaimRequest) (idem.C
 	return c, err
 }
 
+// readsDuringResume is a real store that counts the reads of key made
+// while resuming is set: while a resume of the key is under way.
+type readsDuringResume struct {
+	idem.Recoverer
+	key      idem.Key
+	resuming atomic.Bool
+	reads    atomic.Int64
+}
+
+func (s *readsDuringResume) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.Record, error) {
+	if key == s.key && s.resuming.Load() {
+		s.reads.Add(1)
+	}
+	return s.Recoverer.Get(ctx, scope, key)
+}
+
+// doneAsked is a context that closes asked the first time it is asked for
+// its Done channel: where whoever was given it starts to wait on it, or
+// to do something it may cut short.
+type doneAsked struct {
+	context.Context
+	once  sync.Once
+	asked chan struct{}
+}
+
+func newDoneAsked(parent context.Context) *doneAsked {
+	return &doneAsked{Context: parent, asked: make(chan struct{})}
+}
+
+func (c *doneAsked) Done() <-chan struct{} {
+	c.once.Do(func() { close(c.asked) })
+	return c.Context.Done()
+}
+
 // A settle is atomic against a completer finishing the key at the same
 // moment, whichever comes first, interleaved step by step: a resume under
 // way refuses the settle, and once it finished the settle is refused as
@@ -346,7 +381,9 @@ func testSettleIsAtomic(t *testing.T, w *settleWorld) {
 	// unknown stopped under its lease: not refused as being finished.
 	w.stop("k4")
 	entered4, fail4 := make(chan struct{}, 1), make(chan struct{})
-	compW := w.completer(w.store, "w", func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
+	rs4 := &readsDuringResume{Recoverer: w.store, key: "k4"}
+	compW := w.completer(rs4, "w", func(context.Context, http.ResponseWriter, idemhttp.Execution) error {
+		rs4.resuming.Store(true)
 		entered4 <- struct{}{}
 		<-fail4
 		return errors.New("card network unavailable")
@@ -358,21 +395,29 @@ func testSettleIsAtomic(t *testing.T, w *settleWorld) {
 	}()
 	<-entered4
 	dry := make(chan error, 2)
+	settleCtx, resumeCtx := newDoneAsked(ctx), newDoneAsked(ctx)
 	go func() {
-		_, err := compW.Settle(ctx, settleScope, "k4", console.FailedAnswer(), true)
+		_, err := compW.Settle(settleCtx, settleScope, "k4", console.FailedAnswer(), true)
 		dry <- err
 	}()
 	go func() {
-		_, err := compW.ResumeKey(ctx, settleScope, "k4", true)
+		_, err := compW.ResumeKey(resumeCtx, settleScope, "k4", true)
 		dry <- err
 	}()
-	// Neither may answer while the resume is under way; a wait that
-	// ends with nothing is the expected case, not a timing assumption.
+	// Each dry run asks its context for its Done channel first as it
+	// starts to wait for the resume, having read nothing; one that did not
+	// wait would ask it as its read of k4 began, a read counted first.
+	<-settleCtx.asked
+	<-resumeCtx.asked
+	if n := rs4.reads.Load(); n != 0 {
+		t.Fatalf("dry runs read k4 %d times while this completer's resume of it was under way; want them to wait for the resume", n)
+	}
 	select {
 	case err := <-dry:
 		t.Fatalf("a dry run answered while this completer's resume of k4 was under way: %v; want it to wait for the resume", err)
-	case <-time.After(200 * time.Millisecond):
+	default:
 	}
+	rs4.resuming.Store(false)
 	close(fail4)
 	if err := <-resumeDone; err == nil || !strings.Contains(err.Error(), "card network unavailable") {
 		t.Fatalf("the failing resume of k4: %v", err)
