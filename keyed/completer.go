@@ -247,8 +247,12 @@ func (c *Completer) Run(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		wg.Go(func() {
+			began := time.Now()
 			if err := c.round(ctx, &wg, nil); err != nil && ctx.Err() == nil {
-				c.log.LogAttrs(ctx, slog.LevelWarn, "completer: could not list abandoned executions", slog.String("error", err.Error()))
+				// When the round began: rounds overlap, and a give-up
+				// concerns the keys its own listing would have found.
+				c.log.LogAttrs(ctx, slog.LevelWarn, "completer: could not list abandoned executions", slog.String("error", err.Error()),
+					slog.Time("round_began", began))
 			}
 		})
 		select {
@@ -285,7 +289,8 @@ func (c *Completer) round(ctx context.Context, wg *sync.WaitGroup, finished *ato
 	c.mu.Lock()
 	c.stats.Rounds++
 	c.mu.Unlock()
-	until := time.Now().Add(c.cfg.Timeout)
+	began := time.Now()
+	until := began.Add(c.cfg.Timeout)
 	rctx, cancel := context.WithDeadline(ctx, until)
 	// The round's context ends once the resumes it started have ended (or
 	// its deadline passed): their claims are made under it.
@@ -314,7 +319,7 @@ func (c *Completer) round(ctx context.Context, wg *sync.WaitGroup, finished *ato
 		if !ok {
 			c.end(wk)
 			if ctx.Err() == nil {
-				c.outOfTime(ctx, recs[i:])
+				c.outOfTime(ctx, recs[i:], began)
 			}
 			return nil
 		}
@@ -352,15 +357,16 @@ func (c *Completer) prune(ctx context.Context, listed []idem.Record) {
 // resumes under way): the Completer's Bound counts again from then for
 // them. A key another resume of this Completer has under way (listed
 // again, its lease having ended while that resume runs) is being taken
-// over: it is not logged.
-func (c *Completer) outOfTime(ctx context.Context, recs []idem.Record) {
+// over: it is not logged. Each line says when its round began (rounds
+// overlap).
+func (c *Completer) outOfTime(ctx context.Context, recs []idem.Record, began time.Time) {
 	for _, rec := range recs {
 		if !c.takes(rec.Recovery.Name) || c.underWay(keywait.Key{Scope: rec.Scope, Key: rec.Key}) {
 			continue
 		}
 		log := reqLog{l: c.log, scope: rec.Scope, key: rec.Key, method: "completer", path: rec.Recovery.Name}
 		log.LogAttrs(ctx, slog.LevelWarn, "completer: the round ran out of time before it could take the abandoned execution over",
-			slog.Duration("timeout", c.cfg.Timeout))
+			slog.Duration("timeout", c.cfg.Timeout), slog.Time("round_began", began))
 	}
 }
 

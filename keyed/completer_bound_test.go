@@ -290,6 +290,35 @@ func TestCompleterOutOfTimeLogsOnlyKeysNotUnderWay(t *testing.T) {
 	if n := strings.Count(got, `msg="completer: the round ran out of time before it could take the abandoned execution over"`); n != 1 {
 		t.Errorf("the second round logged %d keys as out of time; want 1, the key it could not take over, not the one being resumed:\n%s", n, got)
 	}
+	// The line says when its round began: a round's give-up concerns the
+	// keys of that round alone, and a reader of the log (a torture's
+	// bound) must not take it for a later round's.
+	for _, line := range strings.Split(got, "\n") {
+		if !strings.Contains(line, "the round ran out of time") {
+			continue
+		}
+		at, began, ok := roundBegan(line)
+		if !ok || at.Sub(began) < time.Second-2*time.Millisecond {
+			t.Errorf("the round out of time logged %q; want round_began, its Timeout (1s) before the line at least", line)
+		}
+	}
+}
+
+// roundBegan reads, from a completer's text log line, its time and its
+// round_began attribute.
+func roundBegan(line string) (at, began time.Time, ok bool) {
+	field := func(name string) (time.Time, bool) {
+		for _, f := range strings.Fields(line) {
+			if v, found := strings.CutPrefix(f, name+"="); found {
+				t, err := time.Parse(time.RFC3339Nano, v)
+				return t, err == nil
+			}
+		}
+		return time.Time{}, false
+	}
+	at, okAt := field("time")
+	began, okBegan := field("round_began")
+	return at, began, okAt && okBegan && !began.After(at)
 }
 
 // slowUnknownGets is a store whose Get of a key named unknown-… answers

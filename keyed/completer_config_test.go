@@ -122,6 +122,9 @@ func TestCompleterRoundWhoseListingFails(t *testing.T) {
 	if !strings.Contains(out, "level=WARN") || !strings.Contains(out, "could not list abandoned executions") || !strings.Contains(out, errListing.Error()) {
 		t.Errorf("Run's log after a failed listing: %q; want a WARN saying it could not list the abandoned executions, with the store's error", out)
 	}
+	if _, _, ok := roundBegan(strings.TrimSpace(out)); !ok {
+		t.Errorf("Run's log after a failed listing: %q; want the round's round_began, at or before the line", out)
+	}
 	if got := comp.Stats().Rounds; got != 3 {
 		t.Errorf("Stats().Rounds after two RunOnce and one Run round = %d; want 3", got)
 	}
