@@ -279,7 +279,7 @@ func TestTortureRequestsAbandoned(t *testing.T) {
 			// before it is sent; the replicas share the run's key digest
 			// secret, so the torture reads whose key a claim was), and
 			// a replica's round that gave up restarts that replica's
-			// window (keyed.Completer logs it): on a
+			// window when it began in it (keyed.Completer logs both): on a
 			// starved machine a resume's lease renewals can stall past a
 			// third of the lease, the execution is cancelled, its outcome
 			// unknown, and the key waits out that completer's lease

@@ -50,15 +50,21 @@ func (r *run) finishBound() time.Duration {
 //
 // A replica's round that gave up without holding a key (its listing
 // failed or ran out of time, or it ran out of time before taking a key
-// over) voids that replica's window it fell in: its bound counts again
-// from then, for that replica alone (roundsGaveUp).
+// over) voids that replica's window it fell in, when the round began in
+// it too: its bound counts again from then, for that replica alone
+// (roundsGaveUp). Rounds overlap, one starting every interval whatever
+// the others do, so a round begun before the window (before the key's
+// lease ended, its listing could not have found it) says nothing of the
+// window's own round by giving up within it: that one logs its own
+// give-up if it fails. A line that does not say when its round began
+// voids the window it fell in.
 func (r *run) finishDeadline(died time.Time) (deadline time.Time, ok bool) {
 	window := completerEvery + r.cfg.KeyLease*9/10
 	from := died.Add(r.cfg.KeyLease)
 	r.failedMu.Lock()
-	gaveUp := make(map[int][]time.Time, len(r.roundsGaveUp))
-	for i, ts := range r.roundsGaveUp {
-		gaveUp[i] = slices.Clone(ts)
+	gaveUp := make(map[int][]giveUp, len(r.roundsGaveUp))
+	for i, gs := range r.roundsGaveUp {
+		gaveUp[i] = slices.Clone(gs)
 	}
 	r.failedMu.Unlock()
 	for i, rp := range r.replicas {
@@ -71,8 +77,12 @@ func (r *run) finishDeadline(died time.Time) (deadline time.Time, ok bool) {
 			end := start.Add(window)
 			var last time.Time
 			for _, g := range gaveUp[i] {
-				if g.After(start) && !g.After(end) && g.After(last) {
-					last = g
+				// The log's times are to the millisecond: a round
+				// logged as begun less than one before start may have
+				// begun in the window.
+				inWindow := g.began.IsZero() || g.began.Add(time.Millisecond).After(start)
+				if g.at.After(start) && !g.at.After(end) && g.at.After(last) && inWindow {
+					last = g.at
 				}
 			}
 			if last.IsZero() {
@@ -127,6 +137,15 @@ var (
 // abandoned key over (keyed's, at warning level, before the payments'
 // resume names the payment), and the key's digest.
 var completerTook = regexp.MustCompile(`^time=(\S+) level=WARN msg="completer: finishing an abandoned execution".* key=(hmac:[0-9a-f]{16})`)
+
+// giveUp is a completer's round that gave up without holding a key: when,
+// and when the round began (keyed's round_began; zero when the line does
+// not say).
+type giveUp struct{ at, began time.Time }
+
+// roundBeganAttr is the round_began attribute of keyed's lines of a round
+// that gave up.
+var roundBeganAttr = regexp.MustCompile(` round_began=(\S+)`)
 
 // completerTrouble matches a replica's line saying its completer's round
 // gave up without holding a key: it could not list the abandoned keys
@@ -269,11 +288,15 @@ func (r *run) completerLine(replica, n int, line string) {
 				digest = k[1]
 				what += " (key " + digest + ")"
 			}
+			g := giveUp{at: t}
+			if b := roundBeganAttr.FindStringSubmatch(line); b != nil {
+				g.began, _ = at(b[1])
+			}
 			r.failedMu.Lock()
 			if r.roundsGaveUp == nil {
-				r.roundsGaveUp = map[int][]time.Time{}
+				r.roundsGaveUp = map[int][]giveUp{}
 			}
-			r.roundsGaveUp[replica] = append(r.roundsGaveUp[replica], t)
+			r.roundsGaveUp[replica] = append(r.roundsGaveUp[replica], g)
 			// It delays every key that replica's completer would take:
 			// shown in every late finish's timeline that it falls in.
 			r.noteLocked("", event{t, lf, what + ": this replica's round gave up"})

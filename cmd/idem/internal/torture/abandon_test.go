@@ -197,3 +197,27 @@ func TestClaimWhoseRecoveryPointCannotBeOpened(t *testing.T) {
 		t.Errorf("the key's story: want its recovery point that cannot be opened, not a claim cut off:\n%s", got)
 	}
 }
+
+// A round's give-up voids its replica's window only when that round began
+// in the window: rounds overlap (one starts every interval whatever the
+// others are doing), so a round begun before the window, before the key's
+// lease ended, says nothing of the window's own round by giving up within
+// it; that round, should it fail, logs its own give-up. keyed's lines
+// say when their round began (round_began); a line that does not voids
+// the window as before.
+func TestFinishDeadlineIgnoresAGiveUpOfAnEarlierRound(t *testing.T) {
+	died := time.Date(2026, 12, 7, 2, 0, 0, 0, time.UTC)
+	always := func() *replica { return &replica{ups: []upSpan{{from: died.Add(-time.Minute)}}} }
+	r := &run{cfg: Config{KeyLease: 3 * time.Second}, replicas: []*replica{always(), always()}}
+	began := func(d time.Duration) string { return " round_began=" + died.Add(d).Format(time.RFC3339Nano) }
+	// Replica 0: a round begun at +2.3s, before the lease's end (+3s),
+	// ran out of its 2.7s at +5s.
+	r.completerLine(0, 1, completerLog(died.Add(5*time.Second), "completer: the round ran out of time before it could take the abandoned execution over", keyDigest("other"))+
+		" timeout=2.7s"+began(2300*time.Millisecond))
+	// Replica 1: a round begun at +3.5s, in the window, could not list.
+	r.completerLine(1, 1, "time="+died.Add(4*time.Second).Format(time.RFC3339Nano)+` level=WARN msg="completer: could not list abandoned executions" error="database is locked"`+began(3500*time.Millisecond))
+	want := died.Add(6700 * time.Millisecond)
+	if d, ok := r.finishDeadline(died); !ok || !d.Equal(want) {
+		t.Errorf("deadline %s (%v); want %s: replica 0's window from the lease's end, the give-up of a round begun before it aside (replica 1's, from +4s, ends at +7.7s)", d, ok, want)
+	}
+}

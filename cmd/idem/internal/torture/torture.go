@@ -392,10 +392,11 @@ type run struct {
 	cutOffClaims    map[string][]time.Time
 	fromFailedClaim int
 	// roundsGaveUp are, by replica, when its completer's round gave up
-	// without holding a key: its listing failed or ran out of time, or it
-	// ran out of time before taking a key over. That replica's
-	// completer's bound counts again from then (finishDeadline).
-	roundsGaveUp map[int][]time.Time
+	// without holding a key (its listing failed or ran out of time, or it
+	// ran out of time before taking a key over), and when that round
+	// began. That replica's completer's bound counts again from then,
+	// when the round began in the window it gave up in (finishDeadline).
+	roundsGaveUp map[int][]giveUp
 
 	schema   string // PostgreSQL schema, with cfg.DB postgres://
 	prefix   string // Redis key prefix, with cfg.Keys
