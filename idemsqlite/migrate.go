@@ -50,12 +50,44 @@ func (db *DB) Migrate(ctx context.Context, component string, migrations fs.FS) e
 	if _, err := db.writer.ExecContext(ctx, createMigrationsTable); err != nil {
 		return fmt.Errorf("idemsqlite: migrate %s: %w", component, err)
 	}
+	// What is applied already is read without the write lock: a process
+	// that starts beside others writing to the file (a replica restarted
+	// after a crash) usually finds its schema up to date, and must not wait
+	// for the lock, nor fail after BusyTimeout, to learn it. A migration
+	// found missing is checked again inside its write transaction.
+	done, err := db.appliedVersions(ctx, component)
+	if err != nil {
+		return fmt.Errorf("idemsqlite: migrate %s: %w", component, err)
+	}
 	for _, m := range list {
+		if done[m.Version] {
+			continue
+		}
 		if err := db.applyMigration(ctx, component, migrations, m); err != nil {
 			return fmt.Errorf("idemsqlite: migrate %s: %s: %w", component, m.Name, err)
 		}
 	}
 	return nil
+}
+
+// appliedVersions reads the versions of component recorded as applied, in
+// an autocommit read that takes no write lock (WAL: readers never wait).
+func (db *DB) appliedVersions(ctx context.Context, component string) (map[int64]bool, error) {
+	rows, err := db.writer.QueryContext(ctx,
+		`SELECT version FROM idem_schema_migrations WHERE component = ?`, component)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	done := map[int64]bool{}
+	for rows.Next() {
+		var v int64
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		done[v] = true
+	}
+	return done, rows.Err()
 }
 
 func (db *DB) applyMigration(ctx context.Context, component string, fsys fs.FS, m migration) error {

@@ -1,11 +1,16 @@
 package idemsqlite_test
 
 import (
+	"context"
+	"database/sql"
 	"errors"
+	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemsqlite"
@@ -162,5 +167,75 @@ func TestMigrateRefusesBadInput(t *testing.T) {
 				t.Error("a migration ran although the set was refused")
 			}
 		})
+	}
+}
+
+// A process that starts beside others writing to the same file (a replica
+// restarted after a crash, say) finds its schema up to date: Migrate must
+// not need the file's write lock then, or a start can fail with
+// SQLITE_BUSY after BusyTimeout while the others keep the lock busy.
+func TestMigrateOfAnUpToDateSchemaTakesNoWriteLock(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	files := fstest.MapFS{
+		"0001_accounts.sql": sqlFile(`CREATE TABLE accounts (id TEXT PRIMARY KEY);`),
+		"0002_name.sql":     sqlFile(`ALTER TABLE accounts ADD COLUMN name TEXT;`),
+	}
+	first, err := idemsqlite.Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	if err := first.Migrate(ctx, "app", files); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another process holds the write lock for as long as this test runs.
+	holding := make(chan struct{})
+	release := make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		held <- first.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO accounts (id) VALUES ('held')`); err != nil {
+				return err
+			}
+			close(holding)
+			<-release
+			return nil
+		})
+	}()
+	select {
+	case <-holding:
+	case err := <-held:
+		t.Fatalf("taking the write lock: %v", err)
+	}
+
+	second, err := idemsqlite.Open(path, &idemsqlite.Config{BusyTimeout: 20 * time.Millisecond})
+	if err != nil {
+		close(release)
+		t.Fatal(err)
+	}
+	defer second.Close()
+	migrateErr := second.Migrate(ctx, "app", files)
+	close(release)
+	if err := <-held; err != nil {
+		t.Fatalf("the other process's transaction: %v", err)
+	}
+	if migrateErr != nil {
+		t.Fatalf("Migrate of a schema already up to date, while another process holds the write lock: %v; want nil, with no write lock taken", migrateErr)
+	}
+	if got := applied(t, second, "app"); !slices.Equal(got, []int64{1, 2}) {
+		t.Fatalf("applied = %v; want [1 2]", got)
+	}
+
+	// A migration that is missing still needs the lock, and still waits for it.
+	more := fstest.MapFS{"0003_more.sql": sqlFile(`CREATE TABLE more (id TEXT);`)}
+	maps.Copy(more, files)
+	if err := second.Migrate(ctx, "app", more); err != nil {
+		t.Fatalf("Migrate with one migration missing, the lock free: %v", err)
+	}
+	if got := applied(t, first, "app"); !slices.Equal(got, []int64{1, 2, 3}) {
+		t.Fatalf("applied = %v; want [1 2 3]", got)
 	}
 }
