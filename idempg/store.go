@@ -1074,14 +1074,6 @@ func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error)
 	return out, nil
 }
 
-// inFlightAtPoints lists the keys in flight with a point, held or not,
-// through the partial index Abandoned uses.
-const inFlightAtPoints = `SELECT scope, key, ` + pgsql.RecordColumns + `
-	FROM idem_keys
-	WHERE state = 'in_flight' AND recovery_point IS NOT NULL
-	ORDER BY lease_expires_at
-	LIMIT $1`
-
 // InFlightAtPoints lists up to limit keys in flight with a recovery
 // point, whether their holder's lease has ended or not (Abandoned lists
 // those whose lease has), oldest lease end first: every execution past
@@ -1092,7 +1084,7 @@ func (s *Store) InFlightAtPoints(ctx context.Context, limit int) ([]idem.Record,
 	if limit <= 0 {
 		return nil, &idem.ArgumentError{Field: "limit", Reason: "must be positive"}
 	}
-	rows, err := s.db.readQuerier(ctx).Query(ctx, inFlightAtPoints, limit)
+	rows, err := s.db.readQuerier(ctx).Query(ctx, pgsql.InFlightAtPoints, limit)
 	if err != nil {
 		return nil, fmt.Errorf("idempg: in flight at points: %w", err)
 	}

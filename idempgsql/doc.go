@@ -176,7 +176,10 @@
 // migration 0004, which idempg and idempgsql share): idem_claim returns a
 // key's point, keeps it on takeover, clears it when the key is claimed
 // anew, and never claims anew a key in flight with one; Abandoned reads a
-// partial index that holds only those keys. See docs/recovery.md.
+// partial index that holds only those keys, and so does InFlightAtPoints,
+// which lists them whether their holder's lease ended or not, for an audit
+// of the books (idem reconcile), as idempg's and idemsqlite's do. See
+// docs/recovery.md.
 //
 // # Leases and holders
 //

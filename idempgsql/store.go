@@ -671,12 +671,33 @@ func (s *Store) SaveRecovery(ctx context.Context, ref idem.Ref, rp idem.Recovery
 // Abandoned implements idem.Recoverer, through a partial index that holds
 // only the keys in flight with a point. With Config.Clock nil, leases are
 // judged by the database's clock.
-func (s *Store) Abandoned(ctx context.Context, limit int) (out []idem.Record, err error) {
+func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error) {
 	if limit <= 0 {
 		return nil, &idem.ArgumentError{Field: "limit", Reason: "must be positive"}
 	}
-	err = s.db.read(ctx, "Store.Abandoned", func(ctx context.Context, q querier) error {
-		rows, err := q.QueryContext(ctx, pgsql.Abandoned, s.db.now(), limit)
+	return s.atPoints(ctx, "Store.Abandoned", "abandoned", pgsql.Abandoned, s.db.now(), limit)
+}
+
+// InFlightAtPoints lists up to limit keys in flight with a recovery
+// point, whether their holder's lease has ended or not (Abandoned lists
+// those whose lease has), oldest lease end first: every execution past
+// the database's edge whose outcome is not in the books yet, as an audit
+// of those books wants them (idem reconcile). It reads through the partial
+// index Abandoned uses and writes nothing. Called with a context whose
+// transaction of the DB has begun, it reads in that transaction.
+func (s *Store) InFlightAtPoints(ctx context.Context, limit int) ([]idem.Record, error) {
+	if limit <= 0 {
+		return nil, &idem.ArgumentError{Field: "limit", Reason: "must be positive"}
+	}
+	return s.atPoints(ctx, "Store.InFlightAtPoints", "in flight at points", pgsql.InFlightAtPoints, limit)
+}
+
+// atPoints reads the records that query (Abandoned or InFlightAtPoints)
+// lists, for call, in the transaction ctx carries if it has begun; op names
+// the listing in its error.
+func (s *Store) atPoints(ctx context.Context, call, op, query string, args ...any) (out []idem.Record, err error) {
+	err = s.db.read(ctx, call, func(ctx context.Context, q querier) error {
+		rows, err := q.QueryContext(ctx, query, args...)
 		if err != nil {
 			return err
 		}
@@ -685,7 +706,7 @@ func (s *Store) Abandoned(ctx context.Context, limit int) (out []idem.Record, er
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("idempgsql: abandoned: %w", err)
+		return nil, fmt.Errorf("idempgsql: %s: %w", op, err)
 	}
 	return out, nil
 }

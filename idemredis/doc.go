@@ -265,8 +265,8 @@
 // A client's retry then finishes the execution; there is no Completer.
 // An audit of the effect's books (idem reconcile --keys) learns which
 // executions are not finished from InFlight, which lists the keys in
-// flight, held or not, as idemsqlite's and idempg's InFlightAtPoints do
-// theirs, reading only.
+// flight, held or not, as idemsqlite's, idempg's and idempgsql's
+// InFlightAtPoints do theirs, reading only.
 //
 // # Leases and holders
 //

@@ -13,7 +13,8 @@ import (
 // is not in the books yet, as an audit of those books wants them (idem
 // reconcile). The records carry no recovery point: the Store keeps none
 // (see "Recovery points" in the package documentation), so this is what
-// idemsqlite's and idempg's InFlightAtPoints list, without the points.
+// idemsqlite's, idempg's and idempgsql's InFlightAtPoints list, without the
+// points.
 // limit must be positive.
 //
 // It only reads: SCAN over the store's records (on every master of a

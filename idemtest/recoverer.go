@@ -32,8 +32,8 @@ import (
 //     token only, and succeeds again once it is gone.
 //   - Abandoned lists exactly the keys in flight, with a point, whose lease
 //     ended, oldest lease end first, at most limit of them.
-//   - A store with InFlightAtPoints (idemsqlite's, idempg's; the subtest
-//     skips for one without) lists every key in flight with a point,
+//   - A store with InFlightAtPoints (idemsqlite's, idempg's, idempgsql's;
+//     the subtest skips for one without) lists every key in flight with a point,
 //     whether its holder's lease ended (as Abandoned lists it) or not,
 //     oldest lease end first, at most limit of them; a key without a point
 //     and one completed are not listed, and a limit below 1 is refused
@@ -405,7 +405,8 @@ func abandonedKeys(got []idem.Record, want ...string) error {
 }
 
 // inFlightAtPoints is what a store that lists its keys in flight at
-// recovery points (idemsqlite's, idempg's) adds to idem.Recoverer.
+// recovery points (idemsqlite's, idempg's, idempgsql's) adds to
+// idem.Recoverer.
 type inFlightAtPoints interface {
 	InFlightAtPoints(ctx context.Context, limit int) ([]idem.Record, error)
 }

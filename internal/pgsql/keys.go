@@ -295,15 +295,27 @@ func ValidateCurrent(h idem.Holder) error {
 	return h.Validate()
 }
 
+// atPoints selects the keys in flight with a recovery point: its WHERE is
+// the predicate of the partial index idem_keys_recovering (migration 0004),
+// which the planner uses only for a query whose WHERE implies it.
+const atPoints = `SELECT scope, key, ` + RecordColumns + `
+	FROM idem_keys
+	WHERE state = 'in_flight' AND recovery_point IS NOT NULL`
+
 // Abandoned lists up to $2 keys in flight with a recovery point whose lease
 // ended, oldest lease end first, through the partial index
 // idem_keys_recovering.
-const Abandoned = `SELECT scope, key, ` + RecordColumns + `
-	FROM idem_keys
-	WHERE state = 'in_flight' AND recovery_point IS NOT NULL
+const Abandoned = atPoints + `
 	  AND lease_expires_at <= coalesce($1::timestamptz, statement_timestamp())
 	ORDER BY lease_expires_at
 	LIMIT $2`
+
+// InFlightAtPoints lists up to $1 keys in flight with a recovery point,
+// whether their holder's lease ended or not (Abandoned lists those whose
+// lease did), oldest lease end first, through the index Abandoned uses.
+const InFlightAtPoints = atPoints + `
+	ORDER BY lease_expires_at
+	LIMIT $1`
 
 // ValidateRecovery checks rp, and that PostgreSQL's text type can hold its
 // name.
@@ -406,7 +418,8 @@ type Rows interface {
 	Err() error
 }
 
-// AbandonedRecords reads the rows of Abandoned. The caller closes rows.
+// AbandonedRecords reads the rows of Abandoned or InFlightAtPoints. The
+// caller closes rows.
 func AbandonedRecords(rows Rows) ([]idem.Record, error) {
 	var out []idem.Record
 	for rows.Next() {
