@@ -3,6 +3,7 @@ package keyed_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -137,5 +138,74 @@ func wantSettled(t *testing.T, mem *idemmem.Store) {
 	rec, err := mem.Get(t.Context(), "", "k")
 	if err != nil || rec.State != idem.StateCompleted || rec.Response == nil || rec.Response.Status != operatorsAnswer.Status {
 		t.Errorf("the key after the Settle and the LetGo: %+v, %v; want it completed with the operator's %d", rec, err, operatorsAnswer.Status)
+	}
+}
+
+// releaseBeforeClaim is the in-memory store where, once armed, the next
+// Claim first finds the key released: the execution holding it learned
+// that nothing happened outside (ReleaseWithPoint under its token).
+type releaseBeforeClaim struct {
+	*idemmem.Store
+	armed atomic.Bool
+}
+
+func (s *releaseBeforeClaim) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	if s.armed.CompareAndSwap(true, false) {
+		rec, err := s.Get(ctx, req.Scope, req.Key)
+		if err != nil {
+			return idem.Claim{}, err
+		}
+		if err := s.ReleaseWithPoint(ctx, idem.Ref{Scope: req.Scope, Key: req.Key, Token: rec.Token}); err != nil {
+			return idem.Claim{}, err
+		}
+	}
+	return s.Store.Claim(ctx, req)
+}
+
+// A Settle that claims anew a key released since it read it, and gives it
+// back, has ended every lease under an older token, the one the Completer
+// held the key under after its failed resume included: Failures must no
+// longer say the Completer holds the key (the console shows it, and offers
+// to let it go), nor UnknownKeys name that lease's token.
+func TestSettleOfAKeyReleasedMeanwhileForgetsTheOlderHold(t *testing.T) {
+	t.Parallel()
+	var store *releaseBeforeClaim
+	h, _ := heldAfterAFailedResume(t, func(mem *idemmem.Store) idem.Store {
+		store = &releaseBeforeClaim{Store: mem}
+		return store
+	})
+	ctx := t.Context()
+	if f := h.comp.Failures("", "k"); !f.Holding {
+		t.Fatalf("after the failed resume: %+v; want the Completer holding the key", f)
+	}
+	// The failed resume's lease ends; another replica takes the key over
+	// and stops at its point too, so the Settle reads it under a token the
+	// Completer does not hold, and claims it.
+	h.clock.Advance(13 * time.Second)
+	other, err := h.mem.Claim(ctx, idem.ClaimRequest{Key: "k", Fingerprint: idem.NewFingerprint("POST", "/pay", "", "", []byte("k")),
+		Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil || other.Outcome != idem.Acquired {
+		t.Fatalf("the other replica's takeover: %v, %v", other.Outcome, err)
+	}
+	if err := h.mem.Yield(ctx, idem.Ref{Key: "k", Token: other.Token}); err != nil {
+		t.Fatal(err)
+	}
+	store.armed.Store(true)
+	if _, err := h.comp.Settle(ctx, "", "k", operatorsAnswer, false); !errors.Is(err, keyed.ErrNotStopped) {
+		t.Fatalf("Settle of a key released meanwhile: %v; want ErrNotStopped", err)
+	}
+	if store.armed.Load() {
+		t.Fatal("the Settle never claimed the key")
+	}
+	if _, err := h.mem.Get(ctx, "", "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("the key after the Settle: %v; want it given back (not found)", err)
+	}
+	if f := h.comp.Failures("", "k"); f.Holding {
+		t.Errorf("after a Settle that claimed the key anew and gave it back: %+v; want no hold", f)
+	}
+	for _, ref := range h.comp.UnknownKeys() {
+		if ref.Key == "k" && ref.Token != 0 {
+			t.Errorf("UnknownKeys names %q under token %d; want no held lease's token", ref.Key, ref.Token)
+		}
 	}
 }

@@ -427,9 +427,13 @@ func (c *Completer) settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 	defer e.local.Notify(wk)
 	if claim.Record.Recovery.IsZero() {
 		// Released since it was read, and claimed anew here: give it back.
+		// The claim ended every lease under an older token, a hold of this
+		// Completer's after a failed resume included: forget that hold,
+		// as the other ends of a Settle do.
 		if err := c.rs.Release(dctx, ref); err != nil {
 			c.log.LogAttrs(ctx, slog.LevelWarn, "completer: could not give back a key it claimed anew", slog.String("error", err.Error()))
 		}
+		c.letGo(wk, ref.Token)
 		return rec, fmt.Errorf("%w: it was released meanwhile", ErrNotStopped)
 	}
 	if err := c.ownPoint(claim.Record.Recovery.Name); err != nil {
