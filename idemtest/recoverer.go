@@ -26,7 +26,8 @@ import (
 //     takes it over, Purge keeps it.
 //   - Yield ends the holder's lease at once and keeps the rest: the key is
 //     in flight with its point, listed by Abandoned, and taken over by the
-//     next Claim at once; a stale token's Yield is refused.
+//     next Claim at once, under a greater token even when no time has
+//     passed since the yielded claim; a stale token's Yield is refused.
 //   - Release refuses a key in flight with a point (ErrHasRecoveryPoint),
 //     changing nothing; ReleaseWithPoint releases it, under its holder's
 //     token only, and succeeds again once it is gone.
@@ -77,6 +78,7 @@ var recovererTests = []struct {
 	{"ClaimAnewStartsEmpty", false, testRecoveryClaimAnew},
 	{"OutlivesTTL", false, testRecoveryOutlivesTTL},
 	{"Yield", false, testRecoveryYield},
+	{"TakeoverAtTheInstantOfTheClaim", false, testRecoveryTakeoverSameInstant},
 	{"ReleaseRefusedWithPoint", false, testRecoveryRelease},
 	{"Abandoned", false, testRecoveryAbandoned},
 	{"AbandonedLimit", false, testRecoveryAbandonedLimit},
@@ -498,6 +500,34 @@ func testRecoveryRollsBack(t *testing.T, e *recEnv) {
 	}
 	if err := samePoint(e.point("k"), "charging", "params", at); err != nil {
 		t.Fatalf("the point saved in a rolled-back phase stayed: %v", err)
+	}
+}
+
+// A holder that yields at the instant it claimed (the clock has not moved)
+// is taken over at once, and the takeover's token must still be greater
+// than its own: a token read off the clock alone would be the same, and
+// the holder fenced out could then still complete the key.
+func testRecoveryTakeoverSameInstant(t *testing.T, e *recEnv) {
+	c := e.acquire("k")
+	e.save(keyRef("k", c), "charging", "params")
+	if err := e.rec.Yield(e.ctx, keyRef("k", c)); err != nil {
+		t.Fatalf("Yield = %v", err)
+	}
+	c2, err := e.rec.Claim(e.ctx, e.req("k", "fp"))
+	if err != nil || c2.Outcome != idem.Acquired || !c2.TookOver {
+		t.Fatalf("Claim after Yield = %v (took over %v), %v; want a takeover at once", c2.Outcome, c2.TookOver, err)
+	}
+	if c2.Token <= c.Token {
+		t.Fatalf("the takeover's token %d; want one greater than the yielded holder's %d", c2.Token, c.Token)
+	}
+	if err := e.rec.Complete(e.ctx, keyRef("k", c), idem.Response{Status: 201}); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Complete by the yielded holder = %v; want ErrLeaseLost", err)
+	}
+	if err := e.rec.Complete(e.ctx, keyRef("k", c2), idem.Response{Status: 202}); err != nil {
+		t.Fatalf("Complete by the new holder = %v", err)
+	}
+	if rec, err := e.rec.Get(e.ctx, "s", "k"); err != nil || rec.State != idem.StateCompleted || rec.Response.Status != 202 {
+		t.Fatalf("the key after both completions: %+v, %v; want completed with the new holder's 202", rec, err)
 	}
 }
 
