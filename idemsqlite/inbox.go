@@ -208,12 +208,10 @@ func (in *Inbox) recordBatch(ctx context.Context, tx *sql.Tx, consumer string, k
 		}
 		fresh[i] = true
 	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	// Closed before fn runs: the transaction's connection serves one
-	// statement at a time.
-	return rows.Close()
+	// The deferred Close runs before fn does (the transaction's connection
+	// serves one statement at a time); what is left to report is why the
+	// rows stopped.
+	return rows.Err()
 }
 
 // PurgeInbox deletes at most limit inbox rows recorded before olderThan,
