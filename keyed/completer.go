@@ -513,6 +513,11 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, until time.Time
 		c.forget(wk)
 		return resumeNotTaken, notTaken(claim.Outcome)
 	}
+	// The claim ended every lease under an older token, one this
+	// Completer held the key under after an earlier failed resume
+	// included: forget that hold, however this resume ends (a failure
+	// holds the key under the claim's token again).
+	c.letGo(wk, claim.Token)
 	if claim.Record.Recovery.IsZero() {
 		// The key was released (or purged) since it was listed, and this
 		// claim made it anew: there is nothing to go on from. Give it back

@@ -3,6 +3,7 @@ package keyed_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -202,6 +203,50 @@ func TestSettleOfAKeyReleasedMeanwhileForgetsTheOlderHold(t *testing.T) {
 	}
 	if f := h.comp.Failures("", "k"); f.Holding {
 		t.Errorf("after a Settle that claimed the key anew and gave it back: %+v; want no hold", f)
+	}
+	for _, ref := range h.comp.UnknownKeys() {
+		if ref.Key == "k" && ref.Token != 0 {
+			t.Errorf("UnknownKeys names %q under token %d; want no held lease's token", ref.Key, ref.Token)
+		}
+	}
+}
+
+// A resume that takes over anew a key the Completer held after an earlier
+// failed resume (that lease ended, another replica took the key over and
+// stopped at its point too) ends the older lease with its claim, whatever
+// becomes of the resume: when the point it finds cannot be opened, and it
+// yields the key, Failures must no longer say the Completer holds the key,
+// nor UnknownKeys name the older lease's token, as after a Settle's claim.
+func TestResumeOfAPointItCannotOpenForgetsTheOlderHold(t *testing.T) {
+	t.Parallel()
+	h, _ := heldAfterAFailedResume(t, nil)
+	ctx := t.Context()
+	if f := h.comp.Failures("", "k"); !f.Holding {
+		t.Fatalf("after the failed resume: %+v; want the Completer holding the key", f)
+	}
+	// Sealed with a key this engine lacks (it has no BodyKeys).
+	sealed, err := keyed.ResealPoint([]keyed.BodyKey{bodyKey1}, "", "k", "k", "charging", []byte(`{"charge":"ch_1"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.clock.Advance(13 * time.Second)
+	other, err := h.mem.Claim(ctx, idem.ClaimRequest{Key: "k", Fingerprint: idem.NewFingerprint("POST", "/pay", "", "", []byte("k")),
+		Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil || other.Outcome != idem.Acquired {
+		t.Fatalf("the other replica's takeover: %v, %v", other.Outcome, err)
+	}
+	ref := idem.Ref{Key: "k", Token: other.Token}
+	if err := h.mem.SaveRecovery(ctx, ref, idem.RecoveryPoint{Name: "charging", Data: sealed}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.mem.Yield(ctx, ref); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.comp.ResumeKey(ctx, "", "k", false); err == nil || !strings.Contains(err.Error(), "cannot be opened") {
+		t.Fatalf("ResumeKey of a point it cannot open = %v; want that error", err)
+	}
+	if f := h.comp.Failures("", "k"); f.Holding {
+		t.Errorf("after a resume that took the key over anew and yielded it: %+v; want no hold", f)
 	}
 	for _, ref := range h.comp.UnknownKeys() {
 		if ref.Key == "k" && ref.Token != 0 {
