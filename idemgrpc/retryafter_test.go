@@ -51,7 +51,11 @@ func TestRetryInfoFromTheLeaseHonoured(t *testing.T) {
 		_, _, err := h.Call(t.Context(), "k", msg)
 		first <- err
 	}()
-	<-entered
+	select {
+	case <-entered:
+	case err := <-first:
+		t.Fatalf("the first call ended before its handler ran: %v", err)
+	}
 	// 3s into the lease: the heartbeat ticked (every sixth of the lease)
 	// but renews nothing before a third of it; 7s of the lease are left.
 	clock.Advance(3 * time.Second)
