@@ -292,7 +292,9 @@ func withDefaults(cfg *Config) (Config, error) {
 		if p < Required || p > Off {
 			return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Methods", Reason: fmt.Sprintf("gives %q %s, not a Policy", name, p)}
 		}
-		if _, _, ok := splitMethod(name); !ok {
+		// A method holding a slash is no gRPC method's name: it matches
+		// no call.
+		if _, method, ok := splitMethod(name); !ok || strings.Contains(method, "/") {
 			return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Methods", Reason: fmt.Sprintf("names %q: want /package.Service/Method or /package.Service/*", name)}
 		}
 	}

@@ -42,6 +42,9 @@ func TestNewRefuses(t *testing.T) {
 		{Store: store, SharedScope: true, Methods: map[string]idemgrpc.Policy{"//C": idemgrpc.Off}},
 		{Store: store, SharedScope: true, Methods: map[string]idemgrpc.Policy{"/a.B.C": idemgrpc.Off}},
 		{Store: store, SharedScope: true, Methods: map[string]idemgrpc.Policy{"/aB": idemgrpc.Off}},
+		// A method name holding a slash: gRPC's full method names have
+		// exactly two, so this one matches no call.
+		{Store: store, SharedScope: true, Methods: map[string]idemgrpc.Policy{"/a.B/C/D": idemgrpc.Off}},
 		{Store: store, SharedScope: true, Default: idemgrpc.Off + 1},
 		{Store: store, SharedScope: true, Default: idemgrpc.Required - 1 - 1},
 		{Store: store, SharedScope: true, MaxResponseBytes: -1},
