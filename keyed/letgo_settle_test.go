@@ -254,3 +254,47 @@ func TestResumeOfAPointItCannotOpenForgetsTheOlderHold(t *testing.T) {
 		}
 	}
 }
+
+// A Settle that claims anew a key released since it read it learns the
+// key's outcome as a resume that does learns it: released, nothing left
+// unknown. Like the resume, it forgets the key's failed resumes, so that
+// Stats().Unknown (which the completer's alert on unknown outcomes reads)
+// and UnknownKeys no longer count a key that is gone.
+func TestSettleOfAKeyReleasedMeanwhileForgetsItsUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	var store *releaseBeforeClaim
+	h, _ := heldAfterAFailedResume(t, func(mem *idemmem.Store) idem.Store {
+		store = &releaseBeforeClaim{Store: mem}
+		return store
+	})
+	ctx := t.Context()
+	if n := h.comp.Stats().Unknown; n != 1 {
+		t.Fatalf("after the failed resume: %d unknown; want 1", n)
+	}
+	// Another replica takes the key over once the failed resume's lease
+	// ended, and stops at its point too: the Settle claims it.
+	h.clock.Advance(13 * time.Second)
+	other, err := h.mem.Claim(ctx, idem.ClaimRequest{Key: "k", Fingerprint: idem.NewFingerprint("POST", "/pay", "", "", []byte("k")),
+		Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil || other.Outcome != idem.Acquired {
+		t.Fatalf("the other replica's takeover: %v, %v", other.Outcome, err)
+	}
+	if err := h.mem.Yield(ctx, idem.Ref{Key: "k", Token: other.Token}); err != nil {
+		t.Fatal(err)
+	}
+	store.armed.Store(true)
+	if _, err := h.comp.Settle(ctx, "", "k", operatorsAnswer, false); !errors.Is(err, keyed.ErrNotStopped) {
+		t.Fatalf("Settle of a key released meanwhile: %v; want ErrNotStopped", err)
+	}
+	if store.armed.Load() {
+		t.Fatal("the Settle never claimed the key")
+	}
+	if f, n := h.comp.Failures("", "k"), h.comp.Stats().Unknown; f.Count != 0 || f.Holding || n != 0 {
+		t.Errorf("after a Settle that found the key released: Failures %+v, %d unknown; want none, as after a resume that found it so", f, n)
+	}
+	for _, ref := range h.comp.UnknownKeys() {
+		if ref.Key == "k" {
+			t.Errorf("UnknownKeys names %q after it was found released; want it forgotten", ref.Key)
+		}
+	}
+}

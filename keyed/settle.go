@@ -427,13 +427,13 @@ func (c *Completer) settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 	defer e.local.Notify(wk)
 	if claim.Record.Recovery.IsZero() {
 		// Released since it was read, and claimed anew here: give it back.
-		// The claim ended every lease under an older token, a hold of this
-		// Completer's after a failed resume included: forget that hold,
-		// as the other ends of a Settle do.
+		// Its outcome is known (released), as a resume that finds it so
+		// learns: forget its failed resumes, and with them a hold of this
+		// Completer's under an older token, whose lease the claim ended.
 		if err := c.rs.Release(dctx, ref); err != nil {
 			c.log.LogAttrs(ctx, slog.LevelWarn, "completer: could not give back a key it claimed anew", slog.String("error", err.Error()))
 		}
-		c.letGo(wk, ref.Token)
+		c.forget(wk)
 		return rec, fmt.Errorf("%w: it was released meanwhile", ErrNotStopped)
 	}
 	if err := c.ownPoint(claim.Record.Recovery.Name); err != nil {
