@@ -251,6 +251,19 @@ func TestTortureRequestsAcquirer(t *testing.T) {
 	}
 }
 
+// A run of a single payment with --abandon abandons that payment (the
+// one drawn from the first half), and the load sends it: its last
+// quarter, which begins at the first payment then, waits for the
+// abandoned client's try only once that try can be sent, not for a try
+// the wait itself holds back until --timeout ends the load.
+func TestTortureRequestsOneAbandonedPayment(t *testing.T) {
+	t.Parallel()
+	code, stdout, stderr, r := runTorture(t, "--acquirer", "private", "--abandon", "0.5", "--crash-after-charge", "-1", "--payments", "1", "--dups", "1", "--timeout", "30s")
+	if code != exitOK || r["violations"] != 0 || r["abandoned"] != 1 {
+		t.Fatalf("exit %d, violations %d, %d abandoned; want a clean run, its one payment abandoned\nstdout:\n%s\nstderr:\n%s", code, r["violations"], r["abandoned"], stdout, stderr)
+	}
+}
+
 // Clients that never come back: half the logical payments send one
 // attempt, which SIGKILLs its replica between the network's charge and
 // the payment's commit, and give up. Only the replicas' completers finish

@@ -1284,7 +1284,11 @@ func (r *run) load(ctx context.Context) error {
 	var forcing sync.WaitGroup
 	var forcedMu sync.Mutex
 	var forcedErr error
-	waitAt := len(r.payments) * 3 / 4
+	// At least the first payment is sent before the wait: the faults are
+	// drawn below max(1, half) of them (scheduleFaults), and an abandoned
+	// client's is carried out by its payment's try alone, which a wait
+	// before it would hold back until the Timeout.
+	waitAt := max(1, len(r.payments)*3/4)
 feed:
 	for i, lp := range r.payments {
 		for _, sf := range r.scheduled {
