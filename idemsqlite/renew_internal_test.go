@@ -239,3 +239,50 @@ func TestClaimHonoursARenewalQueuedWhileItHoldsTheWriter(t *testing.T) {
 		t.Fatalf("the key: token %d, lease to %v, %v; want token %d to %v", rec.Token, rec.LeaseExpiresAt, err, ref.Token, end)
 	}
 }
+
+// A renewal queued behind a transaction that holds the writer is refused
+// at once (ErrLeaseLost) when the key's committed record shows it taken
+// over: its holder learns that it lost the key without waiting for the
+// writer, and the renewal, written later, does not move the new lease.
+func TestRenewQueuedBehindTheWriterTellsALeaseAlreadyTakenOver(t *testing.T) {
+	db := groupDB(t, time.Hour)
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	clock := &handClock{now: t0}
+	store, err := NewStore(t.Context(), db, &StoreConfig{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Second, TTL: time.Hour}
+	first, err := store.Claim(t.Context(), req)
+	if err != nil || first.Outcome != idem.Acquired {
+		t.Fatalf("claim: %+v, %v", first, err)
+	}
+	clock.set(t0.Add(2 * time.Second))
+	second, err := store.Claim(t.Context(), req)
+	if err != nil || second.Outcome != idem.Acquired || !second.TookOver {
+		t.Fatalf("the takeover: %+v, %v; want acquired, taken over", second, err)
+	}
+	release, held := make(chan struct{}), make(chan error, 1)
+	go func() {
+		held <- db.WithTx(t.Context(), func(ctx context.Context, tx *sql.Tx) error {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO ids (id) VALUES ('holder')`); err != nil {
+				return err
+			}
+			<-release
+			return nil
+		})
+	}()
+	queuedOrHolding(t, &db.queue)
+	clock.set(t0.Add(2500 * time.Millisecond))
+	if end, err := store.Renew(t.Context(), idem.Ref{Scope: "s", Key: "k", Token: first.Token}, req.Lease); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("the first holder's renewal behind the writer = %v, %v; want ErrLeaseLost", end, err)
+	}
+	close(release)
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	rec, err := store.Get(t.Context(), "s", "k")
+	if want := second.Record.LeaseExpiresAt; err != nil || rec.Token != second.Token || !rec.LeaseExpiresAt.Equal(want) {
+		t.Fatalf("the key: token %d, lease to %v, %v; want the new holder's token %d to %v", rec.Token, rec.LeaseExpiresAt, err, second.Token, want)
+	}
+}
