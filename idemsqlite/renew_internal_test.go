@@ -286,3 +286,59 @@ func TestRenewQueuedBehindTheWriterTellsALeaseAlreadyTakenOver(t *testing.T) {
 		t.Fatalf("the key: token %d, lease to %v, %v; want the new holder's token %d to %v", rec.Token, rec.LeaseExpiresAt, err, second.Token, want)
 	}
 }
+
+// A claim that decides while a renewal of the key is queued answers with
+// the record as that renewal writes it, even one whose lease end is the
+// one the key already has: writing it still moves the key's expiry out to
+// that end (a takeover late in the key's TTL gives a lease that outlasts
+// the expiry), and the claim's answer must not show an expiry the key no
+// longer has once the claim hands the writer over.
+func TestClaimAnswersWithTheExpiryAQueuedRenewalWrites(t *testing.T) {
+	db := groupDB(t, time.Hour)
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	clock := &handClock{now: t0}
+	store, err := NewStore(t.Context(), db, &StoreConfig{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Second, TTL: 10 * time.Second}
+	if c, err := store.Claim(t.Context(), req); err != nil || c.Outcome != idem.Acquired {
+		t.Fatalf("claim: %+v, %v", c, err)
+	}
+	clock.set(t0.Add(9500 * time.Millisecond))
+	taken, err := store.Claim(t.Context(), req)
+	if err != nil || taken.Outcome != idem.Acquired || !taken.TookOver {
+		t.Fatalf("the takeover: %+v, %v; want acquired, taken over", taken, err)
+	}
+	if rec, err := store.Get(t.Context(), "s", "k"); err != nil || !rec.ExpiresAt.Before(rec.LeaseExpiresAt) {
+		t.Fatalf("after the takeover: lease to %v, expiry %v, %v; want the lease past the expiry", rec.LeaseExpiresAt, rec.ExpiresAt, err)
+	}
+	ref := idem.Ref{Scope: "s", Key: "k", Token: taken.Token}
+	// The claim's turn, taken before the renewal is asked for, at the
+	// takeover's instant: the renewal's lease end is the key's.
+	if err := db.queue.acquire(t.Context(), false); err != nil {
+		t.Fatal(err)
+	}
+	r, queued := db.queue.queueRenewal(ref, req.Lease, clock.Now)
+	if !queued || !fromNanos(r.end).Equal(taken.Record.LeaseExpiresAt) {
+		t.Fatalf("the renewal: queued %v, to %v; want queued, to %v", queued, fromNanos(r.end), taken.Record.LeaseExpiresAt)
+	}
+	clock.set(t0.Add(10200 * time.Millisecond)) // past the expiry, within the lease
+	var c idem.Claim
+	err = db.unsyncedTxHeld(t.Context(), false, func(ctx context.Context, tx *sql.Tx) (err error) {
+		c, err = store.claimIn(ctx, db.in(tx), req)
+		return err
+	})
+	if err != nil || c.Outcome != idem.InFlight {
+		t.Fatalf("the claim: %v, %v; want in flight", c.Outcome, err)
+	}
+	<-r.done
+	if r.err != nil {
+		t.Fatalf("the renewal, written at the hand-over: %v", r.err)
+	}
+	rec, err := store.Get(t.Context(), "s", "k")
+	if err != nil || !c.Record.ExpiresAt.Equal(rec.ExpiresAt) || !c.Record.LeaseExpiresAt.Equal(rec.LeaseExpiresAt) {
+		t.Fatalf("the claim answered lease to %v, expiry %v; the key holds lease to %v, expiry %v (%v)",
+			c.Record.LeaseExpiresAt, c.Record.ExpiresAt, rec.LeaseExpiresAt, rec.ExpiresAt, err)
+	}
+}
