@@ -99,7 +99,7 @@ func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out.Header.Del("Connection")
 	resp, err := p.transport.RoundTrip(out)
 	if err != nil {
-		http.Error(w, "fault proxy: the replica did not answer: "+err.Error(), http.StatusBadGateway)
+		http.Error(w, proxyNoAnswer+": "+err.Error(), http.StatusBadGateway)
 		return
 	}
 	answer, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
@@ -122,6 +122,10 @@ func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(answer)
 }
+
+// proxyNoAnswer starts the 502 a fault proxy answers when its replica
+// gave no answer (it died holding the request, say).
+const proxyNoAnswer = "fault proxy: the replica did not answer"
 
 // oneShot is a request body that net/http cannot replay by itself. Requests
 // with an Idempotency-Key count as replayable to its Transport, which then

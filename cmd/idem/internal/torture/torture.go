@@ -147,8 +147,13 @@ type Config struct {
 	// and the checks want each charged once and recorded, or neither.
 	// Needs Acquirer, and the keys in DB (the completer needs recovery
 	// points). With it, at least one payment is abandoned: one of the
-	// first half drawn from the seed, whatever the share draws. Defaults
-	// to 0: every client retries.
+	// first half drawn from the seed, whatever the share draws. With
+	// CrashAfterCharge too, at least one abandoned try reaches its charge
+	// and its replica dies before answering, so that a completer finishes
+	// it: the drawn payment's try carries that order first, then, while
+	// none has carried it out, the next abandoned payment handed out (one
+	// whose client would stay, made abandoned, once none the share drew
+	// is left to come) (scheduleFaults). Defaults to 0: every client retries.
 	Abandon float64
 	// Progress receives a line of progress every ProgressEvery. Defaults to
 	// io.Discard.
@@ -319,6 +324,10 @@ type logical struct {
 	// closed once its client's one try has ended (pay): the load's last
 	// quarter waits for it.
 	left chan struct{}
+	// carries says that its try carries the scheduled abandoned crash's
+	// order (carryAbandon), and unanswered that its abandoned try got no
+	// answer: both written by its client alone, or before the load.
+	carries, unanswered bool
 
 	mu         sync.Mutex
 	answers    []answer
@@ -468,6 +477,20 @@ type run struct {
 	// stall is, for a load its Timeout ended, the watchdog's cause: the
 	// scheduled faults it still awaited (stalled).
 	stall string
+	// abandonMu guards the scheduled abandoned crash's order
+	// (awaitAbandonedCrash): abandonOwed is crashFree while the next
+	// payment handed out may carry it, crashTaken while one's try
+	// carries it, 0 once it came or was withdrawn; abandonCame says it
+	// came; abandonTold is closed at its next change; abandonAhead counts
+	// the payments the share abandoned not yet handed out (carryAbandon).
+	abandonMu    sync.Mutex
+	abandonOwed  int
+	abandonCame  bool
+	abandonTold  chan struct{}
+	abandonAhead int
+	// charged reports whether the card network holds a charge of lp's
+	// key; nil means it asks the run's network (networkCharged).
+	charged func(ctx context.Context, lp *logical) (bool, error)
 }
 
 // Run starts the replicas and the fault proxies, sends the load while it
@@ -870,8 +893,11 @@ type scheduledFault struct {
 	// come from the run's source after whatever the load drew meanwhile,
 	// and the same seed would kill another replica.
 	replica int
-	// payment is the payment an "abandon" makes abandoned.
+	// payment is the payment an "abandon" makes abandoned; crash says
+	// that its try carries the order of an abandoned try that crashes its
+	// replica after the charge (Config.abandonsCrash).
 	payment *logical
+	crash   bool
 }
 
 // The states of run.crashOwed.
@@ -991,7 +1017,15 @@ func (g *faultGate) tell() {
 //
 // With Abandon, one payment of the first half, drawn first, is abandoned
 // whatever the share draws, and the load's last quarter waits until its
-// client's one try has ended. With an Acquirer and CrashAfterCharge, a
+// client's one try has ended. With CrashAfterCharge too (abandonsCrash),
+// that try carries the order of an abandoned try that crashes its replica
+// after its charge: one the network charged that got no answer is the
+// fault come; one refused before its charge, or answered, gives the order
+// to the next payment handed out (one the share abandoned, or, when none
+// is left to come, one made abandoned), and so on while the last quarter
+// goes on; one never carried out by the
+// load's end is the run's error naming the payment and the seed
+// (awaitAbandonedCrash). With an Acquirer and CrashAfterCharge, a
 // crash after a charge is owed from a payment of the first half: from
 // then on the first tries of the payments whose clients stay carry it,
 // one at a time, each giving it back with its answer (refused before its
@@ -1015,7 +1049,16 @@ func (r *run) scheduleFaults() {
 		at := r.rng.IntN(half)
 		lp := r.payments[at]
 		lp.abandoned, lp.left = true, make(chan struct{})
-		r.scheduled = append(r.scheduled, scheduledFault{at: at, kind: "abandon", payment: lp})
+		crash := r.cfg.abandonsCrash()
+		if crash {
+			lp.carries, r.abandonOwed = true, crashTaken
+			for _, o := range r.payments {
+				if o.abandoned && o != lp {
+					r.abandonAhead++
+				}
+			}
+		}
+		r.scheduled = append(r.scheduled, scheduledFault{at: at, kind: "abandon", payment: lp, crash: crash})
 	}
 	if r.cfg.Acquirer != "" && r.cfg.CrashAfterCharge > 0 {
 		r.scheduled = append(r.scheduled, scheduledFault{at: r.rng.IntN(half), kind: "crash after charge"})
@@ -1061,6 +1104,9 @@ func (sf scheduledFault) String() string {
 		what = "a restart of the private " + sf.server.Name()
 	case "abandon":
 		what = "a client that gives up after one try"
+		if sf.crash {
+			what += ", which crashes its replica after the charge,"
+		}
 	case "crash after charge":
 		what = "a crash after a charge owed"
 	}
@@ -1118,6 +1164,9 @@ func (r *run) force(ctx context.Context, sf scheduledFault, stop <-chan struct{}
 	case "restart":
 		return r.restartOne(ctx, sf.server)
 	case "abandon":
+		if sf.crash {
+			return r.awaitAbandonedCrash(sf.at, stop, standing)
+		}
 		select {
 		case <-sf.payment.left:
 			return nil
@@ -1354,10 +1403,13 @@ feed:
 }
 
 // pay attempts one logical payment Dups times: half at once, the rest in
-// turn after them.
+// turn after them. An abandoned one, or one that carries the scheduled
+// abandoned crash's order (carryAbandon), sends one try and gives up.
 func (r *run) pay(ctx context.Context, lp *logical) {
+	r.carryAbandon(lp)
 	if lp.abandoned {
 		r.attempt(ctx, lp)
+		r.abandonedTryEnded(ctx, lp)
 		if lp.left != nil && ctx.Err() == nil {
 			close(lp.left)
 		}
@@ -1450,6 +1502,7 @@ func (r *run) attempt(ctx context.Context, lp *logical) {
 			// The client gives up for good, whatever happened.
 			lp.mu.Lock()
 			lp.gaveUpAt = time.Now()
+			lp.unanswered = err != nil || status == http.StatusBadGateway && bytes.HasPrefix(resp, []byte(proxyNoAnswer))
 			lp.mu.Unlock()
 			return
 		}

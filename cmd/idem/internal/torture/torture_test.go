@@ -834,6 +834,108 @@ func TestScheduledAbandonedClient(t *testing.T) {
 	}
 }
 
+// With an acquirer, a crash rate and Abandon, the run meets an abandoned
+// payment whose one try reached its charge and whose replica died before
+// answering, so that only a completer can finish it: the scheduled
+// abandoned payment's try carries that order first, and while no
+// abandoned try has carried it out, the next payment handed out carries
+// it, abandoned in turn (a try refused before its charge, or answered,
+// leaves nothing for a completer). The last quarter waits for the
+// scheduled payment's try, then goes on while the order stands for the
+// load's traffic; a load that ended without it is the run's error naming
+// the payment and the seed.
+func TestScheduledAbandonedCrashAfterCharge(t *testing.T) {
+	t.Parallel()
+	// byShare, when not 0, is a payment of the second half the share
+	// abandons.
+	newRun := func(seed uint64, byShare int) (*run, scheduledFault) {
+		t.Helper()
+		r := &run{cfg: Config{Acquirer: Private, Abandon: 1e-300, CrashAfterCharge: 1e-300, Payments: 10, Seed: seed, Progress: io.Discard},
+			rng: newLockedRand(seed), accounts: []string{"acct_1"}}
+		r.plan()
+		if byShare > 0 {
+			r.payments[byShare].abandoned = true
+		}
+		r.scheduleFaults()
+		for _, sf := range r.scheduled {
+			if sf.kind == "abandon" {
+				if sf.at >= 5 || sf.payment != r.payments[sf.at] || !sf.payment.abandoned {
+					t.Fatalf("seed %d: the abandoned client scheduled at payment %d; want one of the first half (5), abandoned", seed, sf.at+1)
+				}
+				return r, sf
+			}
+		}
+		t.Fatalf("seed %d: scheduled %+v; want an abandoned client at a payment drawn from the seed", seed, r.scheduled)
+		return nil, scheduledFault{}
+	}
+	for seed := uint64(1); seed <= 20; seed++ {
+		newRun(seed, 0)
+	}
+	// The replica refuses a try before its charge (503) until dies, then
+	// dies holding it: its fault proxy answers that it gave no answer, the
+	// network holding the charge.
+	var dies atomic.Bool
+	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if !dies.Load() {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		http.Error(w, proxyNoAnswer+": EOF", http.StatusBadGateway)
+	}))
+	defer replica.Close()
+	r, sf := newRun(4242, 0)
+	r.client, r.proxies = replica.Client(), []*faultProxy{{ln: replica.Listener}}
+	r.charged = func(context.Context, *logical) (bool, error) { return dies.Load(), nil }
+	stop := make(chan struct{})
+	stands := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- r.force(t.Context(), sf, stop, func() { close(stands) }) }()
+	r.pay(t.Context(), sf.payment)
+	select {
+	case <-stands:
+	case err := <-done:
+		t.Fatalf("the scheduled abandoned client's try was refused before its charge, and the order ended (%v); want it to stand for the next payment", err)
+	}
+	next := r.payments[sf.at+1]
+	if next.abandoned {
+		t.Fatalf("payment %d abandoned before it was handed out; want the share (1e-300) to draw none", sf.at+2)
+	}
+	dies.Store(true)
+	r.pay(t.Context(), next)
+	if !next.abandoned || next.gaveUpAt.IsZero() {
+		t.Fatalf("the payment handed out while the order stood: abandoned %v, gave up at %v; want its client to give up after its one try", next.abandoned, next.gaveUpAt)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("an abandoned try charged, its replica dead before answering: %v", err)
+	}
+	if later := r.payments[sf.at+2]; r.carryAbandon(later) || later.abandoned {
+		t.Errorf("once an abandoned try had crashed after its charge, payment %d was made to carry the order again", sf.at+3)
+	}
+
+	// While a payment the share abandoned is still to come, it carries
+	// the order given back, and the payments handed out before it stay.
+	r, sf = newRun(4242, 9)
+	r.client, r.proxies = replica.Client(), []*faultProxy{{ln: replica.Listener}}
+	r.charged = func(context.Context, *logical) (bool, error) { return false, nil }
+	r.pay(t.Context(), sf.payment) // no charge: the order is given back
+	if stays := r.payments[sf.at+1]; r.carryAbandon(stays) || stays.abandoned {
+		t.Errorf("payment %d, whose client stays, was made to carry the order while payment 10, which the share abandoned, was still to come", sf.at+2)
+	}
+	if !r.carryAbandon(r.payments[9]) {
+		t.Error("payment 10, which the share abandoned, handed out while the order was free, did not carry it")
+	}
+
+	// Withdrawn at the load's end before any abandoned try crashed after
+	// its charge: the run's error.
+	r, sf = newRun(4242, 0)
+	early := make(chan struct{})
+	close(early)
+	want := fmt.Sprintf("payment %d", sf.at+1)
+	if err := r.force(t.Context(), sf, early, nil); err == nil || !strings.Contains(err.Error(), "seed 4242") || !strings.Contains(err.Error(), want) {
+		t.Fatalf("the load ended before an abandoned try crashed its replica after the charge: %v; want an error naming %s and seed 4242", err, want)
+	}
+}
+
 // A load that stalls while its last quarter waits for scheduled faults
 // says which: the watchdog's cause names each one ordered and not yet
 // happened (and whether its order stands, for the load's traffic to carry
