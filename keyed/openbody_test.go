@@ -17,7 +17,8 @@ import (
 // says what is known: "truncated" where the bytes end before the key's ID
 // or before the nonce and the tag every sealed body holds, and the key's
 // ID once the whole ID is there and no configured key has it, so that an
-// operator knows which retired key to put back, whatever follows the ID.
+// operator knows which retired key to put back, whatever follows the ID:
+// an empty ID too, which no key has, with nothing after it or more.
 func TestOpenBodyOfACutSealedBody(t *testing.T) {
 	t.Parallel()
 	const magic = "\x00idem-gcm1\x00" // sealedBodyMagic
@@ -34,6 +35,8 @@ func TestOpenBodyOfACutSealedBody(t *testing.T) {
 		{"cut in the ID", magic + "\x02k", []string{"truncated"}},
 		{"cut after the ID of a key not configured", magic + "\x02k9", []string{`"k9"`, "not among BodyKeys"}},
 		{"cut in the nonce of a key not configured", magic + "\x02k9\x01\x02", []string{`"k9"`, "not among BodyKeys"}},
+		{"an empty ID and nothing after it", magic + "\x00", []string{`key ""`, "not among BodyKeys"}},
+		{"an empty ID and a byte after it", magic + "\x00n", []string{`key ""`, "not among BodyKeys"}},
 		{"cut after the ID of a configured key", magic + "\x02k1", []string{"truncated"}},
 		{"cut in its nonce", magic + "\x02k1\x01\x02\x03", []string{"truncated"}},
 		{"cut right after its nonce", magic + "\x02k1" + strings.Repeat("n", 12), []string{"truncated"}},
