@@ -251,6 +251,19 @@ func TestTortureRequestsAcquirer(t *testing.T) {
 	}
 }
 
+// A run of a single payment with an acquirer meets the crash after a
+// charge it owes: the order is placed before that payment is handed to
+// the clients, so its one first try carries it (nothing else in the run
+// to keep the try from its charge: no kills, drops, or network faults).
+func TestTortureRequestsOnePaymentOwesACrash(t *testing.T) {
+	t.Parallel()
+	code, stdout, stderr, r := runTorture(t, "--acquirer", "private", "--acquirer-fault-rate", "-1", "--drop", "0", "--kill-every", "0",
+		"--payments", "1", "--dups", "1", "--timeout", "30s")
+	if code != exitOK || r["violations"] != 0 || r["crashes_after_charge"] == 0 {
+		t.Fatalf("exit %d, violations %d, %d crashes after a charge; want a clean run with one\nstdout:\n%s\nstderr:\n%s", code, r["violations"], r["crashes_after_charge"], stdout, stderr)
+	}
+}
+
 // A run of a single payment with --abandon abandons that payment (the
 // one drawn from the first half), and the load sends it: its last
 // quarter, which begins at the first payment then, waits for the

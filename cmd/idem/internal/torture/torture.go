@@ -1195,19 +1195,31 @@ func (r *run) force(ctx context.Context, sf scheduledFault, stop <-chan struct{}
 	return nil
 }
 
-// orderCrash places the scheduled crash after a charge's order, made at
-// payment at: from now on the first tries of the payments whose clients
-// stay carry it, one at a time (firstTryFault), until a replica has
-// crashed. It calls standing once the order stands (only the load's
-// traffic carries it out) and returns once a crash has been counted, or
-// at stop, withdrawing the order; scheduledCrashCame says, once the
-// replicas still down after the load are counted, whether one came.
-func (r *run) orderCrash(at int, stop <-chan struct{}, standing func()) {
+// placeCrash places the scheduled crash after a charge's order, made at
+// payment at, once: from then on the first tries of the payments whose
+// clients stay carry it, one at a time (firstTryFault), until a replica
+// has crashed. It returns the count of crashes the run must reach. load
+// places it before it hands that payment to the clients, so that the
+// payment's own first tries may carry it: placed by orderCrash's
+// goroutine alone, it could come after them, the last payment's (a run's
+// only one) included.
+func (r *run) placeCrash(at int) (due int64) {
 	r.crashMu.Lock()
-	due := r.crashes.Load() + 1
-	r.crashDue, r.crashDueAt = due, at
-	r.crashMu.Unlock()
-	r.crashOwed.Store(crashFree)
+	defer r.crashMu.Unlock()
+	if r.crashDue == 0 {
+		r.crashDue, r.crashDueAt = r.crashes.Load()+1, at
+		r.crashOwed.Store(crashFree)
+	}
+	return r.crashDue
+}
+
+// orderCrash places the order (placeCrash) if it is not yet, and calls
+// standing once it stands (only the load's traffic carries it out). It
+// returns once a crash has been counted, or at stop, withdrawing the
+// order; scheduledCrashCame says, once the replicas still down after the
+// load are counted, whether one came.
+func (r *run) orderCrash(at int, stop <-chan struct{}, standing func()) {
+	due := r.placeCrash(at)
 	if standing != nil {
 		standing()
 	}
@@ -1343,6 +1355,9 @@ feed:
 		for _, sf := range r.scheduled {
 			if sf.at != i {
 				continue
+			}
+			if sf.kind == "crash after charge" {
+				r.placeCrash(sf.at)
 			}
 			standing, happened := gate.fault(sf.String())
 			forcing.Go(func() {
