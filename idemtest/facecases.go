@@ -693,14 +693,14 @@ func (renewRefused) Renew(context.Context, idem.Ref, time.Duration) (time.Time, 
 // stops before another may take the key over.
 func fcRenewalFails(t *testing.T, r *faceRun) {
 	var cause atomic.Value
-	var endedAt atomic.Value
+	entered := make(chan context.Context, 1)
 	done := make(chan struct{})
 	s := r.serve(func(ctx context.Context, body string) Reply {
 		defer close(done)
+		entered <- ctx
 		select {
 		case <-ctx.Done():
 			cause.Store(context.Cause(ctx))
-			endedAt.Store(r.clock.Now())
 		case <-time.After(time.Minute):
 		}
 		return Reply{Kind: Transient, Body: "stopped"}
@@ -708,23 +708,34 @@ func fcRenewalFails(t *testing.T, r *faceRun) {
 	answer := make(chan Answer, 1)
 	claimed := r.clock.Now()
 	go func() { answer <- s.Do(t.Context(), "k", "pay") }()
-	Eventually(t, 30*time.Second, "the key claimed", func() bool { _, err := r.record("k"); return err == nil })
-	for i := 0; i < 6; i++ {
-		select {
-		case <-done:
-		default:
-			r.step("k", stepTick)
-			continue
+	var hctx context.Context
+	select {
+	case hctx = <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler did not start")
+	}
+	// The heartbeat's tick that gives the lease up cancels the handler's
+	// context before it sets the next tick, which each step waits for: so
+	// the handler's context says, right after each step, whether that
+	// step's clock stopped it. (Reading the clock where the handler sees
+	// its context end instead would race with the next step.)
+	var stoppedAt time.Time
+	for i := 0; i < 6 && stoppedAt.IsZero(); i++ {
+		r.step("k", stepTick)
+		if hctx.Err() != nil {
+			stoppedAt = r.clock.Now()
 		}
-		break
+	}
+	if stoppedAt.IsZero() {
+		t.Fatalf("the handler's context still alive at %v, its lease ending at %v", r.clock.Now(), claimed.Add(faceLease))
 	}
 	<-done
 	c, _ := cause.Load().(error)
 	if !errors.Is(c, idem.ErrLeaseLost) {
 		t.Fatalf("the handler's context ended with cause %v; want one that wraps idem.ErrLeaseLost", c)
 	}
-	if at := endedAt.Load().(time.Time); !at.Before(claimed.Add(faceLease)) {
-		t.Fatalf("the handler was stopped at %v, its lease ending at %v: too late", at, claimed.Add(faceLease))
+	if !stoppedAt.Before(claimed.Add(faceLease)) {
+		t.Fatalf("the handler was stopped at %v, its lease ending at %v: too late", stoppedAt, claimed.Add(faceLease))
 	}
 	<-answer
 }
