@@ -108,3 +108,28 @@ func TestEmptyPointDataRoundTrips(t *testing.T) {
 		}
 	}
 }
+
+// Data that begins as the envelope does but is too short to hold its
+// downstream seed was not put in one (data saved before the envelope
+// existed may begin so): OpenPoint gives it back as it is, and the
+// execution's seed is the record's key's, as for any data kept so. Data of
+// exactly the envelope's length is an envelope of empty data.
+func TestOpenPointOfDataTooShortForItsEnvelope(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{0, 1, 31} {
+		saved := []byte(pointMagic + strings.Repeat("s", n))
+		got, err := OpenPoint(nil, "acme", "pay-1", "charging", saved)
+		if err != nil || !bytes.Equal(got, saved) {
+			t.Errorf("OpenPoint of the envelope's magic and %d bytes = %q, %v; want it back as it is", n, got, err)
+		}
+		_, seed, err := unwrapPoint(nil, "acme", "pay-1", idem.RecoveryPoint{Name: "charging", Data: saved})
+		if err != nil || seed != downstreamSeed("acme", "pay-1") {
+			t.Errorf("the seed of the envelope's magic and %d bytes = %x, %v; want the record's key's", n, seed, err)
+		}
+	}
+	seed := bytes.Repeat([]byte{5}, 32)
+	got, err := OpenPoint(nil, "acme", "pay-1", "charging", append([]byte(pointMagic), seed...))
+	if err != nil || len(got) != 0 {
+		t.Errorf("OpenPoint of an envelope of empty data = %q, %v; want no data", got, err)
+	}
+}
