@@ -648,8 +648,10 @@ func (c *Completer) notRecorded(ctx, dctx context.Context, wk keywait.Key, held 
 	c.e.hb.settle(held)
 	if yerr := c.rs.Yield(dctx, held.ref); yerr != nil && !errors.Is(yerr, idem.ErrLeaseLost) {
 		err = errors.Join(err, fmt.Errorf("yielding the key: %w", yerr))
+		c.heldAfterYield(wk, held.ref.Token, held)
+	} else {
+		c.letGo(wk, held.ref.Token)
 	}
-	c.letGo(wk, held.ref.Token)
 	log.LogAttrs(ctx, slog.LevelError, "completer: a resume was not recorded; the key is given back, in flight at its point",
 		slog.String("error", err.Error()))
 	return resumeNotRecorded, err

@@ -30,7 +30,9 @@ var (
 	// ErrNotRecorded: the record of SettleRecorded or ResumeRecorded
 	// failed, so the key was not settled, nor completed or released by the
 	// resume: it is left in flight at its point, its lease ended, as it
-	// was.
+	// was. When ending the lease fails too (the error then says so), the
+	// Completer holds the key under it (ResumeFailures.Holding) and LetGo
+	// gives it back.
 	ErrNotRecorded = errors.New("keyed: the action could not be recorded, so it was not taken: the key is left as it was")
 	// ErrResultUnknown: a resume's last write to the store, keeping its
 	// answer or releasing the key, failed without the store's answer (a
@@ -90,8 +92,9 @@ type ResumeFailures struct {
 	LastError string
 	LastAt    time.Time
 	// Holding: the Completer holds the key under the lease its last failed
-	// resume took, and tries again once it ends. ResumeKey and Settle act
-	// on the key under that lease; nobody else can until it ends.
+	// resume took (or a resume or Settle whose give-back, a Yield, failed),
+	// and tries again once it ends. ResumeKey and Settle act on the key
+	// under that lease; nobody else can until it ends.
 	Holding bool
 	token   idem.Token
 	// lease is the held lease the heartbeat renewed during that resume:
@@ -174,6 +177,28 @@ func (c *Completer) yieldHeld(ctx context.Context, wk keywait.Key, t idem.Token)
 		c.mu.Unlock()
 	}
 	return err
+}
+
+// heldAfterYield holds wk under token t again after a Yield under t failed
+// otherwise than by being refused (idem.ErrLeaseLost): the lease under t
+// may still be live, with nothing else holding it, so the Completer keeps
+// (or takes) the hold, that LetGo can give it back and ResumeKey and Settle
+// act on the key at once rather than refuse it until the lease ends. lease
+// is the one the heartbeat renewed under t, nil when none did; a hold
+// under an older token was ended by the claim under t and is replaced, one
+// under a newer token was taken since and stays.
+func (c *Completer) heldAfterYield(wk keywait.Key, t idem.Token, lease *heldLease) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f := c.failures[wk]
+	if f.token > t {
+		return
+	}
+	if f.token != t {
+		f.lease = lease
+	}
+	f.token, f.Holding = t, true
+	c.failures[wk] = f
 }
 
 // letGo forgets the lease held after a failed resume, once the key was
@@ -298,9 +323,11 @@ func (c *Completer) ResumeKey(ctx context.Context, scope idem.Scope, key idem.Ke
 // no answer is ErrResultUnknown, the record and the completion unknown
 // together. A release's record, and a completion's on another store, is
 // written before the key is released or completed (inTx false). A record
-// that fails leaves the key in flight at its point, its lease yielded
-// (held until the lease ends when the Yield fails too, which the error
-// then says), and returns an error matching ErrNotRecorded; what Resume
+// that fails leaves the key in flight at its point, its lease yielded,
+// and returns an error matching ErrNotRecorded; when the Yield fails too
+// (the error then says so), the lease may still be live, and the Completer
+// holds the key under it (ResumeFailures.Holding), for LetGo to give back
+// and ResumeKey and Settle to act on at once. What Resume
 // did outside stands, and the next resume finds it (Resume must be
 // idempotent, as it is for a completer's rounds).
 func (c *Completer) ResumeRecorded(ctx context.Context, scope idem.Scope, key idem.Key, record ResumeRecord) (finished bool, err error) {
@@ -371,6 +398,12 @@ func (c *Completer) Settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 // crash never leaves a settled key without its record nor a record of a
 // settle that did not happen. An ambiguous failure of that commit leaves
 // both unknown, together: idem.Recoverer.Get tells which it was.
+//
+// A Settle that fails once it holds the key (its record or its Complete)
+// gives the key back with a Yield, in flight at its point; when that Yield
+// fails too, the error says so, and the Completer holds the key under the
+// Settle's lease (ResumeFailures.Holding), for LetGo to give back and
+// ResumeKey and Settle to act on at once.
 func (c *Completer) SettleRecorded(ctx context.Context, scope idem.Scope, key idem.Key, answer idem.Response, record SettleRecord) (idem.Record, error) {
 	if record == nil {
 		return idem.Record{}, &idem.ArgumentError{Field: "record", Reason: "must not be nil"}
@@ -441,8 +474,10 @@ func (c *Completer) settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 		// is, point and all.
 		if yerr := c.rs.Yield(dctx, ref); yerr != nil && !errors.Is(yerr, idem.ErrLeaseLost) {
 			c.log.LogAttrs(ctx, slog.LevelWarn, "completer: could not give back a key it claimed anew", slog.String("error", yerr.Error()))
+			c.heldAfterYield(wk, ref.Token, nil)
+		} else {
+			c.letGo(wk, ref.Token)
 		}
-		c.letGo(wk, ref.Token)
 		return rec, err
 	}
 	kept, err := e.keptAnswer(ref, answer, false)
@@ -456,8 +491,10 @@ func (c *Completer) settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 	if err != nil {
 		if yerr := c.rs.Yield(dctx, ref); yerr != nil && !errors.Is(yerr, idem.ErrLeaseLost) {
 			err = errors.Join(err, fmt.Errorf("yielding the key: %w", yerr))
+			c.heldAfterYield(wk, ref.Token, nil)
+		} else {
+			c.letGo(wk, ref.Token)
 		}
-		c.letGo(wk, ref.Token)
 		if errors.Is(err, ErrNotRecorded) {
 			return rec, err
 		}
