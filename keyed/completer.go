@@ -130,8 +130,8 @@ type Completer struct {
 	stats    CompleterStats
 	// active are the keys being resumed (or settled, or let go), which no
 	// round takes on again and which ResumeKey, Settle and LetGo wait for;
-	// each channel is closed when that ends.
-	active map[keywait.Key]chan struct{}
+	// each one's done is closed when that ends.
+	active map[keywait.Key]action
 
 	// pruning is set while a round reads back the unknown outcomes
 	// (prune).
@@ -206,7 +206,7 @@ func (e *Engine) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
 		c.Logger = e.log
 	}
 	return &Completer{e: e, cfg: c, rs: rs, log: c.Logger, slots: make(chan struct{}, c.Parallel),
-		unknown: map[keywait.Key]time.Time{}, failures: map[keywait.Key]ResumeFailures{}, active: map[keywait.Key]chan struct{}{}}, nil
+		unknown: map[keywait.Key]time.Time{}, failures: map[keywait.Key]ResumeFailures{}, active: map[keywait.Key]action{}}, nil
 }
 
 // Bound is the longest an abandoned execution waits to be finished, when
@@ -412,7 +412,7 @@ func (c *Completer) begin(wk keywait.Key) bool {
 	if _, ok := c.active[wk]; ok {
 		return false
 	}
-	c.active[wk] = make(chan struct{})
+	c.active[wk] = action{done: make(chan struct{}), what: resuming}
 	return true
 }
 
@@ -428,12 +428,14 @@ func (c *Completer) underWay(wk keywait.Key) bool {
 // way to end, or an operator's action on it (ResumeKey, Settle, LetGo):
 // those take wk with beginWait, so that none of them acts on a key while
 // another, or a round's resume, does.
-func (c *Completer) beginWait(ctx context.Context, wk keywait.Key) error {
+// what says which of them it is, for the error of one that gave up
+// waiting for it.
+func (c *Completer) beginWait(ctx context.Context, wk keywait.Key, what string) error {
 	for {
 		c.mu.Lock()
-		ch, ok := c.active[wk]
+		a, ok := c.active[wk]
 		if !ok {
-			c.active[wk] = make(chan struct{})
+			c.active[wk] = action{done: make(chan struct{}), what: what}
 			c.mu.Unlock()
 			return nil
 		}
@@ -442,21 +444,36 @@ func (c *Completer) beginWait(ctx context.Context, wk keywait.Key) error {
 			c.waitHook()
 		}
 		select {
-		case <-ch:
+		case <-a.done:
 		case <-ctx.Done():
-			return fmt.Errorf("%w: this completer is resuming it (%w)", ErrBeingFinished, ctx.Err())
+			return fmt.Errorf("%w: this completer is %s (%w)", ErrBeingFinished, a.what, ctx.Err())
 		}
 	}
 }
 
 func (c *Completer) end(wk keywait.Key) {
 	c.mu.Lock()
-	if ch, ok := c.active[wk]; ok {
-		close(ch)
+	if a, ok := c.active[wk]; ok {
+		close(a.done)
 		delete(c.active, wk)
 	}
 	c.mu.Unlock()
 }
+
+// action is a resume of a key, or an operator's action on it, under way:
+// done is closed when it ends; what says which it is, in the words of
+// ErrBeingFinished's error for one that gave up waiting for it.
+type action struct {
+	done chan struct{}
+	what string
+}
+
+// What an action under way is doing to its key (action.what).
+const (
+	resuming  = "resuming it"
+	settling  = "settling it"
+	lettingGo = "letting it go"
+)
 
 // resumed says how one resume of a key ended.
 type resumed int

@@ -342,7 +342,7 @@ func (c *Completer) resumeKey(ctx context.Context, scope idem.Scope, key idem.Ke
 	// A dry run waits too: asked while this Completer's own round resumes
 	// the key, it would otherwise find the key under that round's lease
 	// and call it being finished, though the round may leave it unknown.
-	if err := c.beginWait(ctx, wk); err != nil {
+	if err := c.beginWait(ctx, wk, resuming); err != nil {
 		return false, err
 	}
 	defer c.end(wk)
@@ -415,7 +415,7 @@ func (c *Completer) settle(ctx context.Context, scope idem.Scope, key idem.Key, 
 	wk := keywait.Key{Scope: scope, Key: key}
 	// A resume of the key by this Completer is waited for, by a dry run
 	// too: the key is then read as it left it.
-	if err := c.beginWait(ctx, wk); err != nil {
+	if err := c.beginWait(ctx, wk, settling); err != nil {
 		return idem.Record{}, err
 	}
 	defer c.end(wk)
@@ -586,7 +586,7 @@ func (c *Completer) LetGo(ctx context.Context, scope idem.Scope, key idem.Key) e
 	if c.letGoHook != nil {
 		c.letGoHook()
 	}
-	if err := c.beginWait(ctx, wk); err != nil {
+	if err := c.beginWait(ctx, wk, lettingGo); err != nil {
 		return fmt.Errorf("ending the lease of the failed resume: %w", err)
 	}
 	defer c.end(wk)
