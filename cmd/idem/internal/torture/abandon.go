@@ -519,8 +519,13 @@ func (r *run) failedResumesOf(ids []string) []time.Time {
 // reviveExited starts again every replica that ended by itself and is
 // still down once the load is over: one that a crash-after-charge fault
 // made SIGKILL itself in the load's last moments, which the revive loop,
-// stopped with the load, left down. The checks ask every replica.
+// stopped with the load, left down. It first waits on the exit of each
+// replica a try asking for a crash got no answer from
+// (awaitUnansweredCrashes), so that a process that died before the
+// load's end is counted even when its exit is observed after it. The
+// checks ask every replica.
 func (r *run) reviveExited(ctx context.Context) error {
+	r.awaitUnansweredCrashes(ctx)
 	r.chaos.Lock()
 	defer r.chaos.Unlock()
 	for i, rp := range r.replicas {

@@ -470,6 +470,13 @@ type run struct {
 	// while a first try may take it, crashTaken while one carries it
 	// (firstTryFault), 0 when none is owed.
 	crashOwed atomic.Int32
+	// unansweredCrashes are the exits (replica.exited) of the replicas
+	// that a try asking for a crash after its charge got no answer from
+	// (crashTryUnanswered): each may have died with that try, its exit
+	// not yet observed. Guarded by crashMu. exitAwaited, when set, is
+	// told when reviveExited waits on one not yet observed.
+	unansweredCrashes []<-chan struct{}
+	exitAwaited       func()
 	// unexpectedExits are the replicas that ended by themselves other
 	// than by a crash fault's SIGKILL (selfExit): each a violation.
 	exitsMu         sync.Mutex
@@ -1270,6 +1277,56 @@ func (r *run) scheduledCrashCame() error {
 	return nil
 }
 
+// crashTryUnanswered notes that a try asking for a crash after its
+// charge, sent through replica i's proxy, got no answer from the replica:
+// the replica's running process may have died with it, and reviveExited
+// waits on its exit before the verdict counts the crashes.
+func (r *run) crashTryUnanswered(i int) {
+	if i >= len(r.replicas) {
+		return
+	}
+	done := r.replicas[i].exited()
+	if done == nil {
+		return
+	}
+	r.crashMu.Lock()
+	defer r.crashMu.Unlock()
+	r.unansweredCrashes = append(r.unansweredCrashes, done)
+}
+
+// awaitUnansweredCrashes waits, once the load is over, until the exit of
+// every process a try asking for a crash got no answer from has been
+// observed (its Wait returned, crashTryUnanswered), so that the verdict
+// counts each crash that came before it: the client can see the crash (its
+// connection cut) before the run has reaped the process. A process that
+// is still up after stopTimeout died of nothing (its answer was lost
+// otherwise) and is not waited on longer.
+func (r *run) awaitUnansweredCrashes(ctx context.Context) {
+	r.crashMu.Lock()
+	pending := r.unansweredCrashes
+	r.unansweredCrashes = nil
+	r.crashMu.Unlock()
+	expired := make(chan struct{}) // closed at stopTimeout, for every wait left
+	bound := time.AfterFunc(stopTimeout, func() { close(expired) })
+	defer bound.Stop()
+	for _, done := range pending {
+		select {
+		case <-done:
+			continue
+		default:
+		}
+		if r.exitAwaited != nil {
+			r.exitAwaited()
+		}
+		select {
+		case <-done:
+		case <-expired:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
 // firstTryFault is the Idem-Fault of an attempt's first try: an abandoned
 // payment's asks for a crash after the charge; one whose client stays
 // carries the scheduled crash's order while it is owed and no other try
@@ -1502,7 +1559,8 @@ func (r *run) attempt(ctx context.Context, lp *logical) {
 		if failures > 0 && !r.backoff(ctx, failures) {
 			return
 		}
-		p := r.proxies[r.rng.IntN(len(r.proxies))]
+		pi := r.rng.IntN(len(r.proxies))
+		p := r.proxies[pi]
 		r.attempts.Add(1)
 		// Only an attempt's first try asks for the crash: its retries, sent
 		// while the crashed replica restarts, asking again would crash
@@ -1513,6 +1571,9 @@ func (r *run) attempt(ctx context.Context, lp *logical) {
 		}
 		status, resp, err := r.post(ctx, p.url(), "/v1/payments", lp.key, fault, lp.body)
 		r.crashTryEnded(carries)
+		if fault == faultCrashAfterCharge && err == nil && status == http.StatusBadGateway && bytes.HasPrefix(resp, []byte(proxyNoAnswer)) {
+			r.crashTryUnanswered(pi)
+		}
 		if lp.abandoned && !(status >= 200 && status < 300) {
 			// The client gives up for good, whatever happened.
 			lp.mu.Lock()

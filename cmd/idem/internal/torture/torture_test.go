@@ -1004,3 +1004,45 @@ func listenLoopback(t *testing.T, serve func(net.Conn)) net.Listener {
 	}()
 	return ln
 }
+
+// A replica that a try asking for a crash after its charge killed, and
+// whose exit is observed only once the load is over, is counted before
+// the verdict: the verdict waits on that process's exit instead of
+// failing a run whose owed crash came.
+func TestCrashObservedAfterTheLoadIsCounted(t *testing.T) {
+	t.Parallel()
+	// How a process that SIGKILLed itself ends.
+	killed := exec.Command("sh", "-c", "kill -9 $$").Run()
+	if err := unexpectedExit(killed, true); err != nil {
+		t.Skipf("no SIGKILLed process here: %v", err)
+	}
+	proxy, err := newFaultProxy(func() bool { return false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.close)
+	rp := &replica{n: 0, exe: "sh", args: []string{"-c", `echo "` + listeningPrefix + `http://127.0.0.1:1" >&2; exec sleep 600`}}
+	t.Cleanup(func() { rp.kill() })
+	done := make(chan struct{}) // its process died; its reaping not yet seen
+	rp.done = done
+	r := &run{cfg: Config{Acquirer: Private, CrashAfterCharge: 1e-300, Seed: 7, Progress: io.Discard},
+		replicas: []*replica{rp}, proxies: []*faultProxy{proxy}}
+	r.placeCrash(0)
+	// The try carrying the crash got no answer from the replica.
+	r.crashTryUnanswered(0)
+	r.exitAwaited = func() {
+		rp.mu.Lock()
+		rp.exit = killed
+		rp.mu.Unlock()
+		close(done)
+	}
+	if err := r.reviveExited(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.scheduledCrashCame(); err != nil {
+		t.Fatalf("a crash whose exit was observed after the load: %v; want it counted", err)
+	}
+	if rp.baseURL() == "" {
+		t.Errorf("the crashed replica was not started again")
+	}
+}
