@@ -179,9 +179,9 @@ func newFailingFirst(t *testing.T, wrap func(*idemmem.Store) idem.Store) *failin
 // A LetGo forgets only the hold it read: when a round of the same
 // Completer took the key over after the read (its lease had ended) and
 // failed, the Completer holds the key under the round's newer token, and
-// the LetGo, whose Yield under the older token the store refuses, must
-// leave that newer hold in place, so that LetGo and ResumeKey still act
-// on it at once.
+// the LetGo must leave that newer hold in place, so that LetGo and
+// ResumeKey still act on it at once, and say so (ErrHeldAnew) rather than
+// report the key let go.
 func TestLetGoKeepsANewerHold(t *testing.T) {
 	t.Parallel()
 	h := newFailingFirst(t, nil)
@@ -207,8 +207,10 @@ func TestLetGoKeepsANewerHold(t *testing.T) {
 			t.Errorf("round in between = %d, %v; want 0 finished, no error", n, err)
 		}
 	})
-	if err := comp.LetGo(t.Context(), "", "k"); err != nil {
-		t.Fatalf("LetGo = %v", err)
+	// The key still needs letting go, under the newer lease: LetGo must
+	// not say it was let go.
+	if err := comp.LetGo(t.Context(), "", "k"); !errors.Is(err, keyed.ErrHeldAnew) {
+		t.Fatalf("LetGo of the older hold = %v; want ErrHeldAnew, the key held under a newer lease", err)
 	}
 	if !hooked {
 		t.Fatal("the LetGo never reached its hook")
@@ -226,5 +228,41 @@ func TestLetGoKeepsANewerHold(t *testing.T) {
 	h.fail.Store(false)
 	if finished, err := comp.ResumeKey(t.Context(), "", "k", false); !finished || err != nil {
 		t.Errorf("ResumeKey after the LetGo = %v, %v; want the key it holds finished at once", finished, err)
+	}
+}
+
+// A LetGo that read the hold of a failed resume, while a ResumeKey of the
+// key gives that lease back, takes the key anew and fails again, finds
+// the key held under the newer lease: it says so (ErrHeldAnew), and a
+// LetGo again gives that lease back.
+func TestLetGoBehindAResumeThatHeldTheKeyAnew(t *testing.T) {
+	t.Parallel()
+	h, _ := heldAfterAFailedResume(t, nil)
+	comp := h.comp
+	hooked := false
+	keyed.SetLetGoHook(comp, func() {
+		if hooked {
+			return
+		}
+		hooked = true
+		if _, err := comp.ResumeKey(t.Context(), "", "k", false); err == nil {
+			t.Error("ResumeKey in between = nil; want the resume's error")
+		}
+	})
+	if err := comp.LetGo(t.Context(), "", "k"); !errors.Is(err, keyed.ErrHeldAnew) {
+		t.Fatalf("LetGo of the hold a ResumeKey replaced = %v; want ErrHeldAnew", err)
+	}
+	if f := comp.Failures("", "k"); !f.Holding || f.Count != 2 {
+		t.Errorf("after the LetGo of the replaced hold: %+v; want the Completer holding the key under the newer lease, 2 failures", f)
+	}
+	if err := comp.LetGo(t.Context(), "", "k"); err != nil {
+		t.Fatalf("LetGo again = %v; want the newer lease given back", err)
+	}
+	rec, err := h.mem.Get(t.Context(), "", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now := h.clock.Now(); rec.State != idem.StateInFlight || rec.LeaseExpiresAt.After(now) {
+		t.Errorf("after LetGo again: state %s, lease to %s (now %s); want in flight, its lease ended", rec.State, rec.LeaseExpiresAt, now)
 	}
 }

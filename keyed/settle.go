@@ -42,6 +42,11 @@ var (
 	// key under the resume's lease, as after a failed resume
 	// (ResumeFailures.Holding), and LetGo gives it back: a Yield under the
 	// resume's token, refused, changing nothing, if the key was finished.
+	// ErrHeldAnew: LetGo gave nothing back, as the hold it read is gone:
+	// a resume or Settle of this Completer took the key anew since, failed,
+	// and holds it under a newer lease (ResumeFailures.Holding), which
+	// stays held. LetGo again gives that one back.
+	ErrHeldAnew      = errors.New("keyed: the completer took the key anew since and holds it under a newer lease: let it go again to give that back")
 	ErrResultUnknown = errors.New("keyed: the store's answer was lost, so the key may have been finished all the same")
 )
 
@@ -573,10 +578,11 @@ func (c *Completer) UnknownKeys() []idem.Ref {
 // or ResumeKey of the key by this Completer is under way (until ctx ends):
 // one that keeps an answer under that lease (a Settle of a key the
 // Completer holds keeps it under the held lease's token) is not undone by
-// a Yield under it, and one that ends the key, or takes it anew and fails
-// (holding it under a newer lease, which stays held), leaves nothing to
-// give back. Settle and ResumeKey in turn wait for a LetGo under way, and
-// act on the key as it leaves it.
+// a Yield under it, and one that ends the key, or gives it back, leaves
+// nothing to give back (nil). One that takes it anew and fails holds it
+// under a newer lease, which stays held: LetGo then returns ErrHeldAnew,
+// and a LetGo again gives that lease back. Settle and ResumeKey in turn
+// wait for a LetGo under way, and act on the key as it leaves it.
 func (c *Completer) LetGo(ctx context.Context, scope idem.Scope, key idem.Key) error {
 	wk := keywait.Key{Scope: scope, Key: key}
 	t := c.heldToken(wk)
@@ -590,6 +596,15 @@ func (c *Completer) LetGo(ctx context.Context, scope idem.Scope, key idem.Key) e
 		return fmt.Errorf("ending the lease of the failed resume: %w", err)
 	}
 	defer c.end(wk)
+	if now := c.heldToken(wk); now != t {
+		if now == 0 {
+			// Ended, or given back, meanwhile: nothing is left to let go.
+			return nil
+		}
+		// Taken anew since, by an action that failed: the key still
+		// needs letting go, under a lease this LetGo did not read.
+		return ErrHeldAnew
+	}
 	if err := c.yieldHeld(ctx, wk, t); err != nil && !errors.Is(err, idem.ErrLeaseLost) {
 		return fmt.Errorf("ending the lease of the failed resume: %w", err)
 	}
