@@ -328,6 +328,10 @@ type logical struct {
 	// order (carryAbandon), and unanswered that its abandoned try got no
 	// answer: both written by its client alone, or before the load.
 	carries, unanswered bool
+	// tried is set once its client (abandoned) began its one try, which
+	// left closes once ended: a try the load's end cut off set tried
+	// alone.
+	tried atomic.Bool
 
 	mu         sync.Mutex
 	answers    []answer
@@ -1183,6 +1187,9 @@ func (r *run) force(ctx context.Context, sf scheduledFault, stop <-chan struct{}
 		case <-sf.payment.left:
 			return nil
 		default:
+			if sf.payment.tried.Load() {
+				return fmt.Errorf("torture: the abandoned client scheduled at payment %d sent its try, and the load's end cut it off (seed %d)", sf.at+1, r.cfg.Seed)
+			}
 			return fmt.Errorf("torture: the abandoned client scheduled at payment %d never sent its try before the load ended (seed %d)", sf.at+1, r.cfg.Seed)
 		}
 	case "crash after charge":
@@ -1463,7 +1470,7 @@ feed:
 	}
 	close(stopKills)
 	forcing.Wait()
-	chaosErr = errors.Join(chaosErr, forcedErr)
+	chaosErr = r.loadError(chaosErr, forcedErr)
 	for ; received < chaosLoops; received++ {
 		chaosErr = errors.Join(chaosErr, <-chaosDone)
 	}
@@ -1474,12 +1481,27 @@ feed:
 	return chaosErr
 }
 
+// loadError is the load's error once it ended, of chaosErr (a replica or
+// a store that did not come back) and forcedErr (scheduled faults that
+// never came). A load that stalled is a violation the report gives
+// (r.stall): the faults its end withdrew are given in it, beside the
+// stall, not as the run's error, which Run would return in place of the
+// report, hiding the stall.
+func (r *run) loadError(chaosErr, forcedErr error) error {
+	if r.stall == "" || forcedErr == nil {
+		return errors.Join(chaosErr, forcedErr)
+	}
+	r.stall += "; withdrawn at the load's end: " + strings.ReplaceAll(forcedErr.Error(), "\n", "; ")
+	return chaosErr
+}
+
 // pay attempts one logical payment Dups times: half at once, the rest in
 // turn after them. An abandoned one, or one that carries the scheduled
 // abandoned crash's order (carryAbandon), sends one try and gives up.
 func (r *run) pay(ctx context.Context, lp *logical) {
 	r.carryAbandon(lp)
 	if lp.abandoned {
+		lp.tried.Store(true)
 		r.attempt(ctx, lp)
 		r.abandonedTryEnded(ctx, lp)
 		if lp.left != nil && ctx.Err() == nil {

@@ -1046,3 +1046,68 @@ func TestCrashObservedAfterTheLoadIsCounted(t *testing.T) {
 		t.Errorf("the crashed replica was not started again")
 	}
 }
+
+// A load that stalled is a violation the report gives: the scheduled
+// faults withdrawn at its end are given in it, beside the stall, and are
+// not the run's error, which would come back from Run in place of the
+// report and hide the stall. A replica or store that did not come back
+// stays the run's error.
+func TestStalledLoadKeepsItsReport(t *testing.T) {
+	t.Parallel()
+	withdrawn := errors.New("torture: the abandoned client scheduled at payment 3 sent its try, and the load's end cut it off (seed 9)")
+	stall := (&stalled{awaited: []string{"a client that gives up after one try at payment 3"}}).Error()
+	r := &run{stall: stall}
+	if err := r.loadError(nil, withdrawn); err != nil {
+		t.Fatalf("a stalled load's withdrawn fault: the run's error %q; want none, the stall in the report", err)
+	}
+	if !strings.Contains(r.stall, stall) || !strings.Contains(r.stall, withdrawn.Error()) {
+		t.Errorf("the stall the report gives: %q; want the stall and the withdrawn fault", r.stall)
+	}
+	down := errors.New("torture: restarting after a kill: replica 0 did not come back")
+	if err := r.loadError(down, withdrawn); !errors.Is(err, down) {
+		t.Errorf("a stalled load whose replica did not come back: %v; want that error", err)
+	}
+	r = &run{}
+	if err := r.loadError(nil, withdrawn); !errors.Is(err, withdrawn) {
+		t.Errorf("a load that did not stall, its scheduled fault withdrawn: %v; want the fault's error", err)
+	}
+}
+
+// The scheduled abandoned client whose try was sent and then cut off by
+// the load's end is named so: it sent its try, which never ended.
+func TestAbandonedTryCutOffIsNamed(t *testing.T) {
+	t.Parallel()
+	got, release := make(chan struct{}), make(chan struct{})
+	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		close(got)
+		<-release
+	}))
+	defer replica.Close()
+	defer close(release)
+	r := &run{cfg: Config{Acquirer: Private, Abandon: 1e-300, Payments: 4, Seed: 9, Progress: io.Discard},
+		rng: newLockedRand(9), accounts: []string{"acct_1"}}
+	r.plan()
+	r.scheduleFaults()
+	var sf scheduledFault
+	for _, f := range r.scheduled {
+		if f.kind == "abandon" {
+			sf = f
+		}
+	}
+	if sf.payment == nil {
+		t.Fatalf("scheduled %+v; want an abandoned client", r.scheduled)
+	}
+	r.client, r.proxies = replica.Client(), []*faultProxy{{ln: replica.Listener}}
+	ctx, cut := context.WithCancel(t.Context())
+	paid := make(chan struct{})
+	go func() { defer close(paid); r.pay(ctx, sf.payment) }()
+	<-got
+	cut() // the load's end, the try in flight
+	<-paid
+	stop := make(chan struct{})
+	close(stop)
+	err := r.force(t.Context(), sf, stop, nil)
+	if err == nil || strings.Contains(err.Error(), "never sent") || !strings.Contains(err.Error(), "cut it off") || !strings.Contains(err.Error(), "seed 9") {
+		t.Fatalf("the abandoned client's try cut off by the load's end: %v; want an error saying it was sent and cut off, naming seed 9", err)
+	}
+}
