@@ -163,25 +163,14 @@ func (s *releaseBeforeClaim) Claim(ctx context.Context, req idem.ClaimRequest) (
 	return s.Store.Claim(ctx, req)
 }
 
-// A Settle that claims anew a key released since it read it, and gives it
-// back, has ended every lease under an older token, the one the Completer
-// held the key under after its failed resume included: Failures must no
-// longer say the Completer holds the key (the console shows it, and offers
-// to let it go), nor UnknownKeys name that lease's token.
-func TestSettleOfAKeyReleasedMeanwhileForgetsTheOlderHold(t *testing.T) {
-	t.Parallel()
-	var store *releaseBeforeClaim
-	h, _ := heldAfterAFailedResume(t, func(mem *idemmem.Store) idem.Store {
-		store = &releaseBeforeClaim{Store: mem}
-		return store
-	})
+// settleAfterATakeoverReleasedMeanwhile lets the failed resume's lease
+// end, has another replica take the key over and stop at its point too
+// (so the Settle reads it under a token the Completer does not hold, and
+// claims it), then Settles with the store releasing the key just before
+// that claim: the Settle claims it anew and gives it back.
+func settleAfterATakeoverReleasedMeanwhile(t *testing.T, h *failingFirst, store *releaseBeforeClaim) {
+	t.Helper()
 	ctx := t.Context()
-	if f := h.comp.Failures("", "k"); !f.Holding {
-		t.Fatalf("after the failed resume: %+v; want the Completer holding the key", f)
-	}
-	// The failed resume's lease ends; another replica takes the key over
-	// and stops at its point too, so the Settle reads it under a token the
-	// Completer does not hold, and claims it.
 	h.clock.Advance(13 * time.Second)
 	other, err := h.mem.Claim(ctx, idem.ClaimRequest{Key: "k", Fingerprint: idem.NewFingerprint("POST", "/pay", "", "", []byte("k")),
 		Lease: 12 * time.Second, TTL: time.Hour})
@@ -198,6 +187,25 @@ func TestSettleOfAKeyReleasedMeanwhileForgetsTheOlderHold(t *testing.T) {
 	if store.armed.Load() {
 		t.Fatal("the Settle never claimed the key")
 	}
+}
+
+// A Settle that claims anew a key released since it read it, and gives it
+// back, has ended every lease under an older token, the one the Completer
+// held the key under after its failed resume included: Failures must no
+// longer say the Completer holds the key (the console shows it, and offers
+// to let it go), nor UnknownKeys name that lease's token.
+func TestSettleOfAKeyReleasedMeanwhileForgetsTheOlderHold(t *testing.T) {
+	t.Parallel()
+	var store *releaseBeforeClaim
+	h, _ := heldAfterAFailedResume(t, func(mem *idemmem.Store) idem.Store {
+		store = &releaseBeforeClaim{Store: mem}
+		return store
+	})
+	ctx := t.Context()
+	if f := h.comp.Failures("", "k"); !f.Holding {
+		t.Fatalf("after the failed resume: %+v; want the Completer holding the key", f)
+	}
+	settleAfterATakeoverReleasedMeanwhile(t, h, store)
 	if _, err := h.mem.Get(ctx, "", "k"); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("the key after the Settle: %v; want it given back (not found)", err)
 	}
@@ -267,28 +275,10 @@ func TestSettleOfAKeyReleasedMeanwhileForgetsItsUnknownOutcome(t *testing.T) {
 		store = &releaseBeforeClaim{Store: mem}
 		return store
 	})
-	ctx := t.Context()
 	if n := h.comp.Stats().Unknown; n != 1 {
 		t.Fatalf("after the failed resume: %d unknown; want 1", n)
 	}
-	// Another replica takes the key over once the failed resume's lease
-	// ended, and stops at its point too: the Settle claims it.
-	h.clock.Advance(13 * time.Second)
-	other, err := h.mem.Claim(ctx, idem.ClaimRequest{Key: "k", Fingerprint: idem.NewFingerprint("POST", "/pay", "", "", []byte("k")),
-		Lease: 12 * time.Second, TTL: time.Hour})
-	if err != nil || other.Outcome != idem.Acquired {
-		t.Fatalf("the other replica's takeover: %v, %v", other.Outcome, err)
-	}
-	if err := h.mem.Yield(ctx, idem.Ref{Key: "k", Token: other.Token}); err != nil {
-		t.Fatal(err)
-	}
-	store.armed.Store(true)
-	if _, err := h.comp.Settle(ctx, "", "k", operatorsAnswer, false); !errors.Is(err, keyed.ErrNotStopped) {
-		t.Fatalf("Settle of a key released meanwhile: %v; want ErrNotStopped", err)
-	}
-	if store.armed.Load() {
-		t.Fatal("the Settle never claimed the key")
-	}
+	settleAfterATakeoverReleasedMeanwhile(t, h, store)
 	if f, n := h.comp.Failures("", "k"), h.comp.Stats().Unknown; f.Count != 0 || f.Holding || n != 0 {
 		t.Errorf("after a Settle that found the key released: Failures %+v, %d unknown; want none, as after a resume that found it so", f, n)
 	}
