@@ -436,21 +436,21 @@ func TestRenewalThatReturnsAfterATickIsFollowedAtOnce(t *testing.T) {
 			return keyed.Ran{Status: 200, Keep: true, Answer: idem.Response{Status: 200}}
 		}})
 	}()
-	ctx := <-ctxs
-	<-timers.set // the first tick set, at the claim
+	ctx := receive(t, ctxs, "the handler did not run")
+	receive(t, timers.set, "no tick was set at the claim") // the first tick set, at the claim
 	for range 2 {
 		clock.Advance(tick)
-		<-timers.set
+		receive(t, timers.set, "no next tick was set")
 	}
 	// A third of the lease: the renewal is sent, and held.
-	if end := <-store.sent; !end.Equal(clock.Now().Add(lease)) {
+	if end := receive(t, store.sent, "no renewal was sent at a third of the lease"); !end.Equal(clock.Now().Add(lease)) {
 		t.Fatalf("the first renewal ends the lease at %v, want %v", end, clock.Now().Add(lease))
 	}
 	// Two ticks while it is on its way: the lease is due at each, from
 	// its claim, and neither sends a renewal.
 	for range 2 {
 		clock.Advance(tick)
-		<-timers.set
+		receive(t, timers.set, "no next tick was set")
 	}
 	select {
 	case end := <-store.sent:
@@ -470,7 +470,7 @@ func TestRenewalThatReturnsAfterATickIsFollowedAtOnce(t *testing.T) {
 		t.Fatalf("the handler was cancelled: %v", context.Cause(ctx))
 	}
 	close(done)
-	if o := <-out; o != keyed.OutcomeExecuted {
+	if o := receive(t, out, "Serve did not return once the handler did"); o != keyed.OutcomeExecuted {
 		t.Fatalf("outcome %v, want executed", o)
 	}
 }
@@ -506,17 +506,17 @@ func TestLeaseExactlyDueWhileItsRenewalIsOnItsWayIsRenewedOnItsReturn(t *testing
 			return keyed.Ran{Status: 200, Keep: true, Answer: idem.Response{Status: 200}}
 		}})
 	}()
-	ctx := <-ctxs
-	<-ticks.set // the first tick set, at the claim
+	ctx := receive(t, ctxs, "the handler did not run")
+	receive(t, ticks.set, "no tick was set at the claim") // the first tick set, at the claim
 	clock.Advance(third)
 	ticks.Advance(tick)
-	<-ticks.set
+	receive(t, ticks.set, "no next tick was set")
 	// Exactly a third of the lease: the renewal is sent, and held.
-	if end := <-store.sent; !end.Equal(clock.Now().Add(lease)) {
+	if end := receive(t, store.sent, "no renewal was sent at a third of the lease"); !end.Equal(clock.Now().Add(lease)) {
 		t.Fatalf("the first renewal ends the lease at %v, want %v", end, clock.Now().Add(lease))
 	}
 	ticks.Advance(tick)
-	<-ticks.set
+	receive(t, ticks.set, "no next tick was set")
 	select {
 	case end := <-store.sent:
 		t.Fatalf("a renewal (to %v) sent while the first was on its way", end)
@@ -536,7 +536,7 @@ func TestLeaseExactlyDueWhileItsRenewalIsOnItsWayIsRenewedOnItsReturn(t *testing
 		t.Fatalf("the handler was cancelled: %v", context.Cause(ctx))
 	}
 	close(done)
-	if o := <-out; o != keyed.OutcomeExecuted {
+	if o := receive(t, out, "Serve did not return once the handler did"); o != keyed.OutcomeExecuted {
 		t.Fatalf("outcome %v, want executed", o)
 	}
 }

@@ -77,9 +77,9 @@ func TestLetGoAfterAFailedResumeIsNotUndoneByARenewal(t *testing.T) {
 		_, err := comp.ResumeKey(t.Context(), "", "k", false)
 		resumed <- err
 	}()
-	<-running
+	receive(t, running, "the resume did not start")
 	clock.Advance(lease / 3) // the lease is due for renewal
-	if err := <-resumed; err == nil {
+	if err := receive(t, resumed, "ResumeKey did not return"); err == nil {
 		t.Fatal("ResumeKey = nil; want the resume's error")
 	}
 	if f := comp.Failures("", "k"); !f.Holding {
@@ -88,7 +88,7 @@ func TestLetGoAfterAFailedResumeIsNotUndoneByARenewal(t *testing.T) {
 	if err := comp.LetGo(t.Context(), "", "k"); err != nil {
 		t.Fatalf("LetGo = %v", err)
 	}
-	<-store.renewed
+	receive(t, store.renewed, "the renewal sent while the resume ran did not return")
 	rec, err := mem.Get(t.Context(), "", "k")
 	if err != nil || rec.State != idem.StateInFlight {
 		t.Fatalf("the key after LetGo: %+v, %v; want it in flight", rec, err)

@@ -87,7 +87,7 @@ func TestSettleWaitsForALetGoOfTheKey(t *testing.T) {
 	ctx := t.Context()
 	letGo := make(chan error, 1)
 	go func() { letGo <- h.comp.LetGo(ctx, "", "k") }()
-	<-store.yielding
+	receive(t, store.yielding, "LetGo did not call Yield")
 	settled := make(chan error, 1)
 	go func() {
 		_, err := h.comp.Settle(ctx, "", "k", operatorsAnswer, false)
@@ -98,12 +98,14 @@ func TestSettleWaitsForALetGoOfTheKey(t *testing.T) {
 	case err := <-settled:
 		settled <- err
 		t.Errorf("Settle ended (%v) while a LetGo's Yield was on its way; want it to wait for the LetGo", err)
+	case <-time.After(waitBound):
+		t.Fatalf("Settle neither waited for the LetGo nor ended within %v", waitBound)
 	}
 	close(store.release)
-	if err := <-letGo; !errors.Is(err, errStoreDown) {
+	if err := receive(t, letGo, "LetGo did not return once its Yield did"); !errors.Is(err, errStoreDown) {
 		t.Errorf("LetGo = %v; want the Yield's error", err)
 	}
-	if err := <-settled; err != nil {
+	if err := receive(t, settled, "Settle did not return after the LetGo"); err != nil {
 		t.Errorf("Settle after a LetGo whose Yield failed = %v; want the key the Completer still holds settled", err)
 	}
 	wantSettled(t, h.mem)
@@ -120,7 +122,12 @@ func heldAfterAFailedResume(t *testing.T, wrap func(*idemmem.Store) idem.Store) 
 	t.Helper()
 	h := newFailingFirst(t, wrap)
 	abandon(t, h.mem, "k")
-	if _, err := h.comp.ResumeKey(t.Context(), "", "k", false); err == nil {
+	resumed := make(chan error, 1)
+	go func() {
+		_, err := h.comp.ResumeKey(t.Context(), "", "k", false)
+		resumed <- err
+	}()
+	if err := receive(t, resumed, "ResumeKey of the abandoned key did not return"); err == nil {
 		t.Fatal("ResumeKey = nil; want the resume's error")
 	}
 	waiting := make(chan struct{}, 1)
