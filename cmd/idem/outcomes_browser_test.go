@@ -161,6 +161,26 @@ func TestUnknownOutcomeInBrowser(t *testing.T) {
 	}
 	shot("outcomes-03-key")
 
+	// A round of the completer may be resuming the key right now (its
+	// resumes fail every few seconds while the network is down): the page
+	// then says "wait for it to end" and offers no action, as it should.
+	// The operator reloads until the resume has ended and the actions are
+	// offered.
+	for {
+		offered, err := chromedp.Run(bctx, chromedp.Evaluate[bool](`document.querySelector("#act-settle-answer button") !== null`))
+		if err != nil {
+			t.Fatalf("looking for the actions: %v\n%s", err, a.log())
+		}
+		if offered {
+			break
+		}
+		if text := textOf("#state"); !strings.Contains(text, "being resumed now") {
+			t.Fatalf("no action offered, and the key is not being resumed: %q", text)
+		}
+		t.Log("a round is resuming the key: the page offers no action; reloading")
+		step("reload the payment", chromedp.Reload(), chromedp.WaitVisible(css("#point")))
+	}
+
 	// The network says it charged: settle with that answer.
 	step("settle with an answer", chromedp.Click(css("#act-settle-answer button")), chromedp.WaitVisible(css("#confirm")),
 		chromedp.SetValue(css("#status"), "201"),
