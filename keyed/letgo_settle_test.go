@@ -115,7 +115,8 @@ func TestSettleWaitsForALetGoOfTheKey(t *testing.T) {
 var operatorsAnswer = idem.Response{Status: 502, Header: map[string][]string{"Content-Type": {"text/plain"}}, Body: []byte("settled by an operator")}
 
 // heldAfterAFailedResume returns a failingFirst (its store made by wrap)
-// whose Completer holds key "k" under the lease of its failed resume, and
+// whose Completer holds key "k" under the lease of its failed resume
+// (ResumeFailures.Holding, checked), and
 // a channel that receives, when nothing is waiting to be received, each
 // time an action of that Completer on a key starts to wait for another.
 func heldAfterAFailedResume(t *testing.T, wrap func(*idemmem.Store) idem.Store) (*failingFirst, <-chan struct{}) {
@@ -129,6 +130,9 @@ func heldAfterAFailedResume(t *testing.T, wrap func(*idemmem.Store) idem.Store) 
 	}()
 	if err := receive(t, resumed, "ResumeKey of the abandoned key did not return"); err == nil {
 		t.Fatal("ResumeKey = nil; want the resume's error")
+	}
+	if f := h.comp.Failures("", "k"); !f.Holding {
+		t.Fatalf("after the failed resume: %+v; want the Completer holding the key", f)
 	}
 	waiting := make(chan struct{}, 1)
 	keyed.SetWaitHook(h.comp, func() {
@@ -178,13 +182,7 @@ func (s *releaseBeforeClaim) Claim(ctx context.Context, req idem.ClaimRequest) (
 func settleAfterATakeoverReleasedMeanwhile(t *testing.T, h *failingFirst, store *releaseBeforeClaim) {
 	t.Helper()
 	ctx := t.Context()
-	h.clock.Advance(13 * time.Second)
-	other, err := h.mem.Claim(ctx, idem.ClaimRequest{Key: "k", Fingerprint: idem.NewFingerprint("POST", "/pay", "", "", []byte("k")),
-		Lease: 12 * time.Second, TTL: time.Hour})
-	if err != nil || other.Outcome != idem.Acquired {
-		t.Fatalf("the other replica's takeover: %v, %v", other.Outcome, err)
-	}
-	if err := h.mem.Yield(ctx, idem.Ref{Key: "k", Token: other.Token}); err != nil {
+	if err := h.mem.Yield(ctx, takenOverByAnother(t, h, 13*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	store.armed.Store(true)
@@ -208,22 +206,11 @@ func TestSettleOfAKeyReleasedMeanwhileForgetsTheOlderHold(t *testing.T) {
 		store = &releaseBeforeClaim{Store: mem}
 		return store
 	})
-	ctx := t.Context()
-	if f := h.comp.Failures("", "k"); !f.Holding {
-		t.Fatalf("after the failed resume: %+v; want the Completer holding the key", f)
-	}
 	settleAfterATakeoverReleasedMeanwhile(t, h, store)
-	if _, err := h.mem.Get(ctx, "", "k"); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := h.mem.Get(t.Context(), "", "k"); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("the key after the Settle: %v; want it given back (not found)", err)
 	}
-	if f := h.comp.Failures("", "k"); f.Holding {
-		t.Errorf("after a Settle that claimed the key anew and gave it back: %+v; want no hold", f)
-	}
-	for _, ref := range h.comp.UnknownKeys() {
-		if ref.Key == "k" && ref.Token != 0 {
-			t.Errorf("UnknownKeys names %q under token %d; want no held lease's token", ref.Key, ref.Token)
-		}
-	}
+	wantOlderHoldForgotten(t, h, "a Settle that claimed the key anew and gave it back")
 }
 
 // A resume that takes over anew a key the Completer held after an earlier
@@ -236,21 +223,12 @@ func TestResumeOfAPointItCannotOpenForgetsTheOlderHold(t *testing.T) {
 	t.Parallel()
 	h, _ := heldAfterAFailedResume(t, nil)
 	ctx := t.Context()
-	if f := h.comp.Failures("", "k"); !f.Holding {
-		t.Fatalf("after the failed resume: %+v; want the Completer holding the key", f)
-	}
 	// Sealed with a key this engine lacks (it has no BodyKeys).
 	sealed, err := keyed.ResealPoint([]keyed.BodyKey{bodyKey1}, "", "k", "k", "charging", []byte(`{"charge":"ch_1"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.clock.Advance(13 * time.Second)
-	other, err := h.mem.Claim(ctx, idem.ClaimRequest{Key: "k", Fingerprint: idem.NewFingerprint("POST", "/pay", "", "", []byte("k")),
-		Lease: 12 * time.Second, TTL: time.Hour})
-	if err != nil || other.Outcome != idem.Acquired {
-		t.Fatalf("the other replica's takeover: %v, %v", other.Outcome, err)
-	}
-	ref := idem.Ref{Key: "k", Token: other.Token}
+	ref := takenOverByAnother(t, h, 13*time.Second)
 	if err := h.mem.SaveRecovery(ctx, ref, idem.RecoveryPoint{Name: "charging", Data: sealed}); err != nil {
 		t.Fatal(err)
 	}
@@ -260,12 +238,36 @@ func TestResumeOfAPointItCannotOpenForgetsTheOlderHold(t *testing.T) {
 	if _, err := h.comp.ResumeKey(ctx, "", "k", false); err == nil || !strings.Contains(err.Error(), "cannot be opened") {
 		t.Fatalf("ResumeKey of a point it cannot open = %v; want that error", err)
 	}
+	wantOlderHoldForgotten(t, h, "a resume that took the key over anew and yielded it")
+}
+
+// takenOverByAnother advances the clock by after (past the lease the
+// Completer held key "k" under) and has another replica take the key
+// over: it returns that replica's ref, for the caller to stop the key
+// with.
+func takenOverByAnother(t *testing.T, h *failingFirst, after time.Duration) idem.Ref {
+	t.Helper()
+	h.clock.Advance(after)
+	other, err := h.mem.Claim(t.Context(), idem.ClaimRequest{Key: "k", Fingerprint: idem.NewFingerprint("POST", "/pay", "", "", []byte("k")),
+		Lease: 12 * time.Second, TTL: time.Hour})
+	if err != nil || other.Outcome != idem.Acquired {
+		t.Fatalf("the other replica's takeover: %v, %v", other.Outcome, err)
+	}
+	return idem.Ref{Key: "k", Token: other.Token}
+}
+
+// wantOlderHoldForgotten fails t unless, after what after names, the
+// Completer no longer says it holds key "k" (the console shows a hold,
+// and offers to let it go), nor UnknownKeys names a held lease's token
+// for it.
+func wantOlderHoldForgotten(t *testing.T, h *failingFirst, after string) {
+	t.Helper()
 	if f := h.comp.Failures("", "k"); f.Holding {
-		t.Errorf("after a resume that took the key over anew and yielded it: %+v; want no hold", f)
+		t.Errorf("after %s: %+v; want no hold", after, f)
 	}
 	for _, ref := range h.comp.UnknownKeys() {
 		if ref.Key == "k" && ref.Token != 0 {
-			t.Errorf("UnknownKeys names %q under token %d; want no held lease's token", ref.Key, ref.Token)
+			t.Errorf("after %s, UnknownKeys names %q under token %d; want no held lease's token", after, ref.Key, ref.Token)
 		}
 	}
 }
