@@ -266,3 +266,117 @@ func TestLetGoBehindAResumeThatHeldTheKeyAnew(t *testing.T) {
 		t.Errorf("after LetGo again: state %s, lease to %s (now %s); want in flight, its lease ended", rec.State, rec.LeaseExpiresAt, now)
 	}
 }
+
+// olderRenewal is a store whose first renewal stays on its way until a
+// Yield reaches the store (it then lands, as a renewal sent before the
+// Yield and answered after it does) or its context ends (it is then not
+// written), and whose first Yield fails without reaching the store.
+type olderRenewal struct {
+	*idemmem.Store
+	renewing chan struct{} // closed once the first renewal was sent
+	yielded  chan struct{} // closed by the first Yield that reaches the store
+	renewed  chan error    // the first renewal's result, once it returned
+	renewals atomic.Int32
+	yields   atomic.Int32
+}
+
+func (s *olderRenewal) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (time.Time, error) {
+	if s.renewals.Add(1) != 1 {
+		return s.Store.Renew(ctx, ref, lease)
+	}
+	close(s.renewing)
+	var end time.Time
+	var err error
+	select {
+	case <-s.yielded:
+		end, err = s.Store.Renew(context.WithoutCancel(ctx), ref, lease)
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	s.renewed <- err
+	return end, err
+}
+
+func (s *olderRenewal) Yield(ctx context.Context, ref idem.Ref) error {
+	switch s.yields.Add(1) {
+	case 1:
+		return errStoreDown
+	case 2:
+		err := s.Store.Yield(ctx, ref)
+		close(s.yielded)
+		return err
+	}
+	return s.Store.Yield(ctx, ref)
+}
+
+// A Settle that takes over anew a key the Completer held after a failed
+// resume (that lease ended, another replica took the key over and stopped
+// at its point too) ends the older lease with its claim. When its
+// give-back then fails (its record failed, and so did its Yield), the
+// Completer holds the key under the Settle's token and lease (the
+// Settle's claim, which no heartbeat renews), not the older one's: a
+// LetGo of it gives the key back at once, even while a renewal of the
+// older lease, sent as the failed resume ran, is still on its way (the
+// store refuses it whenever it lands). Waiting for that renewal would
+// hold the LetGo, and a Settle or ResumeKey of the key, for up to a
+// renewal's timeout (a sixth of the lease) for a lease that is gone.
+func TestLetGoOfAKeyHeldAnewDoesNotWaitForTheOlderLease(t *testing.T) {
+	t.Parallel()
+	clock := idemmem.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	mem := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	store := &olderRenewal{Store: mem, renewing: make(chan struct{}), yielded: make(chan struct{}), renewed: make(chan error, 1)}
+	// Long in real time too: a renewal's own timeout is a sixth of it,
+	// and the older renewal must still be on its way at the LetGo.
+	const lease = 2 * time.Minute
+	eng, err := keyed.New(&keyed.Config{Store: store, SeparateTx: true, Clock: clock, Timers: clock, Lease: lease, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := make(chan struct{})
+	comp, err := eng.NewCompleter(&keyed.CompleterConfig{Timeout: time.Minute,
+		Resume: func(ctx context.Context, ex keyed.Execution) (idem.Response, error) {
+			close(running)
+			<-store.renewing
+			return idem.Response{}, errors.New("the card network did not answer")
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &failingFirst{clock: clock, mem: mem, comp: comp}
+	abandon(t, mem, "k")
+	resumed := make(chan error, 1)
+	go func() {
+		_, err := comp.ResumeKey(t.Context(), "", "k", false)
+		resumed <- err
+	}()
+	receive(t, running, "the resume did not start")
+	clock.Advance(lease / 3) // the lease is due for renewal
+	if err := receive(t, resumed, "ResumeKey did not return"); err == nil {
+		t.Fatal("ResumeKey = nil; want the resume's error")
+	}
+	// That lease ends; another replica takes the key over and stops at
+	// its point too.
+	if err := mem.Yield(t.Context(), takenOverByAnother(t, h, lease+time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = comp.SettleRecorded(t.Context(), "", "k", operatorsAnswer, func(context.Context, bool) error { return errNotWritten })
+	if !errors.Is(err, keyed.ErrNotRecorded) || !errors.Is(err, errStoreDown) {
+		t.Fatalf("SettleRecorded whose record and Yield fail = %v; want ErrNotRecorded and the Yield's error", err)
+	}
+	if f := comp.Failures("", "k"); !f.Holding {
+		t.Fatalf("after a SettleRecorded whose Yield failed: %+v; want the Completer holding the key", f)
+	}
+	if err := comp.LetGo(t.Context(), "", "k"); err != nil {
+		t.Fatalf("LetGo = %v", err)
+	}
+	if err := receive(t, store.renewed, "the older lease's renewal did not return"); errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("the older lease's renewal ended by its timeout (%v) before LetGo's Yield reached the store: the LetGo waited for the older lease; want the newer hold given back at once", err)
+	}
+	rec, err := mem.Get(t.Context(), "", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now := clock.Now(); rec.State != idem.StateInFlight || rec.LeaseExpiresAt.After(now) {
+		t.Errorf("after LetGo: state %s, lease to %s (now %s); want in flight, its lease ended", rec.State, rec.LeaseExpiresAt, now)
+	}
+}
