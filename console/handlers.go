@@ -250,7 +250,7 @@ func (c *Console) stopped(ctx context.Context, now time.Time) ([]stoppedRow, err
 	if c.cfg.Actions == nil {
 		return rows, nil
 	}
-	// Those the completer holds after a failed resume.
+	// Those the completer holds after a failed resume or give-back.
 	held := c.cfg.Actions.UnknownKeys()
 	slices.SortFunc(held, func(a, b idem.Ref) int {
 		return cmp.Or(cmp.Compare(a.Scope, b.Scope), cmp.Compare(a.Key, b.Key))

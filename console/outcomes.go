@@ -47,8 +47,9 @@ type KeyActions interface {
 	// Failures counts the key's failed resumes, with the last error.
 	Failures(scope idem.Scope, key idem.Key) ResumeFailures
 	// UnknownKeys names the keys whose last resume failed, which the
-	// completer may hold under that resume's lease (the store's Abandoned
-	// does not list them then).
+	// completer may hold under that resume's lease, and those it holds
+	// after a give-back that failed (the store's Abandoned does not list
+	// them then).
 	UnknownKeys() []idem.Ref
 }
 

@@ -3,6 +3,7 @@ package keyed_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/idem-go/idem"
@@ -78,4 +79,61 @@ func TestResumeRecordedWhoseYieldFailedHoldsTheKey(t *testing.T) {
 		t.Fatalf("ResumeRecorded whose record and Yield fail = %v; want ErrNotRecorded and the Yield's error", err)
 	}
 	wantHeldThenLetGo(t, h, "a ResumeRecorded")
+}
+
+// An operator's action on a key no resume of the Completer failed on (a
+// Settle, a ResumeRecorded) whose give-back failed (its record failed,
+// then its Yield) leaves the Completer holding the key under the action's
+// lease, which may still be live: the store's Abandoned does not list the
+// key until that lease ends. UnknownKeys, by which the console lists the
+// keys the Completer holds beside Abandoned's (and offers their LetGo),
+// must name it under that lease's token, and no longer once LetGo gave
+// the key back (Abandoned lists it then).
+func TestUnknownKeysNamesAKeyHeldAfterAFailedGiveBack(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		act  func(*keyed.Completer) error
+	}{
+		{"a Settle", func(comp *keyed.Completer) error {
+			_, err := comp.SettleRecorded(t.Context(), "", "k", operatorsAnswer, func(context.Context, bool) error { return errNotWritten })
+			return err
+		}},
+		{"a ResumeRecorded", func(comp *keyed.Completer) error {
+			_, err := comp.ResumeRecorded(t.Context(), "", "k", func(context.Context, bool, keyed.ResumeEnd) error { return errNotWritten })
+			return err
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			h := newFailingFirst(t, func(mem *idemmem.Store) idem.Store { return &yieldDown{Store: mem} })
+			h.fail.Store(false)
+			abandon(t, h.mem, "k")
+			if err := c.act(h.comp); !errors.Is(err, keyed.ErrNotRecorded) || !errors.Is(err, errStoreDown) {
+				t.Fatalf("%s whose record and Yield fail = %v; want ErrNotRecorded and the Yield's error", c.name, err)
+			}
+			rec, err := h.mem.Get(t.Context(), "", "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !rec.LeaseExpiresAt.After(h.clock.Now()) {
+				t.Fatalf("the key after %s whose Yield failed: lease to %s; want it live (now %s)", c.name, rec.LeaseExpiresAt, h.clock.Now())
+			}
+			if f := h.comp.Failures("", "k"); !f.Holding || f.Count != 0 {
+				t.Fatalf("after %s whose Yield failed: %+v; want the Completer holding the key, no failed resume", c.name, f)
+			}
+			want := idem.Ref{Key: "k", Token: rec.Token}
+			if got := h.comp.UnknownKeys(); !slices.Contains(got, want) {
+				t.Errorf("UnknownKeys after %s whose Yield failed = %v; want %v, the key the Completer holds under a live lease", c.name, got, want)
+			}
+			if err := h.comp.LetGo(t.Context(), "", "k"); err != nil {
+				t.Fatalf("LetGo = %v", err)
+			}
+			for _, ref := range h.comp.UnknownKeys() {
+				if ref.Key == "k" {
+					t.Errorf("UnknownKeys after the LetGo names %v; want the key no longer held, nor counted", ref)
+				}
+			}
+		})
+	}
 }

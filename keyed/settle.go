@@ -550,15 +550,25 @@ func (c *Completer) complete(ctx context.Context, ref idem.Ref, kept idem.Respon
 }
 
 // UnknownKeys returns the keys whose last resume by this Completer failed,
-// which it may hold under that resume's lease (so that
-// idem.Recoverer.Abandoned does not list them until it ends). Token is
-// that lease's, or 0.
+// which it may hold under that resume's lease, and the keys it holds after
+// a give-back (a Yield) failed though no resume of them did (a Settle or
+// ResumeRecorded whose record failed, then its Yield: ResumeFailures.Holding
+// with Count 0). idem.Recoverer.Abandoned does not list a key so held
+// until its lease ends, so this is how the key can be found and let go
+// meanwhile. Token is the held lease's, or 0.
 func (c *Completer) UnknownKeys() []idem.Ref {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := make([]idem.Ref, 0, len(c.unknown))
 	for wk := range c.unknown {
 		out = append(out, idem.Ref{Scope: wk.Scope, Key: wk.Key, Token: c.failures[wk].token})
+	}
+	for wk, f := range c.failures {
+		// Held, but not counted unknown (Stats.Unknown, and the alert on
+		// it, count failed resumes only).
+		if _, counted := c.unknown[wk]; !counted && f.token != 0 {
+			out = append(out, idem.Ref{Scope: wk.Scope, Key: wk.Key, Token: f.token})
+		}
 	}
 	return out
 }
