@@ -63,6 +63,7 @@ func main() {
 	flag.DurationVar(&o.budget, "budget", 0, "stop starting mutants after this long (0: no limit); the run then says what it left out")
 	flag.BoolVar(&o.verbose, "v", false, "also list every mutant no test reaches")
 	flag.BoolVar(&o.coverOnly, "coverage-only", false, "measure only which mutants the tests reach (mutator coverage), running none of them")
+	flag.BoolVar(&o.allTests, "all-tests", false, "run every selected test for each mutant, not only the top-level tests that reach its line")
 	flag.Parse()
 	rc, err := run(o, flag.Args())
 	if err != nil {
@@ -77,7 +78,7 @@ type options struct {
 	since                               string
 	workers, factor                     int
 	minTimeout, budget                  time.Duration
-	verbose, coverOnly                  bool
+	verbose, coverOnly, allTests        bool
 }
 
 // pkgConf is one line of scripts/mutation.packages.
@@ -477,6 +478,7 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 
 	// Coverage, then the timed baseline.
 	var runnable []*mutant
+	coverStart := time.Now()
 	if len(muts.changed) > 0 {
 		// Each go test command of the selection has its own profile; a
 		// block any of them ran is covered.
@@ -516,8 +518,25 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 		fmt.Println(line)
 		return result{line: line, failed: len(stale) > 0}, nil
 	}
+	// Unless -all-tests, what each top-level test reaches alone, so that a
+	// mutant runs only the tests that reach it.
+	var pkgs []*testPkg
+	if len(runnable) > 0 && !o.allTests {
+		t0 := time.Now()
+		if pkgs, err = testPackages(c); err != nil {
+			return result{}, err
+		}
+		n, err := coverEach(pkgs, importPath, c.dir, tmp, o.workers)
+		if err != nil {
+			return result{}, err
+		}
+		fmt.Printf("   coverage: %s (%d top-level tests over %d test package(s) run one by one: %s)\n",
+			time.Since(coverStart).Round(time.Second), n, len(pkgs), time.Since(t0).Round(time.Second))
+	} else if len(runnable) > 0 {
+		fmt.Printf("   coverage: %s\n", time.Since(coverStart).Round(time.Second))
+	}
 	var baseline time.Duration
-	if len(runnable) > 0 {
+	if len(runnable) > 0 && o.allTests {
 		t0 := time.Now()
 		for _, t := range c.tests {
 			args := append([]string{"test", "-count=1"}, t.args()...)
@@ -526,13 +545,60 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 			}
 		}
 		baseline = time.Since(t0)
+	} else if len(runnable) > 0 {
+		if err := baselineEach(pkgs); err != nil {
+			return result{}, err
+		}
+		for _, p := range pkgs {
+			baseline += p.wall
+		}
 	}
-	cut := time.Duration(o.factor) * baseline
-	if cut < o.minTimeout {
-		cut = o.minTimeout
+	// Each mutant's go test commands and cut: with -all-tests the line's
+	// commands, cut at -timeout-factor times the whole baseline; else the
+	// tests that reach it, cut at that many times their own baseline.
+	runs := make([][][]string, len(runnable))
+	cuts := make([]time.Duration, len(runnable))
+	cut := max(time.Duration(o.factor)*baseline, o.minTimeout)
+	if o.allTests {
+		var all [][]string
+		for _, t := range c.tests {
+			all = append(all, t.args())
+		}
+		for i := range runnable {
+			runs[i], cuts[i] = all, cut
+		}
+		fmt.Printf("   %d mutants (%d on the lines considered), %d to run; baseline %s, cut at %s; every selected test runs for each (-all-tests)\n",
+			len(muts.all), len(muts.changed), len(runnable), baseline.Round(100*time.Millisecond), cut.Round(time.Second))
+	} else if len(runnable) > 0 {
+		tests, picked, every := 0, 0, 0
+		for _, p := range pkgs {
+			tests += max(len(p.tests), 1)
+		}
+		lo, hi := cut, time.Duration(0)
+		for i, m := range runnable {
+			ps := pickTests(m, pkgs)
+			for _, p := range ps {
+				runs[i] = append(runs[i], p.args())
+				if p.tests != nil {
+					picked += len(p.tests)
+				} else {
+					picked += max(len(p.pkg.tests), 1)
+				}
+			}
+			if len(ps) == len(pkgs) && ps[0].tests == nil {
+				every++
+			}
+			cuts[i] = cutFor(ps, o.factor, o.minTimeout)
+			lo, hi = min(lo, cuts[i]), max(hi, cuts[i])
+		}
+		fmt.Printf("   %d mutants (%d on the lines considered), %d to run; baseline %s, cut at %s to %s (%d × the baseline of the tests each runs, at least %s; all tests: %s)\n",
+			len(muts.all), len(muts.changed), len(runnable), baseline.Round(100*time.Millisecond), lo.Round(time.Second), hi.Round(time.Second),
+			o.factor, o.minTimeout, cut.Round(time.Second))
+		fmt.Printf("   each mutant runs the top-level tests that reach its line: %.1f of %d on average; %d run every test (reached by none alone, or package-level)\n",
+			float64(picked)/float64(len(runnable)), tests, every)
+	} else {
+		fmt.Printf("   %d mutants (%d on the lines considered), %d to run\n", len(muts.all), len(muts.changed), len(runnable))
 	}
-	fmt.Printf("   %d mutants (%d on the lines considered), %d to run; baseline %s, cut at %s\n",
-		len(muts.all), len(muts.changed), len(runnable), baseline.Round(100*time.Millisecond), cut.Round(time.Second))
 
 	src := map[string][]byte{}
 	for _, m := range runnable {
@@ -552,7 +618,7 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 			defer wg.Done()
 			for i := range work {
 				m := runnable[i]
-				st, err := execute(c, m, src[m.file], filepath.Join(tmp, strconv.Itoa(i)), cut)
+				st, err := execute(runs[i], m, src[m.file], filepath.Join(tmp, strconv.Itoa(i)), cuts[i])
 				mu.Lock()
 				if err != nil && runErr == nil {
 					runErr = err
@@ -667,7 +733,14 @@ func goList(dir string) (string, error) {
 // goCmd runs the go command from the repository's root; on the context's
 // end it kills the whole process group (the test binaries too).
 func goCmd(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := exec.Command("go", args...)
+	return command(ctx, "", "go", args...)
+}
+
+// command runs name in dir ("" for the current directory) as goCmd runs
+// the go command.
+func command(ctx context.Context, dir, name string, args ...string) ([]byte, error) {
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
 	// Its own process group, so that a cut kills the test binaries too;
 	// killed with the runner, so that a runner stopped leaves no test
 	// running.
@@ -689,8 +762,9 @@ func goCmd(ctx context.Context, args ...string) ([]byte, error) {
 	}
 }
 
-// execute runs the selected tests with one mutant overlaid.
-func execute(c pkgConf, m *mutant, src []byte, dir string, cut time.Duration) (string, error) {
+// execute runs go test commands (their arguments after the flags this
+// adds: -run patterns and test packages) with one mutant overlaid.
+func execute(runs [][]string, m *mutant, src []byte, dir string, cut time.Duration) (string, error) {
 	mutated, err := apply(src, m)
 	if err != nil {
 		return "", err
@@ -716,8 +790,8 @@ func execute(c pkgConf, m *mutant, src []byte, dir string, cut time.Duration) (s
 	// after another, and the first that fails decides.
 	ctx, cancel := context.WithTimeout(context.Background(), cut)
 	defer cancel()
-	for _, t := range c.tests {
-		args := append([]string{"test", "-count=1", "-failfast", "-overlay=" + overlay, "-timeout=" + (cut + 30*time.Second).String()}, t.args()...)
+	for _, r := range runs {
+		args := append([]string{"test", "-count=1", "-failfast", "-overlay=" + overlay, "-timeout=" + (cut + 30*time.Second).String()}, r...)
 		out, err := goCmd(ctx, args...)
 		switch {
 		case errors.Is(err, context.DeadlineExceeded):

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 func write(t *testing.T, name, text string) string {
@@ -436,5 +437,154 @@ func TestMarkOutsideDiffInASubdirectory(t *testing.T) {
 	}
 	if err := markOutsideDiff(ms, "no-such-commit"); err == nil {
 		t.Error("a diff against a commit that does not exist: no error")
+	}
+}
+
+// selectionFixture is a line's two test packages: p1's tests A, B and C,
+// each with what it reached run alone, and p2's D, which reached nothing
+// of what A reached; their baselines are 10 s of overhead and 1, 2, 3 and
+// 4 s of tests.
+func selectionFixture(t *testing.T) (pkgs []*testPkg, file string) {
+	dir := t.TempDir()
+	file = filepath.Join(dir, "a.go")
+	blocks := func(hit ...[2]int) coverBlocks {
+		cb := coverBlocks{file: {}}
+		for _, l := range [][2]int{{10, 20}, {30, 40}, {50, 60}} {
+			b := coverBlock{[2]int{l[0], 1}, [2]int{l[1], 1}, false}
+			for _, h := range hit {
+				b.hit = b.hit || h == l
+			}
+			cb[file] = append(cb[file], b)
+		}
+		return cb
+	}
+	s := time.Second
+	p1 := &testPkg{path: "example.com/p", run: "^Test", tests: []string{"TestA", "TestB", "TestC"},
+		cover:   map[string]coverBlocks{"TestA": blocks([2]int{10, 20}), "TestB": blocks([2]int{10, 20}, [2]int{30, 40}), "TestC": blocks()},
+		wall:    16 * s,
+		elapsed: map[string]time.Duration{"TestA": 1 * s, "TestB": 2 * s, "TestC": 3 * s}}
+	p2 := &testPkg{path: "example.com/q", tests: []string{"TestD"},
+		cover:   map[string]coverBlocks{"TestD": blocks([2]int{30, 40})},
+		wall:    14 * s,
+		elapsed: map[string]time.Duration{"TestD": 4 * s}}
+	return []*testPkg{p1, p2}, file
+}
+
+// Each mutant runs only the top-level tests that reached its line when
+// each test ran alone, per test package in the line's order; a test
+// package none of whose tests reached it is left out. A mutant the whole
+// selection reached but no test alone (coverage that varies from run to
+// run), or one in a package-level declaration (read, perhaps, without
+// running a block of the package), runs every selected test.
+func TestPickTests(t *testing.T) {
+	pkgs, file := selectionFixture(t)
+	p1, p2 := pkgs[0], pkgs[1]
+	for _, tc := range []struct {
+		name string
+		m    *mutant
+		want []pick
+	}{
+		{"one test of one package", &mutant{file: file, line: 15, col: 3, fn: "f"}, []pick{{p1, []string{"TestA", "TestB"}}}},
+		{"tests of both packages", &mutant{file: file, line: 35, col: 3, fn: "f"}, []pick{{p1, []string{"TestB"}}, {p2, []string{"TestD"}}}},
+		{"in a case expression: its switch's tests", &mutant{file: file, line: 70, col: 3, fn: "f", inCase: &token.Position{Line: 32, Column: 2}}, []pick{{p1, []string{"TestB"}}, {p2, []string{"TestD"}}}},
+		{"reached by no test alone", &mutant{file: file, line: 55, col: 3, fn: "f"}, []pick{{p1, nil}, {p2, nil}}},
+		{"package-level", &mutant{file: file, line: 15, col: 3, fn: "-"}, []pick{{p1, nil}, {p2, nil}}},
+	} {
+		if got := pickTests(tc.m, pkgs); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: picked %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A package whose -run pattern names subtests (a /) cannot be split into
+// its top-level tests: it runs as a whole when its selection, run alone,
+// reached the mutant.
+func TestPickTestsOfAPackageRunWhole(t *testing.T) {
+	pkgs, file := selectionFixture(t)
+	w := &testPkg{path: "example.com/w", run: "^TestSuite$/^Case$", whole: true,
+		cover: map[string]coverBlocks{"": pkgs[1].cover["TestD"]}, wall: time.Second}
+	pkgs = append(pkgs, w)
+	got := pickTests(&mutant{file: file, line: 35, col: 3, fn: "f"}, pkgs)
+	want := []pick{{pkgs[0], []string{"TestB"}}, {pkgs[1], []string{"TestD"}}, {w, nil}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("picked %v, want %v", got, want)
+	}
+	if got := (pick{w, nil}).args(); !reflect.DeepEqual(got, []string{"-run", "^TestSuite$/^Case$", "example.com/w"}) {
+		t.Errorf("args of a package run whole = %q", got)
+	}
+	if !runsSubtests("^TestA$/x") || runsSubtests("^Test(A|B)$") {
+		t.Error("runsSubtests does not tell a pattern naming subtests")
+	}
+}
+
+// The tests picked run as one go test command per test package, their
+// names anchored; a package's whole selection keeps its line's pattern.
+func TestPickArgs(t *testing.T) {
+	pkgs, _ := selectionFixture(t)
+	for _, tc := range []struct {
+		p    pick
+		want []string
+	}{
+		{pick{pkgs[0], []string{"TestA", "TestB"}}, []string{"-run", "^(TestA|TestB)$", "example.com/p"}},
+		{pick{pkgs[0], nil}, []string{"-run", "^Test", "example.com/p"}},
+		{pick{pkgs[1], nil}, []string{"example.com/q"}},
+		{pick{pkgs[1], []string{"Example_x.y"}}, []string{"-run", `^(Example_x\.y)$`, "example.com/q"}},
+	} {
+		if got := tc.p.args(); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%v: args %q, want %q", tc.p, got, tc.want)
+		}
+	}
+}
+
+// A mutant's cut is -timeout-factor times the baseline of the tests it
+// runs: for each package, the baseline's wall time less the tests it
+// leaves out (never more than the wall time, which parallel tests'
+// overlapping times could otherwise pass), at least -min-timeout.
+func TestCutOfTheTestsPicked(t *testing.T) {
+	pkgs, _ := selectionFixture(t)
+	p1, p2 := pkgs[0], pkgs[1]
+	s := time.Second
+	for _, tc := range []struct {
+		picks []pick
+		want  time.Duration
+	}{
+		{[]pick{{p1, []string{"TestA"}}}, 4 * 11 * s},                                                                                            // 10 s overhead + 1 s
+		{[]pick{{p1, []string{"TestA", "TestC"}}, {p2, []string{"TestD"}}}, 4 * (14 + 14) * s},                                                   // (10+1+3) + (10+4)
+		{[]pick{{p1, nil}, {p2, nil}}, 4 * 30 * s},                                                                                               // every test: the whole baseline
+		{[]pick{{&testPkg{wall: 5 * s, elapsed: map[string]time.Duration{"TestA": 4 * s, "TestB": 4 * s}}, []string{"TestA", "TestB"}}}, 20 * s}, // overlapping parallel tests
+	} {
+		if got := cutFor(tc.picks, 4, 0); got != tc.want {
+			t.Errorf("%v: cut %s, want %s", tc.picks, got, tc.want)
+		}
+	}
+	if got := cutFor([]pick{{p1, []string{"TestA"}}}, 4, 90*s); got != 90*s {
+		t.Errorf("cut below the floor: %s, want 90s", got)
+	}
+}
+
+// A test binary's -test.list names the tests, examples, fuzz targets and
+// benchmarks its pattern selects; benchmarks do not run under -run, and
+// what else it prints is no test.
+func TestParseTestList(t *testing.T) {
+	out := "TestA\nExampleB\nFuzzC\nBenchmarkD\nwarning: GOCOVERDIR not set, no coverage data emitted\nok  \tx\n\n"
+	if got, want := parseTestList(out), []string{"TestA", "ExampleB", "FuzzC"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+// The baseline's go test -json gives each top-level test's own time;
+// subtests and package lines are not tests of their own.
+func TestParseTestTimes(t *testing.T) {
+	out := `{"Action":"run","Package":"p","Test":"TestA"}
+{"Action":"pass","Package":"p","Test":"TestA/sub","Elapsed":0.5}
+{"Action":"pass","Package":"p","Test":"TestA","Elapsed":1.25}
+{"Action":"skip","Package":"p","Test":"TestB","Elapsed":0}
+{"Action":"output","Package":"p","Output":"PASS\n"}
+{"Action":"pass","Package":"p","Elapsed":3}
+go: downloading something
+`
+	want := map[string]time.Duration{"TestA": 1250 * time.Millisecond, "TestB": 0}
+	if got := parseTestTimes([]byte(out)); !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v, want %v", got, want)
 	}
 }

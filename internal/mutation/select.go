@@ -1,0 +1,275 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Each mutant runs only the tests that reach its line: a test that never
+// executes the mutated line cannot observe the mutation. What each
+// top-level test reaches is measured with that test run alone (its
+// package's test binary, built once with coverage of the measured
+// package, run once per test), so goroutines that other tests leave
+// behind do not blur the map.
+
+// testPkg is one test package of a line's selection, as the selection of
+// tests per mutant sees it.
+type testPkg struct {
+	path  string // its import path
+	dir   string // its directory, where its test binary runs
+	run   string // the line's -run pattern for it ("" for all its tests)
+	whole bool   // the pattern names subtests: it runs as a whole, never split
+	// tests are its top-level tests the pattern selects, in the binary's
+	// order; cover what each reached run alone (one entry, "", when whole).
+	tests []string
+	cover map[string]coverBlocks
+	// The baseline: the wall time of go test over its selection, and each
+	// top-level test's own time in it.
+	wall    time.Duration
+	elapsed map[string]time.Duration
+}
+
+// pick is one go test command of a mutant's run: tests of one test
+// package, nil for its whole selection.
+type pick struct {
+	pkg   *testPkg
+	tests []string
+}
+
+func (p pick) args() []string {
+	run := p.pkg.run
+	if p.tests != nil {
+		q := make([]string, len(p.tests))
+		for i, t := range p.tests {
+			q[i] = regexp.QuoteMeta(t)
+		}
+		run = "^(" + strings.Join(q, "|") + ")$"
+	}
+	if run == "" {
+		return []string{p.pkg.path}
+	}
+	return []string{"-run", run, p.pkg.path}
+}
+
+func (p pick) String() string { return strings.Join(p.args(), " ") }
+
+// baseline is the part of the package's baseline that the picked tests
+// take: its wall time less the time of the tests left out. Parallel
+// tests' times overlap and may add up past the wall time, which bounds it.
+func (p pick) baseline() time.Duration {
+	if p.tests == nil {
+		return p.pkg.wall
+	}
+	var all, some time.Duration
+	for _, d := range p.pkg.elapsed {
+		all += d
+	}
+	for _, t := range p.tests {
+		some += p.pkg.elapsed[t]
+	}
+	return min(p.pkg.wall, max(0, p.pkg.wall-all)+some)
+}
+
+// cutFor is the cut of a mutant's run of picks: factor times their
+// baseline, at least floor.
+func cutFor(picks []pick, factor int, floor time.Duration) time.Duration {
+	var b time.Duration
+	for _, p := range picks {
+		b += p.baseline()
+	}
+	return max(time.Duration(factor)*b, floor)
+}
+
+// pickTests returns what m's run runs, one pick per test package in the
+// line's order: the top-level tests that reached m run alone; a package
+// none of whose tests did is left out. When no test alone reached it
+// (the whole selection did, or it would not be run: coverage that varies
+// from run to run) or m is in a package-level declaration (whose value a
+// test may read without running any block of the package), every selected
+// test runs.
+func pickTests(m *mutant, pkgs []*testPkg) []pick {
+	var out []pick
+	if m.fn != "-" {
+		for _, p := range pkgs {
+			if p.whole {
+				if p.cover[""].covers(m) {
+					out = append(out, pick{p, nil})
+				}
+				continue
+			}
+			var ts []string
+			for _, t := range p.tests {
+				if p.cover[t].covers(m) {
+					ts = append(ts, t)
+				}
+			}
+			if ts != nil {
+				out = append(out, pick{p, ts})
+			}
+		}
+	}
+	if len(out) == 0 {
+		for _, p := range pkgs {
+			out = append(out, pick{p, nil})
+		}
+	}
+	return out
+}
+
+// runsSubtests says whether a -run pattern names subtests (a / splits it
+// by level), which the list of top-level tests cannot split.
+func runsSubtests(run string) bool { return strings.Contains(run, "/") }
+
+var testName = regexp.MustCompile(`^(Test|Example|Fuzz)[\p{L}\p{N}_]*$`)
+
+// parseTestList reads a test binary's -test.list output: the tests,
+// examples and fuzz targets (benchmarks do not run under -run).
+func parseTestList(out string) []string {
+	var ts []string
+	for _, l := range strings.Split(out, "\n") {
+		if l = strings.TrimSpace(l); testName.MatchString(l) {
+			ts = append(ts, l)
+		}
+	}
+	return ts
+}
+
+// parseTestTimes reads go test -json: each top-level test's own time.
+func parseTestTimes(out []byte) map[string]time.Duration {
+	times := map[string]time.Duration{}
+	for _, l := range strings.Split(string(out), "\n") {
+		var ev struct {
+			Action, Test string
+			Elapsed      float64
+		}
+		if json.Unmarshal([]byte(l), &ev) != nil || ev.Test == "" || strings.Contains(ev.Test, "/") {
+			continue
+		}
+		switch ev.Action {
+		case "pass", "fail", "skip":
+			times[ev.Test] = time.Duration(ev.Elapsed * float64(time.Second))
+		}
+	}
+	return times
+}
+
+// testPackages expands the line's test packages (go list), in its order.
+func testPackages(c pkgConf) ([]*testPkg, error) {
+	var out []*testPkg
+	for _, t := range c.tests {
+		args := append([]string{"list", "-f", "{{.ImportPath}}\t{{.Dir}}"}, t.pkgs...)
+		b, err := goCmd(context.Background(), args...)
+		if err != nil {
+			return nil, fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, b)
+		}
+		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			path, dir, ok := strings.Cut(l, "\t")
+			if !ok {
+				return nil, fmt.Errorf("go %s: %q", strings.Join(args, " "), l)
+			}
+			out = append(out, &testPkg{path: path, dir: dir, run: t.run, whole: runsSubtests(t.run)})
+		}
+	}
+	return out, nil
+}
+
+// coverEach builds each test package's test binary once with coverage of
+// the measured package and runs it once per top-level test the line's
+// pattern selects (once, whole, when the pattern names subtests), workers
+// at a time, keeping what each reached. It returns how many runs it made.
+func coverEach(pkgs []*testPkg, importPath, measuredDir, tmp string, workers int) (int, error) {
+	type job struct {
+		p    *testPkg
+		name string
+	}
+	var jobs []job
+	for i, p := range pkgs {
+		p.cover = map[string]coverBlocks{}
+		bin := filepath.Join(tmp, fmt.Sprintf("t%d.test", i))
+		args := []string{"test", "-c", "-cover", "-covermode=set", "-coverpkg=" + importPath, "-o", bin, p.path}
+		if out, err := goCmd(context.Background(), args...); err != nil {
+			return 0, fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		if _, err := os.Stat(bin); err != nil {
+			continue // no test files: nothing to run
+		}
+		if p.whole {
+			jobs = append(jobs, job{p, ""})
+			continue
+		}
+		list := p.run
+		if list == "" {
+			list = "."
+		}
+		out, err := command(context.Background(), p.dir, bin, "-test.list", list)
+		if err != nil {
+			return 0, fmt.Errorf("%s -test.list %q: %v\n%s", p.path, list, err, out)
+		}
+		p.tests = parseTestList(string(out))
+		for _, t := range p.tests {
+			jobs = append(jobs, job{p, t})
+		}
+	}
+	bins := map[*testPkg]string{}
+	for i, p := range pkgs {
+		bins[p] = filepath.Join(tmp, fmt.Sprintf("t%d.test", i))
+	}
+	work := make(chan int)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	for w := 0; w < max(workers, 1); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				j := jobs[i]
+				profile := filepath.Join(tmp, fmt.Sprintf("each%d.out", i))
+				run := "^" + regexp.QuoteMeta(j.name) + "$"
+				if j.p.whole {
+					run = j.p.run
+				}
+				out, err := command(context.Background(), j.p.dir, bins[j.p], "-test.run", run, "-test.count=1", "-test.coverprofile="+profile)
+				cb := coverBlocks{}
+				if err == nil {
+					err = cb.read(profile, importPath, measuredDir)
+				}
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = fmt.Errorf("%s -test.run '%s' (run alone, with coverage) fails without any mutant: %v\n%s\n(scripts/mutation -all-tests runs every selected test for each mutant)", j.p.path, run, err, out)
+				}
+				j.p.cover[j.name] = cb
+				mu.Unlock()
+			}
+		}()
+	}
+	for i := range jobs {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	return len(jobs), firstErr
+}
+
+// baselineEach times each test package's selection (go test -json, one
+// package at a time), keeping its wall time and each top-level test's.
+func baselineEach(pkgs []*testPkg) error {
+	for _, p := range pkgs {
+		args := append([]string{"test", "-count=1", "-json"}, pick{p, nil}.args()...)
+		t0 := time.Now()
+		out, err := goCmd(context.Background(), args...)
+		if err != nil {
+			return fmt.Errorf("the selected tests fail without any mutant (go %s):\n%s", strings.Join(args, " "), out)
+		}
+		p.wall = time.Since(t0)
+		p.elapsed = parseTestTimes(out)
+	}
+	return nil
+}
