@@ -13,8 +13,14 @@
 //
 //   - coverage: the package's selected tests run once with -coverpkg naming
 //     the package; a mutant no covered block holds is NOT COVERED;
-//   - a baseline: the same tests without coverage, timed (a mutant's run is
-//     cut at -timeout-factor times it, and is then TIMED OUT);
+//   - coverage of each test: each test package's binary, built once with
+//     coverage of the package, runs each selected top-level test alone,
+//     so that a mutant runs only the tests that reach its line (select.go;
+//     -all-tests runs them all);
+//   - a baseline: the selected tests without coverage, timed, each
+//     top-level test's own time too (a mutant's run is cut at
+//     -timeout-factor times the baseline of the tests it runs, and is then
+//     TIMED OUT);
 //   - each covered mutant: the mutated file is written to a scratch
 //     directory and handed to `go test -overlay`, so the working tree is
 //     never edited and mutants may run side by side (-workers). A run that
