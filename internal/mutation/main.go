@@ -614,39 +614,21 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 			}
 		}
 	}
-	work := make(chan int)
-	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var runErr error
-	for w := 0; w < o.workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				m := runnable[i]
-				st, err := execute(runs[i], m, src[m.file], filepath.Join(tmp, strconv.Itoa(i)), cuts[i])
-				mu.Lock()
-				if err != nil && runErr == nil {
-					runErr = err
-				}
-				m.status = st
-				if st == "LIVED" {
-					fmt.Printf("LIVED      %s: %s\n", m.pos(), m.key())
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	skipped := 0
-	for i := range runnable {
-		if !deadline.IsZero() && time.Now().After(deadline) {
-			skipped = len(runnable) - i
-			break
+	skipped := handOut(len(runnable), o.workers, deadline, time.Now, func(i int) {
+		m := runnable[i]
+		st, err := execute(runs[i], m, src[m.file], filepath.Join(tmp, strconv.Itoa(i)), cuts[i])
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil && runErr == nil {
+			runErr = err
 		}
-		work <- i
-	}
-	close(work)
-	wg.Wait()
+		m.status = st
+		if st == "LIVED" {
+			fmt.Printf("LIVED      %s: %s\n", m.pos(), m.key())
+		}
+	})
 	if runErr != nil {
 		return result{}, runErr
 	}
@@ -670,6 +652,37 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 		c.dir, eff, cov, count["KILLED"], count["LIVED"], count["TIMED OUT"], count["NOT VIABLE"], count["NOT COVERED"], count["EQUIVALENT"], scope, verdict)
 	fmt.Println(line)
 	return result{line: line, failed: failed}, nil
+}
+
+// handOut runs do(i) for each i in [0, n), workers at a time, and starts
+// none once now() is past the deadline (zero: no deadline); it returns how
+// many it left unstarted. A worker looks at the clock when it is free to
+// start the next, not before: a hand-out that checked, then waited for a
+// free worker, started a mutant up to a cut past the budget.
+func handOut(n, workers int, deadline time.Time, now func() time.Time, do func(i int)) (skipped int) {
+	var mu sync.Mutex
+	next := 0
+	take := func() (int, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if next == n || !deadline.IsZero() && now().After(deadline) {
+			return 0, false
+		}
+		next++
+		return next - 1, true
+	}
+	var wg sync.WaitGroup
+	for w := 0; w < max(workers, 1); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i, ok := take(); ok; i, ok = take() {
+				do(i)
+			}
+		}()
+	}
+	wg.Wait()
+	return n - next
 }
 
 // markEquivalents marks the mutants of c's package that a line of the

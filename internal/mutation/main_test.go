@@ -6,7 +6,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"runtime"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -586,5 +590,59 @@ go: downloading something
 	want := map[string]time.Duration{"TestA": 1250 * time.Millisecond, "TestB": 0}
 	if got := parseTestTimes([]byte(out)); !reflect.DeepEqual(got, want) {
 		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+// The budget is checked when a worker is free to start a mutant, not
+// before waiting for one: the hand-out checked it, then waited for a
+// worker, and gave the next mutant to the first one free however long
+// that took, so a run could start up to two cuts past the budget. With
+// one worker, each mutant is admitted by a look at the clock taken after
+// the run before it ended.
+func TestHandOutStartsNoMutantPastTheBudget(t *testing.T) {
+	var mu sync.Mutex
+	var events []string
+	clock := time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC)
+	now := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, "check")
+		return clock
+	}
+	deadline := clock.Add(time.Minute)
+	started, release := make(chan int, 5), make(chan struct{})
+	done := make(chan int)
+	go func() {
+		done <- handOut(5, 1, deadline, now, func(i int) {
+			mu.Lock()
+			events = append(events, "start "+strconv.Itoa(i))
+			mu.Unlock()
+			started <- i
+			<-release
+			mu.Lock()
+			events = append(events, "end "+strconv.Itoa(i))
+			mu.Unlock()
+		})
+	}()
+	if i := <-started; i != 0 {
+		t.Fatalf("mutant %d started first", i)
+	}
+	// Let the hand-out look at the clock while the run goes on, if it
+	// would: it must not (a yield, not a wait: nothing is owed).
+	for i := 0; i < 1000; i++ {
+		runtime.Gosched()
+	}
+	// The first run outlasts the budget.
+	mu.Lock()
+	clock = clock.Add(2 * time.Minute)
+	mu.Unlock()
+	close(release)
+	skipped := <-done
+	if want := []string{"check", "start 0", "end 0", "check"}; !reflect.DeepEqual(events, want) || skipped != 4 {
+		t.Errorf("events %q, %d left unstarted; want %q, 4 left unstarted", events, skipped, want)
+	}
+	var n atomic.Int32
+	if skipped := handOut(3, 2, time.Time{}, time.Now, func(int) { n.Add(1) }); skipped != 0 || n.Load() != 3 {
+		t.Errorf("no budget: %d run, %d left unstarted", n.Load(), skipped)
 	}
 }
