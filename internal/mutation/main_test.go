@@ -646,3 +646,15 @@ func TestHandOutStartsNoMutantPastTheBudget(t *testing.T) {
 		t.Errorf("no budget: %d run, %d left unstarted", n.Load(), skipped)
 	}
 }
+
+// A test package one of whose tests fails run alone (it leans on another
+// test having run first) cannot be split: its selection runs whole for
+// every mutant, as with -all-tests.
+func TestPickTestsOfAPackageWhoseTestFailsAlone(t *testing.T) {
+	pkgs, file := selectionFixture(t)
+	pkgs[1].always = true
+	got := pickTests(&mutant{file: file, line: 15, col: 3, fn: "f"}, pkgs)
+	if want := []pick{{pkgs[0], []string{"TestA", "TestB"}}, {pkgs[1], nil}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("picked %v, want %v", got, want)
+	}
+}
