@@ -446,8 +446,9 @@ func TestMarkOutsideDiffInASubdirectory(t *testing.T) {
 
 // selectionFixture is a line's two test packages: p1's tests A, B and C,
 // each with what it reached run alone, and p2's D, which reached nothing
-// of what A reached; their baselines are 10 s of overhead and 1, 2, 3 and
-// 4 s of tests.
+// of what A reached; their baselines are 10 s of overhead (building and
+// linking) and test binaries of 6 and 4 s, the tests taking 1, 2, 3 and 4
+// s run alone.
 func selectionFixture(t *testing.T) (pkgs []*testPkg, file string) {
 	dir := t.TempDir()
 	file = filepath.Join(dir, "a.go")
@@ -464,13 +465,13 @@ func selectionFixture(t *testing.T) (pkgs []*testPkg, file string) {
 	}
 	s := time.Second
 	p1 := &testPkg{path: "example.com/p", run: "^Test", tests: []string{"TestA", "TestB", "TestC"},
-		cover:   map[string]coverBlocks{"TestA": blocks([2]int{10, 20}), "TestB": blocks([2]int{10, 20}, [2]int{30, 40}), "TestC": blocks()},
-		wall:    16 * s,
-		elapsed: map[string]time.Duration{"TestA": 1 * s, "TestB": 2 * s, "TestC": 3 * s}}
+		cover: map[string]coverBlocks{"TestA": blocks([2]int{10, 20}), "TestB": blocks([2]int{10, 20}, [2]int{30, 40}), "TestC": blocks()},
+		wall:  16 * s, binary: 6 * s,
+		alone: map[string]time.Duration{"TestA": 1 * s, "TestB": 2 * s, "TestC": 3 * s}}
 	p2 := &testPkg{path: "example.com/q", tests: []string{"TestD"},
-		cover:   map[string]coverBlocks{"TestD": blocks([2]int{30, 40})},
-		wall:    14 * s,
-		elapsed: map[string]time.Duration{"TestD": 4 * s}}
+		cover: map[string]coverBlocks{"TestD": blocks([2]int{30, 40})},
+		wall:  14 * s, binary: 4 * s,
+		alone: map[string]time.Duration{"TestD": 4 * s}}
 	return []*testPkg{p1, p2}, file
 }
 
@@ -541,9 +542,12 @@ func TestPickArgs(t *testing.T) {
 }
 
 // A mutant's cut is -timeout-factor times the baseline of the tests it
-// runs: for each package, the baseline's wall time less the tests it
-// leaves out (never more than the wall time, which parallel tests'
-// overlapping times could otherwise pass), at least -min-timeout.
+// runs: for each package, the baseline's wall time less its test binary's
+// run (the build), plus the time its tests took run alone (never more than
+// the binary's run, which parallel tests could otherwise pass), at least
+// -min-timeout. The tests' times in the baseline's own run are no measure:
+// parallel tests there share the machine, and each takes about as long as
+// the whole.
 func TestCutOfTheTestsPicked(t *testing.T) {
 	pkgs, _ := selectionFixture(t)
 	p1, p2 := pkgs[0], pkgs[1]
@@ -552,10 +556,11 @@ func TestCutOfTheTestsPicked(t *testing.T) {
 		picks []pick
 		want  time.Duration
 	}{
-		{[]pick{{p1, []string{"TestA"}}}, 4 * 11 * s},                                                                                            // 10 s overhead + 1 s
-		{[]pick{{p1, []string{"TestA", "TestC"}}, {p2, []string{"TestD"}}}, 4 * (14 + 14) * s},                                                   // (10+1+3) + (10+4)
-		{[]pick{{p1, nil}, {p2, nil}}, 4 * 30 * s},                                                                                               // every test: the whole baseline
-		{[]pick{{&testPkg{wall: 5 * s, elapsed: map[string]time.Duration{"TestA": 4 * s, "TestB": 4 * s}}, []string{"TestA", "TestB"}}}, 20 * s}, // overlapping parallel tests
+		{[]pick{{p1, []string{"TestA"}}}, 4 * 11 * s},                                          // 10 s overhead + 1 s
+		{[]pick{{p1, []string{"TestA", "TestC"}}, {p2, []string{"TestD"}}}, 4 * (14 + 14) * s}, // (10+1+3) + (10+4)
+		{[]pick{{p1, nil}, {p2, nil}}, 4 * 30 * s},                                             // every test: the whole baseline
+		{[]pick{{&testPkg{wall: 5 * s, binary: 4 * s, alone: map[string]time.Duration{"TestA": 4 * s, "TestB": 4 * s}}, []string{"TestA", "TestB"}}}, 20 * s}, // parallel tests
+		{[]pick{{&testPkg{wall: 100 * s, binary: 90 * s, alone: map[string]time.Duration{"TestA": 5 * s, "TestB": 80 * s}}, []string{"TestA"}}}, 60 * s},      // a short test of a long selection
 	} {
 		if got := cutFor(tc.picks, 4, 0); got != tc.want {
 			t.Errorf("%v: cut %s, want %s", tc.picks, got, tc.want)
@@ -576,8 +581,8 @@ func TestParseTestList(t *testing.T) {
 	}
 }
 
-// The baseline's go test -json gives each top-level test's own time;
-// subtests and package lines are not tests of their own.
+// The baseline's go test -json gives each top-level test's own time and,
+// under "", the test binary's; subtests are not tests of their own.
 func TestParseTestTimes(t *testing.T) {
 	out := `{"Action":"run","Package":"p","Test":"TestA"}
 {"Action":"pass","Package":"p","Test":"TestA/sub","Elapsed":0.5}
@@ -587,7 +592,7 @@ func TestParseTestTimes(t *testing.T) {
 {"Action":"pass","Package":"p","Elapsed":3}
 go: downloading something
 `
-	want := map[string]time.Duration{"TestA": 1250 * time.Millisecond, "TestB": 0}
+	want := map[string]time.Duration{"TestA": 1250 * time.Millisecond, "TestB": 0, "": 3 * time.Second}
 	if got := parseTestTimes([]byte(out)); !reflect.DeepEqual(got, want) {
 		t.Errorf("got %v, want %v", got, want)
 	}

@@ -33,10 +33,11 @@ type testPkg struct {
 	// order; cover what each reached run alone (one entry, "", when whole).
 	tests []string
 	cover map[string]coverBlocks
-	// The baseline: the wall time of go test over its selection, and each
-	// top-level test's own time in it.
-	wall    time.Duration
-	elapsed map[string]time.Duration
+	// The baseline: the wall time of go test over its selection, and its
+	// test binary's run in it (the rest is building and linking); alone,
+	// each test's run by itself in the coverage phase.
+	wall, binary time.Duration
+	alone        map[string]time.Duration
 }
 
 // pick is one go test command of a mutant's run: tests of one test
@@ -63,21 +64,20 @@ func (p pick) args() []string {
 
 func (p pick) String() string { return strings.Join(p.args(), " ") }
 
-// baseline is the part of the package's baseline that the picked tests
-// take: its wall time less the time of the tests left out. Parallel
-// tests' times overlap and may add up past the wall time, which bounds it.
+// baseline is the picked tests' baseline: the package's build (its
+// baseline's wall time less its test binary's run) and the time the tests
+// took run alone, those together never more than the binary's whole run.
+// The tests' times within the baseline's own run are no measure: parallel
+// tests there share the machine, each taking about as long as the whole.
 func (p pick) baseline() time.Duration {
 	if p.tests == nil {
 		return p.pkg.wall
 	}
-	var all, some time.Duration
-	for _, d := range p.pkg.elapsed {
-		all += d
-	}
+	var some time.Duration
 	for _, t := range p.tests {
-		some += p.pkg.elapsed[t]
+		some += p.pkg.alone[t]
 	}
-	return min(p.pkg.wall, max(0, p.pkg.wall-all)+some)
+	return max(0, p.pkg.wall-p.pkg.binary) + min(p.pkg.binary, some)
 }
 
 // cutFor is the cut of a mutant's run of picks: factor times their
@@ -149,7 +149,8 @@ func parseTestList(out string) []string {
 	return ts
 }
 
-// parseTestTimes reads go test -json: each top-level test's own time.
+// parseTestTimes reads go test -json: each top-level test's own time, and
+// under "" the test binary's.
 func parseTestTimes(out []byte) map[string]time.Duration {
 	times := map[string]time.Duration{}
 	for _, l := range strings.Split(string(out), "\n") {
@@ -157,7 +158,7 @@ func parseTestTimes(out []byte) map[string]time.Duration {
 			Action, Test string
 			Elapsed      float64
 		}
-		if json.Unmarshal([]byte(l), &ev) != nil || ev.Test == "" || strings.Contains(ev.Test, "/") {
+		if json.Unmarshal([]byte(l), &ev) != nil || strings.Contains(ev.Test, "/") {
 			continue
 		}
 		switch ev.Action {
@@ -199,7 +200,7 @@ func coverEach(pkgs []*testPkg, importPath, measuredDir, tmp string, workers int
 	}
 	var jobs []job
 	for i, p := range pkgs {
-		p.cover = map[string]coverBlocks{}
+		p.cover, p.alone = map[string]coverBlocks{}, map[string]time.Duration{}
 		bin := filepath.Join(tmp, fmt.Sprintf("t%d.test", i))
 		args := []string{"test", "-c", "-cover", "-covermode=set", "-coverpkg=" + importPath, "-o", bin, p.path}
 		if out, err := goCmd(context.Background(), args...); err != nil {
@@ -243,7 +244,9 @@ func coverEach(pkgs []*testPkg, importPath, measuredDir, tmp string, workers int
 				if j.p.whole {
 					run = j.p.run
 				}
+				t0 := time.Now()
 				out, err := command(context.Background(), j.p.dir, bins[j.p], "-test.run", run, "-test.count=1", "-test.coverprofile="+profile)
+				took := time.Since(t0)
 				cb := coverBlocks{}
 				if err == nil {
 					err = cb.read(profile, importPath, measuredDir)
@@ -254,7 +257,7 @@ func coverEach(pkgs []*testPkg, importPath, measuredDir, tmp string, workers int
 					fmt.Printf("   %s -test.run '%s' fails run alone, without any mutant (%v): every mutant runs all of %s's selected tests\n%s\n",
 						j.p.path, run, err, j.p.path, indent(lastLines(string(out), 15)))
 				}
-				j.p.cover[j.name] = cb
+				j.p.cover[j.name], j.p.alone[j.name] = cb, took
 				mu.Unlock()
 			}
 		}()
@@ -285,7 +288,7 @@ func baselineEach(pkgs []*testPkg) error {
 			return fmt.Errorf("the selected tests fail without any mutant (go %s):\n%s", strings.Join(args, " "), out)
 		}
 		p.wall = time.Since(t0)
-		p.elapsed = parseTestTimes(out)
+		p.binary = parseTestTimes(out)[""]
 	}
 	return nil
 }
