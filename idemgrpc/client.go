@@ -50,7 +50,11 @@ type Client struct {
 	Policy idem.RetryPolicy
 	// Methods sets the policy of single methods or services, as
 	// Config.Methods does: Off sends the call untouched (no key, no
-	// retries). Defaults to none.
+	// retries). Defaults to none. A name of neither form
+	// ("/payments.v1.Payments.Create", "/payments.v1.Payments/"), which no
+	// call could match, or an entry that is no Policy, makes every call
+	// fail, before any attempt, with an error (idem.ErrInvalidArgument)
+	// naming the entry: the Client has no constructor to refuse it.
 	Methods map[string]Policy
 	// Default is the policy of the other methods. Defaults to Required
 	// (a key for every call), except for the health and reflection
@@ -68,6 +72,8 @@ type Client struct {
 	Now func() time.Time
 
 	policies sync.Map
+	checked  sync.Once
+	invalid  error // checkMethods' verdict on Methods, read once
 }
 
 // Unary returns the unary client interceptor.
@@ -85,6 +91,10 @@ func (c *Client) policy(fullMethod string) Policy {
 }
 
 func (c *Client) invoke(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	c.checked.Do(func() { c.invalid = checkMethods("idemgrpc.Client.Methods", c.Methods) })
+	if c.invalid != nil {
+		return c.invalid
+	}
 	if c.policy(method) == Off {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}

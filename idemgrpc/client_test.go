@@ -113,6 +113,49 @@ func TestClientKeys(t *testing.T) {
 	}
 }
 
+// A Client whose Methods holds a name no call can have (or an entry that
+// is no Policy) refuses every call, before any attempt, with an error
+// naming the entry, as New refuses such a Config.Methods: an entry that
+// matched no call would leave its policy silently not applied.
+func TestClientRefusesMethodsNoCallMatches(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		methods map[string]idemgrpc.Policy
+		want    string // in the error
+	}{
+		{map[string]idemgrpc.Policy{"/a.B/": idemgrpc.Off}, `"/a.B/"`},
+		{map[string]idemgrpc.Policy{"//C": idemgrpc.Off}, `"//C"`},
+		{map[string]idemgrpc.Policy{"/a.B.C": idemgrpc.Off}, `"/a.B.C"`},
+		{map[string]idemgrpc.Policy{"a.B/C": idemgrpc.Off}, `"a.B/C"`},
+		{map[string]idemgrpc.Policy{"/a.B/C/D": idemgrpc.Off}, `"/a.B/C/D"`},
+		{map[string]idemgrpc.Policy{"/a.B/C": 7}, `"/a.B/C"`},
+		// A good entry beside a bad one does not hide it.
+		{map[string]idemgrpc.Policy{"/x.Reads/*": idemgrpc.Off, "/a.B/C/D": idemgrpc.Off}, `"/a.B/C/D"`},
+	} {
+		client := &idemgrpc.Client{Methods: c.methods}
+		attempts := 0
+		invoker := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+			attempts++
+			return nil
+		}
+		for range 2 { // the second call is refused too
+			err := client.Unary()(context.Background(), grpcsuite.Method, &structpb.Struct{}, &structpb.Struct{}, nil, invoker)
+			if !errors.Is(err, idem.ErrInvalidArgument) || !strings.Contains(err.Error(), "idemgrpc.Client.Methods") || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("Methods %v: %v, want ErrInvalidArgument naming idemgrpc.Client.Methods and %s", c.methods, err, c.want)
+			}
+		}
+		if attempts != 0 {
+			t.Errorf("Methods %v: %d attempts, want none", c.methods, attempts)
+		}
+	}
+	// Both forms of a good name are taken.
+	client := &idemgrpc.Client{Methods: map[string]idemgrpc.Policy{"/x.Reads/*": idemgrpc.Off, "/x.Writes/Put": idemgrpc.Optional}}
+	invoker := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error { return nil }
+	if err := client.Unary()(context.Background(), "/x.Reads/Get", &structpb.Struct{}, &structpb.Struct{}, nil, invoker); err != nil {
+		t.Errorf("Methods %v: %v, want the call made", client.Methods, err)
+	}
+}
+
 // A server calling a further service through a Client passes its key on:
 // each call gets DownstreamKey of the execution, and a re-run after a
 // transient failure sends the same keys, so the downstream service

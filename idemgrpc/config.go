@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -288,17 +290,29 @@ func withDefaults(cfg *Config) (Config, error) {
 	case c.Default != 0 && (c.Default < Required || c.Default > Off):
 		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Default", Reason: fmt.Sprintf("is %s, not a Policy", c.Default)}
 	}
-	for name, p := range c.Methods {
-		if p < Required || p > Off {
-			return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Methods", Reason: fmt.Sprintf("gives %q %s, not a Policy", name, p)}
+	if err := checkMethods("idemgrpc.Config.Methods", c.Methods); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// checkMethods refuses a Methods map (Config's or Client's, named by
+// field) that gives a name something other than a Policy, or that holds a
+// name no call can have: an entry that matches no call would leave its
+// policy silently not applied. Its names are read in order, so that the
+// entry named is the same on every run.
+func checkMethods(field string, methods map[string]Policy) error {
+	for _, name := range slices.Sorted(maps.Keys(methods)) {
+		if p := methods[name]; p < Required || p > Off {
+			return &idem.ArgumentError{Field: field, Reason: fmt.Sprintf("gives %q %s, not a Policy", name, p)}
 		}
 		// A method holding a slash is no gRPC method's name: it matches
 		// no call.
 		if _, method, ok := splitMethod(name); !ok || strings.Contains(method, "/") {
-			return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Methods", Reason: fmt.Sprintf("names %q: want /package.Service/Method or /package.Service/*", name)}
+			return &idem.ArgumentError{Field: field, Reason: fmt.Sprintf("names %q: want /package.Service/Method or /package.Service/*", name)}
 		}
 	}
-	return c, nil
+	return nil
 }
 
 // engineConfig is the engine's share of c.
