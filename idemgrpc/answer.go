@@ -356,11 +356,17 @@ func methodDescriptor(fullMethod string) protoreflect.MethodDescriptor {
 	return sd.Methods().ByName(protoreflect.Name(method))
 }
 
-// splitMethod splits "/package.Service/Method".
+// splitMethod splits "/package.Service/Method" as gRPC's server routes a
+// call (grpc-go's handleStream, v1.85.0): the name must begin with a
+// slash, the service is what lies between it and the last slash, the
+// method what follows the last one. So "/a.B/C/D" is the method D of a
+// service "a.B/C", not a method "C/D" of a.B. A name without its leading
+// slash, or with an empty service or method, is malformed: not ok.
 func splitMethod(fullMethod string) (service, method string, ok bool) {
-	if !strings.HasPrefix(fullMethod, "/") {
+	rest, found := strings.CutPrefix(fullMethod, "/")
+	i := strings.LastIndexByte(rest, '/')
+	if !found || i <= 0 || i == len(rest)-1 {
 		return "", "", false
 	}
-	service, method, ok = strings.Cut(fullMethod[1:], "/")
-	return service, method, ok && service != "" && method != ""
+	return rest[:i], rest[i+1:], true
 }

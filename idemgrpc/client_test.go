@@ -113,6 +113,39 @@ func TestClientKeys(t *testing.T) {
 	}
 }
 
+// A full method is split as gRPC's server routes it: the service is what
+// lies between the first slash and the last, the method what follows the
+// last. A call to "/x.Reads/Get/More" goes to a service "x.Reads/Get", not
+// to x.Reads (nor to the health service for "/grpc.health.v1.Health/Check/
+// More"), so the policy of x.Reads, or of the health service, is not its
+// own: it gets a key, as the Default (Required) says.
+func TestClientSplitsMethodAtItsLastSlash(t *testing.T) {
+	t.Parallel()
+	client := &idemgrpc.Client{Methods: map[string]idemgrpc.Policy{"/x.Reads/*": idemgrpc.Off}}
+	for _, c := range []struct {
+		method string
+		keyed  bool
+	}{
+		{"/x.Reads/Get", false},
+		{"/x.Reads/Get/More", true},
+		{"/grpc.health.v1.Health/Check", false},
+		{"/grpc.health.v1.Health/Check/More", true},
+	} {
+		var keys []string
+		invoker := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
+			md, _ := metadata.FromOutgoingContext(ctx)
+			keys = md.Get(idemgrpc.MetadataKey)
+			return nil
+		}
+		if err := client.Unary()(context.Background(), c.method, &structpb.Struct{}, &structpb.Struct{}, nil, invoker); err != nil {
+			t.Fatalf("%s: %v", c.method, err)
+		}
+		if got := len(keys) == 1; got != c.keyed {
+			t.Errorf("%s: keys %q, want a key: %v", c.method, keys, c.keyed)
+		}
+	}
+}
+
 // A Client whose Methods holds a name no call can have (or an entry that
 // is no Policy) refuses every call, before any attempt, with an error
 // naming the entry, as New refuses such a Config.Methods: an entry that

@@ -306,9 +306,10 @@ func checkMethods(field string, methods map[string]Policy) error {
 		if p := methods[name]; p < Required || p > Off {
 			return &idem.ArgumentError{Field: field, Reason: fmt.Sprintf("gives %q %s, not a Policy", name, p)}
 		}
-		// A method holding a slash is no gRPC method's name: it matches
-		// no call.
-		if _, method, ok := splitMethod(name); !ok || strings.Contains(method, "/") {
+		// A service holding a slash ("/a.B/C/D" splits as service "a.B/C")
+		// is none a .proto can declare: the full methods of generated code
+		// hold exactly two slashes, so such a name matches no call.
+		if service, _, ok := splitMethod(name); !ok || strings.Contains(service, "/") {
 			return &idem.ArgumentError{Field: field, Reason: fmt.Sprintf("names %q: want /package.Service/Method or /package.Service/*", name)}
 		}
 	}
