@@ -394,6 +394,21 @@ func testSettleIsAtomic(t *testing.T, w *settleWorld) {
 		resumeDone <- err
 	}()
 	<-entered4
+	// A dry run waits for the resume before it reads the key. Given a
+	// context already ended, its wait ends as soon as it begins: it is
+	// refused as waiting for this completer's resume, and any read of k4
+	// the store saw was made before its wait began (or without one).
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := compW.Settle(gone, settleScope, "k4", console.FailedAnswer(), true); !errors.Is(err, keyed.ErrBeingFinished) || !strings.Contains(err.Error(), "this completer is resuming it") {
+		t.Fatalf("a dry settle given up at once while this completer resumes k4: %v; want it refused as waiting for the resume", err)
+	}
+	if _, err := compW.ResumeKey(gone, settleScope, "k4", true); !errors.Is(err, keyed.ErrBeingFinished) || !strings.Contains(err.Error(), "this completer is resuming it") {
+		t.Fatalf("a dry resume given up at once while this completer resumes k4: %v; want it refused as waiting for the resume", err)
+	}
+	if n := rs4.reads.Load(); n != 0 {
+		t.Fatalf("dry runs read k4 %d times before waiting for this completer's resume of it; want no read before the wait", n)
+	}
 	dry := make(chan error, 2)
 	settleCtx, resumeCtx := newDoneAsked(ctx), newDoneAsked(ctx)
 	go func() {
@@ -404,9 +419,10 @@ func testSettleIsAtomic(t *testing.T, w *settleWorld) {
 		_, err := compW.ResumeKey(resumeCtx, settleScope, "k4", true)
 		dry <- err
 	}()
-	// Each dry run asks its context for its Done channel first as it
-	// starts to wait for the resume, having read nothing; one that did not
-	// wait would ask it as its read of k4 began, a read counted first.
+	// Each dry run asks its context for its Done channel as it starts to
+	// wait for the resume (the dry runs above showed that it reads nothing
+	// before): both have begun while the resume is under way, and are
+	// waiting for it.
 	<-settleCtx.asked
 	<-resumeCtx.asked
 	if n := rs4.reads.Load(); n != 0 {
