@@ -1,0 +1,91 @@
+package idemsqlite_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/idemsqlite"
+)
+
+// InFlightAtPoints lists every key in flight with a recovery point, its
+// holder's lease ended or not, oldest lease end first: the executions that
+// went past the database's edge (a card network charged, say) and whose
+// outcome is not in the books yet, as an audit of those books wants them
+// (idem reconcile). Abandoned lists only those whose lease has ended, which
+// a Completer takes over. A key in flight without a point is in neither
+// list: nothing of it left the database, and a client's retry takes it
+// over. Both read through the partial index idem_keys_recovering, which
+// holds only the keys in flight with a point.
+func ExampleStore_InFlightAtPoints() {
+	dir, err := os.MkdirTemp("", "idemsqlite-example")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+
+	ctx := context.Background()
+	db, err := idemsqlite.Open(filepath.Join(dir, "keys.db"), nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer db.Close()
+	// An injected clock, so that the leases end when the example says.
+	clock := idemmem.NewClock(time.Date(2026, 1, 1, 9, 0, 0, 0, time.UTC))
+	store, err := idemsqlite.NewStore(ctx, db, &idemsqlite.StoreConfig{Clock: clock})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	// start claims key for lease and, unless point is empty, saves the
+	// recovery point its execution reached.
+	start := func(key idem.Key, lease time.Duration, point string) error {
+		claim, err := store.Claim(ctx, idem.ClaimRequest{Scope: "merchant-7", Key: key,
+			Fingerprint: idem.NewFingerprint("POST", "/payments", "", "application/json", []byte(key)),
+			Lease:       lease, TTL: 24 * time.Hour})
+		if err != nil || point == "" {
+			return err
+		}
+		ref := idem.Ref{Scope: "merchant-7", Key: key, Token: claim.Token}
+		return store.SaveRecovery(ctx, ref, idem.RecoveryPoint{Name: point, Data: []byte(`{"charge":"ch_` + string(key) + `"}`)})
+	}
+	for _, err := range []error{
+		start("order-1", 10*time.Second, "charged"), // its holder dies
+		start("order-2", time.Hour, "charging"),     // its holder runs on
+		start("order-3", 10*time.Second, ""),        // no point saved
+	} {
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	clock.Advance(time.Minute) // order-1's and order-3's leases end
+
+	inFlight, err := store.InFlightAtPoints(ctx, 100)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, rec := range inFlight {
+		fmt.Printf("in flight at a point: %s at %q, %s, lease ended %v\n", rec.Key, rec.Recovery.Name, rec.Recovery.Data, !rec.LeaseExpiresAt.After(clock.Now()))
+	}
+	abandoned, err := store.Abandoned(ctx, 100)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, rec := range abandoned {
+		fmt.Printf("abandoned: %s at %q\n", rec.Key, rec.Recovery.Name)
+	}
+	// Output:
+	// in flight at a point: order-1 at "charged", {"charge":"ch_order-1"}, lease ended true
+	// in flight at a point: order-2 at "charging", {"charge":"ch_order-2"}, lease ended false
+	// abandoned: order-1 at "charged"
+}
