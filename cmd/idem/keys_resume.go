@@ -21,8 +21,9 @@ import (
 	"github.com/idem-go/idem/keyed"
 )
 
-// historyTimeout bounds the giving back of a failed resume's lease, which
-// goes on when the command is interrupted (Ctrl-C).
+// historyTimeout bounds the giving back of the lease of a failed resume
+// or settle (giveBack), which goes on when the command is interrupted
+// (Ctrl-C).
 const historyTimeout = 30 * time.Second
 
 // checkOperator trims and checks an action's --reason and --operator,
@@ -162,6 +163,11 @@ under which its log lines name keys as serve's do.`,
 			// Taken on, or finished, since the dry run: nothing was done.
 			return refusedAction(rerr)
 		case errors.Is(rerr, keyed.ErrNotRecorded):
+			// Its own give-back (a Yield) may have failed too, the key
+			// then held under the resume's lease: give it back.
+			if gerr := giveBack(ctx, comp, store, idem.Scope(scope), stored); gerr != nil {
+				return fmt.Errorf("resuming the key: %w; it was not resumed, and %w; what the resume found or did at the card network stands for the next resume", rerr, gerr)
+			}
 			return fmt.Errorf("resuming the key: %w; nothing was changed: the key is in flight at its point, as it was, and what the resume found or did at the card network stands for the next resume", rerr)
 		case !finished:
 			// This command ends now: the lease its resume took goes back,
@@ -169,11 +175,9 @@ under which its log lines name keys as serve's do.`,
 			// take the key on at once. After a write whose answer was lost
 			// too: the Yield is fenced by the resume's token, so it changes
 			// nothing if that write finished the key.
-			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), historyTimeout)
-			if lerr := comp.LetGo(lctx, idem.Scope(scope), stored); lerr != nil {
-				rerr = errors.Join(rerr, lerr)
+			if gerr := giveBack(ctx, comp, store, idem.Scope(scope), stored); gerr != nil {
+				rerr = errors.Join(rerr, gerr)
 			}
-			cancel()
 			if errors.Is(rerr, keyed.ErrResultUnknown) {
 				// The key may have been finished: the message must not say
 				// the resume failed.
@@ -186,6 +190,38 @@ under which its log lines name keys as serve's do.`,
 		return nil
 	})
 	return cmd
+}
+
+// giveBack ends the lease comp may hold scope/key under after this
+// command's action on it failed once it held the key and could not give
+// it back (keyed.ErrNotRecorded or a failed resume, whose Yield failed
+// too: ResumeFailures.Holding), so that the service's completer or the
+// client's retry can take the key on at once: once the command has ended,
+// nobody renews that lease, nor gives it back. LetGo tries the give-back
+// again; ErrHeldAnew, a hold taken anew meanwhile, is let go in turn. It
+// returns nil when the key is not held (any more), and otherwise an error
+// saying that the key stays held until that lease ends, and when.
+func giveBack(ctx context.Context, comp keyed.Completers, store idem.Recoverer, scope idem.Scope, key idem.Key) error {
+	// Given back even when the command is interrupted (Ctrl-C).
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), historyTimeout)
+	defer cancel()
+	err := comp.LetGo(lctx, scope, key)
+	for range 3 {
+		if !errors.Is(err, keyed.ErrHeldAnew) {
+			break
+		}
+		err = comp.LetGo(lctx, scope, key)
+	}
+	if err == nil {
+		return nil
+	}
+	// No renewal follows the failed give-back: the lease ends at the end
+	// the store holds, which its last renewal set (within a lease of now).
+	until := fmt.Sprintf("its lease ends, by %s at the latest", time.Now().Add(keyed.DefaultLease).UTC().Format(time.RFC3339))
+	if rec, gerr := store.Get(lctx, scope, key); gerr == nil && rec.State == idem.StateInFlight {
+		until = "its lease ends at " + rec.LeaseExpiresAt.UTC().Format(time.RFC3339)
+	}
+	return fmt.Errorf("the key could not be given back (%w): it stays held under the lease this command took, which nobody renews or gives back now, until %s; then the service's completer or the client's retry can take it on", err, until)
 }
 
 // refusedAction is the error of an action refused for the key's state,

@@ -181,6 +181,38 @@ func testKeysResume(t *testing.T, dbArgs []string) {
 	if rec := state(); rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" || rec.LeaseExpiresAt.After(time.Now()) {
 		t.Fatalf("a resume whose history entry failed changed pay-1: %v %q, lease until %v; want it in flight at its point, its lease ended", rec.State, rec.Recovery.Name, rec.LeaseExpiresAt)
 	}
+	if len(dbArgs) == 4 {
+		// PostgreSQL: the store refuses the resume's own give-back (a
+		// Yield) alone; the command gives the key back before it ends.
+		refuseYield(t, dbArgs, true, 1)
+		code, out, errOut = resume(append([]string{"pay-1", "--reason", "the completer is down"}, withNet...)...)
+		if code != exitFailure || !strings.Contains(errOut, "could not be recorded") || !strings.Contains(errOut, "nothing was changed") || strings.Contains(errOut, "stays held") {
+			t.Errorf("keys resume whose entry and first Yield failed: exit %d, %q, %q; want the key given back, nothing changed", code, out, errOut)
+		}
+		if rec := state(); rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" || rec.LeaseExpiresAt.After(time.Now()) {
+			t.Fatalf("pay-1 after a resume whose entry and first Yield failed: %v %q, lease until %v; want it given back, in flight at its point, its lease ended", rec.State, rec.Recovery.Name, rec.LeaseExpiresAt)
+		}
+		refuseYield(t, dbArgs, false, 0)
+	}
+	// The store refuses every Yield: the key stays held under the lease
+	// the command's resume took, and the command says until when.
+	refuseYield(t, dbArgs, true, 1000)
+	code, out, errOut = resume(append([]string{"pay-1", "--reason", "the completer is down"}, withNet...)...)
+	rec := state()
+	if rec.State != idem.StateInFlight || rec.Recovery.Name != "charging" || !rec.LeaseExpiresAt.After(time.Now()) {
+		t.Fatalf("pay-1 after a resume whose entry and Yield failed: %v %q, lease until %v; want it in flight at its point, held", rec.State, rec.Recovery.Name, rec.LeaseExpiresAt)
+	}
+	if until := rec.LeaseExpiresAt.UTC().Format(time.RFC3339); code != exitFailure || !strings.Contains(errOut, "could not be recorded") || !strings.Contains(errOut, "stays held") || !strings.Contains(errOut, until) {
+		t.Errorf("keys resume whose entry and give-back failed: exit %d, %q, %q; want a failure saying the key stays held until %s", code, out, errOut, until)
+	}
+	refuseYield(t, dbArgs, false, 0)
+	// That lease ends by itself, nobody renewing it.
+	for deadline := time.Now().Add(30 * time.Second); state().LeaseExpiresAt.After(time.Now()); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the lease of the resume whose give-back failed did not end within 30s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	refuseHistory(t, dbArgs, false)
 
 	code, out, errOut = resume(append([]string{"pay-1", "--reason", "the completer is down"}, withNet...)...)

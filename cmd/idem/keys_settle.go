@@ -153,11 +153,24 @@ the key from its unknown count at its next round.`,
 			return fmt.Errorf("the key was settled, but %w", err)
 		case errors.Is(err, keyed.ErrNotStopped), errors.Is(err, keyed.ErrBeingFinished), errors.Is(err, keyed.ErrOtherPoint):
 			return refusedAction(err)
-		case errors.Is(err, keyed.ErrNotRecorded):
-			return fmt.Errorf("settling the key: %w; nothing was changed", err)
 		case err != nil:
-			if _, record := console.SettleResult(answer, err); record {
+			// A settle that failed once it held the key gave it back with a
+			// Yield, which may have failed too, the key then held under the
+			// settle's lease: give it back (giveBack), as this command ends. After a Complete
+			// whose answer was lost, the Yield is fenced by the settle's
+			// token, so it changes nothing if that Complete settled the key.
+			gerr := giveBack(ctx, comp, store, idem.Scope(scope), stored)
+			switch _, record := console.SettleResult(answer, err); {
+			case errors.Is(err, keyed.ErrNotRecorded) && gerr != nil:
+				return fmt.Errorf("settling the key: %w; it was not settled, and %w", err, gerr)
+			case errors.Is(err, keyed.ErrNotRecorded):
+				return fmt.Errorf("settling the key: %w; nothing was changed", err)
+			case record && gerr != nil:
+				return fmt.Errorf("settling the key: its result is unknown (the client's retry may get the answer or not; 'idem keys show' tells): %w; and if it was not settled, %w", err, gerr)
+			case record:
 				return fmt.Errorf("settling the key: its result is unknown (the client's retry may get the answer or not; 'idem keys show' tells): %w", err)
+			case gerr != nil:
+				return fmt.Errorf("settling the key: %w; %w", err, gerr)
 			}
 			return fmt.Errorf("settling the key: %w", err)
 		}
