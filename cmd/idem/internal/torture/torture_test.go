@@ -1111,3 +1111,26 @@ func TestAbandonedTryCutOffIsNamed(t *testing.T) {
 		t.Fatalf("the abandoned client's try cut off by the load's end: %v; want an error saying it was sent and cut off, naming seed 9", err)
 	}
 }
+
+// A load that stalled while its owed crash after a charge had not come
+// keeps its report too: the stall is the violation it gives, naming the
+// owed crash still awaited, and the crash that never came is not the
+// run's error, which would come back from Run in place of the report. A
+// load that did not stall still fails with it.
+func TestStalledLoadWithItsOwedCrashKeepsItsReport(t *testing.T) {
+	t.Parallel()
+	stall := (&stalled{awaited: []string{"a crash after a charge owed at payment 3"}}).Error()
+	r := &run{cfg: Config{Seed: 9}, stall: stall}
+	r.placeCrash(2)
+	if err := r.scheduledCrashCame(); err != nil {
+		t.Fatalf("a stalled load's owed crash: the run's error %q; want none, the stall in the report", err)
+	}
+	if !strings.Contains(r.stall, stall) || !strings.Contains(r.stall, "owed from payment 3 never came") || !strings.Contains(r.stall, "seed 9") {
+		t.Errorf("the stall the report gives: %q; want the stall and the owed crash that never came", r.stall)
+	}
+	r = &run{cfg: Config{Seed: 9}}
+	r.placeCrash(2)
+	if err := r.scheduledCrashCame(); err == nil || !strings.Contains(err.Error(), "seed 9") {
+		t.Errorf("a load that did not stall, its owed crash never come: %v; want the run's error naming seed 9", err)
+	}
+}
