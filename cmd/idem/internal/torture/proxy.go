@@ -28,6 +28,10 @@ type faultProxy struct {
 
 	mu       sync.Mutex
 	upstream string // the replica's base URL; "" while it is down
+	// crashTry, when set, is told of each try asking for a crash after
+	// its charge forwarded upstream (replica.crashTry), and returns what
+	// to call once the replica answered it.
+	crashTry func(upstream string) (answered func())
 
 	forwarded atomic.Int64 // requests the replica answered
 	dropped   atomic.Int64 // answers not passed on
@@ -59,6 +63,14 @@ func newFaultProxy(drop func() bool) (*faultProxy, error) {
 // url is where clients reach the proxy.
 func (p *faultProxy) url() string { return "http://" + p.ln.Addr().String() }
 
+// onCrashTry sets what the proxy tells of each try asking for a crash
+// after its charge it forwards (faultProxy.crashTry).
+func (p *faultProxy) onCrashTry(f func(upstream string) (answered func())) {
+	p.mu.Lock()
+	p.crashTry = f
+	p.mu.Unlock()
+}
+
 // setUpstream points the proxy at the replica's new base URL, or at
 // nothing ("") while it is down.
 func (p *faultProxy) setUpstream(base string) {
@@ -78,7 +90,7 @@ func (p *faultProxy) close() {
 
 func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
-	upstream := p.upstream
+	upstream, crashTry := p.upstream, p.crashTry
 	p.mu.Unlock()
 	if upstream == "" {
 		http.Error(w, "fault proxy: the replica is down", http.StatusBadGateway)
@@ -97,11 +109,17 @@ func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out.ContentLength = int64(len(body))
 	out.Header = r.Header.Clone()
 	out.Header.Del("Connection")
+	answered := func() {}
+	if crashTry != nil && r.Header.Get("Idem-Fault") == faultCrashAfterCharge {
+		// Before it is sent: the replica may die of it before answering.
+		answered = crashTry(upstream)
+	}
 	resp, err := p.transport.RoundTrip(out)
 	if err != nil {
 		http.Error(w, proxyNoAnswer+": "+err.Error(), http.StatusBadGateway)
 		return
 	}
+	answered()
 	answer, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	resp.Body.Close()
 	if err != nil {

@@ -67,6 +67,45 @@ type replica struct {
 	// ups are the spans the process was up: from its ready line to its
 	// exit (zero while it runs).
 	ups []upSpan
+	// crashTries counts the tries asking for a crash after their charge
+	// that a fault proxy forwarded to the process of life crashLife and
+	// that it did not answer (crashTry): the run's own orders to SIGKILL
+	// itself.
+	crashLife, crashTries int
+}
+
+// crashTry notes that a fault proxy forwards a try asking for a crash
+// after its charge to the process at base, and returns what to call once
+// that process answered it: it did not die of it. A base that is not the
+// running process's (it was started again meanwhile) notes nothing.
+func (r *replica) crashTry(base string) (answered func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if base == "" || base != r.base {
+		return func() {}
+	}
+	if r.crashLife != r.lives {
+		r.crashLife, r.crashTries = r.lives, 0
+	}
+	r.crashTries++
+	life := r.lives
+	return func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.crashLife == life && r.crashTries > 0 {
+			r.crashTries--
+		}
+	}
+}
+
+// crashAsked reports whether the last process started was forwarded a
+// try asking for a crash after its charge that it did not answer: a
+// SIGKILL of its own is then the crash the run ordered, and any other (the
+// OOM killer's) is not.
+func (r *replica) crashAsked() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lives > 0 && r.crashLife == r.lives && r.crashTries > 0
 }
 
 // upSpan is a span of time a replica was up.

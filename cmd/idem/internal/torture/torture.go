@@ -815,6 +815,7 @@ func (r *run) startReplicas(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		p.onCrashTry(r.replicas[i].crashTry)
 		r.proxies = append(r.proxies, p)
 	}
 	if err := r.replicas[0].start(ctx); err != nil {
@@ -1709,14 +1710,15 @@ func (r *run) killLoop(ctx context.Context, stop <-chan struct{}) error {
 }
 
 // selfExit counts the end of rp's process, which ended by itself: a
-// SIGKILL of its own, as the run's crash faults make it (CrashAfterCharge,
-// and each abandoned try's), is a crash; any other end (an exit status, a
-// panic, another signal, or a SIGKILL in a run with no crash fault) is a
-// replica that failed, which the report gives as a violation with its
-// last lines.
+// SIGKILL while a try asking for a crash after its charge (CrashAfterCharge,
+// and each abandoned try's) was forwarded to it and unanswered
+// (replica.crashAsked) is the crash the run ordered; any other end (an
+// exit status, a panic, another signal, or a SIGKILL no try of the run's
+// asked for, such as the OOM killer's) is a replica that failed, which the
+// report gives as a violation with its last lines.
 func (r *run) selfExit(rp *replica) {
 	_, exit := rp.ended()
-	if err := unexpectedExit(exit, r.cfg.CrashAfterCharge > 0 || r.cfg.Abandon > 0); err != nil {
+	if err := unexpectedExit(exit, rp.crashAsked()); err != nil {
 		r.exitsMu.Lock()
 		r.unexpectedExits = append(r.unexpectedExits, fmt.Sprintf("%s %v; its last lines: %s", rp.name(), err, rp.lastLines()))
 		r.exitsMu.Unlock()
@@ -1726,10 +1728,10 @@ func (r *run) selfExit(rp *replica) {
 }
 
 // unexpectedExit says why a process's end (its Wait's error, exit) is not
-// the crash of a crash fault: nil for a SIGKILL when crashes is set (or,
-// where a process cannot SIGKILL itself, the exit status 137 it uses
-// instead).
-func unexpectedExit(exit error, crashes bool) error {
+// the crash of a crash fault: nil for a SIGKILL when asked, a try asking
+// it for that crash being forwarded to it unanswered (or, where a process
+// cannot SIGKILL itself, the exit status 137 it uses instead).
+func unexpectedExit(exit error, asked bool) error {
 	var ee *exec.ExitError
 	if !errors.As(exit, &ee) {
 		if exit == nil {
@@ -1739,10 +1741,10 @@ func unexpectedExit(exit error, crashes bool) error {
 	}
 	ws, ok := ee.Sys().(syscall.WaitStatus)
 	if (ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL) || ee.ExitCode() == 137 {
-		if crashes {
+		if asked {
 			return nil
 		}
-		return errors.New("SIGKILLed itself in a run with no crash fault")
+		return errors.New("was SIGKILLed while no try of the run's asked it to crash (the OOM killer, or another process)")
 	}
 	return fmt.Errorf("ended by itself: %v", ee)
 }

@@ -109,6 +109,61 @@ func TestFaultProxy(t *testing.T) {
 	}
 }
 
+// A fault proxy tells its replica of each try asking for a crash after
+// its charge it forwards, before sending it, and that the replica answered
+// it once it did: a replica that dies holding such a try dies of the
+// run's order, and one that answered it did not.
+func TestFaultProxyTellsTheCrashTries(t *testing.T) {
+	t.Parallel()
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Idem-Seen") == "die" {
+			// Dies holding the try: no answer.
+			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				conn.Close()
+			}
+			return
+		}
+		w.WriteHeader(http.StatusPaymentRequired)
+	}))
+	defer upstream.Close()
+	p, err := newFaultProxy(func() bool { return false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	rp := &replica{lives: 1, base: upstream.URL}
+	p.onCrashTry(rp.crashTry)
+	p.setUpstream(upstream.URL)
+	send := func(fault, seen string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, p.url()+"/v1/payments", oneShot([]byte(`{}`)))
+		req.ContentLength = 2
+		if fault != "" {
+			req.Header.Set("Idem-Fault", fault)
+		}
+		req.Header.Set("Idem-Seen", seen)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	send("", "die")
+	send(faultCrashAfterCharge, "answer")
+	if rp.crashAsked() {
+		t.Fatalf("a replica that died holding no crash try, or answered the one it got: asked for a crash; want not")
+	}
+	send(faultCrashAfterCharge, "die")
+	if !rp.crashAsked() {
+		t.Fatalf("a replica that died holding a try asking for a crash after its charge: not asked for it; want asked")
+	}
+	rp.lives++ // started again
+	if rp.crashAsked() {
+		t.Errorf("the replica started again after the crash: asked for a crash; want its new life not")
+	}
+}
+
 func TestCheckLoopback(t *testing.T) {
 	t.Parallel()
 	for base, ok := range map[string]bool{
@@ -515,30 +570,44 @@ func TestKillOfACrashedReplicaKillsNothing(t *testing.T) {
 // violation with its last lines, never counted among the crashes.
 func TestReplicaThatEndsByItselfIsAViolation(t *testing.T) {
 	t.Parallel()
-	ended := func(script string) *replica {
+	ended := func(script string, asked, answered bool) *replica {
 		cmd := exec.Command("sh", "-c", script)
-		rp := &replica{n: 1, killed: false, tail: []string{"panic: the last line"}}
+		rp := &replica{n: 1, killed: false, tail: []string{"panic: the last line"}, lives: 1, base: "http://127.0.0.1:1"}
+		if asked {
+			// A fault proxy forwarded it a try asking for a crash after
+			// its charge.
+			done := rp.crashTry(rp.base)
+			if answered {
+				done()
+			}
+		}
 		rp.exit = cmd.Run()
 		return rp
 	}
 	for _, tc := range []struct {
-		name    string
-		script  string
-		crashes bool // the run's faults crash replicas
-		crash   bool // counted a crash, not a violation
+		name     string
+		script   string
+		crashes  bool // the run's faults crash replicas
+		asked    bool // a try asking it for a crash was forwarded to it
+		answered bool // and it answered that try
+		crash    bool // counted a crash, not a violation
 	}{
-		{"a crash fault's SIGKILL", "kill -KILL $$", true, true},
-		{"exit status 2", "exit 2", true, false},
-		{"exit status 0", "exit 0", true, false},
-		{"SIGTERM", "kill -TERM $$", true, false},
-		{"a SIGKILL in a run with no crash fault", "kill -KILL $$", false, false},
+		{"a crash fault's SIGKILL", "kill -KILL $$", true, true, false, true},
+		{"exit status 2", "exit 2", true, true, false, false},
+		{"exit status 0", "exit 0", true, true, false, false},
+		{"SIGTERM", "kill -TERM $$", true, true, false, false},
+		{"a SIGKILL in a run with no crash fault", "kill -KILL $$", false, false, false, false},
+		// The OOM killer's, or another process's: the run asked this
+		// replica for no crash.
+		{"a SIGKILL no try asked for", "kill -KILL $$", true, false, false, false},
+		{"a SIGKILL after the try asking for a crash was answered", "kill -KILL $$", true, true, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &run{}
 			if tc.crashes {
 				r.cfg.CrashAfterCharge = 0.05
 			}
-			r.selfExit(ended(tc.script))
+			r.selfExit(ended(tc.script, tc.asked, tc.answered))
 			crashes, exits := r.crashes.Load(), len(r.unexpectedExits)
 			if tc.crash && (crashes != 1 || exits != 0) || !tc.crash && (crashes != 0 || exits != 1) {
 				t.Fatalf("crashes %d, unexpected exits %d %q; want a crash %v", crashes, exits, r.unexpectedExits, tc.crash)
@@ -1028,7 +1097,10 @@ func TestCrashObservedAfterTheLoadIsCounted(t *testing.T) {
 	r := &run{cfg: Config{Acquirer: Private, CrashAfterCharge: 1e-300, Seed: 7, Progress: io.Discard},
 		replicas: []*replica{rp}, proxies: []*faultProxy{proxy}}
 	r.placeCrash(0)
-	// The try carrying the crash got no answer from the replica.
+	// The try carrying the crash, forwarded to it, got no answer from the
+	// replica.
+	rp.lives, rp.base = 1, "http://127.0.0.1:1"
+	rp.crashTry(rp.base)
 	r.crashTryUnanswered(0)
 	r.exitAwaited = func() {
 		rp.mu.Lock()
