@@ -85,8 +85,9 @@ func (r *run) abandonTell() {
 // after the charge, and gives up. A payment the share abandoned carries it
 // as it is; one whose client stays is made abandoned only when none the
 // share abandoned is still to be handed out (abandonAhead), so that the
-// order changes the share no more than it must. It reports whether lp
-// carries the order.
+// order changes the share no more than it must, and never the one whose
+// first answer is the scheduled lost response (losesAnswer), which its
+// client must go on trying for. It reports whether lp carries the order.
 func (r *run) carryAbandon(lp *logical) bool {
 	if !r.cfg.abandonsCrash() {
 		return false
@@ -99,7 +100,7 @@ func (r *run) carryAbandon(lp *logical) bool {
 	if lp.abandoned {
 		r.abandonAhead--
 	}
-	if r.abandonOwed != crashFree || !lp.abandoned && r.abandonAhead > 0 {
+	if r.abandonOwed != crashFree || !lp.abandoned && (r.abandonAhead > 0 || lp.losesAnswer) {
 		return false
 	}
 	r.abandonOwed = crashTaken

@@ -24,10 +24,10 @@
 // that outlives the replica's restarts. It forwards each request and, for
 // Config.DropRate of them (10% by default), waits for the replica's answer
 // and then closes the client's connection without passing it on: the lost
-// acknowledgement, after the charge; one answer, numbered at a draw from
-// the seed within the count of payments whose clients stay, is dropped
-// whatever the rate draws, so a run meets at least one. While the replica
-// is down it answers 502.
+// acknowledgement, after the charge; the first answer of one payment whose
+// client stays, drawn from the seed (and never made abandoned during the
+// load), is dropped whatever the rate draws, so a run meets at least one.
+// While the replica is down it answers 502.
 //
 // Config.Clients clients work on Config.Payments logical payments, each
 // with its own Idempotency-Key, account and amount, attempted Config.Dups

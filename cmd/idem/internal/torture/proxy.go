@@ -24,7 +24,7 @@ type faultProxy struct {
 	ln        net.Listener
 	srv       *http.Server
 	transport *http.Transport
-	drop      func() bool
+	drop      func(key string) bool
 
 	mu       sync.Mutex
 	upstream string // the replica's base URL; "" while it is down
@@ -39,7 +39,7 @@ type faultProxy struct {
 
 // newFaultProxy listens on a loopback port of its own and serves until
 // close.
-func newFaultProxy(drop func() bool) (*faultProxy, error) {
+func newFaultProxy(drop func(key string) bool) (*faultProxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("fault proxy: %w", err)
@@ -127,7 +127,7 @@ func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.forwarded.Add(1)
-	if p.drop() {
+	if p.drop(r.Header.Get("Idempotency-Key")) {
 		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
 			p.dropped.Add(1)
 			conn.Close()

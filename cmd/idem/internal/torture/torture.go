@@ -328,6 +328,10 @@ type logical struct {
 	// order (carryAbandon), and unanswered that its abandoned try got no
 	// answer: both written by its client alone, or before the load.
 	carries, unanswered bool
+	// losesAnswer says that its first answer is the scheduled lost
+	// response (scheduleFaults): it is never made abandoned. Written
+	// before the load.
+	losesAnswer bool
 	// tried is set once its client (abandoned) began its one try, which
 	// left closes once ended: a try the load's end cut off set tried
 	// alone.
@@ -446,13 +450,14 @@ type run struct {
 	attempts atomic.Int64
 	noAnswer atomic.Int64
 	retried  atomic.Int64
-	// dropAt is the number of the answer the fault proxies drop whatever
-	// DropRate draws (scheduleFaults); answersHeld counts the answers
-	// they held (dropNow).
-	dropAt      int64
-	answersHeld atomic.Int64
-	kills       atomic.Int64
-	restarts    atomic.Int64 // private stores restarted
+	// lossKey is the key of the payment whose first answer the fault
+	// proxies drop whatever DropRate draws (scheduleFaults), lossAt its
+	// number; lossCame says they dropped it (dropNow).
+	lossKey  string
+	lossAt   int
+	lossCame atomic.Bool
+	kills    atomic.Int64
+	restarts atomic.Int64 // private stores restarted
 	// restarted is when the last restart of a private store ended
 	// (UnixNano): the next one of the restart loop comes
 	// RestartStoresEvery after it.
@@ -838,13 +843,14 @@ func (r *run) startReplicas(ctx context.Context) error {
 	return nil
 }
 
-// dropNow says whether a fault proxy drops the answer it holds: the
-// answer numbered r.dropAt (scheduleFaults) and others at DropRate.
-func (r *run) dropNow() bool {
+// dropNow says whether a fault proxy drops the answer it holds, to a try
+// of the payment of key: the first answer of the payment r.lossKey names
+// (scheduleFaults), and others at DropRate.
+func (r *run) dropNow(key string) bool {
 	if r.cfg.DropRate <= 0 {
 		return false
 	}
-	if r.answersHeld.Add(1) == r.dropAt {
+	if r.lossKey != "" && key == r.lossKey && r.lossCame.CompareAndSwap(false, true) {
 		return true
 	}
 	return r.rng.Float64() < r.cfg.DropRate
@@ -1024,8 +1030,10 @@ func (g *faultGate) tell() {
 // outages' ticks go on as before, beside these.
 //
 // With DropRate, one lost response is scheduled too: the fault proxies
-// drop the answer numbered at a draw within the count of payments whose
-// clients stay, whatever their rate draws, so a run meets at least one.
+// drop the first answer of a payment whose client stays, drawn among
+// them, whatever their rate draws, so a run meets at least one; that
+// payment is never made abandoned (carryAbandon), so its client tries
+// until an answer comes.
 //
 // With Abandon, one payment of the first half, drawn first, is abandoned
 // whatever the share draws, and the load's last quarter waits until its
@@ -1094,11 +1102,24 @@ func (r *run) scheduleFaults() {
 	}
 	if r.cfg.DropRate > 0 && staying > 0 {
 		// Each attempt of a payment whose client stays ends with an
-		// answer through a fault proxy, so an answer numbered within
-		// their count comes (an abandoned payment's one attempt may
-		// get none: it crashes its replica).
-		r.dropAt = 1 + r.rng.Int64N(int64(staying))
-		fmt.Fprintf(r.cfg.Progress, "torture: a lost response at the fault proxies' answer %d\n", r.dropAt)
+		// answer through a fault proxy (an abandoned payment's one
+		// attempt may get none: it crashes its replica), so the first
+		// answer of the payment drawn among them comes: it is never made
+		// abandoned during the load (carryAbandon), however many others
+		// are. A number of answers drawn within their count could come
+		// past the last, the payments made abandoned answering nothing.
+		k := r.rng.Int64N(int64(staying))
+		for i, lp := range r.payments {
+			if lp.abandoned {
+				continue
+			}
+			if k == 0 {
+				lp.losesAnswer, r.lossKey, r.lossAt = true, lp.key, i
+				break
+			}
+			k--
+		}
+		fmt.Fprintf(r.cfg.Progress, "torture: a lost response: payment %d's first answer\n", r.lossAt+1)
 	}
 	for _, sf := range r.scheduled {
 		fmt.Fprintf(r.cfg.Progress, "torture: %s\n", sf)

@@ -70,7 +70,7 @@ func TestFaultProxy(t *testing.T) {
 	}))
 	defer upstream.Close()
 	var drop atomic.Bool
-	p, err := newFaultProxy(drop.Load)
+	p, err := newFaultProxy(func(string) bool { return drop.Load() })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestFaultProxyTellsTheCrashTries(t *testing.T) {
 		w.WriteHeader(http.StatusPaymentRequired)
 	}))
 	defer upstream.Close()
-	p, err := newFaultProxy(func() bool { return false })
+	p, err := newFaultProxy(func(string) bool { return false })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -716,31 +716,33 @@ func TestScheduledCutThatNeverCameIsAnError(t *testing.T) {
 }
 
 // A run that drops answers drops at least one whatever its rate and its
-// luck: the answer numbered at a draw from the seed within the payments'
-// count (every attempt's answer passes a fault proxy, and there is at
-// least one attempt per payment), then the others at DropRate.
+// luck: the first answer of a payment drawn from the seed (every
+// attempt's answer passes a fault proxy, and there is at least one
+// attempt per payment), then the others at DropRate.
 func TestScheduledLostResponse(t *testing.T) {
 	t.Parallel()
 	for seed := uint64(1); seed <= 20; seed++ {
 		r := &run{cfg: Config{DropRate: 1e-300, Progress: io.Discard}, rng: newLockedRand(seed)}
-		for range 10 {
-			r.payments = append(r.payments, &logical{})
+		for i := range 10 {
+			r.payments = append(r.payments, &logical{key: fmt.Sprint("k", i)})
 		}
 		r.scheduleFaults()
 		var dropped []int
-		for n := range 10 {
-			if r.dropNow() {
-				dropped = append(dropped, n+1)
+		for range 2 {
+			for n, lp := range r.payments {
+				if r.dropNow(lp.key) {
+					dropped = append(dropped, n+1)
+				}
 			}
 		}
 		if len(dropped) != 1 {
-			t.Fatalf("seed %d: answers dropped among the first 10 (one per payment) %v; want exactly one, drawn from the seed", seed, dropped)
+			t.Fatalf("seed %d: answers dropped among two for each of the 10 payments %v; want exactly one, drawn from the seed", seed, dropped)
 		}
 	}
 	r := &run{cfg: Config{DropRate: 0, Progress: io.Discard}, rng: newLockedRand(1)}
-	r.payments = []*logical{{}}
+	r.payments = []*logical{{key: "k"}}
 	r.scheduleFaults()
-	if r.dropNow() {
+	if r.dropNow("k") {
 		t.Error("a run with no DropRate dropped an answer")
 	}
 }
@@ -858,8 +860,8 @@ func TestScheduledAbandonedClient(t *testing.T) {
 		if len(abandoned) != 1 || abandoned[0] > 5 {
 			t.Fatalf("seed %d: abandoned payments %v; want exactly one, of the first half (5), drawn from the seed", seed, abandoned)
 		}
-		if r.dropAt > 9 {
-			t.Fatalf("seed %d: the lost response at answer %d; want it within the 9 payments whose clients stay", seed, r.dropAt)
+		if lp := r.payments[r.lossAt]; r.lossKey != lp.key || lp.abandoned || !lp.losesAnswer {
+			t.Fatalf("seed %d: the lost response at payment %d (%q, abandoned %v); want a payment whose client stays", seed, r.lossAt+1, r.lossKey, lp.abandoned)
 		}
 		for _, sf := range r.scheduled {
 			if sf.kind == "abandon" && sf.at+1 == abandoned[0] && sf.payment == r.payments[sf.at] {
@@ -1085,7 +1087,7 @@ func TestCrashObservedAfterTheLoadIsCounted(t *testing.T) {
 	if err := unexpectedExit(killed, true); err != nil {
 		t.Skipf("no SIGKILLed process here: %v", err)
 	}
-	proxy, err := newFaultProxy(func() bool { return false })
+	proxy, err := newFaultProxy(func(string) bool { return false })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1204,5 +1206,55 @@ func TestStalledLoadWithItsOwedCrashKeepsItsReport(t *testing.T) {
 	r.placeCrash(2)
 	if err := r.scheduledCrashCame(); err == nil || !strings.Contains(err.Error(), "seed 9") {
 		t.Errorf("a load that did not stall, its owed crash never come: %v; want the run's error naming seed 9", err)
+	}
+}
+
+// The scheduled lost response comes whatever the load makes of the share
+// abandoned: with one attempt per payment (Dups 1), the payments made
+// abandoned during the load to carry the abandoned crash's order
+// (carryAbandon) answer nothing, and a lost response drawn among the
+// answers of the payments whose clients stayed before the load could be
+// numbered past every answer the load gets. Here every abandoned try dies
+// before its charge, so each payment handed out after the scheduled
+// abandoned one is made abandoned in turn.
+func TestScheduledLostResponseWithPaymentsMadeAbandoned(t *testing.T) {
+	t.Parallel()
+	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Header.Get("Idem-Fault") == faultCrashAfterCharge {
+			// Died before the charge: no answer.
+			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				conn.Close()
+			}
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"pay_1"}`)
+	}))
+	defer replica.Close()
+	for seed := uint64(1); seed <= 10; seed++ {
+		r := &run{cfg: Config{Acquirer: Private, Abandon: 1e-300, CrashAfterCharge: 1e-300, DropRate: 1e-300, Dups: 1, Payments: 6, Seed: seed, Progress: io.Discard},
+			rng: newLockedRand(seed), accounts: []string{"acct_1"}, client: replica.Client(),
+			charged: func(context.Context, *logical) (bool, error) { return false, nil }}
+		r.plan()
+		r.scheduleFaults()
+		p, err := newFaultProxy(r.dropNow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.setUpstream(replica.URL)
+		r.proxies = []*faultProxy{p}
+		for _, lp := range r.payments {
+			r.pay(t.Context(), lp)
+		}
+		p.close()
+		abandoned := 0
+		for _, lp := range r.payments {
+			if lp.abandoned {
+				abandoned++
+			}
+		}
+		if n := p.dropped.Load(); n != 1 {
+			t.Errorf("seed %d: %d answers dropped, %d of 6 payments abandoned; want the scheduled lost response, exactly one", seed, n, abandoned)
+		}
 	}
 }
