@@ -663,3 +663,15 @@ func TestPickTestsOfAPackageWhoseTestFailsAlone(t *testing.T) {
 		t.Errorf("picked %v, want %v", got, want)
 	}
 }
+
+// A mutant that no test reached run alone runs every selected test, even
+// beside a test package run whole because one of its tests fails alone:
+// that package alone is no sign that a test reaching the line runs.
+func TestPickTestsReachedByNoTestAloneBesideAPackageRunWhole(t *testing.T) {
+	pkgs, file := selectionFixture(t)
+	pkgs[1].always = true
+	got := pickTests(&mutant{file: file, line: 55, col: 3, fn: "f"}, pkgs)
+	if want := []pick{{pkgs[0], nil}, {pkgs[1], nil}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("picked %v, want %v", got, want)
+	}
+}

@@ -93,22 +93,30 @@ func cutFor(picks []pick, factor int, floor time.Duration) time.Duration {
 // pickTests returns what m's run runs, one pick per test package in the
 // line's order: the top-level tests that reached m run alone; a package
 // none of whose tests did is left out, and one a test of which failed
-// alone runs whole. When no test alone reached it
-// (the whole selection did, or it would not be run: coverage that varies
-// from run to run) or m is in a package-level declaration (whose value a
-// test may read without running any block of the package), every selected
-// test runs.
+// alone runs whole. When no test alone reached it (the whole selection
+// did, or it would not be run: coverage that varies from run to run; a
+// package run whole for a test failing alone is no sign that one did) or
+// m is in a package-level declaration (whose value a test may read
+// without running any block of the package), every selected test runs.
 func pickTests(m *mutant, pkgs []*testPkg) []pick {
 	var out []pick
+	// reached: some test alone reached m. A package run whole because a
+	// test of it fails alone is picked whatever its tests reached, so it
+	// is no sign of that.
+	reached := false
 	if m.fn != "-" {
 		for _, p := range pkgs {
 			if p.always {
 				out = append(out, pick{p, nil})
+				for _, c := range p.cover {
+					reached = reached || c.covers(m)
+				}
 				continue
 			}
 			if p.whole {
 				if p.cover[""].covers(m) {
 					out = append(out, pick{p, nil})
+					reached = true
 				}
 				continue
 			}
@@ -120,10 +128,12 @@ func pickTests(m *mutant, pkgs []*testPkg) []pick {
 			}
 			if ts != nil {
 				out = append(out, pick{p, ts})
+				reached = true
 			}
 		}
 	}
-	if len(out) == 0 {
+	if !reached {
+		out = nil
 		for _, p := range pkgs {
 			out = append(out, pick{p, nil})
 		}
