@@ -63,8 +63,10 @@ type writerQueue struct {
 	// queued renewals.
 	db *DB
 
-	mu      sync.Mutex
-	held    bool
+	mu   sync.Mutex
+	held bool
+	// heldAt is when the turn's holder got it (see DB.WriterState).
+	heldAt  time.Time
 	waiting []*waiter // in order of arrival
 	// group is the open shared transaction, or nil. Only the turn's
 	// holder begins, joins or ends it.
@@ -90,7 +92,7 @@ const maxGroupMembers = 256
 func (q *writerQueue) acquire(ctx context.Context, synced bool) error {
 	q.mu.Lock()
 	if !q.held {
-		q.held = true
+		q.held, q.heldAt = true, time.Now()
 		q.mu.Unlock()
 		return nil
 	}
@@ -152,6 +154,7 @@ func (q *writerQueue) release() {
 	next := q.waiting[0]
 	q.waiting[0] = nil
 	q.waiting = q.waiting[1:]
+	q.heldAt = time.Now()
 	close(next.turn)
 }
 
@@ -252,4 +255,33 @@ func (g *txGroup) end() {
 		g.err = g.tx.Commit()
 	}
 	close(g.done)
+}
+
+// WriterState is a moment's view of the writer's turn (see DB.WriterState).
+type WriterState struct {
+	// Held is how long the transaction (or renewal) holding the writer's
+	// turn has held it: from when the turn was handed to it, not from its
+	// first statement. 0 when nobody holds it.
+	Held time.Duration
+	// Waiting counts the callers waiting for the turn.
+	Waiting int
+	// Renewals counts the lease renewals queued for the next hand-over.
+	Renewals int
+}
+
+// WriterState tells how long the writer's turn has been held, and how many
+// wait for it: a watchdog's reading. Every write transaction of the DB
+// takes the turn in turn (see Config.GroupCommit and WithTx), so a turn
+// held for seconds holds up every write of the process, lease renewals
+// included; a watchdog that sees one can dump the process's goroutines
+// while the holder is still at it, and so name what holds the writer.
+func (db *DB) WriterState() WriterState {
+	q := &db.queue
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	ws := WriterState{Waiting: len(q.waiting), Renewals: len(q.renewals)}
+	if q.held {
+		ws.Held = time.Since(q.heldAt)
+	}
+	return ws
 }

@@ -62,7 +62,7 @@ func (q *writerQueue) queueRenewal(ref idem.Ref, lease time.Duration, now func()
 	defer q.mu.Unlock()
 	r = &renewal{ref: ref, end: now().Add(lease).UnixNano(), done: make(chan struct{})}
 	if !q.held {
-		q.held = true
+		q.held, q.heldAt = true, time.Now()
 		return r, false
 	}
 	// An earlier renewal of the same lease whose waiter left is replaced:
