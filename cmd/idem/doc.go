@@ -53,6 +53,11 @@
 // may instead be in a file that the variable of its name and _FILE names
 // (IDEM_API_KEYS_FILE, …), as mounted secrets are; OTEL_TRACES_EXPORTER (console, otlp
 // or none, the default) and the other OTEL_* variables configure tracing.
+// IDEM_SQLITE_WRITER_WATCHDOG (a duration, 5s) makes serve on SQLite log
+// every goroutine's stack on stderr when one transaction has held the
+// database's single writer longer than that: what holds every write of the
+// process up, named while it still does (idem torture sets it on its
+// replicas when it keeps their logs).
 // `serve --strict` refuses to start when a replicated database, key store
 // or broker lacks a setting a guarantee rests on (docs/scale.md); without
 // it each is logged. Only this command reads flags and the

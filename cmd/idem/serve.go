@@ -204,6 +204,9 @@ type servePlan struct {
 	// digests under which the logs name keys (idem.SetKeyDigestSecret);
 	// nil for one of the process's own.
 	keyDigestSecret []byte
+	// writerWatchdog is $IDEM_SQLITE_WRITER_WATCHDOG (see
+	// envWriterWatchdog); 0 for none.
+	writerWatchdog time.Duration
 }
 
 // envKeyDigestSecret is the environment variable of the secret under
@@ -329,6 +332,10 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 	if err != nil {
 		return nil, err
 	}
+	watchdog, err := a.writerWatchdog()
+	if err != nil {
+		return nil, err
+	}
 	requestTimeout := f.requestTimeout
 	if requestTimeout == 0 {
 		requestTimeout = -1 // off: payments.Config's zero means its default
@@ -364,10 +371,11 @@ func (a *app) planServe(f *serveFlags) (*servePlan, error) {
 			Acquirer:       card,
 			GRPC:           f.grpcAddr != "",
 		},
-		devKey:    devKey,
-		strict:    f.strict,
-		console:   con,
-		replicaID: f.replicaID,
+		devKey:         devKey,
+		strict:         f.strict,
+		console:        con,
+		replicaID:      f.replicaID,
+		writerWatchdog: watchdog,
 	}, nil
 }
 
@@ -433,6 +441,9 @@ func (a *app) runServe(ctx context.Context, p *servePlan) (err error) {
 			err = errors.Join(err, fmt.Errorf("closing the database: %w", cerr))
 		}
 	}()
+	if db.sqlite != nil && p.writerWatchdog > 0 {
+		defer startWriterWatch(db.sqlite, p.writerWatchdog, logger, a.stderr)()
+	}
 	// A copy, so that filling in what was opened leaves the plan as parsed.
 	cfg := p.payments
 	cfg.DB, cfg.Postgres, cfg.Logger = db.sqlite, db.pg, logger

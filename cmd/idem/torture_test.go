@@ -138,6 +138,11 @@ func keepLogs(t *testing.T) string {
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("the replicas' logs and the driver's output of this run are kept in %s", dir)
+			if b, err := os.ReadFile(filepath.Join(dir, "replicas.log")); err == nil {
+				if dumps := writerWatchdogDumps(string(b), maxDumpLines); dumps != "" {
+					t.Logf("what held a replica's SQLite writer (its writer watchdog's goroutine dumps, from replicas.log):\n%s", dumps)
+				}
+			}
 			return
 		}
 		for _, f := range []string{"replicas.log", "driver.log"} {
@@ -149,6 +154,42 @@ func keepLogs(t *testing.T) string {
 		}
 	})
 	return dir
+}
+
+// maxDumpLines bounds the lines of writer watchdog dumps a failed torture
+// test prints: the log keeps them all.
+const maxDumpLines = 1500
+
+// writerWatchdogDumps returns, from a run's replicas.log, the lines of the
+// replicas' SQLite writer watchdogs (serve's $IDEM_SQLITE_WRITER_WATCHDOG,
+// which the torture sets): each record that a transaction held a writer
+// past the limit, and the goroutine stacks that follow it, up to max lines
+// in all; "" when there are none.
+func writerWatchdogDumps(log string, max int) string {
+	var b strings.Builder
+	n := 0
+	in := map[string]bool{} // the replicas whose dump is being read
+	for line := range strings.Lines(log) {
+		name, text, ok := strings.Cut(line, ": ")
+		if !ok {
+			continue
+		}
+		switch {
+		case strings.Contains(text, "sqlite writer watchdog: goroutines"):
+			in[name] = true
+		case strings.Contains(text, "sqlite writer watchdog: end of the goroutines"):
+			in[name] = false
+		case !in[name] && !strings.Contains(text, "sqlite writer watchdog"):
+			continue
+		}
+		if n == max {
+			b.WriteString("… (the rest is in replicas.log)\n")
+			break
+		}
+		b.WriteString(line)
+		n++
+	}
+	return b.String()
 }
 
 // writeDriverLog writes the torture driver's stdout and stderr to dir.

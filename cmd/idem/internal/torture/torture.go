@@ -105,7 +105,8 @@ type Config struct {
 	// too: what a person reads to find out how a violation came about.
 	// Defaults to nil: the replicas log errors only (warnings too with
 	// Abandon, where the completers' resumes are read from them), kept for
-	// the message of a replica that fails to start.
+	// the message of a replica that fails to start. On SQLite, the
+	// replicas then also run their writer watchdog (writerWatchdog).
 	ReplicaLog io.Writer
 	// StoreFaults puts faults between the replicas and their stores: see
 	// StoreFaults. Only with a PostgreSQL DB or Redis Keys (a SQLite file
@@ -740,6 +741,19 @@ const envAcquirerKey = "IDEM_ACQUIRER_KEY"
 // digest secret (digestSecret).
 const envKeyDigestSecret = "IDEM_KEY_DIGEST_SECRET"
 
+// envWriterWatchdog is serve's SQLite writer watchdog: past this duration
+// of one transaction's turn of the writer, a replica logs every
+// goroutine's stack (see serve).
+const envWriterWatchdog = "IDEM_SQLITE_WRITER_WATCHDOG"
+
+// writerWatchdog is the limit a run with a ReplicaLog gives its SQLite
+// replicas' writer watchdog, unless Env sets one: a turn of the single
+// writer held this long stalls every write of its replica (the longest
+// seen in healthy runs beside a loaded machine's other work was under a
+// second), and the stacks, written into the log while the holder is still
+// at it, name what holds it.
+const writerWatchdog = 5 * time.Second
+
 // reviveLoop starts again, until stop is closed, every replica that
 // ended by itself: one that a crash-after-charge fault made SIGKILL
 // itself. It returns an error when one does not come back.
@@ -807,6 +821,9 @@ func (r *run) startReplicas(ctx context.Context) error {
 	env := append(slices.Clone(r.cfg.Env), "IDEM_API_KEYS="+tenant+":"+r.apiKey, envKeyDigestSecret+"="+digestSecret())
 	if r.acquirerKey != "" {
 		env = append(env, envAcquirerKey+"="+r.acquirerKey)
+	}
+	if r.sqlite != "" && r.replicaLog != nil && !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, envWriterWatchdog+"=") }) {
+		env = append(env, envWriterWatchdog+"="+writerWatchdog.String())
 	}
 	for i := range r.cfg.Replicas {
 		// Each replica keeps its name across its restarts (its port is
