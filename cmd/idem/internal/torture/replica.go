@@ -304,6 +304,39 @@ func (r *replica) kill() bool {
 	return true
 }
 
+// quit asks the process for every goroutine's stack (SIGQUIT: a Go
+// program writes them on stderr, which read drains into the log, and
+// exits), waits for its exit up to stopTimeout, and kills it after. It
+// reports whether it met a live process. The run ended it: its exit is
+// not its own (see run.selfExit).
+func (r *replica) quit() bool {
+	r.mu.Lock()
+	cmd, done := r.cmd, r.done
+	if cmd == nil || done == nil {
+		r.mu.Unlock()
+		return false
+	}
+	select {
+	case <-done:
+		r.mu.Unlock()
+		return false
+	default:
+	}
+	r.base = ""
+	r.killed = true
+	r.killedAt = time.Now()
+	r.mu.Unlock()
+	_ = cmd.Process.Signal(syscall.SIGQUIT)
+	timer := time.NewTimer(stopTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		r.kill()
+	}
+	return true
+}
+
 // stop asks the process to shut down (SIGTERM) and kills it if it has not
 // within stopTimeout.
 func (r *replica) stop() {

@@ -1521,11 +1521,32 @@ feed:
 	for ; received < chaosLoops; received++ {
 		chaosErr = errors.Join(chaosErr, <-chaosDone)
 	}
+	if r.stall != "" {
+		r.quitForStacks()
+	}
 	<-outagesDone
 	close(stopProgress)
 	<-progressDone
 	r.printProgress()
 	return chaosErr
+}
+
+// quitForStacks asks every replica for its goroutines' stacks (SIGQUIT),
+// once a load has stalled and no chaos loop restarts replicas any more:
+// with a ReplicaLog, they are there, each line under its replica's name,
+// and name what every replica was waiting for when nothing completed. The
+// replicas are started again before the checks (reviveExited). Without a
+// ReplicaLog the stacks would go nowhere, and the replicas are left be.
+func (r *run) quitForStacks() {
+	if r.replicaLog == nil {
+		return
+	}
+	fmt.Fprintf(r.cfg.Progress, "torture: the load stalled: every replica is asked for its goroutines' stacks (SIGQUIT), which the replicas' log keeps\n")
+	var wg sync.WaitGroup
+	for _, rp := range r.replicas {
+		wg.Go(func() { rp.quit() })
+	}
+	wg.Wait()
 }
 
 // loadError is the load's error once it ended, of chaosErr (a replica or
@@ -1755,7 +1776,10 @@ func (r *run) killLoop(ctx context.Context, stop <-chan struct{}) error {
 // asked for, such as the OOM killer's) is a replica that failed, which the
 // report gives as a violation with its last lines.
 func (r *run) selfExit(rp *replica) {
-	_, exit := rp.ended()
+	byRun, exit := rp.ended()
+	if byRun {
+		return // quit for its stacks (quitForStacks): not its own end
+	}
 	if err := unexpectedExit(exit, rp.crashAsked()); err != nil {
 		r.exitsMu.Lock()
 		r.unexpectedExits = append(r.unexpectedExits, fmt.Sprintf("%s %v; its last lines: %s", rp.name(), err, rp.lastLines()))

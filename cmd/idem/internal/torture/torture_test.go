@@ -1258,3 +1258,50 @@ func TestScheduledLostResponseWithPaymentsMadeAbandoned(t *testing.T) {
 		}
 	}
 }
+
+// A load that stalled asks every replica for its goroutines' stacks: each
+// gets a SIGQUIT, its stacks land in the replicas' log under its name, and
+// its end, the run's own doing, is neither a crash nor a violation.
+func TestStalledLoadKeepsTheReplicasStacks(t *testing.T) {
+	t.Parallel()
+	// A stand-in for idem serve: it says where it listens, and answers a
+	// SIGQUIT as a Go program does, with stacks on stderr and exit 2.
+	script := `trap 'echo "goroutine 1 [select]:" >&2; echo "main.stuck()" >&2; exit 2' QUIT
+echo "` + listeningPrefix + `http://127.0.0.1:1" >&2
+while :; do sleep 0.05; done`
+	var log bytes.Buffer
+	lw := &lineWriter{w: &log}
+	r := &run{replicaLog: lw}
+	r.cfg.Progress = io.Discard
+	for i := range 2 {
+		rp := &replica{n: i, exe: "sh", args: []string{"-c", script}, log: lw}
+		if err := rp.start(t.Context()); err != nil {
+			t.Skipf("skipping: %v", err)
+		}
+		t.Cleanup(func() { rp.kill() })
+		r.replicas = append(r.replicas, rp)
+	}
+	r.quitForStacks()
+	for _, rp := range r.replicas {
+		select {
+		case <-rp.exited():
+		default:
+			t.Fatalf("%s still runs after quitForStacks", rp.name())
+		}
+		r.selfExit(rp)
+	}
+	lw.mu.Lock()
+	text := log.String()
+	lw.mu.Unlock()
+	for _, want := range []string{"replica 0: goroutine 1 [select]:", "replica 1: main.stuck()"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the replicas' log lacks %q:\n%s", want, text)
+		}
+	}
+	if crashes, exits := r.crashes.Load(), len(r.unexpectedExits); crashes != 0 || exits != 0 {
+		t.Errorf("the replicas quit for their stacks count as %d crashes and %d unexpected exits %q; want none", crashes, exits, r.unexpectedExits)
+	}
+	if r.replicas[0].quit() {
+		t.Errorf("quit of a replica that had exited says it met a live one")
+	}
+}
