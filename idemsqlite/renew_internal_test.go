@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"testing"
@@ -70,7 +71,8 @@ func newRenewFixture(t *testing.T, then func(ctx context.Context, f *renewFixtur
 	if f.store, err = NewStore(t.Context(), f.db, &StoreConfig{Clock: f.clock}); err != nil {
 		t.Fatal(err)
 	}
-	f.req = idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Second, TTL: time.Hour}
+	f.req = idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Second, TTL: time.Hour,
+		Holder: idem.Holder{Replica: "r", Incarnation: "1"}}
 	claim, err := f.store.Claim(t.Context(), f.req)
 	if err != nil || claim.Outcome != idem.Acquired {
 		t.Fatalf("claim: %+v, %v", claim, err)
@@ -190,6 +192,30 @@ func TestYieldDropsQueuedRenewals(t *testing.T) {
 	rec, err := f.store.Get(t.Context(), "s", "k")
 	if err != nil || !rec.LeaseExpiresAt.Equal(f.clock.Now()) {
 		t.Fatalf("the key's lease ends at %v (%v), want %v, when it was yielded", rec.LeaseExpiresAt, err, f.clock.Now())
+	}
+}
+
+// A YieldEarlier in the transaction that holds the writer drops the
+// renewals queued for the leases it ends, as Yield does for its own: a
+// renewal written after it would give the key of an earlier incarnation
+// a live lease again, and a restarted replica would wait for it to end
+// instead of taking its keys back at once.
+func TestYieldEarlierDropsQueuedRenewals(t *testing.T) {
+	f := newRenewFixture(t, func(ctx context.Context, f *renewFixture) error {
+		n, err := f.store.YieldEarlier(ctx, idem.Holder{Replica: "r", Incarnation: "2"})
+		if err == nil && n != 1 {
+			err = fmt.Errorf("YieldEarlier ended %d leases, want 1", n)
+		}
+		return err
+	})
+	f.renewQueued(t, f.t0.Add(500*time.Millisecond))
+	close(f.release)
+	if err := <-f.held; err != nil {
+		t.Fatal(err)
+	}
+	rec, err := f.store.Get(t.Context(), "s", "k")
+	if err != nil || !rec.LeaseExpiresAt.Equal(f.clock.Now()) {
+		t.Fatalf("the key's lease ends at %v (%v), want %v, when the earlier incarnation's leases were ended", rec.LeaseExpiresAt, err, f.clock.Now())
 	}
 }
 

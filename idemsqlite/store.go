@@ -94,9 +94,11 @@ var (
 	sqlRenewKey = keysSQL(`UPDATE idem_keys SET lease_expires_at = ?1, expires_at = max(expires_at, ?1)
 		WHERE scope = ?2 AND key = ?3 AND token = ?4 AND state = 'in_flight'`)
 	// sqlYieldEarlier ends, at ?1, the live leases of replica ?2's keys
-	// held under an incarnation other than ?3, through idem_keys_holders.
+	// held under an incarnation other than ?3, through idem_keys_holders,
+	// and returns the leases it ended.
 	sqlYieldEarlier = keysSQL(`UPDATE idem_keys SET lease_expires_at = ?1
-		WHERE state = 'in_flight' AND holder_replica = ?2 AND holder_incarnation <> ?3 AND lease_expires_at > ?1`)
+		WHERE state = 'in_flight' AND holder_replica = ?2 AND holder_incarnation <> ?3 AND lease_expires_at > ?1
+		RETURNING scope, key, token`)
 	sqlSaveRecovery = keysSQL(`UPDATE idem_keys SET recovery_point = ?, recovery_data = ?, recovery_saved_at = ?
 		WHERE scope = ? AND key = ? AND token = ? AND state = 'in_flight'`)
 	// sqlReplayKey reads what the replay of a completed key needs; the
@@ -738,8 +740,10 @@ func (s *Store) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (t
 
 // YieldEarlier implements idem.Restarter: one synced write transaction,
 // through an index that holds only the keys in flight under a named
-// holder. Called with a context that carries a transaction of the DB, it
-// joins it.
+// holder. As Yield does, it drops the renewals of the leases it ends that
+// are queued behind the writer (see Renew), so that none gives such a key
+// a live lease again once written. Called with a context that carries a
+// transaction of the DB, it joins it.
 func (s *Store) YieldEarlier(ctx context.Context, current idem.Holder) (int, error) {
 	if current.IsZero() {
 		return 0, &idem.ArgumentError{Field: "current", Reason: "must name a replica and its incarnation"}
@@ -747,19 +751,31 @@ func (s *Store) YieldEarlier(ctx context.Context, current idem.Holder) (int, err
 	if err := current.Validate(); err != nil {
 		return 0, err
 	}
-	var n int64
+	var n int
 	err := s.db.withTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		res, err := s.db.in(tx).exec(ctx, sqlYieldEarlier, s.clock.Now().UnixNano(), current.Replica, current.Incarnation)
+		n = 0
+		rows, err := s.db.in(tx).query(ctx, sqlYieldEarlier, s.clock.Now().UnixNano(), current.Replica, current.Incarnation)
 		if err != nil {
 			return err
 		}
-		n, err = res.RowsAffected()
-		return err
+		defer rows.Close()
+		for rows.Next() {
+			var scope, key string
+			var token int64
+			if err := rows.Scan(&scope, &key, &token); err != nil {
+				return err
+			}
+			// The writer's turn is held: no queued renewal of a lease
+			// ended here is written after it (see Yield).
+			s.db.queue.dropRenewals(idem.Ref{Scope: idem.Scope(scope), Key: idem.Key(key), Token: idem.Token(token)})
+			n++
+		}
+		return rows.Err()
 	})
 	if err != nil {
 		return 0, fmt.Errorf("idemsqlite: yield earlier: %w", err)
 	}
-	return int(n), nil
+	return n, nil
 }
 
 // Get implements idem.Store. It reads on a reader connection, so it never
