@@ -65,7 +65,7 @@ type renewFixture struct {
 
 func newRenewFixture(t *testing.T, then func(ctx context.Context, f *renewFixture) error) *renewFixture {
 	t.Helper()
-	f := &renewFixture{db: groupDB(t, time.Hour), t0: time.Unix(1_800_000_000, 0).UTC(), release: make(chan struct{}), held: make(chan error, 1)}
+	f := &renewFixture{db: groupDB(t, time.Hour), t0: time.Unix(1_800_000_000, 0).UTC()}
 	f.clock = &handClock{now: f.t0}
 	var err error
 	if f.store, err = NewStore(t.Context(), f.db, &StoreConfig{Clock: f.clock}); err != nil {
@@ -78,20 +78,35 @@ func newRenewFixture(t *testing.T, then func(ctx context.Context, f *renewFixtur
 		t.Fatalf("claim: %+v, %v", claim, err)
 	}
 	f.ref = idem.Ref{Scope: "s", Key: "k", Token: claim.Token}
+	var fn func(ctx context.Context) error
+	if then != nil {
+		fn = func(ctx context.Context) error { return then(ctx, f) }
+	}
+	f.release, f.held = holdWriter(t, f.db, fn)
+	return f
+}
+
+// holdWriter starts a transaction on db that writes, so holding the
+// writer, and returns once it holds the writer's turn. The transaction
+// then waits until release is closed, runs then (if not nil) in it, and
+// ends; held receives WithTx's result.
+func holdWriter(t *testing.T, db *DB, then func(ctx context.Context) error) (release chan struct{}, held chan error) {
+	t.Helper()
+	release, held = make(chan struct{}), make(chan error, 1)
 	go func() {
-		f.held <- f.db.WithTx(t.Context(), func(ctx context.Context, tx *sql.Tx) error {
+		held <- db.WithTx(t.Context(), func(ctx context.Context, tx *sql.Tx) error {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO ids (id) VALUES ('holder')`); err != nil {
 				return err
 			}
-			<-f.release
+			<-release
 			if then != nil {
-				return then(ctx, f)
+				return then(ctx)
 			}
 			return nil
 		})
 	}()
-	queuedOrHolding(t, &f.db.queue)
-	return f
+	queuedOrHolding(t, &db.queue)
+	return release, held
 }
 
 // renewQueued renews f's key at at while the writer is held: Renew
@@ -288,17 +303,7 @@ func TestRenewQueuedBehindTheWriterTellsALeaseAlreadyTakenOver(t *testing.T) {
 	if err != nil || second.Outcome != idem.Acquired || !second.TookOver {
 		t.Fatalf("the takeover: %+v, %v; want acquired, taken over", second, err)
 	}
-	release, held := make(chan struct{}), make(chan error, 1)
-	go func() {
-		held <- db.WithTx(t.Context(), func(ctx context.Context, tx *sql.Tx) error {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO ids (id) VALUES ('holder')`); err != nil {
-				return err
-			}
-			<-release
-			return nil
-		})
-	}()
-	queuedOrHolding(t, &db.queue)
+	release, held := holdWriter(t, db, nil)
 	clock.set(t0.Add(2500 * time.Millisecond))
 	if end, err := store.Renew(t.Context(), idem.Ref{Scope: "s", Key: "k", Token: first.Token}, req.Lease); !errors.Is(err, idem.ErrLeaseLost) {
 		t.Fatalf("the first holder's renewal behind the writer = %v, %v; want ErrLeaseLost", end, err)
