@@ -66,7 +66,11 @@ func (q *writerQueue) queueRenewal(ref idem.Ref, lease time.Duration, now func()
 		return r, false
 	}
 	// An earlier renewal of the same lease whose waiter left is replaced:
-	// this one ends later.
+	// this one, asked for later, is the lease its holder wants now, which
+	// may end sooner than the earlier one (a Renew with a shorter lease).
+	// Written in turn, the two would leave this one's end anyway; kept
+	// queued, the earlier one would make claims honour its end
+	// (pendingLeaseEnd takes the latest), which the key is not to have.
 	kept := q.renewals[:0]
 	for _, p := range q.renewals {
 		if !(p.left && p.ref == ref) {
