@@ -532,7 +532,7 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 		if pkgs, err = testPackages(c); err != nil {
 			return result{}, err
 		}
-		n, err := coverEach(pkgs, importPath, c.dir, tmp, o.workers)
+		n, err := coverEach(pkgs, importPath, c.dir, tmp, o.workers, aloneCut)
 		if err != nil {
 			return result{}, err
 		}

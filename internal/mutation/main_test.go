@@ -675,3 +675,62 @@ func TestPickTestsReachedByNoTestAloneBesideAPackageRunWhole(t *testing.T) {
 		t.Errorf("picked %v, want %v", got, want)
 	}
 }
+
+// A test run alone in the coverage of each test is cut, as go test cuts a
+// test binary (its -timeout): one that hangs alone, waiting for what a
+// test before it would have done, counts as failing alone (its package
+// runs whole for every mutant) rather than holding the run forever; the
+// others' coverage is kept.
+func TestCoverEachCutsATestThatHangsAlone(t *testing.T) {
+	dir := t.TempDir()
+	for name, text := range map[string]string{
+		"go.mod": "module example.com/m\n\ngo 1.22\n",
+		"m.go":   "package m\n\nvar ready bool\n\nfunc Ready() { ready = true }\n",
+		"m_test.go": `package m
+
+import (
+	"testing"
+	"time"
+)
+
+func TestFirst(t *testing.T) { Ready() }
+
+// TestSecond leans on TestFirst: alone, it waits for what never comes.
+func TestSecond(t *testing.T) {
+	for !ready {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+`,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Chdir(dir)
+	t.Setenv("GOWORK", "off")
+	p := &testPkg{path: "example.com/m", dir: dir}
+	done := make(chan error, 1)
+	go func() {
+		_, err := coverEach([]*testPkg{p}, "example.com/m", dir, t.TempDir(), 2, 3*time.Second)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatal("coverEach did not return: a test hanging alone held it")
+	}
+	if !p.always {
+		t.Error("a test that hangs alone: its package is not run whole")
+	}
+	if want := []string{"TestFirst", "TestSecond"}; !reflect.DeepEqual(p.tests, want) {
+		t.Errorf("tests %q, want %q", p.tests, want)
+	}
+	m := &mutant{file: filepath.Join(dir, "m.go"), line: 5, col: 16, fn: "Ready"}
+	if !p.cover["TestFirst"].covers(m) {
+		t.Error("TestFirst's coverage alone does not reach Ready")
+	}
+}

@@ -202,8 +202,9 @@ func testPackages(c pkgConf) ([]*testPkg, error) {
 // coverEach builds each test package's test binary once with coverage of
 // the measured package and runs it once per top-level test the line's
 // pattern selects (once, whole, when the pattern names subtests), workers
-// at a time, keeping what each reached. It returns how many runs it made.
-func coverEach(pkgs []*testPkg, importPath, measuredDir, tmp string, workers int) (int, error) {
+// at a time, keeping what each reached; a run is cut after cut, as go
+// test's -timeout cuts one. It returns how many runs it made.
+func coverEach(pkgs []*testPkg, importPath, measuredDir, tmp string, workers int, cut time.Duration) (int, error) {
 	type job struct {
 		p    *testPkg
 		name string
@@ -254,9 +255,14 @@ func coverEach(pkgs []*testPkg, importPath, measuredDir, tmp string, workers int
 				if j.p.whole {
 					run = j.p.run
 				}
+				// Cut as go test cuts a binary (and, should it hang outside
+				// its tests, in TestMain, killed a little later): a test
+				// that hangs alone fails alone.
+				ctx, cancel := context.WithTimeout(context.Background(), cut+30*time.Second)
 				t0 := time.Now()
-				out, err := command(context.Background(), j.p.dir, bins[j.p], "-test.run", run, "-test.count=1", "-test.coverprofile="+profile)
+				out, err := command(ctx, j.p.dir, bins[j.p], "-test.run", run, "-test.count=1", "-test.timeout="+cut.String(), "-test.coverprofile="+profile)
 				took := time.Since(t0)
+				cancel()
 				cb := coverBlocks{}
 				if err == nil {
 					err = cb.read(profile, importPath, measuredDir)
@@ -302,3 +308,7 @@ func baselineEach(pkgs []*testPkg) error {
 	}
 	return nil
 }
+
+// aloneCut is how long a test may run alone in the coverage of each test:
+// go test's own default -timeout.
+const aloneCut = 10 * time.Minute
