@@ -1,6 +1,7 @@
 package idemgrpc
 
 import (
+	"cmp"
 	"context"
 	"sync"
 	"time"
@@ -60,7 +61,8 @@ type Client struct {
 	// (a key for every call), except for the health and reflection
 	// services and methods whose registered descriptor declares
 	// idempotency_level NO_SIDE_EFFECTS or IDEMPOTENT, which are Off (as
-	// Config.Default says).
+	// Config.Default says). A value that is no Policy makes every call
+	// fail, before any attempt, with an error (idem.ErrInvalidArgument).
 	Default Policy
 	// NewKey makes a key. Defaults to idemhttp.NewKey, a random UUID v4.
 	NewKey func() string
@@ -73,7 +75,7 @@ type Client struct {
 
 	policies sync.Map
 	checked  sync.Once
-	invalid  error // checkMethods' verdict on Methods, read once
+	invalid  error // checkDefault's and checkMethods' verdict, read once
 }
 
 // Unary returns the unary client interceptor.
@@ -91,7 +93,9 @@ func (c *Client) policy(fullMethod string) Policy {
 }
 
 func (c *Client) invoke(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	c.checked.Do(func() { c.invalid = checkMethods("idemgrpc.Client.Methods", c.Methods) })
+	c.checked.Do(func() {
+		c.invalid = cmp.Or(checkDefault("idemgrpc.Client.Default", c.Default), checkMethods("idemgrpc.Client.Methods", c.Methods))
+	})
 	if c.invalid != nil {
 		return c.invalid
 	}

@@ -189,6 +189,28 @@ func TestClientRefusesMethodsNoCallMatches(t *testing.T) {
 	}
 }
 
+// A Client whose Default is no Policy refuses every call, before any
+// attempt, as New refuses such a Config.Default: it was taken silently,
+// as if it were Required.
+func TestClientRefusesADefaultThatIsNoPolicy(t *testing.T) {
+	t.Parallel()
+	for _, def := range []idemgrpc.Policy{-1, 7} {
+		client := &idemgrpc.Client{Default: def}
+		attempts := 0
+		invoker := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+			attempts++
+			return nil
+		}
+		err := client.Unary()(context.Background(), grpcsuite.Method, &structpb.Struct{}, &structpb.Struct{}, nil, invoker)
+		if !errors.Is(err, idem.ErrInvalidArgument) || !strings.Contains(err.Error(), "idemgrpc.Client.Default") {
+			t.Errorf("Default %d: %v, want ErrInvalidArgument naming idemgrpc.Client.Default", def, err)
+		}
+		if attempts != 0 {
+			t.Errorf("Default %d: %d attempts, want none", def, attempts)
+		}
+	}
+}
+
 // A server calling a further service through a Client passes its key on:
 // each call gets DownstreamKey of the execution, and a re-run after a
 // transient failure sends the same keys, so the downstream service

@@ -284,16 +284,25 @@ func withDefaults(cfg *Config) (Config, error) {
 	if c.MaxResponseBytes == 0 {
 		c.MaxResponseBytes = DefaultMaxResponseBytes
 	}
-	switch {
-	case c.MaxResponseBytes < 0:
+	if c.MaxResponseBytes < 0 {
 		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.MaxResponseBytes", Reason: "must not be negative"}
-	case c.Default != 0 && (c.Default < Required || c.Default > Off):
-		return Config{}, &idem.ArgumentError{Field: "idemgrpc.Config.Default", Reason: fmt.Sprintf("is %s, not a Policy", c.Default)}
+	}
+	if err := checkDefault("idemgrpc.Config.Default", c.Default); err != nil {
+		return Config{}, err
 	}
 	if err := checkMethods("idemgrpc.Config.Methods", c.Methods); err != nil {
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// checkDefault refuses a Default (Config's or Client's, named by field)
+// that is neither unset nor a Policy.
+func checkDefault(field string, def Policy) error {
+	if def != 0 && (def < Required || def > Off) {
+		return &idem.ArgumentError{Field: field, Reason: fmt.Sprintf("is %s, not a Policy", def)}
+	}
+	return nil
 }
 
 // checkMethods refuses a Methods map (Config's or Client's, named by
