@@ -70,6 +70,7 @@ func main() {
 	flag.BoolVar(&o.verbose, "v", false, "also list every mutant no test reaches")
 	flag.BoolVar(&o.coverOnly, "coverage-only", false, "measure only which mutants the tests reach (mutator coverage), running none of them")
 	flag.BoolVar(&o.allTests, "all-tests", false, "run every selected test for each mutant, not only the top-level tests that reach its line")
+	flag.IntVar(&o.eachFrom, "each-from", 25, "with fewer mutants to run than this in a package, every selected test runs for each (the coverage of each test alone would cost more than it saves)")
 	flag.Parse()
 	rc, err := run(o, flag.Args())
 	if err != nil {
@@ -82,7 +83,7 @@ func main() {
 type options struct {
 	gremlins, config, equivalents, diff string
 	since                               string
-	workers, factor                     int
+	workers, factor, eachFrom           int
 	minTimeout, budget                  time.Duration
 	verbose, coverOnly, allTests        bool
 }
@@ -525,9 +526,16 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 		return result{line: line, failed: len(stale) > 0}, nil
 	}
 	// Unless -all-tests, what each top-level test reaches alone, so that a
-	// mutant runs only the tests that reach it.
+	// mutant runs only the tests that reach it. That runs every test alone,
+	// one process each: more than a few mutants' runs of the whole
+	// selection cost, so a package with few mutants to run (a -since run's,
+	// say) runs every selected test for each.
+	allTests := everyTest(o, len(runnable))
+	if allTests && !o.allTests && len(runnable) > 0 {
+		fmt.Printf("   %d mutants to run, fewer than -each-from %d: every selected test runs for each\n", len(runnable), o.eachFrom)
+	}
 	var pkgs []*testPkg
-	if len(runnable) > 0 && !o.allTests {
+	if len(runnable) > 0 && !allTests {
 		t0 := time.Now()
 		if pkgs, err = testPackages(c); err != nil {
 			return result{}, err
@@ -541,18 +549,31 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 	} else if len(runnable) > 0 {
 		fmt.Printf("   coverage: %s\n", time.Since(coverStart).Round(time.Second))
 	}
+	// The baseline is timed with the measured file rewritten (a comment
+	// added), so that it rebuilds what a mutant's run rebuilds: the
+	// measured package and every package above it in the test binaries.
+	// Timed on a warm build cache instead, the cut would leave a mutant's
+	// run little more than its build, and a busy machine would make
+	// timed-out mutants of what its tests kill.
 	var baseline time.Duration
-	if len(runnable) > 0 && o.allTests {
+	rebuild := func(n int) (string, error) {
+		return rebuildOverlay(runnable[0].file, filepath.Join(tmp, "baseline"), n)
+	}
+	if len(runnable) > 0 && allTests {
 		t0 := time.Now()
-		for _, t := range c.tests {
-			args := append([]string{"test", "-count=1"}, t.args()...)
+		for i, t := range c.tests {
+			ov, err := rebuild(i)
+			if err != nil {
+				return result{}, err
+			}
+			args := append([]string{"test", "-count=1", "-overlay=" + ov}, t.args()...)
 			if out, err := goCmd(context.Background(), args...); err != nil {
 				return result{}, fmt.Errorf("the selected tests fail without any mutant (go %s):\n%s", strings.Join(args, " "), out)
 			}
 		}
 		baseline = time.Since(t0)
 	} else if len(runnable) > 0 {
-		if err := baselineEach(pkgs); err != nil {
+		if err := baselineEach(pkgs, rebuild); err != nil {
 			return result{}, err
 		}
 		for _, p := range pkgs {
@@ -565,7 +586,7 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 	runs := make([][][]string, len(runnable))
 	cuts := make([]time.Duration, len(runnable))
 	cut := max(time.Duration(o.factor)*baseline, o.minTimeout)
-	if o.allTests {
+	if allTests {
 		var all [][]string
 		for _, t := range c.tests {
 			all = append(all, t.args())
@@ -779,6 +800,39 @@ func command(ctx context.Context, dir, name string, args ...string) ([]byte, err
 		<-done
 		return []byte(buf.String()), ctx.Err()
 	}
+}
+
+// everyTest says whether every selected test runs for each of n mutants
+// to run: with -all-tests, or when n is below -each-from.
+func everyTest(o options, n int) bool {
+	return o.allTests || n < o.eachFrom
+}
+
+// rebuildOverlay writes, under dir, a go test -overlay file that replaces
+// file with itself and a comment more, naming n: a build with it
+// recompiles file's package and what imports it, as a mutant's does (a
+// different n for each build, so that none finds the last one's in the
+// build cache), and runs the same code.
+func rebuildOverlay(file, dir string, n int) (string, error) {
+	src, err := os.ReadFile(file)
+	if err != nil {
+		return "", err
+	}
+	abs, err := filepath.Abs(file)
+	if err != nil {
+		return "", err
+	}
+	dir = filepath.Join(dir, strconv.Itoa(n))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	copied := filepath.Join(dir, filepath.Base(file))
+	if err := os.WriteFile(copied, fmt.Appendf(src, "\n// rebuilt for the baseline (%d)\n", n), 0o644); err != nil {
+		return "", err
+	}
+	ov, _ := json.Marshal(map[string]map[string]string{"Replace": {abs: copied}})
+	overlay := filepath.Join(dir, "overlay.json")
+	return overlay, os.WriteFile(overlay, ov, 0o644)
 }
 
 // execute runs go test commands (their arguments after the flags this

@@ -734,3 +734,69 @@ func TestSecond(t *testing.T) {
 		t.Error("TestFirst's coverage alone does not reach Ready")
 	}
 }
+
+// A package with few mutants to run runs every selected test for each:
+// the coverage of each test alone would cost more than it saves. With
+// -all-tests, always.
+func TestEveryTestBelowEachFrom(t *testing.T) {
+	for _, c := range []struct {
+		all       bool
+		from, n   int
+		everyTest bool
+	}{
+		{false, 25, 3, true},
+		{false, 25, 24, true},
+		{false, 25, 25, false},
+		{false, 0, 1, false},
+		{true, 0, 400, true},
+	} {
+		if got := everyTest(options{allTests: c.all, eachFrom: c.from}, c.n); got != c.everyTest {
+			t.Errorf("all-tests %v, each-from %d, %d mutants: every test %v, want %v", c.all, c.from, c.n, got, c.everyTest)
+		}
+	}
+}
+
+// The baseline is built as a mutant's run is: the measured file replaced,
+// so that its package and what imports it are compiled again rather than
+// found in the build cache, each build anew; the code is the same.
+func TestRebuildOverlayRecompilesTheSameCode(t *testing.T) {
+	dir := t.TempDir()
+	src := "package m\n\nfunc F() int { return 1 }\n"
+	for name, text := range map[string]string{
+		"go.mod":    "module example.com/m\n\ngo 1.22\n",
+		"m.go":      src,
+		"m_test.go": "package m\n\nimport \"testing\"\n\nfunc TestF(t *testing.T) {\n\tif F() != 1 {\n\t\tt.Fatal(F())\n\t}\n}\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Chdir(dir)
+	t.Setenv("GOWORK", "off")
+	tmp := t.TempDir()
+	for n := range 2 {
+		ov, err := rebuildOverlay("m.go", tmp, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command("go", "test", "-count=1", "-overlay="+ov, "-json", ".").CombinedOutput()
+		if err != nil {
+			t.Fatalf("go test with the overlay: %v\n%s", err, out)
+		}
+		copied, err := os.ReadFile(filepath.Join(tmp, strconv.Itoa(n), "m.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(string(copied), src) || len(copied) == len(src) {
+			t.Errorf("overlay %d: %q, want m.go's source and a comment more", n, copied)
+		}
+	}
+	a, _ := os.ReadFile(filepath.Join(tmp, "0", "m.go"))
+	b, _ := os.ReadFile(filepath.Join(tmp, "1", "m.go"))
+	if string(a) == string(b) {
+		t.Error("two builds of the baseline replace m.go with the same text: the second finds the first in the build cache")
+	}
+	if after, _ := os.ReadFile(filepath.Join(dir, "m.go")); string(after) != src {
+		t.Errorf("m.go itself changed: %q", after)
+	}
+}

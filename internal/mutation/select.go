@@ -294,10 +294,16 @@ func lastLines(s string, n int) string {
 func indent(s string) string { return "      " + strings.ReplaceAll(s, "\n", "\n      ") }
 
 // baselineEach times each test package's selection (go test -json, one
-// package at a time), keeping its wall time and each top-level test's.
-func baselineEach(pkgs []*testPkg) error {
-	for _, p := range pkgs {
-		args := append([]string{"test", "-count=1", "-json"}, pick{p, nil}.args()...)
+// package at a time, each built with the overlay rebuild(i) gives: one
+// that makes it recompile what a mutant's run recompiles), keeping its
+// wall time and each top-level test's.
+func baselineEach(pkgs []*testPkg, rebuild func(int) (string, error)) error {
+	for i, p := range pkgs {
+		overlay, err := rebuild(i)
+		if err != nil {
+			return err
+		}
+		args := append([]string{"test", "-count=1", "-json", "-overlay=" + overlay}, pick{p, nil}.args()...)
 		t0 := time.Now()
 		out, err := goCmd(context.Background(), args...)
 		if err != nil {
