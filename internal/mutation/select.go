@@ -228,7 +228,9 @@ func coverEach(pkgs []*testPkg, importPath, measuredDir, tmp string, workers int
 		if list == "" {
 			list = "."
 		}
-		out, err := command(context.Background(), p.dir, bin, "-test.list", list)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		out, err := command(ctx, p.dir, bin, "-test.list", list)
+		cancel()
 		if err != nil {
 			return 0, fmt.Errorf("%s -test.list %q: %v\n%s", p.path, list, err, out)
 		}
@@ -260,7 +262,10 @@ func coverEach(pkgs []*testPkg, importPath, measuredDir, tmp string, workers int
 				// that hangs alone fails alone.
 				ctx, cancel := context.WithTimeout(context.Background(), cut+30*time.Second)
 				t0 := time.Now()
-				out, err := command(ctx, j.p.dir, bins[j.p], "-test.run", run, "-test.count=1", "-test.timeout="+cut.String(), "-test.coverprofile="+profile)
+				// -test.paniconexit0 as go test passes it (a test calling
+				// os.Exit(0) already fails here: the profile is written
+				// only after the tests).
+				out, err := command(ctx, j.p.dir, bins[j.p], "-test.paniconexit0", "-test.run", run, "-test.count=1", "-test.timeout="+cut.String(), "-test.coverprofile="+profile)
 				took := time.Since(t0)
 				cancel()
 				cb := coverBlocks{}
