@@ -101,7 +101,9 @@ func TestClaimTxLockHoldsOffClaim(t *testing.T) {
 				return idem.Response{}, false, err
 			}
 			close(wrote)
-			<-proceed
+			if err := await(ctx, proceed); err != nil {
+				return idem.Response{}, false, err
+			}
 			return idem.Response{Status: 201, Body: []byte("first")}, true, nil
 		})
 		if err == nil && !kept {
@@ -109,7 +111,7 @@ func TestClaimTxLockHoldsOffClaim(t *testing.T) {
 		}
 		holderDone <- err
 	}()
-	<-wrote
+	receive(t, wrote, "ClaimTx's work did not write")
 
 	if _, err := other.Get(ctx, req.Scope, req.Key); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("Get while the work runs: %v; want ErrNotFound (no row yet)", err)
@@ -129,10 +131,10 @@ func TestClaimTxLockHoldsOffClaim(t *testing.T) {
 	}()
 	waitingOn(t, second, app, "WITH l AS MATERIALIZED")
 	close(proceed)
-	if err := <-holderDone; err != nil {
+	if err := receive(t, holderDone, "ClaimTx did not return once its work did"); err != nil {
 		t.Fatalf("ClaimTx: %v", err)
 	}
-	c, err := <-claimed, <-claimErr
+	c, err := receive(t, claimed, "the waiting Claim did not return once ClaimTx committed"), <-claimErr
 	if err != nil || c.Outcome != idem.Completed || string(c.Record.Response.Body) != "first" {
 		t.Fatalf("the waiting Claim = %+v, %v; want the first execution's answer", c, err)
 	}

@@ -271,7 +271,9 @@ func TestClaimTxDuplicatesWhileInFlight(t *testing.T) {
 						return idem.Response{}, false, err
 					}
 					close(wrote)
-					<-proceed
+					if err := await(ctx, proceed); err != nil {
+						return idem.Response{}, false, err
+					}
 					return idem.Response{Status: 201, Body: []byte("first")}, true, nil
 				})
 				if err == nil && !kept {
@@ -279,7 +281,7 @@ func TestClaimTxDuplicatesWhileInFlight(t *testing.T) {
 				}
 				holderDone <- err
 			}()
-			<-wrote
+			receive(t, wrote, "the first ClaimTx's work did not write")
 
 			const dups = 16
 			replies := make(chan string, dups)
@@ -313,7 +315,7 @@ func TestClaimTxDuplicatesWhileInFlight(t *testing.T) {
 				return n == dups
 			})
 			close(proceed)
-			if err := <-holderDone; err != nil {
+			if err := receive(t, holderDone, "the first ClaimTx did not return once its work did"); err != nil {
 				t.Fatalf("first execution: %v", err)
 			}
 			wg.Wait()
@@ -345,12 +347,14 @@ func TestClaimTxWaitEnds(t *testing.T) {
 				return idem.Response{}, false, err
 			}
 			close(wrote)
-			<-proceed
+			if err := await(ctx, proceed); err != nil {
+				return idem.Response{}, false, err
+			}
 			return idem.Response{Status: 503}, false, nil // a transient failure: not kept
 		})
 		holderDone <- err
 	}()
-	<-wrote
+	receive(t, wrote, "the first ClaimTx's work did not write")
 
 	// A short wait ends in flight.
 	c, kept, err := store.ClaimTx(ctx, req, 20*time.Millisecond, func(context.Context, idem.Claim) (idem.Response, bool, error) {
@@ -372,10 +376,10 @@ func TestClaimTxWaitEnds(t *testing.T) {
 	}()
 	waitingOn(t, db, app, "WITH o AS MATERIALIZED")
 	close(proceed)
-	if err := <-holderDone; err != nil {
+	if err := receive(t, holderDone, "the first ClaimTx did not return once its work did"); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-second; err != nil {
+	if err := receive(t, second, "the waiting duplicate did not return once the first rolled back"); err != nil {
 		t.Fatalf("the waiting duplicate: %v", err)
 	}
 	if got := payments(t, db); !slices.Equal(got, []string{"second"}) {

@@ -84,13 +84,15 @@ func TestCompleteTxWaitingWorkHoldsNoConnection(t *testing.T) {
 	go func() {
 		kept, err := f.store.CompleteTx(t.Context(), f.ref(), func(ctx context.Context) (idem.Response, bool, error) {
 			close(entered)
-			<-proceed
+			if err := await(ctx, proceed); err != nil {
+				return idem.Response{}, false, err
+			}
 			return payWork(f.db, "pay_1", true, nil)(ctx)
 		})
 		done <- result{kept, err}
 	}()
 
-	<-entered
+	receive(t, entered, "CompleteTx did not call its work")
 	// Bounded so that a transaction begun too early fails the test instead
 	// of hanging it.
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -103,7 +105,7 @@ func TestCompleteTxWaitingWorkHoldsNoConnection(t *testing.T) {
 		cerr = f.store.Complete(ctx, refOf(c), idem.Response{Status: 200})
 	}
 	close(proceed)
-	r := <-done
+	r := receive(t, done, "CompleteTx did not return once its work went on")
 	if err != nil || c.Outcome != idem.Acquired {
 		t.Errorf("Claim of another key while work waits = %v, %v; want acquired without waiting", c.Outcome, err)
 	}
@@ -192,7 +194,9 @@ func TestDuplicatesWhileInFlight(t *testing.T) {
 						return idem.Response{}, false, err
 					}
 					close(wrote)
-					<-proceed
+					if err := await(ctx, proceed); err != nil {
+						return idem.Response{}, false, err
+					}
 					return idem.Response{Status: 201, Body: []byte("first")}, true, nil
 				})
 				if err == nil && !kept {
@@ -200,7 +204,7 @@ func TestDuplicatesWhileInFlight(t *testing.T) {
 				}
 				holderDone <- err
 			}()
-			<-wrote
+			receive(t, wrote, "the first CompleteTx's work did not write")
 
 			const dups = 16
 			var sawInFlight sync.WaitGroup
@@ -211,6 +215,14 @@ func TestDuplicatesWhileInFlight(t *testing.T) {
 				wg.Go(func() {
 					s, db := stores[1+i%2], dbs[1+i%2]
 					counted := false
+					// A duplicate that ends before it saw the key in
+					// flight does not hold the others up: its reply
+					// says how it ended, and fails the test.
+					defer func() {
+						if !counted {
+							sawInFlight.Done()
+						}
+					}()
 					for {
 						c, err := s.Claim(ctx, req)
 						if err != nil {
@@ -247,7 +259,7 @@ func TestDuplicatesWhileInFlight(t *testing.T) {
 			}
 			sawInFlight.Wait()
 			close(proceed)
-			if err := <-holderDone; err != nil {
+			if err := receive(t, holderDone, "the first CompleteTx did not return once its work did"); err != nil {
 				t.Fatalf("first execution: %v", err)
 			}
 			wg.Wait()
@@ -301,7 +313,9 @@ func TestTakeoverDuringWork(t *testing.T) {
 							}
 						}
 						close(ready)
-						<-proceed
+						if err := await(ctx, proceed); err != nil {
+							return idem.Response{}, false, err
+						}
 						if !writeFirst {
 							if err := insertPayment(ctx, f.db, "first"); err != nil {
 								return idem.Response{}, false, err
@@ -311,7 +325,7 @@ func TestTakeoverDuringWork(t *testing.T) {
 					})
 					done <- result{kept, err}
 				}()
-				<-ready
+				receive(t, ready, "CompleteTx did not call its work")
 
 				f.clock.Advance(f.req.Lease)
 				second := mustClaim(t, f.store, f.req)
@@ -323,7 +337,7 @@ func TestTakeoverDuringWork(t *testing.T) {
 					t.Fatalf("second holder's CompleteTx = %v, %v", kept, err)
 				}
 				close(proceed)
-				r := <-done
+				r := receive(t, done, "the first holder's CompleteTx did not return once its work went on")
 				if r.kept || r.err == nil {
 					t.Fatalf("first holder's CompleteTx = %v, %v; want refused", r.kept, r.err)
 				}
@@ -387,7 +401,7 @@ func TestTakeoverWaitsForUncommittedCompletion(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c, err := <-claimed, <-claimErr
+			c, err := receive(t, claimed, "the takeover claim did not return once the completion committed"), <-claimErr
 			if err != nil || c.Outcome != idem.Completed || c.Record.Token != first.Token {
 				t.Errorf("takeover claim racing the completion = %v (token %d), %v; want completed under %d", c.Outcome, c.Record.Token, err, first.Token)
 			}

@@ -120,16 +120,18 @@ func TestInboxSequenceWaitsForTheRowsCreator(t *testing.T) {
 			boom := errors.New("boom")
 			firstErr := make(chan error, 1)
 			go func() {
-				firstErr <- in1.ProcessSequence(ctx, "c", "acct-1", 1, idem.GapHold, func(context.Context) error {
+				firstErr <- in1.ProcessSequence(ctx, "c", "acct-1", 1, idem.GapHold, func(ctx context.Context) error {
 					close(inside)
-					<-release
+					if err := await(ctx, release); err != nil {
+						return err
+					}
 					if outcome == "rolls back" {
 						return boom
 					}
 					return nil
 				})
 			}()
-			<-inside
+			receive(t, inside, "the first ProcessSequence did not call fn")
 			ran := false
 			secondErr := make(chan error, 1)
 			go func() {
@@ -145,13 +147,13 @@ func TestInboxSequenceWaitsForTheRowsCreator(t *testing.T) {
 				return err == nil && n > 0
 			})
 			close(release)
-			switch err := <-firstErr; {
+			switch err := receive(t, firstErr, "the first ProcessSequence did not return once fn did"); {
 			case outcome == "commits" && err != nil:
 				t.Fatalf("first ProcessSequence = %v, want nil", err)
 			case outcome == "rolls back" && !errors.Is(err, boom):
 				t.Fatalf("first ProcessSequence = %v, want fn's error", err)
 			}
-			err := <-secondErr
+			err := receive(t, secondErr, "the second ProcessSequence did not return once the first ended")
 			switch outcome {
 			case "commits":
 				if !errors.Is(err, idem.ErrDuplicate) || ran {

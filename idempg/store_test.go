@@ -390,11 +390,10 @@ func TestTakeoverAfterARowWaitGetsWholeLease(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			<-proceed
-			return nil
+			return await(ctx, proceed)
 		})
 	}()
-	<-locked
+	receive(t, locked, "the transaction did not lock the key's row")
 
 	const lease = time.Minute
 	taken := make(chan idem.Claim, 1)
@@ -407,10 +406,10 @@ func TestTakeoverAfterARowWaitGetsWholeLease(t *testing.T) {
 	waitingOn(t, claimerDB, app, "SELECT o_outcome")
 	waited := dbNow()
 	close(proceed)
-	if err := <-lock; err != nil {
+	if err := receive(t, lock, "the transaction holding the row did not end once let go"); err != nil {
 		t.Fatalf("the transaction holding the row: %v", err)
 	}
-	c, err := <-taken, <-takenErr
+	c, err := receive(t, taken, "the takeover did not return once the row was free"), <-takenErr
 	if err != nil || c.Outcome != idem.Acquired || !c.TookOver {
 		t.Fatalf("the takeover = %v (took over %v), %v", c.Outcome, c.TookOver, err)
 	}
@@ -446,11 +445,10 @@ func TestRenewAfterARowWaitGetsWholeLease(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			<-proceed
-			return nil
+			return await(ctx, proceed)
 		})
 	}()
-	<-locked
+	receive(t, locked, "the transaction did not lock the key's row")
 
 	const lease = time.Minute
 	type renewal struct {
@@ -472,10 +470,10 @@ func TestRenewAfterARowWaitGetsWholeLease(t *testing.T) {
 	})
 	waited := dbNow(t, lockDB)
 	close(proceed)
-	if err := <-lock; err != nil {
+	if err := receive(t, lock, "the transaction holding the row did not end once let go"); err != nil {
 		t.Fatalf("the transaction holding the row: %v", err)
 	}
-	r := <-renewed
+	r := receive(t, renewed, "Renew did not return once the row was free")
 	if r.err != nil {
 		t.Fatalf("Renew = %v", r.err)
 	}

@@ -63,7 +63,9 @@ func TestClaimInTxLocks(t *testing.T) {
 					t.Errorf("T%d claims %s = %v, %v", i+1, keys[0], c.Outcome, err)
 				}
 				close(claimed[i])
-				<-claimed[1-i]
+				if err := await(tctx, claimed[1-i]); err != nil {
+					return err
+				}
 				r.c, r.err = store.Claim(tctx, req(keys[1]))
 				return nil
 			})
@@ -74,7 +76,7 @@ func TestClaimInTxLocks(t *testing.T) {
 		}()
 	}
 	for range 2 {
-		if r := <-crossed; r.err != nil || r.c.Outcome != idem.InFlight {
+		if r := receive(t, crossed, "a transaction's claim of the other's key did not return"); r.err != nil || r.c.Outcome != idem.InFlight {
 			t.Errorf("a claim of the key the other transaction holds = %v, %v; want InFlight, no deadlock", r.c.Outcome, r.err)
 		}
 	}
@@ -102,11 +104,13 @@ func TestClaimInTxTakesOverAKeyWhoseLeaseEnded(t *testing.T) {
 		holderDone <- db.WithTx(ctx, func(tctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(tctx, `SELECT 1 FROM idem_keys WHERE scope = $1 AND key = $2 FOR UPDATE`, "s", "k")
 			close(holding)
-			<-release
+			if werr := await(tctx, release); werr != nil {
+				return werr
+			}
 			return err
 		})
 	}()
-	<-holding
+	receive(t, holding, "the other transaction did not lock the key's row")
 	err := db.WithTx(ctx, func(tctx context.Context, _ pgx.Tx) error {
 		// Bounded, so that a claim that waits for the row fails the test
 		// instead of waiting for the other transaction.
@@ -118,7 +122,7 @@ func TestClaimInTxTakesOverAKeyWhoseLeaseEnded(t *testing.T) {
 		return nil
 	})
 	close(release)
-	if herr := <-holderDone; herr != nil || err != nil {
+	if herr := receive(t, holderDone, "the transaction holding the row did not end once let go"); herr != nil || err != nil {
 		t.Fatalf("the transactions: %v, %v", herr, err)
 	}
 
