@@ -66,7 +66,7 @@ func main() {
 	flag.DurationVar(&o.minTimeout, "min-timeout", 30*time.Second, "the shortest cut of a mutant's run")
 	flag.StringVar(&o.diff, "diff", "", "only the mutants on lines changed since this commit (git diff -U0 of each file)")
 	flag.StringVar(&o.since, "since", "", "measure only the packages whose files changed since this commit, and in them only the mutants on changed lines (implies -diff)")
-	flag.DurationVar(&o.budget, "budget", 0, "stop starting mutants after this long (0: no limit); the run then says what it left out")
+	flag.DurationVar(&o.budget, "budget", 0, "stop starting mutants, and the coverage and baseline runs that lead to them, after this long (0: no limit); the run then says what it left out")
 	flag.BoolVar(&o.verbose, "v", false, "also list every mutant no test reaches")
 	flag.BoolVar(&o.coverOnly, "coverage-only", false, "measure only which mutants the tests reach (mutator coverage), running none of them")
 	flag.BoolVar(&o.allTests, "all-tests", false, "run every selected test for each mutant, not only the top-level tests that reach its line")
@@ -483,7 +483,15 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 	}
 	defer os.RemoveAll(tmp)
 
-	// Coverage, then the timed baseline.
+	// Coverage, then the timed baseline. Neither starts once the budget
+	// has run out: they would only lead to mutants that are not started.
+	pastBudget := func() bool { return !deadline.IsZero() && time.Now().After(deadline) }
+	notJudged := func(during string) result {
+		line := fmt.Sprintf("%-17s NOT JUDGED: the time budget ran out during its %s, before any of its %d mutant(s) ran; measure it with scripts/mutation %s",
+			c.dir, during, len(muts.changed), c.dir)
+		fmt.Println(line)
+		return result{line: line, failed: len(stale) > 0}
+	}
 	var runnable []*mutant
 	coverStart := time.Now()
 	if len(muts.changed) > 0 {
@@ -491,6 +499,9 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 		// block any of them ran is covered.
 		blocks := coverBlocks{}
 		for i, t := range c.tests {
+			if pastBudget() && !o.coverOnly {
+				return notJudged("coverage"), nil
+			}
 			profile := filepath.Join(tmp, fmt.Sprintf("cover%d.out", i))
 			args := append([]string{"test", "-count=1", "-coverpkg=" + importPath, "-coverprofile=" + profile}, t.args()...)
 			if out, err := goCmd(context.Background(), args...); err != nil {
@@ -540,12 +551,15 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 		if pkgs, err = testPackages(c); err != nil {
 			return result{}, err
 		}
-		n, err := coverEach(pkgs, importPath, c.dir, tmp, o.workers, aloneCut)
+		n, left, err := coverEach(pkgs, importPath, c.dir, tmp, o.workers, aloneCut, deadline)
 		if err != nil {
 			return result{}, err
 		}
 		fmt.Printf("   coverage: %s (%d top-level tests over %d test package(s) run one by one: %s)\n",
 			time.Since(coverStart).Round(time.Second), n, len(pkgs), time.Since(t0).Round(time.Second))
+		if left > 0 {
+			return notJudged(fmt.Sprintf("coverage of each test (%d of %d tests not run alone)", left, n+left)), nil
+		}
 	} else if len(runnable) > 0 {
 		fmt.Printf("   coverage: %s\n", time.Since(coverStart).Round(time.Second))
 	}
@@ -555,6 +569,9 @@ func measure(o options, c pkgConf, equivs []*equivalent, deadline time.Time) (re
 	// Timed on a warm build cache instead, the cut would leave a mutant's
 	// run little more than its build, and a busy machine would make
 	// timed-out mutants of what its tests kill.
+	if len(runnable) > 0 && pastBudget() {
+		return notJudged("coverage"), nil
+	}
 	var baseline time.Duration
 	rebuild := func(n int) (string, error) {
 		return rebuildOverlay(runnable[0].file, filepath.Join(tmp, "baseline"), n)

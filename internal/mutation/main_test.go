@@ -712,7 +712,7 @@ func TestSecond(t *testing.T) {
 	p := &testPkg{path: "example.com/m", dir: dir}
 	done := make(chan error, 1)
 	go func() {
-		_, err := coverEach([]*testPkg{p}, "example.com/m", dir, t.TempDir(), 2, 3*time.Second)
+		_, _, err := coverEach([]*testPkg{p}, "example.com/m", dir, t.TempDir(), 2, 3*time.Second, time.Time{})
 		done <- err
 	}()
 	select {
@@ -732,6 +732,42 @@ func TestSecond(t *testing.T) {
 	m := &mutant{file: filepath.Join(dir, "m.go"), line: 5, col: 16, fn: "Ready"}
 	if !p.cover["TestFirst"].covers(m) {
 		t.Error("TestFirst's coverage alone does not reach Ready")
+	}
+}
+
+// The budget bounds the coverage of each test too: once it has run out,
+// coverEach starts no more tests alone and says how many it left, so that
+// the run stops there instead of measuring every test and timing a
+// baseline for mutants it will not start (a -since run's 3 minutes were
+// spent before keyed's coverage of each test was half done).
+func TestCoverEachStartsNoTestPastTheBudget(t *testing.T) {
+	dir := t.TempDir()
+	for name, text := range map[string]string{
+		"go.mod":    "module example.com/m\n\ngo 1.22\n",
+		"m.go":      "package m\n\nfunc F() int { return 1 }\n",
+		"m_test.go": "package m\n\nimport \"testing\"\n\nfunc TestFirst(t *testing.T) { F() }\n\nfunc TestSecond(t *testing.T) { F() }\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Chdir(dir)
+	t.Setenv("GOWORK", "off")
+	p := &testPkg{path: "example.com/m", dir: dir}
+	ran, left, err := coverEach([]*testPkg{p}, "example.com/m", dir, t.TempDir(), 2, time.Minute, time.Now().Add(-time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ran != 0 || left != 2 || len(p.cover) != 0 {
+		t.Errorf("past the budget: %d tests run alone (coverage of %d), %d left; want none run, 2 left", ran, len(p.cover), left)
+	}
+	p = &testPkg{path: "example.com/m", dir: dir}
+	ran, left, err = coverEach([]*testPkg{p}, "example.com/m", dir, t.TempDir(), 2, time.Minute, time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ran != 2 || left != 0 || len(p.cover) != 2 {
+		t.Errorf("within the budget: %d tests run alone (coverage of %d), %d left; want 2 run, none left", ran, len(p.cover), left)
 	}
 }
 

@@ -203,8 +203,10 @@ func testPackages(c pkgConf) ([]*testPkg, error) {
 // the measured package and runs it once per top-level test the line's
 // pattern selects (once, whole, when the pattern names subtests), workers
 // at a time, keeping what each reached; a run is cut after cut, as go
-// test's -timeout cuts one. It returns how many runs it made.
-func coverEach(pkgs []*testPkg, importPath, measuredDir, tmp string, workers int, cut time.Duration) (int, error) {
+// test's -timeout cuts one. It starts none once past deadline (zero: no
+// deadline), as handOut starts no mutant. It returns how many runs it made
+// and how many the deadline left unmade.
+func coverEach(pkgs []*testPkg, importPath, measuredDir, tmp string, workers int, cut time.Duration, deadline time.Time) (ran, left int, err error) {
 	type job struct {
 		p    *testPkg
 		name string
@@ -215,7 +217,7 @@ func coverEach(pkgs []*testPkg, importPath, measuredDir, tmp string, workers int
 		bin := filepath.Join(tmp, fmt.Sprintf("t%d.test", i))
 		args := []string{"test", "-c", "-cover", "-covermode=set", "-coverpkg=" + importPath, "-o", bin, p.path}
 		if out, err := goCmd(context.Background(), args...); err != nil {
-			return 0, fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+			return 0, 0, fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 		if _, err := os.Stat(bin); err != nil {
 			continue // no test files: nothing to run
@@ -232,7 +234,7 @@ func coverEach(pkgs []*testPkg, importPath, measuredDir, tmp string, workers int
 		out, err := command(ctx, p.dir, bin, "-test.list", list)
 		cancel()
 		if err != nil {
-			return 0, fmt.Errorf("%s -test.list %q: %v\n%s", p.path, list, err, out)
+			return 0, 0, fmt.Errorf("%s -test.list %q: %v\n%s", p.path, list, err, out)
 		}
 		p.tests = parseTestList(string(out))
 		for _, t := range p.tests {
@@ -243,52 +245,39 @@ func coverEach(pkgs []*testPkg, importPath, measuredDir, tmp string, workers int
 	for i, p := range pkgs {
 		bins[p] = filepath.Join(tmp, fmt.Sprintf("t%d.test", i))
 	}
-	work := make(chan int)
-	var wg sync.WaitGroup
 	var mu sync.Mutex
-	for w := 0; w < max(workers, 1); w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				j := jobs[i]
-				profile := filepath.Join(tmp, fmt.Sprintf("each%d.out", i))
-				run := "^" + regexp.QuoteMeta(j.name) + "$"
-				if j.p.whole {
-					run = j.p.run
-				}
-				// Cut as go test cuts a binary (and, should it hang outside
-				// its tests, in TestMain, killed a little later): a test
-				// that hangs alone fails alone.
-				ctx, cancel := context.WithTimeout(context.Background(), cut+30*time.Second)
-				t0 := time.Now()
-				// -test.paniconexit0 as go test passes it (a test calling
-				// os.Exit(0) already fails here: the profile is written
-				// only after the tests).
-				out, err := command(ctx, j.p.dir, bins[j.p], "-test.paniconexit0", "-test.run", run, "-test.count=1", "-test.timeout="+cut.String(), "-test.coverprofile="+profile)
-				took := time.Since(t0)
-				cancel()
-				cb := coverBlocks{}
-				if err == nil {
-					err = cb.read(profile, importPath, measuredDir)
-				}
-				mu.Lock()
-				if err != nil && !j.p.always {
-					j.p.always = true
-					fmt.Printf("   %s -test.run '%s' fails run alone, without any mutant (%v): every mutant runs all of %s's selected tests\n%s\n",
-						j.p.path, run, err, j.p.path, indent(lastLines(string(out), 15)))
-				}
-				j.p.cover[j.name], j.p.alone[j.name] = cb, took
-				mu.Unlock()
-			}
-		}()
-	}
-	for i := range jobs {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
-	return len(jobs), nil
+	left = handOut(len(jobs), workers, deadline, time.Now, func(i int) {
+		j := jobs[i]
+		profile := filepath.Join(tmp, fmt.Sprintf("each%d.out", i))
+		run := "^" + regexp.QuoteMeta(j.name) + "$"
+		if j.p.whole {
+			run = j.p.run
+		}
+		// Cut as go test cuts a binary (and, should it hang outside
+		// its tests, in TestMain, killed a little later): a test
+		// that hangs alone fails alone.
+		ctx, cancel := context.WithTimeout(context.Background(), cut+30*time.Second)
+		t0 := time.Now()
+		// -test.paniconexit0 as go test passes it (a test calling
+		// os.Exit(0) already fails here: the profile is written
+		// only after the tests).
+		out, err := command(ctx, j.p.dir, bins[j.p], "-test.paniconexit0", "-test.run", run, "-test.count=1", "-test.timeout="+cut.String(), "-test.coverprofile="+profile)
+		took := time.Since(t0)
+		cancel()
+		cb := coverBlocks{}
+		if err == nil {
+			err = cb.read(profile, importPath, measuredDir)
+		}
+		mu.Lock()
+		if err != nil && !j.p.always {
+			j.p.always = true
+			fmt.Printf("   %s -test.run '%s' fails run alone, without any mutant (%v): every mutant runs all of %s's selected tests\n%s\n",
+				j.p.path, run, err, j.p.path, indent(lastLines(string(out), 15)))
+		}
+		j.p.cover[j.name], j.p.alone[j.name] = cb, took
+		mu.Unlock()
+	})
+	return len(jobs) - left, left, nil
 }
 
 func lastLines(s string, n int) string {
