@@ -167,3 +167,23 @@ func mustClaim(t testing.TB, s idem.Store, req idem.ClaimRequest) idem.Claim {
 func refOf(c idem.Claim) idem.Ref {
 	return idem.Ref{Scope: c.Record.Scope, Key: c.Record.Key, Token: c.Token}
 }
+
+// waitFor polls cond until it holds, failing the test when ctx ends
+// first.
+func waitFor(t *testing.T, ctx context.Context, what string, cond func() (bool, error)) {
+	t.Helper()
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: not by the deadline", what)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}

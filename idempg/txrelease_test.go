@@ -2,6 +2,7 @@ package idempg_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -32,24 +33,30 @@ func TestReleaseAndYieldInCallersTxWakeWaiters(t *testing.T) {
 			s := newStore(t, db)
 			req := idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Hour, TTL: 2 * time.Hour}
 			c := mustClaim(t, s, req)
+			listening := idempg.Listening(s)
 
 			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 			defer cancel()
 			// The store's listener wakes every waiter once when it starts:
-			// started, and listening, before the waiter comes.
+			// started, and past that wake, before the waiter comes. (Its
+			// LISTEN shows in pg_stat_activity before the wake, and a
+			// waiter that came between would return at once.)
 			if err := s.WaitChange(ctx, req.Scope, "not-in-flight"); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, ctx, "the store's listener listens", func() (bool, error) {
-				var n int
-				err := db.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-					WHERE datname = current_database() AND query LIKE 'LISTEN %' AND position($1 in query) > 0
-					AND pid <> pg_backend_pid()`, db.Schema()).Scan(&n)
-				return n > 0, err
-			})
+			select {
+			case <-listening:
+			case <-ctx.Done():
+				t.Fatal("the store's listener never listened")
+			}
 			woke := make(chan error, 1)
 			go func() { woke <- s.WaitChange(ctx, req.Scope, req.Key) }()
 			waitFor(t, ctx, "the waiter registered", func() (bool, error) {
+				select {
+				case err := <-woke:
+					return false, fmt.Errorf("the waiter returned before the %s: %v", name, err)
+				default:
+				}
 				var n int
 				err := db.Pool().QueryRow(ctx, `SELECT count(*) FROM idem_waiters`).Scan(&n)
 				return n > 0, err
@@ -72,25 +79,5 @@ func TestReleaseAndYieldInCallersTxWakeWaiters(t *testing.T) {
 				t.Errorf("the waiter's claim after the %s: %v, %v; want acquired", name, next.Outcome, err)
 			}
 		})
-	}
-}
-
-// waitFor polls cond until it holds, failing the test when ctx ends
-// first.
-func waitFor(t *testing.T, ctx context.Context, what string, cond func() (bool, error)) {
-	t.Helper()
-	for {
-		ok, err := cond()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not by the deadline", what)
-		case <-time.After(5 * time.Millisecond):
-		}
 	}
 }
