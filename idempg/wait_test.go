@@ -3,6 +3,7 @@ package idempg_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -60,62 +61,38 @@ func TestWaitChangeWakesOnTakeover(t *testing.T) {
 	db := openDB(t, url, idempg.Config{Clock: clock})
 	s := newStore(t, db)
 	req := idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
-	first := mustClaim(t, s, req)
+	mustClaim(t, s, req)
+	listening := idempg.Listening(s)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	// Start the store's listener and wait until it LISTENs: it wakes every
-	// waiter once when it starts, and that wake must not be mistaken for
-	// the takeover's.
+	// Start the store's listener and wait until it has woken every waiter,
+	// as it does once when it starts: that wake must not be mistaken for
+	// the takeover's. (Its LISTEN shows in pg_stat_activity before that
+	// wake, and a waiter that came between would return at once.)
 	if err := s.WaitChange(ctx, req.Scope, "not-in-flight"); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		var n int
-		if err := db.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND query LIKE 'LISTEN %' AND position($1 in query) > 0
-			AND pid <> pg_backend_pid()`, db.Schema()).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("the store's listener never listened")
-		}
-		time.Sleep(5 * time.Millisecond)
+	select {
+	case <-listening:
+	case <-ctx.Done():
+		t.Fatal("the store's listener never listened")
 	}
 	done := make(chan error, 1)
-	go func() {
-		for {
-			if err := s.WaitChange(ctx, req.Scope, req.Key); err != nil {
-				done <- err
-				return
-			}
-			r, err := s.Get(ctx, req.Scope, req.Key)
-			if err != nil || r.Token != first.Token {
-				done <- err
-				return
-			}
-		}
-	}()
+	go func() { done <- s.WaitChange(ctx, req.Scope, req.Key) }()
 	// Take the key over only once the waiter is registered (it registers
 	// before it reads the key): a takeover before that would leave it
 	// rightly waiting for the new holder's lease instead.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitFor(t, ctx, "the waiter registered", func() (bool, error) {
+		select {
+		case err := <-done:
+			return false, fmt.Errorf("the waiter returned before the takeover: %v", err)
+		default:
+		}
 		var n int
-		if err := db.Pool().QueryRow(ctx, `SELECT count(*) FROM idem_waiters`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter never registered")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		err := db.Pool().QueryRow(ctx, `SELECT count(*) FROM idem_waiters`).Scan(&n)
+		return n > 0, err
+	})
 	clock.Advance(req.Lease)
 	if c := mustClaim(t, s, req); !c.TookOver {
 		t.Fatal("expected a takeover")
