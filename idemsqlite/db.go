@@ -50,6 +50,9 @@ type DB struct {
 	reader *sql.DB
 	stmts  stmtCache
 	queue  writerQueue // the order in which the package's transactions get the writer
+	// testHookRelax, when not nil, is called as an unsynced transaction
+	// sets synchronous=NORMAL on the writer: tests end a context there.
+	testHookRelax func()
 }
 
 // Open opens (creating it if needed) the database file at path, in WAL mode

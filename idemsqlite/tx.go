@@ -372,10 +372,17 @@ func (db *DB) unsyncedTxHeld(ctx context.Context, handOut bool, fn func(ctx cont
 		}
 		conn.Close()
 	}()
-	if _, err := conn.ExecContext(ctx, "PRAGMA synchronous = NORMAL"); err != nil {
-		return &txError{"begin", err}
-	}
 	err = func() error {
+		if db.testHookRelax != nil {
+			db.testHookRelax()
+		}
+		// Its failure, ctx's end among them, leaves synchronous unknown:
+		// it is restored below all the same, and only a connection that
+		// cannot be restored is dropped (a heartbeat's short deadline that
+		// ended here cost a reopening of the writer).
+		if _, err := conn.ExecContext(ctx, "PRAGMA synchronous = NORMAL"); err != nil {
+			return &txError{"begin", err}
+		}
 		txCtx, detach := ctx, func() bool { return true }
 		if handOut {
 			// The transaction ends with ctx until detach, and not after.
