@@ -1,7 +1,9 @@
 package consumer
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/idem-go/idem"
@@ -46,38 +48,61 @@ func TestOrderPolicyString(t *testing.T) {
 // messages: a later delivery of a message in the place of its first.
 func TestInFirstPlaces(t *testing.T) {
 	t.Parallel()
-	ent := func(id string) *entry { return &entry{msg: idem.Message{ID: id, Key: "k"}} }
+	// An entry is named by its message ID, de-duplicated by it as by
+	// default; "~e2" has no ID and the dedup key e2 (read from its
+	// payload); "" has neither, its dedup key could not be derived.
+	ent := func(name string) *entry {
+		switch {
+		case name == "":
+			return &entry{msg: idem.Message{Key: "k"}, dedupErr: errors.New("dedup key: empty")}
+		case strings.HasPrefix(name, "~"):
+			return &entry{msg: idem.Message{Key: "k"}, dedup: name[1:]}
+		}
+		return &entry{msg: idem.Message{ID: name, Key: "k"}, dedup: name}
+	}
 	ids := func(es []*entry) []string {
 		var out []string
 		for _, e := range es {
-			out = append(out, e.msg.ID)
+			switch {
+			case e.msg.ID == "" && e.dedup != "":
+				out = append(out, "~"+e.dedup)
+			default:
+				out = append(out, e.msg.ID)
+			}
 		}
 		return out
 	}
 	for _, tc := range []struct {
+		head   string
 		behind []string
 		want   []string
 	}{
-		{nil, nil},
-		{[]string{"m2", "m3"}, []string{"m2", "m3"}},
+		{"m1", nil, nil},
+		{"m1", []string{"m2", "m3"}, []string{"m2", "m3"}},
 		// m2's AckWait ended too: its later delivery goes back before m3.
-		{[]string{"m2", "m3", "m2"}, []string{"m2", "m2", "m3"}},
-		{[]string{"m2", "m3", "m4", "m3", "m2"}, []string{"m2", "m2", "m3", "m3", "m4"}},
-		// Messages without an ID are not told apart: each keeps its place.
-		{[]string{"m2", "", "m3", "m2", ""}, []string{"m2", "m2", "", "m3", ""}},
+		{"m1", []string{"m2", "m3", "m2"}, []string{"m2", "m2", "m3"}},
+		{"m1", []string{"m2", "m3", "m4", "m3", "m2"}, []string{"m2", "m2", "m3", "m3", "m4"}},
+		// Messages with neither an ID nor a dedup key are not told apart:
+		// each keeps its place.
+		{"m1", []string{"m2", "", "m3", "m2", ""}, []string{"m2", "m2", "", "m3", ""}},
+		// Messages without an ID are told apart by their dedup keys.
+		{"~e1", []string{"~e2", "~e3", "~e2"}, []string{"~e2", "~e2", "~e3"}},
+		// The head's later delivery goes back first.
+		{"~e1", []string{"~e2", "~e1", "~e3"}, []string{"~e1", "~e2", "~e3"}},
 	} {
+		head := tc.head
 		var behind []*entry
 		for _, id := range tc.behind {
 			behind = append(behind, ent(id))
 		}
-		got := inFirstPlaces(ent("m1"), behind)
+		got := inFirstPlaces(ent(head), behind)
 		if g := ids(got); fmt.Sprint(g) != fmt.Sprint(tc.want) {
-			t.Errorf("inFirstPlaces(m1, %v) = %v, want %v", tc.behind, g, tc.want)
+			t.Errorf("inFirstPlaces(%s, %v) = %v, want %v", head, tc.behind, g, tc.want)
 		}
 		for i := range got {
 			for j := i + 1; j < len(got); j++ {
 				if got[i] == got[j] {
-					t.Errorf("inFirstPlaces(m1, %v): an entry twice", tc.behind)
+					t.Errorf("inFirstPlaces(%s, %v): an entry twice", head, tc.behind)
 				}
 			}
 		}

@@ -177,11 +177,13 @@
 // When the transport delivered the message again to the consumer itself
 // (idemnats, after an AckWait), that later delivery, which it holds behind
 // the key's messages that came in between, takes the stale one's place at
-// the head of the key. Otherwise the later messages of its key that the
-// consumer holds are handed back with it (Nack), so that they do not
-// overtake its next delivery: in the order of the messages, a later
-// delivery of one in the place of its first, since JetStream delivers
-// them again in the order of the NAKs. A keyed
+// the head of the key. It is recognised by its message ID and its dedup
+// key, or, for a message whose publisher set no ID, by its dedup key
+// (Config.DedupKey, read from the payload) alone. Otherwise the later
+// messages of its key that the consumer holds are handed back with it
+// (Nack), so that they do not overtake its next delivery: in the order of
+// the messages, a later delivery of one in the place of its first, since
+// JetStream delivers them again in the order of the NAKs. A keyed
 // message waiting for a retry in memory is not let go before its retry:
 // later messages of its key that the consumer holds may still be its own
 // (a lease is per message), and would overtake it; the retry runs, and the

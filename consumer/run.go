@@ -599,11 +599,29 @@ func (r *runner) letGo(e *entry, what string) {
 	}
 }
 
-// sameMessage reports whether f is a delivery of e's message: the same
-// message ID and dedup key. A blank message ID (its publisher set none)
-// tells nothing: the messages of a key may all have one.
+// message names the message e is a delivery of: its message ID and its
+// dedup key. ok is false when e's dedup key could not be derived: nothing
+// then tells its message from the key's others. A blank message ID (its
+// publisher set none) is named by its dedup key alone, read from the
+// payload (Config.DedupKey), which is what the inbox tells it apart by.
+func (e *entry) message() (m messageName, ok bool) {
+	if e.dedupErr != nil || e.dedup == "" {
+		return messageName{}, false
+	}
+	return messageName{e.msg.ID, e.dedup}, true
+}
+
+// messageName is what tells the deliveries of one message from those of
+// another (entry.message).
+type messageName struct{ id, dedup string }
+
+// sameMessage reports whether f is a delivery of e's message: the one rule
+// by which a stale head's later delivery is recognised, and by which
+// inFirstPlaces groups the deliveries of a message.
 func sameMessage(e, f *entry) bool {
-	return e.msg.ID != "" && f.msg.ID == e.msg.ID && f.dedup == e.dedup
+	m, ok := e.message()
+	n, fok := f.message()
+	return ok && fok && m == n
 }
 
 // inFirstPlaces orders behind, the entries held behind head in its key,
@@ -611,17 +629,16 @@ func sameMessage(e, f *entry) bool {
 // (sameMessage), head's included, so that a later delivery of a message
 // (its AckWait ended) goes back before the messages that came between its
 // deliveries. The sort is stable: the deliveries of one message keep their
-// order, and an entry without a message ID keeps its own place.
+// order, and an entry whose message cannot be named keeps its own place.
 func inFirstPlaces(head *entry, behind []*entry) []*entry {
-	type message struct{ id, dedup string }
-	first := make(map[message]int, len(behind)+1)
+	first := make(map[messageName]int, len(behind)+1)
 	place := make(map[*entry]int, len(behind))
 	for i, f := range append([]*entry{head}, behind...) {
 		place[f] = i
-		if f.msg.ID == "" {
+		m, ok := f.message()
+		if !ok {
 			continue
 		}
-		m := message{f.msg.ID, f.dedup}
 		if p, ok := first[m]; ok {
 			place[f] = p
 		} else {

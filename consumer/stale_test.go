@@ -436,3 +436,42 @@ func TestStaleHeadsLaterDeliveryRightBehindItTakesItsPlace(t *testing.T) {
 		t.Errorf("evt-2's deliveries: %v; want one, not handed back", ops)
 	}
 }
+
+// A stale head without a message ID, de-duplicated by an event ID in its
+// payload, whose later delivery the consumer already holds behind the
+// key's next message, is recognised in that delivery by its dedup key, as
+// one with an ID is by its ID, and replaced by it at the head of the key:
+// the next message is neither handed back nor applied before it.
+func TestStaleHeadWithoutMessageIDsLaterDeliveryTakesItsPlace(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.Subscriber = withoutIDs{h.rec}
+	cfg.DedupKey = payloadID
+	cfg.AckWait = staleAckWait
+	cfg.Concurrency, cfg.MaxPending = 1, 3
+	g := newGate()
+	sh := &staleHead{h: h, g: g}
+	c, _ := h.start(cfg, sh.handle)
+	h.publish(msg("evt-1", "acct-1"))
+	g.wait(t, "evt-1's handler")
+	h.clock.Advance(20 * time.Second)
+	h.publish(msg("evt-2", "acct-1"))
+	waitFor(t, "evt-2 taken behind evt-1", func() bool { return h.rec.Taken() == 2 })
+	// evt-1's AckWait ends, and it is delivered again behind evt-2.
+	h.clock.Advance(15 * time.Second)
+	waitFor(t, "evt-1 delivered again behind evt-2", func() bool { return countOp(h.rec.Ops("evt-1"), "deliver") == 2 })
+	g.release()
+
+	waitFor(t, "both messages processed", func() bool { return c.Stats().Processed == 2 })
+	sh.appliedInOrder(t, "evt-1", "evt-2")
+	if s := c.Stats(); s.Stale != 1 || s.DeadLettered != 0 {
+		t.Errorf("Stats = %+v, want 1 stale, none dead-lettered", s)
+	}
+	if ops := h.rec.Ops("evt-2"); slices.ContainsFunc(ops, isNack) || countOp(ops, "deliver") != 1 {
+		t.Errorf("evt-2's deliveries: %v; want one, not handed back", ops)
+	}
+	if ops := h.rec.Ops("evt-1"); countOp(ops, "ack") != 1 || slices.ContainsFunc(ops, isNack) {
+		t.Errorf("evt-1's deliveries: %v; want the first let go unsettled, the second acknowledged", ops)
+	}
+}
