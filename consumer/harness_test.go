@@ -109,6 +109,61 @@ type recorder struct {
 	// acksAfterTx, when set, keeps a batch's acknowledgements out of the
 	// inbox's transaction, as a transport that cannot join it does.
 	acksAfterTx bool
+	// hold, when set, holds the first call of Next or NextBatch that
+	// begins once hold.after deliveries have been taken (holdNext).
+	hold *nextHold
+}
+
+// nextHold is a call of Next held by holdNext.
+type nextHold struct {
+	after    int
+	asked    chan struct{}
+	released chan struct{}
+	once     sync.Once
+}
+
+// holdNext holds the first call of Next (or NextBatch) that begins once
+// after deliveries have been taken, until the returned release is called
+// (or the call's context ends). asked is closed when that call begins: the
+// consumer asks for more only once it has put the deliveries it took in
+// memory (behind their keys), so asked says they are there, where Taken
+// says only that the transport handed them out.
+func (r *recorder) holdNext(after int) (asked <-chan struct{}, release func()) {
+	h := &nextHold{after: after, asked: make(chan struct{}), released: make(chan struct{})}
+	r.mu.Lock()
+	r.hold = h
+	r.mu.Unlock()
+	return h.asked, func() { h.once.Do(func() { close(h.released) }) }
+}
+
+// asking is called as a call of Next or NextBatch begins: it holds the
+// call holdNext asked for.
+func (r *recorder) asking(ctx context.Context) error {
+	r.mu.Lock()
+	h := r.hold
+	if h == nil || r.taken < h.after {
+		r.mu.Unlock()
+		return nil
+	}
+	r.hold = nil
+	r.mu.Unlock()
+	close(h.asked)
+	select {
+	case <-h.released:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// waitAsked waits for asked (holdNext), failing the test after waitLimit.
+func waitAsked(t *testing.T, what string, asked <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-asked:
+	case <-time.After(waitLimit):
+		t.Fatalf("%s: not within %s", what, waitLimit)
+	}
 }
 
 func (r *recorder) Subscribe(ctx context.Context, sub idem.Subscription) (idem.Stream, error) {
@@ -166,6 +221,13 @@ type recStream struct {
 }
 
 func (s *recStream) Next(ctx context.Context) (idem.Delivery, error) {
+	if err := s.r.asking(ctx); err != nil {
+		return nil, err
+	}
+	return s.next(ctx)
+}
+
+func (s *recStream) next(ctx context.Context) (idem.Delivery, error) {
 	d, err := s.Stream.Next(ctx)
 	if err != nil {
 		return nil, err
@@ -183,9 +245,12 @@ func (s *recStream) NextBatch(ctx context.Context, max int) ([]idem.Delivery, er
 	s.r.mu.Lock()
 	s.r.asked = append(s.r.asked, max)
 	s.r.mu.Unlock()
+	if err := s.r.asking(ctx); err != nil {
+		return nil, err
+	}
 	bs, ok := s.Stream.(idem.BatchStream)
 	if !ok {
-		d, err := s.Next(ctx)
+		d, err := s.next(ctx)
 		if err != nil {
 			return nil, err
 		}

@@ -261,9 +261,11 @@ func TestStaleCountedOnceItsKeyMatesAreHandedBack(t *testing.T) {
 	h := newHarness(t)
 	cfg := h.config()
 	cfg.AckWait = staleAckWait
-	// Room for evt-1 and evt-2 only: evt-1's delivery again, once its
-	// AckWait ended, is not taken before evt-1 is let go.
-	cfg.Concurrency, cfg.MaxPending = 1, 2
+	// Room for a third delivery, whose ask says that evt-2 is in memory,
+	// behind evt-1; held, so that evt-1's delivery again, once its AckWait
+	// ended, is not taken before evt-1 is let go.
+	cfg.Concurrency, cfg.MaxPending = 1, 3
+	asked, more := h.rec.holdNext(2)
 	g := newGate()
 	handler := func(ctx context.Context, m idem.Message) error {
 		if info, _ := consumer.InfoFromContext(ctx); m.ID == "evt-1" && info.Attempt == 1 {
@@ -279,7 +281,7 @@ func TestStaleCountedOnceItsKeyMatesAreHandedBack(t *testing.T) {
 	g.wait(t, "evt-1's handler")
 	h.clock.Advance(20 * time.Second)
 	h.publish(msg("evt-2", "acct-1"))
-	waitFor(t, "evt-2 taken behind evt-1", func() bool { return h.rec.Taken() == 2 })
+	waitAsked(t, "evt-2 put behind evt-1", asked)
 	h.clock.Advance(15 * time.Second)
 	g.release()
 
@@ -289,6 +291,7 @@ func TestStaleCountedOnceItsKeyMatesAreHandedBack(t *testing.T) {
 	}
 	close(gate)
 	waitFor(t, "evt-1's first delivery counted stale", func() bool { return c.Stats().Stale == 1 })
+	more()
 	waitFor(t, "both messages processed", func() bool { return c.Stats().Processed == 2 })
 }
 
@@ -346,17 +349,23 @@ func TestStaleHeadWithoutMessageIDIsNotReplacedByItsKeyMate(t *testing.T) {
 	cfg.Subscriber = withoutIDs{h.rec}
 	cfg.DedupKey = payloadID
 	cfg.AckWait = staleAckWait
-	cfg.Concurrency, cfg.MaxPending = 1, 2
+	cfg.Concurrency, cfg.MaxPending = 1, 3
 	g := newGate()
 	sh := &staleHead{h: h, g: g}
+	// The consumer's ask for a third delivery says that evt-2 is in
+	// memory, behind evt-1; it is held until evt-1 is let go, so that
+	// evt-1's later delivery is not taken before.
+	asked, more := h.rec.holdNext(2)
 	c, _ := h.start(cfg, sh.handle)
 	h.publish(msg("evt-1", "acct-1"))
 	g.wait(t, "evt-1's handler")
 	h.clock.Advance(20 * time.Second)
 	h.publish(msg("evt-2", "acct-1"))
-	waitFor(t, "evt-2 taken behind evt-1", func() bool { return h.rec.Taken() == 2 })
+	waitAsked(t, "evt-2 put behind evt-1", asked)
 	h.clock.Advance(15 * time.Second)
 	g.release()
+	waitFor(t, "evt-1 let go", func() bool { return c.Stats().Stale == 1 })
+	more()
 
 	waitFor(t, "both messages processed", func() bool { return c.Stats().Processed == 2 })
 	sh.appliedInOrder(t, "evt-1", "evt-2")
@@ -374,9 +383,12 @@ func TestStaleHeadsLaterDeliveryTakesItsPlace(t *testing.T) {
 	h := newHarness(t)
 	cfg := h.config()
 	cfg.AckWait = staleAckWait
-	cfg.Concurrency, cfg.MaxPending = 1, 3
+	cfg.Concurrency, cfg.MaxPending = 1, 4
 	g := newGate()
 	sh := &staleHead{h: h, g: g}
+	// The consumer's ask for a fourth delivery says that evt-1's later
+	// delivery is in memory, behind evt-2.
+	asked, more := h.rec.holdNext(3)
 	c, _ := h.start(cfg, sh.handle)
 	h.publish(msg("evt-1", "acct-1"))
 	g.wait(t, "evt-1's handler")
@@ -385,8 +397,10 @@ func TestStaleHeadsLaterDeliveryTakesItsPlace(t *testing.T) {
 	waitFor(t, "evt-2 taken behind evt-1", func() bool { return h.rec.Taken() == 2 })
 	// evt-1's AckWait ends, and it is delivered again behind evt-2.
 	h.clock.Advance(15 * time.Second)
-	waitFor(t, "evt-1 delivered again behind evt-2", func() bool { return countOp(h.rec.Ops("evt-1"), "deliver") == 2 })
+	waitAsked(t, "evt-1 delivered again behind evt-2", asked)
 	g.release()
+	waitFor(t, "evt-1 let go", func() bool { return c.Stats().Stale == 1 })
+	more()
 
 	waitFor(t, "both messages processed", func() bool { return c.Stats().Processed == 2 })
 	sh.appliedInOrder(t, "evt-1", "evt-2")
@@ -449,9 +463,12 @@ func TestStaleHeadWithoutMessageIDsLaterDeliveryTakesItsPlace(t *testing.T) {
 	cfg.Subscriber = withoutIDs{h.rec}
 	cfg.DedupKey = payloadID
 	cfg.AckWait = staleAckWait
-	cfg.Concurrency, cfg.MaxPending = 1, 3
+	cfg.Concurrency, cfg.MaxPending = 1, 4
 	g := newGate()
 	sh := &staleHead{h: h, g: g}
+	// The consumer's ask for a fourth delivery says that evt-1's later
+	// delivery is in memory, behind evt-2.
+	asked, more := h.rec.holdNext(3)
 	c, _ := h.start(cfg, sh.handle)
 	h.publish(msg("evt-1", "acct-1"))
 	g.wait(t, "evt-1's handler")
@@ -460,8 +477,10 @@ func TestStaleHeadWithoutMessageIDsLaterDeliveryTakesItsPlace(t *testing.T) {
 	waitFor(t, "evt-2 taken behind evt-1", func() bool { return h.rec.Taken() == 2 })
 	// evt-1's AckWait ends, and it is delivered again behind evt-2.
 	h.clock.Advance(15 * time.Second)
-	waitFor(t, "evt-1 delivered again behind evt-2", func() bool { return countOp(h.rec.Ops("evt-1"), "deliver") == 2 })
+	waitAsked(t, "evt-1 delivered again behind evt-2", asked)
 	g.release()
+	waitFor(t, "evt-1 let go", func() bool { return c.Stats().Stale == 1 })
+	more()
 
 	waitFor(t, "both messages processed", func() bool { return c.Stats().Processed == 2 })
 	sh.appliedInOrder(t, "evt-1", "evt-2")
