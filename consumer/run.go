@@ -77,6 +77,12 @@ type runner struct {
 	// Only the head is ever ready, running or waiting for a retry; a batch
 	// may also hold entries behind it, which only its worker touches.
 	lanes map[string][]*entry
+	// taking is set while the reader takes deliveries from the transport,
+	// until it has put them in memory (admit); letGoWhileTaking holds, by
+	// key, the heads let go meanwhile (letGo), whose key-mates among those
+	// deliveries are handed back as the ones held are.
+	taking           bool
+	letGoWhileTaking map[string]*letGone
 
 	// batchInbox is the inbox when it records batches and BatchSize
 	// allows them; nil otherwise. batchStream is the stream when it hands
@@ -163,6 +169,9 @@ func (r *runner) read() error {
 				break room
 			}
 		}
+		r.mu.Lock()
+		r.taking = true
+		r.mu.Unlock()
 		ds, err := r.next(n)
 		for range n - len(ds) {
 			<-r.slots
@@ -183,7 +192,7 @@ func (r *runner) read() error {
 			}
 			es[i] = e
 		}
-		r.admit(es)
+		r.handBack(r.admit(es))
 	}
 }
 
@@ -246,18 +255,40 @@ func (r *runner) sequence(m idem.Message) (aggregate string, seq uint64, err err
 	return aggregate, seq, nil
 }
 
+// letGone is a head let go while the reader took deliveries (letGo).
+type letGone struct {
+	head *entry
+	// handedBack is closed once the key-mates the consumer held are
+	// handed back: those the reader took go back after them.
+	handedBack chan struct{}
+}
+
 // admit puts deliveries in memory, each behind the earlier messages of its
-// key.
-func (r *runner) admit(es []*entry) {
+// key, and returns those to hand back instead (handBack): the messages of a
+// key whose head was let go while the reader took them (letGo), but for
+// that head's later delivery, which is the key's head again. Put in memory,
+// such a message would be the head of its key, and applied before the
+// stale head's next delivery.
+func (r *runner) admit(es []*entry) []*handedBack {
+	var back []*handedBack
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.cfg.Clock.Now()
+	gone := r.letGoWhileTaking
+	r.taking, r.letGoWhileTaking = false, nil
 	// A delivery of a message the consumer already holds is not merged with
 	// it, since nothing tells a redelivery (a heartbeat came too late) from
 	// a copy published again under the same ID, which the transport
 	// settles separately. It queues like any other; when its turn comes,
 	// the inbox finds it a duplicate, or runs it if the first failed.
 	for _, e := range es {
+		if g, ok := gone[e.msg.Key]; ok && e.ordered {
+			if !sameMessage(g.head, e) {
+				back = append(back, &handedBack{e, g.handedBack})
+				continue
+			}
+			delete(gone, e.msg.Key)
+		}
 		e.beatAt = now
 		r.held[e] = struct{}{}
 		if !e.ordered {
@@ -269,6 +300,29 @@ func (r *runner) admit(es []*entry) {
 		if len(q) == 1 {
 			r.ready <- e
 		}
+	}
+	return back
+}
+
+// handedBack is a delivery that admit did not put in memory, to hand back
+// once after is closed.
+type handedBack struct {
+	e     *entry
+	after chan struct{}
+}
+
+// handBack hands back (Nack, no delay) the deliveries that admit did not
+// put in memory, in their order, each after the key-mates its stale head
+// left (letGo), so that a transport that delivers again in the order of
+// the NAKs keeps the key's order; then it gives their places back.
+func (r *runner) handBack(back []*handedBack) {
+	for _, b := range back {
+		<-b.after
+		d := b.e.d
+		r.settleWith(b.e, d, "nack", func(ctx context.Context) error { return d.Nack(ctx, 0) })
+	}
+	for range back {
+		<-r.slots
 	}
 }
 
@@ -543,7 +597,9 @@ func (r *runner) stale(e *entry) bool {
 //
 // Otherwise the later messages of its key that the consumer holds go with
 // it, handed back (Nack, no delay): applied here they would overtake the
-// message, whose next delivery comes after them. The transport delivers
+// message, whose next delivery comes after them. So do, after them, those
+// that the reader has taken from the transport but not yet put behind it
+// (admit, handBack). The transport delivers
 // them again behind it (a Kafka partition moves as a whole, so theirs are
 // stale too; a database queue hands out the oldest due message first;
 // JetStream delivers again in the order of the NAKs, so they are sent in
@@ -553,6 +609,7 @@ func (r *runner) letGo(e *entry, what string) {
 	r.observe(e, OutcomeStale, 0, nil)
 	r.log(e).LogAttrs(r.ctx, slog.LevelWarn, "delivery no longer this consumer's own (its ack wait or lease ended, or its partition was taken away); let go unsettled, not "+what+": its new holder applies it")
 	var behind []*entry
+	var gone *letGone
 	r.mu.Lock()
 	delete(r.held, e)
 	if e.ordered {
@@ -581,6 +638,15 @@ func (r *runner) letGo(e *entry, what string) {
 		for _, f := range behind {
 			delete(r.held, f)
 		}
+		if r.taking {
+			// Deliveries of its key that the reader has taken and not yet
+			// put behind it go back as well, after these (admit).
+			gone = &letGone{head: e, handedBack: make(chan struct{})}
+			if r.letGoWhileTaking == nil {
+				r.letGoWhileTaking = make(map[string]*letGone)
+			}
+			r.letGoWhileTaking[e.msg.Key] = gone
+		}
 	}
 	r.mu.Unlock()
 	for _, f := range inFirstPlaces(e, behind) {
@@ -589,8 +655,12 @@ func (r *runner) letGo(e *entry, what string) {
 	}
 	// Counted once its key-mates are handed back, as every count of Stats
 	// follows what the transport was told, and before their next
-	// deliveries can be taken and counted.
+	// deliveries can be taken and counted. Those the reader took meanwhile
+	// are handed back after (handBack): they were not in memory yet.
 	r.c.stale.Add(1)
+	if gone != nil {
+		close(gone.handedBack)
+	}
 	// The places are given back only now: the reader, taking deliveries
 	// again, must find the key's messages back with the transport, not
 	// take a later one of the key before them.

@@ -494,3 +494,116 @@ func TestStaleHeadWithoutMessageIDsLaterDeliveryTakesItsPlace(t *testing.T) {
 		t.Errorf("evt-1's deliveries: %v; want the first let go unsettled, the second acknowledged", ops)
 	}
 }
+
+// A message of a key that the consumer has taken from the transport, but
+// not yet put behind its key, when the key's head is let go (stale) is
+// handed back (Nack, no delay) as the key-mates it holds are: put behind
+// the key then, it would be its head and be applied ahead of the stale
+// head's next delivery. The reader is held between the two (a busy
+// machine, or a DedupKey that takes its time) at evt-2's dedup key.
+func TestStaleHeadsKeyMateTakenAsItIsLetGoIsHandedBack(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.AckWait = staleAckWait
+	cfg.Concurrency, cfg.MaxPending = 1, 2
+	taken, admit := make(chan struct{}), make(chan struct{})
+	var takenOnce, admitOnce sync.Once
+	cfg.DedupKey = func(m idem.Message) (string, error) {
+		if m.ID == "evt-2" {
+			takenOnce.Do(func() {
+				close(taken)
+				<-admit
+			})
+		}
+		return m.ID, nil
+	}
+	g := newGate()
+	sh := &staleHead{h: h, g: g}
+	c, _ := h.start(cfg, sh.handle)
+	t.Cleanup(func() { admitOnce.Do(func() { close(admit) }) })
+	h.publish(msg("evt-1", "acct-1"))
+	g.wait(t, "evt-1's handler")
+	h.clock.Advance(20 * time.Second)
+	h.publish(msg("evt-2", "acct-1"))
+	select {
+	case <-taken:
+	case <-time.After(waitLimit):
+		t.Fatalf("evt-2 not taken within %s", waitLimit)
+	}
+	// evt-1's AckWait ended 5s ago: it is let go while the reader holds
+	// evt-2, not yet behind it.
+	h.clock.Advance(15 * time.Second)
+	g.release()
+	waitFor(t, "evt-1 let go", func() bool { return c.Stats().Stale == 1 })
+	admitOnce.Do(func() { close(admit) })
+
+	waitFor(t, "both messages processed", func() bool { return c.Stats().Processed == 2 })
+	sh.appliedInOrder(t, "evt-1", "evt-2")
+	if ops := h.rec.Ops("evt-2"); len(ops) < 2 || ops[0] != "deliver" || ops[1] != "nack 0s" || countOp(ops, "deliver") != 2 {
+		t.Errorf("evt-2's deliveries: %v; want the first handed back (nack 0s), then delivered again", ops)
+	}
+	if ops := h.rec.Ops("evt-1"); countOp(ops, "deliver") != 2 || countOp(ops, "ack") != 1 || slices.ContainsFunc(ops, isNack) {
+		t.Errorf("evt-1's deliveries: %v; want the first let go unsettled, the second acknowledged", ops)
+	}
+}
+
+// The stale head's own later delivery, taken from the transport but not
+// yet put in memory when the head is let go, is not handed back: it is the
+// head of its key again, recognised (without a message ID) by its dedup
+// key, and applied before the key-mate handed back with the head.
+func TestStaleHeadsLaterDeliveryTakenAsItIsLetGoIsItsKeysHead(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.Subscriber = withoutIDs{h.rec}
+	cfg.AckWait = staleAckWait
+	cfg.Concurrency, cfg.MaxPending = 1, 3
+	taken, admit := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	var seen int
+	var admitOnce sync.Once
+	cfg.DedupKey = func(m idem.Message) (string, error) {
+		id, err := payloadID(m)
+		if id == "evt-1" {
+			mu.Lock()
+			seen++
+			again := seen == 2
+			mu.Unlock()
+			if again {
+				close(taken)
+				<-admit
+			}
+		}
+		return id, err
+	}
+	g := newGate()
+	sh := &staleHead{h: h, g: g}
+	c, _ := h.start(cfg, sh.handle)
+	t.Cleanup(func() { admitOnce.Do(func() { close(admit) }) })
+	h.publish(msg("evt-1", "acct-1"))
+	g.wait(t, "evt-1's handler")
+	h.clock.Advance(20 * time.Second)
+	h.publish(msg("evt-2", "acct-1"))
+	waitFor(t, "evt-2 taken behind evt-1", func() bool { return h.rec.Taken() == 2 })
+	// evt-1's AckWait ends, and the reader takes it again, not yet behind
+	// evt-2; evt-2 is in memory, since the reader took more after it.
+	h.clock.Advance(15 * time.Second)
+	select {
+	case <-taken:
+	case <-time.After(waitLimit):
+		t.Fatalf("evt-1 not taken again within %s", waitLimit)
+	}
+	g.release()
+	waitFor(t, "evt-1 let go", func() bool { return c.Stats().Stale == 1 })
+	admitOnce.Do(func() { close(admit) })
+
+	waitFor(t, "both messages processed", func() bool { return c.Stats().Processed == 2 })
+	sh.appliedInOrder(t, "evt-1", "evt-2")
+	if ops := h.rec.Ops("evt-1"); countOp(ops, "deliver") != 2 || countOp(ops, "ack") != 1 || slices.ContainsFunc(ops, isNack) {
+		t.Errorf("evt-1's deliveries: %v; want two, the first let go unsettled, the second acknowledged, none handed back", ops)
+	}
+	if ops := h.rec.Ops("evt-2"); len(ops) < 2 || ops[1] != "nack 0s" {
+		t.Errorf("evt-2's deliveries: %v; want the first handed back (nack 0s) with evt-1", ops)
+	}
+}
