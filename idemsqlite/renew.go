@@ -3,6 +3,7 @@ package idemsqlite
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -68,9 +69,9 @@ func (q *writerQueue) queueRenewal(ref idem.Ref, lease time.Duration, now func()
 	// An earlier renewal of the same lease whose waiter left is replaced:
 	// this one, asked for later, is the lease its holder wants now, which
 	// may end sooner than the earlier one (a Renew with a shorter lease).
-	// Written in turn, the two would leave this one's end anyway; kept
-	// queued, the earlier one would make claims honour its end
-	// (pendingLeaseEnd takes the latest), which the key is not to have.
+	// Written in turn, the two would leave this one's end anyway, the one
+	// claims honour meanwhile (pendingLeaseEnd takes the last asked for):
+	// replaced, the earlier one costs no write.
 	kept := q.renewals[:0]
 	for _, p := range q.renewals {
 		if !(p.left && p.ref == ref) {
@@ -89,19 +90,20 @@ func (q *writerQueue) leave(r *renewal) {
 	q.mu.Unlock()
 }
 
-// pendingLeaseEnd returns the latest lease end that queued renewals of the
-// lease of scope and key under token ask for, or 0. Only the writer's turn
+// pendingLeaseEnd returns the lease end that the queued renewals of the
+// lease of scope and key under token leave once written, or 0 when none
+// is queued: the last one asked for, written last, whose end replaces the
+// others' (see Store.Renew), even when it is sooner. Only the writer's turn
 // holder may rely on it (nobody else writes queued renewals).
 func (q *writerQueue) pendingLeaseEnd(ref idem.Ref) int64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	var end int64
-	for _, r := range q.renewals {
+	for _, r := range slices.Backward(q.renewals) {
 		if r.ref == ref {
-			end = max(end, r.end)
+			return r.end
 		}
 	}
-	return end
+	return 0
 }
 
 // dropRenewals forgets the queued renewals of ref: its lease is being

@@ -373,3 +373,86 @@ func TestClaimAnswersWithTheExpiryAQueuedRenewalWrites(t *testing.T) {
 			c.Record.LeaseExpiresAt, c.Record.ExpiresAt, rec.LeaseExpiresAt, rec.ExpiresAt, err)
 	}
 }
+
+// shorterRenewalQueued claims a key at t0 for ten seconds, takes the
+// writer's turn for a claim, and queues a renewal of the key's lease for
+// one second at t0+0.5s: a renewal that shortens the lease, as Renew may
+// (its end replaces the old one, earlier or later). It returns the store,
+// the claim's request, the renewal and its end.
+func shorterRenewalQueued(t *testing.T) (*DB, *Store, *handClock, idem.ClaimRequest, *renewal, time.Time) {
+	t.Helper()
+	db := groupDB(t, time.Hour)
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	clock := &handClock{now: t0}
+	store, err := NewStore(t.Context(), db, &StoreConfig{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: 10 * time.Second, TTL: time.Hour}
+	first, err := store.Claim(t.Context(), req)
+	if err != nil || first.Outcome != idem.Acquired {
+		t.Fatalf("claim: %+v, %v", first, err)
+	}
+	ref := idem.Ref{Scope: "s", Key: "k", Token: first.Token}
+	if err := db.queue.acquire(t.Context(), false); err != nil {
+		t.Fatal(err)
+	}
+	clock.set(t0.Add(500 * time.Millisecond))
+	r, queued := db.queue.queueRenewal(ref, time.Second, clock.Now)
+	if !queued {
+		t.Fatal("the renewal was not queued while the writer's turn was held")
+	}
+	return db, store, clock, req, r, fromNanos(r.end)
+}
+
+// A claim that decides while a renewal that shortens the key's lease is
+// queued answers with the lease end that renewal writes, not the longer
+// one the key's committed record still shows: once the claim hands the
+// writer over, the key's lease ends when the renewal says.
+func TestClaimAnswersWithTheEndAShorterQueuedRenewalWrites(t *testing.T) {
+	db, store, clock, req, r, end := shorterRenewalQueued(t)
+	clock.set(end.Add(-100 * time.Millisecond))
+	var c idem.Claim
+	err := db.unsyncedTxHeld(t.Context(), false, func(ctx context.Context, tx *sql.Tx) (err error) {
+		c, err = store.claimIn(ctx, db.in(tx), req)
+		return err
+	})
+	if err != nil || c.Outcome != idem.InFlight {
+		t.Fatalf("the claim: %v, %v; want in flight", c.Outcome, err)
+	}
+	<-r.done
+	if r.err != nil {
+		t.Fatalf("the renewal, written at the hand-over: %v", r.err)
+	}
+	rec, err := store.Get(t.Context(), "s", "k")
+	if err != nil || !rec.LeaseExpiresAt.Equal(end) || !c.Record.LeaseExpiresAt.Equal(rec.LeaseExpiresAt) {
+		t.Fatalf("the claim answered lease to %v; the key holds lease to %v (%v); want both %v",
+			c.Record.LeaseExpiresAt, rec.LeaseExpiresAt, err, end)
+	}
+}
+
+// A claim that comes after the end a queued renewal shortened the key's
+// lease to takes the key over, as it would once that renewal is written:
+// the holder was told its lease ends then. The renewal, written after the
+// takeover, moves nothing.
+func TestClaimTakesOverALeaseAQueuedRenewalShortened(t *testing.T) {
+	db, store, clock, req, r, end := shorterRenewalQueued(t)
+	clock.set(end.Add(100 * time.Millisecond))
+	var c idem.Claim
+	err := db.unsyncedTxHeld(t.Context(), false, func(ctx context.Context, tx *sql.Tx) (err error) {
+		c, err = store.claimIn(ctx, db.in(tx), req)
+		return err
+	})
+	if err != nil || c.Outcome != idem.Acquired || !c.TookOver {
+		t.Fatalf("the claim %v after the renewed lease's end: %v, taken over %v, %v; want acquired, taken over",
+			clock.Now().Sub(end), c.Outcome, c.TookOver, err)
+	}
+	<-r.done
+	if !errors.Is(r.err, idem.ErrLeaseLost) {
+		t.Fatalf("the renewal, written after the takeover: %v; want ErrLeaseLost", r.err)
+	}
+	rec, err := store.Get(t.Context(), "s", "k")
+	if err != nil || rec.Token != c.Token || !rec.LeaseExpiresAt.Equal(c.Record.LeaseExpiresAt) {
+		t.Fatalf("the key: token %d, lease to %v, %v; want the taker's token %d to %v", rec.Token, rec.LeaseExpiresAt, err, c.Token, c.Record.LeaseExpiresAt)
+	}
+}

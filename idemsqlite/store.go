@@ -405,10 +405,12 @@ func (s *Store) claimFound(ctx context.Context, r runner, req idem.ClaimRequest,
 	if found && rec.State == idem.StateInFlight {
 		// A renewal asked for while the writer was held, and not yet
 		// written, counts (see renewal): now was read after it was queued.
-		// One to the lease end the key has still moves its expiry out to
-		// that end when written (a takeover late in the TTL leaves a lease
-		// that outlasts the expiry).
-		if end := s.db.queue.pendingLeaseEnd(idem.Ref{Scope: req.Scope, Key: req.Key, Token: rec.Token}); end >= rec.LeaseExpiresAt.UnixNano() {
+		// Its end replaces the key's, sooner too (a renewal with a shorter
+		// lease), as it will once written. One to the lease end the key
+		// has still moves its expiry out to that end when written (a
+		// takeover late in the TTL leaves a lease that outlasts the
+		// expiry).
+		if end := s.db.queue.pendingLeaseEnd(idem.Ref{Scope: req.Scope, Key: req.Key, Token: rec.Token}); end != 0 {
 			rec.LeaseExpiresAt = fromNanos(end)
 			if rec.ExpiresAt.Before(rec.LeaseExpiresAt) {
 				rec.ExpiresAt = rec.LeaseExpiresAt
