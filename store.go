@@ -400,6 +400,22 @@ type SerialWriter interface {
 	WritesSerially() bool
 }
 
+// LocalClock is a Store that decides its leases by a Clock of this process
+// (an embedded store: idemsqlite, idemmem), where a shared store decides
+// them by its server's. A lease end it reports (Claim.Record.LeaseExpiresAt
+// with Acquired, Renew's) is then a time on that Clock, which a caller that
+// tells the time by the same Clock may count its lease to: a claim that
+// waited long before the store ran it (queued behind SQLite's one writer)
+// returns with its whole lease left, which a caller counting from when it
+// sent the claim would think mostly gone. A wrapper of a store forwards it
+// only when the lease ends it reports are the store's, unchanged.
+type LocalClock interface {
+	Store
+
+	// LeaseClock returns the Clock the store decides leases by.
+	LeaseClock() Clock
+}
+
 // Replayer is a Store that answers the duplicate of a completed key with
 // one read of only what the answer needs: the kept response, and whether
 // the duplicate is the same request. idemhttp uses it, when the store

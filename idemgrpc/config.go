@@ -202,8 +202,11 @@ type Config struct {
 	// take, oldest dropped first. Defaults to 32 MiB.
 	MemoryReplayBytes int
 
-	// Clock tells MemoryReplayFor's time. Defaults to idem.SystemClock;
-	// give it the store's clock when that is not the system's.
+	// Clock tells MemoryReplayFor's time, and the lease's between its
+	// renewals. Defaults to idem.SystemClock; give it the store's clock
+	// when that is not the system's. With a store that decides leases by
+	// the same clock (idem.LocalClock), a lease counts from when the store
+	// began it (see keyed.Config.Clock).
 	Clock idem.Clock
 
 	// KeySecret, when set, seals every key before the store sees it, as

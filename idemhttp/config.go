@@ -191,9 +191,11 @@ type Config struct {
 	// kept (its duplicates read the store). Defaults to 32 MiB.
 	MemoryReplayBytes int
 
-	// Clock tells MemoryReplayFor's time. Defaults to idem.SystemClock;
-	// give it the store's clock when that is not the system's (a test's
-	// manual clock).
+	// Clock tells MemoryReplayFor's time, and the lease's between its
+	// renewals. Defaults to idem.SystemClock; give it the store's clock
+	// when that is not the system's (a test's manual clock). With a store
+	// that decides leases by the same clock (idem.LocalClock), a lease
+	// counts from when the store began it (see keyed.Config.Clock).
 	Clock idem.Clock
 
 	// KeySecret, when set, seals every key before the store sees it: the

@@ -32,10 +32,11 @@ type Store struct {
 }
 
 var (
-	_ idem.Store     = (*Store)(nil)
-	_ idem.Waiter    = (*Store)(nil)
-	_ idem.Recoverer = (*Store)(nil)
-	_ idem.Restarter = (*Store)(nil)
+	_ idem.Store      = (*Store)(nil)
+	_ idem.Waiter     = (*Store)(nil)
+	_ idem.Recoverer  = (*Store)(nil)
+	_ idem.Restarter  = (*Store)(nil)
+	_ idem.LocalClock = (*Store)(nil)
 )
 
 type slot struct {
@@ -61,6 +62,10 @@ func NewStore(cfg *Config) *Store {
 	}
 	return &Store{clock: c.Clock, records: make(map[slot]*entry)}
 }
+
+// LeaseClock implements idem.LocalClock: the store decides leases by
+// Config.Clock, read as each call runs.
+func (s *Store) LeaseClock() idem.Clock { return s.clock }
 
 // live reports whether the record still counts at now: its TTL has not
 // passed, or a live lease still holds it (a takeover may push the lease past

@@ -43,6 +43,7 @@ var (
 	_ idem.SerialWriter = (*Store)(nil)
 	_ idem.Recoverer    = (*Store)(nil)
 	_ idem.Restarter    = (*Store)(nil)
+	_ idem.LocalClock   = (*Store)(nil)
 )
 
 // NewStore applies the store's schema migrations to db (component
@@ -455,6 +456,11 @@ func (s *Store) claimFound(ctx context.Context, r runner, req idem.ClaimRequest,
 // write, rather than in ClaimTx, which would hold the writer from the claim
 // on, through whatever the handler does before it writes.
 func (s *Store) WritesSerially() bool { return true }
+
+// LeaseClock implements idem.LocalClock: the store decides leases by
+// StoreConfig.Clock, read when a claim's turn on the writer comes (see
+// Claim) and when a renewal is asked for (see Renew).
+func (s *Store) LeaseClock() idem.Clock { return s.clock }
 
 // ClaimTx implements idem.TxClaimer: the claim, work's writes and the
 // completion are one write transaction, one synced commit, where Claim

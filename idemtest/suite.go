@@ -96,6 +96,22 @@ func TestStore(t *testing.T, newStore func(t *testing.T, clock idem.Clock) idem.
 		}
 	})
 
+	t.Run("LocalClock", func(t *testing.T) {
+		t.Parallel()
+		clock := idemmem.NewClock(Start)
+		lc, ok := newStore(t, clock).(idem.LocalClock)
+		if !ok {
+			t.Skip("the store does not implement idem.LocalClock")
+		}
+		// The clock it was given, which decides its leases (see the
+		// Renew and ClaimNew cases): a caller given the same clock then
+		// knows it for its own, and may count a lease to the end the
+		// store reports.
+		if got := lc.LeaseClock(); got != idem.Clock(clock) {
+			t.Fatalf("LeaseClock() = %T %v; want the Clock the store was given", got, got)
+		}
+	})
+
 	t.Run("Waiter", func(t *testing.T) {
 		t.Parallel()
 		if _, ok := newStore(t, idemmem.NewClock(Start)).(idem.Waiter); !ok {

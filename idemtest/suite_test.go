@@ -83,7 +83,14 @@ var brokenStores = map[string]struct {
 	"renew ignores fencing":                        {"RenewRefused", func(s txMem) idem.Store { return renewIgnoresFencing{s} }},
 	"renew keeps nothing":                          {"Renew", func(s txMem) idem.Store { return renewKeepsNothing{s, s.clock} }},
 	"yield earlier ends the current incarnation's": {"Restarter/YieldEarlier", func(s txMem) idem.Store { return yieldsEveryIncarnation{s} }},
+	"lease clock not the one given":                {"LocalClock", func(s txMem) idem.Store { return otherLeaseClock{s} }},
 }
+
+// otherLeaseClock says its leases run on the system's clock, not on the
+// one it was given (and decides them by).
+type otherLeaseClock struct{ txMem }
+
+func (otherLeaseClock) LeaseClock() idem.Clock { return idem.SystemClock{} }
 
 type completeIgnoresFencing struct{ txMem }
 

@@ -576,7 +576,7 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, until time.Time
 	}
 	hctx := newExecCtxUntil(ctx, resumeUntil, ex)
 	held := &heldLease{ref: ref, ctx: hctx, log: log}
-	e.hb.hold(held, sent)
+	e.hb.hold(held, sent, claim.Record.LeaseExpiresAt)
 	defer e.hb.drop(held) // once the key is settled
 	answer, rerr := runResume(hctx, c.cfg.Resume, ex)
 	hctx.stop()

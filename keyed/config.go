@@ -109,9 +109,13 @@ type Config struct {
 	// kept (its duplicates read the store). Defaults to 32 MiB.
 	MemoryReplayBytes int
 
-	// Clock tells MemoryReplayFor's time, and the Completer's. Defaults to
-	// idem.SystemClock; give it the store's clock when that is not the
-	// system's (a test's manual clock).
+	// Clock tells MemoryReplayFor's time, the Completer's, and the lease's
+	// between its renewals. Defaults to idem.SystemClock; give it the
+	// store's clock when that is not the system's (a test's manual clock).
+	// When the store decides leases by this very clock (idem.LocalClock:
+	// idemsqlite, idemmem, given the same Clock or both the default), a
+	// lease counts from when the store began it, by the end the store
+	// reports; otherwise from when its claim or renewal was sent.
 	Clock idem.Clock
 
 	// KeySecret, when set, seals every key before the store sees it: the

@@ -86,7 +86,12 @@
 // A handler whose lease cannot be renewed before it ends (the store
 // unreachable) has its context cancelled, with a cause that wraps
 // idem.ErrLeaseLost, so that it stops before another takes the key over;
-// its late completion is refused (fencing). In the ClaimTx form there is
+// its late completion is refused (fencing). The engine counts a lease from
+// when its claim (or renewal) was sent, which the store's own clock can only
+// follow; with a store that decides leases by the engine's own Clock
+// (idem.LocalClock: idemsqlite, idemmem), from when the store began it, so
+// that a claim that waited long for SQLite's writer keeps its whole lease.
+// In the ClaimTx form there is
 // nothing to renew: no other transaction sees the key until the claim
 // commits. On a store that writes serially (idemsqlite), whose CompleteTx
 // holds the only writer from the handler's first write to its commit, the

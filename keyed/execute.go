@@ -30,8 +30,9 @@ type execution struct {
 	// ClaimTx form, whose claim no other transaction sees before it
 	// commits).
 	held heldLease
-	// sent is when the claim that acquired the key was sent.
-	sent time.Time
+	// sent is when the claim that acquired the key was sent; granted is
+	// when the lease it acquired ends, as the store answered it.
+	sent, granted time.Time
 	// pointErr says why the key's recovery point cannot be read: the
 	// handler is not run.
 	pointErr error
@@ -44,7 +45,7 @@ type execution struct {
 // acquired records the claim the execution runs under.
 func (x *execution) acquired(claim idem.Claim) {
 	x.ref = idem.Ref{Scope: x.req.Scope, Key: x.req.Key, Token: claim.Token}
-	x.expires = claim.Record.ExpiresAt
+	x.expires, x.granted = claim.Record.ExpiresAt, claim.Record.LeaseExpiresAt
 	x.hctx.ex = Execution{Scope: x.req.Scope, Key: x.req.Key, Token: claim.Token,
 		ClaimedAt: claim.Record.CreatedAt, TookOver: claim.TookOver, hasSeed: true}
 	x.hctx.ex.seed = downstreamSeed(x.req.Scope, x.clientKey)
@@ -86,7 +87,7 @@ func (x *execution) execute() {
 	e := x.e
 	defer e.local.Notify(x.wk)
 	x.held.ref, x.held.ctx, x.held.log, x.held.patient = x.ref, &x.hctx, x.log, e.serialTx
-	e.hb.hold(&x.held, x.sent)
+	e.hb.hold(&x.held, x.sent, x.granted)
 	defer e.hb.drop(&x.held)
 	if e.txStore != nil {
 		x.runInTx()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sync"
 	"time"
 
@@ -17,9 +18,9 @@ import (
 type heldLease struct {
 	prev, next *heldLease
 	ref        idem.Ref
-	// since is when the lease last began: when its claim, or its last
-	// successful renewal, was sent, by the engine's clock (the store began
-	// it a little later, so the lease ends no sooner than since + Lease).
+	// since is when the lease last began, by the engine's clock, as
+	// began counts it from its claim or its last successful renewal: the
+	// lease ends no sooner than since + Lease.
 	since time.Time
 	// renewing says a renewal is in flight; failed that the lease was
 	// given up as lost (its context cancelled). missed says a tick found
@@ -62,6 +63,10 @@ type heartbeat struct {
 	tick, each time.Duration
 	// beatFn is beat, made once.
 	beatFn func()
+	// sameClock says the store decides leases by the engine's own Clock
+	// (idem.LocalClock), so that the lease ends it reports are times on
+	// that clock.
+	sameClock bool
 }
 
 func (hb *heartbeat) init(e *Engine) {
@@ -70,10 +75,51 @@ func (hb *heartbeat) init(e *Engine) {
 	hb.tick = max(e.cfg.Lease/6, time.Millisecond)
 	hb.each = max(e.cfg.Lease/3, time.Millisecond)
 	hb.beatFn = hb.beat
+	if lc, ok := e.store.(idem.LocalClock); ok {
+		hb.sameClock = sameClock(lc.LeaseClock(), e.cfg.Clock)
+	}
 }
 
-// hold starts renewing l, whose claim was sent at since.
-func (hb *heartbeat) hold(l *heldLease, since time.Time) {
+// sameClock reports whether a and b are one clock: equal values of a
+// comparable type (idem.SystemClock{}, one *idemmem.Clock). Clocks that
+// cannot be compared (an idem.ClockFunc) are not known to be one.
+func sameClock(a, b idem.Clock) bool {
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	return va.IsValid() && vb.IsValid() && va.Type() == vb.Type() && va.Comparable() && vb.Comparable() && a == b
+}
+
+// began returns when the heartbeat counts a lease from, given when the
+// claim or renewal that began it was sent and when its answer came, by the
+// engine's clock, and the lease's end as the store answered it. Every
+// lease the heartbeat holds counts from it, whatever the execution's form:
+// it is the one place that decides how long a lease is assumed to last,
+// and never longer than the store honours it.
+//
+// A store on a clock of its own (a server's) began the lease when it ran
+// the claim, some time after it was sent: counted from the sending, the
+// lease ends no later than the store's, whatever the two clocks read. A
+// store that decides leases by the engine's own clock (sameClock) reports
+// the lease's end on it: counted from that end less the lease, a claim
+// that waited long before the store ran it (behind SQLite's one writer)
+// keeps the whole lease it was given, where counted from its sending it
+// would be given up at once; and a lease shorter than asked for counts as
+// granted. No later than the answer, when the store cannot have begun it
+// yet: an end past the answer's time plus the lease is not taken as said.
+func (hb *heartbeat) began(sent, answered, end time.Time) time.Time {
+	if !hb.sameClock || end.IsZero() {
+		return sent
+	}
+	if began := end.Add(-hb.e.cfg.Lease); began.Before(answered) {
+		return began
+	}
+	return answered
+}
+
+// hold starts renewing l, whose claim was sent at sent and acquired the
+// key with a lease that ends at end, as the store answered it (zero: not
+// known). It is called as soon as the claim's answer has come.
+func (hb *heartbeat) hold(l *heldLease, sent, end time.Time) {
+	since := hb.began(sent, hb.e.cfg.Clock.Now(), end)
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	l.since, l.renewing, l.failed, l.listed, l.tried, l.missed = since, false, false, true, false, false
@@ -174,10 +220,11 @@ var errLeaseEnding = fmt.Errorf("keyed: lease not renewed: %w", idem.ErrLeaseLos
 // key taken over is sent again (see again).
 func (hb *heartbeat) renew(l *heldLease) {
 	e := hb.e
-	sent, began := e.cfg.Clock.Now(), time.Now()
+	sent, sentReal := e.cfg.Clock.Now(), time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), hb.tick)
-	_, err := e.store.Renew(ctx, l.ref, e.cfg.Lease)
+	end, err := e.store.Renew(ctx, l.ref, e.cfg.Lease)
 	cancel()
+	answered := e.cfg.Clock.Now()
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	l.renewing = false
@@ -192,14 +239,13 @@ func (hb *heartbeat) renew(l *heldLease) {
 	}
 	switch {
 	case err == nil:
-		l.since, l.tried = sent, false
-		if missed && !l.failed && e.cfg.Clock.Now().Sub(sent) >= hb.each {
+		l.since, l.tried = hb.began(sent, answered, end), false
+		if missed && !l.failed && answered.Sub(l.since) >= hb.each {
 			// A tick found the lease due while this renewal was on its
-			// way, and the lease, counted from when this one was sent, is
-			// due again: renewed at once, not a tick later, when the
-			// next tick may be the last before the lease is given up
-			// (and an injected clock may stand still until it is
-			// renewed).
+			// way, and the lease, counted from this one, is due again:
+			// renewed at once, not a tick later, when the next tick may
+			// be the last before the lease is given up (and an injected
+			// clock may stand still until it is renewed).
 			l.renewing, l.tried = true, true
 			go hb.renew(l)
 		}
@@ -220,7 +266,7 @@ func (hb *heartbeat) renew(l *heldLease) {
 			// and an injected clock may stand still until the lease is
 			// renewed. The beat still gives the lease up as before when
 			// no renewal succeeds in time.
-			time.AfterFunc(max(hb.tick-time.Since(began), 0), func() { hb.again(l) })
+			time.AfterFunc(max(hb.tick-time.Since(sentReal), 0), func() { hb.again(l) })
 		}
 	}
 }
