@@ -159,8 +159,15 @@ func (r *recorder) asking(ctx context.Context) error {
 // waitAsked waits for asked (holdNext), failing the test after waitLimit.
 func waitAsked(t *testing.T, what string, asked <-chan struct{}) {
 	t.Helper()
+	waitClosed(t, what, asked)
+}
+
+// waitClosed waits for ch to be closed (a signal: a handler began, the
+// consumer asked for more), failing the test after waitLimit.
+func waitClosed(t *testing.T, what string, ch <-chan struct{}) {
+	t.Helper()
 	select {
-	case <-asked:
+	case <-ch:
 	case <-time.After(waitLimit):
 		t.Fatalf("%s: not within %s", what, waitLimit)
 	}

@@ -22,8 +22,10 @@ func TestHeartbeatRenewsAHeldDeliveryAtEveryBeat(t *testing.T) {
 	cfg := h.config()
 	const ackWait, beat = 40 * time.Second, 10 * time.Second
 	cfg.Concurrency, cfg.AckWait = 1, ackWait
-	release := make(chan struct{})
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
 	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		once.Do(func() { close(started) })
 		select {
 		case <-release:
 		case <-ctx.Done():
@@ -32,7 +34,9 @@ func TestHeartbeatRenewsAHeldDeliveryAtEveryBeat(t *testing.T) {
 		return h.apply(ctx, m)
 	})
 	h.publish(msg("evt-1", "K"))
-	waitFor(t, "evt-1 taken", func() bool { return h.rec.Taken() == 1 })
+	// Its handler running, evt-1 is in the consumer's memory, where the
+	// heartbeat looks: taken from the transport, it may not be yet.
+	waitClosed(t, "evt-1's handler", started)
 	for i := 1; i <= 6; i++ {
 		waitFor(t, "the heartbeat waiting for its next beat", func() bool { return h.timers.Pending(beat) == 1 })
 		h.timers.Advance(beat)
@@ -97,8 +101,10 @@ func TestFailedHeartbeatIsLogged(t *testing.T) {
 	cfg := h.config()
 	const ackWait, beat = 40 * time.Second, 10 * time.Second
 	cfg.Concurrency, cfg.AckWait, cfg.Logger = 1, ackWait, slog.New(logs)
-	release := make(chan struct{})
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
 	h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		once.Do(func() { close(started) })
 		select {
 		case <-release:
 		case <-ctx.Done():
@@ -107,7 +113,9 @@ func TestFailedHeartbeatIsLogged(t *testing.T) {
 	})
 	defer close(release)
 	h.publish(msg("evt-1", "K"))
-	waitFor(t, "evt-1 taken", func() bool { return h.rec.Taken() == 1 })
+	// Its handler running, evt-1 is in the consumer's memory, where the
+	// heartbeat looks: taken from the transport, it may not be yet.
+	waitClosed(t, "evt-1's handler", started)
 	waitFor(t, "the heartbeat waiting for its beat", func() bool { return h.timers.Pending(beat) == 1 })
 	// The clock passes AckWait before the beat fires.
 	h.clock.Advance(ackWait + time.Second)
