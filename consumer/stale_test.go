@@ -128,7 +128,13 @@ func TestStaleHeadIsLetGoWithItsKeyMates(t *testing.T) {
 	h := newHarness(t)
 	cfg := h.config()
 	cfg.AckWait = staleAckWait
-	cfg.Concurrency, cfg.MaxPending = 1, 3
+	// Room for a fourth delivery, whose ask says that evt-2 and evt-3 are
+	// in memory, behind evt-1 (taken from the transport, they may not be
+	// yet, and would then be handed back on another path); held until
+	// evt-1 is let go, so that evt-1's delivery again, once its AckWait
+	// ended, is not taken before.
+	cfg.Concurrency, cfg.MaxPending = 1, 4
+	asked, more := h.rec.holdNext(3)
 	g := newGate()
 	sh := &staleHead{h: h, g: g}
 	c, _ := h.start(cfg, sh.handle)
@@ -136,10 +142,12 @@ func TestStaleHeadIsLetGoWithItsKeyMates(t *testing.T) {
 	g.wait(t, "evt-1's handler")
 	h.clock.Advance(20 * time.Second)
 	h.publish(msg("evt-2", "acct-1"), msg("evt-3", "acct-1"))
-	waitFor(t, "evt-2 and evt-3 taken behind evt-1", func() bool { return h.rec.Taken() == 3 })
+	waitAsked(t, "evt-2 and evt-3 put behind evt-1", asked)
 	// evt-1's AckWait ended 5s ago; evt-2's and evt-3's have 15s left.
 	h.clock.Advance(15 * time.Second)
 	g.release()
+	waitFor(t, "evt-1 let go", func() bool { return c.Stats().Stale == 1 })
+	more()
 
 	waitFor(t, "the three messages processed", func() bool { return c.Stats().Processed == 3 })
 	sh.appliedInOrder(t, "evt-1", "evt-2", "evt-3")
@@ -425,7 +433,11 @@ func TestStaleHeadsLaterDeliveryRightBehindItTakesItsPlace(t *testing.T) {
 	h := newHarness(t)
 	cfg := h.config()
 	cfg.AckWait = staleAckWait
-	cfg.Concurrency, cfg.MaxPending = 1, 3
+	// Room for a fourth delivery, whose ask says that evt-2 is in memory,
+	// behind evt-1's later delivery (taken from the transport, it may not
+	// be yet, and would then be put behind it only after evt-1 is let go).
+	cfg.Concurrency, cfg.MaxPending = 1, 4
+	asked, more := h.rec.holdNext(3)
 	g := newGate()
 	sh := &staleHead{h: h, g: g}
 	c, _ := h.start(cfg, sh.handle)
@@ -435,8 +447,10 @@ func TestStaleHeadsLaterDeliveryRightBehindItTakesItsPlace(t *testing.T) {
 	h.clock.Advance(staleAckWait + time.Second)
 	waitFor(t, "evt-1 delivered again", func() bool { return h.rec.Taken() == 2 })
 	h.publish(msg("evt-2", "acct-1"))
-	waitFor(t, "evt-2 taken behind evt-1's later delivery", func() bool { return h.rec.Taken() == 3 })
+	waitAsked(t, "evt-2 put behind evt-1's later delivery", asked)
 	g.release()
+	waitFor(t, "evt-1 let go", func() bool { return c.Stats().Stale == 1 })
+	more()
 
 	waitFor(t, "both messages processed", func() bool { return c.Stats().Processed == 2 })
 	sh.appliedInOrder(t, "evt-1", "evt-2")
