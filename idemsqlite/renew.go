@@ -94,7 +94,9 @@ func (q *writerQueue) leave(r *renewal) {
 // lease of scope and key under token leave once written, or 0 when none
 // is queued: the last one asked for, written last, whose end replaces the
 // others' (see Store.Renew), even when it is sooner. Only the writer's turn
-// holder may rely on it (nobody else writes queued renewals).
+// holder may rely on it (nobody else writes queued renewals); a claim
+// answered from the read pool takes it as a hint that may come late (a
+// renewal written since its read is no longer queued), and only answers.
 func (q *writerQueue) pendingLeaseEnd(ref idem.Ref) int64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()

@@ -456,3 +456,82 @@ func TestClaimTakesOverALeaseAQueuedRenewalShortened(t *testing.T) {
 		t.Fatalf("the key: token %d, lease to %v, %v; want the taker's token %d to %v", rec.Token, rec.LeaseExpiresAt, err, c.Token, c.Record.LeaseExpiresAt)
 	}
 }
+
+// A claim answered from the read pool (a duplicate of a key in flight,
+// without the writer) honours a renewal queued behind the writer as the
+// writer's claims do: one that shortened the key's lease. Before its end
+// the claim answers in flight with that end; after it, the claim goes to
+// the writer, and takes the key over once the writer is handed over, as a
+// claim on the writer decides (TestClaimTakesOverALeaseAQueuedRenewalShortened).
+func TestClaimFromTheReaderHonoursAShorterQueuedRenewal(t *testing.T) {
+	db := groupDB(t, time.Hour)
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	clock := &handClock{now: t0}
+	store, err := NewStore(t.Context(), db, &StoreConfig{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: 10 * time.Second, TTL: time.Hour}
+	first, err := store.Claim(t.Context(), req)
+	if err != nil || first.Outcome != idem.Acquired {
+		t.Fatalf("claim: %+v, %v", first, err)
+	}
+	release, held := holdWriter(t, db, nil)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	clock.set(t0.Add(500 * time.Millisecond))
+	end, err := store.Renew(t.Context(), idem.Ref{Scope: "s", Key: "k", Token: first.Token}, time.Second)
+	if err != nil {
+		t.Fatalf("the renewal behind the writer: %v", err)
+	}
+
+	clock.set(end.Add(-100 * time.Millisecond))
+	c, err := store.Claim(t.Context(), req)
+	if err != nil || c.Outcome != idem.InFlight || !c.Record.LeaseExpiresAt.Equal(end) {
+		t.Fatalf("the claim %v before the renewed lease's end: %v, lease to %v, %v; want in flight, lease to %v",
+			end.Sub(clock.Now()), c.Outcome, c.Record.LeaseExpiresAt, err, end)
+	}
+
+	clock.set(end.Add(100 * time.Millisecond))
+	type answer struct {
+		c   idem.Claim
+		err error
+	}
+	taken := make(chan answer, 1)
+	go func() {
+		c, err := store.Claim(t.Context(), req)
+		taken <- answer{c, err}
+	}()
+	// It answers at once from the read pool, or waits for the writer's
+	// turn.
+	for deadline := time.Now().Add(10 * time.Second); ; runtime.Gosched() {
+		select {
+		case a := <-taken:
+			t.Fatalf("the claim %v after the renewed lease's end answered without the writer: %v, lease to %v, %v; want it to wait for the writer and take the key over",
+				clock.Now().Sub(end), a.c.Outcome, a.c.Record.LeaseExpiresAt, a.err)
+		default:
+		}
+		db.queue.mu.Lock()
+		waiting := len(db.queue.waiting)
+		db.queue.mu.Unlock()
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the claim neither answered nor waited for the writer")
+		}
+	}
+	close(release)
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	a := <-taken
+	if a.err != nil || a.c.Outcome != idem.Acquired || !a.c.TookOver {
+		t.Fatalf("the claim after the renewed lease's end: %v, taken over %v, %v; want acquired, taken over", a.c.Outcome, a.c.TookOver, a.err)
+	}
+}

@@ -343,6 +343,19 @@ func (s *Store) answerFromReader(ctx context.Context, req idem.ClaimRequest) (cl
 	if err != nil {
 		return idem.Claim{}, true, fmt.Errorf("idemsqlite: claim: %w", err)
 	}
+	if found {
+		// A renewal queued behind the writer that shortened the key's
+		// lease counts here as on the writer: the key is not answered in
+		// flight past that renewal's end (the claim goes to the writer,
+		// which decides), nor with an end it will not have. One that
+		// moved the end out is left to the writer, which writes it before
+		// it answers: read here, the committed end only answers in flight
+		// sooner. A renewal written since the load is no longer queued,
+		// and the record as loaded is answered, as before that renewal.
+		if q := s.withQueuedRenewal(rec); q.LeaseExpiresAt.Before(rec.LeaseExpiresAt) {
+			rec = q
+		}
+	}
 	if now := s.clock.Now(); found && live(rec, now) {
 		switch {
 		case rec.Fingerprint != req.Fingerprint:
@@ -354,6 +367,26 @@ func (s *Store) answerFromReader(ctx context.Context, req idem.ClaimRequest) (cl
 		}
 	}
 	return idem.Claim{}, false, nil
+}
+
+// withQueuedRenewal returns rec, read from the database, as the renewals
+// of its lease queued behind the writer leave it once written (see
+// renewal): their end, the last one asked for, replaces the key's, sooner
+// too (a renewal with a shorter lease). One to the lease end the key has
+// still moves its expiry out to that end when written (a takeover late in
+// the TTL leaves a lease that outlasts the expiry). Claims on the writer
+// and those answered from the read pool decide by it alike.
+func (s *Store) withQueuedRenewal(rec idem.Record) idem.Record {
+	if rec.State != idem.StateInFlight {
+		return rec
+	}
+	if end := s.db.queue.pendingLeaseEnd(idem.Ref{Scope: rec.Scope, Key: rec.Key, Token: rec.Token}); end != 0 {
+		rec.LeaseExpiresAt = fromNanos(end)
+		if rec.ExpiresAt.Before(rec.LeaseExpiresAt) {
+			rec.ExpiresAt = rec.LeaseExpiresAt
+		}
+	}
+	return rec
 }
 
 // claimIn claims req with r, which runs on the writer: it reads the record
@@ -403,20 +436,9 @@ func freshRecord(req idem.ClaimRequest, now time.Time) idem.Record {
 // record as load found it (found false: none), and writes the claim when it
 // acquires the key. fresh is the record a claim of an absent key writes.
 func (s *Store) claimFound(ctx context.Context, r runner, req idem.ClaimRequest, fresh, rec idem.Record, found bool, now time.Time) (idem.Claim, error) {
-	if found && rec.State == idem.StateInFlight {
-		// A renewal asked for while the writer was held, and not yet
-		// written, counts (see renewal): now was read after it was queued.
-		// Its end replaces the key's, sooner too (a renewal with a shorter
-		// lease), as it will once written. One to the lease end the key
-		// has still moves its expiry out to that end when written (a
-		// takeover late in the TTL leaves a lease that outlasts the
-		// expiry).
-		if end := s.db.queue.pendingLeaseEnd(idem.Ref{Scope: req.Scope, Key: req.Key, Token: rec.Token}); end != 0 {
-			rec.LeaseExpiresAt = fromNanos(end)
-			if rec.ExpiresAt.Before(rec.LeaseExpiresAt) {
-				rec.ExpiresAt = rec.LeaseExpiresAt
-			}
-		}
+	if found {
+		// now was read after the renewals it honours were queued.
+		rec = s.withQueuedRenewal(rec)
 	}
 	if found && live(rec, now) {
 		switch {
