@@ -130,3 +130,39 @@ func parseRecordKey(prefix, rk string) (idem.Scope, idem.Key, bool) {
 	}
 	return idem.Scope(scopeUnescaper.Replace(tag)), idem.Key(key), true
 }
+
+// HoldsKeys reports whether any key under the Store's prefix is named as
+// the Store names its records' (in flight, completed, or the tombstone of
+// a released key), whatever it holds: SCAN until the first, on every
+// master of a cluster. An audit that lists the keys in flight (InFlight)
+// learns from it whether it reads a prefix in use: none at all is a
+// prefix that no Store wrote to within its keys' TTL, such as one that
+// differs from the service's, or another database of the server, where
+// InFlight finding none in flight tells nothing. It only reads, and
+// changes no key.
+func (s *Store) HoldsKeys(ctx context.Context) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	nodes, err := s.conn.scanners(ctx)
+	if err != nil {
+		return false, fail("holds keys: listing the cluster's masters", err)
+	}
+	pattern := recordPattern(s.prefix)
+	for _, node := range nodes {
+		var cursor uint64
+		for {
+			keys, next, err := node(ctx, cursor, pattern, scanCount)
+			if err != nil {
+				return false, fail("holds keys: scanning", err)
+			}
+			if len(keys) > 0 {
+				return true, nil
+			}
+			if cursor = next; cursor == 0 {
+				break
+			}
+		}
+	}
+	return false, nil
+}

@@ -1,6 +1,7 @@
 package idemredis_test
 
 import (
+	"context"
 	"errors"
 	"maps"
 	"slices"
@@ -98,4 +99,51 @@ func dumpKeys(t *testing.T, client *redis.Client, prefix string) map[string]stri
 		t.Fatal(err)
 	}
 	return out
+}
+
+// HoldsKeys tells whether any key under the prefix is named as a record's:
+// none under a fresh prefix, nor when the only keys are another prefix's
+// that begins with it, or keys under it named otherwise; one once a key
+// was claimed there, even released since (its tombstone). It changes
+// nothing in Redis.
+func TestHoldsKeys(t *testing.T) {
+	t.Parallel()
+	client := newClient(t)
+	prefix := randomPrefix(t)
+	s := newStore(t, client, &idemredis.Config{Prefix: prefix})
+	ctx := t.Context()
+	holds := func() bool {
+		t.Helper()
+		got, err := s.HoldsKeys(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if holds() {
+		t.Fatal("HoldsKeys of a fresh prefix = true")
+	}
+	for _, k := range []string{prefix + "x:{s}:k", prefix + ":other"} {
+		if err := client.Set(ctx, k, "v", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { client.Del(context.Background(), k) })
+	}
+	if holds() {
+		t.Fatal("HoldsKeys with only another prefix's key and a key named otherwise = true")
+	}
+	c, err := s.Claim(ctx, idem.ClaimRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
+	if err != nil || c.Outcome != idem.Acquired {
+		t.Fatalf("claim: %v %v", c.Outcome, err)
+	}
+	if err := s.Release(ctx, idem.Ref{Scope: "s", Key: "k", Token: c.Token}); err != nil {
+		t.Fatal(err)
+	}
+	before := dumpKeys(t, client, prefix)
+	if !holds() {
+		t.Fatal("HoldsKeys after a key was claimed and released = false")
+	}
+	if after := dumpKeys(t, client, prefix); !maps.Equal(before, after) {
+		t.Fatalf("HoldsKeys changed Redis: %v before, %v after", before, after)
+	}
 }

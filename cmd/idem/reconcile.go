@@ -58,7 +58,12 @@ that cannot be reached ends the run with status 3. Without --keys, a
 database that does not hold the keys (the service ran with --keys) has no
 keys in flight to show: reconcile says so, on stderr and in the --json
 summary ("keys_seen": false), and a payment in flight after its charge is
-a difference.
+a difference; with --keys, a prefix under which no key of the store lives
+at all (not the one 'idem serve' was given, or another database of that
+Redis) is said so alike, naming it. The keys in flight are held whole:
+10,000 or more end the run with status 3. In Redis every request in flight
+counts, and one whose client stopped retrying stays in flight until its
+key's TTL (--key-ttl of 'idem serve').
 
 Exit status: 0 when the books agree (payments being finished do not count);
 1 when there is a difference (unknown outcomes included); 2 on bad usage;
@@ -160,7 +165,7 @@ error that says so.`,
 			}
 			defer func() { err = errors.Join(err, rs.Close()) }()
 		}
-		keys := keysInFlight(db, rs)
+		keys := keysInFlight(db, rs, keysPrefix)
 		defer func() { err = errors.Join(err, keys.close()) }()
 		out.keys = keys
 		if !asJSON {
@@ -271,7 +276,7 @@ func (o *reconcileOutput) end(rec *payments.Reconciliation, from time.Time, boun
 // or some, sealed keys in Redis that name no payment.
 func (o *reconcileOutput) notes(rec *payments.Reconciliation) {
 	if o.keys != nil && o.keys.unseen {
-		fmt.Fprintf(o.a.stderr, "idem: %s\n", keysUnseenNote)
+		fmt.Fprintf(o.a.stderr, "idem: %s\n", o.keys.note)
 	}
 	if rec.SealedInFlight > 0 {
 		fmt.Fprintf(o.a.stderr, "idem: %s\n", sealedNote(rec.SealedInFlight))
@@ -281,6 +286,10 @@ func (o *reconcileOutput) notes(rec *payments.Reconciliation) {
 // keysUnseenNote is what reconcile says of a database without the key
 // store's tables.
 const keysUnseenNote = "cannot see the keys in flight: the database does not hold the idempotency keys, so a payment being finished is reported as a difference; if the service keeps them in Redis, give --keys (and --keys-prefix) as 'idem serve' has them"
+
+// prefixUnseenNote is what reconcile says of a Redis prefix (%q) under
+// which no key of the store lives.
+const prefixUnseenNote = "cannot see the keys in flight: no idempotency key at all lives under --keys-prefix %q in that Redis, so a payment being finished is reported as a difference; give --keys (its database too) and --keys-prefix as 'idem serve' has them"
 
 func sealedNote(n int) string {
 	return fmt.Sprintf("%d key(s) in flight in the key store are sealed (IDEM_KEY_SECRET) and do not say which payment they are: a charge made for one and not yet recorded is reported as a charge without its payment", n)
@@ -296,7 +305,7 @@ func (o *reconcileOutput) summary(rec *payments.Reconciliation, from time.Time, 
 	if o.keys != nil {
 		s["keys_in"] = o.keys.where
 		if o.keys.unseen {
-			s["keys_seen"], s["keys_note"] = false, keysUnseenNote
+			s["keys_seen"], s["keys_note"] = false, o.keys.note
 		}
 	}
 	if rec.SealedInFlight > 0 {
@@ -366,9 +375,11 @@ type inFlightKeys struct {
 	// close closes the store list opened.
 	close func() error
 	// where says where the keys were read: "database", or "redis"; and
-	// unseen that the database, without --keys, holds none.
+	// unseen that the database, without --keys, holds none, or that no
+	// key at all lives under the Redis prefix; note says which.
 	where  string
 	unseen bool
+	note   string
 }
 
 // keysInFlight returns what lists the keys in flight: in rs when it is
@@ -378,8 +389,12 @@ type inFlightKeys struct {
 // network's charges. A database without the key store's tables (a
 // service whose keys live in Redis, --keys) lists none, and says it could
 // not see them (unseen): opening the store there would create them
-// (SQLite), or fail on the read-only pool (PostgreSQL).
-func keysInFlight(db *database, rs *idemredis.Store) *inFlightKeys {
+// (SQLite), or fail on the read-only pool (PostgreSQL). In rs, none in
+// flight under a prefix (prefix) where no key of the store lives at all
+// is not seen either: the prefix, or the database of the --keys URL, is
+// not the service's (or no key was claimed there within its TTL), and a
+// payment in flight there would go unseen in silence.
+func keysInFlight(db *database, rs *idemredis.Store, prefix string) *inFlightKeys {
 	// The keys in flight are as many as the requests running at once
 	// and those stopped: a bounded number, held whole.
 	const page = 10000
@@ -395,7 +410,20 @@ func keysInFlight(db *database, rs *idemredis.Store) *inFlightKeys {
 	}
 	if rs != nil {
 		k.where = "redis"
-		k.list = func(ctx context.Context) ([]idem.Record, error) { return all(rs.InFlight(ctx, page)) }
+		used := false // a key was seen under the prefix: it is in use
+		k.list = func(ctx context.Context) ([]idem.Record, error) {
+			recs, err := all(rs.InFlight(ctx, page))
+			if err != nil || len(recs) > 0 || used {
+				used = used || len(recs) > 0
+				k.unseen = k.unseen && !used
+				return recs, err
+			}
+			if used, err = rs.HoldsKeys(ctx); err != nil {
+				return nil, err
+			}
+			k.unseen, k.note = !used, fmt.Sprintf(prefixUnseenNote, prefix)
+			return nil, nil
+		}
 		return k
 	}
 	var ls inFlightLister
@@ -409,7 +437,7 @@ func keysInFlight(db *database, rs *idemredis.Store) *inFlightKeys {
 				return nil, err
 			}
 			if !has {
-				k.unseen = true
+				k.unseen, k.note = true, keysUnseenNote
 				return nil, nil
 			}
 			if db.sqlite != nil {
