@@ -184,7 +184,9 @@
 // (Nack), so that they do not overtake its next delivery: in the order of
 // the messages, a later delivery of one in the place of its first, since
 // JetStream delivers them again in the order of the NAKs; then those it
-// was taking from the transport just then. A keyed
+// was taking from the transport just then (Next had returned them, or
+// returns them next), but for the stale message's own later delivery
+// among them, which is the head of its key again. A keyed
 // message waiting for a retry in memory is not let go before its retry:
 // later messages of its key that the consumer holds may still be its own
 // (a lease is per message), and would overtake it; the retry runs, and the
