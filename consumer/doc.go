@@ -219,7 +219,9 @@
 //
 // Deliveries held longer than a moment (queued behind their key, waiting
 // for a retry, or in a long handler) are kept alive with
-// Delivery.InProgress every quarter of Config.AckWait, so that the
+// Delivery.InProgress every quarter of Config.AckWait, counted from when
+// the transport handed them out, where its AckWait starts (however long
+// the consumer took to put them behind their keys), so that the
 // transport does not deliver them again meanwhile. If it does anyway, the
 // new delivery queues like any other and the inbox finds it a duplicate.
 // A long retry delay therefore holds a delivery for that long: on RabbitMQ

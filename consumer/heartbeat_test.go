@@ -131,3 +131,67 @@ func TestFailedHeartbeatIsLogged(t *testing.T) {
 		t.Errorf("evt-1's deliveries: %v; want the heartbeat's InProgress asked", ops)
 	}
 }
+
+// A delivery's renewals are counted from when the transport handed it out
+// (Next returned), where the transport starts its AckWait, not from when
+// the consumer put it behind its key: a reader slow between the two (a
+// DedupKey that takes its time, a loaded machine) must not push the first
+// renewal past the AckWait's end. Here the reader is held at evt-1's dedup
+// key while the clock moves past half the AckWait (to +25s of 40s), at
+// which the beat at +30s is the last before the transport hands evt-1 out
+// again at +40s.
+func TestHeartbeatCountsFromWhenTheTransportHandedTheDeliveryOut(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	const ackWait, beat = 40 * time.Second, 10 * time.Second
+	cfg.Concurrency, cfg.AckWait = 1, ackWait
+	taken, admit := make(chan struct{}), make(chan struct{})
+	var takenOnce, admitOnce sync.Once
+	cfg.DedupKey = func(m idem.Message) (string, error) {
+		takenOnce.Do(func() {
+			close(taken)
+			<-admit
+		})
+		return m.ID, nil
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	var startedOnce sync.Once
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		startedOnce.Do(func() { close(started) })
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return h.apply(ctx, m)
+	})
+	t.Cleanup(func() { admitOnce.Do(func() { close(admit) }) })
+	waitFor(t, "the heartbeat waiting for its first beat", func() bool { return h.timers.Pending(beat) == 1 })
+	h.publish(msg("evt-1", "K"))
+	// Handed out at +0s: its AckWait ends at +40s unless renewed.
+	waitClosed(t, "evt-1 taken, its dedup key asked", taken)
+	for range 2 {
+		h.timers.Advance(beat)
+		waitFor(t, "the heartbeat waiting again", func() bool { return h.timers.Pending(beat) == 1 })
+	}
+	h.clock.Advance(5 * time.Second)
+	admitOnce.Do(func() { close(admit) })
+	waitClosed(t, "evt-1's handler", started)
+	// The beat at +30s, evt-1 then 30s out of the transport's hands
+	// unrenewed.
+	h.timers.Advance(beat - 5*time.Second)
+	waitFor(t, "the heartbeat waiting again", func() bool { return h.timers.Pending(beat) == 1 })
+	if n := countOp(h.rec.Ops("evt-1"), "in-progress"); n != 1 {
+		t.Fatalf("evt-1, handed out at +0s and put in memory at +25s, renewed %d times by the beat at +30s; "+
+			"want once, before its AckWait (%s from when it was handed out) ends", n, ackWait)
+	}
+	// Past the AckWait's first end: still the consumer's own.
+	h.timers.Advance(beat)
+	waitFor(t, "the heartbeat waiting again", func() bool { return h.timers.Pending(beat) == 1 })
+	close(release)
+	waitFor(t, "evt-1 processed", func() bool { return c.Stats().Processed == 1 })
+	if ops := h.rec.Ops("evt-1"); countOp(ops, "deliver") != 1 {
+		t.Errorf("evt-1's deliveries: %v; want one: a renewal came too late", ops)
+	}
+}

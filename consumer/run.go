@@ -38,7 +38,7 @@ type entry struct {
 	d         idem.Delivery
 
 	// Guarded by runner.mu.
-	beatAt  time.Time   // when the transport last heard about d
+	beatAt  time.Time   // when the transport last heard about d: handed it out (admit), or renewed it
 	waiting bool        // waiting for an in-process retry
 	stop    func() bool // stops the retry timer while waiting
 
@@ -173,6 +173,10 @@ func (r *runner) read() error {
 		r.taking = true
 		r.mu.Unlock()
 		ds, err := r.next(n)
+		// The transport's AckWait runs from here, not from admit: the
+		// renewals are counted from it, however long the reader takes to
+		// put the deliveries in memory.
+		taken := r.cfg.Clock.Now()
 		for range n - len(ds) {
 			<-r.slots
 		}
@@ -192,7 +196,7 @@ func (r *runner) read() error {
 			}
 			es[i] = e
 		}
-		r.handBack(r.admit(es))
+		r.handBack(r.admit(es, taken))
 	}
 }
 
@@ -269,11 +273,15 @@ type letGone struct {
 // that head's later delivery, which is the key's head again. Put in memory,
 // such a message would be the head of its key, and applied before the
 // stale head's next delivery.
-func (r *runner) admit(es []*entry) []*handedBack {
+//
+// taken is when the transport handed the deliveries out (Next returned),
+// where its AckWait starts: their heartbeat counts from it (beatAt), so
+// that a reader slow to admit them does not delay their first renewal
+// past the AckWait's end.
+func (r *runner) admit(es []*entry, taken time.Time) []*handedBack {
 	var back []*handedBack
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := r.cfg.Clock.Now()
 	gone := r.letGoWhileTaking
 	r.taking, r.letGoWhileTaking = false, nil
 	// A delivery of a message the consumer already holds is not merged with
@@ -289,7 +297,7 @@ func (r *runner) admit(es []*entry) []*handedBack {
 			}
 			delete(gone, e.msg.Key)
 		}
-		e.beatAt = now
+		e.beatAt = taken
 		r.held[e] = struct{}{}
 		if !e.ordered {
 			r.ready <- e
