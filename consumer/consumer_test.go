@@ -640,14 +640,29 @@ func TestRunTwiceAtOnce(t *testing.T) {
 	}
 }
 
+// A consumer holds no more deliveries than MaxPending, and keeps those it
+// holds, running or queued, its own past AckWait (the heartbeat renews
+// each once a beat), so that the transport does not deliver them again.
+// The clock moves only once all three are in memory (a handler begins
+// only there), so that how fast the reader puts them there does not
+// matter: counted from when the transport handed them out, their
+// renewals are due at every beat from then on.
 func TestBackpressureAndHeartbeats(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	cfg := h.config()
-	cfg.Concurrency, cfg.MaxPending, cfg.AckWait = 1, 3, 40*time.Second
+	const ackWait, beat = 40 * time.Second, 10 * time.Second
+	cfg.Concurrency, cfg.MaxPending, cfg.AckWait = 2, 3, ackWait
 	release := make(chan struct{})
+	m0, m2 := make(chan struct{}), make(chan struct{})
+	var m0Once, m2Once sync.Once
 	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
-		if m.ID == "m0" {
+		if m.ID == "m0" || m.ID == "m2" {
+			if m.ID == "m0" {
+				m0Once.Do(func() { close(m0) })
+			} else {
+				m2Once.Do(func() { close(m2) })
+			}
 			select {
 			case <-release:
 			case <-ctx.Done():
@@ -656,19 +671,29 @@ func TestBackpressureAndHeartbeats(t *testing.T) {
 		}
 		return h.apply(ctx, m)
 	})
-	for i := range 10 {
+	waitFor(t, "the heartbeat waiting for its first beat", func() bool { return h.timers.Pending(beat) == 1 })
+	// m0 first, alone, so that m2, of another key, is not taken into its
+	// batch but runs beside it.
+	h.publish(msg("m0", "K"))
+	waitClosed(t, "m0's handler", m0)
+	h.publish(msg("m1", "K"), msg("m2", "L"))
+	for i := 3; i < 10; i++ {
 		h.publish(msg("m"+string(rune('0'+i)), "K"))
 	}
-	waitFor(t, "three deliveries taken", func() bool { return h.rec.Taken() == 3 })
-	// The consumer holds three deliveries, one in a long handler and two
-	// queued behind it. It must take no more, and keep those it holds alive
-	// past AckWait, so that the transport does not deliver them again.
-	for i := range 3 {
-		beats := countOp(h.rec.Ops("m0"), "in-progress") + countOp(h.rec.Ops("m2"), "in-progress")
-		h.advanceUntil("heartbeats", time.Second, func() bool {
-			return countOp(h.rec.Ops("m0"), "in-progress") > i && countOp(h.rec.Ops("m2"), "in-progress") > i &&
-				countOp(h.rec.Ops("m0"), "in-progress")+countOp(h.rec.Ops("m2"), "in-progress") > beats
-		})
+	// m1, taken before m2, is in memory too, queued behind m0.
+	waitClosed(t, "m2's handler", m2)
+	// The consumer holds three deliveries: it must take no more, and keep
+	// those it holds alive past AckWait.
+	held := []string{"m0", "m1", "m2"}
+	for i := 1; i <= 5; i++ {
+		h.timers.Advance(beat)
+		// The heartbeat renews what is due before it waits again.
+		waitFor(t, "the heartbeat waiting again", func() bool { return h.timers.Pending(beat) == 1 })
+		for _, id := range held {
+			if n := countOp(h.rec.Ops(id), "in-progress"); n != i {
+				t.Fatalf("after %d beats of %s, %s renewed %d times; want once a beat", i, beat, id, n)
+			}
+		}
 	}
 	if got := h.rec.Taken(); got != 3 {
 		t.Errorf("%d deliveries taken with MaxPending 3", got)
