@@ -133,3 +133,34 @@ func TestMessagesRunWaitsForItsFaults(t *testing.T) {
 		t.Error("a run with no faults asked for waits for some")
 	}
 }
+
+// The run's stall clock does not run while the run itself keeps the broker
+// down: a RabbitMQ restart may take minutes on a busy machine (its ready
+// timeout is three), longer than the minute CI gives a stall, and no event
+// can be applied without a broker. Once the broker serves again, a run that
+// applies nothing for the timeout is stalled, as before.
+func TestStallWatchDoesNotCountTheBrokersRestart(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	w := newStallWatch(time.Minute, t0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	if w.stalled(at(59*time.Second), 0, false) {
+		t.Fatal("stalled before the timeout")
+	}
+	if w.stalled(at(61*time.Second), 10, false) {
+		t.Fatal("stalled although events were applied")
+	}
+	// The broker goes down for a restart 30s later, and boots for 2 minutes.
+	for d := 91 * time.Second; d <= 211*time.Second; d += 250 * time.Millisecond {
+		if w.stalled(at(d), 10, true) {
+			t.Fatalf("stalled %s into the broker's restart, no event applied since %s before it", d-91*time.Second, 30*time.Second)
+		}
+	}
+	// Back: a minute more with nothing applied is a stall.
+	if w.stalled(at(211*time.Second+59*time.Second), 10, false) {
+		t.Fatal("stalled less than the timeout after the broker came back")
+	}
+	if !w.stalled(at(211*time.Second+61*time.Second), 10, false) {
+		t.Fatal("not stalled a timeout after the broker came back with no event applied")
+	}
+}
