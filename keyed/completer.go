@@ -655,7 +655,8 @@ func (c *Completer) resume(ctx context.Context, rec idem.Record, until time.Time
 // notRecorded gives back a key whose resume finished but whose record
 // (ResumeRecord) failed, before it was completed or released: in flight
 // at its point, its lease ended, as it was, for the next resume, which
-// finds what this one did outside.
+// finds what this one did outside. When that Yield fails, the Completer
+// holds the key under the resume's lease, and its log says so.
 func (c *Completer) notRecorded(ctx, dctx context.Context, wk keywait.Key, held *heldLease, log reqLog, rerr error) (resumed, error) {
 	err := rerr
 	if !errors.Is(err, ErrNotRecorded) {
@@ -663,14 +664,22 @@ func (c *Completer) notRecorded(ctx, dctx context.Context, wk keywait.Key, held 
 	}
 	// No renewal may reach the store after the yield.
 	c.e.hb.settle(held)
-	if yerr := c.rs.Yield(dctx, held.ref); yerr != nil && !errors.Is(yerr, idem.ErrLeaseLost) {
+	// The line says what became of the key: given back, taken by another
+	// holder meanwhile, or still held under this resume's lease (until
+	// LetGo or the lease's end) because the Yield failed.
+	msg := "completer: a resume was not recorded; the key is given back, in flight at its point"
+	switch yerr := c.rs.Yield(dctx, held.ref); {
+	case yerr == nil:
+		c.letGo(wk, held.ref.Token)
+	case errors.Is(yerr, idem.ErrLeaseLost):
+		c.letGo(wk, held.ref.Token)
+		msg = "completer: a resume was not recorded; another holder took the key meanwhile"
+	default:
 		err = errors.Join(err, fmt.Errorf("yielding the key: %w", yerr))
 		c.heldAfterYield(wk, held.ref.Token, held)
-	} else {
-		c.letGo(wk, held.ref.Token)
+		msg = "completer: a resume was not recorded, and it could not give the key back: it holds the key under the resume's lease until LetGo or the lease's end"
 	}
-	log.LogAttrs(ctx, slog.LevelError, "completer: a resume was not recorded; the key is given back, in flight at its point",
-		slog.String("error", err.Error()))
+	log.LogAttrs(ctx, slog.LevelError, msg, slog.String("error", err.Error()))
 	return resumeNotRecorded, err
 }
 

@@ -604,9 +604,12 @@ func TestResumeThatCannotRecordItsReleaseKeepsTheKey(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			comp, err := eng.NewCompleter(&keyed.CompleterConfig{Resume: func(context.Context, keyed.Execution) (idem.Response, error) {
-				return idem.Response{}, keyed.ErrNothingDone
-			}})
+			var logs bytes.Buffer
+			comp, err := eng.NewCompleter(&keyed.CompleterConfig{
+				Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelError})),
+				Resume: func(context.Context, keyed.Execution) (idem.Response, error) {
+					return idem.Response{}, keyed.ErrNothingDone
+				}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -633,6 +636,17 @@ func TestResumeThatCannotRecordItsReleaseKeepsTheKey(t *testing.T) {
 			}
 			if held := rec.LeaseExpiresAt.After(clock.Now()); held != failYield {
 				t.Fatalf("the key's lease until %v (now %v): held %v; want it held only when it could not be given back", rec.LeaseExpiresAt, clock.Now(), held)
+			}
+			// The log says what became of the key, with every error.
+			const givenBack, stillHeld = "the key is given back", "could not give the key back"
+			line := logs.String()
+			switch {
+			case !strings.Contains(line, errHistory.Error()):
+				t.Errorf("log %q; want the record's error %q", line, errHistory)
+			case failYield && (strings.Contains(line, givenBack) || !strings.Contains(line, stillHeld) || !strings.Contains(line, errStoreDown.Error())):
+				t.Errorf("log %q; want %q with the Yield's error, not %q", line, stillHeld, givenBack)
+			case !failYield && (!strings.Contains(line, givenBack) || strings.Contains(line, stillHeld)):
+				t.Errorf("log %q; want %q", line, givenBack)
 			}
 		})
 	}
