@@ -159,3 +159,52 @@ func TestStalledDatabaseAnswersInBoundedTime(t *testing.T) {
 		t.Errorf("balance after the stall and the retry: %s (%v), want 70: charged once", got.Body, err)
 	}
 }
+
+// The readiness write on SQLite takes its turn in idemsqlite's writer
+// queue, as every write of the store does: it waits in line behind the
+// transaction that holds the writer rather than race the queue for the
+// writer's connection in database/sql's pool, which hands it to a waiter
+// chosen at random.
+func TestSQLiteProbeQueuesForTheWriter(t *testing.T) {
+	t.Parallel()
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "probe.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := db.WithTx(t.Context(), func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `CREATE TABLE health_probe (id INTEGER PRIMARY KEY, written_at INTEGER NOT NULL)`)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s := &sqliteStorage{db: db}
+	held, release := make(chan struct{}), make(chan struct{})
+	holder := make(chan error, 1)
+	go func() {
+		holder <- db.WithTx(context.Background(), func(context.Context, *sql.Tx) error {
+			close(held)
+			<-release
+			return nil
+		})
+	}()
+	<-held
+	probed := make(chan error, 1)
+	go func() { probed <- s.Probe(context.Background()) }()
+	func() {
+		defer close(release)
+		idemtest.Eventually(t, 5*time.Second, "the probe waiting in the writer queue", func() bool {
+			return db.WriterState().Waiting == 1
+		})
+	}()
+	if err := <-holder; err != nil {
+		t.Fatalf("the transaction holding the writer: %v", err)
+	}
+	if err := <-probed; err != nil {
+		t.Fatalf("Probe = %v", err)
+	}
+	var written int64
+	if err := db.Reader().QueryRowContext(t.Context(), `SELECT written_at FROM health_probe WHERE id = 1`).Scan(&written); err != nil || written == 0 {
+		t.Fatalf("the probe's row: %d, %v", written, err)
+	}
+}

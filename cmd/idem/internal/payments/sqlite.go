@@ -352,12 +352,18 @@ func (s *sqliteStorage) pay(ctx context.Context, tx *sql.Tx, p Payment, o origin
 	return p, nil, injectBeforeCommit(ctx)
 }
 
-// Probe is SQLite's own: it writes on the writer's connection outside any
-// transaction, with this process's clock, where PostgreSQL's takes the
-// server's.
+// Probe is SQLite's own: it writes with this process's clock, where
+// PostgreSQL's takes the server's. It writes in a synced transaction of
+// idemsqlite's (WithTx), which takes its turn in the writer queue as every
+// write of the store does: a write on db.Writer() directly would race the
+// queue for the writer's one connection, which database/sql hands to a
+// waiter chosen at random.
 func (s *sqliteStorage) Probe(ctx context.Context) error {
-	_, err := s.db.Writer().ExecContext(ctx, `INSERT INTO health_probe (id, written_at) VALUES (1, ?)
-		ON CONFLICT (id) DO UPDATE SET written_at = excluded.written_at`, time.Now().UnixNano())
+	err := s.db.WithTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO health_probe (id, written_at) VALUES (1, ?)
+			ON CONFLICT (id) DO UPDATE SET written_at = excluded.written_at`, time.Now().UnixNano())
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}
