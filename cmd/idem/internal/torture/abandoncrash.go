@@ -110,10 +110,11 @@ func (r *run) carryAbandon(lp *logical) bool {
 }
 
 // abandonedTryEnded settles the order lp's try carried, once its client
-// gave up: carried out when the try got no answer and the network holds a
-// charge of its key (it reached its charge, and its replica died before
-// answering, so only a completer finishes it), given back otherwise for
-// the next payment handed out (refused before its charge, or answered, it
+// gave up: carried out when its replica gave the try no answer (its fault
+// proxy said so) and the network holds a charge of its key (it reached
+// its charge, and its replica died before answering, so only a completer
+// finishes it), given back otherwise for the next payment handed out
+// (refused before its charge, or answered, its answer dropped or not, it
 // left nothing for a completer).
 func (r *run) abandonedTryEnded(ctx context.Context, lp *logical) {
 	if !lp.carries {

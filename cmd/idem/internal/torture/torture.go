@@ -327,7 +327,8 @@ type logical struct {
 	left chan struct{}
 	// carries says that its try carries the scheduled abandoned crash's
 	// order (carryAbandon), and unanswered that its abandoned try got no
-	// answer: both written by its client alone, or before the load.
+	// answer from its replica (its fault proxy said so; not an answer the
+	// proxy dropped): both written by its client alone, or before the load.
 	carries, unanswered bool
 	// losesAnswer says that its first answer is the scheduled lost
 	// response (scheduleFaults): it is never made abandoned. Written
@@ -1661,14 +1662,19 @@ func (r *run) attempt(ctx context.Context, lp *logical) {
 		}
 		status, resp, err := r.post(ctx, p.url(), "/v1/payments", lp.key, fault, lp.body)
 		r.crashTryEnded(carries)
-		if fault == faultCrashAfterCharge && err == nil && status == http.StatusBadGateway && bytes.HasPrefix(resp, []byte(proxyNoAnswer)) {
+		// Only the proxy's word says the replica gave no answer: an error
+		// of the client's own is an answer the proxy dropped (the replica
+		// answered it, so did not die of it) or a client that stopped
+		// waiting, which says nothing of the replica.
+		replicaSilent := err == nil && status == http.StatusBadGateway && bytes.HasPrefix(resp, []byte(proxyNoAnswer))
+		if fault == faultCrashAfterCharge && replicaSilent {
 			r.crashTryUnanswered(pi)
 		}
 		if lp.abandoned && !(status >= 200 && status < 300) {
 			// The client gives up for good, whatever happened.
 			lp.mu.Lock()
 			lp.gaveUpAt = time.Now()
-			lp.unanswered = err != nil || status == http.StatusBadGateway && bytes.HasPrefix(resp, []byte(proxyNoAnswer))
+			lp.unanswered = replicaSilent
 			lp.mu.Unlock()
 			return
 		}

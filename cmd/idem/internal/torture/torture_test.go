@@ -1305,3 +1305,57 @@ while :; do sleep 0.05; done`
 		t.Errorf("quit of a replica that had exited says it met a live one")
 	}
 }
+
+// An abandoned try carrying the order of a crash after its charge whose
+// replica answered it (the key completed, nothing left for a completer)
+// did not carry the order out, even when its fault proxy dropped that
+// answer at random: the client saw no answer, but its replica did not
+// die. The order stands for the next payment handed out.
+func TestAbandonedTryWhoseAnswerWasDroppedDidNotCrash(t *testing.T) {
+	t.Parallel()
+	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"pay_1"}`)
+	}))
+	defer replica.Close()
+	r := &run{cfg: Config{Acquirer: Private, Abandon: 1e-300, CrashAfterCharge: 1e-300, Payments: 10, Seed: 4242, Progress: io.Discard},
+		rng: newLockedRand(4242), accounts: []string{"acct_1"}, client: replica.Client(),
+		charged: func(context.Context, *logical) (bool, error) { return true, nil }}
+	r.plan()
+	r.scheduleFaults()
+	var sf scheduledFault
+	for _, f := range r.scheduled {
+		if f.kind == "abandon" {
+			sf = f
+		}
+	}
+	if sf.payment == nil || !sf.crash {
+		t.Fatalf("scheduled %+v; want an abandoned client carrying the crash after its charge", r.scheduled)
+	}
+	p, err := newFaultProxy(func(string) bool { return true }) // every answer dropped
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	p.setUpstream(replica.URL)
+	r.proxies = []*faultProxy{p}
+	stop := make(chan struct{})
+	stands := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- r.force(t.Context(), sf, stop, func() { close(stands) }) }()
+	r.pay(t.Context(), sf.payment)
+	if p.dropped.Load() != 1 {
+		t.Fatalf("answers dropped: %d; want the abandoned try's", p.dropped.Load())
+	}
+	select {
+	case <-stands:
+	case err := <-done:
+		t.Fatalf("an abandoned try whose replica answered, its answer dropped, ended the order (%v); want it to stand for the next payment", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the order neither stood nor ended within 30s")
+	}
+	close(stop)
+	if err := <-done; err == nil {
+		t.Error("the load ended with no abandoned try that crashed its replica after the charge: no error; want one")
+	}
+}
