@@ -30,8 +30,8 @@ type faultProxy struct {
 	upstream string // the replica's base URL; "" while it is down
 	// crashTry, when set, is told of each try asking for a crash after
 	// its charge forwarded upstream (replica.crashTry), and returns what
-	// to call once the replica answered it.
-	crashTry func(upstream string) (answered func())
+	// to call once the try ended, saying whether the replica answered it.
+	crashTry func(upstream string) (ended func(answered bool))
 
 	forwarded atomic.Int64 // requests the replica answered
 	dropped   atomic.Int64 // answers not passed on
@@ -65,7 +65,7 @@ func (p *faultProxy) url() string { return "http://" + p.ln.Addr().String() }
 
 // onCrashTry sets what the proxy tells of each try asking for a crash
 // after its charge it forwards (faultProxy.crashTry).
-func (p *faultProxy) onCrashTry(f func(upstream string) (answered func())) {
+func (p *faultProxy) onCrashTry(f func(upstream string) (ended func(answered bool))) {
 	p.mu.Lock()
 	p.crashTry = f
 	p.mu.Unlock()
@@ -109,17 +109,18 @@ func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out.ContentLength = int64(len(body))
 	out.Header = r.Header.Clone()
 	out.Header.Del("Connection")
-	answered := func() {}
+	ended := func(bool) {}
 	if crashTry != nil && r.Header.Get("Idem-Fault") == faultCrashAfterCharge {
 		// Before it is sent: the replica may die of it before answering.
-		answered = crashTry(upstream)
+		ended = crashTry(upstream)
 	}
 	resp, err := p.transport.RoundTrip(out)
 	if err != nil {
+		ended(false)
 		http.Error(w, proxyNoAnswer+": "+err.Error(), http.StatusBadGateway)
 		return
 	}
-	answered()
+	ended(true)
 	answer, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	resp.Body.Close()
 	if err != nil {

@@ -69,43 +69,72 @@ type replica struct {
 	ups []upSpan
 	// crashTries counts the tries asking for a crash after their charge
 	// that a fault proxy forwarded to the process of life crashLife and
-	// that it did not answer (crashTry): the run's own orders to SIGKILL
-	// itself.
+	// that have not ended (crashTry): the run's own orders to SIGKILL
+	// itself. crashSilentAt is when the last of them that got no answer
+	// ended (zero for none).
 	crashLife, crashTries int
+	crashSilentAt         time.Time
 }
+
+// crashDeathWindow is how soon after a try asking for a crash got no
+// answer its process must have exited for its SIGKILL to be that crash.
+// A process that dies of the order dies as the try's connection breaks;
+// one that outlived it (the fault proxy's header timeout, the client
+// gone) was ordered nothing, and a SIGKILL later on is someone else's.
+const crashDeathWindow = stopTimeout
 
 // crashTry notes that a fault proxy forwards a try asking for a crash
 // after its charge to the process at base, and returns what to call once
-// that process answered it: it did not die of it. A base that is not the
-// running process's (it was started again meanwhile) notes nothing.
-func (r *replica) crashTry(base string) (answered func()) {
+// the try ended: answered says that the process answered it, so did not
+// die of it. A base that is not the running process's (it was started
+// again meanwhile) notes nothing.
+func (r *replica) crashTry(base string) (ended func(answered bool)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if base == "" || base != r.base {
-		return func() {}
+		return func(bool) {}
 	}
 	if r.crashLife != r.lives {
-		r.crashLife, r.crashTries = r.lives, 0
+		r.crashLife, r.crashTries, r.crashSilentAt = r.lives, 0, time.Time{}
 	}
 	r.crashTries++
 	life := r.lives
-	return func() {
+	return func(answered bool) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		if r.crashLife == life && r.crashTries > 0 {
-			r.crashTries--
+		if r.crashLife != life || r.crashTries == 0 {
+			return
+		}
+		r.crashTries--
+		if !answered {
+			r.crashSilentAt = time.Now()
 		}
 	}
 }
 
-// crashAsked reports whether the last process started was forwarded a
-// try asking for a crash after its charge that it did not answer: a
-// SIGKILL of its own is then the crash the run ordered, and any other (the
-// OOM killer's) is not.
+// crashAsked reports whether the last process started was asked for its
+// crash: a try asking for a crash after its charge forwarded to it has
+// not ended, or one got no answer from it shortly (crashDeathWindow)
+// before it exited. A SIGKILL of its own is then the crash the run
+// ordered, and any other (the OOM killer's) is not.
 func (r *replica) crashAsked() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.lives > 0 && r.crashLife == r.lives && r.crashTries > 0
+	if r.lives == 0 || r.crashLife != r.lives {
+		return false
+	}
+	if r.crashTries > 0 {
+		return true
+	}
+	if r.crashSilentAt.IsZero() {
+		return false
+	}
+	// The process's exit, once seen; now while it runs.
+	exit := time.Now()
+	if n := len(r.ups); n > 0 && !r.ups[n-1].to.IsZero() {
+		exit = r.ups[n-1].to
+	}
+	return !exit.After(r.crashSilentAt.Add(crashDeathWindow))
 }
 
 // upSpan is a span of time a replica was up.

@@ -576,9 +576,9 @@ func TestReplicaThatEndsByItselfIsAViolation(t *testing.T) {
 		if asked {
 			// A fault proxy forwarded it a try asking for a crash after
 			// its charge.
-			done := rp.crashTry(rp.base)
+			ended := rp.crashTry(rp.base)
 			if answered {
-				done()
+				ended(true)
 			}
 		}
 		rp.exit = cmd.Run()
@@ -1102,7 +1102,7 @@ func TestCrashObservedAfterTheLoadIsCounted(t *testing.T) {
 	// The try carrying the crash, forwarded to it, got no answer from the
 	// replica.
 	rp.lives, rp.base = 1, "http://127.0.0.1:1"
-	rp.crashTry(rp.base)
+	rp.crashTry(rp.base)(false)
 	r.crashTryUnanswered(0)
 	r.exitAwaited = func() {
 		rp.mu.Lock()
@@ -1357,5 +1357,42 @@ func TestAbandonedTryWhoseAnswerWasDroppedDidNotCrash(t *testing.T) {
 	close(stop)
 	if err := <-done; err == nil {
 		t.Error("the load ended with no abandoned try that crashed its replica after the charge: no error; want one")
+	}
+}
+
+// A try asking for a crash after its charge that got no answer without
+// its replica dying of it (the fault proxy's header timeout, the client
+// gone) asked for nothing more: a SIGKILL of that process long after (the
+// OOM killer's) is a violation, not the crash the run ordered. One that
+// comes as the try got no answer is that crash.
+func TestCrashTryOutlivedIsNoOrder(t *testing.T) {
+	t.Parallel()
+	killed := exec.Command("sh", "-c", "kill -KILL $$").Run()
+	if err := unexpectedExit(killed, true); err != nil {
+		t.Skipf("no SIGKILLed process here: %v", err)
+	}
+	for _, tc := range []struct {
+		name  string
+		after time.Duration // from the try's end to the process's exit
+		crash bool
+	}{
+		{"a SIGKILL as the try got no answer", 0, true},
+		{"a SIGKILL long after the try got no answer", time.Hour, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			rp := &replica{n: 1, lives: 1, base: "http://127.0.0.1:1", tail: []string{"the last line"}}
+			rp.crashTry(rp.base)(false) // forwarded; the proxy's round trip failed
+			end := time.Now()
+			rp.mu.Lock()
+			rp.exit, rp.ups = killed, []upSpan{{from: end.Add(-time.Minute), to: end.Add(tc.after)}}
+			rp.mu.Unlock()
+			r := &run{}
+			r.cfg.CrashAfterCharge = 0.05
+			r.selfExit(rp)
+			if crashes, exits := r.crashes.Load(), len(r.unexpectedExits); tc.crash && (crashes != 1 || exits != 0) || !tc.crash && (crashes != 0 || exits != 1) {
+				t.Fatalf("crashes %d, unexpected exits %d %q; want a crash %v", crashes, exits, r.unexpectedExits, tc.crash)
+			}
+		})
 	}
 }
