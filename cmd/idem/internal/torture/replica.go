@@ -310,27 +310,34 @@ func (r *replica) baseURL() string {
 // whether the signal met a live process: one that had already exited by
 // itself (a crash) was not killed by the run, and keeps its own exit.
 func (r *replica) kill() bool {
-	r.mu.Lock()
-	cmd, done := r.cmd, r.done
-	if done != nil {
-		select {
-		case <-done:
-			r.base = ""
-			r.mu.Unlock()
-			return false
-		default:
-		}
-	}
-	r.base = ""
-	r.killed = true
-	r.killedAt = time.Now()
-	r.mu.Unlock()
-	if cmd == nil {
+	cmd, done, live := r.endByRun()
+	if !live {
 		return false
 	}
 	_ = cmd.Process.Kill()
 	<-done
 	return true
+}
+
+// endByRun marks the running process as ended by the run, which is about
+// to signal it (kill, quit): its exit is then not its own (run.selfExit),
+// and it is dated from now. A process that has exited already, by itself,
+// keeps its own exit, and live is false, as it is when none was started.
+// Either way no request goes to it any more.
+func (r *replica) endByRun() (cmd *exec.Cmd, done <-chan struct{}, live bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.base = ""
+	if r.cmd == nil || r.done == nil {
+		return nil, nil, false
+	}
+	select {
+	case <-r.done:
+		return nil, nil, false
+	default:
+	}
+	r.killed, r.killedAt = true, time.Now()
+	return r.cmd, r.done, true
 }
 
 // quit asks the process for every goroutine's stack (SIGQUIT: a Go
@@ -339,22 +346,10 @@ func (r *replica) kill() bool {
 // reports whether it met a live process. The run ended it: its exit is
 // not its own (see run.selfExit).
 func (r *replica) quit() bool {
-	r.mu.Lock()
-	cmd, done := r.cmd, r.done
-	if cmd == nil || done == nil {
-		r.mu.Unlock()
+	cmd, done, live := r.endByRun()
+	if !live {
 		return false
 	}
-	select {
-	case <-done:
-		r.mu.Unlock()
-		return false
-	default:
-	}
-	r.base = ""
-	r.killed = true
-	r.killedAt = time.Now()
-	r.mu.Unlock()
 	_ = cmd.Process.Signal(syscall.SIGQUIT)
 	timer := time.NewTimer(stopTimeout)
 	defer timer.Stop()
