@@ -209,6 +209,11 @@ func (e *Engine) NewCompleter(cfg *CompleterConfig) (*Completer, error) {
 		unknown: map[keywait.Key]time.Time{}, failures: map[keywait.Key]ResumeFailures{}, active: map[keywait.Key]action{}}, nil
 }
 
+// Lease is how long a key the Completer holds (a resume's, a settle's)
+// stays held past its last renewal: the Engine's Config.Lease. A holder
+// gone with no give-back leaves the key held until then.
+func (c *Completer) Lease() time.Duration { return c.e.cfg.Lease }
+
 // Bound is the longest an abandoned execution waits to be finished, when
 // its outcome can be learned: the lease, one round's interval and one
 // Resume.

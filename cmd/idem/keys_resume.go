@@ -216,8 +216,13 @@ func giveBack(ctx context.Context, comp keyed.Completers, store idem.Recoverer, 
 		return nil
 	}
 	// No renewal follows the failed give-back: the lease ends at the end
-	// the store holds, which its last renewal set (within a lease of now).
-	until := fmt.Sprintf("its lease ends, by %s at the latest", time.Now().Add(keyed.DefaultLease).UTC().Format(time.RFC3339))
+	// the store holds, which its last renewal set (within a lease of now:
+	// the lease of the completer that held it, the longest of comp's).
+	var lease time.Duration
+	for _, c := range comp {
+		lease = max(lease, c.Lease())
+	}
+	until := fmt.Sprintf("its lease ends, by %s at the latest", time.Now().Add(lease).UTC().Format(time.RFC3339))
 	if rec, gerr := store.Get(lctx, scope, key); gerr == nil && rec.State == idem.StateInFlight {
 		until = "its lease ends at " + rec.LeaseExpiresAt.UTC().Format(time.RFC3339)
 	}

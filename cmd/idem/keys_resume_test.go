@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -10,6 +12,8 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
 	"github.com/idem-go/idem/console"
+	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/keyed"
 )
 
 // A replica dies after the card network charged a payment, before the
@@ -246,5 +250,65 @@ func testKeysResume(t *testing.T, dbArgs []string) {
 	}
 	if n := charges(); n != 1 {
 		t.Fatalf("%d charges at the network after the retry; want 1", n)
+	}
+}
+
+// yieldFails is an in-memory store whose Yield fails, as one that went
+// away does.
+type yieldFails struct{ *idemmem.Store }
+
+func (yieldFails) Yield(context.Context, idem.Ref) error { return errors.New("the store went away") }
+
+// getFails is an in-memory store whose Get fails.
+type getFails struct{ *idemmem.Store }
+
+func (getFails) Get(context.Context, idem.Scope, idem.Key) (idem.Record, error) {
+	return idem.Record{}, errors.New("the store went away")
+}
+
+// A give-back that fails, with the key's record unreadable, says when the
+// lease the command's completer took ends at the latest: by now plus that
+// completer's lease, whatever keyed's default is.
+func TestGiveBackNamesTheLeaseItTook(t *testing.T) {
+	t.Parallel()
+	const lease = 3 * time.Second
+	clock := idemmem.NewClock(time.Now())
+	mem := idemmem.NewStore(&idemmem.Config{Clock: clock})
+	eng, err := keyed.New(&keyed.Config{Store: yieldFails{mem}, SeparateTx: true, Clock: clock, Timers: clock, Lease: lease, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, err := eng.NewCompleter(&keyed.CompleterConfig{Resume: func(context.Context, keyed.Execution) (idem.Response, error) {
+		return idem.Response{}, errors.New("the card network did not answer")
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := mem.Claim(t.Context(), idem.ClaimRequest{Scope: "acme", Key: "k", Fingerprint: "fp", Lease: time.Second, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mem.SaveRecovery(t.Context(), idem.Ref{Scope: "acme", Key: "k", Token: c.Token}, idem.RecoveryPoint{Name: "charging"}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Second) // the holder's lease ended
+	if _, err := comp.ResumeKey(t.Context(), "acme", "k", false); err == nil {
+		t.Fatal("ResumeKey = nil; want the resume's error")
+	}
+	if f := comp.Failures("acme", "k"); !f.Holding {
+		t.Fatalf("after a failed resume whose store refuses Yield: %+v; want the completer holding the key", f)
+	}
+	before := time.Now()
+	err = giveBack(t.Context(), keyed.Completers{comp}, getFails{mem}, "acme", "k")
+	after := time.Now()
+	if err == nil {
+		t.Fatal("giveBack with the store refusing Yield = nil; want the key held")
+	}
+	ok := false
+	for at := before.Add(lease).Truncate(time.Second); !at.After(after.Add(lease)); at = at.Add(time.Second) {
+		ok = ok || strings.Contains(err.Error(), "by "+at.UTC().Format(time.RFC3339)+" at the latest")
+	}
+	if !ok {
+		t.Errorf("giveBack = %v; want the key held by %s at the latest, the completer's lease (%v) from now", err, before.Add(lease).UTC().Format(time.RFC3339), lease)
 	}
 }
