@@ -13,6 +13,7 @@ import (
 	"github.com/idem-go/idem/cmd/idem/internal/acquirer"
 	"github.com/idem-go/idem/console"
 	"github.com/idem-go/idem/idemmem"
+	"github.com/idem-go/idem/idemtest"
 	"github.com/idem-go/idem/keyed"
 )
 
@@ -211,12 +212,15 @@ func testKeysResume(t *testing.T, dbArgs []string) {
 	}
 	refuseYield(t, dbArgs, false, 0)
 	// That lease ends by itself, nobody renewing it.
-	for deadline := time.Now().Add(30 * time.Second); state().LeaseExpiresAt.After(time.Now()); {
-		if time.Now().After(deadline) {
-			t.Fatalf("the lease of the resume whose give-back failed did not end within 30s")
+	s, _, done := openTestDB(t, dbArgs)
+	idemtest.Eventually(t, 30*time.Second, "the end of the lease of the resume whose give-back failed", func() bool {
+		rec, err := s.Get(t.Context(), "acme", "pay-1")
+		if err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return !rec.LeaseExpiresAt.After(time.Now())
+	})
+	done()
 	refuseHistory(t, dbArgs, false)
 
 	code, out, errOut = resume(append([]string{"pay-1", "--reason", "the completer is down"}, withNet...)...)
