@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemmem"
@@ -310,6 +312,18 @@ func TestPurgeTransactions(t *testing.T) {
 	}
 	if n, err := s.Purge(ctx, 10); err != nil || n != 2 {
 		t.Errorf("Purge after the rolled back one = %d, %v; want 2, nil", n, err)
+	}
+
+	// A statement of its batch that fails is named in its error (the
+	// batch's Close repeats only the server's error, which is kept only
+	// when reading the results found none).
+	if _, err := db.Pool().Exec(ctx, `DROP TABLE idem_waiters`); err != nil {
+		t.Fatal(err)
+	}
+	var pgErr *pgconn.PgError
+	if n, err := s.Purge(ctx, 10); n != 0 || !errors.As(err, &pgErr) || pgErr.Code != "42P01" ||
+		!strings.HasPrefix(err.Error(), "idempg: purge: waiters: ") {
+		t.Errorf("Purge whose statement on the waiters fails = %d, %v; want 0 and the undefined table's error, named \"waiters\"", n, err)
 	}
 }
 
