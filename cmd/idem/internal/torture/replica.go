@@ -2,6 +2,7 @@ package torture
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,6 +42,9 @@ type replica struct {
 	// means an `idem serve` replica: its "listening on" line, whose base
 	// URL must be on a loopback address.
 	ready string
+	// startWait bounds the wait for the ready line. Defaults to
+	// startTimeout.
+	startWait time.Duration
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -228,7 +232,8 @@ func (r *replica) start(ctx context.Context) error {
 		}
 	}()
 
-	timer := time.NewTimer(startTimeout)
+	wait := cmp.Or(r.startWait, startTimeout)
+	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	select {
 	case base := <-listening:
@@ -247,12 +252,25 @@ func (r *replica) start(ctx context.Context) error {
 	case <-done:
 		return fmt.Errorf("%s exited before it was ready: %s", r.name(), r.lastLines())
 	case <-timer.C:
-		r.kill()
-		return fmt.Errorf("%s did not say it was ready within %s: %s", r.name(), startTimeout, r.lastLines())
+		return r.notReady(wait)
 	case <-ctx.Done():
 		r.kill()
 		return fmt.Errorf("%s: %w", r.name(), context.Cause(ctx))
 	}
+}
+
+// notReady ends a process that did not say it was ready within wait, and
+// returns the error that says so with what it wrote. With a log, it is
+// asked for its goroutines' stacks first (quit): they land there under its
+// name, naming what its start waited for, and the error says where.
+func (r *replica) notReady(wait time.Duration) error {
+	said := r.lastLines()
+	if r.log == nil {
+		r.kill()
+		return fmt.Errorf("%s did not say it was ready within %s: %s", r.name(), wait, said)
+	}
+	r.quit()
+	return fmt.Errorf("%s did not say it was ready within %s: %s; its goroutines' stacks (SIGQUIT) are in the replicas' log, under %q", r.name(), wait, said, r.name())
 }
 
 // read drains the process's stderr (a child blocked on a full pipe would

@@ -1396,3 +1396,44 @@ func TestCrashTryOutlivedIsNoOrder(t *testing.T) {
 		})
 	}
 }
+
+// A replica that does not say it is ready in time is asked for its
+// goroutines' stacks (SIGQUIT) before it is killed: they land in the
+// replicas' log under its name, naming what its start waited for, and the
+// error says where they are, after what it had written before.
+func TestReplicaNotReadyKeepsItsStacks(t *testing.T) {
+	t.Parallel()
+	script := `trap 'echo "goroutine 1 [IO wait]:" >&2; echo "main.connect()" >&2; exit 2' QUIT
+echo "starting" >&2
+while :; do sleep 0.05; done`
+	var log bytes.Buffer
+	lw := &lineWriter{w: &log}
+	rp := &replica{n: 1, exe: "sh", args: []string{"-c", script}, log: lw, startWait: 300 * time.Millisecond}
+	t.Cleanup(func() { rp.kill() })
+	err := rp.start(t.Context())
+	if err == nil {
+		t.Fatal("a replica that never said it was ready started")
+	}
+	select {
+	case <-rp.exited():
+	default:
+		t.Fatalf("replica 1 still runs after its start failed")
+	}
+	lw.mu.Lock()
+	text := log.String()
+	lw.mu.Unlock()
+	for _, want := range []string{"replica 1: goroutine 1 [IO wait]:", "replica 1: main.connect()"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the replicas' log lacks %q:\n%s", want, text)
+		}
+	}
+	msg := err.Error()
+	for _, want := range []string{"replica 1 did not say it was ready within 300ms", "starting", "SIGQUIT", "the replicas' log"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the error %q lacks %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "main.connect()") {
+		t.Errorf("the error %q repeats the stacks the log keeps", msg)
+	}
+}
