@@ -348,11 +348,25 @@ func TestWatchProgress(t *testing.T) {
 		watchProgress(ctx, tick, 10*time.Second, func() time.Time { return time.Unix(0, now.Load()) },
 			func() time.Time { return time.Unix(0, last.Load()) }, nil, abort)
 	}()
+	// step moves the clock to at and ticks; it returns once the watcher
+	// has judged the clock at at: a second tick is taken only then. The
+	// watcher reads the clock after each tick, so it may judge the second
+	// tick only once the clock has moved on; hence a watcher that ended may
+	// have ended on the previous step's second tick.
+	step := func(at time.Time) {
+		now.Store(at.UnixNano())
+		for range 2 {
+			select {
+			case tick <- at:
+			case <-done:
+				return
+			}
+		}
+	}
 	// A payment completes every 9s for 15 minutes: never 10s without one.
 	for i := 1; i <= 100; i++ {
 		at := start.Add(time.Duration(i) * 9 * time.Second)
-		now.Store(at.UnixNano())
-		tick <- at
+		step(at)
 		last.Store(at.UnixNano())
 	}
 	if err := context.Cause(ctx); err != nil {
@@ -360,13 +374,11 @@ func TestWatchProgress(t *testing.T) {
 	}
 	// Then none: 10s after the last is still in time, past it is not.
 	stalledFrom := now.Load()
-	now.Store(stalledFrom + int64(10*time.Second))
-	tick <- time.Unix(0, now.Load())
+	step(time.Unix(0, stalledFrom+int64(10*time.Second)))
 	if err := context.Cause(ctx); err != nil {
 		t.Fatalf("ended at exactly the timeout after the last payment: %v", err)
 	}
-	now.Store(stalledFrom + int64(10*time.Second+time.Millisecond))
-	tick <- time.Unix(0, now.Load())
+	step(time.Unix(0, stalledFrom+int64(10*time.Second+time.Millisecond)))
 	<-done
 	if err := context.Cause(ctx); !errors.Is(err, errStalled) {
 		t.Fatalf("10.001s without a payment completing: cause %v, want %v", err, errStalled)
