@@ -342,7 +342,11 @@ type messagesRun struct {
 	firstKillAt, firstRestartAt int64
 	restarts                    atomic.Int64
 	restarting                  atomic.Bool // while restartLoop has the broker down
-	applied                     atomic.Int64
+	// slowRestarts counts the restarts that took over slowRestart, and
+	// slowestRestart is the longest (a time.Duration): restartLoop writes
+	// them, printProgress says them.
+	slowRestarts, slowestRestart atomic.Int64
+	applied                      atomic.Int64
 	// late counts the events applied in the drain, after the time was up
 	// and the faults stopped; drained says whether there was a drain.
 	late       int64
@@ -766,8 +770,8 @@ wait:
 // applied, with at of
 // events applied, and, when it drained, late more applied in the drain:
 // those were slow, the rest lost.
-// slowRestart is how long a broker's restart may take before the run says
-// so: RabbitMQ boots in seconds on a quiet machine.
+// slowRestart is how long a broker's restart may take before the progress
+// lines say so: RabbitMQ boots in seconds on a quiet machine.
 const slowRestart = 10 * time.Second
 
 // stallWatch tells a stalled run from a slow one. It reports a stall once
@@ -1095,7 +1099,12 @@ func (r *messagesRun) restartLoop(ctx context.Context, stop <-chan struct{}) err
 		t.Reset(r.cfg.RestartBrokerEvery)
 		r.chaos.Unlock()
 		if took > slowRestart {
-			fmt.Fprintf(r.cfg.Progress, "torture: the broker's restart took %s (not counted against the timeout)\n", took.Round(time.Millisecond))
+			// Said by the next progress line: Progress is written by the
+			// load's goroutine alone.
+			r.slowRestarts.Add(1)
+			if took > time.Duration(r.slowestRestart.Load()) {
+				r.slowestRestart.Store(int64(took))
+			}
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -1108,8 +1117,13 @@ func (r *messagesRun) restartLoop(ctx context.Context, stop <-chan struct{}) err
 }
 
 func (r *messagesRun) printProgress() {
-	fmt.Fprintf(r.cfg.Progress, "torture: %d/%d events applied, %d messages published, %d kills, %d killed between commit and ack, %d broker restarts\n",
-		r.applied.Load(), r.cfg.Events, r.published.Load(), r.kills.Load(), r.ackKills.Load(), r.restarts.Load())
+	slow := ""
+	if n := r.slowRestarts.Load(); n > 0 {
+		slow = fmt.Sprintf(" (%d took over %s, the longest %s, not counted against the timeout)",
+			n, slowRestart, time.Duration(r.slowestRestart.Load()).Round(time.Millisecond))
+	}
+	fmt.Fprintf(r.cfg.Progress, "torture: %d/%d events applied, %d messages published, %d kills, %d killed between commit and ack, %d broker restarts%s\n",
+		r.applied.Load(), r.cfg.Events, r.published.Load(), r.kills.Load(), r.ackKills.Load(), r.restarts.Load(), slow)
 }
 
 // cleanup stops every consumer and deletes what the run made: the

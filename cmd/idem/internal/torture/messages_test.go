@@ -2,6 +2,7 @@ package torture
 
 import (
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -162,5 +163,25 @@ func TestStallWatchDoesNotCountTheBrokersRestart(t *testing.T) {
 	}
 	if !w.stalled(at(211*time.Second+61*time.Second), 10, false) {
 		t.Fatal("not stalled a timeout after the broker came back with no event applied")
+	}
+}
+
+// The restarts that took long are said by the progress lines, which the
+// load's goroutine alone writes (Progress need not be safe for concurrent
+// writes: restartLoop writing it too raced with printProgress).
+func TestProgressSaysTheSlowRestarts(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	r := &messagesRun{cfg: MessagesConfig{Events: 10, Progress: &out}}
+	r.printProgress()
+	if strings.Contains(out.String(), "took over") {
+		t.Fatalf("no slow restart, yet: %q", out.String())
+	}
+	r.slowRestarts.Add(2)
+	r.slowestRestart.Store(int64(73 * time.Second))
+	out.Reset()
+	r.printProgress()
+	if want := "(2 took over 10s, the longest 1m13s, not counted against the timeout)"; !strings.Contains(out.String(), want) {
+		t.Fatalf("progress %q; want it to say %q", out.String(), want)
 	}
 }
