@@ -27,6 +27,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/startwatch"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemredis"
 	"github.com/idem-go/idem/idemtest"
@@ -35,7 +36,7 @@ import (
 // Bounds of the harness's waits. They are deadlines for polls, not sleeps:
 // a healthy run finishes each wait in milliseconds.
 const (
-	startTimeout = 30 * time.Second // a replica prints its address (migrations included)
+	startTimeout = 30 * time.Second // a replica that does no work prints its address (startwatch)
 	readyTimeout = 15 * time.Second // /healthz answers 200
 	exitTimeout  = 20 * time.Second // a signalled replica is reaped
 	logTailLines = 300
@@ -254,6 +255,10 @@ type replica struct {
 	// it to kill itself; an exit without it is a crash the test reports.
 	expectExit atomic.Bool
 
+	// start bounds the wait for its address by its progress: on a loaded
+	// machine a start that keeps working may outlast startTimeout.
+	start *startwatch.Watch
+
 	mu   sync.Mutex
 	tail []string
 }
@@ -272,6 +277,7 @@ func launch(t *testing.T, name string, args ...string) *replica {
 	if err := r.cmd.Start(); err != nil {
 		t.Fatalf("starting replica %s: %v", name, err)
 	}
+	r.start = startwatch.New(r.cmd.Process.Pid, startTimeout, time.Now())
 	// Reading stderr to its end before Wait is what exec requires; the end
 	// comes when the process dies, so this goroutine also reaps it.
 	go func() {
@@ -324,13 +330,19 @@ func launch(t *testing.T, name string, args ...string) *replica {
 // ready waits until the replica prints its address and /healthz answers.
 func (r *replica) ready(t *testing.T, hc *http.Client) *replica {
 	t.Helper()
-	select {
-	case addr := <-r.addr:
-		r.URL = addr
-	case <-r.done:
-		t.Fatalf("replica %s exited before listening (%s):\n%s", r.name, r.cmd.ProcessState, r.logs())
-	case <-time.After(startTimeout):
-		t.Fatalf("replica %s did not start listening within %s:\n%s", r.name, startTimeout, r.logs())
+	poll := time.NewTicker(r.start.Every())
+	defer poll.Stop()
+	for r.URL == "" {
+		select {
+		case addr := <-r.addr:
+			r.URL = addr
+		case <-r.done:
+			t.Fatalf("replica %s exited before listening (%s):\n%s", r.name, r.cmd.ProcessState, r.logs())
+		case now := <-poll.C:
+			if why := r.start.Check(now); why != "" {
+				t.Fatalf("replica %s did not start listening %s; its goroutines' stacks (SIGQUIT) end its stderr:\n%s", r.name, why, r.quit())
+			}
+		}
 	}
 	waitFor(t, "replica "+r.name+" /healthz", readyTimeout, func() bool {
 		select {
@@ -411,6 +423,21 @@ func (r *replica) log(line string) {
 	if len(r.tail) > logTailLines {
 		r.tail = r.tail[len(r.tail)-logTailLines:]
 	}
+}
+
+// quit asks a replica that hangs for its goroutines' stacks (SIGQUIT makes
+// a Go program print them and exit), waits for it to end, and returns its
+// last lines, the stacks among them.
+func (r *replica) quit() string {
+	r.expectExit.Store(true)
+	_ = r.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-r.done:
+	case <-time.After(exitTimeout):
+		_ = r.cmd.Process.Kill()
+		<-r.done
+	}
+	return r.logs()
 }
 
 func (r *replica) logs() string {

@@ -1,49 +1,10 @@
 package torture
 
-import (
-	"os"
-	"strconv"
-	"strings"
-	"syscall"
-	"time"
-)
+import "syscall"
 
 // childAttr puts a replica in a process group of its own, so a Ctrl-C on
 // the terminal reaches the run alone, which then stops its replicas; and
 // has the kernel kill it if the run itself dies, so none outlives it.
 func childAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-}
-
-// cpuTime is the CPU time the process pid has used, all its threads
-// together (not its children), and whether it could be read. It sums the
-// threads' run times the scheduler keeps (/proc/PID/task/TID/schedstat,
-// in nanoseconds): /proc/PID/stat's are sampled at each clock tick (10ms),
-// so that a process given a few milliseconds between two ticks, as a
-// loaded machine gives, may be charged none.
-func cpuTime(pid int) (time.Duration, bool) {
-	dir := "/proc/" + strconv.Itoa(pid) + "/task"
-	tasks, err := os.ReadDir(dir)
-	if err != nil || len(tasks) == 0 {
-		return 0, false
-	}
-	var sum time.Duration
-	read := false
-	for _, task := range tasks {
-		b, err := os.ReadFile(dir + "/" + task.Name() + "/schedstat")
-		if err != nil {
-			continue // a thread that ended meanwhile
-		}
-		f := strings.Fields(string(b))
-		if len(f) == 0 {
-			continue
-		}
-		ns, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			continue
-		}
-		sum += time.Duration(ns)
-		read = true
-	}
-	return sum, read
 }

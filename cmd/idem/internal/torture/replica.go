@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/idem-go/idem/cmd/idem/internal/startwatch"
 )
 
 // listeningPrefix starts the line `idem serve` prints once it listens; the
@@ -22,7 +24,7 @@ const listeningPrefix = "idem: listening on "
 
 // Bounds on a replica's life, so a replica that hangs fails the run instead
 // of holding it. startTimeout bounds a start that does no work (see
-// startProgress), not one that keeps working on a loaded machine.
+// startwatch), not one that keeps working on a loaded machine.
 const (
 	startTimeout = 30 * time.Second
 	stopTimeout  = 15 * time.Second
@@ -44,7 +46,7 @@ type replica struct {
 	// URL must be on a loopback address.
 	ready string
 	// startWait bounds the wait for the ready line while the process does
-	// no work (startProgress). Defaults to startTimeout.
+	// no work (startwatch). Defaults to startTimeout.
 	startWait time.Duration
 
 	mu   sync.Mutex
@@ -234,8 +236,8 @@ func (r *replica) start(ctx context.Context) error {
 	}()
 
 	wait := cmp.Or(r.startWait, startTimeout)
-	progress := newStartProgress(cmd.Process.Pid, wait, time.Now())
-	poll := time.NewTicker(wait / startPolls)
+	progress := startwatch.New(cmd.Process.Pid, wait, time.Now())
+	poll := time.NewTicker(progress.Every())
 	defer poll.Stop()
 	for {
 		select {
@@ -255,7 +257,7 @@ func (r *replica) start(ctx context.Context) error {
 		case <-done:
 			return fmt.Errorf("%s exited before it was ready: %s", r.name(), r.lastLines())
 		case now := <-poll.C:
-			if why := progress.check(now); why != "" {
+			if why := progress.Check(now); why != "" {
 				return r.notReady(why)
 			}
 		case <-ctx.Done():
@@ -265,67 +267,8 @@ func (r *replica) start(ctx context.Context) error {
 	}
 }
 
-// startPolls is how many times a start's bound the run reads its
-// progress.
-const startPolls = 30
-
-// startProgress bounds a process's start by its progress rather than by
-// the wall clock: on a loaded machine (in CI, 37 runnable threads on 2
-// cores) a start that keeps working can take longer than any bound fit
-// for an idle one. Working is using CPU time, read from the system
-// (cpuTime): at least minStartWork of the bound's length within each
-// bound, which a start that waits for something that does not come (a
-// lock, a connection) does not (an idle idem serve uses 0.2 %), and one
-// starved on a loaded machine still does (37 threads on 2 cores give each
-// 5 %). Where the CPU time cannot be read, the bound is on the wall clock.
-// A start that keeps working but never gets ready ends at maxStartBounds
-// bounds.
-type startProgress struct {
-	pid     int
-	bound   time.Duration
-	started time.Time
-	mark    time.Time     // when it last did the work of a bound
-	cpu     time.Duration // its CPU time then
-	read    bool          // its CPU time can be read
-}
-
-const (
-	// minStartWork is the share of a bound's length a start must use in
-	// CPU time within each bound.
-	minStartWork = 100 // 1 %
-	// maxStartBounds caps a start that keeps working.
-	maxStartBounds = 10
-)
-
-func newStartProgress(pid int, bound time.Duration, now time.Time) *startProgress {
-	p := &startProgress{pid: pid, bound: bound, started: now, mark: now}
-	p.cpu, p.read = cpuTime(pid)
-	return p
-}
-
-// check reads the process's progress at now, and returns why its start
-// has failed, or "" while it may go on.
-func (p *startProgress) check(now time.Time) string {
-	if !p.read {
-		if now.Sub(p.started) >= p.bound {
-			return fmt.Sprintf("within %s", p.bound)
-		}
-		return ""
-	}
-	if cpu, ok := cpuTime(p.pid); ok && cpu-p.cpu >= p.bound/minStartWork {
-		p.mark, p.cpu = now, cpu
-	}
-	switch {
-	case now.Sub(p.mark) >= p.bound:
-		return fmt.Sprintf("and did no work (under %s of CPU time) for %s, %s after it was started", p.bound/minStartWork, p.bound, now.Sub(p.started).Round(time.Millisecond))
-	case now.Sub(p.started) >= maxStartBounds*p.bound:
-		return fmt.Sprintf("within %s, though it kept working", maxStartBounds*p.bound)
-	}
-	return ""
-}
-
 // notReady ends a process whose start failed (why, from
-// startProgress.check), and returns the error that says so with what it
+// startwatch.Watch.Check), and returns the error that says so with what it
 // wrote. With a log, it is asked for its goroutines' stacks first (quit):
 // they land there under its name, naming what its start waited for, and
 // the error says where.

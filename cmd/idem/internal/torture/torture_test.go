@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idem-go/idem/cmd/idem/internal/localserver"
+	"github.com/idem-go/idem/cmd/idem/internal/startwatch"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -1460,7 +1461,7 @@ wait`
 // is ended at the bound (TestReplicaNotReadyKeepsItsStacks).
 func TestReplicaStartWaitsWhileItWorks(t *testing.T) {
 	t.Parallel()
-	if _, ok := cpuTime(os.Getpid()); !ok {
+	if _, ok := startwatch.CPUTime(os.Getpid()); !ok {
 		t.Skip("skipping: no reading of a process's CPU time here")
 	}
 	// It works for 1.5s, three times its start's bound, before it says it
