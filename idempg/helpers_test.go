@@ -76,8 +76,28 @@ func openDB(t testing.TB, url string, cfg idempg.Config) *idempg.DB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(db.Close)
+	t.Cleanup(func() { closeWithin(t, "the DB", db.Close) })
 	return db
+}
+
+// closeWithin runs fn, a Close, and fails the test if it has not returned within
+// waitBound. A DB's Close waits for every connection to be given back: a
+// Rows or a transaction left open by the code under test would otherwise
+// hang the package until go test's timeout, naming nothing.
+func closeWithin(t testing.TB, what string, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
+	timer := time.NewTimer(waitBound)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		t.Errorf("%s did not close within %v: a connection was not given back (a Rows or a transaction left open?)", what, waitBound)
+	}
 }
 
 func newStore(t testing.TB, db *idempg.DB) *idempg.Store {
