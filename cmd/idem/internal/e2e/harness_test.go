@@ -261,6 +261,11 @@ type replica struct {
 
 	mu   sync.Mutex
 	tail []string
+	// stacks is set once quit has asked for the goroutines' stacks: every
+	// line from then on is kept, for they run past logTailLines (a running
+	// `idem serve` prints over 400), and their first lines name what the
+	// start waited for.
+	stacks bool
 }
 
 // launch starts a replica; ready waits for it. Starting several replicas
@@ -420,16 +425,19 @@ func (r *replica) log(line string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.tail = append(r.tail, line)
-	if len(r.tail) > logTailLines {
+	if !r.stacks && len(r.tail) > logTailLines {
 		r.tail = r.tail[len(r.tail)-logTailLines:]
 	}
 }
 
 // quit asks a replica that hangs for its goroutines' stacks (SIGQUIT makes
 // a Go program print them and exit), waits for it to end, and returns its
-// last lines, the stacks among them.
+// last lines with the stacks whole.
 func (r *replica) quit() string {
 	r.expectExit.Store(true)
+	r.mu.Lock()
+	r.stacks = true
+	r.mu.Unlock()
 	_ = r.cmd.Process.Signal(syscall.SIGQUIT)
 	select {
 	case <-r.done:
