@@ -210,7 +210,7 @@ func TestMigrateConcurrently(t *testing.T) {
 	wg.Wait()
 	for _, db := range dbs {
 		if db != nil {
-			t.Cleanup(db.Close)
+			t.Cleanup(func() { closeWithin(t, "the DB", db.Close) })
 		}
 	}
 	for i, err := range errs {

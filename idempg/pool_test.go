@@ -37,7 +37,7 @@ func callersPool(t testing.TB, url string) (*pgxpool.Pool, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	t.Cleanup(func() { closeWithin(t, "the caller's pool", pool.Close) })
 	return pool, schema
 }
 
