@@ -325,7 +325,7 @@ func launch(t *testing.T, name string, args ...string) *replica {
 				<-r.done
 			}
 		}
-		if t.Failed() {
+		if t.Failed() && !r.quitted() {
 			t.Logf("replica %s, last lines of stderr:\n%s", name, r.logs())
 		}
 	})
@@ -344,6 +344,15 @@ func (r *replica) ready(t *testing.T, hc *http.Client) *replica {
 		case <-r.done:
 			t.Fatalf("replica %s exited before listening (%s):\n%s", r.name, r.cmd.ProcessState, r.logs())
 		case now := <-poll.C:
+			// An address printed by now wins over the tick: a replica
+			// waited for long after its launch may have said it minutes
+			// ago, and done nothing since.
+			select {
+			case addr := <-r.addr:
+				r.URL = addr
+				continue
+			default:
+			}
 			if why := r.start.Check(now); why != "" {
 				t.Fatalf("replica %s did not start listening %s; its goroutines' stacks (SIGQUIT) end its stderr:\n%s", r.name, why, r.quit())
 			}
@@ -446,6 +455,14 @@ func (r *replica) quit() string {
 		<-r.done
 	}
 	return r.logs()
+}
+
+// quitted reports whether quit has run: the failure that called it showed
+// the replica's stderr already.
+func (r *replica) quitted() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stacks
 }
 
 func (r *replica) logs() string {
