@@ -105,14 +105,22 @@ func sameClock(a, b idem.Clock) bool {
 // would be given up at once; and a lease shorter than asked for counts as
 // granted. No later than the answer, when the store cannot have begun it
 // yet: an end past the answer's time plus the lease is not taken as said.
+//
+// Such a store keeps the lease's end as a wall-clock time, and other claims
+// judge it by the wall clock, so the lease's age is counted on the wall
+// clock too (the time carries no monotonic reading): were it counted on the
+// monotonic clock, a step of the wall clock forward during the execution
+// would end the lease for the store and not for the heartbeat, and another
+// execution could take the key while this one ran. A step backward makes
+// the lease last longer for both alike.
 func (hb *heartbeat) began(sent, answered, end time.Time) time.Time {
 	if !hb.sameClock || end.IsZero() {
 		return sent
 	}
 	if began := end.Add(-hb.e.cfg.Lease); began.Before(answered) {
-		return began
+		return began.Round(0)
 	}
-	return answered
+	return answered.Round(0)
 }
 
 // hold starts renewing l, whose claim was sent at sent and acquired the
