@@ -122,7 +122,8 @@ func (i *holdingInbox) ProcessBatch(ctx context.Context, consumer string, keys [
 // its key that the consumer holds, still its own, are handed back with it
 // (Nack, no delay), so that they do not overtake its next delivery; the
 // places they took are given back, so that the consumer takes all three
-// again, and applies them in their order, each once.
+// again, and applies them in their order, each once, and then holds as
+// many deliveries as MaxPending lets it.
 func TestStaleHeadIsLetGoWithItsKeyMates(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -137,7 +138,17 @@ func TestStaleHeadIsLetGoWithItsKeyMates(t *testing.T) {
 	asked, more := h.rec.holdNext(3)
 	g := newGate()
 	sh := &staleHead{h: h, g: g}
-	c, _ := h.start(cfg, sh.handle)
+	g4 := newGate()
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		if m.ID == "evt-4" {
+			g4.hold()
+		}
+		return sh.handle(ctx, m)
+	})
+	// Registered after the consumer's stop, so run before it: a failure
+	// that leaves evt-4's handler held lets it end.
+	release4 := sync.OnceFunc(g4.release)
+	t.Cleanup(release4)
 	h.publish(msg("evt-1", "acct-1"))
 	g.wait(t, "evt-1's handler")
 	h.clock.Advance(20 * time.Second)
@@ -173,6 +184,17 @@ func TestStaleHeadIsLetGoWithItsKeyMates(t *testing.T) {
 			t.Errorf("%s's deliveries: %v; want the first handed back at once (nack 0s) with evt-1, then delivered again", id, ops)
 		}
 	}
+
+	// Every place is free again: while evt-4's handler runs, the consumer
+	// takes MaxPending deliveries, evt-4 among them.
+	before := h.rec.Taken()
+	h.publish(msg("evt-4", "acct-2"), msg("evt-5", "acct-3"), msg("evt-6", "acct-4"), msg("evt-7", "acct-5"))
+	g4.wait(t, "evt-4's handler")
+	waitFor(t, "MaxPending deliveries taken while evt-4's handler runs (the places of evt-1 and its key-mates given back)", func() bool {
+		return h.rec.Taken()-before == cfg.MaxPending
+	})
+	release4()
+	waitFor(t, "the seven messages processed", func() bool { return c.Stats().Processed == 7 })
 }
 
 // A message of a key held back behind a dead letter is parked, unless its
