@@ -125,7 +125,12 @@ func TestTransientErrorRetriedUntilSuccess(t *testing.T) {
 				return h.apply(ctx, m)
 			})
 			h.publish(msg("evt-1", key))
-			h.advanceUntil("evt-1 processed", time.Second, func() bool { return c.Stats().Processed == 1 })
+			// Retried counts a retry once the transport is told, which may
+			// come after its next delivery began: waited for too.
+			h.advanceUntil("evt-1 retried 3 times and processed", time.Second, func() bool {
+				s := c.Stats()
+				return s.Processed == 1 && s.Retried >= 3
+			})
 
 			if got := h.applied.Get("evt-1"); got != 1 {
 				t.Errorf("applied %d times, want 1", got)
@@ -452,7 +457,12 @@ func TestLetThroughAfterDeadLetter(t *testing.T) {
 		return h.apply(ctx, m)
 	})
 	h.publish(msg("k1", "K"), msg("k2", "K"), msg("k3", "K"))
-	waitFor(t, "k2 and k3 processed", func() bool { return c.Stats().Processed == 2 })
+	// k1's dead letter is counted once the transport is told, after k2
+	// may have begun: waited for too.
+	waitFor(t, "k1 dead-lettered, k2 and k3 processed", func() bool {
+		s := c.Stats()
+		return s.Processed == 2 && s.DeadLettered >= 1
+	})
 	if s := c.Stats(); s.Parked != 0 || s.DeadLettered != 1 {
 		t.Errorf("stats %+v", s)
 	}
@@ -575,7 +585,10 @@ func TestInboxFailureIsTransient(t *testing.T) {
 	cfg.Inbox = &failingInbox{Inbox: h.inbox, fails: 2}
 	c, _ := h.start(cfg, h.apply)
 	h.publish(msg("evt-1", "K"))
-	h.advanceUntil("processed", time.Second, func() bool { return c.Stats().Processed == 1 })
+	h.advanceUntil("retried twice and processed", time.Second, func() bool {
+		s := c.Stats()
+		return s.Processed == 1 && s.Retried >= 2
+	})
 	if s := c.Stats(); s.Retried != 2 || s.DeadLettered != 0 {
 		t.Errorf("stats %+v, want 2 retried, none dead-lettered", s)
 	}
@@ -742,7 +755,10 @@ func TestHandlerErrorWrappingErrDuplicateIsAFailure(t *testing.T) {
 		return h.apply(ctx, m)
 	})
 	h.publish(msg("evt-1", "K"))
-	h.advanceUntil("processed", time.Second, func() bool { return c.Stats().Processed == 1 })
+	h.advanceUntil("retried and processed", time.Second, func() bool {
+		s := c.Stats()
+		return s.Processed == 1 && s.Retried >= 1
+	})
 	if s := c.Stats(); s.Duplicates != 0 || s.Retried != 1 {
 		t.Errorf("stats %+v, want 1 retried and no duplicate", s)
 	}
