@@ -407,8 +407,12 @@ type SerialWriter interface {
 // tells the time by the same Clock may count its lease to: a claim that
 // waited long before the store ran it (queued behind SQLite's one writer)
 // returns with its whole lease left, which a caller counting from when it
-// sent the claim would think mostly gone. A wrapper of a store forwards it
-// only when the lease ends it reports are the store's, unchanged.
+// sent the claim would think mostly gone. The store decides a lease by the
+// wall-clock reading of the Clock's times, not by a monotonic reading
+// (which a kept time loses), and the caller counts the lease on the wall
+// clock too, so that a step of the wall clock moves both alike. A wrapper
+// of a store forwards it only when the lease ends it reports are the
+// store's, unchanged.
 type LocalClock interface {
 	Store
 

@@ -67,6 +67,15 @@ func NewStore(cfg *Config) *Store {
 // Config.Clock, read as each call runs.
 func (s *Store) LeaseClock() idem.Clock { return s.clock }
 
+// now reads Config.Clock without its monotonic reading: the store decides
+// leases (and TTLs) by the wall clock, as idemsqlite, which keeps times as
+// wall-clock nanoseconds, does, and as keyed counts a lease of a store that
+// decides leases by the engine's own clock. Kept with the system clock's
+// monotonic reading, a lease would end for the store on the monotonic
+// clock, and after a step of the wall clock backward keyed would renew it
+// only once the store had ended it.
+func (s *Store) now() time.Time { return s.clock.Now().Round(0) }
+
 // live reports whether the record still counts at now: its TTL has not
 // passed, or a live lease still holds it (a takeover may push the lease past
 // the TTL, and the holder must not lose the key to a newcomer meanwhile), or
@@ -134,7 +143,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.clock.Now()
+	now := s.now()
 	k := slot{req.Scope, req.Key}
 	e := s.lookup(k, now)
 	switch {
@@ -187,7 +196,7 @@ func (s *Store) Complete(ctx context.Context, ref idem.Ref, resp idem.Response) 
 	}
 	e.rec.State = idem.StateCompleted
 	e.rec.Response = copyResponse(&resp)
-	e.rec.CompletedAt = s.clock.Now()
+	e.rec.CompletedAt = s.now()
 	e.signal()
 	return nil
 }
@@ -238,7 +247,7 @@ func (s *Store) Renew(ctx context.Context, ref idem.Ref, lease time.Duration) (t
 	if e == nil {
 		return time.Time{}, idem.ErrLeaseLost
 	}
-	end := s.clock.Now().Add(lease)
+	end := s.now().Add(lease)
 	e.rec.LeaseExpiresAt = end
 	if e.rec.ExpiresAt.Before(end) {
 		e.rec.ExpiresAt = end
@@ -256,7 +265,7 @@ func (s *Store) YieldEarlier(ctx context.Context, current idem.Holder) (int, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.clock.Now()
+	now := s.now()
 	n := 0
 	for _, e := range s.records {
 		h := e.rec.Holder
@@ -286,7 +295,7 @@ func (s *Store) Get(ctx context.Context, scope idem.Scope, key idem.Key) (idem.R
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.records[slot{scope, key}]
-	if e == nil || !e.live(s.clock.Now()) {
+	if e == nil || !e.live(s.now()) {
 		return idem.Record{}, idem.ErrNotFound
 	}
 	return e.snapshot(), nil
@@ -302,7 +311,7 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.clock.Now()
+	now := s.now()
 	n := 0
 	for k, e := range s.records {
 		if n == limit {
@@ -328,7 +337,7 @@ func (s *Store) WaitChange(ctx context.Context, scope idem.Scope, key idem.Key) 
 	}
 	s.mu.Lock()
 	e := s.records[slot{scope, key}]
-	now := s.clock.Now()
+	now := s.now()
 	if e == nil || !e.live(now) || !e.leaseLive(now) {
 		s.mu.Unlock()
 		return nil
@@ -358,7 +367,7 @@ func (s *Store) SaveRecovery(ctx context.Context, ref idem.Ref, rp idem.Recovery
 	if e == nil {
 		return idem.ErrLeaseLost
 	}
-	e.rec.Recovery = idem.RecoveryPoint{Name: rp.Name, Data: bytes.Clone(rp.Data), SavedAt: s.clock.Now()}
+	e.rec.Recovery = idem.RecoveryPoint{Name: rp.Name, Data: bytes.Clone(rp.Data), SavedAt: s.now()}
 	return nil
 }
 
@@ -383,7 +392,7 @@ func (s *Store) Yield(ctx context.Context, ref idem.Ref) error {
 	if e == nil {
 		return idem.ErrLeaseLost
 	}
-	if now := s.clock.Now(); e.rec.LeaseExpiresAt.After(now) {
+	if now := s.now(); e.rec.LeaseExpiresAt.After(now) {
 		e.rec.LeaseExpiresAt = now
 	}
 	e.signal()
@@ -400,7 +409,7 @@ func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.clock.Now()
+	now := s.now()
 	var out []idem.Record
 	for _, e := range s.records {
 		if e.rec.State == idem.StateInFlight && !e.rec.Recovery.IsZero() && !e.leaseLive(now) {
