@@ -308,7 +308,8 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 // claimant took the key over, fullLease answers as the key now is
 // (in flight under the other holder, or completed).
 func (s *Store) fullLease(ctx context.Context, req idem.ClaimRequest, claim idem.Claim) (idem.Claim, error) {
-	start := claim.Record.LeaseExpiresAt.Add(-req.Lease)
+	// On the wall clock, as the stored end is judged (no monotonic reading).
+	start := claim.Record.LeaseExpiresAt.Round(0).Add(-req.Lease)
 	if s.clock.Now().Sub(start) <= req.Lease/100 {
 		return claim, nil
 	}

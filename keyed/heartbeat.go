@@ -114,8 +114,11 @@ func sameClock(a, b idem.Clock) bool {
 // execution could take the key while this one ran. A step backward makes
 // the lease last longer for both alike.
 func (hb *heartbeat) began(sent, answered, end time.Time) time.Time {
-	if !hb.sameClock || end.IsZero() {
+	switch {
+	case !hb.sameClock:
 		return sent
+	case end.IsZero():
+		return sent.Round(0)
 	}
 	if began := end.Add(-hb.e.cfg.Lease); began.Before(answered) {
 		return began.Round(0)

@@ -31,6 +31,7 @@ func TestLeaseOnTheEnginesClockCountsOnTheWallClock(t *testing.T) {
 	}{
 		{"a lease begun before its answer", sent.Add(time.Second + lease), sent.Add(time.Second)},
 		{"an end past the answer's time plus the lease", answered.Add(2 * lease), answered},
+		{"no end said", time.Time{}, sent},
 	} {
 		got := hb.began(sent, answered, c.end)
 		if monotonic(got) || !got.Equal(c.want) {
