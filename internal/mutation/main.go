@@ -35,6 +35,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -796,27 +797,110 @@ func goCmd(ctx context.Context, args ...string) ([]byte, error) {
 // command runs name in dir ("" for the current directory) as goCmd runs
 // the go command.
 func command(ctx context.Context, dir, name string, args ...string) ([]byte, error) {
+	return commandUntil(ctx, nil, dir, name, args...)
+}
+
+// errStopped is commandUntil's error when its watch stopped the command.
+var errStopped = errors.New("stopped by a line of its output")
+
+// commandUntil runs name as command does, and stops it (its whole process
+// group) at the first line of its output for which stop says true, if
+// stop is not nil.
+func commandUntil(ctx context.Context, stop func(line []byte) bool, dir, name string, args ...string) ([]byte, error) {
 	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
 	// Its own process group, so that a cut kills the test binaries too;
 	// killed with the runner, so that a runner stopped leaves no test
 	// running.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	var buf strings.Builder
-	cmd.Stdout, cmd.Stderr = &buf, &buf
+	w := &watcher{stop: stop, stopped: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = w, w
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	var end error
 	select {
 	case err := <-done:
-		return []byte(buf.String()), err
+		return w.output(), err
 	case <-ctx.Done():
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-		return []byte(buf.String()), ctx.Err()
+		end = ctx.Err()
+	case <-w.stopped:
+		end = errStopped
 	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	<-done
+	return w.output(), end
+}
+
+// watcher keeps a command's output and closes stopped at the first whole
+// line stop says true for. Stdout and stderr share it (one writer, so
+// os/exec copies both through one goroutine); the lock keeps it safe all
+// the same.
+type watcher struct {
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	line    []byte // the line begun and not yet ended
+	stop    func(line []byte) bool
+	stopped chan struct{}
+	closed  bool
+}
+
+func (w *watcher) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := len(p)
+	w.buf.Write(p)
+	if w.stop == nil || w.closed {
+		return n, nil
+	}
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			w.line = append(w.line, p...)
+			break
+		}
+		w.line = append(w.line, p[:i]...)
+		p = p[i+1:]
+		if w.stop(w.line) {
+			w.closed = true
+			close(w.stopped)
+			w.line = nil
+			break
+		}
+		w.line = w.line[:0]
+	}
+	return n, nil
+}
+
+func (w *watcher) output() []byte {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return bytes.Clone(w.buf.Bytes())
+}
+
+// failedTest says whether a line of go test -json's output tells of a
+// test's failure (a subtest's too): its "--- FAIL: name" report, or the
+// fail event made of it. The report comes first; go test -json holds the
+// event back until the test binary prints its next "=== " line, and a
+// parallel test left waiting prints none. A package's own fail, with no
+// test, is neither: a build that fails says so, and is judged not viable.
+func failedTest(line []byte) bool {
+	if !bytes.Contains(line, []byte(`"Action":"fail"`)) && !bytes.Contains(line, []byte(`--- FAIL: `)) {
+		return false
+	}
+	var e struct{ Action, Test, Output string }
+	if json.Unmarshal(line, &e) != nil || e.Test == "" {
+		return false
+	}
+	switch e.Action {
+	case "fail":
+		return true
+	case "output":
+		return strings.HasPrefix(strings.TrimLeft(e.Output, " "), "--- FAIL: "+e.Test+" (")
+	}
+	return false
 }
 
 // everyTest says whether every selected test runs for each of n mutants
@@ -877,13 +961,19 @@ func execute(runs [][]string, m *mutant, src []byte, dir string, cut time.Durati
 	}
 	defer os.RemoveAll(dir)
 	// The cut holds for the whole selection; its go test commands run one
-	// after another, and the first that fails decides.
+	// after another, and the first that fails decides. A command is
+	// stopped at its first failing test: -failfast starts no test more,
+	// but those already running in parallel would go on to their ends,
+	// and a mutant that breaks their waits would be cut and counted timed
+	// out though a test had failed at once.
 	ctx, cancel := context.WithTimeout(context.Background(), cut)
 	defer cancel()
 	for _, r := range runs {
-		args := append([]string{"test", "-count=1", "-failfast", "-overlay=" + overlay, "-timeout=" + (cut + 30*time.Second).String()}, r...)
-		out, err := goCmd(ctx, args...)
+		args := append([]string{"test", "-count=1", "-failfast", "-json", "-overlay=" + overlay, "-timeout=" + (cut + 30*time.Second).String()}, r...)
+		out, err := commandUntil(ctx, failedTest, "", "go", args...)
 		switch {
+		case errors.Is(err, errStopped):
+			return "KILLED", nil
 		case errors.Is(err, context.DeadlineExceeded):
 			return "TIMED OUT", nil
 		case err == nil:

@@ -836,3 +836,122 @@ func TestRebuildOverlayRecompilesTheSameCode(t *testing.T) {
 		t.Errorf("m.go itself changed: %q", after)
 	}
 }
+
+// A mutant whose first failing test fails at once is killed then, not
+// when the last of the tests it breaks gives up: go test's -failfast
+// starts no more tests but lets those already running go on, so a mutant
+// that broke the waits of many parallel tests ran until its cut and was
+// counted timed out (68 of consumer's in one full run).
+func TestExecuteStopsAtTheFirstFailingTest(t *testing.T) {
+	dir := t.TempDir()
+	src := "package m\n\nfunc F() int { return 2 + 1 }\n"
+	for name, text := range map[string]string{
+		"go.mod": "module example.com/m\n\ngo 1.22\n",
+		"m.go":   src,
+		"m_test.go": `package m
+
+import (
+	"testing"
+	"time"
+)
+
+func TestAtOnce(t *testing.T) {
+	t.Parallel()
+	if F() != 3 {
+		t.Fatal(F())
+	}
+}
+
+// TestWaits waits for what a broken F never gives, as a test waiting on
+// a signal does.
+func TestWaits(t *testing.T) {
+	t.Parallel()
+	for F() != 3 {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+`,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Chdir(dir)
+	t.Setenv("GOWORK", "off")
+	m := &mutant{file: "m.go", typ: "ARITHMETIC_BASE", offset: strings.Index(src, "+")}
+	runs := [][]string{{"."}}
+	// The cut is far longer than the failing test takes: a status other
+	// than KILLED means the run waited for TestWaits to the cut.
+	if st, err := execute(runs, m, []byte(src), filepath.Join(t.TempDir(), "0"), 45*time.Second); err != nil || st != "KILLED" {
+		t.Errorf("a mutant failing one test at once and hanging another: %q, %v; want KILLED", st, err)
+	}
+	// A mutant both tests pass (3 / 1 for 3 * 1) lives: stopping early
+	// judges by the tests alone.
+	same := "package m\n\nfunc F() int { return 3 * 1 }\n"
+	if st, err := execute(runs, &mutant{file: "m.go", typ: "ARITHMETIC_BASE", offset: strings.Index(same, "*")}, []byte(same), filepath.Join(t.TempDir(), "1"), 45*time.Second); err != nil || st != "LIVED" {
+		t.Errorf("a mutant its tests pass: %q, %v; want LIVED", st, err)
+	}
+	// One that does not compile is not viable, as before.
+	broken := "package m\n\nfunc F() int { return 3 }\n\nfunc G() string { return \"a\" + \"b\" }\n"
+	if st, err := execute(runs, &mutant{file: "m.go", typ: "ARITHMETIC_BASE", offset: strings.Index(broken, "+")}, []byte(broken), filepath.Join(t.TempDir(), "2"), 45*time.Second); err != nil || st != "NOT VIABLE" {
+		t.Errorf("a mutant that does not compile: %q, %v; want NOT VIABLE", st, err)
+	}
+}
+
+// go test -json's lines reach the watcher in pieces of any size; a
+// failing test's report split across writes still stops the command, and
+// neither a package's own fail line (a build that failed) nor a test's
+// output that names another test's failure does.
+func TestWatcherJoinsLinesSplitAcrossWrites(t *testing.T) {
+	out := `{"Action":"run","Test":"TestA"}` + "\n" +
+		`{"Action":"fail","Package":"example.com/m","Elapsed":0.1}` + "\n" +
+		`{"Action":"output","Test":"TestB","Output":"\"Action\":\"fail\"\n"}` + "\n" +
+		`{"Action":"output","Test":"TestB","Output":"--- FAIL: TestOther (0.00s)\n"}` + "\n" +
+		`{"Action":"output","Test":"TestB/sub","Output":"    --- FAIL: TestB/sub (0.00s)\n"}` + "\n" +
+		`{"Action":"fail","Package":"example.com/m","Test":"TestB/sub","Elapsed":0.1}` + "\n" +
+		`{"Action":"run","Test":"TestC"}` + "\n"
+	stopAt := strings.Index(out, `{"Action":"output","Test":"TestB/sub"`)
+	for _, size := range []int{1, 7, 64, len(out)} {
+		w := &watcher{stop: failedTest, stopped: make(chan struct{})}
+		stopped := -1
+		for i := 0; i < len(out); i += size {
+			n, err := w.Write([]byte(out[i:min(i+size, len(out))]))
+			if err != nil || n != min(size, len(out)-i) {
+				t.Fatalf("write of %d bytes: %d, %v", min(size, len(out)-i), n, err)
+			}
+			select {
+			case <-w.stopped:
+				if stopped < 0 {
+					stopped = min(i+size, len(out))
+				}
+			default:
+			}
+		}
+		end := strings.Index(out[stopAt:], "\n") + stopAt + 1
+		if stopped < end || stopped >= end+size {
+			t.Errorf("pieces of %d bytes: stopped after %d bytes, want at the failing test's report's end (%d)", size, stopped, end)
+		}
+		if string(w.output()) != out {
+			t.Errorf("pieces of %d bytes: the output kept is not the output written", size)
+		}
+	}
+}
+
+// The fail event alone stops the command too (a binary whose report line
+// test2json did not see as one, or a later go).
+func TestFailedTest(t *testing.T) {
+	for line, want := range map[string]bool{
+		`{"Action":"fail","Package":"p","Test":"TestA","Elapsed":0}`:                                       true,
+		`{"Action":"fail","Package":"p","Elapsed":0}`:                                                      false,
+		`{"Action":"output","Package":"p","Test":"TestA","Output":"--- FAIL: TestA (1.20s)\n"}`:            true,
+		`{"Action":"output","Package":"p","Test":"TestA","Output":"--- PASS: TestA (1.20s)\n"}`:            false,
+		`{"Action":"output","Package":"p","Output":"--- FAIL: TestA (1.20s)\n"}`:                           false,
+		`{"Action":"output","Package":"p","Test":"TestA","Output":"    x_test.go:3: --- FAIL: TestA (\n"}`: false,
+		`--- FAIL: TestA (0.00s)`: false,
+		`{"Action":"fail"`:        false,
+	} {
+		if got := failedTest([]byte(line)); got != want {
+			t.Errorf("%s: %v, want %v", line, got, want)
+		}
+	}
+}
