@@ -841,7 +841,7 @@ func commandUntil(ctx context.Context, stop func(line []byte) bool, dir, name st
 type watcher struct {
 	mu      sync.Mutex
 	buf     bytes.Buffer
-	line    []byte // the line begun and not yet ended
+	line    []byte // the line begun and not yet ended, reused: stop keeps none of it
 	stop    func(line []byte) bool
 	stopped chan struct{}
 	closed  bool
@@ -883,9 +883,19 @@ func (w *watcher) output() []byte {
 // failedTest says whether a line of go test -json's output tells of a
 // test's failure (a subtest's too): its "--- FAIL: name" report, or the
 // fail event made of it. The report comes first; go test -json holds the
-// event back until the test binary prints its next "=== " line, and a
-// parallel test left waiting prints none. A package's own fail, with no
-// test, is neither: a build that fails says so, and is judged not viable.
+// event back until the test binary prints its next "=== " line or a
+// report of its parent's, and a parallel test left waiting prints none. A
+// package's own fail, with no test, is neither: a build that fails says
+// so, and is judged not viable.
+//
+// The report must stand at its test's depth, four spaces a level, as the
+// testing package prints it: a passing test that logs another run's
+// output (a child process of its own, say) shows "--- FAIL: name" lines
+// indented further, and those are not its failure. A subtest whose name
+// holds a "/" of its own is deeper than its report: it is missed here and
+// stopped by its fail event or the cut, never counted killed wrongly. A
+// test that writes such a line to its standard output unindented would
+// still be read as failing; none here does.
 func failedTest(line []byte) bool {
 	if !bytes.Contains(line, []byte(`"Action":"fail"`)) && !bytes.Contains(line, []byte(`--- FAIL: `)) {
 		return false
@@ -898,7 +908,26 @@ func failedTest(line []byte) bool {
 	case "fail":
 		return true
 	case "output":
-		return strings.HasPrefix(strings.TrimLeft(e.Output, " "), "--- FAIL: "+e.Test+" (")
+		depth := strings.Repeat("    ", strings.Count(e.Test, "/"))
+		return strings.HasPrefix(e.Output, depth+"--- FAIL: "+e.Test+" (")
+	}
+	return false
+}
+
+// buildFailed says whether go test -json's output tells that a package's
+// test binary was not built (its code or its vet failed) or could not be
+// set up: the package's fail event naming the build that failed. Tests'
+// output is not read: with -json every test's log is in the output, and a
+// log that quotes a failed build says nothing of this one.
+func buildFailed(out []byte) bool {
+	for line := range bytes.Lines(out) {
+		if !bytes.Contains(line, []byte(`"FailedBuild"`)) {
+			continue
+		}
+		var e struct{ Action, Test, FailedBuild string }
+		if json.Unmarshal(line, &e) == nil && e.Action == "fail" && e.Test == "" && e.FailedBuild != "" {
+			return true
+		}
 	}
 	return false
 }
@@ -978,7 +1007,7 @@ func execute(runs [][]string, m *mutant, src []byte, dir string, cut time.Durati
 			return "TIMED OUT", nil
 		case err == nil:
 			continue
-		case strings.Contains(string(out), "[build failed]") || strings.Contains(string(out), "[setup failed]"):
+		case buildFailed(out):
 			return "NOT VIABLE", nil
 		}
 		var ee *exec.ExitError

@@ -947,11 +947,80 @@ func TestFailedTest(t *testing.T) {
 		`{"Action":"output","Package":"p","Test":"TestA","Output":"--- PASS: TestA (1.20s)\n"}`:            false,
 		`{"Action":"output","Package":"p","Output":"--- FAIL: TestA (1.20s)\n"}`:                           false,
 		`{"Action":"output","Package":"p","Test":"TestA","Output":"    x_test.go:3: --- FAIL: TestA (\n"}`: false,
+		`{"Action":"output","Package":"p","Test":"TestA","Output":"        --- FAIL: TestA (0.00s)\n"}`:    false,
+		`{"Action":"output","Package":"p","Test":"TestA/b","Output":"    --- FAIL: TestA/b (0.00s)\n"}`:    true,
+		`{"Action":"output","Package":"p","Test":"TestA/b","Output":"--- FAIL: TestA/b (0.00s)\n"}`:        false,
 		`--- FAIL: TestA (0.00s)`: false,
 		`{"Action":"fail"`:        false,
 	} {
 		if got := failedTest([]byte(line)); got != want {
 			t.Errorf("%s: %v, want %v", line, got, want)
+		}
+	}
+}
+
+// A test that passes while logging another run's failure (a child of its
+// own test binary, here) is not read as failing: the child's "--- FAIL"
+// report reaches the output indented as a log line is, deeper than the
+// test's own report would stand.
+func TestExecuteReadsNoFailureInATestsLog(t *testing.T) {
+	dir := t.TempDir()
+	src := "package m\n\nfunc F() int { return 3 * 1 }\n"
+	for name, text := range map[string]string{
+		"go.mod": "module example.com/m\n\ngo 1.22\n",
+		"m.go":   src,
+		"m_test.go": `package m
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+)
+
+func TestChild(t *testing.T) {
+	if os.Getenv("M_CHILD") != "" {
+		t.Fatal("the child fails")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestChild$", "-test.v")
+	cmd.Env = append(os.Environ(), "M_CHILD=1")
+	out, _ := cmd.CombinedOutput()
+	t.Logf("the child said:\n%s", out)
+	if F() != 3 {
+		t.Fatal(F())
+	}
+}
+`,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Chdir(dir)
+	t.Setenv("GOWORK", "off")
+	m := &mutant{file: "m.go", typ: "ARITHMETIC_BASE", offset: strings.Index(src, "*")}
+	if st, err := execute([][]string{{"."}}, m, []byte(src), filepath.Join(t.TempDir(), "0"), 45*time.Second); err != nil || st != "LIVED" {
+		t.Errorf("a mutant whose test passes, logging a child's failure: %q, %v; want LIVED", st, err)
+	}
+}
+
+// A build or set-up that failed is read from the package's fail event,
+// not from words in a test's log, which -json puts in the output too.
+func TestBuildFailed(t *testing.T) {
+	build := `{"ImportPath":"example.com/m [example.com/m.test]","Action":"build-fail"}
+{"Action":"output","Package":"example.com/m","Output":"FAIL\texample.com/m [build failed]\n"}
+{"Action":"fail","Package":"example.com/m","Elapsed":0,"FailedBuild":"example.com/m [example.com/m.test]"}
+`
+	setup := `{"Action":"output","Package":"example.com/n","Output":"FAIL\texample.com/n [setup failed]\n"}
+{"Action":"fail","Package":"example.com/n","Elapsed":0,"FailedBuild":"example.com/n/nope"}
+`
+	logged := `{"Action":"output","Package":"example.com/m","Test":"TestA","Output":"    a_test.go:9: FAIL\texample.com/m [build failed] \"FailedBuild\"\n"}
+{"Action":"fail","Package":"example.com/m","Test":"TestA","Elapsed":0}
+FAIL example.com/m [build failed]
+{"Action":"fail","Package":"example.com/m","Elapsed":0.2}
+`
+	for out, want := range map[string]bool{build: true, setup: true, logged: false} {
+		if got := buildFailed([]byte(out)); got != want {
+			t.Errorf("%s: build failed %v, want %v", out, got, want)
 		}
 	}
 }
