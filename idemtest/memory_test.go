@@ -14,6 +14,8 @@
 package idemtest_test
 
 import (
+	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,6 +86,46 @@ func TestMemoryTransportRealTime(t *testing.T) {
 		t.Cleanup(func() { _ = tr.Close() })
 		return tr, tr
 	})
+}
+
+// The suite's real-time mode on a machine under load, made certain: each
+// Next returns its delivery 30 ms after the transport handed it out, and
+// each InProgress reaches the transport 20 ms after it was called, the
+// first of each subtest 120 ms after (the AckWait here is 100 ms). The
+// suite counts an AckWait from before the Next that began it, and an
+// InProgress's from before the call, and tries InProgress's scenario
+// again when the call came past the AckWait: none of that is the
+// transport's fault, and none fails the suite.
+func TestMemoryTransportRealTimeOnASlowMachine(t *testing.T) {
+	t.Parallel()
+	f := allFeatures
+	f.RealTime, f.Tick = true, 50*time.Millisecond
+	idemtest.TestTransport(t, f, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
+		tr := idemmem.NewTransport(&idemmem.TransportConfig{Clock: clock})
+		t.Cleanup(func() { _ = tr.Close() })
+		var late atomic.Bool
+		b := brokenTransport{Transport: tr, delivery: func(d idem.Delivery) idem.Delivery {
+			time.Sleep(30 * time.Millisecond)
+			return slowInProgress{d, &late}
+		}}
+		return b, b
+	})
+}
+
+// slowInProgress reaches the transport 20 ms after its call, and 120 ms
+// after the first of its subtest's calls.
+type slowInProgress struct {
+	idem.Delivery
+	late *atomic.Bool
+}
+
+func (d slowInProgress) InProgress(ctx context.Context) error {
+	if d.late.CompareAndSwap(false, true) {
+		time.Sleep(120 * time.Millisecond)
+	} else {
+		time.Sleep(20 * time.Millisecond)
+	}
+	return d.Delivery.InProgress(ctx)
 }
 
 func TestMemoryMiddleware(t *testing.T) {

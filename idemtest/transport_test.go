@@ -221,7 +221,30 @@ func transportCase(wantFail string, b brokenTransport) brokenCase {
 	}}
 }
 
+// inProgressStale ends the delivery early: InProgress answers stale, as a
+// transport would whose AckWait ran short.
+type inProgressStale struct{ idem.Delivery }
+
+func (inProgressStale) InProgress(context.Context) error { return idemmem.ErrStaleDelivery }
+
+// realTimeTransportCase runs the suite on real time, where a stale answer
+// past the AckWait decides nothing: one within it still fails.
+func realTimeTransportCase(wantFail string, b brokenTransport) brokenCase {
+	return brokenCase{wantFail, func(t *testing.T) {
+		f := transportFeatures
+		f.RealTime, f.Tick = true, 50*time.Millisecond
+		idemtest.TestTransport(t, f, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
+			b := b
+			b.Transport = idemmem.NewTransport(&idemmem.TransportConfig{Clock: clock})
+			t.Cleanup(func() { _ = b.Close() })
+			return b, b
+		})
+	}}
+}
+
 var brokenTransports = map[string]brokenCase{
+	"transport: in progress ends the delivery, on real time": realTimeTransportCase("InProgress", brokenTransport{
+		delivery: func(d idem.Delivery) idem.Delivery { return inProgressStale{d} }}),
 	"transport: none": transportCase("", brokenTransport{}),
 	"transport: nack ignores its delay": transportCase("NackDelay", brokenTransport{
 		delivery: func(d idem.Delivery) idem.Delivery { return nackNoDelay{d} }}),
