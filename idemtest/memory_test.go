@@ -88,42 +88,50 @@ func TestMemoryTransportRealTime(t *testing.T) {
 	})
 }
 
-// The suite's real-time mode on a machine under load, made certain: each
-// Next returns its delivery 30 ms after the transport handed it out, and
-// each InProgress reaches the transport 20 ms after it was called, the
-// first of each subtest 120 ms after (the AckWait here is 100 ms). The
-// suite counts an AckWait from before the Next that began it, and an
-// InProgress's from before the call, and tries InProgress's scenario
-// again when the call came past the AckWait: none of that is the
-// transport's fault, and none fails the suite.
+// The suite's real-time mode on a machine under load, made certain, with
+// the AckWait of idempg's database-clock run (400 ms): a Next returns its
+// delivery 60 ms after the transport handed it out (the first slowNexts
+// of each subtest, so that Many's thousand stay quick), and the first
+// InProgress of each subtest reaches the transport 450 ms after it was
+// called, past any AckWait it could renew. The suite counts an AckWait
+// from before the Next that began it, and an InProgress's from before
+// the call, and runs a scenario again when a call came past the AckWait:
+// none of that is the transport's fault, and none fails the suite. The
+// later calls are not slowed, so that a retry has the margin a real run
+// has.
 func TestMemoryTransportRealTimeOnASlowMachine(t *testing.T) {
 	t.Parallel()
 	f := allFeatures
-	f.RealTime, f.Tick = true, 50*time.Millisecond
+	f.RealTime, f.Tick = true, 200*time.Millisecond
 	idemtest.TestTransport(t, f, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
 		tr := idemmem.NewTransport(&idemmem.TransportConfig{Clock: clock})
 		t.Cleanup(func() { _ = tr.Close() })
 		var late atomic.Bool
+		var delivered atomic.Int32
 		b := brokenTransport{Transport: tr, delivery: func(d idem.Delivery) idem.Delivery {
-			time.Sleep(30 * time.Millisecond)
-			return slowInProgress{d, &late}
+			if delivered.Add(1) <= slowNexts {
+				time.Sleep(60 * time.Millisecond)
+			}
+			return lateInProgress{d, &late}
 		}}
 		return b, b
 	})
 }
 
-// slowInProgress reaches the transport 20 ms after its call, and 120 ms
-// after the first of its subtest's calls.
-type slowInProgress struct {
+// slowNexts is how many of a subtest's Nexts the slow machine's test
+// slows: the first of AckWait, InProgress and ExpiredIsStale is enough.
+const slowNexts = 4
+
+// lateInProgress reaches the transport 450 ms after the first call of its
+// subtest; the others at once.
+type lateInProgress struct {
 	idem.Delivery
 	late *atomic.Bool
 }
 
-func (d slowInProgress) InProgress(ctx context.Context) error {
+func (d lateInProgress) InProgress(ctx context.Context) error {
 	if d.late.CompareAndSwap(false, true) {
-		time.Sleep(120 * time.Millisecond)
-	} else {
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(450 * time.Millisecond)
 	}
 	return d.Delivery.InProgress(ctx)
 }

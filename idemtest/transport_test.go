@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,6 +95,10 @@ type brokenTransport struct {
 	publish   func(idem.Message) idem.Message
 	subscribe func(idem.Subscription) idem.Subscription
 	delivery  func(idem.Delivery) idem.Delivery
+	// newDelivery, if set, makes each subtest's delivery func (for
+	// alterations with a state of their own per subtest); only
+	// realTimeTransportCase reads it.
+	newDelivery func() func(idem.Delivery) idem.Delivery
 }
 
 func (b brokenTransport) Publish(ctx context.Context, msgs ...idem.Message) error {
@@ -235,6 +240,9 @@ func realTimeTransportCase(wantFail string, b brokenTransport) brokenCase {
 		f.RealTime, f.Tick = true, 50*time.Millisecond
 		idemtest.TestTransport(t, f, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
 			b := b
+			if b.newDelivery != nil {
+				b.delivery = b.newDelivery()
+			}
 			b.Transport = idemmem.NewTransport(&idemmem.TransportConfig{Clock: clock})
 			t.Cleanup(func() { _ = b.Close() })
 			return b, b
@@ -242,9 +250,30 @@ func realTimeTransportCase(wantFail string, b brokenTransport) brokenCase {
 	}}
 }
 
+// inProgressStaleOnce answers its subtest's first InProgress that the
+// transport made as stale, early, within the AckWait: a retry would pass,
+// and the suite must fail it all the same.
+type inProgressStaleOnce struct {
+	idem.Delivery
+	lied *atomic.Bool
+}
+
+func (d inProgressStaleOnce) InProgress(ctx context.Context) error {
+	err := d.Delivery.InProgress(ctx)
+	if err == nil && d.lied.CompareAndSwap(false, true) {
+		return idemmem.ErrStaleDelivery
+	}
+	return err
+}
+
 var brokenTransports = map[string]brokenCase{
 	"transport: in progress ends the delivery, on real time": realTimeTransportCase("InProgress", brokenTransport{
 		delivery: func(d idem.Delivery) idem.Delivery { return inProgressStale{d} }}),
+	"transport: in progress ends the delivery once, early, on real time": realTimeTransportCase("InProgress", brokenTransport{
+		newDelivery: func() func(idem.Delivery) idem.Delivery {
+			var lied atomic.Bool
+			return func(d idem.Delivery) idem.Delivery { return inProgressStaleOnce{d, &lied} }
+		}}),
 	"transport: none": transportCase("", brokenTransport{}),
 	"transport: nack ignores its delay": transportCase("NackDelay", brokenTransport{
 		delivery: func(d idem.Delivery) idem.Delivery { return nackNoDelay{d} }}),
