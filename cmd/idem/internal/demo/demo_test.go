@@ -3,6 +3,7 @@ package demo_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -16,15 +17,35 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// progressOut is the demo's output, and its progress: the run is
+// stopped once it has printed nothing for stall (each scenario prints
+// when it begins and when it ends). A bound on the whole run's wall time
+// failed on a loaded machine (a minute, where a quiet run takes 8 s and
+// one under a load of 28 took over 60) without anything being stuck.
+type progressOut struct {
+	bytes.Buffer
+	timer *time.Timer
+}
+
+const stall = time.Minute
+
+func (o *progressOut) Write(p []byte) (int, error) {
+	o.timer.Reset(stall)
+	return o.Buffer.Write(p)
+}
+
 func TestRunShowsDoubleChargeThenExactlyOnce(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	var out bytes.Buffer
+	ctx, cancel := context.WithCancelCause(t.Context())
+	defer cancel(nil)
+	out := &progressOut{timer: time.AfterFunc(stall, func() {
+		cancel(fmt.Errorf("the demo printed nothing for %v", stall))
+	})}
+	defer out.timer.Stop()
 	const customers = 3
-	rep, err := demo.Run(ctx, &demo.Options{Out: &out, Customers: customers})
+	rep, err := demo.Run(ctx, &demo.Options{Out: out, Customers: customers})
 	if err != nil {
-		t.Fatalf("Run: %v\noutput:\n%s", err, out.String())
+		t.Fatalf("Run: %v (%v)\noutput:\n%s", err, context.Cause(ctx), out.String())
 	}
 	t.Logf("output:\n%s", out.String())
 
