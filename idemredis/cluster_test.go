@@ -14,6 +14,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -125,7 +126,7 @@ func (e *clusterEffects) Count(ctx context.Context, tag string) (int, error) {
 // cluster is private and dies with the test, so no keys are deleted.
 func TestClusterConformance(t *testing.T) {
 	t.Parallel()
-	rc := idemtest.StartRedisCluster(t, nil)
+	rc := idemtest.StartRedisCluster(t, steadyCluster)
 	gr := clusterClient(t, rc)
 	t.Run("Store/Open", func(t *testing.T) {
 		t.Parallel()
@@ -190,7 +191,7 @@ func TestClusterConformance(t *testing.T) {
 // ErrNotReplicated, as they do when the one replica stalls.
 func TestClusterReplicaAcks(t *testing.T) {
 	t.Parallel()
-	rc := idemtest.StartRedisCluster(t, nil)
+	rc := idemtest.StartRedisCluster(t, steadyCluster)
 	ctx := t.Context()
 	open := func(rcfg *idemredis.ReplicaConfig) *idemredis.Store {
 		t.Helper()
@@ -279,6 +280,16 @@ func TestClusterReplicaAcks(t *testing.T) {
 	}
 }
 
+// steadyCluster is the cluster of the tests that do not test failover: its
+// node timeout is far above any stall of a loaded machine, so that no master
+// is replaced while a suite runs on it. With the default second, a master
+// that did not answer for a second beside three other test runs (a load of
+// 30 on two cores) was failed over, and the cases running then met
+// "CLUSTERDOWN The cluster is down" and a WAIT unblocked by the master's
+// turning replica. The failover tests (payments/cluster_test.go) keep the
+// short timeout they measure.
+var steadyCluster = &idemtest.RedisClusterConfig{NodeTimeout: 15 * time.Second}
+
 // replicatedTimeout is how long the tests' replicated stores wait for a
 // replica: far above what replication takes on a loaded machine, so that
 // only a stalled replica fails a write, and short enough that a test that
@@ -289,4 +300,38 @@ const replicatedTimeout = 2 * time.Second
 // hash tag alone.
 func recordKeyOf(req idem.ClaimRequest) string {
 	return "{" + string(req.Scope) + "}"
+}
+
+// A master of the steady cluster that stalls for four seconds, four times
+// the default node timeout, stays master: its replica does not take over,
+// and the cluster answers as before once it is back. With the default
+// timeout the replica is elected within about two seconds.
+func TestSteadyClusterOutlastsAStalledMaster(t *testing.T) {
+	t.Parallel()
+	rc := idemtest.StartRedisCluster(t, steadyCluster)
+	ctx := t.Context()
+	const key = "{stall}"
+	master, replicas := rc.MasterOf(key, nil)
+	if len(replicas) != 1 {
+		t.Fatalf("%d replicas of the key's master, want 1", len(replicas))
+	}
+	master.Pause()
+	stalled := time.NewTimer(4 * time.Second)
+	<-stalled.C
+	role, err := rc.CLI(ctx, replicas[0].Addr, "ROLE")
+	master.Resume()
+	if err != nil {
+		t.Fatalf("ROLE of the replica: %v", err)
+	}
+	if first := strings.Fields(role); len(first) == 0 || first[0] != "slave" {
+		t.Fatalf("the replica's ROLE after its master stalled 4s: %q, want slave (it took over)", role)
+	}
+	rc.WaitHealthy(30 * time.Second)
+	if now, _ := rc.MasterOf(key, nil); now != master {
+		t.Fatalf("the key's master is %s after the stall, want %s", now.Addr, master.Addr)
+	}
+	c := clusterClient(t, rc)
+	if err := c.Set(ctx, key, "v", 0).Err(); err != nil {
+		t.Fatalf("SET after the stall: %v", err)
+	}
 }

@@ -13,8 +13,11 @@ import (
 )
 
 // RedisClusterConfig configures StartRedisCluster. The zero value is the
-// cluster the cluster tests use: 3 masters, a replica each, a node timeout of
-// one second.
+// cluster the failover tests use: 3 masters, a replica each, a node timeout
+// of one second, so that a dead master is replaced within a few seconds. A
+// test that does not test failover should set a NodeTimeout far above any
+// stall of a loaded machine (say 15s): with one second, a master that a busy
+// machine does not schedule for a second is replaced mid-test.
 type RedisClusterConfig struct {
 	// Masters is the number of masters the slots are spread over. Defaults
 	// to 3, the fewest Redis Cluster accepts.
