@@ -57,7 +57,9 @@ type handlers struct {
 // it in its lane, then more ready entries and theirs, up to BatchSize, or
 // until BatchWait has passed. A batch never holds two entries with one
 // dedup key, nor an entry whose key could not be derived: those are made
-// ready again once the batch is gathered, for a later batch.
+// ready again once the batch is gathered, for a later batch. A ready entry
+// that a later delivery of its message supersedes (superseded) is let go
+// instead, as work does.
 func (r *runner) gather(first *entry) []*entry {
 	limit := r.cfg.BatchSize
 	batch := make([]*entry, 0, min(limit, 16))
@@ -71,6 +73,12 @@ func (r *runner) gather(first *entry) []*entry {
 		return !dup
 	}
 	take := func(e *entry) {
+		if r.superseded(e) {
+			// As in work: its later delivery takes its place, ready.
+			r.begin(e)
+			r.letGo(e, "handled")
+			return
+		}
 		if !fits(e) {
 			later = append(later, e)
 			return

@@ -242,7 +242,10 @@ type Stats struct {
 	// consumer's own when it was about to retry or dead-letter them (their
 	// AckWait or lease ended, their partition was taken away): the
 	// message's new holder applies it, so it is neither retried here nor
-	// dead-lettered nor parked.
+	// dead-lettered nor parked. It also counts deliveries the heartbeat
+	// found no longer the consumer's own that were let go unhandled once
+	// at the head of their key, a later delivery of their message held
+	// behind them: that later delivery is handled instead.
 	Stale int64
 }
 

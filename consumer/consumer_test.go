@@ -764,6 +764,11 @@ func TestHandlerErrorWrappingErrDuplicateIsAFailure(t *testing.T) {
 	}
 }
 
+// Deliveries held past their AckWait (a heartbeat late) are given out
+// again while the consumer holds them: each message is applied once, in
+// order. A copy is a duplicate, or, when the heartbeat found the earlier
+// delivery stale before it came to the head of its key, that earlier
+// delivery is let go unhandled (Stale) and the copy applies the message.
 func TestLateHeartbeatRedeliveryIsAbsorbed(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -794,12 +799,12 @@ func TestLateHeartbeatRedeliveryIsAbsorbed(t *testing.T) {
 	h.timers.Advance(2 * time.Minute)
 	waitFor(t, "the redeliveries taken", func() bool { return h.rec.Taken() == 6 })
 	close(release)
-	waitFor(t, "all settled", func() bool {
+	waitFor(t, "all settled or let go", func() bool {
 		s := c.Stats()
-		return s.Processed+s.Duplicates == 6
+		return s.Processed+s.Duplicates+s.Stale == 6
 	})
-	if s := c.Stats(); s.Processed != 3 || s.Duplicates != 3 {
-		t.Errorf("stats %+v, want 3 processed and 3 duplicates", s)
+	if s := c.Stats(); s.Processed != 3 || s.Duplicates+s.Stale != 3 {
+		t.Errorf("stats %+v, want 3 processed, and 3 duplicates or stale deliveries let go", s)
 	}
 	mu.Lock()
 	defer mu.Unlock()

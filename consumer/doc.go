@@ -179,7 +179,15 @@
 // the key's messages that came in between, takes the stale one's place at
 // the head of the key. It is recognised by its message ID and its dedup
 // key, or, for a message whose publisher set no ID, by its dedup key
-// (Config.DedupKey, read from the payload) alone. Otherwise the later
+// (Config.DedupKey, read from the payload) alone. The heartbeat renews a
+// delivery no more once the transport answered its InProgress so, and
+// such a delivery that comes to the head of its key, with a later
+// delivery of its message held behind it, is let go before it is handled
+// (counted in Stats.Stale): on a loaded machine, whose heartbeats come
+// late past the AckWait again and again, the copies of a message would
+// otherwise take the head one after the other, each with its own inbox
+// transaction and an acknowledgement the transport refuses, until the
+// live delivery's AckWait too ended before its turn. Otherwise the later
 // messages of its key that the consumer holds are handed back with it
 // (Nack), so that they do not overtake its next delivery: in the order of
 // the messages, a later delivery of one in the place of its first, since

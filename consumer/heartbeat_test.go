@@ -195,3 +195,43 @@ func TestHeartbeatCountsFromWhenTheTransportHandedTheDeliveryOut(t *testing.T) {
 		t.Errorf("evt-1's deliveries: %v; want one: a renewal came too late", ops)
 	}
 }
+
+// A renewal refused for another reason than a stale delivery (a transport
+// failing for a while) leaves the delivery the consumer's own: it is
+// renewed again at the next beat, where one refused as stale is not (the
+// refusal is for good).
+func TestHeartbeatRenewsAgainAfterAFailureThatIsNotStale(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	sub := &perDelivery{Subscriber: h.tr, refuse: errors.New("connection reset")}
+	h.rec.Subscriber = sub
+	cfg := h.config()
+	const ackWait, beat = 40 * time.Second, 10 * time.Second
+	cfg.Concurrency, cfg.AckWait = 1, ackWait
+	g := newGate()
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		g.hold()
+		return h.apply(ctx, m)
+	})
+	// Registered after the consumer's stop, so run before it.
+	release := sync.OnceFunc(g.release)
+	t.Cleanup(release)
+	h.publish(msg("evt-1", "K"))
+	// Its handler running, evt-1 is in the consumer's memory, where the
+	// heartbeat looks.
+	g.wait(t, "evt-1's handler")
+	for range 2 {
+		waitFor(t, "the heartbeat waiting for its next beat", func() bool { return h.timers.Pending(beat) == 1 })
+		h.timers.Advance(beat)
+		// The heartbeat renews what is due before it waits again.
+		waitFor(t, "the heartbeat waiting again", func() bool { return h.timers.Pending(beat) == 1 })
+	}
+	if dc := sub.calls("evt-1", 1); dc.inProgress != 2 || dc.stale {
+		t.Errorf("evt-1's delivery after two beats, the first refused (connection reset): %+v; want renewed at both", dc)
+	}
+	release()
+	waitFor(t, "evt-1 processed", func() bool { return c.Stats().Processed == 1 })
+	if n := countOp(h.rec.Ops("evt-1"), "deliver"); n != 1 {
+		t.Errorf("evt-1 delivered %d times, want once: a renewal came too late", n)
+	}
+}

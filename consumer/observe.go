@@ -21,7 +21,9 @@ const (
 	// OutcomeStale: the delivery was no longer the consumer's own (its
 	// AckWait or lease ended, its partition was taken away): the message
 	// went to another holder, so it was let go, unsettled, neither retried
-	// here nor dead-lettered nor parked.
+	// here nor dead-lettered nor parked; or, found so by the heartbeat,
+	// it was let go unhandled for a later delivery of its message that
+	// the consumer holds.
 	OutcomeStale Outcome = "stale"
 	// OutcomeInterrupted: the handling ended with none of the above, because
 	// Run is stopping or the message went back in line behind its key (a

@@ -41,6 +41,11 @@ type entry struct {
 	beatAt  time.Time   // when the transport last heard about d: handed it out (admit), or renewed it
 	waiting bool        // waiting for an in-process retry
 	stop    func() bool // stops the retry timer while waiting
+	// stale is set once the heartbeat's InProgress was refused as stale
+	// (idem.ErrStaleDelivery): the refusal is for good, so d is renewed no
+	// more, and, at the head of its key with a later delivery of its
+	// message behind it, it is let go unhandled (superseded).
+	stale bool
 
 	// Owned by whichever worker handles the entry; the ready channel hands
 	// it from one to the next.
@@ -367,6 +372,11 @@ func (r *runner) work() {
 			if r.ctx.Err() != nil {
 				return
 			}
+			if r.superseded(e) {
+				r.begin(e)
+				r.letGo(e, "handled")
+				continue
+			}
 			if r.batchInbox == nil || e.dedupErr != nil || r.overDelivered(e) {
 				r.handle(e)
 				continue
@@ -376,8 +386,30 @@ func (r *runner) work() {
 	}
 }
 
+// superseded reports whether e, a ready head, is a delivery the heartbeat
+// found stale (entry.stale) with a later delivery of its message behind it
+// in its key: that later one is the transport's live delivery of the
+// message. Handled, e would take an inbox transaction and an
+// acknowledgement the transport refuses, and under load each stale copy
+// of the message (a heartbeat late past the AckWait, again and again)
+// would take the head in turn, until the live delivery's own AckWait ended
+// before its turn came and nothing of the key was ever acknowledged. It is
+// let go instead (letGo), and the later delivery takes its place.
+//
+// A ready entry is not waiting for a retry (wake makes it ready once its
+// wait is over), and a ready entry with a key is its key's head.
+func (r *runner) superseded(e *entry) bool {
+	if !e.ordered {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return e.stale && slices.ContainsFunc(r.lanes[e.msg.Key][1:], func(f *entry) bool { return sameMessage(e, f) })
+}
+
 // heartbeat keeps the deliveries held in memory from being delivered again
-// after AckWait.
+// after AckWait. A delivery whose renewal the transport refused as stale
+// is renewed no more (entry.stale): the refusal is for good.
 func (r *runner) heartbeat() {
 	for {
 		fired := make(chan struct{})
@@ -389,19 +421,26 @@ func (r *runner) heartbeat() {
 		case <-fired:
 		}
 		now := r.cfg.Clock.Now()
-		var due []idem.Delivery
+		var due []*entry
 		r.mu.Lock()
 		for e := range r.held {
-			if now.Sub(e.beatAt) >= r.beatEvery {
-				due = append(due, e.d)
+			if !e.stale && now.Sub(e.beatAt) >= r.beatEvery {
+				due = append(due, e)
 				e.beatAt = now
 			}
 		}
 		r.mu.Unlock()
-		for _, d := range due {
-			if err := d.InProgress(r.ctx); err != nil && r.ctx.Err() == nil {
-				r.c.log.LogAttrs(r.ctx, slog.LevelDebug, "in-progress heartbeat failed",
-					slog.String("message_id", d.Message().ID), slog.String("error", err.Error()))
+		for _, e := range due {
+			err := e.d.InProgress(r.ctx)
+			if err == nil || r.ctx.Err() != nil {
+				continue
+			}
+			r.c.log.LogAttrs(r.ctx, slog.LevelDebug, "in-progress heartbeat failed",
+				slog.String("message_id", e.msg.ID), slog.String("error", err.Error()))
+			if errors.Is(err, idem.ErrStaleDelivery) {
+				r.mu.Lock()
+				e.stale = true
+				r.mu.Unlock()
 			}
 		}
 	}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -641,5 +643,224 @@ func TestStaleHeadsLaterDeliveryTakenAsItIsLetGoIsItsKeysHead(t *testing.T) {
 	}
 	if ops := h.rec.Ops("evt-2"); len(ops) < 2 || ops[1] != "nack 0s" {
 		t.Errorf("evt-2's deliveries: %v; want the first handed back (nack 0s) with evt-1", ops)
+	}
+}
+
+// perDelivery wraps a Subscriber and writes down, for each delivery of the
+// streams it opens (by its message ID and attempt: the in-memory transport
+// numbers a message's deliveries one by one), how often InProgress was asked, how often before its first
+// stale answer, and what its Ack answered. It hands out no batches.
+type perDelivery struct {
+	idem.Subscriber
+	// refuse, when set, answers each delivery's first InProgress, which
+	// does not reach the transport.
+	refuse error
+
+	mu sync.Mutex
+	ds map[deliveryName]*deliveryCalls
+}
+
+type deliveryName struct {
+	id      string
+	attempt int
+}
+
+type deliveryCalls struct {
+	inProgress int   // InProgress calls
+	renewed    int   // InProgress calls up to its first stale answer, that one included
+	stale      bool  // an InProgress was answered stale
+	acked      bool  // Ack was called
+	ackErr     error // what Ack answered
+}
+
+func (p *perDelivery) Subscribe(ctx context.Context, sub idem.Subscription) (idem.Stream, error) {
+	s, err := p.Subscriber.Subscribe(ctx, sub)
+	if err != nil {
+		return nil, err
+	}
+	return &perDeliveryStream{Stream: s, p: p}, nil
+}
+
+// calls returns a copy of what was written down of message id's delivery
+// whose attempt is n.
+func (p *perDelivery) calls(id string, n int) deliveryCalls {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.ds[deliveryName{id, n}]; c != nil {
+		return *c
+	}
+	return deliveryCalls{}
+}
+
+type perDeliveryStream struct {
+	idem.Stream
+	p *perDelivery
+}
+
+func (s *perDeliveryStream) Next(ctx context.Context) (idem.Delivery, error) {
+	d, err := s.Stream.Next(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.p.mu.Lock()
+	defer s.p.mu.Unlock()
+	if s.p.ds == nil {
+		s.p.ds = make(map[deliveryName]*deliveryCalls)
+	}
+	c := &deliveryCalls{}
+	s.p.ds[deliveryName{d.Message().ID, d.Attempt()}] = c
+	return &perDeliveryDelivery{Delivery: d, p: s.p, c: c}, nil
+}
+
+type perDeliveryDelivery struct {
+	idem.Delivery
+	p *perDelivery
+	c *deliveryCalls
+}
+
+func (d *perDeliveryDelivery) InProgress(ctx context.Context) error {
+	d.p.mu.Lock()
+	err := d.p.refuse
+	first := d.c.inProgress == 0
+	d.p.mu.Unlock()
+	if err == nil || !first {
+		err = d.Delivery.InProgress(ctx)
+	}
+	d.p.mu.Lock()
+	defer d.p.mu.Unlock()
+	d.c.inProgress++
+	if !d.c.stale {
+		d.c.renewed++
+		d.c.stale = errors.Is(err, idem.ErrStaleDelivery)
+	}
+	return err
+}
+
+func (d *perDeliveryDelivery) Ack(ctx context.Context) error {
+	err := d.Delivery.Ack(ctx)
+	d.p.mu.Lock()
+	defer d.p.mu.Unlock()
+	d.c.acked, d.c.ackErr = true, err
+	return err
+}
+
+// countingInbox counts the inbox transactions that de-duplicate one
+// message (its dedup key is its ID), in both the one-message and the batch
+// paths.
+type countingInbox struct {
+	*idemmem.Inbox
+	id string
+	n  atomic.Int64
+}
+
+func (i *countingInbox) Process(ctx context.Context, consumer, dedupKey string, fn func(context.Context) error) error {
+	if dedupKey == i.id {
+		i.n.Add(1)
+	}
+	return i.Inbox.Process(ctx, consumer, dedupKey, fn)
+}
+
+func (i *countingInbox) ProcessBatch(ctx context.Context, consumer string, keys []string, fn func(context.Context, []bool) error) error {
+	if slices.Contains(keys, i.id) {
+		i.n.Add(1)
+	}
+	return i.Inbox.ProcessBatch(ctx, consumer, keys, fn)
+}
+
+// A keyed message whose handling outlasts its AckWait, with the heartbeat
+// late each time (a loaded machine), is handed out again and again: each
+// later delivery queues behind the earlier ones, which the heartbeat finds
+// stale. The heartbeat renews a delivery no more once the transport has
+// refused it as stale (the refusal is for good), and a stale delivery that
+// comes to the head of its key with a later delivery of its message behind
+// it is let go unhandled (Stats.Stale): the later delivery takes the head
+// at once. Were each stale copy handled in turn, each would take an inbox
+// transaction and an acknowledgement the transport refuses, and under load
+// the live delivery's own AckWait could end before it reached the head:
+// then no delivery of the key is ever acknowledged.
+func TestStaleCopiesAtTheHeadAreLetGoForTheLiveDelivery(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	sub := &perDelivery{Subscriber: h.tr}
+	h.rec.Subscriber = sub
+	inbox := &countingInbox{Inbox: h.inbox, id: "evt-1"}
+	cfg := h.config()
+	const ackWait, beat, copies = time.Second, 250 * time.Millisecond, 3
+	cfg.AckWait, cfg.Concurrency, cfg.Inbox = ackWait, 1, inbox
+	g := newGate()
+	var calls atomic.Int64
+	asked, more := h.rec.holdNext(1)
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		calls.Add(1)
+		g.hold()
+		return h.apply(ctx, m)
+	})
+	// Registered after the consumer's stop, so run before it.
+	release := sync.OnceFunc(g.release)
+	t.Cleanup(release)
+	t.Cleanup(func() { more() })
+	waitFor(t, "the heartbeat waiting for its first beat", func() bool { return h.timers.Pending(beat) == 1 })
+	h.publish(msg("evt-1", "acct-1"))
+	g.wait(t, "evt-1's first handler")
+	waitAsked(t, "evt-1's first delivery in memory", asked)
+
+	for i := 1; i <= copies; i++ {
+		// The latest delivery's AckWait ends before the beat that would
+		// renew it comes: the transport hands the message out again.
+		h.clock.Advance(ackWait)
+		asked, next := h.rec.holdNext(i + 1)
+		more()
+		more = next
+		waitAsked(t, fmt.Sprintf("evt-1's delivery %d in memory", i+1), asked)
+		// The late beat finds delivery i stale.
+		h.timers.Advance(0)
+		waitFor(t, "the heartbeat waiting again", func() bool { return h.timers.Pending(beat) == 1 })
+	}
+	// evt-2, of another key, is ready before evt-1's next delivery: with
+	// batches, that one is taken from the ready entries by evt-2's batch
+	// (gather), not by a worker on its own.
+	asked, next := h.rec.holdNext(copies + 2)
+	more()
+	more = next
+	h.publish(msg("evt-2", "acct-2"))
+	waitAsked(t, "evt-2 in memory", asked)
+	// A beat in time: the live delivery is renewed.
+	h.timers.Advance(beat)
+	waitFor(t, "the heartbeat waiting again", func() bool { return h.timers.Pending(beat) == 1 })
+	if dc := sub.calls("evt-1", copies+1); dc.inProgress != 1 || dc.stale {
+		t.Fatalf("the live delivery: %+v; want renewed once, as its own", dc)
+	}
+	release()
+
+	waitFor(t, "every delivery settled or let go", func() bool {
+		s := c.Stats()
+		return s.Processed+s.Duplicates+s.Stale == copies+2
+	})
+	if n := calls.Load(); n != 2 {
+		t.Errorf("handler called %d times, want twice: once for evt-1, once for evt-2", n)
+	}
+	for _, id := range []string{"evt-1", "evt-2"} {
+		if n := h.applied.Get(id); n != 1 {
+			t.Errorf("%s applied %d times, want once", id, n)
+		}
+	}
+	if n := inbox.n.Load(); n != 2 {
+		t.Errorf("%d inbox transactions for evt-1, want 2 (its first delivery's, the live one's): one per stale copy", n)
+	}
+	if s := c.Stats(); s.Processed != 2 || s.Duplicates != 1 || s.Stale != copies-1 {
+		t.Errorf("Stats = %+v; want 2 processed, 1 duplicate (evt-1's live delivery), %d stale (evt-1's copies let go)", s, copies-1)
+	}
+	if dc := sub.calls("evt-1", copies+1); !dc.acked || dc.ackErr != nil {
+		t.Errorf("the live delivery: %+v; want acknowledged, the transport taking it", dc)
+	}
+	for n := 1; n <= copies; n++ {
+		dc := sub.calls("evt-1", n)
+		if !dc.stale {
+			t.Errorf("delivery %d: %+v; want found stale by the heartbeat", n, dc)
+		}
+		if dc.inProgress != dc.renewed {
+			t.Errorf("delivery %d: InProgress asked %d times, %d of them after the transport refused it as stale; want none after",
+				n, dc.inProgress, dc.inProgress-dc.renewed)
+		}
 	}
 }
