@@ -76,7 +76,7 @@ func (r *runner) gather(first *entry) []*entry {
 		if r.superseded(e) {
 			// As in work: its later delivery takes its place, ready.
 			r.begin(e)
-			r.letGo(e, "handled")
+			r.letGo(e, "handled", true)
 			return
 		}
 		if !fits(e) {
@@ -470,11 +470,11 @@ func (r *runner) without(batch []*entry, out func(*entry) bool) (keep, taken []*
 	return keep, taken
 }
 
-// number is the number of e's next attempt, from the transport's count and
-// the attempts of this process; a redelivery's recorded attempts are read
-// once from the ledger.
+// number is the number of e's next attempt, from the transport's count less
+// the lapses excused (delivered) and the attempts of this process; a
+// redelivery's recorded attempts are read once from the ledger.
 func (r *runner) number(e *entry) int {
-	n := max(e.d.Attempt(), e.last+1, 1)
+	n := max(r.delivered(e), e.last+1, 1)
 	if !e.loaded && e.d.Attempt() > 1 {
 		// A redelivery: earlier attempts, perhaps by an earlier run of the
 		// consumer, may be in the ledger.

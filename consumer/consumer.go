@@ -108,7 +108,10 @@ type Config struct {
 
 	// Retry bounds and spaces the attempts of failing messages. Defaults to
 	// the zero idem.RetryPolicy: 10 attempts, full jitter from 100ms, capped
-	// at 30s.
+	// at 30s. Attempts are numbered as Info.Attempt says: a redelivery
+	// that only replaced a delivery the consumer held without attempting
+	// it (its AckWait lapsed while it waited behind its key, the heartbeat
+	// late) takes no attempt of the budget.
 	Retry idem.RetryPolicy
 
 	// MaxDeliveries bounds how often the transport may deliver one message
@@ -123,9 +126,20 @@ type Config struct {
 	// a client's buffer before a restart, so it is kept above
 	// Retry.MaxAttempts. A message past the bound that its inbox has seen
 	// (a copy redelivered while an earlier one was handled slowly) is
-	// acknowledged as a duplicate instead. Defaults to Retry.MaxAttempts + 5 (15 with the
-	// default policy); it must not be below Retry.MaxAttempts; negative
-	// turns it off.
+	// acknowledged as a duplicate instead.
+	//
+	// The lapses the consumer causes itself do not count: a delivery it
+	// held without attempting it (queued behind its key, or waiting for a
+	// retry whose failure the Ledger recorded) whose AckWait ended, the
+	// heartbeat late on a loaded machine, and that it let go for the later
+	// delivery it held behind it (see the package doc), is subtracted from
+	// the later delivery's count, once per such delivery, not by the
+	// difference of the counts. Everything else counts: a delivery whose
+	// attempt outlasted the AckWait and was let go unrecorded, one that
+	// went to another holder, one handed back, and every delivery before a
+	// restart, since the consumer cannot tell those lapses from crashes.
+	// Defaults to Retry.MaxAttempts + 5 (15 with the default policy); it
+	// must not be below Retry.MaxAttempts; negative turns it off.
 	MaxDeliveries int
 
 	// AfterDeadLetter says what happens to a key's later messages once one
@@ -484,7 +498,11 @@ type Info struct {
 	Aggregate string
 	Seq       uint64
 	// Attempt counts the attempts to process the message, from 1, across
-	// redeliveries and consumer restarts.
+	// redeliveries and consumer restarts: the transport's count
+	// (idem.Delivery.Attempt) or the attempts the Ledger recorded plus
+	// one, whichever is higher, less the redeliveries the consumer excused
+	// (see Config.MaxDeliveries). Retry.MaxAttempts bounds it. The
+	// transport's own count, lapses included, stays on the delivery.
 	Attempt int
 }
 

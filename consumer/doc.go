@@ -143,12 +143,15 @@
 // is always transient, whatever it is marked: it says nothing about the
 // message.
 //
-// Attempts are numbered max(Delivery.Attempt(), attempts recorded + 1):
-// the transport's count and the Ledger both survive a restart, so a
-// message does not get a fresh set of attempts because its consumer was
-// redeployed. Once Retry.MaxAttempts attempts have failed, the message is
-// dead-lettered as exhausted. The handler reads the number with
-// InfoFromContext.
+// Attempts are numbered max(Delivery.Attempt() - lapses excused,
+// attempts recorded + 1): the transport's count and the Ledger both
+// survive a restart, so a message does not get a fresh set of attempts
+// because its consumer was redeployed. The lapses excused are the
+// deliveries of the message that the consumer itself let go for a later
+// one it held (see below), never attempted since the Ledger's last
+// record: redeliveries that its own slowness caused, not attempts. Once
+// Retry.MaxAttempts attempts have failed, the message is dead-lettered as
+// exhausted. The handler reads the number with InfoFromContext.
 //
 // A message whose handling kills the process (a crash, an out-of-memory
 // kill) never records a failure: it comes back after each AckWait, with
@@ -158,7 +161,18 @@
 // delivered that often with no outcome recorded. So a poison message
 // reaches the dead letters, instead of looping for good or being dropped
 // by a broker's own delivery limit (RabbitMQ 4 drops a quorum queue's
-// message after 20 deliveries).
+// message after 20 deliveries). The count is the transport's less the
+// lapses excused, as for the attempt number: a message queued behind a
+// slow handler of its key, handed out again at each AckWait while the
+// heartbeat is late, is handled once it reaches the head of its key, not
+// dead-lettered. A lapse is excused only when the consumer held the
+// delivery with no attempt of its own left unrecorded (queued, or waiting
+// for a retry the Ledger recorded) and held its later delivery too,
+// behind it in its key, when it let it go: the lapse of a delivery whose
+// attempt outlasted the AckWait and was let go unrecorded counts (the
+// handler might otherwise be run again and again, never dead-lettered),
+// and so does every delivery before a restart, since nothing then tells a
+// lapse from a crash.
 //
 // # Deliveries that are no longer the consumer's own
 //
@@ -187,7 +201,9 @@
 // late past the AckWait again and again, the copies of a message would
 // otherwise take the head one after the other, each with its own inbox
 // transaction and an acknowledgement the transport refuses, until the
-// live delivery's AckWait too ended before its turn. Otherwise the later
+// live delivery's AckWait too ended before its turn. The later delivery
+// is excused the lapse (see Failures and retries): it does not count
+// towards MaxDeliveries nor the attempt number. Otherwise the later
 // messages of its key that the consumer holds are handed back with it
 // (Nack), so that they do not overtake its next delivery: in the order of
 // the messages, a later delivery of one in the place of its first, since

@@ -3,7 +3,10 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -100,5 +103,150 @@ func TestRecordedAttemptsCountTowardsMaxAttempts(t *testing.T) {
 	}
 	if dls[0].Class != idem.DeadExhausted || len(dls[0].Attempts) != 5 || dls[0].Attempts[4].Number != 5 {
 		t.Errorf("dead letter %s with attempts %+v, want exhausted with attempts 1 to 5", dls[0].Class, dls[0].Attempts)
+	}
+}
+
+// A keyed message queued behind a slow handler of its key, with the
+// heartbeat late past the AckWait again and again (a loaded machine), is
+// handed out again at each lapse, and each later delivery queues behind
+// the earlier ones, which the late beats find stale. Those lapses are the
+// consumer's own slowness, not a crash: once the message reaches the head
+// of its key, its stale copies are let go for the live delivery, which is
+// handled as the message's first attempt, and applied once, although the
+// transport has delivered it more often than MaxDeliveries. It is not
+// dead-lettered as a message that crashed its consumers.
+func TestLapsesWhileQueuedDoNotCountTowardsMaxDeliveries(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	const ackWait, beat = time.Second, 250 * time.Millisecond
+	cfg.AckWait, cfg.Concurrency = ackWait, 1
+	cfg.Retry.MaxAttempts, cfg.MaxDeliveries = 3, 3
+	lapses := cfg.MaxDeliveries + 1 // evt-2's live delivery is its (MaxDeliveries+2)th
+	g := newGate()
+	var a attemptsCounter
+	asked, more := h.rec.holdNext(1)
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		a.add(ctx, m)
+		if m.ID == "evt-1" {
+			g.hold()
+		}
+		return h.apply(ctx, m)
+	})
+	// Registered after the consumer's stop, so run before it.
+	release := sync.OnceFunc(g.release)
+	t.Cleanup(release)
+	t.Cleanup(func() { more() })
+	waitFor(t, "the heartbeat waiting for its first beat", func() bool { return h.timers.Pending(beat) == 1 })
+	h.publish(msg("evt-1", "acct-1"))
+	g.wait(t, "evt-1's handler")
+	waitAsked(t, "evt-1 in memory", asked)
+	asked, next := h.rec.holdNext(2)
+	more()
+	more = next
+	h.publish(msg("evt-2", "acct-1"))
+	waitAsked(t, "evt-2 in memory, queued behind evt-1", asked)
+
+	for i := 1; i <= lapses; i++ {
+		// Both deliveries' AckWait ends before the beat that would renew
+		// them comes: the transport hands both messages out again.
+		h.clock.Advance(ackWait)
+		asked, next := h.rec.holdNext(2 + 2*i)
+		more()
+		more = next
+		waitAsked(t, fmt.Sprintf("the deliveries %d of evt-1 and evt-2 in memory", i+1), asked)
+		// The late beat finds the earlier ones stale.
+		h.timers.Advance(0)
+		waitFor(t, "the heartbeat waiting again", func() bool { return h.timers.Pending(beat) == 1 })
+	}
+	release()
+
+	total := int64(2 * (lapses + 1))
+	waitFor(t, "every delivery settled or let go", func() bool {
+		s := c.Stats()
+		return s.Processed+s.Duplicates+s.Stale+s.DeadLettered == total
+	})
+	for _, dl := range h.letters() {
+		t.Errorf("%s dead-lettered (%s): %s", dl.Message.ID, dl.Class, dl.LastError())
+	}
+	for _, id := range []string{"evt-1", "evt-2"} {
+		if n := h.applied.Get(id); n != 1 {
+			t.Errorf("%s applied %d times, want once", id, n)
+		}
+	}
+	if got := a.Seen("evt-2"); !slices.Equal(got, []int{1}) {
+		t.Errorf("evt-2's handler ran with Info.Attempt %v, want [1]: its redeliveries while queued are no attempts", got)
+	}
+	if s := c.Stats(); s.Processed != 2 || s.DeadLettered != 0 || s.Parked != 0 {
+		t.Errorf("Stats = %+v; want 2 processed (evt-1's first delivery, evt-2's live one), none dead-lettered", s)
+	}
+	if ops := h.rec.Ops("evt-2"); countOp(ops, "deliver") != lapses+1 || countOp(ops, "ack") != 1 || countOp(ops, "term") != 0 {
+		t.Errorf("evt-2's deliveries: %v; want %d, the live one acknowledged, none terminated", ops, lapses+1)
+	}
+}
+
+// The lapses that do count are those of a delivery the consumer attempted:
+// a handler that outlasts the AckWait every time and then fails, its
+// failure not recorded because its delivery is no longer the consumer's
+// own (it is let go for the later delivery the transport handed out
+// meanwhile), comes back as a crash would. Held in memory as it is when
+// the later delivery arrives, it is not excused: past MaxDeliveries the
+// message is dead-lettered as exhausted, without the handler running
+// again, instead of looping for good.
+func TestLapsesOfAttemptsCountTowardsMaxDeliveries(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	const ackWait = time.Second
+	cfg.AckWait, cfg.Concurrency = ackWait, 1
+	cfg.Retry.MaxAttempts, cfg.MaxDeliveries = 3, 3
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int64
+	asked, more := h.rec.holdNext(1)
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		calls.Add(1)
+		select {
+		case entered <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		select {
+		case <-proceed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return idem.Permanent(errors.New("card declined"))
+	})
+	t.Cleanup(func() { more() })
+	h.publish(msg("evt-1", "acct-1"))
+	for i := 1; i <= cfg.MaxDeliveries; i++ {
+		select {
+		case <-entered:
+		case <-time.After(waitLimit):
+			t.Fatalf("evt-1's delivery %d not handled within %s", i, waitLimit)
+		}
+		waitAsked(t, fmt.Sprintf("evt-1's delivery %d in memory", i), asked)
+		// The attempt outlasts its AckWait (no beat renews it): the
+		// transport hands the message out again, behind it.
+		h.clock.Advance(ackWait)
+		var next func()
+		asked, next = h.rec.holdNext(i + 1)
+		more()
+		more = next
+		waitAsked(t, fmt.Sprintf("evt-1's delivery %d in memory", i+1), asked)
+		proceed <- struct{}{}
+	}
+	waitFor(t, "evt-1 dead-lettered, or handled again", func() bool {
+		return c.Stats().DeadLettered > 0 || calls.Load() > int64(cfg.MaxDeliveries)
+	})
+	if n := calls.Load(); n != int64(cfg.MaxDeliveries) {
+		t.Errorf("the handler ran %d times, want %d (MaxDeliveries), and not again after", n, cfg.MaxDeliveries)
+	}
+	dls := h.letters()
+	if len(dls) != 1 || dls[0].Class != idem.DeadExhausted || !strings.Contains(dls[0].LastError(), "no outcome recorded") {
+		t.Fatalf("dead letters %+v, want evt-1, exhausted, delivered with no outcome recorded", dls)
+	}
+	if s := c.Stats(); s.Stale != int64(cfg.MaxDeliveries) {
+		t.Errorf("Stats = %+v; want %d stale: each attempt's delivery let go for the next", s, cfg.MaxDeliveries)
 	}
 }

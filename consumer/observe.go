@@ -135,7 +135,7 @@ func (r *runner) begin(e *entry) context.Context {
 	if e.obs.ctx != nil {
 		return e.obs.ctx
 	}
-	ev := Event{Consumer: r.cfg.Name, Topic: r.cfg.Topic, Message: e.msg, DedupKey: e.dedup, Attempt: max(e.d.Attempt(), e.last+1, 1)}
+	ev := Event{Consumer: r.cfg.Name, Topic: r.cfg.Topic, Message: e.msg, DedupKey: e.dedup, Attempt: max(r.delivered(e), e.last+1, 1)}
 	e.obs = observation{ctx: obs.Begin(r.ctx, ev), e: ev, start: r.cfg.Clock.Now()}
 	return e.obs.ctx
 }

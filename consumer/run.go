@@ -46,6 +46,15 @@ type entry struct {
 	// more, and, at the head of its key with a later delivery of its
 	// message behind it, it is let go unhandled (superseded).
 	stale bool
+	// excused counts the earlier deliveries of e's message whose AckWait
+	// lapsed while the consumer held them unattempted (or with their
+	// failed attempts recorded), each let go, superseded, for the next, up
+	// to e (letGo). They count neither towards MaxDeliveries nor towards
+	// the attempt number (delivered). Written by letGo, under mu, only
+	// while e waits behind its key's head and before e is made ready: the
+	// worker that takes e up, or gathers it behind its head, reads it
+	// after, without mu.
+	excused int
 
 	// Owned by whichever worker handles the entry; the ready channel hands
 	// it from one to the next.
@@ -221,10 +230,22 @@ func (r *runner) next(n int) ([]idem.Delivery, error) {
 // only looked up: the inbox has not seen it.
 var errNotApplied = errors.New("consumer: not applied yet")
 
-// overDelivered reports whether the transport has delivered e more often
-// than MaxDeliveries.
+// overDelivered reports whether the transport has delivered e's message
+// more often than MaxDeliveries, not counting the lapses the consumer
+// excused (delivered).
 func (r *runner) overDelivered(e *entry) bool {
-	return r.cfg.MaxDeliveries > 0 && e.d.Attempt() > r.cfg.MaxDeliveries
+	return r.cfg.MaxDeliveries > 0 && r.delivered(e) > r.cfg.MaxDeliveries
+}
+
+// delivered is the transport's count of e's deliveries (Delivery.Attempt)
+// less the lapses excused (entry.excused): deliveries of its message that
+// the consumer held unattempted (queued behind its key, or waiting for a
+// retry the Ledger recorded) while the heartbeat came too late past the
+// AckWait, each let go for the next. That is the consumer's own slowness,
+// not a crash nor a poison message, and must not eat into MaxDeliveries
+// nor Retry.MaxAttempts.
+func (r *runner) delivered(e *entry) int {
+	return max(e.d.Attempt()-e.excused, 1)
 }
 
 func (r *runner) dedupKey(m idem.Message) (key string, err error) {
@@ -374,7 +395,7 @@ func (r *runner) work() {
 			}
 			if r.superseded(e) {
 				r.begin(e)
-				r.letGo(e, "handled")
+				r.letGo(e, "handled", true)
 				continue
 			}
 			if r.batchInbox == nil || e.dedupErr != nil || r.overDelivered(e) {
@@ -457,9 +478,11 @@ func (r *runner) handle(e *entry) {
 	if r.overDelivered(e) {
 		// A message delivered that often may be a copy of one applied
 		// meanwhile: a transport redelivers what a slow consumer (a loaded
-		// machine, heartbeats late) held past its ack wait, and each copy
-		// counts. Its inbox says so; a duplicate is acknowledged, not
-		// dead-lettered (which would park its key's later messages).
+		// machine, heartbeats late) held past its ack wait, and a copy
+		// attempted, or a copy of another holder, counts (only those let go
+		// unattempted for a later one do not: delivered). Its inbox says
+		// so; a duplicate is acknowledged, not dead-lettered (which would
+		// park its key's later messages).
 		if errors.Is(r.process(octx, e, func(context.Context) error { return errNotApplied }), idem.ErrDuplicate) {
 			r.observe(e, OutcomeDuplicate, 1, nil)
 			r.settle(e, "ack")
@@ -471,7 +494,7 @@ func (r *runner) handle(e *entry) {
 		// handler.
 		r.fail(e, r.number(e), fmt.Errorf("delivered %d times with no outcome recorded (more than MaxDeliveries, %d): "+
 			"the consumer may have stopped while handling it, a crash or an out-of-memory kill; the handler was not run again",
-			d.Attempt(), r.cfg.MaxDeliveries), idem.ClassTransient)
+			r.delivered(e), r.cfg.MaxDeliveries), idem.ClassTransient)
 		return
 	}
 	n := r.number(e)
@@ -580,7 +603,7 @@ func (r *runner) call(ctx context.Context, e *entry) (err error) {
 // its delivery is no longer the consumer's own (letGo).
 func (r *runner) park(e *entry, n int) {
 	if r.ctx.Err() == nil && r.stale(e) {
-		r.letGo(e, "parked")
+		r.letGo(e, "parked", false)
 		return
 	}
 	parked := false
@@ -652,7 +675,20 @@ func (r *runner) stale(e *entry) bool {
 // JetStream delivers again in the order of the NAKs, so they are sent in
 // the order of the messages: a later delivery of a message goes back in
 // the place of its first).
-func (r *runner) letGo(e *entry, what string) {
+//
+// excuse says e is let go unattempted, or with every failed attempt
+// recorded in the Ledger (a superseded head, from work or gather): its
+// lapse was the consumer's own slowness, so the later delivery that takes
+// its place carries e's excused lapses and e's own (entry.excused), which
+// count neither towards MaxDeliveries nor towards the attempt number. A
+// delivery let go instead of being retried, dead-lettered or parked was
+// attempted, and that failure goes unrecorded: its lapse counts, as a
+// crash does, or a handler that outlasts the AckWait every time would be
+// run again and again, never dead-lettered. Only a later delivery held
+// when e is let go is excused: one the reader was taking just then
+// (letGoWhileTaking, admit) follows a head let go from fail or park, never
+// a superseded one, which has its later delivery behind it.
+func (r *runner) letGo(e *entry, what string, excuse bool) {
 	r.observe(e, OutcomeStale, 0, nil)
 	r.log(e).LogAttrs(r.ctx, slog.LevelWarn, "delivery no longer this consumer's own (its ack wait or lease ended, or its partition was taken away); let go unsettled, not "+what+": its new holder applies it")
 	var behind []*entry
@@ -670,6 +706,16 @@ func (r *runner) letGo(e *entry, what string) {
 		if i := slices.IndexFunc(behind, func(f *entry) bool { return sameMessage(e, f) }); i >= 0 {
 			// Its later delivery, here: it takes e's place.
 			next := behind[i]
+			if excuse && next.d.Attempt() > e.d.Attempt() {
+				// A redelivery, not a copy published again under the same
+				// ID, which the transport counts on its own. One lapse,
+				// e's, is excused, not the difference of the counts: a
+				// delivery to another holder in between, which may have
+				// crashed, still counts.
+				next.excused = max(next.excused, e.excused+1)
+			}
+			// Attempts e made and failed to record still count.
+			next.last = max(next.last, e.last)
 			copy(behind[1:i+1], behind[:i])
 			behind[0] = next
 			r.lanes[e.msg.Key] = behind
@@ -793,7 +839,7 @@ func (r *runner) fail(e *entry, n int, cause error, class idem.ErrorClass) {
 		if dead {
 			what = "dead-lettered"
 		}
-		r.letGo(e, what)
+		r.letGo(e, what, false)
 		return
 	}
 	a := idem.Attempt{Number: n, At: r.cfg.Clock.Now(), Class: class, Error: cause.Error()}
