@@ -91,9 +91,13 @@ func (r *runner) gather(first *entry) []*entry {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		// The lane's later entries join behind their head, in order, up
-		// to the first that cannot.
-		for _, f := range r.lanes[e.msg.Key][1:] {
-			if len(batch) >= limit || !fits(f) {
+		// to the first that cannot: one that does not fit, or a stale one
+		// that a later delivery of its message supersedes, which is let go
+		// once it comes to its key's head (work and take), as it would be
+		// taken alone.
+		lane := r.lanes[e.msg.Key]
+		for i, f := range lane[1:] {
+			if len(batch) >= limit || !fits(f) || supersededBy(f, lane[i+2:]) {
 				break
 			}
 			batch = append(batch, f)

@@ -409,8 +409,10 @@ func (r *runner) work() {
 
 // superseded reports whether e, a ready head, is a delivery the heartbeat
 // found stale (entry.stale) with a later delivery of its message behind it
-// in its key: that later one is the transport's live delivery of the
-// message. Handled, e would take an inbox transaction and an
+// in its key: that later one stands for the message now (a redelivery, or
+// a copy published again under the same ID, which the transport settles
+// apart and the inbox finds a duplicate; letting the first copy go then
+// costs one more delivery of it, which the inbox absorbs). Handled, e would take an inbox transaction and an
 // acknowledgement the transport refuses, and under load each stale copy
 // of the message (a heartbeat late past the AckWait, again and again)
 // would take the head in turn, until the live delivery's own AckWait ended
@@ -425,7 +427,14 @@ func (r *runner) superseded(e *entry) bool {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return e.stale && slices.ContainsFunc(r.lanes[e.msg.Key][1:], func(f *entry) bool { return sameMessage(e, f) })
+	return supersededBy(e, r.lanes[e.msg.Key][1:])
+}
+
+// supersededBy reports whether e is stale and behind, the entries held
+// after it in its key's lane, holds a later delivery of its message. r.mu
+// is held.
+func supersededBy(e *entry, behind []*entry) bool {
+	return e.stale && slices.ContainsFunc(behind, func(f *entry) bool { return sameMessage(e, f) })
 }
 
 // heartbeat keeps the deliveries held in memory from being delivered again

@@ -864,3 +864,50 @@ func TestStaleCopiesAtTheHeadAreLetGoForTheLiveDelivery(t *testing.T) {
 		}
 	}
 }
+
+// A stale delivery behind its key's head, superseded by a later delivery of
+// its message, does not join the head's batch: it comes to the head and is
+// let go there, as it would be taken alone, and the message's only inbox
+// transaction is its live delivery's.
+func TestStaleFollowerIsNotJoinedToABatch(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	inbox := &countingInbox{Inbox: h.inbox, id: "evt-1"}
+	cfg := h.config()
+	const ackWait, beat = time.Second, 250 * time.Millisecond
+	cfg.AckWait, cfg.Concurrency, cfg.Inbox = ackWait, 1, inbox
+	g := newGate()
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		if m.ID == "x" {
+			g.hold()
+		}
+		return h.apply(ctx, m)
+	})
+	release := sync.OnceFunc(g.release)
+	t.Cleanup(release)
+	waitFor(t, "the heartbeat waiting for its first beat", func() bool { return h.timers.Pending(beat) == 1 })
+	asked, more := h.rec.holdNext(3)
+	t.Cleanup(func() { more() })
+	h.publish(msg("x", "K"))
+	g.wait(t, "x's handler")
+	h.publish(msg("h", "K"), msg("evt-1", "K"))
+	waitAsked(t, "h and evt-1 in memory behind x", asked)
+	h.clock.Advance(ackWait)
+	asked, next := h.rec.holdNext(6)
+	more()
+	more = next
+	waitAsked(t, "the copies in memory", asked)
+	h.timers.Advance(0)
+	waitFor(t, "the heartbeat waiting again", func() bool { return h.timers.Pending(beat) == 1 })
+	release()
+	waitFor(t, "every delivery settled or let go", func() bool {
+		s := c.Stats()
+		return s.Processed+s.Duplicates+s.Stale == 6
+	})
+	if n := inbox.n.Load(); n != 1 {
+		t.Errorf("%d inbox transactions for evt-1, want 1 (its live delivery's); stats %+v; ops %v", n, c.Stats(), h.rec.Ops("evt-1"))
+	}
+	if s := c.Stats(); s.Stale != 2 {
+		t.Errorf("stats %+v, want h's and evt-1's stale deliveries let go", s)
+	}
+}
