@@ -501,8 +501,10 @@ type Info struct {
 	// redeliveries and consumer restarts: the transport's count
 	// (idem.Delivery.Attempt) or the attempts the Ledger recorded plus
 	// one, whichever is higher, less the redeliveries the consumer excused
-	// (see Config.MaxDeliveries). Retry.MaxAttempts bounds it. The
-	// transport's own count, lapses included, stays on the delivery.
+	// (see Config.MaxDeliveries). Retry.MaxAttempts bounds it, but for
+	// attempts whose failure could not be recorded (the delivery had gone
+	// stale by the time the handler failed): MaxDeliveries bounds those. The transport's own
+	// count, lapses included, stays on the delivery.
 	Attempt int
 }
 

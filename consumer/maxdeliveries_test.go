@@ -250,3 +250,107 @@ func TestLapsesOfAttemptsCountTowardsMaxDeliveries(t *testing.T) {
 		t.Errorf("Stats = %+v; want %d stale: each attempt's delivery let go for the next", s, cfg.MaxDeliveries)
 	}
 }
+
+// A message of a key held back behind a dead letter, whose inbox
+// transaction is slow while the heartbeat is late, is handed out again at
+// each AckWait and its redeliveries queue behind it. None is attempted (the
+// key is held, the handler never runs): each is let go from park for the
+// next, and those lapses are the consumer's own slowness. The live delivery
+// is parked, not dead-lettered "with no outcome recorded", unrun.
+func TestLapsesOfParkedDeliveriesDoNotCount(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	cfg := h.config()
+	const ackWait = time.Second
+	cfg.AckWait, cfg.Concurrency = ackWait, 1
+	cfg.Retry.MaxAttempts, cfg.MaxDeliveries = 3, 3
+	g := newGate()
+	cfg.Inbox = &holdingInbox{Inbox: h.inbox, id: "evt-2", g: g}
+	if err := h.ledger.HoldBack(ctx, cfg.Name, "acct-1", "dl-1"); err != nil {
+		t.Fatal(err)
+	}
+	asked, more := h.rec.holdNext(1)
+	c, _ := h.start(cfg, h.apply)
+	release := func() {}
+	t.Cleanup(func() { release(); more() })
+	h.publish(msg("evt-2", "acct-1"))
+	g.wait(t, "evt-2's inbox transaction")
+	release = g.release
+	waitAsked(t, "evt-2 in memory", asked)
+	lapses := cfg.MaxDeliveries + 1
+	for i := 1; i <= lapses; i++ {
+		// The AckWait ends; no beat renews it (the heartbeat is late).
+		h.clock.Advance(ackWait)
+		asked2, next := h.rec.holdNext(1 + i)
+		more()
+		more = next
+		waitAsked(t, fmt.Sprintf("evt-2's delivery %d in memory", i+1), asked2)
+	}
+	g.release()
+	release = func() {}
+	waitFor(t, "evt-2 parked or dead-lettered", func() bool {
+		s := c.Stats()
+		return s.Parked+s.DeadLettered > 0
+	})
+	for _, dl := range h.letters() {
+		t.Errorf("%s dead-lettered (%s), unrun: %s", dl.Message.ID, dl.Class, dl.LastError())
+	}
+	if s := c.Stats(); s.Parked != 1 || s.DeadLettered != 0 {
+		t.Errorf("Stats = %+v; want evt-2 parked once, nothing dead-lettered", s)
+	}
+	t.Logf("ops %v", h.rec.Ops("evt-2"))
+}
+
+// The last attempt of a keyed message outlasts its AckWait and fails: its
+// stale delivery is let go for the redelivery behind it, and the
+// redelivery's attempt is numbered after the one that failed unrecorded,
+// not the same number again.
+func TestAttemptNumberGrowsPastAFailureLetGoStale(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	const ackWait, beat = 10 * time.Second, 2500 * time.Millisecond
+	cfg.AckWait, cfg.Concurrency = ackWait, 1
+	cfg.Retry.MaxAttempts, cfg.MaxDeliveries = 3, 10
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	var a attemptsCounter
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		info, _ := consumer.InfoFromContext(ctx)
+		a.add(ctx, m)
+		if info.Attempt == 3 && len(a.Seen(m.ID)) == 3 {
+			select {
+			case entered <- struct{}{}:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			<-proceed
+		}
+		return errFlaky
+	})
+	waitFor(t, "the heartbeat waiting", func() bool { return h.timers.Pending(beat) == 1 })
+	h.publish(msg("evt-1", "acct-1"))
+	h.advanceUntil("attempt 3 running", time.Second, func() bool {
+		select {
+		case <-entered:
+			return true
+		default:
+			return false
+		}
+	})
+	asked, more := h.rec.holdNext(2)
+	t.Cleanup(more)
+	h.clock.Advance(ackWait)
+	waitAsked(t, "the redelivery in memory behind attempt 3", asked)
+	close(proceed)
+	more()
+	h.advanceUntil("dead-lettered", time.Second, func() bool { return c.Stats().DeadLettered == 1 })
+	seen := a.Seen("evt-1")
+	t.Logf("attempts %v", seen)
+	for i := 1; i < len(seen); i++ {
+		if seen[i] <= seen[i-1] {
+			t.Errorf("Info.Attempt repeats or goes back: %v", seen)
+			break
+		}
+	}
+}

@@ -612,7 +612,7 @@ func (r *runner) call(ctx context.Context, e *entry) (err error) {
 // its delivery is no longer the consumer's own (letGo).
 func (r *runner) park(e *entry, n int) {
 	if r.ctx.Err() == nil && r.stale(e) {
-		r.letGo(e, "parked", false)
+		r.letGo(e, "parked", true)
 		return
 	}
 	parked := false
@@ -689,11 +689,14 @@ func (r *runner) stale(e *entry) bool {
 // recorded in the Ledger (a superseded head, from work or gather): its
 // lapse was the consumer's own slowness, so the later delivery that takes
 // its place carries e's excused lapses and e's own (entry.excused), which
-// count neither towards MaxDeliveries nor towards the attempt number. A
-// delivery let go instead of being retried, dead-lettered or parked was
-// attempted, and that failure goes unrecorded: its lapse counts, as a
-// crash does, or a handler that outlasts the AckWait every time would be
-// run again and again, never dead-lettered. Only a later delivery held
+// count neither towards MaxDeliveries nor towards the attempt number. So
+// is a delivery let go instead of being parked: its key is held back, so
+// its handler never ran. A delivery let go instead of being retried or
+// dead-lettered was attempted, and that failure goes unrecorded: its lapse
+// counts, as a crash does, or a handler that outlasts the AckWait every
+// time would be run again and again, never dead-lettered (fail keeps the
+// attempt's number in entry.last, which the later delivery numbers its
+// own after). Only a later delivery held
 // when e is let go is excused: one the reader was taking just then
 // (letGoWhileTaking, admit) follows a head let go from fail or park, never
 // a superseded one, which has its later delivery behind it.
@@ -848,6 +851,9 @@ func (r *runner) fail(e *entry, n int, cause error, class idem.ErrorClass) {
 		if dead {
 			what = "dead-lettered"
 		}
+		// Attempt n was made and failed, unrecorded: the later delivery
+		// that takes e's place numbers its attempt after it.
+		e.last = max(e.last, n)
 		r.letGo(e, what, false)
 		return
 	}
