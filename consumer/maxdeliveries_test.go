@@ -354,3 +354,90 @@ func TestAttemptNumberGrowsPastAFailureLetGoStale(t *testing.T) {
 		}
 	}
 }
+
+// A copy published again under a message's ID is another transport
+// message, which the transport counts on its own: a stale delivery of one
+// superseded by a delivery of the other with the same count is no
+// redelivery, and its lapse is not excused. Here x is published twice (x1
+// and x2, of key acct-1), and a first consumer takes both, behind h, and is
+// stopped: both come back at attempt 2, their first deliveries out of
+// memory. The second consumer holds them behind h, whose handler holds,
+// while the heartbeat comes late past the AckWait: all are delivered again
+// (attempt 3) behind them and the second deliveries are found stale. Once
+// h is done, x1's attempt-2 delivery is let go for x2's, with the same
+// count, not excused; x2's is let go for x1's attempt 3, excused by one. x
+// is handled once, as attempt 2: x1's three deliveries less the one lapse
+// excused. The first consumer's delivery, lost with it, still counts, as a
+// crash does; excusing the copy's lapse as well would number it 1. (h is
+// published twice too, so that x1 does not join h's batch before it is
+// found stale: h's copy does not fit in it.)
+func TestLapseOfACopyPublishedAgainIsNotExcused(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	const ackWait, beat = time.Second, 250 * time.Millisecond
+	h.publish(msg("h", "acct-1"), msg("h", "acct-1"), msg("x", "acct-1"), msg("x", "acct-1"))
+
+	first := h.config()
+	first.AckWait, first.Concurrency = ackWait, 1
+	first.Timers = newFakeTimers(h.clock)
+	entered := make(chan struct{})
+	enter := sync.OnceFunc(func() { close(entered) })
+	asked, more := h.rec.holdNext(4)
+	t.Cleanup(func() { more() })
+	_, stop := h.start(first, func(ctx context.Context, m idem.Message) error {
+		enter()
+		<-ctx.Done() // the process "dies" in h's handler
+		return ctx.Err()
+	})
+	waitClosed(t, "h's handler in the first consumer", entered)
+	waitAsked(t, "h, x and their copies in the first consumer's memory", asked)
+	stop()
+	more()
+
+	cfg := h.config()
+	cfg.AckWait, cfg.Concurrency = ackWait, 1
+	cfg.Retry.MaxAttempts, cfg.MaxDeliveries = 5, 10
+	g := newGate()
+	var a attemptsCounter
+	asked, more = h.rec.holdNext(8)
+	c, _ := h.start(cfg, func(ctx context.Context, m idem.Message) error {
+		a.add(ctx, m)
+		if m.ID == "h" {
+			g.hold()
+		}
+		return h.apply(ctx, m)
+	})
+	// Registered after the consumer's stop, so run before it.
+	release := sync.OnceFunc(g.release)
+	t.Cleanup(release)
+	waitFor(t, "the heartbeat waiting for its first beat", func() bool { return h.timers.Pending(beat) == 1 })
+	g.wait(t, "h's handler")
+	waitAsked(t, "the second deliveries in memory", asked)
+	// Their AckWait ends before the beat that would renew them comes: the
+	// transport hands the four messages out again, behind them.
+	h.clock.Advance(ackWait)
+	asked, next := h.rec.holdNext(12)
+	more()
+	more = next
+	waitAsked(t, "the third deliveries in memory", asked)
+	// The late beat finds the second deliveries stale.
+	h.timers.Advance(0)
+	waitFor(t, "the heartbeat waiting again", func() bool { return h.timers.Pending(beat) == 1 })
+	release()
+
+	waitFor(t, "every delivery settled or let go", func() bool {
+		s := c.Stats()
+		return s.Processed+s.Duplicates+s.Stale+s.DeadLettered == 8
+	})
+	if got := a.Seen("x"); !slices.Equal(got, []int{2}) {
+		t.Errorf("x's handler ran with Info.Attempt %v, want [2]: x1's three deliveries less its one lapse excused (x2's delivery with the same count is a copy's, not a redelivery)", got)
+	}
+	for _, id := range []string{"h", "x"} {
+		if n := h.applied.Get(id); n != 1 {
+			t.Errorf("%s applied %d times, want once", id, n)
+		}
+	}
+	if s := c.Stats(); s.Processed != 2 || s.Stale != 3 || s.DeadLettered != 0 {
+		t.Errorf("Stats = %+v; want 2 processed, 3 stale (h's copy's, x1's and x2's second deliveries), none dead-lettered", s)
+	}
+}
