@@ -39,6 +39,40 @@ type BatchStream interface {
 	AcksInTx(ctx context.Context) bool
 }
 
+// BatchRenewer is a Stream that renews the AckWait of many of its
+// deliveries in one round trip: a consumer holding hundreds of deliveries
+// renews them all with one call a heartbeat, where InProgress takes a round
+// trip each, and on a loaded machine a pass of one-at-a-time renewals can
+// outlast the AckWait it is meant to extend.
+type BatchRenewer interface {
+	Stream
+	// InProgressBatch is InProgress for every delivery of ds, deliveries
+	// of this stream, in one go: one statement on the database
+	// transports. Each delivery that still stands for its message has its
+	// AckWait start again; each that InProgress would refuse with
+	// ErrStaleDelivery (settled, its AckWait ended, handed out again, its
+	// stream closed) is renewed no more, changes nothing, and is named in
+	// stale by its index in ds, in increasing order. A stale delivery is
+	// not an error: the others of the call are renewed all the same, and
+	// stale is empty when every delivery was. A transport whose
+	// deliveries' settlements may be in flight in another transaction
+	// (idempg) may pass such a delivery over rather than wait for it,
+	// neither renewed nor reported stale: that settlement decides it.
+	//
+	// An error is about the whole call: stale is nil and no delivery was
+	// renewed, or, where the transport cannot tell (an answer lost after
+	// its commit), some may have been; none is known stale, so the caller
+	// renews them again later, as it would after a failed InProgress. A
+	// delivery of another stream is an *ArgumentError, with nothing
+	// renewed; after the transport's Close, the call fails with ErrClosed.
+	// An empty ds makes no round trip and returns nil, nil.
+	//
+	// Where the transport's InProgress joins the transaction ctx carries,
+	// InProgressBatch does too, so that the renewals commit (or roll back)
+	// with it.
+	InProgressBatch(ctx context.Context, ds []Delivery) (stale []int, err error)
+}
+
 // BatchInbox is an Inbox that records many messages in one transaction of
 // its database, so that N inbox records, N effects and one commit go
 // together: a group commit, paid once for the batch.

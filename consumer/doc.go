@@ -194,7 +194,8 @@
 // the head of the key. It is recognised by its message ID and its dedup
 // key, or, for a message whose publisher set no ID, by its dedup key
 // (Config.DedupKey, read from the payload) alone. The heartbeat renews a
-// delivery no more once the transport answered its InProgress so, and
+// delivery no more once the transport refused its renewal as stale (an
+// InProgress's answer, or InProgressBatch's), and
 // such a delivery that comes to the head of its key, with a later
 // delivery of its message held behind it, is let go before it is handled
 // (counted in Stats.Stale): on a loaded machine, whose heartbeats come
@@ -246,8 +247,15 @@
 // Delivery.InProgress every quarter of Config.AckWait, counted from when
 // the transport handed them out, where its AckWait starts (however long
 // the consumer took to put them behind their keys), so that the
-// transport does not deliver them again meanwhile. If it does anyway, the
-// new delivery queues like any other and the inbox finds it a duplicate.
+// transport does not deliver them again meanwhile. On a stream that is an
+// idem.BatchRenewer (idempg's, idemsqlite's, idemmem's), every delivery due
+// is renewed with one InProgressBatch a beat, one round trip however many
+// the consumer holds (up to Config.MaxPending), where one InProgress each
+// could take longer than the AckWait on a loaded machine; the deliveries
+// it reports stale are marked so, and a call that fails as a whole is made
+// again, for them all, at the next beat. If the transport delivers one
+// again anyway, the new delivery queues like any other and the inbox finds
+// it a duplicate.
 // A long retry delay therefore holds a delivery for that long: on RabbitMQ
 // keep delays under the broker's consumer_timeout.
 //

@@ -112,6 +112,10 @@ type recorder struct {
 	// hold, when set, holds the first call of Next or NextBatch that
 	// begins once hold.after deliveries have been taken (holdNext).
 	hold *nextHold
+	// renewals, when set before the consumer subscribes, makes its
+	// streams idem.BatchRenewer (renewStream), which write their calls
+	// down there.
+	renewals *renewals
 }
 
 // nextHold is a call of Next held by holdNext.
@@ -177,6 +181,9 @@ func (r *recorder) Subscribe(ctx context.Context, sub idem.Subscription) (idem.S
 	s, err := r.Subscriber.Subscribe(ctx, sub)
 	if err != nil {
 		return nil, err
+	}
+	if r.renewals != nil {
+		return &renewStream{recStream{Stream: s, r: r}, r.renewals}, nil
 	}
 	return &recStream{Stream: s, r: r}, nil
 }

@@ -105,6 +105,9 @@ type runner struct {
 	batchInbox  idem.BatchInbox
 	batchStream idem.BatchStream
 	batchLedger idem.BatchLedger
+	// renewer is the stream when it renews many deliveries in one round
+	// trip: the heartbeat then renews all it holds with one call a beat.
+	renewer idem.BatchRenewer
 	// seqInbox is the inbox when Config.Sequence is set: messages are
 	// de-duplicated by aggregate and sequence number, one at a time.
 	seqInbox idem.SequenceInbox
@@ -132,6 +135,7 @@ func newRunner(ctx context.Context, cancel context.CancelFunc, c *Consumer, h ha
 		r.batchInbox = bi
 	}
 	r.batchStream, _ = stream.(idem.BatchStream)
+	r.renewer, _ = stream.(idem.BatchRenewer)
 	r.batchLedger, _ = c.cfg.Ledger.(idem.BatchLedger)
 	return r
 }
@@ -439,7 +443,9 @@ func supersededBy(e *entry, behind []*entry) bool {
 
 // heartbeat keeps the deliveries held in memory from being delivered again
 // after AckWait. A delivery whose renewal the transport refused as stale
-// is renewed no more (entry.stale): the refusal is for good.
+// is renewed no more (entry.stale): the refusal is for good. A stream that
+// renews in batches (idem.BatchRenewer) is asked once a beat for every
+// delivery due, the others once for each.
 func (r *runner) heartbeat() {
 	for {
 		fired := make(chan struct{})
@@ -460,6 +466,13 @@ func (r *runner) heartbeat() {
 			}
 		}
 		r.mu.Unlock()
+		if len(due) == 0 {
+			continue
+		}
+		if r.renewer != nil {
+			r.renewAll(due)
+			continue
+		}
 		for _, e := range due {
 			err := e.d.InProgress(r.ctx)
 			if err == nil || r.ctx.Err() != nil {
@@ -473,6 +486,42 @@ func (r *runner) heartbeat() {
 				r.mu.Unlock()
 			}
 		}
+	}
+}
+
+// renewAll renews the deliveries of due with one InProgressBatch and
+// marks stale exactly those the stream refused as stale. A failure of the
+// whole call says nothing of any delivery: none is marked, and the next
+// beat asks for them all again, as it does after an InProgress that failed
+// otherwise than stale.
+func (r *runner) renewAll(due []*entry) {
+	ds := make([]idem.Delivery, len(due))
+	for i, e := range due {
+		ds[i] = e.d
+	}
+	stale, err := r.renewer.InProgressBatch(r.ctx, ds)
+	if err != nil {
+		if r.ctx.Err() == nil {
+			r.c.log.LogAttrs(r.ctx, slog.LevelDebug, "in-progress heartbeat failed",
+				slog.Int("deliveries", len(ds)), slog.String("error", err.Error()))
+		}
+		return
+	}
+	var refused []*entry
+	r.mu.Lock()
+	for _, i := range stale {
+		// An index that names no delivery of the call is the stream's
+		// mistake, and tells nothing of any.
+		if i < 0 || i >= len(due) {
+			continue
+		}
+		due[i].stale = true
+		refused = append(refused, due[i])
+	}
+	r.mu.Unlock()
+	for _, e := range refused {
+		r.c.log.LogAttrs(r.ctx, slog.LevelDebug, "in-progress heartbeat failed",
+			slog.String("message_id", e.msg.ID), slog.String("error", idem.ErrStaleDelivery.Error()))
 	}
 }
 

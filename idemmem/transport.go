@@ -57,6 +57,9 @@ type TransportConfig struct {
 // InProgress, and at once when its stream is closed. Attempt counts its
 // deliveries to the consumer name, across streams.
 //
+// Its streams are idem.BatchStream and idem.BatchRenewer, as the database
+// transports' are, so that tests on it take the consumer's batch paths.
+//
 // Nothing runs in the background: a Next that has nothing to hand out waits
 // for a publish, a settlement or a Close, and looks at the clock every Poll
 // for a delay or an AckWait to end. The zero Transport is not usable; call
@@ -74,9 +77,10 @@ type Transport struct {
 }
 
 var (
-	_ idem.Publisher   = (*Transport)(nil)
-	_ idem.Subscriber  = (*Transport)(nil)
-	_ idem.BatchStream = (*stream)(nil)
+	_ idem.Publisher    = (*Transport)(nil)
+	_ idem.Subscriber   = (*Transport)(nil)
+	_ idem.BatchStream  = (*stream)(nil)
+	_ idem.BatchRenewer = (*stream)(nil)
 )
 
 func (t *Transport) isClosed() bool {
@@ -326,13 +330,9 @@ func (s *stream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, error) 
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	own := make([]*delivery, len(ds))
-	for i, d := range ds {
-		md, ok := d.(*delivery)
-		if !ok || md.s != s {
-			return 0, &idem.ArgumentError{Field: "ds", Reason: fmt.Sprintf("delivery %d is not of this stream", i)}
-		}
-		own[i] = md
+	own, err := s.own(ds)
+	if err != nil {
+		return 0, err
 	}
 	ack := func() int {
 		s.t.mu.Lock()
@@ -366,6 +366,49 @@ func (s *stream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, error) 
 		return 0, fmt.Errorf("ack: %w", idem.ErrClosed)
 	}
 	return n, tx.OnCommit(func() { ack() })
+}
+
+// own returns ds as this stream's deliveries, or an *idem.ArgumentError
+// naming the first that is not one.
+func (s *stream) own(ds []idem.Delivery) ([]*delivery, error) {
+	own := make([]*delivery, len(ds))
+	for i, d := range ds {
+		md, ok := d.(*delivery)
+		if !ok || md.s != s {
+			return nil, &idem.ArgumentError{Field: "ds", Reason: fmt.Sprintf("delivery %d is not of this stream", i)}
+		}
+		own[i] = md
+	}
+	return own, nil
+}
+
+// InProgressBatch implements idem.BatchRenewer: InProgress for each
+// delivery, all under one hold of the transport's lock. Like InProgress, it
+// does not join the Tx ctx carries.
+func (s *stream) InProgressBatch(ctx context.Context, ds []idem.Delivery) ([]int, error) {
+	if len(ds) == 0 {
+		return nil, nil
+	}
+	own, err := s.own(ds)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.t.mu.Lock()
+	defer s.t.mu.Unlock()
+	if s.t.closed {
+		return nil, fmt.Errorf("in progress: %w", idem.ErrClosed)
+	}
+	now := s.t.clock.Now()
+	var stale []int
+	for i, d := range own {
+		if !d.renewLocked(now) {
+			stale = append(stale, i)
+		}
+	}
+	return stale, nil
 }
 
 // AcksInTx implements idem.BatchStream: AckBatch joins the Tx ctx carries.
@@ -512,12 +555,22 @@ func (d *delivery) InProgress(ctx context.Context) error {
 	if err := d.currentLocked(); err != nil {
 		return fmt.Errorf("in progress: %w", err)
 	}
-	now := t.clock.Now()
-	if d.p.holder != d.s || !now.Before(d.p.at) {
+	if !d.renewLocked(t.clock.Now()) {
 		return fmt.Errorf("in progress: message %q: %w", d.msg.ID, ErrStaleDelivery)
 	}
-	d.p.at = now.Add(d.s.sub.AckWait)
 	return nil
+}
+
+// renewLocked starts d's AckWait again at now, and reports whether it
+// could: not once d no longer stands for its message, nor once its AckWait
+// has ended (the next holder may already be working on the message). t.mu
+// is held and the transport is not closed.
+func (d *delivery) renewLocked(now time.Time) bool {
+	if d.s.c.pending[d.p.index] != d.p || d.p.gen != d.gen || d.p.holder != d.s || !now.Before(d.p.at) {
+		return false
+	}
+	d.p.at = now.Add(d.s.sub.AckWait)
+	return true
 }
 
 // currentLocked returns nil when d still stands for its message. t.mu is
