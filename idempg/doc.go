@@ -472,7 +472,11 @@
 // AckWaits are stored, judged by the database's clock (or an injected one),
 // and survive restarts. Publish and a delivery's Ack, Nack, Term and
 // InProgress join the transaction a context carries, so a message published
-// in a transaction that rolls back is never delivered. Waiting streams wake
+// in a transaction that rolls back is never delivered. Its streams are
+// idem.BatchStream and idem.BatchRenewer: NextBatch, AckBatch and
+// InProgressBatch take, settle and renew many rows with one statement each,
+// so a consumer's heartbeat costs one round trip a beat however many
+// deliveries it holds. Waiting streams wake
 // through LISTEN/NOTIFY on "<schema>_idem_xprt", with a poll as the
 // fallback. Purge deletes what every consumer name has settled. Publishing
 // at high volume inside callers' transactions makes each commit take

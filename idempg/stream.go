@@ -375,13 +375,9 @@ func (s *pgStream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, error
 	if len(ds) == 0 {
 		return 0, nil
 	}
-	seqs, tokens := make([]int64, len(ds)), make([]int64, len(ds))
-	for i, d := range ds {
-		pd, ok := d.(*pgDelivery)
-		if !ok || pd.s != s {
-			return 0, &idem.ArgumentError{Field: "ds", Reason: fmt.Sprintf("delivery %d is not of this stream", i)}
-		}
-		seqs[i], tokens[i] = pd.seq, pd.token
+	seqs, tokens, err := s.own(ds)
+	if err != nil {
+		return 0, err
 	}
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -414,6 +410,106 @@ func (s *pgStream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, error
 	s.mu.Unlock()
 	t.waits.wake(s.wakeID)
 	return int(tag.RowsAffected()), nil
+}
+
+// own returns the seqs and tokens of ds, or an *idem.ArgumentError naming
+// the first delivery that is not one of this stream's.
+func (s *pgStream) own(ds []idem.Delivery) (seqs, tokens []int64, err error) {
+	seqs, tokens = make([]int64, len(ds)), make([]int64, len(ds))
+	for i, d := range ds {
+		pd, ok := d.(*pgDelivery)
+		if !ok || pd.s != s {
+			return nil, nil, &idem.ArgumentError{Field: "ds", Reason: fmt.Sprintf("delivery %d is not of this stream", i)}
+		}
+		seqs[i], tokens[i] = pd.seq, pd.token
+	}
+	return seqs, tokens, nil
+}
+
+// inProgressManySQL is inProgressSQL for many deliveries of the stream $2,
+// given as the arrays of their seqs and tokens: it renews the queue rows
+// they still hold within their AckWait, and returns the seq and token of
+// each it renewed, and of each it passed over, locked by another
+// transaction (a settlement in flight, which decides it). It locks in seq
+// order and never waits for a lock: a heartbeat that held some rows while
+// it waited for another could close a cycle with a transaction that
+// settles several of them. $5 turns synchronous_commit off when it commits
+// on its own.
+const inProgressManySQL = `WITH n AS MATERIALIZED (
+	SELECT coalesce($6::timestamptz, clock_timestamp()) AS t,
+		CASE WHEN $5::boolean THEN set_config('synchronous_commit', 'off', true) END AS async),
+d AS MATERIALIZED (SELECT * FROM unnest($3::bigint[], $4::bigint[]) AS d(seq, token)),
+held AS MATERIALIZED (
+	SELECT p.seq, p.owner_token AS token FROM n, d, idem_transport_pending AS p
+	WHERE p.consumer_id = $1 AND p.seq = d.seq AND p.owner = $2 AND p.owner_token = d.token AND p.visible_at > n.t),
+locked AS MATERIALIZED (
+	SELECT p.seq FROM idem_transport_pending AS p
+	WHERE p.consumer_id = $1 AND p.seq IN (SELECT seq FROM held)
+	ORDER BY p.seq FOR UPDATE SKIP LOCKED),
+renewed AS (
+	UPDATE idem_transport_pending AS p SET visible_at = n.t + $7::bigint * interval '1 microsecond'
+	FROM n, d
+	WHERE p.consumer_id = $1 AND p.seq IN (SELECT seq FROM locked) AND p.seq = d.seq
+		AND p.owner = $2 AND p.owner_token = d.token AND p.visible_at > n.t
+	RETURNING p.seq, p.owner_token AS token)
+SELECT seq, token FROM renewed
+UNION ALL
+SELECT seq, token FROM held WHERE seq NOT IN (SELECT seq FROM locked)`
+
+// InProgressBatch implements idem.BatchRenewer: one statement renews the
+// AckWait of every delivery of ds that still holds its message, in the
+// transaction ctx carries if any, as InProgress does. A delivery whose
+// queue row another transaction holds locked (its settlement in flight)
+// is passed over, neither renewed nor stale: that settlement decides it.
+// Deliveries of another stream are refused with an error matching
+// idem.ErrInvalidArgument.
+func (s *pgStream) InProgressBatch(ctx context.Context, ds []idem.Delivery) ([]int, error) {
+	if len(ds) == 0 {
+		return nil, nil
+	}
+	seqs, tokens, err := s.own(ds)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	t := s.t
+	if t.isClosed() {
+		return nil, fmt.Errorf("idempg: in progress: %w", idem.ErrClosed)
+	}
+	st, err := t.carried(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idempg: in progress: %w", err)
+	}
+	var q interface {
+		Query(context.Context, string, ...any) (pgx.Rows, error)
+	} = t.db.pool
+	if st != nil {
+		q = st.tx
+	}
+	rows, err := q.Query(ctx, t.sql.inProgressMany, s.consumerID, s.id, seqs, tokens, st == nil, t.now(), pgsql.Micros(s.sub.AckWait))
+	if err != nil {
+		return nil, fmt.Errorf("idempg: in progress: %w", err)
+	}
+	type held struct{ seq, token int64 }
+	kept := make(map[held]bool, len(ds))
+	var h held
+	_, err = pgx.ForEachRow(rows, []any{&h.seq, &h.token}, func() error {
+		kept[h] = true
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idempg: in progress: %w", err)
+	}
+	var stale []int
+	for i, seq := range seqs {
+		if !kept[held{seq, tokens[i]}] {
+			stale = append(stale, i)
+			s.forget(seq, tokens[i])
+		}
+	}
+	return stale, nil
 }
 
 // AcksInTx implements idem.BatchStream: AckBatch joins the transaction

@@ -110,14 +110,23 @@ type TransportConfig struct {
 // starts the AckWait again, and closing a stream makes what it holds
 // visible at once.
 //
+// Its streams are idem.BatchStream (NextBatch, AckBatch: one statement
+// for many rows) and idem.BatchRenewer: InProgressBatch renews many
+// deliveries with one UPDATE, in seq order, returning which rows it
+// renewed. It locks with SKIP LOCKED and passes over a row another
+// transaction holds (its settlement in flight, which decides it), neither
+// renewed nor stale, so that a heartbeat never waits while holding the rows
+// it renewed.
+//
 // A topic's messages come in publish order, except for redeliveries, which
 // come again in order too, before newer messages. "Now" is the Clock's, or
 // the database's: visibility never depends on the clocks of the processes.
 //
 // # Transactions
 //
-// Publish, and a Delivery's Ack, Nack, Term and InProgress, join the
-// transaction ctx carries (see DB.WithTx), or run on their own. A service
+// Publish, a Delivery's Ack, Nack, Term and InProgress, and a stream's
+// AckBatch and InProgressBatch, join the transaction ctx carries (see
+// DB.WithTx), or run on their own. A service
 // without an outbox may publish in the transaction of its effect: a message
 // published in a transaction that rolls back is never delivered. A consumer
 // may acknowledge in the transaction of its inbox row. On their own,
@@ -166,9 +175,10 @@ type Transport struct {
 }
 
 var (
-	_ idem.Publisher   = (*Transport)(nil)
-	_ idem.Subscriber  = (*Transport)(nil)
-	_ idem.BatchStream = (*pgStream)(nil)
+	_ idem.Publisher    = (*Transport)(nil)
+	_ idem.Subscriber   = (*Transport)(nil)
+	_ idem.BatchStream  = (*pgStream)(nil)
+	_ idem.BatchRenewer = (*pgStream)(nil)
 )
 
 // NewTransport applies the transport's migrations to db (component
@@ -222,7 +232,7 @@ type transportSQL struct {
 	lockTopics, ensureTopics, publish, notifyInTx, notifyAfter        string
 	findConsumer, bumpTopic, createConsumer, backlog                  string
 	take, untake, dropOrphan, stillHeld, giveBack, ack, ackMany, nack string
-	inProgress, purge, moveLock, move                                 string
+	inProgress, inProgressMany, purge, moveLock, move                 string
 }
 
 func newTransportSQL(schema string) transportSQL {
@@ -248,6 +258,7 @@ func newTransportSQL(schema string) transportSQL {
 		ack:            r.Replace(ackSQL),
 		nack:           r.Replace(nackSQL),
 		inProgress:     r.Replace(inProgressSQL),
+		inProgressMany: r.Replace(inProgressManySQL),
 		purge:          r.Replace(transportPurgeSQL),
 	}
 }

@@ -253,7 +253,10 @@
 //     Its streams are idem.BatchStream: NextBatch hands out many messages
 //     in one transaction, and AckBatch settles many with one statement,
 //     joining the caller's transaction, so a consumer batch's inbox rows,
-//     effects and acknowledgements commit together.
+//     effects and acknowledgements commit together. They are
+//     idem.BatchRenewer too: InProgressBatch renews many deliveries'
+//     AckWait with one statement, a consumer's heartbeat with one write a
+//     beat.
 //     Transport.Purge deletes what every consumer name has settled.
 //
 // Messages keep their bytes: payloads are BLOBs, and headers a JSON object
@@ -263,7 +266,7 @@
 // More writes commit without a sync, for the same reason as a claim: the
 // purges of messages (Inbox.PurgeInbox, Transport.Purge), and the
 // transport's hand-outs, settlements (Ack, AckBatch, Nack, Term,
-// InProgress) and moves from the outbox (MoveOutbox) made outside a
+// InProgress, InProgressBatch) and moves from the outbox (MoveOutbox) made outside a
 // caller's transaction. Losing a hand-out or a settlement to a power
 // failure delivers a message once more, which delivery at least once allows
 // and the inbox absorbs; losing a move puts its entries back in the outbox,

@@ -69,6 +69,8 @@ type TransportConfig struct {
 //
 // Its streams are idem.BatchStream: NextBatch hands out many messages in
 // one write transaction, and AckBatch settles many with one statement, in
+// the transaction ctx carries. They are idem.BatchRenewer too:
+// InProgressBatch renews the AckWait of many with one statement, also in
 // the transaction ctx carries. The Transport is an idem.OutboxMover for an
 // Outbox of its own DB: MoveOutbox moves entries from the outbox into the
 // log in one transaction, so a relay publishes nothing twice.
@@ -93,10 +95,11 @@ type Transport struct {
 }
 
 var (
-	_ idem.Publisher   = (*Transport)(nil)
-	_ idem.Subscriber  = (*Transport)(nil)
-	_ idem.OutboxMover = (*Transport)(nil)
-	_ idem.BatchStream = (*dbStream)(nil)
+	_ idem.Publisher    = (*Transport)(nil)
+	_ idem.Subscriber   = (*Transport)(nil)
+	_ idem.OutboxMover  = (*Transport)(nil)
+	_ idem.BatchStream  = (*dbStream)(nil)
+	_ idem.BatchRenewer = (*dbStream)(nil)
 )
 
 // The transport's statements, prepared once per DB.
@@ -171,6 +174,14 @@ var (
 	sqlAckBatch = messagesSQL(`DELETE FROM idem_transport_pending WHERE rowid IN (
 		SELECT p.rowid FROM json_each(?4) d CROSS JOIN idem_transport_pending p
 		ON p.topic = ?1 AND p.consumer = ?2 AND p.seq = d.value ->> 0 AND p.owner = ?3 AND p.owner_token = d.value ->> 1)`)
+	// InProgressBatch's: sqlInProgress for the pairs of AckBatch's form
+	// (?4), each only while its AckWait lasts (?6 is now); it returns the
+	// seq and token of each row it renewed.
+	sqlInProgressBatch = messagesSQL(`UPDATE idem_transport_pending SET visible_at = ?5 WHERE rowid IN (
+		SELECT p.rowid FROM json_each(?4) d CROSS JOIN idem_transport_pending p
+		ON p.topic = ?1 AND p.consumer = ?2 AND p.seq = d.value ->> 0 AND p.owner = ?3 AND p.owner_token = d.value ->> 1
+		WHERE p.visible_at > ?6)
+		RETURNING seq, owner_token`)
 )
 
 // NewTransport applies the message tables' migrations to db (component
@@ -654,19 +665,10 @@ func (s *dbStream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, error
 	if len(ds) == 0 {
 		return 0, nil
 	}
-	pairs := make([]byte, 0, 2+len(ds)*16)
-	pairs = append(pairs, '[')
-	for i, d := range ds {
-		dd, ok := d.(*dbDelivery)
-		if !ok || dd.s != s {
-			return 0, &idem.ArgumentError{Field: "ds", Reason: fmt.Sprintf("delivery %d is not of this stream", i)}
-		}
-		if i > 0 {
-			pairs = append(pairs, ',')
-		}
-		pairs = fmt.Appendf(pairs, "[%d,%d]", dd.seq, dd.token)
+	_, pairs, err := s.own(ds)
+	if err != nil {
+		return 0, err
 	}
-	pairs = append(pairs, ']')
 	t := s.t
 	t.mu.Lock()
 	closed := t.closed
@@ -675,8 +677,8 @@ func (s *dbStream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, error
 		return 0, fmt.Errorf("idemsqlite: ack: %w", idem.ErrClosed)
 	}
 	var n int64
-	err := t.db.withUnsyncedTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		res, err := t.db.in(tx).exec(ctx, sqlAckBatch, s.sub.Topic, s.sub.Consumer, s.id, string(pairs))
+	err = t.db.withUnsyncedTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		res, err := t.db.in(tx).exec(ctx, sqlAckBatch, s.sub.Topic, s.sub.Consumer, s.id, pairs)
 		if err != nil {
 			return err
 		}
@@ -691,6 +693,83 @@ func (s *dbStream) AckBatch(ctx context.Context, ds []idem.Delivery) (int, error
 		t.signal()
 	}
 	return int(n), nil
+}
+
+// own returns ds as this stream's deliveries and as a JSON array of their
+// [seq, token] pairs, or an *idem.ArgumentError naming the first delivery
+// that is not one of this stream's.
+func (s *dbStream) own(ds []idem.Delivery) ([]*dbDelivery, string, error) {
+	own := make([]*dbDelivery, len(ds))
+	pairs := make([]byte, 0, 2+len(ds)*16)
+	pairs = append(pairs, '[')
+	for i, d := range ds {
+		dd, ok := d.(*dbDelivery)
+		if !ok || dd.s != s {
+			return nil, "", &idem.ArgumentError{Field: "ds", Reason: fmt.Sprintf("delivery %d is not of this stream", i)}
+		}
+		if i > 0 {
+			pairs = append(pairs, ',')
+		}
+		pairs = fmt.Appendf(pairs, "[%d,%d]", dd.seq, dd.token)
+		own[i] = dd
+	}
+	return own, string(append(pairs, ']')), nil
+}
+
+// InProgressBatch implements idem.BatchRenewer: one statement renews the
+// AckWait of every delivery of ds that still holds its message, in the
+// transaction ctx carries if any, as InProgress does, or else in one of
+// its own, not synced. Returns an error matching idem.ErrInvalidArgument
+// when a delivery is not one of this stream's, and idem.ErrClosed after
+// the Transport's Close.
+func (s *dbStream) InProgressBatch(ctx context.Context, ds []idem.Delivery) ([]int, error) {
+	if len(ds) == 0 {
+		return nil, nil
+	}
+	own, pairs, err := s.own(ds)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	t := s.t
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("idemsqlite: in progress: %w", idem.ErrClosed)
+	}
+	type held struct{ seq, token int64 }
+	var kept map[held]bool
+	now := t.clock.Now()
+	err = t.db.withUnsyncedTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		kept = make(map[held]bool, len(ds))
+		rows, err := t.db.in(tx).query(ctx, sqlInProgressBatch, s.sub.Topic, s.sub.Consumer, s.id, pairs,
+			now.Add(s.sub.AckWait).UnixNano(), now.UnixNano())
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var h held
+			if err := rows.Scan(&h.seq, &h.token); err != nil {
+				return err
+			}
+			kept[h] = true
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idemsqlite: in progress: %w", err)
+	}
+	var stale []int
+	for i, d := range own {
+		if !kept[held{d.seq, d.token}] {
+			stale = append(stale, i)
+		}
+	}
+	return stale, nil
 }
 
 // AcksInTx implements idem.BatchStream: AckBatch joins the transaction of
