@@ -118,6 +118,40 @@ func TestMemoryTransportRealTimeOnASlowMachine(t *testing.T) {
 	})
 }
 
+// The slow machine of TestMemoryTransportRealTimeOnASlowMachine, for the
+// cases of InProgressBatch (its streams there are not idem.BatchRenewer):
+// the first slowNexts Nexts of each subtest return 60 ms after the
+// transport handed their delivery out, and its first InProgressBatch
+// reaches the transport 450 ms after it was called, past the AckWait of
+// every delivery of the call. The suite counts from before the Nexts and
+// the call and runs a scenario again when the call came past the AckWait.
+func TestMemoryTransportRealTimeOnASlowMachineRenewsInBatches(t *testing.T) {
+	t.Parallel()
+	f := allFeatures
+	f.RealTime, f.Tick = true, 200*time.Millisecond
+	idemtest.TestTransport(t, f, func(t *testing.T, clock idem.Clock) (idem.Publisher, idem.Subscriber) {
+		tr := idemmem.NewTransport(&idemmem.TransportConfig{Clock: clock})
+		t.Cleanup(func() { _ = tr.Close() })
+		var late atomic.Bool
+		var delivered atomic.Int32
+		b := brokenTransport{
+			Transport: tr,
+			afterNext: func() {
+				if delivered.Add(1) <= slowNexts {
+					time.Sleep(60 * time.Millisecond)
+				}
+			},
+			renew: func(br idem.BatchRenewer, ctx context.Context, ds []idem.Delivery) ([]int, error) {
+				if len(ds) > 0 && late.CompareAndSwap(false, true) {
+					time.Sleep(450 * time.Millisecond)
+				}
+				return br.InProgressBatch(ctx, ds)
+			},
+		}
+		return b, b
+	})
+}
+
 // slowNexts is how many of a subtest's Nexts the slow machine's test
 // slows: the first of AckWait, InProgress and ExpiredIsStale is enough.
 const slowNexts = 4

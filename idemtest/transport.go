@@ -74,8 +74,13 @@ type TransportFeatures struct {
 // leaves nothing held and counts no attempt nobody received. When the
 // streams are idem.BatchStream, it also checks NextBatch (at most max, in
 // order, each message once per hand-out) and AckBatch (one call settles a
-// batch; stale deliveries are passed over, not refused). Delivery is at least once, so the suite tolerates duplicates
-// wherever the contract does.
+// batch; stale deliveries are passed over, not refused). When they are
+// idem.BatchRenewer, it checks InProgressBatch: one call holds every
+// delivery for another AckWait, reports by index those settled or handed
+// out again (and renews the others of the call all the same), refuses a
+// delivery of another stream with idem.ErrInvalidArgument, renewing
+// nothing, and does nothing when empty. Delivery is at least once, so the
+// suite tolerates duplicates wherever the contract does.
 //
 // newTransport is called once per subtest, from that subtest's goroutine,
 // and returns the publishing and subscribing sides of one transport (often
@@ -138,6 +143,9 @@ var transportTests = []struct {
 	{"BatchTakeAndAck", nil, testBatchTakeAndAck},
 	{"BatchAckPassesOverStale", nil, testBatchAckPassesOverStale},
 	{"BatchInvalid", nil, testBatchStreamInvalid},
+	{"BatchRenew", needs("AckWait and InProgress", func(f TransportFeatures) bool { return f.AckWait && f.InProgress }), testBatchRenew},
+	{"BatchRenewStale", needs("AckWait and InProgress", func(f TransportFeatures) bool { return f.AckWait && f.InProgress }), testBatchRenewStale},
+	{"BatchRenewInvalid", nil, testBatchRenewInvalid},
 }
 
 func needs(feature string, has func(TransportFeatures) bool) func(TransportFeatures) string {

@@ -99,6 +99,12 @@ type brokenTransport struct {
 	// alterations with a state of their own per subtest); only
 	// realTimeTransportCase reads it.
 	newDelivery func() func(idem.Delivery) idem.Delivery
+	// renew, if set, makes the streams idem.BatchRenewer with it as
+	// InProgressBatch; br is the in-memory stream's. Their deliveries are
+	// the in-memory stream's, unaltered; afterNext, if set, runs after
+	// each of their Nexts that returns one.
+	renew     func(br idem.BatchRenewer, ctx context.Context, ds []idem.Delivery) ([]int, error)
+	afterNext func()
 }
 
 func (b brokenTransport) Publish(ctx context.Context, msgs ...idem.Message) error {
@@ -116,10 +122,31 @@ func (b brokenTransport) Subscribe(ctx context.Context, sub idem.Subscription) (
 		sub = b.subscribe(sub)
 	}
 	s, err := b.Transport.Subscribe(ctx, sub)
+	if err == nil && b.renew != nil {
+		return brokenRenewer{s.(idem.BatchRenewer), b.renew, b.afterNext}, nil
+	}
 	if err != nil || b.delivery == nil {
 		return s, err
 	}
 	return brokenStream{s, b.delivery}, nil
+}
+
+type brokenRenewer struct {
+	idem.BatchRenewer
+	renew     func(br idem.BatchRenewer, ctx context.Context, ds []idem.Delivery) ([]int, error)
+	afterNext func()
+}
+
+func (s brokenRenewer) Next(ctx context.Context) (idem.Delivery, error) {
+	d, err := s.BatchRenewer.Next(ctx)
+	if err == nil && s.afterNext != nil {
+		s.afterNext()
+	}
+	return d, err
+}
+
+func (s brokenRenewer) InProgressBatch(ctx context.Context, ds []idem.Delivery) ([]int, error) {
+	return s.renew(s.BatchRenewer, ctx, ds)
 }
 
 type brokenStream struct {
@@ -275,6 +302,40 @@ var brokenTransports = map[string]brokenCase{
 			return func(d idem.Delivery) idem.Delivery { return inProgressStaleOnce{d, &lied} }
 		}}),
 	"transport: none": transportCase("", brokenTransport{}),
+	"transport: in progress batch passes through": transportCase("", brokenTransport{
+		renew: func(br idem.BatchRenewer, ctx context.Context, ds []idem.Delivery) ([]int, error) {
+			return br.InProgressBatch(ctx, ds)
+		}}),
+	"transport: in progress batch renews nothing": transportCase("BatchRenew", brokenTransport{
+		renew: func(idem.BatchRenewer, context.Context, []idem.Delivery) ([]int, error) { return nil, nil }}),
+	"transport: in progress batch reports nothing stale": transportCase("BatchRenewStale", brokenTransport{
+		renew: func(br idem.BatchRenewer, ctx context.Context, ds []idem.Delivery) ([]int, error) {
+			_, err := br.InProgressBatch(ctx, ds)
+			return nil, err
+		}}),
+	"transport: in progress batch renews none once one is stale": transportCase("BatchRenewStale", brokenTransport{
+		renew: func(br idem.BatchRenewer, ctx context.Context, ds []idem.Delivery) ([]int, error) {
+			for _, d := range ds {
+				if err := d.InProgress(ctx); errors.Is(err, idem.ErrStaleDelivery) {
+					return []int{0, 1}, nil
+				}
+			}
+			return br.InProgressBatch(ctx, ds)
+		}}),
+	"transport: in progress batch renews what it can of a call it refuses": transportCase("BatchRenewInvalid", brokenTransport{
+		renew: func(br idem.BatchRenewer, ctx context.Context, ds []idem.Delivery) ([]int, error) {
+			for _, d := range ds {
+				_ = d.InProgress(ctx)
+			}
+			return br.InProgressBatch(ctx, ds)
+		}}),
+	"transport: in progress batch answers an empty call with an empty slice": transportCase("BatchRenewInvalid", brokenTransport{
+		renew: func(br idem.BatchRenewer, ctx context.Context, ds []idem.Delivery) ([]int, error) {
+			if len(ds) == 0 {
+				return []int{}, nil
+			}
+			return br.InProgressBatch(ctx, ds)
+		}}),
 	"transport: nack ignores its delay": transportCase("NackDelay", brokenTransport{
 		delivery: func(d idem.Delivery) idem.Delivery { return nackNoDelay{d} }}),
 	"transport: drops headers": transportCase("RoundTrip", brokenTransport{
