@@ -183,3 +183,52 @@ func testBatchRenewInvalid(t *testing.T, e *transportEnv) {
 	}
 	e.ack(again)
 }
+
+// testBatchRenewBounds: InProgressBatch renews the deliveries of the call
+// and no other that the stream holds, and, as InProgress does, refuses as
+// stale (renewing it no more) a delivery whose AckWait has ended though
+// its message has not been handed out again yet. On the manual clock only:
+// on real time a renewal of one delivery more cannot be told from none.
+func testBatchRenewBounds(t *testing.T, e *transportEnv) {
+	if e.clock == nil {
+		t.Skip("the manual clock tells which deliveries a call renewed; real time cannot")
+	}
+	topic := e.topic("orders")
+	s := e.renewer(topic, e.consumer("c"))
+	msgs := []idem.Message{e.msg(topic, 1), e.msg(topic, 2), e.msg(topic, 3)}
+	e.publish(msgs...)
+	held := e.now()
+	byID := make(map[string]idem.Delivery)
+	for _, d := range e.takeAll(s, len(msgs), "the messages to renew") {
+		byID[d.Message().ID] = d
+	}
+	a, b := byID[msgs[0].ID], byID[msgs[1].ID]
+	// Halfway through the AckWait, renew a alone: b and c keep theirs.
+	e.clock.Set(held.Add(e.ackWait / 2))
+	if stale, err := s.InProgressBatch(e.ctx, []idem.Delivery{a}); err != nil || len(stale) != 0 {
+		t.Fatalf("InProgressBatch(a) halfway through its AckWait = %v, %v; want nothing stale", stale, err)
+	}
+	// At the end of b's AckWait (no Next has handed it out again), b is
+	// stale and a, renewed, is not.
+	e.clock.Set(held.Add(e.ackWait))
+	stale, err := s.InProgressBatch(e.ctx, []idem.Delivery{a, b})
+	if err != nil {
+		t.Fatalf("InProgressBatch(a, b) at the end of b's AckWait: %v", err)
+	}
+	if !slices.Equal(stale, []int{1}) {
+		t.Fatalf("InProgressBatch(a renewed since, b whose AckWait has just ended and that no call renewed) reported %v stale, want [1]", stale)
+	}
+	// b was not renewed, nor c, left out of both calls: both come back
+	// now; a, renewed, does not.
+	var got []string
+	for _, d := range e.takeAll(s, 2, "the messages whose AckWait ended") {
+		got = append(got, d.Message().ID)
+		e.ack(d)
+	}
+	slices.Sort(got)
+	if want := []string{msgs[1].ID, msgs[2].ID}; !slices.Equal(got, want) {
+		t.Errorf("at the end of the first AckWait, messages %q came back, want %q", got, want)
+	}
+	e.none(s, "the renewed delivery is held")
+	e.ack(a)
+}

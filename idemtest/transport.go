@@ -146,6 +146,7 @@ var transportTests = []struct {
 	{"BatchRenew", needs("AckWait and InProgress", func(f TransportFeatures) bool { return f.AckWait && f.InProgress }), testBatchRenew},
 	{"BatchRenewStale", needs("AckWait and InProgress", func(f TransportFeatures) bool { return f.AckWait && f.InProgress }), testBatchRenewStale},
 	{"BatchRenewInvalid", nil, testBatchRenewInvalid},
+	{"BatchRenewBounds", needs("AckWait and InProgress", func(f TransportFeatures) bool { return f.AckWait && f.InProgress }), testBatchRenewBounds},
 }
 
 func needs(feature string, has func(TransportFeatures) bool) func(TransportFeatures) string {
