@@ -6,7 +6,9 @@ import (
 	"maps"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -105,6 +107,10 @@ type brokenTransport struct {
 	// each of their Nexts that returns one.
 	renew     func(br idem.BatchRenewer, ctx context.Context, ds []idem.Delivery) ([]int, error)
 	afterNext func()
+	// renewHeld, if set, makes the streams idem.BatchRenewer that renew,
+	// with the deliveries of each InProgressBatch, every delivery their
+	// Next has handed out (overRenewer).
+	renewHeld bool
 }
 
 func (b brokenTransport) Publish(ctx context.Context, msgs ...idem.Message) error {
@@ -122,6 +128,9 @@ func (b brokenTransport) Subscribe(ctx context.Context, sub idem.Subscription) (
 		sub = b.subscribe(sub)
 	}
 	s, err := b.Transport.Subscribe(ctx, sub)
+	if err == nil && b.renewHeld {
+		return &overRenewer{BatchRenewer: s.(idem.BatchRenewer)}, nil
+	}
 	if err == nil && b.renew != nil {
 		return brokenRenewer{s.(idem.BatchRenewer), b.renew, b.afterNext}, nil
 	}
@@ -147,6 +156,46 @@ func (s brokenRenewer) Next(ctx context.Context) (idem.Delivery, error) {
 
 func (s brokenRenewer) InProgressBatch(ctx context.Context, ds []idem.Delivery) ([]int, error) {
 	return s.renew(s.BatchRenewer, ctx, ds)
+}
+
+// overRenewer renews, with the deliveries of each InProgressBatch, every
+// delivery its Next has handed out: those the caller left out of the call
+// too, which keeps a delivery the caller stopped renewing from ever coming
+// back. It answers for the call's deliveries alone.
+type overRenewer struct {
+	idem.BatchRenewer
+	mu     sync.Mutex
+	handed []idem.Delivery
+}
+
+func (s *overRenewer) Next(ctx context.Context) (idem.Delivery, error) {
+	d, err := s.BatchRenewer.Next(ctx)
+	if err == nil {
+		s.mu.Lock()
+		s.handed = append(s.handed, d)
+		s.mu.Unlock()
+	}
+	return d, err
+}
+
+func (s *overRenewer) InProgressBatch(ctx context.Context, ds []idem.Delivery) ([]int, error) {
+	if len(ds) == 0 {
+		return s.BatchRenewer.InProgressBatch(ctx, ds)
+	}
+	s.mu.Lock()
+	all := append(slices.Clone(ds), s.handed...)
+	s.mu.Unlock()
+	stale, err := s.BatchRenewer.InProgressBatch(ctx, all)
+	if err != nil {
+		return nil, err
+	}
+	var own []int
+	for _, i := range stale {
+		if i < len(ds) {
+			own = append(own, i)
+		}
+	}
+	return own, nil
 }
 
 type brokenStream struct {
@@ -306,6 +355,7 @@ var brokenTransports = map[string]brokenCase{
 		renew: func(br idem.BatchRenewer, ctx context.Context, ds []idem.Delivery) ([]int, error) {
 			return br.InProgressBatch(ctx, ds)
 		}}),
+	"transport: in progress batch renews every delivery the stream holds": transportCase("BatchRenewBounds", brokenTransport{renewHeld: true}),
 	"transport: in progress batch renews nothing": transportCase("BatchRenew", brokenTransport{
 		renew: func(idem.BatchRenewer, context.Context, []idem.Delivery) ([]int, error) { return nil, nil }}),
 	"transport: in progress batch reports nothing stale": transportCase("BatchRenewStale", brokenTransport{
