@@ -77,9 +77,11 @@ type TransportFeatures struct {
 // batch; stale deliveries are passed over, not refused). When they are
 // idem.BatchRenewer, it checks InProgressBatch: one call holds every
 // delivery for another AckWait, reports by index those settled or handed
-// out again (and renews the others of the call all the same), refuses a
-// delivery of another stream with idem.ErrInvalidArgument, renewing
-// nothing, and does nothing when empty. Delivery is at least once, so the
+// out again (and renews the others of the call all the same), and, on the
+// manual clock, one whose AckWait has just ended with no Next since,
+// renews no delivery left out of the call, refuses a delivery of another
+// stream with idem.ErrInvalidArgument, renewing nothing, and does nothing
+// when empty. Delivery is at least once, so the
 // suite tolerates duplicates wherever the contract does.
 //
 // newTransport is called once per subtest, from that subtest's goroutine,
