@@ -47,7 +47,8 @@
 //
 //   - Message, and the transports' seams: Publisher, Subscriber, Stream,
 //     Delivery (BatchStream for transports that take and acknowledge many
-//     at once).
+//     at once, BatchRenewer for those that renew many deliveries' AckWait
+//     in one round trip).
 //   - Inbox: a consumer records each message's de-duplication key in the
 //     same transaction as its effect, so a redelivery is a duplicate
 //     (ErrDuplicate) and a failure leaves nothing; BatchInbox does a batch
