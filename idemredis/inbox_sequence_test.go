@@ -96,12 +96,18 @@ func TestInboxSequenceLeaseEndsDuringFn(t *testing.T) {
 // the aggregate over in the meantime.
 func TestInboxSequenceLeaseEndsUnclaimed(t *testing.T) {
 	t.Parallel()
-	in, effects := newInbox(t, &idemredis.InboxConfig{Lease: 20 * time.Millisecond})
+	in, effects := newInbox(t, &idemredis.InboxConfig{Lease: time.Minute})
 	ctx := t.Context()
 	lease := effects.prefix + ":inbox-seq-lease:{c}:acct-1"
 	err := in.ProcessSequence(ctx, "c", "acct-1", 1, idem.GapHold, func(ctx context.Context) error {
 		if n, err := effects.client.Exists(ctx, lease).Result(); err != nil || n != 1 {
 			t.Errorf("EXISTS %s during fn = %d, %v; want 1", lease, n, err)
+		}
+		// The lease ends now, by hand: a lease short enough to end on its
+		// own inside fn could end before the EXISTS above on a loaded
+		// machine.
+		if err := effects.client.PExpire(ctx, lease, time.Millisecond).Err(); err != nil {
+			t.Errorf("PEXPIRE %s: %v", lease, err)
 		}
 		idemtest.Eventually(t, 5*time.Second, "the lease to end", func() bool {
 			n, err := effects.client.Exists(ctx, lease).Result()

@@ -113,12 +113,18 @@ func TestInboxLeaseEndsDuringFn(t *testing.T) {
 // the key over in the meantime: no commit of the message exists.
 func TestInboxLeaseEndsUnclaimed(t *testing.T) {
 	t.Parallel()
-	in, effects := newInbox(t, &idemredis.InboxConfig{Lease: 20 * time.Millisecond})
+	in, effects := newInbox(t, &idemredis.InboxConfig{Lease: time.Minute})
 	ctx := t.Context()
 	key := effects.prefix + ":inbox:{c}:m-1"
 	err := in.Process(ctx, "c", "m-1", func(ctx context.Context) error {
 		if n, err := effects.client.Exists(ctx, key).Result(); err != nil || n != 1 {
 			t.Errorf("EXISTS %s during fn = %d, %v; want 1", key, n, err)
+		}
+		// The lease ends now, by hand: a lease short enough to end on its
+		// own inside fn could end before the EXISTS above on a loaded
+		// machine.
+		if err := effects.client.PExpire(ctx, key, time.Millisecond).Err(); err != nil {
+			t.Errorf("PEXPIRE %s: %v", key, err)
 		}
 		idemtest.Eventually(t, 5*time.Second, "the lease to end", func() bool {
 			n, err := effects.client.Exists(ctx, key).Result()
