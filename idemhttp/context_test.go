@@ -42,7 +42,9 @@ func TestHandlerContextDeadline(t *testing.T) {
 		if !ok || d.Before(start.Add(timeout)) || d.After(time.Now().Add(timeout)) {
 			t.Errorf("Deadline = %v, %v; want the Timeout from the claim", d, ok)
 		}
-		if err := ctx.Err(); err != nil {
+		// A loaded machine may start the handler past its deadline: only an
+		// error read before the deadline says the context ended early.
+		if err := ctx.Err(); err != nil && time.Now().Before(d) {
 			t.Errorf("Err before the deadline = %v", err)
 		}
 		select {
