@@ -19,9 +19,12 @@ import (
 // What `idem serve --acquirer` promises a payment whose replica was
 // SIGKILLed between the card network's charge and the payment's commit:
 // the client's retry is answered 201, with the payment of that one charge,
-// within 3s of the replica's restart (it ends at once the leases its
-// killed run held, --replica-id naming it), and, on a second replica that
-// did not restart, within the lease and 2s (the lease ends, unrenewed).
+// within half the lease of the replica's restart (it ends at once the
+// leases its killed run held, --replica-id naming it, rather than waiting
+// them out), and, on a second replica that did not restart, within one
+// and a half leases (the lease ends, unrenewed). The margins are halves of
+// the lease, not seconds, so that a loaded machine's slow replicas do not
+// fail what only a lease waited out would.
 // The replicas are processes of this test binary run as idem.
 func TestServeAcquirerCrashAndRetry(t *testing.T) {
 	t.Parallel()
@@ -55,8 +58,8 @@ func TestServeAcquirerCrashAndRetry(t *testing.T) {
 			r := retryUntilAnswered(t, b, "pay-1", pay("pay-1"), 30*time.Second)
 			took := time.Since(died)
 			t.Logf("the retry on the other replica: %d after %v", r.status, took.Round(time.Millisecond))
-			if r.status != http.StatusCreated || took > defaultLease+2*time.Second {
-				t.Errorf("the retry on the other replica: %s, %v after the crash; want 201 within the lease (%v) and 2s", r, took, defaultLease)
+			if r.status != http.StatusCreated || took > defaultLease+defaultLease/2 {
+				t.Errorf("the retry on the other replica: %s, %v after the crash; want 201 within one and a half leases (%v)", r, took, defaultLease+defaultLease/2)
 			}
 
 			// The replica dies after the charge and starts again; the retry
@@ -68,8 +71,8 @@ func TestServeAcquirerCrashAndRetry(t *testing.T) {
 			r = retryUntilAnswered(t, a, "pay-2", pay("pay-2"), 30*time.Second)
 			took = time.Since(restarted)
 			t.Logf("the retry on the restarted replica: %d after %v", r.status, took.Round(time.Millisecond))
-			if r.status != http.StatusCreated || took > 3*time.Second {
-				t.Errorf("the retry on the restarted replica: %s, %v after its restart; want 201 within 3s", r, took)
+			if r.status != http.StatusCreated || took > defaultLease/2 {
+				t.Errorf("the retry on the restarted replica: %s, %v after its restart; want 201 within half the lease (%v): the restart ends its leases", r, took, defaultLease/2)
 			}
 			if r.body["charge_id"] == nil || r.body["charge_id"] == "" {
 				t.Errorf("the retried payment %v records no charge", r.body)
